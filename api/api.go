@@ -1,0 +1,132 @@
+// Package api holds the wire types of the sandstormd HTTP API (docs/API.md).
+// Every component that speaks the API (master, CLI, benchmarks, tests) uses
+// these types and nothing else, so the JSON names are defined in one place.
+package api
+
+import "time"
+
+// Tier is where a sandbox is in the tier ladder of the Sandstorm seed's
+// "How it works" table. A sandbox drops one tier at a time as it stays idle,
+// and any request takes it straight back to TierHot.
+type Tier string
+
+const (
+	// TierHot: running; holds its memory.
+	TierHot Tier = "hot"
+	// TierFrozen: paused in place (runsc pause / cgroup.freeze); holds memory.
+	TierFrozen Tier = "frozen"
+	// TierSnapshot: checkpointed to the node's disk; processes and network
+	// namespace released; holds no memory.
+	TierSnapshot Tier = "snapshot"
+	// TierDetached: only its volume is left; a wake is a cold start from
+	// its template.
+	TierDetached Tier = "detached"
+)
+
+// Valid reports whether t is one of the four tiers.
+func (t Tier) Valid() bool {
+	switch t {
+	case TierHot, TierFrozen, TierSnapshot, TierDetached:
+		return true
+	}
+	return false
+}
+
+// Process is what a template runs: argv, environment (KEY=VALUE) and working
+// directory inside the rootfs.
+type Process struct {
+	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+}
+
+// TemplateRequest is the body of POST /v1/templates as JSON, or the form
+// fields of the multipart variant (field "template" holds this JSON and
+// field "rootfs" the tarball; then RootfsDir must be empty).
+type TemplateRequest struct {
+	Name      string  `json:"name"`
+	RootfsDir string  `json:"rootfs_dir,omitempty"`
+	Process   Process `json:"process"`
+	// Ports are the TCP ports the process serves inside the sandbox; each
+	// gets a gateway endpoint per sandbox.
+	Ports []int `json:"ports"`
+	// MemoryMiB is the sandbox's memory limit in MiB (0: none).
+	MemoryMiB int `json:"memory_mib,omitempty"`
+}
+
+// Template is a registered template: a rootfs plus an OCI runtime spec
+// derived from Process.
+type Template struct {
+	Name      string    `json:"name"`
+	Rootfs    string    `json:"rootfs"`
+	Process   Process   `json:"process"`
+	Ports     []int     `json:"ports"`
+	MemoryMiB int       `json:"memory_mib,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// SandboxRequest is the body of POST /v1/sandboxes.
+type SandboxRequest struct {
+	Template string `json:"template"`
+	Name     string `json:"name,omitempty"`
+}
+
+// Sandbox is what GET /v1/sandboxes/{id} returns.
+type Sandbox struct {
+	ID       string `json:"id"`
+	Name     string `json:"name"`
+	Template string `json:"template"`
+	Node     string `json:"node"`
+	Backend  string `json:"backend"`
+	Tier     Tier   `json:"tier"`
+	// Transition is the tier a transition in progress is heading to, or "".
+	Transition Tier `json:"transition,omitempty"`
+	// Address is the sandbox's own address on its veth (stable across
+	// snapshot and restore).
+	Address string `json:"address"`
+	// Endpoints maps each template port ("8000") to the gateway URL that
+	// reaches it ("http://127.0.0.1:20001"); a request there wakes the
+	// sandbox from any tier.
+	Endpoints  map[string]string `json:"endpoints"`
+	LastActive time.Time         `json:"last_active"`
+	CreatedAt  time.Time         `json:"created_at"`
+	// LastWakeMs is how long the last wake took, in milliseconds, and
+	// LastWakeFrom the tier it woke from.
+	LastWakeMs   float64 `json:"last_wake_ms,omitempty"`
+	LastWakeFrom Tier    `json:"last_wake_from,omitempty"`
+	// Note says what the node last had to do that a caller should know
+	// (e.g. a failed checkpoint re-created the sandbox cold).
+	Note string `json:"note,omitempty"`
+}
+
+// List is the envelope of every list response: {"items": [...]}.
+type List[T any] struct {
+	Items []T `json:"items"`
+}
+
+// Error is the body of every error response.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Error codes, one per HTTP status family the API returns.
+const (
+	CodeBadRequest   = "bad_request"   // 400
+	CodeUnauthorized = "unauthorized"  // 401
+	CodeNotFound     = "not_found"     // 404
+	CodeConflict     = "conflict"      // 409
+	CodeTooLarge     = "too_large"     // 413
+	CodeUnavailable  = "unavailable"   // 503
+	CodeInternal     = "internal"      // 500
+	CodeNotSupported = "not_supported" // 409: the backend lacks the tier
+)
+
+// NodeStatus is GET /v1/node: the node's headroom as the memory guard sees it.
+type NodeStatus struct {
+	Name            string       `json:"name"`
+	Backend         string       `json:"backend"`
+	MemAvailableMiB int64        `json:"mem_available_mib"`
+	MemReserveMiB   int64        `json:"mem_reserve_mib"`
+	Sandboxes       map[Tier]int `json:"sandboxes"`
+}

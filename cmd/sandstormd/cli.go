@@ -1,0 +1,321 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/api"
+	"sandstorm/internal/client"
+	"sandstorm/internal/demo"
+)
+
+// apiClient builds a client from --api and the token (SANDSTORM_TOKEN, or
+// <data-dir>/pki/api-token).
+func apiClient(cmd *cobra.Command) (*client.Client, error) {
+	base, _ := cmd.Flags().GetString("api")
+	tok := os.Getenv("SANDSTORM_TOKEN")
+	if tok == "" {
+		dd, _ := cmd.Flags().GetString("data-dir")
+		var err error
+		if tok, err = client.ReadToken(dd); err != nil {
+			return nil, err
+		}
+	}
+	return client.New(base, tok), nil
+}
+
+func addAPIFlag(cmd *cobra.Command) {
+	cmd.PersistentFlags().String("api", envOr("SANDSTORM_API", "http://127.0.0.1:8080"), "sandstormd API URL (env SANDSTORM_API); the token comes from SANDSTORM_TOKEN or <data-dir>/pki/api-token")
+	cmd.PersistentFlags().Bool("json", false, "print JSON instead of a table")
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func templateCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "template", Short: "Manage templates (a rootfs plus the process to run in it)"}
+	addAPIFlag(cmd)
+	var (
+		rootfsDir, tarball string
+		env                []string
+		ports              []int
+		memMiB             int
+	)
+	create := &cobra.Command{
+		Use:   "create NAME --rootfs-dir DIR|--tarball FILE -- ARGS...",
+		Short: "Register a template from a rootfs directory on the node or a tarball (plain or gzip)",
+		Example: `  sandstormd template create web --rootfs-dir /srv/rootfs --port 8000 -- /usr/bin/python3 /srv/app.py
+  sandstormd template create web --tarball rootfs.tar.gz --port 8000 -- /bin/busybox httpd -f -p 8000`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB}
+			var t api.Template
+			switch {
+			case rootfsDir != "" && tarball == "":
+				if req.RootfsDir, err = filepath.Abs(rootfsDir); err != nil {
+					return err
+				}
+				t, err = c.CreateTemplate(cmd.Context(), req)
+			case tarball != "" && rootfsDir == "":
+				f, ferr := os.Open(tarball)
+				if ferr != nil {
+					return ferr
+				}
+				defer f.Close()
+				t, err = c.UploadTemplate(cmd.Context(), req, f)
+			default:
+				return fmt.Errorf("give exactly one of --rootfs-dir and --tarball")
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Printf("template %s registered (rootfs %s)\n", t.Name, t.Rootfs)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&rootfsDir, "rootfs-dir", "", "rootfs directory already on the node")
+	create.Flags().StringVar(&tarball, "tarball", "", "rootfs tarball to upload")
+	create.Flags().StringArrayVar(&env, "env", nil, "environment KEY=VALUE (repeatable)")
+	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint")
+	create.Flags().IntVar(&memMiB, "memory", 0, "memory limit in MiB (0: none)")
+
+	var demoDir string
+	demoC := &cobra.Command{
+		Use:   "demo NAME",
+		Short: "Build a demo rootfs from this machine's Debian packages and register it (" + strings.Join(demo.Names(), ", ") + ")",
+		Long: `Build a demo template from Debian packages only, then register it.
+  web    a Python HTTP server on port 8000 that counts requests in memory
+  app64  the same server after importing numpy and filling a 64 MiB heap
+The rootfs goes to <data-dir>/demo/NAME unless --dir says otherwise. Needed
+packages: apt-get install -y ` + strings.Join(demo.Packages("app64"), " "),
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			name := args[0]
+			dir := demoDir
+			if dir == "" {
+				dd, _ := cmd.Flags().GetString("data-dir")
+				dir = filepath.Join(dd, "demo", name)
+			}
+			if _, err := os.Stat(dir); err == nil {
+				fmt.Fprintf(os.Stderr, "rebuilding %s\n", dir)
+				if err := os.RemoveAll(dir); err != nil {
+					return err
+				}
+			}
+			start := time.Now()
+			d, err := demo.Build(name, dir)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "built %s rootfs in %s (%.1fs)\n", name, dir, time.Since(start).Seconds())
+			t, err := c.CreateTemplate(cmd.Context(), api.TemplateRequest{Name: name, RootfsDir: dir, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("template %s registered (rootfs %s, port %v)\n", t.Name, t.Rootfs, t.Ports)
+			return nil
+		},
+	}
+	demoC.Flags().StringVar(&demoDir, "dir", "", "where to build the rootfs (default <data-dir>/demo/NAME)")
+
+	ls := &cobra.Command{
+		Use: "ls", Short: "List templates", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			ts, err := c.Templates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(ts)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tPORTS\tPROCESS\tROOTFS")
+			for _, t := range ts {
+				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\n", t.Name, t.Ports, strings.Join(t.Process.Args, " "), t.Rootfs)
+			}
+			return tw.Flush()
+		},
+	}
+	rm := &cobra.Command{
+		Use: "rm NAME", Short: "Remove a template no sandbox uses", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			return c.DeleteTemplate(cmd.Context(), args[0])
+		},
+	}
+	cmd.AddCommand(create, demoC, ls, rm)
+	return cmd
+}
+
+func sandboxCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Manage sandboxes"}
+	addAPIFlag(cmd)
+	var name string
+	create := &cobra.Command{
+		Use: "create TEMPLATE", Short: "Start a sandbox from a template (returns when it runs)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sb, err := c.CreateSandbox(cmd.Context(), args[0], name)
+			if err != nil {
+				return err
+			}
+			return printSandbox(cmd, sb)
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "sandbox name (default sb-<id>)")
+	ls := &cobra.Command{
+		Use: "ls", Short: "List sandboxes with their tier and endpoints", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sbs, err := c.Sandboxes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(sbs)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tTEMPLATE\tTIER\tADDRESS\tENDPOINTS\tLAST ACTIVE")
+			for _, sb := range sbs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\n", sb.ID, sb.Name, sb.Template, tierText(sb), sb.Address,
+					endpoints(sb), time.Since(sb.LastActive).Round(time.Second))
+			}
+			return tw.Flush()
+		},
+	}
+	get := &cobra.Command{
+		Use: "get ID|NAME", Short: "Show one sandbox as JSON", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sb, err := c.Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(sb)
+		},
+	}
+	rm := &cobra.Command{
+		Use: "rm ID|NAME...", Short: "Remove sandboxes and everything they had", Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			for _, a := range args {
+				if err := c.DeleteSandbox(cmd.Context(), a); err != nil {
+					return err
+				}
+				fmt.Println("removed", a)
+			}
+			return nil
+		},
+	}
+	logs := &cobra.Command{
+		Use: "logs ID|NAME", Short: "Print a sandbox's console output (last 64 KiB)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			return c.Logs(cmd.Context(), args[0], os.Stdout)
+		},
+	}
+	cmd.AddCommand(create, ls, get, rm, logs)
+	for _, op := range []struct{ name, short string }{
+		{"freeze", "Pause a hot sandbox in place"},
+		{"snapshot", "Checkpoint a sandbox to the node's disk and release its memory and network namespace"},
+		{"detach", "Drop a sandbox to its volume only (the next wake is a cold start)"},
+		{"wake", "Bring a sandbox back to hot from any tier"},
+	} {
+		op := op
+		cmd.AddCommand(&cobra.Command{
+			Use: op.name + " ID|NAME", Short: op.short, Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := apiClient(cmd)
+				if err != nil {
+					return err
+				}
+				start := time.Now()
+				sb, err := c.Transition(cmd.Context(), args[0], op.name)
+				if err != nil {
+					return err
+				}
+				if j, _ := cmd.Flags().GetBool("json"); j {
+					return printJSON(sb)
+				}
+				fmt.Printf("%s: %s (%.1f ms)\n", sb.Name, tierText(sb), float64(time.Since(start).Microseconds())/1000)
+				if sb.Note != "" {
+					fmt.Println("note:", sb.Note)
+				}
+				return nil
+			},
+		})
+	}
+	return cmd
+}
+
+func tierText(sb api.Sandbox) string {
+	if sb.Transition != "" {
+		return string(sb.Tier) + "→" + string(sb.Transition)
+	}
+	return string(sb.Tier)
+}
+
+func endpoints(sb api.Sandbox) string {
+	keys := make([]string, 0, len(sb.Endpoints))
+	for k := range sb.Endpoints {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, k+"→"+sb.Endpoints[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+func printSandbox(cmd *cobra.Command, sb api.Sandbox) error {
+	if j, _ := cmd.Flags().GetBool("json"); j {
+		return printJSON(sb)
+	}
+	fmt.Printf("%s (%s) %s, address %s\n", sb.Name, sb.ID, tierText(sb), sb.Address)
+	for _, e := range strings.Fields(endpoints(sb)) {
+		fmt.Println("  ", e)
+	}
+	return nil
+}

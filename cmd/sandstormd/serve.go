@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/internal/daemon"
+)
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "sandstormd",
+		Short: "Sandstorm: a fleet of gVisor sandboxes that sleep in tiers and wake on traffic",
+		Long: `Sandstorm runs many more sandboxes than a machine could keep awake. Idle
+sandboxes drop a tier at a time — hot → frozen (paused in place) → snapshot
+(checkpointed to disk) → detached (only the volume is left) — and any request
+to one of their ports brings them straight back to hot.
+
+Start the daemon with 'sandstormd serve --master --node', then use the
+template and sandbox commands (or the HTTP API, docs/API.md).`,
+		SilenceUsage: true,
+	}
+	root.PersistentFlags().String("data-dir", envOr("SANDSTORM_DATA_DIR", "/var/lib/sandstorm"), "where sandstormd keeps its state, API token and sandboxes (env SANDSTORM_DATA_DIR)")
+	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd())
+	return root
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func serveCmd() *cobra.Command {
+	var o daemon.Options
+	var reserve int64
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the master and the node (one process)",
+		Long: `Run sandstormd. --master --node runs both in one process: the HTTP API on
+--listen, desired state in SQLite under --data-dir, sandboxes on this machine.
+
+On first start the API token is written to <data-dir>/pki/api-token (mode 0600);
+every API call needs "Authorization: Bearer <token>".
+
+Stopping or killing sandstormd leaves sandboxes as they are; the next start
+adopts running ones, keeps snapshots restorable and finishes or rolls back
+transitions that were cut short.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.DataDir, _ = cmd.Flags().GetString("data-dir")
+			o.MemReserve = reserve
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return daemon.Serve(ctx, o)
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&o.Master, "master", false, "run the master: API, store, placement")
+	f.BoolVar(&o.Node, "node", false, "run a node: sandboxes, tiers, gateway")
+	f.StringVar(&o.Listen, "listen", envOr("SANDSTORM_LISTEN", "127.0.0.1:8080"), "API address host:port (env SANDSTORM_LISTEN)")
+	f.StringVar(&o.Backend, "backend", "gvisor", "sandbox backend: gvisor (runsc) or process (plain namespaces + cgroup v2; no snapshot tier here)")
+	f.StringVar(&o.Subnet, "subnet", "10.213.0.0/16", "private IPv4 subnet for sandbox veths, split into one /30 per sandbox")
+	f.StringVar(&o.GatewayBind, "gateway-listen", "127.0.0.1", "address the gateway's per-sandbox-port listeners bind")
+	f.StringVar(&o.GatewayPorts, "gateway-ports", "20000-29999", "range of gateway ports, one per sandbox port")
+	f.Int64Var(&reserve, "memory-reserve", 256, "MiB of MemAvailable to keep free: below it, new sandboxes and wakes are refused and the least-used sandboxes go to disk (0 disables)")
+	f.IntVar(&o.MaxWakes, "max-wakes", 2, "wakes (cold starts and restores) that may run at once; more wait")
+	f.DurationVar(&o.Admission, "wake-admission", 2*time.Second, "a wake that cannot start within this is refused with 503 and Retry-After rather than queued")
+	f.DurationVar(&o.Ready, "ready-timeout", 30*time.Second, "how long the gateway retries connecting to a sandbox whose process is still starting")
+	f.DurationVar(&o.Timers.Freeze, "freeze-after", 30*time.Second, "idle time before a hot sandbox is frozen (0: never)")
+	f.DurationVar(&o.Timers.Snapshot, "snapshot-after", 5*time.Minute, "further idle time before a frozen sandbox is snapshot to disk (0: never)")
+	f.DurationVar(&o.Timers.Detach, "detach-after", time.Hour, "further idle time before a snapshot sandbox is detached (0: never)")
+	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball upload, in bytes (413 beyond)")
+	return cmd
+}

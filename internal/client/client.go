@@ -1,0 +1,208 @@
+// Package client is a Go client of the sandstormd HTTP API, used by the CLI,
+// the benchmarks and the end-to-end tests.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sandstorm/api"
+)
+
+// Client talks to one sandstormd.
+type Client struct {
+	// Base is the API URL, e.g. "http://127.0.0.1:8080".
+	Base  string
+	Token string
+	HTTP  *http.Client
+}
+
+// New returns a client for base with token.
+func New(base, token string) *Client {
+	return &Client{Base: strings.TrimRight(base, "/"), Token: token, HTTP: &http.Client{Timeout: 5 * time.Minute}}
+}
+
+// ReadToken reads the API token from <dataDir>/pki/api-token.
+func ReadToken(dataDir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "pki", "api-token"))
+	if err != nil {
+		return "", fmt.Errorf("read API token: %w (is sandstormd running with --data-dir %s? or set SANDSTORM_TOKEN)", err, dataDir)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Error is an API error response.
+type Error struct {
+	Status int
+	Body   api.Error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s (HTTP %d): %s", e.Body.Code, e.Status, e.Body.Message)
+}
+
+// StatusOf returns the HTTP status of an API error, or 0.
+func StatusOf(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 0
+}
+
+// Do sends a request with a JSON body (nil for none) and decodes a JSON
+// answer into out (nil to discard).
+func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return c.send(req, out)
+}
+
+func (c *Client) send(req *http.Request, out any) error {
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		e := &Error{Status: resp.StatusCode}
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(data, &e.Body) != nil || e.Body.Code == "" {
+			e.Body.Code, e.Body.Message = "http", strings.TrimSpace(string(data))
+		}
+		return e
+	}
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if w, ok := out.(io.Writer); ok {
+		_, err := io.Copy(w, resp.Body)
+		return err
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// CreateTemplate registers a template from a directory on the node.
+func (c *Client) CreateTemplate(ctx context.Context, req api.TemplateRequest) (api.Template, error) {
+	var t api.Template
+	err := c.Do(ctx, http.MethodPost, "/v1/templates", req, &t)
+	return t, err
+}
+
+// UploadTemplate registers a template from a rootfs tarball (plain or gzip)
+// read from tarball, streamed as multipart.
+func (c *Client) UploadTemplate(ctx context.Context, req api.TemplateRequest, tarball io.Reader) (api.Template, error) {
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	go func() {
+		err := func() error {
+			fw, err := mw.CreateFormField("template")
+			if err != nil {
+				return err
+			}
+			if err := json.NewEncoder(fw).Encode(req); err != nil {
+				return err
+			}
+			ff, err := mw.CreateFormFile("rootfs", "rootfs.tar")
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(ff, tarball); err != nil {
+				return err
+			}
+			return mw.Close()
+		}()
+		pw.CloseWithError(err)
+	}()
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+"/v1/templates", pr)
+	if err != nil {
+		return api.Template{}, err
+	}
+	hr.Header.Set("Content-Type", mw.FormDataContentType())
+	var t api.Template
+	err = c.send(hr, &t)
+	return t, err
+}
+
+// Templates lists templates.
+func (c *Client) Templates(ctx context.Context) ([]api.Template, error) {
+	var l api.List[api.Template]
+	err := c.Do(ctx, http.MethodGet, "/v1/templates", nil, &l)
+	return l.Items, err
+}
+
+// DeleteTemplate removes a template.
+func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/templates/"+url.PathEscape(name), nil, nil)
+}
+
+// CreateSandbox starts a sandbox from a template; it returns hot.
+func (c *Client) CreateSandbox(ctx context.Context, template, name string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes", api.SandboxRequest{Template: template, Name: name}, &sb)
+	return sb, err
+}
+
+// Sandbox returns one sandbox by ID or name.
+func (c *Client) Sandbox(ctx context.Context, ref string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(ref), nil, &sb)
+	return sb, err
+}
+
+// Sandboxes lists sandboxes.
+func (c *Client) Sandboxes(ctx context.Context) ([]api.Sandbox, error) {
+	var l api.List[api.Sandbox]
+	err := c.Do(ctx, http.MethodGet, "/v1/sandboxes", nil, &l)
+	return l.Items, err
+}
+
+// DeleteSandbox removes a sandbox and everything it had.
+func (c *Client) DeleteSandbox(ctx context.Context, ref string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(ref), nil, nil)
+}
+
+// Transition runs op (freeze, snapshot, detach or wake) on a sandbox.
+func (c *Client) Transition(ctx context.Context, ref, op string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/"+op, nil, &sb)
+	return sb, err
+}
+
+// Logs writes a sandbox's console output to w.
+func (c *Client) Logs(ctx context.Context, ref string, w io.Writer) error {
+	return c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(ref)+"/logs", nil, w)
+}
+
+// Node returns the node's status.
+func (c *Client) Node(ctx context.Context) (api.NodeStatus, error) {
+	var st api.NodeStatus
+	err := c.Do(ctx, http.MethodGet, "/v1/node", nil, &st)
+	return st, err
+}

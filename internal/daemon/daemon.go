@@ -1,0 +1,198 @@
+// Package daemon wires a sandstormd process together: store, backend, node,
+// API. cmd/sandstormd stays a thin layer of flags over it.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"sandstorm/internal/master"
+	"sandstorm/internal/netns"
+	"sandstorm/internal/node"
+	"sandstorm/internal/sandbox"
+	"sandstorm/internal/sandbox/gvisor"
+	"sandstorm/internal/sandbox/process"
+	"sandstorm/internal/store"
+	"sandstorm/internal/tier"
+)
+
+// Options are sandstormd serve's flags.
+type Options struct {
+	Master, Node bool
+	DataDir      string
+	Listen       string // API address, host:port
+	Backend      string // "gvisor" or "process"
+	Subnet       string // sandbox address pool, e.g. 10.213.0.0/16
+	GatewayBind  string // address the gateway listens on
+	GatewayPorts string // "20000-29999"
+	MemReserve   int64  // MiB
+	MaxWakes     int
+	Admission    time.Duration
+	Ready        time.Duration
+	Timers       tier.Timers
+	MaxUpload    int64 // bytes
+	Log          *slog.Logger
+}
+
+// EnsureToken returns the API token in <dataDir>/pki/api-token, creating it
+// (32 random bytes, hex, mode 0600) on first start.
+func EnsureToken(dataDir string) (string, error) {
+	dir := filepath.Join(dataDir, "pki")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "api-token")
+	if b, err := os.ReadFile(path); err == nil {
+		if tok := strings.TrimSpace(string(b)); tok != "" {
+			os.Chmod(path, 0o600)
+			return tok, nil
+		}
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	tok := hex.EncodeToString(raw[:])
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return tok, os.Rename(tmp, path)
+}
+
+// lockDataDir takes an exclusive lock on <dataDir>/lock so two daemons never
+// manage the same sandboxes. The lock goes with the process, kill -9 too.
+func lockDataDir(dataDir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dataDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another sandstormd is using %s (lock held)", dataDir)
+	}
+	return f, nil
+}
+
+// NewBackend returns the named backend with its state under dataDir.
+func NewBackend(name, dataDir string) (sandbox.Backend, error) {
+	switch name {
+	case "gvisor":
+		return gvisor.New(filepath.Join(dataDir, "runsc"))
+	case "process":
+		return process.New(filepath.Join(dataDir, "process"))
+	default:
+		return nil, fmt.Errorf("unknown backend %q: use gvisor or process", name)
+	}
+}
+
+func parsePorts(s string) (int, int, error) {
+	lo, hi, ok := strings.Cut(s, "-")
+	a, err1 := strconv.Atoi(lo)
+	b, err2 := strconv.Atoi(hi)
+	if !ok || err1 != nil || err2 != nil || a < 1 || b > 65535 || a > b {
+		return 0, 0, fmt.Errorf("gateway ports %q: want a range like 20000-29999", s)
+	}
+	return a, b, nil
+}
+
+// Serve runs the daemon until ctx ends. Sandboxes keep running after it
+// returns; the next Serve over the same data dir adopts them.
+func Serve(ctx context.Context, o Options) error {
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if !o.Master || !o.Node {
+		return errors.New("this version runs master and node in one process: pass --master --node (separate nodes come with the fleet)")
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("sandstormd serve needs root: it creates network namespaces, veths, mounts and runsc sandboxes")
+	}
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return err
+	}
+	lock, err := lockDataDir(o.DataDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	token, err := EnsureToken(o.DataDir)
+	if err != nil {
+		return fmt.Errorf("API token: %w", err)
+	}
+	st, err := store.Open(filepath.Join(o.DataDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	be, err := NewBackend(o.Backend, o.DataDir)
+	if err != nil {
+		return err
+	}
+	pool, err := netns.ParsePool(o.Subnet)
+	if err != nil {
+		return err
+	}
+	bind, err := netip.ParseAddr(o.GatewayBind)
+	if err != nil {
+		return fmt.Errorf("gateway address %q: %w", o.GatewayBind, err)
+	}
+	pmin, pmax, err := parsePorts(o.GatewayPorts)
+	if err != nil {
+		return err
+	}
+	nd, err := node.New(node.Config{
+		Name: "local", DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
+		GatewayBind: bind, PortMin: pmin, PortMax: pmax,
+		MemReserveMiB: o.MemReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
+		Timers: o.Timers, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := nd.Reconcile(ctx); err != nil {
+		// Per-sandbox problems are reported, not fatal: the rest serve.
+		log.Error("reconcile", "err", err)
+	}
+	nd.Run()
+	defer nd.Close()
+
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return fmt.Errorf("API listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler: master.Handler(master.Config{
+			Store: st, Node: nd, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	log.Info("sandstormd serving", "api", "http://"+ln.Addr().String(), "backend", be.Name(),
+		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"))
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	log.Info("sandstormd stopped; sandboxes keep running and are adopted at the next start")
+	return nil
+}

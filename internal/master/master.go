@@ -1,0 +1,495 @@
+// Package master serves the sandstormd HTTP API (docs/API.md): templates and
+// sandboxes, desired state kept in the store, work done by a node. It is flow
+// 1 of the architecture map: client → master API → store → node → backend.
+package master
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"sandstorm/api"
+	"sandstorm/internal/node"
+	"sandstorm/internal/rootfs"
+	"sandstorm/internal/sandbox"
+	"sandstorm/internal/store"
+)
+
+// Node is what the master needs of a node. *node.Node implements it in the
+// same process; the fleet issue adds a remote implementation.
+type Node interface {
+	Name() string
+	Create(ctx context.Context, t store.Template, name string) (store.Sandbox, error)
+	Get(ctx context.Context, ref string) (store.Sandbox, error)
+	List(ctx context.Context) ([]store.Sandbox, error)
+	Delete(ctx context.Context, id string) error
+	Freeze(ctx context.Context, id string) (store.Sandbox, error)
+	Snapshot(ctx context.Context, id string) (store.Sandbox, error)
+	Detach(ctx context.Context, id string) (store.Sandbox, error)
+	Wake(ctx context.Context, id string) error
+	Endpoints(sb store.Sandbox) map[string]string
+	Address(sb store.Sandbox) string
+	LogPath(id string) string
+	Status(ctx context.Context) (api.NodeStatus, error)
+}
+
+// Config configures the API.
+type Config struct {
+	Store *store.Store
+	Node  Node
+	// Token is the API token every request must carry as
+	// "Authorization: Bearer <token>".
+	Token string
+	// DataDir holds extracted template rootfs under templates/<name>.
+	DataDir string
+	// MaxUpload bounds a rootfs tarball upload, in bytes (413 beyond).
+	MaxUpload int64
+	Log       *slog.Logger
+}
+
+// maxJSON bounds every JSON request body (1 MiB; 413 beyond).
+const maxJSON = 1 << 20
+
+type server struct {
+	cfg Config
+}
+
+// Handler returns the API's HTTP handler.
+func Handler(cfg Config) http.Handler {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.MaxUpload <= 0 {
+		cfg.MaxUpload = 4 << 30
+	}
+	s := &server{cfg: cfg}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/templates", s.listTemplates)
+	mux.HandleFunc("POST /v1/templates", s.createTemplate)
+	mux.HandleFunc("GET /v1/templates/{name}", s.getTemplate)
+	mux.HandleFunc("DELETE /v1/templates/{name}", s.deleteTemplate)
+	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
+	mux.HandleFunc("POST /v1/sandboxes", s.createSandbox)
+	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/{op}", s.transition)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
+	mux.HandleFunc("GET /v1/node", s.nodeStatus)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, http.StatusNotFound, api.CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+	})
+	return s.auth(mux)
+}
+
+func (s *server) auth(next http.Handler) http.Handler {
+	want := []byte("Bearer " + s.cfg.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sandstorm"`)
+			writeErr(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing or wrong API token: send Authorization: Bearer <token> (the token is in <data-dir>/pki/api-token)")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, status int, code, msg string) {
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, status, api.Error{Code: code, Message: msg})
+}
+
+// fail maps an error to its status: the one place that decides.
+func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxErr), errors.Is(err, rootfs.ErrTooLarge):
+		writeErr(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, err.Error())
+	case errors.Is(err, store.ErrNotFound):
+		writeErr(w, http.StatusNotFound, api.CodeNotFound, err.Error())
+	case errors.Is(err, store.ErrExists), errors.Is(err, node.ErrConflict):
+		writeErr(w, http.StatusConflict, api.CodeConflict, err.Error())
+	case errors.Is(err, sandbox.ErrNotSupported):
+		writeErr(w, http.StatusConflict, api.CodeNotSupported, err.Error())
+	case errors.Is(err, node.ErrNoMemory), errors.Is(err, node.ErrRefused), errors.Is(err, node.ErrFull):
+		writeErr(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
+	case errors.Is(err, node.ErrBadInput), errors.Is(err, rootfs.ErrUnsafe), errors.Is(err, errBadRequest):
+		writeErr(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+	default:
+		s.cfg.Log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeErr(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+	}
+}
+
+var errBadRequest = errors.New("bad request")
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
+}
+
+// decode reads a JSON body of at most maxJSON bytes into v, rejecting
+// unknown fields and trailing data.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, maxJSON)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return err
+		}
+		return badRequest("malformed JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("malformed JSON body: more than one value")
+	}
+	return nil
+}
+
+func toAPITemplate(t store.Template) api.Template {
+	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, CreatedAt: t.CreatedAt}
+}
+
+func (s *server) toAPISandbox(sb store.Sandbox) api.Sandbox {
+	return api.Sandbox{
+		ID: sb.ID, Name: sb.Name, Template: sb.Template, Node: sb.Node, Backend: sb.Backend,
+		Tier: sb.Tier, Transition: sb.Transition, Address: s.cfg.Node.Address(sb),
+		Endpoints: s.cfg.Node.Endpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
+		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
+	}
+}
+
+func (s *server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	ts, err := s.cfg.Store.ListTemplates(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := api.List[api.Template]{Items: []api.Template{}}
+	for _, t := range ts {
+		out.Items = append(out.Items, toAPITemplate(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) getTemplate(w http.ResponseWriter, r *http.Request) {
+	t, err := s.cfg.Store.GetTemplate(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPITemplate(t))
+}
+
+func (s *server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	t, err := s.cfg.Store.GetTemplate(r.Context(), name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.cfg.Store.DeleteTemplate(r.Context(), name); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if t.Owned {
+		os.RemoveAll(filepath.Dir(t.Rootfs))
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// createTemplate registers a template from a directory already on the node
+// (JSON body) or from an uploaded rootfs tarball (multipart: a "template"
+// part with the JSON, then a "rootfs" part with the tarball, plain or gzip).
+func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
+	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var (
+		t   store.Template
+		err error
+	)
+	if ct == "multipart/form-data" {
+		t, err = s.templateFromUpload(w, r)
+	} else {
+		var req api.TemplateRequest
+		if err = decode(w, r, &req); err == nil {
+			t, err = s.templateFromDir(req)
+		}
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.cfg.Store.PutTemplate(r.Context(), t); err != nil {
+		if t.Owned {
+			os.RemoveAll(filepath.Dir(t.Rootfs))
+		}
+		s.fail(w, r, err)
+		return
+	}
+	t, _ = s.cfg.Store.GetTemplate(r.Context(), t.Name)
+	s.cfg.Log.Info("template registered", "name", t.Name, "rootfs", t.Rootfs)
+	writeJSON(w, http.StatusCreated, toAPITemplate(t))
+}
+
+// validate checks the fields every template needs.
+func validate(req api.TemplateRequest) error {
+	if !node.ValidName(req.Name) {
+		return badRequest("template name %q: use 1-63 of a-z, 0-9 and '-'", req.Name)
+	}
+	if len(req.Process.Args) == 0 || req.Process.Args[0] == "" {
+		return badRequest("template %q: process.args is empty: say what to run, e.g. [\"/usr/bin/python3\", \"/srv/app.py\"]", req.Name)
+	}
+	if !strings.HasPrefix(req.Process.Args[0], "/") {
+		return badRequest("template %q: process.args[0] %q must be an absolute path inside the rootfs", req.Name, req.Process.Args[0])
+	}
+	for _, e := range req.Process.Env {
+		if !strings.Contains(e, "=") {
+			return badRequest("template %q: env entry %q is not KEY=VALUE", req.Name, e)
+		}
+	}
+	seen := map[int]bool{}
+	for _, p := range req.Ports {
+		if p < 1 || p > 65535 {
+			return badRequest("template %q: port %d outside 1-65535", req.Name, p)
+		}
+		if seen[p] {
+			return badRequest("template %q: port %d listed twice", req.Name, p)
+		}
+		seen[p] = true
+	}
+	if req.MemoryMiB < 0 {
+		return badRequest("template %q: memory_mib %d is negative", req.Name, req.MemoryMiB)
+	}
+	return nil
+}
+
+// checkRootfs checks that dir is a directory holding the process to run.
+func checkRootfs(dir string, args []string) error {
+	fi, err := os.Stat(dir)
+	if err != nil || !fi.IsDir() {
+		return badRequest("rootfs_dir %q is not a directory on this node", dir)
+	}
+	// Lstat: args[0] may be a symlink that only resolves inside the
+	// sandbox (e.g. /usr/bin/python3 -> python3.11).
+	if _, err := os.Lstat(filepath.Join(dir, args[0])); err != nil {
+		return badRequest("rootfs %q has no %s (process.args[0])", dir, args[0])
+	}
+	return nil
+}
+
+func (s *server) templateFromDir(req api.TemplateRequest) (store.Template, error) {
+	if err := validate(req); err != nil {
+		return store.Template{}, err
+	}
+	if req.RootfsDir == "" || !filepath.IsAbs(req.RootfsDir) {
+		return store.Template{}, badRequest("rootfs_dir %q: give the absolute path of a rootfs directory on the node, or upload a tarball as multipart", req.RootfsDir)
+	}
+	dir := filepath.Clean(req.RootfsDir)
+	if err := checkRootfs(dir, req.Process.Args); err != nil {
+		return store.Template{}, err
+	}
+	return store.Template{Name: req.Name, Rootfs: dir, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB}, nil
+}
+
+// templateFromUpload streams the multipart body: the "template" JSON part
+// must come first so the tarball can be extracted straight into place with
+// no temporary copy. The tarball is untrusted (rootfs.Extract).
+func (s *server) templateFromUpload(w http.ResponseWriter, r *http.Request) (store.Template, error) {
+	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxUpload)
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return store.Template{}, badRequest("multipart body: %v", err)
+	}
+	part, err := mr.NextPart()
+	if err != nil {
+		return store.Template{}, badRequest("multipart body: %v", err)
+	}
+	if part.FormName() != "template" {
+		return store.Template{}, badRequest("multipart body: the first part must be \"template\" (JSON), then \"rootfs\" (tarball); got %q first", part.FormName())
+	}
+	var req api.TemplateRequest
+	dec := json.NewDecoder(io.LimitReader(part, maxJSON))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return store.Template{}, badRequest("template part: malformed JSON: %v", err)
+	}
+	if err := validate(req); err != nil {
+		return store.Template{}, err
+	}
+	if req.RootfsDir != "" {
+		return store.Template{}, badRequest("template part: rootfs_dir and an uploaded rootfs exclude each other")
+	}
+	if _, err := s.cfg.Store.GetTemplate(r.Context(), req.Name); err == nil {
+		return store.Template{}, fmt.Errorf("template %q: %w", req.Name, store.ErrExists)
+	}
+	part, err = mr.NextPart()
+	if err != nil {
+		return store.Template{}, badRequest("multipart body: missing \"rootfs\" part: %v", err)
+	}
+	if part.FormName() != "rootfs" {
+		return store.Template{}, badRequest("multipart body: second part must be \"rootfs\", got %q", part.FormName())
+	}
+	base := filepath.Join(s.cfg.DataDir, "templates", req.Name)
+	dir := filepath.Join(base, "rootfs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return store.Template{}, err
+	}
+	if _, err := rootfs.Extract(part, dir, rootfs.Limits{MaxBytes: s.cfg.MaxUpload}); err != nil {
+		os.RemoveAll(base)
+		return store.Template{}, err
+	}
+	if err := checkRootfs(dir, req.Process.Args); err != nil {
+		os.RemoveAll(base)
+		return store.Template{}, err
+	}
+	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB}, nil
+}
+
+func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	all, err := s.cfg.Node.List(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := api.List[api.Sandbox]{Items: []api.Sandbox{}}
+	for _, sb := range all {
+		out.Items = append(out.Items, s.toAPISandbox(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req api.SandboxRequest
+	if err := decode(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Template == "" {
+		s.fail(w, r, badRequest("template is required"))
+		return
+	}
+	t, err := s.cfg.Store.GetTemplate(r.Context(), req.Template)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Name != "" {
+		if _, err := s.cfg.Store.GetSandbox(r.Context(), req.Name); err == nil {
+			s.fail(w, r, fmt.Errorf("sandbox %q: %w", req.Name, store.ErrExists))
+			return
+		}
+	}
+	sb, err := s.cfg.Node.Create(r.Context(), t, req.Name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.toAPISandbox(sb))
+}
+
+func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.toAPISandbox(sb))
+}
+
+func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.cfg.Node.Delete(r.Context(), sb.ID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// transition serves POST /v1/sandboxes/{id}/{freeze|snapshot|detach|wake}.
+func (s *server) transition(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	switch op := r.PathValue("op"); op {
+	case "freeze":
+		sb, err = s.cfg.Node.Freeze(ctx, sb.ID)
+	case "snapshot":
+		sb, err = s.cfg.Node.Snapshot(ctx, sb.ID)
+	case "detach":
+		sb, err = s.cfg.Node.Detach(ctx, sb.ID)
+	case "wake":
+		if err = s.cfg.Node.Wake(ctx, sb.ID); err == nil {
+			sb, err = s.cfg.Node.Get(ctx, sb.ID)
+		}
+	default:
+		writeErr(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no transition %q: use freeze, snapshot, detach or wake", op))
+		return
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.toAPISandbox(sb))
+}
+
+// logs serves the last 64 KiB of the sandbox's console output (its
+// stdout and stderr, across every start and restore).
+func (s *server) logs(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f, err := os.Open(s.cfg.Node.LogPath(sb.ID))
+	if errors.Is(err, os.ErrNotExist) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		return
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer f.Close()
+	const tail = 64 << 10
+	if fi, err := f.Stat(); err == nil && fi.Size() > tail {
+		f.Seek(fi.Size()-tail, io.SeekStart)
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.Copy(w, f)
+}
+
+func (s *server) nodeStatus(w http.ResponseWriter, r *http.Request) {
+	st, err := s.cfg.Node.Status(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+

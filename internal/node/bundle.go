@@ -1,0 +1,173 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"sandstorm/internal/store"
+)
+
+// Layout of one sandbox's directory under <data-dir>/sandboxes/<id>:
+//
+//	bundle/config.json  OCI runtime spec, written at every cold start
+//	bundle/rootfs/      overlay mount: template rootfs (lower) + upper/
+//	upper/, work/       the sandbox's volume: all it wrote; kept when detached
+//	snapshot/           checkpoint image of the last snapshot (complete)
+//	snapshot.tmp/       checkpoint being written (incomplete until renamed)
+//	console.log         the container's stdout and stderr
+type layout string
+
+func (l layout) bundle() string   { return filepath.Join(string(l), "bundle") }
+func (l layout) rootfs() string   { return filepath.Join(string(l), "bundle", "rootfs") }
+func (l layout) upper() string    { return filepath.Join(string(l), "upper") }
+func (l layout) work() string     { return filepath.Join(string(l), "work") }
+func (l layout) snapshot() string { return filepath.Join(string(l), "snapshot") }
+func (l layout) snapTmp() string  { return filepath.Join(string(l), "snapshot.tmp") }
+func (l layout) log() string      { return filepath.Join(string(l), "console.log") }
+
+// hasSnapshot reports whether a complete checkpoint image is on disk. An
+// image is renamed from snapshot.tmp only after runsc checkpoint succeeded,
+// so its presence means it is whole.
+func (l layout) hasSnapshot() bool {
+	_, err := os.Stat(l.snapshot())
+	return err == nil
+}
+
+// mountRootfs mounts the overlay of the template's rootfs and the sandbox's
+// volume at bundle/rootfs, unless already mounted (after a restart). Each
+// sandbox writes only to its own upper dir, so the template stays pristine.
+func (l layout) mountRootfs(lower string) error {
+	for _, d := range []string{l.rootfs(), l.upper(), l.work()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if mounted(l.rootfs()) {
+		return nil
+	}
+	for _, p := range []string{lower, l.upper(), l.work()} {
+		if strings.ContainsAny(p, ",:") {
+			return fmt.Errorf("path %q has a comma or colon, which overlayfs options cannot carry", p)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, l.upper(), l.work())
+	if err := unix.Mount("overlay", l.rootfs(), "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay at %s: %w", l.rootfs(), err)
+	}
+	return nil
+}
+
+// unmountRootfs undoes mountRootfs; not mounted is not an error.
+func (l layout) unmountRootfs() error {
+	if !mounted(l.rootfs()) {
+		return nil
+	}
+	if err := unix.Unmount(l.rootfs(), 0); err != nil {
+		// A runsc gofer that is still exiting can hold it for a moment.
+		if err := unix.Unmount(l.rootfs(), unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount %s: %w", l.rootfs(), err)
+		}
+	}
+	return nil
+}
+
+// mounted reports whether path is a mount point, from /proc/self/mountinfo.
+func mounted(path string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMount(f[4]) == path {
+			return true
+		}
+	}
+	return false
+}
+
+func unescapeMount(s string) string {
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
+
+// writeSpec writes bundle/config.json: the OCI runtime spec of template t,
+// joining the sandbox's network namespace at netnsPath.
+func (l layout) writeSpec(t store.Template, hostname, netnsPath string) error {
+	env := t.Process.Env
+	if !hasEnv(env, "PATH") {
+		env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
+	}
+	cwd := t.Process.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	s := specs.Spec{
+		Version:  specs.Version,
+		Hostname: hostname,
+		Root:     &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{
+			Args:            t.Process.Args,
+			Env:             env,
+			Cwd:             cwd,
+			User:            specs.User{UID: 0, GID: 0},
+			Capabilities:    defaultCaps(),
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
+			NoNewPrivileges: true,
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: netnsPath},
+			},
+		},
+	}
+	if t.MemoryMiB > 0 {
+		limit := int64(t.MemoryMiB) << 20
+		s.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}
+	}
+	data, err := json.MarshalIndent(&s, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(l.bundle(), 0o755); err != nil {
+		return err
+	}
+	tmp := filepath.Join(l.bundle(), "config.json.tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(l.bundle(), "config.json"))
+}
+
+func hasEnv(env []string, key string) bool {
+	for _, e := range env {
+		if strings.HasPrefix(e, key+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// defaultCaps is the capability set `runsc spec` gives a container: the
+// classic Docker default, minus nothing. The sandbox is gVisor's; these
+// capabilities are the sentry's emulation, not the host's.
+func defaultCaps() *specs.LinuxCapabilities {
+	c := []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
+		"CAP_FOWNER", "CAP_FSETID", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_MKNOD"}
+	return &specs.LinuxCapabilities{Bounding: c, Effective: c, Permitted: c}
+}

@@ -1,0 +1,552 @@
+// Package node is a Sandstorm node: it runs sandboxes with a backend, gives
+// each its network namespace, moves them between tiers (transitions.go),
+// wakes them on traffic through the gateway, protects itself from running
+// out of memory, and reconciles with what is really there after a restart.
+//
+// The master talks to a node only through its exported methods, so the two
+// can later live in different processes (the fleet issue) without the node
+// changing.
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/gateway"
+	"sandstorm/internal/memguard"
+	"sandstorm/internal/netns"
+	"sandstorm/internal/sandbox"
+	"sandstorm/internal/store"
+	"sandstorm/internal/tier"
+)
+
+// Errors the API maps to statuses.
+var (
+	// ErrNoMemory: the node is below its memory reserve (503).
+	ErrNoMemory = errors.New("node short on memory")
+	// ErrConflict: the transition does not apply to the sandbox's tier (409).
+	ErrConflict = errors.New("conflict")
+	// ErrNotSupported: the backend lacks the tier (409).
+	ErrNotSupported = sandbox.ErrNotSupported
+	// ErrFull: no address slot or gateway port left (503).
+	ErrFull = errors.New("node full")
+)
+
+// ErrRefused is the gateway's: a wake that could not start in time (503).
+var ErrRefused = gateway.ErrRefused
+
+// Config configures a node.
+type Config struct {
+	// Name identifies the node in the store ("local" when master and node
+	// share a process).
+	Name    string
+	DataDir string
+	Backend sandbox.Backend
+	Store   *store.Store
+	Pool    netns.Pool
+	// GatewayBind is the address gateway listeners bind; GatewayHost is the
+	// host name put in endpoint URLs (defaults to GatewayBind).
+	GatewayBind netip.Addr
+	GatewayHost string
+	// GatewayPorts is the inclusive range of gateway ports.
+	PortMin, PortMax int
+	// MemReserveMiB: below this much MemAvailable (MiB) the node refuses new
+	// sandboxes and wakes, and pushes the least-used sandboxes to disk.
+	MemReserveMiB int64
+	// MaxWakes bounds wakes (cold starts, restores) running at once; the
+	// rest wait, at most Admission, then are refused.
+	MaxWakes int
+	// Admission is how long a wake may wait to start (default 2 s).
+	Admission time.Duration
+	// Ready bounds how long the gateway retries the dial into a starting
+	// sandbox (default 30 s).
+	Ready  time.Duration
+	Timers tier.Timers
+	// MemAvailable overrides how free memory is read (tests); nil reads
+	// /proc/meminfo.
+	MemAvailable func() (int64, error)
+	Log          *slog.Logger
+}
+
+// Node runs the sandboxes of one machine.
+type Node struct {
+	cfg   Config
+	st    *store.Store
+	be    sandbox.Backend
+	gw    *gateway.Gateway
+	log   *slog.Logger
+	wakes chan struct{} // semaphore of MaxWakes
+
+	allocMu sync.Mutex // serialises slot and port allocation
+
+	mu      sync.Mutex
+	entries map[string]*entry
+
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+// entry is the node's in-memory view of one sandbox. The store has the
+// durable copy; the entry adds what changes too often to write (activity)
+// and the locks that serialise transitions.
+type entry struct {
+	id   string
+	lock chan struct{} // held by a transition; a chan so waits can time out
+
+	tier       atomic.Value // api.Tier
+	tierSince  atomic.Int64 // unix ms
+	lastActive atomic.Int64 // unix ms
+	flushed    atomic.Int64 // lastActive last written to the store
+
+	mu     sync.Mutex
+	waking *wakeCall
+}
+
+type wakeCall struct {
+	done chan struct{}
+	err  error
+}
+
+func (e *entry) getTier() api.Tier { t, _ := e.tier.Load().(api.Tier); return t }
+
+func (e *entry) setTier(t api.Tier) {
+	e.tier.Store(t)
+	e.tierSince.Store(time.Now().UnixMilli())
+}
+
+// acquire takes the transition lock, giving up when ctx ends.
+func (e *entry) acquire(ctx context.Context) error {
+	select {
+	case e.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (e *entry) release() { <-e.lock }
+
+// New makes a node. Call Reconcile before serving, and Run for the idle and
+// memory loops.
+func New(cfg Config) (*Node, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.MaxWakes <= 0 {
+		cfg.MaxWakes = 2
+	}
+	if cfg.Admission <= 0 {
+		cfg.Admission = 2 * time.Second
+	}
+	if cfg.GatewayHost == "" {
+		cfg.GatewayHost = cfg.GatewayBind.String()
+	}
+	if cfg.MemAvailable == nil {
+		cfg.MemAvailable = memguard.AvailableMiB
+	}
+	if cfg.PortMin <= 0 || cfg.PortMax < cfg.PortMin || cfg.PortMax > 65535 {
+		return nil, fmt.Errorf("gateway port range %d-%d is not valid", cfg.PortMin, cfg.PortMax)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "sandboxes"), 0o700); err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg: cfg, st: cfg.Store, be: cfg.Backend, log: cfg.Log,
+		wakes:   make(chan struct{}, cfg.MaxWakes),
+		entries: map[string]*entry{},
+		stop:    make(chan struct{}),
+	}
+	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready}, n, cfg.Log)
+	return n, nil
+}
+
+// Name is the node's name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Backend is the node's sandbox backend.
+func (n *Node) Backend() sandbox.Backend { return n.be }
+
+func (n *Node) dir(id string) layout {
+	return layout(filepath.Join(n.cfg.DataDir, "sandboxes", id))
+}
+
+// Net returns the network of a sandbox in address slot slot.
+func (n *Node) Net(id string, slot int) (netns.Net, error) {
+	host, sb, err := n.cfg.Pool.Addrs(slot)
+	if err != nil {
+		return netns.Net{}, err
+	}
+	return netns.Net{Name: netnsPrefix + id, HostIf: vethPrefix + id, Host: host, Sandbox: sb}, nil
+}
+
+// Names of kernel objects: "ss-<id>" namespaces and "ssv<id>" host veths
+// (3 + 12 = 15 bytes, the limit for an interface name).
+const (
+	netnsPrefix = "ss-"
+	vethPrefix  = "ssv"
+)
+
+func (n *Node) spec(sb store.Sandbox) sandbox.Spec {
+	d := n.dir(sb.ID)
+	return sandbox.Spec{ID: sb.ID, Bundle: d.bundle(), Netns: filepath.Join(netns.Dir, netnsPrefix+sb.ID), LogPath: d.log()}
+}
+
+func (n *Node) entry(id string) *entry {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e := n.entries[id]
+	if e == nil {
+		e = &entry{id: id, lock: make(chan struct{}, 1)}
+		e.setTier(api.TierDetached)
+		n.entries[id] = e
+	}
+	return e
+}
+
+func (n *Node) lookup(id string) (*entry, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e, ok := n.entries[id]
+	return e, ok
+}
+
+func (n *Node) forget(id string) {
+	n.mu.Lock()
+	delete(n.entries, id)
+	n.mu.Unlock()
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ValidName reports whether s may name a sandbox or template: 1–63 of
+// [a-z0-9-], starting with a letter or digit (it appears in paths and URLs).
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+func newID() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// Create starts a new sandbox from template t and returns it hot. On any
+// failure everything it made is removed and no row is left.
+func (n *Node) Create(ctx context.Context, t store.Template, name string) (store.Sandbox, error) {
+	if err := n.admitMemory(ctx, ""); err != nil {
+		return store.Sandbox{}, err
+	}
+	id := newID()
+	if name == "" {
+		name = "sb-" + id
+	}
+	if !ValidName(name) {
+		return store.Sandbox{}, fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errBadInput, name)
+	}
+	now := time.Now()
+	sb := store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
+		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now}
+	// Allocate and record in one step so two creates never share a slot.
+	n.allocMu.Lock()
+	err := n.allocate(ctx, &sb, t.Ports)
+	if err == nil {
+		err = n.st.CreateSandbox(ctx, sb)
+	}
+	n.allocMu.Unlock()
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	e := n.entry(id)
+	e.lastActive.Store(now.UnixMilli())
+	e.lock <- struct{}{}
+	defer e.release()
+	start := time.Now()
+	if err := n.coldStart(ctx, sb, t); err != nil {
+		n.teardown(context.Background(), sb, true)
+		n.st.DeleteSandbox(context.Background(), id)
+		n.forget(id)
+		return store.Sandbox{}, fmt.Errorf("start sandbox: %w", err)
+	}
+	if err := n.listen(sb); err != nil {
+		n.teardown(context.Background(), sb, true)
+		n.st.DeleteSandbox(context.Background(), id)
+		n.forget(id)
+		return store.Sandbox{}, err
+	}
+	ms := float64(time.Since(start).Microseconds()) / 1000
+	sb, err = n.commit(id, api.TierHot, func(s *store.Sandbox) {
+		s.LastWakeMs, s.LastWakeFrom = ms, api.TierDetached
+	})
+	n.log.Info("sandbox created", "id", id, "name", name, "template", t.Name, "ms", ms)
+	return sb, err
+}
+
+var errBadInput = errors.New("bad input")
+
+// ErrBadInput marks errors caused by the caller's input (400).
+var ErrBadInput = errBadInput
+
+// allocate picks a free address slot and one free gateway port per template
+// port. Caller holds allocMu.
+func (n *Node) allocate(ctx context.Context, sb *store.Sandbox, ports []int) error {
+	slots, used, err := n.st.UsedSlots(ctx, n.cfg.Name)
+	if err != nil {
+		return err
+	}
+	sb.Slot = -1
+	for i := 0; i < n.cfg.Pool.Size(); i++ {
+		if !slots[i] {
+			sb.Slot = i
+			break
+		}
+	}
+	if sb.Slot < 0 {
+		return fmt.Errorf("%w: all %d address slots of %s are taken", ErrFull, n.cfg.Pool.Size(), n.cfg.Pool.Prefix)
+	}
+	sb.HostPorts = map[int]int{}
+	p := n.cfg.PortMin
+	for _, port := range ports {
+		for ; p <= n.cfg.PortMax && used[p]; p++ {
+		}
+		if p > n.cfg.PortMax {
+			return fmt.Errorf("%w: no free gateway port in %d-%d", ErrFull, n.cfg.PortMin, n.cfg.PortMax)
+		}
+		sb.HostPorts[port] = p
+		used[p] = true
+	}
+	return nil
+}
+
+// listen opens the gateway listeners of sb.
+func (n *Node) listen(sb store.Sandbox) error {
+	nw, err := n.Net(sb.ID, sb.Slot)
+	if err != nil {
+		return err
+	}
+	return n.gw.Listen(sb.ID, n.cfg.GatewayBind, nw.Sandbox.Addr(), sb.HostPorts)
+}
+
+// commit records that sandbox id is now in tier to (clearing its
+// transition) and applies extra changes to the row in the same write.
+func (n *Node) commit(id string, to api.Tier, extra func(*store.Sandbox)) (store.Sandbox, error) {
+	e := n.entry(id)
+	sb, err := n.st.UpdateSandbox(context.Background(), id, func(s *store.Sandbox) error {
+		s.Tier, s.Transition = to, ""
+		if la := e.lastActive.Load(); la > s.LastActive.UnixMilli() {
+			s.LastActive = time.UnixMilli(la)
+		}
+		if extra != nil {
+			extra(s)
+		}
+		return nil
+	})
+	if err == nil {
+		e.setTier(to)
+		e.flushed.Store(sb.LastActive.UnixMilli())
+	}
+	return sb, err
+}
+
+// begin records that a transition of id towards to has started.
+func (n *Node) begin(id string, to api.Tier) error {
+	_, err := n.st.UpdateSandbox(context.Background(), id, func(s *store.Sandbox) error {
+		s.Transition = to
+		return nil
+	})
+	return err
+}
+
+// Get returns the sandbox id (or name) as the API shows it.
+func (n *Node) Get(ctx context.Context, ref string) (store.Sandbox, error) {
+	sb, err := n.st.GetSandbox(ctx, ref)
+	if err != nil {
+		return sb, err
+	}
+	if e, ok := n.lookup(sb.ID); ok {
+		if la := e.lastActive.Load(); la > sb.LastActive.UnixMilli() {
+			sb.LastActive = time.UnixMilli(la).UTC()
+		}
+	}
+	return sb, nil
+}
+
+// Endpoints maps each template port of sb to its gateway URL.
+func (n *Node) Endpoints(sb store.Sandbox) map[string]string {
+	out := map[string]string{}
+	for sport, hport := range sb.HostPorts {
+		out[strconv.Itoa(sport)] = "http://" + netip.AddrPortFrom(mustAddr(n.cfg.GatewayHost), uint16(hport)).String()
+	}
+	return out
+}
+
+func mustAddr(host string) netip.Addr {
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.IPv4Unspecified()
+	}
+	return a
+}
+
+// Address returns the sandbox's own address.
+func (n *Node) Address(sb store.Sandbox) string {
+	nw, err := n.Net(sb.ID, sb.Slot)
+	if err != nil {
+		return ""
+	}
+	return nw.Sandbox.Addr().String()
+}
+
+// Delete removes sandbox id and everything it had: container, namespace,
+// veth, mounts, volume, snapshot and row.
+func (n *Node) Delete(ctx context.Context, id string) error {
+	sb, err := n.st.GetSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	// Recorded first, so a crash part-way is finished by Reconcile.
+	if err := n.begin(sb.ID, transitionDelete); err != nil {
+		return err
+	}
+	n.gw.Close(sb.ID)
+	e := n.entry(sb.ID)
+	if err := e.acquire(ctx); err != nil {
+		return err
+	}
+	defer e.release()
+	if err := n.teardown(ctx, sb, true); err != nil {
+		return err
+	}
+	if err := n.st.DeleteSandbox(ctx, sb.ID); err != nil {
+		return err
+	}
+	n.forget(sb.ID)
+	n.log.Info("sandbox deleted", "id", sb.ID)
+	return nil
+}
+
+// transitionDelete is stored in Transition while a delete is in progress.
+const transitionDelete api.Tier = "deleted"
+
+// teardown removes the container, namespace, veth and rootfs mount of sb;
+// with all, also its directory (volume and snapshot). Each step runs even
+// if an earlier one failed; the errors are joined.
+func (n *Node) teardown(ctx context.Context, sb store.Sandbox, all bool) error {
+	var errs []error
+	if err := n.be.Remove(ctx, n.spec(sb)); err != nil {
+		errs = append(errs, err)
+	}
+	if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
+		if err := netns.Delete(nw); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	d := n.dir(sb.ID)
+	if err := d.unmountRootfs(); err != nil {
+		errs = append(errs, err)
+	}
+	if all {
+		if err := os.RemoveAll(string(d)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// List returns every sandbox on this node.
+func (n *Node) List(ctx context.Context) ([]store.Sandbox, error) {
+	all, err := n.st.ListSandboxes(ctx, n.cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	for i := range all {
+		if e, ok := n.lookup(all[i].ID); ok {
+			if la := e.lastActive.Load(); la > all[i].LastActive.UnixMilli() {
+				all[i].LastActive = time.UnixMilli(la).UTC()
+			}
+		}
+	}
+	return all, nil
+}
+
+// Status is the node's headroom.
+func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
+	avail, err := n.cfg.MemAvailable()
+	if err != nil {
+		return api.NodeStatus{}, err
+	}
+	all, err := n.st.ListSandboxes(ctx, n.cfg.Name)
+	if err != nil {
+		return api.NodeStatus{}, err
+	}
+	counts := map[api.Tier]int{api.TierHot: 0, api.TierFrozen: 0, api.TierSnapshot: 0, api.TierDetached: 0}
+	for _, sb := range all {
+		counts[sb.Tier]++
+	}
+	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts}, nil
+}
+
+// LogPath is the file holding sandbox id's console output.
+func (n *Node) LogPath(id string) string { return n.dir(id).log() }
+
+// Touch implements gateway.Waker.
+func (n *Node) Touch(id string) {
+	if e, ok := n.lookup(id); ok {
+		e.lastActive.Store(time.Now().UnixMilli())
+	}
+}
+
+// IsHot implements gateway.Waker.
+func (n *Node) IsHot(id string) bool {
+	e, ok := n.lookup(id)
+	return ok && e.getTier() == api.TierHot
+}
+
+// views returns the tier policy's view of every sandbox.
+func (n *Node) views() []tier.View {
+	n.mu.Lock()
+	es := make([]*entry, 0, len(n.entries))
+	for _, e := range n.entries {
+		es = append(es, e)
+	}
+	n.mu.Unlock()
+	out := make([]tier.View, 0, len(es))
+	for _, e := range es {
+		// Open but quiet connections do not keep a sandbox hot: freezing
+		// keeps them, and their next byte thaws it (gateway.copy).
+		busy := len(e.lock) > 0
+		out = append(out, tier.View{
+			ID: e.id, Tier: e.getTier(), Busy: busy,
+			LastActive: time.UnixMilli(e.lastActive.Load()),
+			TierSince:  time.UnixMilli(e.tierSince.Load()),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Close stops the loops and the gateway. Sandboxes keep running: a
+// restarted daemon adopts them.
+func (n *Node) Close() {
+	select {
+	case <-n.stop:
+	default:
+		close(n.stop)
+	}
+	n.done.Wait()
+	n.gw.CloseAll()
+	n.flushActivity()
+}

@@ -1,0 +1,444 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/netns"
+	"sandstorm/internal/sandbox"
+	"sandstorm/internal/store"
+	"sandstorm/internal/tier"
+)
+
+// coldStart starts sb from its template: rootfs overlay, OCI spec, network
+// namespace and veth, container. It is also the wake from detached.
+func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template) error {
+	d := n.dir(sb.ID)
+	if err := d.mountRootfs(t.Rootfs); err != nil {
+		return err
+	}
+	nw, err := n.Net(sb.ID, sb.Slot)
+	if err != nil {
+		return err
+	}
+	if err := netns.Create(nw); err != nil {
+		return err
+	}
+	if err := d.writeSpec(t, sb.Name, nw.Path()); err != nil {
+		return err
+	}
+	return n.be.Start(ctx, n.spec(sb))
+}
+
+// Wake brings sandbox id to hot from any tier (gateway.Waker). Concurrent
+// callers share one wake. ctx bounds only the admission — waiting for the
+// sandbox's lock, a wake slot and memory — so a wake that cannot start in
+// time is refused (ErrRefused or ErrNoMemory), while one that started runs
+// to the end.
+func (n *Node) Wake(ctx context.Context, id string) error {
+	e, ok := n.lookup(id)
+	if !ok {
+		sb, err := n.st.GetSandbox(ctx, id)
+		if err != nil {
+			return err
+		}
+		if e, ok = n.lookup(sb.ID); !ok {
+			return fmt.Errorf("sandbox %s is not on this node", id)
+		}
+	}
+	if e.getTier() == api.TierHot {
+		return nil
+	}
+	e.mu.Lock()
+	if w := e.waking; w != nil {
+		e.mu.Unlock()
+		<-w.done
+		return w.err
+	}
+	w := &wakeCall{done: make(chan struct{})}
+	e.waking = w
+	e.mu.Unlock()
+
+	w.err = n.wake(ctx, e)
+
+	e.mu.Lock()
+	e.waking = nil
+	e.mu.Unlock()
+	close(w.done)
+	return w.err
+}
+
+func (n *Node) wake(ctx context.Context, e *entry) error {
+	if err := e.acquire(ctx); err != nil {
+		return fmt.Errorf("%w: sandbox %s is busy with another transition", ErrRefused, e.id)
+	}
+	defer e.release()
+	from := e.getTier()
+	if from == api.TierHot {
+		return nil
+	}
+	select {
+	case n.wakes <- struct{}{}:
+		defer func() { <-n.wakes }()
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %d wakes already running on this node", ErrRefused, n.cfg.MaxWakes)
+	}
+	if from != api.TierFrozen { // a frozen sandbox already holds its memory
+		if err := n.admitMemory(ctx, e.id); err != nil {
+			return err
+		}
+	}
+	sb, err := n.st.GetSandbox(context.Background(), e.id)
+	if err != nil {
+		return err
+	}
+	if err := n.begin(e.id, api.TierHot); err != nil {
+		return err
+	}
+	start := time.Now()
+	// From here the wake runs to the end, whatever the caller's deadline.
+	bg := context.Background()
+	switch from {
+	case api.TierFrozen:
+		err = n.be.Resume(bg, n.spec(sb))
+	case api.TierSnapshot:
+		err = n.restore(bg, sb)
+	default:
+		err = n.coldStartFromStore(bg, sb)
+	}
+	if err != nil {
+		n.log.Error("wake failed", "id", e.id, "from", from, "err", err)
+		n.settleAfterFailure(sb, from, fmt.Sprintf("wake from %s failed: %v", from, err))
+		return fmt.Errorf("wake sandbox %s from %s: %w", e.id, from, err)
+	}
+	ms := float64(time.Since(start).Microseconds()) / 1000
+	e.lastActive.Store(time.Now().UnixMilli())
+	_, err = n.commit(e.id, api.TierHot, func(s *store.Sandbox) {
+		s.LastWakeMs, s.LastWakeFrom, s.Note = ms, from, ""
+	})
+	n.log.Info("sandbox woken", "id", e.id, "from", from, "ms", ms)
+	return err
+}
+
+func (n *Node) coldStartFromStore(ctx context.Context, sb store.Sandbox) error {
+	t, err := n.st.GetTemplate(ctx, sb.Template)
+	if err != nil {
+		return err
+	}
+	return n.coldStart(ctx, sb, t)
+}
+
+// restore brings a snapshot back: namespace and veth with the same
+// addresses, then runsc restore from the image, which is deleted once the
+// sandbox runs (each checkpoint needs an image directory of its own).
+func (n *Node) restore(ctx context.Context, sb store.Sandbox) error {
+	d := n.dir(sb.ID)
+	t, err := n.st.GetTemplate(ctx, sb.Template)
+	if err != nil {
+		return err
+	}
+	if err := d.mountRootfs(t.Rootfs); err != nil {
+		return err
+	}
+	nw, err := n.Net(sb.ID, sb.Slot)
+	if err != nil {
+		return err
+	}
+	if err := netns.Create(nw); err != nil {
+		return err
+	}
+	if err := n.be.Restore(ctx, n.spec(sb), d.snapshot()); err != nil {
+		return err
+	}
+	return os.RemoveAll(d.snapshot())
+}
+
+// settleAfterFailure puts a sandbox whose transition failed into a tier
+// that matches what is really there, and says so in its note — never
+// silently lost.
+func (n *Node) settleAfterFailure(sb store.Sandbox, from api.Tier, note string) {
+	st, err := n.be.State(context.Background(), n.spec(sb))
+	var to api.Tier
+	switch {
+	case err == nil && st == sandbox.StateRunning:
+		to = api.TierHot
+	case err == nil && st == sandbox.StatePaused:
+		to = api.TierFrozen
+	case n.dir(sb.ID).hasSnapshot():
+		to = api.TierSnapshot
+		n.teardown(context.Background(), sb, false)
+	default:
+		to = api.TierDetached
+		n.teardown(context.Background(), sb, false)
+	}
+	n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = note })
+}
+
+// Freeze pauses a hot sandbox in place (runsc pause / cgroup.freeze).
+func (n *Node) Freeze(ctx context.Context, id string) (store.Sandbox, error) {
+	return n.transition(ctx, id, api.TierFrozen, func(sb store.Sandbox, from api.Tier) error {
+		switch from {
+		case api.TierFrozen:
+			return nil
+		case api.TierHot:
+		default:
+			return fmt.Errorf("%w: sandbox %s is %s; only a hot sandbox can be frozen (wake it first)", ErrConflict, sb.ID, from)
+		}
+		if !n.be.Capabilities().Pause {
+			return fmt.Errorf("%w: the %s backend cannot pause", ErrNotSupported, n.be.Name())
+		}
+		if err := n.be.Pause(context.Background(), n.spec(sb)); err != nil {
+			n.settleAfterFailure(sb, from, "freeze failed: "+err.Error())
+			return err
+		}
+		return nil
+	})
+}
+
+// Snapshot checkpoints a hot or frozen sandbox to the node's disk and
+// releases its processes and network namespace. Every connection into the
+// sandbox is reset first and new ones wait: runsc cannot save an
+// established TCP endpoint, and kills the sandbox when a save fails. If the
+// checkpoint fails anyway, the sandbox is re-created cold from its template
+// and the note says so.
+func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
+	return n.transition(ctx, id, api.TierSnapshot, func(sb store.Sandbox, from api.Tier) error {
+		switch from {
+		case api.TierSnapshot:
+			return nil
+		case api.TierHot, api.TierFrozen:
+		default:
+			return fmt.Errorf("%w: sandbox %s is %s; only a hot or frozen sandbox can be snapshot", ErrConflict, sb.ID, from)
+		}
+		if caps := n.be.Capabilities(); !caps.Checkpoint {
+			return fmt.Errorf("%w: the %s backend has no snapshot tier here: %s", ErrNotSupported, n.be.Name(), caps.Why)
+		}
+		return n.checkpoint(sb, from)
+	})
+}
+
+func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) error {
+	bg := context.Background()
+	release := n.gw.Drain(sb.ID)
+	defer release()
+	spec := n.spec(sb)
+	if from == api.TierFrozen {
+		if err := n.be.Resume(bg, spec); err != nil {
+			return err
+		}
+	}
+	d := n.dir(sb.ID)
+	os.RemoveAll(d.snapTmp())
+	os.RemoveAll(d.snapshot())
+	if err := os.MkdirAll(d.snapTmp(), 0o700); err != nil {
+		return err
+	}
+	if err := n.be.Checkpoint(bg, spec, d.snapTmp()); err != nil {
+		os.RemoveAll(d.snapTmp())
+		return n.recoverFailedCheckpoint(sb, err)
+	}
+	if err := os.Rename(d.snapTmp(), d.snapshot()); err != nil {
+		return err
+	}
+	nw, err := n.Net(sb.ID, sb.Slot)
+	if err != nil {
+		return err
+	}
+	// The processes are gone; release the namespace and veth too.
+	return netns.Delete(nw)
+}
+
+// recoverFailedCheckpoint handles a checkpoint that failed: if the sandbox
+// still runs it stays hot; if gVisor killed it, it is re-created cold from
+// its template. Either way the error is reported and the note set.
+func (n *Node) recoverFailedCheckpoint(sb store.Sandbox, cause error) error {
+	bg := context.Background()
+	spec := n.spec(sb)
+	note := "checkpoint failed: " + cause.Error()
+	if st, err := n.be.State(bg, spec); err == nil && st == sandbox.StateRunning {
+		n.commit(sb.ID, api.TierHot, func(s *store.Sandbox) { s.Note = note + "; sandbox kept running" })
+		return fmt.Errorf("%w; sandbox kept running", cause)
+	}
+	n.be.Remove(bg, spec)
+	if err := n.coldStartFromStore(bg, sb); err != nil {
+		n.teardown(bg, sb, false)
+		n.commit(sb.ID, api.TierDetached, func(s *store.Sandbox) { s.Note = note + "; cold start failed too: " + err.Error() })
+		return fmt.Errorf("%w; cold start failed too: %v", cause, err)
+	}
+	n.commit(sb.ID, api.TierHot, func(s *store.Sandbox) { s.Note = note + "; re-created cold from its template (memory state lost)" })
+	return fmt.Errorf("%w; re-created cold from its template (memory state lost)", cause)
+}
+
+// Detach removes a sandbox's processes, namespace and snapshot; only its
+// volume (the overlay's upper dir) stays. A wake is a cold start.
+func (n *Node) Detach(ctx context.Context, id string) (store.Sandbox, error) {
+	return n.transition(ctx, id, api.TierDetached, func(sb store.Sandbox, from api.Tier) error {
+		if from == api.TierDetached {
+			return nil
+		}
+		release := n.gw.Drain(sb.ID)
+		defer release()
+		if err := n.teardown(context.Background(), sb, false); err != nil {
+			return err
+		}
+		return os.RemoveAll(n.dir(sb.ID).snapshot())
+	})
+}
+
+// transition runs op under the sandbox's lock, recording the transition
+// before and the tier after. Errors from op that already settled the
+// sandbox (recoverFailedCheckpoint, settleAfterFailure) are returned as is.
+func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(store.Sandbox, api.Tier) error) (store.Sandbox, error) {
+	sb, err := n.st.GetSandbox(ctx, id)
+	if err != nil {
+		return sb, err
+	}
+	e := n.entry(sb.ID)
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := e.acquire(actx); err != nil {
+		return sb, fmt.Errorf("%w: sandbox %s is busy with another transition", ErrConflict, sb.ID)
+	}
+	defer e.release()
+	from := e.getTier()
+	if from == to {
+		return n.st.GetSandbox(ctx, sb.ID)
+	}
+	if err := n.begin(sb.ID, to); err != nil {
+		return sb, err
+	}
+	start := time.Now()
+	if err := op(sb, from); err != nil {
+		// Clear the transition unless op settled the sandbox itself.
+		n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error {
+			s.Transition = ""
+			return nil
+		})
+		cur, _ := n.st.GetSandbox(context.Background(), sb.ID)
+		n.entry(sb.ID).setTier(cur.Tier)
+		return cur, err
+	}
+	n.log.Info("sandbox transition", "id", sb.ID, "from", from, "to", to, "ms", time.Since(start).Milliseconds())
+	return n.commit(sb.ID, to, nil)
+}
+
+// admitMemory makes room before a create or a wake: below the reserve it
+// snapshots the sandboxes least in demand (never exclude) until the node is
+// above it again, and returns ErrNoMemory if it cannot get there.
+func (n *Node) admitMemory(ctx context.Context, exclude string) error {
+	if n.cfg.MemReserveMiB <= 0 {
+		return nil
+	}
+	avail, err := n.cfg.MemAvailable()
+	if err != nil {
+		return err
+	}
+	if avail >= n.cfg.MemReserveMiB {
+		return nil
+	}
+	avail = n.evict(ctx, exclude, avail)
+	if avail >= n.cfg.MemReserveMiB {
+		return nil
+	}
+	return fmt.Errorf("%w: %d MiB available, reserve is %d MiB; nothing left to push to disk", ErrNoMemory, avail, n.cfg.MemReserveMiB)
+}
+
+// evict snapshots victims one at a time, least in demand first, until
+// available memory is back above the reserve; it returns the last reading.
+func (n *Node) evict(ctx context.Context, exclude string, avail int64) int64 {
+	if !n.be.Capabilities().Checkpoint {
+		return avail
+	}
+	for _, v := range tier.Victims(n.views(), exclude) {
+		if avail >= n.cfg.MemReserveMiB {
+			break
+		}
+		n.log.Warn("memory reserve: pushing sandbox to disk", "id", v.ID, "available_mib", avail, "reserve_mib", n.cfg.MemReserveMiB)
+		if _, err := n.Snapshot(ctx, v.ID); err != nil {
+			n.log.Error("memory reserve: snapshot failed", "id", v.ID, "err", err)
+		}
+		if a, err := n.cfg.MemAvailable(); err == nil {
+			avail = a
+		}
+	}
+	return avail
+}
+
+// Run drives the idle timers and the memory guard until Close.
+func (n *Node) Run() {
+	n.done.Add(1)
+	go func() {
+		defer n.done.Done()
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		lastFlush := time.Now()
+		for {
+			select {
+			case <-n.stop:
+				return
+			case <-tick.C:
+			}
+			n.idleStep(time.Now())
+			if n.cfg.MemReserveMiB > 0 {
+				if avail, err := n.cfg.MemAvailable(); err == nil && avail < n.cfg.MemReserveMiB {
+					n.evict(context.Background(), "", avail)
+				}
+			}
+			if time.Since(lastFlush) > 5*time.Second {
+				n.flushActivity()
+				lastFlush = time.Now()
+			}
+		}
+	}()
+}
+
+// idleStep moves every idle sandbox one tier down where its timer says so.
+func (n *Node) idleStep(now time.Time) {
+	canCP := n.be.Capabilities().Checkpoint
+	for _, v := range n.views() {
+		to, ok := tier.Next(v, n.cfg.Timers, now, canCP)
+		if !ok {
+			continue
+		}
+		var err error
+		ctx := context.Background()
+		switch to {
+		case api.TierFrozen:
+			_, err = n.Freeze(ctx, v.ID)
+		case api.TierSnapshot:
+			_, err = n.Snapshot(ctx, v.ID)
+		case api.TierDetached:
+			_, err = n.Detach(ctx, v.ID)
+		}
+		if err != nil {
+			n.log.Warn("idle transition failed", "id", v.ID, "to", to, "err", err)
+		}
+	}
+}
+
+// flushActivity writes last-activity times that changed to the store, so a
+// restart keeps the idle timers roughly where they were.
+func (n *Node) flushActivity() {
+	n.mu.Lock()
+	es := make([]*entry, 0, len(n.entries))
+	for _, e := range n.entries {
+		es = append(es, e)
+	}
+	n.mu.Unlock()
+	for _, e := range es {
+		la := e.lastActive.Load()
+		if la <= e.flushed.Load() {
+			continue
+		}
+		_, err := n.st.UpdateSandbox(context.Background(), e.id, func(s *store.Sandbox) error {
+			s.LastActive = time.UnixMilli(la)
+			return nil
+		})
+		if err == nil {
+			e.flushed.Store(la)
+		}
+	}
+}

@@ -1,0 +1,85 @@
+// Package sandbox defines the interface between the node (which knows about
+// tiers, networks and the gateway) and a sandbox runtime (which only knows
+// how to run, pause, checkpoint and remove one OCI bundle). Backends know
+// nothing of tiers: the tier manager composes these calls into the seed's
+// hot → frozen → snapshot → detached ladder.
+package sandbox
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrNotSupported is returned by a backend for an operation it cannot do on
+// this machine (e.g. checkpoint in the process backend, where criu fails).
+var ErrNotSupported = errors.New("not supported by this backend")
+
+// ErrNotFound is returned when the backend has no container with that ID.
+var ErrNotFound = errors.New("container not found")
+
+// State is what a backend reports for one container.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	// StateStopped: the container exists but its processes are gone.
+	StateStopped State = "stopped"
+	// StateAbsent: the backend has no record of the container.
+	StateAbsent State = "absent"
+)
+
+// Spec is what a backend needs to start one container.
+type Spec struct {
+	// ID is the container ID (also the sandbox ID); [a-z0-9-], ≤ 63 chars.
+	ID string
+	// Bundle is an OCI bundle directory: config.json (runtime-spec) plus
+	// the rootfs it names. The backend may rewrite config.json.
+	Bundle string
+	// Netns is the path of the network namespace the container joins
+	// (e.g. /var/run/netns/ss-<id>). Created and owned by the caller.
+	Netns string
+	// LogPath is a file that receives the container's stdout and stderr.
+	LogPath string
+}
+
+// Capabilities says which tiers a backend can implement on this machine.
+type Capabilities struct {
+	Pause      bool `json:"pause"`
+	Checkpoint bool `json:"checkpoint"`
+	// Why says in words why a capability is missing.
+	Why string `json:"why,omitempty"`
+}
+
+// Backend runs containers. Every method is safe for concurrent use on
+// different IDs; the caller serialises calls for one ID. Every method takes
+// the full Spec because runsc's control socket is an abstract Unix socket
+// that lives in the container's network namespace: a command for it must
+// run there, so the backend needs Netns even to ask for its state.
+type Backend interface {
+	// Name is "gvisor" or "process".
+	Name() string
+	Capabilities() Capabilities
+	// Start creates and starts a container from spec; when it returns nil
+	// the container's init process is running.
+	Start(ctx context.Context, spec Spec) error
+	// Pause stops every process of a running container in place; Resume
+	// undoes it.
+	Pause(ctx context.Context, spec Spec) error
+	Resume(ctx context.Context, spec Spec) error
+	// Checkpoint saves the container's whole state into imageDir (which
+	// must exist and be empty) and stops it. On error the container may
+	// be gone too (gVisor kills it when a save fails): callers must check
+	// State afterwards.
+	Checkpoint(ctx context.Context, spec Spec, imageDir string) error
+	// Restore starts spec's container from an image written by Checkpoint.
+	Restore(ctx context.Context, spec Spec, imageDir string) error
+	// Remove kills and deletes the container; removing an absent one is
+	// not an error.
+	Remove(ctx context.Context, spec Spec) error
+	// State reports the container's state.
+	State(ctx context.Context, spec Spec) (State, error)
+	// List returns the IDs of every container this backend has a record
+	// of, for reconciliation after a restart.
+	List(ctx context.Context) ([]string, error)
+}

@@ -1,0 +1,347 @@
+// Package store keeps the master's desired state in SQLite (modernc.org/sqlite,
+// pure Go, WAL journal): templates, sandboxes with their tier, last activity,
+// gateway ports and addresses. The store is the only thing that writes desired
+// state; every write is one transaction, so a daemon killed at any moment
+// leaves either the old or the new row, never half of one.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"sandstorm/api"
+)
+
+// ErrNotFound is returned when no row matches.
+var ErrNotFound = errors.New("not found")
+
+// ErrExists is returned when a name or ID is already taken.
+var ErrExists = errors.New("already exists")
+
+// Store is a handle on the state database. It is safe for concurrent use.
+type Store struct {
+	db *sql.DB
+}
+
+// Template is a template row.
+type Template struct {
+	Name      string
+	Rootfs    string // absolute path of the rootfs directory on the node
+	Owned     bool   // the rootfs was extracted by us (delete it with the template)
+	Process   api.Process
+	Ports     []int
+	MemoryMiB int
+	CreatedAt time.Time
+}
+
+// Sandbox is a sandbox row: desired state plus what the node last did.
+type Sandbox struct {
+	ID       string
+	Name     string
+	Template string
+	Node     string
+	Backend  string
+	// Tier is the tier the sandbox is in, as last committed.
+	Tier api.Tier
+	// Transition is the tier a transition in progress heads to ("" when
+	// none). Written before the operation starts and cleared with Tier, so
+	// a restart finds half-done transitions.
+	Transition api.Tier
+	// Slot indexes the sandbox's /30 in the node's subnet; it fixes the
+	// sandbox's addresses for life (stable across snapshot/restore).
+	Slot int
+	// HostPorts maps template port → gateway port on the node.
+	HostPorts    map[int]int
+	LastActive   time.Time
+	CreatedAt    time.Time
+	LastWakeMs   float64
+	LastWakeFrom api.Tier
+	Note         string
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS templates (
+	name       TEXT PRIMARY KEY,
+	rootfs     TEXT NOT NULL,
+	owned      INTEGER NOT NULL DEFAULT 0,
+	process    TEXT NOT NULL,
+	ports      TEXT NOT NULL,
+	memory_mib INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sandboxes (
+	id             TEXT PRIMARY KEY,
+	name           TEXT NOT NULL UNIQUE,
+	template       TEXT NOT NULL REFERENCES templates(name),
+	node           TEXT NOT NULL,
+	backend        TEXT NOT NULL,
+	tier           TEXT NOT NULL,
+	transition     TEXT NOT NULL DEFAULT '',
+	slot           INTEGER NOT NULL,
+	host_ports     TEXT NOT NULL,
+	last_active    INTEGER NOT NULL,
+	created_at     INTEGER NOT NULL,
+	last_wake_ms   REAL NOT NULL DEFAULT 0,
+	last_wake_from TEXT NOT NULL DEFAULT '',
+	note           TEXT NOT NULL DEFAULT '',
+	UNIQUE (node, slot)
+);
+`
+
+// Open opens (creating if needed) the database at path, in WAL mode with a
+// busy timeout, and applies the schema.
+func Open(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	// One writer at a time is what SQLite allows anyway; one connection
+	// avoids SQLITE_BUSY between our own goroutines.
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: apply schema to %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func fromMs(v int64) time.Time { return time.UnixMilli(v).UTC() }
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only plain data types are marshalled here
+	}
+	return string(b)
+}
+
+// PutTemplate inserts t; ErrExists if the name is taken.
+func (s *Store) PutTemplate(ctx context.Context, t Template) error {
+	if t.CreatedAt.IsZero() {
+		t.CreatedAt = time.Now()
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at) VALUES(?,?,?,?,?,?,?)`,
+		t.Name, t.Rootfs, t.Owned, mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt))
+	if isConstraint(err) {
+		return fmt.Errorf("template %q: %w", t.Name, ErrExists)
+	}
+	return err
+}
+
+// GetTemplate returns the template called name, or ErrNotFound.
+func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at FROM templates WHERE name=?`, name)
+	t, err := scanTemplate(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return t, fmt.Errorf("template %q: %w", name, ErrNotFound)
+	}
+	return t, err
+}
+
+// ListTemplates returns every template, by name.
+func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at FROM templates ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Template
+	for rows.Next() {
+		t, err := scanTemplate(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// DeleteTemplate removes a template; ErrNotFound if absent, ErrExists
+// (wrapped with a message) while sandboxes still use it.
+func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes WHERE template=?`, name).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return fmt.Errorf("template %q is used by %d sandbox(es): %w", name, n, ErrExists)
+	}
+	res, err := s.db.ExecContext(ctx, `DELETE FROM templates WHERE name=?`, name)
+	if err != nil {
+		return err
+	}
+	if k, _ := res.RowsAffected(); k == 0 {
+		return fmt.Errorf("template %q: %w", name, ErrNotFound)
+	}
+	return nil
+}
+
+type scanner interface{ Scan(...any) error }
+
+func scanTemplate(r scanner) (Template, error) {
+	var t Template
+	var proc, ports string
+	var created int64
+	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created); err != nil {
+		return t, err
+	}
+	t.CreatedAt = fromMs(created)
+	if err := json.Unmarshal([]byte(proc), &t.Process); err != nil {
+		return t, fmt.Errorf("template %q: corrupt process: %w", t.Name, err)
+	}
+	if err := json.Unmarshal([]byte(ports), &t.Ports); err != nil {
+		return t, fmt.Errorf("template %q: corrupt ports: %w", t.Name, err)
+	}
+	return t, nil
+}
+
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note`
+
+// CreateSandbox inserts sb; ErrExists if its ID, name or slot is taken;
+// ErrNotFound if its template does not exist.
+func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
+	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
+		return err
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	if isConstraint(err) {
+		return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
+	}
+	return err
+}
+
+func sandboxArgs(sb Sandbox) []any {
+	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
+		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note}
+}
+
+// GetSandbox returns the sandbox whose ID or name is ref, or ErrNotFound.
+func (s *Store) GetSandbox(ctx context.Context, ref string) (Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=? OR name=? LIMIT 1`, ref, ref)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return sb, fmt.Errorf("sandbox %q: %w", ref, ErrNotFound)
+	}
+	return sb, err
+}
+
+// ListSandboxes returns every sandbox of node ("" for all nodes), oldest first.
+func (s *Store) ListSandboxes(ctx context.Context, node string) ([]Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE ?='' OR node=? ORDER BY created_at, id`, node, node)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// UpdateSandbox reads the sandbox id, applies fn and writes the result, in
+// one transaction. fn must not change the ID. ErrNotFound if absent.
+func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer tx.Rollback()
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sb, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return sb, err
+	}
+	if err := fn(&sb); err != nil {
+		return sb, err
+	}
+	sb.ID = id
+	args := sandboxArgs(sb)
+	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=? WHERE id=?`,
+		append(args, id)...)
+	if err != nil {
+		return sb, err
+	}
+	return sb, tx.Commit()
+}
+
+// DeleteSandbox removes the row; ErrNotFound if absent.
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id)
+	if err != nil {
+		return err
+	}
+	if k, _ := res.RowsAffected(); k == 0 {
+		return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// UsedSlots returns the address slots and gateway ports taken on node.
+func (s *Store) UsedSlots(ctx context.Context, node string) (slots map[int]bool, ports map[int]bool, err error) {
+	all, err := s.ListSandboxes(ctx, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	slots, ports = map[int]bool{}, map[int]bool{}
+	for _, sb := range all {
+		slots[sb.Slot] = true
+		for _, hp := range sb.HostPorts {
+			ports[hp] = true
+		}
+	}
+	return slots, ports, nil
+}
+
+func scanSandbox(r scanner) (Sandbox, error) {
+	var sb Sandbox
+	var tier, trans, hostPorts, wakeFrom string
+	var last, created int64
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note)
+	if err != nil {
+		return sb, err
+	}
+	sb.Tier, sb.Transition, sb.LastWakeFrom = api.Tier(tier), api.Tier(trans), api.Tier(wakeFrom)
+	sb.LastActive, sb.CreatedAt = fromMs(last), fromMs(created)
+	if err := json.Unmarshal([]byte(hostPorts), &sb.HostPorts); err != nil {
+		return sb, fmt.Errorf("sandbox %q: corrupt host_ports: %w", sb.ID, err)
+	}
+	return sb, nil
+}
+
+// isConstraint reports whether err is a SQLite constraint violation
+// (UNIQUE or PRIMARY KEY), which callers map to ErrExists.
+func isConstraint(err error) bool {
+	if err == nil {
+		return false
+	}
+	var coder interface{ Code() int }
+	if errors.As(err, &coder) {
+		// SQLITE_CONSTRAINT is 19; extended codes keep it in the low byte.
+		return coder.Code()&0xff == 19
+	}
+	return false
+}
