@@ -28,4 +28,3 @@ func doctorCmd() *cobra.Command {
 		},
 	}
 }
-

@@ -24,7 +24,8 @@ to one of their ports brings them straight back to hot.
 
 Start the daemon with 'sandstormd serve --master --node', then use the
 template and sandbox commands (or the HTTP API, docs/API.md).`,
-		SilenceUsage: true,
+		SilenceUsage:  true,
+		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("data-dir", envOr("SANDSTORM_DATA_DIR", "/var/lib/sandstorm"), "where sandstormd keeps its state, API token and sandboxes (env SANDSTORM_DATA_DIR)")
 	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd())

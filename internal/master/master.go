@@ -492,4 +492,3 @@ func (s *server) nodeStatus(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, st)
 }
-

@@ -214,7 +214,7 @@ func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
 			return fmt.Errorf("%w: sandbox %s is %s; only a hot or frozen sandbox can be snapshot", ErrConflict, sb.ID, from)
 		}
 		if caps := n.be.Capabilities(); !caps.Checkpoint {
-			return fmt.Errorf("%w: the %s backend has no snapshot tier here: %s", ErrNotSupported, n.be.Name(), caps.Why)
+			return fmt.Errorf("%w: %s", ErrNotSupported, caps.Why)
 		}
 		return n.checkpoint(sb, from)
 	})
