@@ -143,6 +143,11 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.Backend == "gvisor" {
+		if err := gvisor.StartReaper(); err != nil {
+			log.Warn("cannot become subreaper of runsc sandboxes; deletes will wait for init to reap them", "err", err)
+		}
+	}
 	pool, err := netns.ParsePool(o.Subnet)
 	if err != nil {
 		return err

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"sandstorm/api"
 	"sandstorm/internal/netns"
@@ -95,9 +94,14 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 }
 
 // removeOrphans deletes what this node made for sandboxes it no longer has.
+// Several daemons may share a machine (each with its own data dir), so a
+// namespace or veth counts as this node's only if the node has a trace of
+// the sandbox (its directory or its runsc state); others are left alone.
 func (n *Node) removeOrphans(ctx context.Context, known map[string]bool) {
+	ours := map[string]bool{}
 	ids, _ := n.be.List(ctx)
 	for _, id := range ids {
+		ours[id] = true
 		if known[id] {
 			continue
 		}
@@ -107,29 +111,26 @@ func (n *Node) removeOrphans(ctx context.Context, known map[string]bool) {
 			n.log.Error("reconcile: remove orphaned container", "id", id, "err", err)
 		}
 	}
-	names, _ := netns.List(netnsPrefix)
-	for _, name := range names {
-		id := strings.TrimPrefix(name, netnsPrefix)
+	dirs, _ := os.ReadDir(filepath.Join(n.cfg.DataDir, "sandboxes"))
+	for _, de := range dirs {
+		ours[de.Name()] = true
+	}
+	for id := range ours {
 		if known[id] {
 			continue
 		}
-		n.log.Warn("reconcile: removing orphaned network namespace", "netns", name)
-		netns.Delete(netns.Net{Name: name, HostIf: vethPrefix + id})
-	}
-	links, _ := netns.ListLinks(vethPrefix)
-	for _, l := range links {
-		if !known[strings.TrimPrefix(l, vethPrefix)] {
-			netns.DeleteLink(l)
+		nw := netns.Net{Name: netnsPrefix + id, HostIf: vethPrefix + id}
+		if nw.Exists() {
+			n.log.Warn("reconcile: removing orphaned network namespace", "netns", nw.Name)
 		}
-	}
-	dirs, _ := os.ReadDir(filepath.Join(n.cfg.DataDir, "sandboxes"))
-	for _, de := range dirs {
-		if known[de.Name()] {
-			continue
+		if err := netns.Delete(nw); err != nil {
+			n.log.Error("reconcile: remove orphaned network namespace", "netns", nw.Name, "err", err)
 		}
-		d := n.dir(de.Name())
-		n.log.Warn("reconcile: removing orphaned sandbox directory", "dir", string(d))
-		d.unmountRootfs()
-		os.RemoveAll(string(d))
+		d := n.dir(id)
+		if _, err := os.Stat(string(d)); err == nil {
+			n.log.Warn("reconcile: removing orphaned sandbox directory", "dir", string(d))
+			d.unmountRootfs()
+			os.RemoveAll(string(d))
+		}
 	}
 }

@@ -181,17 +181,18 @@ func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
 }
 
 // Checkpoint implements sandbox.Backend. On success the container is
-// stopped and deleted; imageDir holds its state. gVisor kills the sandbox
-// when a save fails (e.g. "endpoint cannot be saved in connected state"
-// while a TCP connection is established), so callers must re-check State.
+// stopped and imageDir holds its state. gVisor kills the sandbox when a save
+// fails (e.g. "endpoint cannot be saved in connected state" while a TCP
+// connection is established), so callers must re-check State.
 func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir string) error {
 	if _, err := b.inNetns(ctx, spec.Netns, "checkpoint", "--image-path="+imageDir, spec.ID); err != nil {
 		return err
 	}
-	// The container is stopped now; delete it so that restore can reuse
-	// the ID.
-	_, err := b.inNetns(ctx, spec.Netns, "delete", "-force", spec.ID)
-	return err
+	// The container is stopped now. Deleting it frees the ID for restore;
+	// if that fails the image is still good, and Restore deletes the
+	// leftover before it starts.
+	b.inNetns(ctx, spec.Netns, "delete", "-force", spec.ID)
+	return nil
 }
 
 // Restore implements sandbox.Backend.
