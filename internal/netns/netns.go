@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -211,47 +210,4 @@ func Delete(n Net) error {
 		errs = append(errs, fmt.Errorf("delete netns %s: %w", n.Name, err))
 	}
 	return errors.Join(errs...)
-}
-
-// List returns the names of the namespaces under Dir that start with prefix,
-// for reconciliation (orphans are deleted).
-func List(prefix string) ([]string, error) {
-	ents, err := os.ReadDir(Dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), prefix) {
-			out = append(out, e.Name())
-		}
-	}
-	return out, nil
-}
-
-// ListLinks returns host interfaces whose names start with prefix.
-func ListLinks(prefix string) ([]string, error) {
-	links, err := netlink.LinkList()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, prefix) {
-			out = append(out, l.Attrs().Name)
-		}
-	}
-	return out, nil
-}
-
-// DeleteLink removes a host interface by name; absent is not an error.
-func DeleteLink(name string) error {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return nil
-	}
-	return netlink.LinkDel(l)
 }

@@ -1,0 +1,112 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+)
+
+func open(t *testing.T) (*Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+func TestTemplatesAndSandboxesSurviveReopen(t *testing.T) {
+	ctx := context.Background()
+	s, path := open(t)
+	tmpl := Template{Name: "web", Rootfs: "/srv/web", Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}}, Ports: []int{8000, 9000}, MemoryMiB: 64}
+	if err := s.PutTemplate(ctx, tmpl); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(ctx, tmpl); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate template: err = %v, want ErrExists", err)
+	}
+	now := time.Now().Truncate(time.Millisecond)
+	sb := Sandbox{ID: "abc", Name: "one", Template: "web", Node: "local", Backend: "gvisor", Tier: api.TierHot,
+		Slot: 3, HostPorts: map[int]int{8000: 20001, 9000: 20002}, LastActive: now, CreatedAt: now}
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	dup := sb
+	dup.ID = "other"
+	if err := s.CreateSandbox(ctx, dup); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate name and slot: err = %v, want ErrExists", err)
+	}
+	missing := sb
+	missing.ID, missing.Name, missing.Slot, missing.Template = "x", "x", 4, "nope"
+	if err := s.CreateSandbox(ctx, missing); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown template: err = %v, want ErrNotFound", err)
+	}
+	if _, err := s.UpdateSandbox(ctx, "abc", func(x *Sandbox) error {
+		x.Tier, x.Transition, x.Note = api.TierSnapshot, "", "checked"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTemplate(ctx, "web"); !errors.Is(err, ErrExists) {
+		t.Fatalf("delete template in use: err = %v, want ErrExists", err)
+	}
+	s.Close()
+
+	s2, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	got, err := s2.GetSandbox(ctx, "one") // by name
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != "abc" || got.Tier != api.TierSnapshot || got.Note != "checked" || got.HostPorts[9000] != 20002 || !got.LastActive.Equal(now) {
+		t.Fatalf("after reopen: %+v", got)
+	}
+	tg, err := s2.GetTemplate(ctx, "web")
+	if err != nil || tg.Process.Env[0] != "A=1" || tg.Ports[1] != 9000 || tg.MemoryMiB != 64 {
+		t.Fatalf("template after reopen: %+v, %v", tg, err)
+	}
+	slots, ports, err := s2.UsedSlots(ctx, "local")
+	if err != nil || !slots[3] || !ports[20001] || !ports[20002] || len(slots) != 1 {
+		t.Fatalf("UsedSlots = %v %v %v", slots, ports, err)
+	}
+	if err := s2.DeleteSandbox(ctx, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s2.GetSandbox(ctx, "abc"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+	if err := s2.DeleteTemplate(ctx, "web"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUpdateErrorRollsBack(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	s.PutTemplate(ctx, Template{Name: "t", Rootfs: "/", Process: api.Process{Args: []string{"/x"}}})
+	s.CreateSandbox(ctx, Sandbox{ID: "a", Name: "a", Template: "t", Tier: api.TierHot, HostPorts: map[int]int{}})
+	boom := errors.New("boom")
+	_, err := s.UpdateSandbox(ctx, "a", func(x *Sandbox) error {
+		x.Tier = api.TierDetached
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v", err)
+	}
+	got, _ := s.GetSandbox(ctx, "a")
+	if got.Tier != api.TierHot {
+		t.Fatalf("tier = %s after failed update, want hot", got.Tier)
+	}
+	if _, err := s.UpdateSandbox(ctx, "zzz", func(*Sandbox) error { return nil }); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("update unknown: %v", err)
+	}
+}
