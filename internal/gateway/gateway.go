@@ -309,23 +309,20 @@ func (g *Gateway) handle(sg *sandboxGate, client net.Conn, target netip.AddrPort
 	defer sg.unregister(p)
 	defer p.closeRST()
 
-	done := make(chan bool, 2)
-	go func() { done <- g.copy(client, up, sg.id, false) }() // sandbox → client
-	go func() { done <- g.copy(up, client, sg.id, true) }()  // client → sandbox
-	// The first direction to end ends the pair: when the sandbox closes we
-	// must not answer with a FIN (its side would go to TIME_WAIT, which
-	// gVisor cannot checkpoint). A client's half-close does not end it.
-	for i := 0; i < 2; i++ {
-		if <-done {
-			return
-		}
-	}
+	done := make(chan struct{}, 2)
+	go func() { g.copy(client, up, sg.id, false); done <- struct{}{} }() // sandbox → client
+	go func() { g.copy(up, client, sg.id, true); done <- struct{}{} }()  // client → sandbox
+	// Either direction ending ends the pair, and the sandbox's side is
+	// always reset, never sent a FIN: a sandbox that closed first and then
+	// got our FIN would sit in TIME_WAIT for a minute, and gVisor cannot
+	// checkpoint a sandbox holding such an endpoint (measured: the save
+	// fails and kills it). So a client's half-close is not passed on.
+	<-done
 }
 
-// copy moves bytes from src to dst. Into the sandbox, it wakes a sandbox
-// that was frozen while the connection was open before each write. It
-// returns whether the pair should end (false after a client's half-close).
-func (g *Gateway) copy(dst, src net.Conn, id string, intoSandbox bool) bool {
+// copy moves bytes from src to dst until either fails. Into the sandbox,
+// it thaws a sandbox frozen while the connection was open before each write.
+func (g *Gateway) copy(dst, src net.Conn, id string, intoSandbox bool) {
 	buf := make([]byte, 32*1024)
 	for {
 		n, err := src.Read(buf)
@@ -336,24 +333,15 @@ func (g *Gateway) copy(dst, src net.Conn, id string, intoSandbox bool) bool {
 				werr := g.waker.Wake(ctx, id)
 				cancel()
 				if werr != nil {
-					return true
+					return
 				}
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return true
+				return
 			}
 		}
 		if err != nil {
-			if intoSandbox && errors.Is(err, io.EOF) {
-				// The client half-closed: pass the half-close on and
-				// keep reading the answer. The sandbox is then the
-				// passive closer, so it never sits in TIME_WAIT.
-				if tc, ok := dst.(*net.TCPConn); ok {
-					tc.CloseWrite()
-					return false
-				}
-			}
-			return true
+			return
 		}
 	}
 }

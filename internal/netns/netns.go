@@ -88,6 +88,9 @@ func Create(n Net) error {
 	if len(n.HostIf) > 15 {
 		return fmt.Errorf("interface name %q longer than 15 bytes", n.HostIf)
 	}
+	if err := checkFree(n); err != nil {
+		return err
+	}
 	ns, err := openOrCreate(n.Name)
 	if err != nil {
 		return err
@@ -115,6 +118,27 @@ func Create(n Net) error {
 		return err
 	}
 	return ensureInside(ns, n.Sandbox)
+}
+
+// checkFree fails when an address of n's /30 is already on another host
+// link: two sandboxes (or a sandbox and some other network, or a second
+// sandstormd with the same --subnet) would share a route, and traffic
+// meant for one would reach the other.
+func checkFree(n Net) error {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return err
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok || !n.Host.Masked().Contains(ip) {
+			continue
+		}
+		if l, err := netlink.LinkByIndex(a.LinkIndex); err == nil && l.Attrs().Name != n.HostIf {
+			return fmt.Errorf("address %s of sandbox network %s is already on host link %s: another sandstormd or network uses this subnet; pick another --subnet", ip, n.Name, l.Attrs().Name)
+		}
+	}
+	return nil
 }
 
 // EnsureSandboxAddr puts the sandbox address back on eth0 inside the

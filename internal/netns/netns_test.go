@@ -139,3 +139,23 @@ func TestFirewallSandboxCannotReachHost(t *testing.T) {
 func portOf(a net.Addr) string {
 	return strconv.Itoa(a.(*net.TCPAddr).Port)
 }
+
+// TestCreateRefusesTakenSubnet: a second network whose /30 is already on
+// another host link is refused instead of silently sharing its route.
+func TestCreateRefusesTakenSubnet(t *testing.T) {
+	p, _ := ParsePool("10.233.0.0/24")
+	h, s, _ := p.Addrs(0)
+	a := Net{Name: "sstest-a", HostIf: "sstesta", Host: h, Sandbox: s}
+	b := Net{Name: "sstest-b", HostIf: "sstestb", Host: h, Sandbox: s}
+	t.Cleanup(func() { Delete(a); Delete(b) })
+	if err := Create(a); err != nil {
+		t.Fatal(err)
+	}
+	err := Create(b)
+	if err == nil || !strings.Contains(err.Error(), "already on host link sstesta") {
+		t.Fatalf("Create over a taken /30: err = %v", err)
+	}
+	if b.Exists() {
+		t.Fatal("refused Create left a namespace behind")
+	}
+}

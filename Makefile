@@ -1,0 +1,46 @@
+# Sandstorm. `make demo` shows a sandbox going through its tiers; `make test`
+# runs every test (as root: the tests run real runsc sandboxes).
+GO       ?= go
+BIN      := bin/sandstormd
+PKGS     := $(shell grep -v '^\#' deps/debian-packages.txt)
+
+.PHONY: all build deps demo test test-unit test-e2e fuzz bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/sandstormd
+
+# Installs the Debian packages listed in deps/debian-packages.txt.
+deps:
+	@missing=$$(for p in $(PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+demo: deps build
+	./scripts/demo.sh
+
+# Everything CI runs: unit tests, end-to-end tests against real runsc, and
+# a short run of each fuzz target.
+test: deps
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 25m ./...
+	$(MAKE) fuzz
+
+test-unit:
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+
+test-e2e:
+	$(GO) test -count=1 -timeout 25m -v ./test/e2e/
+
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzExtract -fuzztime=$(FUZZTIME) ./internal/rootfs/
+
+bench: deps build
+	$(GO) run ./bench/tiers --start --sandstormd $(BIN)
+
+clean:
+	rm -rf bin

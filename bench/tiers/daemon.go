@@ -1,0 +1,363 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"sandstorm/internal/client"
+	"sandstorm/internal/netns"
+)
+
+// isolatedEnv is set in the environment of the re-executed, isolated run.
+const isolatedEnv = "SANDSTORM_BENCH_ISOLATED"
+
+// reexecIsolated runs this program again under `unshare --net --mount`, so
+// that the daemon it starts has a network namespace of its own (its
+// loopback API and gateway, its veths, its nftables table) and a private
+// /var/run/netns. sandstormd's start-up reconcile removes every "ss-"
+// namespace and "ssv" veth it does not know, so without this a private
+// daemon and any other sandstormd on the machine would delete each other's
+// sandbox networks. It returns the exit code.
+func reexecIsolated() int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "tiers: --start needs root: sandstormd creates network namespaces, veths, mounts and runsc sandboxes")
+		return 1
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tiers: --isolate needs unshare(1) (apt-get install -y util-linux), or pass --isolate=false")
+		return 1
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tiers:", err)
+		return 1
+	}
+	cmd := exec.Command(unshare, append([]string{"--net", "--mount", "--propagation", "private", "--", self}, os.Args[1:]...)...)
+	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	// The child gets a terminal's SIGINT itself (same process group); pass
+	// on the signals sent to this process alone, and wait for its cleanup.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "tiers: start isolated run:", err)
+		return 1
+	}
+	go func() {
+		for s := range sigs {
+			cmd.Process.Signal(s)
+		}
+	}()
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tiers: isolated run:", err)
+		return 1
+	}
+	return 0
+}
+
+// setupIsolation runs in the re-executed process: it brings the new network
+// namespace's loopback up and puts a private tmpfs over /var/run/netns.
+func setupIsolation() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("isolation: loopback: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("isolation: set loopback up: %w", err)
+	}
+	if err := os.MkdirAll(netns.Dir, 0o755); err != nil {
+		return fmt.Errorf("isolation: %w", err)
+	}
+	if err := unix.Mount("tmpfs", netns.Dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755"); err != nil {
+		return fmt.Errorf("isolation: tmpfs on %s: %w", netns.Dir, err)
+	}
+	return nil
+}
+
+// daemon is a sandstormd this program started.
+type daemon struct {
+	bin     string
+	binHash string
+	built   bool // bin was built by us (in a temp dir)
+	dataDir string
+	api     string
+	args    []string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	waitErr error
+	log     *os.File
+	logPath string
+}
+
+// buildDaemon builds ./cmd/sandstormd of repo into dir.
+func buildDaemon(ctx context.Context, repo, dir string) (string, error) {
+	bin := filepath.Join(dir, "sandstormd")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/sandstormd")
+	cmd.Dir = repo
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build ./cmd/sandstormd in %s: %v\n%s", repo, err, strings.TrimSpace(string(out)))
+	}
+	return bin, nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// freeLoopbackPort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freeLoopbackPort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startDaemon starts `sandstormd serve --master --node` over a new
+// temporary data dir, with the idle timers off (only the benchmark moves
+// sandboxes between tiers), logging to logPath, and waits until its API
+// answers.
+func startDaemon(ctx context.Context, cfg config, logPath string) (*daemon, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("--start needs root: sandstormd creates network namespaces, veths, mounts and runsc sandboxes")
+	}
+	d := &daemon{bin: cfg.sandstormd, logPath: logPath, exited: make(chan struct{})}
+	var err error
+	if d.dataDir, err = os.MkdirTemp("", "sandstorm-bench-"); err != nil {
+		return nil, err
+	}
+	if d.bin == "" {
+		fmt.Fprintf(os.Stderr, "building sandstormd from %s\n", cfg.repo)
+		if d.bin, err = buildDaemon(ctx, cfg.repo, d.dataDir); err != nil {
+			os.RemoveAll(d.dataDir)
+			return nil, err
+		}
+		d.built = true
+	} else if d.bin, err = exec.LookPath(d.bin); err != nil {
+		os.RemoveAll(d.dataDir)
+		return nil, fmt.Errorf("--sandstormd: %w", err)
+	}
+	if d.binHash, err = fileSHA256(d.bin); err != nil {
+		os.RemoveAll(d.dataDir)
+		return nil, err
+	}
+	port, err := freeLoopbackPort()
+	if err != nil {
+		os.RemoveAll(d.dataDir)
+		return nil, err
+	}
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
+	d.api = "http://" + listen
+	d.args = append([]string{"serve", "--master", "--node",
+		"--data-dir", filepath.Join(d.dataDir, "data"), "--listen", listen,
+		"--backend", cfg.backend, "--subnet", cfg.subnet, "--gateway-ports", cfg.gwPorts,
+		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0",
+	}, cfg.daemonArgs...)
+	if d.log, err = os.Create(logPath); err != nil {
+		os.RemoveAll(d.dataDir)
+		return nil, err
+	}
+	d.cmd = exec.Command(d.bin, d.args...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	// Its own process group: a terminal's Ctrl-C must not stop the daemon
+	// before the benchmark has deleted its sandboxes through it.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		d.log.Close()
+		os.RemoveAll(d.dataDir)
+		return nil, fmt.Errorf("start %s: %w", d.bin, err)
+	}
+	go func() {
+		d.waitErr = d.cmd.Wait()
+		close(d.exited)
+	}()
+	fmt.Fprintf(os.Stderr, "started sandstormd (pid %d) on %s, data dir %s, log %s\n", d.cmd.Process.Pid, d.api, d.dataDir, logPath)
+	if err := d.waitReady(ctx, 30*time.Second); err != nil {
+		d.stop()
+		d.removeDataDir()
+		return nil, err
+	}
+	return d, nil
+}
+
+// client returns an API client of d (its token appears at first start).
+func (d *daemon) client() (*client.Client, error) {
+	tok, err := client.ReadToken(filepath.Join(d.dataDir, "data"))
+	if err != nil {
+		return nil, err
+	}
+	c := client.New(d.api, tok)
+	return c, nil
+}
+
+func (d *daemon) waitReady(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case <-d.exited:
+			return fmt.Errorf("sandstormd exited at start-up (%v); its log:\n%s", d.waitErr, tail(d.logPath, 20))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		c, err := d.client()
+		if err == nil {
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err = c.Node(actx)
+			cancel()
+			if err == nil {
+				return nil
+			}
+		}
+		last = err
+	}
+	return fmt.Errorf("sandstormd API at %s did not answer within %s (last: %v); its log:\n%s", d.api, limit, last, tail(d.logPath, 20))
+}
+
+// stop sends SIGTERM and waits (SIGKILL after 15 s).
+func (d *daemon) stop() error {
+	defer d.log.Close()
+	select {
+	case <-d.exited:
+		return fmt.Errorf("sandstormd had already exited: %v", d.waitErr)
+	default:
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+		return nil
+	case <-time.After(15 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exited
+		return errors.New("sandstormd did not stop within 15 s of SIGTERM; killed")
+	}
+}
+
+// leftovers lists what a stopped daemon left behind although every sandbox
+// was deleted through the API: runsc containers, mounts under the data dir,
+// and (when isolated, where every one is ours) sandbox namespaces.
+func (d *daemon) leftovers(isolated bool) []string {
+	var out []string
+	runscRoot := filepath.Join(d.dataDir, "data", "runsc")
+	if ents, err := os.ReadDir(runscRoot); err == nil {
+		for _, e := range ents {
+			out = append(out, "runsc state "+filepath.Join(runscRoot, e.Name()))
+		}
+	}
+	for _, m := range mountsUnder(d.dataDir) {
+		out = append(out, "mount "+m)
+	}
+	if isolated {
+		if ents, err := os.ReadDir(netns.Dir); err == nil {
+			for _, e := range ents {
+				out = append(out, "network namespace "+e.Name())
+			}
+		}
+	}
+	return out
+}
+
+// removeDataDir unmounts anything left under the data dir (lazily) and
+// removes it, with the binary if we built it there.
+func (d *daemon) removeDataDir() error {
+	for _, m := range mountsUnder(d.dataDir) {
+		unix.Unmount(m, unix.MNT_DETACH)
+	}
+	if left := mountsUnder(d.dataDir); len(left) > 0 {
+		return fmt.Errorf("not removing %s: still mounted: %s", d.dataDir, strings.Join(left, ", "))
+	}
+	return os.RemoveAll(d.dataDir)
+}
+
+// mountsUnder returns mount points at or below dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	// Deepest first, so nested mounts come off before their parents.
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space, …).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// tail returns the last n lines of the file at path.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,525 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/bench"
+	"sandstorm/internal/client"
+)
+
+// seeds are the Sandstorm seed's published figures, shown beside ours. The
+// seed timed wakes on the node ("no network in the path") and starts from a
+// client polling every 50 ms.
+var seeds = map[string]string{
+	"start/web/client":         "167 ms p50 (polled every 50 ms)",
+	"start/app64/client":       "289 ms p50 (polled every 50 ms)",
+	"start/app64/node":         "of the 289: 37 master+network, 5 bundle, 55 runsc",
+	"hot/web/client":           "3.8 ms (timed on the node)",
+	"hot/app64/client":         "3.8 ms (timed on the node)",
+	"wake-frozen/web/node":     "~10 ms (tier table)",
+	"wake-frozen/app64/node":   "11 ms thaw",
+	"wake-frozen/app64/client": "~100 ms total, incl. zswap read-back",
+	"wake-snapshot/web/node":   "~0.2 s (tier table)",
+	"wake-snapshot/app64/node": "200–230 ms (64 MiB heap)",
+}
+
+// tierOp is a tier a sandbox is put into, and how.
+type tierOp struct {
+	tier api.Tier
+	op   string // the API transition
+	// keepsMemory: the app's in-memory counter must survive the wake.
+	keepsMemory bool
+}
+
+var tierOps = map[string]tierOp{
+	"frozen":   {api.TierFrozen, "freeze", true},
+	"snapshot": {api.TierSnapshot, "snapshot", true},
+	"detached": {api.TierDetached, "detach", false},
+}
+
+// measureAll runs the chosen measurements for every template, writing the
+// results after each so a long run keeps what it has.
+func (r *runner) measureAll(ctx context.Context) error {
+	for _, m := range allSeries {
+		if !r.cfg.wants(m) {
+			continue
+		}
+		for _, t := range r.cfg.templates {
+			var err error
+			switch m {
+			case "start":
+				err = r.measureStart(ctx, t)
+			case "hot":
+				err = r.measureHot(ctx, t)
+			default:
+				err = r.measureWake(ctx, t, tierOps[m])
+			}
+			if werr := r.dir.Write(r.res); werr != nil {
+				return werr
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// errStop ends a series early; the reason is recorded in Skipped.
+var errStop = errors.New("series stopped")
+
+// series is one measurement's bookkeeping of consecutive failures.
+type series struct {
+	r           *runner
+	main        *bench.Series
+	name        string
+	n           int
+	consecutive int
+}
+
+// fail records a failed attempt on main; after too many in a row it
+// returns errStop and marks the series stopped.
+func (s *series) fail(format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	s.main.Fail("%s", msg)
+	s.consecutive++
+	fmt.Fprintf(os.Stderr, "[%s] attempt failed: %s\n", s.name, msg)
+	if s.consecutive >= s.r.cfg.maxConsecutiveFailures {
+		s.main.Skipped = fmt.Sprintf("stopped after %d failed attempts in a row (last: %s)", s.consecutive, msg)
+		return errStop
+	}
+	if len(s.main.Failures) > 2*s.n {
+		s.main.Skipped = fmt.Sprintf("stopped after %d failed attempts", len(s.main.Failures))
+		return errStop
+	}
+	return nil
+}
+
+func (s *series) ok() { s.consecutive = 0 }
+
+func (s *series) done() bool { return len(s.main.SamplesMs) >= s.n }
+
+func (r *runner) progress(name string, i, n int, format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%s %d/%d] %s\n", name, i, n, fmt.Sprintf(format, args...))
+}
+
+// measureStart times POST /v1/sandboxes to the first 200 from the gateway.
+func (r *runner) measureStart(ctx context.Context, t string) error {
+	name := "start/" + t
+	cl := r.res.AddSeries(name+"/client",
+		"POST /v1/sandboxes sent → first HTTP 200 from the sandbox's gateway endpoint (client; polled every "+r.cfg.poll.String()+"; includes the API call)", seeds[name+"/client"])
+	apiS := r.res.AddSeries(name+"/api",
+		"POST /v1/sandboxes round trip: the API answers once the container runs, before the app listens (client)", seeds[name+"/api"])
+	node := r.res.AddSeries(name+"/node",
+		"the node's own time for the create (last_wake_ms of the new sandbox: rootfs, network, runsc start; not the app's start-up)", seeds[name+"/node"])
+	s := &series{r: r, main: cl, name: name, n: r.cfg.startN}
+	polls := map[int]int{}
+	for i := 1; !s.done(); i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		sb, err := r.c.CreateSandbox(ctx, r.tmpl[t], r.sandboxName("start", t))
+		apiD := time.Since(t0)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if s.fail("create: %v", err) != nil {
+				return nil
+			}
+			continue
+		}
+		r.sandboxes[sb.ID] = true
+		url, err := r.endpoint(sb)
+		var d time.Duration
+		var attempts int
+		var body string
+		if err == nil {
+			d, attempts, body, err = r.firstAnswer(ctx, url, t0)
+		}
+		if err != nil {
+			r.remove(ctx, sb.ID)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if s.fail("%v", err) != nil {
+				return nil
+			}
+			continue
+		}
+		s.ok()
+		cl.AddDuration(d)
+		apiS.AddDuration(apiD)
+		if sb.LastWakeMs > 0 {
+			node.Add(sb.LastWakeMs)
+		} else {
+			node.Fail("the created sandbox reports no last_wake_ms")
+		}
+		polls[attempts]++
+		if c, ok := parseCount(body); !ok || c != 1 {
+			cl.Note("first answer %q: want count=1 from a fresh sandbox", strings.TrimSpace(body))
+		}
+		r.progress(name, len(cl.SamplesMs), s.n, "first answer %s ms (API %s ms, node %s ms, %d poll(s))",
+			bench.FormatMs(bench.Ms(d)), bench.FormatMs(bench.Ms(apiD)), bench.FormatMs(sb.LastWakeMs), attempts)
+		if err := r.remove(ctx, sb.ID); err != nil {
+			cl.Note("delete after the sample: %v", err)
+		}
+	}
+	keys := make([]int, 0, len(polls))
+	for k := range polls {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%d poll(s) ×%d", k, polls[k]))
+	}
+	cl.Note("requests until the first 200: %s", strings.Join(parts, ", "))
+	return nil
+}
+
+// measureHot times GET / through the gateway to a sandbox that stays hot.
+func (r *runner) measureHot(ctx context.Context, t string) error {
+	name := "hot/" + t
+	cl := r.res.AddSeries(name+"/client",
+		"GET / through the gateway to a hot sandbox, new TCP connection each request (client)", seeds[name+"/client"])
+	s := &series{r: r, main: cl, name: name, n: r.cfg.hotN}
+	sb, err := r.ready(ctx, "hot", t)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		cl.Skipped = err.Error()
+		return nil
+	}
+	defer r.remove(ctx, sb.ID)
+	url, _ := r.endpoint(sb)
+	for range r.cfg.hotWarmup {
+		r.get(ctx, url)
+	}
+	for !s.done() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := r.ensureHot(ctx, sb.ID); err != nil {
+			if s.fail("%v", err) != nil {
+				return nil
+			}
+			continue
+		}
+		status, body, d, err := r.get(ctx, url)
+		if err == nil && status != http.StatusOK {
+			err = fmt.Errorf("HTTP %d: %s", status, oneLine(body))
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if s.fail("GET /: %v", err) != nil {
+				return nil
+			}
+			continue
+		}
+		s.ok()
+		cl.AddDuration(d)
+		if i := len(cl.SamplesMs); i%20 == 0 || i == s.n {
+			r.progress(name, i, s.n, "%s ms", bench.FormatMs(bench.Ms(d)))
+		}
+	}
+	return nil
+}
+
+// measureWake puts a sandbox into a tier through the API and times the one
+// request that wakes it, from the client and from the node.
+func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
+	name := "wake-" + string(op.tier) + "/" + t
+	cl := r.res.AddSeries(name+"/client",
+		fmt.Sprintf("GET / through the gateway to a %s sandbox: the wake and the answer (client)", op.tier), seeds[name+"/client"])
+	node := r.res.AddSeries(name+"/node",
+		fmt.Sprintf("the node's own time for that wake from %s (last_wake_ms afterwards)", op.tier), seeds[name+"/node"])
+	enter := r.res.AddSeries(op.op+"/"+t+"/api",
+		fmt.Sprintf("POST /v1/sandboxes/{id}/%s round trip, hot → %s (client)", op.op, op.tier), "")
+	s := &series{r: r, main: cl, name: name, n: r.cfg.wakeN}
+	sb, err := r.ready(ctx, string(op.tier), t)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		cl.Skipped = err.Error()
+		return nil
+	}
+	defer func() { r.remove(ctx, sb.ID) }()
+	url, _ := r.endpoint(sb)
+	prev := 1 // the app's request counter after ready's first answer
+	for !s.done() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := r.ensureHot(ctx, sb.ID); err != nil {
+			if client.StatusOf(err) == http.StatusNotFound {
+				cl.Skipped = fmt.Sprintf("the sandbox disappeared: %v", err)
+				return nil
+			}
+			prev = -1
+			if s.fail("%v", err) != nil {
+				return nil
+			}
+			continue
+		}
+		if prev < 0 {
+			// After a failure the sandbox may have been re-created cold and
+			// its app may still be starting: wait until it answers, so
+			// that every sample starts from a serving sandbox.
+			_, _, body, err := r.firstAnswer(ctx, url, time.Now())
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if s.fail("sandbox not answering before the sample: %v", err) != nil {
+					return nil
+				}
+				continue
+			}
+			if c, ok := parseCount(body); ok {
+				prev = c
+			}
+		}
+		if err := sleep(ctx, r.cfg.settle); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		in, err := r.c.Transition(ctx, sb.ID, op.op)
+		enterD := time.Since(t0)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			var ae *client.Error
+			if errors.As(err, &ae) && ae.Body.Code == api.CodeNotSupported {
+				cl.Skipped = fmt.Sprintf("the daemon cannot %s: %v", op.op, err)
+				return nil
+			}
+			prev = -1 // a failed transition may re-create the sandbox cold
+			if s.fail("%s: %v", op.op, err) != nil {
+				return nil
+			}
+			continue
+		}
+		if in.Tier != op.tier {
+			prev = -1
+			if s.fail("%s answered tier %q, want %q (note: %s)", op.op, in.Tier, op.tier, in.Note) != nil {
+				return nil
+			}
+			continue
+		}
+		if err := sleep(ctx, r.cfg.dwell); err != nil {
+			return err
+		}
+		status, body, d, err := r.get(ctx, url)
+		if err == nil && status != http.StatusOK {
+			err = fmt.Errorf("HTTP %d: %s", status, oneLine(body))
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			prev = -1
+			if s.fail("wake request: %v", err) != nil {
+				return nil
+			}
+			continue
+		}
+		after, err := r.c.Sandbox(ctx, sb.ID)
+		if err == nil && (after.LastWakeFrom != op.tier || after.LastWakeMs == in.LastWakeMs && in.LastWakeFrom == op.tier) {
+			err = fmt.Errorf("the node recorded no new wake from %s (last_wake_from %q, last_wake_ms %v)", op.tier, after.LastWakeFrom, after.LastWakeMs)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			prev = -1
+			if s.fail("%v", err) != nil {
+				return nil
+			}
+			continue
+		}
+		s.ok()
+		cl.AddDuration(d)
+		node.Add(after.LastWakeMs)
+		enter.AddDuration(enterD)
+		count, ok := parseCount(body)
+		switch {
+		case !ok:
+			cl.Note("answer %q has no count=N", oneLine(body))
+		case op.keepsMemory && prev > 0 && count != prev+1:
+			cl.Note("memory state lost: the app's counter went %d → %d across the wake", prev, count)
+		case !op.keepsMemory && count != 1:
+			cl.Note("counter %d after a cold start, want 1", count)
+		}
+		if ok {
+			prev = count
+		} else {
+			prev = -1
+		}
+		r.progress(name, len(cl.SamplesMs), s.n, "client %s ms, node %s ms (%s took %s ms)",
+			bench.FormatMs(bench.Ms(d)), bench.FormatMs(after.LastWakeMs), op.op, bench.FormatMs(bench.Ms(enterD)))
+	}
+	return nil
+}
+
+// sandboxName returns a unique, recognisable sandbox name for this run.
+func (r *runner) sandboxName(purpose, t string) string {
+	r.seq++
+	return fmt.Sprintf("bench-%s-%s-%s-%d", r.runID, purpose, t, r.seq)
+}
+
+// ready creates a sandbox for a series and waits for its first answer.
+func (r *runner) ready(ctx context.Context, purpose, t string) (api.Sandbox, error) {
+	t0 := time.Now()
+	sb, err := r.c.CreateSandbox(ctx, r.tmpl[t], r.sandboxName(purpose, t))
+	if err != nil {
+		return sb, fmt.Errorf("create a %s sandbox: %w", t, err)
+	}
+	r.sandboxes[sb.ID] = true
+	url, err := r.endpoint(sb)
+	if err == nil {
+		_, _, _, err = r.firstAnswer(ctx, url, t0)
+	}
+	if err != nil {
+		r.remove(ctx, sb.ID)
+		return sb, fmt.Errorf("a new %s sandbox never answered: %w", t, err)
+	}
+	return sb, nil
+}
+
+// ensureHot makes sure the sandbox is hot before a sample (an idle timer of
+// a daemon that is not ours may have moved it); it wakes it through the API
+// if not, and reports that as an error so the attempt is not counted.
+func (r *runner) ensureHot(ctx context.Context, id string) error {
+	sb, err := r.c.Sandbox(ctx, id)
+	if err != nil {
+		return fmt.Errorf("get sandbox: %w", err)
+	}
+	if sb.Tier == api.TierHot && sb.Transition == "" {
+		return nil
+	}
+	if _, err := r.c.Transition(ctx, id, "wake"); err != nil {
+		return fmt.Errorf("sandbox was %s before the sample, and waking it failed: %w", sb.Tier, err)
+	}
+	return fmt.Errorf("sandbox was %s (note: %q) before the sample, not hot; woken through the API", sb.Tier, sb.Note)
+}
+
+// remove deletes a sandbox the run made.
+func (r *runner) remove(ctx context.Context, id string) error {
+	if ctx.Err() != nil {
+		return ctx.Err() // cleanup deletes it
+	}
+	if err := r.c.DeleteSandbox(ctx, id); err != nil && client.StatusOf(err) != http.StatusNotFound {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	delete(r.sandboxes, id)
+	return nil
+}
+
+// endpoint is the gateway URL of the measured port of sb.
+func (r *runner) endpoint(sb api.Sandbox) (string, error) {
+	u, ok := sb.Endpoints[strconv.Itoa(r.cfg.port)]
+	if !ok {
+		return "", fmt.Errorf("sandbox %s has no gateway endpoint for port %d (endpoints: %v); see --port", sb.ID, r.cfg.port, sb.Endpoints)
+	}
+	return strings.TrimRight(u, "/") + "/", nil
+}
+
+// get sends one GET on a new TCP connection and reads the whole answer; d
+// runs from sending the request to the end of the body.
+func (r *runner) get(ctx context.Context, url string) (status int, body string, d time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", 0, err
+	}
+	t0 := time.Now()
+	resp, err := r.gw.Do(req)
+	if err != nil {
+		return 0, "", time.Since(t0), err
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	return resp.StatusCode, string(b), time.Since(t0), err
+}
+
+// firstAnswer polls url every cfg.poll (an attempt starts at most every
+// poll; a slow attempt is followed at once by the next) until it answers
+// 200, and returns the time since t0, the number of attempts and the body.
+func (r *runner) firstAnswer(ctx context.Context, url string, t0 time.Time) (time.Duration, int, string, error) {
+	deadline := t0.Add(r.cfg.timeout)
+	var last string
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		status, body, _, err := r.get(ctx, url)
+		if err == nil && status == http.StatusOK {
+			return time.Since(t0), attempt, body, nil
+		}
+		if err != nil {
+			last = err.Error()
+		} else {
+			last = fmt.Sprintf("HTTP %d: %s", status, oneLine(body))
+		}
+		if ctx.Err() != nil {
+			return 0, attempt, "", ctx.Err()
+		}
+		next := start.Add(r.cfg.poll)
+		if next.After(deadline) {
+			return 0, attempt, "", fmt.Errorf("no HTTP 200 from %s within %s (%d attempts; last: %s)", url, r.cfg.timeout, attempt, last)
+		}
+		select {
+		case <-time.After(time.Until(next)):
+		case <-ctx.Done():
+			return 0, attempt, "", ctx.Err()
+		}
+	}
+}
+
+// sleep waits d (nothing for d <= 0) unless ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// parseCount reads N from the demo app's "count=N pid=P…" answer.
+func parseCount(body string) (int, bool) {
+	for _, f := range strings.Fields(body) {
+		if v, ok := strings.CutPrefix(f, "count="); ok {
+			n, err := strconv.Atoi(v)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}

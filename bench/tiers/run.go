@@ -1,0 +1,285 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/bench"
+	"sandstorm/internal/client"
+	"sandstorm/internal/demo"
+)
+
+// runner holds one run's state.
+type runner struct {
+	cfg   config
+	runID string
+	c     *client.Client
+	gw    *http.Client // to gateway endpoints: a new TCP connection per request
+	res   *bench.Results
+	dir   *bench.Dir
+
+	started bool // the daemon is ours (--start)
+	workDir string
+
+	// tmpl maps a template as the series name it (web) to its name on the
+	// daemon, which differs when the benchmark registered it itself.
+	tmpl         map[string]string
+	ownTemplates []string
+	sandboxes    map[string]bool // IDs created and not yet deleted
+	seq          int
+}
+
+// run measures and writes the results; it returns the results directory.
+func run(ctx context.Context, cfg config) (string, error) {
+	isolated := os.Getenv(isolatedEnv) != ""
+	if isolated {
+		if err := setupIsolation(); err != nil {
+			return "", err
+		}
+	}
+	res := bench.NewResults("bench/tiers", "Sandstorm benchmark: start, hot requests and wakes from each tier")
+	absOut, err := filepath.Abs(cfg.out)
+	if err != nil {
+		return "", err
+	}
+	res.Machine = bench.CollectMachine(ctx)
+	res.Source = bench.CollectSource(ctx, cfg.repo, absOut)
+	if res.Source.Error != "" {
+		fmt.Fprintf(os.Stderr, "warning: source tree unknown: %s\n", res.Source.Error)
+	}
+	dir, err := bench.NewDir(cfg.out, res.DirName())
+	if err != nil {
+		return "", err
+	}
+	r := &runner{
+		cfg: cfg, runID: newRunID(), res: res, dir: dir, started: cfg.start,
+		tmpl: map[string]string{}, sandboxes: map[string]bool{},
+		gw: &http.Client{
+			Transport: &http.Transport{
+				Proxy:             nil,
+				DisableKeepAlives: true,
+				DialContext:       (&net.Dialer{Timeout: cfg.timeout}).DialContext,
+			},
+		},
+	}
+	r.recordParams(isolated)
+	res.Note("load average at start: %s", loadavg())
+	fmt.Fprintf(os.Stderr, "machine: %s\nsource: %s\nresults: %s\n", res.Machine, res.Source, dir.Path)
+
+	var d *daemon
+	if cfg.start {
+		d, err = startDaemon(ctx, cfg, filepath.Join(dir.Path, "sandstormd.log"))
+		if err != nil {
+			res.Note("sandstormd did not start: %v", err)
+			dir.Write(res)
+			return dir.Path, err
+		}
+		r.workDir = d.dataDir
+		res.Params["sandstormd"] = map[string]any{"binary": d.bin, "built_from_tree": d.built, "sha256": d.binHash, "args": d.args}
+		r.c, err = d.client()
+	} else {
+		r.c, err = externalClient(cfg)
+	}
+	if err == nil {
+		err = r.describeNode(ctx)
+	}
+	if err == nil {
+		err = r.setupTemplates(ctx)
+	}
+	if err == nil {
+		err = r.measureAll(ctx)
+	}
+	if ctx.Err() != nil && err == nil {
+		err = ctx.Err()
+	}
+	cerr := r.cleanup(d, isolated)
+	res.Finished = time.Now().UTC()
+	res.Note("load average at the end: %s", loadavg())
+	if err != nil {
+		res.Note("run ended early: %v", err)
+	}
+	if werr := dir.Write(res); werr != nil {
+		return dir.Path, errors.Join(err, cerr, werr)
+	}
+	if err != nil {
+		return dir.Path, errors.Join(err, cerr)
+	}
+	final, ferr := dir.Finish()
+	fmt.Fprintf(os.Stderr, "\n%s", res.Table())
+	return final, errors.Join(cerr, ferr)
+}
+
+func externalClient(cfg config) (*client.Client, error) {
+	tok := os.Getenv("SANDSTORM_TOKEN")
+	if tok == "" {
+		var err error
+		if tok, err = client.ReadToken(cfg.dataDir); err != nil {
+			return nil, fmt.Errorf("%w; or use --start to run a private sandstormd", err)
+		}
+	}
+	return client.New(cfg.api, tok), nil
+}
+
+func (r *runner) recordParams(isolated bool) {
+	c := r.cfg
+	p := r.res.Params
+	p["run_id"] = r.runID
+	p["templates"] = c.templates
+	p["series"] = c.series
+	p["n_start"] = c.startN
+	p["n_hot"] = c.hotN
+	p["n_wake"] = c.wakeN
+	p["hot_warmup"] = c.hotWarmup
+	p["poll_interval"] = c.poll.String()
+	p["timeout"] = c.timeout.String()
+	p["settle"] = c.settle.String()
+	p["dwell"] = c.dwell.String()
+	p["max_consecutive_failures"] = c.maxConsecutiveFailures
+	p["endpoint_port"] = c.port
+	p["client"] = "Go net/http, keep-alives off: a new TCP connection for every request; time from sending the request to the end of the body"
+	if c.start {
+		p["daemon"] = "started by the benchmark (--start): temporary data dir, idle timers off"
+		p["isolated"] = isolated
+		p["backend"] = c.backend
+	} else {
+		p["daemon"] = "already running at " + c.api + " (its idle timers may move sandboxes; every sample checks the tier first)"
+	}
+}
+
+func (r *runner) describeNode(ctx context.Context) error {
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := r.c.Node(actx)
+	if err != nil {
+		return fmt.Errorf("sandstormd API at %s: %w", r.c.Base, err)
+	}
+	r.res.Params["node"] = st
+	return nil
+}
+
+// setupTemplates finds each template on the daemon, or builds the demo of
+// that name from this machine's Debian packages and registers it (under a
+// temporary name on a daemon that is not ours).
+func (r *runner) setupTemplates(ctx context.Context) error {
+	have, err := r.c.Templates(ctx)
+	if err != nil {
+		return fmt.Errorf("list templates: %w", err)
+	}
+	for _, name := range r.cfg.templates {
+		if i := slices.IndexFunc(have, func(t api.Template) bool { return t.Name == name }); i >= 0 && !r.started {
+			t := have[i]
+			r.tmpl[name] = name
+			r.res.Params["template_"+name] = map[string]any{"registered_as": name, "by": "the daemon's own", "rootfs": t.Rootfs, "args": t.Process.Args, "ports": t.Ports}
+			continue
+		}
+		if !slices.Contains(demo.Names(), name) {
+			return fmt.Errorf("template %q: not registered on the daemon and not a demo this benchmark can build (%s)", name, strings.Join(demo.Names(), ", "))
+		}
+		if r.workDir == "" {
+			if r.workDir, err = os.MkdirTemp("", "sandstorm-bench-"); err != nil {
+				return err
+			}
+		}
+		dir := filepath.Join(r.workDir, "demo", name)
+		start := time.Now()
+		dm, err := demo.Build(name, dir)
+		if err != nil {
+			return fmt.Errorf("build demo template %s: %w", name, err)
+		}
+		reg := name
+		if !r.started {
+			reg = "bench-" + r.runID + "-" + name
+		}
+		actx, cancel := context.WithTimeout(ctx, time.Minute)
+		_, err = r.c.CreateTemplate(actx, api.TemplateRequest{Name: reg, RootfsDir: dir, Process: api.Process{Args: dm.Args, Env: dm.Env}, Ports: dm.Ports})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("register template %s: %w", reg, err)
+		}
+		r.ownTemplates = append(r.ownTemplates, reg)
+		r.tmpl[name] = reg
+		r.res.Params["template_"+name] = map[string]any{"registered_as": reg, "by": "this benchmark (demo.Build)", "rootfs": dir, "args": dm.Args, "ports": dm.Ports}
+		fmt.Fprintf(os.Stderr, "built and registered template %s (%s) in %.1fs\n", reg, dir, time.Since(start).Seconds())
+	}
+	return nil
+}
+
+// cleanup deletes every sandbox and template this run made; with --start it
+// also stops the daemon, records anything it left behind, and removes its
+// data dir. It uses its own context: it must run after an interrupt too.
+func (r *runner) cleanup(d *daemon, isolated bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var errs []error
+	if r.c != nil {
+		ids := make([]string, 0, len(r.sandboxes))
+		for id := range r.sandboxes {
+			ids = append(ids, id)
+		}
+		if d != nil {
+			// The daemon is ours: whatever it has, we made.
+			if all, err := r.c.Sandboxes(ctx); err == nil {
+				for _, sb := range all {
+					if !slices.Contains(ids, sb.ID) {
+						ids = append(ids, sb.ID)
+					}
+				}
+			}
+		}
+		for _, id := range ids {
+			if err := r.c.DeleteSandbox(ctx, id); err != nil && client.StatusOf(err) != http.StatusNotFound {
+				errs = append(errs, fmt.Errorf("cleanup: delete sandbox %s: %w", id, err))
+				continue
+			}
+			delete(r.sandboxes, id)
+		}
+		for _, t := range r.ownTemplates {
+			if err := r.c.DeleteTemplate(ctx, t); err != nil && client.StatusOf(err) != http.StatusNotFound {
+				errs = append(errs, fmt.Errorf("cleanup: delete template %s: %w", t, err))
+			}
+		}
+	}
+	if d != nil {
+		if err := d.stop(); err != nil {
+			errs = append(errs, fmt.Errorf("cleanup: %w", err))
+		}
+		if left := d.leftovers(isolated); len(left) > 0 {
+			r.res.Note("after every sandbox was deleted through the API and sandstormd stopped, these were left: %s", strings.Join(left, "; "))
+			fmt.Fprintf(os.Stderr, "warning: sandstormd left behind: %s\n", strings.Join(left, "; "))
+		}
+		if r.cfg.keepDataDir {
+			r.res.Note("data dir kept: %s", d.dataDir)
+		} else if err := d.removeDataDir(); err != nil {
+			errs = append(errs, fmt.Errorf("cleanup: %w", err))
+		}
+	} else if r.workDir != "" {
+		if err := os.RemoveAll(r.workDir); err != nil {
+			errs = append(errs, fmt.Errorf("cleanup: %w", err))
+		}
+	}
+	for _, e := range errs {
+		r.res.Note("%v", e)
+	}
+	return errors.Join(errs...)
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return strings.TrimSpace(string(b))
+	}
+	return strings.Join(f[:3], " ") + " (1, 5, 15 min)"
+}

@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+)
+
+// cliResult is one run of the sandstormd CLI.
+type cliResult struct {
+	Stdout, Stderr string
+	Code           int
+}
+
+// cli runs sandstormd with args and extra environment entries.
+func cli(t *testing.T, env []string, args ...string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sandstormdBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	res := cliResult{Stdout: out.String(), Stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		res.Code = ee.ExitCode()
+	default:
+		t.Fatalf("sandstormd %v: %v", args, err)
+	}
+	return res
+}
+
+// ok checks the run succeeded and its stdout matches every pattern.
+func (r cliResult) ok(t *testing.T, what string, patterns ...string) {
+	t.Helper()
+	if r.Code != 0 {
+		t.Fatalf("%s: exit %d\nstdout: %s\nstderr: %s", what, r.Code, r.Stdout, r.Stderr)
+	}
+	for _, p := range patterns {
+		if !regexp.MustCompile(p).MatchString(r.Stdout) {
+			t.Fatalf("%s: stdout does not match %q:\n%s", what, p, r.Stdout)
+		}
+	}
+}
+
+// fails checks the run exited 1 with stderr matching pattern.
+func (r cliResult) fails(t *testing.T, what, pattern string) {
+	t.Helper()
+	if r.Code != 1 || !regexp.MustCompile(pattern).MatchString(r.Stderr) {
+		t.Fatalf("%s: exit %d, stderr %q; want exit 1 and stderr matching %q", what, r.Code, r.Stderr, pattern)
+	}
+}
+
+// TestCLI drives a daemon with the sandstormd template and sandbox
+// commands, and checks the help and doctor output.
+func TestCLI(t *testing.T) {
+	d := startDaemon(t)
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+
+	args := []string{"template", "create", "cliweb", "--rootfs-dir", webRootfs, "--port", "8000"}
+	for _, e := range webDemo.Env {
+		args = append(args, "--env", e)
+	}
+	args = append(append(args, "--"), webDemo.Args...)
+	cli(t, env, args...).ok(t, "template create", `template cliweb registered`)
+	cli(t, env, "template", "ls").ok(t, "template ls", `(?m)^NAME\s+PORTS`, `(?m)^cliweb\s+\[8000\]\s+/usr/bin/python3 /srv/app.py`)
+
+	r := cli(t, env, "sandbox", "create", "cliweb", "--name", "cli1")
+	r.ok(t, "sandbox create", `cli1 \([0-9a-f]{12}\) hot`, `8000→http://127\.0\.0\.1:\d+`)
+	id := regexp.MustCompile(`cli1 \(([0-9a-f]{12})\)`).FindStringSubmatch(r.Stdout)[1]
+	d.track(id)
+	ep := regexp.MustCompile(`8000→(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(r.Stdout)[1]
+
+	cli(t, env, "sandbox", "ls").ok(t, "sandbox ls", `(?m)^ID\s+NAME\s+TEMPLATE\s+TIER`, `(?m)^`+id+`\s+cli1\s+cliweb\s+hot\s`)
+	r = cli(t, env, "sandbox", "ls", "--json")
+	r.ok(t, "sandbox ls --json")
+	var sbs []api.Sandbox
+	if err := json.Unmarshal([]byte(r.Stdout), &sbs); err != nil || len(sbs) != 1 || sbs[0].ID != id || sbs[0].Tier != api.TierHot {
+		t.Fatalf("sandbox ls --json: %v %+v", err, sbs)
+	}
+
+	for _, step := range []struct{ op, tier string }{
+		{"freeze", "frozen"}, {"wake", "hot"}, {"snapshot", "snapshot"}, {"wake", "hot"}, {"detach", "detached"},
+	} {
+		cli(t, env, "sandbox", step.op, "cli1").ok(t, "sandbox "+step.op, `(?m)^cli1: `+step.tier+` \(`)
+		if got := d.get(t, id); string(got.Tier) != step.tier {
+			t.Fatalf("after sandbox %s the API says %q, want %s", step.op, got.Tier, step.tier)
+		}
+	}
+	if n := curlCount(t, ep); n != 1 {
+		t.Fatalf("curl to the detached sandbox answered count=%d, want 1", n)
+	}
+	r = cli(t, env, "sandbox", "get", "cli1")
+	r.ok(t, "sandbox get", `"tier": "hot"`, `"last_wake_from": "detached"`)
+	cli(t, env, "sandbox", "logs", "cli1").ok(t, "sandbox logs", `listening on 0\.0\.0\.0:8000`)
+
+	cli(t, env, "sandbox", "freeze", "no-such-sandbox").fails(t, "freeze of an unknown sandbox", `HTTP 404`)
+	cli(t, env, "sandbox", "create", "no-such-template").fails(t, "create from an unknown template", `HTTP 404`)
+	cli(t, env, "template", "rm", "cliweb").fails(t, "template rm of a template in use", `HTTP 409`)
+	cli(t, append(env, "SANDSTORM_TOKEN=wrong"), "sandbox", "ls").fails(t, "sandbox ls with a wrong token", `HTTP 401`)
+
+	cli(t, env, "sandbox", "rm", "cli1").ok(t, "sandbox rm", `(?m)^removed cli1$`)
+	d.assertGone(t, id)
+	r = cli(t, env, "sandbox", "ls")
+	r.ok(t, "sandbox ls after rm")
+	if strings.Contains(r.Stdout, "cli1") {
+		t.Fatalf("sandbox ls still lists cli1 after rm:\n%s", r.Stdout)
+	}
+	cli(t, env, "template", "rm", "cliweb").ok(t, "template rm")
+	if r := cli(t, env, "template", "ls"); strings.Contains(r.Stdout, "cliweb") {
+		t.Fatalf("template ls still lists cliweb after rm:\n%s", r.Stdout)
+	}
+
+	cli(t, nil, "--help").ok(t, "sandstormd --help", `--data-dir`, `serve`, `doctor`, `template`, `sandbox`)
+	r = cli(t, nil, "serve", "--help")
+	r.ok(t, "sandstormd serve --help")
+	for _, f := range []string{"--master", "--node", "--data-dir", "--listen", "--backend", "--subnet",
+		"--gateway-listen", "--gateway-ports", "--memory-reserve", "--max-wakes", "--wake-admission",
+		"--ready-timeout", "--freeze-after", "--snapshot-after", "--detach-after", "--max-upload"} {
+		if !strings.Contains(r.Stdout, f+" ") {
+			t.Errorf("sandstormd serve --help does not mention %s", f)
+		}
+	}
+	r = cli(t, nil, "sandbox", "--help")
+	r.ok(t, "sandstormd sandbox --help", `--api`, `--json`)
+	for _, c := range []string{"create", "ls", "get", "rm", "logs", "freeze", "snapshot", "detach", "wake"} {
+		if !regexp.MustCompile(`(?m)^\s+` + c + `\s`).MatchString(r.Stdout) {
+			t.Errorf("sandstormd sandbox --help does not list %s", c)
+		}
+	}
+
+	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir}, "doctor").ok(t, "sandstormd doctor", `(?m)^✓ runsc\s`)
+}

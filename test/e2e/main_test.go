@@ -1,0 +1,70 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"sandstorm/internal/demo"
+)
+
+// Built once for the whole run by TestMain.
+var (
+	// sandstormdBin is the daemon and CLI binary under test.
+	sandstormdBin string
+	// workDir holds the binary, the demo rootfs, daemon logs and data dirs.
+	workDir string
+	// webRootfs and app64Rootfs are the demo rootfs directories, and
+	// webDemo/app64Demo how to run them.
+	webRootfs, app64Rootfs string
+	webDemo, app64Demo     demo.Demo
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "e2e: these tests start sandstormd, which needs root (network namespaces, mounts, runsc); run them as root")
+		return 1
+	}
+	for _, tool := range []string{"runsc", "nft", "ip", "curl", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %s is not on PATH: %v\n", tool, err)
+			return 1
+		}
+	}
+	var err error
+	// Short, comma- and colon-free paths: they end up in overlay options.
+	workDir, err = os.MkdirTemp("", "sandstorm-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(workDir)
+
+	start := time.Now()
+	sandstormdBin = filepath.Join(workDir, "sandstormd")
+	build := exec.Command("go", "build", "-o", sandstormdBin, "sandstorm/cmd/sandstormd")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: go build sandstorm/cmd/sandstormd:", err)
+		return 1
+	}
+	webRootfs = filepath.Join(workDir, "demo", "web")
+	if webDemo, err = demo.Build("web", webRootfs); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: build demo web:", err)
+		return 1
+	}
+	app64Rootfs = filepath.Join(workDir, "demo", "app64")
+	if app64Demo, err = demo.Build("app64", app64Rootfs); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: build demo app64:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "e2e: built sandstormd and the demo rootfs in %s (%.1fs)\n", workDir, time.Since(start).Seconds())
+	return m.Run()
+}
