@@ -79,6 +79,7 @@ transitions that were cut short.`,
 	f.DurationVar(&o.Timers.Freeze, "freeze-after", 30*time.Second, "idle time before a hot sandbox is frozen (0: never)")
 	f.DurationVar(&o.Timers.Snapshot, "snapshot-after", 5*time.Minute, "further idle time before a frozen sandbox is snapshot to disk (0: never)")
 	f.DurationVar(&o.Timers.Detach, "detach-after", time.Hour, "further idle time before a snapshot sandbox is detached (0: never)")
+	f.BoolVar(&o.Zswap, "zswap", false, "after freezing a sandbox, squeeze its memory into swap (zswap is switched on); needs an active swap area")
 	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball upload, in bytes (413 beyond)")
 	return cmd
 }

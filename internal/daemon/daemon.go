@@ -22,6 +22,7 @@ import (
 	"sandstorm/internal/master"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
+	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/sandbox/process"
@@ -44,6 +45,7 @@ type Options struct {
 	Ready        time.Duration
 	Timers       tier.Timers
 	MaxUpload    int64 // bytes
+	Zswap        bool
 	Log          *slog.Logger
 }
 
@@ -148,6 +150,18 @@ func Serve(ctx context.Context, o Options) error {
 			log.Warn("cannot become subreaper of runsc sandboxes; deletes will wait for init to reap them", "err", err)
 		}
 	}
+	if o.Zswap {
+		if !reclaim.SwapActive() {
+			return errors.New("--zswap needs an active swap area to squeeze frozen sandboxes into, e.g.: fallocate -l 4G /swapfile && chmod 600 /swapfile && mkswap /swapfile && swapon /swapfile")
+		}
+		wasOn, err := reclaim.EnableZswap()
+		if err != nil {
+			return err
+		}
+		if !wasOn {
+			log.Info("zswap: enabled (/sys/module/zswap/parameters/enabled)")
+		}
+	}
 	pool, err := netns.ParsePool(o.Subnet)
 	if err != nil {
 		return err
@@ -164,7 +178,7 @@ func Serve(ctx context.Context, o Options) error {
 		Name: "local", DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax,
 		MemReserveMiB: o.MemReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
-		Timers: o.Timers, Log: log,
+		Timers: o.Timers, Zswap: o.Zswap, Log: log,
 	})
 	if err != nil {
 		return err

@@ -76,6 +76,9 @@ type Config struct {
 	// sandbox (default 30 s).
 	Ready  time.Duration
 	Timers tier.Timers
+	// Zswap: after freezing a sandbox, push its memory out to swap (zswap
+	// when enabled), if the backend can (sandbox.Reclaimer).
+	Zswap bool
 	// MemAvailable overrides how free memory is read (tests); nil reads
 	// /proc/meminfo.
 	MemAvailable func() (int64, error)

@@ -83,3 +83,11 @@ type Backend interface {
 	// of, for reconciliation after a restart.
 	List(ctx context.Context) ([]string, error)
 }
+
+// Reclaimer is implemented by backends that can push a paused container's
+// memory out to swap (zswap when enabled): the seed's frozen tier "squeezes
+// its cold pages into zswap". Before and After are the container's memory
+// cgroup usage in bytes.
+type Reclaimer interface {
+	Reclaim(ctx context.Context, spec Spec) (before, after int64, err error)
+}

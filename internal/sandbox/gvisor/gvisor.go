@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
 )
 
@@ -266,4 +267,21 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// Reclaim implements sandbox.Reclaimer: it pushes the memory of a paused
+// sandbox's cgroup out to swap (see package reclaim).
+func (b *Backend) Reclaim(ctx context.Context, spec sandbox.Spec) (before, after int64, err error) {
+	out, err := b.inNetns(ctx, spec.Netns, "state", spec.ID)
+	if err != nil {
+		return 0, 0, err
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		return 0, 0, fmt.Errorf("runsc state %s: no sandbox pid", spec.ID)
+	}
+	r, err := reclaim.Process(st.Pid)
+	return r.Before, r.After, err
 }
