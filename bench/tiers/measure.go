@@ -55,6 +55,7 @@ func (r *runner) measureAll(ctx context.Context) error {
 			continue
 		}
 		for _, t := range r.cfg.templates {
+			r.res.Note("load average before %s/%s: %s", m, t, loadavg())
 			var err error
 			switch m {
 			case "start":

@@ -73,6 +73,9 @@ func run(ctx context.Context, cfg config) (string, error) {
 	}
 	r.recordParams(isolated)
 	res.Note("load average at start: %s", loadavg())
+	if n := countProcs("runsc-sandbox"); n > 0 {
+		res.Note("%d runsc sandbox(es) of other programs were running on this machine when the run started: the figures share the CPUs with them", n)
+	}
 	fmt.Fprintf(os.Stderr, "machine: %s\nsource: %s\nresults: %s\n", res.Machine, res.Source, dir.Path)
 
 	var d *daemon
@@ -282,4 +285,23 @@ func loadavg() string {
 		return strings.TrimSpace(string(b))
 	}
 	return strings.Join(f[:3], " ") + " (1, 5, 15 min)"
+}
+
+// countProcs counts processes whose command name is comm.
+func countProcs(comm string) int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err == nil && strings.TrimSpace(string(b)) == comm {
+			n++
+		}
+	}
+	return n
 }

@@ -36,6 +36,10 @@ type Waker interface {
 	IsHot(id string) bool
 	// Touch records activity, keeping the idle timer fresh.
 	Touch(id string)
+	// Unreachable reports that a hot sandbox did not accept a connection
+	// within the ready timeout, so the node can check whether its process
+	// is gone.
+	Unreachable(id string)
 }
 
 // ErrRefused marks a wake the node turned away; the gateway answers it with
@@ -300,6 +304,7 @@ func (g *Gateway) handle(sg *sandboxGate, client net.Conn, target netip.AddrPort
 		sg.unregister(p)
 		if err != nil {
 			g.log.Warn("gateway dial", "sandbox", sg.id, "target", target, "err", err)
+			g.waker.Unreachable(sg.id)
 			g.refuse(client, fmt.Errorf("sandbox did not accept on %s: %w", target, err))
 		} else {
 			client.Close()

@@ -512,6 +512,33 @@ func (n *Node) Touch(id string) {
 	}
 }
 
+// Unreachable implements gateway.Waker: if the sandbox's container is no
+// longer running (its process exited), it is settled as detached with a note,
+// so the next request cold-starts it instead of timing out again.
+func (n *Node) Unreachable(id string) {
+	e, ok := n.lookup(id)
+	if !ok {
+		return
+	}
+	select {
+	case e.lock <- struct{}{}:
+	default:
+		return // a transition is running; it will settle the tier
+	}
+	defer e.release()
+	if e.getTier() != api.TierHot {
+		return
+	}
+	sb, err := n.st.GetSandbox(context.Background(), id)
+	if err != nil {
+		return
+	}
+	if st, err := n.be.State(context.Background(), n.spec(sb)); err == nil && st != sandbox.StateRunning && st != sandbox.StatePaused {
+		n.log.Warn("sandbox process is gone; detaching it so the next request cold-starts it", "id", id, "state", st)
+		n.settleAfterFailure(sb, api.TierHot, "its process exited (see its logs); the next request cold-starts it")
+	}
+}
+
 // IsHot implements gateway.Waker.
 func (n *Node) IsHot(id string) bool {
 	e, ok := n.lookup(id)
