@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
@@ -207,6 +208,16 @@ func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
 	if !b.has(spec.ID) {
 		return nil
 	}
+	if _, err := os.Stat(spec.Netns); err != nil {
+		// Without its netns runsc cannot reach the sandbox's control
+		// socket, and would delete the state while the processes live on.
+		b.killByState(spec.ID)
+		cmd := exec.CommandContext(ctx, b.Runsc, append(b.flags(), "delete", "-force", spec.ID)...)
+		if out, err := cmd.CombinedOutput(); err != nil && b.has(spec.ID) {
+			return fmt.Errorf("runsc delete %s (netns gone): %w: %s", spec.ID, err, lastLine(string(out)))
+		}
+		return nil
+	}
 	if _, err := b.inNetns(ctx, spec.Netns, "delete", "-force", spec.ID); err != nil {
 		if !b.has(spec.ID) {
 			return nil
@@ -214,6 +225,40 @@ func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
 		return err
 	}
 	return nil
+}
+
+// killByState SIGKILLs the sandbox and gofer processes recorded in runsc's
+// state file for id, after checking each pid still belongs to that
+// container (its command line names the container's runsc root and ID), so
+// a reused pid is never hit.
+func (b *Backend) killByState(id string) {
+	data, err := os.ReadFile(filepath.Join(b.Root, id+"_sandbox:"+id+".state"))
+	if err != nil {
+		return
+	}
+	var st struct {
+		GoferPid int `json:"goferPid"`
+		Sandbox  *struct {
+			Pid int `json:"pid"`
+		} `json:"sandbox"`
+	}
+	if json.Unmarshal(data, &st) != nil {
+		return
+	}
+	pids := []int{st.GoferPid}
+	if st.Sandbox != nil {
+		pids = append(pids, st.Sandbox.Pid)
+	}
+	for _, pid := range pids {
+		if pid <= 0 {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !bytes.Contains(cmdline, []byte(b.Root)) || !bytes.Contains(cmdline, []byte(id)) {
+			continue
+		}
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
 
 // State implements sandbox.Backend.
