@@ -278,7 +278,9 @@ func (n *Node) Create(ctx context.Context, t store.Template, name string) (store
 	e.lock <- struct{}{}
 	defer e.release()
 	start := time.Now()
-	if err := n.coldStart(ctx, sb, t); err != nil {
+	// From here the start runs to the end even if the caller goes away: a
+	// runsc run killed half-way leaves more to clean than it saves.
+	if err := n.coldStart(context.Background(), sb, t); err != nil {
 		n.teardown(context.Background(), sb, true)
 		n.st.DeleteSandbox(context.Background(), id)
 		n.forget(id)
