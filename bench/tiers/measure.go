@@ -76,10 +76,7 @@ func (r *runner) measureAll(ctx context.Context) error {
 	return nil
 }
 
-// errStop ends a series early; the reason is recorded in Skipped.
-var errStop = errors.New("series stopped")
-
-// series is one measurement's bookkeeping of consecutive failures.
+// series is one measurement's bookkeeping of failed attempts.
 type series struct {
 	r           *runner
 	main        *bench.Series
@@ -88,22 +85,23 @@ type series struct {
 	consecutive int
 }
 
-// fail records a failed attempt on main; after too many in a row it
-// returns errStop and marks the series stopped.
-func (s *series) fail(format string, args ...any) error {
+// fail records a failed attempt on main and reports whether the series
+// must stop: after --max-failures failures in a row, or more failures than
+// twice the samples wanted. The reason is then in main.Skipped.
+func (s *series) fail(format string, args ...any) (stop bool) {
 	msg := fmt.Sprintf(format, args...)
 	s.main.Fail("%s", msg)
 	s.consecutive++
 	fmt.Fprintf(os.Stderr, "[%s] attempt failed: %s\n", s.name, msg)
-	if s.consecutive >= s.r.cfg.maxConsecutiveFailures {
+	switch {
+	case s.consecutive >= s.r.cfg.maxConsecutiveFailures:
 		s.main.Skipped = fmt.Sprintf("stopped after %d failed attempts in a row (last: %s)", s.consecutive, msg)
-		return errStop
-	}
-	if len(s.main.Failures) > 2*s.n {
+		return true
+	case len(s.main.Failures) > 2*s.n:
 		s.main.Skipped = fmt.Sprintf("stopped after %d failed attempts", len(s.main.Failures))
-		return errStop
+		return true
 	}
-	return nil
+	return false
 }
 
 func (s *series) ok() { s.consecutive = 0 }
@@ -125,7 +123,7 @@ func (r *runner) measureStart(ctx context.Context, t string) error {
 		"the node's own time for the create (last_wake_ms of the new sandbox: rootfs, network, runsc start; not the app's start-up)", seeds[name+"/node"])
 	s := &series{r: r, main: cl, name: name, n: r.cfg.startN}
 	polls := map[int]int{}
-	for i := 1; !s.done(); i++ {
+	for !s.done() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -136,7 +134,7 @@ func (r *runner) measureStart(ctx context.Context, t string) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if s.fail("create: %v", err) != nil {
+			if s.fail("create: %v", err) {
 				return nil
 			}
 			continue
@@ -154,7 +152,7 @@ func (r *runner) measureStart(ctx context.Context, t string) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if s.fail("%v", err) != nil {
+			if s.fail("%v", err) {
 				return nil
 			}
 			continue
@@ -214,7 +212,7 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 			return err
 		}
 		if err := r.ensureHot(ctx, sb.ID); err != nil {
-			if s.fail("%v", err) != nil {
+			if s.fail("%v", err) {
 				return nil
 			}
 			continue
@@ -227,7 +225,7 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if s.fail("GET /: %v", err) != nil {
+			if s.fail("GET /: %v", err) {
 				return nil
 			}
 			continue
@@ -273,7 +271,7 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 				return nil
 			}
 			prev = -1
-			if s.fail("%v", err) != nil {
+			if s.fail("%v", err) {
 				return nil
 			}
 			continue
@@ -287,7 +285,7 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				if s.fail("sandbox not answering before the sample: %v", err) != nil {
+				if s.fail("sandbox not answering before the sample: %v", err) {
 					return nil
 				}
 				continue
@@ -312,14 +310,14 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 				return nil
 			}
 			prev = -1 // a failed transition may re-create the sandbox cold
-			if s.fail("%s: %v", op.op, err) != nil {
+			if s.fail("%s: %v", op.op, err) {
 				return nil
 			}
 			continue
 		}
 		if in.Tier != op.tier {
 			prev = -1
-			if s.fail("%s answered tier %q, want %q (note: %s)", op.op, in.Tier, op.tier, in.Note) != nil {
+			if s.fail("%s answered tier %q, want %q (note: %s)", op.op, in.Tier, op.tier, in.Note) {
 				return nil
 			}
 			continue
@@ -336,7 +334,7 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 				return ctx.Err()
 			}
 			prev = -1
-			if s.fail("wake request: %v", err) != nil {
+			if s.fail("wake request: %v", err) {
 				return nil
 			}
 			continue
@@ -350,7 +348,7 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 				return ctx.Err()
 			}
 			prev = -1
-			if s.fail("%v", err) != nil {
+			if s.fail("%v", err) {
 				return nil
 			}
 			continue

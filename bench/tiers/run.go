@@ -107,6 +107,11 @@ func run(ctx context.Context, cfg config) (string, error) {
 	cerr := r.cleanup(d, isolated)
 	res.Finished = time.Now().UTC()
 	res.Note("load average at the end: %s", loadavg())
+	if err != nil && len(res.Series) == 0 && d == nil {
+		// Nothing measured and no daemon log to keep: leave no directory.
+		os.RemoveAll(dir.Path)
+		return "", errors.Join(err, cerr)
+	}
 	if err != nil {
 		res.Note("run ended early: %v", err)
 	}
@@ -178,7 +183,7 @@ func (r *runner) setupTemplates(ctx context.Context) error {
 		return fmt.Errorf("list templates: %w", err)
 	}
 	for _, name := range r.cfg.templates {
-		if i := slices.IndexFunc(have, func(t api.Template) bool { return t.Name == name }); i >= 0 && !r.started {
+		if i := slices.IndexFunc(have, func(t api.Template) bool { return t.Name == name }); i >= 0 {
 			t := have[i]
 			r.tmpl[name] = name
 			r.res.Params["template_"+name] = map[string]any{"registered_as": name, "by": "the daemon's own", "rootfs": t.Rootfs, "args": t.Process.Args, "ports": t.Ports}

@@ -236,7 +236,15 @@ func TestBadInput(t *testing.T) {
 			name := "tar-" + c.name
 			_, err := d.upload(t, name, tarOf(t, append(slices.Clone(ok), c.entries...)...))
 			t.Logf("%s: %v", c.name, err)
-			expectAPIError(t, err, http.StatusBadRequest, api.CodeBadRequest)
+			e := expectAPIError(t, err, http.StatusBadRequest, api.CodeBadRequest)
+			// The message says which entry was refused.
+			named := false
+			for _, en := range c.entries {
+				named = named || strings.Contains(e.Body.Message, en.hdr.Name)
+			}
+			if !named {
+				t.Errorf("%s: the 400 message does not name the refused entry: %q", c.name, e.Body.Message)
+			}
 			expectNoTemplate(t, d, name)
 			for _, p := range c.outside {
 				if exists(p) {
@@ -256,24 +264,21 @@ func TestBadInput(t *testing.T) {
 	})
 
 	t.Run("upload_too_large", func(t *testing.T) {
-		// One file of max-upload + 1 MiB of zeros, streamed.
-		pr, pw := io.Pipe()
-		go func() {
-			tw := tar.NewWriter(pw)
-			size := int64(maxUpload + 1<<20)
-			err := tw.WriteHeader(&tar.Header{Name: "big", Typeflag: tar.TypeReg, Mode: 0o644, Size: size})
-			if err == nil {
-				_, err = io.CopyN(tw, zeros{}, size)
-			}
-			if err == nil {
-				err = tw.Close()
-			}
-			pw.CloseWithError(err)
-		}()
-		_, err := d.upload(t, "tar-big", pr)
-		pr.CloseWithError(io.ErrClosedPipe)
-		expectAPIError(t, err, http.StatusRequestEntityTooLarge, api.CodeTooLarge)
-		expectNoTemplate(t, d, "tar-big")
+		for _, c := range []struct {
+			name  string
+			files int
+			size  int64
+		}{
+			{"one file over the limit", 1, maxUpload + 1<<20},
+			{"many files adding up over the limit", 11, 10 << 20},
+		} {
+			body := zeroTar(c.files, c.size)
+			_, err := d.upload(t, "tar-big", body)
+			body.CloseWithError(io.ErrClosedPipe)
+			t.Logf("%s: %v", c.name, err)
+			expectAPIError(t, err, http.StatusRequestEntityTooLarge, api.CodeTooLarge)
+			expectNoTemplate(t, d, "tar-big")
+		}
 	})
 
 	t.Run("multipart_order", func(t *testing.T) {
@@ -432,6 +437,26 @@ func tarDir(t *testing.T, dir string) io.Reader {
 			}
 			return nil
 		})
+		if err == nil {
+			err = tw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	return pr
+}
+
+// zeroTar streams a tarball of `files` regular files of `size` zero bytes.
+func zeroTar(files int, size int64) *io.PipeReader {
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		var err error
+		for i := 0; i < files && err == nil; i++ {
+			err = tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("big%d", i), Typeflag: tar.TypeReg, Mode: 0o644, Size: size})
+			if err == nil {
+				_, err = io.CopyN(tw, zeros{}, size)
+			}
+		}
 		if err == nil {
 			err = tw.Close()
 		}

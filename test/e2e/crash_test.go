@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,11 +75,17 @@ func TestCrashRestart(t *testing.T) {
 			time.Sleep(delay)
 			d.Kill(t)
 			callErr := <-done
+			var inflight []string
+			for pid, cl := range processesMentioning(d.DataDir + "/") {
+				if !strings.Contains(cl, "runsc-sandbox") && !strings.Contains(cl, "runsc-gofer") {
+					inflight = append(inflight, fmt.Sprintf("%d: %.160s", pid, cl))
+				}
+			}
 			d.Start(t)
 
 			got := d.get(t, sb.ID)
-			t.Logf("round %d: killed %v into the snapshot (call returned %v); after restart: tier %s, note %q",
-				round, delay, callErr, got.Tier, got.Note)
+			t.Logf("round %d: killed %v into the snapshot (call returned %v); commands the daemon had running: %q; after restart: tier %s, note %q",
+				round, delay, callErr, inflight, got.Tier, got.Note)
 			if got.Transition != "" {
 				t.Errorf("round %d: transition %q still recorded after restart", round, got.Transition)
 			}
@@ -123,6 +131,66 @@ func TestCrashRestart(t *testing.T) {
 		}
 	})
 
+	// kill -9 at a random moment of a wake from disk (the restore a call
+	// through the gateway starts): the image is not lost, the sandbox ends
+	// hot or still on disk, and the next call gets its memory.
+	t.Run("mid_wake", func(t *testing.T) {
+		d := startDaemon(t)
+		d.registerWeb(t, "web")
+		sb := d.create(t, "web", "sleeper")
+		ep := endpoint(t, sb)
+		n := getCount(t, ep)
+		for round := 1; round <= 4; round++ {
+			d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
+			delay := time.Duration(rand.IntN(301)) * time.Millisecond
+			type result struct {
+				r   reply
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				r, err := call("GET", ep+"/", nil, nil, gatewayTimeout)
+				done <- result{r, err}
+			}()
+			time.Sleep(delay)
+			d.Kill(t)
+			res := <-done
+			d.Start(t)
+
+			got := d.get(t, sb.ID)
+			t.Logf("round %d: killed %v into the wake (call: HTTP %d %q, err %v); after restart: tier %s, note %q",
+				round, delay, res.r.Status, strings.TrimSpace(res.r.Body), res.err, got.Tier, got.Note)
+			if got.Transition != "" {
+				t.Errorf("round %d: transition %q still recorded after restart", round, got.Transition)
+			}
+			switch got.Tier {
+			case api.TierHot:
+			case api.TierSnapshot:
+				if ents, err := os.ReadDir(d.snapshotDir(sb.ID)); err != nil || len(ents) == 0 {
+					t.Errorf("round %d: tier snapshot but no image in %s (%v)", round, d.snapshotDir(sb.ID), err)
+				}
+			default:
+				t.Errorf("round %d: tier %q (note %q) after kill -9 mid-wake, want hot or snapshot: the image was complete", round, got.Tier, got.Note)
+			}
+			d.checkKernelObjects(t)
+			if t.Failed() {
+				t.FailNow()
+			}
+			// The interrupted call may or may not have reached the sandbox.
+			lo, hi := n+1, n+2
+			if res.err == nil && res.r.Status == 200 {
+				if c, err := parseCount(res.r.Body); err == nil {
+					lo, hi = c+1, c+1
+				}
+			}
+			m := getCount(t, ep)
+			if m < lo || m > hi {
+				t.Fatalf("round %d: answered count=%d after the restart, want %d..%d (memory kept)", round, m, lo, hi)
+			}
+			n = m
+		}
+	})
+
 	// What belongs to no sandbox (a namespace, a host link, a sandbox
 	// directory) is removed at start; the real sandbox is untouched.
 	t.Run("orphans", func(t *testing.T) {
@@ -143,7 +211,7 @@ func TestCrashRestart(t *testing.T) {
 		})
 		for _, args := range [][]string{
 			{"netns", "add", "ss-" + stray},
-			{"link", "add", hostLink(stray), "type", "dummy"},
+			{"link", "add", hostLink(stray), "type", "veth", "peer", "name", "eth0", "netns", "ss-" + stray},
 		} {
 			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 				t.Fatalf("ip %v: %v: %s", args, err, out)

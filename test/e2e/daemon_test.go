@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -332,6 +333,24 @@ func (d *Daemon) runscState(id string) []string {
 	return out
 }
 
+// runscStatus asks runsc for the container's status ("running", "paused",
+// ...) from inside the sandbox's network namespace, where its control
+// socket lives.
+func (d *Daemon) runscStatus(t *testing.T, id string) string {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net="+netnsPath(id), "--", "runsc", "--root", filepath.Join(d.DataDir, "runsc"), "state", id).Output()
+	if err != nil {
+		t.Fatalf("runsc state %s: %v", id, err)
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("runsc state %s: %v: %s", id, err, out)
+	}
+	return st.Status
+}
+
 // mountsUnder lists mount points at or below dir.
 func mountsUnder(dir string) []string {
 	f, err := os.Open("/proc/self/mountinfo")
@@ -454,6 +473,15 @@ func (d *Daemon) checkKernelObjects(t *testing.T) {
 		}
 		if got := len(d.runscState(id)) > 0; d.Backend == "gvisor" && got != want {
 			t.Errorf("sandbox %s (listed %v, tier %q): runsc state present %v, want %v", id, listed, tier, got, want)
+		}
+		// runsc's sandbox and gofer processes name the bundle; the process
+		// backend's program does not, so this is for gVisor only.
+		if procs := processesMentioning(d.sandboxDir(id) + "/"); d.Backend == "gvisor" && (len(procs) > 0) != want {
+			var cls []string
+			for pid, cl := range procs {
+				cls = append(cls, fmt.Sprintf("%d: %.120s", pid, cl))
+			}
+			t.Errorf("sandbox %s (listed %v, tier %q): processes present %v, want %v: %q", id, listed, tier, len(procs) > 0, want, cls)
 		}
 	}
 }

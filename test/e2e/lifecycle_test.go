@@ -23,10 +23,16 @@ func TestLifecycle(t *testing.T) {
 	id := sb.ID
 
 	expectCount(t, ep, 1, "first call")
+	if st := d.runscStatus(t, id); st != "running" {
+		t.Fatalf("hot sandbox: runsc says %q, want running", st)
+	}
 
 	d.transition(t, id, "freeze", api.TierFrozen)
 	if !exists(netnsPath(id)) {
 		t.Errorf("a frozen sandbox should keep its network namespace %s", netnsPath(id))
+	}
+	if st := d.runscStatus(t, id); st != "paused" {
+		t.Fatalf("frozen sandbox: runsc says %q, want paused", st)
 	}
 	expectCount(t, ep, 2, "call to the frozen sandbox (memory kept)")
 	got := d.get(t, id)
@@ -43,6 +49,12 @@ func TestLifecycle(t *testing.T) {
 	}
 	if ents, err := os.ReadDir(d.snapshotDir(id)); err != nil || len(ents) == 0 {
 		t.Fatalf("snapshot sandbox has no checkpoint image in %s (%v, %d entries)", d.snapshotDir(id), err, len(ents))
+	}
+	if st := d.runscState(id); len(st) > 0 {
+		t.Errorf("snapshot sandbox still has runsc state %v", st)
+	}
+	for pid, cl := range processesMentioning(d.sandboxDir(id) + "/") {
+		t.Errorf("snapshot sandbox still has process %d: %.200s", pid, cl)
 	}
 	if n := curlCount(t, ep); n != 3 {
 		t.Fatalf("call (curl) to the snapshot sandbox answered count=%d, want 3 (memory restored from disk)", n)
@@ -124,7 +136,14 @@ func TestCycles(t *testing.T) {
 		for i := 1; i <= 20; i++ {
 			d.transition(t, sb.ID, c.op, c.tier)
 			want++
-			expectCount(t, ep, want, c.op+" cycle "+itoa(i))
+			// Every other call with curl: clients close differently.
+			if i%2 == 1 {
+				if n := curlCount(t, ep); n != want {
+					t.Fatalf("%s cycle %d: curl answered count=%d, want %d", c.op, i, n, want)
+				}
+			} else {
+				expectCount(t, ep, want, c.op+" cycle "+itoa(i))
+			}
 			if got := d.get(t, sb.ID); got.LastWakeFrom != c.tier {
 				t.Fatalf("%s cycle %d: last_wake_from %q, want %q", c.op, i, got.LastWakeFrom, c.tier)
 			}

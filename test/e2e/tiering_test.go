@@ -80,8 +80,14 @@ func TestMemoryReserve(t *testing.T) {
 		t.Fatalf("call through the gateway while short on memory: HTTP %d Retry-After %q body %q, want 503 with Retry-After",
 			gr.Status, gr.Header.Get("Retry-After"), gr.Body)
 	}
-	if got := d.get(t, a.ID); got.Tier != api.TierSnapshot {
-		t.Fatalf("after the refused wake %s is %q, want snapshot", a.Name, got.Tier)
+	_, err = d.C.Transition(ctxT(t), b.ID, "wake")
+	if e := expectAPIError(t, err, http.StatusServiceUnavailable, api.CodeUnavailable); !strings.Contains(strings.ToLower(e.Body.Message), "memory") {
+		t.Errorf("503 on wake does not mention memory: %q", e.Body.Message)
+	}
+	for _, sb := range []api.Sandbox{a, b} {
+		if got := d.get(t, sb.ID); got.Tier != api.TierSnapshot {
+			t.Fatalf("after the refused wakes %s is %q, want snapshot", sb.Name, got.Tier)
+		}
 	}
 	if sbs, _ := d.C.Sandboxes(ctxT(t)); len(sbs) != 2 {
 		t.Fatalf("%d sandboxes, want 2 (the refused create must not leave one)", len(sbs))

@@ -205,8 +205,13 @@ func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir strin
 
 // Remove implements sandbox.Backend.
 func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
-	// runsc leaves its lock file behind when a create is cut short.
-	defer os.Remove(filepath.Join(b.Root, spec.ID+"_sandbox:"+spec.ID+".lock"))
+	// runsc leaves its lock file behind when a create is cut short; once
+	// the state is gone, nothing else uses it.
+	defer func() {
+		if !b.has(spec.ID) {
+			os.Remove(filepath.Join(b.Root, spec.ID+"_sandbox:"+spec.ID+".lock"))
+		}
+	}()
 	if !b.has(spec.ID) {
 		return nil
 	}
