@@ -1,0 +1,74 @@
+package main
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestParseFlagsDefaults(t *testing.T) {
+	c, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.n != 50 || c.startN != 50 || c.wakeN != 50 || c.hotN != 200 {
+		t.Errorf("default counts: n=%d start=%d wake=%d hot=%d", c.n, c.startN, c.wakeN, c.hotN)
+	}
+	if c.poll != 10*time.Millisecond {
+		t.Errorf("default poll = %s, want 10ms", c.poll)
+	}
+	if !slices.Equal(c.templates, []string{"web", "app64"}) || !slices.Equal(c.series, allSeries) {
+		t.Errorf("templates %v, series %v", c.templates, c.series)
+	}
+	c, err = parseFlags([]string{"-n", "20", "--hot-n", "7", "--series", "hot, frozen,hot", "--templates", "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.startN != 20 || c.wakeN != 20 || c.hotN != 7 {
+		t.Errorf("-n 20 --hot-n 7: start=%d wake=%d hot=%d", c.startN, c.wakeN, c.hotN)
+	}
+	if !slices.Equal(c.series, []string{"hot", "frozen"}) || !c.wants("frozen") || c.wants("start") {
+		t.Errorf("series = %v", c.series)
+	}
+}
+
+func TestParseFlagsErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"-n", "0"},
+		{"--series", "warm"},
+		{"--templates", ","},
+		{"--poll", "0s"},
+		{"extra"},
+	} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("parseFlags(%q): no error", args)
+		}
+	}
+}
+
+func TestParseCount(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		n    int
+		ok   bool
+	}{
+		{"count=1 pid=1\n", 1, true},
+		{"count=42 pid=1 heap_bytes=67108864\n", 42, true},
+		{"ok", 0, false},
+		{"count=x", 0, false},
+	} {
+		n, ok := parseCount(c.body)
+		if n != c.n || ok != c.ok {
+			t.Errorf("parseCount(%q) = %d, %v", c.body, n, ok)
+		}
+	}
+}
+
+func TestUnescapeMount(t *testing.T) {
+	if got := unescapeMount(`/tmp/a\040b/rootfs`); got != "/tmp/a b/rootfs" {
+		t.Errorf("unescapeMount = %q", got)
+	}
+	if got := unescapeMount("/plain"); got != "/plain" {
+		t.Errorf("unescapeMount = %q", got)
+	}
+}
