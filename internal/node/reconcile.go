@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/netns"
@@ -28,6 +29,17 @@ import (
 func (n *Node) Reconcile(ctx context.Context) error {
 	if err := netns.EnsureFirewall(vethPrefix); err != nil {
 		return err
+	}
+	// A kill -9 does not stop the runsc commands the daemon had started: a
+	// checkpoint or restore goes on to the end. Read the state they leave,
+	// not one they are still changing.
+	if w, ok := n.be.(sandbox.InFlightWaiter); ok {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := w.WaitInFlight(wctx)
+		cancel()
+		if err != nil {
+			n.log.Error("reconcile: proceeding anyway", "err", err)
+		}
 	}
 	all, err := n.st.ListSandboxes(ctx, n.cfg.Name)
 	if err != nil {
@@ -56,9 +68,6 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		n.forget(sb.ID)
 		return n.st.DeleteSandbox(ctx, sb.ID)
 	}
-	// A checkpoint cut short leaves an incomplete image: never restore it.
-	os.RemoveAll(d.snapTmp())
-
 	st, err := n.be.State(ctx, spec)
 	if err != nil {
 		n.log.Warn("reconcile: state unknown, treating as stopped", "id", sb.ID, "err", err)
@@ -67,17 +76,37 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 	var to api.Tier
 	note := sb.Note
 	switch {
-	case st == sandbox.StateRunning:
+	case st == sandbox.StateRunning || st == sandbox.StatePaused:
 		to = api.TierHot
-	case st == sandbox.StatePaused:
-		to = api.TierFrozen
+		if st == sandbox.StatePaused {
+			to = api.TierFrozen
+		}
+		// A restore that finished after the daemon died leaves its image.
+		os.RemoveAll(d.snapshot())
+		os.RemoveAll(d.snapTmp())
+	case sb.Transition == api.TierSnapshot && nonEmpty(d.snapTmp()):
+		// The checkpoint ran to its end after the daemon died (WaitInFlight
+		// waited for it): finish the transition. If the image turns out
+		// bad, the wake re-creates the sandbox cold and says so.
+		os.RemoveAll(d.snapshot())
+		if err := os.Rename(d.snapTmp(), d.snapshot()); err != nil {
+			return err
+		}
+		to = api.TierSnapshot
+		note = "its checkpoint finished while the node was down"
+		n.be.Remove(ctx, spec)
+		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
+			netns.Delete(nw)
+		}
 	case d.hasSnapshot():
+		os.RemoveAll(d.snapTmp())
 		to = api.TierSnapshot
 		n.be.Remove(ctx, spec)
 		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
 			netns.Delete(nw)
 		}
 	default:
+		os.RemoveAll(d.snapTmp())
 		to = api.TierDetached
 		if sb.Tier != api.TierDetached {
 			note = fmt.Sprintf("its processes were gone when the node restarted (was %s); the next request cold-starts it", sb.Tier)
@@ -133,4 +162,10 @@ func (n *Node) removeOrphans(ctx context.Context, known map[string]bool) {
 			os.RemoveAll(string(d))
 		}
 	}
+}
+
+// nonEmpty reports whether dir exists and holds at least one file.
+func nonEmpty(dir string) bool {
+	ents, err := os.ReadDir(dir)
+	return err == nil && len(ents) > 0
 }

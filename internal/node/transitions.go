@@ -105,7 +105,9 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 	case api.TierFrozen:
 		err = n.be.Resume(bg, n.spec(sb))
 	case api.TierSnapshot:
-		err = n.restore(bg, sb)
+		if err = n.restore(bg, sb); err != nil {
+			return n.recoverFailedRestore(e, sb, err, start)
+		}
 	default:
 		err = n.coldStartFromStore(bg, sb)
 	}
@@ -154,6 +156,30 @@ func (n *Node) restore(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	return os.RemoveAll(d.snapshot())
+}
+
+// recoverFailedRestore handles a snapshot that would not restore (a
+// corrupt or incomplete image): the image is dropped and the sandbox
+// re-created cold from its template, so the request that woke it is still
+// served; its note says the memory state was lost.
+func (n *Node) recoverFailedRestore(e *entry, sb store.Sandbox, cause error, start time.Time) error {
+	bg := context.Background()
+	n.log.Error("restore failed; re-creating the sandbox cold", "id", sb.ID, "err", cause)
+	n.be.Remove(bg, n.spec(sb))
+	os.RemoveAll(n.dir(sb.ID).snapshot())
+	note := "restore failed: " + cause.Error()
+	if err := n.coldStartFromStore(bg, sb); err != nil {
+		n.teardown(bg, sb, false)
+		n.commit(sb.ID, api.TierDetached, func(s *store.Sandbox) { s.Note = note + "; cold start failed too: " + err.Error() })
+		return fmt.Errorf("wake sandbox %s: %w; cold start failed too: %v", sb.ID, cause, err)
+	}
+	ms := float64(time.Since(start).Microseconds()) / 1000
+	e.lastActive.Store(time.Now().UnixMilli())
+	_, err := n.commit(sb.ID, api.TierHot, func(s *store.Sandbox) {
+		s.LastWakeMs, s.LastWakeFrom = ms, api.TierSnapshot
+		s.Note = note + "; re-created cold from its template (memory state lost)"
+	})
+	return err
 }
 
 // settleAfterFailure puts a sandbox whose transition failed into a tier
@@ -340,7 +366,7 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 		return cur, err
 	}
 	n.log.Info("sandbox transition", "id", sb.ID, "from", from, "to", to, "ms", time.Since(start).Milliseconds())
-	return n.commit(sb.ID, to, nil)
+	return n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = "" })
 }
 
 // admitMemory makes room before a create or a wake: below the reserve it

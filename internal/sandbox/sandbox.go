@@ -91,3 +91,12 @@ type Backend interface {
 type Reclaimer interface {
 	Reclaim(ctx context.Context, spec Spec) (before, after int64, err error)
 }
+
+// InFlightWaiter is implemented by backends whose commands can outlive the
+// daemon that started them (runsc checkpoint and restore run on after a
+// kill -9 of sandstormd). Reconcile calls WaitInFlight first, so it reads
+// the state those commands leave rather than a state they are still
+// changing.
+type InFlightWaiter interface {
+	WaitInFlight(ctx context.Context) error
+}

@@ -24,8 +24,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
@@ -336,4 +338,50 @@ func (b *Backend) Reclaim(ctx context.Context, spec sandbox.Spec) (before, after
 	}
 	r, err := reclaim.Process(st.Pid)
 	return r.Before, r.After, err
+}
+
+// WaitInFlight implements sandbox.InFlightWaiter: it waits until no runsc
+// command (run, restore, checkpoint, delete, …) with this backend's --root
+// is running any more, polling /proc every 20 ms, until ctx ends. The
+// sandbox and gofer processes (argv[0] runsc-sandbox, runsc-gofer) are not
+// commands and are not waited for.
+func (b *Backend) WaitInFlight(ctx context.Context) error {
+	for {
+		pids := b.inFlight()
+		if len(pids) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("runsc commands of an earlier sandstormd still running (pids %v): %w", pids, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// inFlight lists the pids of runsc commands using this backend's root.
+func (b *Backend) inFlight() []int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var out []int
+	self := os.Getpid()
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil || len(data) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+		if filepath.Base(args[0]) != "runsc" {
+			continue
+		}
+		for i, a := range args {
+			if (a == "--root" && i+1 < len(args) && args[i+1] == b.Root) || a == "--root="+b.Root {
+				pid, _ := strconv.Atoi(strings.Split(p, "/")[2])
+				if pid != self {
+					out = append(out, pid)
+				}
+				break
+			}
+		}
+	}
+	return out
 }
