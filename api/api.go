@@ -52,6 +52,9 @@ type TemplateRequest struct {
 	Ports []int `json:"ports"`
 	// MemoryMiB is the sandbox's memory limit in MiB (0: none).
 	MemoryMiB int `json:"memory_mib,omitempty"`
+	// Principal is who its sandboxes are to their boundary and the mesh,
+	// unless a sandbox names its own ("" = each sandbox's name).
+	Principal string `json:"principal,omitempty"`
 }
 
 // Template is a registered template: a rootfs plus an OCI runtime spec
@@ -62,6 +65,7 @@ type Template struct {
 	Process   Process   `json:"process"`
 	Ports     []int     `json:"ports"`
 	MemoryMiB int       `json:"memory_mib,omitempty"`
+	Principal string    `json:"principal,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -69,6 +73,8 @@ type Template struct {
 type SandboxRequest struct {
 	Template string `json:"template"`
 	Name     string `json:"name,omitempty"`
+	// Principal overrides the template's principal.
+	Principal string `json:"principal,omitempty"`
 }
 
 // Sandbox is what GET /v1/sandboxes/{id} returns.
@@ -94,6 +100,12 @@ type Sandbox struct {
 	// LastWakeFrom the tier it woke from.
 	LastWakeMs   float64 `json:"last_wake_ms,omitempty"`
 	LastWakeFrom Tier    `json:"last_wake_from,omitempty"`
+	// Principal is who the sandbox is: its boundary decides every flow
+	// for this principal under the node's policy.
+	Principal string `json:"principal"`
+	// Boundary is the host-side Unix socket of its boundary (SOCKS5 and
+	// HTTP CONNECT), for tools on the node such as sam-bench.
+	Boundary string `json:"boundary,omitempty"`
 	// Note says what the node last had to do that a caller should know
 	// (e.g. a failed checkpoint re-created the sandbox cold).
 	Note string `json:"note,omitempty"`

@@ -128,7 +128,7 @@ func (r *runner) measureStart(ctx context.Context, t string) error {
 			return err
 		}
 		t0 := time.Now()
-		sb, err := r.c.CreateSandbox(ctx, r.tmpl[t], r.sandboxName("start", t))
+		sb, err := r.c.CreateSandbox(ctx, api.SandboxRequest{Template: r.tmpl[t], Name: r.sandboxName("start", t)})
 		apiD := time.Since(t0)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -386,7 +386,7 @@ func (r *runner) sandboxName(purpose, t string) string {
 // ready creates a sandbox for a series and waits for its first answer.
 func (r *runner) ready(ctx context.Context, purpose, t string) (api.Sandbox, error) {
 	t0 := time.Now()
-	sb, err := r.c.CreateSandbox(ctx, r.tmpl[t], r.sandboxName(purpose, t))
+	sb, err := r.c.CreateSandbox(ctx, api.SandboxRequest{Template: r.tmpl[t], Name: r.sandboxName(purpose, t)})
 	if err != nil {
 		return sb, fmt.Errorf("create a %s sandbox: %w", t, err)
 	}

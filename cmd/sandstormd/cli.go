@@ -51,6 +51,7 @@ func templateCmd() *cobra.Command {
 		env                []string
 		ports              []int
 		memMiB             int
+		tmplPrincipal      string
 	)
 	create := &cobra.Command{
 		Use:   "create NAME --rootfs-dir DIR|--tarball FILE -- ARGS...",
@@ -63,7 +64,7 @@ func templateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB}
+			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
 			var t api.Template
 			switch {
 			case rootfsDir != "" && tarball == "":
@@ -93,6 +94,7 @@ func templateCmd() *cobra.Command {
 	create.Flags().StringArrayVar(&env, "env", nil, "environment KEY=VALUE (repeatable)")
 	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint")
 	create.Flags().IntVar(&memMiB, "memory", 0, "memory limit in MiB (0: none)")
+	create.Flags().StringVar(&tmplPrincipal, "principal", "", "principal of its sandboxes (default: each sandbox's name)")
 
 	var demoDir string
 	demoC := &cobra.Command{
@@ -176,7 +178,7 @@ packages: apt-get install -y ` + strings.Join(demo.Packages("app64"), " "),
 func sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Manage sandboxes"}
 	addAPIFlag(cmd)
-	var name string
+	var name, principal string
 	create := &cobra.Command{
 		Use: "create TEMPLATE", Short: "Start a sandbox from a template (returns when it runs)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -184,7 +186,7 @@ func sandboxCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sb, err := c.CreateSandbox(cmd.Context(), args[0], name)
+			sb, err := c.CreateSandbox(cmd.Context(), api.SandboxRequest{Template: args[0], Name: name, Principal: principal})
 			if err != nil {
 				return err
 			}
@@ -192,6 +194,7 @@ func sandboxCmd() *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "sandbox name (default sb-<id>)")
+	create.Flags().StringVar(&principal, "principal", "", "who the sandbox is to its boundary and the mesh (default: the template's principal, else the sandbox name)")
 	ls := &cobra.Command{
 		Use: "ls", Short: "List sandboxes with their tier and endpoints", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

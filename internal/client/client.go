@@ -163,9 +163,9 @@ func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
 }
 
 // CreateSandbox starts a sandbox from a template; it returns hot.
-func (c *Client) CreateSandbox(ctx context.Context, template, name string) (api.Sandbox, error) {
+func (c *Client) CreateSandbox(ctx context.Context, req api.SandboxRequest) (api.Sandbox, error) {
 	var sb api.Sandbox
-	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes", api.SandboxRequest{Template: template, Name: name}, &sb)
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes", req, &sb)
 	return sb, err
 }
 

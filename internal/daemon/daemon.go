@@ -19,9 +19,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"sandstorm/internal/boundary"
 	"sandstorm/internal/master"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
+	"sandstorm/internal/policy"
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/sandbox/gvisor"
@@ -46,6 +51,11 @@ type Options struct {
 	Timers       tier.Timers
 	MaxUpload    int64 // bytes
 	Zswap        bool
+	// Policy is the SAM policy file every boundary decides by ("" = deny
+	// everything); SAMNode the local sam-node's agent socket
+	// ("unix:///run/sam-node.sock"; "" = no mesh); MetricsAddr serves the
+	// boundaries' Prometheus metrics ("" = off).
+	Policy, SAMNode, MetricsAddr string
 	Log          *slog.Logger
 }
 
@@ -174,11 +184,16 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	sam, stopSAM, err := samConfig(o, log)
+	if err != nil {
+		return err
+	}
+	defer stopSAM()
 	nd, err := node.New(node.Config{
 		Name: "local", DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax,
 		MemReserveMiB: o.MemReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
-		Timers: o.Timers, Zswap: o.Zswap, Log: log,
+		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log,
 	})
 	if err != nil {
 		return err
@@ -214,4 +229,51 @@ func Serve(ctx context.Context, o Options) error {
 	srv.Shutdown(sctx)
 	log.Info("sandstormd stopped; sandboxes keep running and are adopted at the next start")
 	return nil
+}
+
+// samConfig builds what the node's boundaries need: the policy (reloaded on
+// change; none = deny everything), the dial to sam-node, and metrics served
+// only when asked for — a listener is one more thing a sandbox might reach.
+func samConfig(o Options, log *slog.Logger) (node.SAM, func(), error) {
+	sam := node.SAM{Firewall: netns.DefaultFirewall("ssv")}
+	var stops []func()
+	stop := func() {
+		for _, f := range stops {
+			f()
+		}
+	}
+	if o.Policy != "" {
+		w, err := policy.NewWatcher(o.Policy, log)
+		if err != nil {
+			return sam, stop, fmt.Errorf("--policy: %w", err)
+		}
+		w.Start(time.Second)
+		stops = append(stops, w.Stop)
+		sam.Policy = w.Current
+	} else {
+		log.Warn("no --policy: every sandbox's boundary denies everything")
+	}
+	if o.SAMNode != "" {
+		path, ok := strings.CutPrefix(o.SAMNode, "unix://")
+		if !ok {
+			return sam, stop, fmt.Errorf("--sam-node %q: want unix:///path/to/sam-node.sock", o.SAMNode)
+		}
+		sam.Mesh = func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	sam.Metrics = boundary.NewMetrics(reg)
+	if o.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", o.MetricsAddr)
+		if err != nil {
+			return sam, stop, fmt.Errorf("--metrics-addr: %w", err)
+		}
+		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		stops = append(stops, func() { srv.Close() })
+		log.Info("boundary metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	}
+	return sam, stop, nil
 }

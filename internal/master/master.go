@@ -28,7 +28,7 @@ import (
 // same process; the fleet issue adds a remote implementation.
 type Node interface {
 	Name() string
-	Create(ctx context.Context, t store.Template, name string) (store.Sandbox, error)
+	Create(ctx context.Context, t store.Template, name, principal string) (store.Sandbox, error)
 	Get(ctx context.Context, ref string) (store.Sandbox, error)
 	List(ctx context.Context) ([]store.Sandbox, error)
 	Delete(ctx context.Context, id string) error
@@ -39,6 +39,7 @@ type Node interface {
 	Endpoints(sb store.Sandbox) map[string]string
 	Address(sb store.Sandbox) string
 	LogPath(id string) string
+	BoundarySocket(id string) string
 	Status(ctx context.Context) (api.NodeStatus, error)
 }
 
@@ -166,7 +167,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func toAPITemplate(t store.Template) api.Template {
-	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, CreatedAt: t.CreatedAt}
+	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, CreatedAt: t.CreatedAt}
 }
 
 func (s *server) toAPISandbox(sb store.Sandbox) api.Sandbox {
@@ -175,6 +176,7 @@ func (s *server) toAPISandbox(sb store.Sandbox) api.Sandbox {
 		Tier: sb.Tier, Transition: sb.Transition, Address: s.cfg.Node.Address(sb),
 		Endpoints: s.cfg.Node.Endpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
+		Principal: node.PrincipalOf(sb), Boundary: s.cfg.Node.BoundarySocket(sb.ID),
 	}
 }
 
@@ -276,6 +278,9 @@ func validate(req api.TemplateRequest) error {
 		}
 		seen[p] = true
 	}
+	if req.Principal != "" && !node.ValidPrincipal(req.Principal) {
+		return badRequest("template %q: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", req.Name, req.Principal)
+	}
 	if req.MemoryMiB < 0 {
 		return badRequest("template %q: memory_mib %d is negative", req.Name, req.MemoryMiB)
 	}
@@ -307,7 +312,7 @@ func (s *server) templateFromDir(req api.TemplateRequest) (store.Template, error
 	if err := checkRootfs(dir, req.Process.Args); err != nil {
 		return store.Template{}, err
 	}
-	return store.Template{Name: req.Name, Rootfs: dir, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB}, nil
+	return store.Template{Name: req.Name, Rootfs: dir, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal}, nil
 }
 
 // templateFromUpload streams the multipart body: the "template" JSON part
@@ -361,7 +366,7 @@ func (s *server) templateFromUpload(w http.ResponseWriter, r *http.Request) (sto
 		os.RemoveAll(base)
 		return store.Template{}, err
 	}
-	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB}, nil
+	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal}, nil
 }
 
 func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -398,7 +403,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sb, err := s.cfg.Node.Create(r.Context(), t, req.Name)
+	sb, err := s.cfg.Node.Create(r.Context(), t, req.Name, req.Principal)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -3,32 +3,69 @@ package netns
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"os/exec"
 )
 
-// EnsureFirewall installs the node's nftables table "sandstorm", replacing
-// any earlier copy in one atomic transaction. Sandbox veths (host-side names
-// starting with ifPrefix) may answer connections the host opened — the
-// gateway's — and nothing else: a sandbox cannot open a connection to any
-// host address (services bound to 0.0.0.0 included), and nothing is forwarded
-// to or from a sandbox, whatever net.ipv4.ip_forward says. Fail closed: the
-// node refuses to start sandboxes when this fails.
-func EnsureFirewall(ifPrefix string) error {
+// Firewall says what the node's nftables table lets a sandbox do.
+type Firewall struct {
+	// IfPrefix is the name prefix of sandbox veths on the host ("ssv").
+	IfPrefix string
+	// Synthetic is the link-local pool the boundaries answer DNS with;
+	// TCP to it is redirected to TransparentPort on the sandbox's own host
+	// address, where its boundary takes the flow.
+	Synthetic netip.Prefix
+	// Ports on the sandbox's own host address that it may reach: its
+	// boundary's SOCKS5/CONNECT, DNS and transparent listeners.
+	ProxyPort, DNSPort, TransparentPort int
+}
+
+// Ensure installs the node's nftables table "sandstorm", replacing any earlier
+// copy in one atomic transaction. For packets coming in from a sandbox
+// (flow 3 of the architecture map):
+//   - TCP to a synthetic address is redirected to its boundary's
+//     transparent listener;
+//   - anything addressed elsewhere than its own host address (another
+//     sandbox's, the host's other addresses, 8.8.8.8 — DNS included) is
+//     dropped before routing, and counted;
+//   - on its own host address it may reach only its boundary's ports;
+//   - nothing is forwarded to or from a sandbox, whatever ip_forward says;
+//   - no IPv6 at all.
+//
+// The gateway's connections into sandboxes are opened by the host, so their
+// replies are "established" and pass. Fail closed: the node refuses to
+// start when this fails.
+func (f Firewall) Ensure() error {
 	rules := fmt.Sprintf(`add table inet sandstorm
 delete table inet sandstorm
 table inet sandstorm {
+	counter dns_elsewhere {}
+	counter not_own_address {}
+	counter host_port_denied {}
+	chain guard {
+		type filter hook prerouting priority -150; policy accept;
+		iifname "%[1]s*" meta nfproto ipv6 drop
+		iifname "%[1]s*" ip daddr != %[2]s udp dport 53 fib daddr . iif type != local counter name dns_elsewhere drop
+		iifname "%[1]s*" ip daddr != %[2]s fib daddr . iif type != local counter name not_own_address drop
+	}
+	chain intercept {
+		type nat hook prerouting priority dstnat; policy accept;
+		iifname "%[1]s*" ip daddr %[2]s meta l4proto tcp redirect to :%[5]d
+	}
 	chain input {
 		type filter hook input priority -10; policy accept;
 		iifname "%[1]s*" ct state established,related accept
-		iifname "%[1]s*" counter drop
+		iifname "%[1]s*" tcp dport { %[3]d, %[4]d, %[5]d } accept
+		iifname "%[1]s*" udp dport %[4]d accept
+		iifname "%[1]s*" counter name host_port_denied drop
 	}
 	chain forward {
 		type filter hook forward priority -10; policy accept;
-		iifname "%[1]s*" counter drop
-		oifname "%[1]s*" counter drop
+		iifname "%[1]s*" drop
+		oifname "%[1]s*" drop
 	}
 }
-`, ifPrefix)
+`, f.IfPrefix, f.Synthetic.Masked(), f.ProxyPort, f.DNSPort, f.TransparentPort)
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = bytes.NewBufferString(rules)
 	out, err := cmd.CombinedOutput()
@@ -36,4 +73,14 @@ table inet sandstorm {
 		return fmt.Errorf("nft: install table sandstorm: %v: %s (is the nftables package installed? apt-get install -y nftables)", err, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// EnsureFirewall installs the firewall with the default boundary ports and
+// synthetic pool.
+func EnsureFirewall(ifPrefix string) error { return DefaultFirewall(ifPrefix).Ensure() }
+
+// DefaultFirewall is the firewall for the default boundary ports (1080
+// SOCKS5/CONNECT, 53 DNS, 15001 transparent) and pool 169.254.64.0/18.
+func DefaultFirewall(ifPrefix string) Firewall {
+	return Firewall{IfPrefix: ifPrefix, Synthetic: netip.MustParsePrefix("169.254.64.0/18"), ProxyPort: 1080, DNSPort: 53, TransparentPort: 15001}
 }

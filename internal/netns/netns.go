@@ -117,7 +117,7 @@ func Create(n Net) error {
 	if err := netlink.LinkSetUp(host); err != nil {
 		return err
 	}
-	return ensureInside(ns, n.Sandbox)
+	return ensureInside(ns, n.Sandbox, n.Host)
 }
 
 // checkFree fails when an address of n's /30 is already on another host
@@ -151,10 +151,13 @@ func EnsureSandboxAddr(n Net) error {
 		return fmt.Errorf("open netns %s: %w", n.Name, err)
 	}
 	defer ns.Close()
-	return ensureInside(ns, n.Sandbox)
+	return ensureInside(ns, n.Sandbox, n.Host)
 }
 
-func ensureInside(ns netns.NsHandle, addr netip.Prefix) error {
+// ensureInside addresses eth0 and routes everything through the host end of
+// the veth: the only way out is the sandbox's boundary there (flow 3), and
+// the firewall drops whatever the boundary does not take.
+func ensureInside(ns netns.NsHandle, addr, host netip.Prefix) error {
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return err
@@ -171,7 +174,11 @@ func ensureInside(ns netns.NsHandle, addr netip.Prefix) error {
 	if err := ensureAddr(*h, eth, addr); err != nil {
 		return err
 	}
-	return h.LinkSetUp(eth)
+	if err := h.LinkSetUp(eth); err != nil {
+		return err
+	}
+	// Replace is idempotent: a restart re-running this changes nothing.
+	return h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: host.Addr().AsSlice()})
 }
 
 func ensureAddr(h netlink.Handle, link netlink.Link, p netip.Prefix) error {

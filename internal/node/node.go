@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/boundary"
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/netns"
@@ -79,6 +80,8 @@ type Config struct {
 	// Zswap: after freezing a sandbox, push its memory out to swap (zswap
 	// when enabled), if the backend can (sandbox.Reclaimer).
 	Zswap bool
+	// SAM is how sandboxes reach the world (their boundaries).
+	SAM SAM
 	// MemAvailable overrides how free memory is read (tests); nil reads
 	// /proc/meminfo.
 	MemAvailable func() (int64, error)
@@ -98,6 +101,9 @@ type Node struct {
 
 	mu      sync.Mutex
 	entries map[string]*entry
+
+	bmu        sync.Mutex
+	boundaries map[string]*boundary.Boundary
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -158,6 +164,9 @@ func New(cfg Config) (*Node, error) {
 	if cfg.GatewayHost == "" {
 		cfg.GatewayHost = cfg.GatewayBind.String()
 	}
+	if cfg.SAM.Firewall.IfPrefix == "" {
+		cfg.SAM.Firewall = netns.DefaultFirewall(vethPrefix)
+	}
 	if cfg.MemAvailable == nil {
 		cfg.MemAvailable = memguard.AvailableMiB
 	}
@@ -169,9 +178,10 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, st: cfg.Store, be: cfg.Backend, log: cfg.Log,
-		wakes:   make(chan struct{}, cfg.MaxWakes),
-		entries: map[string]*entry{},
-		stop:    make(chan struct{}),
+		wakes:      make(chan struct{}, cfg.MaxWakes),
+		entries:    map[string]*entry{},
+		boundaries: map[string]*boundary.Boundary{},
+		stop:       make(chan struct{}),
 	}
 	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready}, n, cfg.Log)
 	return n, nil
@@ -239,6 +249,11 @@ var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 // [a-z0-9-], starting with a letter or digit (it appears in paths and URLs).
 func ValidName(s string) bool { return nameRE.MatchString(s) }
 
+var principalRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidPrincipal reports whether s may name a principal.
+func ValidPrincipal(s string) bool { return principalRE.MatchString(s) }
+
 func newID() string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -249,7 +264,7 @@ func newID() string {
 
 // Create starts a new sandbox from template t and returns it hot. On any
 // failure everything it made is removed and no row is left.
-func (n *Node) Create(ctx context.Context, t store.Template, name string) (store.Sandbox, error) {
+func (n *Node) Create(ctx context.Context, t store.Template, name, principal string) (store.Sandbox, error) {
 	if err := n.admitMemory(ctx, ""); err != nil {
 		return store.Sandbox{}, err
 	}
@@ -260,9 +275,15 @@ func (n *Node) Create(ctx context.Context, t store.Template, name string) (store
 	if !ValidName(name) {
 		return store.Sandbox{}, fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errBadInput, name)
 	}
+	if principal == "" {
+		principal = t.Principal
+	}
+	if principal != "" && !ValidPrincipal(principal) {
+		return store.Sandbox{}, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errBadInput, principal)
+	}
 	now := time.Now()
 	sb := store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
-		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now}
+		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now, Principal: principal}
 	// Allocate and record in one step so two creates never share a slot.
 	n.allocMu.Lock()
 	err := n.allocate(ctx, &sb, t.Ports)
@@ -451,6 +472,7 @@ const transitionDelete api.Tier = "deleted"
 // if an earlier one failed; the errors are joined.
 func (n *Node) teardown(ctx context.Context, sb store.Sandbox, all bool) error {
 	var errs []error
+	n.boundaryDown(sb.ID)
 	if err := n.be.Remove(ctx, n.spec(sb)); err != nil {
 		errs = append(errs, err)
 	}
@@ -580,5 +602,14 @@ func (n *Node) Close() {
 	}
 	n.done.Wait()
 	n.gw.CloseAll()
+	n.bmu.Lock()
+	ids := make([]string, 0, len(n.boundaries))
+	for id := range n.boundaries {
+		ids = append(ids, id)
+	}
+	n.bmu.Unlock()
+	for _, id := range ids {
+		n.boundaryDown(id)
+	}
 	n.flushActivity()
 }

@@ -27,7 +27,7 @@ import (
 //
 // It also installs the firewall and opens the gateway listeners.
 func (n *Node) Reconcile(ctx context.Context) error {
-	if err := netns.EnsureFirewall(vethPrefix); err != nil {
+	if err := n.cfg.SAM.Firewall.Ensure(); err != nil {
 		return err
 	}
 	// A kill -9 does not stop the runsc commands the daemon had started: a
@@ -118,6 +118,11 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 	}
 	if _, err := n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = note }); err != nil {
 		return err
+	}
+	if to == api.TierHot || to == api.TierFrozen {
+		if err := n.boundaryUp(sb); err != nil {
+			return err
+		}
 	}
 	return n.listen(sb)
 }

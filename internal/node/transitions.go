@@ -27,6 +27,12 @@ func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template
 	if err := netns.Create(nw); err != nil {
 		return err
 	}
+	if err := d.writeResolvConf(nw.Host.Addr()); err != nil {
+		return err
+	}
+	if err := n.boundaryUp(sb); err != nil {
+		return err
+	}
 	if err := d.writeSpec(t, sb.Name, nw.Path()); err != nil {
 		return err
 	}
@@ -152,6 +158,9 @@ func (n *Node) restore(ctx context.Context, sb store.Sandbox) error {
 	if err := netns.Create(nw); err != nil {
 		return err
 	}
+	if err := n.boundaryUp(sb); err != nil {
+		return err
+	}
 	if err := n.be.Restore(ctx, n.spec(sb), d.snapshot()); err != nil {
 		return err
 	}
@@ -268,6 +277,9 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) error {
 	bg := context.Background()
 	release := n.gw.Drain(sb.ID)
 	defer release()
+	// Its outbound flows too: the boundary resets them and stops taking
+	// new ones until the sandbox runs again.
+	n.boundaryDown(sb.ID)
 	spec := n.spec(sb)
 	if from == api.TierFrozen {
 		if err := n.be.Resume(bg, spec); err != nil {
@@ -303,6 +315,9 @@ func (n *Node) recoverFailedCheckpoint(sb store.Sandbox, cause error) error {
 	spec := n.spec(sb)
 	note := "checkpoint failed: " + cause.Error()
 	if st, err := n.be.State(bg, spec); err == nil && st == sandbox.StateRunning {
+		if err := n.boundaryUp(sb); err != nil {
+			n.log.Error("boundary restart after failed checkpoint", "id", sb.ID, "err", err)
+		}
 		n.commit(sb.ID, api.TierHot, func(s *store.Sandbox) { s.Note = note + "; sandbox kept running" })
 		return fmt.Errorf("%w; sandbox kept running", cause)
 	}

@@ -39,6 +39,9 @@ type Template struct {
 	Process   api.Process
 	Ports     []int
 	MemoryMiB int
+	// Principal is the default principal of its sandboxes ("" = the
+	// sandbox's name).
+	Principal string
 	CreatedAt time.Time
 }
 
@@ -65,6 +68,8 @@ type Sandbox struct {
 	LastWakeMs   float64
 	LastWakeFrom api.Tier
 	Note         string
+	// Principal is who the sandbox is to its boundary and the mesh.
+	Principal string
 }
 
 const schema = `
@@ -96,6 +101,28 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 );
 `
 
+// migrations add columns that later versions introduced; each is applied
+// only if the column is missing, so old databases open and keep their rows.
+var migrations = []struct{ table, column, ddl string }{
+	{"templates", "principal", `ALTER TABLE templates ADD COLUMN principal TEXT NOT NULL DEFAULT ''`},
+	{"sandboxes", "principal", `ALTER TABLE sandboxes ADD COLUMN principal TEXT NOT NULL DEFAULT ''`},
+}
+
+func migrate(db *sql.DB) error {
+	for _, m := range migrations {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info(?) WHERE name=?`, m.table, m.column).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			if _, err := db.Exec(m.ddl); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // Open opens (creating if needed) the database at path, in WAL mode with a
 // busy timeout, and applies the schema.
 func Open(path string) (*Store, error) {
@@ -113,6 +140,10 @@ func Open(path string) (*Store, error) {
 	if _, err := db.Exec(schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: apply schema to %s: %w", path, err)
+	}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: migrate %s: %w", path, err)
 	}
 	return &Store{db: db}, nil
 }
@@ -137,8 +168,8 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = time.Now()
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at) VALUES(?,?,?,?,?,?,?)`,
-		t.Name, t.Rootfs, t.Owned, mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal) VALUES(?,?,?,?,?,?,?,?)`,
+		t.Name, t.Rootfs, t.Owned, mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal)
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, ErrExists)
 	}
@@ -147,7 +178,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 
 // GetTemplate returns the template called name, or ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at FROM templates WHERE name=?`, name)
+	row := s.db.QueryRowContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal FROM templates WHERE name=?`, name)
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("template %q: %w", name, ErrNotFound)
@@ -157,7 +188,7 @@ func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) 
 
 // ListTemplates returns every template, by name.
 func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at FROM templates ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal FROM templates ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +230,7 @@ func scanTemplate(r scanner) (Template, error) {
 	var t Template
 	var proc, ports string
 	var created int64
-	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created); err != nil {
+	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal); err != nil {
 		return t, err
 	}
 	t.CreatedAt = fromMs(created)
@@ -212,7 +243,7 @@ func scanTemplate(r scanner) (Template, error) {
 	return t, nil
 }
 
-const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note`
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal`
 
 // CreateSandbox inserts sb; ErrExists if its ID, name or slot is taken;
 // ErrNotFound if its template does not exist.
@@ -220,7 +251,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 	}
@@ -229,7 +260,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 
 func sandboxArgs(sb Sandbox) []any {
 	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
-		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note}
+		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal}
 }
 
 // GetSandbox returns the sandbox whose ID or name is ref, or ErrNotFound.
@@ -280,7 +311,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	}
 	sb.ID = id
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=? WHERE id=?`,
+	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=? WHERE id=?`,
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -320,7 +351,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
 	var tier, trans, hostPorts, wakeFrom string
 	var last, created int64
-	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note)
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal)
 	if err != nil {
 		return sb, err
 	}

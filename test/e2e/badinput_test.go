@@ -125,7 +125,7 @@ func TestBadInput(t *testing.T) {
 		_, err = d.upload(t, "web", tarOf(t, tarEntry{hdr: tar.Header{Name: "usr/bin/python3", Typeflag: tar.TypeReg, Mode: 0o755}, body: "x"}))
 		expectAPIError(t, err, http.StatusConflict, api.CodeConflict)
 
-		_, err = d.C.CreateSandbox(ctxT(t), "web", "victim")
+		_, err = d.C.CreateSandbox(ctxT(t), api.SandboxRequest{Template: "web", Name: "victim"})
 		expectAPIError(t, err, http.StatusConflict, api.CodeConflict)
 
 		err = d.C.DeleteTemplate(ctxT(t), "web")

@@ -239,7 +239,7 @@ func (d *Daemon) registerWeb(t *testing.T, name string) api.Template {
 // create starts a sandbox and checks it comes back hot with an endpoint.
 func (d *Daemon) create(t *testing.T, template, name string) api.Sandbox {
 	t.Helper()
-	sb, err := d.C.CreateSandbox(ctxT(t), template, name)
+	sb, err := d.C.CreateSandbox(ctxT(t), api.SandboxRequest{Template: template, Name: name})
 	if err != nil {
 		t.Fatalf("create sandbox %q from %s: %v", name, template, err)
 	}

@@ -21,6 +21,9 @@ var (
 	// webDemo/app64Demo how to run them.
 	webRootfs, app64Rootfs string
 	webDemo, app64Demo     demo.Demo
+	// samNodeBin is sam-node; agentRootfs a rootfs holding test/agent,
+	// built static, and nothing else but /etc basics.
+	samNodeBin, agentRootfs string
 )
 
 func TestMain(m *testing.M) {
@@ -55,6 +58,25 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: go build sandstorm/cmd/sandstormd:", err)
 		return 1
 	}
+	samNodeBin = filepath.Join(workDir, "sam-node")
+	agentRootfs = filepath.Join(workDir, "agentfs")
+	for _, b := range []struct{ out, pkg string }{
+		{samNodeBin, "sandstorm/cmd/sam-node"},
+		{filepath.Join(agentRootfs, "agent"), "sandstorm/test/agent"},
+	} {
+		build := exec.Command("go", "build", "-o", b.out, b.pkg)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: go build %s: %v\n", b.pkg, err)
+			return 1
+		}
+	}
+	for _, d := range []string{"etc", "tmp", "proc", "dev", "sys"} {
+		os.MkdirAll(filepath.Join(agentRootfs, d), 0o755)
+	}
+	os.WriteFile(filepath.Join(agentRootfs, "etc", "hosts"), []byte("127.0.0.1 localhost\n"), 0o644)
+	os.WriteFile(filepath.Join(agentRootfs, "etc", "passwd"), []byte("root:x:0:0:root:/:/agent\n"), 0o644)
 	webRootfs = filepath.Join(workDir, "demo", "web")
 	if webDemo, err = demo.Build("web", webRootfs); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: build demo web:", err)

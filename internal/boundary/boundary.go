@@ -1,0 +1,542 @@
+// Package boundary is the egress boundary of one principal: flow 3 of the
+// architecture map. A sandbox reaches the world only through its boundary,
+// which knows who the sandbox *is* (its principal) and decides every flow
+// for that principal on the destination's name, before anything is dialled.
+//
+// A boundary accepts flows as SOCKS5 (RFC 1928, CONNECT only; RFC 1929
+// username/password when Config.Users is set) and HTTP CONNECT (RFC 9110
+// §9.3.6) on a Unix socket and on the sandbox-facing address of its veth,
+// where it also answers the sandbox's DNS (names it may reach get stable
+// synthetic link-local addresses, others NXDOMAIN; nothing is forwarded
+// upstream) and takes the sandbox's TCP connections to synthetic addresses,
+// which the node redirects to it with nftables (the original destination is
+// read with SO_ORIGINAL_DST and mapped back to the name).
+//
+// Destinations:
+//   - mesh.sam.alt and <svc>.<mcp|inference>.sam.alt are not spliced: the
+//     boundary terminates HTTP/1.1 itself and forwards only the agent-facing
+//     paths to the local sam-node (Config.Mesh), always setting
+//     X-Sam-Principal and stripping every identity or credential header the
+//     agent sent;
+//   - any other name (or an IP literal) is external: it passes only if the
+//     principal's egress allowlist names it, is resolved by the boundary
+//     (Config.Resolve) and spliced.
+//
+// The sandbox's side of every flow is closed with RST (SO_LINGER 0), never
+// with a FIN that could leave the sandbox's endpoint in TIME_WAIT: gVisor
+// cannot checkpoint a sandbox holding one. Before a checkpoint the node calls
+// CloseFlows.
+//
+// Many boundaries can live in one process: each costs its listeners and
+// their accept loops, two small maps and a few counters; Metrics is shared.
+package boundary
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"sandstorm/internal/policy"
+)
+
+// Defaults of Config.
+const (
+	DefaultProxyPort        = 1080
+	DefaultDNSPort          = 53
+	DefaultTransparentPort  = 15001
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultDialTimeout      = 10 * time.Second
+)
+
+// DefaultSynthetic is the pool of synthetic addresses DNS answers from.
+var DefaultSynthetic = netip.MustParsePrefix("169.254.64.0/18")
+
+// Header names the boundary sets on requests to the mesh.
+const (
+	// HeaderPrincipal names who the sandbox is. The boundary always sets
+	// it and never passes on one the agent sent.
+	HeaderPrincipal = "X-Sam-Principal"
+	// HeaderService names the mesh service a <svc>.inference.sam.alt
+	// flow was opened to ("inference://<svc>").
+	HeaderService = "X-Sam-Service"
+)
+
+// Config configures one boundary.
+type Config struct {
+	// Principal is who the sandbox IS; every flow is decided for it.
+	Principal string
+	// Policy returns the policy in force; it may change between flows.
+	// A nil func or a nil result is policy.Empty() (deny all).
+	Policy func() *policy.Policy
+	// Mesh dials the local sam-node's agent listener. nil: the mesh is
+	// unreachable (allowed flows to mesh names fail as "unreachable").
+	Mesh func(ctx context.Context) (net.Conn, error)
+	// SocketPath, if set, is a Unix socket accepting SOCKS5 and HTTP
+	// CONNECT (the first byte decides: 0x05 is SOCKS5, else HTTP).
+	SocketPath string
+	// ListenAddr, if valid, is the sandbox-facing address (the host side
+	// of the sandbox's veth): SOCKS5 and CONNECT on ProxyPort, DNS over
+	// UDP and TCP on DNSPort, the transparent listener on TransparentPort.
+	ListenAddr netip.Addr
+	// Ports on ListenAddr; 0 means the default (1080, 53, 15001).
+	ProxyPort, DNSPort, TransparentPort int
+	// Synthetic is the IPv4 pool DNS answers from; default 169.254.64.0/18.
+	Synthetic netip.Prefix
+	// Resolve resolves allowed external names before they are dialled;
+	// default net.DefaultResolver. It is never called for a denied name.
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	// Dial opens allowed external destinations ("tcp", "ip:port"); default
+	// a net.Dialer. It is never called for a denied destination.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// Users, if non-empty, is required: SOCKS5 clients must authenticate
+	// with RFC 1929 username/password, CONNECT clients with
+	// Proxy-Authorization: Basic. Empty: no authentication.
+	Users map[string]string
+	// HandshakeTimeout bounds a SOCKS5 or CONNECT handshake; default 10 s.
+	HandshakeTimeout time.Duration
+	// DialTimeout bounds resolving and opening the upstream; default 10 s.
+	DialTimeout time.Duration
+	// Metrics is shared by all boundaries of a process; nil: none.
+	Metrics *Metrics
+	// Log; nil is slog.Default().
+	Log *slog.Logger
+}
+
+// Boundary is the boundary of one principal.
+type Boundary struct {
+	cfg   Config
+	log   *slog.Logger
+	synth *synthPool
+	m     *Metrics
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	flows    map[*flow]struct{}
+	closers  []io.Closer
+	loops    sync.WaitGroup
+	sockPath string // the Unix socket we created, removed by Close
+
+	st counters
+}
+
+// New checks cfg and returns a boundary that is not listening yet.
+func New(cfg Config) (*Boundary, error) {
+	if cfg.Principal == "" {
+		return nil, errors.New("boundary: no principal")
+	}
+	if cfg.ProxyPort == 0 {
+		cfg.ProxyPort = DefaultProxyPort
+	}
+	if cfg.DNSPort == 0 {
+		cfg.DNSPort = DefaultDNSPort
+	}
+	if cfg.TransparentPort == 0 {
+		cfg.TransparentPort = DefaultTransparentPort
+	}
+	for _, p := range []int{cfg.ProxyPort, cfg.DNSPort, cfg.TransparentPort} {
+		if p < 0 || p > 65535 {
+			return nil, fmt.Errorf("boundary %s: port %d out of range", cfg.Principal, p)
+		}
+	}
+	if !cfg.Synthetic.IsValid() {
+		cfg.Synthetic = DefaultSynthetic
+	}
+	if !cfg.Synthetic.Addr().Is4() || cfg.Synthetic.Bits() < 8 || cfg.Synthetic.Bits() > 30 {
+		return nil, fmt.Errorf("boundary %s: synthetic pool %s: want an IPv4 prefix from /8 to /30", cfg.Principal, cfg.Synthetic)
+	}
+	cfg.Synthetic = cfg.Synthetic.Masked()
+	if cfg.ListenAddr.IsValid() {
+		cfg.ListenAddr = cfg.ListenAddr.Unmap()
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.Resolve == nil {
+		cfg.Resolve = defaultResolve
+	}
+	if cfg.Dial == nil {
+		d := &net.Dialer{}
+		cfg.Dial = d.DialContext
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	b := &Boundary{
+		cfg:   cfg,
+		log:   log,
+		synth: newSynthPool(cfg.Synthetic, cfg.ListenAddr),
+		m:     cfg.Metrics,
+		flows: map[*flow]struct{}{},
+	}
+	return b, nil
+}
+
+func defaultResolve(ctx context.Context, host string) ([]netip.Addr, error) {
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+}
+
+// Principal returns who this boundary's sandbox is.
+func (b *Boundary) Principal() string { return b.cfg.Principal }
+
+// Start opens the listeners. Errors name the listener that failed; on an
+// error nothing is left open.
+func (b *Boundary) Start() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started || b.closed {
+		return fmt.Errorf("boundary %s: already started or closed", b.cfg.Principal)
+	}
+	b.started = true
+	fail := func(err error) error {
+		for _, c := range b.closers {
+			c.Close()
+		}
+		b.closers = nil
+		if b.sockPath != "" {
+			os.Remove(b.sockPath)
+			b.sockPath = ""
+		}
+		return fmt.Errorf("boundary %s: %w", b.cfg.Principal, err)
+	}
+	type loop struct {
+		ln    net.Listener
+		serve func(net.Conn)
+	}
+	var loops []loop
+	if b.cfg.SocketPath != "" {
+		if fi, err := os.Lstat(b.cfg.SocketPath); err == nil {
+			if fi.Mode()&os.ModeSocket == 0 {
+				return fail(fmt.Errorf("socket listener %s: a file that is not a socket is in the way", b.cfg.SocketPath))
+			}
+			os.Remove(b.cfg.SocketPath) // stale socket of an earlier run
+		}
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: b.cfg.SocketPath, Net: "unix"})
+		if err != nil {
+			return fail(fmt.Errorf("socket listener: %w", err))
+		}
+		b.sockPath = b.cfg.SocketPath
+		b.closers = append(b.closers, ln)
+		loops = append(loops, loop{ln, b.serveProxy})
+	}
+	var udp *net.UDPConn
+	if a := b.cfg.ListenAddr; a.IsValid() {
+		ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.ProxyPort))))
+		if err != nil {
+			return fail(fmt.Errorf("proxy listener: %w", err))
+		}
+		b.closers = append(b.closers, ln)
+		loops = append(loops, loop{ln, b.serveProxy})
+
+		udp, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.DNSPort))))
+		if err != nil {
+			return fail(fmt.Errorf("DNS listener (UDP): %w", err))
+		}
+		b.closers = append(b.closers, udp)
+		dl, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.DNSPort))))
+		if err != nil {
+			return fail(fmt.Errorf("DNS listener (TCP): %w", err))
+		}
+		b.closers = append(b.closers, dl)
+		loops = append(loops, loop{dl, b.serveDNSTCP})
+
+		tl, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.TransparentPort))))
+		if err != nil {
+			return fail(fmt.Errorf("transparent listener: %w", err))
+		}
+		b.closers = append(b.closers, tl)
+		loops = append(loops, loop{tl, b.serveTransparent})
+	}
+	for _, l := range loops {
+		b.loops.Add(1)
+		go b.acceptLoop(l.ln, l.serve)
+	}
+	if udp != nil {
+		b.loops.Add(1)
+		go b.serveDNSUDP(udp)
+	}
+	b.log.Debug("boundary listening", "principal", b.cfg.Principal, "socket", b.cfg.SocketPath, "addr", b.cfg.ListenAddr)
+	return nil
+}
+
+func (b *Boundary) acceptLoop(ln net.Listener, serve func(net.Conn)) {
+	defer b.loops.Done()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// EMFILE and the like: wait instead of spinning.
+			b.log.Warn("boundary accept", "principal", b.cfg.Principal, "err", err)
+			time.Sleep(backoff)
+			if backoff < time.Second {
+				backoff *= 2
+			}
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		go serve(c)
+	}
+}
+
+// CloseFlows resets every open flow of this boundary (and every DNS-over-TCP
+// connection) on the sandbox side with RST and closes the far side. It
+// returns how many it closed. Listeners stay open.
+func (b *Boundary) CloseFlows() int {
+	b.mu.Lock()
+	fs := make([]*flow, 0, len(b.flows))
+	for f := range b.flows {
+		fs = append(fs, f)
+	}
+	b.mu.Unlock()
+	n := 0
+	for _, f := range fs {
+		if f.abort() {
+			n++
+		}
+	}
+	return n
+}
+
+// Close closes the listeners, resets every flow and removes the Unix socket.
+func (b *Boundary) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	closers := b.closers
+	b.closers = nil
+	b.mu.Unlock()
+	var errs []error
+	for _, c := range closers {
+		if err := c.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	b.CloseFlows()
+	b.loops.Wait()
+	if b.sockPath != "" {
+		if err := os.Remove(b.sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Lookup returns the name a synthetic address was answered for.
+func (b *Boundary) Lookup(addr netip.Addr) (string, bool) { return b.synth.lookup(addr) }
+
+func (b *Boundary) policy() *policy.Policy {
+	if b.cfg.Policy != nil {
+		if p := b.cfg.Policy(); p != nil {
+			return p
+		}
+	}
+	return emptyPolicy
+}
+
+var emptyPolicy = policy.Empty()
+
+// flow is one connection from the sandbox.
+type flow struct {
+	c       net.Conn // the sandbox's side
+	counted bool     // a proxy or transparent flow (active gauge), not DNS
+
+	mu      sync.Mutex
+	aborted bool
+	far     []io.Closer
+}
+
+// track registers c; nil if the boundary is closed (c is then reset).
+func (b *Boundary) track(c net.Conn, counted bool) *flow {
+	f := &flow{c: c, counted: counted}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		resetClose(c)
+		return nil
+	}
+	b.flows[f] = struct{}{}
+	b.mu.Unlock()
+	if counted {
+		b.st.active.Add(1)
+		b.m.activeAdd(1)
+	}
+	return f
+}
+
+func (b *Boundary) untrack(f *flow) {
+	b.mu.Lock()
+	delete(b.flows, f)
+	b.mu.Unlock()
+	if f.counted {
+		b.st.active.Add(-1)
+		b.m.activeAdd(-1)
+	}
+}
+
+// addFar registers a connection on the far side, so that abort closes it.
+// It returns false (and closes c) if the flow was aborted already.
+func (f *flow) addFar(c io.Closer) bool {
+	f.mu.Lock()
+	if f.aborted {
+		f.mu.Unlock()
+		c.Close()
+		return false
+	}
+	f.far = append(f.far, c)
+	f.mu.Unlock()
+	return true
+}
+
+func (f *flow) isAborted() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.aborted
+}
+
+// abort resets the sandbox's side and closes the far side, at once. It
+// reports whether this call did it.
+func (f *flow) abort() bool {
+	f.mu.Lock()
+	if f.aborted {
+		f.mu.Unlock()
+		return false
+	}
+	f.aborted = true
+	far := f.far
+	f.far = nil
+	f.mu.Unlock()
+	resetClose(f.c)
+	for _, c := range far {
+		c.Close()
+	}
+	return true
+}
+
+// end finishes a flow normally: it waits (bounded) until the sandbox has
+// acknowledged every byte written to it, so the reset does not discard
+// them, then resets.
+func (f *flow) end() {
+	if !f.isAborted() {
+		waitSent(f.c, 2*time.Second)
+	}
+	f.abort()
+}
+
+// counters are one boundary's statistics.
+type counters struct {
+	flows           [nRoutes][nOutcomes]atomic.Uint64
+	refusals        atomic.Uint64
+	handshakeErrors atomic.Uint64
+	meshForwarded   atomic.Uint64
+	meshRefused     atomic.Uint64
+	meshErrors      atomic.Uint64
+	stripped        atomic.Uint64
+	dns             [nDNSAnswers]atomic.Uint64
+	active          atomic.Int64
+	admissions      atomic.Uint64
+	admissionNanos  atomic.Int64
+}
+
+// Stats are a boundary's counters since New.
+type Stats struct {
+	// Flows counts flows by "route/outcome" (e.g. "mesh/allowed",
+	// "external/denied"); every combination is present.
+	Flows map[string]uint64
+	// Totals of Flows by outcome, over all routes.
+	Allowed, Denied, Refused, Unreachable, Errors uint64
+	// Refusals counts what the boundary turned away: flows policy denied,
+	// transparent flows to unknown addresses, and mesh requests to paths
+	// an agent may not use.
+	Refusals uint64
+	// HandshakeErrors counts connections that never named a destination
+	// (garbage, timeouts, failed authentication, unsupported commands).
+	HandshakeErrors uint64
+	// Active is the number of flows open now.
+	Active int64
+	// MeshForwarded, MeshRefused and MeshErrors count HTTP requests on
+	// mesh flows: forwarded to the node, refused (403/405), failed (502).
+	MeshForwarded, MeshRefused, MeshErrors uint64
+	// HeadersStripped counts mesh requests that carried identity or
+	// credential headers, which were removed.
+	HeadersStripped uint64
+	// DNS answers: a synthetic address (or an empty answer for a granted
+	// name), REFUSED (or FORMERR, NOTIMP, SERVFAIL), NXDOMAIN.
+	DNSSynthetic, DNSRefused, DNSNXDomain uint64
+	// Admissions and AdmissionTime: flows decided, and the total time spent
+	// classifying, deciding and opening their upstream.
+	Admissions    uint64
+	AdmissionTime time.Duration
+}
+
+// Stats returns the boundary's counters.
+func (b *Boundary) Stats() Stats {
+	s := Stats{Flows: make(map[string]uint64, int(nRoutes)*int(nOutcomes))}
+	for r := route(0); r < nRoutes; r++ {
+		for o := outcome(0); o < nOutcomes; o++ {
+			n := b.st.flows[r][o].Load()
+			s.Flows[routeNames[r]+"/"+outcomeNames[o]] = n
+			switch o {
+			case outAllowed:
+				s.Allowed += n
+			case outDenied:
+				s.Denied += n
+			case outRefused:
+				s.Refused += n
+			case outUnreachable:
+				s.Unreachable += n
+			case outError:
+				s.Errors += n
+			}
+		}
+	}
+	s.Refusals = b.st.refusals.Load()
+	s.HandshakeErrors = b.st.handshakeErrors.Load()
+	s.Active = b.st.active.Load()
+	s.MeshForwarded = b.st.meshForwarded.Load()
+	s.MeshRefused = b.st.meshRefused.Load()
+	s.MeshErrors = b.st.meshErrors.Load()
+	s.HeadersStripped = b.st.stripped.Load()
+	s.DNSSynthetic = b.st.dns[dnsSynthetic].Load()
+	s.DNSRefused = b.st.dns[dnsRefused].Load()
+	s.DNSNXDomain = b.st.dns[dnsNXDomain].Load()
+	s.Admissions = b.st.admissions.Load()
+	s.AdmissionTime = time.Duration(b.st.admissionNanos.Load())
+	return s
+}
+
+func (b *Boundary) countFlow(r route, o outcome) {
+	b.st.flows[r][o].Add(1)
+	b.m.flow(r, o)
+	if o == outDenied || (r == routeTransparentUnknown && o == outRefused) {
+		b.refusal()
+	}
+}
+
+func (b *Boundary) refusal() {
+	b.st.refusals.Add(1)
+	b.m.refusal()
+}
+
+func (b *Boundary) handshakeError(c net.Conn, err error) {
+	b.st.handshakeErrors.Add(1)
+	b.m.handshakeError()
+	b.log.Debug("boundary handshake failed", "principal", b.cfg.Principal, "remote", c.RemoteAddr(), "err", err)
+}

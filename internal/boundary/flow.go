@@ -1,0 +1,353 @@
+package boundary
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"sandstorm/internal/policy"
+)
+
+var noDeadline time.Time
+
+// serveProxy takes a connection on the socket or the proxy port and sniffs
+// its first byte: 0x05 is SOCKS5, anything else HTTP.
+func (b *Boundary) serveProxy(c net.Conn) {
+	f := b.track(c, true)
+	if f == nil {
+		return
+	}
+	defer b.untrack(f)
+	c.SetDeadline(time.Now().Add(b.cfg.HandshakeTimeout))
+	var first [1]byte
+	if _, err := io.ReadFull(c, first[:]); err != nil {
+		b.handshakeError(c, err)
+		f.abort()
+		return
+	}
+	r := &prefixReader{first: first[0], r: c}
+	if first[0] == socksVersion {
+		b.serveSOCKS(f, r)
+	} else {
+		b.serveHTTP(f, r)
+	}
+}
+
+// prefixReader yields one byte already read, then r.
+type prefixReader struct {
+	first byte
+	done  bool
+	r     io.Reader
+}
+
+func (p *prefixReader) Read(buf []byte) (int, error) {
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	if !p.done {
+		p.done = true
+		buf[0] = p.first
+		return 1, nil
+	}
+	return p.r.Read(buf)
+}
+
+// admission is the verdict on a flow and, when allowed, its open upstream.
+type admission struct {
+	dest           policy.Dest
+	route          route
+	out            outcome
+	err            error
+	far            net.Conn // the upstream (the mesh for mesh names)
+	timeout        bool
+	netUnreachable bool
+}
+
+var (
+	errMeshUnreachable = errors.New("mesh unreachable: no sam-node configured")
+	errFlowClosed      = errors.New("flow closed")
+)
+
+// admit classifies host, decides it for the principal under the policy in
+// force and, only if allowed, opens the upstream: the mesh for mesh names,
+// the resolved destination for external ones. The time from classification
+// to an open upstream (or a verdict) is the admission time.
+func (b *Boundary) admit(f *flow, host string, port uint16) admission {
+	start := time.Now()
+	a := b.decide(host)
+	if a.out == outAllowed {
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
+		if a.dest.Kind == policy.KindExternal {
+			b.dialExternal(ctx, &a, port)
+		} else {
+			b.dialMesh(ctx, &a)
+		}
+		cancel()
+		if a.far != nil && !f.addFar(a.far) {
+			a.far = nil
+			a.out, a.err = outError, errFlowClosed
+		}
+	}
+	d := time.Since(start)
+	b.st.admissions.Add(1)
+	b.st.admissionNanos.Add(int64(d))
+	b.m.observeAdmission(d)
+	b.countFlow(a.route, a.out)
+	if a.out != outAllowed {
+		b.log.Debug("boundary flow not admitted", "principal", b.cfg.Principal, "route", routeNames[a.route], "outcome", outcomeNames[a.out], "host", host, "port", port, "err", a.err)
+	}
+	return a
+}
+
+// decide is the verdict alone: no I/O.
+func (b *Boundary) decide(host string) admission {
+	a := admission{route: routeExternal}
+	d, err := policy.Classify(host)
+	if err == nil && d.IsIP {
+		// A synthetic address the agent resolved through this boundary
+		// (a SOCKS client resolving locally) stands for its name.
+		if ip, perr := netip.ParseAddr(d.Host); perr == nil {
+			if name, ok := b.synth.lookup(ip); ok {
+				d, err = policy.Classify(name)
+			}
+		}
+	}
+	if err != nil {
+		a.out, a.err = outDenied, err
+		return a
+	}
+	a.dest = d
+	a.route = routeOf(d.Kind)
+	if ok, reason := b.policy().Decide(b.cfg.Principal, d); !ok {
+		a.out, a.err = outDenied, errors.New(reason)
+		return a
+	}
+	a.out = outAllowed
+	return a
+}
+
+func routeOf(k policy.Kind) route {
+	switch k {
+	case policy.KindMesh:
+		return routeMesh
+	case policy.KindService:
+		return routeService
+	default:
+		return routeExternal
+	}
+}
+
+func (b *Boundary) dialMesh(ctx context.Context, a *admission) {
+	if b.cfg.Mesh == nil {
+		a.out, a.err = outUnreachable, errMeshUnreachable
+		return
+	}
+	c, err := b.cfg.Mesh(ctx)
+	if err != nil {
+		a.out, a.err = outUnreachable, fmt.Errorf("mesh unreachable: %w", err)
+		a.timeout = errors.Is(err, context.DeadlineExceeded)
+		return
+	}
+	a.far = c
+}
+
+// dialExternal resolves an allowed name (an IP literal is its own address)
+// and dials its addresses in turn.
+func (b *Boundary) dialExternal(ctx context.Context, a *admission, port uint16) {
+	var addrs []netip.Addr
+	if a.dest.IsIP {
+		ip, err := netip.ParseAddr(a.dest.Host)
+		if err != nil {
+			a.out, a.err = outError, err
+			return
+		}
+		addrs = []netip.Addr{ip}
+	} else {
+		var err error
+		addrs, err = b.cfg.Resolve(ctx, a.dest.Host)
+		if err != nil || len(addrs) == 0 {
+			if err == nil {
+				err = fmt.Errorf("%s has no address", a.dest.Host)
+			}
+			a.out, a.err = outUnreachable, err
+			a.timeout = errors.Is(err, context.DeadlineExceeded)
+			return
+		}
+	}
+	if port == 0 {
+		a.out, a.err = outUnreachable, errors.New("port 0")
+		return
+	}
+	var last error
+	for i, ip := range addrs {
+		if i == 4 {
+			break
+		}
+		c, err := b.cfg.Dial(ctx, "tcp", netip.AddrPortFrom(ip.Unmap(), port).String())
+		if err == nil {
+			a.far = c
+			return
+		}
+		last = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	a.err = last
+	switch {
+	case errors.Is(last, syscall.ECONNREFUSED):
+		a.out = outRefused
+	case errors.Is(last, syscall.ENETUNREACH):
+		a.out, a.netUnreachable = outUnreachable, true
+	case errors.Is(last, syscall.EHOSTUNREACH):
+		a.out = outUnreachable
+	case errors.Is(last, context.DeadlineExceeded) || isTimeout(last):
+		a.out, a.timeout = outUnreachable, true
+	default:
+		a.out = outError
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// run carries an admitted flow: mesh names are served as HTTP by the
+// boundary, external destinations are spliced. prefix holds bytes the
+// agent sent after its handshake that were already read.
+func (b *Boundary) run(f *flow, a *admission, prefix []byte) {
+	if a.dest.Kind == policy.KindExternal {
+		b.splice(f, a.far, prefix)
+		return
+	}
+	b.serveMesh(f, a, prefix)
+}
+
+// splice copies both ways until the far side is done, then resets the
+// sandbox's side once it has everything. A half-close from the sandbox is
+// passed on to the far side; a half-close from the far side is not passed
+// to the sandbox (that would be a FIN).
+func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) {
+	if len(prefix) > 0 {
+		if _, err := far.Write(prefix); err != nil {
+			f.abort()
+			return
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := io.Copy(far, f.c) // sandbox → far (splice(2) where both are sockets)
+		if err != nil {
+			f.abort()
+			return
+		}
+		if cw, ok := far.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+	}()
+	io.Copy(f.c, far) // far → sandbox
+	f.end()
+	<-done
+}
+
+// resetClose closes c; a TCP connection with RST (SO_LINGER 0), so the
+// sandbox's endpoint goes straight to CLOSED.
+func resetClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// waitSent waits, at most max, until the peer has acknowledged every byte
+// written to c (SIOCOUTQ is 0), so that a reset does not throw them away.
+func waitSent(c net.Conn, max time.Duration) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return
+	}
+	deadline := time.Now().Add(max)
+	pause := 200 * time.Microsecond
+	for {
+		n, ierr := 0, error(nil)
+		if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil {
+			return
+		}
+		if ierr != nil || n == 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(pause)
+		if pause < 20*time.Millisecond {
+			pause *= 2
+		}
+	}
+}
+
+// soOriginalDst is SO_ORIGINAL_DST from <linux/netfilter_ipv4.h>.
+const soOriginalDst = 80
+
+// originalDst returns where a redirected connection was addressed before
+// nftables redirected it to the transparent listener.
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, errors.New("not a TCP connection")
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var m *unix.IPv6Mreq
+	var gerr error
+	// The usual trick: IPv6Mreq is large enough to hold the sockaddr_in
+	// the kernel writes.
+	if err := rc.Control(func(fd uintptr) { m, gerr = unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, soOriginalDst) }); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if gerr != nil {
+		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", gerr)
+	}
+	raw := m.Multiaddr
+	port := uint16(raw[2])<<8 | uint16(raw[3])
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{raw[4], raw[5], raw[6], raw[7]}), port), nil
+}
+
+// serveTransparent takes a connection the node redirected from a synthetic
+// address: the synthetic address names the destination.
+func (b *Boundary) serveTransparent(c net.Conn) {
+	f := b.track(c, true)
+	if f == nil {
+		return
+	}
+	defer b.untrack(f)
+	dst, err := originalDst(c)
+	name, ok := "", false
+	if err == nil {
+		name, ok = b.synth.lookup(dst.Addr())
+	}
+	if !ok {
+		b.countFlow(routeTransparentUnknown, outRefused)
+		b.log.Debug("boundary transparent flow to an unknown address refused", "principal", b.cfg.Principal, "dst", dst, "err", err)
+		f.abort()
+		return
+	}
+	a := b.admit(f, name, dst.Port())
+	if a.out != outAllowed {
+		f.abort()
+		return
+	}
+	b.run(f, &a, nil)
+}

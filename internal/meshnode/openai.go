@@ -1,0 +1,237 @@
+package meshnode
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// model is the OpenAI model object.
+type model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+type modelList struct {
+	Object string  `json:"object"`
+	Data   []model `json:"data"`
+}
+
+// visibleModels are the served models principal may use (and, for a
+// narrowed request, only the one it was narrowed to).
+func (n *Node) visibleModels(principal string, svc service) []model {
+	g := n.policy.Current().For(principal)
+	out := []model{}
+	if svc.kind == "mcp" {
+		return out
+	}
+	for _, name := range n.models {
+		if svc.kind == "inference" && name != svc.name {
+			continue
+		}
+		if g.Model(name) {
+			out = append(out, model{ID: name, Object: "model", OwnedBy: n.byModel[name][0].Name})
+		}
+	}
+	return out
+}
+
+func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal string, svc service) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET")
+		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use GET")
+		return
+	}
+	if svc.kind == "mcp" {
+		writeError(w, http.StatusForbidden, "permission_error", "wrong_service",
+			fmt.Sprintf("this endpoint is the MCP server %q; it serves no models", svc.name))
+		return
+	}
+	if name, one := strings.CutPrefix(r.URL.Path, "/v1/models/"); one {
+		if code, msg := n.modelAllowed(principal, svc, name); code != 0 {
+			writeError(w, code, errType(code), errCode(code), msg)
+			return
+		}
+		writeJSON(w, http.StatusOK, model{ID: name, Object: "model", OwnedBy: n.byModel[name][0].Name})
+		return
+	}
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: n.visibleModels(principal, svc)})
+}
+
+// modelAllowed decides on a model before anything is dialled. A model
+// that is not granted is refused the same way whether or not it exists.
+func (n *Node) modelAllowed(principal string, svc service, name string) (int, string) {
+	switch {
+	case name == "":
+		return http.StatusBadRequest, "no model: the request body must name a model (GET /v1/models lists the ones you may use)"
+	case svc.kind == "mcp":
+		return http.StatusForbidden, fmt.Sprintf("this endpoint is the MCP server %q; it serves no models", svc.name)
+	case svc.kind == "inference" && name != svc.name:
+		return http.StatusForbidden, fmt.Sprintf("this endpoint serves only the model %q, not %q", svc.name, name)
+	case !n.policy.Current().For(principal).Model(name):
+		return http.StatusForbidden, fmt.Sprintf("model %q is not granted to principal %q; GET /v1/models lists the models you may use", name, principal)
+	case len(n.byModel[name]) == 0:
+		return http.StatusNotFound, fmt.Sprintf("model %q is not served by any provider of this mesh node; GET /v1/models lists the models you may use", name)
+	}
+	return 0, ""
+}
+
+func errType(code int) string {
+	switch code {
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound, http.StatusBadRequest:
+		return "invalid_request_error"
+	default:
+		return "api_error"
+	}
+}
+
+func errCode(code int) string {
+	switch code {
+	case http.StatusForbidden:
+		return "model_not_granted"
+	case http.StatusNotFound:
+		return "model_not_found"
+	case http.StatusBadRequest:
+		return "invalid_request"
+	default:
+		return "error"
+	}
+}
+
+// serveInference routes a completion request by its model to the first
+// provider, in rank order, that answers it.
+func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal string, svc service, path string) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, n.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+				fmt.Sprintf("request body exceeds %d bytes", mbe.Limit))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "could not read the request body")
+		return
+	}
+	var head struct {
+		Model  string `json:"model"`
+		Stream bool   `json:"stream"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "the request body is not a JSON object with a string \"model\": "+err.Error())
+		return
+	}
+	if code, msg := n.modelAllowed(principal, svc, head.Model); code != 0 {
+		if code == http.StatusForbidden && n.byModel[head.Model] != nil {
+			n.m.modelRequests.WithLabelValues(head.Model, "denied").Inc()
+		}
+		n.log.Debug("meshnode: inference refused", "principal", principal, "status", code)
+		writeError(w, code, errType(code), errCode(code), msg)
+		return
+	}
+
+	var last string
+	for _, p := range n.byModel[head.Model] {
+		resp, err := n.attempt(r.Context(), p, path, body, r.Header)
+		if err != nil {
+			if r.Context().Err() != nil {
+				n.m.providerAttempts.WithLabelValues(p.Name, "canceled").Inc()
+				return // the agent went away
+			}
+			n.m.providerAttempts.WithLabelValues(p.Name, "connect_error").Inc()
+			n.log.Warn("meshnode: provider unreachable; trying the next", "provider", p.Name, "err", err)
+			last = fmt.Sprintf("provider %q unreachable", p.Name)
+			continue
+		}
+		if resp.StatusCode >= 500 {
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			n.m.providerAttempts.WithLabelValues(p.Name, "server_error").Inc()
+			n.log.Warn("meshnode: provider failed; trying the next", "provider", p.Name, "status", resp.StatusCode)
+			last = fmt.Sprintf("provider %q answered %d", p.Name, resp.StatusCode)
+			continue
+		}
+		outcome := "ok"
+		if resp.StatusCode >= 400 {
+			outcome = "client_error"
+		}
+		n.m.providerAttempts.WithLabelValues(p.Name, outcome).Inc()
+		n.m.modelRequests.WithLabelValues(head.Model, "served").Inc()
+		n.relay(w, resp, p)
+		return
+	}
+	n.m.modelRequests.WithLabelValues(head.Model, "unavailable").Inc()
+	writeError(w, http.StatusBadGateway, "api_error", "upstream_unavailable",
+		fmt.Sprintf("no provider of model %q could serve the request (last: %s); try again later", head.Model, last))
+}
+
+// attempt sends the request to one provider. Only the headers an
+// OpenAI-compatible server needs go upstream: never the agent's
+// Authorization, never an X-Sam-* header.
+func (n *Node) attempt(ctx context.Context, p *provider, path string, body []byte, in http.Header) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if a := in.Get("Accept"); a != "" {
+		req.Header.Set("Accept", a)
+	} else {
+		req.Header.Set("Accept", "application/json")
+	}
+	req.Header.Set("User-Agent", "sam-node")
+	if p.key != "" {
+		req.Header.Set("Authorization", "Bearer "+p.key)
+	}
+	return n.upstream.Do(req)
+}
+
+// hop-by-hop and other headers that must not be relayed to the agent.
+var dropResponseHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Connection": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Content-Length": true, "Set-Cookie": true, "Alt-Svc": true,
+}
+
+// relay copies the provider's answer to the agent, flushing after every
+// read so that a stream reaches the agent as it is produced.
+func (n *Node) relay(w http.ResponseWriter, resp *http.Response, p *provider) {
+	defer resp.Body.Close()
+	for k, vs := range resp.Header {
+		if dropResponseHeaders[http.CanonicalHeaderKey(k)] {
+			continue
+		}
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		nr, err := resp.Body.Read(buf)
+		if nr > 0 {
+			if _, werr := w.Write(buf[:nr]); werr != nil {
+				return // the agent went away; the deferred Close ends the upstream request
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			if err != io.EOF {
+				n.log.Warn("meshnode: provider stream broke off", "provider", p.Name, "err", err)
+			}
+			return
+		}
+	}
+}

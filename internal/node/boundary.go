@@ -1,0 +1,104 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"sandstorm/internal/boundary"
+	"sandstorm/internal/netns"
+	"sandstorm/internal/policy"
+	"sandstorm/internal/store"
+)
+
+// SAM is how the node's sandboxes reach the world: each gets a boundary of
+// its own (internal/boundary) on the host end of its veth, deciding every
+// flow for the sandbox's principal under Policy. All boundaries of the node
+// live in this process, so an additional sandbox costs its listeners and
+// maps, not a process.
+type SAM struct {
+	// Policy returns the policy in force; nil (or nil result) denies all.
+	Policy func() *policy.Policy
+	// Mesh dials the local sam-node's agent listener; nil: no mesh.
+	Mesh func(ctx context.Context) (net.Conn, error)
+	// Metrics is shared by every boundary; nil: none.
+	Metrics *boundary.Metrics
+	// Firewall has the ports and synthetic pool the boundaries use.
+	Firewall netns.Firewall
+}
+
+// PrincipalOf is who sb is: its own principal, else its name.
+func PrincipalOf(sb store.Sandbox) string {
+	if sb.Principal != "" {
+		return sb.Principal
+	}
+	return sb.Name
+}
+
+// boundaryUp starts sb's boundary on the host end of its veth (which must
+// exist) and on <sandbox dir>/agent.sock, replacing a running one.
+func (n *Node) boundaryUp(sb store.Sandbox) error {
+	n.boundaryDown(sb.ID)
+	nw, err := n.Net(sb.ID, sb.Slot)
+	if err != nil {
+		return err
+	}
+	fw := n.cfg.SAM.Firewall
+	b, err := boundary.New(boundary.Config{
+		Principal:       PrincipalOf(sb),
+		Policy:          n.cfg.SAM.Policy,
+		Mesh:            n.cfg.SAM.Mesh,
+		SocketPath:      filepath.Join(string(n.dir(sb.ID)), "agent.sock"),
+		ListenAddr:      nw.Host.Addr(),
+		ProxyPort:       fw.ProxyPort,
+		DNSPort:         fw.DNSPort,
+		TransparentPort: fw.TransparentPort,
+		Synthetic:       fw.Synthetic,
+		Metrics:         n.cfg.SAM.Metrics,
+		Log:             n.log.With("sandbox", sb.ID, "principal", PrincipalOf(sb)),
+	})
+	if err != nil {
+		return fmt.Errorf("boundary of %s: %w", sb.ID, err)
+	}
+	if err := b.Start(); err != nil {
+		b.Close()
+		return fmt.Errorf("boundary of %s: %w", sb.ID, err)
+	}
+	n.bmu.Lock()
+	n.boundaries[sb.ID] = b
+	n.bmu.Unlock()
+	return nil
+}
+
+// boundaryDown closes sb's boundary: every flow reset, listeners closed.
+// Called before a checkpoint (gVisor cannot save an established TCP
+// endpoint) and when the sandbox's network goes away.
+func (n *Node) boundaryDown(id string) {
+	n.bmu.Lock()
+	b := n.boundaries[id]
+	delete(n.boundaries, id)
+	n.bmu.Unlock()
+	if b != nil {
+		b.Close()
+	}
+}
+
+// BoundarySocket returns the host-side Unix socket of sandbox id's boundary.
+func (n *Node) BoundarySocket(id string) string {
+	return filepath.Join(string(n.dir(id)), "agent.sock")
+}
+
+// writeResolvConf points the sandbox's resolver at its boundary. It is
+// written into the overlay (the sandbox's volume), never the template.
+func (l layout) writeResolvConf(host netip.Addr) error {
+	etc := filepath.Join(l.rootfs(), "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(etc, "resolv.conf")
+	os.Remove(path) // a symlink in the template must not be written through
+	return os.WriteFile(path, []byte("nameserver "+host.String()+"\noptions ndots:0\n"), 0o644)
+}

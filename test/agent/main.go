@@ -1,0 +1,224 @@
+// Command agent is the unmodified agent the end-to-end tests run inside a
+// Sandstorm sandbox: it uses the ordinary OpenAI and MCP Go SDKs with no
+// proxy settings, asks for http://mesh.sam.alt like any program would, and
+// reports what it got. It serves HTTP on :8000 so the test drives it through
+// the sandbox's gateway:
+//
+//	GET /run?model=M&denied_model=D&tool=T&tool_args={"message":"hi"}&denied_tool=U
+//	GET /probe?kind=tcp&addr=host:port     (a TCP connect, 2 s timeout)
+//	GET /probe?kind=dns&name=N             (resolve through the sandbox's resolver)
+//	GET /probe?kind=udpdns&server=IP:53&name=N (a DNS query sent to a server of its choosing)
+//	GET /probe?kind=http&url=U&header=K:V  (a plain HTTP GET)
+//
+// Every answer is JSON. Nothing in here is SAM-specific, which is the point.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+const mesh = "http://mesh.sam.alt"
+
+type result struct {
+	Models       []string `json:"models,omitempty"`
+	Chat         string   `json:"chat,omitempty"`
+	StreamChunks int      `json:"stream_chunks,omitempty"`
+	Stream       string   `json:"stream,omitempty"`
+	DeniedModel  string   `json:"denied_model_error,omitempty"`
+	Tools        []string `json:"tools,omitempty"`
+	ToolResult   string   `json:"tool_result,omitempty"`
+	DeniedTool   string   `json:"denied_tool_result,omitempty"`
+	DeniedToolIs bool     `json:"denied_tool_is_error,omitempty"`
+	Errors       []string `json:"errors,omitempty"`
+}
+
+func main() {
+	http.HandleFunc("/run", run)
+	http.HandleFunc("/probe", probe)
+	http.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	log.Fatal(http.ListenAndServe(":8000", nil))
+}
+
+func reply(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+func run(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
+	defer cancel()
+	var res result
+	fail := func(what string, err error) { res.Errors = append(res.Errors, what+": "+err.Error()) }
+
+	// A fresh transport: the SDKs' flows are new connections each run.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	oc := openai.NewClient(option.WithBaseURL(mesh+"/v1"), option.WithAPIKey("none"), option.WithHTTPClient(hc), option.WithMaxRetries(0))
+	page, err := oc.Models.List(ctx)
+	if err != nil {
+		fail("models", err)
+	} else {
+		for _, m := range page.Data {
+			res.Models = append(res.Models, m.ID)
+		}
+	}
+	if model := q.Get("model"); model != "" {
+		c, err := oc.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model:    model,
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello from the sandbox")},
+		})
+		if err != nil {
+			fail("chat", err)
+		} else if len(c.Choices) > 0 {
+			res.Chat = c.Choices[0].Message.Content
+		}
+		st := oc.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+			Model:    model,
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("stream please")},
+		})
+		var b strings.Builder
+		for st.Next() {
+			ch := st.Current()
+			if len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
+				res.StreamChunks++
+				b.WriteString(ch.Choices[0].Delta.Content)
+			}
+		}
+		if err := st.Err(); err != nil {
+			fail("stream", err)
+		}
+		res.Stream = b.String()
+	}
+	if dm := q.Get("denied_model"); dm != "" {
+		_, err := oc.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model:    dm,
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+		})
+		var apiErr *openai.Error
+		switch {
+		case errors.As(err, &apiErr):
+			res.DeniedModel = fmt.Sprintf("%d %s", apiErr.StatusCode, apiErr.Message)
+		case err != nil:
+			res.DeniedModel = "transport: " + err.Error()
+		default:
+			res.DeniedModel = "allowed"
+		}
+	}
+
+	client := mcp.NewClient(&mcp.Implementation{Name: "sandbox-agent", Version: "1"}, nil)
+	sess, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: mesh + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		fail("mcp connect", err)
+		reply(w, res)
+		return
+	}
+	defer sess.Close()
+	tools, err := sess.ListTools(ctx, nil)
+	if err != nil {
+		fail("tools/list", err)
+	} else {
+		for _, t := range tools.Tools {
+			res.Tools = append(res.Tools, t.Name)
+		}
+	}
+	if tool := q.Get("tool"); tool != "" {
+		var args map[string]any
+		json.Unmarshal([]byte(q.Get("tool_args")), &args)
+		out, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+		if err != nil {
+			fail("tools/call", err)
+		} else {
+			res.ToolResult = text(out)
+		}
+	}
+	if tool := q.Get("denied_tool"); tool != "" {
+		out, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: map[string]any{}})
+		if err != nil {
+			res.DeniedTool = "protocol error: " + err.Error()
+		} else {
+			res.DeniedTool, res.DeniedToolIs = text(out), out.IsError
+		}
+	}
+	reply(w, res)
+}
+
+func text(r *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range r.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, t.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+type probeResult struct {
+	OK     bool     `json:"ok"`
+	Status int      `json:"status,omitempty"`
+	Body   string   `json:"body,omitempty"`
+	Addrs  []string `json:"addrs,omitempty"`
+	Error  string   `json:"error,omitempty"`
+}
+
+func probe(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	var res probeResult
+	var err error
+	switch q.Get("kind") {
+	case "tcp":
+		var c net.Conn
+		c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", q.Get("addr"))
+		if err == nil {
+			c.Close()
+		}
+	case "dns":
+		var addrs []string
+		addrs, err = net.DefaultResolver.LookupHost(ctx, q.Get("name"))
+		res.Addrs = addrs
+	case "udpdns":
+		server := q.Get("server")
+		rs := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "udp", server)
+		}}
+		var addrs []string
+		addrs, err = rs.LookupHost(ctx, q.Get("name"))
+		res.Addrs = addrs
+	case "http":
+		req, _ := http.NewRequestWithContext(ctx, "GET", q.Get("url"), nil)
+		for _, h := range q["header"] {
+			if k, v, ok := strings.Cut(h, ":"); ok {
+				req.Header.Set(k, v)
+			}
+		}
+		hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		var resp *http.Response
+		if resp, err = hc.Do(req); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			res.Status, res.Body = resp.StatusCode, string(b)
+		}
+	default:
+		err = fmt.Errorf("unknown probe kind %q", q.Get("kind"))
+	}
+	if err != nil {
+		res.Error = err.Error()
+	} else {
+		res.OK = true
+	}
+	reply(w, res)
+}
