@@ -18,6 +18,7 @@ deps:
 		echo "installing:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+	@[ -d testdata/mcp/node_modules ] || npm ci --prefix testdata/mcp --no-audit --no-fund
 
 demo: deps build
 	./scripts/demo.sh
@@ -38,6 +39,8 @@ test-e2e:
 FUZZTIME ?= 10s
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzExtract -fuzztime=$(FUZZTIME) ./internal/rootfs/
+	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$(FUZZTIME) ./internal/policy/
+	$(GO) test -run='^$$' -fuzz=FuzzSOCKS5Handshake -fuzztime=$(FUZZTIME) ./internal/boundary/
 
 bench: deps build
 	$(GO) run ./bench/tiers --start --sandstormd $(BIN)

@@ -64,8 +64,8 @@ const (
 	// HeaderPrincipal names who the sandbox is. The boundary always sets
 	// it and never passes on one the agent sent.
 	HeaderPrincipal = "X-Sam-Principal"
-	// HeaderService names the mesh service a <svc>.inference.sam.alt
-	// flow was opened to ("inference://<svc>").
+	// HeaderService names the mesh service a <svc>.<type>.sam.alt flow was
+	// opened to ("inference://<svc>", "mcp://<svc>").
 	HeaderService = "X-Sam-Service"
 )
 
@@ -130,8 +130,8 @@ type Boundary struct {
 
 // New checks cfg and returns a boundary that is not listening yet.
 func New(cfg Config) (*Boundary, error) {
-	if cfg.Principal == "" {
-		return nil, errors.New("boundary: no principal")
+	if err := validPrincipal(cfg.Principal); err != nil {
+		return nil, err
 	}
 	if cfg.ProxyPort == 0 {
 		cfg.ProxyPort = DefaultProxyPort
@@ -184,6 +184,23 @@ func New(cfg Config) (*Boundary, error) {
 	return b, nil
 }
 
+// validPrincipal: the principal travels in a header to the node, so it is
+// at most 256 bytes, with no spaces or control characters.
+func validPrincipal(p string) error {
+	if p == "" {
+		return errors.New("boundary: no principal")
+	}
+	if len(p) > 256 {
+		return fmt.Errorf("boundary: principal of %d bytes (256 at most)", len(p))
+	}
+	for _, c := range []byte(p) {
+		if c < 0x21 || c == 0x7f {
+			return fmt.Errorf("boundary: principal %q has a space or control character", p)
+		}
+	}
+	return nil
+}
+
 func defaultResolve(ctx context.Context, host string) ([]netip.Addr, error) {
 	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 }
@@ -220,6 +237,10 @@ func (b *Boundary) Start() error {
 		if fi, err := os.Lstat(b.cfg.SocketPath); err == nil {
 			if fi.Mode()&os.ModeSocket == 0 {
 				return fail(fmt.Errorf("socket listener %s: a file that is not a socket is in the way", b.cfg.SocketPath))
+			}
+			if c, err := net.DialTimeout("unix", b.cfg.SocketPath, time.Second); err == nil {
+				c.Close()
+				return fail(fmt.Errorf("socket listener %s: another process is serving on it", b.cfg.SocketPath))
 			}
 			os.Remove(b.cfg.SocketPath) // stale socket of an earlier run
 		}

@@ -157,7 +157,13 @@ type meshHandler struct {
 	proxy *httputil.ReverseProxy
 }
 
-type targetKey struct{}
+type meshReqKey struct{}
+
+// meshReq is what ServeHTTP decided for the proxy's Rewrite.
+type meshReq struct {
+	target string
+	dest   policy.Dest
+}
 
 // identityHeaders are removed from every request an agent sends to the
 // mesh, besides every X-Sam-* and X-Forwarded-* header.
@@ -223,30 +229,34 @@ func cleanPath(p string) bool {
 
 func (h *meshHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b := h.b
+	dest := h.dest
 	if r.URL.Host != "" {
-		// Absolute form (the boundary as an HTTP proxy): one connection
-		// reaches the one destination it was admitted for.
+		// Absolute form: the boundary is the agent's HTTP proxy, and a
+		// client may send requests for several hosts on one connection.
+		// Mesh names are served here; anything else wants CONNECT.
 		d, err := policy.Classify(hostOnly(r.URL.Host))
-		if err != nil || d.Host != h.dest.Host {
-			h.refuse(w, http.StatusForbidden, "destination_not_allowed", "this connection was opened to "+h.dest.Host)
+		if err != nil || d.Kind == policy.KindExternal {
+			h.refuse(w, http.StatusMethodNotAllowed, "method_not_allowed", "plain HTTP is served for mesh names only; use CONNECT")
 			return
 		}
+		dest = d
 	}
 	if r.Method == http.MethodConnect {
 		h.refuse(w, http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not served on the mesh")
 		return
 	}
+	// The policy in force decides every request: it may have changed since
+	// the flow was admitted.
+	if ok, _ := b.policy().Decide(b.cfg.Principal, dest); !ok {
+		h.refuse(w, http.StatusForbidden, "destination_not_allowed", "destination not allowed for this sandbox")
+		return
+	}
 	target, ok := "", false
 	if r.URL.RawPath == "" && cleanPath(r.URL.Path) {
-		target, ok = meshTarget(h.dest, r.URL.Path)
+		target, ok = meshTarget(dest, r.URL.Path)
 	}
 	if !ok {
 		h.refuse(w, http.StatusForbidden, "path_not_allowed", "path not available to agents: "+r.URL.Path)
-		return
-	}
-	// The policy may have changed since the flow was admitted.
-	if ok, _ := b.policy().Decide(b.cfg.Principal, h.dest); !ok {
-		h.refuse(w, http.StatusForbidden, "destination_not_allowed", "destination not allowed for this sandbox")
 		return
 	}
 	if stripIdentity(r.Header) {
@@ -254,7 +264,7 @@ func (h *meshHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	b.st.meshForwarded.Add(1)
 	b.m.meshRequest(meshForwarded)
-	h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+	h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), meshReqKey{}, meshReq{target: target, dest: dest})))
 }
 
 func hostOnly(hostport string) string {
@@ -265,14 +275,17 @@ func hostOnly(hostport string) string {
 }
 
 func (h *meshHandler) rewrite(pr *httputil.ProxyRequest) {
-	target, _ := pr.In.Context().Value(targetKey{}).(string)
+	mr, _ := pr.In.Context().Value(meshReqKey{}).(meshReq)
 	u := pr.Out.URL
-	u.Scheme, u.Host, u.Path, u.RawPath, u.Opaque, u.User = "http", policy.MeshHost, target, "", "", nil
+	u.Scheme, u.Host, u.Path, u.RawPath, u.Opaque, u.User = "http", policy.MeshHost, mr.target, "", "", nil
 	pr.Out.Host = policy.MeshHost
 	stripIdentity(pr.Out.Header) // again: the proxy's own additions, if any
+	pr.Out.Trailer = nil         // nor may identity arrive as a trailer
 	pr.Out.Header.Set(HeaderPrincipal, h.b.cfg.Principal)
-	if h.dest.Type == "inference" {
-		pr.Out.Header.Set(HeaderService, "inference://"+h.dest.Service)
+	if mr.dest.Kind == policy.KindService {
+		// <svc>.inference.sam.alt or <svc>.mcp.sam.alt: the node sees only
+		// that service.
+		pr.Out.Header.Set(HeaderService, mr.dest.Type+"://"+mr.dest.Service)
 	}
 }
 

@@ -56,7 +56,7 @@ var (
 // code to send before closing (0 for none: the peer is not speaking SOCKS5
 // or already got its answer).
 func socksHandshake(r io.Reader, w io.Writer, users map[string]string) (req socksRequest, rep byte, err error) {
-	var buf [256]byte
+	var buf [512]byte // the longest read is a 255-byte name and its port
 	// Greeting: VER NMETHODS METHODS...
 	if _, err := io.ReadFull(r, buf[:2]); err != nil {
 		return req, 0, err
@@ -134,7 +134,7 @@ func socksHandshake(r io.Reader, w io.Writer, users map[string]string) (req sock
 }
 
 // socksUserPass is RFC 1929: VER ULEN UNAME PLEN PASSWD.
-func socksUserPass(r io.Reader, w io.Writer, users map[string]string, buf *[256]byte) error {
+func socksUserPass(r io.Reader, w io.Writer, users map[string]string, buf *[512]byte) error {
 	if _, err := io.ReadFull(r, buf[:2]); err != nil {
 		return err
 	}
@@ -221,11 +221,9 @@ func (b *Boundary) serveSOCKS(f *flow, r io.Reader) {
 		f.end()
 		return
 	}
-	var bound net.Addr
-	if a.far != nil {
-		bound = a.far.LocalAddr()
-	}
-	if err := writeSOCKSReply(f.c, socksSucceeded, bound); err != nil {
+	// BND.ADDR stays 0.0.0.0:0: the host's own addresses are none of the
+	// sandbox's business.
+	if err := writeSOCKSReply(f.c, socksSucceeded, nil); err != nil {
 		f.abort()
 		return
 	}

@@ -47,6 +47,22 @@ class Handler(BaseHTTPRequestHandler):
             if heap is not None:
                 body += " heap_bytes=%d" % heap.nbytes
             self._reply(200, body + "\n")
+        elif path == "/fetch":
+            # GET /fetch?url=U: fetch U the way any program would (the
+            # sandbox's resolver and default route, no proxy settings) and
+            # answer "<status> <body>". Egress goes through the sandbox's
+            # boundary, so this shows what the boundary lets through.
+            from urllib.parse import parse_qs, urlsplit
+            import urllib.request, urllib.error
+            url = parse_qs(urlsplit(self.path).query).get("url", [""])[0]
+            try:
+                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+                with opener.open(url, timeout=10) as r:
+                    self._reply(200, "%d %s" % (r.status, r.read(65536).decode("utf-8", "replace")))
+            except urllib.error.HTTPError as e:
+                self._reply(200, "%d %s" % (e.code, e.read(4096).decode("utf-8", "replace")))
+            except Exception as e:
+                self._reply(200, "error %s" % e)
         elif path == "/heap" and heap is not None:
             self._reply(200, "sum=%d bytes=%d\n" % (int(heap.sum()), heap.nbytes))
         else:

@@ -143,8 +143,17 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 		http.Error(w, "session not found", http.StatusNotFound)
 		return
 	}
-	r = r.WithContext(context.WithValue(r.Context(), viewCtxKey{}, viewKey{principal, scope}))
-	h.handler.ServeHTTP(w, r)
+	ctx := context.WithValue(r.Context(), viewCtxKey{}, viewKey{principal, scope})
+	if r.Method == http.MethodGet {
+		// A standalone notification stream lasts as long as the client
+		// wants; Drain ends it.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(h.n.streams, cancel)
+		defer stop()
+	}
+	h.handler.ServeHTTP(w, r.WithContext(ctx))
 }
 
 func (h *mcpHub) sessionTag(principal, scope string) string {

@@ -54,6 +54,8 @@ type Node struct {
 
 	ctx       context.Context
 	cancel    context.CancelFunc
+	streams   context.Context // ends long-lived MCP notification streams
+	drain     context.CancelFunc
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 }
@@ -156,6 +158,7 @@ func New(cfg Config) (*Node, error) {
 	}}
 
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.streams, n.drain = context.WithCancel(context.Background())
 	n.hub = newHub(n, cfg.MCPServers)
 	if n.watcher != nil {
 		n.watcher.OnChange = func(*policy.Policy) { n.hub.syncAll() }
@@ -220,6 +223,12 @@ func (n *Node) WaitReady(ctx context.Context) error {
 	}
 }
 
+// Drain ends the long-lived MCP notification streams (GET /mcp) now and
+// from now on, so that an http.Server's Shutdown need not wait for them;
+// requests in flight are not touched. Clients re-open their streams with
+// whichever node serves next.
+func (n *Node) Drain() { n.drain() }
+
 // Close stops the policy watcher, closes the upstream MCP sessions (stdio
 // servers are stopped) and idle provider connections. Requests in flight
 // should be drained first (http.Server.Shutdown).
@@ -228,6 +237,7 @@ func (n *Node) Close() error {
 		if n.watcher != nil {
 			n.watcher.Stop()
 		}
+		n.drain()
 		n.cancel()
 		n.wg.Wait()
 		n.hub.close()
@@ -371,4 +381,3 @@ func (s *statusWriter) code() int {
 	}
 	return s.status
 }
-

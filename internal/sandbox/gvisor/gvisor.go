@@ -84,8 +84,22 @@ func (b *Backend) inNetns(ctx context.Context, netns string, args ...string) ([]
 	return out.Bytes(), nil
 }
 
-// lastLine keeps error messages short: runsc prints Go stack traces.
+// lastLine keeps error messages short: runsc prints Go stack traces. A
+// refused checkpoint says why at the end of a long dump of the endpoint;
+// that sentence is what a person needs.
 func lastLine(s string) string {
+	if strings.Contains(s, "endpoint still has waiters upon save") {
+		// runsc 2022-12 cannot save a listening socket that an epoll
+		// instance watches: every Go, Node.js or nginx server. Newer runsc
+		// can. Python's poll()-based servers checkpoint fine.
+		return "this runsc cannot checkpoint a listening socket watched by epoll (\"endpoint still has waiters upon save\"): servers written in Go, Node.js, nginx… cannot be snapshot with it; a newer runsc can"
+	}
+	if i := strings.Index(s, "save rejected"); i >= 0 {
+		s = s[i:]
+		if j := strings.Index(s, ":\n"); j > 0 {
+			s = s[:j]
+		}
+	}
 	s = strings.TrimSpace(s)
 	if i := strings.Index(s, "\n"); i >= 0 {
 		s = s[:i]

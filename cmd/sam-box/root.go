@@ -1,0 +1,464 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"sandstorm/internal/boundary"
+	"sandstorm/internal/policy"
+)
+
+type options struct {
+	principal       string
+	policy          string
+	socket          string
+	socketMode      string
+	mesh            string
+	listen          string
+	proxyPort       int
+	dnsPort         int
+	transparentPort int
+	synthetic       string
+	config          string
+	metricsAddr     string
+	policyInterval  time.Duration
+	handshake       time.Duration
+	dialTimeout     time.Duration
+	logLevel        string
+	logFormat       string
+
+	// set: which flags were given on the command line.
+	set func(name string) bool
+	// ready, if set, is called once every boundary listens (tests).
+	ready func(metricsAddr net.Addr)
+}
+
+func rootCmd() *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:   "sam-box",
+		Short: "SAM boundaries: each agent's only way out, deciding every flow by name",
+		Long: `sam-box runs the boundary of one agent (--principal), or of many agents
+served by one process (--config), as a host process. A boundary is the only
+way out of its sandbox; the principal is who the sandbox IS, and every flow
+is decided for it by the policy, on the destination's name, before anything
+is dialled.
+
+Each boundary accepts flows as SOCKS5 (RFC 1928, CONNECT; RFC 1929
+username/password when users are configured) and HTTP CONNECT on its Unix
+--socket, and, with --listen (the host side of the sandbox's veth), on
+--proxy-port, with DNS on --dns-port and the transparent listener (TCP the
+node redirects from synthetic addresses with nftables) on --transparent-port.
+
+Destinations:
+  mesh.sam.alt                 the mesh entrypoint: the boundary serves HTTP
+                               itself and forwards only /v1/models,
+                               /v1/chat/completions, /v1/completions and /mcp
+                               to the local sam-node (--mesh), setting
+                               X-Sam-Principal and removing every identity or
+                               credential header the agent sent; other paths 403
+  <svc>.mcp.sam.alt            one MCP server (forwarded to /mcp/<svc>)
+  <svc>.inference.sam.alt      one model (X-Sam-Service: inference://<svc>)
+  anything else                external: allowed only if the principal's
+                               egress allowlist names it, then resolved by the
+                               boundary and spliced
+
+Names not granted are refused alike whether or not they exist (SOCKS5 reply
+0x02, CONNECT 403, DNS NXDOMAIN). Without --policy nothing is granted. The
+policy file is reloaded when it changes; a bad file is rejected, logged, and
+the policy in force stays.
+
+Config file (--config, YAML or JSON), for many boundaries in one process:
+
+  mesh: unix:///run/sam-node.sock    # default for every boundary
+  policy: /etc/sam/policy.yaml       # default for every boundary
+  boundaries:
+    - principal: agent-a
+      socket: /run/sam/agent-a.sock
+    - principal: agent-b
+      socket: /run/sam/agent-b.sock
+      listen: 10.213.0.5             # optional, as --listen
+      proxy_port: 1080               # optional, as --proxy-port etc.
+      dns_port: 53
+      transparent_port: 15001
+      policy: /etc/sam/other.yaml    # optional, overrides the default
+      users: {agent: secret}         # optional RFC 1929 / Proxy-Authorization
+
+--mesh and --policy given on the command line override the file's defaults.
+
+Prometheus metrics (sam_box_*, plus process and Go runtime metrics) are
+served on /metrics of --metrics-addr only when it is given: any listener
+sam-box opens is one more thing reachable from wherever it is bound.
+
+SIGTERM or SIGINT resets every flow, closes the listeners, removes the
+sockets and exits 0.`,
+		Example: `  sam-box --principal agent-a --policy /etc/sam/policy.yaml \
+    --socket /run/agent.sock --mesh unix:///run/sam-node.sock
+
+  # with the sandbox-facing listeners and metrics
+  sam-box --principal agent-a --policy policy.yaml --socket /run/agent.sock \
+    --mesh unix:///run/sam-node.sock --listen 10.213.0.1 --metrics-addr 127.0.0.1:9600
+
+  # many boundaries, one process
+  sam-box --config /etc/sam/boxes.yaml --metrics-addr 127.0.0.1:9600
+
+  # what an agent does (curl 7.84 or later speaks SOCKS over a Unix socket)
+  curl --proxy socks5h://localhost/run/agent.sock http://mesh.sam.alt/v1/models`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.set = func(name string) bool { return cmd.Flags().Changed(name) }
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, o, cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.principal, "principal", "", "who the sandbox is: every flow is decided for this principal (one boundary; or use --config)")
+	f.StringVar(&o.policy, "policy", "", "policy file (YAML or JSON): roles and bindings; reloaded on change; none grants nothing")
+	f.StringVar(&o.socket, "socket", "", "Unix socket accepting SOCKS5 and HTTP CONNECT, e.g. /run/agent.sock")
+	f.StringVar(&o.socketMode, "socket-mode", "0660", "file mode of the Unix sockets (octal)")
+	f.StringVar(&o.mesh, "mesh", "", "the local sam-node's agent listener: unix:///path or tcp://host:port; none: mesh names are unreachable")
+	f.StringVar(&o.listen, "listen", "", "sandbox-facing address (host side of the sandbox's veth) for the proxy, DNS and transparent listeners")
+	f.IntVar(&o.proxyPort, "proxy-port", boundary.DefaultProxyPort, "SOCKS5 and CONNECT port on --listen")
+	f.IntVar(&o.dnsPort, "dns-port", boundary.DefaultDNSPort, "DNS port (UDP and TCP) on --listen")
+	f.IntVar(&o.transparentPort, "transparent-port", boundary.DefaultTransparentPort, "transparent listener port on --listen")
+	f.StringVar(&o.synthetic, "synthetic", boundary.DefaultSynthetic.String(), "IPv4 pool DNS answers synthetic addresses from")
+	f.StringVar(&o.config, "config", "", "file listing many boundaries served by this process (see above)")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port/metrics (off unless given)")
+	f.DurationVar(&o.policyInterval, "policy-interval", 2*time.Second, "how often policy files are checked for changes")
+	f.DurationVar(&o.handshake, "handshake-timeout", boundary.DefaultHandshakeTimeout, "longest a SOCKS5 or CONNECT handshake may take")
+	f.DurationVar(&o.dialTimeout, "dial-timeout", boundary.DefaultDialTimeout, "longest resolving and opening an upstream may take")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	return cmd
+}
+
+// fileConfig is the --config file.
+type fileConfig struct {
+	Mesh       string      `json:"mesh,omitempty"`
+	Policy     string      `json:"policy,omitempty"`
+	Boundaries []boxConfig `json:"boundaries"`
+}
+
+type boxConfig struct {
+	Principal       string            `json:"principal"`
+	Socket          string            `json:"socket,omitempty"`
+	Listen          string            `json:"listen,omitempty"`
+	ProxyPort       int               `json:"proxy_port,omitempty"`
+	DNSPort         int               `json:"dns_port,omitempty"`
+	TransparentPort int               `json:"transparent_port,omitempty"`
+	Policy          string            `json:"policy,omitempty"`
+	Users           map[string]string `json:"users,omitempty"`
+}
+
+func loadFileConfig(path string) (fileConfig, error) {
+	var fc fileConfig
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fc, fmt.Errorf("--config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(data, &fc); err != nil {
+		return fc, fmt.Errorf("--config %s: %w", path, err)
+	}
+	if len(fc.Boundaries) == 0 {
+		return fc, fmt.Errorf("--config %s: no boundaries", path)
+	}
+	return fc, nil
+}
+
+func newLogger(o options, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	switch o.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, hopts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, hopts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", o.logFormat)
+}
+
+// meshDialer turns --mesh into a dial function; "" is nil (unreachable).
+func meshDialer(spec string) (func(ctx context.Context) (net.Conn, error), error) {
+	if spec == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(spec)
+	if err != nil {
+		return nil, fmt.Errorf("--mesh %q: %w", spec, err)
+	}
+	var network, addr string
+	switch u.Scheme {
+	case "unix":
+		if u.Host != "" || u.Path == "" {
+			return nil, fmt.Errorf("--mesh %q: want unix:///absolute/path", spec)
+		}
+		network, addr = "unix", u.Path
+	case "tcp":
+		if u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return nil, fmt.Errorf("--mesh %q: want tcp://host:port", spec)
+		}
+		network, addr = "tcp", u.Host
+	case "":
+		if u.Path == "" || u.Path[0] != '/' {
+			return nil, fmt.Errorf("--mesh %q: want unix:///path or tcp://host:port", spec)
+		}
+		network, addr = "unix", u.Path
+	default:
+		return nil, fmt.Errorf("--mesh %q: want unix:///path or tcp://host:port", spec)
+	}
+	var d net.Dialer
+	return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, network, addr) }, nil
+}
+
+func run(ctx context.Context, o options, stderr io.Writer) error {
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		return err
+	}
+	if o.set == nil {
+		o.set = func(string) bool { return false }
+	}
+	mode, err := strconv.ParseUint(o.socketMode, 8, 32)
+	if err != nil || mode > 0o777 {
+		return fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", o.socketMode)
+	}
+	synthetic, err := netip.ParsePrefix(o.synthetic)
+	if err != nil {
+		return fmt.Errorf("--synthetic: %w", err)
+	}
+
+	// What to run: the command line's one boundary, or the file's many.
+	var fc fileConfig
+	switch {
+	case o.config != "" && o.principal != "":
+		return errors.New("--principal and --config are exclusive: list every boundary in the file")
+	case o.config != "":
+		if fc, err = loadFileConfig(o.config); err != nil {
+			return err
+		}
+		for _, name := range []string{"socket", "listen"} {
+			if o.set(name) {
+				return fmt.Errorf("--%s is per boundary: give it in the --config file", name)
+			}
+		}
+	case o.principal != "":
+		fc.Boundaries = []boxConfig{{Principal: o.principal, Socket: o.socket, Listen: o.listen,
+			ProxyPort: o.proxyPort, DNSPort: o.dnsPort, TransparentPort: o.transparentPort}}
+	default:
+		return errors.New("no boundary: give --principal (with --socket and/or --listen) or --config")
+	}
+	if o.set("mesh") || fc.Mesh == "" {
+		fc.Mesh = o.mesh
+	}
+	if o.set("policy") || fc.Policy == "" {
+		fc.Policy = o.policy
+	}
+	mesh, err := meshDialer(fc.Mesh)
+	if err != nil {
+		return err
+	}
+	if mesh == nil {
+		log.Warn("sam-box: no --mesh: flows to mesh names will fail as unreachable")
+	}
+
+	// Policies: one watcher per file, shared by the boundaries naming it.
+	watchers := map[string]*policy.Watcher{}
+	defer func() {
+		for _, w := range watchers {
+			w.Stop()
+		}
+	}()
+	policyFor := func(path string) (func() *policy.Policy, error) {
+		if path == "" {
+			return nil, nil // deny all
+		}
+		if w := watchers[path]; w != nil {
+			return w.Current, nil
+		}
+		w, err := policy.NewWatcher(path, log)
+		if err != nil {
+			return nil, fmt.Errorf("policy: %w", err)
+		}
+		w.Start(o.policyInterval)
+		watchers[path] = w
+		return w.Current, nil
+	}
+
+	var metrics *boundary.Metrics
+	var reg *prometheus.Registry
+	if o.metricsAddr != "" {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
+		metrics = boundary.NewMetrics(reg)
+	}
+
+	// The boundaries.
+	var boxes []*boundary.Boundary
+	closeAll := func() {
+		for _, b := range boxes {
+			if err := b.Close(); err != nil {
+				log.Warn("sam-box: closing a boundary", "principal", b.Principal(), "err", err)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for i, bc := range fc.Boundaries {
+		if bc.Principal == "" {
+			closeAll()
+			return fmt.Errorf("boundary %d: no principal", i+1)
+		}
+		if bc.Socket == "" && bc.Listen == "" {
+			closeAll()
+			return fmt.Errorf("boundary %s: give a socket and/or a listen address", bc.Principal)
+		}
+		for _, k := range []string{"socket:" + bc.Socket, "listen:" + bc.Listen} {
+			if k != "socket:" && k != "listen:" && seen[k] {
+				closeAll()
+				return fmt.Errorf("boundary %s: %s used twice", bc.Principal, k)
+			}
+			seen[k] = true
+		}
+		var listen netip.Addr
+		if bc.Listen != "" {
+			if listen, err = netip.ParseAddr(bc.Listen); err != nil {
+				closeAll()
+				return fmt.Errorf("boundary %s: listen: %w", bc.Principal, err)
+			}
+		}
+		pf := fc.Policy
+		if bc.Policy != "" {
+			pf = bc.Policy
+		}
+		pol, err := policyFor(pf)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		if pol == nil {
+			log.Warn("sam-box: no policy: this boundary grants nothing", "principal", bc.Principal)
+		}
+		b, err := boundary.New(boundary.Config{
+			Principal:        bc.Principal,
+			Policy:           pol,
+			Mesh:             mesh,
+			SocketPath:       bc.Socket,
+			ListenAddr:       listen,
+			ProxyPort:        orDefault(bc.ProxyPort, o.proxyPort),
+			DNSPort:          orDefault(bc.DNSPort, o.dnsPort),
+			TransparentPort:  orDefault(bc.TransparentPort, o.transparentPort),
+			Synthetic:        synthetic,
+			Users:            bc.Users,
+			HandshakeTimeout: o.handshake,
+			DialTimeout:      o.dialTimeout,
+			Metrics:          metrics,
+			Log:              log,
+		})
+		if err == nil {
+			err = b.Start()
+		}
+		if err != nil {
+			closeAll()
+			return err
+		}
+		boxes = append(boxes, b)
+		if bc.Socket != "" {
+			if err := os.Chmod(bc.Socket, os.FileMode(mode)); err != nil {
+				closeAll()
+				return fmt.Errorf("boundary %s: %w", bc.Principal, err)
+			}
+		}
+	}
+	defer closeAll()
+
+	// Metrics, only when asked.
+	var msrv *http.Server
+	var maddr net.Addr
+	errc := make(chan error, 1)
+	if o.metricsAddr != "" {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sam_box_boundaries",
+			Help: "Boundaries served by this process.",
+		}, func() float64 { return float64(len(boxes)) }))
+		ln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		maddr = ln.Addr()
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		go func() {
+			if err := msrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+
+	principals := make([]string, 0, len(boxes))
+	for _, b := range boxes {
+		principals = append(principals, b.Principal())
+	}
+	sort.Strings(principals)
+	attrs := []any{"boundaries", len(boxes), "mesh", fc.Mesh, "policy", fc.Policy}
+	if len(boxes) <= 8 {
+		attrs = append(attrs, "principals", principals)
+	}
+	if maddr != nil {
+		attrs = append(attrs, "metrics", maddr.String())
+	}
+	log.Info("sam-box: ready", attrs...)
+	if o.ready != nil {
+		o.ready(maddr)
+	}
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("sam-box: stopping")
+	case serveErr = <-errc:
+		log.Error("sam-box: the metrics listener failed; stopping", "err", serveErr)
+	}
+	flows := 0
+	for _, b := range boxes {
+		flows += b.CloseFlows()
+	}
+	closeAll()
+	boxes = nil
+	if msrv != nil {
+		msrv.Close()
+	}
+	log.Info("sam-box: stopped", "flows_reset", flows)
+	return serveErr
+}
+
+func orDefault(v, def int) int {
+	if v != 0 {
+		return v
+	}
+	return def
+}

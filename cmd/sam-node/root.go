@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/internal/meshnode"
+)
+
+type options struct {
+	config          string
+	policy          string
+	listen          string
+	adminAddr       string
+	socketMode      string
+	policyInterval  time.Duration
+	shutdownTimeout time.Duration
+	maxBodyBytes    int64
+	logLevel        string
+	logFormat       string
+}
+
+func rootCmd() *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:   "sam-node",
+		Short: "The mesh node next to the agents: models and MCP tools, per principal",
+		Long: `sam-node serves the agents of this machine, through their boundaries:
+
+  GET  /v1/models             the models the agent's policy grants
+  POST /v1/chat/completions   routed by model to an upstream provider (streaming too)
+  POST /v1/completions        likewise
+  /mcp                        one MCP endpoint (Streamable HTTP) aggregating the
+                              configured MCP servers; tools are named <server>__<tool>
+  /mcp/<server>               one MCP server's tools under their own names
+
+Only boundaries connect to --listen. Each request must carry X-Sam-Principal,
+set by the boundary from who the sandbox is; without it the answer is 403.
+What a principal sees and may call is decided by --policy, reloaded when the
+file changes (a bad file is rejected and the policy in force stays). Without
+--policy nothing is granted to anyone.
+
+Health (/healthz), readiness (/readyz: every MCP server connected) and
+Prometheus metrics (/metrics) are served on --admin-addr only, a TCP address
+sandboxes cannot reach; the agent listener answers those paths with 404.
+
+Config file (--config, YAML or JSON):
+
+  providers:                          # upstream OpenAI-compatible APIs
+    - name: local-vllm
+      url: http://127.0.0.1:8000/v1   # base URL; /chat/completions etc. appended
+      models: [google/gemma-2-2b-it]
+      rank: 0                         # lower is tried first; on a connection
+    - name: cloud                     # error or a 5xx the next one is tried
+      url: https://llm.example.net/v1
+      models: [google/gemma-2-2b-it]
+      rank: 10
+      api_key_file: /etc/sam/cloud.key   # mode 0600 or stricter, else sam-node
+                                         # refuses to start; sent as a bearer
+                                         # token, never logged
+  mcp_servers:
+    - name: everything                # a DNS label: a-z, 0-9, '-'
+      command: [node, /opt/mcp/server-everything/dist/index.js, stdio]
+    - name: calc
+      url: http://127.0.0.1:3001/mcp  # Streamable HTTP
+
+Policy file (--policy): roles and bindings, e.g.
+
+  roles:
+    - name: coder
+      services: ["inference://*", "mcp://everything/echo", "mcp://calc"]
+  bindings:
+    - principal: agent-a
+      roles: [coder]
+
+SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
+--shutdown-timeout), stops the stdio MCP servers and exits 0.`,
+		Example: `  sam-node --config /etc/sam/node.yaml --policy /etc/sam/policy.yaml \
+    --listen unix:///run/sam-node.sock --admin-addr 127.0.0.1:9601
+
+  # what an agent's boundary sends:
+  curl --unix-socket /run/sam-node.sock -H 'X-Sam-Principal: agent-a' http://mesh.sam.alt/v1/models`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, o, cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.config, "config", "", "node config file (YAML or JSON): providers and mcp_servers; none serves nothing")
+	f.StringVar(&o.policy, "policy", "", "policy file (YAML or JSON): roles and bindings; reloaded on change; none grants nothing")
+	f.StringVar(&o.listen, "listen", "unix:///run/sam-node.sock", "agent listener, for boundaries only: unix:///path or tcp://127.0.0.1:port")
+	f.StringVar(&o.socketMode, "socket-mode", "0660", "file mode of a unix --listen socket (octal)")
+	f.StringVar(&o.adminAddr, "admin-addr", "127.0.0.1:9601", "admin listener host:port for /healthz, /readyz, /metrics (\"\" disables); keep it where sandboxes cannot reach")
+	f.DurationVar(&o.policyInterval, "policy-interval", 2*time.Second, "how often the policy file is checked for changes")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long requests in flight may take to finish")
+	f.Int64Var(&o.maxBodyBytes, "max-body-bytes", meshnode.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	return cmd
+}
+
+func newLogger(o options, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	switch o.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, hopts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, hopts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", o.logFormat)
+}
+
+func run(ctx context.Context, o options, stderr io.Writer) error {
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		return err
+	}
+	mode, err := strconv.ParseUint(o.socketMode, 8, 32)
+	if err != nil || mode > 0o777 {
+		return fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", o.socketMode)
+	}
+	var cfg meshnode.Config
+	if o.config != "" {
+		if cfg, err = meshnode.LoadConfig(o.config); err != nil {
+			return err
+		}
+	} else {
+		log.Warn("sam-node: no --config: no providers and no MCP servers")
+	}
+	cfg.PolicyFile = o.policy
+	cfg.PolicyInterval = o.policyInterval
+	cfg.Logger = log
+	cfg.MaxBodyBytes = o.maxBodyBytes
+
+	node, err := meshnode.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+
+	ln, err := listenAgent(o.listen, os.FileMode(mode))
+	if err != nil {
+		return err
+	}
+	servers := []*http.Server{{
+		Handler:           node.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}}
+	listeners := []net.Listener{ln}
+	if o.adminAddr != "" {
+		aln, err := net.Listen("tcp", o.adminAddr)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("--admin-addr: %w", err)
+		}
+		if ap, ok := aln.Addr().(*net.TCPAddr); ok && !ap.IP.IsLoopback() {
+			log.Warn("sam-node: the admin listener is not on loopback; make sure no sandbox can reach it", "addr", aln.Addr().String())
+		}
+		servers = append(servers, &http.Server{
+			Handler:           node.AdminHandler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		})
+		listeners = append(listeners, aln)
+	}
+	errc := make(chan error, len(servers))
+	for i, s := range servers {
+		go func() {
+			if err := s.Serve(listeners[i]); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	attrs := []any{"listen", ln.Addr().Network() + "://" + ln.Addr().String(), "policy", o.policy, "config", o.config}
+	if o.adminAddr != "" {
+		attrs = append(attrs, "admin", listeners[1].Addr().String())
+	}
+	log.Info("sam-node: serving", attrs...)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("sam-node: stopping")
+	case serveErr = <-errc:
+		log.Error("sam-node: a listener failed; stopping", "err", serveErr)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer cancel()
+	done := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { done <- s.Shutdown(sctx) }()
+	}
+	node.Drain()
+	for range servers {
+		if err := <-done; err != nil {
+			log.Warn("sam-node: requests still in flight were cut off", "err", err)
+		}
+	}
+	for _, s := range servers {
+		s.Close()
+	}
+	node.Close()
+	log.Info("sam-node: stopped")
+	return serveErr
+}
+
+// listenAgent opens the agent listener: unix:///path (a stale socket left
+// by a dead sam-node is replaced; a live one is an error) or
+// tcp://host:port.
+func listenAgent(spec string, mode os.FileMode) (net.Listener, error) {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %q: %w", spec, err)
+	}
+	switch u.Scheme {
+	case "unix":
+		path := u.Path
+		if u.Host != "" || path == "" {
+			return nil, fmt.Errorf("--listen %q: want unix:///absolute/path", spec)
+		}
+		if fi, err := os.Lstat(path); err == nil {
+			if fi.Mode().Type() != os.ModeSocket {
+				return nil, fmt.Errorf("--listen %q: %s exists and is not a socket", spec, path)
+			}
+			if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+				c.Close()
+				return nil, fmt.Errorf("--listen %q: another process is serving on %s", spec, path)
+			}
+			if err := os.Remove(path); err != nil {
+				return nil, fmt.Errorf("--listen %q: removing the stale socket: %w", spec, err)
+			}
+		}
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("--listen: %w", err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("--listen: %w", err)
+		}
+		return ln, nil
+	case "tcp":
+		if u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return nil, fmt.Errorf("--listen %q: want tcp://host:port", spec)
+		}
+		ln, err := net.Listen("tcp", u.Host)
+		if err != nil {
+			return nil, fmt.Errorf("--listen: %w", err)
+		}
+		return ln, nil
+	}
+	return nil, fmt.Errorf("--listen %q: want unix:///path or tcp://host:port", spec)
+}

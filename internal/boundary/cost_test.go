@@ -1,0 +1,176 @@
+package boundary
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"sandstorm/internal/policy"
+)
+
+type footprint struct {
+	rss, heap, stack uint64
+	goroutines, fds  int
+}
+
+func measure() footprint {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	f := footprint{heap: ms.HeapInuse, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
+	if data, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, l := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+				kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				f.rss = kb << 10
+			}
+		}
+	}
+	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+		f.fds = len(ents)
+	}
+	return f
+}
+
+// TestBoundaryCost measures what each additional boundary costs in one
+// process: resident memory, Go heap and stacks, goroutines and file
+// descriptors, at 1, 8 and 64 boundaries, each with a Unix socket and all
+// four listeners on an address of its own, idle and after one mesh request
+// each. It logs; it asserts nothing about sizes.
+func TestBoundaryCost(t *testing.T) {
+	mesh := newFakeMesh(t)
+	pol := mustPolicy(t, testPolicy)
+	metrics := NewMetrics(prometheus.NewRegistry())
+	dir := t.TempDir()
+	var bs []*Boundary
+	t.Cleanup(func() {
+		for _, b := range bs {
+			b.Close()
+		}
+	})
+	base := measure()
+	t.Logf("baseline: RSS %.1f MiB, heap %.1f MiB, stacks %d KiB, %d goroutines, %d fds",
+		mib(base.rss), mib(base.heap), base.stack>>10, base.goroutines, base.fds)
+	var first footprint
+	for _, n := range []int{1, 8, 64} {
+		for len(bs) < n {
+			i := len(bs)
+			b, err := New(Config{
+				Principal:  "agent-a",
+				Policy:     func() *policy.Policy { return pol },
+				Mesh:       mesh.dial,
+				SocketPath: filepath.Join(dir, fmt.Sprintf("b%d.sock", i)),
+				ListenAddr: netip.AddrFrom4([4]byte{127, 78, byte(i >> 8), byte(i + 1)}),
+				Metrics:    metrics,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Start(); err != nil {
+				t.Fatal(err)
+			}
+			bs = append(bs, b)
+		}
+		idle := measure()
+		// One request through each boundary, then idle again.
+		for i := range bs {
+			meshRequest(t, filepath.Join(dir, fmt.Sprintf("b%d.sock", i)))
+		}
+		for _, b := range bs {
+			waitFor(t, func() bool { return b.Stats().Active == 0 })
+		}
+		time.Sleep(50 * time.Millisecond)
+		used := measure()
+		if n == 1 {
+			first = idle
+		}
+		t.Logf("%2d boundaries idle:          RSS %6.1f MiB, heap %5.2f MiB, stacks %4d KiB, %4d goroutines, %4d fds",
+			n, mib(idle.rss), mib(idle.heap), idle.stack>>10, idle.goroutines, idle.fds)
+		t.Logf("%2d boundaries after a flow:  RSS %6.1f MiB, heap %5.2f MiB, stacks %4d KiB, %4d goroutines, %4d fds",
+			n, mib(used.rss), mib(used.heap), used.stack>>10, used.goroutines, used.fds)
+		if n > 1 {
+			k := float64(n - 1)
+			t.Logf("   per additional boundary (idle, from 1 to %d): RSS %.1f KiB, heap+stacks %.1f KiB, %.1f goroutines, %.1f fds",
+				n, (float64(idle.rss)-float64(first.rss))/k/1024,
+				(float64(idle.heap+idle.stack)-float64(first.heap+first.stack))/k/1024,
+				float64(idle.goroutines-first.goroutines)/k, float64(idle.fds-first.fds)/k)
+		}
+	}
+	var total time.Duration
+	var count uint64
+	for _, b := range bs {
+		st := b.Stats()
+		total += st.AdmissionTime
+		count += st.Admissions
+	}
+	if count > 0 {
+		t.Logf("mean admission (classify + policy + open the mesh): %v over %d flows", total/time.Duration(count), count)
+	}
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+// meshRequest makes one GET /v1/models through the SOCKS5 socket, by hand
+// (no client library state kept between boundaries).
+func meshRequest(t testing.TB, sock string) {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	req := []byte{5, 1, 0, 5, 1, 0, 3, 12}
+	req = append(append(req, "mesh.sam.alt"...), 0, 80)
+	if rep := socksExchange(t, c, req); rep != 0 {
+		t.Fatalf("reply %#x", rep)
+	}
+	var skip [6]byte
+	io.ReadFull(c, skip[:])
+	io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: mesh.sam.alt\r\nConnection: close\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+}
+
+// BenchmarkAdmission measures a flow's admission on the boundary's own
+// clock: classify, decide, open the mesh; and a denial, which opens
+// nothing.
+func BenchmarkAdmission(b *testing.B) {
+	mesh := newFakeMesh(b)
+	pol := mustPolicy(b, testPolicy)
+	bd, err := New(Config{Principal: "agent-a", Policy: func() *policy.Policy { return pol }, Mesh: mesh.dial})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, host := range []string{"mesh.sam.alt", "denied.example"} {
+		b.Run(host, func(b *testing.B) {
+			f := &flow{c: &fuzzConn{}}
+			for b.Loop() {
+				a := bd.admit(f, host, 80)
+				if a.far != nil {
+					a.far.Close()
+				}
+				f.far = f.far[:0]
+			}
+		})
+	}
+	st := bd.Stats()
+	b.Logf("mean admission %v over %d", st.AdmissionTime/time.Duration(st.Admissions), st.Admissions)
+}
