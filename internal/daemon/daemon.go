@@ -56,7 +56,7 @@ type Options struct {
 	// ("unix:///run/sam-node.sock"; "" = no mesh); MetricsAddr serves the
 	// boundaries' Prometheus metrics ("" = off).
 	Policy, SAMNode, MetricsAddr string
-	Log          *slog.Logger
+	Log                          *slog.Logger
 }
 
 // EnsureToken returns the API token in <dataDir>/pki/api-token, creating it
