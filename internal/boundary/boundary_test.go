@@ -249,6 +249,37 @@ func TestDenials(t *testing.T) {
 	}
 }
 
+// A refused flow on the sandbox-facing port gets its answer, then a reset,
+// never a FIN.
+func TestRefusalThenReset(t *testing.T) {
+	newEnv(t, "agent-a", netip.MustParseAddr("127.77.0.12"), nil)
+	socks, _ := net.Dial("tcp", "127.77.0.12:1080")
+	defer socks.Close()
+	req := append([]byte{5, 1, 0, 5, 1, 0, 3, 11}, "denied.test"...)
+	if rep := socksExchange(t, socks, append(req, 0, 80)); rep != socksNotAllowed {
+		t.Fatalf("reply %#x", rep)
+	}
+	rest := make([]byte, 6) // BND.ADDR and BND.PORT
+	io.ReadFull(socks, rest)
+	if _, err := socks.Read(make([]byte, 1)); !isReset(err) {
+		t.Errorf("after the SOCKS refusal: %v, want a reset", err)
+	}
+
+	conn, _ := net.Dial("tcp", "127.77.0.12:1080")
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "CONNECT denied.test:443 HTTP/1.1\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 403 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if _, err := br.ReadByte(); !isReset(err) {
+		t.Errorf("after the CONNECT refusal: %v, want a reset", err)
+	}
+}
+
 // A service that exists but is not granted and one that does not exist are
 // refused alike, over SOCKS, CONNECT and DNS, so nothing can be probed.
 func TestAbsentAndPresentServicesAlike(t *testing.T) {
@@ -329,6 +360,19 @@ func TestExternalAllowed(t *testing.T) {
 			c.Close()
 		}
 	}
+
+	// Bytes sent right behind the CONNECT request are not lost.
+	pc, _ := net.Dial("unix", e.sock)
+	pc.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(pc, "CONNECT allowed.test:%d HTTP/1.1\r\nHost: allowed.test\r\n\r\nearly\n", portOf(t, ln1))
+	pbr := bufio.NewReader(pc)
+	if resp, err := http.ReadResponse(pbr, &http.Request{Method: "CONNECT"}); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	if line, err := pbr.ReadString('\n'); line != "ECHO early\n" {
+		t.Errorf("pipelined bytes: %q %v", line, err)
+	}
+	pc.Close()
 
 	// CONNECT through net/http's proxy support, to an HTTPS server.
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "tls ok") }))

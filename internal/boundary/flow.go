@@ -28,7 +28,9 @@ func (b *Boundary) serveProxy(c net.Conn) {
 	c.SetDeadline(time.Now().Add(b.cfg.HandshakeTimeout))
 	var first [1]byte
 	if _, err := io.ReadFull(c, first[:]); err != nil {
-		b.handshakeError(c, err)
+		if err != io.EOF { // connected and left without a byte: a probe
+			b.handshakeError(c, err)
+		}
 		f.abort()
 		return
 	}
