@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"sandstorm/internal/boundary"
+	"sandstorm/internal/logging"
 	"sandstorm/internal/policy"
 )
 
@@ -188,18 +189,7 @@ func loadFileConfig(path string) (fileConfig, error) {
 }
 
 func newLogger(o options, w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
-	}
-	hopts := &slog.HandlerOptions{Level: level}
-	switch o.logFormat {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, hopts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, hopts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", o.logFormat)
+	return logging.New(w, o.logLevel, o.logFormat)
 }
 
 // meshDialer turns --mesh into a dial function; "" is nil (unreachable).

@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"sandstorm/internal/logging"
 	"sandstorm/internal/meshnode"
 )
 
@@ -117,18 +118,7 @@ SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
 }
 
 func newLogger(o options, w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
-	}
-	hopts := &slog.HandlerOptions{Level: level}
-	switch o.logFormat {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, hopts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, hopts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", o.logFormat)
+	return logging.New(w, o.logLevel, o.logFormat)
 }
 
 func run(ctx context.Context, o options, stderr io.Writer) error {

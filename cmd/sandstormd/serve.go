@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -11,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/daemon"
+	"sandstorm/internal/logging"
 )
 
 func rootCmd() *cobra.Command {
@@ -42,6 +42,7 @@ func envOr(key, def string) string {
 func serveCmd() *cobra.Command {
 	var o daemon.Options
 	var reserve int64
+	var logLevel, logFormat string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the master and the node (one process)",
@@ -58,7 +59,11 @@ transitions that were cut short.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.DataDir, _ = cmd.Flags().GetString("data-dir")
 			o.MemReserve = reserve
-			o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			log, err := logging.New(os.Stderr, logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			o.Log = log
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return daemon.Serve(ctx, o)
@@ -83,6 +88,8 @@ transitions that were cut short.`,
 	f.StringVar(&o.Policy, "policy", "", "SAM policy file (YAML/JSON roles and bindings) every sandbox's boundary decides by; reloaded on change. Without it every sandbox can reach nothing")
 	f.StringVar(&o.SAMNode, "sam-node", "", "the local sam-node's agent socket, unix:///run/sam-node.sock: where flows to mesh.sam.alt go")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve the boundaries' Prometheus metrics here, e.g. 127.0.0.1:9600 (off unless set)")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball upload, in bytes (413 beyond)")
 	return cmd
 }
