@@ -8,8 +8,9 @@ PKGS     := $(shell grep -v '^\#' deps/debian-packages.txt)
 
 all: build
 
+# All four binaries into bin/: sandstormd, sam-node, sam-box, sam-bench.
 build:
-	$(GO) build -o $(BIN) ./cmd/sandstormd
+	$(GO) build -o bin/ ./cmd/...
 
 # Installs the Debian packages listed in deps/debian-packages.txt.
 deps:

@@ -97,7 +97,8 @@ type Sandbox struct {
 	LastActive time.Time         `json:"last_active"`
 	CreatedAt  time.Time         `json:"created_at"`
 	// LastWakeMs is how long the last wake took, in milliseconds, and
-	// LastWakeFrom the tier it woke from.
+	// LastWakeFrom the tier it woke from; before any wake, LastWakeMs is
+	// how long the create took and LastWakeFrom is empty.
 	LastWakeMs   float64 `json:"last_wake_ms,omitempty"`
 	LastWakeFrom Tier    `json:"last_wake_from,omitempty"`
 	// Principal is who the sandbox is: its boundary decides every flow

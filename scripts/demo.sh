@@ -50,7 +50,7 @@ call() {
 	t0=$(date +%s%N)
 	body=$(curl -s -m 30 "$URL/")
 	t1=$(date +%s%N)
-	wake=$("$BIN" sandbox get demo | python3 -c 'import json,sys; s=json.load(sys.stdin); print("tier now %s; node woke it from %s in %.1f ms" % (s["tier"], s.get("last_wake_from","-"), s.get("last_wake_ms",0)))')
+	wake=$("$BIN" sandbox get demo | python3 -c 'import json,sys; s=json.load(sys.stdin); f=s.get("last_wake_from"); print("tier now %s; " % s["tier"] + ("node woke it from %s in %.1f ms" % (f, s.get("last_wake_ms",0)) if f else "no wake yet: created in %.1f ms" % s.get("last_wake_ms",0)))')
 	echo "  curl $URL/ -> $body   (request took $(( (t1 - t0) / 1000000 )) ms; $wake)"
 }
 

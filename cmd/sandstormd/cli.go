@@ -112,6 +112,14 @@ packages: apt-get install -y ` + strings.Join(demo.Packages("app64"), " "),
 				return err
 			}
 			name := args[0]
+			if ts, err := c.Templates(cmd.Context()); err == nil {
+				for _, t := range ts {
+					if t.Name == name {
+						fmt.Printf("template %s is already registered (rootfs %s); 'sandstormd template rm %s' first to rebuild it\n", name, t.Rootfs, name)
+						return nil
+					}
+				}
+			}
 			dir := demoDir
 			if dir == "" {
 				dd, _ := cmd.Flags().GetString("data-dir")
@@ -168,7 +176,11 @@ packages: apt-get install -y ` + strings.Join(demo.Packages("app64"), " "),
 			if err != nil {
 				return err
 			}
-			return c.DeleteTemplate(cmd.Context(), args[0])
+			if err := c.DeleteTemplate(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Println("removed", args[0])
+			return nil
 		},
 	}
 	cmd.AddCommand(create, demoC, ls, rm)

@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -57,6 +58,10 @@ type Config struct {
 	Ready time.Duration
 	// RetryAfter is the Retry-After value sent with a 503, in seconds.
 	RetryAfter int
+	// Mark is the socket mark (SO_MARK) put on every connection into a
+	// sandbox. The node's firewall lets only marked connections in (see
+	// netns.Firewall.IngressMark); 0 sets none.
+	Mark int
 }
 
 // Gateway holds the listeners of every sandbox on this node.
@@ -356,8 +361,12 @@ func (g *Gateway) copy(dst, src net.Conn, id string, intoSandbox bool) {
 func (g *Gateway) dial(target netip.AddrPort) (net.Conn, error) {
 	deadline := time.Now().Add(g.cfg.Ready)
 	backoff := 5 * time.Millisecond
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if g.cfg.Mark != 0 {
+		d.Control = markSocket(g.cfg.Mark)
+	}
 	for {
-		c, err := net.DialTimeout("tcp", target.String(), 2*time.Second)
+		c, err := d.Dial("tcp", target.String())
 		if err == nil {
 			return c, nil
 		}
@@ -368,6 +377,23 @@ func (g *Gateway) dial(target netip.AddrPort) (net.Conn, error) {
 		if backoff < 100*time.Millisecond {
 			backoff *= 2
 		}
+	}
+}
+
+// markSocket returns a dialer Control that sets SO_MARK to mark before the
+// socket connects. A host process dialling a sandbox's address directly
+// would leave an established endpoint the gateway cannot reset, and gVisor's
+// checkpoint fails on it; the firewall therefore admits only marked ones.
+func markSocket(mark int) func(_, _ string, rc syscall.RawConn) error {
+	return func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, mark)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
 	}
 }
 

@@ -18,6 +18,9 @@ type Firewall struct {
 	// Ports on the sandbox's own host address that it may reach: its
 	// boundary's SOCKS5/CONNECT, DNS and transparent listeners.
 	ProxyPort, DNSPort, TransparentPort int
+	// IngressMark is the socket mark of the gateway's connections; no other
+	// host connection may be opened into a sandbox (0: no such rule).
+	IngressMark int
 }
 
 // Ensure installs the node's nftables table "sandstorm", replacing any earlier
@@ -32,6 +35,11 @@ type Firewall struct {
 //   - nothing is forwarded to or from a sandbox, whatever ip_forward says;
 //   - no IPv6 at all.
 //
+// And on the host's side: a TCP connection into a sandbox may be opened only
+// by the gateway (its sockets carry IngressMark); any other is reset at once.
+// A host process talking to a sandbox's address directly would leave an
+// established endpoint nobody resets, and gVisor's checkpoint fails on it.
+//
 // The gateway's connections into sandboxes are opened by the host, so their
 // replies are "established" and pass. Fail closed: the node refuses to
 // start when this fails.
@@ -42,6 +50,7 @@ table inet sandstorm {
 	counter dns_elsewhere {}
 	counter not_own_address {}
 	counter host_port_denied {}
+	counter direct_ingress {}
 	chain guard {
 		type filter hook prerouting priority -150; policy accept;
 		iifname "%[1]s*" meta nfproto ipv6 drop
@@ -64,8 +73,12 @@ table inet sandstorm {
 		iifname "%[1]s*" drop
 		oifname "%[1]s*" drop
 	}
+	chain ingress {
+		type filter hook output priority -10; policy accept;
+		oifname "%[1]s*" meta l4proto tcp ct state new meta mark != %[6]d counter name direct_ingress reject with tcp reset
+	}
 }
-`, f.IfPrefix, f.Synthetic.Masked(), f.ProxyPort, f.DNSPort, f.TransparentPort)
+`, f.IfPrefix, f.Synthetic.Masked(), f.ProxyPort, f.DNSPort, f.TransparentPort, f.IngressMark)
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = bytes.NewBufferString(rules)
 	out, err := cmd.CombinedOutput()
@@ -80,7 +93,8 @@ table inet sandstorm {
 func EnsureFirewall(ifPrefix string) error { return DefaultFirewall(ifPrefix).Ensure() }
 
 // DefaultFirewall is the firewall for the default boundary ports (1080
-// SOCKS5/CONNECT, 53 DNS, 15001 transparent) and pool 169.254.64.0/18.
+// SOCKS5/CONNECT, 53 DNS, 15001 transparent), pool 169.254.64.0/18 and the
+// mark 0x5353 on the gateway's connections into sandboxes.
 func DefaultFirewall(ifPrefix string) Firewall {
-	return Firewall{IfPrefix: ifPrefix, Synthetic: netip.MustParsePrefix("169.254.64.0/18"), ProxyPort: 1080, DNSPort: 53, TransparentPort: 15001}
+	return Firewall{IfPrefix: ifPrefix, Synthetic: netip.MustParsePrefix("169.254.64.0/18"), ProxyPort: 1080, DNSPort: 53, TransparentPort: 15001, IngressMark: 0x5353}
 }

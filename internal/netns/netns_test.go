@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -119,21 +120,48 @@ func TestFirewallSandboxCannotReachHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Process.Kill()
+	target := netip.AddrPortFrom(s.Addr(), 7777).String()
+	// Wait until the listener is up (a marked probe that is closed unused
+	// would use up its single accept, so probe with ss instead).
+	for i := 0; i < 100; i++ {
+		out, _ := exec.Command("ip", "netns", "exec", n.Name, "ss", "-ltn").CombinedOutput()
+		if strings.Contains(string(out), ":7777") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Unmarked, the host is refused at once (a reset) although the
+	// listener is up: only the gateway's marked sockets may open
+	// connections into a sandbox.
+	if _, err := net.DialTimeout("tcp", target, 2*time.Second); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("an unmarked host connection into the sandbox: err = %v, want connection refused", err)
+	}
 	var c net.Conn
 	for i := 0; i < 100; i++ {
-		if c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.Addr(), 7777).String(), time.Second); err == nil {
+		var mc net.Conn
+		mc, err = markedDialer(0x5353).Dial("tcp", target)
+		if err == nil {
+			c = mc
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil {
-		t.Fatalf("host could not reach the namespace: %v", err)
+		t.Fatalf("the marked host socket could not reach the namespace: %v", err)
 	}
 	defer c.Close()
 	b, _ := io.ReadAll(c)
 	if string(b) != "sandbox\n" {
 		t.Fatalf("got %q", b)
 	}
+}
+
+func markedDialer(mark int) *net.Dialer {
+	return &net.Dialer{Timeout: time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, mark) })
+		return serr
+	}}
 }
 
 func portOf(a net.Addr) string {

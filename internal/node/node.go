@@ -183,7 +183,7 @@ func New(cfg Config) (*Node, error) {
 		boundaries: map[string]*boundary.Boundary{},
 		stop:       make(chan struct{}),
 	}
-	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready}, n, cfg.Log)
+	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark}, n, cfg.Log)
 	return n, nil
 }
 
@@ -314,9 +314,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 		return store.Sandbox{}, err
 	}
 	ms := float64(time.Since(start).Microseconds()) / 1000
-	sb, err = n.commit(id, api.TierHot, func(s *store.Sandbox) {
-		s.LastWakeMs, s.LastWakeFrom = ms, api.TierDetached
-	})
+	sb, err = n.commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
 	n.log.Info("sandbox created", "id", id, "name", name, "template", t.Name, "ms", ms)
 	return sb, err
 }

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"net"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"sandstorm/api"
 )
@@ -40,6 +42,13 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("after a call to the frozen sandbox: tier %q last_wake_from %q, want hot from frozen", got.Tier, got.LastWakeFrom)
 	}
 
+	// The gateway is the only way in: a host process dialling the
+	// sandbox's address directly is reset at once (such a connection would
+	// otherwise be left established and break the checkpoint below).
+	if c, err := net.DialTimeout("tcp", net.JoinHostPort(sb.Address, "8000"), 3*time.Second); err == nil {
+		c.Close()
+		t.Errorf("a direct host connection to %s:8000 was accepted; only the gateway may connect", sb.Address)
+	}
 	d.transition(t, id, "snapshot", api.TierSnapshot)
 	if exists(netnsPath(id)) {
 		t.Errorf("snapshot sandbox still has its network namespace %s", netnsPath(id))
