@@ -102,7 +102,7 @@ func TestParseCPUInfo(t *testing.T) {
 
 func TestCollectSource(t *testing.T) {
 	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git not installed")
+		t.Fatal("git is needed to record the commit of a results file: apt-get install -y git")
 	}
 	dir := t.TempDir()
 	run := func(args ...string) {
