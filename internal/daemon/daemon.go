@@ -199,6 +199,9 @@ func Serve(ctx context.Context, o Options) error {
 		return err
 	}
 	if err := nd.Reconcile(ctx); err != nil {
+		if errors.Is(err, node.ErrFirewall) {
+			return err // fail closed: no sandbox runs without its firewall
+		}
 		// Per-sandbox problems are reported, not fatal: the rest serve.
 		log.Error("reconcile", "err", err)
 	}

@@ -45,6 +45,9 @@ var (
 	ErrNotSupported = sandbox.ErrNotSupported
 	// ErrFull: no address slot or gateway port left (503).
 	ErrFull = errors.New("node full")
+	// ErrFirewall: the node's nftables table could not be installed; the
+	// node must not run sandboxes without it (fail closed).
+	ErrFirewall = errors.New("firewall not installed")
 )
 
 // ErrRefused is the gateway's: a wake that could not start in time (503).

@@ -28,7 +28,7 @@ import (
 // It also installs the firewall and opens the gateway listeners.
 func (n *Node) Reconcile(ctx context.Context) error {
 	if err := n.cfg.SAM.Firewall.Ensure(); err != nil {
-		return err
+		return fmt.Errorf("%w: %v", ErrFirewall, err)
 	}
 	// A kill -9 does not stop the runsc commands the daemon had started: a
 	// checkpoint or restore goes on to the end. Read the state they leave,
