@@ -174,3 +174,19 @@ func BenchmarkAdmission(b *testing.B) {
 	st := bd.Stats()
 	b.Logf("mean admission %v over %d", st.AdmissionTime/time.Duration(st.Admissions), st.Admissions)
 }
+
+// BenchmarkMeshRequest measures one agent request to mesh.sam.alt on a
+// reused flow (keep-alive through the boundary's SOCKS5 socket), end to end
+// against an in-process node: the boundary's per-request cost.
+func BenchmarkMeshRequest(b *testing.B) {
+	e := newEnv(b, "agent-a", netip.Addr{}, nil)
+	c := e.httpClient(b)
+	for b.Loop() {
+		resp, err := c.Get("http://mesh.sam.alt/v1/models")
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
