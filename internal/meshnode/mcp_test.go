@@ -262,14 +262,16 @@ func TestMCPPolicyReload(t *testing.T) {
 	// Grant get-sum too: the catalogue grows, and the connected agent is
 	// told so.
 	replaceFile(t, pf, strings.Replace(mcpPolicy, `["mcp://everything/echo"]`, `["mcp://everything/echo", "mcp://everything/get-sum"]`, 1))
+	// A notification may also come from the upstream's own start-up, so
+	// wait for the grant to show rather than trusting the first one.
 	select {
 	case <-changed:
 	case <-ctxT(t).Done():
 		t.Fatal("no notifications/tools/list_changed after the policy changed")
 	}
-	if got := toolNames(t, a); !slices.Equal(got, []string{"everything__echo", "everything__get-sum"}) {
-		t.Fatalf("after the grant: %v", got)
-	}
+	eventually(t, "get-sum to be listed after the grant", func() bool {
+		return slices.Equal(toolNames(t, a), []string{"everything__echo", "everything__get-sum"})
+	})
 	if text, isErr := callText(t, a, "everything__get-sum", map[string]any{"a": 2, "b": 3}); isErr || !strings.Contains(text, "is 5") {
 		t.Fatalf("get-sum after the grant: %q %v", text, isErr)
 	}
