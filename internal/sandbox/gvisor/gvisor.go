@@ -170,20 +170,22 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec) error {
 // cleanup deletes a stopped leftover with the same ID so that run/restore
 // can reuse it (runsc keeps a stopped container's state until delete).
 func (b *Backend) cleanup(ctx context.Context, spec sandbox.Spec) {
-	if _, err := os.Stat(filepath.Join(b.Root, spec.ID+"_sandbox:"+spec.ID+".state")); err == nil || b.has(spec.ID) {
+	if b.has(spec.ID) {
 		b.inNetns(ctx, spec.Netns, "delete", "-force", spec.ID)
 	}
 }
 
-// has reports whether runsc keeps state for id under Root.
+// stateFile is where runsc keeps the state of container id (sandbox and
+// container share the ID here): "<root>/<id>_sandbox:<id>.state".
+func (b *Backend) stateFile(id string) string {
+	return filepath.Join(b.Root, id+"_sandbox:"+id+".state")
+}
+
+// has reports whether runsc keeps state for id under Root: one stat, so it
+// stays cheap with thousands of containers.
 func (b *Backend) has(id string) bool {
-	ids, _ := b.List(context.Background())
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
+	_, err := os.Stat(b.stateFile(id))
+	return err == nil
 }
 
 // Pause implements sandbox.Backend.
@@ -255,7 +257,7 @@ func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
 // container (its command line names the container's runsc root and ID), so
 // a reused pid is never hit.
 func (b *Backend) killByState(id string) {
-	data, err := os.ReadFile(filepath.Join(b.Root, id+"_sandbox:"+id+".state"))
+	data, err := os.ReadFile(b.stateFile(id))
 	if err != nil {
 		return
 	}
