@@ -148,6 +148,7 @@ func (n *Node) restore(ctx context.Context, sb store.Sandbox) error {
 	if err != nil {
 		return err
 	}
+	steps := newStepTimer()
 	if err := d.mountRootfs(t.Rootfs); err != nil {
 		return err
 	}
@@ -158,14 +159,38 @@ func (n *Node) restore(ctx context.Context, sb store.Sandbox) error {
 	if err := netns.Create(nw); err != nil {
 		return err
 	}
+	steps.mark("network")
 	if err := n.boundaryUp(sb); err != nil {
 		return err
 	}
+	steps.mark("boundary")
 	if err := n.be.Restore(ctx, n.spec(sb), d.snapshot()); err != nil {
 		return err
 	}
-	return os.RemoveAll(d.snapshot())
+	steps.mark("runsc_restore")
+	err = os.RemoveAll(d.snapshot())
+	steps.mark("drop_image")
+	n.log.Debug("restore steps", append([]any{"id", sb.ID}, steps.attrs()...)...)
+	return err
 }
+
+// stepTimer records how long each step of a transition took, for the debug
+// log (--log-level debug), so a slow wake can be taken apart.
+type stepTimer struct {
+	last  time.Time
+	steps []any
+}
+
+func newStepTimer() *stepTimer { return &stepTimer{last: time.Now()} }
+
+// mark ends the step called name.
+func (s *stepTimer) mark(name string) {
+	now := time.Now()
+	s.steps = append(s.steps, name+"_ms", float64(now.Sub(s.last).Microseconds())/1000)
+	s.last = now
+}
+
+func (s *stepTimer) attrs() []any { return s.steps }
 
 // recoverFailedRestore handles a snapshot that would not restore (a
 // corrupt or incomplete image): the image is dropped and the sandbox
