@@ -61,13 +61,11 @@ type Summary struct {
 // so each figure is a sample that was observed. With fewer than 100 samples
 // p99 is the maximum. It returns ErrEmpty for an empty sample.
 func Summarize(samples []float64) (Summary, error) {
-	if len(samples) == 0 {
-		return Summary{}, ErrEmpty
+	d, err := Distribute(samples)
+	if err != nil {
+		return Summary{}, err
 	}
-	sorted := slices.Clone(samples)
-	slices.Sort(sorted)
-	at := func(p float64) float64 { return sorted[Rank(len(sorted), p)-1] }
-	return Summary{N: len(sorted), MinMs: sorted[0], P50Ms: at(50), P99Ms: at(99), MaxMs: sorted[len(sorted)-1]}, nil
+	return Summary{N: d.N, MinMs: d.Min, P50Ms: d.P50, P99Ms: d.P99, MaxMs: d.Max}, nil
 }
 
 // Ms converts a duration to milliseconds, keeping microseconds.
