@@ -42,6 +42,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzExtract -fuzztime=$(FUZZTIME) ./internal/rootfs/
 	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$(FUZZTIME) ./internal/policy/
 	$(GO) test -run='^$$' -fuzz=FuzzSOCKS5Handshake -fuzztime=$(FUZZTIME) ./internal/boundary/
+	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$(FUZZTIME) ./internal/dialguard/
 
 bench: deps build
 	$(GO) run ./bench/tiers --start --sandstormd $(BIN)

@@ -253,6 +253,10 @@ func TestBadInvocations(t *testing.T) {
 		"bad policy":      func(o *options) { o.principal, o.socket, o.policy = "a", dir+"/x.sock", bad },
 		"missing policy":  func(o *options) { o.principal, o.socket, o.policy = "a", dir+"/x.sock", dir+"/none.yaml" },
 		"bad listen":      func(o *options) { o.principal, o.listen = "a", "not-an-ip" },
+		"listen, no peer": func(o *options) { o.principal, o.listen = "a", "127.0.0.1" },
+		"bad peer":        func(o *options) { o.principal, o.listen, o.peer = "a", "127.0.0.1", "x" },
+		"bad sandbox net": func(o *options) { o.principal, o.socket, o.sandboxNets = "a", dir+"/x.sock", []string{"10.0.0.0"} },
+		"bad resolver":    func(o *options) { o.principal, o.socket, o.resolver = "a", dir+"/x.sock", "dns.example" },
 		"both":            func(o *options) { o.principal, o.config = "a", bad },
 		"bad config":      func(o *options) { o.config = bad },
 		"bad socket mode": func(o *options) { o.principal, o.socket, o.socketMode = "a", dir+"/x.sock", "999" },
@@ -278,7 +282,7 @@ func TestHelp(t *testing.T) {
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"--principal", "--policy", "--socket", "--mesh", "--listen", "--proxy-port", "--dns-port", "--transparent-port", "--metrics-addr", "--config", "SIGTERM", "mesh.sam.alt"} {
+	for _, want := range []string{"--principal", "--policy", "--socket", "--mesh", "--listen", "--proxy-port", "--dns-port", "--transparent-port", "--metrics-addr", "--config", "--peer", "--sandbox-net", "--resolver", "egress_private", "SIGTERM", "mesh.sam.alt"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help lacks %s", want)
 		}

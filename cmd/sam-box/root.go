@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"sandstorm/internal/boundary"
+	"sandstorm/internal/dialguard"
 	"sandstorm/internal/logging"
 	"sandstorm/internal/policy"
 )
@@ -35,6 +36,9 @@ type options struct {
 	socketMode      string
 	mesh            string
 	listen          string
+	peer            string
+	sandboxNets     []string
+	resolver        string
 	proxyPort       int
 	dnsPort         int
 	transparentPort int
@@ -69,6 +73,8 @@ username/password when users are configured) and HTTP CONNECT on its Unix
 --socket, and, with --listen (the host side of the sandbox's veth), on
 --proxy-port, with DNS on --dns-port and the transparent listener (TCP the
 node redirects from synthetic addresses with nftables) on --transparent-port.
+Those listeners serve only the sandbox's own address (--peer): a connection
+or DNS query from any other source is reset or dropped, and counted.
 
 Destinations:
   mesh.sam.alt                 the mesh entrypoint: the boundary serves HTTP
@@ -81,7 +87,17 @@ Destinations:
   <svc>.inference.sam.alt      one model (X-Sam-Service: inference://<svc>)
   anything else                external: allowed only if the principal's
                                egress allowlist names it, then resolved by the
-                               boundary and spliced
+                               boundary (--resolver) and spliced — but only to
+                               an address a sandbox may reach: never
+                               loopback, link-local (169.254/16, metadata),
+                               multicast, broadcast, reserved, this host's own
+                               addresses, --sandbox-net, routes into sandbox
+                               veths (ssv*), nor private ranges or networks
+                               this host is attached to unless the policy's
+                               egress_private names them. The address is
+                               checked again on the socket that connects, so a
+                               name that re-resolves elsewhere (DNS rebinding)
+                               gains nothing
 
 Names not granted are refused alike whether or not they exist (SOCKS5 reply
 0x02, CONNECT 403, DNS NXDOMAIN). Without --policy nothing is granted. The
@@ -98,6 +114,7 @@ Config file (--config, YAML or JSON), for many boundaries in one process:
     - principal: agent-b
       socket: /run/sam/agent-b.sock
       listen: 10.213.0.5             # optional, as --listen
+      peer: 10.213.0.6               # with listen: the sandbox's address, as --peer
       proxy_port: 1080               # optional, as --proxy-port etc.
       dns_port: 53
       transparent_port: 15001
@@ -141,6 +158,9 @@ sockets and exits 0.`,
 	f.StringVar(&o.socketMode, "socket-mode", "0660", "file mode of the Unix sockets (octal)")
 	f.StringVar(&o.mesh, "mesh", "", "the local sam-node's agent listener: unix:///path or tcp://host:port; none: mesh names are unreachable")
 	f.StringVar(&o.listen, "listen", "", "sandbox-facing address (host side of the sandbox's veth) for the proxy, DNS and transparent listeners")
+	f.StringVar(&o.peer, "peer", "", "the sandbox's own address: the only source the --listen listeners serve (required with --listen)")
+	f.StringSliceVar(&o.sandboxNets, "sandbox-net", nil, "a sandbox subnet (CIDR) no allowed name may resolve into; repeatable")
+	f.StringVar(&o.resolver, "resolver", "", "DNS server (IP:port) allowed external names are resolved with (default: the system's resolver)")
 	f.IntVar(&o.proxyPort, "proxy-port", boundary.DefaultProxyPort, "SOCKS5 and CONNECT port on --listen")
 	f.IntVar(&o.dnsPort, "dns-port", boundary.DefaultDNSPort, "DNS port (UDP and TCP) on --listen")
 	f.IntVar(&o.transparentPort, "transparent-port", boundary.DefaultTransparentPort, "transparent listener port on --listen")
@@ -166,6 +186,7 @@ type boxConfig struct {
 	Principal       string            `json:"principal"`
 	Socket          string            `json:"socket,omitempty"`
 	Listen          string            `json:"listen,omitempty"`
+	Peer            string            `json:"peer,omitempty"`
 	ProxyPort       int               `json:"proxy_port,omitempty"`
 	DNSPort         int               `json:"dns_port,omitempty"`
 	TransparentPort int               `json:"transparent_port,omitempty"`
@@ -251,13 +272,13 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 		if fc, err = loadFileConfig(o.config); err != nil {
 			return err
 		}
-		for _, name := range []string{"socket", "listen"} {
+		for _, name := range []string{"socket", "listen", "peer"} {
 			if o.set(name) {
 				return fmt.Errorf("--%s is per boundary: give it in the --config file", name)
 			}
 		}
 	case o.principal != "":
-		fc.Boundaries = []boxConfig{{Principal: o.principal, Socket: o.socket, Listen: o.listen,
+		fc.Boundaries = []boxConfig{{Principal: o.principal, Socket: o.socket, Listen: o.listen, Peer: o.peer,
 			ProxyPort: o.proxyPort, DNSPort: o.dnsPort, TransparentPort: o.transparentPort}}
 	default:
 		return errors.New("no boundary: give --principal (with --socket and/or --listen) or --config")
@@ -274,6 +295,27 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	}
 	if mesh == nil {
 		log.Warn("sam-box: no --mesh: flows to mesh names will fail as unreachable")
+	}
+
+	guard := &dialguard.Guard{SandboxIfPrefix: "ssv"}
+	for _, n := range o.sandboxNets {
+		p, err := netip.ParsePrefix(n)
+		if err != nil {
+			return fmt.Errorf("--sandbox-net %q: want a CIDR such as 10.213.0.0/16", n)
+		}
+		guard.SandboxNets = append(guard.SandboxNets, p.Masked())
+	}
+	var resolve func(context.Context, string) ([]netip.Addr, error)
+	if o.resolver != "" {
+		ap, err := netip.ParseAddrPort(o.resolver)
+		if err != nil {
+			return fmt.Errorf("--resolver %q: want IP:port, e.g. 127.0.0.53:53", o.resolver)
+		}
+		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, ap.String())
+		}}
+		resolve = func(ctx context.Context, host string) ([]netip.Addr, error) { return r.LookupNetIP(ctx, "ip", host) }
 	}
 
 	// Policies: one watcher per file, shared by the boundaries naming it.
@@ -333,11 +375,21 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 			}
 			seen[k] = true
 		}
-		var listen netip.Addr
+		var listen, peer netip.Addr
 		if bc.Listen != "" {
 			if listen, err = netip.ParseAddr(bc.Listen); err != nil {
 				closeAll()
 				return fmt.Errorf("boundary %s: listen: %w", bc.Principal, err)
+			}
+			if bc.Peer == "" {
+				closeAll()
+				return fmt.Errorf("boundary %s: a listen address needs the sandbox's own address (--peer, or peer: in --config), the only source it will serve", bc.Principal)
+			}
+		}
+		if bc.Peer != "" {
+			if peer, err = netip.ParseAddr(bc.Peer); err != nil {
+				closeAll()
+				return fmt.Errorf("boundary %s: peer: %w", bc.Principal, err)
 			}
 		}
 		pf := fc.Policy
@@ -358,6 +410,9 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 			Mesh:             mesh,
 			SocketPath:       bc.Socket,
 			ListenAddr:       listen,
+			Peer:             peer,
+			Guard:            guard,
+			Resolve:          resolve,
 			ProxyPort:        orDefault(bc.ProxyPort, o.proxyPort),
 			DNSPort:          orDefault(bc.DNSPort, o.dnsPort),
 			TransparentPort:  orDefault(bc.TransparentPort, o.transparentPort),

@@ -87,6 +87,7 @@ transitions that were cut short.`,
 	f.BoolVar(&o.Zswap, "zswap", false, "after freezing a sandbox, squeeze its memory into swap (zswap is switched on); needs an active swap area")
 	f.StringVar(&o.Policy, "policy", "", "SAM policy file (YAML/JSON roles and bindings) every sandbox's boundary decides by; reloaded on change. Without it every sandbox can reach nothing")
 	f.StringVar(&o.SAMNode, "sam-node", "", "the local sam-node's agent socket, unix:///run/sam-node.sock: where flows to mesh.sam.alt go")
+	f.StringVar(&o.Resolver, "resolver", "", "DNS server (IP:port) the boundaries resolve allowed external names with (default: the system's resolver). Whatever it answers, an address on this node, in a sandbox, loopback, link-local or private (unless the policy's egress_private names it) is never dialled")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve the boundaries' Prometheus metrics here, e.g. 127.0.0.1:9600 (off unless set)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

@@ -20,7 +20,17 @@
 //     agent sent;
 //   - any other name (or an IP literal) is external: it passes only if the
 //     principal's egress allowlist names it, is resolved by the boundary
-//     (Config.Resolve) and spliced.
+//     (Config.Resolve), and is dialled only at an address the guard
+//     (internal/dialguard) allows — checked before the dial and again on the
+//     socket itself — then spliced. A name is a claim the resolver makes;
+//     the address is what a flow reaches.
+//
+// The listeners on the sandbox-facing address serve only their own sandbox:
+// a connection (or DNS datagram) from any other source — another sandbox's
+// flow spliced by some other boundary, a process on the host — is reset and
+// counted, so no path lets one principal's traffic arrive at another's
+// boundary. The Unix socket is for tools on the node and is guarded by its
+// file mode.
 //
 // The sandbox's side of every flow is closed with RST (SO_LINGER 0), never
 // with a FIN that could leave the sandbox's endpoint in TIME_WAIT: gVisor
@@ -44,6 +54,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
+	"sandstorm/internal/dialguard"
 	"sandstorm/internal/policy"
 )
 
@@ -86,6 +99,9 @@ type Config struct {
 	// of the sandbox's veth): SOCKS5 and CONNECT on ProxyPort, DNS over
 	// UDP and TCP on DNSPort, the transparent listener on TransparentPort.
 	ListenAddr netip.Addr
+	// Peer is the sandbox's own address: the only source the listeners on
+	// ListenAddr accept. Required with ListenAddr.
+	Peer netip.Addr
 	// Ports on ListenAddr; 0 means the default (1080, 53, 15001).
 	ProxyPort, DNSPort, TransparentPort int
 	// Synthetic is the IPv4 pool DNS answers from; default 169.254.64.0/18.
@@ -93,8 +109,15 @@ type Config struct {
 	// Resolve resolves allowed external names before they are dialled;
 	// default net.DefaultResolver. It is never called for a denied name.
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
-	// Dial opens allowed external destinations ("tcp", "ip:port"); default
-	// a net.Dialer. It is never called for a denied destination.
+	// Guard checks every address an allowed external name resolved to
+	// before it is dialled; nil is a dialguard.Guard with no sandbox
+	// subnets (loopback, link-local, private, the node's own addresses and
+	// the rest are still refused).
+	Guard dialguard.Checker
+	// Dial opens allowed external destinations ("tcp", "ip:port") at an
+	// address Guard allowed; default a net.Dialer whose Control hook asks
+	// Guard again on the socket about to connect. It is never called for a
+	// denied destination. (Tests replace it; the check before it stays.)
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Users, if non-empty, is required: SOCKS5 clients must authenticate
 	// with RFC 1929 username/password, CONNECT clients with
@@ -124,6 +147,11 @@ type Boundary struct {
 	closers  []io.Closer
 	loops    sync.WaitGroup
 	sockPath string // the Unix socket we created, removed by Close
+
+	// logRefusal limits the info-level refusal log lines (a sandbox can
+	// open flows far faster than anyone can read them): the first few,
+	// then one a second.
+	logRefusal rate.Sometimes
 
 	st counters
 }
@@ -156,6 +184,15 @@ func New(cfg Config) (*Boundary, error) {
 	cfg.Synthetic = cfg.Synthetic.Masked()
 	if cfg.ListenAddr.IsValid() {
 		cfg.ListenAddr = cfg.ListenAddr.Unmap()
+		if !cfg.Peer.IsValid() {
+			// Fail closed: listeners that would serve any source are how one
+			// sandbox's flows reached another's boundary.
+			return nil, fmt.Errorf("boundary %s: a listen address needs the sandbox's own address (Peer), the only source it serves", cfg.Principal)
+		}
+		cfg.Peer = cfg.Peer.Unmap()
+	}
+	if cfg.Guard == nil {
+		cfg.Guard = &dialguard.Guard{}
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
@@ -166,20 +203,17 @@ func New(cfg Config) (*Boundary, error) {
 	if cfg.Resolve == nil {
 		cfg.Resolve = defaultResolve
 	}
-	if cfg.Dial == nil {
-		d := &net.Dialer{}
-		cfg.Dial = d.DialContext
-	}
 	log := cfg.Log
 	if log == nil {
 		log = slog.Default()
 	}
 	b := &Boundary{
-		cfg:   cfg,
-		log:   log,
-		synth: newSynthPool(cfg.Synthetic, cfg.ListenAddr),
-		m:     cfg.Metrics,
-		flows: map[*flow]struct{}{},
+		cfg:        cfg,
+		log:        log,
+		synth:      newSynthPool(cfg.Synthetic, cfg.ListenAddr),
+		m:          cfg.Metrics,
+		flows:      map[*flow]struct{}{},
+		logRefusal: rate.Sometimes{First: 10, Interval: time.Second},
 	}
 	return b, nil
 }
@@ -231,6 +265,7 @@ func (b *Boundary) Start() error {
 	type loop struct {
 		ln    net.Listener
 		serve func(net.Conn)
+		peer  bool // only the sandbox's own address may connect
 	}
 	var loops []loop
 	if b.cfg.SocketPath != "" {
@@ -250,7 +285,7 @@ func (b *Boundary) Start() error {
 		}
 		b.sockPath = b.cfg.SocketPath
 		b.closers = append(b.closers, ln)
-		loops = append(loops, loop{ln, b.serveProxy})
+		loops = append(loops, loop{ln, b.serveProxy, false})
 	}
 	var udp *net.UDPConn
 	if a := b.cfg.ListenAddr; a.IsValid() {
@@ -259,7 +294,7 @@ func (b *Boundary) Start() error {
 			return fail(fmt.Errorf("proxy listener: %w", err))
 		}
 		b.closers = append(b.closers, ln)
-		loops = append(loops, loop{ln, b.serveProxy})
+		loops = append(loops, loop{ln, b.serveProxy, true})
 
 		udp, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.DNSPort))))
 		if err != nil {
@@ -271,18 +306,18 @@ func (b *Boundary) Start() error {
 			return fail(fmt.Errorf("DNS listener (TCP): %w", err))
 		}
 		b.closers = append(b.closers, dl)
-		loops = append(loops, loop{dl, b.serveDNSTCP})
+		loops = append(loops, loop{dl, b.serveDNSTCP, true})
 
 		tl, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.TransparentPort))))
 		if err != nil {
 			return fail(fmt.Errorf("transparent listener: %w", err))
 		}
 		b.closers = append(b.closers, tl)
-		loops = append(loops, loop{tl, b.serveTransparent})
+		loops = append(loops, loop{tl, b.serveTransparent, true})
 	}
 	for _, l := range loops {
 		b.loops.Add(1)
-		go b.acceptLoop(l.ln, l.serve)
+		go b.acceptLoop(l.ln, l.serve, l.peer)
 	}
 	if udp != nil {
 		b.loops.Add(1)
@@ -292,7 +327,7 @@ func (b *Boundary) Start() error {
 	return nil
 }
 
-func (b *Boundary) acceptLoop(ln net.Listener, serve func(net.Conn)) {
+func (b *Boundary) acceptLoop(ln net.Listener, serve func(net.Conn), peerOnly bool) {
 	defer b.loops.Done()
 	backoff := 5 * time.Millisecond
 	for {
@@ -310,8 +345,36 @@ func (b *Boundary) acceptLoop(ln net.Listener, serve func(net.Conn)) {
 			continue
 		}
 		backoff = 5 * time.Millisecond
+		if peerOnly && !b.fromPeer(c.RemoteAddr()) {
+			b.foreign(c.RemoteAddr())
+			resetClose(c)
+			continue
+		}
 		go serve(c)
 	}
+}
+
+// fromPeer reports whether a connection or datagram came from this
+// boundary's own sandbox.
+func (b *Boundary) fromPeer(a net.Addr) bool {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap = a.AddrPort()
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	default:
+		return false
+	}
+	return ap.Addr().Unmap() == b.cfg.Peer
+}
+
+// foreign counts (and logs, at debug) a connection or datagram on the
+// sandbox-facing listeners from a source that is not the sandbox.
+func (b *Boundary) foreign(from net.Addr) {
+	b.st.foreign.Add(1)
+	b.m.foreign()
+	b.log.Debug("boundary refused a source other than its sandbox", "principal", b.cfg.Principal, "remote", from, "peer", b.cfg.Peer)
 }
 
 // CloseFlows resets every open flow of this boundary (and every DNS-over-TCP
@@ -474,6 +537,8 @@ type counters struct {
 	active          atomic.Int64
 	admissions      atomic.Uint64
 	admissionNanos  atomic.Int64
+	addrRefusals    [dialguard.NumClasses]atomic.Uint64
+	foreign         atomic.Uint64
 }
 
 // Stats are a boundary's counters since New.
@@ -505,6 +570,13 @@ type Stats struct {
 	// classifying, deciding and opening their upstream.
 	Admissions    uint64
 	AdmissionTime time.Duration
+	// AddressRefusals counts addresses an allowed name resolved to that
+	// the guard would not dial, by class ("loopback", "node", …); only
+	// classes seen are present.
+	AddressRefusals map[string]uint64
+	// Foreign counts connections and DNS datagrams on the sandbox-facing
+	// listeners from a source other than the sandbox, all refused.
+	Foreign uint64
 }
 
 // Stats returns the boundary's counters.
@@ -540,6 +612,13 @@ func (b *Boundary) Stats() Stats {
 	s.DNSNXDomain = b.st.dns[dnsNXDomain].Load()
 	s.Admissions = b.st.admissions.Load()
 	s.AdmissionTime = time.Duration(b.st.admissionNanos.Load())
+	s.AddressRefusals = map[string]uint64{}
+	for c := range b.st.addrRefusals {
+		if n := b.st.addrRefusals[c].Load(); n > 0 {
+			s.AddressRefusals[dialguard.Class(c).String()] = n
+		}
+	}
+	s.Foreign = b.st.foreign.Load()
 	return s
 }
 

@@ -308,7 +308,7 @@ func TestAbsentAndPresentServicesAlike(t *testing.T) {
 func TestNoPolicyDeniesEverything(t *testing.T) {
 	for _, pf := range []func() *policy.Policy{nil, func() *policy.Policy { return nil }} {
 		e := newEnv(t, "agent-a", netip.MustParseAddr("127.77.0.4"), func(c *Config) { c.Policy = pf })
-		for _, h := range []string{"mesh.sam.alt", "present.mcp.sam.alt", "small.inference.sam.alt", "allowed.test", "127.0.0.2", "localhost"} {
+		for _, h := range []string{"mesh.sam.alt", "present.mcp.sam.alt", "small.inference.sam.alt", "allowed.test", "198.51.100.2", "localhost"} {
 			if rep := e.rawSOCKS(t, h, 80); rep != socksNotAllowed {
 				t.Errorf("%s: %#x", h, rep)
 			}
@@ -337,7 +337,7 @@ func TestExternalAllowed(t *testing.T) {
 		for _, target := range []string{
 			fmt.Sprintf("allowed.test:%d", portOf(t, ln1)),
 			fmt.Sprintf("a.wild.test:%d", portOf(t, ln1)),
-			fmt.Sprintf("127.0.0.2:%d", portOf(t, ln2)),
+			fmt.Sprintf("198.51.100.2:%d", portOf(t, ln2)), // an allowed IP literal
 		} {
 			c, err := d.DialContext(context.Background(), "tcp", target)
 			if err != nil {
@@ -803,7 +803,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := map[string]bool{"route": true, "outcome": true, "answer": true}
+	allowed := map[string]bool{"route": true, "outcome": true, "answer": true, "class": true}
 	values := map[string]float64{}
 	for _, mf := range mfs {
 		for _, mt := range mf.GetMetric() {
@@ -857,7 +857,15 @@ func TestStartErrors(t *testing.T) {
 	}
 	defer ln.Close()
 	sock := t.TempDir() + "/a.sock"
-	b, _ := New(Config{Principal: "p", SocketPath: sock, ListenAddr: netip.MustParseAddr("127.77.0.11")})
+	// A listen address with no peer (the only source it would serve) is
+	// refused outright.
+	if _, err := New(Config{Principal: "p", SocketPath: sock, ListenAddr: netip.MustParseAddr("127.77.0.11")}); err == nil || !strings.Contains(err.Error(), "Peer") {
+		t.Fatalf("a listen address without a peer: %v", err)
+	}
+	b, err := New(Config{Principal: "p", SocketPath: sock, ListenAddr: netip.MustParseAddr("127.77.0.11"), Peer: netip.MustParseAddr("127.0.0.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
 	err = b.Start()
 	if err == nil || !strings.Contains(err.Error(), "DNS listener (TCP)") {
 		t.Fatalf("Start: %v", err)

@@ -75,6 +75,7 @@ func TestBoundaryCost(t *testing.T) {
 				Mesh:       mesh.dial,
 				SocketPath: filepath.Join(dir, fmt.Sprintf("b%d.sock", i)),
 				ListenAddr: netip.AddrFrom4([4]byte{127, 78, byte(i >> 8), byte(i + 1)}),
+				Peer:       netip.MustParseAddr("127.0.0.1"),
 				Metrics:    metrics,
 			})
 			if err != nil {

@@ -42,6 +42,10 @@ func (b *Boundary) serveDNSUDP(pc *net.UDPConn) {
 			time.Sleep(5 * time.Millisecond)
 			continue
 		}
+		if from.Addr().Unmap() != b.cfg.Peer {
+			b.foreign(net.UDPAddrFromAddrPort(from))
+			continue
+		}
 		if out := b.answerDNSBytes(buf[:n], false); out != nil {
 			pc.WriteToUDPAddrPort(out, from)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"sandstorm/internal/dialguard"
 	"sandstorm/internal/policy"
 )
 
@@ -70,6 +71,9 @@ type admission struct {
 	far            net.Conn // the upstream (the mesh for mesh names)
 	timeout        bool
 	netUnreachable bool
+	// private: the private prefixes the principal's policy opts into,
+	// from the same policy the verdict came from.
+	private []netip.Prefix
 }
 
 var (
@@ -102,7 +106,13 @@ func (b *Boundary) admit(f *flow, host string, port uint16) admission {
 	b.st.admissionNanos.Add(int64(d))
 	b.m.observeAdmission(d)
 	b.countFlow(a.route, a.out)
-	if a.out != outAllowed {
+	if a.out == outDenied {
+		// A person asking why a program got "not allowed" finds the
+		// answer here: who, what, and the rule that refused it.
+		b.logRefusal.Do(func() {
+			b.log.Info("boundary refused a flow", "principal", b.cfg.Principal, "route", routeNames[a.route], "host", host, "port", port, "reason", a.err)
+		})
+	} else if a.out != outAllowed {
 		b.log.Debug("boundary flow not admitted", "principal", b.cfg.Principal, "route", routeNames[a.route], "outcome", outcomeNames[a.out], "host", host, "port", port, "err", a.err)
 	}
 	return a
@@ -127,11 +137,13 @@ func (b *Boundary) decide(host string) admission {
 	}
 	a.dest = d
 	a.route = routeOf(d.Kind)
-	if ok, reason := b.policy().Decide(b.cfg.Principal, d); !ok {
+	p := b.policy()
+	if ok, reason := p.Decide(b.cfg.Principal, d); !ok {
 		a.out, a.err = outDenied, errors.New(reason)
 		return a
 	}
 	a.out = outAllowed
+	a.private = p.For(b.cfg.Principal).PrivateNets()
 	return a
 }
 
@@ -161,7 +173,13 @@ func (b *Boundary) dialMesh(ctx context.Context, a *admission) {
 }
 
 // dialExternal resolves an allowed name (an IP literal is its own address)
-// and dials its addresses in turn.
+// and dials its addresses in turn — only those the guard allows. This is the
+// one place every external flow goes through (SOCKS5, CONNECT, transparent),
+// so the address check cannot be missed by one of them. The check runs
+// twice: here, on each resolved address, so a refusal is known and counted
+// before anything is dialled; and on the socket itself (the dialer's
+// Control hook), on the address it is about to connect to, so a Dial that
+// resolves again cannot connect somewhere this check did not see.
 func (b *Boundary) dialExternal(ctx context.Context, a *admission, port uint16) {
 	var addrs []netip.Addr
 	if a.dest.IsIP {
@@ -187,20 +205,51 @@ func (b *Boundary) dialExternal(ctx context.Context, a *admission, port uint16) 
 		a.out, a.err = outUnreachable, errors.New("port 0")
 		return
 	}
-	var last error
-	for i, ip := range addrs {
-		if i == 4 {
+	dial := b.cfg.Dial
+	if dial == nil {
+		dial = (&net.Dialer{Control: dialguard.Control(b.cfg.Guard, a.private)}).DialContext
+	}
+	var last, refused error
+	tried := 0
+	for _, ip := range addrs {
+		if tried == 4 {
 			break
 		}
-		c, err := b.cfg.Dial(ctx, "tcp", netip.AddrPortFrom(ip.Unmap(), port).String())
+		ip = ip.Unmap()
+		if err := b.cfg.Guard.Check(ip, a.private); err != nil {
+			var r *dialguard.Refusal
+			if errors.As(err, &r) {
+				b.addressRefused(a.dest.Host, r)
+				refused = err
+				continue
+			}
+			last = err // the route lookup failed: not dialled either
+			continue
+		}
+		tried++
+		c, err := dial(ctx, "tcp", netip.AddrPortFrom(ip, port).String())
 		if err == nil {
 			a.far = c
 			return
+		}
+		var r *dialguard.Refusal
+		if errors.As(err, &r) {
+			// The socket's own check refused what the first one allowed:
+			// the route changed in between.
+			b.addressRefused(a.dest.Host, r)
+			refused = err
+			continue
 		}
 		last = err
 		if ctx.Err() != nil {
 			break
 		}
+	}
+	if last == nil && refused != nil {
+		// Every address the name had is one a sandbox may never reach: a
+		// policy refusal, exactly like a denied name.
+		a.out, a.err = outDenied, refused
+		return
 	}
 	a.err = last
 	switch {
@@ -215,6 +264,19 @@ func (b *Boundary) dialExternal(ctx context.Context, a *admission, port uint16) 
 	default:
 		a.out = outError
 	}
+}
+
+// addressRefused counts and logs an address the guard would not dial. It
+// is logged at warning level: an allowed name that resolves into the node
+// is DNS rebinding or a policy mistake, and someone should look.
+func (b *Boundary) addressRefused(host string, r *dialguard.Refusal) {
+	if r.Class >= 0 && r.Class < dialguard.NumClasses {
+		b.st.addrRefusals[r.Class].Add(1)
+	}
+	b.m.addrRefusal(r.Class)
+	b.logRefusal.Do(func() {
+		b.log.Warn("boundary refused an address", "principal", b.cfg.Principal, "name", host, "addr", r.Addr, "class", r.Class.String(), "reason", r.Error())
+	})
 }
 
 func isTimeout(err error) bool {

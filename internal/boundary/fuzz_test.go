@@ -66,7 +66,7 @@ func FuzzSOCKS5Handshake(f *testing.F) {
 
 	var mu sync.Mutex
 	var touched []string
-	pol, err := policy.Parse([]byte(`{"roles":[{"name":"r","services":["mcp://present"],"egress":["allowed.test","127.0.0.2"]}],"bindings":[{"principal":"p","roles":["r"]}]}`))
+	pol, err := policy.Parse([]byte(`{"roles":[{"name":"r","services":["mcp://present"],"egress":["allowed.test","198.51.100.2"]}],"bindings":[{"principal":"p","roles":["r"]}]}`))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func FuzzSOCKS5Handshake(f *testing.F) {
 			mu.Lock()
 			touched = append(touched, "resolve "+host)
 			mu.Unlock()
-			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+			return []netip.Addr{netip.MustParseAddr("198.51.100.1")}, nil
 		},
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			mu.Lock()
@@ -86,6 +86,7 @@ func FuzzSOCKS5Handshake(f *testing.F) {
 			mu.Unlock()
 			return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
 		},
+		Guard: testGuard(nil),
 		Mesh: func(ctx context.Context) (net.Conn, error) {
 			mu.Lock()
 			touched = append(touched, "mesh")
@@ -119,7 +120,7 @@ func FuzzSOCKS5Handshake(f *testing.F) {
 			case what == "resolve allowed.test", what == "mesh":
 			case len(what) > 5 && what[:5] == "dial ":
 				ap, err := netip.ParseAddrPort(what[5:])
-				if err != nil || (ap.Addr() != netip.MustParseAddr("127.0.0.1") && ap.Addr() != netip.MustParseAddr("127.0.0.2")) {
+				if err != nil || (ap.Addr() != netip.MustParseAddr("198.51.100.1") && ap.Addr() != netip.MustParseAddr("198.51.100.2")) {
 					t.Fatalf("dialled %s for input %q", what, data)
 				}
 			default:

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/net/proxy"
 
+	"sandstorm/internal/dialguard"
 	"sandstorm/internal/policy"
 )
 
@@ -26,7 +27,7 @@ const testPolicy = `
 roles:
   - name: agent
     services: ["inference://*", "mcp://present"]
-    egress: ["allowed.test", "example.com", "refused.test", "nxdomain.test", "127.0.0.2", "*.wild.test"]
+    egress: ["allowed.test", "example.com", "refused.test", "nxdomain.test", "198.51.100.2", "*.wild.test"]
   - name: plain
     services: ["inference://small"]
 bindings:
@@ -109,7 +110,11 @@ func (m *fakeMesh) dial(ctx context.Context) (net.Conn, error) {
 }
 
 // recorder records every resolution and dial a boundary makes, so a test
-// can prove a denied destination was never touched.
+// can prove a denied destination was never touched. It is also the tests'
+// stand-in for the world outside the node: names resolve to documentation
+// addresses (198.51.100.0/24, RFC 5737), which the guard lets through like
+// any public address, and a dial to 198.51.100.N:port reaches the test's
+// server on 127.0.0.N:port.
 type recorder struct {
 	mu       sync.Mutex
 	resolved []string
@@ -119,10 +124,10 @@ type recorder struct {
 
 func newRecorder() *recorder {
 	return &recorder{hosts: map[string]string{
-		"allowed.test": "127.0.0.1",
-		"example.com":  "127.0.0.1",
-		"refused.test": "127.0.0.3",
-		"a.wild.test":  "127.0.0.1",
+		"allowed.test": "198.51.100.1",
+		"example.com":  "198.51.100.1",
+		"refused.test": "198.51.100.3",
+		"a.wild.test":  "198.51.100.1",
 	}}
 }
 
@@ -141,8 +146,48 @@ func (r *recorder) dial(ctx context.Context, network, addr string) (net.Conn, er
 	r.mu.Lock()
 	r.dialled = append(r.dialled, addr)
 	r.mu.Unlock()
-	var d net.Dialer
-	return d.DialContext(ctx, network, addr)
+	to, err := outside(addr)
+	if err != nil {
+		return nil, err
+	}
+	return (&net.Dialer{}).DialContext(ctx, network, to)
+}
+
+// The tests' outside world: the documentation range, and one private
+// network (for egress_private).
+var testOutside = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("10.20.0.0/24")}
+
+// outside maps an address of the tests' outside world to the loopback
+// address its server listens on. Any other address is not dialled at all
+// (a unit test sends nothing off the machine): the dial is refused.
+func outside(addr string) (string, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range testOutside {
+		if p.Contains(ap.Addr()) {
+			b := ap.Addr().As4()
+			return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, b[3]}), ap.Port()).String(), nil
+		}
+	}
+	return "", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+}
+
+// testGuard is the real address guard with a routing table of the tests'
+// own: every address is routed through a gateway on eth0 unless routes
+// says otherwise. So the classes are decided exactly as on a node.
+func testGuard(routes map[string]dialguard.Route) *dialguard.Guard {
+	return &dialguard.Guard{
+		SandboxNets:     []netip.Prefix{netip.MustParsePrefix("10.213.0.0/16")},
+		SandboxIfPrefix: "ssv",
+		Lookup: func(a netip.Addr) (dialguard.Route, error) {
+			if r, ok := routes[a.String()]; ok {
+				return r, nil
+			}
+			return dialguard.Route{Type: dialguard.RouteUnicast, Oif: "eth0", Gateway: true}, nil
+		},
+	}
 }
 
 func (r *recorder) touched() (resolved, dialled []string) {
@@ -175,6 +220,12 @@ func newEnv(t testing.TB, principal string, addr netip.Addr, mod func(*Config)) 
 		ListenAddr: addr,
 		Resolve:    e.rec.resolve,
 		Dial:       e.rec.dial,
+		Guard:      testGuard(nil),
+	}
+	if addr.IsLoopback() {
+		// The kernel picks 127.0.0.1 as the source of a connection to any
+		// other loopback address.
+		cfg.Peer = netip.MustParseAddr("127.0.0.1")
 	}
 	if mod != nil {
 		mod(&cfg)

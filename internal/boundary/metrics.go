@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"sandstorm/internal/dialguard"
 )
 
 // route is what kind of destination a flow had; a closed set, so it can be
@@ -62,6 +64,8 @@ type Metrics struct {
 	handshakeErrors prometheus.Counter
 	dns             [nDNSAnswers]prometheus.Counter
 	mesh            [3]prometheus.Counter // forwarded, refused, error
+	addrRefusals    [dialguard.NumClasses]prometheus.Counter
+	foreignConns    prometheus.Counter
 }
 
 // AdmissionBuckets are the buckets of sam_box_admission_seconds: 5 µs to
@@ -113,8 +117,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for i, o := range []string{"forwarded", "refused", "error"} {
 		m.mesh[i] = mesh.WithLabelValues(o)
 	}
+	addr := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sam_box_address_refusals_total",
+		Help: "Addresses an allowed external name resolved to that were not dialled, by class (loopback, link_local, private, node, sandbox, local_network, …): DNS rebinding, or a policy naming something internal.",
+	}, []string{"class"})
+	for _, c := range dialguard.Classes() {
+		if !c.Allowed() {
+			m.addrRefusals[c] = addr.WithLabelValues(c.String())
+		}
+	}
+	m.foreignConns = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sam_box_foreign_connections_total",
+		Help: "Connections and DNS datagrams on a boundary's sandbox-facing listeners from a source other than its sandbox, all reset or dropped.",
+	})
 	if reg != nil {
-		reg.MustRegister(flows, m.admission, m.active, m.refusals, m.handshakeErrors, dns, mesh)
+		reg.MustRegister(flows, m.admission, m.active, m.refusals, m.handshakeErrors, dns, mesh, addr, m.foreignConns)
 	}
 	return m
 }
@@ -148,6 +165,18 @@ func (m *Metrics) refusal() {
 func (m *Metrics) handshakeError() {
 	if m != nil {
 		m.handshakeErrors.Inc()
+	}
+}
+
+func (m *Metrics) addrRefusal(c dialguard.Class) {
+	if m != nil && c >= 0 && c < dialguard.NumClasses && m.addrRefusals[c] != nil {
+		m.addrRefusals[c].Inc()
+	}
+}
+
+func (m *Metrics) foreign() {
+	if m != nil {
+		m.foreignConns.Inc()
 	}
 }
 

@@ -119,7 +119,7 @@ func (n *sandboxNet) inside(t testing.TB, fn func()) {
 func TestTransparent(t *testing.T) {
 	const tport = 15001
 	sn := newSandboxNet(t, tport)
-	e := newEnv(t, "agent-a", sn.host, nil)
+	e := newEnv(t, "agent-a", sn.host, func(c *Config) { c.Peer = sn.peer })
 	ln, accepted := echoServer(t, "127.0.0.1:0")
 	dnsSrv := netip.AddrPortFrom(sn.host, DefaultDNSPort).String()
 
@@ -254,4 +254,76 @@ func TestTransparent(t *testing.T) {
 	if st := e.b.Stats(); st.Flows["external/denied"] != 1 {
 		t.Errorf("stats: %v", st.Flows)
 	}
+}
+
+// The transparent path goes through the same address check: a program in
+// the sandbox that resolves an allowed name (answered a synthetic address)
+// whose real address is the node's loopback or its metadata address is
+// reset, and the listener there sees nothing.
+func TestTransparentAddressGuard(t *testing.T) {
+	const tport = 15001
+	sn := newSandboxNet(t, tport)
+	e := newRebindEnv(t, sn.host, func(c *Config) { c.Peer = sn.peer })
+	ln, accepted := echoServer(t, "127.0.0.1:0")
+	dnsSrv := netip.AddrPortFrom(sn.host, DefaultDNSPort).String()
+	names := []string{"loopback.rebind.test.", "metadata.rebind.test.", "node.rebind.test.", "sandbox.rebind.test."}
+	errs := map[string]error{}
+	var goodEcho string
+	sn.inside(t, func() {
+		c := &dns.Client{Timeout: 5 * time.Second}
+		dial := func(name string) (net.Conn, error) {
+			m := new(dns.Msg)
+			m.SetQuestion(name, dns.TypeA)
+			resp, _, err := c.Exchange(m, dnsSrv)
+			if err != nil || len(resp.Answer) != 1 {
+				return nil, fmt.Errorf("DNS %s: %v %v", name, err, resp)
+			}
+			ip := resp.Answer[0].(*dns.A).A
+			return net.DialTimeout("tcp", net.JoinHostPort(ip.String(), fmt.Sprint(portOf(t, ln))), 5*time.Second)
+		}
+		for _, name := range names {
+			conn, err := dial(name)
+			if err != nil {
+				errs[name] = err
+				continue
+			}
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			_, err = conn.Read(make([]byte, 1))
+			errs[name] = err
+			conn.Close()
+		}
+		if conn, err := dial("good.test."); err == nil {
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(conn, "hi\n")
+			goodEcho, _ = bufio.NewReader(conn).ReadString('\n')
+			conn.Close()
+		}
+	})
+	for _, name := range names {
+		if !isReset(errs[name]) {
+			t.Errorf("%s through the transparent path: %v, want a reset", name, errs[name])
+		}
+	}
+	if goodEcho != "ECHO hi\n" {
+		t.Errorf("a good name through the transparent path: %q", goodEcho)
+	}
+	if accepted.Load() != 1 {
+		t.Errorf("the listener accepted %d connections, want only the good one", accepted.Load())
+	}
+	st := e.b.Stats()
+	if st.AddressRefusals["loopback"] != 1 || st.AddressRefusals["link_local"] != 1 || st.AddressRefusals["node"] != 1 || st.AddressRefusals["sandbox"] != 1 {
+		t.Errorf("refusals: %v", st.AddressRefusals)
+	}
+	// From the host, the sandbox-facing listeners answer nobody: the
+	// connection comes from the host's own address, not the sandbox's.
+	c, err := net.DialTimeout("tcp", netip.AddrPortFrom(sn.host, DefaultProxyPort).String(), 5*time.Second)
+	if err == nil {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	if !isReset(err) && err != io.EOF {
+		t.Errorf("the host connecting to the boundary's proxy port: %v, want a reset", err)
+	}
+	waitFor(t, func() bool { return e.b.Stats().Foreign == 1 })
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"sandstorm/internal/boundary"
+	"sandstorm/internal/dialguard"
 	"sandstorm/internal/master"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
@@ -56,7 +57,10 @@ type Options struct {
 	// ("unix:///run/sam-node.sock"; "" = no mesh); MetricsAddr serves the
 	// boundaries' Prometheus metrics ("" = off).
 	Policy, SAMNode, MetricsAddr string
-	Log                          *slog.Logger
+	// Resolver is the DNS server ("host:port") boundaries resolve allowed
+	// external names with; "" is the system's resolver.
+	Resolver string
+	Log      *slog.Logger
 }
 
 // EnsureToken returns the API token in <dataDir>/pki/api-token, creating it
@@ -119,6 +123,45 @@ func parsePorts(s string) (int, int, error) {
 		return 0, 0, fmt.Errorf("gateway ports %q: want a range like 20000-29999", s)
 	}
 	return a, b, nil
+}
+
+// checkEphemeral refuses a gateway port range that overlaps the kernel's
+// ephemeral ports (net.ipv4.ip_local_port_range) outside those reserved
+// (net.ipv4.ip_local_reserved_ports): every outgoing connection on the
+// node takes its local port from there, so a gateway listener would find
+// its port taken now and then ("bind: address already in use"; seen with
+// 200 concurrent creates whose API connections held ports in the range).
+func checkEphemeral(lo, hi int) error {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return nil // not Linux's procfs: nothing to check against
+	}
+	var elo, ehi int
+	if _, err := fmt.Sscan(string(b), &elo, &ehi); err != nil {
+		return nil
+	}
+	reserved := map[int]bool{}
+	if r, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_reserved_ports"); err == nil {
+		for _, part := range strings.Split(strings.TrimSpace(string(r)), ",") {
+			a, z, _ := strings.Cut(part, "-")
+			x, err1 := strconv.Atoi(a)
+			y, err2 := strconv.Atoi(z)
+			if z == "" {
+				y, err2 = x, nil
+			}
+			if err1 == nil && err2 == nil {
+				for p := max(x, lo); p <= min(y, hi); p++ {
+					reserved[p] = true
+				}
+			}
+		}
+	}
+	for p := max(lo, elo); p <= min(hi, ehi); p++ {
+		if !reserved[p] {
+			return fmt.Errorf("--gateway-ports %d-%d overlaps the kernel's ephemeral ports %d-%d (net.ipv4.ip_local_port_range), which outgoing connections take their ports from: a gateway listener could find its port taken. Pick a range below %d (the default 20000-29999 is), or reserve it: sysctl -w net.ipv4.ip_local_reserved_ports=%d-%d", lo, hi, elo, ehi, elo, lo, hi)
+		}
+	}
+	return nil
 }
 
 // Serve runs the daemon until ctx ends. Sandboxes keep running after it
@@ -184,7 +227,10 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	sam, stopSAM, err := samConfig(o, log)
+	if err := checkEphemeral(pmin, pmax); err != nil {
+		return err
+	}
+	sam, stopSAM, err := samConfig(o, pool, log)
 	if err != nil {
 		return err
 	}
@@ -234,11 +280,39 @@ func Serve(ctx context.Context, o Options) error {
 	return nil
 }
 
+// resolver returns a lookup that asks only the DNS server at addr
+// (host:port), for --resolver: the node's boundaries then resolve allowed
+// names there rather than through /etc/resolv.conf and /etc/hosts.
+func resolver(addr string) (func(ctx context.Context, host string) ([]netip.Addr, error), error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--resolver %q: want an IP address and port, e.g. 127.0.0.53:53", addr)
+	}
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, ap.String())
+	}}
+	return func(ctx context.Context, host string) ([]netip.Addr, error) {
+		return r.LookupNetIP(ctx, "ip", host)
+	}, nil
+}
+
 // samConfig builds what the node's boundaries need: the policy (reloaded on
 // change; none = deny everything), the dial to sam-node, and metrics served
 // only when asked for — a listener is one more thing a sandbox might reach.
-func samConfig(o Options, log *slog.Logger) (node.SAM, func(), error) {
-	sam := node.SAM{Firewall: netns.DefaultFirewall("ssv")}
+func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), error) {
+	sam := node.SAM{Firewall: netns.DefaultFirewall(node.VethPrefix)}
+	// Every address an allowed name resolves to is checked before it is
+	// dialled: never this node's sandbox subnet, nor any route into a
+	// sandbox veth (another sandstormd's subnet included).
+	sam.Guard = &dialguard.Guard{SandboxNets: []netip.Prefix{pool.Prefix}, SandboxIfPrefix: node.VethPrefix}
+	if o.Resolver != "" {
+		r, err := resolver(o.Resolver)
+		if err != nil {
+			return sam, func() {}, err
+		}
+		sam.Resolve = r
+	}
 	var stops []func()
 	stop := func() {
 		for _, f := range stops {

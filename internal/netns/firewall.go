@@ -26,6 +26,11 @@ type Firewall struct {
 // Ensure installs the node's nftables table "sandstorm", replacing any earlier
 // copy in one atomic transaction. For packets coming in from a sandbox
 // (flow 3 of the architecture map):
+//   - a packet whose source is not the sandbox's own address (one the
+//     kernel would not route back out of the veth it came in by: reverse
+//     path filtering, RFC 3704 §2.2, done with fib) is dropped, and
+//     counted: a sandbox cannot speak with another's address, so its
+//     boundary's source check (internal/boundary) means what it says;
 //   - TCP to a synthetic address is redirected to its boundary's
 //     transparent listener;
 //   - anything addressed elsewhere than its own host address (another
@@ -51,9 +56,11 @@ table inet sandstorm {
 	counter not_own_address {}
 	counter host_port_denied {}
 	counter direct_ingress {}
+	counter spoofed_source {}
 	chain guard {
 		type filter hook prerouting priority -150; policy accept;
 		iifname "%[1]s*" meta nfproto ipv6 drop
+		iifname "%[1]s*" fib saddr . iif oif missing counter name spoofed_source drop
 		iifname "%[1]s*" ip daddr != %[2]s udp dport 53 fib daddr . iif type != local counter name dns_elsewhere drop
 		iifname "%[1]s*" ip daddr != %[2]s fib daddr . iif type != local counter name not_own_address drop
 	}

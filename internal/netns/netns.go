@@ -8,14 +8,20 @@ package netns
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Dir is where named namespaces are bind-mounted; the same place `ip netns`
@@ -125,20 +131,73 @@ func Create(n Net) error {
 // sandstormd with the same --subnet) would share a route, and traffic
 // meant for one would reach the other.
 func checkFree(n Net) error {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := addrDump(netlink.Handle{})
 	if err != nil {
-		return err
+		return fmt.Errorf("check that sandbox network %s is free: %w", n.Name, err)
 	}
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.IP.To4())
 		if !ok || !n.Host.Masked().Contains(ip) {
 			continue
 		}
-		if l, err := netlink.LinkByIndex(a.LinkIndex); err == nil && l.Attrs().Name != n.HostIf {
+		l, err := netlink.LinkByIndex(a.LinkIndex)
+		var gone netlink.LinkNotFoundError
+		switch {
+		case errors.As(err, &gone):
+			// The link went away since the dump, and its address with it.
+			continue
+		case err != nil:
+			return fmt.Errorf("check that sandbox network %s is free: link %d holding %s: %w", n.Name, a.LinkIndex, ip, err)
+		}
+		if l.Attrs().Name != n.HostIf {
 			return fmt.Errorf("address %s of sandbox network %s is already on host link %s: another sandstormd or network uses this subnet; pick another --subnet", ip, n.Name, l.Attrs().Name)
 		}
 	}
 	return nil
+}
+
+// Netlink dumps and concurrency. A dump (NLM_F_DUMP, e.g. RTM_GETADDR) is
+// answered in several parts, and when the table changes between two of
+// them the kernel sets NLM_F_DUMP_INTR on the answer: it may have missed
+// or repeated entries (netlink(7); <linux/netlink.h>: "Dump was
+// inconsistent due to sequence change"). Every Create and Delete of another sandbox
+// changes the host's links and addresses, so under concurrent creates this
+// is common (5-9 % of 200 concurrent creates failed with it).
+// vishvananda/netlink returns such a dump's partial result together with
+// ErrDumpInterrupted. So: no dump where a plain request does the job
+// (ensureAddr adds and takes EEXIST as "already there"; links are looked up
+// by name or index, single requests rather than dumps: LinkByName falls
+// back to a dump only on kernels too old to look a name up), and where a dump
+// is needed (checkFree: which link holds an address), it is retried until
+// the kernel says it is consistent, and never acted on otherwise: a partial
+// dump could miss the very address that makes the subnet taken.
+const (
+	dumpAttempts = 20
+	dumpBackoff  = time.Millisecond      // first wait; doubles each attempt
+	dumpMaxWait  = 50 * time.Millisecond // cap of one wait
+)
+
+// addrDump returns every IPv4 address in h's namespace from one consistent
+// dump, retrying interrupted ones (see above); after dumpAttempts
+// interrupted dumps it fails rather than return a partial list.
+func addrDump(h netlink.Handle) ([]netlink.Addr, error) {
+	wait := dumpBackoff
+	for i := 1; ; i++ {
+		addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
+		if err == nil {
+			return addrs, nil
+		}
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return nil, fmt.Errorf("list addresses: %w", err)
+		}
+		if i == dumpAttempts {
+			return nil, fmt.Errorf("list addresses: no consistent dump in %d attempts, the address table kept changing (NLM_F_DUMP_INTR): %w", dumpAttempts, err)
+		}
+		// Jittered, so dumps interrupted by the same change do not all
+		// retry at the same moment.
+		time.Sleep(wait/2 + rand.N(wait/2+1))
+		wait = min(2*wait, dumpMaxWait)
+	}
 }
 
 // EnsureSandboxAddr puts the sandbox address back on eth0 inside the
@@ -181,18 +240,15 @@ func ensureInside(ns netns.NsHandle, addr, host netip.Prefix) error {
 	return h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: host.Addr().AsSlice()})
 }
 
+// ensureAddr puts p on link unless it is there already. It adds without
+// listing first (a dump could come back interrupted, see addrDump): the
+// kernel refuses an address already on the link with EEXIST.
 func ensureAddr(h netlink.Handle, link netlink.Link, p netip.Prefix) error {
-	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
-	if err != nil {
+	ipn := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
+	if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipn}); err != nil && !errors.Is(err, unix.EEXIST) {
 		return err
 	}
-	for _, a := range addrs {
-		if a.IPNet != nil && a.IPNet.IP.Equal(p.Addr().AsSlice()) {
-			return nil
-		}
-	}
-	ipn := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
-	return h.AddrAdd(link, &netlink.Addr{IPNet: ipn})
+	return nil
 }
 
 // openOrCreate returns a handle on the named namespace, creating it if
@@ -202,7 +258,7 @@ func openOrCreate(name string) (netns.NsHandle, error) {
 	if ns, err := netns.GetFromName(name); err == nil {
 		return ns, nil
 	}
-	if err := os.MkdirAll(Dir, 0o755); err != nil {
+	if err := prepareDir(); err != nil {
 		return 0, err
 	}
 	runtime.LockOSThread()
@@ -226,6 +282,84 @@ func openOrCreate(name string) (netns.NsHandle, error) {
 		return 0, fmt.Errorf("create netns %s: %w", name, err)
 	}
 	return ns, nil
+}
+
+var (
+	dirMu    sync.Mutex
+	dirReady bool
+)
+
+// prepareDir makes Dir a mount point of its own before the first namespace
+// is mounted in it, the way `ip netns add` does the first time it runs (a
+// recursive bind of Dir onto itself, made shared). If Dir is still a plain
+// directory when `ip netns add` first runs on the machine (an operator,
+// `sandstormd doctor`, another test) while sandbox namespaces are mounted
+// in it, that recursive bind mounts each of them a second time and hides
+// the first: Delete then unmounts only the visible copy, removing the file
+// fails with EBUSY, and the hidden mount keeps the namespace alive. A Dir
+// that is a mount point already is left as it is, and so is one that has
+// namespaces mounted in it but is not a mount point (binding it now would
+// hide those the same way).
+func prepareDir() error {
+	dirMu.Lock()
+	defer dirMu.Unlock()
+	if dirReady {
+		return nil
+	}
+	if err := os.MkdirAll(Dir, 0o755); err != nil {
+		return err
+	}
+	dir, err := filepath.EvalSymlinks(Dir) // /var/run is /run; mountinfo says /run
+	if err != nil {
+		return err
+	}
+	mounted, below, err := mountsAt(dir)
+	if err != nil && !errors.Is(err, errMountUnknown) {
+		return err
+	}
+	// On a kernel that cannot say (before 5.8), Dir is left as it is.
+	if err == nil && !mounted && !below {
+		if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s onto itself: %w", dir, err)
+		}
+		if err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("make %s shared: %w", dir, err)
+		}
+	}
+	dirReady = true
+	return nil
+}
+
+var errMountUnknown = errors.New("the kernel does not say whether a path is a mount point")
+
+// mountsAt reports whether dir is the root of a mount, and whether
+// anything is mounted below it in the mount that holds it (mounts hidden
+// under another one do not count: they are not where dir leads).
+func mountsAt(dir string) (mounted, below bool, err error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_MNT_ID, &st); err != nil {
+		return false, false, fmt.Errorf("statx %s: %w", dir, err)
+	}
+	if st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 || st.Mask&unix.STATX_MNT_ID == 0 {
+		return false, false, errMountUnknown
+	}
+	if st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return true, false, nil
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, false, err
+	}
+	parent := strconv.FormatUint(st.Mnt_id, 10)
+	unescape := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	for _, line := range strings.Split(string(b), "\n") {
+		// "36 35 98:0 /mnt1 /mnt2 …": mount ID, parent ID, …, mount point.
+		f := strings.Fields(line)
+		if len(f) >= 5 && f[1] == parent && strings.HasPrefix(unescape.Replace(f[4]), dir+"/") {
+			return false, true, nil
+		}
+	}
+	return false, false, nil
 }
 
 // Delete removes the veth (both ends go together) and the namespace. Parts

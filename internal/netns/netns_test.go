@@ -1,12 +1,15 @@
 package netns
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -42,7 +45,7 @@ func TestPoolSlots(t *testing.T) {
 // their addresses and answer each other, that Create is idempotent, and that
 // Delete leaves nothing.
 func TestCreateDelete(t *testing.T) {
-	p, _ := ParsePool("10.231.0.0/24")
+	p, _ := ParsePool("10.196.0.0/24")
 	h, s, _ := p.Addrs(2)
 	n := Net{Name: "sstest-netns", HostIf: "sstestveth0", Host: h, Sandbox: s}
 	Delete(n)
@@ -83,7 +86,7 @@ func TestFirewallSandboxCannotReachHost(t *testing.T) {
 	if err := EnsureFirewall("ssv"); err != nil {
 		t.Fatal(err)
 	}
-	p, _ := ParsePool("10.232.0.0/24")
+	p, _ := ParsePool("10.197.0.0/24")
 	h, s, _ := p.Addrs(0)
 	n := Net{Name: "sstest-fw", HostIf: "ssvtestfw00", Host: h, Sandbox: s}
 	Delete(n)
@@ -171,7 +174,7 @@ func portOf(a net.Addr) string {
 // TestCreateRefusesTakenSubnet: a second network whose /30 is already on
 // another host link is refused instead of silently sharing its route.
 func TestCreateRefusesTakenSubnet(t *testing.T) {
-	p, _ := ParsePool("10.233.0.0/24")
+	p, _ := ParsePool("10.198.0.0/24")
 	h, s, _ := p.Addrs(0)
 	a := Net{Name: "sstest-a", HostIf: "sstesta", Host: h, Sandbox: s}
 	b := Net{Name: "sstest-b", HostIf: "sstestb", Host: h, Sandbox: s}
@@ -185,5 +188,161 @@ func TestCreateRefusesTakenSubnet(t *testing.T) {
 	}
 	if b.Exists() {
 		t.Fatal("refused Create left a namespace behind")
+	}
+}
+
+// TestConcurrentCreateDelete: many sandboxes' networks created and deleted
+// at the same moment all succeed. Each Create and Delete changes the host's
+// link and address tables, so a dump another one is reading at that moment
+// comes back flagged NLM_F_DUMP_INTR (netlink's ErrDumpInterrupted, "results
+// may be incomplete or inconsistent"); none of that may reach the caller.
+func TestConcurrentCreateDelete(t *testing.T) {
+	const n, rounds = 64, 3
+	// Outside 10.200-254/16, which the end-to-end tests' daemons pick from.
+	p, _ := ParsePool("10.199.0.0/24")
+	nets := make([]Net, n)
+	for i := range nets {
+		h, s, err := p.Addrs(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nets[i] = Net{Name: fmt.Sprintf("sstest-conc%02d", i), HostIf: fmt.Sprintf("sstestc%02d", i), Host: h, Sandbox: s}
+		Delete(nets[i])
+	}
+	t.Cleanup(func() {
+		for _, nw := range nets {
+			Delete(nw)
+		}
+	})
+	// Every goroutine creates, then deletes, its own network, rounds times,
+	// all starting together, so creates overlap creates and deletes.
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		errs  []error
+		start = make(chan struct{})
+	)
+	for _, nw := range nets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for r := 0; r < rounds; r++ {
+				if err := Create(nw); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("round %d: Create %s: %w", r, nw.Name, err))
+					mu.Unlock()
+					return
+				}
+				if r == rounds-1 {
+					return // the last round's networks are checked below
+				}
+				if err := Delete(nw); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("round %d: Delete %s: %w", r, nw.Name, err))
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.Fatalf("%d of %d goroutines failed", len(errs), n)
+	}
+	// Every network is complete: both addresses on the right links.
+	for _, nw := range nets {
+		out, err := exec.Command("ip", "-4", "-o", "addr", "show", "dev", nw.HostIf).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), nw.Host.String()) {
+			t.Errorf("%s: host side: %s %v", nw.Name, out, err)
+		}
+		out, err = exec.Command("ip", "-n", nw.Name, "-4", "-o", "addr", "show", "dev", SandboxIf).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), nw.Sandbox.String()) {
+			t.Errorf("%s: sandbox side: %s %v", nw.Name, out, err)
+		}
+	}
+	// And all go away together too.
+	for _, nw := range nets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := Delete(nw); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	for _, nw := range nets {
+		if nw.Exists() || linkExists(nw.HostIf) {
+			t.Errorf("%s: still there after Delete", nw.Name)
+		}
+	}
+}
+
+func linkExists(name string) bool {
+	_, err := net.InterfaceByName(name)
+	return err == nil
+}
+
+// TestDeleteAfterIPNetnsAdd: a sandbox network created before anyone ran
+// `ip netns add` (an operator, `sandstormd doctor`, another test) can still
+// be deleted after. When Dir is not a mount point, `ip netns add` binds it
+// recursively onto itself, which mounts every namespace already there a
+// second time, hidden under the new mount: Delete unmounted only the
+// visible copy and the file could not be removed (EBUSY), and the hidden
+// mount kept the namespace alive. The test runs itself again in a mount
+// namespace of its own with a tmpfs over /run, where Dir is a plain
+// directory as on a freshly booted machine.
+func TestDeleteAfterIPNetnsAdd(t *testing.T) {
+	p, _ := ParsePool("10.199.1.0/24")
+	h, s, _ := p.Addrs(0)
+	n := Net{Name: "sstest-ipadd", HostIf: "sstestipadd", Host: h, Sandbox: s}
+	if os.Getenv("SSTEST_FRESH_RUN") == "" {
+		Delete(n)
+		// The veth lives in the host's network namespace: clean it here
+		// should the run below fail half-way.
+		t.Cleanup(func() { Delete(n) })
+		cmd := exec.Command("unshare", "--mount", "--propagation", "private", "--",
+			os.Args[0], "-test.run=^TestDeleteAfterIPNetnsAdd$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "SSTEST_FRESH_RUN=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestDeleteAfterIPNetnsAdd") {
+			t.Fatalf("in a mount namespace of its own: %v\n%s", err, out)
+		}
+		return
+	}
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%q: %v: %s", args, err, out)
+		}
+	}
+	run("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/run")
+	if err := Create(n); err != nil {
+		t.Fatal(err)
+	}
+	run("ip", "netns", "add", "sstest-other")
+	defer exec.Command("ip", "netns", "delete", "sstest-other").Run()
+	if err := Delete(n); err != nil {
+		t.Fatalf("Delete after ip netns add: %v", err)
+	}
+	if n.Exists() {
+		t.Fatal("netns file still there")
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mi), "/"+n.Name+" ") {
+		t.Fatalf("a mount of %s is left:\n%s", n.Name, mi)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"sandstorm/internal/boundary"
+	"sandstorm/internal/dialguard"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/policy"
 	"sandstorm/internal/store"
@@ -26,6 +27,13 @@ type SAM struct {
 	Mesh func(ctx context.Context) (net.Conn, error)
 	// Metrics is shared by every boundary; nil: none.
 	Metrics *boundary.Metrics
+	// Guard checks every address an allowed external name resolves to
+	// before a boundary dials it; nil is a guard that knows no sandbox
+	// subnet (still refusing loopback, link-local, private, the node's
+	// own addresses and routes into sandbox veths).
+	Guard *dialguard.Guard
+	// Resolve resolves allowed external names; nil: the system resolver.
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Firewall has the ports and synthetic pool the boundaries use.
 	Firewall netns.Firewall
 }
@@ -47,17 +55,24 @@ func (n *Node) boundaryUp(sb store.Sandbox) error {
 		return err
 	}
 	fw := n.cfg.SAM.Firewall
+	var guard dialguard.Checker // nil: the boundary's strict default
+	if n.cfg.SAM.Guard != nil {
+		guard = n.cfg.SAM.Guard
+	}
 	b, err := boundary.New(boundary.Config{
 		Principal:       PrincipalOf(sb),
 		Policy:          n.cfg.SAM.Policy,
 		Mesh:            n.cfg.SAM.Mesh,
 		SocketPath:      filepath.Join(string(n.dir(sb.ID)), "agent.sock"),
 		ListenAddr:      nw.Host.Addr(),
+		Peer:            nw.Sandbox.Addr(), // the listeners serve this sandbox only
 		ProxyPort:       fw.ProxyPort,
 		DNSPort:         fw.DNSPort,
 		TransparentPort: fw.TransparentPort,
 		Synthetic:       fw.Synthetic,
 		Metrics:         n.cfg.SAM.Metrics,
+		Resolve:         n.cfg.SAM.Resolve,
+		Guard:           guard,
 		Log:             n.log.With("sandbox", sb.ID, "principal", PrincipalOf(sb)),
 	})
 	if err != nil {

@@ -168,7 +168,7 @@ func New(cfg Config) (*Node, error) {
 		cfg.GatewayHost = cfg.GatewayBind.String()
 	}
 	if cfg.SAM.Firewall.IfPrefix == "" {
-		cfg.SAM.Firewall = netns.DefaultFirewall(vethPrefix)
+		cfg.SAM.Firewall = netns.DefaultFirewall(VethPrefix)
 	}
 	if cfg.MemAvailable == nil {
 		cfg.MemAvailable = memguard.AvailableMiB
@@ -206,14 +206,16 @@ func (n *Node) Net(id string, slot int) (netns.Net, error) {
 	if err != nil {
 		return netns.Net{}, err
 	}
-	return netns.Net{Name: netnsPrefix + id, HostIf: vethPrefix + id, Host: host, Sandbox: sb}, nil
+	return netns.Net{Name: netnsPrefix + id, HostIf: VethPrefix + id, Host: host, Sandbox: sb}, nil
 }
 
 // Names of kernel objects: "ss-<id>" namespaces and "ssv<id>" host veths
-// (3 + 12 = 15 bytes, the limit for an interface name).
+// (3 + 12 = 15 bytes, the limit for an interface name). VethPrefix also
+// tells the firewall and the boundaries' address guard what a sandbox's
+// link is.
 const (
 	netnsPrefix = "ss-"
-	vethPrefix  = "ssv"
+	VethPrefix  = "ssv"
 )
 
 func (n *Node) spec(sb store.Sandbox) sandbox.Spec {

@@ -153,7 +153,7 @@ func (n *Node) removeOrphans(ctx context.Context, known map[string]bool) {
 		if known[id] {
 			continue
 		}
-		nw := netns.Net{Name: netnsPrefix + id, HostIf: vethPrefix + id}
+		nw := netns.Net{Name: netnsPrefix + id, HostIf: VethPrefix + id}
 		if nw.Exists() {
 			n.log.Warn("reconcile: removing orphaned network namespace", "netns", nw.Name)
 		}

@@ -10,6 +10,7 @@
 //	  - name: coder
 //	    services: ["inference://*", "mcp://calc", "mcp://everything/echo"]
 //	    egress: ["api.github.com", "*.pypi.org"]
+//	    egress_private: ["10.20.0.0/16"]
 //	bindings:
 //	  - principal: agent-a
 //	    roles: [coder]
@@ -21,6 +22,15 @@
 // or IPv6 literal. Anything ambiguous is rejected when the file is loaded:
 // "*", inner wildcards ("api.*.com"), trailing dots, ports, schemes, CIDRs.
 // A principal with no binding, or no policy at all, may reach nothing.
+//
+// An allowed name is still only dialled at a public address: the boundary
+// checks what it resolves to (internal/dialguard) and never dials loopback,
+// link-local, the node or a sandbox. Private space (RFC 1918, RFC 6598,
+// fc00::/7) and the networks the node is attached to are refused too,
+// unless a role lists the prefixes its names may resolve into under
+// egress_private (CIDRs of at least /8, or /7 for IPv6). Egress literals and
+// egress_private prefixes that no policy could ever reach (loopback,
+// link-local, multicast…) are rejected when the file is loaded.
 package policy
 
 import (
@@ -33,6 +43,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"sandstorm/internal/dialguard"
 )
 
 // File is the on-disk shape of a policy.
@@ -46,6 +58,9 @@ type Role struct {
 	Name     string   `json:"name"`
 	Services []string `json:"services,omitempty"`
 	Egress   []string `json:"egress,omitempty"`
+	// EgressPrivate lists the private (or on-link) prefixes this role's
+	// allowed names may resolve to; without it they are refused.
+	EgressPrivate []string `json:"egress_private,omitempty"`
 }
 
 // Binding gives a principal roles.
@@ -67,6 +82,7 @@ type Grants struct {
 	mcpTools   map[string]bool // "server/tool"
 	exact      map[string]bool // host names and IP literals
 	suffixes   []string        // ".example.org" for "*.example.org"
+	private    []netip.Prefix  // egress_private
 }
 
 // Empty is the policy that grants nothing; the boundary uses it when no
@@ -127,6 +143,11 @@ func Compile(f File) (*Policy, error) {
 				errs = append(errs, fmt.Errorf("role %q: %w", r.Name, err))
 			}
 		}
+		for _, e := range r.EgressPrivate {
+			if err := g.addPrivate(e); err != nil {
+				errs = append(errs, fmt.Errorf("role %q: %w", r.Name, err))
+			}
+		}
 		roles[r.Name] = g
 	}
 	p := &Policy{grants: map[string]*Grants{}}
@@ -173,6 +194,7 @@ func (g *Grants) merge(o *Grants) {
 		g.exact[k] = true
 	}
 	g.suffixes = append(g.suffixes, o.suffixes...)
+	g.private = append(g.private, o.private...)
 }
 
 func (g *Grants) addService(s string) error {
@@ -208,7 +230,10 @@ func (g *Grants) addService(s string) error {
 
 func (g *Grants) addEgress(e string) error {
 	if ip, err := netip.ParseAddr(e); err == nil {
-		g.exact[ip.String()] = true
+		if c, never := dialguard.NeverReachable(ip); never {
+			return fmt.Errorf("egress %q: a %s address is never dialled for a sandbox", e, c)
+		}
+		g.exact[ip.Unmap().String()] = true
 		return nil
 	}
 	if e == "" || e == "*" || strings.HasSuffix(e, ".") || strings.ContainsAny(e, ":/ ") {
@@ -237,6 +262,36 @@ func (g *Grants) addEgress(e string) error {
 		g.exact[name] = true
 	}
 	return nil
+}
+
+// addPrivate opts a role into a private (or on-link) prefix. A prefix
+// shorter than /8 (/7 for IPv6) would be the wildcard "*" in disguise.
+func (g *Grants) addPrivate(e string) error {
+	p, err := netip.ParsePrefix(e)
+	if err != nil {
+		return fmt.Errorf("egress_private %q: want a CIDR such as 10.20.0.0/16", e)
+	}
+	if p.Addr().Zone() != "" || p.Addr().Is4In6() {
+		return fmt.Errorf("egress_private %q: write IPv4 prefixes as IPv4", e)
+	}
+	if (p.Addr().Is4() && p.Bits() < 8) || (p.Addr().Is6() && p.Bits() < 7) {
+		return fmt.Errorf("egress_private %q: too broad (at least /8, or /7 for IPv6)", e)
+	}
+	p = p.Masked()
+	if c, never := dialguard.NeverReachable(p.Addr()); never {
+		return fmt.Errorf("egress_private %q: %s addresses are never dialled for a sandbox", e, c)
+	}
+	g.private = append(g.private, p)
+	return nil
+}
+
+// PrivateNets returns the private (or on-link) prefixes g's allowed names
+// may resolve to.
+func (g *Grants) PrivateNets() []netip.Prefix {
+	if g == nil {
+		return nil
+	}
+	return g.private
 }
 
 // For returns the grants of principal; nil (reach nothing) if it has no

@@ -110,6 +110,46 @@ func TestRejectsAmbiguousEntries(t *testing.T) {
 	}
 }
 
+func TestEgressAddresses(t *testing.T) {
+	// Literals no policy could ever reach are rejected when loaded, with
+	// the reason; private literals load (they may be opted into).
+	for _, bad := range []string{"127.0.0.1", "::1", "169.254.169.254", "0.0.0.0", "224.0.0.1", "::ffff:127.0.0.1", "fe80::1"} {
+		_, err := Compile(File{Roles: []Role{{Name: "r", Egress: []string{bad}}}})
+		if err == nil || !strings.Contains(err.Error(), "never dialled") {
+			t.Errorf("egress %q: %v, want a never-dialled error", bad, err)
+		}
+	}
+	for _, bad := range []string{"10.0.0.0", "10.0.0.0/7", "0.0.0.0/0", "::/0", "fc00::/6", "127.0.0.0/8", "169.254.0.0/16", "ff00::/8", "fe80::/10", "::ffff:10.0.0.0/104", "x"} {
+		if _, err := Compile(File{Roles: []Role{{Name: "r", EgressPrivate: []string{bad}}}}); err == nil {
+			t.Errorf("egress_private %q accepted", bad)
+		} else if !strings.Contains(err.Error(), bad) {
+			t.Errorf("error for %q does not name it: %v", bad, err)
+		}
+	}
+	p, err := Parse([]byte(`
+roles:
+  - {name: lan, egress: [db.internal, 10.20.0.5], egress_private: ["10.20.0.0/16", "fd00:1::/32"]}
+  - {name: more, egress_private: ["192.168.7.0/24"]}
+  - {name: none, egress: [api.github.com]}
+bindings:
+  - {principal: a, roles: [lan, more]}
+  - {principal: b, roles: [none]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := p.For("a").PrivateNets()
+	if len(got) != 3 || got[0].String() != "10.20.0.0/16" || got[2].String() != "192.168.7.0/24" {
+		t.Errorf("a's private nets: %v", got)
+	}
+	if n := p.For("b").PrivateNets(); len(n) != 0 {
+		t.Errorf("b's private nets: %v", n)
+	}
+	if p.For("nobody").PrivateNets() != nil {
+		t.Error("an unbound principal has private nets")
+	}
+}
+
 func TestEmptyPolicyDeniesEverything(t *testing.T) {
 	for _, h := range []string{"mesh.sam.alt", "example.com", "127.0.0.1"} {
 		if ok, _ := Empty().Decide("anyone", mustClassify(t, h)); ok {

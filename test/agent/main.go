@@ -9,11 +9,14 @@
 //	GET /probe?kind=dns&name=N             (resolve through the sandbox's resolver)
 //	GET /probe?kind=udpdns&server=IP:53&name=N (a DNS query sent to a server of its choosing)
 //	GET /probe?kind=http&url=U&header=K:V  (a plain HTTP GET)
+//	GET /probe?kind=socks&proxy=IP:1080&target=host:port   (HTTP GET / through a SOCKS5 CONNECT)
+//	GET /probe?kind=connect&proxy=IP:1080&target=host:port (HTTP GET / through an HTTP CONNECT)
 //
 // Every answer is JSON. Nothing in here is SAM-specific, which is the point.
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +31,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"golang.org/x/net/proxy"
 )
 
 const mesh = "http://mesh.sam.alt"
@@ -173,6 +177,31 @@ type probeResult struct {
 	Error  string   `json:"error,omitempty"`
 }
 
+// getOver sends GET / over an open tunnel to target and reads the answer.
+func getOver(c net.Conn, target string) (int, string, error) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	host, _, _ := net.SplitHostPort(target)
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host); err != nil {
+		return 0, "", err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, string(b), nil
+}
+
+// bufConn is a connection whose first bytes were already buffered.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
 func probe(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
@@ -211,6 +240,34 @@ func probe(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
 			res.Status, res.Body = resp.StatusCode, string(b)
+		}
+	case "socks":
+		var d proxy.Dialer
+		if d, err = proxy.SOCKS5("tcp", q.Get("proxy"), nil, &net.Dialer{Timeout: 2 * time.Second}); err == nil {
+			var c net.Conn
+			if c, err = d.(proxy.ContextDialer).DialContext(ctx, "tcp", q.Get("target")); err == nil {
+				res.Status, res.Body, err = getOver(c, q.Get("target"))
+			}
+		}
+	case "connect":
+		var c net.Conn
+		if c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", q.Get("proxy")); err == nil {
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", q.Get("target"), q.Get("target"))
+			br := bufio.NewReader(c)
+			var resp *http.Response
+			if resp, err = http.ReadResponse(br, &http.Request{Method: "CONNECT"}); err == nil {
+				if resp.StatusCode != 200 {
+					b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+					res.Status, res.Body = resp.StatusCode, string(b)
+					err = fmt.Errorf("CONNECT: %s", resp.Status)
+					c.Close()
+				} else {
+					res.Status, res.Body, err = getOver(&bufConn{Conn: c, r: br}, q.Get("target"))
+				}
+			} else {
+				c.Close()
+			}
 		}
 	default:
 		err = fmt.Errorf("unknown probe kind %q", q.Get("kind"))

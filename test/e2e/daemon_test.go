@@ -574,10 +574,19 @@ func pickGatewayPorts(t *testing.T, n int) string {
 	t.Helper()
 	allocMu.Lock()
 	defer allocMu.Unlock()
-	const lo, hi = 41000, 59000
-	start := lo + (os.Getpid()%90)*200
+	// Below the kernel's ephemeral ports, as sandstormd demands: outgoing
+	// connections (the tests' own to the API among them) take their local
+	// ports from that range, and would now and then hold a gateway's port.
+	lo, hi := 10000, 32000
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var elo, ehi int
+		if _, err := fmt.Sscan(string(b), &elo, &ehi); err == nil && elo > lo+2000 {
+			hi = elo
+		}
+	}
+	start := lo + (os.Getpid()%50)*200
 	for i := 0; i < (hi-lo)/n; i++ {
-		base := lo + (start-lo+i*n)%(hi-lo)
+		base := lo + (start-lo+i*n)%(hi-lo-n)
 		ok := true
 		for p := base; p < base+n && ok; p++ {
 			if usedPorts[p] {

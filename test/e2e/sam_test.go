@@ -54,8 +54,8 @@ bindings:
 
 // startSAMNode runs sam-node with the fake provider and server-everything
 // (twice: as "everything" and as "present", a service agent-a is not
-// granted) and returns its agent socket.
-func startSAMNode(t *testing.T, llm *fakellm.Server, policyPath string) string {
+// granted).
+func startSAMNode(t *testing.T, llm *fakellm.Server, policyPath string) samNode {
 	t.Helper()
 	everything, err := filepath.Abs("../../testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 	if err != nil {
@@ -81,10 +81,10 @@ mcp_servers:
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
 		cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
@@ -100,13 +100,38 @@ mcp_servers:
 	for {
 		r, err := call("GET", "http://"+admin+"/readyz", nil, nil, 2*time.Second)
 		if err == nil && r.Status == 200 {
-			return sock
+			return samNode{Sock: sock, Admin: admin, Log: logf.Name()}
 		}
-		if time.Now().After(deadline) {
+		exited := false
+		select {
+		case <-done:
+			exited = true
+		default:
+		}
+		if exited || time.Now().After(deadline) {
 			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("sam-node not ready on %s (%v, %d); log:\n%s", admin, err, r.Status, tail(string(b), 40))
+			t.Fatalf("sam-node not ready on %s (exited: %v; %v, %d); log:\n%s", admin, exited, err, r.Status, tail(string(b), 40))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// samNode is a running sam-node: its agent socket, admin address and log.
+type samNode struct{ Sock, Admin, Log string }
+
+// waitLog waits until the file at path contains s.
+func waitLog(t *testing.T, path, s string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		b, _ := os.ReadFile(path)
+		if strings.Contains(string(b), s) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q not in %s within %v; last lines:\n%s", s, path, timeout, tail(string(b), 20))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -178,7 +203,8 @@ func TestAgentThroughBoundary(t *testing.T) {
 	defer llm.Close()
 	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
 	os.WriteFile(policyPath, []byte(samPolicy), 0o600)
-	sock := startSAMNode(t, llm, policyPath)
+	sn := startSAMNode(t, llm, policyPath)
+	sock := sn.Sock
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	d := startDaemon(t, "--policy", policyPath, "--sam-node", "unix://"+sock, "--metrics-addr", metrics)
 	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
@@ -371,7 +397,10 @@ func TestAgentThroughBoundary(t *testing.T) {
 		// A bad file is rejected and the old policy holds; a good one
 		// changes what agent-a sees without restarting anything.
 		os.WriteFile(policyPath, []byte("roles: [{name: a, egress: ['*']}]"), 0o600)
-		time.Sleep(3 * time.Second) // both watchers poll; give them a look at the bad file
+		// Both watchers poll: wait until each has seen and rejected it.
+		const rejected = "policy: rejected the changed file"
+		waitLog(t, d.LogPath, rejected, 30*time.Second)
+		waitLog(t, sn.Log, rejected, 30*time.Second)
 		checkA(t, runA(t))
 		os.WriteFile(policyPath, []byte(strings.Replace(samPolicy, `"inference://gpt-small"`, `"inference://gpt-small", "inference://gpt-big"`, 1)), 0o600)
 		deadline := time.Now().Add(30 * time.Second)

@@ -25,7 +25,7 @@ import (
 )
 
 // These tests need root: they create network namespaces, veths, cgroups and
-// mount namespaces for real. They use 10.250.0.0/16 and namespaces and links
+// mount namespaces for real. They use 10.195.0.0/16 (outside the 10.200-254 range the e2e daemons pick from) and namespaces and links
 // named sst-*/vst-* that they delete again.
 
 func requireRoot(t *testing.T) {
@@ -51,7 +51,7 @@ type testNet struct {
 }
 
 // newTestNet creates a uniquely named netns with lo up and, if withVeth, a
-// veth pair on a random /30 of 10.250.0.0/16. Cleanup deletes both.
+// veth pair on a random /30 of 10.195.0.0/16. Cleanup deletes both.
 func newTestNet(t *testing.T, withVeth bool) testNet {
 	t.Helper()
 	requireRoot(t)
@@ -65,8 +65,8 @@ func newTestNet(t *testing.T, withVeth bool) testNet {
 	}
 	host := "vst-" + suffix // ≤ 15 chars
 	base := rand.IntN(1<<14) * 4
-	hostIP := fmt.Sprintf("10.250.%d.%d", base/256, base%256+1)
-	n.SandboxIP = fmt.Sprintf("10.250.%d.%d", base/256, base%256+2)
+	hostIP := fmt.Sprintf("10.195.%d.%d", base/256, base%256+1)
+	n.SandboxIP = fmt.Sprintf("10.195.%d.%d", base/256, base%256+2)
 	run(t, "ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", n.Name)
 	t.Cleanup(func() { exec.Command("ip", "link", "del", host).Run() })
 	run(t, "ip", "addr", "add", hostIP+"/30", "dev", host)
