@@ -50,7 +50,9 @@ type TemplateRequest struct {
 	// Ports are the TCP ports the process serves inside the sandbox; each
 	// gets a gateway endpoint per sandbox.
 	Ports []int `json:"ports"`
-	// MemoryMiB is the sandbox's memory limit in MiB (0: none).
+	// MemoryMiB is its sandboxes' memory limit in MiB (0: the node's
+	// default, --sandbox-memory). Enforced: the sandbox's cgroup limit and
+	// the memory gVisor reports to it.
 	MemoryMiB int `json:"memory_mib,omitempty"`
 	// Principal is who its sandboxes are to their boundary and the mesh,
 	// unless a sandbox names its own ("" = each sandbox's name).
@@ -75,6 +77,9 @@ type SandboxRequest struct {
 	Name     string `json:"name,omitempty"`
 	// Principal overrides the template's principal.
 	Principal string `json:"principal,omitempty"`
+	// MemoryMiB overrides the template's memory limit (0: the template's,
+	// or the node's default).
+	MemoryMiB int `json:"memory_mib,omitempty"`
 }
 
 // Sandbox is what GET /v1/sandboxes/{id} returns.
@@ -107,6 +112,9 @@ type Sandbox struct {
 	// Boundary is the host-side Unix socket of its boundary (SOCKS5 and
 	// HTTP CONNECT), for tools on the node such as sam-bench.
 	Boundary string `json:"boundary,omitempty"`
+	// MemoryMiB is its memory limit (its own, its template's or the node's
+	// default), enforced by its cgroup.
+	MemoryMiB int `json:"memory_mib,omitempty"`
 	// Note says what the node last had to do that a caller should know
 	// (e.g. a failed checkpoint re-created the sandbox cold).
 	Note string `json:"note,omitempty"`
@@ -142,4 +150,7 @@ type NodeStatus struct {
 	MemAvailableMiB int64        `json:"mem_available_mib"`
 	MemReserveMiB   int64        `json:"mem_reserve_mib"`
 	Sandboxes       map[Tier]int `json:"sandboxes"`
+	// Reconciling is how many sandboxes the node is still repairing after
+	// a restart (their transitions wait until it is done with each).
+	Reconciling int `json:"reconciling"`
 }

@@ -9,9 +9,17 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"sandstorm/internal/memguard"
 )
 
 func main() {
+	// If the node runs out of memory the kernel should kill a sandbox
+	// (sandstormd raises theirs), not the mesh every agent depends on.
+	// Lowering needs root; as anyone else it is simply not done.
+	if os.Geteuid() == 0 {
+		memguard.ProtectSelf(-900)
+	}
 	if err := rootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "sam-node:", err)
 		os.Exit(1)

@@ -491,8 +491,16 @@ func TestSOCKS5ReplyCodes(t *testing.T) {
 	if s := rawCONNECT(t, "unix", e.sock, "refused.test:9"); s != 502 {
 		t.Errorf("CONNECT refused: %d", s)
 	}
-	st := e.b.Stats()
-	if st.Flows["external/unreachable"] != 2 || st.Flows["external/refused"] != 2 || st.HandshakeErrors != 5 {
+	// The server counts a refused method after it wrote its answer, so the
+	// client may read that answer first: wait for the count.
+	want := func(st Stats) bool {
+		return st.Flows["external/unreachable"] == 2 && st.Flows["external/refused"] == 2 && st.HandshakeErrors == 5
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !want(e.b.Stats()) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := e.b.Stats(); !want(st) {
 		t.Errorf("stats %+v", st)
 	}
 	// Non-CONNECT methods and garbage over HTTP.

@@ -25,6 +25,7 @@ import (
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/master"
+	"sandstorm/internal/memguard"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
 	"sandstorm/internal/policy"
@@ -46,12 +47,15 @@ type Options struct {
 	GatewayBind  string // address the gateway listens on
 	GatewayPorts string // "20000-29999"
 	MemReserve   int64  // MiB
-	MaxWakes     int
-	Admission    time.Duration
-	Ready        time.Duration
-	Timers       tier.Timers
-	MaxUpload    int64 // bytes
-	Zswap        bool
+	// SandboxMemory is the default memory limit of a sandbox, MiB;
+	// DiskReserve the disk (MiB) kept free under the data dir.
+	SandboxMemory, DiskReserve int64
+	MaxWakes                   int
+	Admission                  time.Duration
+	Ready                      time.Duration
+	Timers                     tier.Timers
+	MaxUpload                  int64 // bytes
+	Zswap                      bool
 	// Policy is the SAM policy file every boundary decides by ("" = deny
 	// everything); SAMNode the local sam-node's agent socket
 	// ("unix:///run/sam-node.sock"; "" = no mesh); MetricsAddr serves the
@@ -180,6 +184,14 @@ func Serve(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return err
 	}
+	// If the kernel must kill for memory, it kills a sandbox (their score
+	// is raised, node.SandboxOOMScoreAdj), never the daemon that can
+	// recover from it.
+	if err := memguard.ProtectSelf(node.DaemonOOMScoreAdj); err != nil {
+		// Lowering needs CAP_SYS_RESOURCE; without it the sandboxes' raised
+		// score still puts them first.
+		log.Warn("cannot lower sandstormd's OOM score (no CAP_SYS_RESOURCE?); sandboxes still go first, their score is raised", "err", err)
+	}
 	lock, err := lockDataDir(o.DataDir)
 	if err != nil {
 		return err
@@ -238,26 +250,36 @@ func Serve(ctx context.Context, o Options) error {
 	nd, err := node.New(node.Config{
 		Name: "local", DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax,
-		MemReserveMiB: o.MemReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
+		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
 		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log,
 	})
 	if err != nil {
 		return err
 	}
-	if err := nd.Reconcile(ctx); err != nil {
-		if errors.Is(err, node.ErrFirewall) {
-			return err // fail closed: no sandbox runs without its firewall
-		}
-		// Per-sandbox problems are reported, not fatal: the rest serve.
-		log.Error("reconcile", "err", err)
+	plan, err := nd.BeginReconcile(ctx)
+	if err != nil {
+		return err // ErrFirewall: fail closed, no sandbox runs without its firewall
 	}
-	nd.Run()
-	defer nd.Close()
-
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return fmt.Errorf("API listen: %w", err)
 	}
+	// The API opens at once and the repair after a restart runs behind it
+	// (issue 7: a sandbox whose runsc hangs must not keep the API closed);
+	// GET /v1/node says how many sandboxes are still being repaired.
+	reconciled := make(chan struct{})
+	go func() {
+		defer close(reconciled)
+		if err := nd.FinishReconcile(ctx, plan); err != nil {
+			// Per-sandbox problems are reported, not fatal: the rest serve.
+			log.Error("reconcile", "err", err)
+		}
+	}()
+	nd.Run()
+	defer func() {
+		<-reconciled
+		nd.Close()
+	}()
 	srv := &http.Server{
 		Handler: master.Handler(master.Config{
 			Store: st, Node: nd, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,

@@ -2,7 +2,8 @@
 
 GET /         -> 200 "count=N pid=P\n"; N increments on every request, so a
                  client can prove that memory survived pause or
-                 checkpoint/restore. When HEAP_MIB > 0 the body also carries
+                 checkpoint/restore. When HEAP_MIB > 0 (set in the builder, or
+                 in the environment) the body also carries
                  " heap_bytes=B" (the size of the resident numpy array).
 GET /heap     -> 200 "sum=S bytes=B\n" (reads every page of the heap; only
                  when HEAP_MIB > 0).
@@ -19,6 +20,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HEAP_MIB = 0  # rewritten by the demo builder
+# A template may ask for another heap size (the memory flood test and
+# benchmark do); numpy must be in the rootfs for any heap (app64's is).
+HEAP_MIB = int(os.environ.get("HEAP_MIB", HEAP_MIB))
 
 heap = None
 if HEAP_MIB:

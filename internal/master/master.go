@@ -28,7 +28,7 @@ import (
 // same process; the fleet issue adds a remote implementation.
 type Node interface {
 	Name() string
-	Create(ctx context.Context, t store.Template, name, principal string) (store.Sandbox, error)
+	Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int) (store.Sandbox, error)
 	Get(ctx context.Context, ref string) (store.Sandbox, error)
 	List(ctx context.Context) ([]store.Sandbox, error)
 	Delete(ctx context.Context, id string) error
@@ -131,7 +131,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeErr(w, http.StatusConflict, api.CodeConflict, err.Error())
 	case errors.Is(err, sandbox.ErrNotSupported):
 		writeErr(w, http.StatusConflict, api.CodeNotSupported, err.Error())
-	case errors.Is(err, node.ErrNoMemory), errors.Is(err, node.ErrRefused), errors.Is(err, node.ErrFull):
+	case errors.Is(err, node.ErrNoMemory), errors.Is(err, node.ErrNoDisk), errors.Is(err, node.ErrRefused), errors.Is(err, node.ErrFull):
 		writeErr(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
 	case errors.Is(err, node.ErrBadInput), errors.Is(err, rootfs.ErrUnsafe), errors.Is(err, errBadRequest):
 		writeErr(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
@@ -177,6 +177,7 @@ func (s *server) toAPISandbox(sb store.Sandbox) api.Sandbox {
 		Endpoints: s.cfg.Node.Endpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: s.cfg.Node.BoundarySocket(sb.ID),
+		MemoryMiB: sb.MemoryMiB,
 	}
 }
 
@@ -403,7 +404,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sb, err := s.cfg.Node.Create(r.Context(), t, req.Name, req.Principal)
+	sb, err := s.cfg.Node.Create(r.Context(), t, req.Name, req.Principal, req.MemoryMiB)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -38,3 +38,74 @@ func AvailableMiB() (int64, error) {
 	}
 	return 0, fmt.Errorf("meminfo: no MemAvailable line")
 }
+
+// Promise is memory a sandbox that is starting or waking is expected to
+// take but does not hold yet: it was admitted at ExpectedMiB and holds
+// HeldMiB so far.
+type Promise struct {
+	ExpectedMiB, HeldMiB int64
+}
+
+// Outstanding is what the promises still have to take: MemAvailable does
+// not show it yet, and a 1 GiB heap that has not been touched still counts.
+func Outstanding(ps []Promise) int64 {
+	var sum int64
+	for _, p := range ps {
+		if d := p.ExpectedMiB - p.HeldMiB; d > 0 {
+			sum += d
+		}
+	}
+	return sum
+}
+
+// Headroom is what can still be promised without eating into the reserve:
+// available memory, less the reserve, less what admitted sandboxes have yet
+// to take. It is the admission decision of issue 7 ("admission counts what
+// sandboxes are about to use"), pure so it can be tested exhaustively.
+func Headroom(availMiB, reserveMiB int64, ps []Promise) int64 {
+	return availMiB - reserveMiB - Outstanding(ps)
+}
+
+// Expected is the size a sandbox is admitted at: its limit, or — once
+// sandboxes of its template were seen to settle — a margin above the
+// largest of them (never above the limit, never below floorMiB).
+func Expected(limitMiB, settledMiB int64) int64 {
+	const floorMiB = 16
+	if settledMiB <= 0 || limitMiB <= 0 {
+		return max(limitMiB, floorMiB)
+	}
+	e := settledMiB + settledMiB/4 // +25 %: a little growth, or a busier request
+	return max(min(e, limitMiB), floorMiB)
+}
+
+// PressureSome10 is the share of the last 10 s (in %) in which some task
+// waited for memory (/proc/pressure/memory, "some avg10"; Linux PSI).
+// It rises before MemAvailable says anything is wrong, because reclaim
+// already costs time; -1 if the kernel has no PSI.
+func PressureSome10() float64 {
+	b, err := os.ReadFile("/proc/pressure/memory")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "some ") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "avg10="); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err == nil {
+					return x
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// ProtectSelf sets this process's OOM score adjustment (oom_score_adj,
+// -1000 to 1000): sandstormd and sam-node lower theirs so that if the
+// kernel must kill, it kills a sandbox (which the node raises) instead.
+func ProtectSelf(adj int) error {
+	return os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(adj)), 0o644)
+}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 
@@ -190,13 +191,26 @@ func TestChat(t *testing.T) {
 		}
 	}
 
-	m := scrape(t, n)
-	for _, want := range []string{
+	// A request is counted when its handler returns, which can be just
+	// after the client has read the whole answer: wait for the counts.
+	wants := []string{
 		`sam_node_requests_total{code="200",route="chat_completions"} 2`,
 		`sam_node_requests_total{code="200",route="completions"} 1`,
 		`sam_node_provider_attempts_total{outcome="ok",provider="fake"} 3`,
 		`sam_node_model_requests_total{model="m-a",outcome="served"} 3`,
-	} {
+	}
+	var m string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		m = scrape(t, n)
+		all := true
+		for _, want := range wants {
+			all = all && hasLine(m, want)
+		}
+		if all || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, want := range wants {
 		if !hasLine(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}

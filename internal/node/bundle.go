@@ -97,8 +97,11 @@ func unescapeMount(s string) string {
 }
 
 // writeSpec writes bundle/config.json: the OCI runtime spec of template t,
-// joining the sandbox's network namespace at netnsPath.
-func (l layout) writeSpec(t store.Template, hostname, netnsPath string) error {
+// joining the sandbox's network namespace at netnsPath, with a memory
+// limit of limitMiB (runsc sets it on the sandbox's cgroup and reports it
+// to the sandbox as its total memory) and a high OOM score, so that the
+// kernel's OOM killer takes a sandbox before anything of the node's.
+func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath string) error {
 	env := t.Process.Env
 	if !hasEnv(env, "PATH") {
 		env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
@@ -136,8 +139,10 @@ func (l layout) writeSpec(t store.Template, hostname, netnsPath string) error {
 			},
 		},
 	}
-	if t.MemoryMiB > 0 {
-		limit := int64(t.MemoryMiB) << 20
+	oom := SandboxOOMScoreAdj
+	s.Process.OOMScoreAdj = &oom
+	if limitMiB > 0 {
+		limit := limitMiB << 20
 		s.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}
 	}
 	data, err := json.MarshalIndent(&s, "", "  ")

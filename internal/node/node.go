@@ -68,9 +68,18 @@ type Config struct {
 	GatewayHost string
 	// GatewayPorts is the inclusive range of gateway ports.
 	PortMin, PortMax int
-	// MemReserveMiB: below this much MemAvailable (MiB) the node refuses new
-	// sandboxes and wakes, and pushes the least-used sandboxes to disk.
+	// MemReserveMiB: the node keeps this much MemAvailable (MiB) free: it
+	// admits a create or a wake only if what is promised to starting
+	// sandboxes still leaves it, and pushes the least-used sandboxes to
+	// disk as it is approached (memory.go).
 	MemReserveMiB int64
+	// DefaultMemoryMiB is the memory limit of a sandbox whose template and
+	// request set none (default 1024).
+	DefaultMemoryMiB int64
+	// DiskReserveMiB: the node keeps this much of its data dir's disk free
+	// (disk.go); 0 disables. DiskFree overrides how it is read (tests).
+	DiskReserveMiB int64
+	DiskFree       func() (int64, error)
 	// MaxWakes bounds wakes (cold starts, restores) running at once; the
 	// rest wait, at most Admission, then are refused.
 	MaxWakes int
@@ -108,6 +117,12 @@ type Node struct {
 	bmu        sync.Mutex
 	boundaries map[string]*boundary.Boundary
 
+	mem memBook
+
+	// reconciling counts the sandboxes the start-up reconcile has yet to
+	// repair.
+	reconciling atomic.Int64
+
 	stop chan struct{}
 	done sync.WaitGroup
 }
@@ -123,6 +138,10 @@ type entry struct {
 	tierSince  atomic.Int64 // unix ms
 	lastActive atomic.Int64 // unix ms
 	flushed    atomic.Int64 // lastActive last written to the store
+
+	// lastUsageMiB is what its memory cgroup held just before its last
+	// checkpoint: what its restore is admitted at.
+	lastUsageMiB atomic.Int64
 
 	mu     sync.Mutex
 	waking *wakeCall
@@ -173,6 +192,9 @@ func New(cfg Config) (*Node, error) {
 	if cfg.MemAvailable == nil {
 		cfg.MemAvailable = memguard.AvailableMiB
 	}
+	if cfg.DefaultMemoryMiB <= 0 {
+		cfg.DefaultMemoryMiB = 1024
+	}
 	if cfg.PortMin <= 0 || cfg.PortMax < cfg.PortMin || cfg.PortMax > 65535 {
 		return nil, fmt.Errorf("gateway port range %d-%d is not valid", cfg.PortMin, cfg.PortMax)
 	}
@@ -184,6 +206,7 @@ func New(cfg Config) (*Node, error) {
 		wakes:      make(chan struct{}, cfg.MaxWakes),
 		entries:    map[string]*entry{},
 		boundaries: map[string]*boundary.Boundary{},
+		mem:        memBook{promises: map[string]promise{}, settled: map[string]int64{}},
 		stop:       make(chan struct{}),
 	}
 	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark}, n, cfg.Log)
@@ -269,11 +292,24 @@ func newID() string {
 
 // Create starts a new sandbox from template t and returns it hot. On any
 // failure everything it made is removed and no row is left.
-func (n *Node) Create(ctx context.Context, t store.Template, name, principal string) (store.Sandbox, error) {
-	if err := n.admitMemory(ctx, ""); err != nil {
+func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int) (store.Sandbox, error) {
+	if memoryMiB < 0 {
+		return store.Sandbox{}, fmt.Errorf("%w: memory_mib %d is negative", errBadInput, memoryMiB)
+	}
+	if err := n.admitDisk("a new sandbox", 0); err != nil {
 		return store.Sandbox{}, err
 	}
 	id := newID()
+	limit := n.LimitMiB(t, memoryMiB)
+	if err := n.admitMemory(ctx, id, t.Name, n.expectedMiB(t.Name, limit)); err != nil {
+		return store.Sandbox{}, err
+	}
+	created := false
+	defer func() {
+		if !created {
+			n.releasePromise(id)
+		}
+	}()
 	if name == "" {
 		name = "sb-" + id
 	}
@@ -288,7 +324,8 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 	}
 	now := time.Now()
 	sb := store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
-		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now, Principal: principal}
+		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now, Principal: principal,
+		MemoryMiB: int(limit)}
 	// Allocate and record in one step so two creates never share a slot.
 	n.allocMu.Lock()
 	err := n.allocate(ctx, &sb, t.Ports)
@@ -319,8 +356,10 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 		return store.Sandbox{}, err
 	}
 	ms := float64(time.Since(start).Microseconds()) / 1000
+	n.protect(sb)
+	created = true
 	sb, err = n.commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
-	n.log.Info("sandbox created", "id", id, "name", name, "template", t.Name, "ms", ms)
+	n.log.Info("sandbox created", "id", id, "name", name, "template", t.Name, "ms", ms, "memory_mib", limit)
 	return sb, err
 }
 
@@ -440,7 +479,11 @@ func (n *Node) Address(sb store.Sandbox) string {
 }
 
 // Delete removes sandbox id and everything it had: container, namespace,
-// veth, mounts, volume, snapshot and row.
+// veth, mounts, volume, snapshot and row. Once it has begun it runs to the
+// end whatever happens to ctx (a client that gives up mid-way must not
+// leave a runsc sandbox, netns and veth behind: issue 7), and it is
+// idempotent: a delete of a sandbox another delete is removing waits for
+// that one and succeeds.
 func (n *Node) Delete(ctx context.Context, id string) error {
 	sb, err := n.st.GetSandbox(ctx, id)
 	if err != nil {
@@ -452,20 +495,36 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	}
 	n.gw.Close(sb.ID)
 	e := n.entry(sb.ID)
-	if err := e.acquire(ctx); err != nil {
-		return err
+	// A transition holding the lock (a checkpoint, a wake) finishes first;
+	// each of those is bounded by the backend's deadlines.
+	bg, cancel := context.WithTimeout(context.Background(), deleteWait)
+	defer cancel()
+	if err := e.acquire(bg); err != nil {
+		return fmt.Errorf("%w: sandbox %s: another transition held it for %v; the delete is recorded and finishes at the next start", ErrConflict, sb.ID, deleteWait)
 	}
 	defer e.release()
-	if err := n.teardown(ctx, sb, true); err != nil {
+	if _, err := n.st.GetSandbox(bg, sb.ID); errors.Is(err, store.ErrNotFound) {
+		return nil // a concurrent delete finished it
+	}
+	// Again under the lock: a transition that held it cleared the mark
+	// when it committed.
+	if err := n.begin(sb.ID, transitionDelete); err != nil {
 		return err
 	}
-	if err := n.st.DeleteSandbox(ctx, sb.ID); err != nil {
+	if err := n.teardown(bg, sb, true); err != nil {
+		return err
+	}
+	if err := n.st.DeleteSandbox(bg, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
 	n.forget(sb.ID)
+	n.releasePromise(sb.ID)
 	n.log.Info("sandbox deleted", "id", sb.ID)
 	return nil
 }
+
+// deleteWait bounds how long a delete waits for a transition in progress.
+const deleteWait = 5 * time.Minute
 
 // transitionDelete is stored in Transition while a delete is in progress.
 const transitionDelete api.Tier = "deleted"
@@ -526,7 +585,8 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 	for _, sb := range all {
 		counts[sb.Tier]++
 	}
-	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts}, nil
+	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
+		Reconciling: n.Reconciling()}, nil
 }
 
 // LogPath is the file holding sandbox id's console output.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"sandstorm/api"
@@ -13,6 +14,15 @@ import (
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
+
+// Prepare installs the node's firewall. It must succeed before any sandbox
+// is reconciled or created: no sandbox runs without it (fail closed).
+func (n *Node) Prepare() error {
+	if err := n.cfg.SAM.Firewall.Ensure(); err != nil {
+		return fmt.Errorf("%w: %v", ErrFirewall, err)
+	}
+	return nil
+}
 
 // Reconcile makes the node's view match what is really on the machine, at
 // start-up (after a clean stop or a kill -9 at any moment):
@@ -25,11 +35,51 @@ import (
 //   - containers, namespaces, veths and sandbox directories that belong to
 //     no sandbox are removed.
 //
-// It also installs the firewall and opens the gateway listeners.
+// It also opens the gateway listeners. It runs while the API already
+// serves (issue 7: a restart must never keep the API closed): every known
+// sandbox's lock is taken first, so a transition asked for meanwhile waits
+// for that sandbox's repair, and Status counts the sandboxes still being
+// repaired. Sandboxes are repaired a few at a time, each bounded by
+// reconcileEach, so one whose runsc hangs is reported and does not hold
+// up the others.
 func (n *Node) Reconcile(ctx context.Context) error {
-	if err := n.cfg.SAM.Firewall.Ensure(); err != nil {
-		return fmt.Errorf("%w: %v", ErrFirewall, err)
+	plan, err := n.BeginReconcile(ctx)
+	if err != nil {
+		return err
 	}
+	return n.FinishReconcile(ctx, plan)
+}
+
+// ReconcilePlan is what BeginReconcile found: the sandboxes to repair.
+type ReconcilePlan struct{ sandboxes []store.Sandbox }
+
+// BeginReconcile is the quick, synchronous part of Reconcile, to run before
+// the API opens: the firewall, and every known sandbox marked as being
+// repaired (its lock taken, counted in Status) so that nothing the API is
+// asked meanwhile acts on a sandbox before it has been looked at.
+func (n *Node) BeginReconcile(ctx context.Context) (ReconcilePlan, error) {
+	if err := n.Prepare(); err != nil {
+		return ReconcilePlan{}, err
+	}
+	all, err := n.st.ListSandboxes(ctx, n.cfg.Name)
+	if err != nil {
+		return ReconcilePlan{}, err
+	}
+	for _, sb := range all {
+		e := n.entry(sb.ID)
+		e.lock <- struct{}{} // nothing else runs before Reconcile: this never waits
+		e.setTier(sb.Tier)
+	}
+	// One more for the orphan sweep at the end, so that Reconciling is 0
+	// only when everything is done.
+	n.reconciling.Store(int64(len(all)) + 1)
+	return ReconcilePlan{sandboxes: all}, nil
+}
+
+// FinishReconcile repairs what BeginReconcile marked; the API may already
+// serve.
+func (n *Node) FinishReconcile(ctx context.Context, plan ReconcilePlan) error {
+	all := plan.sandboxes
 	// A kill -9 does not stop the runsc commands the daemon had started: a
 	// checkpoint or restore goes on to the end. Read the state they leave,
 	// not one they are still changing.
@@ -41,21 +91,53 @@ func (n *Node) Reconcile(ctx context.Context) error {
 			n.log.Error("reconcile: proceeding anyway", "err", err)
 		}
 	}
-	all, err := n.st.ListSandboxes(ctx, n.cfg.Name)
-	if err != nil {
-		return err
-	}
-	known := map[string]bool{}
+	var mu sync.Mutex
 	var errs []error
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, reconcileParallel)
 	for _, sb := range all {
-		known[sb.ID] = true
-		if err := n.reconcileOne(ctx, sb); err != nil {
-			errs = append(errs, fmt.Errorf("sandbox %s: %w", sb.ID, err))
-		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer n.reconciling.Add(-1)
+			e := n.entry(sb.ID)
+			defer e.release()
+			rctx, cancel := context.WithTimeout(ctx, reconcileEach)
+			defer cancel()
+			if err := n.reconcileOne(rctx, sb); err != nil {
+				n.log.Error("reconcile: sandbox not repaired", "id", sb.ID, "err", err)
+				n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error {
+					s.Note = "the node could not repair it after a restart: " + err.Error()
+					return nil
+				})
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("sandbox %s: %w", sb.ID, err))
+				mu.Unlock()
+			}
+		}()
 	}
-	n.removeOrphans(ctx, known)
+	wg.Wait()
+	n.removeOrphans(ctx)
+	n.reconciling.Add(-1)
+	n.log.Info("reconcile done", "sandboxes", len(all), "failed", len(errs))
 	return errors.Join(errs...)
 }
+
+// Reconciling is how many sandboxes the start-up reconcile has yet to
+// repair.
+func (n *Node) Reconciling() int { return int(n.reconciling.Load()) }
+
+const (
+	// reconcileParallel sandboxes are repaired at once: enough that one
+	// stuck on a hung runsc does not hold up the rest, few enough not to
+	// swamp a 2-core node.
+	reconcileParallel = 4
+	// reconcileEach bounds the repair of one sandbox; the backend's own
+	// command deadlines are shorter.
+	reconcileEach = 3 * time.Minute
+)
 
 func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 	spec := n.spec(sb)
@@ -131,9 +213,26 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 // Several daemons may share a machine (each with its own data dir), so a
 // namespace or veth counts as this node's only if the node has a trace of
 // the sandbox (its directory or its runsc state); others are left alone.
-func (n *Node) removeOrphans(ctx context.Context, known map[string]bool) {
+//
+// The API is open by now, so a create may be running: what is known is read
+// from the store under the allocation lock, together with what is on disk.
+// A create inserts its row (under that lock) before it makes anything, so
+// whatever exists without a row at that moment is an orphan.
+func (n *Node) removeOrphans(ctx context.Context) {
 	ours := map[string]bool{}
+	known := map[string]bool{}
+	n.allocMu.Lock()
+	rows, err := n.st.ListSandboxes(ctx, n.cfg.Name)
 	ids, _ := n.be.List(ctx)
+	dirs, _ := os.ReadDir(filepath.Join(n.cfg.DataDir, "sandboxes"))
+	n.allocMu.Unlock()
+	if err != nil {
+		n.log.Error("reconcile: cannot list sandboxes; not removing orphans", "err", err)
+		return
+	}
+	for _, sb := range rows {
+		known[sb.ID] = true
+	}
 	for _, id := range ids {
 		ours[id] = true
 		if known[id] {
@@ -145,7 +244,6 @@ func (n *Node) removeOrphans(ctx context.Context, known map[string]bool) {
 			n.log.Error("reconcile: remove orphaned container", "id", id, "err", err)
 		}
 	}
-	dirs, _ := os.ReadDir(filepath.Join(n.cfg.DataDir, "sandboxes"))
 	for _, de := range dirs {
 		ours[de.Name()] = true
 	}

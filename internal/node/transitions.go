@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -33,7 +34,7 @@ func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template
 	if err := n.boundaryUp(sb); err != nil {
 		return err
 	}
-	if err := d.writeSpec(t, sb.Name, nw.Path()); err != nil {
+	if err := d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path()); err != nil {
 		return err
 	}
 	return n.be.Start(ctx, n.spec(sb))
@@ -92,14 +93,22 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 	case <-ctx.Done():
 		return fmt.Errorf("%w: %d wakes already running on this node", ErrRefused, n.cfg.MaxWakes)
 	}
-	if from != api.TierFrozen { // a frozen sandbox already holds its memory
-		if err := n.admitMemory(ctx, e.id); err != nil {
-			return err
-		}
-	}
 	sb, err := n.st.GetSandbox(context.Background(), e.id)
 	if err != nil {
 		return err
+	}
+	if from != api.TierFrozen { // a frozen sandbox already holds its memory
+		need := e.lastUsageMiB.Load() // what it held when it was checkpointed
+		if from != api.TierSnapshot || need <= 0 {
+			t, err := n.st.GetTemplate(context.Background(), sb.Template)
+			if err != nil {
+				return err
+			}
+			need = n.expectedMiB(sb.Template, n.limitOf(sb, t))
+		}
+		if err := n.admitMemory(ctx, e.id, sb.Template, need); err != nil {
+			return err
+		}
 	}
 	if err := n.begin(e.id, api.TierHot); err != nil {
 		return err
@@ -118,12 +127,14 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 		err = n.coldStartFromStore(bg, sb)
 	}
 	if err != nil {
+		n.releasePromise(e.id)
 		n.log.Error("wake failed", "id", e.id, "from", from, "err", err)
 		n.settleAfterFailure(sb, from, fmt.Sprintf("wake from %s failed: %v", from, err))
 		return fmt.Errorf("wake sandbox %s from %s: %w", e.id, from, err)
 	}
 	ms := float64(time.Since(start).Microseconds()) / 1000
 	e.lastActive.Store(time.Now().UnixMilli())
+	n.protect(sb)
 	_, err = n.commit(e.id, api.TierHot, func(s *store.Sandbox) {
 		s.LastWakeMs, s.LastWakeFrom, s.Note = ms, from, ""
 	})
@@ -294,7 +305,29 @@ func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
 		if caps := n.be.Capabilities(); !caps.Checkpoint {
 			return fmt.Errorf("%w: %s", ErrNotSupported, caps.Why)
 		}
+		if err := n.admitDisk("its snapshot", n.imageMiB(sb.ID)); err != nil {
+			return err
+		}
 		return n.checkpoint(sb, from)
+	})
+}
+
+// snapshotOrDetach is the node's own push off memory (idle timers, memory
+// pressure): a snapshot, or — when the disk cannot take the image — a
+// detach that says what was lost.
+func (n *Node) snapshotOrDetach(ctx context.Context, id string) (store.Sandbox, error) {
+	sb, err := n.Snapshot(ctx, id)
+	if !errors.Is(err, ErrNoDisk) {
+		return sb, err
+	}
+	n.log.Warn("disk reserve: detaching instead of snapshotting", "id", id, "err", err)
+	note := "detached instead of snapshot (" + err.Error() + "): its memory state was lost, its volume kept"
+	if sb, err = n.Detach(ctx, id); err != nil {
+		return sb, err
+	}
+	return n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error {
+		s.Note = note
+		return nil
 	})
 }
 
@@ -310,6 +343,10 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) error {
 		if err := n.be.Resume(bg, spec); err != nil {
 			return err
 		}
+	}
+	if held, _, ok := n.usageMiB(sb.ID); ok {
+		// What it will need again when it is restored.
+		n.entry(sb.ID).lastUsageMiB.Store(held)
 	}
 	d := n.dir(sb.ID)
 	os.RemoveAll(d.snapTmp())
@@ -409,51 +446,10 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 	return n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = "" })
 }
 
-// admitMemory makes room before a create or a wake: below the reserve it
-// snapshots the sandboxes least in demand (never exclude) until the node is
-// above it again, and returns ErrNoMemory if it cannot get there.
-func (n *Node) admitMemory(ctx context.Context, exclude string) error {
-	if n.cfg.MemReserveMiB <= 0 {
-		return nil
-	}
-	avail, err := n.cfg.MemAvailable()
-	if err != nil {
-		return err
-	}
-	if avail >= n.cfg.MemReserveMiB {
-		return nil
-	}
-	avail = n.evict(ctx, exclude, avail)
-	if avail >= n.cfg.MemReserveMiB {
-		return nil
-	}
-	return fmt.Errorf("%w: %d MiB available, reserve is %d MiB; nothing left to push to disk", ErrNoMemory, avail, n.cfg.MemReserveMiB)
-}
-
-// evict snapshots victims one at a time, least in demand first, until
-// available memory is back above the reserve; it returns the last reading.
-func (n *Node) evict(ctx context.Context, exclude string, avail int64) int64 {
-	if !n.be.Capabilities().Checkpoint {
-		return avail
-	}
-	for _, v := range tier.Victims(n.views(), exclude) {
-		if avail >= n.cfg.MemReserveMiB {
-			break
-		}
-		n.log.Warn("memory reserve: pushing sandbox to disk", "id", v.ID, "available_mib", avail, "reserve_mib", n.cfg.MemReserveMiB)
-		if _, err := n.Snapshot(ctx, v.ID); err != nil {
-			n.log.Error("memory reserve: snapshot failed", "id", v.ID, "err", err)
-		}
-		if a, err := n.cfg.MemAvailable(); err == nil {
-			avail = a
-		}
-	}
-	return avail
-}
-
 // Run drives the idle timers and the memory guard until Close.
 func (n *Node) Run() {
-	n.done.Add(1)
+	n.done.Add(2)
+	go n.pressureLoop()
 	go func() {
 		defer n.done.Done()
 		tick := time.NewTicker(500 * time.Millisecond)
@@ -466,11 +462,7 @@ func (n *Node) Run() {
 			case <-tick.C:
 			}
 			n.idleStep(time.Now())
-			if n.cfg.MemReserveMiB > 0 {
-				if avail, err := n.cfg.MemAvailable(); err == nil && avail < n.cfg.MemReserveMiB {
-					n.evict(context.Background(), "", avail)
-				}
-			}
+			n.diskStep()
 			if time.Since(lastFlush) > 5*time.Second {
 				n.flushActivity()
 				lastFlush = time.Now()
@@ -493,7 +485,7 @@ func (n *Node) idleStep(now time.Time) {
 		case api.TierFrozen:
 			_, err = n.Freeze(ctx, v.ID)
 		case api.TierSnapshot:
-			_, err = n.Snapshot(ctx, v.ID)
+			_, err = n.snapshotOrDetach(ctx, v.ID)
 		case api.TierDetached:
 			_, err = n.Detach(ctx, v.ID)
 		}

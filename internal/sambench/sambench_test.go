@@ -194,8 +194,10 @@ func TestRunBaselineUnixSocket(t *testing.T) {
 	if got := nd.hits.Load(); got != n+3 {
 		t.Errorf("node hits %d", got)
 	}
-	if obs.Main.Flows < 1 || obs.Main.Flows >= n/2 {
-		t.Errorf("baseline reused connections: %d for %d requests", obs.Main.Flows, n)
+	// Reused: far fewer connections than requests. Zero new ones is
+	// possible too, when the warmup's connections are all the workers need.
+	if obs.Main.Flows >= n/2 {
+		t.Errorf("baseline reused connections: %d new ones for %d requests", obs.Main.Flows, n)
 	}
 	if h := obs.Params.Headers; len(h) != 2 || h[0].Value != "agent-a" || h[1].Value != "<redacted>" {
 		t.Errorf("recorded headers %+v", h)

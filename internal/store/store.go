@@ -70,6 +70,9 @@ type Sandbox struct {
 	Note         string
 	// Principal is who the sandbox is to its boundary and the mesh.
 	Principal string
+	// MemoryMiB is the sandbox's own memory limit, overriding its
+	// template's (0: the template's, or the node's default).
+	MemoryMiB int
 }
 
 const schema = `
@@ -106,6 +109,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 var migrations = []struct{ table, column, ddl string }{
 	{"templates", "principal", `ALTER TABLE templates ADD COLUMN principal TEXT NOT NULL DEFAULT ''`},
 	{"sandboxes", "principal", `ALTER TABLE sandboxes ADD COLUMN principal TEXT NOT NULL DEFAULT ''`},
+	{"sandboxes", "memory_mib", `ALTER TABLE sandboxes ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0`},
 }
 
 func migrate(db *sql.DB) error {
@@ -243,7 +247,7 @@ func scanTemplate(r scanner) (Template, error) {
 	return t, nil
 }
 
-const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal`
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib`
 
 // CreateSandbox inserts sb; ErrExists if its ID, name or slot is taken;
 // ErrNotFound if its template does not exist.
@@ -251,7 +255,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 	}
@@ -260,7 +264,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 
 func sandboxArgs(sb Sandbox) []any {
 	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
-		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal}
+		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal, sb.MemoryMiB}
 }
 
 // GetSandbox returns the sandbox whose ID or name is ref, or ErrNotFound.
@@ -311,7 +315,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	}
 	sb.ID = id
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=? WHERE id=?`,
+	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=? WHERE id=?`,
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -351,7 +355,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
 	var tier, trans, hostPorts, wakeFrom string
 	var last, created int64
-	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal)
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB)
 	if err != nil {
 		return sb, err
 	}

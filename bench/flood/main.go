@@ -1,0 +1,302 @@
+// Command flood is issue 7's memory flood as a benchmark: N sandboxes that
+// each fill a heap of H MiB right after they start, created C at a time
+// against a memory reserve that leaves room for only a few. It reports how
+// many creates were accepted and refused, how many sandboxes the node
+// pushed to disk to make room, the lowest MemAvailable seen (sampled every
+// 20 ms), the kernel's OOM kills (expected: none), create latency, and
+// whether every accepted sandbox answers afterwards — with the machine,
+// the commit and every raw sample in bench/results/flood-<date>-<commit>.
+//
+//	sudo go run ./bench/flood                   # 24 sandboxes of 256 MiB, 4 at a time
+//	sudo go run ./bench/flood -n 12 --heap 128  # smaller
+//
+// It starts its own sandstormd (built from the tree) on a temporary data dir
+// and removes everything it made when it is done.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/bench"
+	"sandstorm/internal/client"
+	"sandstorm/internal/demo"
+	"sandstorm/internal/memguard"
+)
+
+type config struct {
+	n, parallel, heapMiB, limitMiB, room int
+	reserveMiB                           int64
+	out, repo, sandstormd                string
+	timeout                              time.Duration
+}
+
+func main() {
+	var c config
+	fs := flag.NewFlagSet("flood", flag.ContinueOnError)
+	fs.IntVar(&c.n, "n", 24, "sandboxes to create")
+	fs.IntVar(&c.parallel, "parallel", 4, "creates at a time")
+	fs.IntVar(&c.heapMiB, "heap", 256, "heap each sandbox fills right after it starts (MiB)")
+	fs.IntVar(&c.limitMiB, "limit", 0, "memory limit of each sandbox (MiB; default heap + 192)")
+	fs.IntVar(&c.room, "room", 4, "sandboxes (at their limit) that fit above the reserve, when --reserve is not given")
+	fs.Int64Var(&c.reserveMiB, "reserve", 0, "sandstormd --memory-reserve (MiB; default MemAvailable - room × limit)")
+	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
+	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, and to build sandstormd from)")
+	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
+	fs.DurationVar(&c.timeout, "timeout", 3*time.Minute, "how long a call to a sandbox may retry 503s")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if fs.NArg() > 0 || c.n < 1 || c.parallel < 1 || c.heapMiB < 1 {
+		fmt.Fprintln(os.Stderr, "flood: bad arguments; see --help")
+		os.Exit(2)
+	}
+	if c.limitMiB == 0 {
+		c.limitMiB = c.heapMiB + 192
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "flood: needs root (sandstormd creates network namespaces, mounts and runsc sandboxes)")
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	path, err := run(ctx, c)
+	if path != "" {
+		fmt.Fprintln(os.Stderr, "results:", path)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flood:", err)
+		os.Exit(1)
+	}
+}
+
+var oomRE = regexp.MustCompile(`(?i)out of memory|oom-kill|oom_reaper`)
+
+func oomLines() int {
+	out, _ := exec.Command("dmesg").Output()
+	return len(oomRE.FindAll(out, -1))
+}
+
+func run(ctx context.Context, c config) (string, error) {
+	res := bench.NewResults("bench/flood", "Memory flood: sandboxes filling their heaps at once against a memory reserve")
+	res.Machine = bench.CollectMachine(ctx)
+	absOut, _ := filepath.Abs(c.out)
+	res.Source = bench.CollectSource(ctx, c.repo, absOut)
+	dir, err := bench.NewDir(c.out, "flood-"+res.DirName())
+	if err != nil {
+		return "", err
+	}
+	work, err := os.MkdirTemp("", "sandstorm-flood-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(work)
+
+	avail, err := memguard.AvailableMiB()
+	if err != nil {
+		return "", err
+	}
+	if c.reserveMiB == 0 {
+		c.reserveMiB = avail - int64(c.room*c.limitMiB)
+	}
+	res.Params = map[string]any{"sandboxes": c.n, "parallel": c.parallel, "heap_mib": c.heapMiB, "limit_mib": c.limitMiB,
+		"reserve_mib": c.reserveMiB, "mem_available_at_start_mib": avail}
+	fmt.Fprintf(os.Stderr, "machine: %s\n%d sandboxes of %d MiB (limit %d), %d at a time; MemAvailable %d MiB, reserve %d MiB\n",
+		res.Machine, c.n, c.heapMiB, c.limitMiB, c.parallel, avail, c.reserveMiB)
+
+	bin := c.sandstormd
+	if bin == "" {
+		bin = filepath.Join(work, "sandstormd")
+		fmt.Fprintln(os.Stderr, "building sandstormd…")
+		b := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/sandstormd")
+		b.Dir, b.Stdout, b.Stderr = c.repo, os.Stderr, os.Stderr
+		if err := b.Run(); err != nil {
+			return "", fmt.Errorf("build sandstormd: %w", err)
+		}
+	}
+	rootfs := filepath.Join(work, "app64")
+	d, err := demo.Build("app64", rootfs)
+	if err != nil {
+		return "", err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	apiAddr := ln.Addr().String()
+	ln.Close()
+	data := filepath.Join(work, "data")
+	logf, err := os.Create(filepath.Join(dir.Path, "sandstormd.log"))
+	if err != nil {
+		return "", err
+	}
+	defer logf.Close()
+	args := []string{"serve", "--master", "--node", "--data-dir", data, "--listen", apiAddr,
+		"--subnet", "10.189.0.0/16", "--gateway-ports", "31000-31999", "--memory-reserve", strconv.FormatInt(c.reserveMiB, 10),
+		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
+	res.Params["sandstormd_args"] = args
+	daemon := exec.Command(bin, args...)
+	daemon.Stdout, daemon.Stderr = logf, logf
+	if err := daemon.Start(); err != nil {
+		return "", err
+	}
+	defer func() {
+		daemon.Process.Signal(syscall.SIGTERM)
+		daemon.Wait()
+	}()
+	var cl *client.Client
+	for deadline := time.Now().Add(time.Minute); ; {
+		if tok, err := client.ReadToken(data); err == nil {
+			cl = client.New("http://"+apiAddr, tok)
+			if st, err := cl.Node(ctx); err == nil && st.Reconciling == 0 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", errors.New("sandstormd did not answer within a minute; see sandstormd.log")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	env := append(append([]string{}, d.Env...), fmt.Sprintf("HEAP_MIB=%d", c.heapMiB))
+	if _, err := cl.CreateTemplate(ctx, api.TemplateRequest{Name: "heap", RootfsDir: rootfs,
+		Process: api.Process{Args: d.Args, Env: env}, Ports: d.Ports, MemoryMiB: c.limitMiB}); err != nil {
+		return "", err
+	}
+
+	oomBefore := oomLines()
+	var minAvail atomic.Int64
+	minAvail.Store(avail)
+	done := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if m, err := memguard.AvailableMiB(); err == nil && m < minAvail.Load() {
+				minAvail.Store(m)
+			}
+		}
+	}()
+
+	createS := res.AddSeries("create_accepted", "POST /v1/sandboxes to 201, for the creates the node accepted", "")
+	refusedS := res.AddSeries("create_refused", "POST /v1/sandboxes to 503, for the creates the node refused", "")
+	var mu sync.Mutex
+	var accepted []api.Sandbox
+	refused, failed := 0, 0
+	sem := make(chan struct{}, c.parallel)
+	var wg sync.WaitGroup
+	hc := &http.Client{Timeout: 5 * time.Minute}
+	for i := 0; i < c.n && ctx.Err() == nil; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			body, _ := json.Marshal(api.SandboxRequest{Template: "heap", Name: fmt.Sprintf("flood-%03d", i)})
+			req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+apiAddr+"/v1/sandboxes", bytes.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+cl.Token)
+			req.Header.Set("Content-Type", "application/json")
+			t0 := time.Now()
+			resp, err := hc.Do(req)
+			el := time.Since(t0)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				createS.Fail("create %d: %v", i, err)
+				return
+			}
+			defer resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusCreated:
+				var sb api.Sandbox
+				json.NewDecoder(resp.Body).Decode(&sb)
+				accepted = append(accepted, sb)
+				createS.AddDuration(el)
+			case http.StatusServiceUnavailable:
+				refused++
+				refusedS.AddDuration(el)
+			default:
+				failed++
+				createS.Fail("create %d: HTTP %d", i, resp.StatusCode)
+			}
+			fmt.Fprintf(os.Stderr, "\rcreates: %d accepted, %d refused, %d failed", len(accepted), refused, failed)
+		}()
+	}
+	wg.Wait()
+	fmt.Fprintln(os.Stderr)
+	pushed := 0
+	for _, sb := range accepted {
+		if got, err := cl.Sandbox(ctx, sb.ID); err == nil && (got.Tier == api.TierSnapshot || got.Tier == api.TierDetached) {
+			pushed++
+		}
+	}
+
+	// Every accepted sandbox must answer; a 503 (the node making room) is
+	// retried as its Retry-After says.
+	callS := res.AddSeries("call_after_flood", "GET / through the gateway to each accepted sandbox after the flood, waking it if it was pushed to disk (503s retried)", "")
+	answered := 0
+	gw := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}, Timeout: time.Minute}
+	for _, sb := range accepted {
+		ep := sb.Endpoints["8000"]
+		t0 := time.Now()
+		for deadline := t0.Add(c.timeout); ctx.Err() == nil; {
+			resp, err := gw.Get(ep + "/")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					answered++
+					callS.AddDuration(time.Since(t0))
+					break
+				}
+			}
+			if time.Now().After(deadline) || (err == nil && resp.StatusCode != http.StatusServiceUnavailable) {
+				callS.Fail("%s: %v", sb.Name, err)
+				break
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	close(done)
+	<-sampled
+	oom := oomLines() - oomBefore
+	res.Params["accepted"], res.Params["refused"], res.Params["failed"] = len(accepted), refused, failed
+	res.Params["pushed_to_disk_after_flood"], res.Params["answered_after"] = pushed, answered
+	res.Params["min_mem_available_mib"], res.Params["oom_kill_lines"] = minAvail.Load(), oom
+	res.Note("%d of %d creates accepted, %d refused with 503, %d failed; %d of the accepted were on disk right after the flood; %d of %d answered afterwards",
+		len(accepted), c.n, refused, failed, pushed, answered, len(accepted))
+	res.Note("MemAvailable: %d MiB at the start, %d MiB at the lowest (reserve %d MiB: %s); OOM-killer lines in the kernel log during the run: %d",
+		avail, minAvail.Load(), c.reserveMiB, map[bool]string{true: "never below it", false: "FELL BELOW IT"}[minAvail.Load() >= c.reserveMiB], oom)
+	for _, sb := range accepted {
+		cl.DeleteSandbox(context.Background(), sb.ID)
+	}
+	res.Finished = time.Now().UTC()
+	if err := dir.Write(res); err != nil {
+		return dir.Path, err
+	}
+	out, err := dir.Finish()
+	fmt.Fprintln(os.Stderr, strings.Join(res.Notes, "\n"))
+	return out, err
+}

@@ -1,0 +1,104 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"sandstorm/api"
+	"sandstorm/internal/store"
+)
+
+// Disk (issue 7, item 5): snapshots and volumes live on the node's disk
+// under its data dir, and 10,000 snapshots do not fit on any disk we have.
+// The node keeps DiskReserveMiB free: a create is refused (503) below it, a
+// snapshot that would eat into it is not taken — an explicit one is
+// refused, one the node wanted (idle timers, memory pressure) detaches the
+// sandbox instead and says so — and the disk loop detaches snapshot
+// sandboxes, least in demand first, while the disk is below it. An image
+// is written to snapshot.tmp and renamed only when runsc checkpoint
+// succeeded, so a half-written one is never taken for a good one.
+
+// ErrNoDisk: the node's disk is below its reserve (503).
+var ErrNoDisk = errors.New("node short on disk")
+
+// diskFreeMiB is what unprivileged writers may still use on the data
+// dir's filesystem.
+func (n *Node) diskFreeMiB() (int64, error) {
+	if n.cfg.DiskFree != nil {
+		return n.cfg.DiskFree()
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(n.cfg.DataDir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * int64(st.Bsize) >> 20, nil
+}
+
+// admitDisk refuses new work when the disk is below the reserve, or would
+// be after needMiB more.
+func (n *Node) admitDisk(what string, needMiB int64) error {
+	if n.cfg.DiskReserveMiB <= 0 {
+		return nil
+	}
+	free, err := n.diskFreeMiB()
+	if err != nil {
+		return err
+	}
+	if free-needMiB < n.cfg.DiskReserveMiB {
+		return fmt.Errorf("%w: %s needs about %d MiB; %d MiB free on %s, reserve %d MiB", ErrNoDisk, what, needMiB, free, n.cfg.DataDir, n.cfg.DiskReserveMiB)
+	}
+	return nil
+}
+
+// imageMiB estimates the checkpoint image of a sandbox: at most what its
+// memory cgroup holds (the image is its memory, compressed by this runsc).
+func (n *Node) imageMiB(id string) int64 {
+	held, _, ok := n.usageMiB(id)
+	if !ok || held <= 0 {
+		return 64
+	}
+	return held
+}
+
+// diskStep detaches sandboxes that hold a snapshot, least in demand first,
+// while the disk is below its reserve: their images are what fills it.
+func (n *Node) diskStep() {
+	if n.cfg.DiskReserveMiB <= 0 {
+		return
+	}
+	free, err := n.diskFreeMiB()
+	if err != nil || free >= n.cfg.DiskReserveMiB {
+		return
+	}
+	var snaps []string
+	vs := n.views()
+	// Least recently active first (views are sorted by ID; re-sort).
+	for i := 0; i < len(vs); i++ {
+		for j := i + 1; j < len(vs); j++ {
+			if vs[j].LastActive.Before(vs[i].LastActive) {
+				vs[i], vs[j] = vs[j], vs[i]
+			}
+		}
+	}
+	for _, v := range vs {
+		if v.Tier == api.TierSnapshot && !v.Busy {
+			snaps = append(snaps, v.ID)
+		}
+	}
+	for _, id := range snaps {
+		if free >= n.cfg.DiskReserveMiB {
+			return
+		}
+		n.log.Warn("disk reserve: detaching a snapshot sandbox", "id", id, "free_mib", free, "reserve_mib", n.cfg.DiskReserveMiB)
+		if _, err := n.Detach(context.Background(), id); err != nil {
+			n.log.Error("disk reserve: detach failed", "id", id, "err", err)
+			continue
+		}
+		note := fmt.Sprintf("detached: the node's disk was below its reserve (%d MiB free, reserve %d MiB); its snapshot, and so its memory state, was dropped, its volume kept", free, n.cfg.DiskReserveMiB)
+		n.st.UpdateSandbox(context.Background(), id, func(s *store.Sandbox) error { s.Note = note; return nil })
+		free, _ = n.diskFreeMiB()
+	}
+}

@@ -1,0 +1,336 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/memguard"
+	"sandstorm/internal/sandbox"
+	"sandstorm/internal/store"
+	"sandstorm/internal/tier"
+)
+
+// Memory (issue 7; the seed's "a node short on memory turns work away
+// instead of running out, and still answers ssh").
+//
+// Every sandbox has a memory limit that is enforced (the OCI spec's limit:
+// runsc applies it to the sandbox's cgroup and reports it to the sandbox as
+// its total memory): its own, else its template's, else the node's finite
+// default. A sandbox that is starting or waking is promised its expected
+// size (its limit, or a margin over what its template's sandboxes settled
+// at) until it has taken it or settleWindow has passed, and admission
+// counts those promises, not only MemAvailable — which says nothing yet
+// about a heap that is still being filled. Below the line, the least in
+// demand are pushed to disk first; what cannot be made room for in time is
+// refused with 503.
+//
+// A loop that reads MemAvailable and PSI every pressureTick acts before the
+// kernel has to, and every sandbox process gets a high OOM score while
+// sandstormd (and sam-node) take a low one: if the kernel must kill, it
+// kills a sandbox, which the node then reports as "killed: out of memory".
+
+const (
+	// settleWindow: how long a started or woken sandbox counts at its
+	// expected size at least (a Python app fills a 256 MiB heap in about a
+	// second here; runsc restore brings a heap back in under one).
+	settleWindow = 30 * time.Second
+	// settleMin: before this, a sandbox that is not growing is not taken as
+	// settled yet (an interpreter may pause between loading and filling).
+	settleMin = 3 * time.Second
+	// pressureTick: how often memory is looked at outside the tier tick.
+	// Reading /proc/meminfo and /proc/pressure/memory costs ~30 µs.
+	pressureTick = 100 * time.Millisecond
+	// earlyMarginMiB: act when MemAvailable is within this much of the
+	// reserve (or a quarter of the reserve, if that is less), before it is
+	// crossed. A fixed amount, not a share: a node with a large reserve
+	// would otherwise push sandboxes to disk all the time.
+	earlyMarginMiB = 512
+	// inUse: a sandbox active this recently is not pushed off memory to
+	// make room: a request is likely in flight, and a checkpoint resets it.
+	inUse = 2 * time.Second
+	// pressurePSI: or when tasks spent this share (%) of the last 10 s
+	// waiting for memory (PSI some avg10).
+	pressurePSI = 10
+	// SandboxOOMScoreAdj is every sandbox process's oom_score_adj, and
+	// DaemonOOMScoreAdj sandstormd's and sam-node's: the kernel's OOM
+	// killer takes the highest score first.
+	SandboxOOMScoreAdj = 800
+	DaemonOOMScoreAdj  = -900
+)
+
+// memBook is the node's memory ledger.
+type memBook struct {
+	mu       sync.Mutex
+	promises map[string]promise
+	settled  map[string]int64 // template → largest settled size seen (MiB)
+}
+
+type promise struct {
+	template    string
+	expectedMiB int64
+	since       time.Time
+	lastHeld    int64 // MiB at the last settle look
+}
+
+// LimitMiB is the memory limit a new sandbox of t gets: override, else the
+// template's, else the node's default.
+func (n *Node) LimitMiB(t store.Template, override int) int64 {
+	switch {
+	case override > 0:
+		return int64(override)
+	case t.MemoryMiB > 0:
+		return int64(t.MemoryMiB)
+	}
+	return n.cfg.DefaultMemoryMiB
+}
+
+// limitOf is sb's memory limit (stored at create; older rows: the
+// template's or the default).
+func (n *Node) limitOf(sb store.Sandbox, t store.Template) int64 {
+	if sb.MemoryMiB > 0 {
+		return int64(sb.MemoryMiB)
+	}
+	return n.LimitMiB(t, 0)
+}
+
+// expectedMiB is what a sandbox of template t with limit limit is admitted at.
+func (n *Node) expectedMiB(template string, limit int64) int64 {
+	n.mem.mu.Lock()
+	s := n.mem.settled[template]
+	n.mem.mu.Unlock()
+	return memguard.Expected(limit, s)
+}
+
+// usageMiB reads sb's memory cgroup; 0 when the backend cannot say.
+func (n *Node) usageMiB(id string) (int64, sandbox.MemStat, bool) {
+	r, ok := n.be.(sandbox.MemoryReporter)
+	if !ok {
+		return 0, sandbox.MemStat{}, false
+	}
+	ms, err := r.Memory(context.Background(), sandbox.Spec{ID: id})
+	if err != nil {
+		return 0, ms, false
+	}
+	return ms.UsageBytes >> 20, ms, true
+}
+
+// outstanding lists the promises with what each holds now. Call with
+// n.mem.mu held.
+func (n *Node) outstanding() []memguard.Promise {
+	out := make([]memguard.Promise, 0, len(n.mem.promises))
+	for id, p := range n.mem.promises {
+		held, _, _ := n.usageMiB(id)
+		out = append(out, memguard.Promise{ExpectedMiB: p.expectedMiB, HeldMiB: held})
+	}
+	return out
+}
+
+// admitMemory admits a sandbox (id, of template) that is about to start or
+// wake and take expectedMiB: if the headroom — available memory less the
+// reserve less what admitted sandboxes have yet to take — covers it, the
+// promise is recorded (under one lock, so concurrent admissions see each
+// other) and it may go. Otherwise the sandboxes least in demand are pushed
+// to disk, one at a time, until it fits or the admission window ends:
+// then ErrNoMemory (503 with Retry-After), in words that say it is memory.
+func (n *Node) admitMemory(ctx context.Context, id, template string, expectedMiB int64) error {
+	if n.cfg.MemReserveMiB <= 0 {
+		return nil
+	}
+	deadline := time.Now().Add(n.cfg.Admission)
+	for {
+		avail, err := n.cfg.MemAvailable()
+		if err != nil {
+			return err
+		}
+		n.mem.mu.Lock()
+		ps := n.outstanding()
+		head := memguard.Headroom(avail, n.cfg.MemReserveMiB, ps)
+		if head >= expectedMiB {
+			n.mem.promises[id] = promise{template: template, expectedMiB: expectedMiB, since: time.Now()}
+			n.mem.mu.Unlock()
+			return nil
+		}
+		n.mem.mu.Unlock()
+		short := fmt.Errorf("%w: not enough memory for sandbox %s: it needs %d MiB; %d MiB available, %d MiB of it promised to sandboxes still starting, reserve %d MiB",
+			ErrNoMemory, id, expectedMiB, avail, memguard.Outstanding(ps), n.cfg.MemReserveMiB)
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%w; nothing could be pushed to disk in time, retry later", short)
+		}
+		if !n.pushDown(ctx, id, "to make room for "+id) {
+			return fmt.Errorf("%w; nothing left to push to disk", short)
+		}
+	}
+}
+
+// release drops sandbox id's promise (it failed to start, or is gone).
+func (n *Node) releasePromise(id string) {
+	n.mem.mu.Lock()
+	delete(n.mem.promises, id)
+	n.mem.mu.Unlock()
+}
+
+// pushDown moves the sandbox least in demand (never exclude, never one
+// still starting) off memory: to disk when there is room for a checkpoint,
+// which needs memory too (checkpointRoomMiB); detached — knowingly, and
+// saying so in its note — when the node is so short that a checkpoint
+// could fail half-way and take the sandbox with it. It reports whether it moved one.
+func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
+	n.mem.mu.Lock()
+	starting := make(map[string]bool, len(n.mem.promises))
+	for id := range n.mem.promises {
+		starting[id] = true
+	}
+	n.mem.mu.Unlock()
+	var views []tier.View
+	now := time.Now()
+	for _, v := range n.views() {
+		if !starting[v.ID] && now.Sub(v.LastActive) >= inUse {
+			views = append(views, v)
+		}
+	}
+	for _, v := range tier.Victims(views, exclude) {
+		avail, _ := n.cfg.MemAvailable()
+		held, _, _ := n.usageMiB(v.ID)
+		if !n.be.Capabilities().Checkpoint || avail < checkpointRoomMiB(held) {
+			n.log.Warn("memory: detaching sandbox (too little memory to checkpoint it safely)", "id", v.ID, "available_mib", avail, "reserve_mib", n.cfg.MemReserveMiB, "why", why)
+			note := fmt.Sprintf("detached under memory pressure (%d MiB available, reserve %d MiB): its memory state was lost, its volume kept; the next request cold-starts it", avail, n.cfg.MemReserveMiB)
+			if _, err := n.Detach(ctx, v.ID); err != nil {
+				n.log.Error("memory: detach failed", "id", v.ID, "err", err)
+				continue
+			}
+			n.st.UpdateSandbox(context.Background(), v.ID, func(s *store.Sandbox) error { s.Note = note; return nil })
+			return true
+		}
+		n.log.Warn("memory: pushing sandbox to disk", "id", v.ID, "available_mib", avail, "reserve_mib", n.cfg.MemReserveMiB, "why", why)
+		if _, err := n.snapshotOrDetach(ctx, v.ID); err != nil {
+			n.log.Error("memory: snapshot failed", "id", v.ID, "err", err)
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// checkpointRoomMiB is the MemAvailable a checkpoint of a sandbox holding
+// heldMiB needs in order not to fail half-way: the sentry serialises its
+// state and compresses the image through buffers of its own (a checkpoint
+// that ran out of memory took the sandbox with it: issue 7).
+func checkpointRoomMiB(heldMiB int64) int64 { return max(64, heldMiB/2) }
+
+// pressureLoop watches memory faster than the tier tick: when MemAvailable
+// comes within a quarter of the reserve of it, or PSI says tasks are
+// waiting for memory, it pushes the least in demand off memory before the
+// kernel has to kill anything. Once a second it also settles promises and
+// looks for sandboxes the kernel killed.
+func (n *Node) pressureLoop() {
+	defer n.done.Done()
+	tick := time.NewTicker(pressureTick)
+	defer tick.Stop()
+	lastBook := time.Now()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-tick.C:
+		}
+		if r := n.cfg.MemReserveMiB; r > 0 {
+			avail, err := n.cfg.MemAvailable()
+			psi := memguard.PressureSome10()
+			if err == nil && (avail < r+min(r/4, earlyMarginMiB) || psi >= pressurePSI) {
+				n.pushDown(context.Background(), "", fmt.Sprintf("%d MiB available (reserve %d MiB), memory pressure %.1f%%", avail, r, psi))
+			}
+		}
+		if time.Since(lastBook) >= time.Second {
+			lastBook = time.Now()
+			n.settlePromises(lastBook)
+			n.findKilled()
+		}
+	}
+}
+
+// settlePromises ends the promises of sandboxes that have taken what they
+// were admitted at, or whose window has passed, and remembers what their
+// template's sandboxes settle at.
+func (n *Node) settlePromises(now time.Time) {
+	n.mem.mu.Lock()
+	defer n.mem.mu.Unlock()
+	for id, p := range n.mem.promises {
+		held, _, ok := n.usageMiB(id)
+		age := now.Sub(p.since)
+		// Settled: it took what it was promised, or it stopped growing
+		// (less than 1 MiB in the last second, after a start's first
+		// seconds), or the window ran out.
+		done := age >= settleWindow ||
+			(ok && held >= p.expectedMiB) ||
+			(ok && age >= settleMin && held > 0 && held-p.lastHeld < 1)
+		if !done {
+			p.lastHeld = held
+			n.mem.promises[id] = p
+			continue
+		}
+		delete(n.mem.promises, id)
+		if ok && held > n.mem.settled[p.template] {
+			n.mem.settled[p.template] = held
+		}
+	}
+}
+
+// findKilled settles a hot sandbox whose process is gone: as detached
+// (its next request cold-starts it), with a note that says
+// "killed: out of memory" when the kernel's OOM killer ended it — never
+// left half-alive, never silently.
+func (n *Node) findKilled() {
+	var hot []string
+	for _, v := range n.views() {
+		if v.Tier == api.TierHot && !v.Busy {
+			hot = append(hot, v.ID)
+		}
+	}
+	sort.Strings(hot)
+	for _, id := range hot {
+		_, ms, ok := n.usageMiB(id)
+		if !ok || !ms.Gone {
+			continue
+		}
+		e, ok := n.lookup(id)
+		if !ok {
+			continue
+		}
+		select {
+		case e.lock <- struct{}{}:
+		default:
+			continue
+		}
+		func() {
+			defer e.release()
+			sb, err := n.st.GetSandbox(context.Background(), id)
+			if err != nil || e.getTier() != api.TierHot {
+				return
+			}
+			st, err := n.be.State(context.Background(), n.spec(sb))
+			if err != nil || st == sandbox.StateRunning || st == sandbox.StatePaused {
+				return
+			}
+			if !ms.OOMKilled {
+				n.log.Warn("sandbox process is gone; detaching it so the next request cold-starts it", "id", id)
+				n.settleAfterFailure(sb, api.TierHot, "its process exited (see its logs); the next request cold-starts it")
+				return
+			}
+			n.log.Warn("sandbox killed by the kernel: out of memory", "id", id, "limit_mib", sb.MemoryMiB)
+			n.settleAfterFailure(sb, api.TierHot, fmt.Sprintf("killed: out of memory (the kernel's OOM killer ended it; its limit is %d MiB); the next request cold-starts it", sb.MemoryMiB))
+		}()
+	}
+}
+
+// protect sets the OOM score of a sandbox that just started or woke.
+func (n *Node) protect(sb store.Sandbox) {
+	if s, ok := n.be.(sandbox.OOMScorer); ok {
+		if err := s.SetOOMScore(context.Background(), n.spec(sb), SandboxOOMScoreAdj); err != nil {
+			n.log.Warn("cannot set the OOM score of a sandbox", "id", sb.ID, "err", err)
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"sandstorm/internal/reclaim"
+	"sandstorm/internal/sandbox"
+)
+
+// sandboxPid is the pid of container id's sandbox process (runsc-sandbox),
+// from runsc's state file: no runsc command, so it cannot hang.
+func (b *Backend) sandboxPid(id string) (int, error) {
+	data, err := os.ReadFile(b.stateFile(id))
+	if err != nil {
+		return 0, err
+	}
+	var st struct {
+		Sandbox *struct {
+			Pid int `json:"pid"`
+		} `json:"sandbox"`
+	}
+	if err := json.Unmarshal(data, &st); err != nil || st.Sandbox == nil || st.Sandbox.Pid <= 0 {
+		return 0, fmt.Errorf("runsc state of %s names no sandbox pid", id)
+	}
+	return st.Sandbox.Pid, nil
+}
+
+// cgroup is the memory cgroup runsc put container id's sandbox in (runsc
+// makes one per sandbox and applies the OCI spec's memory limit to it). It
+// is found through the live sandbox process and remembered, so that it can
+// still be read after the kernel killed that process — which is when its
+// oom_kill count matters.
+func (b *Backend) cgroup(id string) (reclaim.Cgroup, error) {
+	key := b.Root + "\x00" + id
+	pid, err := b.sandboxPid(id)
+	if err == nil {
+		var cg reclaim.Cgroup
+		if cg, err = reclaim.CgroupOf(pid); err == nil {
+			cgroups.Store(key, cg)
+			return cg, nil
+		}
+	}
+	if cg, ok := cgroups.Load(key); ok {
+		c := cg.(reclaim.Cgroup)
+		if _, serr := os.Stat(c.Dir); serr == nil {
+			return c, nil
+		}
+		cgroups.Delete(key)
+	}
+	return reclaim.Cgroup{}, err
+}
+
+// cgroups remembers each sandbox's memory cgroup (root, ID → Cgroup).
+var cgroups sync.Map
+
+// Memory implements sandbox.MemoryReporter. When the sandbox process named
+// in runsc's state is dead, it says so, and whether the kernel log shows the
+// OOM killer ending it: runsc removes the sandbox's cgroup as soon as the
+// sandbox dies, so its oom_kill counter is gone with it.
+func (b *Backend) Memory(ctx context.Context, spec sandbox.Spec) (sandbox.MemStat, error) {
+	pid, err := b.sandboxPid(spec.ID)
+	if err != nil {
+		return sandbox.MemStat{}, err
+	}
+	if syscall.Kill(pid, 0) != nil {
+		return sandbox.MemStat{Gone: true, OOMKilled: oomKilledInLog(ctx, spec.ID)}, nil
+	}
+	cg, err := b.cgroup(spec.ID)
+	if err != nil {
+		return sandbox.MemStat{}, err
+	}
+	return sandbox.MemStat{UsageBytes: cg.Usage(), OOMKills: cg.OOMKills()}, nil
+}
+
+// dmesgTimeout bounds reading the kernel log (a few ms here).
+const dmesgTimeout = 5 * time.Second
+
+// oomKilledInLog reports whether the kernel log has an OOM kill in the
+// memory cgroup runsc made for container id ("oom-kill:…,task_memcg=/<id>"
+// for a kill by the cgroup's own limit or by the whole machine).
+func oomKilledInLog(ctx context.Context, id string) bool {
+	ctx, cancel := context.WithTimeout(ctx, dmesgTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "dmesg").Output()
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(out, []byte("task_memcg=/"+id+",")) || bytes.Contains(out, []byte("task_memcg=/"+id+"\n"))
+}
+
+// SetOOMScore implements sandbox.OOMScorer: every process in the
+// sandbox's cgroup, the sentry's address-space stubs included (they are
+// forked before runsc applies the spec's oomScoreAdj, and would otherwise
+// keep what they inherited from sandstormd, which protects itself).
+func (b *Backend) SetOOMScore(_ context.Context, spec sandbox.Spec, adj int) error {
+	cg, err := b.cgroup(spec.ID)
+	if err != nil {
+		return err
+	}
+	for _, pid := range cg.Procs() {
+		os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa(adj)), 0o644)
+	}
+	return nil
+}

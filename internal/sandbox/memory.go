@@ -1,0 +1,29 @@
+package sandbox
+
+import "context"
+
+// MemStat is what a sandbox's memory cgroup says about it.
+type MemStat struct {
+	// UsageBytes is the memory charged to the sandbox now.
+	UsageBytes int64
+	// OOMKills counts processes the kernel killed in the sandbox's cgroup
+	// for want of memory (its own limit, or the whole node's).
+	OOMKills int64
+	// Gone: the sandbox's process is no longer alive; OOMKilled: the
+	// kernel's OOM killer is what ended it.
+	Gone, OOMKilled bool
+}
+
+// MemoryReporter is implemented by backends that can read a running
+// sandbox's memory cgroup. The node uses it to account for sandboxes that
+// are still filling their memory and to notice one the kernel killed.
+type MemoryReporter interface {
+	Memory(ctx context.Context, spec Spec) (MemStat, error)
+}
+
+// OOMScorer is implemented by backends that can set the kernel's OOM score
+// of every process of a running sandbox, so that if the kernel has to kill
+// something it kills a sandbox, never the node's own daemons or sshd.
+type OOMScorer interface {
+	SetOOMScore(ctx context.Context, spec Spec, adj int) error
+}
