@@ -46,7 +46,7 @@ type config struct {
 	n, parallel, heapMiB, limitMiB, room int
 	reserveMiB                           int64
 	out, repo, sandstormd                string
-	timeout                              time.Duration
+	timeout, retry                       time.Duration
 }
 
 func main() {
@@ -62,6 +62,7 @@ func main() {
 	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, and to build sandstormd from)")
 	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
 	fs.DurationVar(&c.timeout, "timeout", 3*time.Minute, "how long a call to a sandbox may retry 503s")
+	fs.DurationVar(&c.retry, "retry", time.Minute, "how long a create refused with 503 is retried, as its Retry-After says (0: never)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -110,17 +111,6 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	defer os.RemoveAll(work)
 
-	avail, err := memguard.AvailableMiB()
-	if err != nil {
-		return "", err
-	}
-	if c.reserveMiB == 0 {
-		c.reserveMiB = avail - int64(c.room*c.limitMiB)
-	}
-	res.Params = map[string]any{"sandboxes": c.n, "parallel": c.parallel, "heap_mib": c.heapMiB, "limit_mib": c.limitMiB,
-		"reserve_mib": c.reserveMiB, "mem_available_at_start_mib": avail}
-	fmt.Fprintf(os.Stderr, "machine: %s\n%d sandboxes of %d MiB (limit %d), %d at a time; MemAvailable %d MiB, reserve %d MiB\n",
-		res.Machine, c.n, c.heapMiB, c.limitMiB, c.parallel, avail, c.reserveMiB)
 
 	bin := c.sandstormd
 	if bin == "" {
@@ -137,6 +127,19 @@ func run(ctx context.Context, c config) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// Measured once the build is done (a Go build takes a few GiB for a
+	// while), so the reserve leaves room for --room sandboxes at the flood.
+	avail, err := memguard.AvailableMiB()
+	if err != nil {
+		return "", err
+	}
+	if c.reserveMiB == 0 {
+		c.reserveMiB = avail - int64(c.room*c.limitMiB)
+	}
+	res.Params = map[string]any{"sandboxes": c.n, "parallel": c.parallel, "heap_mib": c.heapMiB, "limit_mib": c.limitMiB,
+		"reserve_mib": c.reserveMiB, "mem_available_at_start_mib": avail, "retry_for": c.retry.String()}
+	fmt.Fprintf(os.Stderr, "machine: %s\n%d sandboxes of %d MiB (limit %d), %d at a time; MemAvailable %d MiB, reserve %d MiB; a 503 is retried for %v\n",
+		res.Machine, c.n, c.heapMiB, c.limitMiB, c.parallel, avail, c.reserveMiB, c.retry)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
@@ -201,10 +204,10 @@ func run(ctx context.Context, c config) (string, error) {
 	}()
 
 	createS := res.AddSeries("create_accepted", "POST /v1/sandboxes to 201, for the creates the node accepted", "")
-	refusedS := res.AddSeries("create_refused", "POST /v1/sandboxes to 503, for the creates the node refused", "")
+	refusedS := res.AddSeries("create_refused", "POST /v1/sandboxes to 503: each refusal, retried or not", "")
 	var mu sync.Mutex
 	var accepted []api.Sandbox
-	refused, failed := 0, 0
+	refused, failed, gaveUp := 0, 0, 0
 	sem := make(chan struct{}, c.parallel)
 	var wg sync.WaitGroup
 	hc := &http.Client{Timeout: 5 * time.Minute}
@@ -215,34 +218,50 @@ func run(ctx context.Context, c config) (string, error) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			body, _ := json.Marshal(api.SandboxRequest{Template: "heap", Name: fmt.Sprintf("flood-%03d", i)})
-			req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+apiAddr+"/v1/sandboxes", bytes.NewReader(body))
-			req.Header.Set("Authorization", "Bearer "+cl.Token)
-			req.Header.Set("Content-Type", "application/json")
-			t0 := time.Now()
-			resp, err := hc.Do(req)
-			el := time.Since(t0)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				failed++
-				createS.Fail("create %d: %v", i, err)
-				return
-			}
-			defer resp.Body.Close()
-			switch resp.StatusCode {
-			case http.StatusCreated:
+			giveUp := time.Now().Add(c.retry)
+			for {
+				req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+apiAddr+"/v1/sandboxes", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+cl.Token)
+				req.Header.Set("Content-Type", "application/json")
+				t0 := time.Now()
+				resp, err := hc.Do(req)
+				el := time.Since(t0)
+				status := 0
 				var sb api.Sandbox
-				json.NewDecoder(resp.Body).Decode(&sb)
-				accepted = append(accepted, sb)
-				createS.AddDuration(el)
-			case http.StatusServiceUnavailable:
-				refused++
-				refusedS.AddDuration(el)
-			default:
-				failed++
-				createS.Fail("create %d: HTTP %d", i, resp.StatusCode)
+				if err == nil {
+					status = resp.StatusCode
+					if status == http.StatusCreated {
+						json.NewDecoder(resp.Body).Decode(&sb)
+					}
+					resp.Body.Close()
+				}
+				mu.Lock()
+				switch {
+				case err != nil:
+					failed++
+					createS.Fail("create %d: %v", i, err)
+				case status == http.StatusCreated:
+					accepted = append(accepted, sb)
+					createS.AddDuration(el)
+				case status == http.StatusServiceUnavailable:
+					refused++
+					refusedS.AddDuration(el)
+				default:
+					failed++
+					createS.Fail("create %d: HTTP %d", i, status)
+				}
+				fmt.Fprintf(os.Stderr, "\rcreates: %d accepted, %d refusals (503), %d failed", len(accepted), refused, failed)
+				mu.Unlock()
+				if status != http.StatusServiceUnavailable || time.Now().After(giveUp) || ctx.Err() != nil {
+					if status == http.StatusServiceUnavailable {
+						mu.Lock()
+						gaveUp++
+						mu.Unlock()
+					}
+					return
+				}
+				time.Sleep(time.Second) // Retry-After: 1
 			}
-			fmt.Fprintf(os.Stderr, "\rcreates: %d accepted, %d refused, %d failed", len(accepted), refused, failed)
 		}()
 	}
 	wg.Wait()
@@ -282,11 +301,11 @@ func run(ctx context.Context, c config) (string, error) {
 	close(done)
 	<-sampled
 	oom := oomLines() - oomBefore
-	res.Params["accepted"], res.Params["refused"], res.Params["failed"] = len(accepted), refused, failed
+	res.Params["accepted"], res.Params["refusals"], res.Params["gave_up"], res.Params["failed"] = len(accepted), refused, gaveUp, failed
 	res.Params["pushed_to_disk_after_flood"], res.Params["answered_after"] = pushed, answered
 	res.Params["min_mem_available_mib"], res.Params["oom_kill_lines"] = minAvail.Load(), oom
-	res.Note("%d of %d creates accepted, %d refused with 503, %d failed; %d of the accepted were on disk right after the flood; %d of %d answered afterwards",
-		len(accepted), c.n, refused, failed, pushed, answered, len(accepted))
+	res.Note("%d of %d creates accepted (503s retried for %v), %d refusals with 503 on the way, %d gave up, %d failed; %d of the accepted were on disk right after the flood; %d of %d answered afterwards",
+		len(accepted), c.n, c.retry, refused, gaveUp, failed, pushed, answered, len(accepted))
 	res.Note("MemAvailable: %d MiB at the start, %d MiB at the lowest (reserve %d MiB: %s); OOM-killer lines in the kernel log during the run: %d",
 		avail, minAvail.Load(), c.reserveMiB, map[bool]string{true: "never below it", false: "FELL BELOW IT"}[minAvail.Load() >= c.reserveMiB], oom)
 	for _, sb := range accepted {
