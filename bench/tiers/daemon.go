@@ -30,10 +30,11 @@ const isolatedEnv = "SANDSTORM_BENCH_ISOLATED"
 // reexecIsolated runs this program again under `unshare --net --mount`, so
 // that the daemon it starts has a network namespace of its own (its
 // loopback API and gateway, its veths, its nftables table) and a private
-// /var/run/netns. sandstormd's start-up reconcile removes every "ss-"
-// namespace and "ssv" veth it does not know, so without this a private
-// daemon and any other sandstormd on the machine would delete each other's
-// sandbox networks. It returns the exit code.
+// /var/run/netns: its gateway ports, subnet and nftables table cannot
+// collide with another sandstormd's on the machine, and the run neither
+// sees nor disturbs their traffic. (Start-up reconcile removes only the
+// namespaces and veths of its own data dir, so isolation is not needed for
+// that any more.) It returns the exit code.
 func reexecIsolated() int {
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "tiers: --start needs root: sandstormd creates network namespaces, veths, mounts and runsc sandboxes")
