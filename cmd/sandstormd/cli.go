@@ -21,15 +21,18 @@ import (
 // <data-dir>/pki/api-token).
 func apiClient(cmd *cobra.Command) (*client.Client, error) {
 	base, _ := cmd.Flags().GetString("api")
-	tok := os.Getenv("SANDSTORM_TOKEN")
+	tok, from := os.Getenv("SANDSTORM_TOKEN"), "SANDSTORM_TOKEN"
 	if tok == "" {
 		dd, _ := cmd.Flags().GetString("data-dir")
 		var err error
 		if tok, err = client.ReadToken(dd); err != nil {
 			return nil, err
 		}
+		from = filepath.Join(dd, "pki", "api-token")
 	}
-	return client.New(base, tok), nil
+	c := client.New(base, tok)
+	c.TokenFrom = from
+	return c, nil
 }
 
 func addAPIFlag(cmd *cobra.Command) {

@@ -26,6 +26,10 @@ type Client struct {
 	Base  string
 	Token string
 	HTTP  *http.Client
+	// TokenFrom says where Token came from ("SANDSTORM_TOKEN", or the
+	// token file read), so that a 401 can tell a person which token was
+	// wrong and how to pick another.
+	TokenFrom string
 }
 
 // New returns a client for base with token.
@@ -49,7 +53,10 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("%s (HTTP %d): %s", e.Body.Code, e.Status, e.Body.Message)
+	// The node's messages start with their sentinel ("conflict: …"), which
+	// the code already says.
+	msg := strings.TrimPrefix(e.Body.Message, e.Body.Code+": ")
+	return fmt.Sprintf("%s (HTTP %d): %s", e.Body.Code, e.Status, msg)
 }
 
 // StatusOf returns the HTTP status of an API error, or 0.
@@ -94,6 +101,9 @@ func (c *Client) send(req *http.Request, out any) error {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if json.Unmarshal(data, &e.Body) != nil || e.Body.Code == "" {
 			e.Body.Code, e.Body.Message = "http", strings.TrimSpace(string(data))
+		}
+		if resp.StatusCode == http.StatusUnauthorized && c.TokenFrom != "" {
+			e.Body.Message += fmt.Sprintf("; this client's token came from %s and %s does not accept it: point --data-dir (or SANDSTORM_DATA_DIR) at that daemon's data dir, or set SANDSTORM_TOKEN to the contents of its pki/api-token", c.TokenFrom, c.Base)
 		}
 		return e
 	}

@@ -127,7 +127,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeErr(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, err.Error())
 	case errors.Is(err, store.ErrNotFound):
 		writeErr(w, http.StatusNotFound, api.CodeNotFound, err.Error())
-	case errors.Is(err, store.ErrExists), errors.Is(err, node.ErrConflict):
+	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrInUse), errors.Is(err, node.ErrConflict):
 		writeErr(w, http.StatusConflict, api.CodeConflict, err.Error())
 	case errors.Is(err, sandbox.ErrNotSupported):
 		writeErr(w, http.StatusConflict, api.CodeNotSupported, err.Error())

@@ -256,7 +256,7 @@ func (n *Node) Freeze(ctx context.Context, id string) (store.Sandbox, error) {
 			return nil
 		case api.TierHot:
 		default:
-			return fmt.Errorf("%w: sandbox %s is %s; only a hot sandbox can be frozen (wake it first)", ErrConflict, sb.ID, from)
+			return fmt.Errorf("%w: sandbox %s (%s) is %s; only a hot sandbox can be frozen (wake it first)", ErrConflict, sb.Name, sb.ID, from)
 		}
 		if !n.be.Capabilities().Pause {
 			return fmt.Errorf("%w: the %s backend cannot pause", ErrNotSupported, n.be.Name())
@@ -300,7 +300,7 @@ func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
 			return nil
 		case api.TierHot, api.TierFrozen:
 		default:
-			return fmt.Errorf("%w: sandbox %s is %s; only a hot or frozen sandbox can be snapshot", ErrConflict, sb.ID, from)
+			return fmt.Errorf("%w: sandbox %s (%s) is %s; only a hot or frozen sandbox can be snapshot (wake it first)", ErrConflict, sb.Name, sb.ID, from)
 		}
 		if caps := n.be.Capabilities(); !caps.Checkpoint {
 			return fmt.Errorf("%w: %s", ErrNotSupported, caps.Why)
@@ -421,7 +421,7 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := e.acquire(actx); err != nil {
-		return sb, fmt.Errorf("%w: sandbox %s is busy with another transition", ErrConflict, sb.ID)
+		return sb, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", ErrConflict, sb.Name, sb.ID)
 	}
 	defer e.release()
 	from := e.getTier()

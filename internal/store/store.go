@@ -26,6 +26,9 @@ var ErrNotFound = errors.New("not found")
 // ErrExists is returned when a name or ID is already taken.
 var ErrExists = errors.New("already exists")
 
+// ErrInUse is returned when something still used cannot be removed.
+var ErrInUse = errors.New("in use")
+
 // Store is a handle on the state database. It is safe for concurrent use.
 type Store struct {
 	db *sql.DB
@@ -216,7 +219,7 @@ func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
 		return err
 	}
 	if n > 0 {
-		return fmt.Errorf("template %q is used by %d sandbox(es): %w", name, n, ErrExists)
+		return fmt.Errorf("template %q is %w by %d sandbox(es); delete them first (sandboxes: sandstormd sandbox ls)", name, ErrInUse, n)
 	}
 	res, err := s.db.ExecContext(ctx, `DELETE FROM templates WHERE name=?`, name)
 	if err != nil {

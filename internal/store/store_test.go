@@ -53,8 +53,8 @@ func TestTemplatesAndSandboxesSurviveReopen(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteTemplate(ctx, "web"); !errors.Is(err, ErrExists) {
-		t.Fatalf("delete template in use: err = %v, want ErrExists", err)
+	if err := s.DeleteTemplate(ctx, "web"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("delete template in use: err = %v, want ErrInUse", err)
 	}
 	s.Close()
 

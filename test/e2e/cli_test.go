@@ -109,8 +109,27 @@ func TestCLI(t *testing.T) {
 
 	cli(t, env, "sandbox", "freeze", "no-such-sandbox").fails(t, "freeze of an unknown sandbox", `HTTP 404`)
 	cli(t, env, "sandbox", "create", "no-such-template").fails(t, "create from an unknown template", `HTTP 404`)
-	cli(t, env, "template", "rm", "cliweb").fails(t, "template rm of a template in use", `HTTP 409`)
-	cli(t, append(env, "SANDSTORM_TOKEN=wrong"), "sandbox", "ls").fails(t, "sandbox ls with a wrong token", `HTTP 401`)
+	cli(t, env, "template", "rm", "cliweb").fails(t, "template rm of a template in use", `HTTP 409\): template "cliweb" is in use by 1 sandbox\(es\); delete them first`)
+	cli(t, append(env, "SANDSTORM_TOKEN=wrong"), "sandbox", "ls").fails(t, "sandbox ls with a wrong token", `HTTP 401.*came from SANDSTORM_TOKEN.*--data-dir \(or SANDSTORM_DATA_DIR\)`)
+	// A token file of another daemon: the 401 names the file it read.
+	other := t.TempDir()
+	os.MkdirAll(other+"/pki", 0o700)
+	os.WriteFile(other+"/pki/api-token", []byte("not-this-daemons\n"), 0o600)
+	cli(t, []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + other, "SANDSTORM_TOKEN="}, "sandbox", "ls").fails(t, "sandbox ls with another daemon's token file",
+		`HTTP 401.*came from `+regexp.QuoteMeta(other+"/pki/api-token"))
+	// A transition that does not apply says so once, with the name used.
+	cli(t, env, "sandbox", "detach", "cli1").ok(t, "sandbox detach")
+	r = cli(t, env, "sandbox", "freeze", "cli1")
+	r.fails(t, "freeze of a detached sandbox", `conflict \(HTTP 409\): sandbox cli1 \(`+id+`\) is detached`)
+	if strings.Contains(r.Stderr, "conflict: conflict") {
+		t.Errorf("doubled error text: %q", r.Stderr)
+	}
+	// Usage mistakes exit 2 and say where to look.
+	for _, args := range [][]string{{"sandbox", "bogus"}, {"template", "bogus"}, {"sandbox", "exec"}, {"bogus"}, {"sandbox", "ls", "--bogus"}, {"sandbox", "get"}} {
+		if r := cli(t, env, args...); r.Code != 2 || !strings.Contains(r.Stderr, "--help") {
+			t.Errorf("sandstormd %v: exit %d, stderr %q; want exit 2 and a pointer to --help", args, r.Code, r.Stderr)
+		}
+	}
 
 	cli(t, env, "sandbox", "rm", "cli1").ok(t, "sandbox rm", `(?m)^removed cli1$`)
 	d.assertGone(t, id)
