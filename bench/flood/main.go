@@ -111,7 +111,6 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	defer os.RemoveAll(work)
 
-
 	bin := c.sandstormd
 	if bin == "" {
 		bin = filepath.Join(work, "sandstormd")

@@ -210,6 +210,9 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if gb, ok := be.(*gvisor.Backend); ok {
+		gb.Log = log // it logs the sandboxes it had to kill by pid
+	}
 	if o.Backend == "gvisor" {
 		if err := gvisor.StartReaper(); err != nil {
 			log.Warn("cannot become subreaper of runsc sandboxes; deletes will wait for init to reap them", "err", err)

@@ -3,11 +3,13 @@ package demo
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // installed returns the subset of pkgs that dpkg reports as installed.
@@ -17,11 +19,17 @@ func installed(pkgs []string) (map[string]bool, error) {
 	}
 	args := append([]string{"-W", "-f", "${Package} ${db:Status-Status}\n", "--"}, pkgs...)
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("dpkg-query", args...)
+	ctx, cancel := context.WithTimeout(context.Background(), dpkgTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "dpkg-query", args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = time.Second
 	// Exit status 1 only means some package is unknown; the others are
 	// still printed.
 	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("demo: dpkg-query: timed out after %s, killed (is dpkg's database locked or the disk hung?)", dpkgTimeout)
+		}
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 			return nil, fmt.Errorf("demo: dpkg-query: %v: %s", err, strings.TrimSpace(stderr.String()))
@@ -63,9 +71,9 @@ func packageFiles(demo string, pkgs []string) ([]string, error) {
 	}
 	var files []string
 	for _, p := range pkgs {
-		out, err := exec.Command("dpkg", "-L", p).Output()
+		out, err := dpkgList(p)
 		if err != nil {
-			return nil, fmt.Errorf("demo: dpkg -L %s: %w", p, err)
+			return nil, err
 		}
 		sc := bufio.NewScanner(bytes.NewReader(out))
 		for sc.Scan() {
@@ -81,4 +89,24 @@ func packageFiles(demo string, pkgs []string) ([]string, error) {
 		}
 	}
 	return files, nil
+}
+
+// dpkgTimeout bounds each dpkg-query and dpkg -L: 6–7 ms measured; they
+// only read dpkg's database, so 30 s is room for a cold, busy disk.
+const dpkgTimeout = 30 * time.Second
+
+// dpkgList is `dpkg -L pkg`, bounded by dpkgTimeout.
+func dpkgList(pkg string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), dpkgTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "dpkg", "-L", pkg)
+	cmd.WaitDelay = time.Second
+	out, err := cmd.Output()
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("demo: dpkg -L %s: timed out after %s, killed", pkg, dpkgTimeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("demo: dpkg -L %s: %w", pkg, err)
+	}
+	return out, nil
 }

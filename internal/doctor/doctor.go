@@ -164,9 +164,11 @@ func output(ctx context.Context, name string, args ...string) (string, error) {
 	cmd.Dir = "/"
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
+	start := time.Now()
 	err := cmd.Run()
 	if err != nil && ctx.Err() != nil {
-		err = fmt.Errorf("%w (%v)", err, ctx.Err())
+		// Say that it was the deadline, and after how long.
+		err = fmt.Errorf("killed after %s: %w", time.Since(start).Round(time.Millisecond), ctx.Err())
 	}
 	return strings.TrimSpace(buf.String()), err
 }

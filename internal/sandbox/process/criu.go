@@ -7,11 +7,18 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"time"
 )
 
+// criuCheckTimeout bounds `criu check` whatever ctx says. It only probes
+// the kernel's features (not measured here: criu is not installed on the
+// target VM); it runs from doctor and when the process backend reports its
+// capabilities.
+const criuCheckTimeout = 10 * time.Second
+
 // CheckCRIU reports whether criu is on PATH and, if so, runs `criu check`
-// (bounded by ctx). err is nil when the check passed; otherwise it is a
-// one-line summary of CRIU's complaints, e.g. "vdso: Unexpected rt vDSO
+// (bounded by ctx and criuCheckTimeout). err is nil when the check passed;
+// otherwise it is a one-line summary of CRIU's complaints, e.g. "vdso: Unexpected rt vDSO
 // area bounds" on VMs whose kernel maps the vDSO in a way CRIU 3.17 does
 // not understand.
 func CheckCRIU(ctx context.Context) (installed bool, err error) {
@@ -19,9 +26,18 @@ func CheckCRIU(ctx context.Context) (installed bool, err error) {
 	if lerr != nil {
 		return false, nil
 	}
-	out, err := exec.CommandContext(ctx, path, "check").CombinedOutput()
+	ctx, cancel := context.WithTimeout(ctx, criuCheckTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, "check")
+	// criu forks helpers; one that kept the output pipe must not hold us.
+	cmd.WaitDelay = time.Second
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
 	if err == nil {
 		return true, nil
+	}
+	if ctx.Err() != nil {
+		return true, fmt.Errorf("criu check: no answer after %s (%w), killed", time.Since(start).Round(time.Millisecond), ctx.Err())
 	}
 	if msg := summarizeCRIU(string(out)); msg != "" {
 		return true, errors.New(msg)
