@@ -31,6 +31,8 @@ else
 	for _ in $(seq 100); do api_up && break; sleep 0.1; done
 	api_up || { echo "sandstormd did not start; see $LOG" >&2; tail -20 "$LOG" >&2; exit 1; }
 fi
+PID=$(cat "$SANDSTORM_DATA_DIR/sandstormd.pid" 2>/dev/null || echo "?")
+say "sandstormd is PID $PID"
 "$BIN" doctor | sed 's/^/  /'
 
 say "building the '$TEMPLATE' template from Debian packages"
@@ -73,5 +75,5 @@ sandstormd is still running (log: $LOG). Try:
   $BIN sandbox ls
   curl $URL/
   $BIN sandbox rm demo
-Stop it with: pkill -f 'sandstormd serve'   (sandboxes keep running; the next start adopts them)
+Stop it with: kill $PID   (its PID, from $SANDSTORM_DATA_DIR/sandstormd.pid; sandboxes keep running and the next start adopts them)
 MSG

@@ -31,7 +31,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -184,23 +183,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 
 	oomBefore := oomLines()
-	var minAvail atomic.Int64
-	minAvail.Store(avail)
-	done := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if m, err := memguard.AvailableMiB(); err == nil && m < minAvail.Load() {
-				minAvail.Store(m)
-			}
-		}
-	}()
+	minAvail := memguard.WatchLow(20 * time.Millisecond)
 
 	createS := res.AddSeries("create_accepted", "POST /v1/sandboxes to 201, for the creates the node accepted", "")
 	refusedS := res.AddSeries("create_refused", "POST /v1/sandboxes to 503: each refusal, retried or not", "")
@@ -297,16 +280,15 @@ func run(ctx context.Context, c config) (string, error) {
 			time.Sleep(time.Second)
 		}
 	}
-	close(done)
-	<-sampled
+	minAvail.Stop()
 	oom := oomLines() - oomBefore
 	res.Params["accepted"], res.Params["refusals"], res.Params["gave_up"], res.Params["failed"] = len(accepted), refused, gaveUp, failed
 	res.Params["pushed_to_disk_after_flood"], res.Params["answered_after"] = pushed, answered
-	res.Params["min_mem_available_mib"], res.Params["oom_kill_lines"] = minAvail.Load(), oom
+	res.Params["min_mem_available_mib"], res.Params["oom_kill_lines"] = minAvail.Min(), oom
 	res.Note("%d of %d creates accepted (503s retried for %v), %d refusals with 503 on the way, %d gave up, %d failed; %d of the accepted were on disk right after the flood; %d of %d answered afterwards",
 		len(accepted), c.n, c.retry, refused, gaveUp, failed, pushed, answered, len(accepted))
 	res.Note("MemAvailable: %d MiB at the start, %d MiB at the lowest (reserve %d MiB: %s); OOM-killer lines in the kernel log during the run: %d",
-		avail, minAvail.Load(), c.reserveMiB, map[bool]string{true: "never below it", false: "FELL BELOW IT"}[minAvail.Load() >= c.reserveMiB], oom)
+		avail, minAvail.Min(), c.reserveMiB, map[bool]string{true: "never below it", false: "FELL BELOW IT"}[minAvail.Min() >= c.reserveMiB], oom)
 	for _, sb := range accepted {
 		cl.DeleteSandbox(context.Background(), sb.ID)
 	}

@@ -335,5 +335,8 @@ func printSandbox(cmd *cobra.Command, sb api.Sandbox) error {
 	for _, e := range strings.Fields(endpoints(sb)) {
 		fmt.Println("  ", e)
 	}
+	if sb.Boundary != "" {
+		fmt.Printf("   boundary (principal %s): %s\n", sb.Principal, sb.Boundary)
+	}
 	return nil
 }

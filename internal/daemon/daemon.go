@@ -197,6 +197,13 @@ func Serve(ctx context.Context, o Options) error {
 		return err
 	}
 	defer lock.Close()
+	// <data-dir>/sandstormd.pid: how a person or a script stops this daemon
+	// (kill PID), rather than by its name.
+	pidFile := filepath.Join(o.DataDir, "sandstormd.pid")
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(pidFile)
 	token, err := EnsureToken(o.DataDir)
 	if err != nil {
 		return fmt.Errorf("API token: %w", err)

@@ -7,9 +7,12 @@ package memguard
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 )
 
 // AvailableMiB returns MemAvailable from /proc/meminfo in MiB: the kernel's
@@ -108,4 +111,54 @@ func PressureSome10() float64 {
 // kernel must kill, it kills a sandbox (which the node raises) instead.
 func ProtectSelf(adj int) error {
 	return os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(adj)), 0o644)
+}
+
+// LowWater samples MemAvailable every interval until Stop and keeps the
+// lowest reading: what a flood test or benchmark must hold above the
+// reserve at every moment, not only at the end.
+type LowWater struct {
+	min  atomic.Int64
+	stop chan struct{}
+	done chan struct{}
+}
+
+// WatchLow starts sampling; the first reading is taken at once.
+func WatchLow(interval time.Duration) *LowWater {
+	w := &LowWater{stop: make(chan struct{}), done: make(chan struct{})}
+	w.min.Store(math.MaxInt64)
+	w.sample()
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+				w.sample()
+			}
+		}
+	}()
+	return w
+}
+
+func (w *LowWater) sample() {
+	if m, err := AvailableMiB(); err == nil && m < w.min.Load() {
+		w.min.Store(m)
+	}
+}
+
+// Min is the lowest MemAvailable seen so far, in MiB.
+func (w *LowWater) Min() int64 { return w.min.Load() }
+
+// Stop ends the sampling (once) and returns the lowest reading.
+func (w *LowWater) Stop() int64 {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+	return w.Min()
 }

@@ -1,6 +1,10 @@
 package memguard
 
-import "testing"
+import (
+	"math"
+	"testing"
+	"time"
+)
 
 func TestHeadroom(t *testing.T) {
 	for _, c := range []struct {
@@ -42,5 +46,20 @@ func TestReadings(t *testing.T) {
 	}
 	if p := PressureSome10(); p < -1 || p > 100 {
 		t.Fatalf("PressureSome10: %v", p)
+	}
+}
+
+func TestWatchLow(t *testing.T) {
+	w := WatchLow(time.Millisecond)
+	first := w.Min()
+	if first <= 0 || first == math.MaxInt64 {
+		t.Fatalf("no first reading: %d", first)
+	}
+	low := w.Stop()
+	if low > first || low <= 0 {
+		t.Fatalf("Stop returned %d after a first reading of %d", low, first)
+	}
+	if w.Stop() != low {
+		t.Fatal("a second Stop changed the reading")
 	}
 }

@@ -35,27 +35,9 @@ func TestConcurrentCreates(t *testing.T) {
 	}
 	memBefore := memAvailableMiB(t)
 	// The least memory available at any moment of the test, for its log.
-	minAvail := memBefore
-	stopSampling := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopSampling:
-				return
-			case <-tick.C:
-				if m, err := memguard.AvailableMiB(); err == nil && m < minAvail {
-					minAvail = m
-				}
-			}
-		}
-	}()
+	low := memguard.WatchLow(250 * time.Millisecond)
 	defer func() {
-		close(stopSampling)
-		<-sampled
+		minAvail := low.Stop()
 		t.Logf("MemAvailable: %d MiB before the creates, %d MiB at the lowest (%d MiB used by %d sandboxes at the peak)", memBefore, minAvail, memBefore-minAvail, n)
 	}()
 

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -59,24 +58,8 @@ func TestMemoryFlood(t *testing.T) {
 	oomBefore := oomLines(t)
 
 	// MemAvailable, sampled every 20 ms for the whole test.
-	var minAvail atomic.Int64
-	minAvail.Store(avail)
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if m, err := memguard.AvailableMiB(); err == nil && m < minAvail.Load() {
-				minAvail.Store(m)
-			}
-		}
-	}()
-	defer func() { close(stop); <-sampled }()
+	minAvail := memguard.WatchLow(20 * time.Millisecond)
+	defer minAvail.Stop()
 
 	// The flood.
 	var mu sync.Mutex
@@ -193,14 +176,14 @@ func TestMemoryFlood(t *testing.T) {
 			t.Errorf("%s: note %q", sb.Name, got.Note)
 		}
 	}
-	if m := minAvail.Load(); m < reserve {
+	if m := minAvail.Min(); m < reserve {
 		t.Errorf("MemAvailable fell to %d MiB, below the reserve of %d MiB", m, reserve)
 	}
 	if n := oomLines(t) - oomBefore; n != 0 {
 		t.Errorf("%d OOM-killer lines in the kernel log during the flood", n)
 	}
 	t.Logf("%d accepted, %d refused (503), %d on disk after the second wave, %d seen on disk while called; MemAvailable %d MiB at start, %d MiB at the lowest, reserve %d MiB",
-		len(accepted), refused, onDisk, pushed, avail, minAvail.Load(), reserve)
+		len(accepted), refused, onDisk, pushed, avail, minAvail.Min(), reserve)
 }
 
 // TestDiskReserve: below its disk reserve the node takes no new sandbox and
