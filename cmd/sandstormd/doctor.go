@@ -2,24 +2,35 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net/http"
 	"os"
+	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"sandstorm/internal/client"
 	"sandstorm/internal/doctor"
 )
 
 func doctorCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "doctor",
-		Short: "Say what this machine supports (runsc, cgroup v2, netns, KVM, memory, disk)",
-		Args:  cobra.NoArgs,
+		Short: "Say what this machine supports (runsc, cgroup v2, netns, KVM, memory, disk) and whether sandstormd answers",
+		Long: `Check what this machine supports for Sandstorm and whether a sandstormd
+answers at --api with the token from --data-dir (or SANDSTORM_TOKEN).
+
+✓ works; – optional and not there (its fix line says what to do if you want
+it); ✗ needed and broken (its fix line says how to repair it).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dd, _ := cmd.Flags().GetString("data-dir")
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			checks := doctor.Run(ctx, dd)
+			checks := append(doctor.Run(ctx, dd), daemonCheck(ctx, cmd, dd))
 			if j, _ := cmd.Flags().GetBool("json"); j {
 				return printJSON(checks)
 			}
@@ -27,4 +38,41 @@ func doctorCmd() *cobra.Command {
 			return nil
 		},
 	}
+	addAPIFlag(cmd)
+	return cmd
+}
+
+// daemonCheck says whether a sandstormd answers at --api and takes the
+// token this CLI would send: the first thing to know when a command fails.
+func daemonCheck(ctx context.Context, cmd *cobra.Command, dataDir string) doctor.Check {
+	api, _ := cmd.Flags().GetString("api")
+	chk := doctor.Check{Name: "daemon", OK: true}
+	c, err := apiClient(cmd)
+	if err != nil {
+		chk.Absent = true
+		chk.Detail = fmt.Sprintf("no API token in %s: no sandstormd has run with --data-dir %s", filepath.Join(dataDir, "pki", "api-token"), dataDir)
+		chk.Fix = "start one: sudo sandstormd serve --master --node --data-dir " + dataDir
+		return chk
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := c.Node(ctx)
+	switch {
+	case err == nil:
+		chk.Detail = fmt.Sprintf("sandstormd answers at %s (node %s, backend %s, %d MiB available, reserve %d MiB) and accepts the token from %s",
+			api, st.Name, st.Backend, st.MemAvailableMiB, st.MemReserveMiB, c.TokenFrom)
+	case client.StatusOf(err) == http.StatusUnauthorized:
+		chk.OK = false
+		chk.Detail = fmt.Sprintf("sandstormd at %s refuses the token from %s", api, c.TokenFrom)
+		chk.Fix = "point --data-dir (or SANDSTORM_DATA_DIR) at that daemon's data dir, or set SANDSTORM_TOKEN to the contents of its pki/api-token"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		chk.Absent = true
+		chk.Detail = "no sandstormd answers at " + api
+		chk.Fix = "start one: sudo sandstormd serve --master --node (or point --api / SANDSTORM_API at the one you run)"
+	default:
+		chk.OK = false
+		chk.Detail = fmt.Sprintf("sandstormd at %s: %v", api, err)
+		chk.Fix = "see its log; is --api the right address?"
+	}
+	return chk
 }

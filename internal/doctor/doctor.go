@@ -34,9 +34,14 @@ type Check struct {
 	// Name is a short stable identifier, e.g. "runsc" (see Names).
 	Name string `json:"name"`
 	// OK is false when something Sandstorm needs is missing or broken.
-	// Informational checks (kvm, criu, swap, cgroup-v1-freezer) are OK
-	// whatever they find and only describe it.
+	// Informational checks (kvm, criu, swap, cgroup-v1-freezer, daemon) are
+	// OK whatever they find; Absent then says what they found is not there
+	// or does not work, so it is not shown as working.
 	OK bool `json:"ok"`
+	// Absent: something optional is missing (✓ means "works": this is
+	// printed with a different mark, and its Fix says what to do if it is
+	// wanted).
+	Absent bool `json:"absent,omitempty"`
 	// Detail says what was found.
 	Detail string `json:"detail"`
 	// Fix says how to repair a failed check.
@@ -135,8 +140,9 @@ func runOne(ctx context.Context, name string, timeout time.Duration, dataDir str
 	return c
 }
 
-// Print writes checks as an aligned table: a ✓ or ✗, the name, the detail,
-// and for failed checks an indented "fix: ..." line. It returns nothing:
+// Print writes checks as an aligned table: ✓ (works), – (optional and
+// absent) or ✗ (needed and broken), the name, the detail, and for the last
+// two an indented "fix: ..." line. It returns nothing:
 // write errors on w are ignored, as for fmt.Fprintf to a terminal.
 func Print(w io.Writer, checks []Check) {
 	width := 0
@@ -145,11 +151,14 @@ func Print(w io.Writer, checks []Check) {
 	}
 	for _, c := range checks {
 		mark := "✓"
-		if !c.OK {
+		switch {
+		case !c.OK:
 			mark = "✗"
+		case c.Absent:
+			mark = "–"
 		}
 		fmt.Fprintf(w, "%s %-*s  %s\n", mark, width, c.Name, c.Detail)
-		if c.Fix != "" && !c.OK {
+		if c.Fix != "" && (!c.OK || c.Absent) {
 			fmt.Fprintf(w, "  %-*s  fix: %s\n", width, "", c.Fix)
 		}
 	}
@@ -270,7 +279,16 @@ func checkCgroup2(ctx context.Context, _ string) Check {
 	// The freezer and cgroup.kill are core cgroup v2 features that work
 	// without any controller, which is the common hybrid case: say so,
 	// since it surprises people.
-	return Check{OK: true, Detail: fmt.Sprintf("cgroup v2 at %s; cgroup.freeze and cgroup.kill available (%s)", mnt, controllers)}
+	c := Check{OK: true, Detail: fmt.Sprintf("cgroup v2 at %s; cgroup.freeze and cgroup.kill available (%s)", mnt, controllers)}
+	if !strings.Contains(" "+list("cgroup.subtree_control")+" ", " memory ") {
+		// Freezing works without controllers; memory limits on v2 do not.
+		// runsc puts its sandboxes in the v1 memory hierarchy when there is
+		// one, so only the process backend is short.
+		c.Absent = true
+		c.Detail += "; no memory controller on v2 here, so the process backend cannot limit a sandbox's memory (the gvisor backend uses v1's)"
+		c.Fix = "for the process backend: echo +memory > " + filepath.Join(mnt, "cgroup.subtree_control") + " (possible only when memory is not bound to cgroup v1: boot with systemd.unified_cgroup_hierarchy=1)"
+	}
+	return c
 }
 
 // checkV1Freezer reports whether a cgroup v1 freezer hierarchy is mounted
@@ -292,7 +310,7 @@ func checkV1Freezer(ctx context.Context, _ string) Check {
 			}
 		}
 	}
-	return Check{OK: true, Detail: "no v1 freezer mounted; not needed, pausing uses cgroup v2"}
+	return Check{OK: true, Absent: true, Detail: "no v1 freezer mounted; not needed, pausing uses cgroup v2", Fix: "nothing to do"}
 }
 
 // checkNetns creates and deletes a uniquely named network namespace with
@@ -324,7 +342,7 @@ func checkKVM(ctx context.Context, _ string) Check {
 		if errors.Is(err, os.ErrNotExist) {
 			why = "/dev/kvm does not exist"
 		}
-		return Check{OK: true, Detail: why + "; not needed (no firecracker backend is built, and runsc uses ptrace)"}
+		return Check{OK: true, Absent: true, Detail: why + "; not needed (no firecracker backend is built, and runsc uses ptrace)", Fix: "nothing to do: only a KVM backend would use it"}
 	}
 	f.Close()
 	return Check{OK: true, Detail: "/dev/kvm can be opened; unused (no firecracker backend is built, and runsc uses ptrace)"}
@@ -336,10 +354,10 @@ func checkCRIU(ctx context.Context, _ string) Check {
 	const note = "the process backend has no snapshot tier (pause only)"
 	installed, err := process.CheckCRIU(ctx)
 	if !installed {
-		return Check{OK: true, Detail: "criu not installed; " + note}
+		return Check{OK: true, Absent: true, Detail: "criu not installed; " + note, Fix: "nothing to do for the gvisor backend (runsc checkpoints itself); the process backend has no CRIU integration"}
 	}
 	if err != nil {
-		return Check{OK: true, Detail: fmt.Sprintf("`criu check` fails (%v); %s", err, note)}
+		return Check{OK: true, Absent: true, Detail: fmt.Sprintf("`criu check` fails (%v); %s", err, note), Fix: "nothing to do for the gvisor backend; CRIU itself does not work on this kernel"}
 	}
 	return Check{OK: true, Detail: "`criu check` passes, but the process backend does not use CRIU; " + note}
 }
@@ -442,7 +460,12 @@ func checkSwap(ctx context.Context, _ string) Check {
 			zswap = "zswap disabled"
 		}
 	}
-	return Check{OK: true, Detail: swap + "; " + zswap}
+	c := Check{OK: true, Detail: swap + "; " + zswap}
+	if n == 0 {
+		c.Absent = true
+		c.Fix = "only for sandstormd --zswap (frozen sandboxes squeezed into compressed swap): fallocate -l 4G /swapfile && chmod 600 /swapfile && mkswap /swapfile && swapon /swapfile"
+	}
+	return c
 }
 
 // nearestExisting returns dir or, if it does not exist yet, its closest

@@ -69,10 +69,13 @@ func TestPrintFormat(t *testing.T) {
 	Print(&buf, []Check{
 		{Name: "root", OK: true, Detail: "running as root"},
 		{Name: "nftables", OK: false, Detail: "nft is not on PATH", Fix: "apt-get install -y nftables"},
+		{Name: "swap", OK: true, Absent: true, Detail: "no swap", Fix: "mkswap"},
 	})
 	want := "✓ root      running as root\n" +
 		"✗ nftables  nft is not on PATH\n" +
-		"            fix: apt-get install -y nftables\n"
+		"            fix: apt-get install -y nftables\n" +
+		"– swap      no swap\n" +
+		"            fix: mkswap\n"
 	if got := buf.String(); got != want {
 		t.Errorf("Print =\n%s\nwant\n%s", got, want)
 	}

@@ -161,5 +161,9 @@ func TestCLI(t *testing.T) {
 		}
 	}
 
-	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir}, "doctor").ok(t, "sandstormd doctor", `(?m)^✓ runsc\s`)
+	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API}, "doctor").ok(t, "sandstormd doctor", `(?m)^✓ runsc\s`, `(?m)^✓ daemon\s+sandstormd answers at `)
+	// Nothing listening, and a token the daemon does not know: – and ✗,
+	// each with what to do.
+	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=http://127.0.0.1:1"}, "doctor").ok(t, "sandstormd doctor, no daemon", `(?m)^– daemon\s+no sandstormd answers`, `fix: start one`)
+	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API, "SANDSTORM_TOKEN=wrong"}, "doctor").ok(t, "sandstormd doctor, wrong token", `(?m)^✗ daemon\s+sandstormd at \S+ refuses the token from SANDSTORM_TOKEN`)
 }
