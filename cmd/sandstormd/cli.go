@@ -263,16 +263,25 @@ func sandboxCmd() *cobra.Command {
 			return nil
 		},
 	}
+	var follow bool
 	logs := &cobra.Command{
-		Use: "logs ID|NAME", Short: "Print a sandbox's console output (last 64 KiB)", Args: cobra.ExactArgs(1),
+		Use:   "logs ID|NAME",
+		Short: "Print a sandbox's console output (last 64 KiB; -f to follow)",
+		Long: `Print a sandbox's console output: what its process wrote to stdout and
+stderr (the last 64 KiB), with a "--- <time> sandstorm: …" line wherever the
+node started, restored, checkpointed or stopped it — so a restart (a cold
+start after detach, whose memory is new) shows. --follow goes on printing
+what is appended until interrupted or the sandbox is deleted.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := apiClient(cmd)
 			if err != nil {
 				return err
 			}
-			return c.Logs(cmd.Context(), args[0], os.Stdout)
+			return c.Logs(cmd.Context(), args[0], follow, os.Stdout)
 		},
 	}
+	logs.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the sandbox writes")
 	cmd.AddCommand(create, ls, get, rm, logs)
 	for _, op := range []struct{ name, short string }{
 		{"freeze", "Pause a hot sandbox in place"},

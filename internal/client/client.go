@@ -205,9 +205,19 @@ func (c *Client) Transition(ctx context.Context, ref, op string) (api.Sandbox, e
 	return sb, err
 }
 
-// Logs writes a sandbox's console output to w.
-func (c *Client) Logs(ctx context.Context, ref string, w io.Writer) error {
-	return c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(ref)+"/logs", nil, w)
+// Logs writes a sandbox's console output to w; with follow it goes on
+// writing what is appended until ctx ends or the sandbox is deleted.
+func (c *Client) Logs(ctx context.Context, ref string, follow bool, w io.Writer) error {
+	path := "/v1/sandboxes/" + url.PathEscape(ref) + "/logs"
+	if follow {
+		path += "?follow=1"
+		hc := *c.HTTP
+		hc.Timeout = 0 // a followed log has no end
+		cc := *c
+		cc.HTTP = &hc
+		return cc.Do(ctx, http.MethodGet, path, nil, w)
+	}
+	return c.Do(ctx, http.MethodGet, path, nil, w)
 }
 
 // Node returns the node's status.

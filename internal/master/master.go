@@ -4,6 +4,7 @@
 package master
 
 import (
+	"time"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -465,30 +466,69 @@ func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 }
 
 // logs serves the last 64 KiB of the sandbox's console output (its
-// stdout and stderr, across every start and restore).
+// stdout and stderr, with the node's "--- <time> sandstorm: …" lines where
+// it was started, restored or stopped). With ?follow=1 it goes on sending
+// what is appended, until the client goes away or the sandbox is deleted.
 func (s *server) logs(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	follow := r.URL.Query().Get("follow") == "1" || r.URL.Query().Get("follow") == "true"
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	f, err := os.Open(s.cfg.Node.LogPath(sb.ID))
-	if errors.Is(err, os.ErrNotExist) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if errors.Is(err, os.ErrNotExist) && !follow {
 		return
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.fail(w, r, err)
 		return
 	}
-	defer f.Close()
-	const tail = 64 << 10
-	if fi, err := f.Stat(); err == nil && fi.Size() > tail {
-		f.Seek(fi.Size()-tail, io.SeekStart)
+	if f != nil {
+		defer f.Close()
+		const tail = 64 << 10
+		if fi, err := f.Stat(); err == nil && fi.Size() > tail {
+			f.Seek(fi.Size()-tail, io.SeekStart)
+		}
+		io.Copy(w, f)
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	io.Copy(w, f)
+	if !follow {
+		return
+	}
+	fl, _ := w.(http.Flusher)
+	if fl != nil {
+		fl.Flush()
+	}
+	// The console log is a plain file the sandbox writes itself (it must
+	// outlive sandstormd), so following it is reading what was appended,
+	// a few times a second.
+	tick := time.NewTicker(followPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		}
+		if f == nil {
+			if f, err = os.Open(s.cfg.Node.LogPath(sb.ID)); err != nil {
+				f = nil
+				continue
+			}
+			defer f.Close()
+		}
+		if n, _ := io.Copy(w, f); n > 0 && fl != nil {
+			fl.Flush()
+		}
+		if _, err := s.cfg.Node.Get(r.Context(), sb.ID); errors.Is(err, store.ErrNotFound) {
+			return
+		}
+	}
 }
+
+// followPoll is how often a followed log is read for what was appended.
+const followPoll = 200 * time.Millisecond
 
 func (s *server) nodeStatus(w http.ResponseWriter, r *http.Request) {
 	st, err := s.cfg.Node.Status(r.Context())

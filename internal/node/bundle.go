@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -30,6 +31,19 @@ func (l layout) work() string     { return filepath.Join(string(l), "work") }
 func (l layout) snapshot() string { return filepath.Join(string(l), "snapshot") }
 func (l layout) snapTmp() string  { return filepath.Join(string(l), "snapshot.tmp") }
 func (l layout) log() string      { return filepath.Join(string(l), "console.log") }
+
+// mark appends a line of the node's own to the sandbox's console log, so a
+// person reading its logs sees when it was started, restored or stopped —
+// a restart (a cold start after detach) above all. Best effort: a log that
+// cannot be written loses only the line.
+func (l layout) mark(format string, args ...any) {
+	f, err := os.OpenFile(l.log(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "--- %s sandstorm: %s ---\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+}
 
 // hasSnapshot reports whether a complete checkpoint image is on disk. An
 // image is renamed from snapshot.tmp only after runsc checkpoint succeeded,

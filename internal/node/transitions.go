@@ -37,6 +37,7 @@ func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template
 	if err := d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path()); err != nil {
 		return err
 	}
+	d.mark("started from template %s (a cold start: its memory is new, its volume kept)", t.Name)
 	return n.be.Start(ctx, n.spec(sb))
 }
 
@@ -175,6 +176,7 @@ func (n *Node) restore(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	steps.mark("boundary")
+	d.mark("restoring from its snapshot (memory kept)")
 	if err := n.be.Restore(ctx, n.spec(sb), d.snapshot()); err != nil {
 		return err
 	}
@@ -362,6 +364,7 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) error {
 	if err := os.Rename(d.snapTmp(), d.snapshot()); err != nil {
 		return err
 	}
+	d.mark("checkpointed to disk (snapshot tier)")
 	nw, err := n.Net(sb.ID, sb.Slot)
 	if err != nil {
 		return err
@@ -407,6 +410,7 @@ func (n *Node) Detach(ctx context.Context, id string) (store.Sandbox, error) {
 		if err := n.teardown(context.Background(), sb, false); err != nil {
 			return err
 		}
+		n.dir(sb.ID).mark("detached: its processes stopped, its volume kept")
 		return os.RemoveAll(n.dir(sb.ID).snapshot())
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,6 +65,36 @@ func (r cliResult) fails(t *testing.T, what, pattern string) {
 	}
 }
 
+// safeBuffer is a bytes.Buffer a command writes while the test reads it.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitUntil polls cond until it holds or timeout passes.
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestCLI drives a daemon with the sandstormd template and sandbox
 // commands, and checks the help and doctor output.
 func TestCLI(t *testing.T) {
@@ -105,7 +136,30 @@ func TestCLI(t *testing.T) {
 	}
 	r = cli(t, env, "sandbox", "get", "cli1")
 	r.ok(t, "sandbox get", `"tier": "hot"`, `"last_wake_from": "detached"`)
-	cli(t, env, "sandbox", "logs", "cli1").ok(t, "sandbox logs", `listening on 0\.0\.0\.0:8000`)
+	r = cli(t, env, "sandbox", "logs", "cli1")
+	r.ok(t, "sandbox logs", `listening on 0\.0\.0\.0:8000`, `(?m)^--- \S+ sandstorm: restoring from its snapshot`, `(?m)^--- \S+ sandstorm: detached`)
+	// The cold start after the detach shows as a second start.
+	if n := strings.Count(r.Stdout, "sandstorm: started from template cliweb"); n != 2 {
+		t.Errorf("sandbox logs shows %d starts, want 2 (create, and the cold start after detach):\n%s", n, r.Stdout)
+	}
+	// --follow prints what is appended while it runs.
+	fctx, fcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer fcancel()
+	follower := exec.CommandContext(fctx, sandstormdBin, "sandbox", "logs", "--follow", "cli1")
+	follower.Env = append(os.Environ(), env...)
+	var fout safeBuffer
+	follower.Stdout = &fout
+	if err := follower.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the follower prints the log so far", func() bool { return strings.Contains(fout.String(), "listening on") })
+	cli(t, env, "sandbox", "detach", "cli1").ok(t, "sandbox detach while following")
+	waitUntil(t, 30*time.Second, "the follower prints the detach", func() bool { return strings.Count(fout.String(), "sandstorm: detached") == 2 })
+	fcancel()
+	follower.Wait()
+	if n := curlCount(t, ep); n != 1 {
+		t.Fatalf("after the second detach: count=%d, want 1", n)
+	}
 
 	cli(t, env, "sandbox", "freeze", "no-such-sandbox").fails(t, "freeze of an unknown sandbox", `HTTP 404`)
 	cli(t, env, "sandbox", "create", "no-such-template").fails(t, "create from an unknown template", `HTTP 404`)
