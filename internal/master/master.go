@@ -4,7 +4,6 @@
 package master
 
 import (
-	"time"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -17,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/node"
