@@ -75,5 +75,6 @@ sandstormd is still running (log: $LOG). Try:
   $BIN sandbox ls
   curl $URL/
   $BIN sandbox rm demo
-Stop it with: kill $PID   (its PID, from $SANDSTORM_DATA_DIR/sandstormd.pid; sandboxes keep running and the next start adopts them)
+Stop it with: kill $PID   (its PID, from $SANDSTORM_DATA_DIR/sandstormd.pid). Its sandboxes
+keep running and the next start adopts them: '$BIN sandbox rm demo' first if you want it gone.
 MSG

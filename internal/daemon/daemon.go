@@ -102,7 +102,13 @@ func lockDataDir(dataDir string) (*os.File, error) {
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("another sandstormd is using %s (lock held)", dataDir)
+		who := "another sandstormd"
+		if b, err := os.ReadFile(filepath.Join(dataDir, "sandstormd.pid")); err == nil {
+			if pid := strings.TrimSpace(string(b)); pid != "" {
+				who = "another sandstormd (PID " + pid + "; stop it with: kill " + pid + ")"
+			}
+		}
+		return nil, fmt.Errorf("%s is using %s (lock held); or start this one with another --data-dir", who, dataDir)
 	}
 	return f, nil
 }
@@ -190,7 +196,7 @@ func Serve(ctx context.Context, o Options) error {
 	if err := memguard.ProtectSelf(node.DaemonOOMScoreAdj); err != nil {
 		// Lowering needs CAP_SYS_RESOURCE; without it the sandboxes' raised
 		// score still puts them first.
-		log.Warn("cannot lower sandstormd's OOM score (no CAP_SYS_RESOURCE?); sandboxes still go first, their score is raised", "err", err)
+		log.Info("sandstormd's OOM score stays as it is (lowering it needs CAP_SYS_RESOURCE); sandboxes still go first, their score is raised", "err", err)
 	}
 	lock, err := lockDataDir(o.DataDir)
 	if err != nil {
@@ -296,7 +302,7 @@ func Serve(ctx context.Context, o Options) error {
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
-	log.Info("sandstormd serving", "api", "http://"+ln.Addr().String(), "backend", be.Name(),
+	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "http://"+ln.Addr().String(), "backend", be.Name(),
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

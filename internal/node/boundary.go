@@ -73,7 +73,7 @@ func (n *Node) boundaryUp(sb store.Sandbox) error {
 		Metrics:         n.cfg.SAM.Metrics,
 		Resolve:         n.cfg.SAM.Resolve,
 		Guard:           guard,
-		Log:             n.log.With("sandbox", sb.ID, "principal", PrincipalOf(sb)),
+		Log:             n.log.With("sandbox", sb.ID), // its lines name the principal themselves
 	})
 	if err != nil {
 		return fmt.Errorf("boundary of %s: %w", sb.ID, err)
