@@ -188,7 +188,9 @@ func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
 	var views []tier.View
 	now := time.Now()
 	for _, v := range n.views() {
-		if !starting[v.ID] && now.Sub(v.LastActive) >= inUse {
+		// Never one with a connection open through the gateway: the
+		// checkpoint's drain would reset a request in flight.
+		if !starting[v.ID] && now.Sub(v.LastActive) >= inUse && n.gw.Active(v.ID) == 0 {
 			views = append(views, v)
 		}
 	}
