@@ -12,18 +12,16 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"sandstorm/internal/cli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := rootCmd().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "sam-bench:", err)
-		stop()
-		os.Exit(1)
-	}
+	code := cli.Main(ctx, "sam-bench", rootCmd(), os.Stderr)
+	stop()
+	os.Exit(code)
 }

@@ -7,13 +7,9 @@
 package main
 
 import (
-	"fmt"
-	"os"
+	"context"
+
+	"sandstorm/internal/cli"
 )
 
-func main() {
-	if err := rootCmd().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "sam-box:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Exit(context.Background(), "sam-box", rootCmd()) }

@@ -7,9 +7,10 @@
 package main
 
 import (
-	"fmt"
+	"context"
 	"os"
 
+	"sandstorm/internal/cli"
 	"sandstorm/internal/memguard"
 )
 
@@ -20,8 +21,5 @@ func main() {
 	if os.Geteuid() == 0 {
 		memguard.ProtectSelf(-900)
 	}
-	if err := rootCmd().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "sam-node:", err)
-		os.Exit(1)
-	}
+	cli.Exit(context.Background(), "sam-node", rootCmd())
 }

@@ -1,0 +1,74 @@
+// Package cli is what every command of this project does the same way:
+// exit status 0 on success, 2 on a usage error (unknown command or flag,
+// wrong arguments) with a pointer to --help, 1 on any other error.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// UsageError is a mistake in how a command was called.
+type UsageError struct {
+	Cmd string
+	Err error
+}
+
+func (u UsageError) Error() string { return u.Err.Error() }
+func (u UsageError) Unwrap() error { return u.Err }
+
+// Strict makes every usage mistake below c an error cobra returns as a
+// UsageError: bad flags, wrong arguments, and an unknown subcommand of a
+// command group — which cobra would otherwise answer with its help and
+// exit status 0.
+func Strict(c *cobra.Command) {
+	c.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return UsageError{cmd.CommandPath(), err}
+	})
+	if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return UsageError{cmd.CommandPath(), fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
+			}
+			return cmd.Help()
+		}
+	} else if orig := c.Args; orig != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := orig(cmd, args); err != nil {
+				return UsageError{cmd.CommandPath(), err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		Strict(sub)
+	}
+}
+
+// Main runs root with ctx and returns the exit status, printing an error
+// as "<name>: <error>" on stderr.
+func Main(ctx context.Context, name string, root *cobra.Command, stderr io.Writer) int {
+	Strict(root)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, name+":", err)
+	var u UsageError
+	if errors.As(err, &u) {
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", u.Cmd)
+		return 2
+	}
+	return 1
+}
+
+// Exit is Main for a main function.
+func Exit(ctx context.Context, name string, root *cobra.Command) {
+	os.Exit(Main(ctx, name, root, os.Stderr))
+}
