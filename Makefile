@@ -43,7 +43,7 @@ test-e2e:
 # (golang/go#75804, fixed in Go 1.27). FUZZSCALE multiplies them.
 FUZZSCALE ?= 1
 fuzz:
-	$(GO) test -run='^$$' -fuzz=FuzzExtract -fuzztime=$$((40 * $(FUZZSCALE)))x ./internal/rootfs/
+	$(GO) test -run='^$$' -fuzz=FuzzExtract -fuzztime=$$((20000 * $(FUZZSCALE)))x ./internal/rootfs/
 	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$$((500000 * $(FUZZSCALE)))x ./internal/policy/
 	$(GO) test -run='^$$' -fuzz=FuzzSOCKS5Handshake -fuzztime=$$((60000 * $(FUZZSCALE)))x ./internal/boundary/
 	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$$((500000 * $(FUZZSCALE)))x ./internal/dialguard/
