@@ -14,7 +14,7 @@ import (
 // included); a caller's earlier deadline still wins.
 //
 // Measured on the target VM (2 cores, Debian 12, runsc 2022-12 on ptrace,
-// unloaded, runsc's state under /tmp; by hand and with TestMeasureRunsc):
+// unloaded, runsc's state under /tmp; by hand and with BenchmarkRunscCommands):
 //
 //	runsc state, pause, resume      16–48 ms
 //	runsc run -detach (busybox)     100–410 ms
