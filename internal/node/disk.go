@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 
 	"golang.org/x/sys/unix"
 
@@ -75,14 +76,8 @@ func (n *Node) diskStep() {
 	}
 	var snaps []string
 	vs := n.views()
-	// Least recently active first (views are sorted by ID; re-sort).
-	for i := 0; i < len(vs); i++ {
-		for j := i + 1; j < len(vs); j++ {
-			if vs[j].LastActive.Before(vs[i].LastActive) {
-				vs[i], vs[j] = vs[j], vs[i]
-			}
-		}
-	}
+	// Least recently active first.
+	sort.Slice(vs, func(i, j int) bool { return vs[i].LastActive.Before(vs[j].LastActive) })
 	for _, v := range vs {
 		if v.Tier == api.TierSnapshot && !v.Busy {
 			snaps = append(snaps, v.ID)

@@ -171,7 +171,7 @@ func (e *entry) acquire(ctx context.Context) error {
 
 func (e *entry) release() { <-e.lock }
 
-// New makes a node. Call Reconcile before serving, and Run for the idle and
+// New makes a node. Call BeginReconcile before serving (FinishReconcile may run behind the API), and Run for the idle and
 // memory loops.
 func New(cfg Config) (*Node, error) {
 	if cfg.Log == nil {

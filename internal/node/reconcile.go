@@ -35,21 +35,14 @@ func (n *Node) Prepare() error {
 //   - containers, namespaces, veths and sandbox directories that belong to
 //     no sandbox are removed.
 //
-// It also opens the gateway listeners. It runs while the API already
+// It is BeginReconcile, then FinishReconcile. It also opens the gateway
+// listeners. It runs while the API already
 // serves (issue 7: a restart must never keep the API closed): every known
 // sandbox's lock is taken first, so a transition asked for meanwhile waits
 // for that sandbox's repair, and Status counts the sandboxes still being
 // repaired. Sandboxes are repaired a few at a time, each bounded by
 // reconcileEach, so one whose runsc hangs is reported and does not hold
 // up the others.
-func (n *Node) Reconcile(ctx context.Context) error {
-	plan, err := n.BeginReconcile(ctx)
-	if err != nil {
-		return err
-	}
-	return n.FinishReconcile(ctx, plan)
-}
-
 // ReconcilePlan is what BeginReconcile found: the sandboxes to repair.
 type ReconcilePlan struct{ sandboxes []store.Sandbox }
 

@@ -4,11 +4,9 @@ import "context"
 
 // MemStat is what a sandbox's memory cgroup says about it.
 type MemStat struct {
-	// UsageBytes is the memory charged to the sandbox now.
+	// UsageBytes is the memory charged to the sandbox's cgroup now, in
+	// bytes (0 when it is gone).
 	UsageBytes int64
-	// OOMKills counts processes the kernel killed in the sandbox's cgroup
-	// for want of memory (its own limit, or the whole node's).
-	OOMKills int64
 	// Gone: the sandbox's process is no longer alive; OOMKilled: the
 	// kernel's OOM killer is what ended it.
 	Gone, OOMKilled bool

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
@@ -35,32 +34,15 @@ func (b *Backend) sandboxPid(id string) (int, error) {
 }
 
 // cgroup is the memory cgroup runsc put container id's sandbox in (runsc
-// makes one per sandbox and applies the OCI spec's memory limit to it). It
-// is found through the live sandbox process and remembered, so that it can
-// still be read after the kernel killed that process — which is when its
-// oom_kill count matters.
+// makes one per sandbox and applies the OCI spec's memory limit to it),
+// found through the live sandbox process.
 func (b *Backend) cgroup(id string) (reclaim.Cgroup, error) {
-	key := b.Root + "\x00" + id
 	pid, err := b.sandboxPid(id)
-	if err == nil {
-		var cg reclaim.Cgroup
-		if cg, err = reclaim.CgroupOf(pid); err == nil {
-			cgroups.Store(key, cg)
-			return cg, nil
-		}
+	if err != nil {
+		return reclaim.Cgroup{}, err
 	}
-	if cg, ok := cgroups.Load(key); ok {
-		c := cg.(reclaim.Cgroup)
-		if _, serr := os.Stat(c.Dir); serr == nil {
-			return c, nil
-		}
-		cgroups.Delete(key)
-	}
-	return reclaim.Cgroup{}, err
+	return reclaim.CgroupOf(pid)
 }
-
-// cgroups remembers each sandbox's memory cgroup (root, ID → Cgroup).
-var cgroups sync.Map
 
 // Memory implements sandbox.MemoryReporter. When the sandbox process named
 // in runsc's state is dead, it says so, and whether the kernel log shows the
@@ -78,7 +60,7 @@ func (b *Backend) Memory(ctx context.Context, spec sandbox.Spec) (sandbox.MemSta
 	if err != nil {
 		return sandbox.MemStat{}, err
 	}
-	return sandbox.MemStat{UsageBytes: cg.Usage(), OOMKills: cg.OOMKills()}, nil
+	return sandbox.MemStat{UsageBytes: cg.Usage()}, nil
 }
 
 // dmesgTimeout bounds reading the kernel log (a few ms here).
