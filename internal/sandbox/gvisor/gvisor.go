@@ -30,8 +30,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
@@ -150,8 +153,18 @@ func (b *Backend) launch(ctx context.Context, limit time.Duration, spec sandbox.
 		return err
 	}
 	defer logf.Close()
+	// The shell also takes the spec's oom_score_adj before it execs runsc,
+	// so that every process runsc forks is born with it: the sentry's
+	// address-space stubs are forked before runsc applies the spec (and
+	// runsc 2022-12 never applies it after a restore), and would otherwise
+	// inherit sandstormd's own -900. Setting it afterwards races with
+	// stubs being cloned (seen in CI: one stub left at 0).
+	script := `mount -t tmpfs none /proc/sys/net/core && exec "$@"`
+	if adj, ok := oomScoreAdjOf(spec.Bundle); ok {
+		script = "echo " + strconv.Itoa(adj) + " > /proc/self/oom_score_adj && " + script
+	}
 	args := []string{"--net=" + spec.Netns, "--", "unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", `mount -t tmpfs none /proc/sys/net/core && exec "$@"`, "sh", b.Runsc}
+		"sh", "-c", script, "sh", b.Runsc}
 	args = append(args, b.flags()...)
 	args = append(args, sub...)
 	// Both must be files, not pipes: the detached sandbox inherits them
@@ -176,6 +189,25 @@ func (b *Backend) launch(ctx context.Context, limit time.Duration, spec sandbox.
 		return fmt.Errorf("%w (the half-started sandbox was removed)", err)
 	}
 	return fmt.Errorf("runsc %s %s: %w: %s", sub[0], spec.ID, err, lastLine(readFrom(spec.LogPath, off)))
+}
+
+// oomScoreAdjOf reads process.oomScoreAdj from the bundle's config.json.
+// The value is bounded to the kernel's range so that nothing but a number
+// reaches the shell.
+func oomScoreAdjOf(bundle string) (int, bool) {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return 0, false
+	}
+	var s specs.Spec
+	if json.Unmarshal(data, &s) != nil || s.Process == nil || s.Process.OOMScoreAdj == nil {
+		return 0, false
+	}
+	adj := *s.Process.OOMScoreAdj
+	if adj < -1000 || adj > 1000 {
+		return 0, false
+	}
+	return adj, true
 }
 
 // readFrom returns what path holds after offset off (at most 64 KiB).

@@ -514,32 +514,43 @@ func TestStartCutShort(t *testing.T) {
 	}
 }
 
-// TestSetOOMScore: after a run and after a restore (where runsc itself
-// leaves 0), SetOOMScore gives the sandbox, its gofer and its stubs the
-// score asked for.
-func TestSetOOMScore(t *testing.T) {
+// TestOOMScoreAtBirth: after a run and after a restore (where runsc
+// 2022-12 itself leaves 0 on the sandbox and gofer), every process of the
+// sandbox, the sentry's stubs included, has the spec's oom_score_adj
+// (1000), not this test process's own: they are born with it.
+// SetOOMScore then changes the sandbox and gofer processes of a running
+// sandbox (what the node does for one it adopts).
+func TestOOMScoreAtBirth(t *testing.T) {
 	b := newBackend(t)
 	netns := newNetns(t)
 	spec := newSpec(t, b, netns, "echo ready; exec sleep 1000000")
-	check := func(after string) {
+	own, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(own)) == "1000" {
+		t.Fatal("this test process already has oom_score_adj 1000; the test would prove nothing")
+	}
+	check := func(after, want string, all bool) {
 		t.Helper()
-		if err := b.SetOOMScore(context.Background(), spec, 900); err != nil {
-			t.Fatalf("SetOOMScore after %s: %v", after, err)
-		}
 		sandboxPid, goferPid := pidsOf(t, b, spec.ID)
-		for _, p := range append(family(sandboxPid), family(goferPid)...) {
+		procs := []proc{{pid: sandboxPid}, {pid: goferPid}}
+		if all {
+			procs = append(family(sandboxPid), family(goferPid)...)
+		}
+		for _, p := range procs {
 			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", p.pid))
 			if err != nil {
 				continue // a stub that has exited
 			}
-			if got := strings.TrimSpace(string(data)); got != "900" {
-				t.Errorf("after %s: oom_score_adj of pid %d is %s, want 900 (sandbox pid %d, gofer pid %d)",
-					after, p.pid, got, sandboxPid, goferPid)
+			if got := strings.TrimSpace(string(data)); got != want {
+				t.Errorf("after %s: oom_score_adj of pid %d is %s, want %s (sandbox pid %d, gofer pid %d)",
+					after, p.pid, got, want, sandboxPid, goferPid)
 			}
 		}
 	}
 	startReady(t, b, spec)
-	check("run")
+	check("run", "1000", true)
 	img := t.TempDir()
 	if err := b.Checkpoint(context.Background(), spec, img); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
@@ -547,7 +558,11 @@ func TestSetOOMScore(t *testing.T) {
 	if err := b.Restore(context.Background(), spec, img); err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
-	check("restore")
+	check("restore", "1000", true)
+	if err := b.SetOOMScore(context.Background(), spec, 900); err != nil {
+		t.Fatalf("SetOOMScore: %v", err)
+	}
+	check("SetOOMScore", "900", false)
 }
 
 // fakeRunsc writes a shell script standing in for runsc and returns its

@@ -82,18 +82,14 @@ func oomKilledInLog(ctx context.Context, id string) bool {
 }
 
 // SetOOMScore implements sandbox.OOMScorer: every process in the
-// sandbox's cgroup, the sentry's address-space stubs included (they are
-// forked before runsc applies the spec's oomScoreAdj, and would otherwise
-// keep what they inherited from sandstormd, which protects itself; and
-// runsc 2022-12 does not apply it at all after a restore: measured 0 on the
-// sandbox and gofer).
+// sandbox's cgroup gets adj. Sandboxes this backend launches are born with
+// the spec's value (launch sets it before runsc is exec'd); this is for
+// one launched otherwise, or whose score should change while it runs.
 //
 // Stubs are cloned from a stub while the sandbox runs, and a clone keeps
-// the value its parent had at that moment: one cloned while this walks
-// cgroup.procs can be missed (seen in at least 5 of 30 runs walking the
-// process tree right after start; not seen in 30 with cgroup.procs, but
-// the race is the same). So it walks again until a pass finds nothing to
-// change, a few passes at most.
+// the value its parent had at that moment, so one cloned while this walks
+// cgroup.procs can be missed: it walks again until a pass finds nothing to
+// change, a few passes at most, and cannot promise more on a live tree.
 func (b *Backend) SetOOMScore(_ context.Context, spec sandbox.Spec, adj int) error {
 	cg, err := b.cgroup(spec.ID)
 	if err != nil {
