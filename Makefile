@@ -4,7 +4,12 @@ GO       ?= go
 BIN      := bin/sandstormd
 PKGS     := $(shell grep -v '^\#' deps/debian-packages.txt)
 
-.PHONY: all build deps demo test test-unit test-e2e fuzz bench clean
+# The runsc sandstormd runs is the gVisor the repository pins in
+# tools/runsc/go.mod (gVisor is a Go module), built into bin/ next to
+# sandstormd; Debian's runsc is from 2022 and is not used.
+RUNSC_VERSION := $(shell sed -n 's/^[[:space:]]*gvisor\.dev\/gvisor \(v[^ ]*\).*/\1/p' tools/runsc/go.mod)
+
+.PHONY: all build deps runsc demo test test-unit test-e2e fuzz bench clean
 
 all: build
 
@@ -12,8 +17,21 @@ all: build
 build:
 	$(GO) build -o bin/ ./cmd/...
 
-# Installs the Debian packages listed in deps/debian-packages.txt.
-deps:
+# Builds the pinned runsc into bin/runsc unless it is there already at that
+# version (about 1.5 min; the version string is what `runsc --version`
+# prints and what checkpoint images are stamped with).
+runsc:
+	@want="gvisor.dev/gvisor@$(RUNSC_VERSION)"; \
+	if [ "$$(bin/runsc --version 2>/dev/null | head -1)" != "runsc version $$want" ]; then \
+		echo "building runsc $$want into bin/runsc (about 1.5 min)"; \
+		mkdir -p bin && cd tools/runsc && CGO_ENABLED=0 $(GO) build -trimpath \
+			-ldflags "-X gvisor.dev/gvisor/runsc/version.version=$$want" \
+			-o ../../bin/runsc gvisor.dev/gvisor/runsc; \
+	fi
+
+# Installs the Debian packages listed in deps/debian-packages.txt, and the
+# pinned runsc.
+deps: runsc
 	@missing=$$(for p in $(PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing:" $$missing; \

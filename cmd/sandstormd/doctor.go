@@ -14,6 +14,7 @@ import (
 
 	"sandstorm/internal/client"
 	"sandstorm/internal/doctor"
+	"sandstorm/internal/sandbox/gvisor"
 )
 
 func doctorCmd() *cobra.Command {
@@ -30,7 +31,9 @@ it); ✗ needed and broken (its fix line says how to repair it).`,
 			dd, _ := cmd.Flags().GetString("data-dir")
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			checks := append(doctor.Run(ctx, dd), daemonCheck(ctx, cmd, dd))
+			runsc, _ := cmd.Flags().GetString("runsc")
+			platform, _ := cmd.Flags().GetString("platform")
+			checks := append(doctor.Run(ctx, doctor.Config{DataDir: dd, Runsc: runsc, Platform: platform}), daemonCheck(ctx, cmd, dd))
 			if j, _ := cmd.Flags().GetBool("json"); j {
 				return printJSON(checks)
 			}
@@ -39,6 +42,8 @@ it); ✗ needed and broken (its fix line says how to repair it).`,
 		},
 	}
 	addAPIFlag(cmd)
+	cmd.Flags().String("runsc", "", "runsc binary to check (default: the pinned one next to sandstormd)")
+	cmd.Flags().String("platform", gvisor.DefaultPlatform, "runsc platform to smoke-test: systrap or ptrace")
 	return cmd
 }
 

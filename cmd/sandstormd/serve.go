@@ -11,6 +11,7 @@ import (
 
 	"sandstorm/internal/daemon"
 	"sandstorm/internal/logging"
+	"sandstorm/internal/sandbox/gvisor"
 )
 
 func rootCmd() *cobra.Command {
@@ -74,6 +75,8 @@ transitions that were cut short.`,
 	f.BoolVar(&o.Node, "node", false, "run a node: sandboxes, tiers, gateway")
 	f.StringVar(&o.Listen, "listen", envOr("SANDSTORM_LISTEN", "127.0.0.1:8080"), "API address host:port (env SANDSTORM_LISTEN)")
 	f.StringVar(&o.Backend, "backend", "gvisor", "sandbox backend: gvisor (runsc) or process (plain namespaces + cgroup v2; no snapshot tier here)")
+	f.StringVar(&o.Runsc, "runsc", "", "runsc binary of the gvisor backend (default: the pinned one next to sandstormd, built by make runsc)")
+	f.StringVar(&o.Platform, "platform", gvisor.DefaultPlatform, "runsc platform: systrap or ptrace (systrap starts, wakes and serves faster here; see README \"Platform\")")
 	f.StringVar(&o.Subnet, "subnet", "10.213.0.0/16", "private IPv4 subnet for sandbox veths, split into one /30 per sandbox")
 	f.StringVar(&o.GatewayBind, "gateway-listen", "127.0.0.1", "address the gateway's per-sandbox-port listeners bind")
 	f.StringVar(&o.GatewayPorts, "gateway-ports", "20000-29999", "range of gateway ports, one per sandbox port")

@@ -43,10 +43,13 @@ type Options struct {
 	DataDir      string
 	Listen       string // API address, host:port
 	Backend      string // "gvisor" or "process"
-	Subnet       string // sandbox address pool, e.g. 10.213.0.0/16
-	GatewayBind  string // address the gateway listens on
-	GatewayPorts string // "20000-29999"
-	MemReserve   int64  // MiB
+	// Runsc is the runsc binary ("" is the pinned one next to sandstormd,
+	// from make runsc); Platform its platform ("" is systrap).
+	Runsc, Platform string
+	Subnet          string // sandbox address pool, e.g. 10.213.0.0/16
+	GatewayBind     string // address the gateway listens on
+	GatewayPorts    string // "20000-29999"
+	MemReserve      int64  // MiB
 	// SandboxMemory is the default memory limit of a sandbox, MiB;
 	// DiskReserve the disk (MiB) kept free under the data dir.
 	SandboxMemory, DiskReserve int64
@@ -113,15 +116,15 @@ func lockDataDir(dataDir string) (*os.File, error) {
 	return f, nil
 }
 
-// NewBackend returns the named backend with its state under dataDir.
-func NewBackend(name, dataDir string) (sandbox.Backend, error) {
-	switch name {
+// NewBackend returns the backend o names, with its state under o.DataDir.
+func NewBackend(o Options) (sandbox.Backend, error) {
+	switch o.Backend {
 	case "gvisor":
-		return gvisor.New(filepath.Join(dataDir, "runsc"))
+		return gvisor.New(filepath.Join(o.DataDir, "runsc"), o.Runsc, o.Platform)
 	case "process":
-		return process.New(filepath.Join(dataDir, "process"))
+		return process.New(filepath.Join(o.DataDir, "process"))
 	default:
-		return nil, fmt.Errorf("unknown backend %q: use gvisor or process", name)
+		return nil, fmt.Errorf("unknown backend %q: use gvisor or process", o.Backend)
 	}
 }
 
@@ -219,12 +222,18 @@ func Serve(ctx context.Context, o Options) error {
 		return err
 	}
 	defer st.Close()
-	be, err := NewBackend(o.Backend, o.DataDir)
+	be, err := NewBackend(o)
 	if err != nil {
 		return err
 	}
 	if gb, ok := be.(*gvisor.Backend); ok {
 		gb.Log = log // it logs the sandboxes it had to kill by pid
+		defer gb.Close()
+		v, _ := gvisor.Version(ctx, gb.Runsc)
+		if v != gvisor.PinnedVersion {
+			log.Warn("runsc is not the version this sandstormd pins; snapshots only restore on the runsc that wrote them", "runsc", gb.Runsc, "version", v, "pinned", gvisor.PinnedVersion)
+		}
+		log.Info("runtime", "runsc", gb.Runsc, "version", v, "platform", gb.Platform)
 	}
 	if o.Backend == "gvisor" {
 		if err := gvisor.StartReaper(); err != nil {

@@ -26,6 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/sandbox/process"
 )
 
@@ -59,7 +60,19 @@ const (
 	runscTimeout = 20 * time.Second // the runsc smoke run boots a sandbox
 )
 
-type checkFunc func(ctx context.Context, dataDir string) Check
+// Config says which installation to check.
+type Config struct {
+	// DataDir is where sandstormd keeps its state; the disk check measures
+	// the filesystem holding it (or its nearest existing parent, before
+	// first start).
+	DataDir string
+	// Runsc is the runsc binary sandstormd would run ("" is the one next
+	// to this executable, as for sandstormd); Platform its platform (""
+	// is gvisor.DefaultPlatform).
+	Runsc, Platform string
+}
+
+type checkFunc func(ctx context.Context, c Config) Check
 
 // checks lists every check in report order, with its time bound.
 var checks = []struct {
@@ -69,7 +82,7 @@ var checks = []struct {
 }{
 	{"root", checkTimeout, checkRoot},
 	{"runsc", checkTimeout, checkRunsc},
-	{"runsc-ptrace", runscTimeout, checkRunscPtrace},
+	{"runsc-run", runscTimeout, checkRunscRun},
 	{"cgroup-v2", checkTimeout, checkCgroup2},
 	{"cgroup-v1-freezer", checkTimeout, checkV1Freezer},
 	{"netns", checkTimeout, checkNetns},
@@ -93,17 +106,15 @@ func Names() []string {
 // Run performs every check and returns one Check per name in Names, in that
 // order. Checks run concurrently, each bounded by its own timeout (5 s; 20 s
 // for the runsc smoke run) and by ctx; a check that overruns or panics is
-// reported as failed rather than delaying or crashing the caller. dataDir is
-// where sandstormd keeps its state; the disk check measures the filesystem
-// holding it (or its nearest existing parent, before first start).
-func Run(ctx context.Context, dataDir string) []Check {
+// reported as failed rather than delaying or crashing the caller.
+func Run(ctx context.Context, cfg Config) []Check {
 	out := make([]Check, len(checks))
 	var wg sync.WaitGroup
 	for i, c := range checks {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = runOne(ctx, c.name, c.timeout, dataDir, c.fn)
+			out[i] = runOne(ctx, c.name, c.timeout, cfg, c.fn)
 		}()
 	}
 	wg.Wait()
@@ -112,7 +123,7 @@ func Run(ctx context.Context, dataDir string) []Check {
 
 // runOne runs fn in its own goroutine so that a check stuck in a syscall
 // that ignores ctx (a hung filesystem, say) still yields a result on time.
-func runOne(ctx context.Context, name string, timeout time.Duration, dataDir string, fn checkFunc) Check {
+func runOne(ctx context.Context, name string, timeout time.Duration, cfg Config, fn checkFunc) Check {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	done := make(chan Check, 1)
@@ -122,7 +133,7 @@ func runOne(ctx context.Context, name string, timeout time.Duration, dataDir str
 				done <- Check{Detail: fmt.Sprintf("check crashed: %v", r), Fix: "report this as a Sandstorm bug"}
 			}
 		}()
-		done <- fn(ctx, dataDir)
+		done <- fn(ctx, cfg)
 	}()
 	var c Check
 	select {
@@ -201,53 +212,86 @@ func lastLine(s string) string {
 	return firstLine(lines[len(lines)-1])
 }
 
-func checkRoot(ctx context.Context, _ string) Check {
+func checkRoot(ctx context.Context, _ Config) Check {
 	if uid := os.Geteuid(); uid != 0 {
 		return Check{Detail: fmt.Sprintf("running as uid %d; sandboxes need root (namespaces, cgroups, runsc)", uid), Fix: "run sandstormd (and this check) as root, e.g. with sudo"}
 	}
 	return Check{OK: true, Detail: "running as root"}
 }
 
-func checkRunsc(ctx context.Context, _ string) Check {
-	path, err := exec.LookPath("runsc")
-	if err != nil {
-		return Check{Detail: "runsc (gVisor) is not on PATH; the gvisor backend cannot run", Fix: "apt-get install -y runsc"}
+// runscOf is the binary and platform cfg names, with sandstormd's defaults.
+func runscOf(cfg Config) (path, platform string, err error) {
+	path, platform = cfg.Runsc, cfg.Platform
+	if platform == "" {
+		platform = gvisor.DefaultPlatform
 	}
-	out, err := output(ctx, path, "--version")
-	if err != nil {
-		return Check{Detail: fmt.Sprintf("%s --version failed: %v: %s", path, err, firstLine(out)), Fix: "reinstall it: apt-get install --reinstall -y runsc"}
+	if path == "" {
+		path, err = gvisor.DefaultRunsc()
 	}
-	return Check{OK: true, Detail: fmt.Sprintf("%s (%s)", firstLine(out), path)}
+	return path, platform, err
 }
 
-// checkRunscPtrace boots a real sandbox on the ptrace platform, the one this
-// node uses. KVM is deliberately not tried: on nested-virtualisation VMs
-// like the ones Sandstorm runs on, runsc's kvm platform hangs instead of
-// failing.
-func checkRunscPtrace(ctx context.Context, _ string) Check {
-	const kvmNote = "; kvm platform not tried (it hangs on this kind of VM)"
-	path, err := exec.LookPath("runsc")
+// checkRunsc says which runsc sandstormd would run, and whether it is the
+// version the repository pins (the one sandstormd is tested with;
+// checkpoint images only restore on the runsc version that wrote them).
+func checkRunsc(ctx context.Context, cfg Config) Check {
+	path, platform, err := runscOf(cfg)
 	if err != nil {
-		return Check{Detail: "runsc is not installed", Fix: "apt-get install -y runsc"}
+		return Check{Detail: err.Error() + "; the gvisor backend cannot run", Fix: "make runsc (builds the pinned gVisor into bin/, next to sandstormd), or pass --runsc PATH"}
+	}
+	v, err := gvisor.Version(ctx, path)
+	if err != nil {
+		return Check{Detail: err.Error(), Fix: "rebuild it: make runsc"}
+	}
+	if v != gvisor.PinnedVersion {
+		return Check{OK: true, Absent: true,
+			Detail: fmt.Sprintf("%s is %s, not the version this sandstormd pins (%s), platform %s", path, v, gvisor.PinnedVersion, platform),
+			Fix:    "make runsc builds the pinned one; snapshots written by one runsc version do not restore on another"}
+	}
+	return Check{OK: true, Detail: fmt.Sprintf("%s, the pinned version (%s), platform %s", v, path, platform)}
+}
+
+// checkRunscRun boots a real sandbox on the platform sandstormd would use.
+// KVM is deliberately not tried: on nested-virtualisation VMs like the ones
+// Sandstorm runs on, runsc's kvm platform hangs instead of failing.
+func checkRunscRun(ctx context.Context, cfg Config) Check {
+	path, platform, err := runscOf(cfg)
+	if err != nil {
+		return Check{Detail: "no runsc to run", Fix: "make runsc, or pass --runsc PATH"}
 	}
 	if os.Geteuid() != 0 {
 		return Check{Detail: "smoke run skipped: needs root", Fix: "run as root"}
 	}
+	root, err := os.MkdirTemp("", "sandstorm-doctor-")
+	if err != nil {
+		return Check{Detail: err.Error(), Fix: "check that the temporary directory is writable"}
+	}
+	defer func() {
+		(&gvisor.Backend{Root: root}).Close()
+		os.RemoveAll(root)
+	}()
 	start := time.Now()
-	out, err := output(ctx, path, "--rootless=false", "--network=none", "--platform=ptrace", "do", "/bin/true")
+	out, err := output(ctx, path, "--root", root, "--network=none", "--platform="+platform, "do", "/bin/true")
 	if err != nil {
 		return Check{
-			Detail: fmt.Sprintf("`runsc --platform=ptrace do /bin/true` failed: %v: %s", err, lastLine(out)),
-			Fix:    "run `runsc --debug --debug-log=/tmp/runsc/ --platform=ptrace do /bin/true` and read /tmp/runsc/; ptrace may be blocked (sysctl kernel.yama.ptrace_scope must be ≤ 1, no seccomp filter on the daemon)",
+			Detail: fmt.Sprintf("`runsc --platform=%s do /bin/true` failed: %v: %s", platform, err, lastLine(out)),
+			Fix:    fmt.Sprintf("run `%s --debug --debug-log=/tmp/runsc/ --platform=%s do /bin/true` and read /tmp/runsc/; or try the other platform (sandstormd serve --platform %s)", path, platform, otherPlatform(platform)),
 		}
 	}
-	return Check{OK: true, Detail: fmt.Sprintf("a ptrace sandbox ran /bin/true in %v%s", time.Since(start).Round(time.Millisecond), kvmNote)}
+	return Check{OK: true, Detail: fmt.Sprintf("a %s sandbox ran /bin/true in %v; kvm platform not tried (it hangs on this kind of VM)", platform, time.Since(start).Round(time.Millisecond))}
+}
+
+func otherPlatform(p string) string {
+	if p == "ptrace" {
+		return "systrap"
+	}
+	return "ptrace"
 }
 
 // checkCgroup2 finds the v2 hierarchy the process backend uses and proves
 // cgroup.freeze and cgroup.kill work by creating a throwaway child cgroup
 // (the root cgroup has neither file, so it cannot tell).
-func checkCgroup2(ctx context.Context, _ string) Check {
+func checkCgroup2(ctx context.Context, _ Config) Check {
 	mnt, err := process.Cgroup2Mount()
 	if err != nil {
 		return Check{Detail: err.Error(), Fix: "mount it: mkdir -p /sys/fs/cgroup/unified && mount -t cgroup2 none /sys/fs/cgroup/unified (or boot with systemd.unified_cgroup_hierarchy=1)"}
@@ -293,7 +337,7 @@ func checkCgroup2(ctx context.Context, _ string) Check {
 
 // checkV1Freezer reports whether a cgroup v1 freezer hierarchy is mounted
 // (hybrid machines). Informational: Sandstorm pauses with cgroup v2.
-func checkV1Freezer(ctx context.Context, _ string) Check {
+func checkV1Freezer(ctx context.Context, _ Config) Check {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return Check{Detail: err.Error(), Fix: "mount /proc"}
@@ -315,7 +359,7 @@ func checkV1Freezer(ctx context.Context, _ string) Check {
 
 // checkNetns creates and deletes a uniquely named network namespace with
 // ip(8), exactly as the node does for each sandbox.
-func checkNetns(ctx context.Context, _ string) Check {
+func checkNetns(ctx context.Context, _ Config) Check {
 	ip, err := exec.LookPath("ip")
 	if err != nil {
 		return Check{Detail: "ip (iproute2) is not on PATH", Fix: "apt-get install -y iproute2"}
@@ -335,22 +379,22 @@ func checkNetns(ctx context.Context, _ string) Check {
 
 // checkKVM is informational: only a Firecracker backend would need /dev/kvm,
 // and none is built.
-func checkKVM(ctx context.Context, _ string) Check {
+func checkKVM(ctx context.Context, _ Config) Check {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		why := err.Error()
 		if errors.Is(err, os.ErrNotExist) {
 			why = "/dev/kvm does not exist"
 		}
-		return Check{OK: true, Absent: true, Detail: why + "; not needed (no firecracker backend is built, and runsc uses ptrace)", Fix: "nothing to do: only a KVM backend would use it"}
+		return Check{OK: true, Absent: true, Detail: why + "; not needed (no firecracker backend is built, and runsc runs on systrap or ptrace)", Fix: "nothing to do: only a KVM backend would use it"}
 	}
 	f.Close()
-	return Check{OK: true, Detail: "/dev/kvm can be opened; unused (no firecracker backend is built, and runsc uses ptrace)"}
+	return Check{OK: true, Detail: "/dev/kvm can be opened; unused (no firecracker backend is built, and runsc runs on systrap or ptrace)"}
 }
 
 // checkCRIU is informational: CRIU is the only way the process backend
 // could get a snapshot tier, and it has no CRIU integration anyway.
-func checkCRIU(ctx context.Context, _ string) Check {
+func checkCRIU(ctx context.Context, _ Config) Check {
 	const note = "the process backend has no snapshot tier (pause only)"
 	installed, err := process.CheckCRIU(ctx)
 	if !installed {
@@ -362,7 +406,7 @@ func checkCRIU(ctx context.Context, _ string) Check {
 	return Check{OK: true, Detail: "`criu check` passes, but the process backend does not use CRIU; " + note}
 }
 
-func checkNft(ctx context.Context, _ string) Check {
+func checkNft(ctx context.Context, _ Config) Check {
 	const fix = "apt-get install -y nftables"
 	path, err := exec.LookPath("nft")
 	if err != nil {
@@ -411,7 +455,7 @@ func parseMeminfo(r io.Reader) (map[string]uint64, error) {
 	return m, sc.Err()
 }
 
-func checkMemory(ctx context.Context, _ string) Check {
+func checkMemory(ctx context.Context, _ Config) Check {
 	m, err := meminfo()
 	if err != nil {
 		return Check{Detail: err.Error(), Fix: "mount /proc"}
@@ -431,7 +475,7 @@ func checkMemory(ctx context.Context, _ string) Check {
 // checkSwap is informational: it reports swap devices and whether zswap
 // (compressed swap cache) is on, which change how far frozen sandboxes can
 // be squeezed out of RAM.
-func checkSwap(ctx context.Context, _ string) Check {
+func checkSwap(ctx context.Context, _ Config) Check {
 	data, err := os.ReadFile("/proc/swaps")
 	if err != nil {
 		return Check{OK: true, Detail: "cannot read /proc/swaps: " + err.Error()}
@@ -489,7 +533,8 @@ func nearestExisting(dir string) (string, error) {
 	}
 }
 
-func checkDisk(ctx context.Context, dataDir string) Check {
+func checkDisk(ctx context.Context, cfg Config) Check {
+	dataDir := cfg.DataDir
 	if dataDir == "" {
 		return Check{Detail: "no data directory given", Fix: "pass the data directory sandstormd uses"}
 	}

@@ -8,14 +8,20 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandstorm/internal/testenv"
 )
 
 func TestRun(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test must run as root")
 	}
+	runsc, err := testenv.Runsc()
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
-	got := Run(context.Background(), filepath.Join(t.TempDir(), "not", "yet"))
+	got := Run(context.Background(), Config{DataDir: filepath.Join(t.TempDir(), "not", "yet"), Runsc: runsc})
 	t.Logf("Run took %v", time.Since(start))
 	names := Names()
 	if len(got) != len(names) {
@@ -34,12 +40,20 @@ func TestRun(t *testing.T) {
 		}
 		byName[c.Name] = c
 	}
-	// This machine is root with runsc installed; the rest are facts
-	// about the machine the test cannot demand.
-	for _, name := range []string{"root", "runsc", "runsc-ptrace", "cgroup-v2", "netns", "disk"} {
+	// This machine is root with the pinned runsc built; the rest are
+	// facts about the machine the test cannot demand.
+	for _, name := range []string{"root", "runsc", "runsc-run", "cgroup-v2", "netns", "disk"} {
 		if c := byName[name]; !c.OK {
 			t.Errorf("%s: %+v", name, c)
 		}
+	}
+	for _, name := range []string{"runsc", "runsc-run"} {
+		if c := byName[name]; c.Absent {
+			t.Errorf("%s: %+v", name, c)
+		}
+	}
+	if d := byName["runsc"].Detail; !strings.Contains(d, "the pinned version") || !strings.Contains(d, "platform systrap") {
+		t.Errorf("runsc detail does not name the pinned version and the platform: %q", d)
 	}
 	if d := byName["disk"].Detail; !strings.Contains(d, "does not exist yet") {
 		t.Errorf("disk detail does not say the data dir is missing: %q", d)
@@ -84,14 +98,14 @@ func TestPrintFormat(t *testing.T) {
 func TestRunOneBoundsAndRecovers(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
-	c := runOne(context.Background(), "slow", 50*time.Millisecond, "", func(ctx context.Context, _ string) Check {
+	c := runOne(context.Background(), "slow", 50*time.Millisecond, Config{}, func(ctx context.Context, _ Config) Check {
 		<-release // ignores ctx entirely
 		return Check{OK: true}
 	})
 	if c.OK || c.Name != "slow" || !strings.Contains(c.Detail, "no answer") {
 		t.Errorf("slow check: %+v", c)
 	}
-	c = runOne(context.Background(), "boom", time.Second, "", func(ctx context.Context, _ string) Check {
+	c = runOne(context.Background(), "boom", time.Second, Config{}, func(ctx context.Context, _ Config) Check {
 		panic("boom")
 	})
 	if c.OK || c.Name != "boom" || !strings.Contains(c.Detail, "boom") {

@@ -151,18 +151,14 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 	var to api.Tier
 	note := sb.Note
 	switch {
-	case st == sandbox.StateRunning || st == sandbox.StatePaused:
-		to = api.TierHot
-		if st == sandbox.StatePaused {
-			to = api.TierFrozen
-		}
-		// A restore that finished after the daemon died leaves its image.
-		os.RemoveAll(d.snapshot())
-		os.RemoveAll(d.snapTmp())
 	case sb.Transition == api.TierSnapshot && nonEmpty(d.snapTmp()):
 		// The checkpoint ran to its end after the daemon died (WaitInFlight
-		// waited for it): finish the transition. If the image turns out
-		// bad, the wake re-creates the sandbox cold and says so.
+		// waited for it): finish the transition. This comes before the
+		// running case: a current runsc's sandbox process lingers for 1–2 s
+		// after a checkpoint and still says "running" meanwhile (measured;
+		// seen in TestCrashRestart), and a checkpoint that failed halfway
+		// kills the sandbox too. If the image turns out bad, the wake
+		// re-creates the sandbox cold and says so.
 		os.RemoveAll(d.snapshot())
 		if err := os.Rename(d.snapTmp(), d.snapshot()); err != nil {
 			return err
@@ -173,6 +169,14 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
 			netns.Delete(nw)
 		}
+	case st == sandbox.StateRunning || st == sandbox.StatePaused:
+		to = api.TierHot
+		if st == sandbox.StatePaused {
+			to = api.TierFrozen
+		}
+		// A restore that finished after the daemon died leaves its image.
+		os.RemoveAll(d.snapshot())
+		os.RemoveAll(d.snapTmp())
 	case d.hasSnapshot():
 		os.RemoveAll(d.snapTmp())
 		to = api.TierSnapshot

@@ -333,7 +333,7 @@ func (d *Daemon) runscState(id string) []string {
 	ents, _ := os.ReadDir(filepath.Join(d.DataDir, "runsc"))
 	var out []string
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), id) {
+		if strings.HasPrefix(e.Name(), id) || e.Name() == "runsc-"+id+".sock" {
 			out = append(out, e.Name())
 		}
 	}
@@ -341,11 +341,10 @@ func (d *Daemon) runscState(id string) []string {
 }
 
 // runscStatus asks runsc for the container's status ("running", "paused",
-// ...) from inside the sandbox's network namespace, where its control
-// socket lives.
+// ...).
 func (d *Daemon) runscStatus(t *testing.T, id string) string {
 	t.Helper()
-	out, err := exec.Command("nsenter", "--net="+netnsPath(id), "--", "runsc", "--root", filepath.Join(d.DataDir, "runsc"), "state", id).Output()
+	out, err := exec.Command(runscBin, "--root", filepath.Join(d.DataDir, "runsc"), "state", id).Output()
 	if err != nil {
 		t.Fatalf("runsc state %s: %v", id, err)
 	}

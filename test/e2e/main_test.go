@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sandstorm/internal/demo"
+	"sandstorm/internal/testenv"
 )
 
 // Built once for the whole run by TestMain.
@@ -21,6 +22,9 @@ var (
 	// webDemo/app64Demo how to run them.
 	webRootfs, app64Rootfs string
 	webDemo, app64Demo     demo.Demo
+	// runscBin is the pinned runsc (bin/runsc of the repository), linked
+	// next to sandstormdBin, where sandstormd looks for it by default.
+	runscBin string
 	// samNodeBin is sam-node; agentRootfs a rootfs holding test/agent,
 	// built static, and nothing else but /etc basics.
 	samNodeBin, agentRootfs string
@@ -35,7 +39,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: these tests start sandstormd, which needs root (network namespaces, mounts, runsc); run them as root")
 		return 1
 	}
-	for _, tool := range []string{"runsc", "nft", "ip", "curl", "nsenter"} {
+	for _, tool := range []string{"nft", "ip", "curl", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: %s is not on PATH: %v\n", tool, err)
 			return 1
@@ -56,6 +60,16 @@ func run(m *testing.M) int {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: go build sandstorm/cmd/sandstormd:", err)
+		return 1
+	}
+	pinned, err := testenv.Runsc()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	runscBin = filepath.Join(workDir, "runsc")
+	if err := os.Symlink(pinned, runscBin); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
 	samNodeBin = filepath.Join(workDir, "sam-node")

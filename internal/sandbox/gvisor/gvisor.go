@@ -1,17 +1,26 @@
 // Package gvisor is the default sandbox backend: every container is a gVisor
-// sandbox run by runsc (Debian's runsc package, 2022-12 here), one per
-// network namespace, on the ptrace platform (KVM hangs on the VMs we run on).
+// sandbox run by runsc, one per network namespace. The runsc is the one the
+// repository pins (tools/runsc/go.mod, built by make runsc; see runsc.go),
+// on the systrap platform by default (KVM hangs on the VMs we run on).
 //
-// Two quirks of that runsc shape every command here (measured, see issue 2):
-//   - runsc refuses --network=sandbox when it thinks it is in the root
-//     network namespace, and decides that by whether
-//     /proc/sys/net/core/rmem_default exists — which it does in every netns
-//     on this kernel. So runsc run/restore execute in a private mount
-//     namespace with a tmpfs over /proc/sys/net/core.
-//   - runsc's control socket is an abstract Unix socket, which belongs to a
-//     network namespace: every later command (state, pause, checkpoint,
-//     kill, delete) must run inside the container's netns too, or runsc
-//     reports the container stopped with pid -1 while it runs.
+// What that runsc needs, measured here (issue 8):
+//   - The sandbox joins the network namespace its OCI spec names
+//     (linux.namespaces, type network, with a path); without a path it gets
+//     a new, empty one. No command has to run inside the namespace: the
+//     control socket is a file under --root (see maxRootLen).
+//   - It takes the namespace's interface addresses and routes into its own
+//     netstack and removes them from the host side, so the node puts them
+//     back before every start and restore.
+//   - After a checkpoint the sandbox process lingers for 1–2 s; Checkpoint
+//     deletes the container at once, and Restore removes any leftover
+//     first.
+//   - The first run under a root bind-mounts an empty netns at
+//     <root>/null-netns for its gofers and never unmounts it (see Close).
+//
+// (Debian's runsc 2022-12 needed more: --network=sandbox refused to run
+// unless /proc/sys/net/core was hidden, its control socket was an abstract
+// socket of the sandbox's netns, so every command went through nsenter, and
+// it could not checkpoint a listening socket watched by epoll.)
 //
 // Every command has a deadline (see deadline.go), and a sandbox whose runsc
 // hangs — its sandbox process or gofer stopped (SIGSTOP) or wedged, so that
@@ -28,13 +37,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
@@ -63,17 +72,33 @@ func (b *Backend) log() *slog.Logger {
 	return slog.Default()
 }
 
-// New returns a backend whose runsc state lives under root. It fails when
-// runsc is not on PATH.
-func New(root string) (*Backend, error) {
-	bin, err := exec.LookPath("runsc")
-	if err != nil {
-		return nil, fmt.Errorf("runsc not found on PATH (apt-get install -y runsc): %w", err)
+// New returns a backend running the runsc binary at runsc ("" is
+// DefaultRunsc) on platform ("" is DefaultPlatform), with its state under
+// root. It fails when the binary does not run or root is too long for
+// runsc's control sockets.
+func New(root, runsc, platform string) (*Backend, error) {
+	if runsc == "" {
+		var err error
+		if runsc, err = DefaultRunsc(); err != nil {
+			return nil, err
+		}
+	}
+	if platform == "" {
+		platform = DefaultPlatform
+	}
+	if err := checkPlatform(platform); err != nil {
+		return nil, err
+	}
+	if err := checkRoot(root); err != nil {
+		return nil, err
+	}
+	if _, err := Version(context.Background(), runsc); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
-	return &Backend{Runsc: bin, Root: root, Platform: "ptrace"}, nil
+	return &Backend{Runsc: runsc, Root: root, Platform: platform}, nil
 }
 
 // Name implements sandbox.Backend.
@@ -90,20 +115,16 @@ func (b *Backend) flags() []string {
 	return []string{"--root", b.Root, "--platform=" + b.Platform, "--network=sandbox"}
 }
 
-// inNetns runs runsc with args inside netns, killing it after limit, and
-// returns its combined output. args ends with the container ID. With netns
-// "" runsc runs in this process's network namespace (only useful once the
-// sandbox is dead: its control socket was in its own). nsenter execs runsc
-// (no fork), so the process killed at the deadline is runsc itself.
-func (b *Backend) inNetns(ctx context.Context, limit time.Duration, netns string, args ...string) ([]byte, error) {
-	name, full := b.Runsc, append(b.flags(), args...)
-	if netns != "" {
-		name, full = "nsenter", append([]string{"--net=" + netns, "--", b.Runsc}, full...)
-	}
+// runsc runs runsc with args, killing it after limit, and returns its
+// combined output. args ends with the container ID. The control socket of
+// a current runsc is a file under Root, so commands need not run inside
+// the container's network namespace (runsc 2022-12's was an abstract
+// socket of that namespace, and every command went through nsenter).
+func (b *Backend) runsc(ctx context.Context, limit time.Duration, args ...string) ([]byte, error) {
 	var out bytes.Buffer
 	c := command{
 		what:  "runsc " + args[0] + " " + args[len(args)-1],
-		limit: limit, name: name, args: full,
+		limit: limit, name: b.Runsc, args: append(b.flags(), args...),
 		stdout: &out, stderr: &out, wait: b.dl().waitDelay,
 	}
 	if err := c.run(ctx); err != nil {
@@ -119,12 +140,6 @@ func (b *Backend) inNetns(ctx context.Context, limit time.Duration, netns string
 // refused checkpoint says why at the end of a long dump of the endpoint;
 // that sentence is what a person needs.
 func lastLine(s string) string {
-	if strings.Contains(s, "endpoint still has waiters upon save") {
-		// runsc 2022-12 cannot save a listening socket that an epoll
-		// instance watches: every Go, Node.js or nginx server. Newer runsc
-		// can. Python's poll()-based servers checkpoint fine.
-		return "this runsc cannot checkpoint a listening socket watched by epoll (\"endpoint still has waiters upon save\"): servers written in Go, Node.js, nginx… cannot be snapshot with it; a newer runsc can"
-	}
 	if i := strings.Index(s, "save rejected"); i >= 0 {
 		s = s[i:]
 		if j := strings.Index(s, ":\n"); j > 0 {
@@ -141,32 +156,35 @@ func lastLine(s string) string {
 	return s
 }
 
-// launch runs `runsc run|restore -detach` in the netns, in a private mount
-// namespace with /proc/sys/net/core hidden (see the package comment),
-// killing it after limit. The container's stdout and stderr go to
-// spec.LogPath. A launch that is cut short (deadline, or ctx cancelled)
-// leaves a half-started sandbox: its processes are killed and its state
-// removed before launch returns.
+// launch runs `runsc run|restore -detach`, killing it after limit. The
+// sandbox joins the network namespace its spec names (linux.namespaces;
+// without a path a current runsc starts in a new, empty netns with only
+// lo). The container's stdout and stderr go to spec.LogPath. A launch that
+// is cut short (deadline, or ctx cancelled) leaves a half-started sandbox:
+// its processes are killed and its state removed before launch returns.
+//
+// runsc takes the netns's interface addresses and routes into its own
+// netstack and removes them from the host side; a netns without them
+// gives a sandbox with only lo, and runsc exits 0 all the same (a warning
+// in its debug log is the only sign). The node puts them back before each
+// start and restore; tookNetwork checks they were taken.
 func (b *Backend) launch(ctx context.Context, limit time.Duration, spec sandbox.Spec, sub ...string) error {
 	logf, err := os.OpenFile(spec.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	// The shell also takes the spec's oom_score_adj before it execs runsc,
-	// so that every process runsc forks is born with it: the sentry's
+	// A shell takes the spec's oom_score_adj before it execs runsc, so
+	// that every process runsc forks is born with it: the sentry's
 	// address-space stubs are forked before runsc applies the spec (and
-	// runsc 2022-12 never applies it after a restore), and would otherwise
+	// runsc 2022-12 never applied it after a restore), and would otherwise
 	// inherit sandstormd's own -900. Setting it afterwards races with
 	// stubs being cloned (seen in CI: one stub left at 0).
-	script := `mount -t tmpfs none /proc/sys/net/core && exec "$@"`
+	name, args := b.Runsc, append(b.flags(), sub...)
 	if adj, ok := oomScoreAdjOf(spec.Bundle); ok {
-		script = "echo " + strconv.Itoa(adj) + " > /proc/self/oom_score_adj && " + script
+		name = "sh"
+		args = append([]string{"-c", "echo " + strconv.Itoa(adj) + ` > /proc/self/oom_score_adj && exec "$@"`, "sh", b.Runsc}, args...)
 	}
-	args := []string{"--net=" + spec.Netns, "--", "unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", script, "sh", b.Runsc}
-	args = append(args, b.flags()...)
-	args = append(args, sub...)
 	// Both must be files, not pipes: the detached sandbox inherits them
 	// and keeps them open for its whole life, so a pipe would never reach
 	// EOF and Run would never return. (With files, Wait has no copying to
@@ -175,11 +193,18 @@ func (b *Backend) launch(ctx context.Context, limit time.Duration, spec sandbox.
 	off, _ := logf.Seek(0, io.SeekEnd)
 	c := command{
 		what:  "runsc " + sub[0] + " " + spec.ID,
-		limit: limit, name: "nsenter", args: args,
+		limit: limit, name: name, args: args,
 		stdout: logf, stderr: logf, wait: b.dl().waitDelay,
 	}
 	err = c.run(ctx)
 	if err == nil {
+		if left := tookNetwork(spec.Netns); left != nil {
+			err = fmt.Errorf("runsc %s %s started the sandbox without its network: %w", sub[0], spec.ID, left)
+			if rerr := b.Remove(context.WithoutCancel(ctx), spec); rerr != nil {
+				return fmt.Errorf("%w; removing it: %v", err, rerr)
+			}
+			return err
+		}
 		return nil
 	}
 	if cutShort(err) {
@@ -269,6 +294,25 @@ func (b *Backend) lockFile(id string) string {
 	return filepath.Join(b.Root, id+"_sandbox:"+id+".lock")
 }
 
+// socketFile is the sandbox's control socket (see maxRootLen); a sandbox
+// killed before runsc could delete it leaves it behind.
+func (b *Backend) socketFile(id string) string {
+	return filepath.Join(b.Root, "runsc-"+id+".sock")
+}
+
+// Close unmounts what runsc keeps mounted under Root across containers:
+// the shared empty network namespace its gofers join (<root>/null-netns,
+// bind-mounted by the first runsc run and never unmounted by runsc). It
+// may be stacked several times by runs that raced. Running sandboxes are
+// unaffected (their gofers are in it already); the next run mounts it
+// again. Without it, the root cannot be removed (EBUSY).
+func (b *Backend) Close() error {
+	p := filepath.Join(b.Root, "null-netns")
+	for unix.Unmount(p, unix.MNT_DETACH) == nil {
+	}
+	return nil
+}
+
 // has reports whether runsc keeps state for id under Root: one stat, so it
 // stays cheap with thousands of containers.
 func (b *Backend) has(id string) bool {
@@ -280,13 +324,13 @@ func (b *Backend) has(id string) bool {
 // pause that timed out leaves the sandbox's state unknown (the error wraps
 // context.DeadlineExceeded), for the caller to settle.
 func (b *Backend) Pause(ctx context.Context, spec sandbox.Spec) error {
-	_, err := b.inNetns(ctx, b.dl().control, spec.Netns, "pause", spec.ID)
+	_, err := b.runsc(ctx, b.dl().control, "pause", spec.ID)
 	return err
 }
 
 // Resume implements sandbox.Backend, like Pause.
 func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
-	_, err := b.inNetns(ctx, b.dl().control, spec.Netns, "resume", spec.ID)
+	_, err := b.runsc(ctx, b.dl().control, "resume", spec.ID)
 	return err
 }
 
@@ -300,13 +344,13 @@ func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
 func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir string) error {
 	d := b.dl()
 	limit := d.sized(d.checkpointBase, b.memoryBytes(spec.ID))
-	if _, err := b.inNetns(ctx, limit, spec.Netns, "checkpoint", "--image-path="+imageDir, spec.ID); err != nil {
+	if _, err := b.runsc(ctx, limit, "checkpoint", "--image-path="+imageDir, spec.ID); err != nil {
 		return err
 	}
 	// The container is stopped now. Deleting it frees the ID for restore;
 	// if that fails the image is still good, and Restore removes the
 	// leftover before it starts.
-	b.inNetns(ctx, d.delete, spec.Netns, "delete", "-force", spec.ID)
+	b.runsc(ctx, d.delete, "delete", "-force", spec.ID)
 	return nil
 }
 
@@ -379,12 +423,10 @@ func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
 		return nil
 	}
 	var cause error
-	if _, err := os.Stat(spec.Netns); err != nil {
-		cause = errors.New("its network namespace is gone")
-	} else if p, ok := b.stoppedProc(spec.ID); ok {
+	if p, ok := b.stoppedProc(spec.ID); ok {
 		cause = fmt.Errorf("its %s process (pid %d) is stopped", p.role, p.pid)
 	} else {
-		_, err := b.inNetns(ctx, b.dl().delete, spec.Netns, "delete", "-force", spec.ID)
+		_, err := b.runsc(ctx, b.dl().delete, "delete", "-force", spec.ID)
 		if err == nil || !b.has(spec.ID) {
 			return nil
 		}
@@ -401,12 +443,7 @@ func (b *Backend) State(ctx context.Context, spec sandbox.Spec) (sandbox.State, 
 	if !b.has(spec.ID) {
 		return sandbox.StateAbsent, nil
 	}
-	if _, err := os.Stat(spec.Netns); err != nil {
-		// runsc state is there but the namespace is gone: the sandbox
-		// cannot be running (its control socket lived there).
-		return sandbox.StateStopped, nil
-	}
-	out, err := b.inNetns(ctx, b.dl().control, spec.Netns, "state", spec.ID)
+	out, err := b.runsc(ctx, b.dl().control, "state", spec.ID)
 	if err != nil {
 		return "", err
 	}
@@ -452,7 +489,7 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 // Reclaim implements sandbox.Reclaimer: it pushes the memory of a paused
 // sandbox's cgroup out to swap (see package reclaim).
 func (b *Backend) Reclaim(ctx context.Context, spec sandbox.Spec) (before, after int64, err error) {
-	out, err := b.inNetns(ctx, b.dl().control, spec.Netns, "state", spec.ID)
+	out, err := b.runsc(ctx, b.dl().control, "state", spec.ID)
 	if err != nil {
 		return 0, 0, err
 	}

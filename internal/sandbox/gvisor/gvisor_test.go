@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"sandstorm/internal/sandbox"
+	"sandstorm/internal/testenv"
 )
 
 // These tests need root and runsc on PATH: they run real gVisor sandboxes
@@ -112,15 +113,16 @@ func newNetns(t testing.TB) string {
 func newBackend(t testing.TB) *Backend {
 	t.Helper()
 	requireRoot(t)
-	bin, err := exec.LookPath("runsc")
+	bin, err := testenv.Runsc()
 	if err != nil {
-		t.Fatalf("runsc is not on PATH (apt-get install -y runsc): %v", err)
-	}
-	root := filepath.Join(t.TempDir(), "runsc")
-	if err := os.MkdirAll(root, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	return &Backend{Runsc: bin, Root: root, Platform: "ptrace"}
+	b, err := New(filepath.Join(t.TempDir(), "runsc"), bin, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
 }
 
 // newSpec lays out a sandbox as the node does (<dir>/sandboxes/<id>/bundle
@@ -274,11 +276,14 @@ func assertNothingLeft(t testing.TB, b *Backend, id string, procs []proc) {
 			t.Errorf("process %d (%s) of this test's runsc root is still alive", p.pid, strings.Join(p.args, " "))
 		}
 	}
-	if ents, _ := os.ReadDir(b.Root); len(ents) > 0 {
-		var names []string
-		for _, e := range ents {
+	var names []string
+	ents, _ := os.ReadDir(b.Root)
+	for _, e := range ents {
+		if e.Name() != "null-netns" { // shared by all containers of the root; see Close
 			names = append(names, e.Name())
 		}
+	}
+	if len(names) > 0 {
 		t.Errorf("runsc root still holds %v", names)
 	}
 	if ids, err := b.List(context.Background()); err != nil || slices.Contains(ids, id) {
@@ -885,5 +890,77 @@ func measureRunsc(t testing.TB) {
 		slices.Sort(ds)
 		t.Logf("%-28s n=%d min %v median %v max %v", n, len(ds), ds[0].Round(time.Millisecond),
 			ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
+	}
+}
+
+// TestPinnedVersion: the version sandstormd expects is the one the
+// repository pins, and bin/runsc is it.
+func TestPinnedVersion(t *testing.T) {
+	root, err := testenv.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned, err := testenv.PinnedRunsc(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pinned != PinnedVersion {
+		t.Errorf("tools/runsc/go.mod pins %s, PinnedVersion is %s", pinned, PinnedVersion)
+	}
+	bin, err := testenv.Runsc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := Version(context.Background(), bin); err != nil || v != PinnedVersion {
+		t.Errorf("Version(%s) = %q, %v; want %s", bin, v, err, PinnedVersion)
+	}
+}
+
+// TestStartWithoutItsNetwork: a spec that does not name the sandbox's
+// network namespace makes runsc start it in a new, empty one and exit 0;
+// Start notices (the addresses are still on the host side), removes the
+// sandbox and says why. With the namespace named, the addresses are taken.
+func TestStartWithoutItsNetwork(t *testing.T) {
+	b := newBackend(t)
+	netns := newNetns(t)
+	spec := newSpec(t, b, netns, "echo ready; exec sleep 1000000")
+	cfg := filepath.Join(spec.Bundle, "config.json")
+	data, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(data, &s); err != nil {
+		t.Fatal(err)
+	}
+	for i, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			s.Linux.Namespaces[i].Path = ""
+		}
+	}
+	data, _ = json.Marshal(&s)
+	if err := os.WriteFile(cfg, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := addrsIn(netns)
+	if err != nil || len(before) == 0 {
+		t.Fatalf("the test's netns has no address to take: %v %v", before, err)
+	}
+	err = b.Start(context.Background(), spec)
+	t.Logf("Start without the netns in the spec: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "without its network") {
+		t.Fatalf("Start = %v, want an error saying the sandbox has no network", err)
+	}
+	assertNothingLeft(t, b, spec.ID, nil)
+
+	// Put the namespace back in the spec: the addresses are taken.
+	s.Linux.Namespaces[len(s.Linux.Namespaces)-1].Path = netns
+	data, _ = json.Marshal(&s)
+	if err := os.WriteFile(cfg, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startReady(t, b, spec)
+	if left, err := addrsIn(netns); err != nil || len(left) > 0 {
+		t.Errorf("after a good start the host side still has %v (%v)", left, err)
 	}
 }

@@ -298,6 +298,7 @@ func (b *Backend) forceRemove(ctx context.Context, spec sandbox.Spec, cause erro
 	defer func() {
 		if !b.has(id) {
 			os.Remove(b.lockFile(id))
+			os.Remove(b.socketFile(id))
 			removeCgroups(cgroupsOf(id, bundle, st))
 		}
 	}()
@@ -316,11 +317,7 @@ func (b *Backend) forceRemove(ctx context.Context, spec sandbox.Spec, cause erro
 	if !b.has(id) {
 		return nil
 	}
-	netns := spec.Netns
-	if _, err := os.Stat(netns); err != nil {
-		netns = ""
-	}
-	_, err := b.inNetns(ctx, d.delete, netns, "delete", "-force", id)
+	_, err := b.runsc(ctx, d.delete, "delete", "-force", id)
 	if err == nil || !b.has(id) {
 		return nil
 	}
@@ -361,13 +358,14 @@ func describeProcs(procs []proc) string {
 	return strings.Join(parts, ", ")
 }
 
-// dropState removes runsc's state and lock files for id. Call it only once
-// every process of id is gone.
+// dropState removes runsc's state, lock and control socket files for id.
+// Call it only once every process of id is gone.
 func (b *Backend) dropState(id string, st *runscState) error {
 	if err := os.Remove(b.stateFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	os.Remove(b.lockFile(id))
+	os.Remove(b.socketFile(id))
 	return nil
 }
 

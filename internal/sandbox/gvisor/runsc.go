@@ -1,0 +1,99 @@
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// The runsc that sandstormd runs is the one the repository pins
+// (tools/runsc/go.mod: gVisor is a Go module), built by `make runsc` into
+// bin/ next to sandstormd. Debian's runsc (2022-12, ptrace only) is not
+// used: it cannot checkpoint a listening socket watched by epoll (every Go,
+// Node.js or nginx server), and it starts, pauses, checkpoints and restores
+// at about half the speed (issue 8's measurements).
+
+// PinnedVersion is what `runsc --version` prints for the runsc the
+// repository pins, as `make runsc` builds it (TestPinnedVersion keeps it
+// equal to tools/runsc/go.mod). A checkpoint image restores only on the
+// runsc version that wrote it.
+const PinnedVersion = "gvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237"
+
+// Platforms are the runsc platforms this machine can run: systrap (the
+// default, seccomp-trap based) and ptrace. KVM needs a usable /dev/kvm.
+var Platforms = []string{"systrap", "ptrace"}
+
+// DefaultPlatform is systrap: measured here against ptrace on the same
+// runsc (bench/results, see README "Platform"), it starts and wakes faster;
+// ptrace stays a flag for kernels where systrap's seccomp traps are not
+// available.
+const DefaultPlatform = "systrap"
+
+// maxRootLen bounds --root: runsc's control socket is
+// <root>/runsc-<id>.sock, and a Unix socket path has 108 bytes (sun_path,
+// the NUL included). When it does not fit, runsc falls back to
+// /var/run/runsc-<id>.sock, shared by every runsc on the machine, so a
+// root too long for an ID of maxIDLen is refused instead. The node's IDs
+// are 12 hex digits.
+const (
+	maxIDLen   = 32
+	maxRootLen = 107 - len("/runsc-") - maxIDLen - len(".sock")
+)
+
+// DefaultRunsc is the runsc next to this executable (bin/runsc, from
+// `make runsc`), or an error that says how to get one.
+func DefaultRunsc() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(filepath.Dir(exe), "runsc")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("no runsc next to %s: build the pinned one with `make runsc` (into bin/), or pass --runsc PATH", exe)
+	}
+	return p, nil
+}
+
+// Version runs `runsc --version` and returns its first line without the
+// "runsc version " prefix, e.g. "gvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237".
+func Version(ctx context.Context, runsc string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, versionTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, runsc, "--version")
+	cmd.WaitDelay = WaitDelay
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", runsc, err)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	v := strings.TrimSpace(strings.TrimPrefix(line, "runsc version "))
+	if v == "" {
+		return "", fmt.Errorf("%s --version printed nothing", runsc)
+	}
+	return v, nil
+}
+
+// checkRoot refuses a --root too long for runsc's control sockets.
+func checkRoot(root string) error {
+	if len(root) > maxRootLen {
+		return fmt.Errorf("runsc root %s is %d bytes long; at most %d fit in its control socket's path (108 bytes): use a shorter --data-dir", root, len(root), maxRootLen)
+	}
+	return nil
+}
+
+// checkPlatform refuses a platform this backend does not run.
+func checkPlatform(p string) error {
+	for _, q := range Platforms {
+		if p == q {
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown runsc platform %q: use %s", p, strings.Join(Platforms, " or "))
+}
+
+// versionTimeout bounds `runsc --version` (a few ms).
+const versionTimeout = 5 * time.Second
