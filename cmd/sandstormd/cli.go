@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -106,8 +107,10 @@ func templateCmd() *cobra.Command {
 		Long: `Build a demo template from Debian packages only, then register it.
   web    a Python HTTP server on port 8000 that counts requests in memory
   app64  the same server after importing numpy and filling a 64 MiB heap
+  node   the same counting server in Node.js (only /usr/bin/node is copied)
+  nginx  nginx answering "count=<connection number>" on port 8000
 The rootfs goes to <data-dir>/demo/NAME unless --dir says otherwise. Needed
-packages: apt-get install -y ` + strings.Join(demo.Packages("app64"), " "),
+packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := apiClient(cmd)
@@ -348,4 +351,17 @@ func printSandbox(cmd *cobra.Command, sb api.Sandbox) error {
 		fmt.Printf("   boundary (principal %s): %s\n", sb.Principal, sb.Boundary)
 	}
 	return nil
+}
+
+// demoPackages is every Debian package the demos need, once each.
+func demoPackages() []string {
+	var out []string
+	for _, name := range demo.Names() {
+		for _, p := range demo.Packages(name) {
+			if !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }

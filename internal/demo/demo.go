@@ -1,13 +1,17 @@
 // Package demo builds the rootfs directories of the built-in demo templates
-// ("web" and "app64") from the Debian packages installed on the host, with
-// no container registry and no network access.
+// ("web", "app64", "node" and "nginx") from the Debian packages installed on
+// the host, with no container registry and no network access.
 //
 // A demo rootfs holds the files of a few Debian packages (the Python 3.11
-// interpreter and standard library, plus numpy for app64), every shared
+// interpreter and standard library, plus numpy for app64) or single
+// executables out of one (node from nodejs, nginx from nginx), every shared
 // library their ELF files need (found by reading PT_INTERP, DT_NEEDED and
 // DT_RUNPATH with debug/elf, and searched like the dynamic linker does), the
 // skeleton runsc needs (/proc, /dev, /sys, /tmp, a minimal /etc) and the
-// server script /srv/app.py.
+// demo's own server files: /srv/app.py, /srv/app.js or
+// /etc/nginx/nginx.conf. Every server speaks the same small HTTP protocol
+// on port 8000: GET / answers "count=N pid=P" with N kept in the server's
+// memory, GET /healthz answers "ok".
 package demo
 
 import (
@@ -29,14 +33,22 @@ const heapMiB = 64
 //go:embed app.py
 var appScript string
 
+//go:embed app.js
+var nodeScript string
+
+//go:embed nginx.conf
+var nginxConf string
+
 // Demo describes a built demo template: how to start its process.
 type Demo struct {
-	// Name is the demo name ("web" or "app64").
+	// Name is the demo name ("web", "app64", "node" or "nginx").
 	Name string
 	// Args is the process command line, absolute paths inside the rootfs.
 	Args []string
-	// Env is the process environment, "KEY=value" entries. The server also
-	// honours PORT=<n> to listen on another port (tests use this).
+	// Env is the process environment, "KEY=value" entries. The Python and
+	// Node.js servers also honour PORT=<n> to listen on another port (tests
+	// use this); nginx ignores it and listens where /etc/nginx/nginx.conf
+	// says (a later "-c FILE" argument names another configuration).
 	Env []string
 	// Ports are the TCP ports the server listens on (0.0.0.0).
 	Ports []int
@@ -44,18 +56,103 @@ type Demo struct {
 
 // demoSpec is the static description of one demo.
 type demoSpec struct {
+	// packages are the Debian packages the demo needs installed: Packages
+	// returns them and Build checks them before writing anything.
 	packages []string
-	heapMiB  int
+	// copyPackages are those of packages whose files (dpkg -L, less
+	// documentation and test suites) are all copied.
+	copyPackages []string
+	// hostFiles are single host paths copied with the libraries they need,
+	// for a package of which one executable is all the demo uses.
+	hostFiles []string
+	// args and env are the process's (Demo.Args, Demo.Env).
+	args, env []string
+	// files returns the demo's own files, written last.
+	files func() ([]rootFile, error)
+}
+
+// rootFile is a file or symlink Build writes into the rootfs, replacing
+// anything copied at that path.
+type rootFile struct {
+	path string // relative to the rootfs root
+	mode os.FileMode
+	data string
+	link string // when set, a symlink with this target instead of data
+}
+
+var pythonPackages = []string{"python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib"}
+
+// pythonDemo is a demo serving app.py; heap is its HEAP_MIB (0: no numpy
+// array), and extra are packages beyond the interpreter and stdlib.
+func pythonDemo(heap int, extra ...string) demoSpec {
+	pkgs := append(slices.Clone(pythonPackages), extra...)
+	return demoSpec{
+		packages:     pkgs,
+		copyPackages: pkgs,
+		args:         []string{"/usr/bin/python3", "/srv/app.py"},
+		env: []string{
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"HOME=/root",
+			"LANG=C.UTF-8",
+			"PYTHONUNBUFFERED=1",
+			"PYTHONDONTWRITEBYTECODE=1",
+		},
+		files: func() ([]rootFile, error) {
+			script := strings.Replace(appScript, "HEAP_MIB = 0 ", fmt.Sprintf("HEAP_MIB = %d ", heap), 1)
+			if !strings.Contains(script, fmt.Sprintf("HEAP_MIB = %d ", heap)) {
+				return nil, errors.New("demo: embedded app.py lacks the HEAP_MIB line")
+			}
+			return []rootFile{
+				// /usr/bin/python3 belongs to python3-minimal; a relative
+				// link to the interpreter from python3.11-minimal is all
+				// we need of it.
+				{path: "usr/bin/python3", link: "python3.11"},
+				{path: "srv/app.py", mode: 0o644, data: script},
+			}, nil
+		},
+	}
 }
 
 var demos = map[string]demoSpec{
-	"web": {
-		packages: []string{"python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib"},
+	"web":   pythonDemo(0),
+	"app64": pythonDemo(heapMiB, "python3-numpy"),
+	"node": {
+		packages: []string{"nodejs"},
+		// The nodejs package also ships npm, corepack and the C++ headers
+		// (5,372 paths, 64 MiB besides node, in NodeSource's 20.20.2); the
+		// server needs only the executable, which in that build carries
+		// its JavaScript library and ICU data (process.config:
+		// node_shared false, icu_data_in set).
+		hostFiles: []string{"/usr/bin/node"},
+		args:      []string{"/usr/bin/node", "/srv/app.js"},
+		env: []string{
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"HOME=/root",
+			// libuv (1.46 in Node 20) does file I/O through io_uring when
+			// the kernel offers it; runsc offers it only with --iouring.
+			// 0 keeps libuv on its thread pool, the same everywhere.
+			"UV_USE_IO_URING=0",
+		},
+		files: staticFiles(rootFile{path: "srv/app.js", mode: 0o644, data: nodeScript}),
 	},
-	"app64": {
-		packages: []string{"python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib", "python3-numpy"},
-		heapMiB:  heapMiB,
+	"nginx": {
+		packages: []string{"nginx"},
+		// nginx ships only the binary (and a man page); nginx-common's
+		// configuration is replaced by nginx.conf, which needs no module,
+		// mime.types or other include.
+		hostFiles: []string{"/usr/sbin/nginx"},
+		// -e: log to stderr from startup on, before the configuration is
+		// read (Debian builds with --error-log-path=stderr; this does not
+		// depend on it).
+		args:  []string{"/usr/sbin/nginx", "-e", "stderr", "-c", "/etc/nginx/nginx.conf"},
+		env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"},
+		files: staticFiles(rootFile{path: "etc/nginx/nginx.conf", mode: 0o644, data: nginxConf}),
 	},
+}
+
+// staticFiles is a demoSpec.files for fixed files.
+func staticFiles(fs ...rootFile) func() ([]rootFile, error) {
+	return func() ([]rootFile, error) { return fs, nil }
 }
 
 // Names returns the known demo names, sorted.
@@ -94,10 +191,12 @@ func (e *MissingPackagesError) Error() string {
 
 // Build writes a self-contained rootfs for the named demo into dir, which is
 // created (mode 0755) if missing and must otherwise be an empty directory.
-// It copies the files of the demo's Debian packages from the host (except
-// documentation, man pages and test suites), the shared libraries their ELF
-// files need, a minimal /etc, empty /proc, /dev, /sys and /tmp, and the
-// server script /srv/app.py. Everything is owned by the calling user.
+// It copies from the host the files of the demo's Debian packages (except
+// documentation, man pages and test suites) or the single executables it
+// takes out of them, the shared libraries their ELF files need, a minimal
+// /etc, empty /proc, /dev, /sys and /tmp, and the demo's server files
+// (/srv/app.py, /srv/app.js or /etc/nginx/nginx.conf). Everything is owned
+// by the calling user.
 //
 // Errors: an unknown name; dir not empty or not a directory; a
 // *MissingPackagesError when a package is not installed (checked before
@@ -116,24 +215,18 @@ func Build(name, dir string) (Demo, error) {
 	if err != nil {
 		return Demo{}, err
 	}
-	files, err := packageFiles(name, spec.packages)
+	err = checkInstalled(name, spec.packages)
 	if err == nil {
-		err = build(dir, spec, files)
+		err = build(dir, spec)
 	}
 	if err != nil {
 		cleanup(dir, created)
 		return Demo{}, err
 	}
 	return Demo{
-		Name: name,
-		Args: []string{"/usr/bin/python3", "/srv/app.py"},
-		Env: []string{
-			"PATH=/usr/local/bin:/usr/bin:/bin",
-			"HOME=/root",
-			"LANG=C.UTF-8",
-			"PYTHONUNBUFFERED=1",
-			"PYTHONDONTWRITEBYTECODE=1",
-		},
+		Name:  name,
+		Args:  slices.Clone(spec.args),
+		Env:   slices.Clone(spec.env),
 		Ports: []int{Port},
 	}, nil
 }
@@ -174,7 +267,11 @@ func cleanup(dir string, created bool) {
 	}
 }
 
-func build(dir string, spec demoSpec, files []string) error {
+func build(dir string, spec demoSpec) error {
+	files, err := packageFiles(spec.copyPackages)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
@@ -189,10 +286,22 @@ func build(dir string, spec demoSpec, files []string) error {
 			return err
 		}
 	}
+	for _, f := range spec.hostFiles {
+		if err := b.add(f); err != nil {
+			return err // the demo's executable: missing is an error
+		}
+	}
 	if err := b.resolveLibraries(); err != nil {
 		return err
 	}
-	return writeSkeleton(dir, spec)
+	if err := writeSkeleton(dir); err != nil {
+		return err
+	}
+	own, err := spec.files()
+	if err != nil {
+		return err
+	}
+	return writeFiles(dir, own)
 }
 
 // skipPackagePath reports whether a packaged file is left out of the rootfs:
@@ -209,8 +318,8 @@ func skipPackagePath(p string) bool {
 	return false
 }
 
-// writeSkeleton adds what runsc and Python need besides packaged files.
-func writeSkeleton(dir string, spec demoSpec) error {
+// writeSkeleton adds what runsc and every demo need besides copied files.
+func writeSkeleton(dir string) error {
 	dirs := []struct {
 		path string
 		mode os.FileMode
@@ -227,32 +336,35 @@ func writeSkeleton(dir string, spec demoSpec) error {
 			return fmt.Errorf("demo: %w", err)
 		}
 	}
-	// /usr/bin/python3 belongs to python3-minimal; a relative link to the
-	// interpreter from python3.11-minimal is all we need of it.
-	py3 := filepath.Join(dir, "usr/bin/python3")
-	if _, err := os.Lstat(py3); errors.Is(err, os.ErrNotExist) {
-		if err := os.Symlink("python3.11", py3); err != nil {
+	return writeFiles(dir, []rootFile{
+		// root runs every server. nobody/nogroup are the accounts programs
+		// fall back to (nginx's compiled-in "user", for one).
+		{path: "etc/passwd", mode: 0o644, data: "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
+		{path: "etc/group", mode: 0o644, data: "root:x:0:\nnogroup:x:65534:\n"},
+		{path: "etc/hosts", mode: 0o644, data: "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
+		{path: "etc/nsswitch.conf", mode: 0o644, data: "passwd: files\ngroup: files\nhosts: files dns\n"},
+		{path: "etc/hostname", mode: 0o644, data: "sandstorm\n"},
+	})
+}
+
+// writeFiles writes fs into the rootfs at dir, creating parent directories
+// (mode 0755) and replacing whatever is at each path.
+func writeFiles(dir string, fs []rootFile) error {
+	for _, f := range fs {
+		p := filepath.Join(dir, f.path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
-	}
-	script := strings.Replace(appScript, "HEAP_MIB = 0 ", fmt.Sprintf("HEAP_MIB = %d ", spec.heapMiB), 1)
-	if !strings.Contains(script, fmt.Sprintf("HEAP_MIB = %d ", spec.heapMiB)) {
-		return errors.New("demo: embedded app.py lacks the HEAP_MIB line")
-	}
-	files := []struct {
-		path string
-		mode os.FileMode
-		data string
-	}{
-		{"etc/passwd", 0o644, "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
-		{"etc/group", 0o644, "root:x:0:\nnogroup:x:65534:\n"},
-		{"etc/hosts", 0o644, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
-		{"etc/nsswitch.conf", 0o644, "passwd: files\ngroup: files\nhosts: files dns\n"},
-		{"etc/hostname", 0o644, "sandstorm\n"},
-		{"srv/app.py", 0o644, script},
-	}
-	for _, f := range files {
-		if err := os.WriteFile(filepath.Join(dir, f.path), []byte(f.data), f.mode); err != nil {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("demo: %w", err)
+		}
+		var err error
+		if f.link != "" {
+			err = os.Symlink(f.link, p)
+		} else if err = os.WriteFile(p, []byte(f.data), f.mode); err == nil {
+			err = os.Chmod(p, f.mode) // WriteFile's mode is masked by umask
+		}
+		if err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
 	}

@@ -8,12 +8,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -87,8 +90,14 @@ func chrootPython(t *testing.T, dir string, d Demo, args ...string) string {
 }
 
 func TestNamesAndPackages(t *testing.T) {
-	if got := Names(); !slices.Equal(got, []string{"app64", "web"}) {
+	if got := Names(); !slices.Equal(got, []string{"app64", "nginx", "node", "web"}) {
 		t.Errorf("Names() = %v", got)
+	}
+	if got := Packages("node"); !slices.Equal(got, []string{"nodejs"}) {
+		t.Errorf(`Packages("node") = %v`, got)
+	}
+	if got := Packages("nginx"); !slices.Equal(got, []string{"nginx"}) {
+		t.Errorf(`Packages("nginx") = %v`, got)
 	}
 	web := Packages("web")
 	if !slices.Contains(web, "python3.11-minimal") || slices.Contains(web, "python3-numpy") {
@@ -159,7 +168,7 @@ func TestWebRootfs(t *testing.T) {
 	if err := cmd.Run(); err == nil {
 		t.Error("numpy importable in the web rootfs")
 	}
-	runServer(t, dir, d, "")
+	runServer(t, dir, d, serverCheck{})
 }
 
 func TestApp64Rootfs(t *testing.T) {
@@ -168,46 +177,192 @@ func TestApp64Rootfs(t *testing.T) {
 	if strings.TrimSpace(out) != "8.0" {
 		t.Errorf("numpy output = %q", out)
 	}
-	runServer(t, dir, d, " heap_bytes=67108864")
+	runServer(t, dir, d, serverCheck{suffix: " heap_bytes=67108864"})
 }
 
-// runServer starts /srv/app.py under chroot on a free loopback port (via
-// PORT), checks /healthz, then that GET / counts 1 then 2 with a stable pid.
-// suffix is what the demo appends to the "count=N pid=P" line.
-func runServer(t *testing.T, dir string, d Demo, suffix string) string {
+func TestNodeRootfs(t *testing.T) {
+	dir, d := buildOnce(t, "node")
+	if d.Name != "node" || !slices.Equal(d.Ports, []int{8000}) || !slices.Equal(d.Args, []string{"/usr/bin/node", "/srv/app.js"}) {
+		t.Errorf("Demo = %+v", d)
+	}
+	for _, p := range []string{"usr/bin/node", "srv/app.js", "etc/passwd"} {
+		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
+			t.Errorf("missing /%s: %v", p, err)
+		}
+	}
+	// Only the executable of the nodejs package: no npm, no headers.
+	for _, p := range []string{"usr/lib/node_modules", "usr/include", "usr/share/doc"} {
+		if _, err := os.Lstat(filepath.Join(dir, p)); err == nil {
+			t.Errorf("/%s was copied", p)
+		}
+	}
+	srv := runServer(t, dir, d, serverCheck{})
+	// HEAD looks without counting; other methods are refused.
+	if code, _, _ := srv.do(t, http.MethodHead, "/"); code != 200 {
+		t.Errorf("HEAD / = %d", code)
+	}
+	if code, _, _ := srv.do(t, http.MethodPost, "/"); code != 405 {
+		t.Errorf("POST / = %d, want 405", code)
+	}
+	counts, reused := hammer(t, srv.base, 16, 25)
+	// Every GET / got its own number, none lost or repeated: 2 came
+	// before (runServer's), so the numbers are 3..402 exactly.
+	slices.Sort(counts)
+	for i, n := range counts {
+		if n != i+3 {
+			t.Fatalf("concurrent counts: #%d is %d, want %d (sorted: %v)", i, n, i+3, counts)
+		}
+	}
+	if reused == 0 {
+		t.Error("no request reused a keep-alive connection")
+	}
+	t.Logf("node: 400 concurrent GET /, %d on new connections, %d on reused ones", len(counts)-reused, reused)
+}
+
+func TestNginxRootfs(t *testing.T) {
+	dir, d := buildOnce(t, "nginx")
+	if d.Name != "nginx" || !slices.Equal(d.Ports, []int{8000}) || !slices.Equal(d.Args, []string{"/usr/sbin/nginx", "-e", "stderr", "-c", "/etc/nginx/nginx.conf"}) {
+		t.Errorf("Demo = %+v", d)
+	}
+	conf, err := os.ReadFile(filepath.Join(dir, "etc/nginx/nginx.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The configuration as shipped parses, and what it names exists (-t
+	// opens the files and creates the temp directories). -t also binds the
+	// listen address, 0.0.0.0:8000, so it runs in a network namespace of
+	// its own, off the host's ports.
+	test := exec.Command("unshare", append(append([]string{"--net", "chroot", dir}, d.Args...), "-t")...)
+	test.Env = d.Env
+	if out, err := test.CombinedOutput(); err != nil || !strings.Contains(string(out), "test is successful") {
+		t.Fatalf("nginx -t: %v\n%s", err, out)
+	}
+	// nginx ignores PORT: run it on a copy of its configuration listening
+	// on the test's port instead, named by a second -c (the last wins).
+	args := func(port int) []string {
+		test := strings.Replace(string(conf), "listen 8000 ", fmt.Sprintf("listen 127.0.0.1:%d ", port), 1)
+		if test == string(conf) {
+			t.Fatal(`nginx.conf has no "listen 8000 " line`)
+		}
+		name := fmt.Sprintf("/tmp/nginx-test-%d.conf", port)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(test), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(filepath.Join(dir, name)) })
+		return append(slices.Clone(d.Args), "-c", name)
+	}
+	srv := runServer(t, dir, d, serverCheck{args: args, perConnection: true})
+	// Requests on one keep-alive connection share its number.
+	keep := &http.Client{Timeout: 30 * time.Second}
+	defer keep.CloseIdleConnections()
+	var first string
+	for i := range 2 {
+		resp, err := keep.Get(srv.base + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("GET / on a kept connection: %d %q %v", resp.StatusCode, b, err)
+		}
+		if i == 0 {
+			first = string(b)
+		} else if string(b) != first {
+			t.Errorf("one connection, two numbers: %q then %q", first, b)
+		}
+	}
+	counts, reused := hammer(t, srv.base, 16, 25)
+	if reused == 0 {
+		t.Error("no request reused a keep-alive connection")
+	}
+	t.Logf("nginx: 400 concurrent GET / on %d distinct connection numbers, %d on reused connections", len(slices.Compact(slices.Sorted(slices.Values(counts)))), reused)
+}
+
+// serverCheck says how runServer runs and checks a demo server.
+type serverCheck struct {
+	// suffix is what the demo appends to the "count=N pid=P" line.
+	suffix string
+	// args returns the command line for a server on port (nil: d.Args,
+	// with PORT=port in the environment).
+	args func(port int) []string
+	// perConnection: N numbers connections (nginx's $connection), not
+	// requests, so runServer opens a new connection per GET /.
+	perConnection bool
+}
+
+// testServer is a demo server runServer started.
+type testServer struct {
+	base   string // http://127.0.0.1:port
+	client *http.Client
+}
+
+func (s *testServer) do(t *testing.T, method, path string) (int, string, error) {
+	t.Helper()
+	req, err := http.NewRequest(method, s.base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// runServer starts the demo's server under chroot on a free loopback port,
+// checks /healthz, then that GET / counts on (1 then 2 for a per-request
+// count) with a stable pid, and that other paths are 404. The server is
+// stopped with SIGTERM when the test ends, and must exit by itself, leaving
+// no process behind (the pid it reported included).
+func runServer(t *testing.T, dir string, d Demo, c serverCheck) *testServer {
 	t.Helper()
 	port := freePort(t)
+	args := d.Args
+	if c.args != nil {
+		args = c.args(port)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, "chroot", append([]string{dir}, d.Args...)...)
+	cmd := exec.CommandContext(ctx, "chroot", append([]string{dir}, args...)...)
 	cmd.Env = append(slices.Clone(d.Env), fmt.Sprintf("PORT=%d", port))
-	var logs bytes.Buffer
+	var logs syncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
+	// chroot execs the server, so this signals the server itself; every
+	// demo exits on SIGTERM (nginx after stopping its worker).
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second // then SIGKILL
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	var reported []int // pids the server put in its answers
 	t.Cleanup(func() {
 		cancel()
-		<-exited
+		// Wait reports the cancellation itself as an error; the exit
+		// status is what tells a clean exit from WaitDelay's SIGKILL.
+		if err := <-exited; cmd.ProcessState == nil || !cmd.ProcessState.Success() {
+			t.Errorf("server did not exit cleanly on SIGTERM: %v (%v)\n%s", err, cmd.ProcessState, logs.String())
+		}
+		for _, pid := range reported {
+			if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+				t.Errorf("pid %d outlived the server (kill 0: %v)", pid, err)
+			}
+		}
 	})
 
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	client := &http.Client{Timeout: 30 * time.Second}
-	get := func(path string) (int, string, error) {
-		resp, err := client.Get(base + path)
-		if err != nil {
-			return 0, "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), err
+	srv := &testServer{
+		base:   fmt.Sprintf("http://127.0.0.1:%d", port),
+		client: &http.Client{Timeout: 30 * time.Second},
 	}
+	t.Cleanup(srv.client.CloseIdleConnections)
 
 	// Wait for the server (a readiness loop, not a timing assertion).
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		code, body, err := get("/healthz")
+		code, body, err := srv.do(t, http.MethodGet, "/healthz")
 		if err == nil {
 			if code != 200 || body != "ok" {
 				t.Fatalf("/healthz = %d %q", code, body)
@@ -226,37 +381,132 @@ func runServer(t *testing.T, dir string, d Demo, suffix string) string {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	var pid string
-	var last string
-	for n := 1; n <= 2; n++ {
-		code, body, err := get("/")
-		if err != nil || code != 200 {
-			t.Fatalf("GET / #%d: %d %q %v", n, code, body, err)
-		}
-		var gotN int
-		var gotPid string
-		if _, err := fmt.Sscanf(body, "count=%d pid=%s", &gotN, &gotPid); err != nil || gotN != n {
-			t.Fatalf("GET / #%d body %q: want count=%d", n, body, n)
-		}
-		want := fmt.Sprintf("count=%d pid=%s%s\n", n, gotPid, suffix)
-		if body != want {
-			t.Errorf("GET / #%d = %q, want %q", n, body, want)
-		}
-		if pid != "" && gotPid != pid {
-			t.Errorf("pid changed: %s -> %s", pid, gotPid)
-		}
-		pid, last = gotPid, body
+	get := srv.client
+	if c.perConnection {
+		get = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	}
-	if code, _, _ := get("/nope"); code != 404 {
+	var pid string
+	prev := 0
+	for i := 1; i <= 2; i++ {
+		resp, err := get.Get(srv.base + "/")
+		if err != nil {
+			t.Fatalf("GET / #%d: %v", i, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body := string(b)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("GET / #%d: %d %q %v", i, resp.StatusCode, body, err)
+		}
+		var n, p int
+		if _, err := fmt.Sscanf(body, "count=%d pid=%d", &n, &p); err != nil {
+			t.Fatalf("GET / #%d body %q: %v", i, body, err)
+		}
+		reported = append(reported, p)
+		// Per request: 1 then 2. Per connection: past the numbers the
+		// readiness loop's connections took, then one more.
+		if c.perConnection && i == 1 {
+			if n < 1 {
+				t.Fatalf("GET / #1 body %q: want count>=1", body)
+			}
+		} else if n != prev+1 {
+			t.Fatalf("GET / #%d body %q: want count=%d", i, body, prev+1)
+		}
+		if want := fmt.Sprintf("count=%d pid=%d%s\n", n, p, c.suffix); body != want {
+			t.Errorf("GET / #%d = %q, want %q", i, body, want)
+		}
+		if pid != "" && strconv.Itoa(p) != pid {
+			t.Errorf("pid changed: %s -> %d", pid, p)
+		}
+		pid, prev = strconv.Itoa(p), n
+	}
+	if code, _, _ := srv.do(t, http.MethodGet, "/nope"); code != 404 {
 		t.Errorf("GET /nope = %d, want 404", code)
 	}
-	if suffix != "" {
-		code, body, err := get("/heap")
+	if c.suffix != "" {
+		code, body, err := srv.do(t, http.MethodGet, "/heap")
 		if err != nil || code != 200 || body != "sum=8388608 bytes=67108864\n" {
 			t.Errorf("GET /heap = %d %q %v", code, body, err)
 		}
 	}
-	return last
+	return srv
+}
+
+// hammer sends workers×each concurrent GET / over keep-alive connections
+// (one per worker at most) and returns the counts answered and how many
+// requests went on a reused connection.
+func hammer(t *testing.T, base string, workers, each int) (counts []int, reused int) {
+	t.Helper()
+	tr := &http.Transport{MaxIdleConnsPerHost: workers}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Timeout: 30 * time.Second, Transport: tr}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				var gotReused bool
+				trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { gotReused = i.Reused }}
+				req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, base+"/", nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					errs <- err
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var n int
+				if err == nil && resp.StatusCode == 200 {
+					_, err = fmt.Sscanf(string(b), "count=%d ", &n)
+				} else if err == nil {
+					err = fmt.Errorf("status %d %q", resp.StatusCode, b)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				counts = append(counts, n)
+				if gotReused {
+					reused++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("concurrent GET /: %v", err)
+	}
+	if len(counts) != workers*each {
+		t.Fatalf("%d answers, want %d", len(counts), workers*each)
+	}
+	return counts, reused
+}
+
+// syncBuffer is a bytes.Buffer safe for the server's output goroutines
+// and the test reading it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 func freePort(t *testing.T) int {

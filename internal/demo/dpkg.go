@@ -63,12 +63,9 @@ func checkInstalled(demo string, pkgs []string) error {
 	return nil
 }
 
-// packageFiles checks that pkgs are installed and returns the absolute paths
-// of all files and directories they ship (dpkg -L), in listing order.
-func packageFiles(demo string, pkgs []string) ([]string, error) {
-	if err := checkInstalled(demo, pkgs); err != nil {
-		return nil, err
-	}
+// packageFiles returns the absolute paths of all files and directories the
+// installed packages pkgs ship (dpkg -L), in listing order.
+func packageFiles(pkgs []string) ([]string, error) {
 	var files []string
 	for _, p := range pkgs {
 		out, err := dpkgList(p)

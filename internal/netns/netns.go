@@ -50,6 +50,22 @@ func ParsePool(s string) (Pool, error) {
 	return Pool{Prefix: p.Masked()}, nil
 }
 
+// EnsureUnreachable routes the whole pool nowhere in the host's main table
+// (an "unreachable" route, answered at once with EHOSTUNREACH): each live
+// sandbox's /30 route through its veth is more specific and wins, and an
+// address of a sandbox whose veth is gone (snapshot, detached, being torn
+// down) goes nowhere instead of out of the default route. Seen before this
+// route existed: a request let through between a checkpoint and the tier
+// it records was dialled to the sandbox's address and left the machine.
+// It is never removed: it only ever makes the node refuse.
+func (p Pool) EnsureUnreachable() error {
+	dst := &net.IPNet{IP: p.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(p.Prefix.Bits(), 32)}
+	if err := netlink.RouteReplace(&netlink.Route{Dst: dst, Type: unix.RTN_UNREACHABLE}); err != nil {
+		return fmt.Errorf("route %s unreachable: %w", p.Prefix, err)
+	}
+	return nil
+}
+
 // Size is the number of slots.
 func (p Pool) Size() int { return 1 << (32 - p.Prefix.Bits() - 2) }
 

@@ -627,9 +627,15 @@ func (n *Node) Unreachable(id string) {
 }
 
 // IsHot implements gateway.Waker.
+//
+// A sandbox in the middle of a transition is not hot, even while its
+// stored tier still says so: a snapshot lets the gateway's held requests
+// go once its checkpoint is done, before it records the new tier, and a
+// request let through then must wake the sandbox, not dial a network
+// namespace that is already gone.
 func (n *Node) IsHot(id string) bool {
 	e, ok := n.lookup(id)
-	return ok && e.getTier() == api.TierHot
+	return ok && e.getTier() == api.TierHot && !e.busy()
 }
 
 // views returns the tier policy's view of every sandbox.
@@ -676,3 +682,7 @@ func (n *Node) Close() {
 	}
 	n.flushActivity()
 }
+
+// busy reports whether a transition (or a start-up repair) holds the
+// sandbox's lock.
+func (e *entry) busy() bool { return len(e.lock) > 0 }

@@ -15,10 +15,14 @@ import (
 	"sandstorm/internal/store"
 )
 
-// Prepare installs the node's firewall. It must succeed before any sandbox
+// Prepare installs the node's firewall and the unreachable route of its
+// sandbox pool (netns.Pool.EnsureUnreachable). It must succeed before any sandbox
 // is reconciled or created: no sandbox runs without it (fail closed).
 func (n *Node) Prepare() error {
 	if err := n.cfg.SAM.Firewall.Ensure(); err != nil {
+		return fmt.Errorf("%w: %v", ErrFirewall, err)
+	}
+	if err := n.cfg.Pool.EnsureUnreachable(); err != nil {
 		return fmt.Errorf("%w: %v", ErrFirewall, err)
 	}
 	return nil

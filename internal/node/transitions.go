@@ -57,7 +57,7 @@ func (n *Node) Wake(ctx context.Context, id string) error {
 			return fmt.Errorf("sandbox %s is not on this node", id)
 		}
 	}
-	if e.getTier() == api.TierHot {
+	if e.getTier() == api.TierHot && !e.busy() {
 		return nil
 	}
 	e.mu.Lock()

@@ -11,8 +11,10 @@
 //	GET /probe?kind=http&url=U&header=K:V  (a plain HTTP GET)
 //	GET /probe?kind=socks&proxy=IP:1080&target=host:port   (HTTP GET / through a SOCKS5 CONNECT)
 //	GET /probe?kind=connect&proxy=IP:1080&target=host:port (HTTP GET / through an HTTP CONNECT)
+//	GET /                                  (plain text "count=N pid=P": N counts calls, so a
+//	                                        test can prove memory survived a snapshot)
 //
-// Every answer is JSON. Nothing in here is SAM-specific, which is the point.
+// Every other answer is JSON. Nothing in here is SAM-specific, which is the point.
 package main
 
 import (
@@ -25,7 +27,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -53,6 +57,10 @@ func main() {
 	http.HandleFunc("/run", run)
 	http.HandleFunc("/probe", probe)
 	http.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	var calls atomic.Int64
+	http.HandleFunc("/{$}", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "count=%d pid=%d\n", calls.Add(1), os.Getpid())
+	})
 	log.Fatal(http.ListenAndServe(":8000", nil))
 }
 

@@ -550,6 +550,9 @@ func (d *Daemon) scrub() {
 		syscall.Unmount(m[i], syscall.MNT_DETACH)
 	}
 	os.RemoveAll(d.DataDir)
+	// The node never removes its pool's unreachable route (it only ever
+	// refuses); the test's pool is its own, so it goes with the test.
+	exec.Command("ip", "route", "del", "unreachable", d.Subnet).Run()
 }
 
 // logTail returns the last n lines of the daemon's log.

@@ -20,8 +20,8 @@ var (
 	workDir string
 	// webRootfs and app64Rootfs are the demo rootfs directories, and
 	// webDemo/app64Demo how to run them.
-	webRootfs, app64Rootfs string
-	webDemo, app64Demo     demo.Demo
+	webRootfs, app64Rootfs, nodeRootfs, nginxRootfs string
+	webDemo, app64Demo, nodeDemo, nginxDemo         demo.Demo
 	// runscBin is the pinned runsc (bin/runsc of the repository), linked
 	// next to sandstormdBin, where sandstormd looks for it by default.
 	runscBin string
@@ -96,10 +96,16 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: build demo web:", err)
 		return 1
 	}
-	app64Rootfs = filepath.Join(workDir, "demo", "app64")
-	if app64Demo, err = demo.Build("app64", app64Rootfs); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: build demo app64:", err)
-		return 1
+	for _, b := range []struct {
+		name   string
+		rootfs *string
+		demo   *demo.Demo
+	}{{"app64", &app64Rootfs, &app64Demo}, {"node", &nodeRootfs, &nodeDemo}, {"nginx", &nginxRootfs, &nginxDemo}} {
+		*b.rootfs = filepath.Join(workDir, "demo", b.name)
+		if *b.demo, err = demo.Build(b.name, *b.rootfs); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: build demo %s: %v\n", b.name, err)
+			return 1
+		}
 	}
 	fmt.Fprintf(os.Stderr, "e2e: built sandstormd and the demo rootfs in %s (%.1fs)\n", workDir, time.Since(start).Seconds())
 	return m.Run()
