@@ -11,6 +11,7 @@
 //	GET /probe?kind=http&url=U&header=K:V  (a plain HTTP GET)
 //	GET /probe?kind=socks&proxy=IP:1080&target=host:port   (HTTP GET / through a SOCKS5 CONNECT)
 //	GET /probe?kind=connect&proxy=IP:1080&target=host:port (HTTP GET / through an HTTP CONNECT)
+//	GET /file?path=P[&write=DATA]          (write DATA to P, or read P; plain text)
 //	GET /                                  (plain text "count=N pid=P": N counts calls, so a
 //	                                        test can prove memory survived a snapshot)
 //
@@ -57,6 +58,7 @@ func main() {
 	http.HandleFunc("/run", run)
 	http.HandleFunc("/probe", probe)
 	http.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	http.HandleFunc("/file", file)
 	var calls atomic.Int64
 	http.HandleFunc("/{$}", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "count=%d pid=%d\n", calls.Add(1), os.Getpid())
@@ -209,6 +211,27 @@ type bufConn struct {
 }
 
 func (c *bufConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// file writes or reads one file of the sandbox's own filesystem, so a test
+// can prove what a sandbox wrote is in its volume after a detach.
+func file(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	p := q.Get("path")
+	if q.Has("write") {
+		if err := os.WriteFile(p, []byte(q.Get("write")), 0o644); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, "written")
+		return
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	w.Write(b)
+}
 
 func probe(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()

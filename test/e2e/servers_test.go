@@ -268,3 +268,33 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestVolumeSurvivesEveryTier: what a sandbox writes to its filesystem is
+// in its volume, so it is still there after a snapshot and after a detach
+// and cold start, when its memory is gone. (A current runsc keeps a
+// sandbox's writes in an overlay of its own unless told not to; they
+// would be lost with the container.)
+func TestVolumeSurvivesEveryTier(t *testing.T) {
+	d := startDaemon(t)
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
+		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
+		t.Fatal(err)
+	}
+	sb := d.create(t, "agent", "writer")
+	ep := endpoint(t, sb)
+	if got := getBody(t, ep, "/file?path=/note&write=kept"); got != "written" {
+		t.Fatalf("write: %q", got)
+	}
+	for _, step := range []struct {
+		op   string
+		tier api.Tier
+	}{{"freeze", api.TierFrozen}, {"snapshot", api.TierSnapshot}, {"detach", api.TierDetached}} {
+		d.transition(t, sb.ID, step.op, step.tier)
+		if got := getBody(t, ep, "/file?path=/note"); got != "kept" {
+			t.Fatalf("after %s and a wake, /note reads %q, want \"kept\"", step.op, got)
+		}
+	}
+	if got := d.get(t, sb.ID); got.LastWakeFrom != api.TierDetached {
+		t.Errorf("last wake from %q, want detached (a cold start)", got.LastWakeFrom)
+	}
+}

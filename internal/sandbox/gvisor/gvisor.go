@@ -111,8 +111,15 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 
 // flags are the top-level runsc flags. Restore needs exactly the flags the
 // container was created with, so there is one place that builds them.
+//
+// --overlay2=none: a current runsc wraps the rootfs in an overlay of its own
+// by default (root:self), whose upper layer is a gVisor filestore file that
+// goes with the container. A sandbox's writes must reach the rootfs the
+// node mounted for it instead, whose upper dir is the sandbox's volume:
+// that is what a detached sandbox keeps, and what its cold start finds
+// (TestVolumeSurvivesEveryTier fails without it).
 func (b *Backend) flags() []string {
-	return []string{"--root", b.Root, "--platform=" + b.Platform, "--network=sandbox"}
+	return []string{"--root", b.Root, "--platform=" + b.Platform, "--network=sandbox", "--overlay2=none"}
 }
 
 // runsc runs runsc with args, killing it after limit, and returns its
