@@ -57,6 +57,38 @@ type TemplateRequest struct {
 	// Principal is who its sandboxes are to their boundary and the mesh,
 	// unless a sandbox names its own ("" = each sandbox's name).
 	Principal string `json:"principal,omitempty"`
+	// Warm, when set, makes the template warm (see Warm).
+	Warm *Warm `json:"warm,omitempty"`
+}
+
+// Warm makes a template warm (the seed's "Sandstorm, warm template"): when
+// it is registered, the node starts it once, waits for Probe to answer and
+// checkpoints it; from then on each of its sandboxes is created by
+// restoring that image, with its own address, hostname, boundary and
+// principal, and then reseeded. It is opt-in because every sandbox starts
+// from the same memory: whatever the program drew from its random source
+// before the checkpoint (a PRNG's seed, a session key) is the same in all
+// of them until Reseed runs.
+type Warm struct {
+	Probe  Probe  `json:"probe"`
+	Reseed Reseed `json:"reseed"`
+}
+
+// Probe says when the template's process is ready to be checkpointed: an
+// HTTP GET of Path on Port answered 2xx, or with Path empty a TCP connect
+// to Port. Port 0 is the template's first port.
+type Probe struct {
+	Port int    `json:"port,omitempty"`
+	Path string `json:"http_path,omitempty"`
+}
+
+// Reseed is what runs in every sandbox right after it is restored from the
+// warm image, before it is handed out: Signal (e.g. "SIGUSR1") sent to its
+// process, or Command run inside it (absolute path and arguments) to its
+// end. Exactly one is set.
+type Reseed struct {
+	Signal  string   `json:"signal,omitempty"`
+	Command []string `json:"command,omitempty"`
 }
 
 // Template is a registered template: a rootfs plus an OCI runtime spec
@@ -68,6 +100,7 @@ type Template struct {
 	Ports     []int     `json:"ports"`
 	MemoryMiB int       `json:"memory_mib,omitempty"`
 	Principal string    `json:"principal,omitempty"`
+	Warm      *Warm     `json:"warm,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

@@ -8,12 +8,22 @@ GET /         -> 200 "count=N pid=P\n"; N increments on every request, so a
 GET /heap     -> 200 "sum=S bytes=B\n" (reads every page of the heap; only
                  when HEAP_MIB > 0).
 GET /healthz  -> 200 "ok".
+GET /random   -> 200 "random=R urandom=U started=S": a draw of Python's
+                 random module, 8 bytes of os.urandom in hex, and when this
+                 process started. Sandboxes restored from one warm image all
+                 share S; they differ in R only once reseeded (SIGUSR1 below)
+                 and in U always (the sentry serves getrandom from the host).
+
+SIGUSR1 reseeds the random module from os.urandom: the demo's answer to a
+warm template's reseed ("warm": {"reseed": {"signal": "SIGUSR1"}}).
 
 Listens on 0.0.0.0:8000; the PORT environment variable overrides the port.
 """
 
 import os
+import random
 import signal
+import time
 import socketserver
 import sys
 import threading
@@ -33,6 +43,7 @@ if HEAP_MIB:
 
 _lock = threading.Lock()
 _count = 0
+_started = time.time()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -67,6 +78,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(200, "%d %s" % (e.code, e.read(4096).decode("utf-8", "replace")))
             except Exception as e:
                 self._reply(200, "error %s" % e)
+        elif path == "/random":
+            self._reply(200, "random=%r urandom=%s started=%r\n" % (random.random(), os.urandom(8).hex(), _started))
         elif path == "/heap" and heap is not None:
             self._reply(200, "sum=%d bytes=%d\n" % (int(heap.sum()), heap.nbytes))
         else:
@@ -98,6 +111,7 @@ class Server(ThreadingHTTPServer):
 def main():
     # As PID 1 in a sandbox, SIGTERM is ignored unless handled.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGUSR1, lambda *_: random.seed())
     port = int(os.environ.get("PORT", "8000"))
     srv = Server(("0.0.0.0", port), Handler)
     print("listening on 0.0.0.0:%d pid=%d" % (port, os.getpid()), flush=True)

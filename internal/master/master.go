@@ -42,6 +42,10 @@ type Node interface {
 	LogPath(id string) string
 	BoundarySocket(id string) string
 	Status(ctx context.Context) (api.NodeStatus, error)
+	// PrepareWarm makes the warm image of a warm template (starts it,
+	// waits for its probe, checkpoints it); DropWarm removes it.
+	PrepareWarm(ctx context.Context, t store.Template) error
+	DropWarm(name string)
 }
 
 // Config configures the API.
@@ -168,7 +172,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func toAPITemplate(t store.Template) api.Template {
-	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, CreatedAt: t.CreatedAt}
+	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
 }
 
 func (s *server) toAPISandbox(sb store.Sandbox) api.Sandbox {
@@ -215,6 +219,9 @@ func (s *server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if t.Warm != nil {
+		s.cfg.Node.DropWarm(name)
+	}
 	if t.Owned {
 		os.RemoveAll(filepath.Dir(t.Rootfs))
 	}
@@ -250,6 +257,20 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, _ = s.cfg.Store.GetTemplate(r.Context(), t.Name)
+	if t.Warm != nil {
+		// The template is warm only once its image is made: one that
+		// cannot be (its probe never answers) is not registered at all.
+		start := time.Now()
+		if err := s.cfg.Node.PrepareWarm(r.Context(), t); err != nil {
+			s.cfg.Store.DeleteTemplate(context.Background(), t.Name)
+			if t.Owned {
+				os.RemoveAll(filepath.Dir(t.Rootfs))
+			}
+			s.fail(w, r, fmt.Errorf("warm template %q not registered: %w", t.Name, err))
+			return
+		}
+		s.cfg.Log.Info("warm image made", "template", t.Name, "ms", time.Since(start).Milliseconds())
+	}
 	s.cfg.Log.Info("template registered", "name", t.Name, "rootfs", t.Rootfs)
 	writeJSON(w, http.StatusCreated, toAPITemplate(t))
 }
@@ -286,6 +307,38 @@ func validate(req api.TemplateRequest) error {
 	if req.MemoryMiB < 0 {
 		return badRequest("template %q: memory_mib %d is negative", req.Name, req.MemoryMiB)
 	}
+	if req.Warm != nil {
+		return validateWarm(req)
+	}
+	return nil
+}
+
+// validateWarm checks a warm template's probe and reseed. A reseed is
+// required: without one, every sandbox from the image would draw the same
+// "random" numbers.
+func validateWarm(req api.TemplateRequest) error {
+	w := req.Warm
+	if w.Probe.Port == 0 && len(req.Ports) == 0 {
+		return badRequest("template %q: warm.probe.port is not set and the template has no ports: say what to probe", req.Name)
+	}
+	if w.Probe.Port < 0 || w.Probe.Port > 65535 {
+		return badRequest("template %q: warm.probe.port %d outside 1-65535", req.Name, w.Probe.Port)
+	}
+	if w.Probe.Path != "" && !strings.HasPrefix(w.Probe.Path, "/") {
+		return badRequest("template %q: warm.probe.http_path %q must start with /", req.Name, w.Probe.Path)
+	}
+	switch {
+	case w.Reseed.Signal == "" && len(w.Reseed.Command) == 0:
+		return badRequest("template %q: a warm template must say how to reseed its sandboxes (warm.reseed.signal, e.g. \"SIGUSR1\", or warm.reseed.command): each starts from the same memory, random state included", req.Name)
+	case w.Reseed.Signal != "" && len(w.Reseed.Command) > 0:
+		return badRequest("template %q: warm.reseed: give signal or command, not both", req.Name)
+	case w.Reseed.Signal != "":
+		if _, ok := node.ReseedSignal(w.Reseed.Signal); !ok {
+			return badRequest("template %q: warm.reseed.signal %q: use one of %s", req.Name, w.Reseed.Signal, strings.Join(node.ReseedSignals(), ", "))
+		}
+	case !strings.HasPrefix(w.Reseed.Command[0], "/"):
+		return badRequest("template %q: warm.reseed.command[0] %q must be an absolute path inside the rootfs", req.Name, w.Reseed.Command[0])
+	}
 	return nil
 }
 
@@ -314,7 +367,7 @@ func (s *server) templateFromDir(req api.TemplateRequest) (store.Template, error
 	if err := checkRootfs(dir, req.Process.Args); err != nil {
 		return store.Template{}, err
 	}
-	return store.Template{Name: req.Name, Rootfs: dir, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal}, nil
+	return store.Template{Name: req.Name, Rootfs: dir, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm}, nil
 }
 
 // templateFromUpload streams the multipart body: the "template" JSON part
@@ -368,7 +421,7 @@ func (s *server) templateFromUpload(w http.ResponseWriter, r *http.Request) (sto
 		os.RemoveAll(base)
 		return store.Template{}, err
 	}
-	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal}, nil
+	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm}, nil
 }
 
 func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {

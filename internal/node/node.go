@@ -110,6 +110,7 @@ type Node struct {
 	wakes chan struct{} // semaphore of MaxWakes
 
 	allocMu sync.Mutex // serialises slot and port allocation
+	warmMu  sync.Mutex // one warm image build at a time (they share a slot)
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -343,7 +344,11 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 	start := time.Now()
 	// From here the start runs to the end even if the caller goes away: a
 	// runsc run killed half-way leaves more to clean than it saves.
-	if err := n.coldStart(context.Background(), sb, t); err != nil {
+	warm, err := n.warmStart(context.Background(), sb, t)
+	if !warm {
+		err = n.coldStart(context.Background(), sb, t)
+	}
+	if err != nil {
 		n.teardown(context.Background(), sb, true)
 		n.st.DeleteSandbox(context.Background(), id)
 		n.forget(id)
@@ -359,7 +364,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 	n.protect(sb)
 	created = true
 	sb, err = n.commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
-	n.log.Info("sandbox created", "id", id, "name", name, "template", t.Name, "ms", ms, "memory_mib", limit)
+	n.log.Info("sandbox created", "id", id, "name", name, "template", t.Name, "ms", ms, "memory_mib", limit, "warm", warm)
 	return sb, err
 }
 
@@ -376,14 +381,14 @@ func (n *Node) allocate(ctx context.Context, sb *store.Sandbox, ports []int) err
 		return err
 	}
 	sb.Slot = -1
-	for i := 0; i < n.cfg.Pool.Size(); i++ {
+	for i := 0; i < n.warmSlot(); i++ { // the last slot is warm builds'
 		if !slots[i] {
 			sb.Slot = i
 			break
 		}
 	}
 	if sb.Slot < 0 {
-		return fmt.Errorf("%w: all %d address slots of %s are taken", ErrFull, n.cfg.Pool.Size(), n.cfg.Pool.Prefix)
+		return fmt.Errorf("%w: all %d address slots of %s are taken", ErrFull, n.warmSlot(), n.cfg.Pool.Prefix)
 	}
 	sb.HostPorts = map[int]int{}
 	p := n.cfg.PortMin

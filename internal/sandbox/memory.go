@@ -1,6 +1,9 @@
 package sandbox
 
-import "context"
+import (
+	"context"
+	"syscall"
+)
 
 // MemStat is what a sandbox's memory cgroup says about it.
 type MemStat struct {
@@ -24,4 +27,16 @@ type MemoryReporter interface {
 // something it kills a sandbox, never the node's own daemons or sshd.
 type OOMScorer interface {
 	SetOOMScore(ctx context.Context, spec Spec, adj int) error
+}
+
+// Signaller is implemented by backends that can send a signal to a
+// running container's init process (a warm sandbox's reseed).
+type Signaller interface {
+	Signal(ctx context.Context, spec Spec, sig syscall.Signal) error
+}
+
+// Execer is implemented by backends that can run a command inside a
+// running container to its end, returning what it printed.
+type Execer interface {
+	Exec(ctx context.Context, spec Spec, args []string) ([]byte, error)
 }

@@ -45,6 +45,8 @@ type Template struct {
 	// Principal is the default principal of its sandboxes ("" = the
 	// sandbox's name).
 	Principal string
+	// Warm, when set, makes its sandboxes start from a warm image.
+	Warm      *api.Warm
 	CreatedAt time.Time
 }
 
@@ -113,6 +115,7 @@ var migrations = []struct{ table, column, ddl string }{
 	{"templates", "principal", `ALTER TABLE templates ADD COLUMN principal TEXT NOT NULL DEFAULT ''`},
 	{"sandboxes", "principal", `ALTER TABLE sandboxes ADD COLUMN principal TEXT NOT NULL DEFAULT ''`},
 	{"sandboxes", "memory_mib", `ALTER TABLE sandboxes ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0`},
+	{"templates", "warm", `ALTER TABLE templates ADD COLUMN warm TEXT NOT NULL DEFAULT ''`},
 }
 
 func migrate(db *sql.DB) error {
@@ -175,8 +178,12 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = time.Now()
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal) VALUES(?,?,?,?,?,?,?,?)`,
-		t.Name, t.Rootfs, t.Owned, mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal)
+	warm := ""
+	if t.Warm != nil {
+		warm = mustJSON(t.Warm)
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm) VALUES(?,?,?,?,?,?,?,?,?)`,
+		t.Name, t.Rootfs, t.Owned, mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm)
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, ErrExists)
 	}
@@ -185,7 +192,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 
 // GetTemplate returns the template called name, or ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal FROM templates WHERE name=?`, name)
+	row := s.db.QueryRowContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm FROM templates WHERE name=?`, name)
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("template %q: %w", name, ErrNotFound)
@@ -195,7 +202,7 @@ func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) 
 
 // ListTemplates returns every template, by name.
 func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal FROM templates ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm FROM templates ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -235,10 +242,16 @@ type scanner interface{ Scan(...any) error }
 
 func scanTemplate(r scanner) (Template, error) {
 	var t Template
-	var proc, ports string
+	var proc, ports, warm string
 	var created int64
-	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal); err != nil {
+	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm); err != nil {
 		return t, err
+	}
+	if warm != "" {
+		t.Warm = new(api.Warm)
+		if err := json.Unmarshal([]byte(warm), t.Warm); err != nil {
+			return t, fmt.Errorf("template %q: corrupt warm: %w", t.Name, err)
+		}
 	}
 	t.CreatedAt = fromMs(created)
 	if err := json.Unmarshal([]byte(proc), &t.Process); err != nil {

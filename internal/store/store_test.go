@@ -21,6 +21,27 @@ func open(t *testing.T) (*Store, string) {
 	return s, path
 }
 
+// TestWarmTemplateRoundTrip: a warm template's probe and reseed survive
+// the store; a plain one has none.
+func TestWarmTemplateRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	s, _ := open(t)
+	w := &api.Warm{Probe: api.Probe{Port: 8000, Path: "/healthz"}, Reseed: api.Reseed{Command: []string{"/bin/reseed", "-x"}}}
+	if err := s.PutTemplate(ctx, Template{Name: "w", Rootfs: "/r", Process: api.Process{Args: []string{"/a"}}, Warm: w}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(ctx, Template{Name: "p", Rootfs: "/r", Process: api.Process{Args: []string{"/a"}}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetTemplate(ctx, "w")
+	if err != nil || got.Warm == nil || got.Warm.Probe != w.Probe || len(got.Warm.Reseed.Command) != 2 {
+		t.Errorf("warm template back: %+v %v", got.Warm, err)
+	}
+	if got, err := s.GetTemplate(ctx, "p"); err != nil || got.Warm != nil {
+		t.Errorf("plain template back with warm %+v, %v", got.Warm, err)
+	}
+}
+
 func TestTemplatesAndSandboxesSurviveReopen(t *testing.T) {
 	ctx := context.Background()
 	s, path := open(t)

@@ -63,7 +63,15 @@ type Backend struct {
 
 	// deadlines, when set, replace the default deadlines (tests).
 	deadlines *deadlines
+	// version is what runsc --version said when New ran.
+	version string
 }
+
+// RuntimeVersion is the runsc version and platform checkpoint images of
+// this backend are made with: an image restores only on the runsc version
+// that wrote it (runsc compares them), and a platform change is treated
+// the same, to be safe.
+func (b *Backend) RuntimeVersion() string { return b.version + " " + b.Platform }
 
 func (b *Backend) log() *slog.Logger {
 	if b.Log != nil {
@@ -92,13 +100,14 @@ func New(root, runsc, platform string) (*Backend, error) {
 	if err := checkRoot(root); err != nil {
 		return nil, err
 	}
-	if _, err := Version(context.Background(), runsc); err != nil {
+	v, err := Version(context.Background(), runsc)
+	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
-	return &Backend{Runsc: runsc, Root: root, Platform: platform}, nil
+	return &Backend{Runsc: runsc, Root: root, Platform: platform, version: v}, nil
 }
 
 // Name implements sandbox.Backend.

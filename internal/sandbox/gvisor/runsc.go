@@ -1,13 +1,18 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"sandstorm/internal/sandbox"
 )
 
 // The runsc that sandstormd runs is the one the repository pins
@@ -77,6 +82,12 @@ func Version(ctx context.Context, runsc string) (string, error) {
 	return v, nil
 }
 
+// Flags are the top-level flags the backend gives every runsc command
+// (flags: --root, --platform, --network, …). Exported for bench/tiers,
+// which times raw runsc next to sandstormd and must run it with exactly
+// the flags sandstormd uses.
+func (b *Backend) Flags() []string { return b.flags() }
+
 // checkRoot refuses a --root too long for runsc's control sockets.
 func checkRoot(root string) error {
 	if len(root) > maxRootLen {
@@ -97,3 +108,43 @@ func checkPlatform(p string) error {
 
 // versionTimeout bounds `runsc --version` (a few ms).
 const versionTimeout = 5 * time.Second
+
+// ExecTimeout bounds a command run inside a sandbox by Exec.
+const ExecTimeout = 30 * time.Second
+
+// Signal implements sandbox.Signaller: runsc kill sends sig to the
+// container's init process.
+func (b *Backend) Signal(ctx context.Context, spec sandbox.Spec, sig syscall.Signal) error {
+	var out bytes.Buffer
+	c := command{
+		what:  "runsc kill " + spec.ID,
+		limit: b.dl().control, name: b.Runsc, args: append(b.flags(), "kill", spec.ID, strconv.Itoa(int(sig))),
+		stdout: &out, stderr: &out, wait: b.dl().waitDelay,
+	}
+	if err := c.run(ctx); err != nil {
+		if cutShort(err) {
+			return err
+		}
+		return fmt.Errorf("runsc kill %s %d: %w: %s", spec.ID, sig, err, lastLine(out.String()))
+	}
+	return nil
+}
+
+// Exec implements sandbox.Execer: runsc exec runs args inside the
+// container, bounded by ExecTimeout; a command that exits non-zero is an
+// error carrying its last line of output.
+func (b *Backend) Exec(ctx context.Context, spec sandbox.Spec, args []string) ([]byte, error) {
+	var out bytes.Buffer
+	c := command{
+		what:  "runsc exec " + spec.ID,
+		limit: ExecTimeout, name: b.Runsc, args: append(append(b.flags(), "exec", spec.ID), args...),
+		stdout: &out, stderr: &out, wait: b.dl().waitDelay,
+	}
+	if err := c.run(ctx); err != nil {
+		if cutShort(err) {
+			return out.Bytes(), err
+		}
+		return out.Bytes(), fmt.Errorf("runsc exec %s %s: %w: %s", spec.ID, args[0], err, lastLine(out.String()))
+	}
+	return out.Bytes(), nil
+}

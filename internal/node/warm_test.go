@@ -1,0 +1,34 @@
+package node
+
+import (
+	"syscall"
+	"testing"
+)
+
+// TestWarmID: a warm build's container ID is 12 characters like a
+// sandbox's (its veth name, "ssv"+ID, must fit IFNAMSIZ), stable for a
+// name, distinct across names, and never a sandbox's (those are 12 hex
+// digits; "w" is not one).
+func TestWarmID(t *testing.T) {
+	a, b := warmID("web"), warmID("app64")
+	if len(a) != 12 || a[0] != 'w' || a != warmID("web") || a == b {
+		t.Errorf("warmID: %q %q", a, b)
+	}
+	if len(VethPrefix+a) > 15 {
+		t.Errorf("veth name %q is over 15 bytes", VethPrefix+a)
+	}
+}
+
+func TestReseedSignal(t *testing.T) {
+	for name, want := range map[string]syscall.Signal{"SIGUSR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2, "SIGHUP": syscall.SIGHUP} {
+		if got, ok := ReseedSignal(name); !ok || got != want {
+			t.Errorf("ReseedSignal(%q) = %v, %v", name, got, ok)
+		}
+	}
+	// Never one that stops or kills a program that does not catch it.
+	for _, name := range []string{"SIGKILL", "SIGTERM", "SIGSTOP", "SIGINT", "9", ""} {
+		if _, ok := ReseedSignal(name); ok {
+			t.Errorf("ReseedSignal(%q) accepted", name)
+		}
+	}
+}
