@@ -115,6 +115,30 @@ type SandboxRequest struct {
 	MemoryMiB int `json:"memory_mib,omitempty"`
 }
 
+// CloneRequest is the body of POST /v1/sandboxes/{id}/clone.
+type CloneRequest struct {
+	// Count is how many children to make (1-100).
+	Count int `json:"count"`
+	// Principal is the children's principal ("" = the parent's principal
+	// with ".<n>" appended, n the child's number).
+	Principal string `json:"principal,omitempty"`
+	// Reseed is run in every child right after its restore (default: the
+	// template's warm reseed). One of them is required: children start
+	// from the parent's memory, random state included.
+	Reseed *Reseed `json:"reseed,omitempty"`
+}
+
+// CloneResult is what a clone made.
+type CloneResult struct {
+	Parent   Sandbox   `json:"parent"`
+	Children []Sandbox `json:"children"`
+	// ParentPauseMs is how long the parent was paused (its checkpoint and
+	// the copy of its volume); ChildMs how long each child took, restore
+	// and reseed included.
+	ParentPauseMs float64   `json:"parent_pause_ms"`
+	ChildMs       []float64 `json:"child_ms"`
+}
+
 // Sandbox is what GET /v1/sandboxes/{id} returns.
 type Sandbox struct {
 	ID       string `json:"id"`

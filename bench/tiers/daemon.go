@@ -182,11 +182,20 @@ func startDaemon(ctx context.Context, cfg config, logPath string) (*daemon, erro
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", port)
 	d.api = "http://" + listen
-	d.args = append([]string{"serve", "--master", "--node",
+	d.args = []string{"serve", "--master", "--node",
 		"--data-dir", filepath.Join(d.dataDir, "data"), "--listen", listen,
 		"--backend", cfg.backend, "--subnet", cfg.subnet, "--gateway-ports", cfg.gwPorts,
 		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0",
-	}, cfg.daemonArgs...)
+	}
+	if cfg.backend == "gvisor" {
+		// The runsc and platform the raw series use too: a sandstormd built
+		// into the temporary data dir finds no runsc next to itself, and the
+		// comparison is only fair on the same binary and platform. (Before
+		// --daemon-arg, so that an explicit one still wins; d.args records
+		// what ran.)
+		d.args = append(d.args, "--runsc", cfg.runsc, "--platform", cfg.platform)
+	}
+	d.args = append(d.args, cfg.daemonArgs...)
 	if d.log, err = os.Create(logPath); err != nil {
 		os.RemoveAll(d.dataDir)
 		return nil, err
@@ -276,6 +285,12 @@ func (d *daemon) leftovers(isolated bool) []string {
 	runscRoot := filepath.Join(d.dataDir, "data", "runsc")
 	if ents, err := os.ReadDir(runscRoot); err == nil {
 		for _, e := range ents {
+			// null-netns is the empty netns file the pinned runsc keeps
+			// under its root for its gofers: no container's. Still
+			// mounted, it shows among the mounts below.
+			if e.Name() == "null-netns" {
+				continue
+			}
 			out = append(out, "runsc state "+filepath.Join(runscRoot, e.Name()))
 		}
 	}

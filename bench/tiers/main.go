@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"sandstorm/internal/demo"
+	"sandstorm/internal/sandbox/gvisor"
 )
 
 // config is the command line.
@@ -38,6 +39,8 @@ type config struct {
 	isolate     bool
 	sandstormd  string
 	backend     string
+	platform    string
+	runsc       string
 	subnet      string
 	gwPorts     string
 	daemonArgs  []string
@@ -59,8 +62,13 @@ type config struct {
 	repo string
 }
 
-// allSeries are the measurements, in the order they run.
-var allSeries = []string{"start", "hot", "frozen", "snapshot", "detached"}
+// allSeries are the measurements, in the order they run. Each raw-runsc
+// measurement runs right after the sandstormd one it is compared with, so
+// that the two share the machine's load as closely as a serial run can.
+var allSeries = []string{"start", "raw-start", "hot", "frozen", "raw-pause", "snapshot", "raw-restore", "detached"}
+
+// rawSeries are the measurements of raw runsc, outside sandstormd.
+var rawSeries = []string{"raw-start", "raw-pause", "raw-restore"}
 
 const usageText = `Usage: go run ./bench/tiers [flags]
 
@@ -76,6 +84,14 @@ last_wake_ms:
   frozen    freeze via the API, then time one GET / (the wake is in it);
   snapshot  likewise after a snapshot to disk,
   detached  and after a detach (the wake is a cold start)
+
+and, for comparison, raw runsc outside sandstormd, on the same bundle (the
+node's OCI spec and rootfs overlay), the same runsc and flags, in a network
+namespace of the benchmark's own, polled with the same client:
+
+  raw-start    runsc run -detach to the first 200 from the sandbox's address
+  raw-pause    runsc pause, then runsc resume to the first answer
+  raw-restore  runsc checkpoint, then runsc restore -detach to the first answer
 
 each for the templates in --templates (default: the demo "web" server and
 "app64", the same server with numpy and a 64 MiB heap).
@@ -95,6 +111,7 @@ Examples:
   go run ./bench/tiers --start                   full run (about 6-10 min)
   go run ./bench/tiers --start -n 20             quicker
   go run ./bench/tiers --start --series hot,frozen --templates web
+  go run ./bench/tiers --start --series start,raw-start --platform ptrace
   go run ./bench/tiers --api http://127.0.0.1:8080 --data-dir /var/lib/sandstorm
 
 Flags:
@@ -113,6 +130,8 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.isolate, "isolate", true, "with --start: run the daemon and the measurements in their own network and mount namespaces, so they neither see nor disturb other sandstormd on this machine")
 	fs.StringVar(&c.sandstormd, "sandstormd", "", "with --start: sandstormd binary to run (default: go build ./cmd/sandstormd from --repo)")
 	fs.StringVar(&c.backend, "backend", "gvisor", "with --start: sandbox backend, gvisor or process")
+	fs.StringVar(&c.platform, "platform", gvisor.DefaultPlatform, "runsc platform ("+strings.Join(gvisor.Platforms, " or ")+"): given to the sandstormd --start runs (serve --platform) and to the raw runsc series")
+	fs.StringVar(&c.runsc, "runsc", "", "runsc binary for the raw series and the sandstormd --start runs (default: <--repo>/bin/runsc, the pinned one `make runsc` builds)")
 	fs.StringVar(&c.subnet, "subnet", "10.219.0.0/16", "with --start: sandbox subnet")
 	fs.StringVar(&c.gwPorts, "gateway-ports", "31000-31999", "with --start: gateway port range")
 	fs.Func("daemon-arg", "with --start: extra argument for sandstormd serve (repeatable), e.g. --daemon-arg=--memory-reserve=512", func(s string) error {
@@ -152,6 +171,9 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("--series: unknown measurement %q (known: %s)", s, strings.Join(allSeries, ", "))
 		}
 	}
+	if !slices.Contains(gvisor.Platforms, c.platform) {
+		return c, fmt.Errorf("--platform %q: use %s", c.platform, strings.Join(gvisor.Platforms, " or "))
+	}
 	if c.n < 1 {
 		return c, fmt.Errorf("-n %d: want at least 1", c.n)
 	}
@@ -190,6 +212,11 @@ func envOr(key, def string) string {
 }
 
 func (c config) wants(series string) bool { return slices.Contains(c.series, series) }
+
+// wantsRaw reports whether any raw-runsc series is to run.
+func (c config) wantsRaw() bool {
+	return slices.ContainsFunc(rawSeries, c.wants)
+}
 
 func main() {
 	cfg, err := parseFlags(os.Args[1:])

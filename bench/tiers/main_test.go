@@ -30,6 +30,34 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if !slices.Equal(c.series, []string{"hot", "frozen"}) || !c.wants("frozen") || c.wants("start") {
 		t.Errorf("series = %v", c.series)
 	}
+	if c.wantsRaw() {
+		t.Error("hot,frozen: wantsRaw")
+	}
+}
+
+func TestParseFlagsRuntime(t *testing.T) {
+	c, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.platform != "systrap" || c.runsc != "" || !c.wantsRaw() {
+		t.Errorf("defaults: platform %q, runsc %q, wantsRaw %v", c.platform, c.runsc, c.wantsRaw())
+	}
+	for _, s := range rawSeries {
+		if !slices.Contains(allSeries, s) {
+			t.Errorf("raw series %s is not a measurement", s)
+		}
+	}
+	c, err = parseFlags([]string{"--platform", "ptrace", "--runsc", "/x/runsc", "--series", "raw-restore"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.platform != "ptrace" || c.runsc != "/x/runsc" || !c.wantsRaw() {
+		t.Errorf("platform %q, runsc %q, wantsRaw %v", c.platform, c.runsc, c.wantsRaw())
+	}
+	if _, err := parseFlags([]string{"--platform", "kvm"}); err == nil {
+		t.Error("--platform kvm: no error")
+	}
 }
 
 func TestParseFlagsErrors(t *testing.T) {

@@ -62,10 +62,16 @@ func (r *runner) measureAll(ctx context.Context) error {
 				err = r.measureStart(ctx, t)
 			case "hot":
 				err = r.measureHot(ctx, t)
+			case "raw-start":
+				err = r.measureRawStart(ctx, t)
+			case "raw-pause":
+				err = r.measureRawWake(ctx, t, rawPause)
+			case "raw-restore":
+				err = r.measureRawWake(ctx, t, rawRestore)
 			default:
 				err = r.measureWake(ctx, t, tierOps[m])
 			}
-			if werr := r.dir.Write(r.res); werr != nil {
+			if werr := r.write(); werr != nil {
 				return werr
 			}
 			if err != nil {
@@ -140,12 +146,16 @@ func (r *runner) measureStart(ctx context.Context, t string) error {
 			continue
 		}
 		r.sandboxes[sb.ID] = true
+		r.noteLimit(t, sb)
 		url, err := r.endpoint(sb)
 		var d time.Duration
 		var attempts int
 		var body string
 		if err == nil {
 			d, attempts, body, err = r.firstAnswer(ctx, url, t0)
+		}
+		if err == nil && r.nodeRunsc != nil {
+			r.mem.get(t, "sandstormd").read(ctx, r.nodeRunsc, sb.ID)
 		}
 		if err != nil {
 			r.remove(ctx, sb.ID)
@@ -391,6 +401,7 @@ func (r *runner) ready(ctx context.Context, purpose, t string) (api.Sandbox, err
 		return sb, fmt.Errorf("create a %s sandbox: %w", t, err)
 	}
 	r.sandboxes[sb.ID] = true
+	r.noteLimit(t, sb)
 	url, err := r.endpoint(sb)
 	if err == nil {
 		_, _, _, err = r.firstAnswer(ctx, url, t0)
@@ -400,6 +411,14 @@ func (r *runner) ready(ctx context.Context, purpose, t string) (api.Sandbox, err
 		return sb, fmt.Errorf("a new %s sandbox never answered: %w", t, err)
 	}
 	return sb, nil
+}
+
+// noteLimit remembers the memory limit the daemon gave a sandbox of
+// template t, for the raw sandboxes of t.
+func (r *runner) noteLimit(t string, sb api.Sandbox) {
+	if sb.MemoryMiB > 0 {
+		r.limitMiB[t] = sb.MemoryMiB
+	}
 }
 
 // ensureHot makes sure the sandbox is hot before a sample (an idle timer of

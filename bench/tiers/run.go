@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"sandstorm/internal/bench"
 	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
+	"sandstorm/internal/sandbox/gvisor"
 )
 
 // runner holds one run's state.
@@ -36,6 +38,19 @@ type runner struct {
 	ownTemplates []string
 	sandboxes    map[string]bool // IDs created and not yet deleted
 	seq          int
+
+	// tmplDef is each template as the daemon has it (rootfs, process),
+	// which the raw series lay their bundles out from, and limitMiB the
+	// memory limit the daemon gave its sandboxes (memory_mib), so that the
+	// raw sandbox gets the same.
+	tmplDef  map[string]api.Template
+	limitMiB map[string]int
+	// nodeRunsc reads the memory of the daemon's sandboxes through runsc's
+	// state under the daemon's --root (nil: not a gvisor daemon, or its
+	// data dir is unknown).
+	nodeRunsc *gvisor.Backend
+	raw       *rawEnv // the raw series' runsc root and network (nil until needed)
+	mem       memory
 }
 
 // run measures and writes the results; it returns the results directory.
@@ -60,9 +75,14 @@ func run(ctx context.Context, cfg config) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if cfg.runsc, err = resolveRunsc(ctx, cfg, res); err != nil {
+		os.RemoveAll(dir.Path)
+		return "", err
+	}
 	r := &runner{
 		cfg: cfg, runID: newRunID(), res: res, dir: dir, started: cfg.start,
 		tmpl: map[string]string{}, sandboxes: map[string]bool{},
+		tmplDef: map[string]api.Template{}, limitMiB: map[string]int{},
 		gw: &http.Client{
 			Transport: &http.Transport{
 				Proxy:             nil,
@@ -87,10 +107,17 @@ func run(ctx context.Context, cfg config) (string, error) {
 			return dir.Path, err
 		}
 		r.workDir = d.dataDir
+		if cfg.backend == "gvisor" {
+			r.nodeRunsc = &gvisor.Backend{Root: filepath.Join(d.dataDir, "data", "runsc")}
+		}
 		res.Params["sandstormd"] = map[string]any{"binary": d.bin, "built_from_tree": d.built, "sha256": d.binHash, "args": d.args}
 		r.c, err = d.client()
 	} else {
 		r.c, err = externalClient(cfg)
+		// Its runsc state, where `serve --data-dir` puts it; readable only
+		// when it runs on this machine (memory readings fail otherwise, and
+		// say so).
+		r.nodeRunsc = &gvisor.Backend{Root: filepath.Join(cfg.dataDir, "runsc")}
 	}
 	if err == nil {
 		err = r.describeNode(ctx)
@@ -105,6 +132,7 @@ func run(ctx context.Context, cfg config) (string, error) {
 		err = ctx.Err()
 	}
 	cerr := r.cleanup(d, isolated)
+	res.Tables = r.tables()
 	res.Finished = time.Now().UTC()
 	res.Note("load average at the end: %s", loadavg())
 	if err != nil && len(res.Series) == 0 && d == nil {
@@ -124,6 +152,42 @@ func run(ctx context.Context, cfg config) (string, error) {
 	final, ferr := dir.Finish()
 	fmt.Fprintf(os.Stderr, "\n%s", res.Table())
 	return final, errors.Join(cerr, ferr)
+}
+
+// resolveRunsc finds the runsc the run uses — --runsc, or the pinned
+// bin/runsc of --repo — when the raw series or a --start gvisor daemon need
+// one, and records its version in the parameters and as the machine's
+// runsc (which bench.CollectMachine reads from the runsc on PATH: Debian's
+// here, not the one measured).
+func resolveRunsc(ctx context.Context, cfg config, res *bench.Results) (string, error) {
+	if !cfg.wantsRaw() && !(cfg.start && cfg.backend == "gvisor") {
+		return cfg.runsc, nil
+	}
+	path := cfg.runsc
+	if path == "" {
+		path = filepath.Join(cfg.repo, "bin", "runsc")
+	}
+	path, err := exec.LookPath(path)
+	if err == nil {
+		path, err = filepath.Abs(path)
+	}
+	if err != nil {
+		return "", fmt.Errorf("runsc: %w (build the pinned one into bin/ with `make runsc`, or pass --runsc)", err)
+	}
+	v, err := gvisor.Version(ctx, path)
+	if err != nil {
+		return "", err
+	}
+	sum, _ := fileSHA256(path)
+	res.Params["runsc"] = map[string]any{"binary": path, "version": v, "sha256": sum, "platform": cfg.platform, "pinned": gvisor.PinnedVersion}
+	if v != gvisor.PinnedVersion {
+		res.Note("runsc %s is %s, not the version this tree pins (%s)", path, v, gvisor.PinnedVersion)
+	}
+	if onPath := res.Machine.Runsc; onPath != v {
+		res.Note("machine.runsc is the runsc this run used (%s); the one on PATH is %s", path, onPath)
+	}
+	res.Machine.Runsc = v
+	return path, nil
 }
 
 func externalClient(cfg config) (*client.Client, error) {
@@ -154,6 +218,7 @@ func (r *runner) recordParams(isolated bool) {
 	p["max_consecutive_failures"] = c.maxConsecutiveFailures
 	p["endpoint_port"] = c.port
 	p["client"] = "Go net/http, keep-alives off: a new TCP connection for every request; time from sending the request to the end of the body"
+	p["platform"] = c.platform
 	if c.start {
 		p["daemon"] = "started by the benchmark (--start): temporary data dir, idle timers off"
 		p["isolated"] = isolated
@@ -171,6 +236,9 @@ func (r *runner) describeNode(ctx context.Context) error {
 		return fmt.Errorf("sandstormd API at %s: %w", r.c.Base, err)
 	}
 	r.res.Params["node"] = st
+	if st.Backend != "gvisor" {
+		r.nodeRunsc = nil
+	}
 	return nil
 }
 
@@ -186,6 +254,7 @@ func (r *runner) setupTemplates(ctx context.Context) error {
 		if i := slices.IndexFunc(have, func(t api.Template) bool { return t.Name == name }); i >= 0 {
 			t := have[i]
 			r.tmpl[name] = name
+			r.tmplDef[name] = t
 			r.res.Params["template_"+name] = map[string]any{"registered_as": name, "by": "the daemon's own", "rootfs": t.Rootfs, "args": t.Process.Args, "ports": t.Ports}
 			continue
 		}
@@ -208,13 +277,14 @@ func (r *runner) setupTemplates(ctx context.Context) error {
 			reg = "bench-" + r.runID + "-" + name
 		}
 		actx, cancel := context.WithTimeout(ctx, time.Minute)
-		_, err = r.c.CreateTemplate(actx, api.TemplateRequest{Name: reg, RootfsDir: dir, Process: api.Process{Args: dm.Args, Env: dm.Env}, Ports: dm.Ports})
+		def, err := r.c.CreateTemplate(actx, api.TemplateRequest{Name: reg, RootfsDir: dir, Process: api.Process{Args: dm.Args, Env: dm.Env}, Ports: dm.Ports})
 		cancel()
 		if err != nil {
 			return fmt.Errorf("register template %s: %w", reg, err)
 		}
 		r.ownTemplates = append(r.ownTemplates, reg)
 		r.tmpl[name] = reg
+		r.tmplDef[name] = def
 		r.res.Params["template_"+name] = map[string]any{"registered_as": reg, "by": "this benchmark (demo.Build)", "rootfs": dir, "args": dm.Args, "ports": dm.Ports}
 		fmt.Fprintf(os.Stderr, "built and registered template %s (%s) in %.1fs\n", reg, dir, time.Since(start).Seconds())
 	}
@@ -228,6 +298,12 @@ func (r *runner) cleanup(d *daemon, isolated bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var errs []error
+	if r.raw != nil {
+		if err := r.raw.cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("cleanup: raw runsc: %w", err))
+		}
+		r.raw = nil
+	}
 	if r.c != nil {
 		ids := make([]string, 0, len(r.sandboxes))
 		for id := range r.sandboxes {

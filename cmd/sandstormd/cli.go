@@ -285,7 +285,51 @@ what is appended until interrupted or the sandbox is deleted.`,
 		},
 	}
 	logs.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the sandbox writes")
-	cmd.AddCommand(create, ls, get, rm, logs)
+	var count int
+	var clonePrincipal, reseedSignal string
+	var reseedCommand []string
+	clone := &cobra.Command{
+		Use:   "clone ID|NAME",
+		Short: "Make children of a running sandbox from its memory",
+		Long: `Make -n children of a running sandbox from its memory: the parent is paused
+for one checkpoint (it keeps running after), and each child is a restore of
+that image with its own name (<parent>-<n>), address, boundary, principal
+(<parent's principal>.<n> unless --principal) and a copy of the parent's volume.
+
+Every child starts from the parent's memory, random state included, so each
+is reseeded right after its restore: --reseed-signal (sent to its process)
+or --reseed-command (run inside it), or else the template's warm reseed.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			req := api.CloneRequest{Count: count, Principal: clonePrincipal}
+			if reseedSignal != "" || len(reseedCommand) > 0 {
+				req.Reseed = &api.Reseed{Signal: reseedSignal, Command: reseedCommand}
+			}
+			res, err := c.Clone(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(res)
+			}
+			fmt.Printf("%s was paused %.1f ms\n", res.Parent.Name, res.ParentPauseMs)
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tADDRESS\tPRINCIPAL\tENDPOINTS\tMS")
+			for i, sb := range res.Children {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\n", sb.ID, sb.Name, sb.Address, sb.Principal, endpoints(sb), res.ChildMs[i])
+			}
+			return tw.Flush()
+		},
+	}
+	clone.Flags().IntVarP(&count, "count", "n", 1, "how many children (1-100)")
+	clone.Flags().StringVar(&clonePrincipal, "principal", "", "the children's principal (default <parent's principal>.<n>)")
+	clone.Flags().StringVar(&reseedSignal, "reseed-signal", "", "signal sent to each child's process after its restore: SIGHUP, SIGUSR1 or SIGUSR2")
+	clone.Flags().StringSliceVar(&reseedCommand, "reseed-command", nil, "command run inside each child after its restore (absolute path,args...)")
+	cmd.AddCommand(create, ls, get, rm, logs, clone)
 	for _, op := range []struct{ name, short string }{
 		{"freeze", "Pause a hot sandbox in place"},
 		{"snapshot", "Checkpoint a sandbox to the node's disk and release its memory and network namespace"},

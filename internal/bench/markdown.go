@@ -69,6 +69,10 @@ func (r *Results) Markdown() string {
 	b.WriteString(r.Table())
 	b.WriteString("\nPercentiles are nearest-rank over the full sorted sample, so every figure is a sample " +
 		"that was observed; with n < 100, p99 is the maximum. Raw samples: results.json.\n")
+	for _, t := range r.Tables {
+		b.WriteString("\n")
+		b.WriteString(t.Markdown())
+	}
 
 	b.WriteString("\n## Series\n\n")
 	for _, s := range r.Series {

@@ -26,6 +26,9 @@ type Results struct {
 	// Notes are remarks on the whole run (warnings, what was cleaned up).
 	Notes  []string  `json:"notes,omitempty"`
 	Series []*Series `json:"series"`
+	// Tables are derived tables (see Table), rendered after the summary
+	// table; a tool that has none leaves it empty.
+	Tables []*Table `json:"tables,omitempty"`
 }
 
 // Series is one measured quantity: its raw samples in milliseconds, in the

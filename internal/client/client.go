@@ -205,6 +205,13 @@ func (c *Client) Transition(ctx context.Context, ref, op string) (api.Sandbox, e
 	return sb, err
 }
 
+// Clone makes children of a running sandbox from its memory.
+func (c *Client) Clone(ctx context.Context, ref string, req api.CloneRequest) (api.CloneResult, error) {
+	var res api.CloneResult
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/clone", req, &res)
+	return res, err
+}
+
 // Logs writes a sandbox's console output to w; with follow it goes on
 // writing what is appended until ctx ends or the sandbox is deleted.
 func (c *Client) Logs(ctx context.Context, ref string, follow bool, w io.Writer) error {

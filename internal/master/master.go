@@ -46,6 +46,8 @@ type Node interface {
 	// waits for its probe, checkpoints it); DropWarm removes it.
 	PrepareWarm(ctx context.Context, t store.Template) error
 	DropWarm(name string)
+	// Clone makes count children of a running sandbox from its memory.
+	Clone(ctx context.Context, ref string, count int, principal string, reseed *api.Reseed) (node.CloneResult, error)
 }
 
 // Config configures the API.
@@ -88,6 +90,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/{op}", s.transition)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/clone", s.clone)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -517,6 +520,37 @@ func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, s.toAPISandbox(sb))
 }
+
+// clone makes children of a sandbox from its memory (node.Clone).
+func (s *server) clone(w http.ResponseWriter, r *http.Request) {
+	var req api.CloneRequest
+	if err := decode(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := s.cfg.Node.Clone(r.Context(), r.PathValue("id"), req.Count, req.Principal, req.Reseed)
+	if err != nil && len(res.Children) == 0 {
+		s.fail(w, r, err)
+		return
+	}
+	out := api.CloneResult{Parent: s.toAPISandbox(res.Parent), Children: []api.Sandbox{}, ParentPauseMs: ms(res.ParentPause)}
+	for i, c := range res.Children {
+		out.Children = append(out.Children, s.toAPISandbox(c))
+		out.ChildMs = append(out.ChildMs, ms(res.ChildTimes[i]))
+	}
+	if err != nil {
+		// Some children were made: they are there; say what stopped it.
+		s.cfg.Log.Error("clone stopped part way", "parent", r.PathValue("id"), "made", len(res.Children), "err", err)
+		writeJSON(w, http.StatusMultiStatus, struct {
+			api.CloneResult
+			Error string `json:"error"`
+		}{out, err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // logs serves the last 64 KiB of the sandbox's console output (its
 // stdout and stderr, with the node's "--- <time> sandstorm: …" lines where

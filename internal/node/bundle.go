@@ -110,6 +110,29 @@ func unescapeMount(s string) string {
 	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
+// PrepareBundle lays out dir the way the node lays out a sandbox's
+// directory for a cold start, and returns the OCI bundle in it:
+// bundle/rootfs is the overlay of t.Rootfs over dir/upper (mountRootfs) and
+// bundle/config.json the spec writeSpec writes. It is exported for
+// bench/tiers, which times raw runsc on the same bundle sandstormd runs;
+// the node does more around it (network, resolver, boundary). dir must be
+// absolute; ReleaseBundle undoes the mount.
+func PrepareBundle(dir string, t store.Template, limitMiB int64, hostname, netnsPath string) (string, error) {
+	l := layout(dir)
+	if err := l.mountRootfs(t.Rootfs); err != nil {
+		return "", err
+	}
+	if err := l.writeSpec(t, limitMiB, hostname, netnsPath); err != nil {
+		l.unmountRootfs()
+		return "", err
+	}
+	return l.bundle(), nil
+}
+
+// ReleaseBundle unmounts the rootfs PrepareBundle mounted in dir (not
+// mounted is not an error); removing dir is left to the caller.
+func ReleaseBundle(dir string) error { return layout(dir).unmountRootfs() }
+
 // writeSpec writes bundle/config.json: the OCI runtime spec of template t,
 // joining the sandbox's network namespace at netnsPath, with a memory
 // limit of limitMiB (runsc sets it on the sandbox's cgroup and reports it

@@ -291,9 +291,31 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Create starts a new sandbox from template t and returns it hot. On any
+// Create starts a new sandbox from template t and returns it hot: restored
+// from the template's warm image if it has one, else a cold start. On any
 // failure everything it made is removed and no row is left.
 func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int) (store.Sandbox, error) {
+	var warm bool
+	sb, err := n.create(ctx, t, name, principal, memoryMiB, func(sb store.Sandbox) error {
+		var err error
+		warm, err = n.warmStart(context.Background(), sb, t)
+		if !warm {
+			err = n.coldStart(context.Background(), sb, t)
+		}
+		return err
+	})
+	if err == nil {
+		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "warm", warm)
+	}
+	return sb, err
+}
+
+// create is what Create and Clone share: check the name and principal,
+// admit the sandbox's memory and disk, allocate its address slot and
+// gateway ports, record it, run start (which brings it up: a cold start,
+// or a restore), open its gateway listeners and commit it hot. start runs
+// to its end even if ctx is cancelled.
+func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, start func(store.Sandbox) error) (store.Sandbox, error) {
 	if memoryMiB < 0 {
 		return store.Sandbox{}, fmt.Errorf("%w: memory_mib %d is negative", errBadInput, memoryMiB)
 	}
@@ -341,14 +363,10 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 	e.lastActive.Store(now.UnixMilli())
 	e.lock <- struct{}{}
 	defer e.release()
-	start := time.Now()
+	began := time.Now()
 	// From here the start runs to the end even if the caller goes away: a
 	// runsc run killed half-way leaves more to clean than it saves.
-	warm, err := n.warmStart(context.Background(), sb, t)
-	if !warm {
-		err = n.coldStart(context.Background(), sb, t)
-	}
-	if err != nil {
+	if err := start(sb); err != nil {
 		n.teardown(context.Background(), sb, true)
 		n.st.DeleteSandbox(context.Background(), id)
 		n.forget(id)
@@ -360,12 +378,10 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 		n.forget(id)
 		return store.Sandbox{}, err
 	}
-	ms := float64(time.Since(start).Microseconds()) / 1000
+	ms := float64(time.Since(began).Microseconds()) / 1000
 	n.protect(sb)
 	created = true
-	sb, err = n.commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
-	n.log.Info("sandbox created", "id", id, "name", name, "template", t.Name, "ms", ms, "memory_mib", limit, "warm", warm)
-	return sb, err
+	return n.commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
 }
 
 var errBadInput = errors.New("bad input")

@@ -40,3 +40,10 @@ type Signaller interface {
 type Execer interface {
 	Exec(ctx context.Context, spec Spec, args []string) ([]byte, error)
 }
+
+// Cloner is implemented by backends that can checkpoint a container and
+// leave it as it was (running, or paused if it was paused): the image a
+// clone's children are restored from.
+type Cloner interface {
+	CheckpointRunning(ctx context.Context, spec Spec, imageDir string) error
+}

@@ -29,8 +29,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -55,6 +57,9 @@ type result struct {
 }
 
 func main() {
+	// SIGUSR1 is the tests' reseed signal for warm and cloned sandboxes;
+	// without a handler it would end the program.
+	signal.Ignore(syscall.SIGUSR1)
 	http.HandleFunc("/run", run)
 	http.HandleFunc("/probe", probe)
 	http.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })

@@ -370,6 +370,17 @@ func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir st
 	return nil
 }
 
+// CheckpointRunning implements sandbox.Cloner: runsc checkpoint
+// --leave-running. A paused container stays paused (measured), so a clone
+// can pause the parent, checkpoint it, copy its volume and resume it, all
+// from one consistent moment. Deadlines as for Checkpoint.
+func (b *Backend) CheckpointRunning(ctx context.Context, spec sandbox.Spec, imageDir string) error {
+	d := b.dl()
+	limit := d.sized(d.checkpointBase, b.memoryBytes(spec.ID))
+	_, err := b.runsc(ctx, limit, "checkpoint", "--leave-running", "--image-path="+imageDir, spec.ID)
+	return err
+}
+
 // memoryBytes is what the sandbox of id holds in memory (its memory
 // cgroup's usage: gVisor's application memory is a memfd charged there),
 // FallbackMemory when that cannot be read.

@@ -1,0 +1,234 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/netns"
+	"sandstorm/internal/sandbox"
+	"sandstorm/internal/store"
+)
+
+// MaxClone bounds one clone's count.
+const MaxClone = 100
+
+// CloneResult is what Clone made and how long it took.
+type CloneResult struct {
+	Parent      store.Sandbox
+	Children    []store.Sandbox
+	ParentPause time.Duration
+	ChildTimes  []time.Duration
+}
+
+// Clone makes count children of the running sandbox ref from its memory:
+// the parent is paused, checkpointed with runsc checkpoint --leave-running
+// (one image for all children), its volume copied, and resumed; then each
+// child is created from that image as a new sandbox — its own name
+// (<parent>-<n>), address, veth, boundary and principal (principal, or the
+// parent's with ".<n>"), a copy of the parent's volume — and reseeded
+// (reseed, or the template's warm one; one is required, since every child
+// starts from the parent's random state). The parent's connections are
+// not carried over: in a child their endpoints keep the parent's address,
+// which the child's veth does not route and the node's reverse-path filter
+// drops (netns firewall, spoofed_source). Children are made one after
+// another; one that fails ends the clone, and those made so far stay.
+func (n *Node) Clone(ctx context.Context, ref string, count int, principal string, reseed *api.Reseed) (CloneResult, error) {
+	var res CloneResult
+	if count < 1 || count > MaxClone {
+		return res, fmt.Errorf("%w: count %d: clone 1 to %d at a time", errBadInput, count, MaxClone)
+	}
+	if principal != "" && !ValidPrincipal(principal) {
+		return res, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errBadInput, principal)
+	}
+	parent, err := n.Get(ctx, ref)
+	if err != nil {
+		return res, err
+	}
+	t, err := n.st.GetTemplate(ctx, parent.Template)
+	if err != nil {
+		return res, err
+	}
+	if reseed == nil && t.Warm != nil {
+		reseed = &t.Warm.Reseed
+	}
+	if reseed == nil || (reseed.Signal == "" && len(reseed.Command) == 0) {
+		return res, fmt.Errorf("%w: say how to reseed the children (reseed.signal, e.g. SIGUSR1, or reseed.command): each starts from %s's memory, random state included, and template %s has no warm reseed", errBadInput, parent.Name, t.Name)
+	}
+	if reseed.Signal != "" {
+		if _, ok := ReseedSignal(reseed.Signal); !ok {
+			return res, fmt.Errorf("%w: reseed signal %q: use one of %v", errBadInput, reseed.Signal, ReseedSignals())
+		}
+	}
+	cl, ok := n.be.(sandbox.Cloner)
+	if !ok || !n.be.Capabilities().Checkpoint {
+		return res, fmt.Errorf("%w: the %s backend cannot checkpoint a running sandbox", ErrNotSupported, n.be.Name())
+	}
+	if err := n.admitDisk("a clone's image", n.imageMiB(parent.ID)); err != nil {
+		return res, err
+	}
+	if err := n.Wake(ctx, parent.ID); err != nil {
+		return res, err
+	}
+	var suffix [4]byte
+	rand.Read(suffix[:])
+	stage := filepath.Join(string(n.dir(parent.ID)), "clone-"+hex.EncodeToString(suffix[:]))
+	defer os.RemoveAll(stage)
+	pause, err := n.forkImage(ctx, parent, cl, stage)
+	if err != nil {
+		return res, err
+	}
+	res.ParentPause = pause
+	n.log.Info("clone: parent checkpointed", "id", parent.ID, "pause_ms", pause.Milliseconds(), "count", count)
+
+	rs := *reseed
+	ct := t
+	ct.Warm = &api.Warm{Reseed: rs}
+	parentPrincipal := PrincipalOf(parent)
+	k := 0
+	for len(res.Children) < count {
+		k++
+		name := childName(parent.Name, k)
+		if _, err := n.st.GetSandbox(ctx, name); err == nil {
+			continue // taken, by an earlier clone
+		}
+		p := principal
+		if p == "" {
+			p = parentPrincipal + "." + strconv.Itoa(k)
+		}
+		began := time.Now()
+		child, err := n.create(ctx, t, name, p, parent.MemoryMiB, func(sb store.Sandbox) error {
+			return n.restoreChild(sb, ct, parent, stage)
+		})
+		if err != nil {
+			res.Parent, _ = n.st.GetSandbox(context.Background(), parent.ID)
+			return res, fmt.Errorf("clone %s: child %d of %d (%s): %w", parent.Name, len(res.Children)+1, count, name, err)
+		}
+		child, _ = n.st.UpdateSandbox(context.Background(), child.ID, func(s *store.Sandbox) error {
+			s.Note = fmt.Sprintf("cloned from %s (%s)", parent.Name, parent.ID)
+			return nil
+		})
+		res.Children = append(res.Children, child)
+		res.ChildTimes = append(res.ChildTimes, time.Since(began))
+		n.log.Info("clone: child made", "parent", parent.ID, "id", child.ID, "name", name, "ms", time.Since(began).Milliseconds())
+	}
+	res.Parent, _ = n.st.GetSandbox(ctx, parent.ID)
+	return res, nil
+}
+
+// childName is <parent>-<k>, shortened so it stays a valid name.
+func childName(parent string, k int) string {
+	s := "-" + strconv.Itoa(k)
+	if len(parent)+len(s) > 63 {
+		parent = parent[:63-len(s)]
+	}
+	return parent + s
+}
+
+// forkImage pauses parent, checkpoints it into stage/image leaving it
+// paused, copies its volume to stage/upper, and resumes it, under its
+// transition lock (no tier change can happen meanwhile). It returns how
+// long the parent was paused. A parent that was frozen is left hot (Wake
+// ran before).
+func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.Cloner, stage string) (time.Duration, error) {
+	e := n.entry(parent.ID)
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := e.acquire(actx); err != nil {
+		return 0, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", ErrConflict, parent.Name, parent.ID)
+	}
+	defer e.release()
+	if tier := e.getTier(); tier != api.TierHot {
+		return 0, fmt.Errorf("%w: sandbox %s (%s) went %s before it could be cloned; try again", ErrConflict, parent.Name, parent.ID, tier)
+	}
+	if err := os.MkdirAll(stage, 0o700); err != nil {
+		return 0, err
+	}
+	spec := n.spec(parent)
+	bg := context.WithoutCancel(ctx)
+	began := time.Now()
+	if err := n.be.Pause(bg, spec); err != nil {
+		return 0, fmt.Errorf("pause %s: %w", parent.Name, err)
+	}
+	resume := func() error {
+		if err := n.be.Resume(bg, spec); err != nil {
+			n.log.Error("clone: the parent did not resume", "id", parent.ID, "err", err)
+			return fmt.Errorf("resume %s after its checkpoint: %w", parent.Name, err)
+		}
+		return nil
+	}
+	if err := cl.CheckpointRunning(bg, spec, filepath.Join(stage, "image")); err != nil {
+		return 0, errors.Join(fmt.Errorf("checkpoint %s: %w", parent.Name, err), resume())
+	}
+	// After the checkpoint, which flushes what the sentry had cached of
+	// its files: the volume and the memory are from the same moment.
+	if err := copyTree(bg, n.dir(parent.ID).upper(), filepath.Join(stage, "upper")); err != nil {
+		return 0, errors.Join(fmt.Errorf("copy the volume of %s: %w", parent.Name, err), resume())
+	}
+	if err := resume(); err != nil {
+		return 0, err
+	}
+	return time.Since(began), nil
+}
+
+// restoreChild brings up a clone's child sb: a copy of the parent's volume
+// under its own overlay, its own network, boundary and bundle, then a
+// restore of the clone image and the reseed (t.Warm.Reseed).
+func (n *Node) restoreChild(sb store.Sandbox, t store.Template, parent store.Sandbox, stage string) error {
+	bg := context.Background()
+	d := n.dir(sb.ID)
+	if err := copyTree(bg, filepath.Join(stage, "upper"), d.upper()); err != nil {
+		return err
+	}
+	if err := d.mountRootfs(t.Rootfs); err != nil {
+		return err
+	}
+	nw, err := n.Net(sb.ID, sb.Slot)
+	if err != nil {
+		return err
+	}
+	if err := netns.Create(nw); err != nil {
+		return err
+	}
+	if err := d.writeResolvConf(nw.Host.Addr()); err != nil {
+		return err
+	}
+	if err := n.boundaryUp(sb); err != nil {
+		return err
+	}
+	if err := d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path()); err != nil {
+		return err
+	}
+	d.mark("cloned from %s (%s): its memory and volume are the parent's at that moment, reseeded", parent.Name, parent.ID)
+	spec := n.spec(sb)
+	if err := n.be.Restore(bg, spec, filepath.Join(stage, "image")); err != nil {
+		return fmt.Errorf("restore the clone image: %w", err)
+	}
+	return n.reseed(bg, spec, t)
+}
+
+// copyTree copies the directory src into dst (created), keeping modes,
+// owners, times, links and sparse files; with reflinks where the
+// filesystem has them, so a large volume costs little. A missing src is an
+// empty volume.
+func copyTree(ctx context.Context, src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src+"/.", dst+"/").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cp -a %s %s: %w: %s", src, dst, err, out)
+	}
+	return nil
+}
