@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/api"
+	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
 )
@@ -56,6 +58,9 @@ func templateCmd() *cobra.Command {
 		ports              []int
 		memMiB             int
 		tmplPrincipal      string
+		warmProbe          string
+		warmSignal         string
+		warmCommand        []string
 	)
 	create := &cobra.Command{
 		Use:   "create NAME --rootfs-dir DIR|--tarball FILE -- ARGS...",
@@ -69,6 +74,14 @@ func templateCmd() *cobra.Command {
 				return err
 			}
 			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
+			if warmProbe != "" || warmSignal != "" || len(warmCommand) > 0 {
+				probe, err := parseProbe(warmProbe)
+				if err != nil {
+					return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+				}
+				req.Warm = &api.Warm{Probe: probe, Reseed: api.Reseed{Signal: warmSignal, Command: warmCommand}}
+				fmt.Fprintf(os.Stderr, "starting %s once to make its warm image (it waits for the probe)…\n", req.Name)
+			}
 			var t api.Template
 			switch {
 			case rootfsDir != "" && tarball == "":
@@ -97,6 +110,9 @@ func templateCmd() *cobra.Command {
 	create.Flags().StringVar(&tarball, "tarball", "", "rootfs tarball to upload")
 	create.Flags().StringArrayVar(&env, "env", nil, "environment KEY=VALUE (repeatable)")
 	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint")
+	create.Flags().StringVar(&warmProbe, "warm-probe", "", "make the template warm: started once, checkpointed when this answers (/PATH: HTTP GET on the first port; :PORT/PATH or :PORT: another port, TCP connect without a path); needs --reseed-signal or --reseed-command")
+	create.Flags().StringVar(&warmSignal, "reseed-signal", "", "warm template: signal sent to each sandbox's process right after its restore (SIGHUP, SIGUSR1, SIGUSR2)")
+	create.Flags().StringSliceVar(&warmCommand, "reseed-command", nil, "warm template: command run inside each sandbox right after its restore (absolute path,args...)")
 	create.Flags().IntVar(&memMiB, "memory", 0, "memory limit in MiB (0: none)")
 	create.Flags().StringVar(&tmplPrincipal, "principal", "", "principal of its sandboxes (default: each sandbox's name)")
 
@@ -408,4 +424,29 @@ func demoPackages() []string {
 		}
 	}
 	return out
+}
+
+// parseProbe reads --warm-probe: "/healthz" (HTTP on the first port),
+// ":8080/healthz", ":8080" (TCP connect), or "" (TCP connect to the first
+// port).
+func parseProbe(s string) (api.Probe, error) {
+	var p api.Probe
+	if s == "" || strings.HasPrefix(s, "/") {
+		p.Path = s
+		return p, nil
+	}
+	rest, ok := strings.CutPrefix(s, ":")
+	if !ok {
+		return p, fmt.Errorf("--warm-probe %q: want /PATH, :PORT or :PORT/PATH", s)
+	}
+	port, path, _ := strings.Cut(rest, "/")
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return p, fmt.Errorf("--warm-probe %q: bad port %q", s, port)
+	}
+	p.Port = n
+	if path != "" {
+		p.Path = "/" + path
+	}
+	return p, nil
 }

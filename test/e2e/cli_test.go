@@ -209,10 +209,29 @@ func TestCLI(t *testing.T) {
 	}
 	r = cli(t, nil, "sandbox", "--help")
 	r.ok(t, "sandstormd sandbox --help", `--api`, `--json`)
-	for _, c := range []string{"create", "ls", "get", "rm", "logs", "freeze", "snapshot", "detach", "wake"} {
+	for _, c := range []string{"create", "ls", "get", "rm", "logs", "clone", "freeze", "snapshot", "detach", "wake"} {
 		if !regexp.MustCompile(`(?m)^\s+` + c + `\s`).MatchString(r.Stdout) {
 			t.Errorf("sandstormd sandbox --help does not list %s", c)
 		}
+	}
+
+	// A warm template and a clone, from the CLI.
+	args = []string{"template", "create", "cliwarm", "--rootfs-dir", webRootfs, "--port", "8000", "--warm-probe", "/healthz", "--reseed-signal", "SIGUSR1"}
+	for _, e := range webDemo.Env {
+		args = append(args, "--env", e)
+	}
+	args = append(append(args, "--"), webDemo.Args...)
+	cli(t, env, args...).ok(t, "template create --warm-probe", `template cliwarm registered`)
+	r = cli(t, env, "sandbox", "create", "cliwarm", "--name", "w1")
+	r.ok(t, "sandbox create from a warm template", `w1 \([0-9a-f]{12}\) hot`)
+	d.track(regexp.MustCompile(`w1 \(([0-9a-f]{12})\)`).FindStringSubmatch(r.Stdout)[1])
+	r = cli(t, env, "sandbox", "clone", "w1", "-n", "2")
+	r.ok(t, "sandbox clone", `(?m)^w1 was paused [0-9.]+ ms$`, `(?m)^[0-9a-f]{12}\s+w1-1\s`, `(?m)^[0-9a-f]{12}\s+w1-2\s`)
+	for _, m := range regexp.MustCompile(`(?m)^([0-9a-f]{12})\s+w1-\d`).FindAllStringSubmatch(r.Stdout, -1) {
+		d.track(m[1])
+	}
+	if r := cli(t, env, "template", "create", "x", "--rootfs-dir", webRootfs, "--warm-probe", "nope", "--", "/usr/bin/python3"); r.Code != 2 {
+		t.Errorf("template create --warm-probe nope: exit %d, want 2 (usage)", r.Code)
 	}
 
 	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API}, "doctor").ok(t, "sandstormd doctor", `(?m)^✓ runsc\s`, `(?m)^✓ daemon\s+sandstormd answers at `)
