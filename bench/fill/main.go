@@ -1,0 +1,469 @@
+// Command fill is issue 8's "one node, 10,000 sandboxes": it fills a node
+// with tiered Python HTTP servers (the demo's web server, idle timers
+// shortened as the seed's runs did), then calls a random sample of them
+// and reports how many answered and the p50/p99 of those calls — with a
+// timeline of tiers, memory, disk and the daemon's file descriptors while
+// it filled, the machine, the commit and every raw sample, in
+// bench/results/fill-<date>-<commit>.
+//
+//	sudo go run ./bench/fill                      # 10,000 sandboxes, 1,000 calls
+//	sudo go run ./bench/fill --count 200 --calls 50
+//
+// It is bounded: creates stop at --count or after --fill-for, whichever
+// comes first. It starts its own sandstormd (bin/sandstormd with bin/runsc
+// beside it, from make build runsc) on a temporary data dir and removes
+// everything it made when it is done, Ctrl-C included.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/bench"
+	"sandstorm/internal/client"
+	"sandstorm/internal/demo"
+	"sandstorm/internal/memguard"
+)
+
+type config struct {
+	count, calls, parallel, callParallel int
+	warm                                 bool
+	fillFor, callTimeout, sample         time.Duration
+	freeze, snapshot, detach             time.Duration
+	out, repo, sandstormd, runsc         string
+	subnet, gwPorts                      string
+}
+
+func main() {
+	var c config
+	fs := flag.NewFlagSet("fill", flag.ContinueOnError)
+	fs.IntVar(&c.count, "count", 10000, "sandboxes to create")
+	fs.IntVar(&c.calls, "calls", 1000, "sandboxes picked at random and called once the node is full")
+	fs.IntVar(&c.parallel, "parallel", 4, "creates at a time")
+	fs.IntVar(&c.callParallel, "call-parallel", 8, "calls at a time")
+	fs.BoolVar(&c.warm, "warm", true, "create from a warm template (a restore of one image); false: cold starts")
+	fs.DurationVar(&c.fillFor, "fill-for", 45*time.Minute, "stop creating after this long")
+	fs.DurationVar(&c.callTimeout, "call-timeout", time.Minute, "a call that has no answer by then (503s retried as Retry-After says) did not answer")
+	fs.DurationVar(&c.sample, "sample", 10*time.Second, "timeline sampling interval")
+	fs.DurationVar(&c.freeze, "freeze-after", 2*time.Second, "sandstormd --freeze-after (shortened, as the seed's runs did)")
+	fs.DurationVar(&c.snapshot, "snapshot-after", 5*time.Second, "sandstormd --snapshot-after")
+	fs.DurationVar(&c.detach, "detach-after", time.Minute, "sandstormd --detach-after (a detached sandbox costs only its volume)")
+	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
+	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit)")
+	fs.StringVar(&c.sandstormd, "sandstormd", "bin/sandstormd", "sandstormd binary")
+	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc)")
+	fs.StringVar(&c.subnet, "subnet", "10.150.0.0/16", "sandbox subnet (16,382 slots in a /16); must be unused on this host")
+	fs.StringVar(&c.gwPorts, "gateway-ports", "20000-30999", "gateway port range: one port per sandbox, below the ephemeral range")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if fs.NArg() > 0 || c.count < 1 || c.calls < 0 || c.parallel < 1 || c.callParallel < 1 {
+		fmt.Fprintln(os.Stderr, "fill: bad arguments; see --help")
+		os.Exit(2)
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "fill: needs root (sandstormd creates network namespaces, mounts and runsc sandboxes)")
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	path, err := run(ctx, c)
+	if path != "" {
+		fmt.Fprintln(os.Stderr, "results:", path)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fill:", err)
+		os.Exit(1)
+	}
+}
+
+// sample is one point of the timeline.
+type sample struct {
+	At       time.Duration
+	Created  int
+	Tiers    map[api.Tier]int
+	AvailMiB int64
+	DiskMiB  int64 // used under the data dir's filesystem, since the start
+	FDs      int   // the daemon's open file descriptors
+	RSSMiB   int64 // the daemon's resident memory
+}
+
+func run(ctx context.Context, c config) (string, error) {
+	res := bench.NewResults("bench/fill", fmt.Sprintf("One node, %d tiered sandboxes: fill, then call %d at random", c.count, c.calls))
+	res.Machine = bench.CollectMachine(ctx)
+	absRunsc, err := filepath.Abs(c.runsc)
+	if err != nil {
+		return "", err
+	}
+	res.Machine.UseRunsc(ctx, absRunsc)
+	absOut, _ := filepath.Abs(c.out)
+	res.Source = bench.CollectSource(ctx, c.repo, absOut)
+	dir, err := bench.NewDir(c.out, "fill-"+res.DirName())
+	if err != nil {
+		return "", err
+	}
+	work, err := os.MkdirTemp("", "ssfill-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(work)
+	rootfs := filepath.Join(work, "web")
+	d, err := demo.Build("web", rootfs)
+	if err != nil {
+		return "", err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	apiAddr := ln.Addr().String()
+	ln.Close()
+	data := filepath.Join(work, "d")
+	logf, err := os.Create(filepath.Join(dir.Path, "sandstormd.log"))
+	if err != nil {
+		return "", err
+	}
+	defer logf.Close()
+	args := []string{"serve", "--master", "--node", "--data-dir", data, "--listen", apiAddr, "--runsc", absRunsc,
+		"--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
+		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}
+	res.Params = map[string]any{"count": c.count, "calls": c.calls, "parallel": c.parallel, "call_parallel": c.callParallel,
+		"warm": c.warm, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args}
+	daemon := exec.Command(c.sandstormd, args...)
+	daemon.Stdout, daemon.Stderr = logf, logf
+	if err := daemon.Start(); err != nil {
+		return "", err
+	}
+	var cl *client.Client
+	defer func() {
+		cleanup(cl, daemon, data, c.subnet)
+	}()
+	for deadline := time.Now().Add(time.Minute); ; {
+		if tok, err := client.ReadToken(data); err == nil {
+			cl = client.New("http://"+apiAddr, tok)
+			if st, err := cl.Node(ctx); err == nil && st.Reconciling == 0 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", errors.New("sandstormd did not answer within a minute; see sandstormd.log")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	treq := api.TemplateRequest{Name: "web", RootfsDir: rootfs, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports}
+	if c.warm {
+		treq.Warm = &api.Warm{Probe: api.Probe{Path: "/healthz"}, Reseed: api.Reseed{Signal: "SIGUSR1"}}
+	}
+	if _, err := cl.CreateTemplate(ctx, treq); err != nil {
+		return "", err
+	}
+	base := sampleNow(ctx, cl, daemon.Process.Pid, data, 0, 0, nil)
+	fmt.Fprintf(os.Stderr, "machine: %s\nfilling to %d sandboxes, %d at a time (warm %v); MemAvailable %d MiB\n", res.Machine, c.count, c.parallel, c.warm, base.AvailMiB)
+
+	// Fill.
+	createS := res.AddSeries("create", "POST /v1/sandboxes to 201 (503s retried as Retry-After says)", "")
+	var created atomic.Int64
+	var mu sync.Mutex
+	var sbs []api.Sandbox
+	var timeline []sample
+	start := time.Now()
+	fillCtx, fillDone := context.WithTimeout(ctx, c.fillFor)
+	defer fillDone()
+	samplerDone := make(chan struct{})
+	stopSampler := make(chan struct{})
+	go func() {
+		defer close(samplerDone)
+		t := time.NewTicker(c.sample)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopSampler:
+				return
+			case <-t.C:
+			}
+			s := sampleNow(ctx, cl, daemon.Process.Pid, data, time.Since(start), int(created.Load()), &base)
+			mu.Lock()
+			timeline = append(timeline, s)
+			mu.Unlock()
+			fmt.Fprintf(os.Stderr, "%6.0fs  %5d created  %v  avail %d MiB  disk +%d MiB  fds %d  rss %d MiB\n",
+				s.At.Seconds(), s.Created, s.Tiers, s.AvailMiB, s.DiskMiB, s.FDs, s.RSSMiB)
+		}
+	}()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	for w := 0; w < c.parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for fillCtx.Err() == nil {
+				i := next.Add(1)
+				if i > int64(c.count) {
+					return
+				}
+				name := fmt.Sprintf("f%05d", i)
+				for fillCtx.Err() == nil {
+					t0 := time.Now()
+					sb, err := cl.CreateSandbox(fillCtx, api.SandboxRequest{Template: "web", Name: name})
+					if client.StatusOf(err) == http.StatusServiceUnavailable {
+						time.Sleep(time.Second) // its Retry-After
+						continue
+					}
+					mu.Lock()
+					if err != nil {
+						createS.Fail("%s: %v", name, err)
+					} else {
+						createS.AddDuration(time.Since(t0))
+						sbs = append(sbs, sb)
+					}
+					mu.Unlock()
+					if err != nil && failures.Add(1) > 50 {
+						fillDone() // something is wrong: stop, keep what was measured
+					}
+					if err == nil {
+						created.Add(1)
+					}
+					break
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	fillTime := time.Since(start)
+	res.Params["fill_seconds"] = fillTime.Seconds()
+	res.Params["created"] = len(sbs)
+	if ctx.Err() != nil {
+		return finish(dir, res, timeline, stopSampler, samplerDone, &mu)
+	}
+	fmt.Fprintf(os.Stderr, "filled: %d sandboxes in %v\n", len(sbs), fillTime.Round(time.Second))
+
+	// Call a random sample of them.
+	callS := res.AddSeries("call", "GET / through the gateway of a sandbox picked at random (any tier: the call wakes it)", "1,198 of 1,200 answered; p50 1.3 s, p99 2.8–5.5 s (seed)")
+	picks := rand.Perm(len(sbs))
+	if len(picks) > c.calls {
+		picks = picks[:c.calls]
+	}
+	tierAtCall := map[api.Tier]int{}
+	var answered atomic.Int64
+	var pnext atomic.Int64
+	for w := 0; w < c.callParallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hc := &http.Client{Timeout: c.callTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+			for ctx.Err() == nil {
+				k := pnext.Add(1) - 1
+				if k >= int64(len(picks)) {
+					return
+				}
+				sb := sbs[picks[k]]
+				if cur, err := cl.Sandbox(ctx, sb.ID); err == nil {
+					mu.Lock()
+					tierAtCall[cur.Tier]++
+					mu.Unlock()
+				}
+				ep := sb.Endpoints["8000"]
+				if !local(ep) {
+					mu.Lock()
+					callS.Fail("%s: endpoint %q is not on loopback; not called", sb.Name, ep)
+					mu.Unlock()
+					continue
+				}
+				t0 := time.Now()
+				err := callOnce(ctx, hc, ep, t0.Add(c.callTimeout))
+				mu.Lock()
+				if err != nil {
+					callS.Fail("%s: %v", sb.Name, err)
+				} else {
+					callS.AddDuration(time.Since(t0))
+					answered.Add(1)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	res.Params["called"] = len(picks)
+	res.Params["answered"] = answered.Load()
+	res.Params["tier_when_called"] = tierAtCall
+	res.Note("%d of %d called answered within %v; the tiers they were in when picked: %v", answered.Load(), len(picks), c.callTimeout, tierAtCall)
+	end := sampleNow(ctx, cl, daemon.Process.Pid, data, time.Since(start), len(sbs), &base)
+	if n := int64(len(sbs)); n > 0 {
+		res.Note("at the end: %v; MemAvailable %d MiB (was %d before the fill: %.2f MiB per sandbox, all tiers together); the daemon's RSS %d MiB (%.1f KiB per sandbox), %d fds",
+			end.Tiers, end.AvailMiB, base.AvailMiB, float64(base.AvailMiB-end.AvailMiB)/float64(n), end.RSSMiB, float64(end.RSSMiB<<10)/float64(n), end.FDs)
+	}
+	snapshotSizes(res, data, sbs)
+	return finish(dir, res, timeline, stopSampler, samplerDone, &mu)
+}
+
+// callOnce GETs / until it is answered 200 or the deadline passes,
+// retrying a 503 after its Retry-After.
+func callOnce(ctx context.Context, hc *http.Client, ep string, deadline time.Time) error {
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, ep+"/", nil)
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+			if resp.StatusCode == http.StatusServiceUnavailable && time.Now().Add(time.Second).Before(deadline) {
+				time.Sleep(time.Second)
+				continue
+			}
+		}
+		return err
+	}
+}
+
+// local reports whether ep is an http URL on 127.0.0.1: the benchmark only
+// ever talks to its own daemon's gateway.
+func local(ep string) bool {
+	rest, ok := strings.CutPrefix(ep, "http://")
+	if !ok {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(rest)
+	return err == nil && ap.Addr().IsLoopback()
+}
+
+// sampleNow reads one timeline point. base, when given, is subtracted
+// from the disk figure.
+func sampleNow(ctx context.Context, cl *client.Client, pid int, data string, at time.Duration, created int, base *sample) sample {
+	s := sample{At: at, Created: created}
+	if st, err := cl.Node(ctx); err == nil {
+		s.Tiers = st.Sandboxes
+	}
+	s.AvailMiB, _ = memguard.AvailableMiB()
+	var fs syscall.Statfs_t
+	if syscall.Statfs(data, &fs) == nil {
+		s.DiskMiB = int64(fs.Blocks-fs.Bfree) * fs.Bsize >> 20
+	}
+	if base != nil {
+		s.DiskMiB -= base.DiskMiB
+	}
+	if ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd"); err == nil {
+		s.FDs = len(ents)
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				s.RSSMiB = kb >> 10
+			}
+		}
+	}
+	return s
+}
+
+// snapshotSizes records the size of the snapshot images on disk now, and
+// of the volumes of detached sandboxes: what each costs there.
+func snapshotSizes(res *bench.Results, data string, sbs []api.Sandbox) {
+	var snaps, vols []float64
+	for i, sb := range sbs {
+		if i%10 != 0 { // one in ten is enough, and du of 10,000 is slow
+			continue
+		}
+		d := filepath.Join(data, "sandboxes", sb.ID)
+		if n := duMiB(filepath.Join(d, "snapshot")); n > 0 {
+			snaps = append(snaps, n)
+		}
+		vols = append(vols, duMiB(filepath.Join(d, "upper")))
+	}
+	t := &bench.Table{Title: "Disk per sandbox", Description: "du of one sandbox in ten after the calls, MiB", Columns: []string{"what", "n", "median MiB", "max MiB"}}
+	for _, r := range []struct {
+		name string
+		v    []float64
+	}{{"snapshot image", snaps}, {"volume (upper dir)", vols}} {
+		if dist, err := bench.Distribute(r.v); err == nil {
+			t.Rows = append(t.Rows, []string{r.name, strconv.Itoa(len(r.v)), fmt.Sprintf("%.2f", dist.P50), fmt.Sprintf("%.2f", dist.Max)})
+		}
+	}
+	res.Tables = append(res.Tables, t)
+}
+
+func duMiB(path string) float64 {
+	var total int64
+	filepath.WalkDir(path, func(_ string, de os.DirEntry, err error) error {
+		if err == nil && !de.IsDir() {
+			if fi, err := de.Info(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					total += st.Blocks * 512
+				}
+			}
+		}
+		return nil
+	})
+	return float64(total) / (1 << 20)
+}
+
+// finish stops the sampler and writes the results with the timeline.
+func finish(dir *bench.Dir, res *bench.Results, timeline []sample, stop chan struct{}, done chan struct{}, mu *sync.Mutex) (string, error) {
+	close(stop)
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	t := &bench.Table{Title: "Timeline", Description: "every sample: sandboxes created, per tier (a sandbox being created counts as detached until it is hot), MemAvailable, disk used since the start, the daemon's fds and RSS",
+		Columns: []string{"s", "created", "hot", "frozen", "snapshot", "detached", "avail MiB", "disk +MiB", "fds", "rss MiB"}, Data: timeline}
+	for _, s := range timeline {
+		t.Rows = append(t.Rows, []string{fmt.Sprintf("%.0f", s.At.Seconds()), strconv.Itoa(s.Created),
+			strconv.Itoa(s.Tiers[api.TierHot]), strconv.Itoa(s.Tiers[api.TierFrozen]), strconv.Itoa(s.Tiers[api.TierSnapshot]), strconv.Itoa(s.Tiers[api.TierDetached]),
+			strconv.FormatInt(s.AvailMiB, 10), strconv.FormatInt(s.DiskMiB, 10), strconv.Itoa(s.FDs), strconv.FormatInt(s.RSSMiB, 10)})
+	}
+	res.Tables = append(res.Tables, t)
+	res.Summarize()
+	res.Finished = time.Now().UTC()
+	if err := dir.Write(res); err != nil {
+		return "", err
+	}
+	return dir.Finish()
+}
+
+// cleanup deletes every sandbox through the API (detached ones are cheap),
+// eight at a time, then stops the daemon and removes its data.
+func cleanup(cl *client.Client, daemon *exec.Cmd, data, subnet string) {
+	if cl != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		if sbs, err := cl.Sandboxes(ctx); err == nil {
+			fmt.Fprintf(os.Stderr, "deleting %d sandboxes…\n", len(sbs))
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, 8)
+			for _, sb := range sbs {
+				wg.Add(1)
+				sem <- struct{}{}
+				go func() {
+					defer wg.Done()
+					defer func() { <-sem }()
+					cl.DeleteSandbox(ctx, sb.ID)
+				}()
+			}
+			wg.Wait()
+		}
+		cl.DeleteTemplate(ctx, "web")
+	}
+	daemon.Process.Signal(syscall.SIGTERM)
+	daemon.Wait()
+	// The runsc root's shared mount, and the pool's unreachable route.
+	for syscall.Unmount(filepath.Join(data, "runsc", "null-netns"), syscall.MNT_DETACH) == nil {
+	}
+	exec.Command("ip", "route", "del", "unreachable", subnet).Run()
+}
