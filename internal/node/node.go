@@ -322,6 +322,9 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	if err := n.admitDisk("a new sandbox", 0); err != nil {
 		return store.Sandbox{}, err
 	}
+	if err := n.admitFDs(); err != nil {
+		return store.Sandbox{}, err
+	}
 	id := newID()
 	limit := n.LimitMiB(t, memoryMiB)
 	if err := n.admitMemory(ctx, id, t.Name, n.expectedMiB(t.Name, limit)); err != nil {

@@ -111,6 +111,9 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 		if err := n.admitMemory(ctx, e.id, sb.Template, need); err != nil {
 			return err
 		}
+		if err := n.admitFDs(); err != nil {
+			return err
+		}
 	}
 	if err := n.begin(e.id, api.TierHot); err != nil {
 		return err

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"os"
 	"syscall"
 	"testing"
 )
@@ -30,5 +31,21 @@ func TestReseedSignal(t *testing.T) {
 		if _, ok := ReseedSignal(name); ok {
 			t.Errorf("ReseedSignal(%q) accepted", name)
 		}
+	}
+}
+
+// TestOpenFDs: the count moves with what this process opens.
+func TestOpenFDs(t *testing.T) {
+	before, err := openFDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if after, _ := openFDs(); after != before+1 {
+		t.Errorf("open fds %d, then %d after one more open", before, after)
 	}
 }
