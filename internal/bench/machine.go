@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+
+	"sandstorm/internal/testenv"
 )
 
 // Machine describes the machine a run measured on.
@@ -25,8 +27,12 @@ type Machine struct {
 	Kernel string `json:"kernel"`
 	// OS is PRETTY_NAME of /etc/os-release.
 	OS string `json:"os,omitempty"`
-	// Runsc is the first line of `runsc --version`, or why it is unknown.
-	Runsc     string `json:"runsc"`
+	// Runsc is the version RunscPath prints (the first line of `runsc
+	// --version` without "runsc version "), or why it is unknown.
+	Runsc string `json:"runsc"`
+	// RunscPath is the binary Runsc describes: the one the run used when
+	// the tool knows it (UseRunsc), else DefaultRunsc's guess.
+	RunscPath string `json:"runsc_path,omitempty"`
 	GoVersion string `json:"go_version"`
 }
 
@@ -58,8 +64,19 @@ func CollectMachine(ctx context.Context) Machine {
 	if b, err := os.ReadFile("/etc/os-release"); err == nil {
 		m.OS = parseOSRelease(string(b))
 	}
-	m.Runsc = runscVersion(ctx)
+	if p := DefaultRunsc(); p != "" {
+		m.UseRunsc(ctx, p)
+	} else {
+		m.Runsc = "not found (no bin/runsc in the repository, none on PATH)"
+	}
 	return m
+}
+
+// UseRunsc records path as the runsc the run used, with its version. A
+// tool that passes its sandstormd or raw runsc a binary of its own must
+// say so: the default may be another runsc (Debian's 2022 one on PATH).
+func (m *Machine) UseRunsc(ctx context.Context, path string) {
+	m.RunscPath, m.Runsc = path, RunscVersion(ctx, path)
 }
 
 // String is a one-line description for reports.
@@ -111,16 +128,38 @@ func parseOSRelease(s string) string {
 	return ""
 }
 
-func runscVersion(ctx context.Context) string {
-	path, err := exec.LookPath("runsc")
-	if err != nil {
-		return "not found on PATH"
+// DefaultRunsc is the runsc a run of this repository's tools uses unless
+// told otherwise: bin/runsc of the repository around the working directory
+// (`make runsc` builds the pinned gVisor there, and a sandstormd built by
+// make runs the runsc beside it), else the runsc on PATH, else "".
+func DefaultRunsc() string {
+	if root, err := testenv.Root(); err == nil {
+		p := filepath.Join(root, "bin", "runsc")
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return p
+		}
 	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	return ""
+}
+
+// RunscVersion is what path --version says (see parseRunscVersion), or
+// why it is unknown.
+func RunscVersion(ctx context.Context, path string) string {
 	out, err := exec.CommandContext(ctx, path, "--version").Output()
 	if err != nil {
-		return "unknown: runsc --version: " + err.Error()
+		return "unknown: " + path + " --version: " + err.Error()
 	}
-	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return parseRunscVersion(string(out))
+}
+
+// parseRunscVersion is the first line of runsc --version's output without
+// its "runsc version " prefix: "gvisor.dev/gvisor@v0.0.0-…" for the pinned
+// build, "0.0~20221219.0" for Debian's.
+func parseRunscVersion(out string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
 	return strings.TrimPrefix(line, "runsc version ")
 }
 

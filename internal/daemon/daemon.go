@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,12 +45,13 @@ type Options struct {
 	Listen       string // API address, host:port
 	Backend      string // "gvisor" or "process"
 	// Runsc is the runsc binary ("" is the pinned one next to sandstormd,
-	// from make runsc); Platform its platform ("" is systrap).
-	Runsc, Platform string
-	Subnet          string // sandbox address pool, e.g. 10.213.0.0/16
-	GatewayBind     string // address the gateway listens on
-	GatewayPorts    string // "20000-29999"
-	MemReserve      int64  // MiB
+	// from make runsc); Platform its platform ("" is systrap);
+	// Compression that of snapshot images ("" is none).
+	Runsc, Platform, Compression string
+	Subnet                       string // sandbox address pool, e.g. 10.213.0.0/16
+	GatewayBind                  string // address the gateway listens on
+	GatewayPorts                 string // "20000-29999"
+	MemReserve                   int64  // MiB
 	// SandboxMemory is the default memory limit of a sandbox, MiB;
 	// DiskReserve the disk (MiB) kept free under the data dir.
 	SandboxMemory, DiskReserve int64
@@ -120,7 +122,15 @@ func lockDataDir(dataDir string) (*os.File, error) {
 func NewBackend(o Options) (sandbox.Backend, error) {
 	switch o.Backend {
 	case "gvisor":
-		return gvisor.New(filepath.Join(o.DataDir, "runsc"), o.Runsc, o.Platform)
+		if o.Compression != "" && !slices.Contains(gvisor.Compressions, o.Compression) {
+			return nil, fmt.Errorf("--snapshot-compression %q: use %s", o.Compression, strings.Join(gvisor.Compressions, " or "))
+		}
+		b, err := gvisor.New(filepath.Join(o.DataDir, "runsc"), o.Runsc, o.Platform)
+		if err != nil {
+			return nil, err
+		}
+		b.Compression = o.Compression
+		return b, nil
 	case "process":
 		return process.New(filepath.Join(o.DataDir, "process"))
 	default:

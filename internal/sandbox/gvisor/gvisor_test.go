@@ -964,3 +964,35 @@ func TestStartWithoutItsNetwork(t *testing.T) {
 		t.Errorf("after a good start the host side still has %v (%v)", left, err)
 	}
 }
+
+// TestCompressedSnapshot: with Compression flate-best-speed the image is
+// smaller than without, and restores with its memory.
+func TestCompressedSnapshot(t *testing.T) {
+	b := newBackend(t)
+	netns := newNetns(t)
+	spec := newSpec(t, b, netns, "echo ready; exec sleep 1000000")
+	sizes := map[string]int64{}
+	for _, c := range []string{"", "flate-best-speed"} {
+		b.Compression = c
+		startReady(t, b, spec)
+		img := t.TempDir()
+		if err := b.Checkpoint(context.Background(), spec, img); err != nil {
+			t.Fatalf("Checkpoint (compression %q): %v", c, err)
+		}
+		sizes[c] = dirSize(img)
+		if err := b.Restore(context.Background(), spec, img); err != nil {
+			t.Fatalf("Restore (compression %q): %v", c, err)
+		}
+		if st, err := b.State(context.Background(), spec); err != nil || st != sandbox.StateRunning {
+			t.Fatalf("after restore (compression %q): %v %v", c, st, err)
+		}
+		if err := b.Remove(context.Background(), spec); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(spec.LogPath, nil, 0o600) // so the next start's "ready" is its own
+	}
+	t.Logf("image sizes: %v", sizes)
+	if sizes["flate-best-speed"] >= sizes[""] {
+		t.Errorf("compressed image %d bytes, uncompressed %d", sizes["flate-best-speed"], sizes[""])
+	}
+}

@@ -96,6 +96,9 @@ func checkRoot(root string) error {
 	return nil
 }
 
+// Compressions are the values Backend.Compression takes.
+var Compressions = []string{"none", "flate-best-speed"}
+
 // checkPlatform refuses a platform this backend does not run.
 func checkPlatform(p string) error {
 	for _, q := range Platforms {
