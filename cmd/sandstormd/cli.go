@@ -282,7 +282,7 @@ func sandboxCmd() *cobra.Command {
 			return nil
 		},
 	}
-	var follow bool
+	var follow, stamps bool
 	logs := &cobra.Command{
 		Use:   "logs ID|NAME",
 		Short: "Print a sandbox's console output (last 64 KiB; -f to follow)",
@@ -290,17 +290,19 @@ func sandboxCmd() *cobra.Command {
 stderr (the last 64 KiB), with a "--- <time> sandstorm: …" line wherever the
 node started, restored, checkpointed or stopped it — so a restart (a cold
 start after detach, whose memory is new) shows. --follow goes on printing
-what is appended until interrupted or the sandbox is deleted.`,
+what is appended until interrupted or the sandbox is deleted. --timestamps
+starts every line with the time it was written.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := apiClient(cmd)
 			if err != nil {
 				return err
 			}
-			return c.Logs(cmd.Context(), args[0], follow, os.Stdout)
+			return c.Logs(cmd.Context(), args[0], follow, stamps, os.Stdout)
 		},
 	}
 	logs.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the sandbox writes")
+	logs.Flags().BoolVarP(&stamps, "timestamps", "t", false, "start every line with the time it was written (\"-\" for lines written while sandstormd was not running)")
 	var count int
 	var clonePrincipal, reseedSignal string
 	var reseedCommand []string

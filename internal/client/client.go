@@ -213,11 +213,22 @@ func (c *Client) Clone(ctx context.Context, ref string, req api.CloneRequest) (a
 }
 
 // Logs writes a sandbox's console output to w; with follow it goes on
-// writing what is appended until ctx ends or the sandbox is deleted.
-func (c *Client) Logs(ctx context.Context, ref string, follow bool, w io.Writer) error {
-	path := "/v1/sandboxes/" + url.PathEscape(ref) + "/logs"
+// writing what is appended until ctx ends or the sandbox is deleted; with
+// timestamps every line starts with the time it was written ("-" if
+// unknown).
+func (c *Client) Logs(ctx context.Context, ref string, follow, timestamps bool, w io.Writer) error {
+	q := url.Values{}
 	if follow {
-		path += "?follow=1"
+		q.Set("follow", "1")
+	}
+	if timestamps {
+		q.Set("timestamps", "1")
+	}
+	path := "/v1/sandboxes/" + url.PathEscape(ref) + "/logs"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	if follow {
 		hc := *c.HTTP
 		hc.Timeout = 0 // a followed log has no end
 		cc := *c

@@ -4,6 +4,7 @@
 package master
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/logstamp"
 	"sandstorm/internal/node"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/sandbox"
@@ -563,7 +565,12 @@ func (s *server) logs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	follow := r.URL.Query().Get("follow") == "1" || r.URL.Query().Get("follow") == "true"
+	stamped := r.URL.Query().Get("timestamps") == "1" || r.URL.Query().Get("timestamps") == "true"
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if stamped {
+		s.stampedLogs(w, r, sb.ID, follow)
+		return
+	}
 	f, err := os.Open(s.cfg.Node.LogPath(sb.ID))
 	if errors.Is(err, os.ErrNotExist) && !follow {
 		return
@@ -612,6 +619,57 @@ func (s *server) logs(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// stampedLogs is logs with every line prefixed by the time it was written
+// (internal/logstamp): the last 64 KiB from the start of a line, then, when
+// following, each line once it is complete.
+func (s *server) stampedLogs(w http.ResponseWriter, r *http.Request, id string, follow bool) {
+	path := s.cfg.Node.LogPath(id)
+	var from int64
+	if fi, err := os.Stat(path); err == nil && fi.Size() > 64<<10 {
+		from = lineStart(path, fi.Size()-64<<10)
+	}
+	fl, _ := w.(http.Flusher)
+	tick := time.NewTicker(followPoll)
+	defer tick.Stop()
+	for {
+		if next, err := logstamp.Annotate(path, from, w); err == nil {
+			from = next
+			if fl != nil {
+				fl.Flush()
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if !follow {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		}
+		if _, err := s.cfg.Node.Get(r.Context(), id); errors.Is(err, store.ErrNotFound) {
+			return
+		}
+	}
+}
+
+// lineStart is the offset of the first line that starts at or after off.
+func lineStart(path string, off int64) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return off
+	}
+	defer f.Close()
+	f.Seek(off, io.SeekStart)
+	buf := make([]byte, 4096)
+	n, _ := f.Read(buf)
+	if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+		return off + int64(i) + 1
+	}
+	return off
 }
 
 // followPoll is how often a followed log is read for what was appended.

@@ -85,6 +85,13 @@ func (n *Node) boundaryUp(sb store.Sandbox) error {
 	n.bmu.Lock()
 	n.boundaries[sb.ID] = b
 	n.bmu.Unlock()
+	// The boundary is up exactly while the sandbox's process may write
+	// its console log: that is when its lines get times (logstamp).
+	if n.stamps != nil {
+		if err := n.stamps.Watch(n.dir(sb.ID).log()); err != nil {
+			n.log.Warn("console log lines of this sandbox get no times", "id", sb.ID, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -98,6 +105,9 @@ func (n *Node) boundaryDown(id string) {
 	n.bmu.Unlock()
 	if b != nil {
 		b.Close()
+	}
+	if n.stamps != nil {
+		n.stamps.Unwatch(n.dir(id).log())
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/gateway"
+	"sandstorm/internal/logstamp"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
@@ -111,6 +112,9 @@ type Node struct {
 
 	allocMu sync.Mutex // serialises slot and port allocation
 	warmMu  sync.Mutex // one warm image build at a time (they share a slot)
+	// stamps times the lines of running sandboxes' console logs (nil if
+	// inotify is not available: logs then have no times).
+	stamps *logstamp.Stamper
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -209,6 +213,11 @@ func New(cfg Config) (*Node, error) {
 		boundaries: map[string]*boundary.Boundary{},
 		mem:        memBook{promises: map[string]promise{}, settled: map[string]int64{}},
 		stop:       make(chan struct{}),
+	}
+	if st, err := logstamp.New(); err == nil {
+		n.stamps = st
+	} else {
+		cfg.Log.Warn("console log lines get no times", "err", err)
 	}
 	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark}, n, cfg.Log)
 	return n, nil
@@ -695,6 +704,9 @@ func (n *Node) Close() {
 	}
 	n.done.Wait()
 	n.gw.CloseAll()
+	if n.stamps != nil {
+		defer n.stamps.Close()
+	}
 	n.bmu.Lock()
 	ids := make([]string, 0, len(n.boundaries))
 	for id := range n.boundaries {

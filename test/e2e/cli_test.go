@@ -142,6 +142,14 @@ func TestCLI(t *testing.T) {
 	if n := strings.Count(r.Stdout, "sandstorm: started from template cliweb"); n != 2 {
 		t.Errorf("sandbox logs shows %d starts, want 2 (create, and the cold start after detach):\n%s", n, r.Stdout)
 	}
+	// --timestamps: the node's marks, and (once the index has caught up
+	// with its last write, within ms) the demo's own line after its
+	// cold start, have times.
+	stampRE := regexp.MustCompile(`(?m)^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z listening on 0\.0\.0\.0:8000`)
+	waitUntil(t, 10*time.Second, "the demo's line has a time in sandbox logs --timestamps", func() bool {
+		return stampRE.MatchString(cli(t, env, "sandbox", "logs", "--timestamps", "cli1").Stdout)
+	})
+	cli(t, env, "sandbox", "logs", "-t", "cli1").ok(t, "sandbox logs -t", `(?m)^\d{4}-\d\d-\d\dT\S+Z --- \S+ sandstorm: started from template cliweb`)
 	// --follow prints what is appended while it runs.
 	fctx, fcancel := context.WithTimeout(context.Background(), time.Minute)
 	defer fcancel()
