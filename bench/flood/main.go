@@ -44,7 +44,7 @@ import (
 type config struct {
 	n, parallel, heapMiB, limitMiB, room int
 	reserveMiB                           int64
-	out, repo, sandstormd                string
+	out, repo, sandstormd, runsc         string
 	timeout, retry                       time.Duration
 }
 
@@ -60,6 +60,7 @@ func main() {
 	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
 	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, and to build sandstormd from)")
 	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
+	fs.StringVar(&c.runsc, "runsc", "", "runsc binary for sandstormd (default: <--repo>/bin/runsc, the pinned one `make runsc` builds)")
 	fs.DurationVar(&c.timeout, "timeout", 3*time.Minute, "how long a call to a sandbox may retry 503s")
 	fs.DurationVar(&c.retry, "retry", time.Minute, "how long a create refused with 503 is retried, as its Retry-After says (0: never)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -98,6 +99,21 @@ func oomLines() int {
 func run(ctx context.Context, c config) (string, error) {
 	res := bench.NewResults("bench/flood", "Memory flood: sandboxes filling their heaps at once against a memory reserve")
 	res.Machine = bench.CollectMachine(ctx)
+	// The daemon gets this runsc explicitly: one built into the temporary
+	// dir below finds none beside itself, and the machine must record the
+	// runsc the run used, not the one on PATH.
+	runsc := c.runsc
+	if runsc == "" {
+		runsc = filepath.Join(c.repo, "bin", "runsc")
+	}
+	runsc, err := filepath.Abs(runsc)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(runsc); err != nil {
+		return "", fmt.Errorf("runsc: %w (build the pinned one into bin/ with `make runsc`, or pass --runsc)", err)
+	}
+	res.Machine.UseRunsc(ctx, runsc)
 	absOut, _ := filepath.Abs(c.out)
 	res.Source = bench.CollectSource(ctx, c.repo, absOut)
 	dir, err := bench.NewDir(c.out, "flood-"+res.DirName())
@@ -151,7 +167,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	defer logf.Close()
 	args := []string{"serve", "--master", "--node", "--data-dir", data, "--listen", apiAddr,
-		"--subnet", "10.189.0.0/16", "--gateway-ports", "31000-31999", "--memory-reserve", strconv.FormatInt(c.reserveMiB, 10),
+		"--runsc", runsc, "--subnet", "10.189.0.0/16", "--gateway-ports", "31000-31999", "--memory-reserve", strconv.FormatInt(c.reserveMiB, 10),
 		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
 	res.Params["sandstormd_args"] = args
 	daemon := exec.Command(bin, args...)

@@ -25,8 +25,10 @@ type memSeries struct {
 type memory struct{ list []*memSeries }
 
 var memDescriptions = map[string]string{
-	"sandstormd": "memory cgroup usage of a sandstormd sandbox right after its first answer (each start sample's sandbox; the cgroup runsc made under the daemon's root)",
-	"raw":        "memory cgroup usage of a raw runsc sandbox right after its first answer (each raw-start sample's sandbox)",
+	"sandstormd":  "memory cgroup usage of a sandstormd sandbox right after its first answer (each start sample's sandbox; the cgroup runsc made under the daemon's root)",
+	"warm":        "the same for each warm-start sample's sandbox (a restore of the warm image)",
+	"raw":         "memory cgroup usage of a raw runsc sandbox right after its first answer (each raw-start sample's sandbox)",
+	"clone-child": "the same for each clone child right after its first answer (a restore of its parent's image)",
 }
 
 // get returns the series of template t under runtime ("sandstormd",
@@ -54,19 +56,22 @@ func (s *memSeries) read(ctx context.Context, be *gvisor.Backend, id string) {
 	s.SamplesMiB = append(s.SamplesMiB, mib)
 }
 
-// comparison is one row kind of the ratio table: a sandstormd series over
-// the raw runsc series it is compared with (%s is the template).
+// comparison is one row kind of the ratio table: a series over the
+// baseline it is compared with (%s is the template) — sandstormd over raw
+// runsc, or a warm start over the cold one.
 type comparison struct {
-	what       string
-	sandstormd string
-	raw        string
-	target     string
+	what     string
+	series   string
+	baseline string
+	target   string
 }
 
 // comparisons are the ratios the README quotes. The targets are issue 8's:
 // create to first answer through the gateway within 1.15 × raw runsc run
 // to first answer, and the wake from snapshot within 1.05 × raw runsc
-// restore to first answer, of the same app on the same runsc.
+// restore to first answer, of the same app on the same runsc; and the
+// warm template's: a warm start within 0.5 × the cold start of the same
+// app.
 var comparisons = []comparison{
 	{"start → first answer, ms", "start/%s/client", "raw-start/%s/client", "≤ 1.15"},
 	{"wake from snapshot → answer, ms", "wake-snapshot/%s/client", "raw-restore/%s/client", "≤ 1.05"},
@@ -76,21 +81,24 @@ var comparisons = []comparison{
 	{"into snapshot: API round trip / runsc checkpoint alone, ms", "snapshot/%s/api", "raw-checkpoint/%s/runsc", ""},
 	{"into frozen: API round trip / runsc pause alone, ms", "freeze/%s/api", "raw-pause/%s/runsc", ""},
 	{"hot memory at first answer, MiB", "mem-hot/%s/sandstormd", "mem-hot/%s/raw", ""},
+	{"warm start → first answer / cold start, ms", "warm-start/%s/client", "start/%s/client", "≤ 0.5"},
+	{"warm create: node's own time / cold create's, ms", "warm-start/%s/node", "start/%s/node", ""},
+	{"hot memory at first answer: warm / cold, MiB", "mem-hot/%s/warm", "mem-hot/%s/sandstormd", ""},
 }
 
-// ratioRow is one computed row, for results.json.
+// ratioRow is one computed row, for results.json: Series over Baseline.
 type ratioRow struct {
 	What           string  `json:"what"`
 	Template       string  `json:"template"`
-	Sandstormd     string  `json:"sandstormd_series"`
-	Raw            string  `json:"raw_series"`
-	SandstormdN    int     `json:"sandstormd_n"`
-	RawN           int     `json:"raw_n"`
-	SandstormdP50  float64 `json:"sandstormd_p50"`
-	RawP50         float64 `json:"raw_p50"`
+	Series         string  `json:"series"`
+	Baseline       string  `json:"baseline"`
+	N              int     `json:"n"`
+	BaselineN      int     `json:"baseline_n"`
+	P50            float64 `json:"p50"`
+	BaselineP50    float64 `json:"baseline_p50"`
 	RatioP50       float64 `json:"ratio_p50"`
-	SandstormdP99  float64 `json:"sandstormd_p99"`
-	RawP99         float64 `json:"raw_p99"`
+	P99            float64 `json:"p99"`
+	BaselineP99    float64 `json:"baseline_p99"`
 	RatioP99       float64 `json:"ratio_p99"`
 	Target         string  `json:"target,omitempty"`
 	MeetsTargetP50 *bool   `json:"meets_target_p50,omitempty"`
@@ -103,17 +111,17 @@ func ratioRows(samples map[string][]float64, templates []string) []ratioRow {
 	var out []ratioRow
 	for _, t := range templates {
 		for _, c := range comparisons {
-			sName, rName := fmt.Sprintf(c.sandstormd, t), fmt.Sprintf(c.raw, t)
+			sName, bName := fmt.Sprintf(c.series, t), fmt.Sprintf(c.baseline, t)
 			sd, err1 := bench.Distribute(samples[sName])
-			rd, err2 := bench.Distribute(samples[rName])
-			if err1 != nil || err2 != nil || rd.P50 <= 0 || rd.P99 <= 0 {
+			bd, err2 := bench.Distribute(samples[bName])
+			if err1 != nil || err2 != nil || bd.P50 <= 0 || bd.P99 <= 0 {
 				continue
 			}
 			row := ratioRow{
-				What: c.what, Template: t, Sandstormd: sName, Raw: rName,
-				SandstormdN: sd.N, RawN: rd.N,
-				SandstormdP50: sd.P50, RawP50: rd.P50, RatioP50: sd.P50 / rd.P50,
-				SandstormdP99: sd.P99, RawP99: rd.P99, RatioP99: sd.P99 / rd.P99,
+				What: c.what, Template: t, Series: sName, Baseline: bName,
+				N: sd.N, BaselineN: bd.N,
+				P50: sd.P50, BaselineP50: bd.P50, RatioP50: sd.P50 / bd.P50,
+				P99: sd.P99, BaselineP99: bd.P99, RatioP99: sd.P99 / bd.P99,
 				Target: c.target,
 			}
 			if th, ok := parseTarget(c.target); ok {
@@ -147,10 +155,11 @@ func formatValue(what string, v float64) string {
 // ratioTable renders rows as a bench.Table.
 func ratioTable(rows []ratioRow) *bench.Table {
 	t := &bench.Table{
-		Title: "sandstormd / raw runsc",
-		Description: "Each sandstormd series over the raw runsc series of the same template, both measured in this run " +
-			"on the same runsc, platform and bundle; ratios of the nearest-rank p50s and p99s. Targets (issue 8) are on the p50 ratio.",
-		Columns: []string{"comparison", "template", "sandstormd p50", "raw p50", "ratio p50", "sandstormd p99", "raw p99", "ratio p99", "n (s/raw)", "target"},
+		Title: "sandstormd / raw runsc, warm / cold",
+		Description: "Each series over its baseline of the same template, both measured in this run on the same runsc, platform and bundle: " +
+			"a sandstormd series over raw runsc's, or a warm start over the cold start; ratios of the nearest-rank p50s and p99s. " +
+			"Targets (issue 8's for sandstormd / raw, the warm template's for warm / cold) are on the p50 ratio.",
+		Columns: []string{"comparison", "template", "p50", "baseline p50", "ratio p50", "p99", "baseline p99", "ratio p99", "n (series/baseline)", "target"},
 		Data:    rows,
 	}
 	for _, r := range rows {
@@ -166,9 +175,9 @@ func ratioTable(rows []ratioRow) *bench.Table {
 			target = "—"
 		}
 		t.Rows = append(t.Rows, []string{r.What, r.Template,
-			formatValue(r.What, r.SandstormdP50), formatValue(r.What, r.RawP50), fmt.Sprintf("%.2f", r.RatioP50),
-			formatValue(r.What, r.SandstormdP99), formatValue(r.What, r.RawP99), fmt.Sprintf("%.2f", r.RatioP99),
-			fmt.Sprintf("%d/%d", r.SandstormdN, r.RawN), target})
+			formatValue(r.What, r.P50), formatValue(r.What, r.BaselineP50), fmt.Sprintf("%.2f", r.RatioP50),
+			formatValue(r.What, r.P99), formatValue(r.What, r.BaselineP99), fmt.Sprintf("%.2f", r.RatioP99),
+			fmt.Sprintf("%d/%d", r.N, r.BaselineN), target})
 	}
 	return t
 }

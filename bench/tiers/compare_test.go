@@ -26,8 +26,8 @@ func TestRatioRows(t *testing.T) {
 		t.Fatalf("rows = %+v", rows)
 	}
 	start := rows[0]
-	if start.Sandstormd != "start/web/client" || start.Raw != "raw-start/web/client" ||
-		start.SandstormdP50 != 110 || start.RawP50 != 95 || start.SandstormdP99 != 300 || start.RawP99 != 200 {
+	if start.Series != "start/web/client" || start.Baseline != "raw-start/web/client" ||
+		start.P50 != 110 || start.BaselineP50 != 95 || start.P99 != 300 || start.BaselineP99 != 200 {
 		t.Errorf("start row = %+v", start)
 	}
 	if math.Abs(start.RatioP50-110.0/95) > 1e-12 || math.Abs(start.RatioP99-1.5) > 1e-12 {
@@ -41,7 +41,7 @@ func TestRatioRows(t *testing.T) {
 		t.Errorf("snapshot row = %+v", snap)
 	}
 	mem := rows[2]
-	if !strings.HasSuffix(mem.What, "MiB") || mem.SandstormdP50 != 25 || mem.RawP50 != 24 || mem.MeetsTargetP50 != nil {
+	if !strings.HasSuffix(mem.What, "MiB") || mem.P50 != 25 || mem.BaselineP50 != 24 || mem.MeetsTargetP50 != nil {
 		t.Errorf("memory row = %+v", mem)
 	}
 
@@ -57,8 +57,44 @@ func TestRatioRows(t *testing.T) {
 	}
 }
 
+// TestRatioRowsWarm: a warm start is compared with the cold start of the
+// same template, against the warm template's target of half of it.
+func TestRatioRowsWarm(t *testing.T) {
+	samples := map[string][]float64{
+		"start/web/client":        {200, 220, 210},
+		"warm-start/web/client":   {100, 90, 120},
+		"start/web/node":          {80},
+		"warm-start/web/node":     {60},
+		"start/app64/client":      {300},
+		"warm-start/app64/client": {160},
+		"mem-hot/web/sandstormd":  {30},
+		"mem-hot/web/warm":        {45},
+	}
+	rows := ratioRows(samples, []string{"web", "app64"})
+	if len(rows) != 4 {
+		t.Fatalf("rows = %+v", rows)
+	}
+	w := rows[0]
+	if w.Series != "warm-start/web/client" || w.Baseline != "start/web/client" || w.P50 != 100 || w.BaselineP50 != 210 ||
+		w.Target != "≤ 0.5" || w.MeetsTargetP50 == nil || !*w.MeetsTargetP50 {
+		t.Errorf("web warm row = %+v", w)
+	}
+	if n := rows[1]; n.Series != "warm-start/web/node" || math.Abs(n.RatioP50-0.75) > 1e-12 || n.MeetsTargetP50 != nil {
+		t.Errorf("web node row = %+v", n)
+	}
+	if m := rows[2]; m.Series != "mem-hot/web/warm" || m.Baseline != "mem-hot/web/sandstormd" || m.RatioP50 != 1.5 {
+		t.Errorf("web memory row = %+v", m)
+	}
+	if a := rows[3]; a.Template != "app64" || a.MeetsTargetP50 == nil || *a.MeetsTargetP50 {
+		t.Errorf("app64: 160/300 > 0.5 should not meet the target: %+v", a)
+	}
+	if got := ratioTable(rows).Rows[0]; got[4] != "0.48" || got[9] != "≤ 0.5 (met)" {
+		t.Errorf("warm cells %q", got)
+	}
+}
+
 func TestParseTarget(t *testing.T) {
-	for s, want := range map[string]float64{"≤ 1.15": 1.15, "≤1.05": 1.05} {
+	for s, want := range map[string]float64{"≤ 1.15": 1.15, "≤1.05": 1.05, "≤ 0.5": 0.5} {
 		if v, ok := parseTarget(s); !ok || v != want {
 			t.Errorf("parseTarget(%q) = %v, %v", s, v, ok)
 		}

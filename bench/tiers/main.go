@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"sandstorm/internal/demo"
+	"sandstorm/internal/node"
 	"sandstorm/internal/sandbox/gvisor"
 )
 
@@ -52,6 +53,9 @@ type config struct {
 
 	n, startN, hotN, wakeN int
 	hotWarmup              int
+	cloneN, cloneRounds    int
+	warmProbe              string // HTTP path of the warm copies' probe
+	reseedSignal           string // how warm sandboxes and clone children are reseeded
 	poll                   time.Duration
 	timeout                time.Duration
 	dwell                  time.Duration
@@ -64,8 +68,9 @@ type config struct {
 
 // allSeries are the measurements, in the order they run. Each raw-runsc
 // measurement runs right after the sandstormd one it is compared with, so
-// that the two share the machine's load as closely as a serial run can.
-var allSeries = []string{"start", "raw-start", "hot", "frozen", "raw-pause", "snapshot", "raw-restore", "detached"}
+// that the two share the machine's load as closely as a serial run can;
+// warm-start runs right before the cold start it is compared with.
+var allSeries = []string{"warm-start", "start", "raw-start", "hot", "frozen", "raw-pause", "snapshot", "raw-restore", "detached", "clone"}
 
 // rawSeries are the measurements of raw runsc, outside sandstormd.
 var rawSeries = []string{"raw-start", "raw-pause", "raw-restore"}
@@ -76,6 +81,10 @@ Measures Sandstorm's latencies against a real sandstormd, from a client
 through the gateway and (where the node times itself) from the node's own
 last_wake_ms:
 
+  warm-start  the same as start for a warm copy of the template (registered
+            as <template>-warm: started once, probed on --warm-probe and
+            checkpointed; each sandbox is a restore of that image, reseeded
+            by --reseed-signal), and how long making the warm image took
   start     POST /v1/sandboxes to the first 200 from the sandbox's gateway
             endpoint, polling every --poll (the seed polled every 50 ms);
             each sandbox is deleted afterwards
@@ -84,6 +93,10 @@ last_wake_ms:
   frozen    freeze via the API, then time one GET / (the wake is in it);
   snapshot  likewise after a snapshot to disk,
   detached  and after a detach (the wake is a cold start)
+  clone     a parent called a few times, cloned into --clone-n children
+            (POST /v1/sandboxes/{id}/clone): the parent's pause and each
+            child's time as the node reports them, the call, and each
+            child's first answer (which must count on from the parent's)
 
 and, for comparison, raw runsc outside sandstormd, on the same bundle (the
 node's OCI spec and rootfs overlay), the same runsc and flags, in a network
@@ -103,12 +116,13 @@ stopped and cleaned up at the end), or point --api at one already running
 the daemon lacks is built from this machine's Debian packages and registered
 under a temporary name, and removed at the end.
 
-Results go to <--out>/<YYYY-MM-DD>-<short commit>/ (results.json with the
-raw samples, results.md with the table); while the run lasts the directory
-is named ….tmp. Progress goes to stderr.
+Results go to <--out>/<YYYY-MM-DD>-<short commit>-<platform>/ (results.json
+with the raw samples, results.md with the table; "process" instead of the
+platform with --backend process); while the run lasts the directory is named
+….tmp. Progress goes to stderr.
 
 Examples:
-  go run ./bench/tiers --start                   full run (about 6-10 min)
+  go run ./bench/tiers --start                   full run (a few minutes)
   go run ./bench/tiers --start -n 20             quicker
   go run ./bench/tiers --start --series hot,frozen --templates web
   go run ./bench/tiers --start --series start,raw-start --platform ptrace
@@ -148,6 +162,10 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.hotN, "hot-n", 0, "samples of hot requests (0: 4 × -n; they are cheap)")
 	fs.IntVar(&c.wakeN, "wake-n", 0, "samples of each tier's wake (0: -n)")
 	fs.IntVar(&c.hotWarmup, "hot-warmup", 3, "unrecorded requests before the hot series")
+	fs.StringVar(&c.warmProbe, "warm-probe", "/healthz", "warm-start: HTTP path on --port that must answer 2xx before the warm image is taken (the demo's health path)")
+	fs.StringVar(&c.reseedSignal, "reseed-signal", "SIGUSR1", "warm-start and clone: signal that reseeds a restored sandbox's process (the demo reseeds Python's random on SIGUSR1)")
+	fs.IntVar(&c.cloneN, "clone-n", 5, "children per clone in the clone series")
+	fs.IntVar(&c.cloneRounds, "clone-rounds", 0, "clones (each of a new parent) in the clone series (0: enough for -n children, -n / --clone-n rounded up)")
 	fs.DurationVar(&c.poll, "poll", 10*time.Millisecond, "interval between attempts while waiting for a first answer")
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "longest wait for a first answer or one request")
 	fs.DurationVar(&c.settle, "settle", 0, "wait between a sandbox's last answer and putting it into a tier")
@@ -184,6 +202,15 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.hotN <= 0 {
 		c.hotN = 4 * c.n
+	}
+	if !strings.HasPrefix(c.warmProbe, "/") {
+		return c, fmt.Errorf("--warm-probe %q: give an HTTP path, e.g. /healthz", c.warmProbe)
+	}
+	if c.cloneN < 1 || c.cloneN > node.MaxClone {
+		return c, fmt.Errorf("--clone-n %d: want 1 to %d", c.cloneN, node.MaxClone)
+	}
+	if c.cloneRounds <= 0 {
+		c.cloneRounds = cloneRounds(c.n, c.cloneN)
 	}
 	if c.poll <= 0 || c.timeout <= 0 {
 		return c, errors.New("--poll and --timeout must be positive")
@@ -254,6 +281,20 @@ func main() {
 		fmt.Fprintln(os.Stderr, "tiers:", err)
 		os.Exit(1)
 	}
+}
+
+// cloneRounds is how many clones of k children make at least n children.
+func cloneRounds(n, k int) int {
+	return max(1, (n+k-1)/k)
+}
+
+// runsOn names what the run's sandboxes run on, for the results directory:
+// the runsc platform, or the backend when it has none.
+func (c config) runsOn() string {
+	if c.start && c.backend != "gvisor" {
+		return c.backend
+	}
+	return c.platform
 }
 
 // newRunID returns a short random ID that names this run's sandboxes.

@@ -100,3 +100,18 @@ func TestUnescapeMount(t *testing.T) {
 		t.Errorf("unescapeMount = %q", got)
 	}
 }
+
+func TestArgv0(t *testing.T) {
+	for in, want := range map[string]string{
+		"runsc-sandbox\x00--network=sandbox\x00boot\x00": "runsc-sandbox",
+		"/usr/bin/runsc\x00run\x00":                      "runsc",
+		"sleep":                                          "sleep",
+	} {
+		if got := argv0([]byte(in)); got != want {
+			t.Errorf("argv0(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := argv0(nil); got == "runsc-sandbox" {
+		t.Errorf("argv0(nil) = %q", got)
+	}
+}

@@ -21,6 +21,8 @@ import (
 // seed timed wakes on the node ("no network in the path") and starts from a
 // client polling every 50 ms.
 var seeds = map[string]string{
+	"warm-start/web/client":    "159 ms p50 (seed's warm template)",
+	"warm-start/app64/client":  "168 ms p50 (seed's warm template)",
 	"start/web/client":         "167 ms p50 (polled every 50 ms)",
 	"start/app64/client":       "289 ms p50 (polled every 50 ms)",
 	"start/app64/node":         "of the 289: 37 master+network, 5 bundle, 55 runsc",
@@ -58,8 +60,12 @@ func (r *runner) measureAll(ctx context.Context) error {
 			r.res.Note("load average before %s/%s: %s", m, t, loadavg())
 			var err error
 			switch m {
+			case "warm-start":
+				err = r.measureWarmStart(ctx, t)
 			case "start":
 				err = r.measureStart(ctx, t)
+			case "clone":
+				err = r.measureClone(ctx, t)
 			case "hot":
 				err = r.measureHot(ctx, t)
 			case "raw-start":
@@ -118,15 +124,50 @@ func (r *runner) progress(name string, i, n int, format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%s %d/%d] %s\n", name, i, n, fmt.Sprintf(format, args...))
 }
 
+// createKind is what a start series creates sandboxes of: the template
+// itself (start) or its warm copy (warm-start). Both are measured by the
+// same code, so that they differ only in the template.
+type createKind struct {
+	series   string // series prefix: start or warm-start
+	template string // the template's name on the daemon
+	memory   string // runtime of its memory series (see memDescriptions)
+	// clientDesc, apiDesc, nodeDesc describe the three series.
+	clientDesc, apiDesc, nodeDesc string
+}
+
+// coldKind is the start series of template t.
+func (r *runner) coldKind(t string) createKind {
+	return createKind{
+		series: "start", template: r.tmpl[t], memory: "sandstormd",
+		clientDesc: "POST /v1/sandboxes sent → first HTTP 200 from the sandbox's gateway endpoint (client; polled every " + r.cfg.poll.String() + "; includes the API call)",
+		apiDesc:    "POST /v1/sandboxes round trip: the API answers once the container runs, before the app listens (client)",
+		nodeDesc:   "the node's own time for the create (last_wake_ms of the new sandbox: rootfs, network, runsc start; not the app's start-up)",
+	}
+}
+
+// warmKind is the warm-start series of template t, whose warm copy is
+// registered on the daemon as reg.
+func (r *runner) warmKind(reg string) createKind {
+	return createKind{
+		series: "warm-start", template: reg, memory: "warm",
+		clientDesc: "POST /v1/sandboxes of the warm copy sent → first HTTP 200 from the sandbox's gateway endpoint (client; polled every " + r.cfg.poll.String() + "; includes the API call); compare start/…/client",
+		apiDesc:    "POST /v1/sandboxes round trip of the warm copy: the API answers once the warm image is restored and reseeded (client)",
+		nodeDesc:   "the node's own time for the warm create (last_wake_ms of the new sandbox: rootfs, network, boundary, runsc restore of the warm image, reseed)",
+	}
+}
+
 // measureStart times POST /v1/sandboxes to the first 200 from the gateway.
 func (r *runner) measureStart(ctx context.Context, t string) error {
-	name := "start/" + t
-	cl := r.res.AddSeries(name+"/client",
-		"POST /v1/sandboxes sent → first HTTP 200 from the sandbox's gateway endpoint (client; polled every "+r.cfg.poll.String()+"; includes the API call)", seeds[name+"/client"])
-	apiS := r.res.AddSeries(name+"/api",
-		"POST /v1/sandboxes round trip: the API answers once the container runs, before the app listens (client)", seeds[name+"/api"])
-	node := r.res.AddSeries(name+"/node",
-		"the node's own time for the create (last_wake_ms of the new sandbox: rootfs, network, runsc start; not the app's start-up)", seeds[name+"/node"])
+	return r.measureCreate(ctx, t, r.coldKind(t))
+}
+
+// measureCreate times POST /v1/sandboxes of k.template to the first 200
+// from the gateway, and reads the new sandbox's memory then.
+func (r *runner) measureCreate(ctx context.Context, t string, k createKind) error {
+	name := k.series + "/" + t
+	cl := r.res.AddSeries(name+"/client", k.clientDesc, seeds[name+"/client"])
+	apiS := r.res.AddSeries(name+"/api", k.apiDesc, seeds[name+"/api"])
+	node := r.res.AddSeries(name+"/node", k.nodeDesc, seeds[name+"/node"])
 	s := &series{r: r, main: cl, name: name, n: r.cfg.startN}
 	polls := map[int]int{}
 	for !s.done() {
@@ -134,7 +175,7 @@ func (r *runner) measureStart(ctx context.Context, t string) error {
 			return err
 		}
 		t0 := time.Now()
-		sb, err := r.c.CreateSandbox(ctx, api.SandboxRequest{Template: r.tmpl[t], Name: r.sandboxName("start", t)})
+		sb, err := r.c.CreateSandbox(ctx, api.SandboxRequest{Template: k.template, Name: r.sandboxName(k.series, t)})
 		apiD := time.Since(t0)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -155,7 +196,7 @@ func (r *runner) measureStart(ctx context.Context, t string) error {
 			d, attempts, body, err = r.firstAnswer(ctx, url, t0)
 		}
 		if err == nil && r.nodeRunsc != nil {
-			r.mem.get(t, "sandstormd").read(ctx, r.nodeRunsc, sb.ID)
+			r.mem.get(t, k.memory).read(ctx, r.nodeRunsc, sb.ID)
 		}
 		if err != nil {
 			r.remove(ctx, sb.ID)

@@ -71,7 +71,10 @@ func run(ctx context.Context, cfg config) (string, error) {
 	if res.Source.Error != "" {
 		fmt.Fprintf(os.Stderr, "warning: source tree unknown: %s\n", res.Source.Error)
 	}
-	dir, err := bench.NewDir(cfg.out, res.DirName())
+	// The platform in the name: runs on both platforms from one commit on
+	// one day are told apart at a glance (NewDir's -2 suffix would keep them
+	// apart too, but not say which is which).
+	dir, err := bench.NewDir(cfg.out, res.DirName()+"-"+cfg.runsOn())
 	if err != nil {
 		return "", err
 	}
@@ -157,8 +160,8 @@ func run(ctx context.Context, cfg config) (string, error) {
 // resolveRunsc finds the runsc the run uses — --runsc, or the pinned
 // bin/runsc of --repo — when the raw series or a --start gvisor daemon need
 // one, and records its version in the parameters and as the machine's
-// runsc (which bench.CollectMachine reads from the runsc on PATH: Debian's
-// here, not the one measured).
+// runsc (bench.CollectMachine guesses the default one, which --runsc or
+// --repo may not be).
 func resolveRunsc(ctx context.Context, cfg config, res *bench.Results) (string, error) {
 	if !cfg.wantsRaw() && !(cfg.start && cfg.backend == "gvisor") {
 		return cfg.runsc, nil
@@ -183,10 +186,10 @@ func resolveRunsc(ctx context.Context, cfg config, res *bench.Results) (string, 
 	if v != gvisor.PinnedVersion {
 		res.Note("runsc %s is %s, not the version this tree pins (%s)", path, v, gvisor.PinnedVersion)
 	}
-	if onPath := res.Machine.Runsc; onPath != v {
-		res.Note("machine.runsc is the runsc this run used (%s); the one on PATH is %s", path, onPath)
+	if def := res.Machine.RunscPath; def != path {
+		res.Note("machine.runsc is the runsc this run used (%s); the default one (%s) is %s", path, def, res.Machine.Runsc)
 	}
-	res.Machine.Runsc = v
+	res.Machine.RunscPath, res.Machine.Runsc = path, v
 	return path, nil
 }
 
@@ -211,6 +214,10 @@ func (r *runner) recordParams(isolated bool) {
 	p["n_hot"] = c.hotN
 	p["n_wake"] = c.wakeN
 	p["hot_warmup"] = c.hotWarmup
+	p["clone_children"] = c.cloneN
+	p["clone_rounds"] = c.cloneRounds
+	p["reseed_signal"] = c.reseedSignal
+	p["warm_probe"] = c.warmProbe
 	p["poll_interval"] = c.poll.String()
 	p["timeout"] = c.timeout.String()
 	p["settle"] = c.settle.String()
@@ -256,6 +263,9 @@ func (r *runner) setupTemplates(ctx context.Context) error {
 			r.tmpl[name] = name
 			r.tmplDef[name] = t
 			r.res.Params["template_"+name] = map[string]any{"registered_as": name, "by": "the daemon's own", "rootfs": t.Rootfs, "args": t.Process.Args, "ports": t.Ports}
+			if t.Warm != nil {
+				r.res.Note("the daemon's template %s is warm: its start series are restores of its warm image, not cold starts", name)
+			}
 			continue
 		}
 		if !slices.Contains(demo.Names(), name) {
@@ -368,8 +378,10 @@ func loadavg() string {
 	return strings.Join(f[:3], " ") + " (1, 5, 15 min)"
 }
 
-// countProcs counts processes whose command name is comm.
-func countProcs(comm string) int {
+// countProcs counts processes whose argv[0] is name. Not their command
+// name (/proc/PID/comm): the pinned runsc re-executes /proc/self/exe with
+// argv[0] "runsc-sandbox", so its sandboxes' comm is "exe".
+func countProcs(name string) int {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
@@ -379,10 +391,16 @@ func countProcs(comm string) int {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err == nil && strings.TrimSpace(string(b)) == comm {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && argv0(b) == name {
 			n++
 		}
 	}
 	return n
+}
+
+// argv0 is the base name of the first argument in a /proc/PID/cmdline.
+func argv0(cmdline []byte) string {
+	first, _, _ := strings.Cut(string(cmdline), "\x00")
+	return filepath.Base(first)
 }
