@@ -17,11 +17,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -129,44 +127,19 @@ func run(ctx context.Context, c config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	apiAddr := ln.Addr().String()
-	ln.Close()
 	data := filepath.Join(work, "d")
-	logf, err := os.Create(filepath.Join(dir.Path, "sandstormd.log"))
-	if err != nil {
-		return "", err
-	}
-	defer logf.Close()
-	args := []string{"serve", "--master", "--node", "--data-dir", data, "--listen", apiAddr, "--runsc", absRunsc,
-		"--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
+	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
 		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}
 	res.Params = map[string]any{"count": c.count, "calls": c.calls, "parallel": c.parallel, "call_parallel": c.callParallel,
 		"warm": c.warm, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args}
-	daemon := exec.Command(c.sandstormd, args...)
-	daemon.Stdout, daemon.Stderr = logf, logf
-	if err := daemon.Start(); err != nil {
+	sd, err := bench.StartSandstormd(ctx, c.sandstormd, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
+	if err != nil {
 		return "", err
 	}
-	var cl *client.Client
+	cl, daemon := sd.Client, sd.Cmd
 	defer func() {
-		cleanup(cl, daemon, data, c.subnet)
+		cleanup(cl, sd, data, c.subnet)
 	}()
-	for deadline := time.Now().Add(time.Minute); ; {
-		if tok, err := client.ReadToken(data); err == nil {
-			cl = client.New("http://"+apiAddr, tok)
-			if st, err := cl.Node(ctx); err == nil && st.Reconciling == 0 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			return "", errors.New("sandstormd did not answer within a minute; see sandstormd.log")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	treq := api.TemplateRequest{Name: "web", RootfsDir: rootfs, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports}
 	if c.warm {
 		treq.Warm = &api.Warm{Probe: api.Probe{Path: "/healthz"}, Reseed: api.Reseed{Signal: "SIGUSR1"}}
@@ -439,7 +412,7 @@ func finish(dir *bench.Dir, res *bench.Results, timeline []sample, stop chan str
 
 // cleanup deletes every sandbox through the API (detached ones are cheap),
 // eight at a time, then stops the daemon and removes its data.
-func cleanup(cl *client.Client, daemon *exec.Cmd, data, subnet string) {
+func cleanup(cl *client.Client, sd *bench.Sandstormd, data, subnet string) {
 	if cl != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
@@ -460,8 +433,7 @@ func cleanup(cl *client.Client, daemon *exec.Cmd, data, subnet string) {
 		}
 		cl.DeleteTemplate(ctx, "web")
 	}
-	daemon.Process.Signal(syscall.SIGTERM)
-	daemon.Wait()
+	sd.Stop()
 	// The runsc root's shared mount, and the pool's unreachable route.
 	for syscall.Unmount(filepath.Join(data, "runsc", "null-netns"), syscall.MNT_DETACH) == nil {
 	}

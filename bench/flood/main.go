@@ -18,10 +18,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -36,7 +34,6 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
-	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
 	"sandstorm/internal/memguard"
 )
@@ -154,44 +151,16 @@ func run(ctx context.Context, c config) (string, error) {
 		"reserve_mib": c.reserveMiB, "mem_available_at_start_mib": avail, "retry_for": c.retry.String()}
 	fmt.Fprintf(os.Stderr, "machine: %s\n%d sandboxes of %d MiB (limit %d), %d at a time; MemAvailable %d MiB, reserve %d MiB; a 503 is retried for %v\n",
 		res.Machine, c.n, c.heapMiB, c.limitMiB, c.parallel, avail, c.reserveMiB, c.retry)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	apiAddr := ln.Addr().String()
-	ln.Close()
 	data := filepath.Join(work, "data")
-	logf, err := os.Create(filepath.Join(dir.Path, "sandstormd.log"))
-	if err != nil {
-		return "", err
-	}
-	defer logf.Close()
-	args := []string{"serve", "--master", "--node", "--data-dir", data, "--listen", apiAddr,
-		"--runsc", runsc, "--subnet", "10.189.0.0/16", "--gateway-ports", "31000-31999", "--memory-reserve", strconv.FormatInt(c.reserveMiB, 10),
+	args := []string{"--runsc", runsc, "--subnet", "10.189.0.0/16", "--gateway-ports", "31000-31999", "--memory-reserve", strconv.FormatInt(c.reserveMiB, 10),
 		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
 	res.Params["sandstormd_args"] = args
-	daemon := exec.Command(bin, args...)
-	daemon.Stdout, daemon.Stderr = logf, logf
-	if err := daemon.Start(); err != nil {
+	sd, err := bench.StartSandstormd(ctx, bin, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
+	if err != nil {
 		return "", err
 	}
-	defer func() {
-		daemon.Process.Signal(syscall.SIGTERM)
-		daemon.Wait()
-	}()
-	var cl *client.Client
-	for deadline := time.Now().Add(time.Minute); ; {
-		if tok, err := client.ReadToken(data); err == nil {
-			cl = client.New("http://"+apiAddr, tok)
-			if st, err := cl.Node(ctx); err == nil && st.Reconciling == 0 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			return "", errors.New("sandstormd did not answer within a minute; see sandstormd.log")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	defer sd.Stop()
+	cl, apiAddr := sd.Client, sd.API
 	env := append(append([]string{}, d.Env...), fmt.Sprintf("HEAP_MIB=%d", c.heapMiB))
 	if _, err := cl.CreateTemplate(ctx, api.TemplateRequest{Name: "heap", RootfsDir: rootfs,
 		Process: api.Process{Args: d.Args, Env: env}, Ports: d.Ports, MemoryMiB: c.limitMiB}); err != nil {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"sandstorm/api"
-	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -188,23 +187,7 @@ func (n *Node) restoreChild(sb store.Sandbox, t store.Template, parent store.San
 	if err := copyTree(bg, filepath.Join(stage, "upper"), d.upper()); err != nil {
 		return err
 	}
-	if err := d.mountRootfs(t.Rootfs); err != nil {
-		return err
-	}
-	nw, err := n.Net(sb.ID, sb.Slot)
-	if err != nil {
-		return err
-	}
-	if err := netns.Create(nw); err != nil {
-		return err
-	}
-	if err := d.writeResolvConf(nw.Host.Addr()); err != nil {
-		return err
-	}
-	if err := n.boundaryUp(sb); err != nil {
-		return err
-	}
-	if err := d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path()); err != nil {
+	if err := n.prepare(sb, t); err != nil {
 		return err
 	}
 	d.mark("cloned from %s (%s): its memory and volume are the parent's at that moment, reseeded", parent.Name, parent.ID)

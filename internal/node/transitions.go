@@ -18,6 +18,19 @@ import (
 // coldStart starts sb from its template: rootfs overlay, OCI spec, network
 // namespace and veth, container. It is also the wake from detached.
 func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template) error {
+	if err := n.prepare(sb, t); err != nil {
+		return err
+	}
+	n.dir(sb.ID).mark("started from template %s (a cold start: its memory is new, its volume kept)", t.Name)
+	return n.be.Start(ctx, n.spec(sb))
+}
+
+// prepare lays out everything a sandbox runs in before runsc starts or
+// restores it: the overlay of the template's rootfs and its volume, its
+// network namespace and veth (addresses put back), its resolver, its
+// boundary, and the bundle's OCI spec with its own hostname and netns. A
+// cold start, a warm start and a clone's child differ only after it.
+func (n *Node) prepare(sb store.Sandbox, t store.Template) error {
 	d := n.dir(sb.ID)
 	if err := d.mountRootfs(t.Rootfs); err != nil {
 		return err
@@ -35,11 +48,7 @@ func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template
 	if err := n.boundaryUp(sb); err != nil {
 		return err
 	}
-	if err := d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path()); err != nil {
-		return err
-	}
-	d.mark("started from template %s (a cold start: its memory is new, its volume kept)", t.Name)
-	return n.be.Start(ctx, n.spec(sb))
+	return d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path())
 }
 
 // Wake brings sandbox id to hot from any tier (gateway.Waker). Concurrent

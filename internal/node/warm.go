@@ -239,26 +239,10 @@ func (n *Node) warmStart(ctx context.Context, sb store.Sandbox, t store.Template
 	if t.Warm == nil || !n.warmReady(t.Name) {
 		return false, nil
 	}
+	if err := n.prepare(sb, t); err != nil {
+		return true, err
+	}
 	d := n.dir(sb.ID)
-	if err := d.mountRootfs(t.Rootfs); err != nil {
-		return true, err
-	}
-	nw, err := n.Net(sb.ID, sb.Slot)
-	if err != nil {
-		return true, err
-	}
-	if err := netns.Create(nw); err != nil {
-		return true, err
-	}
-	if err := d.writeResolvConf(nw.Host.Addr()); err != nil {
-		return true, err
-	}
-	if err := n.boundaryUp(sb); err != nil {
-		return true, err
-	}
-	if err := d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path()); err != nil {
-		return true, err
-	}
 	d.mark("started from the warm image of template %s (its memory is the template's, reseeded; its volume new)", t.Name)
 	spec := n.spec(sb)
 	if err := n.be.Restore(ctx, spec, n.warmLayout(t.Name).warmImage()); err != nil {
