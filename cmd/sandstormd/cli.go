@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
+	"sandstorm/internal/node"
 )
 
 // apiClient builds a client from --api and the token (SANDSTORM_TOKEN, or
@@ -76,6 +78,9 @@ func templateCmd() *cobra.Command {
 			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
 			if warmProbe != "" || warmSignal != "" || len(warmCommand) > 0 {
 				probe, err := parseProbe(warmProbe)
+				if err == nil {
+					err = checkReseed(warmSignal, warmCommand, "a warm template")
+				}
 				if err != nil {
 					return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
 				}
@@ -112,8 +117,8 @@ func templateCmd() *cobra.Command {
 	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint")
 	create.Flags().StringVar(&warmProbe, "warm-probe", "", "make the template warm: started once, checkpointed when this answers (/PATH: HTTP GET on the first port; :PORT/PATH or :PORT: another port, TCP connect without a path); needs --reseed-signal or --reseed-command")
 	create.Flags().StringVar(&warmSignal, "reseed-signal", "", "warm template: signal sent to each sandbox's process right after its restore (SIGHUP, SIGUSR1, SIGUSR2)")
-	create.Flags().StringSliceVar(&warmCommand, "reseed-command", nil, "warm template: command run inside each sandbox right after its restore (absolute path,args...)")
-	create.Flags().IntVar(&memMiB, "memory", 0, "memory limit in MiB (0: none)")
+	create.Flags().StringArrayVar(&warmCommand, "reseed-command", nil, "warm template: command run inside each sandbox right after its restore: the absolute path, then each argument as another --reseed-command")
+	create.Flags().IntVar(&memMiB, "memory", 0, "memory limit of its sandboxes in MiB (0: the daemon's --sandbox-memory)")
 	create.Flags().StringVar(&tmplPrincipal, "principal", "", "principal of its sandboxes (default: each sandbox's name)")
 
 	var demoDir string
@@ -308,20 +313,30 @@ starts every line with the time it was written.`,
 	var reseedCommand []string
 	clone := &cobra.Command{
 		Use:   "clone ID|NAME",
-		Short: "Make children of a running sandbox from its memory",
-		Long: `Make -n children of a running sandbox from its memory: the parent is paused
-for one checkpoint (it keeps running after), and each child is a restore of
+		Short: "Make children of a sandbox from its memory",
+		Long: `Make -n children of a sandbox from its memory: the parent is woken if it is not
+hot (a detached one is cold-started, so its memory is new), paused for one
+checkpoint (it keeps running after), and each child is a restore of
 that image with its own name (<parent>-<n>), address, boundary, principal
 (<parent's principal>.<n> unless --principal) and a copy of the parent's volume.
 
 Every child starts from the parent's memory, random state included, so each
 is reseeded right after its restore: --reseed-signal (sent to its process)
-or --reseed-command (run inside it), or else the template's warm reseed.`,
+or --reseed-command (run inside it), or else the template's warm reseed; the
+node refuses a clone with none.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := apiClient(cmd)
 			if err != nil {
 				return err
+			}
+			if count < 1 || count > node.MaxClone {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("-n %d: clone 1 to %d at a time", count, node.MaxClone)}
+			}
+			if reseedSignal != "" || len(reseedCommand) > 0 {
+				if err := checkReseed(reseedSignal, reseedCommand, "clone"); err != nil {
+					return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+				}
 			}
 			req := api.CloneRequest{Count: count, Principal: clonePrincipal}
 			if reseedSignal != "" || len(reseedCommand) > 0 {
@@ -346,7 +361,7 @@ or --reseed-command (run inside it), or else the template's warm reseed.`,
 	clone.Flags().IntVarP(&count, "count", "n", 1, "how many children (1-100)")
 	clone.Flags().StringVar(&clonePrincipal, "principal", "", "the children's principal (default <parent's principal>.<n>)")
 	clone.Flags().StringVar(&reseedSignal, "reseed-signal", "", "signal sent to each child's process after its restore: SIGHUP, SIGUSR1 or SIGUSR2")
-	clone.Flags().StringSliceVar(&reseedCommand, "reseed-command", nil, "command run inside each child after its restore (absolute path,args...)")
+	clone.Flags().StringArrayVar(&reseedCommand, "reseed-command", nil, "command run inside each child after its restore: the absolute path, then each argument as another --reseed-command")
 	cmd.AddCommand(create, ls, get, rm, logs, clone)
 	for _, op := range []struct{ name, short string }{
 		{"freeze", "Pause a hot sandbox in place"},
@@ -451,4 +466,22 @@ func parseProbe(s string) (api.Probe, error) {
 		p.Path = "/" + path
 	}
 	return p, nil
+}
+
+// checkReseed is the CLI's own check of a reseed (the node checks again):
+// a signal it takes or an absolute command, exactly one, for what.
+func checkReseed(signal string, command []string, what string) error {
+	switch {
+	case signal == "" && len(command) == 0:
+		return fmt.Errorf("%s needs --reseed-signal (e.g. SIGUSR1) or --reseed-command: each of its sandboxes starts from the same memory, random state included", what)
+	case signal != "" && len(command) > 0:
+		return errors.New("give --reseed-signal or --reseed-command, not both")
+	case signal != "":
+		if _, ok := node.ReseedSignal(signal); !ok {
+			return fmt.Errorf("--reseed-signal %q: use one of %s", signal, strings.Join(node.ReseedSignals(), ", "))
+		}
+	case !strings.HasPrefix(command[0], "/"):
+		return fmt.Errorf("--reseed-command %q: give the absolute path of the command inside the rootfs", command[0])
+	}
+	return nil
 }

@@ -274,9 +274,17 @@ func Annotate(path string, from int64, w io.Writer) (int64, error) {
 		}
 		line := data[:i+1]
 		end := off + int64(len(line))
-		bw.WriteString(stampFor(stamps, end))
-		bw.WriteByte(' ')
-		bw.Write(line)
+		if at, rest, ok := markTime(line); ok {
+			// The node's own lines carry the time they were written
+			// (even while nothing watched): shown once, in the column.
+			bw.WriteString(at.UTC().Format(stampLayout))
+			bw.WriteString(" --- ")
+			bw.Write(rest)
+		} else {
+			bw.WriteString(stampFor(stamps, end))
+			bw.WriteByte(' ')
+			bw.Write(line)
+		}
 		data = data[i+1:]
 		off = end
 	}
@@ -289,7 +297,29 @@ func stampFor(stamps []stamp, end int64) string {
 	if i == len(stamps) || stamps[i].At.IsZero() {
 		return "-" + pad
 	}
-	return stamps[i].At.Format("2006-01-02T15:04:05.000Z07:00")
+	return stamps[i].At.Format(stampLayout)
+}
+
+// stampLayout is RFC 3339 with milliseconds.
+const stampLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// markTime reads a line the node writes into a console log itself,
+// "--- <RFC 3339 time> sandstorm: … ---", and returns its time and what
+// follows the time ("sandstorm: … ---\n").
+func markTime(line []byte) (time.Time, []byte, bool) {
+	rest, ok := bytes.CutPrefix(line, []byte("--- "))
+	if !ok {
+		return time.Time{}, nil, false
+	}
+	ts, after, ok := bytes.Cut(rest, []byte(" "))
+	if !ok || !bytes.HasPrefix(after, []byte("sandstorm: ")) {
+		return time.Time{}, nil, false
+	}
+	at, err := time.Parse(time.RFC3339Nano, string(ts))
+	if err != nil {
+		return time.Time{}, nil, false
+	}
+	return at, after, true
 }
 
 // pad lines "-" up with a time's width, so the lines' text stays aligned.

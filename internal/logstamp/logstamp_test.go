@@ -121,3 +121,15 @@ func TestSplitWrite(t *testing.T) {
 		t.Errorf("annotated %q", got)
 	}
 }
+
+// TestNodeMarks: the node's own lines are stamped with the time they
+// carry, shown once, even with no record at all.
+func TestNodeMarks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console.log")
+	os.WriteFile(path, []byte("--- 2026-12-01T12:14:49.819106177Z sandstorm: checkpointed to disk (snapshot tier) ---\n"), 0o600)
+	var out bytes.Buffer
+	Annotate(path, 0, &out)
+	if want := "2026-12-01T12:14:49.819Z --- sandstorm: checkpointed to disk (snapshot tier) ---\n"; out.String() != want {
+		t.Errorf("annotated %q, want %q", out.String(), want)
+	}
+}

@@ -144,7 +144,10 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, node.ErrNoMemory), errors.Is(err, node.ErrNoDisk), errors.Is(err, node.ErrRefused), errors.Is(err, node.ErrFull):
 		writeErr(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
 	case errors.Is(err, node.ErrBadInput), errors.Is(err, rootfs.ErrUnsafe), errors.Is(err, errBadRequest):
-		writeErr(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		// The sentinels' own words ("bad input: ", "bad request: ") say
+		// again what the code says.
+		msg := strings.ReplaceAll(strings.ReplaceAll(err.Error(), node.ErrBadInput.Error()+": ", ""), errBadRequest.Error()+": ", "")
+		writeErr(w, http.StatusBadRequest, api.CodeBadRequest, msg)
 	default:
 		s.cfg.Log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeErr(w, http.StatusInternalServerError, api.CodeInternal, err.Error())

@@ -113,6 +113,15 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 		l.unmountRootfs()
 	}
 	cleanup() // a build cut short by a crash
+	ok := false
+	defer func() {
+		// Deferred first, so it runs last: after cleanup has unmounted the
+		// build's overlay. Nothing of a failed build stays (the template
+		// is not registered).
+		if !ok {
+			os.RemoveAll(string(l))
+		}
+	}()
 	defer cleanup()
 	tmp := l.warmImage() + ".tmp"
 	for _, p := range []string{tmp, l.upper(), l.work()} {
@@ -139,7 +148,7 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	}
 	target := netip.AddrPortFrom(nw.Sandbox.Addr(), uint16(port))
 	if err := n.probe(ctx, target, t.Warm.Probe.Path); err != nil {
-		return fmt.Errorf("%w: template %s: its probe (%s%s) did not answer within %s: %v (its output: %s)",
+		return fmt.Errorf("%w: template %s: its probe (%s%s) did not succeed within %s (last: %v; its output: %s)",
 			ErrBadInput, t.Name, target, t.Warm.Probe.Path, n.cfg.Ready, err, tail(l.log(), 400))
 	}
 	ready := time.Since(start)
@@ -157,7 +166,28 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 		return err
 	}
 	n.log.Info("warm image made", "template", t.Name, "ready_ms", ready.Milliseconds(), "total_ms", time.Since(start).Milliseconds())
+	ok = true
 	return nil
+}
+
+// removeOrphanWarm removes warm build directories no template owns (a
+// template deleted while the node was down, or a build cut short by a
+// crash before its template was refused).
+func (n *Node) removeOrphanWarm(ctx context.Context) {
+	ents, err := os.ReadDir(filepath.Join(n.cfg.DataDir, "warm"))
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		t, err := n.st.GetTemplate(ctx, e.Name())
+		if err == nil && t.Warm != nil {
+			continue
+		}
+		if errors.Is(err, store.ErrNotFound) || err == nil {
+			n.log.Info("reconcile: removing a warm image no template owns", "template", e.Name())
+			n.DropWarm(e.Name())
+		}
+	}
 }
 
 // DropWarm removes template name's warm image and build directory.

@@ -149,7 +149,7 @@ func TestCLI(t *testing.T) {
 	waitUntil(t, 10*time.Second, "the demo's line has a time in sandbox logs --timestamps", func() bool {
 		return stampRE.MatchString(cli(t, env, "sandbox", "logs", "--timestamps", "cli1").Stdout)
 	})
-	cli(t, env, "sandbox", "logs", "-t", "cli1").ok(t, "sandbox logs -t", `(?m)^\d{4}-\d\d-\d\dT\S+Z --- \S+ sandstorm: started from template cliweb`)
+	cli(t, env, "sandbox", "logs", "-t", "cli1").ok(t, "sandbox logs -t", `(?m)^\d{4}-\d\d-\d\dT\S+Z --- sandstorm: started from template cliweb`)
 	// --follow prints what is appended while it runs.
 	fctx, fcancel := context.WithTimeout(context.Background(), time.Minute)
 	defer fcancel()
@@ -238,8 +238,15 @@ func TestCLI(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^([0-9a-f]{12})\s+w1-\d`).FindAllStringSubmatch(r.Stdout, -1) {
 		d.track(m[1])
 	}
-	if r := cli(t, env, "template", "create", "x", "--rootfs-dir", webRootfs, "--warm-probe", "nope", "--", "/usr/bin/python3"); r.Code != 2 {
-		t.Errorf("template create --warm-probe nope: exit %d, want 2 (usage)", r.Code)
+	for _, args := range [][]string{
+		{"template", "create", "x", "--rootfs-dir", webRootfs, "--warm-probe", "nope", "--", "/usr/bin/python3"},
+		{"template", "create", "x", "--rootfs-dir", webRootfs, "--warm-probe", "/healthz", "--", "/usr/bin/python3"}, // no reseed
+		{"sandbox", "clone", "w1", "-n", "0"},
+		{"sandbox", "clone", "w1", "--reseed-signal", "SIGKILL"},
+	} {
+		if r := cli(t, env, args...); r.Code != 2 || !strings.Contains(r.Stderr, "--help") {
+			t.Errorf("sandstormd %v: exit %d (%q), want 2 (usage)", args, r.Code, r.Stderr)
+		}
 	}
 
 	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API}, "doctor").ok(t, "sandstormd doctor", `(?m)^✓ runsc\s`, `(?m)^✓ daemon\s+sandstormd answers at `)

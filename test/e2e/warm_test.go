@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -63,7 +64,7 @@ func TestWarmTemplate(t *testing.T) {
 	}{
 		{"noreseed", &api.Warm{Probe: api.Probe{Path: "/healthz"}}, "how to reseed"},
 		{"badsignal", &api.Warm{Reseed: api.Reseed{Signal: "SIGKILL"}}, "use one of"},
-		{"noanswer", &api.Warm{Probe: api.Probe{Port: 9}, Reseed: api.Reseed{Signal: "SIGUSR1"}}, "did not answer"},
+		{"noanswer", &api.Warm{Probe: api.Probe{Port: 9}, Reseed: api.Reseed{Signal: "SIGUSR1"}}, "did not succeed within"},
 	}
 	for _, b := range bad {
 		_, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: b.name, RootfsDir: webRootfs,
@@ -75,6 +76,9 @@ func TestWarmTemplate(t *testing.T) {
 		var got api.Template
 		if err := d.C.Do(ctxT(t), http.MethodGet, "/v1/templates/"+b.name, nil, &got); client.StatusOf(err) != http.StatusNotFound {
 			t.Errorf("%s: a refused warm template is registered anyway (%v)", b.name, err)
+		}
+		if exists(filepath.Join(d.DataDir, "warm", b.name)) {
+			t.Errorf("%s: a refused warm template left its build directory", b.name)
 		}
 	}
 }
