@@ -155,9 +155,13 @@ type Sandbox struct {
 	// Endpoints maps each template port ("8000") to the gateway URL that
 	// reaches it ("http://127.0.0.1:20001"); a request there wakes the
 	// sandbox from any tier.
-	Endpoints  map[string]string `json:"endpoints"`
-	LastActive time.Time         `json:"last_active"`
-	CreatedAt  time.Time         `json:"created_at"`
+	Endpoints map[string]string `json:"endpoints"`
+	// HostEndpoints are the same ports on the node's Host-routed listener
+	// ("http://8000-<name>.sandbox.localhost:8090"), when it has one
+	// (sandstormd serve --gateway-host-listen): HTTP only.
+	HostEndpoints map[string]string `json:"host_endpoints,omitempty"`
+	LastActive    time.Time         `json:"last_active"`
+	CreatedAt     time.Time         `json:"created_at"`
 	// LastWakeMs is how long the last wake took, in milliseconds, and
 	// LastWakeFrom the tier it woke from; before any wake, LastWakeMs is
 	// how long the create took and LastWakeFrom is empty.

@@ -424,6 +424,14 @@ func printSandbox(cmd *cobra.Command, sb api.Sandbox) error {
 	for _, e := range strings.Fields(endpoints(sb)) {
 		fmt.Println("  ", e)
 	}
+	ports := make([]string, 0, len(sb.HostEndpoints))
+	for p := range sb.HostEndpoints {
+		ports = append(ports, p)
+	}
+	slices.Sort(ports)
+	for _, p := range ports {
+		fmt.Printf("   %s→%s (by Host, HTTP only)\n", p, sb.HostEndpoints[p])
+	}
 	if sb.Boundary != "" {
 		fmt.Printf("   boundary (principal %s): %s\n", sb.Principal, sb.Boundary)
 	}

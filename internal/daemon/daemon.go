@@ -50,8 +50,11 @@ type Options struct {
 	Runsc, Platform, Compression string
 	Subnet                       string // sandbox address pool, e.g. 10.213.0.0/16
 	GatewayBind                  string // address the gateway listens on
-	GatewayPorts                 string // "20000-29999"
-	MemReserve                   int64  // MiB
+	// HostListen is the Host-routed gateway listener's address ("": none),
+	// HostDomain the domain its names end in.
+	HostListen, HostDomain string
+	GatewayPorts           string // "20000-29999"
+	MemReserve             int64  // MiB
 	// SandboxMemory is the default memory limit of a sandbox, MiB;
 	// DiskReserve the disk (MiB) kept free under the data dir.
 	SandboxMemory, DiskReserve int64
@@ -284,7 +287,7 @@ func Serve(ctx context.Context, o Options) error {
 	defer stopSAM()
 	nd, err := node.New(node.Config{
 		Name: "local", DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
-		GatewayBind: bind, PortMin: pmin, PortMax: pmax,
+		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
 		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
 		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log,
 	})

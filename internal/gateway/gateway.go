@@ -105,6 +105,9 @@ func New(cfg Config, w Waker, log *slog.Logger) *Gateway {
 type sandboxGate struct {
 	id        string
 	listeners []net.Listener
+	// targets are the sandbox's address:port for each of its ports, for
+	// the Host-routed listener (host.go).
+	targets map[int]netip.AddrPort
 
 	mu      sync.Mutex
 	blocked bool
@@ -118,7 +121,7 @@ type sandboxGate struct {
 }
 
 func newGate(id string) *sandboxGate {
-	sg := &sandboxGate{id: id, conns: map[*pair]struct{}{}}
+	sg := &sandboxGate{id: id, conns: map[*pair]struct{}{}, targets: map[int]netip.AddrPort{}}
 	sg.idle = sync.NewCond(&sg.mu)
 	return sg
 }
@@ -144,6 +147,9 @@ type pair struct {
 func (g *Gateway) Listen(id string, bind netip.Addr, target netip.Addr, ports map[int]int) error {
 	g.Close(id)
 	sg := newGate(id)
+	for sport := range ports {
+		sg.targets[sport] = netip.AddrPortFrom(target, uint16(sport))
+	}
 	for sport, hport := range ports {
 		ln, err := net.Listen("tcp", netip.AddrPortFrom(bind, uint16(hport)).String())
 		if err != nil {

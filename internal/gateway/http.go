@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -29,7 +30,15 @@ const maxHeaderBytes = http.DefaultMaxHeaderBytes
 // request was sniffed).
 func (g *Gateway) serveHTTP(sg *sandboxGate, p *pair, target netip.AddrPort, prefix []byte) {
 	src := &budget{r: io.MultiReader(bytes.NewReader(prefix), p.client)}
-	cr := bufio.NewReaderSize(src, 32<<10)
+	g.httpLoop(sg, p, target, src, bufio.NewReaderSize(src, 32<<10), nil, "")
+}
+
+// httpLoop is serveHTTP's loop over the requests of a connection read
+// through src and cr. first, when set, is its first request, already read
+// (the Host-routed listener reads it to know the sandbox). host, when set,
+// binds the connection to that Host: a later request for another is
+// answered 421 (RFC 9110 §15.5.20) and the connection closed.
+func (g *Gateway) httpLoop(sg *sandboxGate, p *pair, target netip.AddrPort, src *budget, cr *bufio.Reader, first0 *http.Request, host string) {
 	var up net.Conn
 	var ur *bufio.Reader
 	first := true
@@ -37,9 +46,13 @@ func (g *Gateway) serveHTTP(sg *sandboxGate, p *pair, target netip.AddrPort, pre
 		if !first {
 			sg.done(p)
 		}
-		src.left = maxHeaderBytes
-		req, err := http.ReadRequest(cr)
-		src.left = math.MaxInt64
+		var req *http.Request
+		var err error
+		if first && first0 != nil {
+			req = first0
+		} else {
+			req, err = readRequest(src, cr)
+		}
 		if err != nil {
 			switch {
 			case errors.Is(err, errHeaderTooLarge):
@@ -47,6 +60,10 @@ func (g *Gateway) serveHTTP(sg *sandboxGate, p *pair, target netip.AddrPort, pre
 			case !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.ErrUnexpectedEOF):
 				writeStatus(p.client, http.StatusBadRequest, "malformed request: "+err.Error())
 			}
+			return
+		}
+		if host != "" && !strings.EqualFold(req.Host, host) {
+			writeStatus(p.client, http.StatusMisdirectedRequest, "this connection is for "+host+"; open another for "+req.Host)
 			return
 		}
 		g.waker.Touch(sg.id)
@@ -131,6 +148,15 @@ func alive(up net.Conn, ur *bufio.Reader) bool {
 	}
 	_ = n // 0 with no error is EOF, more is unasked data: neither is reusable
 	return errors.Is(rerr, unix.EAGAIN)
+}
+
+// readRequest reads one request, its header block bounded by
+// maxHeaderBytes.
+func readRequest(src *budget, cr *bufio.Reader) (*http.Request, error) {
+	src.left = maxHeaderBytes
+	req, err := http.ReadRequest(cr)
+	src.left = math.MaxInt64
+	return req, err
 }
 
 // errHeaderTooLarge ends a request header block over maxHeaderBytes.

@@ -40,6 +40,7 @@ type Node interface {
 	Detach(ctx context.Context, id string) (store.Sandbox, error)
 	Wake(ctx context.Context, id string) error
 	Endpoints(sb store.Sandbox) map[string]string
+	HostEndpoints(sb store.Sandbox) map[string]string
 	Address(sb store.Sandbox) string
 	LogPath(id string) string
 	BoundarySocket(id string) string
@@ -187,7 +188,7 @@ func (s *server) toAPISandbox(sb store.Sandbox) api.Sandbox {
 	return api.Sandbox{
 		ID: sb.ID, Name: sb.Name, Template: sb.Template, Node: sb.Node, Backend: sb.Backend,
 		Tier: sb.Tier, Transition: sb.Transition, Address: s.cfg.Node.Address(sb),
-		Endpoints: s.cfg.Node.Endpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
+		Endpoints: s.cfg.Node.Endpoints(sb), HostEndpoints: s.cfg.Node.HostEndpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: s.cfg.Node.BoundarySocket(sb.ID),
 		MemoryMiB: sb.MemoryMiB,

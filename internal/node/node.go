@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -67,6 +68,10 @@ type Config struct {
 	// host name put in endpoint URLs (defaults to GatewayBind).
 	GatewayBind netip.Addr
 	GatewayHost string
+	// HostListen, when set, is the address of the gateway's one listener
+	// routing by Host (http://<port>-<sandbox>.<HostDomain>:<its port>/),
+	// beside the per-sandbox ports.
+	HostListen, HostDomain string
 	// GatewayPorts is the inclusive range of gateway ports.
 	PortMin, PortMax int
 	// MemReserveMiB: the node keeps this much MemAvailable (MiB) free: it
@@ -112,6 +117,8 @@ type Node struct {
 
 	allocMu sync.Mutex // serialises slot and port allocation
 	warmMu  sync.Mutex // one warm image build at a time (they share a slot)
+	// hostLn is the Host-routed gateway listener (nil: none).
+	hostLn net.Listener
 	// stamps times the lines of running sandboxes' console logs (nil if
 	// inotify is not available: logs then have no times).
 	stamps *logstamp.Stamper
@@ -220,6 +227,12 @@ func New(cfg Config) (*Node, error) {
 		cfg.Log.Warn("console log lines get no times", "err", err)
 	}
 	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark}, n, cfg.Log)
+	if err := n.serveHosts(); err != nil {
+		if n.stamps != nil {
+			n.stamps.Close()
+		}
+		return nil, err
+	}
 	return n, nil
 }
 
@@ -494,6 +507,43 @@ func (n *Node) Endpoints(sb store.Sandbox) map[string]string {
 	return out
 }
 
+// HostEndpoints returns, per sandbox port, its URL on the Host-routed
+// listener (nil when there is none).
+func (n *Node) HostEndpoints(sb store.Sandbox) map[string]string {
+	if n.hostLn == nil {
+		return nil
+	}
+	_, lport, _ := net.SplitHostPort(n.hostLn.Addr().String())
+	out := map[string]string{}
+	for sport := range sb.HostPorts {
+		out[strconv.Itoa(sport)] = "http://" + strconv.Itoa(sport) + "-" + sb.Name + "." + n.cfg.HostDomain + ":" + lport
+	}
+	return out
+}
+
+// serveHosts opens the Host-routed listener, if configured.
+func (n *Node) serveHosts() error {
+	if n.cfg.HostListen == "" {
+		return nil
+	}
+	if n.cfg.HostDomain == "" {
+		n.cfg.HostDomain = "sandbox.localhost"
+	}
+	ln, err := net.Listen("tcp", n.cfg.HostListen)
+	if err != nil {
+		return fmt.Errorf("gateway host listener: %w", err)
+	}
+	n.hostLn = ln
+	go n.gw.ServeHosts(ln, n.cfg.HostDomain, func(ref string) (string, bool) {
+		sb, err := n.st.GetSandbox(context.Background(), ref)
+		if err != nil || sb.Node != n.cfg.Name {
+			return "", false
+		}
+		return sb.ID, true
+	})
+	return nil
+}
+
 func mustAddr(host string) netip.Addr {
 	a, err := netip.ParseAddr(host)
 	if err != nil {
@@ -703,6 +753,9 @@ func (n *Node) Close() {
 		close(n.stop)
 	}
 	n.done.Wait()
+	if n.hostLn != nil {
+		n.hostLn.Close()
+	}
 	n.gw.CloseAll()
 	if n.stamps != nil {
 		defer n.stamps.Close()
