@@ -293,3 +293,28 @@ func (c *copier) matches(cand string, f *elf.File) bool {
 func timespecTime(ts syscall.Timespec) time.Time {
 	return time.Unix(ts.Sec, ts.Nsec)
 }
+
+// addUnwinder copies libgcc_s.so.1 next to every libc.so.6 in the rootfs.
+// glibc loads it with dlopen (it is no DT_NEEDED of anything, so
+// resolveLibraries cannot find it) to unwind a thread that exits or is
+// cancelled; without it a program whose threads end at exit aborts:
+// "libgcc_s.so.1 must be installed for pthread_exit to work" (seen in
+// TestWebRootfs when the Python server's handler threads ended on SIGTERM).
+func (c *copier) addUnwinder() error {
+	var libcs []string
+	for _, pat := range []string{"lib*/*/libc.so.6", "usr/lib*/*/libc.so.6", "lib*/libc.so.6", "usr/lib*/libc.so.6"} {
+		m, _ := filepath.Glob(filepath.Join(c.root, pat))
+		libcs = append(libcs, m...)
+	}
+	for _, l := range libcs {
+		dir := strings.TrimPrefix(filepath.Dir(l), c.root)
+		host := filepath.Join(dir, "libgcc_s.so.1")
+		if _, err := os.Stat(host); err != nil {
+			continue
+		}
+		if err := c.add(host); err != nil {
+			return err
+		}
+	}
+	return c.resolveLibraries()
+}

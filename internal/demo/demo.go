@@ -294,6 +294,9 @@ func build(dir string, spec demoSpec) error {
 	if err := b.resolveLibraries(); err != nil {
 		return err
 	}
+	if err := b.addUnwinder(); err != nil {
+		return err
+	}
 	if err := writeSkeleton(dir); err != nil {
 		return err
 	}
