@@ -966,7 +966,9 @@ func TestStartWithoutItsNetwork(t *testing.T) {
 }
 
 // TestCompressedSnapshot: with Compression flate-best-speed the image is
-// smaller than without, and restores with its memory.
+// smaller than without, and both restore with a backend set for
+// uncompressed images (restore -background, which runsc's help says needs
+// an uncompressed image; Restore retries without it if refused).
 func TestCompressedSnapshot(t *testing.T) {
 	b := newBackend(t)
 	netns := newNetns(t)
@@ -980,6 +982,8 @@ func TestCompressedSnapshot(t *testing.T) {
 			t.Fatalf("Checkpoint (compression %q): %v", c, err)
 		}
 		sizes[c] = dirSize(img)
+		// Restored as a node with the default compression would.
+		b.Compression = ""
 		if err := b.Restore(context.Background(), spec, img); err != nil {
 			t.Fatalf("Restore (compression %q): %v", c, err)
 		}
