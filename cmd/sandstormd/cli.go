@@ -189,9 +189,9 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 				return printJSON(ts)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tPORTS\tPROCESS\tROOTFS")
+			fmt.Fprintln(tw, "NAME\tPORTS\tPROCESS\tROOTFS\tWARM")
 			for _, t := range ts {
-				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\n", t.Name, t.Ports, strings.Join(t.Process.Args, " "), t.Rootfs)
+				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\n", t.Name, t.Ports, strings.Join(t.Process.Args, " "), t.Rootfs, warmText(t.Warm))
 			}
 			return tw.Flush()
 		},
@@ -492,4 +492,23 @@ func checkReseed(signal string, command []string, what string) error {
 		return fmt.Errorf("--reseed-command %q: give the absolute path of the command inside the rootfs", command[0])
 	}
 	return nil
+}
+
+// warmText says how a template is warm, for template ls ("-": it is not).
+func warmText(w *api.Warm) string {
+	if w == nil {
+		return "-"
+	}
+	probe := "tcp"
+	if w.Probe.Path != "" {
+		probe = w.Probe.Path
+	}
+	if w.Probe.Port != 0 {
+		probe = ":" + strconv.Itoa(w.Probe.Port) + probe
+	}
+	reseed := w.Reseed.Signal
+	if reseed == "" {
+		reseed = strings.Join(w.Reseed.Command, " ")
+	}
+	return "probe " + probe + ", reseed " + reseed
 }

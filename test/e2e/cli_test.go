@@ -107,7 +107,7 @@ func TestCLI(t *testing.T) {
 	}
 	args = append(append(args, "--"), webDemo.Args...)
 	cli(t, env, args...).ok(t, "template create", `template cliweb registered`)
-	cli(t, env, "template", "ls").ok(t, "template ls", `(?m)^NAME\s+PORTS`, `(?m)^cliweb\s+\[8000\]\s+/usr/bin/python3 /srv/app.py`)
+	cli(t, env, "template", "ls").ok(t, "template ls", `(?m)^NAME\s+PORTS`, `(?m)^cliweb\s+\[8000\]\s+/usr/bin/python3 /srv/app.py\s+\S+\s+-$`)
 
 	r := cli(t, env, "sandbox", "create", "cliweb", "--name", "cli1")
 	r.ok(t, "sandbox create", `cli1 \([0-9a-f]{12}\) hot`, `8000→http://127\.0\.0\.1:\d+`)
@@ -230,6 +230,7 @@ func TestCLI(t *testing.T) {
 	}
 	args = append(append(args, "--"), webDemo.Args...)
 	cli(t, env, args...).ok(t, "template create --warm-probe", `template cliwarm registered`)
+	cli(t, env, "template", "ls").ok(t, "template ls with a warm template", `(?m)^cliwarm\s.*\sprobe /healthz, reseed SIGUSR1$`)
 	r = cli(t, env, "sandbox", "create", "cliwarm", "--name", "w1")
 	r.ok(t, "sandbox create from a warm template", `w1 \([0-9a-f]{12}\) hot`)
 	d.track(regexp.MustCompile(`w1 \(([0-9a-f]{12})\)`).FindStringSubmatch(r.Stdout)[1])
