@@ -167,10 +167,12 @@ func TestDrainKeepsHTTPClients(t *testing.T) {
 // for its answer before it closes anything, and the client gets all of it.
 func TestDrainWaitsForTheAnswer(t *testing.T) {
 	entered, finish := make(chan struct{}), make(chan struct{})
+	var served atomic.Bool // the handler has written the whole answer
 	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(entered)
 		<-finish
 		io.WriteString(w, strings.Repeat("x", 100000))
+		served.Store(true)
 	}), 0)
 	w := &fakeWaker{hot: true}
 	g, addr := newGateway(t, w, up.addr, Config{})
@@ -189,17 +191,27 @@ func TestDrainWaitsForTheAnswer(t *testing.T) {
 	if n := g.Active("sb"); n != 1 {
 		t.Errorf("Active = %d with a request in flight, want 1", n)
 	}
-	var answered atomic.Bool
 	drained := make(chan struct{})
 	go func() {
 		release := g.Drain("sb")
-		if !answered.Load() {
+		// Drain that did not wait would get here before finish is
+		// closed below, with nothing served.
+		if !served.Load() {
 			t.Error("Drain returned before the request in flight was answered")
 		}
 		release()
 		close(drained)
 	}()
-	answered.Store(true)
+	// The answer is let go only once the drain has begun (the gate is
+	// blocked).
+	g.mu.Lock()
+	sg := g.sands["sb"]
+	g.mu.Unlock()
+	waitUntil(t, "the drain has begun", func() bool {
+		sg.mu.Lock()
+		defer sg.mu.Unlock()
+		return sg.blocked
+	})
 	close(finish)
 	if r := <-got; r != "200 100000" {
 		t.Errorf("the request in flight got %q, want 200 and 100000 bytes", r)
