@@ -208,12 +208,8 @@ func (s *Stamper) record(w *watched, now time.Time, force bool) {
 
 // watching reports whether w is still watched (under mu).
 func (s *Stamper) watching(w *watched) bool {
-	for _, x := range s.byWD {
-		if x == w {
-			return true
-		}
-	}
-	return false
+	wd, ok := s.byPath[w.path]
+	return ok && s.byWD[wd] == w
 }
 
 // stamp is one record: the log held Size bytes at At.
