@@ -72,6 +72,12 @@ type TemplateRequest struct {
 type Warm struct {
 	Probe  Probe  `json:"probe"`
 	Reseed Reseed `json:"reseed"`
+	// Pool is how many of its sandboxes each node keeps restored and
+	// paused ahead of demand (0–16, default 0): a create that gives no
+	// name takes one and only resumes and reseeds it. Each costs a
+	// frozen sandbox's memory; the node gives them up first under
+	// memory pressure.
+	Pool int `json:"pool,omitempty"`
 }
 
 // Probe says when the template's process is ready to be checkpointed: an
@@ -200,6 +206,7 @@ const (
 	CodeConflict     = "conflict"      // 409
 	CodeTooLarge     = "too_large"     // 413
 	CodeUnavailable  = "unavailable"   // 503
+	CodeStandby      = "standby"       // 503: this master stands by; another leads
 	CodeInternal     = "internal"      // 500
 	CodeNotSupported = "not_supported" // 409: the backend lacks the tier
 )
@@ -214,4 +221,7 @@ type NodeStatus struct {
 	// Reconciling is how many sandboxes the node is still repairing after
 	// a restart (their transitions wait until it is done with each).
 	Reconciling int `json:"reconciling"`
+	// WarmPool is how many sandboxes each warm template's pool holds
+	// (restored and paused ahead of demand; not in Sandboxes).
+	WarmPool map[string]int `json:"warm_pool"`
 }

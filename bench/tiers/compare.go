@@ -27,6 +27,7 @@ type memory struct{ list []*memSeries }
 var memDescriptions = map[string]string{
 	"sandstormd":  "memory cgroup usage of a sandstormd sandbox right after its first answer (each start sample's sandbox; the cgroup runsc made under the daemon's root)",
 	"warm":        "the same for each warm-start sample's sandbox (a restore of the warm image)",
+	"warm-pool":   "the same for each warm-pool sample's sandbox (restored ahead of demand, resumed and reseeded by the create)",
 	"raw":         "memory cgroup usage of a raw runsc sandbox right after its first answer (each raw-start sample's sandbox)",
 	"clone-child": "the same for each clone child right after its first answer (a restore of its parent's image)",
 }
@@ -83,6 +84,7 @@ var comparisons = []comparison{
 	{"hot memory at first answer, MiB", "mem-hot/%s/sandstormd", "mem-hot/%s/raw", ""},
 	{"warm start → first answer / cold start, ms", "warm-start/%s/client", "start/%s/client", "≤ 0.5"},
 	{"warm create: node's own time / cold create's, ms", "warm-start/%s/node", "start/%s/node", ""},
+	{"pooled warm start → first answer / cold start, ms", "warm-pool/%s/client", "start/%s/client", "≤ 0.5"},
 	{"hot memory at first answer: warm / cold, MiB", "mem-hot/%s/warm", "mem-hot/%s/sandstormd", ""},
 }
 

@@ -54,6 +54,7 @@ type config struct {
 	n, startN, hotN, wakeN int
 	hotWarmup              int
 	cloneN, cloneRounds    int
+	rounds                 int
 	warmProbe              string // HTTP path of the warm copies' probe
 	reseedSignal           string // how warm sandboxes and clone children are reseeded
 	poll                   time.Duration
@@ -84,7 +85,9 @@ last_wake_ms:
   warm-start  the same as start for a warm copy of the template (registered
             as <template>-warm: started once, probed on --warm-probe and
             checkpointed; each sandbox is a restore of that image, reseeded
-            by --reseed-signal), and how long making the warm image took
+            by --reseed-signal), and how long making the warm image took;
+            then warm-pool: the same creates without a name, each taken
+            from the copy's warm pool of one (restored ahead, paused)
   start     POST /v1/sandboxes to the first 200 from the sandbox's gateway
             endpoint, polling every --poll (the seed polled every 50 ms);
             each sandbox is deleted afterwards
@@ -158,6 +161,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&series, "series", strings.Join(allSeries, ","), "measurements to run, comma-separated, of "+strings.Join(allSeries, ","))
 	fs.IntVar(&c.port, "port", demo.Port, "template port whose gateway endpoint is measured")
 	fs.IntVar(&c.n, "n", 50, "samples per series")
+	fs.IntVar(&c.rounds, "rounds", 5, "split every series into this many rounds, each running all series in turn, so that what is compared is measured close together in time")
 	fs.IntVar(&c.startN, "start-n", 0, "samples of start to first answer (0: -n)")
 	fs.IntVar(&c.hotN, "hot-n", 0, "samples of hot requests (0: 4 × -n; they are cheap)")
 	fs.IntVar(&c.wakeN, "wake-n", 0, "samples of each tier's wake (0: -n)")
@@ -191,6 +195,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if !slices.Contains(gvisor.Platforms, c.platform) {
 		return c, fmt.Errorf("--platform %q: use %s", c.platform, strings.Join(gvisor.Platforms, " or "))
+	}
+	if c.rounds < 1 {
+		return c, fmt.Errorf("--rounds %d: want at least 1", c.rounds)
 	}
 	if c.n < 1 {
 		return c, fmt.Errorf("-n %d: want at least 1", c.n)

@@ -50,42 +50,58 @@ var tierOps = map[string]tierOp{
 }
 
 // measureAll runs the chosen measurements for every template, writing the
-// results after each so a long run keeps what it has.
+// results after each so a long run keeps what it has. It runs them in
+// --rounds rounds, each taking its share of every series' samples, so that
+// a series and the raw baseline it is compared with are measured close
+// together in time all through the run: this machine's speed drifts over
+// minutes (the web start ratio moved between 0.79 and 1.27 across runs
+// that measured each series in one block).
 func (r *runner) measureAll(ctx context.Context) error {
-	for _, m := range allSeries {
-		if !r.cfg.wants(m) {
-			continue
+	for r.round = 1; r.round <= r.cfg.rounds; r.round++ {
+		if r.cfg.rounds > 1 {
+			fmt.Fprintf(os.Stderr, "round %d of %d\n", r.round, r.cfg.rounds)
 		}
-		for _, t := range r.cfg.templates {
-			r.res.Note("load average before %s/%s: %s", m, t, loadavg())
-			var err error
-			switch m {
-			case "warm-start":
-				err = r.measureWarmStart(ctx, t)
-			case "start":
-				err = r.measureStart(ctx, t)
-			case "clone":
-				err = r.measureClone(ctx, t)
-			case "hot":
-				err = r.measureHot(ctx, t)
-			case "raw-start":
-				err = r.measureRawStart(ctx, t)
-			case "raw-pause":
-				err = r.measureRawWake(ctx, t, rawPause)
-			case "raw-restore":
-				err = r.measureRawWake(ctx, t, rawRestore)
-			default:
-				err = r.measureWake(ctx, t, tierOps[m])
+		for _, m := range allSeries {
+			if !r.cfg.wants(m) {
+				continue
 			}
-			if werr := r.write(); werr != nil {
-				return werr
-			}
-			if err != nil {
-				return err
+			for _, t := range r.cfg.templates {
+				r.res.Note("load average before %s/%s (round %d): %s", m, t, r.round, loadavg())
+				var err error
+				switch m {
+				case "warm-start":
+					err = r.measureWarmStart(ctx, t)
+				case "start":
+					err = r.measureStart(ctx, t)
+				case "clone":
+					err = r.measureClone(ctx, t)
+				case "hot":
+					err = r.measureHot(ctx, t)
+				case "raw-start":
+					err = r.measureRawStart(ctx, t)
+				case "raw-pause":
+					err = r.measureRawWake(ctx, t, rawPause)
+				case "raw-restore":
+					err = r.measureRawWake(ctx, t, rawRestore)
+				default:
+					err = r.measureWake(ctx, t, tierOps[m])
+				}
+				if werr := r.write(); werr != nil {
+					return werr
+				}
+				if err != nil {
+					return err
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// upTo is how many samples a series of total samples has at the end of
+// the current round: its share so far, rounded up.
+func (r *runner) upTo(total int) int {
+	return (total*r.round + r.cfg.rounds - 1) / r.cfg.rounds
 }
 
 // series is one measurement's bookkeeping of failed attempts.
@@ -131,6 +147,9 @@ type createKind struct {
 	series   string // series prefix: start or warm-start
 	template string // the template's name on the daemon
 	memory   string // runtime of its memory series (see memDescriptions)
+	// pooled: create without a name, once the template's warm pool is
+	// full, so that each sample takes a pooled sandbox.
+	pooled bool
 	// clientDesc, apiDesc, nodeDesc describe the three series.
 	clientDesc, apiDesc, nodeDesc string
 }
@@ -156,6 +175,38 @@ func (r *runner) warmKind(reg string) createKind {
 	}
 }
 
+// poolKind is the warm-pool series of template t's warm copy reg: the same
+// creates, without a name, each taken from the warm pool.
+func (r *runner) poolKind(reg string) createKind {
+	return createKind{
+		series: "warm-pool", template: reg, memory: "warm-pool", pooled: true,
+		clientDesc: "POST /v1/sandboxes of the warm copy, no name, with its warm pool full, sent → first HTTP 200 from the sandbox's gateway endpoint (client; polled every " + r.cfg.poll.String() + "; includes the API call); compare start/…/client",
+		apiDesc:    "POST /v1/sandboxes round trip of a pooled create: the API answers once the pooled sandbox is resumed and reseeded (client)",
+		nodeDesc:   "the node's own time for the pooled create (last_wake_ms: boundary, runsc resume, reseed, gateway listener)",
+	}
+}
+
+// waitPool waits until template t's warm pool holds a sandbox,
+// bounded by the run's timeout: a pooled sample must take from a full
+// pool, not race its refill (which is not what the sample times).
+func (r *runner) waitPool(ctx context.Context, t string) error {
+	deadline := time.Now().Add(r.cfg.timeout)
+	for {
+		st, err := r.c.Node(ctx)
+		if err == nil && st.WarmPool[t] > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the warm pool of %s did not refill within %v (last: %v, %d pooled)", t, r.cfg.timeout, err, st.WarmPool[t])
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // measureStart times POST /v1/sandboxes to the first 200 from the gateway.
 func (r *runner) measureStart(ctx context.Context, t string) error {
 	return r.measureCreate(ctx, t, r.coldKind(t))
@@ -168,14 +219,24 @@ func (r *runner) measureCreate(ctx context.Context, t string, k createKind) erro
 	cl := r.res.AddSeries(name+"/client", k.clientDesc, seeds[name+"/client"])
 	apiS := r.res.AddSeries(name+"/api", k.apiDesc, seeds[name+"/api"])
 	node := r.res.AddSeries(name+"/node", k.nodeDesc, seeds[name+"/node"])
-	s := &series{r: r, main: cl, name: name, n: r.cfg.startN}
+	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.startN)}
 	polls := map[int]int{}
 	for !s.done() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		req := api.SandboxRequest{Template: k.template, Name: r.sandboxName(k.series, t)}
+		if k.pooled {
+			if err := r.waitPool(ctx, k.template); err != nil {
+				if s.fail("%v", err) {
+					return nil
+				}
+				continue
+			}
+			req.Name = "" // only an unnamed create takes from the pool
+		}
 		t0 := time.Now()
-		sb, err := r.c.CreateSandbox(ctx, api.SandboxRequest{Template: k.template, Name: r.sandboxName(k.series, t)})
+		sb, err := r.c.CreateSandbox(ctx, req)
 		apiD := time.Since(t0)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -244,7 +305,7 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 	name := "hot/" + t
 	cl := r.res.AddSeries(name+"/client",
 		"GET / through the gateway to a hot sandbox, new TCP connection each request (client)", seeds[name+"/client"])
-	s := &series{r: r, main: cl, name: name, n: r.cfg.hotN}
+	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.hotN)}
 	sb, err := r.ready(ctx, "hot", t)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -300,7 +361,7 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 		fmt.Sprintf("the node's own time for that wake from %s (last_wake_ms afterwards)", op.tier), seeds[name+"/node"])
 	enter := r.res.AddSeries(op.op+"/"+t+"/api",
 		fmt.Sprintf("POST /v1/sandboxes/{id}/%s round trip, hot → %s (client)", op.op, op.tier), "")
-	s := &series{r: r, main: cl, name: name, n: r.cfg.wakeN}
+	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.wakeN)}
 	sb, err := r.ready(ctx, string(op.tier), t)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -433,7 +433,7 @@ func (r *runner) measureRawStart(ctx context.Context, t string) error {
 		"runsc run -detach started → first HTTP 200 from the sandbox's own address (polled every "+r.cfg.poll.String()+", same client as the gateway series; no sandstormd)", "")
 	cmdS := r.res.AddSeries(name+"/runsc",
 		"the runsc run -detach command alone (it returns once the container runs, before the app listens)", "")
-	s := &series{r: r, main: cl, name: name, n: r.cfg.startN}
+	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.startN)}
 	e, err := r.ensureRaw(ctx)
 	if err != nil {
 		cl.Skipped = err.Error()
@@ -530,7 +530,7 @@ func (r *runner) measureRawWake(ctx context.Context, t string, w rawWake) error 
 		fmt.Sprintf("runsc %s started → first HTTP 200 from the sandbox's own address (polled every %s, same client as the gateway series; no sandstormd); compare wake-%s/%s/client", w.leave, r.cfg.poll, w.tier, t), "")
 	leave := r.res.AddSeries(leaveName+"/runsc", fmt.Sprintf("the runsc %s command alone", w.leave), "")
 	enter := r.res.AddSeries("raw-"+w.enter+"/"+t+"/runsc", fmt.Sprintf("the runsc %s command alone (hot → %s)", w.enter, w.tier), "")
-	s := &series{r: r, main: cl, name: leaveName, n: r.cfg.wakeN}
+	s := &series{r: r, main: cl, name: leaveName, n: r.upTo(r.cfg.wakeN)}
 	e, err := r.ensureRaw(ctx)
 	if err != nil {
 		cl.Skipped = err.Error()

@@ -30,6 +30,10 @@ type runner struct {
 	dir   *bench.Dir
 
 	started bool // the daemon is ours (--start)
+	round   int  // the round being measured, 1 to cfg.rounds
+	// warmReg is each template's warm copy as registered ("" if that
+	// failed), made in the first round.
+	warmReg map[string]string
 	workDir string
 
 	// tmpl maps a template as the series name it (web) to its name on the
@@ -84,7 +88,7 @@ func run(ctx context.Context, cfg config) (string, error) {
 	}
 	r := &runner{
 		cfg: cfg, runID: newRunID(), res: res, dir: dir, started: cfg.start,
-		tmpl: map[string]string{}, sandboxes: map[string]bool{},
+		tmpl: map[string]string{}, sandboxes: map[string]bool{}, warmReg: map[string]string{},
 		tmplDef: map[string]api.Template{}, limitMiB: map[string]int{},
 		gw: &http.Client{
 			Transport: &http.Transport{

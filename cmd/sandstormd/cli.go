@@ -63,6 +63,7 @@ func templateCmd() *cobra.Command {
 		warmProbe          string
 		warmSignal         string
 		warmCommand        []string
+		warmPool           int
 	)
 	create := &cobra.Command{
 		Use:   "create NAME --rootfs-dir DIR|--tarball FILE -- ARGS...",
@@ -76,15 +77,18 @@ func templateCmd() *cobra.Command {
 				return err
 			}
 			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
-			if warmProbe != "" || warmSignal != "" || len(warmCommand) > 0 {
+			if warmProbe != "" || warmSignal != "" || len(warmCommand) > 0 || cmd.Flags().Changed("warm-pool") {
 				probe, err := parseProbe(warmProbe)
 				if err == nil {
 					err = checkReseed(warmSignal, warmCommand, "a warm template")
 				}
+				if err == nil && (warmPool < 0 || warmPool > node.MaxWarmPool) {
+					err = fmt.Errorf("--warm-pool %d: keep 0 to %d sandboxes ready", warmPool, node.MaxWarmPool)
+				}
 				if err != nil {
 					return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
 				}
-				req.Warm = &api.Warm{Probe: probe, Reseed: api.Reseed{Signal: warmSignal, Command: warmCommand}}
+				req.Warm = &api.Warm{Probe: probe, Reseed: api.Reseed{Signal: warmSignal, Command: warmCommand}, Pool: warmPool}
 				fmt.Fprintf(os.Stderr, "starting %s once to make its warm image (it waits for the probe)…\n", req.Name)
 			}
 			var t api.Template
@@ -117,6 +121,7 @@ func templateCmd() *cobra.Command {
 	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint")
 	create.Flags().StringVar(&warmProbe, "warm-probe", "", "make the template warm: started once, checkpointed when this answers (/PATH: HTTP GET on the first port; :PORT/PATH or :PORT: another port, TCP connect without a path); needs --reseed-signal or --reseed-command")
 	create.Flags().StringVar(&warmSignal, "reseed-signal", "", "warm template: signal sent to each sandbox's process right after its restore (SIGHUP, SIGUSR1, SIGUSR2)")
+	create.Flags().IntVar(&warmPool, "warm-pool", 1, "warm template: sandboxes each node keeps restored and paused ahead of demand; a create without --name takes one and is ready in a resume and a reseed (0 to 16; each costs a frozen sandbox's memory)")
 	create.Flags().StringArrayVar(&warmCommand, "reseed-command", nil, "warm template: command run inside each sandbox right after its restore: the absolute path, then each argument as another --reseed-command")
 	create.Flags().IntVar(&memMiB, "memory", 0, "memory limit of its sandboxes in MiB (0: the daemon's --sandbox-memory)")
 	create.Flags().StringVar(&tmplPrincipal, "principal", "", "principal of its sandboxes (default: each sandbox's name)")
@@ -510,5 +515,5 @@ func warmText(w *api.Warm) string {
 	if reseed == "" {
 		reseed = strings.Join(w.Reseed.Command, " ")
 	}
-	return "probe " + probe + ", reseed " + reseed
+	return "probe " + probe + ", reseed " + reseed + ", pool " + strconv.Itoa(w.Pool)
 }

@@ -63,6 +63,13 @@ func NewResults(tool, title string) *Results {
 
 // AddSeries appends a new empty series and returns it.
 func (r *Results) AddSeries(name, description, seed string) *Series {
+	// A series measured in rounds is added once per round: it is one
+	// series, its samples accumulate.
+	for _, s := range r.Series {
+		if s.Name == name {
+			return s
+		}
+	}
 	s := &Series{Name: name, Description: description, Seed: seed, SamplesMs: []float64{}}
 	r.Series = append(r.Series, s)
 	return s

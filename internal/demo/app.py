@@ -13,6 +13,7 @@ GET /random   -> 200 "random=R urandom=U started=S": a draw of Python's
                  process started. Sandboxes restored from one warm image all
                  share S; they differ in R only once reseeded (SIGUSR1 below)
                  and in U always (the sentry serves getrandom from the host).
+GET /hostname -> 200 "H\n": the hostname the sandbox sees (its name).
 
 SIGUSR1 reseeds the random module from os.urandom: the demo's answer to a
 warm template's reseed ("warm": {"reseed": {"signal": "SIGUSR1"}}).
@@ -23,6 +24,7 @@ Listens on 0.0.0.0:8000; the PORT environment variable overrides the port.
 import os
 import random
 import signal
+import socket
 import time
 import socketserver
 import sys
@@ -80,6 +82,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(200, "error %s" % e)
         elif path == "/random":
             self._reply(200, "random=%r urandom=%s started=%r\n" % (random.random(), os.urandom(8).hex(), _started))
+        elif path == "/hostname":
+            self._reply(200, socket.gethostname() + "\n")
         elif path == "/heap" and heap is not None:
             self._reply(200, "sum=%d bytes=%d\n" % (int(heap.sum()), heap.nbytes))
         else:

@@ -333,6 +333,9 @@ func validateWarm(req api.TemplateRequest) error {
 	if w.Probe.Port < 0 || w.Probe.Port > 65535 {
 		return badRequest("template %q: warm.probe.port %d outside 1-65535", req.Name, w.Probe.Port)
 	}
+	if w.Pool < 0 || w.Pool > node.MaxWarmPool {
+		return badRequest("template %q: warm.pool %d outside 0-%d", req.Name, w.Pool, node.MaxWarmPool)
+	}
 	if w.Probe.Path != "" && !strings.HasPrefix(w.Probe.Path, "/") {
 		return badRequest("template %q: warm.probe.http_path %q must start with /", req.Name, w.Probe.Path)
 	}

@@ -104,7 +104,7 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 			p = parentPrincipal + "." + strconv.Itoa(k)
 		}
 		began := time.Now()
-		child, err := n.create(ctx, t, name, p, parent.MemoryMiB, func(sb store.Sandbox) error {
+		child, err := n.create(ctx, t, name, p, parent.MemoryMiB, nil, func(sb store.Sandbox) error {
 			return n.restoreChild(sb, ct, parent, stage)
 		})
 		if err != nil {

@@ -177,8 +177,13 @@ func (n *Node) releasePromise(id string) {
 // still starting) off memory: to disk when there is room for a checkpoint,
 // which needs memory too (checkpointRoomMiB); detached — knowingly, and
 // saying so in its note — when the node is so short that a checkpoint
-// could fail half-way and take the sandbox with it. It reports whether it moved one.
+// could fail half-way and take the sandbox with it. Before any of that it
+// drops a pooled sandbox, if there is one (warmpool.go). It reports whether
+// it moved one.
 func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
+	if n.dropOnePooled(why) {
+		return true
+	}
 	n.mem.mu.Lock()
 	starting := make(map[string]bool, len(n.mem.promises))
 	for id := range n.mem.promises {

@@ -116,6 +116,13 @@ type Node struct {
 	wakes chan struct{} // semaphore of MaxWakes
 
 	allocMu sync.Mutex // serialises slot and port allocation
+	// reserved maps the address slots of pooled sandboxes (which have no
+	// row yet) to their IDs. Under allocMu.
+	reserved map[int]string
+	// pool holds each warm template's pooled sandboxes (warmpool.go).
+	poolMu   sync.Mutex
+	pool     map[string][]pooled
+	poolKick chan struct{}
 	warmMu  sync.Mutex // one warm image build at a time (they share a slot)
 	// hostLn is the Host-routed gateway listener (nil: none).
 	hostLn net.Listener
@@ -217,6 +224,9 @@ func New(cfg Config) (*Node, error) {
 		cfg: cfg, st: cfg.Store, be: cfg.Backend, log: cfg.Log,
 		wakes:      make(chan struct{}, cfg.MaxWakes),
 		entries:    map[string]*entry{},
+		reserved:   map[int]string{},
+		pool:       map[string][]pooled{},
+		poolKick:   make(chan struct{}, 1),
 		boundaries: map[string]*boundary.Boundary{},
 		mem:        memBook{promises: map[string]promise{}, settled: map[string]int64{}},
 		stop:       make(chan struct{}),
@@ -313,21 +323,32 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Create starts a new sandbox from template t and returns it hot: restored
-// from the template's warm image if it has one, else a cold start. On any
-// failure everything it made is removed and no row is left.
+// Create starts a new sandbox from template t and returns it hot: taken
+// from the template's warm pool when it has a sandbox ready and the create
+// gives no name (warmpool.go), else restored from its warm image if it has
+// one, else a cold start. On any failure everything it made is removed and
+// no row is left.
 func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int) (store.Sandbox, error) {
-	var warm bool
-	sb, err := n.create(ctx, t, name, principal, memoryMiB, func(sb store.Sandbox) error {
-		var err error
-		warm, err = n.warmStart(context.Background(), sb, t)
-		if !warm {
-			err = n.coldStart(context.Background(), sb, t)
+	how := "cold"
+	var pre *pooled
+	if name == "" && memoryMiB >= 0 && t.Warm != nil && t.Warm.Pool > 0 {
+		if p, ok := n.takePooled(t, n.LimitMiB(t, memoryMiB)); ok {
+			pre, how = &p, "pooled"
 		}
-		return err
+	}
+	sb, err := n.create(ctx, t, name, principal, memoryMiB, pre, func(sb store.Sandbox) error {
+		if pre != nil {
+			return n.startPooled(sb, t)
+		}
+		warm, err := n.warmStart(context.Background(), sb, t)
+		if warm {
+			how = "warm"
+			return err
+		}
+		return n.coldStart(context.Background(), sb, t)
 	})
 	if err == nil {
-		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "warm", warm)
+		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "start", how)
 	}
 	return sb, err
 }
@@ -336,8 +357,18 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 // admit the sandbox's memory and disk, allocate its address slot and
 // gateway ports, record it, run start (which brings it up: a cold start,
 // or a restore), open its gateway listeners and commit it hot. start runs
-// to its end even if ctx is cancelled.
-func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, start func(store.Sandbox) error) (store.Sandbox, error) {
+// to its end even if ctx is cancelled. With pre, the sandbox is that
+// pooled one: its ID, slot and name are the pool's, its memory is already
+// taken (no admission), and if create fails before start it is removed.
+func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, pre *pooled, start func(store.Sandbox) error) (sb store.Sandbox, err error) {
+	// A pooled sandbox is this create's to remove until its row is
+	// recorded; from then on a failure is cleaned up as any create's.
+	pooledOwned := pre != nil
+	defer func() {
+		if err != nil && pooledOwned {
+			n.discardPooled(*pre)
+		}
+	}()
 	if memoryMiB < 0 {
 		return store.Sandbox{}, fmt.Errorf("%w: memory_mib %d is negative", errBadInput, memoryMiB)
 	}
@@ -347,10 +378,15 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	if err := n.admitFDs(); err != nil {
 		return store.Sandbox{}, err
 	}
-	id := newID()
+	id, slot := newID(), -1
+	if pre != nil {
+		id, slot = pre.id, pre.slot
+	}
 	limit := n.LimitMiB(t, memoryMiB)
-	if err := n.admitMemory(ctx, id, t.Name, n.expectedMiB(t.Name, limit)); err != nil {
-		return store.Sandbox{}, err
+	if pre == nil {
+		if err := n.admitMemory(ctx, id, t.Name, n.expectedMiB(t.Name, limit)); err != nil {
+			return store.Sandbox{}, err
+		}
 	}
 	created := false
 	defer func() {
@@ -359,7 +395,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 		}
 	}()
 	if name == "" {
-		name = "sb-" + id
+		name = poolName(id)
 	}
 	if !ValidName(name) {
 		return store.Sandbox{}, fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errBadInput, name)
@@ -371,14 +407,18 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 		return store.Sandbox{}, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errBadInput, principal)
 	}
 	now := time.Now()
-	sb := store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
+	sb = store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
 		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now, Principal: principal,
-		MemoryMiB: int(limit)}
+		MemoryMiB: int(limit), Slot: slot}
 	// Allocate and record in one step so two creates never share a slot.
 	n.allocMu.Lock()
-	err := n.allocate(ctx, &sb, t.Ports)
+	err = n.allocate(ctx, &sb, t.Ports)
 	if err == nil {
 		err = n.st.CreateSandbox(ctx, sb)
+	}
+	if err == nil && pre != nil {
+		n.unreserve(pre.slot, pre.id)
+		pooledOwned = false
 	}
 	n.allocMu.Unlock()
 	if err != nil {
@@ -414,22 +454,20 @@ var errBadInput = errors.New("bad input")
 // ErrBadInput marks errors caused by the caller's input (400).
 var ErrBadInput = errBadInput
 
-// allocate picks a free address slot and one free gateway port per template
-// port. Caller holds allocMu.
+// allocate picks a free address slot (unless sb has one: a pooled
+// sandbox's) and one free gateway port per template port. Caller holds
+// allocMu.
 func (n *Node) allocate(ctx context.Context, sb *store.Sandbox, ports []int) error {
-	slots, used, err := n.st.UsedSlots(ctx, n.cfg.Name)
+	if sb.Slot < 0 {
+		slot, err := n.freeSlot(ctx)
+		if err != nil {
+			return err
+		}
+		sb.Slot = slot
+	}
+	_, used, err := n.st.UsedSlots(ctx, n.cfg.Name)
 	if err != nil {
 		return err
-	}
-	sb.Slot = -1
-	for i := 0; i < n.warmSlot(); i++ { // the last slot is warm builds'
-		if !slots[i] {
-			sb.Slot = i
-			break
-		}
-	}
-	if sb.Slot < 0 {
-		return fmt.Errorf("%w: all %d address slots of %s are taken", ErrFull, n.warmSlot(), n.cfg.Pool.Prefix)
 	}
 	sb.HostPorts = map[int]int{}
 	p := n.cfg.PortMin
@@ -669,7 +707,7 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		counts[sb.Tier]++
 	}
 	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
-		Reconciling: n.Reconciling()}, nil
+		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes()}, nil
 }
 
 // LogPath is the file holding sandbox id's console output.
@@ -753,6 +791,8 @@ func (n *Node) Close() {
 		close(n.stop)
 	}
 	n.done.Wait()
+	// Pooled sandboxes are not state: a restarted node refills its pools.
+	n.drainPool("")
 	if n.hostLn != nil {
 		n.hostLn.Close()
 	}

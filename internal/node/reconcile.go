@@ -227,6 +227,9 @@ func (n *Node) removeOrphans(ctx context.Context) {
 	rows, err := n.st.ListSandboxes(ctx, n.cfg.Name)
 	ids, _ := n.be.List(ctx)
 	dirs, _ := os.ReadDir(filepath.Join(n.cfg.DataDir, "sandboxes"))
+	for _, id := range n.reserved { // pooled sandboxes have no row
+		known[id] = true
+	}
 	n.allocMu.Unlock()
 	if err != nil {
 		n.log.Error("reconcile: cannot list sandboxes; not removing orphans", "err", err)

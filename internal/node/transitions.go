@@ -31,6 +31,15 @@ func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template
 // boundary, and the bundle's OCI spec with its own hostname and netns. A
 // cold start, a warm start and a clone's child differ only after it.
 func (n *Node) prepare(sb store.Sandbox, t store.Template) error {
+	if err := n.layOut(sb, t); err != nil {
+		return err
+	}
+	return n.boundaryUp(sb)
+}
+
+// layOut is prepare without the boundary: what a pooled sandbox has
+// before a create gives it a principal.
+func (n *Node) layOut(sb store.Sandbox, t store.Template) error {
 	d := n.dir(sb.ID)
 	if err := d.mountRootfs(t.Rootfs); err != nil {
 		return err
@@ -43,9 +52,6 @@ func (n *Node) prepare(sb store.Sandbox, t store.Template) error {
 		return err
 	}
 	if err := d.writeResolvConf(nw.Host.Addr()); err != nil {
-		return err
-	}
-	if err := n.boundaryUp(sb); err != nil {
 		return err
 	}
 	return d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path())
@@ -467,8 +473,9 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 
 // Run drives the idle timers and the memory guard until Close.
 func (n *Node) Run() {
-	n.done.Add(2)
+	n.done.Add(3)
 	go n.pressureLoop()
+	go n.poolLoop()
 	go func() {
 		defer n.done.Done()
 		tick := time.NewTicker(500 * time.Millisecond)

@@ -99,6 +99,8 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	}
 	n.warmMu.Lock()
 	defer n.warmMu.Unlock()
+	// The pool of an older image (a template registered again) goes.
+	n.drainPool(t.Name)
 	l := n.warmLayout(t.Name)
 	id := warmID(t.Name)
 	nw, err := n.Net(id, n.warmSlot())
@@ -167,6 +169,7 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	}
 	n.log.Info("warm image made", "template", t.Name, "ready_ms", ready.Milliseconds(), "total_ms", time.Since(start).Milliseconds())
 	ok = true
+	n.kickPool()
 	return nil
 }
 
@@ -192,6 +195,7 @@ func (n *Node) removeOrphanWarm(ctx context.Context) {
 
 // DropWarm removes template name's warm image and build directory.
 func (n *Node) DropWarm(name string) {
+	n.drainPool(name)
 	n.warmMu.Lock()
 	defer n.warmMu.Unlock()
 	l := n.warmLayout(name)

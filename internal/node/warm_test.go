@@ -4,6 +4,8 @@ import (
 	"os"
 	"syscall"
 	"testing"
+
+	"sandstorm/internal/store"
 )
 
 // TestWarmID: a warm build's container ID is 12 characters like a
@@ -47,5 +49,35 @@ func TestOpenFDs(t *testing.T) {
 	defer f.Close()
 	if after, _ := openFDs(); after != before+1 {
 		t.Errorf("open fds %d, then %d after one more open", before, after)
+	}
+}
+
+// TestTakePooled: a take hands out a pooled sandbox of the template with
+// the memory limit asked for, each only once, and asks for a refill; a
+// template or limit the pool has none of gets nothing.
+func TestTakePooled(t *testing.T) {
+	n := &Node{pool: map[string][]pooled{}, poolKick: make(chan struct{}, 1)}
+	n.pool["web"] = []pooled{{id: "a", template: "web", limitMiB: 512}, {id: "b", template: "web", limitMiB: 1024}}
+	tmpl := store.Template{Name: "web"}
+	if _, ok := n.takePooled(store.Template{Name: "other"}, 512); ok {
+		t.Fatal("took from another template's pool")
+	}
+	if _, ok := n.takePooled(tmpl, 256); ok {
+		t.Fatal("took a sandbox with another memory limit")
+	}
+	p, ok := n.takePooled(tmpl, 1024)
+	if !ok || p.id != "b" {
+		t.Fatalf("take of limit 1024 = %+v, %v; want b", p, ok)
+	}
+	select {
+	case <-n.poolKick:
+	default:
+		t.Error("a take did not ask for a refill")
+	}
+	if _, ok := n.takePooled(tmpl, 1024); ok {
+		t.Error("the same pooled sandbox was handed out twice")
+	}
+	if n.PoolSize() != 1 {
+		t.Errorf("pool holds %d, want 1", n.PoolSize())
 	}
 }

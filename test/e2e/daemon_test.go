@@ -140,6 +140,12 @@ func (d *Daemon) start(extra ...string) error {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			st, err := c.Node(ctx)
 			cancel()
+			if isStandby(err) {
+				// A master standing by (PostgreSQL store, another leads)
+				// is up: it answers, with 503 "standby".
+				d.Token, d.C = tok, c
+				return nil
+			}
 			if err == nil {
 				d.Token, d.C = tok, c
 				// The API answers at once; the repair of the sandboxes a
@@ -154,6 +160,12 @@ func (d *Daemon) start(extra ...string) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// isStandby reports whether err is a standby master's 503.
+func isStandby(err error) bool {
+	var e *client.Error
+	return errors.As(err, &e) && e.Status == http.StatusServiceUnavailable && e.Body.Code == api.CodeStandby
 }
 
 func (d *Daemon) running() bool {
@@ -256,6 +268,16 @@ func (d *Daemon) create(t *testing.T, template, name string) api.Sandbox {
 	}
 	endpoint(t, sb)
 	return sb
+}
+
+// logs returns sandbox id's console log as the API serves it.
+func (d *Daemon) logs(t *testing.T, id string) string {
+	t.Helper()
+	var b strings.Builder
+	if err := d.C.Logs(ctxT(t), id, false, false, &b); err != nil {
+		t.Fatalf("logs of %s: %v", id, err)
+	}
+	return b.String()
 }
 
 // get returns the sandbox as the API shows it.
@@ -506,6 +528,12 @@ func (d *Daemon) cleanup() {
 	if d.running() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		sbs, err := d.C.Sandboxes(ctx)
+		// A standby master leads once the one leading stops (its cleanup
+		// ran first: cleanups run last-registered first).
+		for deadline := time.Now().Add(20 * time.Second); client.StatusOf(err) == http.StatusServiceUnavailable && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			sbs, err = d.C.Sandboxes(ctx)
+		}
 		if err != nil {
 			t.Errorf("cleanup: list sandboxes: %v", err)
 		}

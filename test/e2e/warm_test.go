@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
@@ -79,6 +81,88 @@ func TestWarmTemplate(t *testing.T) {
 		}
 		if exists(filepath.Join(d.DataDir, "warm", b.name)) {
 			t.Errorf("%s: a refused warm template left its build directory", b.name)
+		}
+	}
+}
+
+// TestWarmPool: a warm template with a pool keeps that many sandboxes
+// restored and paused; a create without a name takes one (its console log
+// says so), and it is a sandbox like any other: its hostname is its name,
+// its address its own, its entropy fresh. The pool refills after a take,
+// a create with a name restores the image itself, and removing the
+// template leaves no pooled sandbox behind.
+func TestWarmPool(t *testing.T) {
+	d := startDaemon(t, "--ready-timeout", "3s")
+	warm := &api.Warm{Probe: api.Probe{Path: "/healthz"}, Reseed: api.Reseed{Signal: "SIGUSR1"}, Pool: 2}
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "poolweb", RootfsDir: webRootfs,
+		Process: api.Process{Args: webDemo.Args, Env: webDemo.Env}, Ports: webDemo.Ports, Warm: warm}); err != nil {
+		t.Fatalf("register a warm template with a pool: %v", err)
+	}
+	pool := func() int {
+		st, err := d.C.Node(ctxT(t))
+		if err != nil {
+			t.Fatalf("GET /v1/node: %v", err)
+		}
+		return st.WarmPool["poolweb"]
+	}
+	waitFor(t, 30*time.Second, "the warm pool holds 2", func() bool { return pool() == 2 })
+
+	randoms, urandoms := map[string]bool{}, map[string]bool{}
+	for i := 0; i < 3; i++ {
+		sb := d.create(t, "poolweb", "")
+		logs := d.logs(t, sb.ID)
+		// The first two come from the pool; the third may too, if the
+		// pool refilled in between.
+		if taken := strings.Contains(logs, "taken from the warm pool"); !taken && i < 2 {
+			t.Errorf("sandbox %d (%s) of a full pool was not taken from it; its log:\n%s", i, sb.Name, logs)
+		}
+		if got := strings.TrimSpace(getBody(t, endpoint(t, sb), "/hostname")); got != sb.Name {
+			t.Errorf("sandbox %s sees hostname %q, want its name", sb.Name, got)
+		}
+		m := randomRE.FindStringSubmatch(getBody(t, endpoint(t, sb), "/random"))
+		if m == nil {
+			t.Fatalf("sandbox %d: /random answered something else", i)
+		}
+		randoms[m[1]], urandoms[m[2]] = true, true
+		if c := getCount(t, endpoint(t, sb)); c < 1 {
+			t.Errorf("sandbox %s counted %d", sb.Name, c)
+		}
+		// It tiers and wakes as any sandbox does.
+		d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
+		getCount(t, endpoint(t, sb))
+	}
+	if len(randoms) != 3 || len(urandoms) != 3 {
+		t.Errorf("pooled sandboxes share random state: random %v, urandom %v", randoms, urandoms)
+	}
+	waitFor(t, 30*time.Second, "the warm pool refills to 2", func() bool { return pool() == 2 })
+
+	named := d.create(t, "poolweb", "named-one")
+	if logs := d.logs(t, named.ID); strings.Contains(logs, "taken from the warm pool") || !strings.Contains(logs, "warm image") {
+		t.Errorf("a create with a name must restore the warm image itself; its log:\n%s", logs)
+	}
+	if got := strings.TrimSpace(getBody(t, endpoint(t, named), "/hostname")); got != "named-one" {
+		t.Errorf("named sandbox sees hostname %q", got)
+	}
+
+	// Removing the template (once no sandbox uses it) empties its pool:
+	// no pooled sandbox's namespace or directory is left.
+	sbs, _ := d.C.Sandboxes(ctxT(t))
+	for _, sb := range sbs {
+		if err := d.C.DeleteSandbox(ctxT(t), sb.ID); err != nil {
+			t.Fatalf("delete %s: %v", sb.ID, err)
+		}
+	}
+	if err := d.C.DeleteTemplate(ctxT(t), "poolweb"); err != nil {
+		t.Fatalf("delete the template: %v", err)
+	}
+	if n := pool(); n != 0 {
+		t.Errorf("the pool holds %d after its template was removed", n)
+	}
+	ents, _ := os.ReadDir(filepath.Join(d.DataDir, "sandboxes"))
+	for _, e := range ents {
+		t.Errorf("left behind in sandboxes/: %s", e.Name())
+		if exists(netnsPath(e.Name())) {
+			t.Errorf("and its network namespace")
 		}
 	}
 }

@@ -64,6 +64,9 @@ type Backend struct {
 	// whose disk is slow or small). Clone and warm images are never
 	// compressed.
 	Compression string
+	// BackgroundMin is the image size from which restores use
+	// -background (BackgroundRestoreMin; see Restore).
+	BackgroundMin int64
 	// Log receives what Remove had to force (kills, state it dropped);
 	// nil is slog.Default().
 	Log *slog.Logger
@@ -114,7 +117,7 @@ func New(root, runsc, platform string) (*Backend, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
-	return &Backend{Runsc: runsc, Root: root, Platform: platform, version: v}, nil
+	return &Backend{Runsc: runsc, Root: root, Platform: platform, version: v, BackgroundMin: BackgroundRestoreMin}, nil
 }
 
 // Name implements sandbox.Backend.
@@ -410,6 +413,10 @@ func (b *Backend) memoryBytes(id string) int64 {
 	return FallbackMemory
 }
 
+// BackgroundRestoreMin is the image size from which restores run with
+// -background by default (see Restore).
+const BackgroundRestoreMin = 32 << 20
+
 // Restore implements sandbox.Backend. runsc restore gets RestoreBase plus
 // the image's size at CheckpointRate; add Removes as for Start.
 func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir string) error {
@@ -417,18 +424,22 @@ func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir strin
 		return err
 	}
 	d := b.dl()
-	limit := d.sized(d.restoreBase, dirSize(imageDir))
-	if b.Compression == "" || b.Compression == "none" {
+	size := dirSize(imageDir)
+	limit := d.sized(d.restoreBase, size)
+	if (b.Compression == "" || b.Compression == "none") && size >= b.BackgroundMin {
 		// -background: runsc returns once the sandbox can run, and its
 		// memory goes on loading behind it (a page not there yet is
 		// waited for, so memory stays intact: TestServersThroughEveryTier
 		// checks it after every restore). Measured raw, 64 MiB in the
 		// sandbox, n=8: 101 ms against 116 to return, 117 against 129
-		// until the whole of it was read back. The sentry reads the image
-		// through file descriptors runsc hands it, so the node may delete
-		// the image as soon as restore returns. It needs an uncompressed
-		// image; one that is not (written with another
-		// --snapshot-compression) is restored again without it.
+		// until the whole of it was read back. For a small image it does
+		// not pay: the web demo's 8.7 MiB image woke in 1.09 × raw restore
+		// with it and 1.03 × without (bench/tiers, n=40 each, one after
+		// the other), so it is used from BackgroundRestoreMin up. The
+		// sentry reads the image through file descriptors runsc hands it,
+		// so the node may delete the image as soon as restore returns. It
+		// needs an uncompressed image; one that is not (written with
+		// another --snapshot-compression) is restored again without it.
 		err := b.launch(ctx, limit, spec, "restore", "-detach", "-background", "-image-path="+imageDir, "-bundle", spec.Bundle, spec.ID)
 		if err == nil || cutShort(err) {
 			return err

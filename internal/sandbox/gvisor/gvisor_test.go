@@ -968,9 +968,11 @@ func TestStartWithoutItsNetwork(t *testing.T) {
 // TestCompressedSnapshot: with Compression flate-best-speed the image is
 // smaller than without, and both restore with a backend set for
 // uncompressed images (restore -background, which runsc's help says needs
-// an uncompressed image; Restore retries without it if refused).
+// an uncompressed image; Restore retries without it if refused). The
+// images here are small, so -background is asked for from any size.
 func TestCompressedSnapshot(t *testing.T) {
 	b := newBackend(t)
+	b.BackgroundMin = 0
 	netns := newNetns(t)
 	spec := newSpec(t, b, netns, "echo ready; exec sleep 1000000")
 	sizes := map[string]int64{}
