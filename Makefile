@@ -9,7 +9,7 @@ PKGS     := $(shell grep -v '^\#' deps/debian-packages.txt)
 # sandstormd; Debian's runsc is from 2022 and is not used.
 RUNSC_VERSION := $(shell sed -n 's/^[[:space:]]*gvisor\.dev\/gvisor \(v[^ ]*\).*/\1/p' tools/runsc/go.mod)
 
-.PHONY: all build deps runsc demo test test-unit test-e2e fuzz bench clean
+.PHONY: all build deps runsc postgres demo test test-unit test-e2e fuzz bench clean
 
 all: build
 
@@ -42,17 +42,22 @@ deps: runsc
 demo: deps build
 	./scripts/demo.sh
 
-# Everything CI runs: unit tests, end-to-end tests against real runsc, and
-# a short run of each fuzz target.
-test: deps
+# Starts Debian's PostgreSQL (a deps package) with a role for the invoking
+# user: the store and failover tests run on it (scripts/postgres-up.sh).
+postgres: deps
+	./scripts/postgres-up.sh
+
+# Everything CI runs: unit tests, end-to-end tests against real runsc and
+# PostgreSQL, and a short run of each fuzz target.
+test: deps postgres
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
 	$(MAKE) fuzz
 
-test-unit:
+test-unit: postgres
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
-test-e2e:
+test-e2e: postgres
 	$(GO) test -count=1 -timeout 25m -v ./test/e2e/
 
 # Fuzz budgets are execution counts, each about 10 s here: a duration

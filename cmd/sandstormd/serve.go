@@ -73,6 +73,8 @@ transitions that were cut short.`,
 	f := cmd.Flags()
 	f.BoolVar(&o.Master, "master", false, "run the master: API, store, placement")
 	f.BoolVar(&o.Node, "node", false, "run a node: sandboxes, tiers, gateway")
+	f.StringVar(&o.Store, "store", os.Getenv("SANDSTORM_STORE"), "where the master keeps desired state (env SANDSTORM_STORE): empty is SQLite at <data-dir>/state.db; a PostgreSQL URL (postgres://user:pass@host/db, or postgres:///db?host=/var/run/postgresql) lets several masters share it: one leads, the others stand by, answer 503 and take over within seconds when it stops")
+	f.StringVar(&o.NodeName, "node-name", "local", "this node's name in the store; nodes sharing a PostgreSQL store need names of their own")
 	f.StringVar(&o.Listen, "listen", envOr("SANDSTORM_LISTEN", "127.0.0.1:8080"), "API address host:port (env SANDSTORM_LISTEN)")
 	f.StringVar(&o.Backend, "backend", "gvisor", "sandbox backend: gvisor (runsc) or process (plain namespaces + cgroup v2; no snapshot tier here)")
 	f.StringVar(&o.Runsc, "runsc", "", "runsc binary of the gvisor backend (default: the pinned one next to sandstormd, built by make runsc)")

@@ -72,33 +72,59 @@ type Options struct {
 	// Resolver is the DNS server ("host:port") boundaries resolve allowed
 	// external names with; "" is the system's resolver.
 	Resolver string
+	// Store is where desired state lives: "" is SQLite in the data dir, a
+	// postgres:// URL a PostgreSQL database other masters may share (one
+	// leads, the others stand by: standby.go).
+	Store string
+	// NodeName names this node in the store ("local" if empty): nodes
+	// sharing a store need names of their own.
+	NodeName string
 	Log      *slog.Logger
 }
 
 // EnsureToken returns the API token in <dataDir>/pki/api-token, creating it
 // (32 random bytes, hex, mode 0600) on first start.
 func EnsureToken(dataDir string) (string, error) {
-	dir := filepath.Join(dataDir, "pki")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
-	}
-	path := filepath.Join(dir, "api-token")
+	path := tokenPath(dataDir)
 	if b, err := os.ReadFile(path); err == nil {
 		if tok := strings.TrimSpace(string(b)); tok != "" {
 			os.Chmod(path, 0o600)
 			return tok, nil
 		}
 	}
+	tok, err := newToken()
+	if err != nil {
+		return "", err
+	}
+	return tok, writeToken(dataDir, tok)
+}
+
+func tokenPath(dataDir string) string { return filepath.Join(dataDir, "pki", "api-token") }
+
+// newToken is 32 random bytes in hex.
+func newToken() (string, error) {
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return "", err
 	}
-	tok := hex.EncodeToString(raw[:])
+	return hex.EncodeToString(raw[:]), nil
+}
+
+// writeToken puts tok in <dataDir>/pki/api-token (mode 0600, atomically),
+// where the CLI on this machine reads it.
+func writeToken(dataDir, tok string) error {
+	if err := os.MkdirAll(filepath.Join(dataDir, "pki"), 0o700); err != nil {
+		return err
+	}
+	path := tokenPath(dataDir)
+	if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == tok {
+		return os.Chmod(path, 0o600)
+	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
-		return "", err
+		return err
 	}
-	return tok, os.Rename(tmp, path)
+	return os.Rename(tmp, path)
 }
 
 // lockDataDir takes an exclusive lock on <dataDir>/lock so two daemons never
@@ -192,13 +218,16 @@ func checkEphemeral(lo, hi int) error {
 
 // Serve runs the daemon until ctx ends. Sandboxes keep running after it
 // returns; the next Serve over the same data dir adopts them.
-func Serve(ctx context.Context, o Options) error {
+func Serve(ctx context.Context, o Options) (retErr error) {
 	log := o.Log
 	if log == nil {
 		log = slog.Default()
 	}
 	if !o.Master || !o.Node {
 		return errors.New("this version runs master and node in one process: pass --master --node (separate nodes come with the fleet)")
+	}
+	if o.NodeName == "" {
+		o.NodeName = "local"
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("sandstormd serve needs root: it creates network namespaces, veths, mounts and runsc sandboxes")
@@ -226,15 +255,73 @@ func Serve(ctx context.Context, o Options) error {
 		return err
 	}
 	defer os.Remove(pidFile)
-	token, err := EnsureToken(o.DataDir)
-	if err != nil {
-		return fmt.Errorf("API token: %w", err)
+	where := o.Store
+	if where == "" {
+		where = filepath.Join(o.DataDir, "state.db")
 	}
-	st, err := store.Open(filepath.Join(o.DataDir, "state.db"))
+	st, err := store.Open(where)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	var token string
+	if st.Dialect() == "postgres" {
+		// Masters that share a store share its API token, so that a
+		// client keeps working whichever of them leads.
+		if token, err = st.SharedSecret(ctx, "api-token", newToken); err == nil {
+			err = writeToken(o.DataDir, token)
+		}
+	} else {
+		token, err = EnsureToken(o.DataDir)
+	}
+	if err != nil {
+		return fmt.Errorf("API token: %w", err)
+	}
+	// A master sharing a PostgreSQL store answers on its API address from
+	// the start, standing by until it leads (standby.go); the same
+	// listener and server then serve the master's API.
+	var (
+		apiLn net.Listener
+		apiSw *switchHandler
+	)
+	if st.Dialect() == "postgres" {
+		if apiLn, err = net.Listen("tcp", o.Listen); err != nil {
+			return fmt.Errorf("API listen: %w", err)
+		}
+		apiSw = &switchHandler{}
+		standbySrv := &http.Server{Handler: apiSw, ReadHeaderTimeout: 10 * time.Second}
+		go standbySrv.Serve(apiLn)
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			standbySrv.Shutdown(sctx)
+		}()
+		lease, err := standBy(ctx, st, o, apiSw, token, log)
+		if err != nil {
+			return err
+		}
+		if lease == nil {
+			return nil // ctx ended while standing by
+		}
+		defer lease.Release()
+		// A leader that loses its lease stops at once: two masters must
+		// never both decide (the lease's comment says when it is lost).
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		go func() {
+			select {
+			case <-lease.Lost():
+				cancel(errLeaseLost)
+			case <-ctx.Done():
+			}
+		}()
+		defer func() {
+			if context.Cause(ctx) == errLeaseLost && retErr == nil {
+				retErr = errLeaseLost
+			}
+		}()
+	}
 	be, err := NewBackend(o)
 	if err != nil {
 		return err
@@ -286,7 +373,7 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	defer stopSAM()
 	nd, err := node.New(node.Config{
-		Name: "local", DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
+		Name: o.NodeName, DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
 		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
 		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log,
@@ -298,9 +385,11 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err // ErrFirewall: fail closed, no sandbox runs without its firewall
 	}
-	ln, err := net.Listen("tcp", o.Listen)
-	if err != nil {
-		return fmt.Errorf("API listen: %w", err)
+	ln := apiLn
+	if ln == nil {
+		if ln, err = net.Listen("tcp", o.Listen); err != nil {
+			return fmt.Errorf("API listen: %w", err)
+		}
 	}
 	// The API opens at once and the repair after a restart runs behind it
 	// (issue 7: a sandbox whose runsc hangs must not keep the API closed);
@@ -318,16 +407,18 @@ func Serve(ctx context.Context, o Options) error {
 		<-reconciled
 		nd.Close()
 	}()
-	srv := &http.Server{
-		Handler: master.Handler(master.Config{
-			Store: st, Node: nd, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
+	api := master.Handler(master.Config{
+		Store: st, Node: nd, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
+	})
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "http://"+ln.Addr().String(), "backend", be.Name(),
-		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"))
+		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	if apiSw != nil {
+		apiSw.set(api) // the standby's server goes on serving, as the master now
+	} else {
+		go func() { errc <- srv.Serve(ln) }()
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-errc:

@@ -1,8 +1,11 @@
-// Package store keeps the master's desired state in SQLite (modernc.org/sqlite,
-// pure Go, WAL journal): templates, sandboxes with their tier, last activity,
-// gateway ports and addresses. The store is the only thing that writes desired
-// state; every write is one transaction, so a daemon killed at any moment
-// leaves either the old or the new row, never half of one.
+// Package store keeps the master's desired state: templates, sandboxes with
+// their tier, last activity, gateway ports and addresses. SQLite
+// (modernc.org/sqlite, pure Go, WAL journal) is the embedded default;
+// PostgreSQL (pgx) is for a master whose state must outlive its machine
+// (issue 9), with the same schema and the same tests. The store is the only
+// thing that writes desired state; every write is one transaction, so a
+// daemon killed at any moment leaves either the old or the new row, never
+// half of one.
 package store
 
 import (
@@ -13,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -32,7 +36,11 @@ var ErrInUse = errors.New("in use")
 // Store is a handle on the state database. It is safe for concurrent use.
 type Store struct {
 	db *sql.DB
+	d  *dialect
 }
+
+// q is query in the store's SQL dialect.
+func (s *Store) q(query string) string { return s.d.rebind(query) }
 
 // Template is a template row.
 type Template struct {
@@ -80,7 +88,7 @@ type Sandbox struct {
 	MemoryMiB int
 }
 
-const schema = `
+const sqliteSchema = `
 CREATE TABLE IF NOT EXISTS templates (
 	name       TEXT PRIMARY KEY,
 	rootfs     TEXT NOT NULL,
@@ -118,10 +126,10 @@ var migrations = []struct{ table, column, ddl string }{
 	{"templates", "warm", `ALTER TABLE templates ADD COLUMN warm TEXT NOT NULL DEFAULT ''`},
 }
 
-func migrate(db *sql.DB) error {
+func migrate(db *sql.DB, d *dialect) error {
 	for _, m := range migrations {
 		var n int
-		if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info(?) WHERE name=?`, m.table, m.column).Scan(&n); err != nil {
+		if err := db.QueryRow(d.rebind(d.hasColumn), m.table, m.column).Scan(&n); err != nil {
 			return err
 		}
 		if n == 0 {
@@ -133,9 +141,24 @@ func migrate(db *sql.DB) error {
 	return nil
 }
 
-// Open opens (creating if needed) the database at path, in WAL mode with a
-// busy timeout, and applies the schema.
-func Open(path string) (*Store, error) {
+// Open opens (creating if needed) the store at where: a PostgreSQL URL
+// (postgres://… or postgresql://…, see OpenPostgres), else the path of a
+// SQLite database.
+func Open(where string) (*Store, error) {
+	if IsPostgres(where) {
+		return OpenPostgres(context.Background(), where)
+	}
+	return OpenSQLite(where)
+}
+
+// IsPostgres reports whether where names a PostgreSQL database.
+func IsPostgres(where string) bool {
+	return strings.HasPrefix(where, "postgres://") || strings.HasPrefix(where, "postgresql://")
+}
+
+// OpenSQLite opens (creating if needed) the database at path, in WAL mode
+// with a busy timeout, and applies the schema.
+func OpenSQLite(path string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
@@ -147,21 +170,28 @@ func Open(path string) (*Store, error) {
 	// One writer at a time is what SQLite allows anyway; one connection
 	// avoids SQLITE_BUSY between our own goroutines.
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema); err != nil {
+	if _, err := db.Exec(sqliteSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: apply schema to %s: %w", path, err)
 	}
-	if err := migrate(db); err != nil {
+	if err := migrate(db, sqliteDialect); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: migrate %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, d: sqliteDialect}, nil
 }
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 func fromMs(v int64) time.Time { return time.UnixMilli(v).UTC() }
 
@@ -182,8 +212,8 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if t.Warm != nil {
 		warm = mustJSON(t.Warm)
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm) VALUES(?,?,?,?,?,?,?,?,?)`,
-		t.Name, t.Rootfs, t.Owned, mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm) VALUES(?,?,?,?,?,?,?,?,?)`),
+		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm)
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, ErrExists)
 	}
@@ -192,7 +222,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 
 // GetTemplate returns the template called name, or ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm FROM templates WHERE name=?`, name)
+	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm FROM templates WHERE name=?`), name)
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("template %q: %w", name, ErrNotFound)
@@ -202,7 +232,7 @@ func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) 
 
 // ListTemplates returns every template, by name.
 func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm FROM templates ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm FROM templates ORDER BY name`))
 	if err != nil {
 		return nil, err
 	}
@@ -222,13 +252,13 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 // (wrapped with a message) while sandboxes still use it.
 func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
 	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes WHERE template=?`, name).Scan(&n); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.q(`SELECT count(*) FROM sandboxes WHERE template=?`), name).Scan(&n); err != nil {
 		return err
 	}
 	if n > 0 {
 		return fmt.Errorf("template %q is %w by %d sandbox(es); delete them first (sandboxes: sandstormd sandbox ls)", name, ErrInUse, n)
 	}
-	res, err := s.db.ExecContext(ctx, `DELETE FROM templates WHERE name=?`, name)
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM templates WHERE name=?`), name)
 	if err != nil {
 		return err
 	}
@@ -271,7 +301,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 	}
@@ -285,7 +315,7 @@ func sandboxArgs(sb Sandbox) []any {
 
 // GetSandbox returns the sandbox whose ID or name is ref, or ErrNotFound.
 func (s *Store) GetSandbox(ctx context.Context, ref string) (Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=? OR name=? LIMIT 1`, ref, ref)
+	row := s.db.QueryRowContext(ctx, s.q(`SELECT `+sandboxCols+` FROM sandboxes WHERE id=? OR name=? LIMIT 1`), ref, ref)
 	sb, err := scanSandbox(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return sb, fmt.Errorf("sandbox %q: %w", ref, ErrNotFound)
@@ -295,7 +325,7 @@ func (s *Store) GetSandbox(ctx context.Context, ref string) (Sandbox, error) {
 
 // ListSandboxes returns every sandbox of node ("" for all nodes), oldest first.
 func (s *Store) ListSandboxes(ctx context.Context, node string) ([]Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE ?='' OR node=? ORDER BY created_at, id`, node, node)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+sandboxCols+` FROM sandboxes WHERE ?='' OR node=? ORDER BY created_at, id`), node, node)
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +349,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 		return Sandbox{}, err
 	}
 	defer tx.Rollback()
-	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id))
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, s.q(`SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`+s.d.forUpdate), id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return sb, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
@@ -331,7 +361,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	}
 	sb.ID = id
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=? WHERE id=?`,
+	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=? WHERE id=?`),
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -341,7 +371,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 
 // DeleteSandbox removes the row; ErrNotFound if absent.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id)
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM sandboxes WHERE id=?`), id)
 	if err != nil {
 		return err
 	}
@@ -383,11 +413,14 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	return sb, nil
 }
 
-// isConstraint reports whether err is a SQLite constraint violation
-// (UNIQUE or PRIMARY KEY), which callers map to ErrExists.
+// isConstraint reports whether err is a constraint violation (UNIQUE or
+// PRIMARY KEY) in SQLite or PostgreSQL, which callers map to ErrExists.
 func isConstraint(err error) bool {
 	if err == nil {
 		return false
+	}
+	if isPgConstraint(err) {
+		return true
 	}
 	var coder interface{ Code() int }
 	if errors.As(err, &coder) {

@@ -3,29 +3,51 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/testenv"
 )
 
-func open(t *testing.T) (*Store, string) {
+// The same tests run on both databases the store supports: SQLite (a file
+// in the test's directory) and PostgreSQL (a database of the test's own on
+// the local server, testenv.Postgres).
+var backends = []struct {
+	name  string
+	where func(testing.TB) string
+}{
+	{"sqlite", func(t testing.TB) string { return filepath.Join(t.TempDir(), "state.db") }},
+	{"postgres", testenv.Postgres},
+}
+
+// eachStore runs fn once per database, each with a fresh store at where.
+func eachStore(t *testing.T, fn func(t *testing.T, where string)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) { fn(t, b.where(t)) })
+	}
+}
+
+func openAt(t *testing.T, where string) *Store {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "state.db")
-	s, err := Open(path)
+	s, err := Open(where)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s, path
+	return s
 }
 
 // TestWarmTemplateRoundTrip: a warm template's probe and reseed survive
 // the store; a plain one has none.
-func TestWarmTemplateRoundTrip(t *testing.T) {
+func TestWarmTemplateRoundTrip(t *testing.T) { eachStore(t, testWarmTemplateRoundTrip) }
+
+func testWarmTemplateRoundTrip(t *testing.T, where string) {
 	ctx := context.Background()
-	s, _ := open(t)
+	s := openAt(t, where)
 	w := &api.Warm{Probe: api.Probe{Port: 8000, Path: "/healthz"}, Reseed: api.Reseed{Command: []string{"/bin/reseed", "-x"}}}
 	if err := s.PutTemplate(ctx, Template{Name: "w", Rootfs: "/r", Process: api.Process{Args: []string{"/a"}}, Warm: w}); err != nil {
 		t.Fatal(err)
@@ -43,9 +65,13 @@ func TestWarmTemplateRoundTrip(t *testing.T) {
 }
 
 func TestTemplatesAndSandboxesSurviveReopen(t *testing.T) {
+	eachStore(t, testTemplatesAndSandboxesSurviveReopen)
+}
+
+func testTemplatesAndSandboxesSurviveReopen(t *testing.T, path string) {
 	ctx := context.Background()
-	s, path := open(t)
-	tmpl := Template{Name: "web", Rootfs: "/srv/web", Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}}, Ports: []int{8000, 9000}, MemoryMiB: 64}
+	s := openAt(t, path)
+	tmpl := Template{Name: "web", Rootfs: "/srv/web", Owned: true, Process: api.Process{Args: []string{"/bin/sh"}, Env: []string{"A=1"}}, Ports: []int{8000, 9000}, MemoryMiB: 64}
 	if err := s.PutTemplate(ctx, tmpl); err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +80,8 @@ func TestTemplatesAndSandboxesSurviveReopen(t *testing.T) {
 	}
 	now := time.Now().Truncate(time.Millisecond)
 	sb := Sandbox{ID: "abc", Name: "one", Template: "web", Node: "local", Backend: "gvisor", Tier: api.TierHot,
-		Slot: 3, HostPorts: map[int]int{8000: 20001, 9000: 20002}, LastActive: now, CreatedAt: now}
+		Slot: 3, HostPorts: map[int]int{8000: 20001, 9000: 20002}, LastActive: now, CreatedAt: now,
+		LastWakeMs: 123.456, Principal: "agent.one", MemoryMiB: 512}
 	if err := s.CreateSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
@@ -88,11 +115,12 @@ func TestTemplatesAndSandboxesSurviveReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.ID != "abc" || got.Tier != api.TierSnapshot || got.Note != "checked" || got.HostPorts[9000] != 20002 || !got.LastActive.Equal(now) {
+	if got.ID != "abc" || got.Tier != api.TierSnapshot || got.Note != "checked" || got.HostPorts[9000] != 20002 || !got.LastActive.Equal(now) ||
+		got.LastWakeMs != 123.456 || got.Principal != "agent.one" || got.MemoryMiB != 512 {
 		t.Fatalf("after reopen: %+v", got)
 	}
 	tg, err := s2.GetTemplate(ctx, "web")
-	if err != nil || tg.Process.Env[0] != "A=1" || tg.Ports[1] != 9000 || tg.MemoryMiB != 64 {
+	if err != nil || tg.Process.Env[0] != "A=1" || tg.Ports[1] != 9000 || tg.MemoryMiB != 64 || !tg.Owned {
 		t.Fatalf("template after reopen: %+v, %v", tg, err)
 	}
 	slots, ports, err := s2.UsedSlots(ctx, "local")
@@ -110,9 +138,11 @@ func TestTemplatesAndSandboxesSurviveReopen(t *testing.T) {
 	}
 }
 
-func TestUpdateErrorRollsBack(t *testing.T) {
+func TestUpdateErrorRollsBack(t *testing.T) { eachStore(t, testUpdateErrorRollsBack) }
+
+func testUpdateErrorRollsBack(t *testing.T, where string) {
 	ctx := context.Background()
-	s, _ := open(t)
+	s := openAt(t, where)
 	s.PutTemplate(ctx, Template{Name: "t", Rootfs: "/", Process: api.Process{Args: []string{"/x"}}})
 	s.CreateSandbox(ctx, Sandbox{ID: "a", Name: "a", Template: "t", Tier: api.TierHot, HostPorts: map[int]int{}})
 	boom := errors.New("boom")
@@ -129,5 +159,59 @@ func TestUpdateErrorRollsBack(t *testing.T) {
 	}
 	if _, err := s.UpdateSandbox(ctx, "zzz", func(*Sandbox) error { return nil }); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("update unknown: %v", err)
+	}
+}
+
+// TestConcurrentUpdatesLoseNothing: read-modify-writes of one row from many
+// goroutines at once all land (on PostgreSQL that takes SELECT … FOR
+// UPDATE; without it, READ COMMITTED loses some), and concurrent creates
+// of one name or slot let exactly one through.
+func TestConcurrentUpdatesLoseNothing(t *testing.T) { eachStore(t, testConcurrentUpdates) }
+
+func testConcurrentUpdates(t *testing.T, where string) {
+	ctx := context.Background()
+	s := openAt(t, where)
+	if err := s.PutTemplate(ctx, Template{Name: "t", Rootfs: "/", Process: api.Process{Args: []string{"/x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, Sandbox{ID: "a", Name: "a", Template: "t", Tier: api.TierHot, HostPorts: map[int]int{}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := 0; i < n; i++ {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, err := s.UpdateSandbox(ctx, "a", func(x *Sandbox) error { x.LastWakeMs++; return nil })
+			errs <- err
+		}()
+		go func() {
+			defer wg.Done()
+			err := s.CreateSandbox(ctx, Sandbox{ID: fmt.Sprint("b", i), Name: "b", Template: "t", Slot: 7, HostPorts: map[int]int{}})
+			if err != nil && !errors.Is(err, ErrExists) {
+				errs <- err
+			}
+			if err == nil {
+				errs <- nil
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	created := 0
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+		created++
+	}
+	if created != n+1 { // n updates, one create
+		t.Errorf("%d of %d operations succeeded, want every update and one create", created, n+1)
+	}
+	got, _ := s.GetSandbox(ctx, "a")
+	if got.LastWakeMs != n {
+		t.Errorf("after %d concurrent increments the row says %v", n, got.LastWakeMs)
 	}
 }
