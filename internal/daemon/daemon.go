@@ -24,6 +24,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"sandstorm/internal/boundary"
+	"sandstorm/internal/console"
+	"sandstorm/internal/events"
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/master"
 	"sandstorm/internal/memguard"
@@ -372,11 +374,13 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		return err
 	}
 	defer stopSAM()
+	// What happens to sandboxes, for the console's live view.
+	hub := events.New(0)
 	nd, err := node.New(node.Config{
 		Name: o.NodeName, DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
 		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
-		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log,
+		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub,
 	})
 	if err != nil {
 		return err
@@ -409,6 +413,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	}()
 	api := master.Handler(master.Config{
 		Store: st, Node: nd, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
+		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub},
 	})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "http://"+ln.Addr().String(), "backend", be.Name(),

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/console"
 	"sandstorm/internal/logstamp"
 	"sandstorm/internal/node"
 	"sandstorm/internal/rootfs"
@@ -65,6 +66,9 @@ type Config struct {
 	// MaxUpload bounds a rootfs tarball upload, in bytes (413 beyond).
 	MaxUpload int64
 	Log       *slog.Logger
+	// Console serves the web console at / and its event stream; nil: no
+	// console (and no session logins).
+	Console *console.Console
 }
 
 // maxJSON bounds every JSON request body (1 MiB; 413 beyond).
@@ -96,17 +100,36 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/clone", s.clone)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
+	mux.HandleFunc("GET /v1/nodes", s.listNodes)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, api.CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
-	return s.auth(mux)
+	var open *http.ServeMux // what needs no token: the console's page and login
+	if c := cfg.Console; c != nil {
+		mux.HandleFunc("GET /v1/events", c.Stream)
+		open = http.NewServeMux()
+		open.Handle("GET /{$}", c.Page())
+		open.Handle("GET /console/", c.Page())
+		open.HandleFunc("POST /v1/session", c.Login)
+		open.HandleFunc("DELETE /v1/session", c.Logout)
+	}
+	return s.auth(mux, open)
 }
 
-func (s *server) auth(next http.Handler) http.Handler {
+// auth lets through requests with the API token, and GETs with a console
+// session (console.Sessions); open serves what needs neither (nil: none).
+func (s *server) auth(next http.Handler, open *http.ServeMux) http.Handler {
 	want := []byte("Bearer " + s.cfg.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if open != nil {
+			if _, pattern := open.Handler(r); pattern != "" {
+				open.ServeHTTP(w, r)
+				return
+			}
+		}
 		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		session := s.cfg.Console != nil && len(got) == 0 && s.cfg.Console.Sessions.Reads(r)
+		if !session && subtle.ConstantTimeCompare(got, want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sandstorm"`)
 			writeErr(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing or wrong API token: send Authorization: Bearer <token> (the token is in <data-dir>/pki/api-token)")
 			return
@@ -681,6 +704,17 @@ func lineStart(path string, off int64) int64 {
 
 // followPoll is how often a followed log is read for what was appended.
 const followPoll = 200 * time.Millisecond
+
+// listNodes serves GET /v1/nodes: every node this master has (one, the
+// node in its process, until nodes run apart: issue 9).
+func (s *server) listNodes(w http.ResponseWriter, r *http.Request) {
+	st, err := s.cfg.Node.Status(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.List[api.NodeStatus]{Items: []api.NodeStatus{st}})
+}
 
 func (s *server) nodeStatus(w http.ResponseWriter, r *http.Request) {
 	st, err := s.cfg.Node.Status(r.Context())

@@ -28,6 +28,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/boundary"
+	"sandstorm/internal/events"
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/logstamp"
 	"sandstorm/internal/memguard"
@@ -104,6 +105,9 @@ type Config struct {
 	// /proc/meminfo.
 	MemAvailable func() (int64, error)
 	Log          *slog.Logger
+	// Events receives what happens to the node's sandboxes (the
+	// console's live view); nil: nobody watches.
+	Events *events.Hub
 }
 
 // Node runs the sandboxes of one machine.
@@ -349,6 +353,9 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 	})
 	if err == nil {
 		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "start", how)
+		n.cfg.Events.Publish(events.Event{Kind: events.Create, ID: sb.ID, Name: sb.Name, Template: t.Name, To: string(api.TierHot), Ms: sb.LastWakeMs, Node: n.cfg.Name, Reason: how})
+	} else if errors.Is(err, ErrNoMemory) || errors.Is(err, ErrFull) {
+		n.cfg.Events.Publish(events.Event{Kind: events.Refusal, Name: name, Template: t.Name, Node: n.cfg.Name, Reason: "create: " + err.Error()})
 	}
 	return sb, err
 }
@@ -641,6 +648,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	n.forget(sb.ID)
 	n.releasePromise(sb.ID)
 	n.log.Info("sandbox deleted", "id", sb.ID)
+	n.cfg.Events.Publish(events.Event{Kind: events.Delete, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
 	return nil
 }
 

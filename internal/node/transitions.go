@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/events"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -87,6 +88,9 @@ func (n *Node) Wake(ctx context.Context, id string) error {
 	e.mu.Unlock()
 
 	w.err = n.wake(ctx, e)
+	if errors.Is(w.err, ErrRefused) || errors.Is(w.err, ErrNoMemory) {
+		n.cfg.Events.Publish(events.Event{Kind: events.Refusal, ID: e.id, Node: n.cfg.Name, Reason: "wake: " + w.err.Error()})
+	}
 
 	e.mu.Lock()
 	e.waking = nil
@@ -159,6 +163,7 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 		s.LastWakeMs, s.LastWakeFrom, s.Note = ms, from, ""
 	})
 	n.log.Info("sandbox woken", "id", e.id, "from", from, "ms", ms)
+	n.cfg.Events.Publish(events.Event{Kind: events.Wake, ID: e.id, From: string(from), To: string(api.TierHot), Ms: ms, Node: n.cfg.Name})
 	return err
 }
 
@@ -468,6 +473,8 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 		return cur, err
 	}
 	n.log.Info("sandbox transition", "id", sb.ID, "from", from, "to", to, "ms", time.Since(start).Milliseconds())
+	n.cfg.Events.Publish(events.Event{Kind: events.Transition, ID: sb.ID, From: string(from), To: string(to),
+		Ms: float64(time.Since(start).Microseconds()) / 1000, Node: n.cfg.Name})
 	return n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = "" })
 }
 

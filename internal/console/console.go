@@ -1,0 +1,140 @@
+// Package console is the master's web console at / (Sandstorm seed: "where
+// every sandbox is, how fast they move between tiers, and each node's
+// headroom"): one page of plain HTML, CSS and JavaScript embedded in the
+// binary (no build step), reading the same API a client does — with a
+// session cookie instead of the token (session.go) — and a stream of
+// server-sent events for what happens live (internal/events).
+package console
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/events"
+)
+
+//go:embed static
+var static embed.FS
+
+// Console serves the page, its login and its event stream.
+type Console struct {
+	Sessions *Sessions
+	Events   *events.Hub
+	// KeepAlive is how often an idle event stream gets a comment line (so
+	// proxies and the browser see it is alive); 0 is 15 s.
+	KeepAlive time.Duration
+}
+
+// Page serves GET / and GET /console/<file>: the page and its assets. They
+// hold nothing secret; everything shown comes from the API.
+func (c *Console) Page() http.Handler {
+	sub, _ := fs.Sub(static, "static")
+	files := http.FileServerFS(sub)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The page runs no script from elsewhere and is framed by no one.
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Referrer-Policy", "no-referrer")
+		if r.URL.Path == "/" {
+			w.Header().Set("Cache-Control", "no-store")
+			http.ServeFileFS(w, r, sub, "index.html")
+			return
+		}
+		http.StripPrefix("/console", files).ServeHTTP(w, r)
+	})
+}
+
+// maxLogin bounds POST /v1/session's body.
+const maxLogin = 4 << 10
+
+// Login serves POST /v1/session {"token": "..."}: 204 with the session
+// cookie, or 401.
+func (c *Console) Login(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Token string `json:"token"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxLogin)).Decode(&req); err != nil {
+		writeErr(w, http.StatusBadRequest, api.CodeBadRequest, `want {"token": "<the API token>"}`)
+		return
+	}
+	if !c.Sessions.Login(w, r, req.Token) {
+		writeErr(w, http.StatusUnauthorized, api.CodeUnauthorized, "wrong API token (it is in <data-dir>/pki/api-token on the master)")
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Logout serves DELETE /v1/session.
+func (c *Console) Logout(w http.ResponseWriter, r *http.Request) {
+	c.Sessions.Logout(w, r)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Stream serves GET /v1/events: the kept recent events, then each new one,
+// as server-sent events ("event: <kind>", "data: <JSON>"; the HTML
+// Living Standard §9.2), until the client goes away. Events a client was
+// too slow for are lost to it (the hub never waits); the page reloads the
+// whole list now and then, so what it shows catches up.
+func (c *Console) Stream(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		writeErr(w, http.StatusInternalServerError, api.CodeInternal, "streaming unsupported")
+		return
+	}
+	past, live, cancel := c.Events.Subscribe(256)
+	defer cancel()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	send := func(e events.Event) error {
+		b, _ := json.Marshal(e)
+		_, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Kind, b)
+		return err
+	}
+	for _, e := range past {
+		if send(e) != nil {
+			return
+		}
+	}
+	fl.Flush()
+	ka := c.KeepAlive
+	if ka <= 0 {
+		ka = 15 * time.Second
+	}
+	tick := time.NewTicker(ka)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case e := <-live:
+			if send(e) != nil {
+				return
+			}
+			// Whatever else is queued goes in the same write.
+			for n := len(live); n > 0; n-- {
+				if send(<-live) != nil {
+					return
+				}
+			}
+			fl.Flush()
+		case <-tick.C:
+			if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
+				return
+			}
+			fl.Flush()
+		}
+	}
+}
+
+func writeErr(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(api.Error{Code: code, Message: msg})
+}

@@ -1,0 +1,235 @@
+// Sandstorm console: reads the master's API with the session cookie (the
+// token is never kept here), follows /v1/events for what happens live.
+"use strict";
+
+const ROW = 28;            // px, as .row in console.css
+const BUCKET = 10e3;       // chart bucket, ms
+const SPAN = 5 * 60e3;     // chart span, ms
+const SERIES = [["hot", "wakes"], ["frozen", "→ frozen"], ["snapshot", "→ snapshot"], ["detached", "→ detached"]];
+
+const $ = (id) => document.getElementById(id);
+const state = { boxes: new Map(), shown: [], listAt: 0, points: [], source: null };
+
+async function get(path) {
+  const r = await fetch(path, { headers: { Accept: "application/json" } });
+  if (r.status === 401) throw Object.assign(new Error("unauthorized"), { status: 401 });
+  if (!r.ok) throw new Error(path + ": HTTP " + r.status);
+  return r.json();
+}
+
+function showLogin(msg) {
+  $("app").hidden = true; $("logout").hidden = true; $("login").hidden = false;
+  $("login-error").textContent = msg || "";
+  $("status").textContent = "not logged in";
+  if (state.source) { state.source.close(); state.source = null; }
+}
+
+async function login(ev) {
+  ev.preventDefault();
+  const token = $("token").value.trim();
+  $("token").value = "";  // gone from the page at once
+  const r = await fetch("/v1/session", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token }) });
+  if (r.status !== 204) { showLogin("That is not the API token."); return; }
+  start();
+}
+
+async function logout() {
+  await fetch("/v1/session", { method: "DELETE" });
+  showLogin("Logged out.");
+}
+
+async function start() {
+  try {
+    await refreshNodes();
+  } catch (e) {
+    if (e.status === 401) { showLogin(); return; }
+    $("status").textContent = String(e);
+    return;
+  }
+  $("login").hidden = true; $("app").hidden = false; $("logout").hidden = false;
+  await refreshList();
+  follow();
+}
+
+// --- nodes ---------------------------------------------------------------
+async function refreshNodes() {
+  const nodes = (await get("/v1/nodes")).items || [];
+  const box = $("nodes");
+  box.replaceChildren(...nodes.map(nodeCard));
+}
+
+function nodeCard(n) {
+  const el = document.createElement("div");
+  el.className = "card"; el.dataset.node = n.name;
+  const avail = n.mem_available_mib, reserve = n.mem_reserve_mib;
+  const head = Math.max(0, avail - reserve);
+  const total = Math.max(avail, 1);
+  const pool = Object.values(n.warm_pool || {}).reduce((a, b) => a + b, 0);
+  const t = n.sandboxes || {};
+  el.innerHTML = "";
+  const name = document.createElement("div"); name.className = "name";
+  name.textContent = n.name + " · " + n.backend + (n.reconciling ? " · repairing " + n.reconciling : "");
+  const mem = document.createElement("div"); mem.className = "headroom";
+  mem.textContent = `headroom ${head} MiB (available ${avail}, reserve ${reserve})`;
+  const bar = document.createElement("div"); bar.className = "bar";
+  const fill = document.createElement("div"); fill.style.width = Math.round(100 * head / total) + "%"; bar.append(fill);
+  const tiers = document.createElement("div"); tiers.className = "tiers";
+  for (const k of ["hot", "frozen", "snapshot", "detached"]) {
+    const s = document.createElement("span"); s.className = "t-" + k; s.textContent = `${k} ${t[k] || 0}`; tiers.append(s);
+  }
+  if (pool) { const s = document.createElement("span"); s.textContent = `warm pool ${pool}`; tiers.append(s); }
+  el.append(name, mem, bar, tiers);
+  return el;
+}
+
+// --- sandboxes -----------------------------------------------------------
+async function refreshList() {
+  const at = Date.now();
+  const items = (await get("/v1/sandboxes")).items || [];
+  state.boxes = new Map(items.map((s) => [s.id, s]));
+  state.listAt = at;
+  render();
+}
+
+let listTimer = null;
+function refreshListSoon() {
+  if (listTimer) return;
+  listTimer = setTimeout(() => { listTimer = null; refreshList().catch(() => {}); }, 300);
+}
+
+function matches(s, q) {
+  if (!q) return true;
+  return [s.name, s.id, s.tier, s.template, s.node, s.note || ""].some((v) => (v || "").toLowerCase().includes(q));
+}
+
+function render() {
+  const q = $("search").value.trim().toLowerCase();
+  state.shown = [...state.boxes.values()].filter((s) => matches(s, q)).sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+  $("count").textContent = `(${state.shown.length}${q ? " of " + state.boxes.size : ""})`;
+  $("spacer").style.height = state.shown.length * ROW + "px";
+  draw();
+}
+
+// Only the rows in view are in the page: thousands of sandboxes cost a
+// screenful of elements.
+function draw() {
+  const vp = $("viewport");
+  const first = Math.max(0, Math.floor(vp.scrollTop / ROW) - 5);
+  const last = Math.min(state.shown.length, first + Math.ceil(vp.clientHeight / ROW) + 10);
+  const rows = $("rows");
+  rows.style.transform = `translateY(${first * ROW}px)`;
+  const out = [];
+  for (let i = first; i < last; i++) out.push(row(state.shown[i]));
+  rows.replaceChildren(...out);
+}
+
+function cell(text, cls) {
+  const s = document.createElement("span");
+  s.textContent = text; if (cls) s.className = cls; s.title = text;
+  return s;
+}
+
+function row(s) {
+  const el = document.createElement("div");
+  el.className = "row"; el.dataset.id = s.id;
+  const wake = s.last_wake_ms ? `${s.last_wake_ms.toFixed(1)} ms${s.last_wake_from ? " from " + s.last_wake_from : ""}` : "";
+  el.append(cell(s.name, "name"), cell(s.id), cell(s.transition ? `${s.tier} → ${s.transition}` : s.tier, "tier t-" + s.tier),
+    cell(s.template), cell(s.node), cell(wake), cell(s.note || ""));
+  return el;
+}
+
+// --- live ----------------------------------------------------------------
+function follow() {
+  if (state.source) state.source.close();
+  const es = new EventSource("/v1/events");
+  state.source = es;
+  es.onopen = () => { $("status").textContent = "live"; };
+  es.onerror = () => {
+    $("status").textContent = "reconnecting…";
+    // A stream refused for its session means the session is gone.
+    get("/v1/nodes").catch((e) => { if (e.status === 401) showLogin("Your session ended; log in again."); });
+  };
+  const on = (kind, f) => es.addEventListener(kind, (m) => f(JSON.parse(m.data)));
+  on("transition", (e) => { point(e.to, e); update(e, e.to); });
+  on("wake", (e) => { point("hot", e); update(e, "hot", e); recent(e); });
+  on("refusal", (e) => recent(e));
+  on("create", () => refreshListSoon());
+  on("delete", (e) => { if (state.boxes.delete(e.id)) render(); });
+}
+
+function update(e, tier, wake) {
+  const s = state.boxes.get(e.id);
+  if (!s || Date.parse(e.at) < state.listAt) return; // the list is newer
+  s.tier = tier; s.transition = "";
+  if (wake) { s.last_wake_ms = wake.ms; s.last_wake_from = wake.from; }
+  render();
+}
+
+function point(series, e) {
+  state.points.push({ series, at: Date.parse(e.at) });
+}
+
+function nameOf(e) {
+  const s = state.boxes.get(e.id);
+  return s ? s.name : (e.name || e.id || "");
+}
+
+function recent(e) {
+  const li = document.createElement("li");
+  const t = new Date(e.at).toLocaleTimeString();
+  if (e.kind === "wake") {
+    li.className = "wake";
+    li.textContent = `${t} woke ${nameOf(e)} from ${e.from} in ${e.ms.toFixed(1)} ms`;
+  } else {
+    li.className = "refusal";
+    li.textContent = `${t} refused ${nameOf(e)}: ${e.reason}`;
+  }
+  const list = $("recent");
+  list.prepend(li);
+  while (list.children.length > 100) list.lastChild.remove();
+}
+
+function chart() {
+  const c = $("chart"), g = c.getContext("2d");
+  const now = Date.now(), n = SPAN / BUCKET;
+  state.points = state.points.filter((p) => now - p.at < SPAN);
+  const counts = Object.fromEntries(SERIES.map(([k]) => [k, new Array(n).fill(0)]));
+  for (const p of state.points) {
+    const i = n - 1 - Math.floor((now - p.at) / BUCKET);
+    if (i >= 0 && counts[p.series]) counts[p.series][i]++;
+  }
+  const max = Math.max(1, ...Object.values(counts).flat());
+  g.clearRect(0, 0, c.width, c.height);
+  const css = getComputedStyle(document.documentElement);
+  g.fillStyle = "#868e96"; g.font = "11px sans-serif"; g.fillText(String(max), 4, 12); g.fillText("0", 4, c.height - 4);
+  // Grouped bars, one per series in each bucket: two series with the
+  // same count in the same bucket stay both visible (lines would overlap).
+  const w = (c.width - 30) / n, bw = Math.max(1, w / SERIES.length - 1);
+  SERIES.forEach(([k], j) => {
+    g.fillStyle = css.getPropertyValue("--" + k).trim();
+    counts[k].forEach((v, i) => {
+      if (!v) return;
+      const h = v * (c.height - 24) / max;
+      g.fillRect(24 + i * w + j * (bw + 1), c.height - 8 - h, bw, h);
+    });
+  });
+  g.fillStyle = "#dee2e6"; g.fillRect(24, c.height - 8, c.width - 30, 1);
+}
+
+function legend() {
+  $("legend").replaceChildren(...SERIES.map(([k, label]) => {
+    const s = document.createElement("span"); s.className = "t-" + k; s.textContent = "— " + label; return s;
+  }));
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-form").addEventListener("submit", login);
+  $("logout").addEventListener("click", logout);
+  $("search").addEventListener("input", render);
+  $("viewport").addEventListener("scroll", draw, { passive: true });
+  legend();
+  setInterval(chart, 1000);
+  setInterval(() => { if (!$("app").hidden) refreshNodes().catch(() => {}); }, 2000);
+  setInterval(() => { if (!$("app").hidden) refreshList().catch(() => {}); }, 30000);
+  start();
+});

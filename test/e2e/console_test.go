@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"sandstorm/api"
+)
+
+// TestConsoleInChromium: the console at / in a real browser (Debian's
+// chromium, headless, driven by chromedp), against a running daemon, as a
+// person uses it: the page asks for the token, logs in (after which
+// neither the page nor its scripts hold the token or the session), shows
+// the node's headroom and tier counts and every sandbox; a freeze made
+// through the API shows in the sandbox's row without a reload, and a wake
+// appears among the recent wakes with its latency; the search narrows the
+// table; thousands of rows put only a screenful in the page. A screenshot
+// is kept (the path is logged).
+func TestConsoleInChromium(t *testing.T) {
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("no chromium: apt-get install -y chromium (deps/debian-packages.txt has it)")
+	}
+	d := startDaemon(t)
+	d.registerWeb(t, "web")
+	var sbs []api.Sandbox
+	for i := 0; i < 3; i++ {
+		sbs = append(sbs, d.create(t, "web", fmt.Sprintf("console-%d", i)))
+	}
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.NoSandbox, // the tests run as root
+		chromedp.WindowSize(1400, 1000),
+		// Nothing may leave the machine: every request that is not to
+		// loopback goes to a proxy that is not there, and no name but
+		// loopback's resolves.
+		chromedp.ProxyServer("http://127.0.0.1:9"),
+		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-features", "OptimizationHints,MediaRouter,Translate"),
+	)
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+
+	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	// until polls a JavaScript condition on the page (chromedp.Poll,
+	// every 50 ms) until it holds, failing after 20 s.
+	until := func(what, js string) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+			page, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+			t.Fatalf("waiting until %s: %v\npage:\n%s", what, err, page)
+		}
+	}
+	text := func(js string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("read %s: %v", js, err)
+		}
+		return s
+	}
+
+	run("open the console", chromedp.Navigate(d.API+"/"), chromedp.WaitVisible(chromedp.ID("token")))
+	if !strings.Contains(text(`document.getElementById("login").innerText`), "pki/api-token") {
+		t.Errorf("the login does not say where the token is")
+	}
+	run("a wrong token", chromedp.SendKeys(chromedp.ID("token"), "not-the-token"), chromedp.Click(chromedp.CSS("#login-form button")))
+	until("a wrong token is refused", `document.getElementById("login-error").innerText.includes("not the API token")`)
+	run("log in", chromedp.SendKeys(chromedp.ID("token"), d.Token), chromedp.Click(chromedp.CSS("#login-form button")))
+	until("the sandboxes show", `document.querySelectorAll("#rows .row").length === 3`)
+	for _, sb := range sbs {
+		until(sb.Name+" is hot", fmt.Sprintf(`(document.querySelector('[data-id=%q] .tier')||{}).textContent === "hot"`, sb.ID))
+	}
+	nodes := text(`document.getElementById("nodes").innerText`)
+	if !strings.Contains(nodes, "local") || !strings.Contains(nodes, "headroom") || !strings.Contains(nodes, "hot 3") {
+		t.Errorf("the node card says %q; want its name, headroom and 3 hot", nodes)
+	}
+	if strings.Contains(text(`document.documentElement.outerHTML`), d.Token) {
+		t.Error("the page holds the API token")
+	}
+	if c := text(`document.cookie`); strings.Contains(c, "sandstorm_session") {
+		t.Errorf("the session cookie is readable by the page's scripts: %q", c)
+	}
+	until("the event stream is live", `document.getElementById("status").textContent === "live"`)
+
+	// Live: a freeze made elsewhere shows without a reload; a request to
+	// the sandbox wakes it, and the wake is listed with its latency.
+	frozen := sbs[1]
+	if _, err := d.C.Transition(ctxT(t), frozen.ID, "freeze"); err != nil {
+		t.Fatal(err)
+	}
+	until(frozen.Name+" shows frozen", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "frozen"`, frozen.ID))
+	getCount(t, endpoint(t, frozen))
+	until("the wake is listed", fmt.Sprintf(`/woke %s from frozen in [0-9.]+ ms/.test(document.getElementById("recent").innerText)`, frozen.Name))
+	until(frozen.Name+" shows hot again", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "hot"`, frozen.ID))
+
+	// The chart has the freeze and the wake: a bar of each colour.
+	until("the chart shows the freeze and the wake", `(() => {
+		const c = document.getElementById("chart"), g = c.getContext("2d");
+		const d = g.getImageData(0, 0, c.width, c.height - 12).data; // above the baseline
+		const want = {"frozen": [0x1c, 0x7e, 0xd6], "hot": [0xd9, 0x48, 0x0f]}, seen = {};
+		for (let i = 0; i < d.length; i += 4)
+			for (const [k, [r, gr, b]] of Object.entries(want))
+				if (Math.abs(d[i]-r) < 8 && Math.abs(d[i+1]-gr) < 8 && Math.abs(d[i+2]-b) < 8 && d[i+3] > 200) seen[k] = true;
+		return seen.frozen && seen.hot;
+	})()`)
+
+	// Search narrows the table.
+	run("search", chromedp.SendKeys(chromedp.ID("search"), "console-2"))
+	until("one row is left", `document.querySelectorAll("#rows .row").length === 1 && document.querySelector("#rows .row .name").textContent === "console-2"`)
+	shot := screenshot(t, ctx)
+
+	// Thousands of rows: 5,000 made-up sandboxes put in the page's model
+	// cost a screenful of elements, and a redraw stays quick.
+	type rowStats struct {
+		Rows int     `json:"rows"`
+		Ms   float64 `json:"ms"`
+		Text string  `json:"text"`
+	}
+	stats, err := chromedp.Run(ctx, chromedp.Evaluate[rowStats](`(() => {
+		document.getElementById("search").value = "";
+		for (let i = 0; i < 5000; i++) state.boxes.set("fake" + i, {id: "fake" + i, name: "fake-" + String(i).padStart(4, "0"), tier: "snapshot", template: "web", node: "local"});
+		const t0 = performance.now(); render(); const ms = performance.now() - t0;
+		const vp = document.getElementById("viewport"); vp.scrollTop = 2500 * 28; vp.dispatchEvent(new Event("scroll"));
+		return {rows: document.querySelectorAll("#rows .row").length, ms, text: document.getElementById("rows").innerText};
+	})()`))
+	if err != nil {
+		t.Fatalf("5,000 rows: %v", err)
+	}
+	if stats.Rows > 60 || stats.Rows < 10 {
+		t.Errorf("with 5,003 sandboxes the table has %d rows in the page; want a screenful", stats.Rows)
+	}
+	if !strings.Contains(stats.Text, "fake-24") {
+		t.Errorf("scrolled half-way, the rows shown are not those there: %.200q", stats.Text)
+	}
+	t.Logf("5,003 sandboxes: %d rows in the page, a full render took %.1f ms; screenshot %s", stats.Rows, stats.Ms, shot)
+
+	// Logging out ends the session: the API refuses the cookie after it.
+	run("log out", chromedp.Click(chromedp.ID("logout")))
+	until("the login shows again", `!document.getElementById("login").hidden`)
+	status, err := chromedp.Run(ctx, chromedp.Evaluate[int](`fetch("/v1/sandboxes").then(r => r.status)`, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("read after logout: %v", err)
+	}
+	if status != 401 {
+		t.Errorf("after logout the API answered the page %d, want 401", status)
+	}
+}
+
+// screenshot keeps what the page looks like, under $SANDSTORM_ARTIFACTS
+// (default <tmp>/sandstorm-artifacts), and returns the file's path.
+func screenshot(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	dir := os.Getenv("SANDSTORM_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "sandstorm-artifacts")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	path := filepath.Join(dir, "console.png")
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
