@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 BIN=${BIN:-bin/sandstormd}
 export SANDSTORM_DATA_DIR=${SANDSTORM_DATA_DIR:-/var/lib/sandstorm}
-export SANDSTORM_API=${SANDSTORM_API:-http://127.0.0.1:8080}
+export SANDSTORM_API=${SANDSTORM_API:-https://127.0.0.1:8080}
 LOG=${SANDSTORM_LOG:-$SANDSTORM_DATA_DIR/sandstormd.log}
 TEMPLATE=${TEMPLATE:-web}
 
@@ -18,7 +18,8 @@ if [ "$(id -u)" != 0 ]; then
 	exit 1
 fi
 
-api_up() { curl -s -o /dev/null -m 1 "$SANDSTORM_API/v1/node"; }
+# The API is HTTPS with a certificate from the daemon's own CA.
+api_up() { [ -f "$SANDSTORM_DATA_DIR/pki/ca.pem" ] && curl -s -o /dev/null -m 1 --cacert "$SANDSTORM_DATA_DIR/pki/ca.pem" "$SANDSTORM_API/v1/node"; }
 
 if api_up; then
 	say "sandstormd already answers at $SANDSTORM_API"

@@ -165,7 +165,7 @@ func run(ctx context.Context, c config) (string, error) {
 		// refuses); this pool was the benchmark's own.
 		exec.Command("ip", "route", "del", "unreachable", "10.189.0.0/16").Run()
 	}()
-	cl, apiAddr := sd.Client, sd.API
+	cl := sd.Client
 	env := append(append([]string{}, d.Env...), fmt.Sprintf("HEAP_MIB=%d", c.heapMiB))
 	if _, err := cl.CreateTemplate(ctx, api.TemplateRequest{Name: "heap", RootfsDir: rootfs,
 		Process: api.Process{Args: d.Args, Env: env}, Ports: d.Ports, MemoryMiB: c.limitMiB}); err != nil {
@@ -182,7 +182,6 @@ func run(ctx context.Context, c config) (string, error) {
 	refused, failed, gaveUp := 0, 0, 0
 	sem := make(chan struct{}, c.parallel)
 	var wg sync.WaitGroup
-	hc := &http.Client{Timeout: 5 * time.Minute}
 	for i := 0; i < c.n && ctx.Err() == nil; i++ {
 		wg.Add(1)
 		sem <- struct{}{}
@@ -192,11 +191,11 @@ func run(ctx context.Context, c config) (string, error) {
 			body, _ := json.Marshal(api.SandboxRequest{Template: "heap", Name: fmt.Sprintf("flood-%03d", i)})
 			giveUp := time.Now().Add(c.retry)
 			for {
-				req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+apiAddr+"/v1/sandboxes", bytes.NewReader(body))
+				req, _ := http.NewRequestWithContext(ctx, "POST", cl.Base+"/v1/sandboxes", bytes.NewReader(body))
 				req.Header.Set("Authorization", "Bearer "+cl.Token)
 				req.Header.Set("Content-Type", "application/json")
 				t0 := time.Now()
-				resp, err := hc.Do(req)
+				resp, err := cl.HTTP.Do(req)
 				el := time.Since(t0)
 				status := 0
 				var sb api.Sandbox

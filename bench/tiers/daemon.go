@@ -181,7 +181,7 @@ func startDaemon(ctx context.Context, cfg config, logPath string) (*daemon, erro
 		return nil, err
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", port)
-	d.api = "http://" + listen
+	d.api = "https://" + listen
 	d.args = []string{"serve", "--master", "--node",
 		"--data-dir", filepath.Join(d.dataDir, "data"), "--listen", listen,
 		"--backend", cfg.backend, "--subnet", cfg.subnet, "--gateway-ports", cfg.gwPorts,
@@ -225,12 +225,7 @@ func startDaemon(ctx context.Context, cfg config, logPath string) (*daemon, erro
 
 // client returns an API client of d (its token appears at first start).
 func (d *daemon) client() (*client.Client, error) {
-	tok, err := client.ReadToken(filepath.Join(d.dataDir, "data"))
-	if err != nil {
-		return nil, err
-	}
-	c := client.New(d.api, tok)
-	return c, nil
+	return client.ForDataDir(d.api, filepath.Join(d.dataDir, "data"))
 }
 
 func (d *daemon) waitReady(ctx context.Context, limit time.Duration) error {

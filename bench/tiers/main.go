@@ -7,7 +7,7 @@
 //
 //	go run ./bench/tiers --start            # start a private sandstormd, measure, clean up
 //	go run ./bench/tiers -n 20 --start      # a quicker run
-//	go run ./bench/tiers --api http://127.0.0.1:8080   # measure a daemon already running
+//	go run ./bench/tiers --api https://127.0.0.1:8080   # measure a daemon already running
 //
 // See bench/README.md, or run it with --help.
 package main
@@ -129,7 +129,7 @@ Examples:
   go run ./bench/tiers --start -n 20             quicker
   go run ./bench/tiers --start --series hot,frozen --templates web
   go run ./bench/tiers --start --series start,raw-start --platform ptrace
-  go run ./bench/tiers --api http://127.0.0.1:8080 --data-dir /var/lib/sandstorm
+  go run ./bench/tiers --api https://127.0.0.1:8080 --data-dir /var/lib/sandstorm
 
 Flags:
 `
@@ -141,7 +141,7 @@ func parseFlags(args []string) (config, error) {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&c.api, "api", envOr("SANDSTORM_API", "http://127.0.0.1:8080"), "API URL of a running sandstormd (env SANDSTORM_API); ignored with --start")
+	fs.StringVar(&c.api, "api", envOr("SANDSTORM_API", "https://127.0.0.1:8080"), "API URL of a running sandstormd (env SANDSTORM_API); ignored with --start")
 	fs.StringVar(&c.dataDir, "data-dir", envOr("SANDSTORM_DATA_DIR", "/var/lib/sandstorm"), "data dir of that sandstormd, for its API token (env SANDSTORM_DATA_DIR; SANDSTORM_TOKEN overrides)")
 	fs.BoolVar(&c.start, "start", false, "start a private sandstormd with a temporary data dir, and stop and clean it up at the end (needs root)")
 	fs.BoolVar(&c.isolate, "isolate", true, "with --start: run the daemon and the measurements in their own network and mount namespaces, so they neither see nor disturb other sandstormd on this machine")

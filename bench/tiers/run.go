@@ -200,12 +200,19 @@ func resolveRunsc(ctx context.Context, cfg config, res *bench.Results) (string, 
 func externalClient(cfg config) (*client.Client, error) {
 	tok := os.Getenv("SANDSTORM_TOKEN")
 	if tok == "" {
-		var err error
-		if tok, err = client.ReadToken(cfg.dataDir); err != nil {
+		c, err := client.ForDataDir(cfg.api, cfg.dataDir)
+		if err != nil {
 			return nil, fmt.Errorf("%w; or use --start to run a private sandstormd", err)
 		}
+		return c, nil
 	}
-	return client.New(cfg.api, tok), nil
+	c := client.New(cfg.api, tok)
+	if strings.HasPrefix(cfg.api, "https://") {
+		if err := c.TrustCA(client.CAFile(cfg.dataDir)); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 func (r *runner) recordParams(isolated bool) {

@@ -37,11 +37,22 @@ func apiClient(cmd *cobra.Command) (*client.Client, error) {
 	}
 	c := client.New(base, tok)
 	c.TokenFrom = from
+	if strings.HasPrefix(base, "https://") {
+		ca, _ := cmd.Flags().GetString("ca")
+		if ca == "" {
+			dd, _ := cmd.Flags().GetString("data-dir")
+			ca = client.CAFile(dd)
+		}
+		if err := c.TrustCA(ca); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
 func addAPIFlag(cmd *cobra.Command) {
-	cmd.PersistentFlags().String("api", envOr("SANDSTORM_API", "http://127.0.0.1:8080"), "sandstormd API URL (env SANDSTORM_API); the token comes from SANDSTORM_TOKEN or <data-dir>/pki/api-token")
+	cmd.PersistentFlags().String("api", envOr("SANDSTORM_API", "https://127.0.0.1:8080"), "sandstormd API URL (env SANDSTORM_API); the token comes from SANDSTORM_TOKEN or <data-dir>/pki/api-token")
+	cmd.PersistentFlags().String("ca", os.Getenv("SANDSTORM_CA"), "CA certificate the API's HTTPS is checked against (env SANDSTORM_CA; default <data-dir>/pki/ca.pem, the master's own CA)")
 	cmd.PersistentFlags().Bool("json", false, "print JSON instead of a table")
 }
 

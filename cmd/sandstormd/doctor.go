@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -55,7 +56,7 @@ func daemonCheck(ctx context.Context, cmd *cobra.Command, dataDir string) doctor
 	c, err := apiClient(cmd)
 	if err != nil {
 		chk.Absent = true
-		chk.Detail = fmt.Sprintf("no API token in %s: no sandstormd has run with --data-dir %s", filepath.Join(dataDir, "pki", "api-token"), dataDir)
+		chk.Detail = fmt.Sprintf("no API token or CA in %s (%v): no sandstormd has run with --data-dir %s", filepath.Join(dataDir, "pki"), err, dataDir)
 		chk.Fix = "start one: sudo sandstormd serve --master --node --data-dir " + dataDir
 		return chk
 	}
@@ -70,6 +71,10 @@ func daemonCheck(ctx context.Context, cmd *cobra.Command, dataDir string) doctor
 		chk.OK = false
 		chk.Detail = fmt.Sprintf("sandstormd at %s refuses the token from %s", api, c.TokenFrom)
 		chk.Fix = "point --data-dir (or SANDSTORM_DATA_DIR) at that daemon's data dir, or set SANDSTORM_TOKEN to the contents of its pki/api-token"
+	case isTLSTrust(err):
+		chk.OK = false
+		chk.Detail = fmt.Sprintf("sandstormd at %s has a certificate this CLI does not trust: %v", api, err)
+		chk.Fix = "point --data-dir at that daemon's data dir (its pki/ca.pem), or pass --ca / SANDSTORM_CA with its CA certificate"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		chk.Absent = true
 		chk.Detail = "no sandstormd answers at " + api
@@ -80,4 +85,12 @@ func daemonCheck(ctx context.Context, cmd *cobra.Command, dataDir string) doctor
 		chk.Fix = "see its log; is --api the right address?"
 	}
 	return chk
+}
+
+// isTLSTrust reports whether err is a certificate the client does not trust.
+func isTLSTrust(err error) bool {
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var inv x509.CertificateInvalidError
+	return errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &inv)
 }

@@ -44,8 +44,8 @@ func StartSandstormd(ctx context.Context, bin, dataDir, logPath string, args ...
 	}
 	s := &Sandstormd{Cmd: cmd, API: api}
 	for deadline := time.Now().Add(time.Minute); ; {
-		if tok, err := client.ReadToken(dataDir); err == nil {
-			s.Client = client.New("http://"+api, tok)
+		if c, err := client.ForDataDir("https://"+api, dataDir); err == nil {
+			s.Client = c
 			if st, err := s.Client.Node(ctx); err == nil && st.Reconciling == 0 {
 				return s, nil
 			}

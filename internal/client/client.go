@@ -5,6 +5,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +24,7 @@ import (
 
 // Client talks to one sandstormd.
 type Client struct {
-	// Base is the API URL, e.g. "http://127.0.0.1:8080".
+	// Base is the API URL, e.g. "https://127.0.0.1:8080".
 	Base  string
 	Token string
 	HTTP  *http.Client
@@ -30,11 +32,52 @@ type Client struct {
 	// token file read), so that a 401 can tell a person which token was
 	// wrong and how to pick another.
 	TokenFrom string
+	// CAFrom is the CA file the client trusts for HTTPS (TrustCA).
+	CAFrom string
 }
 
 // New returns a client for base with token.
 func New(base, token string) *Client {
 	return &Client{Base: strings.TrimRight(base, "/"), Token: token, HTTP: &http.Client{Timeout: 5 * time.Minute}}
+}
+
+// CAFile is where a master keeps its CA certificate: what a client on its
+// machine trusts the API by.
+func CAFile(dataDir string) string { return filepath.Join(dataDir, "pki", "ca.pem") }
+
+// TrustCA makes the client trust only the CA certificate(s) in the PEM
+// file at path for the API's HTTPS (not the system's roots: the master's
+// certificate is from its own CA).
+func (c *Client) TrustCA(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read the master's CA: %w (the master writes it to <data-dir>/pki/ca.pem at first start; pass --ca FILE or SANDSTORM_CA for another)", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	c.HTTP.Transport = tr
+	c.CAFrom = path
+	return nil
+}
+
+// ForDataDir is a client of the master at base whose data dir is dataDir
+// on this machine: its API token, and for HTTPS its CA.
+func ForDataDir(base, dataDir string) (*Client, error) {
+	tok, err := ReadToken(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	c := New(base, tok)
+	if strings.HasPrefix(base, "https://") {
+		if err := c.TrustCA(CAFile(dataDir)); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 // ReadToken reads the API token from <dataDir>/pki/api-token.
@@ -93,6 +136,12 @@ func (c *Client) send(req *http.Request, out any) error {
 	req.Header.Set("Authorization", "Bearer "+c.Token)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
+		var unknown x509.UnknownAuthorityError
+		if errors.As(err, &unknown) {
+			// The token was not sent to a server that could not prove it
+			// is the master: say which CA was expected.
+			return fmt.Errorf("%w: the API at %s has a certificate from another CA than %s; point --data-dir at that master's data dir, or pass --ca / SANDSTORM_CA with its pki/ca.pem", err, c.Base, c.CAFrom)
+		}
 		return err
 	}
 	defer resp.Body.Close()

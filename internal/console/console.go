@@ -50,6 +50,11 @@ func (c *Console) Page() http.Handler {
 	})
 }
 
+// EventSeqHeader is set on GET /v1/sandboxes to the last event number
+// published before the list was read: the list reflects every event up to
+// it, and a watcher applies later ones on top.
+const EventSeqHeader = "X-Sandstorm-Event-Seq"
+
 // maxLogin bounds POST /v1/session's body.
 const maxLogin = 4 << 10
 

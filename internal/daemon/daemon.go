@@ -5,7 +5,9 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,12 +27,13 @@ import (
 
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/console"
-	"sandstorm/internal/events"
 	"sandstorm/internal/dialguard"
+	"sandstorm/internal/events"
 	"sandstorm/internal/master"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
+	"sandstorm/internal/pki"
 	"sandstorm/internal/policy"
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
@@ -127,6 +130,35 @@ func writeToken(dataDir, tok string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// ensureCA loads or makes the master's CA under <dataDir>/pki. Masters
+// sharing a PostgreSQL store share one CA (kept in the store with the API
+// token), so a client's trust holds whichever of them leads.
+func ensureCA(ctx context.Context, st *store.Store, dataDir string) (*pki.CA, error) {
+	dir := filepath.Join(dataDir, "pki")
+	if st.Dialect() != "postgres" {
+		return pki.EnsureCA(dir)
+	}
+	v, err := st.SharedSecret(ctx, "ca", func() (string, error) {
+		c, k, err := pki.NewCA()
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(map[string]string{"cert": string(c), "key": string(k)})
+		return string(b), err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var pair map[string]string
+	if err := json.Unmarshal([]byte(v), &pair); err != nil {
+		return nil, fmt.Errorf("the CA in the store is corrupt: %w", err)
+	}
+	if err := pki.WriteCA(dir, []byte(pair["cert"]), []byte(pair["key"])); err != nil {
+		return nil, err
+	}
+	return pki.ParseCA([]byte(pair["cert"]), []byte(pair["key"]))
 }
 
 // lockDataDir takes an exclusive lock on <dataDir>/lock so two daemons never
@@ -279,6 +311,24 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("API token: %w", err)
 	}
+	ca, err := ensureCA(ctx, st, o.DataDir)
+	if err != nil {
+		return fmt.Errorf("CA: %w", err)
+	}
+	// The API is HTTPS, with a certificate from the master's CA: clients
+	// trust <data-dir>/pki/ca.pem (the CLI does by default), not the
+	// system's roots.
+	tlsCfg, err := ca.ServerConfig(pki.ServerHosts(o.Listen))
+	if err != nil {
+		return fmt.Errorf("API certificate: %w", err)
+	}
+	listen := func() (net.Listener, error) {
+		ln, err := net.Listen("tcp", o.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("API listen: %w", err)
+		}
+		return tls.NewListener(ln, tlsCfg), nil
+	}
 	// A master sharing a PostgreSQL store answers on its API address from
 	// the start, standing by until it leads (standby.go); the same
 	// listener and server then serve the master's API.
@@ -287,8 +337,8 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		apiSw *switchHandler
 	)
 	if st.Dialect() == "postgres" {
-		if apiLn, err = net.Listen("tcp", o.Listen); err != nil {
-			return fmt.Errorf("API listen: %w", err)
+		if apiLn, err = listen(); err != nil {
+			return err
 		}
 		apiSw = &switchHandler{}
 		standbySrv := &http.Server{Handler: apiSw, ReadHeaderTimeout: 10 * time.Second}
@@ -391,8 +441,8 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	}
 	ln := apiLn
 	if ln == nil {
-		if ln, err = net.Listen("tcp", o.Listen); err != nil {
-			return fmt.Errorf("API listen: %w", err)
+		if ln, err = listen(); err != nil {
+			return err
 		}
 	}
 	// The API opens at once and the repair after a restart runs behind it
@@ -416,7 +466,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub},
 	})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
-	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "http://"+ln.Addr().String(), "backend", be.Name(),
+	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "backend", be.Name(),
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
 	errc := make(chan error, 1)
 	if apiSw != nil {

@@ -29,9 +29,12 @@ var errLeaseLost = errors.New("lost the leader lease in PostgreSQL (its session 
 // lease, or nil if ctx ended first.
 func standBy(ctx context.Context, st *store.Store, o Options, sw *switchHandler, token string, log *slog.Logger) (*store.Lease, error) {
 	holder := fmt.Sprintf("%s (pid %d, api %s, node %s)", hostname(), os.Getpid(), o.Listen, o.NodeName)
-	sw.set(standbyHandler(st, token))
+	// "Starting" until it is known that another master leads: a client
+	// must never be told "stand by" by the master that is about to lead.
+	sw.set(startingHandler(token))
 	lease, err := st.AcquireLease(ctx, holder, func(cur store.Leader) {
 		log.Info("standing by: another master leads; this one takes over when its lease ends", "leader", cur.Holder, "since", cur.Since)
+		sw.set(standbyHandler(st, token))
 	})
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil, nil
@@ -44,13 +47,13 @@ func standBy(ctx context.Context, st *store.Store, o Options, sw *switchHandler,
 	return lease, nil
 }
 
-// startingHandler answers while a master that has just taken the lease
-// gets its node and API ready (a second or so).
+// startingHandler answers while a master finds out whether it leads, and
+// once it does, while it gets its node and API ready (a second or so).
 func startingHandler(token string) http.Handler {
 	return tokenChecked(token, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
-		json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnavailable, Message: "this master has just become the leader and is starting; retry in a moment"})
+		json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnavailable, Message: "this master is starting; retry in a moment"})
 	})
 }
 
@@ -74,7 +77,9 @@ type switchHandler struct{ h atomic.Pointer[http.Handler] }
 
 func (s *switchHandler) set(h http.Handler) { s.h.Store(&h) }
 
-func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { (*s.h.Load()).ServeHTTP(w, r) }
+func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	(*s.h.Load()).ServeHTTP(w, r)
+}
 
 // standbyHandler is a standby master's whole API.
 func standbyHandler(st *store.Store, token string) http.Handler {

@@ -92,6 +92,13 @@ func (h *Hub) Publish(e Event) {
 	}
 }
 
+// Seq is the number of the last event published (0: none yet).
+func (h *Hub) Seq() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.seq
+}
+
 // Recent returns the kept events, oldest first.
 func (h *Hub) Recent() []Event {
 	h.mu.Lock()

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -460,6 +461,11 @@ func (s *server) templateFromUpload(w http.ResponseWriter, r *http.Request) (sto
 }
 
 func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	if c := s.cfg.Console; c != nil {
+		// Read before the list: every event up to this number is in it,
+		// so a watcher applies only later ones on top (console.js).
+		w.Header().Set(console.EventSeqHeader, strconv.FormatUint(c.Events.Seq(), 10))
+	}
 	all, err := s.cfg.Node.List(r.Context())
 	if err != nil {
 		s.fail(w, r, err)

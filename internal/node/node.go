@@ -127,7 +127,7 @@ type Node struct {
 	poolMu   sync.Mutex
 	pool     map[string][]pooled
 	poolKick chan struct{}
-	warmMu  sync.Mutex // one warm image build at a time (they share a slot)
+	warmMu   sync.Mutex // one warm image build at a time (they share a slot)
 	// hostLn is the Host-routed gateway listener (nil: none).
 	hostLn net.Listener
 	// stamps times the lines of running sandboxes' console logs (nil if

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/client"
+	"sandstorm/internal/pki"
 )
 
 // cliResult is one run of the sandstormd CLI.
@@ -177,8 +179,13 @@ func TestCLI(t *testing.T) {
 	other := t.TempDir()
 	os.MkdirAll(other+"/pki", 0o700)
 	os.WriteFile(other+"/pki/api-token", []byte("not-this-daemons\n"), 0o600)
-	cli(t, []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + other, "SANDSTORM_TOKEN="}, "sandbox", "ls").fails(t, "sandbox ls with another daemon's token file",
+	cli(t, []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + other, "SANDSTORM_TOKEN=", "SANDSTORM_CA=" + client.CAFile(d.DataDir)}, "sandbox", "ls").fails(t, "sandbox ls with another daemon's token file",
 		`HTTP 401.*came from `+regexp.QuoteMeta(other+"/pki/api-token"))
+	// Another daemon's CA: the CLI does not talk to (or send its token to)
+	// a server it cannot verify, and says what to do.
+	os.WriteFile(client.CAFile(other), otherCA(t), 0o644)
+	cli(t, []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + other, "SANDSTORM_TOKEN="}, "sandbox", "ls").fails(t, "sandbox ls trusting another CA",
+		`certificate signed by unknown authority.*from another CA than `+regexp.QuoteMeta(client.CAFile(other))+`.*--ca`)
 	// A transition that does not apply says so once, with the name used.
 	cli(t, env, "sandbox", "detach", "cli1").ok(t, "sandbox detach")
 	r = cli(t, env, "sandbox", "freeze", "cli1")
@@ -253,6 +260,16 @@ func TestCLI(t *testing.T) {
 	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API}, "doctor").ok(t, "sandstormd doctor", `(?m)^✓ runsc\s`, `(?m)^✓ daemon\s+sandstormd answers at `)
 	// Nothing listening, and a token the daemon does not know: – and ✗,
 	// each with what to do.
-	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=http://127.0.0.1:1"}, "doctor").ok(t, "sandstormd doctor, no daemon", `(?m)^– daemon\s+no sandstormd answers`, `fix: start one`)
+	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=https://127.0.0.1:1"}, "doctor").ok(t, "sandstormd doctor, no daemon", `(?m)^– daemon\s+no sandstormd answers`, `fix: start one`)
 	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API, "SANDSTORM_TOKEN=wrong"}, "doctor").ok(t, "sandstormd doctor, wrong token", `(?m)^✗ daemon\s+sandstormd at \S+ refuses the token from SANDSTORM_TOKEN`)
+}
+
+// otherCA is a CA certificate no daemon here uses.
+func otherCA(t *testing.T) []byte {
+	t.Helper()
+	c, _, err := pki.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -2,6 +2,10 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"sandstorm/api"
+	"sandstorm/internal/client"
 )
 
 // TestConsoleInChromium: the console at / in a real browser (Debian's
@@ -38,6 +43,10 @@ func TestConsoleInChromium(t *testing.T) {
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium),
+		// The API's certificate is from the daemon's own CA, which this
+		// browser does not have: it is told to accept exactly the key the
+		// daemon serves (checked here against the CA first), nothing else.
+		chromedp.Flag("ignore-certificate-errors-spki-list", apiSPKI(t, d)),
 		chromedp.NoSandbox, // the tests run as root
 		chromedp.WindowSize(1400, 1000),
 		// Nothing may leave the machine: every request that is not to
@@ -186,4 +195,23 @@ func screenshot(t *testing.T, ctx context.Context) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// apiSPKI is the base64 SHA-256 of the public key the daemon's API serves,
+// after checking that its certificate chains to the daemon's CA.
+func apiSPKI(t *testing.T, d *Daemon) string {
+	t.Helper()
+	b, err := os.ReadFile(client.CAFile(d.DataDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(b)
+	c, err := tls.Dial("tcp", strings.TrimPrefix(d.API, "https://"), &tls.Config{RootCAs: pool})
+	if err != nil {
+		t.Fatalf("the API's certificate does not check against its CA: %v", err)
+	}
+	defer c.Close()
+	sum := sha256.Sum256(c.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)
+	return base64.StdEncoding.EncodeToString(sum[:])
 }

@@ -85,7 +85,7 @@ func startDaemon(t *testing.T, extra ...string) *Daemon {
 		}
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	d.API = "http://" + listen
+	d.API = "https://" + listen
 	d.base = []string{"serve", "--master", "--node",
 		"--data-dir", d.DataDir, "--listen", listen,
 		"--subnet", d.Subnet, "--gateway-ports", d.GwPorts,
@@ -134,9 +134,10 @@ func (d *Daemon) start(extra ...string) error {
 			return fmt.Errorf("sandstormd exited at start (%v); log:\n%s", cmd.ProcessState, d.logTail(60))
 		default:
 		}
-		if tok, err := client.ReadToken(d.DataDir); err == nil {
-			c := client.New(d.API, tok)
+		if c, err := client.ForDataDir(d.API, d.DataDir); err == nil {
+			tok := c.Token
 			c.HTTP.Timeout = 5 * time.Minute
+			trustAPI(d.API, client.CAFile(d.DataDir))
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			st, err := c.Node(ctx)
 			cancel()

@@ -8,7 +8,10 @@ const SPAN = 5 * 60e3;     // chart span, ms
 const SERIES = [["hot", "wakes"], ["frozen", "→ frozen"], ["snapshot", "→ snapshot"], ["detached", "→ detached"]];
 
 const $ = (id) => document.getElementById(id);
-const state = { boxes: new Map(), shown: [], listAt: 0, points: [], source: null };
+// listSeq is the last event the list reflects (the API says so); pending
+// holds the tier changes of later events, applied again on top of each new
+// list, so that a list fetched while a change happened cannot undo it.
+const state = { boxes: new Map(), shown: [], listSeq: 0, pending: [], points: [], source: null };
 
 async function get(path) {
   const r = await fetch(path, { headers: { Accept: "application/json" } });
@@ -84,10 +87,15 @@ function nodeCard(n) {
 
 // --- sandboxes -----------------------------------------------------------
 async function refreshList() {
-  const at = Date.now();
-  const items = (await get("/v1/sandboxes")).items || [];
+  const r = await fetch("/v1/sandboxes", { headers: { Accept: "application/json" } });
+  if (r.status === 401) throw Object.assign(new Error("unauthorized"), { status: 401 });
+  if (!r.ok) throw new Error("/v1/sandboxes: HTTP " + r.status);
+  const seq = Number(r.headers.get("X-Sandstorm-Event-Seq") || 0);
+  const items = (await r.json()).items || [];
   state.boxes = new Map(items.map((s) => [s.id, s]));
-  state.listAt = at;
+  state.listSeq = seq; // a restarted master numbers from 0 again
+  state.pending = state.pending.filter((p) => p.seq > state.listSeq);
+  for (const p of state.pending) apply(p);
   render();
 }
 
@@ -143,7 +151,7 @@ function follow() {
   if (state.source) state.source.close();
   const es = new EventSource("/v1/events");
   state.source = es;
-  es.onopen = () => { $("status").textContent = "live"; };
+  es.onopen = () => { $("status").textContent = "live"; refreshListSoon(); };
   es.onerror = () => {
     $("status").textContent = "reconnecting…";
     // A stream refused for its session means the session is gone.
@@ -154,15 +162,23 @@ function follow() {
   on("wake", (e) => { point("hot", e); update(e, "hot", e); recent(e); });
   on("refusal", (e) => recent(e));
   on("create", () => refreshListSoon());
-  on("delete", (e) => { if (state.boxes.delete(e.id)) render(); });
+  on("delete", (e) => { if (e.seq > state.listSeq && state.boxes.delete(e.id)) render(); });
 }
 
 function update(e, tier, wake) {
-  const s = state.boxes.get(e.id);
-  if (!s || Date.parse(e.at) < state.listAt) return; // the list is newer
-  s.tier = tier; s.transition = "";
-  if (wake) { s.last_wake_ms = wake.ms; s.last_wake_from = wake.from; }
+  if (e.seq <= state.listSeq) return; // the list already has it
+  const p = { seq: e.seq, id: e.id, tier, wake };
+  state.pending.push(p);
+  if (state.pending.length > 5000) state.pending.shift();
+  apply(p);
   render();
+}
+
+function apply(p) {
+  const s = state.boxes.get(p.id);
+  if (!s) return;
+  s.tier = p.tier; s.transition = "";
+  if (p.wake) { s.last_wake_ms = p.wake.ms; s.last_wake_from = p.wake.from; }
 }
 
 function point(series, e) {
