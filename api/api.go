@@ -208,6 +208,7 @@ const (
 	CodeUnavailable  = "unavailable"   // 503
 	CodeStandby      = "standby"       // 503: this master stands by; another leads
 	CodeInternal     = "internal"      // 500
+	CodeNodeDown     = "node_down"     // 502: the sandbox's node does not answer
 	CodeNotSupported = "not_supported" // 409: the backend lacks the tier
 )
 

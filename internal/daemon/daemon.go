@@ -33,6 +33,7 @@ import (
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/policy"
 	"sandstorm/internal/reclaim"
@@ -462,7 +463,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		nd.Close()
 	}()
 	api := master.Handler(master.Config{
-		Store: st, Node: nd, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
+		Store: st, Node: &nodeapi.Local{N: nd, St: st}, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
 		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub},
 	})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}

@@ -4,7 +4,6 @@
 package master
 
 import (
-	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -22,43 +21,18 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/console"
-	"sandstorm/internal/logstamp"
 	"sandstorm/internal/node"
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/rootfs"
-	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
-
-// Node is what the master needs of a node. *node.Node implements it in the
-// same process; the fleet issue adds a remote implementation.
-type Node interface {
-	Name() string
-	Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int) (store.Sandbox, error)
-	Get(ctx context.Context, ref string) (store.Sandbox, error)
-	List(ctx context.Context) ([]store.Sandbox, error)
-	Delete(ctx context.Context, id string) error
-	Freeze(ctx context.Context, id string) (store.Sandbox, error)
-	Snapshot(ctx context.Context, id string) (store.Sandbox, error)
-	Detach(ctx context.Context, id string) (store.Sandbox, error)
-	Wake(ctx context.Context, id string) error
-	Endpoints(sb store.Sandbox) map[string]string
-	HostEndpoints(sb store.Sandbox) map[string]string
-	Address(sb store.Sandbox) string
-	LogPath(id string) string
-	BoundarySocket(id string) string
-	Status(ctx context.Context) (api.NodeStatus, error)
-	// PrepareWarm makes the warm image of a warm template (starts it,
-	// waits for its probe, checkpoints it); DropWarm removes it.
-	PrepareWarm(ctx context.Context, t store.Template) error
-	DropWarm(name string)
-	// Clone makes count children of a running sandbox from its memory.
-	Clone(ctx context.Context, ref string, count int, principal string, reseed *api.Reseed) (node.CloneResult, error)
-}
 
 // Config configures the API.
 type Config struct {
 	Store *store.Store
-	Node  Node
+	// Node is the node the master places sandboxes on (nodeapi: in this
+	// process, or over the network).
+	Node nodeapi.Node
 	// Token is the API token every request must carry as
 	// "Authorization: Bearer <token>".
 	Token string
@@ -160,15 +134,17 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.As(err, &maxErr), errors.Is(err, rootfs.ErrTooLarge):
 		writeErr(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, err.Error())
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, nodeapi.ErrNotFound):
 		writeErr(w, http.StatusNotFound, api.CodeNotFound, err.Error())
-	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrInUse), errors.Is(err, node.ErrConflict):
+	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrInUse), errors.Is(err, nodeapi.ErrExists), errors.Is(err, nodeapi.ErrConflict):
 		writeErr(w, http.StatusConflict, api.CodeConflict, err.Error())
-	case errors.Is(err, sandbox.ErrNotSupported):
+	case errors.Is(err, nodeapi.ErrNotSupported):
 		writeErr(w, http.StatusConflict, api.CodeNotSupported, err.Error())
-	case errors.Is(err, node.ErrNoMemory), errors.Is(err, node.ErrNoDisk), errors.Is(err, node.ErrRefused), errors.Is(err, node.ErrFull):
+	case errors.Is(err, nodeapi.ErrUnavailable):
 		writeErr(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
-	case errors.Is(err, node.ErrBadInput), errors.Is(err, rootfs.ErrUnsafe), errors.Is(err, errBadRequest):
+	case errors.Is(err, nodeapi.ErrNodeDown):
+		writeErr(w, http.StatusBadGateway, api.CodeNodeDown, err.Error())
+	case errors.Is(err, nodeapi.ErrBadInput), errors.Is(err, rootfs.ErrUnsafe), errors.Is(err, errBadRequest):
 		// The sentinels' own words ("bad input: ", "bad request: ") say
 		// again what the code says.
 		msg := strings.ReplaceAll(strings.ReplaceAll(err.Error(), node.ErrBadInput.Error()+": ", ""), errBadRequest.Error()+": ", "")
@@ -208,17 +184,6 @@ func toAPITemplate(t store.Template) api.Template {
 	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
 }
 
-func (s *server) toAPISandbox(sb store.Sandbox) api.Sandbox {
-	return api.Sandbox{
-		ID: sb.ID, Name: sb.Name, Template: sb.Template, Node: sb.Node, Backend: sb.Backend,
-		Tier: sb.Tier, Transition: sb.Transition, Address: s.cfg.Node.Address(sb),
-		Endpoints: s.cfg.Node.Endpoints(sb), HostEndpoints: s.cfg.Node.HostEndpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
-		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
-		Principal: node.PrincipalOf(sb), Boundary: s.cfg.Node.BoundarySocket(sb.ID),
-		MemoryMiB: sb.MemoryMiB,
-	}
-}
-
 func (s *server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	ts, err := s.cfg.Store.ListTemplates(r.Context())
 	if err != nil {
@@ -253,7 +218,7 @@ func (s *server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if t.Warm != nil {
-		s.cfg.Node.DropWarm(name)
+		s.cfg.Node.DropTemplate(r.Context(), name)
 	}
 	if t.Owned {
 		os.RemoveAll(filepath.Dir(t.Rootfs))
@@ -294,7 +259,7 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		// The template is warm only once its image is made: one that
 		// cannot be (its probe never answers) is not registered at all.
 		start := time.Now()
-		if err := s.cfg.Node.PrepareWarm(r.Context(), t); err != nil {
+		if err := s.cfg.Node.PrepareTemplate(r.Context(), toAPITemplate(t)); err != nil {
 			s.cfg.Store.DeleteTemplate(context.Background(), t.Name)
 			if t.Owned {
 				os.RemoveAll(filepath.Dir(t.Rootfs))
@@ -471,11 +436,7 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := api.List[api.Sandbox]{Items: []api.Sandbox{}}
-	for _, sb := range all {
-		out.Items = append(out.Items, s.toAPISandbox(sb))
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, api.List[api.Sandbox]{Items: append([]api.Sandbox{}, all...)})
 }
 
 func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -499,12 +460,12 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sb, err := s.cfg.Node.Create(r.Context(), t, req.Name, req.Principal, req.MemoryMiB)
+	sb, err := s.cfg.Node.Create(r.Context(), nodeapi.CreateRequest{Template: toAPITemplate(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB})
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.toAPISandbox(sb))
+	writeJSON(w, http.StatusCreated, sb)
 }
 
 func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
@@ -513,7 +474,7 @@ func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.toAPISandbox(sb))
+	writeJSON(w, http.StatusOK, sb)
 }
 
 func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
@@ -531,32 +492,21 @@ func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 
 // transition serves POST /v1/sandboxes/{id}/{freeze|snapshot|detach|wake}.
 func (s *server) transition(w http.ResponseWriter, r *http.Request) {
+	op, ok := nodeapi.ParseOp(r.PathValue("op"))
+	if !ok {
+		writeErr(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no transition %q: use freeze, snapshot, detach or wake", r.PathValue("op")))
+		return
+	}
 	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	ctx := r.Context()
-	switch op := r.PathValue("op"); op {
-	case "freeze":
-		sb, err = s.cfg.Node.Freeze(ctx, sb.ID)
-	case "snapshot":
-		sb, err = s.cfg.Node.Snapshot(ctx, sb.ID)
-	case "detach":
-		sb, err = s.cfg.Node.Detach(ctx, sb.ID)
-	case "wake":
-		if err = s.cfg.Node.Wake(ctx, sb.ID); err == nil {
-			sb, err = s.cfg.Node.Get(ctx, sb.ID)
-		}
-	default:
-		writeErr(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no transition %q: use freeze, snapshot, detach or wake", op))
-		return
-	}
-	if err != nil {
+	if sb, err = s.cfg.Node.Transition(r.Context(), sb.ID, op); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.toAPISandbox(sb))
+	writeJSON(w, http.StatusOK, sb)
 }
 
 // clone makes children of a sandbox from its memory (node.Clone).
@@ -566,19 +516,14 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	res, err := s.cfg.Node.Clone(r.Context(), r.PathValue("id"), req.Count, req.Principal, req.Reseed)
-	if err != nil && len(res.Children) == 0 {
+	out, err := s.cfg.Node.Clone(r.Context(), r.PathValue("id"), req)
+	if err != nil && len(out.Children) == 0 {
 		s.fail(w, r, err)
 		return
 	}
-	out := api.CloneResult{Parent: s.toAPISandbox(res.Parent), Children: []api.Sandbox{}, ParentPauseMs: ms(res.ParentPause)}
-	for i, c := range res.Children {
-		out.Children = append(out.Children, s.toAPISandbox(c))
-		out.ChildMs = append(out.ChildMs, ms(res.ChildTimes[i]))
-	}
 	if err != nil {
 		// Some children were made: they are there; say what stopped it.
-		s.cfg.Log.Error("clone stopped part way", "parent", r.PathValue("id"), "made", len(res.Children), "err", err)
+		s.cfg.Log.Error("clone stopped part way", "parent", r.PathValue("id"), "made", len(out.Children), "err", err)
 		writeJSON(w, http.StatusMultiStatus, struct {
 			api.CloneResult
 			Error string `json:"error"`
@@ -588,128 +533,26 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, out)
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// logs serves the last 64 KiB of the sandbox's console output (its
-// stdout and stderr, with the node's "--- <time> sandstorm: …" lines where
-// it was started, restored or stopped). With ?follow=1 it goes on sending
-// what is appended, until the client goes away or the sandbox is deleted.
+// logs serves the sandbox's console output (nodeapi.Node.Logs): the last
+// 64 KiB, with ?follow=1 then what is appended until the client goes away
+// or the sandbox is deleted, with ?timestamps=1 every line timed.
 func (s *server) logs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	opt := nodeapi.LogOptions{
+		Follow:     q.Get("follow") == "1" || q.Get("follow") == "true",
+		Timestamps: q.Get("timestamps") == "1" || q.Get("timestamps") == "true",
+	}
 	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	follow := r.URL.Query().Get("follow") == "1" || r.URL.Query().Get("follow") == "true"
-	stamped := r.URL.Query().Get("timestamps") == "1" || r.URL.Query().Get("timestamps") == "true"
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if stamped {
-		s.stampedLogs(w, r, sb.ID, follow)
-		return
-	}
-	f, err := os.Open(s.cfg.Node.LogPath(sb.ID))
-	if errors.Is(err, os.ErrNotExist) && !follow {
-		return
-	}
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		s.fail(w, r, err)
-		return
-	}
-	if f != nil {
-		defer f.Close()
-		const tail = 64 << 10
-		if fi, err := f.Stat(); err == nil && fi.Size() > tail {
-			f.Seek(fi.Size()-tail, io.SeekStart)
-		}
-		io.Copy(w, f)
-	}
-	if !follow {
-		return
-	}
-	fl, _ := w.(http.Flusher)
-	if fl != nil {
-		fl.Flush()
-	}
-	// The console log is a plain file the sandbox writes itself (it must
-	// outlive sandstormd), so following it is reading what was appended,
-	// a few times a second.
-	tick := time.NewTicker(followPoll)
-	defer tick.Stop()
-	for {
-		select {
-		case <-r.Context().Done():
-			return
-		case <-tick.C:
-		}
-		if f == nil {
-			if f, err = os.Open(s.cfg.Node.LogPath(sb.ID)); err != nil {
-				f = nil
-				continue
-			}
-			defer f.Close()
-		}
-		if n, _ := io.Copy(w, f); n > 0 && fl != nil {
-			fl.Flush()
-		}
-		if _, err := s.cfg.Node.Get(r.Context(), sb.ID); errors.Is(err, store.ErrNotFound) {
-			return
-		}
+	if err := s.cfg.Node.Logs(r.Context(), sb.ID, opt, w); err != nil {
+		s.cfg.Log.Warn("logs", "id", sb.ID, "err", err)
 	}
 }
-
-// stampedLogs is logs with every line prefixed by the time it was written
-// (internal/logstamp): the last 64 KiB from the start of a line, then, when
-// following, each line once it is complete.
-func (s *server) stampedLogs(w http.ResponseWriter, r *http.Request, id string, follow bool) {
-	path := s.cfg.Node.LogPath(id)
-	var from int64
-	if fi, err := os.Stat(path); err == nil && fi.Size() > 64<<10 {
-		from = lineStart(path, fi.Size()-64<<10)
-	}
-	fl, _ := w.(http.Flusher)
-	tick := time.NewTicker(followPoll)
-	defer tick.Stop()
-	for {
-		if next, err := logstamp.Annotate(path, from, w); err == nil {
-			from = next
-			if fl != nil {
-				fl.Flush()
-			}
-		} else if !errors.Is(err, os.ErrNotExist) {
-			return
-		}
-		if !follow {
-			return
-		}
-		select {
-		case <-r.Context().Done():
-			return
-		case <-tick.C:
-		}
-		if _, err := s.cfg.Node.Get(r.Context(), id); errors.Is(err, store.ErrNotFound) {
-			return
-		}
-	}
-}
-
-// lineStart is the offset of the first line that starts at or after off.
-func lineStart(path string, off int64) int64 {
-	f, err := os.Open(path)
-	if err != nil {
-		return off
-	}
-	defer f.Close()
-	f.Seek(off, io.SeekStart)
-	buf := make([]byte, 4096)
-	n, _ := f.Read(buf)
-	if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
-		return off + int64(i) + 1
-	}
-	return off
-}
-
-// followPoll is how often a followed log is read for what was appended.
-const followPoll = 200 * time.Millisecond
 
 // listNodes serves GET /v1/nodes: every node this master has (one, the
 // node in its process, until nodes run apart: issue 9).

@@ -279,3 +279,87 @@ func ClientConfig(caPEM []byte) (*tls.Config, error) {
 	}
 	return &tls.Config{RootCAs: p, MinVersion: tls.VersionTLS12}, nil
 }
+
+// Mutual TLS between a master and its nodes (issue 9: "all master↔node
+// traffic is mutual TLS with certificates from the master's CA, node
+// certificates short-lived and renewed"). Each side presents a leaf from
+// the CA and accepts only the other side's: a node serves only the master
+// (the common name MasterName), so one node's certificate is no key to
+// another node.
+
+// MasterName is the common name of the master's client certificate.
+const MasterName = "sandstorm master"
+
+// LeafLifetime is how long a master or node certificate lasts; each is
+// reissued in the running process once two thirds of it have passed.
+const LeafLifetime = 24 * time.Hour
+
+// renewing issues a leaf with issue and reissues it when a third of its
+// lifetime is left.
+func renewing(lifetime time.Duration, issue func() (tls.Certificate, error)) (func() (*tls.Certificate, error), error) {
+	var (
+		mu  sync.Mutex
+		cur tls.Certificate
+	)
+	c, err := issue()
+	if err != nil {
+		return nil, err
+	}
+	cur = c
+	return func() (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Until(cur.Leaf.NotAfter) < lifetime/3 {
+			c, err := issue()
+			if err != nil {
+				return nil, err
+			}
+			cur = c
+		}
+		c := cur
+		return &c, nil
+	}, nil
+}
+
+// PeerServerConfig is a node's TLS configuration: it serves a leaf of its
+// own from ca for hosts (common name cn), and takes only clients whose
+// certificate ca signed for client use with the common name allow.
+func (ca *CA) PeerServerConfig(cn string, hosts []string, allow string) (*tls.Config, error) {
+	get, err := renewing(LeafLifetime, func() (tls.Certificate, error) {
+		return ca.Issue(cn, hosts, LeafLifetime, true, false)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return get() },
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      ca.Pool(),
+		// The chain is verified by then (against ClientCAs, for client
+		// use, in its validity period); what is left is who it is.
+		VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
+			if len(chains) == 0 || len(chains[0]) == 0 || chains[0][0].Subject.CommonName != allow {
+				return fmt.Errorf("pki: only %q may connect here", allow)
+			}
+			return nil
+		},
+	}, nil
+}
+
+// PeerClientConfig is the master's TLS configuration towards its nodes: it
+// presents a leaf from ca with the common name cn and trusts only servers
+// whose certificate ca signed.
+func (ca *CA) PeerClientConfig(cn string) (*tls.Config, error) {
+	get, err := renewing(LeafLifetime, func() (tls.Certificate, error) {
+		return ca.Issue(cn, nil, LeafLifetime, false, true)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:           tls.VersionTLS13,
+		RootCAs:              ca.Pool(),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return get() },
+	}, nil
+}

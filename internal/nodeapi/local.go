@@ -1,0 +1,310 @@
+package nodeapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/logstamp"
+	"sandstorm/internal/node"
+	"sandstorm/internal/store"
+)
+
+// Local is the node in the master's own process. It speaks store rows and
+// node errors on its inside and wire types and the seam's errors on its
+// outside.
+type Local struct {
+	N  *node.Node
+	St *store.Store // the node's store (today shared with the master)
+}
+
+var _ Node = (*Local)(nil)
+
+// Name implements Node.
+func (l *Local) Name() string { return l.N.Name() }
+
+// Create implements Node. The template's definition is the node's own
+// store's copy of req.Template.Name.
+func (l *Local) Create(ctx context.Context, req CreateRequest) (api.Sandbox, error) {
+	t, err := l.St.GetTemplate(ctx, req.Template.Name)
+	if err != nil {
+		return api.Sandbox{}, mapErr(err)
+	}
+	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB)
+	if err != nil {
+		return api.Sandbox{}, mapErr(err)
+	}
+	return l.wire(sb), nil
+}
+
+// Get implements Node.
+func (l *Local) Get(ctx context.Context, ref string) (api.Sandbox, error) {
+	sb, err := l.N.Get(ctx, ref)
+	if err != nil {
+		return api.Sandbox{}, mapErr(err)
+	}
+	return l.wire(sb), nil
+}
+
+// List implements Node.
+func (l *Local) List(ctx context.Context) ([]api.Sandbox, error) {
+	all, err := l.N.List(ctx)
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	out := make([]api.Sandbox, 0, len(all))
+	for _, sb := range all {
+		out = append(out, l.wire(sb))
+	}
+	return out, nil
+}
+
+// Delete implements Node.
+func (l *Local) Delete(ctx context.Context, id string) error {
+	return mapErr(l.N.Delete(ctx, id))
+}
+
+// Transition implements Node.
+func (l *Local) Transition(ctx context.Context, id string, op Op) (api.Sandbox, error) {
+	var (
+		sb  store.Sandbox
+		err error
+	)
+	switch op {
+	case Freeze:
+		sb, err = l.N.Freeze(ctx, id)
+	case Snapshot:
+		sb, err = l.N.Snapshot(ctx, id)
+	case Detach:
+		sb, err = l.N.Detach(ctx, id)
+	case Wake:
+		if err = l.N.Wake(ctx, id); err == nil {
+			sb, err = l.N.Get(ctx, id)
+		}
+	default:
+		return api.Sandbox{}, fmt.Errorf("%w: no transition %q: use freeze, snapshot, detach or wake", ErrBadInput, op)
+	}
+	if err != nil {
+		return api.Sandbox{}, mapErr(err)
+	}
+	return l.wire(sb), nil
+}
+
+// Clone implements Node.
+func (l *Local) Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error) {
+	res, err := l.N.Clone(ctx, id, req.Count, req.Principal, req.Reseed)
+	out := api.CloneResult{Children: []api.Sandbox{}, ParentPauseMs: ms(res.ParentPause)}
+	if res.Parent.ID != "" {
+		out.Parent = l.wire(res.Parent)
+	}
+	for i, c := range res.Children {
+		out.Children = append(out.Children, l.wire(c))
+		out.ChildMs = append(out.ChildMs, ms(res.ChildTimes[i]))
+	}
+	return out, mapErr(err)
+}
+
+// Status implements Node.
+func (l *Local) Status(ctx context.Context) (api.NodeStatus, error) {
+	st, err := l.N.Status(ctx)
+	return st, mapErr(err)
+}
+
+// PrepareTemplate implements Node: a warm template's image.
+func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
+	if t.Warm == nil {
+		return nil
+	}
+	st, err := l.St.GetTemplate(ctx, t.Name)
+	if err != nil {
+		return mapErr(err)
+	}
+	return mapErr(l.N.PrepareWarm(ctx, st))
+}
+
+// DropTemplate implements Node.
+func (l *Local) DropTemplate(_ context.Context, name string) error {
+	l.N.DropWarm(name)
+	return nil
+}
+
+// wire is a sandbox row as the API shows it.
+func (l *Local) wire(sb store.Sandbox) api.Sandbox {
+	return api.Sandbox{
+		ID: sb.ID, Name: sb.Name, Template: sb.Template, Node: sb.Node, Backend: sb.Backend,
+		Tier: sb.Tier, Transition: sb.Transition, Address: l.N.Address(sb),
+		Endpoints: l.N.Endpoints(sb), HostEndpoints: l.N.HostEndpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
+		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
+		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
+		MemoryMiB: sb.MemoryMiB,
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Logs implements Node: the last 64 KiB of the sandbox's console output
+// (its stdout and stderr, with the node's "--- <time> sandstorm: …" lines
+// where it was started, restored or stopped), then with Follow what is
+// appended, until ctx ends or the sandbox is deleted. w is flushed after
+// each write if it can be (http.Flusher).
+func (l *Local) Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error {
+	sb, err := l.N.Get(ctx, id)
+	if err != nil {
+		return mapErr(err)
+	}
+	path := l.N.LogPath(sb.ID)
+	gone := func() bool {
+		_, err := l.N.Get(ctx, sb.ID)
+		return errors.Is(err, store.ErrNotFound)
+	}
+	fl, _ := w.(interface{ Flush() })
+	flush := func() {
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	if opt.Timestamps {
+		return stampedLogs(ctx, path, opt.Follow, w, flush, gone)
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) && !opt.Follow {
+		return nil
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if f != nil {
+		defer f.Close()
+		if fi, err := f.Stat(); err == nil && fi.Size() > logTail {
+			f.Seek(fi.Size()-logTail, io.SeekStart)
+		}
+		io.Copy(w, f)
+	}
+	if !opt.Follow {
+		return nil
+	}
+	flush()
+	// The console log is a plain file the sandbox writes itself (it must
+	// outlive sandstormd), so following it is reading what was appended,
+	// a few times a second.
+	tick := time.NewTicker(followPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if f == nil {
+			if f, err = os.Open(path); err != nil {
+				f = nil
+				continue
+			}
+			defer f.Close()
+		}
+		if n, _ := io.Copy(w, f); n > 0 {
+			flush()
+		}
+		if gone() {
+			return nil
+		}
+	}
+}
+
+// logTail is how much of a console log a request starts with.
+const logTail = 64 << 10
+
+// followPoll is how often a followed log is read for what was appended.
+const followPoll = 200 * time.Millisecond
+
+// stampedLogs is Logs with every line prefixed by the time it was written
+// (internal/logstamp): the last 64 KiB from the start of a line, then, when
+// following, each line once it is complete.
+func stampedLogs(ctx context.Context, path string, follow bool, w io.Writer, flush func(), gone func() bool) error {
+	var from int64
+	if fi, err := os.Stat(path); err == nil && fi.Size() > logTail {
+		from = lineStart(path, fi.Size()-logTail)
+	}
+	tick := time.NewTicker(followPoll)
+	defer tick.Stop()
+	for {
+		if next, err := logstamp.Annotate(path, from, w); err == nil {
+			from = next
+			flush()
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !follow {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if gone() {
+			return nil
+		}
+	}
+}
+
+// lineStart is the offset of the first line that starts at or after off.
+func lineStart(path string, off int64) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return off
+	}
+	defer f.Close()
+	f.Seek(off, io.SeekStart)
+	buf := make([]byte, 4096)
+	n, _ := f.Read(buf)
+	if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+		return off + int64(i) + 1
+	}
+	return off
+}
+
+// seamError is an error of the node's own, marked with the seam's
+// sentinel it maps to: errors.Is finds both, and its words are the
+// node's, unchanged.
+type seamError struct {
+	kind error
+	err  error
+}
+
+func (e *seamError) Error() string   { return e.err.Error() }
+func (e *seamError) Unwrap() []error { return []error{e.kind, e.err} }
+
+// Mark returns err marked as kind (one of the seam's errors).
+func Mark(kind, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &seamError{kind: kind, err: err}
+}
+
+// mapErr marks a node or store error with the seam's error it means.
+func mapErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrNotFound):
+		return Mark(ErrNotFound, err)
+	case errors.Is(err, store.ErrExists):
+		return Mark(ErrExists, err)
+	case errors.Is(err, store.ErrInUse), errors.Is(err, node.ErrConflict):
+		return Mark(ErrConflict, err)
+	case errors.Is(err, node.ErrNotSupported):
+		return Mark(ErrNotSupported, err)
+	case errors.Is(err, node.ErrNoMemory), errors.Is(err, node.ErrNoDisk), errors.Is(err, node.ErrRefused), errors.Is(err, node.ErrFull):
+		return Mark(ErrUnavailable, err)
+	case errors.Is(err, node.ErrBadInput):
+		return Mark(ErrBadInput, err)
+	}
+	return err
+}

@@ -1,0 +1,93 @@
+// Package nodeapi is the seam between a master and its nodes (issue 9):
+// what a master may ask of a node, in wire types and IDs only — no store
+// rows, no paths of the node's own files. Two implementations meet here,
+// as containerd's runtime and its remote task service do: Local, the node
+// in the master's own process, and Client, a node reached over the network
+// (remote.go), whose other end is Server. The sentinel errors below are
+// the seam's: each implementation maps what it meets onto them, and the
+// master maps them onto HTTP statuses, in one place.
+package nodeapi
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"sandstorm/api"
+)
+
+// Node is what a master may ask of one node.
+type Node interface {
+	// Name is the node's name.
+	Name() string
+	// Create starts a sandbox of req.Template and returns it hot.
+	Create(ctx context.Context, req CreateRequest) (api.Sandbox, error)
+	// Get returns the sandbox whose ID or name is ref.
+	Get(ctx context.Context, ref string) (api.Sandbox, error)
+	// List returns every sandbox on the node.
+	List(ctx context.Context) ([]api.Sandbox, error)
+	// Delete removes sandbox id and all it had.
+	Delete(ctx context.Context, id string) error
+	// Transition moves sandbox id: freeze, snapshot, detach or wake.
+	Transition(ctx context.Context, id string, op Op) (api.Sandbox, error)
+	// Clone makes children of a running sandbox from its memory. With an
+	// error, the result holds the children made before it (if any).
+	Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error)
+	// Logs writes sandbox id's console output to w: the last 64 KiB, then
+	// with Follow what is appended, until ctx ends or the sandbox is
+	// deleted.
+	Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error
+	// Status is the node's headroom and tier counts.
+	Status(ctx context.Context) (api.NodeStatus, error)
+	// PrepareTemplate readies a template on the node before its first
+	// sandbox (for a warm template: starts it once and checkpoints it).
+	PrepareTemplate(ctx context.Context, t api.Template) error
+	// DropTemplate removes what the node holds of template name.
+	DropTemplate(ctx context.Context, name string) error
+}
+
+// CreateRequest is a create, as a master places it on a node.
+type CreateRequest struct {
+	Template  api.Template `json:"template"`
+	Name      string       `json:"name,omitempty"`
+	Principal string       `json:"principal,omitempty"`
+	MemoryMiB int          `json:"memory_mib,omitempty"`
+}
+
+// Op is a transition a master may ask for.
+type Op string
+
+// The transitions.
+const (
+	Freeze   Op = "freeze"
+	Snapshot Op = "snapshot"
+	Detach   Op = "detach"
+	Wake     Op = "wake"
+)
+
+// ParseOp reads a transition's name.
+func ParseOp(s string) (Op, bool) {
+	switch op := Op(s); op {
+	case Freeze, Snapshot, Detach, Wake:
+		return op, true
+	}
+	return "", false
+}
+
+// LogOptions say how much of a console log to send.
+type LogOptions struct {
+	Follow     bool // go on sending what is appended
+	Timestamps bool // prefix every line with when it was written
+}
+
+// The seam's errors. An implementation wraps one of them (keeping its own
+// words after it), so a caller decides by errors.Is and shows Error().
+var (
+	ErrNotFound     = errors.New("not found")
+	ErrExists       = errors.New("already exists")
+	ErrConflict     = errors.New("conflict")
+	ErrNotSupported = errors.New("not supported")
+	ErrUnavailable  = errors.New("unavailable") // no memory, disk, slot or wake slot now; retry later
+	ErrBadInput     = errors.New("bad input")
+	ErrNodeDown     = errors.New("node unreachable")
+)

@@ -1,0 +1,386 @@
+package nodeapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"sandstorm/api"
+)
+
+// The seam over the network: Server is a node's end (an http.Handler the
+// node serves to its master only: mutual TLS with certificates from the
+// master's CA, internal/pki), Client the master's. Requests and answers
+// are the wire types of Node, as JSON; errors are api.Error with the codes
+// below, which Client turns back into the seam's sentinels.
+
+// Error codes on the wire, one per sentinel.
+var codes = []struct {
+	kind   error
+	code   string
+	status int
+}{
+	{ErrNotFound, "not_found", http.StatusNotFound},
+	{ErrExists, "exists", http.StatusConflict},
+	{ErrConflict, "conflict", http.StatusConflict},
+	{ErrNotSupported, "not_supported", http.StatusConflict},
+	{ErrUnavailable, "unavailable", http.StatusServiceUnavailable},
+	{ErrBadInput, "bad_request", http.StatusBadRequest},
+}
+
+// maxBody bounds a request's JSON body on the node.
+const maxBody = 1 << 20
+
+// Server serves n to a master.
+func Server(n Node) http.Handler {
+	mux := http.NewServeMux()
+	h := func(pattern string, f func(w http.ResponseWriter, r *http.Request) error) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if err := f(w, r); err != nil {
+				writeError(w, err)
+			}
+		})
+	}
+	h("GET /node/v1/status", func(w http.ResponseWriter, r *http.Request) error {
+		st, err := n.Status(r.Context())
+		return reply(w, http.StatusOK, st, err)
+	})
+	h("POST /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
+		var req CreateRequest
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		sb, err := n.Create(r.Context(), req)
+		return reply(w, http.StatusCreated, sb, err)
+	})
+	h("GET /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
+		all, err := n.List(r.Context())
+		return reply(w, http.StatusOK, api.List[api.Sandbox]{Items: append([]api.Sandbox{}, all...)}, err)
+	})
+	h("GET /node/v1/sandboxes/{ref}", func(w http.ResponseWriter, r *http.Request) error {
+		sb, err := n.Get(r.Context(), r.PathValue("ref"))
+		return reply(w, http.StatusOK, sb, err)
+	})
+	h("DELETE /node/v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := n.Delete(r.Context(), r.PathValue("id")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	h("POST /node/v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) error {
+		if r.PathValue("op") == "clone" {
+			var req api.CloneRequest
+			if err := readJSON(r, &req); err != nil {
+				return err
+			}
+			res, err := n.Clone(r.Context(), r.PathValue("id"), req)
+			if err != nil && len(res.Children) > 0 {
+				return writeJSON(w, http.StatusMultiStatus, partialClone{Result: res, Error: wireError(err)})
+			}
+			return reply(w, http.StatusCreated, res, err)
+		}
+		op, ok := ParseOp(r.PathValue("op"))
+		if !ok {
+			return fmt.Errorf("%w: no transition %q", ErrBadInput, r.PathValue("op"))
+		}
+		sb, err := n.Transition(r.Context(), r.PathValue("id"), op)
+		return reply(w, http.StatusOK, sb, err)
+	})
+	h("GET /node/v1/sandboxes/{id}/logs", func(w http.ResponseWriter, r *http.Request) error {
+		q := r.URL.Query()
+		opt := LogOptions{Follow: q.Get("follow") == "1", Timestamps: q.Get("timestamps") == "1"}
+		// Written through a writer that sends the status line with the
+		// first byte, so an error found before any (an unknown sandbox)
+		// is still an error answer.
+		lw := &lazyWriter{w: w}
+		err := n.Logs(r.Context(), r.PathValue("id"), opt, lw)
+		if err != nil && !lw.started {
+			return err
+		}
+		return nil
+	})
+	h("PUT /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		var t api.Template
+		if err := readJSON(r, &t); err != nil {
+			return err
+		}
+		if t.Name != r.PathValue("name") {
+			return fmt.Errorf("%w: template %q sent to /templates/%s", ErrBadInput, t.Name, r.PathValue("name"))
+		}
+		if err := n.PrepareTemplate(r.Context(), t); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	h("DELETE /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := n.DropTemplate(r.Context(), r.PathValue("name")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	return mux
+}
+
+type partialClone struct {
+	Result api.CloneResult `json:"result"`
+	Error  api.Error       `json:"error"`
+}
+
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: malformed JSON body: %v", ErrBadInput, err)
+	}
+	return nil
+}
+
+func reply(w http.ResponseWriter, status int, v any, err error) error {
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, status, v)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}
+
+func wireError(err error) api.Error {
+	for _, c := range codes {
+		if errors.Is(err, c.kind) {
+			return api.Error{Code: c.code, Message: err.Error()}
+		}
+	}
+	return api.Error{Code: api.CodeInternal, Message: err.Error()}
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	e := wireError(err)
+	status := http.StatusInternalServerError
+	for _, c := range codes {
+		if c.code == e.Code {
+			status = c.status
+			break
+		}
+	}
+	writeJSON(w, status, e)
+}
+
+// lazyWriter writes the 200 and its header with the first byte, and
+// flushes after every write.
+type lazyWriter struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (l *lazyWriter) Write(b []byte) (int, error) {
+	if !l.started {
+		l.started = true
+		l.w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		l.w.WriteHeader(http.StatusOK)
+	}
+	return l.w.Write(b)
+}
+
+func (l *lazyWriter) Flush() {
+	if !l.started {
+		l.started = true
+		l.w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		l.w.WriteHeader(http.StatusOK)
+	}
+	if f, ok := l.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Client is a node over the network.
+type Client struct {
+	// NodeName is the node's name (as the master knows it).
+	NodeName string
+	// Base is the node's seam URL, https://host:port.
+	Base string
+	// HTTP carries the requests; its transport has the master's client
+	// certificate and trusts the CA the node's certificate is from.
+	HTTP *http.Client
+}
+
+var _ Node = (*Client)(nil)
+
+// Name implements Node.
+func (c *Client) Name() string { return c.NodeName }
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any, okStatus int) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != okStatus {
+		return readError(resp)
+	}
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// readError turns an error answer back into the seam's error.
+func readError(resp *http.Response) error {
+	var e api.Error
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &e) != nil || e.Message == "" {
+		e.Message = fmt.Sprintf("HTTP %d from the node: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	return fromWire(e)
+}
+
+func fromWire(e api.Error) error {
+	for _, c := range codes {
+		if c.code == e.Code {
+			return Mark(c.kind, errors.New(e.Message))
+		}
+	}
+	return errors.New(e.Message)
+}
+
+// Create implements Node.
+func (c *Client) Create(ctx context.Context, req CreateRequest) (api.Sandbox, error) {
+	var sb api.Sandbox
+	return sb, c.do(ctx, http.MethodPost, "/node/v1/sandboxes", req, &sb, http.StatusCreated)
+}
+
+// Get implements Node.
+func (c *Client) Get(ctx context.Context, ref string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	return sb, c.do(ctx, http.MethodGet, "/node/v1/sandboxes/"+url.PathEscape(ref), nil, &sb, http.StatusOK)
+}
+
+// List implements Node.
+func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
+	var l api.List[api.Sandbox]
+	return l.Items, c.do(ctx, http.MethodGet, "/node/v1/sandboxes", nil, &l, http.StatusOK)
+}
+
+// Delete implements Node.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/node/v1/sandboxes/"+url.PathEscape(id), nil, nil, http.StatusNoContent)
+}
+
+// Transition implements Node.
+func (c *Client) Transition(ctx context.Context, id string, op Op) (api.Sandbox, error) {
+	var sb api.Sandbox
+	return sb, c.do(ctx, http.MethodPost, "/node/v1/sandboxes/"+url.PathEscape(id)+"/"+string(op), nil, &sb, http.StatusOK)
+}
+
+// Clone implements Node.
+func (c *Client) Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error) {
+	b, _ := json.Marshal(req)
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+"/node/v1/sandboxes/"+url.PathEscape(id)+"/clone", bytes.NewReader(b))
+	if err != nil {
+		return api.CloneResult{}, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	resp, err := c.HTTP.Do(hr)
+	if err != nil {
+		return api.CloneResult{}, Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusCreated:
+		var res api.CloneResult
+		return res, json.NewDecoder(resp.Body).Decode(&res)
+	case http.StatusMultiStatus:
+		var p partialClone
+		if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+			return api.CloneResult{}, err
+		}
+		return p.Result, fromWire(p.Error)
+	}
+	return api.CloneResult{}, readError(resp)
+}
+
+// Logs implements Node.
+func (c *Client) Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error {
+	q := url.Values{}
+	if opt.Follow {
+		q.Set("follow", "1")
+	}
+	if opt.Timestamps {
+		q.Set("timestamps", "1")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/node/v1/sandboxes/"+url.PathEscape(id)+"/logs?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return readError(resp)
+	}
+	fl, _ := w.(interface{ Flush() })
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return Mark(ErrNodeDown, fmt.Errorf("node %s: logs cut off: %w", c.NodeName, err))
+		}
+	}
+}
+
+// Status implements Node.
+func (c *Client) Status(ctx context.Context) (api.NodeStatus, error) {
+	var st api.NodeStatus
+	return st, c.do(ctx, http.MethodGet, "/node/v1/status", nil, &st, http.StatusOK)
+}
+
+// PrepareTemplate implements Node.
+func (c *Client) PrepareTemplate(ctx context.Context, t api.Template) error {
+	return c.do(ctx, http.MethodPut, "/node/v1/templates/"+url.PathEscape(t.Name), t, nil, http.StatusNoContent)
+}
+
+// DropTemplate implements Node.
+func (c *Client) DropTemplate(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/node/v1/templates/"+url.PathEscape(name), nil, nil, http.StatusNoContent)
+}

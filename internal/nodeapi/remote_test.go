@@ -1,0 +1,364 @@
+package nodeapi
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/pki"
+)
+
+// fake is a Node in memory: what the master's end must see through the
+// network exactly as the node's end answered it.
+type fake struct {
+	mu        sync.Mutex
+	boxes     map[string]api.Sandbox
+	templates map[string]api.Template
+	logs      chan string // what Logs writes, until closed
+}
+
+func newFake() *fake {
+	return &fake{boxes: map[string]api.Sandbox{}, templates: map[string]api.Template{}, logs: make(chan string, 8)}
+}
+
+func (f *fake) Name() string { return "fake" }
+func (f *fake) Create(_ context.Context, req CreateRequest) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.templates[req.Template.Name]; !ok {
+		return api.Sandbox{}, Mark(ErrNotFound, fmt.Errorf("template %q: not found", req.Template.Name))
+	}
+	if _, ok := f.boxes[req.Name]; ok {
+		return api.Sandbox{}, Mark(ErrExists, fmt.Errorf("sandbox %q: already exists", req.Name))
+	}
+	if req.MemoryMiB > 1000 {
+		return api.Sandbox{}, Mark(ErrUnavailable, errors.New("node short on memory: not enough memory for it"))
+	}
+	sb := api.Sandbox{ID: "id-" + req.Name, Name: req.Name, Template: req.Template.Name, Tier: api.TierHot, Node: "fake", Principal: req.Principal}
+	f.boxes[req.Name] = sb
+	return sb, nil
+}
+func (f *fake) Get(_ context.Context, ref string) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, sb := range f.boxes {
+		if sb.ID == ref || sb.Name == ref {
+			return sb, nil
+		}
+	}
+	return api.Sandbox{}, Mark(ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
+}
+func (f *fake) List(context.Context) ([]api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []api.Sandbox
+	for _, sb := range f.boxes {
+		out = append(out, sb)
+	}
+	return out, nil
+}
+func (f *fake) Delete(ctx context.Context, id string) error {
+	sb, err := f.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	delete(f.boxes, sb.Name)
+	f.mu.Unlock()
+	return nil
+}
+func (f *fake) Transition(ctx context.Context, id string, op Op) (api.Sandbox, error) {
+	sb, err := f.Get(ctx, id)
+	if err != nil {
+		return sb, err
+	}
+	if op == Freeze && sb.Tier != api.TierHot {
+		return sb, Mark(ErrConflict, fmt.Errorf("conflict: sandbox %s is %s", sb.Name, sb.Tier))
+	}
+	sb.Tier = map[Op]api.Tier{Freeze: api.TierFrozen, Snapshot: api.TierSnapshot, Detach: api.TierDetached, Wake: api.TierHot}[op]
+	f.mu.Lock()
+	f.boxes[sb.Name] = sb
+	f.mu.Unlock()
+	return sb, nil
+}
+func (f *fake) Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error) {
+	p, err := f.Get(ctx, id)
+	if err != nil {
+		return api.CloneResult{}, err
+	}
+	res := api.CloneResult{Parent: p, ParentPauseMs: 50}
+	for i := 0; i < req.Count && i < 2; i++ {
+		res.Children = append(res.Children, api.Sandbox{ID: fmt.Sprint(p.ID, "-", i), Name: fmt.Sprint(p.Name, "-", i+1)})
+		res.ChildMs = append(res.ChildMs, 120)
+	}
+	if req.Count > 2 {
+		return res, Mark(ErrUnavailable, errors.New("node short on memory for child 3"))
+	}
+	return res, nil
+}
+func (f *fake) Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error {
+	if _, err := f.Get(ctx, id); err != nil {
+		return err
+	}
+	fl := w.(interface{ Flush() })
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case s, ok := <-f.logs:
+			if !ok {
+				return nil
+			}
+			io.WriteString(w, s)
+			fl.Flush()
+			if !opt.Follow {
+				return nil
+			}
+		}
+	}
+}
+func (f *fake) Status(context.Context) (api.NodeStatus, error) {
+	return api.NodeStatus{Name: "fake", Backend: "gvisor", MemAvailableMiB: 1234, MemReserveMiB: 256, Sandboxes: map[api.Tier]int{api.TierHot: len(f.boxes)}}, nil
+}
+func (f *fake) PrepareTemplate(_ context.Context, t api.Template) error {
+	if t.Warm != nil && t.Warm.Probe.Port == 9 {
+		return Mark(ErrBadInput, errors.New("bad input: its probe did not succeed"))
+	}
+	f.mu.Lock()
+	f.templates[t.Name] = t
+	f.mu.Unlock()
+	return nil
+}
+func (f *fake) DropTemplate(_ context.Context, name string) error {
+	f.mu.Lock()
+	delete(f.templates, name)
+	f.mu.Unlock()
+	return nil
+}
+
+// pair serves n over mutual TLS from a fresh CA and returns a Client of it
+// with the master's certificate, the CA and the server's address.
+func pair(t *testing.T, n Node) (*Client, *pki.CA, string) {
+	t.Helper()
+	ca, err := pki.EnsureCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg, err := ca.PeerServerConfig("node fake", []string{"127.0.0.1"}, pki.MasterName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Our own TLS listener: httptest's StartTLS would add its own
+	// certificate, which crypto/tls prefers for a client without SNI.
+	srv := httptest.NewUnstartedServer(Server(n))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes are the point
+	srv.Listener = tls.NewListener(srv.Listener, scfg)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	base := "https://" + srv.Listener.Addr().String()
+	return clientWith(t, ca, pki.MasterName, base), ca, base
+}
+
+func clientWith(t *testing.T, ca *pki.CA, cn, base string) *Client {
+	t.Helper()
+	ccfg, err := ca.PeerClientConfig(cn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Client{NodeName: "fake", Base: base, HTTP: &http.Client{Transport: &http.Transport{TLSClientConfig: ccfg}, Timeout: 10 * time.Second}}
+}
+
+// TestRemoteRoundTrip: every call reaches the node's end and comes back
+// the same as the node answered it, errors included: each sentinel
+// survives the network with the node's own words.
+func TestRemoteRoundTrip(t *testing.T) {
+	f := newFake()
+	c, _, _ := pair(t, f)
+	ctx := context.Background()
+	tmpl := api.Template{Name: "web", Process: api.Process{Args: []string{"/app"}}, Ports: []int{8000}}
+	if err := c.PrepareTemplate(ctx, tmpl); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "one", Principal: "agent.one"})
+	if err != nil || sb.ID != "id-one" || sb.Principal != "agent.one" || sb.Tier != api.TierHot {
+		t.Fatalf("create: %+v %v", sb, err)
+	}
+	for _, tc := range []struct {
+		what string
+		err  error
+		kind error
+		msg  string
+	}{
+		{"unknown template", func() error {
+			_, err := c.Create(ctx, CreateRequest{Template: api.Template{Name: "nope"}, Name: "x"})
+			return err
+		}(), ErrNotFound, `template "nope": not found`},
+		{"name taken", func() error { _, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "one"}); return err }(), ErrExists, `sandbox "one": already exists`},
+		{"no memory", func() error {
+			_, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "big", MemoryMiB: 4096})
+			return err
+		}(), ErrUnavailable, "node short on memory"},
+		{"unknown sandbox", func() error { _, err := c.Get(ctx, "ghost"); return err }(), ErrNotFound, `sandbox "ghost": not found`},
+		{"bad probe", c.PrepareTemplate(ctx, api.Template{Name: "w", Warm: &api.Warm{Probe: api.Probe{Port: 9}}}), ErrBadInput, "probe did not succeed"},
+	} {
+		if !errors.Is(tc.err, tc.kind) || !strings.Contains(fmt.Sprint(tc.err), tc.msg) {
+			t.Errorf("%s: err = %v, want %v saying %q", tc.what, tc.err, tc.kind, tc.msg)
+		}
+	}
+	if sb, err := c.Transition(ctx, "one", Freeze); err != nil || sb.Tier != api.TierFrozen {
+		t.Errorf("freeze: %+v %v", sb, err)
+	}
+	if _, err := c.Transition(ctx, "one", Freeze); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "is frozen") {
+		t.Errorf("freeze of a frozen one: %v", err)
+	}
+	if sb, err := c.Transition(ctx, "id-one", Wake); err != nil || sb.Tier != api.TierHot {
+		t.Errorf("wake: %+v %v", sb, err)
+	}
+	if l, err := c.List(ctx); err != nil || len(l) != 1 || l[0].Name != "one" {
+		t.Errorf("list: %+v %v", l, err)
+	}
+	if st, err := c.Status(ctx); err != nil || st.MemAvailableMiB != 1234 || st.Sandboxes[api.TierHot] != 1 {
+		t.Errorf("status: %+v %v", st, err)
+	}
+	if err := c.Delete(ctx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, "one"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second delete: %v", err)
+	}
+	if err := c.DropTemplate(ctx, "web"); err != nil || len(f.templates) != 0 {
+		t.Errorf("drop template: %v (%d left)", err, len(f.templates))
+	}
+}
+
+// TestRemoteClonePartial: a clone that stopped part way brings back the
+// children it made and the error that stopped it.
+func TestRemoteClonePartial(t *testing.T) {
+	f := newFake()
+	c, _, _ := pair(t, f)
+	ctx := context.Background()
+	f.templates["web"] = api.Template{Name: "web"}
+	c.Create(ctx, CreateRequest{Template: api.Template{Name: "web"}, Name: "p"})
+	res, err := c.Clone(ctx, "p", api.CloneRequest{Count: 2})
+	if err != nil || len(res.Children) != 2 || res.ParentPauseMs != 50 || res.Parent.Name != "p" {
+		t.Fatalf("clone of 2: %+v %v", res, err)
+	}
+	res, err = c.Clone(ctx, "p", api.CloneRequest{Count: 5})
+	if !errors.Is(err, ErrUnavailable) || len(res.Children) != 2 || res.Children[1].Name != "p-2" {
+		t.Fatalf("clone stopped at 3: %+v %v", res, err)
+	}
+	if _, err := c.Clone(ctx, "ghost", api.CloneRequest{Count: 1}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("clone of an unknown sandbox: %v", err)
+	}
+}
+
+// flushRecorder collects what Logs writes and signals each write.
+type flushRecorder struct {
+	mu  sync.Mutex
+	b   strings.Builder
+	got chan struct{}
+}
+
+func (r *flushRecorder) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.b.Write(p)
+	select {
+	case r.got <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+func (r *flushRecorder) Flush() {}
+func (r *flushRecorder) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.b.String()
+}
+
+// TestRemoteLogsFollow: a followed log arrives as the node writes it, not
+// when the stream ends, and ends when the master's caller goes away; an
+// unknown sandbox's log is an error, not an empty stream.
+func TestRemoteLogsFollow(t *testing.T) {
+	f := newFake()
+	c, _, _ := pair(t, f)
+	f.templates["web"] = api.Template{Name: "web"}
+	c.Create(context.Background(), CreateRequest{Template: api.Template{Name: "web"}, Name: "l"})
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := &flushRecorder{got: make(chan struct{}, 1)}
+	done := make(chan error, 1)
+	go func() { done <- c.Logs(ctx, "l", LogOptions{Follow: true}, rec) }()
+	f.logs <- "first line\n"
+	select {
+	case <-rec.got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a followed line did not arrive while the stream was open")
+	}
+	if rec.String() != "first line\n" {
+		t.Errorf("got %q", rec.String())
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("logs after the caller left: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a followed log did not end when its caller went away")
+	}
+	if err := c.Logs(context.Background(), "ghost", LogOptions{}, io.Discard); !errors.Is(err, ErrNotFound) {
+		t.Errorf("logs of an unknown sandbox: %v", err)
+	}
+}
+
+// TestRemoteMutualTLS: a node answers its master only. Refused in the
+// handshake: a client certificate from another CA, none at all, an
+// expired one, and one from the right CA that is not the master's (a node
+// posing as the master). A node that does not answer is ErrNodeDown.
+func TestRemoteMutualTLS(t *testing.T) {
+	f := newFake()
+	good, ca, base := pair(t, f)
+	if _, err := good.Status(context.Background()); err != nil {
+		t.Fatalf("the master: %v", err)
+	}
+	other, _ := pki.EnsureCA(t.TempDir())
+	trustingCA := func(cert *tls.Certificate) *Client {
+		cfg := &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS13}
+		if cert != nil {
+			cfg.Certificates = []tls.Certificate{*cert}
+		}
+		return &Client{NodeName: "fake", Base: base, HTTP: &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}}
+	}
+	otherCert, _ := other.Issue(pki.MasterName, nil, time.Hour, false, true)
+	expired, _ := ca.Issue(pki.MasterName, nil, -time.Minute, false, true)
+	asNode, _ := ca.Issue("node other", nil, time.Hour, false, true)
+	for what, c := range map[string]*Client{
+		"another CA's certificate": trustingCA(&otherCert),
+		"no certificate":           trustingCA(nil),
+		"an expired certificate":   trustingCA(&expired),
+		"a node's certificate":     trustingCA(&asNode),
+		"the master, another CA":   clientWith(t, other, pki.MasterName, base),
+	} {
+		if _, err := c.Status(context.Background()); !errors.Is(err, ErrNodeDown) {
+			t.Errorf("%s: err = %v, want refused (ErrNodeDown)", what, err)
+		}
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	gone := clientWith(t, ca, pki.MasterName, "https://"+addr)
+	if _, err := gone.Status(context.Background()); !errors.Is(err, ErrNodeDown) || !strings.Contains(err.Error(), "node fake") {
+		t.Errorf("a node not listening: %v", err)
+	}
+}
