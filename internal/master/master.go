@@ -533,7 +533,6 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, out)
 }
 
-
 // logs serves the sandbox's console output (nodeapi.Node.Logs): the last
 // 64 KiB, with ?follow=1 then what is appended until the client goes away
 // or the sandbox is deleted, with ?timestamps=1 every line timed.
