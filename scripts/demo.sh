@@ -34,6 +34,8 @@ else
 fi
 PID=$(cat "$SANDSTORM_DATA_DIR/sandstormd.pid" 2>/dev/null || echo "?")
 say "sandstormd is PID $PID"
+echo "  (a daemon this script starts has long idle timers, freeze after 10m, so that only the script moves its sandbox;"
+echo "   serve's defaults are --freeze-after 30s --snapshot-after 5m --detach-after 1h)"
 "$BIN" doctor | sed 's/^/  /'
 
 say "building the '$TEMPLATE' template from Debian packages"

@@ -123,6 +123,9 @@ func templateCmd() *cobra.Command {
 				return err
 			}
 			fmt.Printf("template %s registered (rootfs %s)\n", t.Name, t.Rootfs)
+			if t.Warm != nil {
+				fmt.Printf("its warm image is made; %d sandbox(es) kept ready (a create without --name takes one)\n", t.Warm.Pool)
+			}
 			return nil
 		},
 	}

@@ -236,7 +236,7 @@ func TestCLI(t *testing.T) {
 		args = append(args, "--env", e)
 	}
 	args = append(append(args, "--"), webDemo.Args...)
-	cli(t, env, args...).ok(t, "template create --warm-probe", `template cliwarm registered`)
+	cli(t, env, args...).ok(t, "template create --warm-probe", `template cliwarm registered`, `its warm image is made; 1 sandbox\(es\) kept ready`)
 	cli(t, env, "template", "ls").ok(t, "template ls with a warm template", `(?m)^cliwarm\s.*\sprobe /healthz, reseed SIGUSR1, pool 1$`)
 	r = cli(t, env, "sandbox", "create", "cliwarm", "--name", "w1")
 	r.ok(t, "sandbox create from a warm template", `w1 \([0-9a-f]{12}\) hot`)
