@@ -202,6 +202,7 @@ type Error struct {
 const (
 	CodeBadRequest   = "bad_request"   // 400
 	CodeUnauthorized = "unauthorized"  // 401
+	CodeForbidden    = "forbidden"     // 403: e.g. a pairing with a wrong code
 	CodeNotFound     = "not_found"     // 404
 	CodeConflict     = "conflict"      // 409
 	CodeTooLarge     = "too_large"     // 413
@@ -211,6 +212,17 @@ const (
 	CodeNodeDown     = "node_down"     // 502: the sandbox's node does not answer
 	CodeNotSupported = "not_supported" // 409: the backend lacks the tier
 )
+
+// TierLost marks, in a list, a sandbox whose node does not answer: what
+// it is doing is not known until the node is back.
+const TierLost Tier = "lost"
+
+// NodeRequest is POST /v1/nodes: pair the node listening at Address
+// (host:port, its --node-listen) that holds PairingCode.
+type NodeRequest struct {
+	Address     string `json:"address"`
+	PairingCode string `json:"pairing_code"`
+}
 
 // NodeStatus is GET /v1/node: the node's headroom as the memory guard sees it.
 type NodeStatus struct {
@@ -225,4 +237,13 @@ type NodeStatus struct {
 	// WarmPool is how many sandboxes each warm template's pool holds
 	// (restored and paused ahead of demand; not in Sandboxes).
 	WarmPool map[string]int `json:"warm_pool"`
+	// PromisedMiB is what sandboxes admitted but still starting have yet
+	// to take: placement counts it as used.
+	PromisedMiB int64 `json:"promised_mib"`
+	// State is "ready", or "lost" when the master cannot reach the node
+	// (GET /v1/nodes); Address is a paired node's seam address.
+	State   string `json:"state,omitempty"`
+	Address string `json:"address,omitempty"`
+	// Error says why a lost node is lost.
+	Error string `json:"error,omitempty"`
 }

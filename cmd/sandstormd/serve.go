@@ -46,9 +46,14 @@ func serveCmd() *cobra.Command {
 	var logLevel, logFormat string
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the master and the node (one process)",
+		Short: "Run the master, a node, or both (one process)",
 		Long: `Run sandstormd. --master --node runs both in one process: the HTTP API on
 --listen, desired state in SQLite under --data-dir, sandboxes on this machine.
+--node alone runs a node apart from its master: it listens on --node-listen,
+writes a pairing code to <data-dir>/pki/node/pairing-code, and once a master
+has paired with it (POST /v1/nodes {"address", "pairing_code"}) serves that
+master only, over mutual TLS. --master alone places sandboxes on the nodes
+it paired with.
 
 On first start the API token is written to <data-dir>/pki/api-token (mode 0600);
 every API call needs "Authorization: Bearer <token>".
@@ -74,6 +79,7 @@ transitions that were cut short.`,
 	f.BoolVar(&o.Master, "master", false, "run the master: API, store, placement")
 	f.BoolVar(&o.Node, "node", false, "run a node: sandboxes, tiers, gateway")
 	f.StringVar(&o.Store, "store", os.Getenv("SANDSTORM_STORE"), "where the master keeps desired state (env SANDSTORM_STORE): empty is SQLite at <data-dir>/state.db; a PostgreSQL URL (postgres://user:pass@host/db, or postgres:///db?host=/var/run/postgresql) lets several masters share it: one leads, the others stand by, answer 503 and take over within seconds when it stops")
+	f.StringVar(&o.NodeListen, "node-listen", os.Getenv("SANDSTORM_NODE_LISTEN"), "with --node alone: where this node listens for its master (host:port; env SANDSTORM_NODE_LISTEN): pairing with the code in <data-dir>/pki/node/pairing-code, then the master's calls over mutual TLS. It serves no public API")
 	f.StringVar(&o.NodeName, "node-name", "local", "this node's name in the store; nodes sharing a PostgreSQL store need names of their own")
 	f.StringVar(&o.Listen, "listen", envOr("SANDSTORM_LISTEN", "127.0.0.1:8080"), "API address host:port (env SANDSTORM_LISTEN)")
 	f.StringVar(&o.Backend, "backend", "gvisor", "sandbox backend: gvisor (runsc) or process (plain namespaces + cgroup v2; no snapshot tier here)")

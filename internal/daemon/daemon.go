@@ -29,6 +29,7 @@ import (
 	"sandstorm/internal/console"
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/events"
+	"sandstorm/internal/fleet"
 	"sandstorm/internal/master"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/netns"
@@ -85,6 +86,9 @@ type Options struct {
 	// NodeName names this node in the store ("local" if empty): nodes
 	// sharing a store need names of their own.
 	NodeName string
+	// NodeListen is where a node apart from its master (--node alone)
+	// listens for it: pairing, then the seam over mutual TLS.
+	NodeListen string
 	Log      *slog.Logger
 }
 
@@ -258,8 +262,8 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	if !o.Master || !o.Node {
-		return errors.New("this version runs master and node in one process: pass --master --node (separate nodes come with the fleet)")
+	if !o.Master && !o.Node {
+		return errors.New("say what to run: --master, --node, or both (one process)")
 	}
 	if o.NodeName == "" {
 		o.NodeName = "local"
@@ -299,6 +303,9 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		return err
 	}
 	defer st.Close()
+	if !o.Master {
+		return serveNode(ctx, o, st, log)
+	}
 	var token string
 	if st.Dialect() == "postgres" {
 		// Masters that share a store share its API token, so that a
@@ -375,70 +382,20 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 			}
 		}()
 	}
-	be, err := NewBackend(o)
-	if err != nil {
-		return err
-	}
-	if gb, ok := be.(*gvisor.Backend); ok {
-		gb.Log = log // it logs the sandboxes it had to kill by pid
-		defer gb.Close()
-		v, _ := gvisor.Version(ctx, gb.Runsc)
-		if v != gvisor.PinnedVersion {
-			log.Warn("runsc is not the version this sandstormd pins; snapshots only restore on the runsc that wrote them", "runsc", gb.Runsc, "version", v, "pinned", gvisor.PinnedVersion)
-		}
-		log.Info("runtime", "runsc", gb.Runsc, "version", v, "platform", gb.Platform)
-	}
-	if o.Backend == "gvisor" {
-		if err := gvisor.StartReaper(); err != nil {
-			log.Warn("cannot become subreaper of runsc sandboxes; deletes will wait for init to reap them", "err", err)
-		}
-	}
-	if o.Zswap {
-		if !reclaim.SwapActive() {
-			return errors.New("--zswap needs an active swap area to squeeze frozen sandboxes into, e.g.: fallocate -l 4G /swapfile && chmod 600 /swapfile && mkswap /swapfile && swapon /swapfile")
-		}
-		wasOn, err := reclaim.EnableZswap()
+	// What happens to sandboxes, for the console's live view.
+	hub := events.New(0)
+	var local nodeapi.Node // nil unless this process runs a node (not a nil *Local)
+	if o.Node {
+		nd, stopNode, err := startNode(ctx, o, st, hub, log)
 		if err != nil {
 			return err
 		}
-		if !wasOn {
-			log.Info("zswap: enabled (/sys/module/zswap/parameters/enabled)")
-		}
+		defer stopNode()
+		local = &nodeapi.Local{N: nd, St: st}
 	}
-	pool, err := netns.ParsePool(o.Subnet)
+	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log})
 	if err != nil {
 		return err
-	}
-	bind, err := netip.ParseAddr(o.GatewayBind)
-	if err != nil {
-		return fmt.Errorf("gateway address %q: %w", o.GatewayBind, err)
-	}
-	pmin, pmax, err := parsePorts(o.GatewayPorts)
-	if err != nil {
-		return err
-	}
-	if err := checkEphemeral(pmin, pmax); err != nil {
-		return err
-	}
-	sam, stopSAM, err := samConfig(o, pool, log)
-	if err != nil {
-		return err
-	}
-	defer stopSAM()
-	// What happens to sandboxes, for the console's live view.
-	hub := events.New(0)
-	nd, err := node.New(node.Config{
-		Name: o.NodeName, DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
-		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
-		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
-		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub,
-	})
-	if err != nil {
-		return err
-	}
-	plan, err := nd.BeginReconcile(ctx)
-	if err != nil {
-		return err // ErrFirewall: fail closed, no sandbox runs without its firewall
 	}
 	ln := apiLn
 	if ln == nil {
@@ -446,28 +403,12 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 			return err
 		}
 	}
-	// The API opens at once and the repair after a restart runs behind it
-	// (issue 7: a sandbox whose runsc hangs must not keep the API closed);
-	// GET /v1/node says how many sandboxes are still being repaired.
-	reconciled := make(chan struct{})
-	go func() {
-		defer close(reconciled)
-		if err := nd.FinishReconcile(ctx, plan); err != nil {
-			// Per-sandbox problems are reported, not fatal: the rest serve.
-			log.Error("reconcile", "err", err)
-		}
-	}()
-	nd.Run()
-	defer func() {
-		<-reconciled
-		nd.Close()
-	}()
 	api := master.Handler(master.Config{
-		Store: st, Node: &nodeapi.Local{N: nd, St: st}, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
+		Store: st, Fleet: fl, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
 		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub},
 	})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
-	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "backend", be.Name(),
+	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
 	errc := make(chan error, 1)
 	if apiSw != nil {
@@ -485,6 +426,144 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	srv.Shutdown(sctx)
 	log.Info("sandstormd stopped; sandboxes keep running and are adopted at the next start")
 	return nil
+}
+
+// serveNode runs a node apart from its master (serve --node): its own
+// store, its sandboxes, and on --node-listen the endpoint its master pairs
+// with and then calls over mutual TLS (nodeapi.Endpoint). It opens no
+// public API: until it is paired it answers only the pairing calls.
+func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger) error {
+	if o.NodeListen == "" {
+		return errors.New("serve --node without --master needs --node-listen HOST:PORT: the address its master pairs with and calls")
+	}
+	if o.Store != "" {
+		return errors.New("--store is the master's: a node keeps its own state in <data-dir>/state.db")
+	}
+	nd, stopNode, err := startNode(ctx, o, st, events.New(0), log)
+	defer stopNode()
+	if err != nil {
+		return err
+	}
+	ep, err := nodeapi.NewEndpoint(o.NodeName, filepath.Join(o.DataDir, "pki"), &nodeapi.Local{N: nd, St: st, OwnTemplates: true}, log)
+	if err != nil {
+		return err
+	}
+	raw, err := net.Listen("tcp", o.NodeListen)
+	if err != nil {
+		return fmt.Errorf("--node-listen: %w", err)
+	}
+	srv := &http.Server{Handler: ep.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(tls.NewListener(raw, ep.TLSConfig())) }()
+	if ep.Paired() {
+		log.Info("sandstormd node serving its master", "pid", os.Getpid(), "node", o.NodeName, "listen", raw.Addr().String(), "data_dir", o.DataDir)
+	} else {
+		log.Info("sandstormd node waiting to be paired: give its master this address and the code in the pairing-code file", "pid", os.Getpid(), "node", o.NodeName,
+			"listen", raw.Addr().String(), "pairing_code_file", ep.CodePath())
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	log.Info("sandstormd node stopped; sandboxes keep running and are adopted at the next start")
+	return nil
+}
+
+// startNode brings up the node of this machine over store st: backend,
+// network pool, boundaries, the node itself and its loops, and the repair
+// after a restart, which runs on behind the caller. stop undoes it, in
+// reverse order; it is valid (and must be called) on error too.
+func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub, log *slog.Logger) (nd *node.Node, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	be, err := NewBackend(o)
+	if err != nil {
+		return nil, stop, err
+	}
+	if gb, ok := be.(*gvisor.Backend); ok {
+		gb.Log = log // it logs the sandboxes it had to kill by pid
+		stops = append(stops, func() { gb.Close() })
+		v, _ := gvisor.Version(ctx, gb.Runsc)
+		if v != gvisor.PinnedVersion {
+			log.Warn("runsc is not the version this sandstormd pins; snapshots only restore on the runsc that wrote them", "runsc", gb.Runsc, "version", v, "pinned", gvisor.PinnedVersion)
+		}
+		log.Info("runtime", "runsc", gb.Runsc, "version", v, "platform", gb.Platform)
+	}
+	if o.Backend == "gvisor" {
+		if err := gvisor.StartReaper(); err != nil {
+			log.Warn("cannot become subreaper of runsc sandboxes; deletes will wait for init to reap them", "err", err)
+		}
+	}
+	if o.Zswap {
+		if !reclaim.SwapActive() {
+			return nil, stop, errors.New("--zswap needs an active swap area to squeeze frozen sandboxes into, e.g.: fallocate -l 4G /swapfile && chmod 600 /swapfile && mkswap /swapfile && swapon /swapfile")
+		}
+		wasOn, err := reclaim.EnableZswap()
+		if err != nil {
+			return nil, stop, err
+		}
+		if !wasOn {
+			log.Info("zswap: enabled (/sys/module/zswap/parameters/enabled)")
+		}
+	}
+	pool, err := netns.ParsePool(o.Subnet)
+	if err != nil {
+		return nil, stop, err
+	}
+	bind, err := netip.ParseAddr(o.GatewayBind)
+	if err != nil {
+		return nil, stop, fmt.Errorf("gateway address %q: %w", o.GatewayBind, err)
+	}
+	pmin, pmax, err := parsePorts(o.GatewayPorts)
+	if err != nil {
+		return nil, stop, err
+	}
+	if err := checkEphemeral(pmin, pmax); err != nil {
+		return nil, stop, err
+	}
+	sam, stopSAM, err := samConfig(o, pool, log)
+	if err != nil {
+		return nil, stop, err
+	}
+	stops = append(stops, stopSAM)
+	nd, err = node.New(node.Config{
+		Name: o.NodeName, DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
+		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
+		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
+		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub,
+	})
+	if err != nil {
+		return nil, stop, err
+	}
+	plan, err := nd.BeginReconcile(ctx)
+	if err != nil {
+		return nil, stop, err // ErrFirewall: fail closed, no sandbox runs without its firewall
+	}
+	// The API opens at once and the repair after a restart runs behind it
+	// (issue 7: a sandbox whose runsc hangs must not keep the API closed);
+	// GET /v1/node says how many sandboxes are still being repaired.
+	reconciled := make(chan struct{})
+	go func() {
+		defer close(reconciled)
+		if err := nd.FinishReconcile(ctx, plan); err != nil {
+			// Per-sandbox problems are reported, not fatal: the rest serve.
+			log.Error("reconcile", "err", err)
+		}
+	}()
+	nd.Run()
+	stops = append(stops, func() {
+		<-reconciled
+		nd.Close()
+	})
+	return nd, stop, nil
 }
 
 // resolver returns a lookup that asks only the DNS server at addr

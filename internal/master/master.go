@@ -21,6 +21,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/console"
+	"sandstorm/internal/fleet"
 	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/rootfs"
@@ -30,9 +31,9 @@ import (
 // Config configures the API.
 type Config struct {
 	Store *store.Store
-	// Node is the node the master places sandboxes on (nodeapi: in this
-	// process, or over the network).
-	Node nodeapi.Node
+	// Fleet is the master's nodes: the one in this process, if any, and
+	// those it paired with (nodeapi over mutual TLS).
+	Fleet *fleet.Fleet
 	// Token is the API token every request must carry as
 	// "Authorization: Bearer <token>".
 	Token string
@@ -76,6 +77,8 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
+	mux.HandleFunc("POST /v1/nodes", s.pairNode)
+	mux.HandleFunc("DELETE /v1/nodes/{name}", s.forgetNode)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, api.CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -142,6 +145,8 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeErr(w, http.StatusConflict, api.CodeNotSupported, err.Error())
 	case errors.Is(err, nodeapi.ErrUnavailable):
 		writeErr(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
+	case errors.Is(err, nodeapi.ErrForbidden):
+		writeErr(w, http.StatusForbidden, api.CodeForbidden, err.Error())
 	case errors.Is(err, nodeapi.ErrNodeDown):
 		writeErr(w, http.StatusBadGateway, api.CodeNodeDown, err.Error())
 	case errors.Is(err, nodeapi.ErrBadInput), errors.Is(err, rootfs.ErrUnsafe), errors.Is(err, errBadRequest):
@@ -218,7 +223,7 @@ func (s *server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if t.Warm != nil {
-		s.cfg.Node.DropTemplate(r.Context(), name)
+		s.cfg.Fleet.DropTemplate(r.Context(), name)
 	}
 	if t.Owned {
 		os.RemoveAll(filepath.Dir(t.Rootfs))
@@ -255,18 +260,23 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, _ = s.cfg.Store.GetTemplate(r.Context(), t.Name)
-	if t.Warm != nil {
-		// The template is warm only once its image is made: one that
-		// cannot be (its probe never answers) is not registered at all.
-		start := time.Now()
-		if err := s.cfg.Node.PrepareTemplate(r.Context(), toAPITemplate(t)); err != nil {
-			s.cfg.Store.DeleteTemplate(context.Background(), t.Name)
-			if t.Owned {
-				os.RemoveAll(filepath.Dir(t.Rootfs))
-			}
-			s.fail(w, r, fmt.Errorf("warm template %q not registered: %w", t.Name, err))
-			return
+	// Every node gets it (a paired node records it; a warm template's
+	// image is made on each): a template no node can take — a warm one
+	// whose probe never answers — is not registered at all.
+	start := time.Now()
+	if err := s.cfg.Fleet.PrepareTemplate(r.Context(), t); err != nil {
+		s.cfg.Store.DeleteTemplate(context.Background(), t.Name)
+		if t.Owned {
+			os.RemoveAll(filepath.Dir(t.Rootfs))
 		}
+		what := "template"
+		if t.Warm != nil {
+			what = "warm template"
+		}
+		s.fail(w, r, fmt.Errorf("%s %q not registered: %w", what, t.Name, err))
+		return
+	}
+	if t.Warm != nil {
 		s.cfg.Log.Info("warm image made", "template", t.Name, "ms", time.Since(start).Milliseconds())
 	}
 	s.cfg.Log.Info("template registered", "name", t.Name, "rootfs", t.Rootfs)
@@ -431,7 +441,7 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		// so a watcher applies only later ones on top (console.js).
 		w.Header().Set(console.EventSeqHeader, strconv.FormatUint(c.Events.Seq(), 10))
 	}
-	all, err := s.cfg.Node.List(r.Context())
+	all, err := s.cfg.Fleet.List(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -455,12 +465,12 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Name != "" {
-		if _, err := s.cfg.Store.GetSandbox(r.Context(), req.Name); err == nil {
+		if _, err := s.cfg.Store.GetSandbox(r.Context(), req.Name); err == nil || s.cfg.Fleet.NameTaken(r.Context(), req.Name) {
 			s.fail(w, r, fmt.Errorf("sandbox %q: %w", req.Name, store.ErrExists))
 			return
 		}
 	}
-	sb, err := s.cfg.Node.Create(r.Context(), nodeapi.CreateRequest{Template: toAPITemplate(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB})
+	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: toAPITemplate(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -468,8 +478,18 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, sb)
 }
 
+// sandbox finds the sandbox of the request's {id} and its node.
+func (s *server) sandbox(r *http.Request) (nodeapi.Node, api.Sandbox, error) {
+	n, err := s.cfg.Fleet.For(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return nil, api.Sandbox{}, err
+	}
+	sb, err := n.Get(r.Context(), r.PathValue("id"))
+	return n, sb, err
+}
+
 func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
+	_, sb, err := s.sandbox(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -478,15 +498,16 @@ func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
+	n, sb, err := s.sandbox(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.cfg.Node.Delete(r.Context(), sb.ID); err != nil {
+	if err := n.Delete(r.Context(), sb.ID); err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	s.cfg.Fleet.Deleted(r.Context(), n.Name(), sb.ID)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -497,12 +518,12 @@ func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no transition %q: use freeze, snapshot, detach or wake", r.PathValue("op")))
 		return
 	}
-	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
+	n, sb, err := s.sandbox(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if sb, err = s.cfg.Node.Transition(r.Context(), sb.ID, op); err != nil {
+	if sb, err = n.Transition(r.Context(), sb.ID, op); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -516,7 +537,13 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out, err := s.cfg.Node.Clone(r.Context(), r.PathValue("id"), req)
+	n, err := s.cfg.Fleet.For(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out, err := n.Clone(r.Context(), r.PathValue("id"), req)
+	s.cfg.Fleet.Placed(r.Context(), n.Name(), out.Children)
 	if err != nil && len(out.Children) == 0 {
 		s.fail(w, r, err)
 		return
@@ -542,30 +569,67 @@ func (s *server) logs(w http.ResponseWriter, r *http.Request) {
 		Follow:     q.Get("follow") == "1" || q.Get("follow") == "true",
 		Timestamps: q.Get("timestamps") == "1" || q.Get("timestamps") == "true",
 	}
-	sb, err := s.cfg.Node.Get(r.Context(), r.PathValue("id"))
+	n, sb, err := s.sandbox(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if err := s.cfg.Node.Logs(r.Context(), sb.ID, opt, w); err != nil {
+	if err := n.Logs(r.Context(), sb.ID, opt, w); err != nil {
 		s.cfg.Log.Warn("logs", "id", sb.ID, "err", err)
 	}
 }
 
-// listNodes serves GET /v1/nodes: every node this master has (one, the
-// node in its process, until nodes run apart: issue 9).
+// listNodes serves GET /v1/nodes: every node of the fleet with its
+// headroom, or "lost" (and why) for one that does not answer.
 func (s *server) listNodes(w http.ResponseWriter, r *http.Request) {
-	st, err := s.cfg.Node.Status(r.Context())
+	writeJSON(w, http.StatusOK, api.List[api.NodeStatus]{Items: s.cfg.Fleet.Statuses(r.Context())})
+}
+
+// pairNode serves POST /v1/nodes {address, pairing_code}: pair the node
+// listening there (serve --node --node-listen) with this master.
+func (s *server) pairNode(w http.ResponseWriter, r *http.Request) {
+	var req api.NodeRequest
+	if err := decode(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Address == "" || req.PairingCode == "" {
+		s.fail(w, r, badRequest("give the node's address (host:port of its --node-listen) and its pairing code (<its data-dir>/pki/node/pairing-code)"))
+		return
+	}
+	name, err := s.cfg.Fleet.Pair(r.Context(), req.Address, req.PairingCode)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, api.List[api.NodeStatus]{Items: []api.NodeStatus{st}})
+	for _, st := range s.cfg.Fleet.Statuses(r.Context()) {
+		if st.Name == name {
+			writeJSON(w, http.StatusCreated, st)
+			return
+		}
+	}
+	writeJSON(w, http.StatusCreated, api.NodeStatus{Name: name, Address: req.Address})
 }
 
+// forgetNode serves DELETE /v1/nodes/{name}: refused while the master has
+// sandboxes on it.
+func (s *server) forgetNode(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Fleet.Forget(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// nodeStatus serves GET /v1/node: the node in this master's process.
 func (s *server) nodeStatus(w http.ResponseWriter, r *http.Request) {
-	st, err := s.cfg.Node.Status(r.Context())
+	n := s.cfg.Fleet.Local()
+	if n == nil {
+		writeErr(w, http.StatusNotFound, api.CodeNotFound, "this master runs no node of its own (serve --master without --node): see GET /v1/nodes")
+		return
+	}
+	st, err := n.Status(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return

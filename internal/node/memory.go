@@ -166,6 +166,13 @@ func (n *Node) admitMemory(ctx context.Context, id, template string, expectedMiB
 	}
 }
 
+// promisedMiB is what admitted sandboxes have yet to take.
+func (n *Node) promisedMiB() int64 {
+	n.mem.mu.Lock()
+	defer n.mem.mu.Unlock()
+	return memguard.Outstanding(n.outstanding())
+}
+
 // release drops sandbox id's promise (it failed to start, or is gone).
 func (n *Node) releasePromise(id string) {
 	n.mem.mu.Lock()

@@ -715,7 +715,7 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		counts[sb.Tier]++
 	}
 	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
-		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes()}, nil
+		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes(), PromisedMiB: n.promisedMiB(), State: "ready"}, nil
 }
 
 // LogPath is the file holding sandbox id's console output.

@@ -20,7 +20,12 @@ import (
 // outside.
 type Local struct {
 	N  *node.Node
-	St *store.Store // the node's store (today shared with the master)
+	St *store.Store // the node's store
+	// OwnTemplates: the node's store is its own (serve --node apart from
+	// its master), so templates the master gives it are recorded there
+	// and dropped from there. Otherwise the store is the master's, which
+	// records them itself.
+	OwnTemplates bool
 }
 
 var _ Node = (*Local)(nil)
@@ -115,8 +120,24 @@ func (l *Local) Status(ctx context.Context) (api.NodeStatus, error) {
 	return st, mapErr(err)
 }
 
-// PrepareTemplate implements Node: a warm template's image.
+// PrepareTemplate implements Node: records t if the node keeps its own
+// templates, and makes a warm template's image. The rootfs is a directory
+// on this node's machine (fetching it from the master by digest is still
+// to come).
 func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
+	if l.OwnTemplates {
+		if _, err := os.Stat(t.Rootfs); err != nil {
+			return Mark(ErrBadInput, fmt.Errorf("template %s: its rootfs %s is not on node %s: %v", t.Name, t.Rootfs, l.N.Name(), err))
+		}
+		if old, err := l.St.GetTemplate(ctx, t.Name); err == nil && old.Rootfs != t.Rootfs {
+			return Mark(ErrConflict, fmt.Errorf("template %s: node %s has one of that name with another rootfs (%s)", t.Name, l.N.Name(), old.Rootfs))
+		} else if errors.Is(err, store.ErrNotFound) {
+			rec := store.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+			if err := l.St.PutTemplate(ctx, rec); err != nil && !errors.Is(err, store.ErrExists) {
+				return mapErr(err)
+			}
+		}
+	}
 	if t.Warm == nil {
 		return nil
 	}
@@ -128,8 +149,13 @@ func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
 }
 
 // DropTemplate implements Node.
-func (l *Local) DropTemplate(_ context.Context, name string) error {
+func (l *Local) DropTemplate(ctx context.Context, name string) error {
 	l.N.DropWarm(name)
+	if l.OwnTemplates {
+		if err := l.St.DeleteTemplate(ctx, name); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return mapErr(err)
+		}
+	}
 	return nil
 }
 

@@ -170,13 +170,28 @@ func (ca *CA) Pool() *x509.CertPool {
 // Issue signs a leaf for hosts (IP addresses and DNS names) valid for
 // lifetime, for serving (server) or for presenting as a client (client).
 func (ca *CA) Issue(cn string, hosts []string, lifetime time.Duration, server, client bool) (tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := newKey()
 	if err != nil {
 		return tls.Certificate{}, err
 	}
-	serial, err := newSerial()
+	der, err := ca.signKey(&key.PublicKey, cn, hosts, lifetime, server, client)
 	if err != nil {
 		return tls.Certificate{}, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+func newKey() (*ecdsa.PrivateKey, error) { return ecdsa.GenerateKey(elliptic.P256(), rand.Reader) }
+
+// signKey issues a leaf certificate for the public key pub.
+func (ca *CA) signKey(pub any, cn string, hosts []string, lifetime time.Duration, server, client bool) ([]byte, error) {
+	serial, err := newSerial()
+	if err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
@@ -199,15 +214,7 @@ func (ca *CA) Issue(cn string, hosts []string, lifetime time.Duration, server, c
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+	return x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 }
 
 // ServerConfig is a TLS configuration serving a certificate from ca for

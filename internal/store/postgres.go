@@ -94,6 +94,16 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	memory_mib     INTEGER NOT NULL DEFAULT 0,
 	UNIQUE (node, slot)
 );
+CREATE TABLE IF NOT EXISTS nodes (
+	name      TEXT PRIMARY KEY,
+	address   TEXT NOT NULL UNIQUE,
+	paired_at BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS placements (
+	id   TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	node TEXT NOT NULL
+);
 `
 
 // schemaLockKey is the advisory lock that serialises schema set-up: two

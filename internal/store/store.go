@@ -115,6 +115,17 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	note           TEXT NOT NULL DEFAULT '',
 	UNIQUE (node, slot)
 );
+
+CREATE TABLE IF NOT EXISTS nodes (
+	name      TEXT PRIMARY KEY,
+	address   TEXT NOT NULL UNIQUE,
+	paired_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS placements (
+	id   TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	node TEXT NOT NULL
+);
 `
 
 // migrations add columns that later versions introduced; each is applied
@@ -428,4 +439,111 @@ func isConstraint(err error) bool {
 		return coder.Code()&0xff == 19
 	}
 	return false
+}
+
+// Node is a node the master paired with (a node in the master's own
+// process has no row).
+type Node struct {
+	Name     string
+	Address  string // host:port of its seam (nodeapi.Server)
+	PairedAt time.Time
+}
+
+// PutNode records a paired node; ErrExists if its name or address is
+// taken.
+func (s *Store) PutNode(ctx context.Context, n Node) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO nodes(name, address, paired_at) VALUES(?,?,?)`), n.Name, n.Address, ms(n.PairedAt))
+	if isConstraint(err) {
+		return fmt.Errorf("node %q at %s: %w", n.Name, n.Address, ErrExists)
+	}
+	return err
+}
+
+// ListNodes returns the paired nodes, by name.
+func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, address, paired_at FROM nodes ORDER BY name`))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Node
+	for rows.Next() {
+		var n Node
+		var at int64
+		if err := rows.Scan(&n.Name, &n.Address, &at); err != nil {
+			return nil, err
+		}
+		n.PairedAt = fromMs(at)
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// DeleteNode forgets node name; ErrNotFound if absent.
+func (s *Store) DeleteNode(ctx context.Context, name string) error {
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM nodes WHERE name=?`), name)
+	if err != nil {
+		return err
+	}
+	if k, _ := res.RowsAffected(); k == 0 {
+		return fmt.Errorf("node %q: %w", name, ErrNotFound)
+	}
+	return nil
+}
+
+// Placement says which node a sandbox on a paired node is on (a sandbox
+// of the node in the master's process is in sandboxes instead).
+type Placement struct {
+	ID, Name, Node string
+}
+
+// PutPlacement records where a sandbox went; ErrExists if its name is
+// taken.
+func (s *Store) PutPlacement(ctx context.Context, p Placement) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements(id, name, node) VALUES(?,?,?)`), p.ID, p.Name, p.Node)
+	if isConstraint(err) {
+		return fmt.Errorf("sandbox %q: %w", p.Name, ErrExists)
+	}
+	return err
+}
+
+// GetPlacement finds the placement of the sandbox whose ID or name is ref.
+func (s *Store) GetPlacement(ctx context.Context, ref string) (Placement, error) {
+	var p Placement
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT id, name, node FROM placements WHERE id=? OR name=? LIMIT 1`), ref, ref).Scan(&p.ID, &p.Name, &p.Node)
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, fmt.Errorf("sandbox %q: %w", ref, ErrNotFound)
+	}
+	return p, err
+}
+
+// DeletePlacement forgets sandbox id's placement.
+func (s *Store) DeletePlacement(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM placements WHERE id=?`), id)
+	return err
+}
+
+// CountPlacements is how many sandboxes the master placed on node.
+func (s *Store) CountPlacements(ctx context.Context, node string) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT count(*) FROM placements WHERE node=?`), node).Scan(&n)
+	return n, err
+}
+
+// ListPlacements returns the placements on node, by name.
+func (s *Store) ListPlacements(ctx context.Context, node string) ([]Placement, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, name, node FROM placements WHERE node=? ORDER BY name`), node)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Placement
+	for rows.Next() {
+		var p Placement
+		if err := rows.Scan(&p.ID, &p.Name, &p.Node); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
 }

@@ -215,3 +215,45 @@ func testConcurrentUpdates(t *testing.T, where string) {
 		t.Errorf("after %d concurrent increments the row says %v", n, got.LastWakeMs)
 	}
 }
+
+// TestNodesAndPlacements: paired nodes and where sandboxes went survive,
+// with names unique.
+func TestNodesAndPlacements(t *testing.T) { eachStore(t, testNodesAndPlacements) }
+
+func testNodesAndPlacements(t *testing.T, where string) {
+	ctx := context.Background()
+	s := openAt(t, where)
+	at := time.Now().Truncate(time.Millisecond)
+	if err := s.PutNode(ctx, Node{Name: "n1", Address: "10.0.0.1:7443", PairedAt: at}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutNode(ctx, Node{Name: "n2", Address: "10.0.0.1:7443", PairedAt: at}); !errors.Is(err, ErrExists) {
+		t.Errorf("a second node at one address: %v", err)
+	}
+	ns, err := s.ListNodes(ctx)
+	if err != nil || len(ns) != 1 || !ns[0].PairedAt.Equal(at) {
+		t.Fatalf("nodes: %+v %v", ns, err)
+	}
+	if err := s.PutPlacement(ctx, Placement{ID: "a1", Name: "one", Node: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutPlacement(ctx, Placement{ID: "a2", Name: "one", Node: "n1"}); !errors.Is(err, ErrExists) {
+		t.Errorf("a second sandbox named one: %v", err)
+	}
+	if p, err := s.GetPlacement(ctx, "one"); err != nil || p.ID != "a1" || p.Node != "n1" {
+		t.Errorf("placement by name: %+v %v", p, err)
+	}
+	if k, _ := s.CountPlacements(ctx, "n1"); k != 1 {
+		t.Errorf("count %d", k)
+	}
+	s.DeletePlacement(ctx, "a1")
+	if _, err := s.GetPlacement(ctx, "a1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after delete: %v", err)
+	}
+	if err := s.DeleteNode(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteNode(ctx, "n1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second delete: %v", err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +31,7 @@ type Daemon struct {
 	t       *testing.T
 	DataDir string
 	LogPath string
-	API     string // http://127.0.0.1:PORT
+	API     string // https://127.0.0.1:PORT
 	Subnet  string
 	GwPorts string
 	Backend string
@@ -38,6 +39,8 @@ type Daemon struct {
 	C       *client.Client
 
 	base []string // serve flags of every start; a start's extra flags come after and win
+	// masterOnly: serve --master without a node of its own.
+	masterOnly bool
 	// noWaitReconcile: Start returns as soon as the API answers, without
 	// waiting for the start-up reconcile to finish.
 	noWaitReconcile bool
@@ -59,6 +62,10 @@ var (
 	usedSubnets = map[int]bool{}
 	usedPorts   = map[int]bool{}
 )
+
+// masterOnly, among startDaemon's extra flags, starts a master with no node
+// of its own (serve --master).
+const masterOnly = "<master only>"
 
 // startDaemon starts a daemon with the default test flags (no idle timers,
 // no memory reserve, gvisor backend), then extra flags, which override
@@ -86,12 +93,19 @@ func startDaemon(t *testing.T, extra ...string) *Daemon {
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	d.API = "https://" + listen
-	d.base = []string{"serve", "--master", "--node",
+	roles := []string{"--master", "--node"}
+	if slices.Contains(extra, masterOnly) {
+		// A master with no node of its own: readiness is GET /v1/nodes.
+		roles, d.masterOnly = []string{"--master"}, true
+		extra = slices.DeleteFunc(slices.Clone(extra), func(s string) bool { return s == masterOnly })
+	}
+	d.base = append([]string{"serve"}, roles...)
+	d.base = append(d.base,
 		"--data-dir", d.DataDir, "--listen", listen,
 		"--subnet", d.Subnet, "--gateway-ports", d.GwPorts,
 		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0",
 		"--memory-reserve", "0",
-	}
+	)
 	d.base = append(d.base, extra...)
 	t.Cleanup(d.cleanup)
 	d.Start(t)
@@ -139,7 +153,13 @@ func (d *Daemon) start(extra ...string) error {
 			c.HTTP.Timeout = 5 * time.Minute
 			trustAPI(d.API, client.CAFile(d.DataDir))
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			st, err := c.Node(ctx)
+			var st api.NodeStatus
+			var err error
+			if d.masterOnly {
+				err = c.Do(ctx, "GET", "/v1/nodes", nil, nil)
+			} else {
+				st, err = c.Node(ctx)
+			}
 			cancel()
 			if isStandby(err) {
 				// A master standing by (PostgreSQL store, another leads)

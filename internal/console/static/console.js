@@ -71,7 +71,14 @@ function nodeCard(n) {
   const t = n.sandboxes || {};
   el.innerHTML = "";
   const name = document.createElement("div"); name.className = "name";
-  name.textContent = n.name + " · " + n.backend + (n.reconciling ? " · repairing " + n.reconciling : "");
+  if (n.state === "lost") {
+    el.classList.add("lost");
+    name.textContent = n.name + " · lost";
+    const why = document.createElement("div"); why.className = "error"; why.textContent = n.error || "does not answer";
+    el.append(name, why);
+    return el;
+  }
+  name.textContent = n.name + " · " + n.backend + (n.address ? " · " + n.address : "") + (n.reconciling ? " · repairing " + n.reconciling : "");
   const mem = document.createElement("div"); mem.className = "headroom";
   mem.textContent = `headroom ${head} MiB (available ${avail}, reserve ${reserve})`;
   const bar = document.createElement("div"); bar.className = "bar";

@@ -1,0 +1,468 @@
+package nodeapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/pki"
+)
+
+// Pairing over the seam (pki/pairing.go has the proofs and why they
+// hold). The master dials the node's address; until the node is paired
+// its listener presents a throwaway certificate and serves only the two
+// pairing calls; once paired it presents the certificate the master's CA
+// signed for it and serves the seam to the master alone (mutual TLS).
+//
+//	master → POST /node/v1/pair        {ca, nonce, proof(master hello)}
+//	node   ← 200                       {name, csr, proof(node csr)}
+//	master → POST /node/v1/pair/finish {cert, proof(master cert)}
+//	node   ← 204, and from now on it is the master's
+//
+// A wrong code is a 403 that says where the code is; the code itself is
+// never sent or logged.
+
+// ErrForbidden marks a pairing refused (a wrong code, a node already
+// paired).
+var ErrForbidden = errors.New("forbidden")
+
+// NodeCertLifetime is how long the certificate a master signs for a node
+// lasts (issue 9: "node certificates short-lived and renewed"; the
+// renewal is still to come, so today a node must be paired again within
+// it).
+const NodeCertLifetime = 24 * time.Hour
+
+// Files of a paired node, under <data-dir>/pki/node.
+const (
+	nodeCAFile   = "node/ca.pem" // the master's CA
+	nodeCertFile = "node/node.pem"
+	nodeKeyFile  = "node/node.key"
+)
+
+type pairHello struct {
+	CA    string `json:"ca"`    // PEM
+	Nonce []byte `json:"nonce"` // 32 bytes
+	Proof []byte `json:"proof"`
+}
+
+type pairReply struct {
+	Name  string `json:"name"`
+	CSR   []byte `json:"csr"` // DER
+	Proof []byte `json:"proof"`
+}
+
+type pairFinish struct {
+	Cert  []byte `json:"cert"` // DER
+	Proof []byte `json:"proof"`
+}
+
+// Endpoint is a node's listener for its master: pairing until paired,
+// then the seam (Server) over mutual TLS.
+type Endpoint struct {
+	Name   string // the node's name
+	PKIDir string // <data-dir>/pki
+	Node   Node
+	Log    *slog.Logger
+
+	code string
+	boot tls.Certificate // the throwaway pairing certificate
+
+	mu      sync.Mutex
+	paired  *tls.Config // nil until paired
+	pending *pendingPair
+	fails   []time.Time // recent wrong codes, for the lockout
+}
+
+type pendingPair struct {
+	nonce  []byte
+	ca     []byte // PEM
+	keyPEM []byte
+	csr    []byte
+}
+
+// NewEndpoint loads (or makes) the node's pairing code and, if it was
+// paired before, its certificate and its master's CA.
+func NewEndpoint(name, pkiDir string, n Node, log *slog.Logger) (*Endpoint, error) {
+	code, err := pki.EnsurePairingCode(pkiDir)
+	if err != nil {
+		return nil, err
+	}
+	boot, err := pki.SelfSigned()
+	if err != nil {
+		return nil, err
+	}
+	e := &Endpoint{Name: name, PKIDir: pkiDir, Node: n, Log: log, code: code, boot: boot}
+	if cfg, err := e.loadPaired(); err == nil {
+		e.paired = cfg
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("this node's pairing in %s: %w", filepath.Join(pkiDir, "node"), err)
+	}
+	return e, nil
+}
+
+// Paired reports whether the node has a master.
+func (e *Endpoint) Paired() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.paired != nil
+}
+
+// CodePath is where the pairing code is, for messages.
+func (e *Endpoint) CodePath() string { return filepath.Join(e.PKIDir, pki.PairingCodeFile) }
+
+// loadPaired builds the mutual-TLS configuration from the files a pairing
+// wrote.
+func (e *Endpoint) loadPaired() (*tls.Config, error) {
+	caPEM, err := os.ReadFile(filepath.Join(e.PKIDir, nodeCAFile))
+	if err != nil {
+		return nil, err
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(e.PKIDir, nodeCertFile), filepath.Join(e.PKIDir, nodeKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("no CA certificate in " + nodeCAFile)
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+		VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
+			if len(chains) == 0 || chains[0][0].Subject.CommonName != pki.MasterName {
+				return errors.New("only this node's master may connect")
+			}
+			return nil
+		},
+	}, nil
+}
+
+// TLSConfig is the listener's configuration: the pairing certificate
+// until paired, then mutual TLS with the master's CA.
+func (e *Endpoint) TLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if e.paired != nil {
+				return e.paired, nil
+			}
+			return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{e.boot}}, nil
+		},
+	}
+}
+
+// Handler serves the pairing calls and, once paired, the seam.
+func (e *Endpoint) Handler() http.Handler {
+	seam := Server(e.Node)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/node/v1/pair":
+			if r.Method == http.MethodGet {
+				// Whether it is paired, and its name: nothing secret.
+				writeJSON(w, http.StatusOK, map[string]any{"name": e.Name, "paired": e.Paired()})
+				return
+			}
+			e.hello(w, r)
+			return
+		case "/node/v1/pair/finish":
+			e.finish(w, r)
+			return
+		}
+		// Only a paired node's listener asks for client certificates, and
+		// only the master's pass its handshake.
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			writeJSON(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: "this node is not paired: pair it from its master (POST /v1/nodes with its address and the code in " + e.CodePath() + ")"})
+			return
+		}
+		seam.ServeHTTP(w, r)
+	})
+}
+
+// lockout: after this many wrong codes in lockoutWindow, pairing is
+// refused until the window passes (a guess costs a minute, not a packet).
+const (
+	lockoutFails  = 5
+	lockoutWindow = time.Minute
+)
+
+func (e *Endpoint) refuse(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, api.Error{Code: api.CodeForbidden, Message: msg})
+}
+
+func (e *Endpoint) hello(w http.ResponseWriter, r *http.Request) {
+	var h pairHello
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&h); err != nil || len(h.Nonce) != 32 {
+		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.paired != nil {
+		e.refuse(w, http.StatusConflict, "this node is already paired with a master; to pair it with another, stop it and remove "+filepath.Join(e.PKIDir, "node")+" except pairing-code")
+		return
+	}
+	now := time.Now()
+	var recent []time.Time
+	for _, t := range e.fails {
+		if now.Sub(t) < lockoutWindow {
+			recent = append(recent, t)
+		}
+	}
+	e.fails = recent
+	if len(recent) >= lockoutFails {
+		e.refuse(w, http.StatusTooManyRequests, fmt.Sprintf("pairing refused: %d wrong pairing codes in the last minute; try again in a minute", len(recent)))
+		return
+	}
+	block, _ := pem.Decode([]byte(h.CA))
+	if block == nil {
+		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request: no CA"})
+		return
+	}
+	caSum := sha256.Sum256(block.Bytes)
+	bootSum := sha256.Sum256(e.boot.Certificate[0])
+	if !pki.CheckProof(h.Proof, e.code, pki.ProofMaster, h.Nonce, bootSum[:], caSum[:]) {
+		e.fails = append(e.fails, now)
+		e.Log.Warn("pairing refused: wrong pairing code (or a certificate in between)", "from", r.RemoteAddr)
+		e.refuse(w, http.StatusForbidden, "pairing refused: wrong pairing code (the node's code is in "+e.CodePath()+" on the node)")
+		return
+	}
+	csr, keyPEM, err := pki.NewCSR("node " + e.Name)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		return
+	}
+	e.pending = &pendingPair{nonce: h.Nonce, ca: []byte(h.CA), keyPEM: keyPEM, csr: csr}
+	writeJSON(w, http.StatusOK, pairReply{Name: e.Name, CSR: csr, Proof: pki.Proof(e.code, pki.ProofNode, h.Nonce, csr)})
+}
+
+func (e *Endpoint) finish(w http.ResponseWriter, r *http.Request) {
+	var f pairFinish
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {
+		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := e.pending
+	if e.paired != nil || p == nil {
+		e.refuse(w, http.StatusConflict, "no pairing in progress")
+		return
+	}
+	if !pki.CheckProof(f.Proof, e.code, pki.ProofFinish, p.nonce, f.Cert) {
+		e.refuse(w, http.StatusForbidden, "pairing refused: wrong pairing code")
+		return
+	}
+	cert, err := x509.ParseCertificate(f.Cert)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the master's certificate for this node does not parse"})
+		return
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(p.ca)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not from the CA the master sent: " + err.Error()})
+		return
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.Cert})
+	dir := filepath.Join(e.PKIDir, "node")
+	for _, wf := range []struct {
+		name string
+		b    []byte
+		mode os.FileMode
+	}{{nodeKeyFile, p.keyPEM, 0o600}, {nodeCertFile, certPEM, 0o644}, {nodeCAFile, p.ca, 0o644}} {
+		path := filepath.Join(e.PKIDir, wf.name)
+		if err := os.MkdirAll(dir, 0o700); err == nil {
+			err = os.WriteFile(path+".tmp", wf.b, wf.mode)
+			if err == nil {
+				err = os.Rename(path+".tmp", path)
+			}
+		}
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+			return
+		}
+	}
+	cfg, err := e.loadPaired()
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		return
+	}
+	e.paired, e.pending = cfg, nil
+	e.Log.Info("paired with a master", "ca_subject", cert.Issuer.CommonName, "cert_until", cert.NotAfter)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Pair pairs the node listening at address (host:port) with the master
+// whose CA is ca, proving knowledge of code, and returns the node's name.
+func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error) {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return "", fmt.Errorf("%w: node address %q: want host:port", ErrBadInput, address)
+	}
+	// The node's pairing certificate proves nothing by itself; what the
+	// master saw of it goes into its proof, so the node can tell that no
+	// one sat in between. The same certificate must serve both calls.
+	var (
+		mu   sync.Mutex
+		seen []byte
+	)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		InsecureSkipVerify: true, // checked by the proofs, below
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no certificate")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			der := cs.PeerCertificates[0].Raw
+			if seen != nil && !bytes.Equal(seen, der) {
+				return errors.New("the node's certificate changed during pairing")
+			}
+			seen = der
+			return nil
+		},
+	}}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	post := func(path string, body, out any) (int, api.Error, error) {
+		method, rd := http.MethodGet, io.Reader(nil)
+		if body != nil {
+			b, _ := json.Marshal(body)
+			method, rd = http.MethodPost, bytes.NewReader(b)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, "https://"+address+path, rd)
+		if err != nil {
+			return 0, api.Error{}, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		// The node's TLS alert certificate_required (RFC 8446 §6.2; Go
+		// reports a received alert as a "remote error" with its text).
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "remote error" && strings.Contains(op.Err.Error(), "certificate required") {
+			return 0, api.Error{}, Mark(ErrConflict, fmt.Errorf("node at %s is already paired with a master (it asks for its master's certificate); to pair it again, stop it and remove its pki/node directory except pairing-code", address))
+		}
+		if err != nil {
+			return 0, api.Error{}, Mark(ErrNodeDown, fmt.Errorf("node at %s: %w", address, err))
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode >= 300 {
+			var e api.Error
+			json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e)
+			return resp.StatusCode, e, nil
+		}
+		if out != nil {
+			return resp.StatusCode, api.Error{}, json.NewDecoder(resp.Body).Decode(out)
+		}
+		return resp.StatusCode, api.Error{}, nil
+	}
+	// A first call, to see the node's certificate before proving, and
+	// whether it is free.
+	var st struct {
+		Name   string `json:"name"`
+		Paired bool   `json:"paired"`
+	}
+	if status, e, err := post("/node/v1/pair", nil, &st); err != nil {
+		return "", err
+	} else if status != http.StatusOK {
+		return "", pairError(status, e)
+	}
+	if st.Paired {
+		return "", Mark(ErrConflict, fmt.Errorf("node %s at %s is already paired with a master (this one or another); to pair it again, stop it and remove its pki/node directory except pairing-code", st.Name, address))
+	}
+	mu.Lock()
+	bootSum := sha256.Sum256(seen)
+	mu.Unlock()
+	nonce := make([]byte, 32)
+	rand.Read(nonce)
+	caSum := sha256.Sum256(ca.Cert.Raw)
+	var reply pairReply
+	status, e, err := post("/node/v1/pair", pairHello{CA: string(ca.PEM), Nonce: nonce, Proof: pki.Proof(code, pki.ProofMaster, nonce, bootSum[:], caSum[:])}, &reply)
+	if err != nil {
+		return "", err
+	}
+	if status != http.StatusOK {
+		return "", pairError(status, e)
+	}
+	if !pki.CheckProof(reply.Proof, code, pki.ProofNode, nonce, reply.CSR) {
+		return "", Mark(ErrForbidden, errors.New("pairing refused: the node did not prove it knows the pairing code"))
+	}
+	if !validNodeName(reply.Name) {
+		return "", fmt.Errorf("%w: the node calls itself %q", ErrBadInput, reply.Name)
+	}
+	der, err := ca.SignCSR(reply.CSR, "node "+reply.Name, []string{host}, NodeCertLifetime)
+	if err != nil {
+		return "", err
+	}
+	status, e, err = post("/node/v1/pair/finish", pairFinish{Cert: der, Proof: pki.Proof(code, pki.ProofFinish, nonce, der)}, nil)
+	if err != nil {
+		return "", err
+	}
+	if status != http.StatusNoContent {
+		return "", pairError(status, e)
+	}
+	return reply.Name, nil
+}
+
+func pairError(status int, e api.Error) error {
+	msg := e.Message
+	if msg == "" {
+		msg = fmt.Sprintf("HTTP %d", status)
+	}
+	switch status {
+	case http.StatusForbidden, http.StatusTooManyRequests:
+		return Mark(ErrForbidden, errors.New(msg))
+	case http.StatusConflict:
+		return Mark(ErrConflict, errors.New(msg))
+	case http.StatusBadRequest:
+		return Mark(ErrBadInput, errors.New(msg))
+	}
+	return errors.New(msg)
+}
+
+func validNodeName(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Dial is a Client of the paired node at address, as the master with CA
+// ca: its client certificate, trusting only servers ca signed.
+func Dial(name, address string, ca *pki.CA) (*Client, error) {
+	cfg, err := ca.PeerClientConfig(pki.MasterName)
+	if err != nil {
+		return nil, err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil // the master reaches its nodes directly
+	tr.TLSClientConfig = cfg
+	return &Client{NodeName: name, Base: "https://" + address, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Minute}}, nil
+}

@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/memguard"
+	"sandstorm/internal/pki"
+)
+
+// machine is a node of a fleet on this machine: a network namespace of
+// its own (its own nftables table, routes and ports), joined to the test's
+// namespace by a veth, with a sandstormd serve --node inside.
+type machine struct {
+	t       *testing.T
+	name    string // netns and node name
+	addr    string // its address on the veth, e.g. 10.188.1.2
+	listen  string // addr:7443, its --node-listen
+	dataDir string
+	logPath string
+	args    []string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+}
+
+// fleetMachine makes machine k (1, 2, …): netns fm-<k>, veth fmh<k> on the
+// test's side (10.188.k.1/24) and eth0 inside (10.188.k.2/24), and starts
+// its node with extra flags.
+func fleetMachine(t *testing.T, k int, extra ...string) *machine {
+	t.Helper()
+	m := &machine{t: t, name: fmt.Sprintf("node-%d", k), addr: fmt.Sprintf("10.188.%d.2", k),
+		dataDir: filepath.Join(workDir, fmt.Sprintf("fm%d", k)), logPath: filepath.Join(workDir, fmt.Sprintf("fm%d.log", k))}
+	m.listen = m.addr + ":7443"
+	ns, host := fmt.Sprintf("fm-%d", k), fmt.Sprintf("fmh%d", k)
+	exec.Command("ip", "netns", "delete", ns).Run() // a run cut short
+	exec.Command("ip", "link", "delete", host).Run()
+	for _, c := range [][]string{
+		{"netns", "add", ns},
+		{"link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"addr", "add", fmt.Sprintf("10.188.%d.1/24", k), "dev", host},
+		{"link", "set", host, "up"},
+		{"-n", ns, "addr", "add", m.addr + "/24", "dev", "eth0"},
+		{"-n", ns, "link", "set", "eth0", "up"},
+		{"-n", ns, "link", "set", "lo", "up"},
+		// Its way back to the master: the test's side of the veth.
+		{"-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.188.%d.1", k)},
+	} {
+		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", c, err, out)
+		}
+	}
+	t.Cleanup(func() {
+		m.stop(syscall.SIGTERM)
+		for pid := range processesMentioning(m.dataDir + "/") {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for _, mnt := range mountsUnder(m.dataDir) {
+			syscall.Unmount(mnt, syscall.MNT_DETACH)
+		}
+		exec.Command("ip", "netns", "delete", ns).Run()
+		exec.Command("ip", "link", "delete", host).Run()
+		if t.Failed() {
+			b, _ := os.ReadFile(m.logPath)
+			if len(b) > 6000 {
+				b = b[len(b)-6000:]
+			}
+			t.Logf("%s's log:\n%s", m.name, b)
+		}
+		os.RemoveAll(m.dataDir)
+	})
+	// nsenter, not ip netns exec: the latter mounts a sysfs of its own
+	// over /sys, hiding the cgroup hierarchy runsc needs.
+	m.args = append([]string{"--net=/var/run/netns/" + ns, sandstormdBin, "serve", "--node",
+		"--node-name", m.name, "--node-listen", m.listen, "--data-dir", m.dataDir,
+		"--subnet", pickSubnet(t), "--gateway-listen", m.addr, "--gateway-ports", pickGatewayPorts(t, 20),
+		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}, extra...)
+	m.start()
+	return m
+}
+
+func (m *machine) start() {
+	m.t.Helper()
+	logf, err := os.OpenFile(m.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	defer logf.Close()
+	m.cmd = exec.Command("nsenter", m.args...)
+	m.cmd.Stdout, m.cmd.Stderr = logf, logf
+	if err := m.cmd.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	m.exited = make(chan struct{})
+	go func() { m.cmd.Wait(); close(m.exited) }()
+	waitFor(m.t, 30*time.Second, m.name+" listens on "+m.listen, func() bool {
+		select {
+		case <-m.exited:
+			m.t.Fatalf("%s exited at start; see %s", m.name, m.logPath)
+		default:
+		}
+		c, err := net.DialTimeout("tcp", m.listen, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+func (m *machine) stop(sig syscall.Signal) {
+	if m.cmd == nil || m.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-m.exited:
+		return
+	default:
+	}
+	m.cmd.Process.Signal(sig)
+	select {
+	case <-m.exited:
+	case <-time.After(30 * time.Second):
+		m.cmd.Process.Kill()
+		<-m.exited
+	}
+}
+
+func (m *machine) code() string {
+	b, err := os.ReadFile(filepath.Join(m.dataDir, "pki", pki.PairingCodeFile))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// TestFleet: a master and two nodes, each node in a network namespace of
+// its own. A wrong pairing code is refused; the right ones pair. A new
+// sandbox goes to the node with the most memory headroom (the other keeps
+// a reserve that leaves it little), runs there, and answers at a gateway
+// URL on that node. A node killed with -9 is "lost", and so are its
+// sandboxes in the list (not dropped); started again, it answers, and so
+// do its sandboxes. A node serves no public API and only its master: the
+// API token without the master's certificate gets nowhere. A node with
+// sandboxes cannot be forgotten; once they are gone it can.
+func TestFleet(t *testing.T) {
+	avail, err := memguard.AvailableMiB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roomy := fleetMachine(t, 1, "--memory-reserve", "0")
+	// Headroom of ~400 MiB: below the roomy node's by far.
+	tight := fleetMachine(t, 2, "--memory-reserve", fmt.Sprint(avail-400))
+	m := startDaemon(t, masterOnly)
+
+	r := m.raw(t, "POST", "/v1/nodes", m.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": "abcd-efgh-ijkl-mnop-qrst"}`, roomy.listen)))
+	e := expectErrorReply(t, r, http.StatusForbidden, api.CodeForbidden)
+	if !strings.Contains(e.Message, "wrong pairing code") || !strings.Contains(e.Message, "pairing-code") {
+		t.Errorf("a wrong code: %q", e.Message)
+	}
+	for _, n := range []*machine{roomy, tight} {
+		r := m.raw(t, "POST", "/v1/nodes", m.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": %q}`, n.listen, n.code())))
+		var st api.NodeStatus
+		if r.Status != http.StatusCreated || json.Unmarshal([]byte(r.Body), &st) != nil || st.Name != n.name || st.State != "ready" {
+			t.Fatalf("pair %s: HTTP %d %s", n.name, r.Status, r.Body)
+		}
+	}
+	r = m.raw(t, "POST", "/v1/nodes", m.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": %q}`, roomy.listen, roomy.code())))
+	if r.Status != http.StatusConflict {
+		t.Errorf("pairing a node twice: HTTP %d %s", r.Status, r.Body)
+	}
+	nodes := listNodes(t, m)
+	if len(nodes) != 2 || nodes[0].State != "ready" || nodes[1].State != "ready" {
+		t.Fatalf("nodes: %+v", nodes)
+	}
+
+	m.registerWeb(t, "web")
+	var sbs []api.Sandbox
+	for i := 0; i < 3; i++ {
+		sb := m.create(t, "web", fmt.Sprintf("f-%d", i))
+		if sb.Node != roomy.name {
+			t.Errorf("sandbox %s went to %s; %s has the most headroom", sb.Name, sb.Node, roomy.name)
+		}
+		ep := endpoint(t, sb)
+		if !strings.Contains(ep, roomy.addr) {
+			t.Errorf("its gateway URL %s does not name its node %s", ep, roomy.addr)
+		}
+		if c := getCount(t, ep); c != 1 {
+			t.Errorf("%s counted %d", sb.Name, c)
+		}
+		sbs = append(sbs, sb)
+	}
+	if got := m.get(t, "f-1"); got.Node != roomy.name || got.Tier != api.TierHot {
+		t.Errorf("GET by name through the master: %+v", got)
+	}
+	if sb := m.transition(t, "f-1", "snapshot", api.TierSnapshot); sb.Node != roomy.name {
+		t.Errorf("snapshot on its node: %+v", sb)
+	}
+	if c := getCount(t, endpoint(t, sbs[1])); c != 2 {
+		t.Errorf("after a snapshot on its node, f-1 counted %d, want 2", c)
+	}
+
+	// Nobody but the master: the token alone does not reach the node.
+	raw := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	req, _ := http.NewRequest("GET", "https://"+roomy.listen+"/node/v1/sandboxes", nil)
+	req.Header.Set("Authorization", "Bearer "+m.Token)
+	if resp, err := raw.Do(req); err == nil {
+		resp.Body.Close()
+		t.Errorf("a paired node answered a client without the master's certificate: HTTP %d", resp.StatusCode)
+	}
+
+	// kill -9 the node: lost, its sandboxes listed as lost; back, it
+	// reconciles and they answer.
+	roomy.stop(syscall.SIGKILL)
+	waitFor(t, 15*time.Second, roomy.name+" shows lost", func() bool {
+		for _, n := range listNodes(t, m) {
+			if n.Name == roomy.name {
+				return n.State == "lost"
+			}
+		}
+		return false
+	})
+	all, err := m.C.Sandboxes(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := 0
+	for _, sb := range all {
+		if sb.Node == roomy.name && sb.Tier == api.TierLost && strings.Contains(sb.Note, "does not answer") {
+			lost++
+		}
+	}
+	if lost != 3 {
+		t.Errorf("with its node down, %d of its 3 sandboxes are listed as lost: %+v", lost, all)
+	}
+	roomy.start()
+	waitFor(t, 30*time.Second, roomy.name+" is ready again", func() bool {
+		for _, n := range listNodes(t, m) {
+			if n.Name == roomy.name {
+				return n.State == "ready" && n.Reconciling == 0
+			}
+		}
+		return false
+	})
+	for _, sb := range sbs {
+		getCount(t, endpoint(t, m.get(t, sb.ID)))
+	}
+
+	r = m.raw(t, "DELETE", "/v1/nodes/"+roomy.name, m.Token, "", nil)
+	if r.Status != http.StatusConflict || !strings.Contains(r.Body, "3 sandbox") {
+		t.Errorf("forgetting a node with sandboxes: HTTP %d %s", r.Status, r.Body)
+	}
+	for _, sb := range sbs {
+		m.deleteSandbox(t, sb.ID)
+	}
+	if r := m.raw(t, "DELETE", "/v1/nodes/"+roomy.name, m.Token, "", nil); r.Status != http.StatusNoContent {
+		t.Errorf("forgetting an empty node: HTTP %d %s", r.Status, r.Body)
+	}
+	if n := listNodes(t, m); len(n) != 1 || n[0].Name != tight.name {
+		t.Errorf("after forgetting %s: %+v", roomy.name, n)
+	}
+}
+
+func listNodes(t *testing.T, d *Daemon) []api.NodeStatus {
+	t.Helper()
+	var l api.List[api.NodeStatus]
+	if err := d.C.Do(ctxT(t), "GET", "/v1/nodes", nil, &l); err != nil {
+		t.Fatalf("GET /v1/nodes: %v", err)
+	}
+	return l.Items
+}
+
+var _ = context.Background
