@@ -89,7 +89,7 @@ type Options struct {
 	// NodeListen is where a node apart from its master (--node alone)
 	// listens for it: pairing, then the seam over mutual TLS.
 	NodeListen string
-	Log      *slog.Logger
+	Log        *slog.Logger
 }
 
 // EnsureToken returns the API token in <dataDir>/pki/api-token, creating it
