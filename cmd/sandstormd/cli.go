@@ -268,10 +268,14 @@ func sandboxCmd() *cobra.Command {
 				return printJSON(sbs)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tTEMPLATE\tTIER\tADDRESS\tENDPOINTS\tLAST ACTIVE")
+			fmt.Fprintln(tw, "ID\tNAME\tTEMPLATE\tNODE\tTIER\tADDRESS\tENDPOINTS\tLAST ACTIVE")
 			for _, sb := range sbs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\n", sb.ID, sb.Name, sb.Template, tierText(sb), sb.Address,
-					endpoints(sb), time.Since(sb.LastActive).Round(time.Second))
+				active := "-"
+				if !sb.LastActive.IsZero() {
+					active = time.Since(sb.LastActive).Round(time.Second).String() + " ago"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Name, sb.Template, sb.Node, tierText(sb), sb.Address,
+					endpoints(sb), active)
 			}
 			return tw.Flush()
 		},

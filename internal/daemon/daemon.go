@@ -397,6 +397,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	if err != nil {
 		return err
 	}
+	go fl.Run(ctx) // renews its nodes' certificates
 	ln := apiLn
 	if ln == nil {
 		if ln, err = listen(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -73,6 +74,57 @@ func (f *Fleet) add(name, address string) error {
 	return nil
 }
 
+// renewEvery is how often the master looks at its nodes' certificates.
+const renewEvery = 10 * time.Minute
+
+// Run renews paired nodes' certificates once a third of their lifetime
+// is left (nodeapi.Renew), until ctx ends.
+func (f *Fleet) Run(ctx context.Context) {
+	t := time.NewTicker(renewEvery)
+	defer t.Stop()
+	for {
+		f.renewDue(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (f *Fleet) renewDue(ctx context.Context) {
+	f.mu.RLock()
+	type due struct {
+		c    *nodeapi.Client
+		addr string
+	}
+	var ds []due
+	for n, c := range f.remote {
+		ds = append(ds, due{c, f.addrs[n]})
+	}
+	f.mu.RUnlock()
+	for _, d := range ds {
+		if d.c.PeerNotAfter().IsZero() {
+			sctx, cancel := context.WithTimeout(ctx, statusWait)
+			d.c.Status(sctx) // to see its certificate
+			cancel()
+		}
+		na := d.c.PeerNotAfter()
+		if na.IsZero() || time.Until(na) > nodeapi.NodeCertLifetime/3 {
+			continue
+		}
+		host, _, err := net.SplitHostPort(d.addr)
+		if err != nil {
+			host = d.addr
+		}
+		if until, err := nodeapi.Renew(ctx, d.c, f.cfg.CA, host); err != nil {
+			f.cfg.Log.Warn("could not renew a node's certificate; retrying later", "node", d.c.NodeName, "ends", na, "err", err)
+		} else {
+			f.cfg.Log.Info("node certificate renewed", "node", d.c.NodeName, "until", until)
+		}
+	}
+}
+
 // Local is the node in the master's process (nil if none).
 func (f *Fleet) Local() nodeapi.Node { return f.cfg.Local }
 
@@ -116,10 +168,71 @@ func (f *Fleet) For(ctx context.Context, ref string) (nodeapi.Node, error) {
 		return c, nil
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
-	case f.cfg.Local != nil:
-		return f.cfg.Local, nil
+	}
+	if f.cfg.Local != nil {
+		if _, err := f.cfg.Local.Get(ctx, ref); err == nil {
+			return f.cfg.Local, nil
+		}
+	}
+	// Not placed by this master, nor its own: a copy a move left behind
+	// on a node that came back, which a person deletes by its ID.
+	for _, n := range f.Nodes() {
+		if n == f.cfg.Local {
+			continue
+		}
+		gctx, cancel := context.WithTimeout(ctx, statusWait)
+		_, err := n.Get(gctx, ref)
+		cancel()
+		if err == nil {
+			return n, nil
+		}
+	}
+	if f.cfg.Local != nil {
+		return f.cfg.Local, nil // whose Get says it is not there
 	}
 	return nil, nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
+}
+
+// Move creates sandbox ref again, cold, on another node, when its own
+// node is lost: same name, template, principal and memory; a new ID, and
+// a note saying what stayed behind (its memory, its volume). A sandbox
+// whose node answers is not moved.
+func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
+	p, err := f.cfg.Store.GetPlacement(ctx, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s is not on a paired node (only a sandbox whose node is lost can be moved)", ref))
+	}
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	f.mu.RLock()
+	c := f.remote[p.Node]
+	f.mu.RUnlock()
+	if c != nil {
+		sctx, cancel := context.WithTimeout(ctx, statusWait)
+		_, err := c.Status(sctx)
+		cancel()
+		if err == nil {
+			return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s's node %s answers: only a sandbox whose node is lost is moved (a move starts it cold elsewhere and leaves its memory and volume behind)", p.Name, p.Node))
+		}
+	}
+	t, err := f.cfg.Store.GetTemplate(ctx, p.Template)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	// The name is free for the new one only once the old placement goes;
+	// if the create fails, it comes back.
+	if err := f.cfg.Store.DeletePlacement(ctx, p.ID); err != nil {
+		return api.Sandbox{}, err
+	}
+	note := fmt.Sprintf("moved from node %s, which was lost, as a cold start: its memory and its volume stayed on %s (as sandbox %s, which is left there to delete once the node is back)", p.Node, p.Node, p.ID)
+	sb, err := f.Create(ctx, nodeapi.CreateRequest{Template: wireTemplate(t), Name: p.Name, Principal: p.Principal, MemoryMiB: p.MemoryMiB, Note: note})
+	if err != nil {
+		f.cfg.Store.PutPlacement(context.WithoutCancel(ctx), p)
+		return api.Sandbox{}, err
+	}
+	f.cfg.Log.Info("sandbox moved off a lost node", "name", p.Name, "from", p.Node, "old_id", p.ID, "to", sb.Node, "id", sb.ID)
+	return sb, nil
 }
 
 // NameTaken reports whether a sandbox of a paired node is called name
@@ -192,7 +305,8 @@ func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sand
 			return sb, err
 		}
 		if f.isRemote(c.Name) {
-			if perr := f.cfg.Store.PutPlacement(ctx, store.Placement{ID: sb.ID, Name: sb.Name, Node: c.Name}); perr != nil {
+			if perr := f.cfg.Store.PutPlacement(ctx, store.Placement{ID: sb.ID, Name: sb.Name, Node: c.Name,
+				Template: req.Template.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB}); perr != nil {
 				// Made, but the master could not record where: undo it
 				// rather than lose track of a running sandbox.
 				n.Delete(context.WithoutCancel(ctx), sb.ID)
@@ -210,7 +324,7 @@ func (f *Fleet) Placed(ctx context.Context, node string, sbs []api.Sandbox) {
 		return
 	}
 	for _, sb := range sbs {
-		if err := f.cfg.Store.PutPlacement(ctx, store.Placement{ID: sb.ID, Name: sb.Name, Node: node}); err != nil {
+		if err := f.cfg.Store.PutPlacement(ctx, store.Placement{ID: sb.ID, Name: sb.Name, Node: node, Template: sb.Template, Principal: sb.Principal, MemoryMiB: sb.MemoryMiB}); err != nil {
 			f.cfg.Log.Error("placement: cannot record a clone's child", "node", node, "id", sb.ID, "err", err)
 		}
 	}
@@ -244,7 +358,14 @@ func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
 	var out []api.Sandbox
 	for i, n := range nodes {
 		if errs[i] == nil {
-			out = append(out, lists[i]...)
+			for _, sb := range lists[i] {
+				if n != f.cfg.Local {
+					if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err != nil || p.Node != n.Name() {
+						sb.Note = "left behind on " + n.Name() + " when it was moved while the node was lost; delete it by its ID (" + sb.ID + ")"
+					}
+				}
+				out = append(out, sb)
+			}
 			continue
 		}
 		if n == f.cfg.Local {

@@ -74,6 +74,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/{op}", s.transition)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/clone", s.clone)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/move", s.move)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
@@ -528,6 +529,17 @@ func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, sb)
+}
+
+// move serves POST /v1/sandboxes/{id}/move: a sandbox whose node is lost
+// is created again, cold, on another node (fleet.Move).
+func (s *server) move(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.cfg.Fleet.Move(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sb)
 }
 
 // clone makes children of a sandbox from its memory (node.Clone).

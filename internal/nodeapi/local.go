@@ -44,6 +44,11 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (api.Sandbox, err
 	if err != nil {
 		return api.Sandbox{}, mapErr(err)
 	}
+	if req.Note != "" {
+		if s, err := l.St.UpdateSandbox(ctx, sb.ID, func(s *store.Sandbox) error { s.Note = req.Note; return nil }); err == nil {
+			sb = s
+		}
+	}
 	return l.wire(sb), nil
 }
 

@@ -52,6 +52,8 @@ type CreateRequest struct {
 	Name      string       `json:"name,omitempty"`
 	Principal string       `json:"principal,omitempty"`
 	MemoryMiB int          `json:"memory_mib,omitempty"`
+	// Note, if set, is the new sandbox's note (a move says what it lost).
+	Note string `json:"note,omitempty"`
 }
 
 // Op is a transition a master may ask for.

@@ -44,9 +44,8 @@ import (
 var ErrForbidden = errors.New("forbidden")
 
 // NodeCertLifetime is how long the certificate a master signs for a node
-// lasts (issue 9: "node certificates short-lived and renewed"; the
-// renewal is still to come, so today a node must be paired again within
-// it).
+// lasts (issue 9: "node certificates short-lived and renewed"): its master
+// renews it (Renew) once a third of it is left.
 const NodeCertLifetime = 24 * time.Hour
 
 // Files of a paired node, under <data-dir>/pki/node.
@@ -88,6 +87,7 @@ type Endpoint struct {
 	paired  *tls.Config // nil until paired
 	pending *pendingPair
 	fails   []time.Time // recent wrong codes, for the lockout
+	renewal []byte      // the key (PEM) of a renewal asked for, until its certificate comes
 }
 
 type pendingPair struct {
@@ -193,6 +193,14 @@ func (e *Endpoint) Handler() http.Handler {
 		// only the master's pass its handshake.
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 			writeJSON(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: "this node is not paired: pair it from its master (POST /v1/nodes with its address and the code in " + e.CodePath() + ")"})
+			return
+		}
+		switch r.URL.Path {
+		case "/node/v1/renew":
+			e.renewCSR(w, r)
+			return
+		case "/node/v1/cert":
+			e.renewCert(w, r)
 			return
 		}
 		seam.ServeHTTP(w, r)
@@ -311,6 +319,98 @@ func (e *Endpoint) finish(w http.ResponseWriter, r *http.Request) {
 	e.paired, e.pending = cfg, nil
 	e.Log.Info("paired with a master", "ca_subject", cert.Issuer.CommonName, "cert_until", cert.NotAfter)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// renewCSR serves POST /node/v1/renew (the master only): a new key, and
+// its CSR for the master to sign.
+func (e *Endpoint) renewCSR(w http.ResponseWriter, r *http.Request) {
+	csr, keyPEM, err := pki.NewCSR("node " + e.Name)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		return
+	}
+	e.mu.Lock()
+	e.renewal = keyPEM
+	e.mu.Unlock()
+	writeJSON(w, http.StatusOK, pairReply{Name: e.Name, CSR: csr})
+}
+
+// renewCert serves PUT /node/v1/cert (the master only): the certificate
+// for the renewal's key, from the same CA; the node serves it from the
+// next connection on.
+func (e *Endpoint) renewCert(w http.ResponseWriter, r *http.Request) {
+	var f pairFinish
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {
+		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed certificate"})
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.renewal == nil {
+		writeJSON(w, http.StatusConflict, api.Error{Code: api.CodeConflict, Message: "no renewal asked for"})
+		return
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.Cert})
+	pair, err := tls.X509KeyPair(certPEM, e.renewal)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not for the renewal's key: " + err.Error()})
+		return
+	}
+	caPEM, _ := os.ReadFile(filepath.Join(e.PKIDir, nodeCAFile))
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	leaf, _ := x509.ParseCertificate(pair.Certificate[0])
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not from this node's master's CA: " + err.Error()})
+		return
+	}
+	for _, wf := range []struct {
+		name string
+		b    []byte
+		mode os.FileMode
+	}{{nodeKeyFile, e.renewal, 0o600}, {nodeCertFile, certPEM, 0o644}} {
+		path := filepath.Join(e.PKIDir, wf.name)
+		if err := os.WriteFile(path+".tmp", wf.b, wf.mode); err != nil {
+			writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+			return
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+			return
+		}
+	}
+	cfg := e.paired.Clone()
+	cfg.Certificates = []tls.Certificate{pair}
+	e.paired, e.renewal = cfg, nil
+	e.Log.Info("certificate renewed by the master", "until", leaf.NotAfter)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Renew gives the paired node of c a new certificate from ca (a new key,
+// a new NodeCertLifetime); host is the name it is reached by.
+func Renew(ctx context.Context, c *Client, ca *pki.CA, host string) (time.Time, error) {
+	var reply pairReply
+	if err := c.do(ctx, http.MethodPost, "/node/v1/renew", struct{}{}, &reply, http.StatusOK); err != nil {
+		return time.Time{}, err
+	}
+	der, err := ca.SignCSR(reply.CSR, "node "+c.NodeName, []string{host}, NodeCertLifetime)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if err := c.do(ctx, http.MethodPut, "/node/v1/cert", pairFinish{Cert: der}, nil, http.StatusNoContent); err != nil {
+		return time.Time{}, err
+	}
+	c.HTTP.CloseIdleConnections() // the next call meets the new certificate
+	cert, _ := x509.ParseCertificate(der)
+	return cert.NotAfter, nil
+}
+
+// PeerNotAfter is when the certificate the node of c last presented ends
+// (zero before the first call).
+func (c *Client) PeerNotAfter() time.Time {
+	c.certMu.Lock()
+	defer c.certMu.Unlock()
+	return c.notAfter
 }
 
 // Pair pairs the node listening at address (host:port) with the master
@@ -461,8 +561,19 @@ func Dial(name, address string, ca *pki.CA) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	c := &Client{NodeName: name, Base: "https://" + address}
+	// What the node presents, for Renew's timing.
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) > 0 {
+			c.certMu.Lock()
+			c.notAfter = cs.PeerCertificates[0].NotAfter
+			c.certMu.Unlock()
+		}
+		return nil
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // the master reaches its nodes directly
 	tr.TLSClientConfig = cfg
-	return &Client{NodeName: name, Base: "https://" + address, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Minute}}, nil
+	c.HTTP = &http.Client{Transport: tr, Timeout: 10 * time.Minute}
+	return c, nil
 }

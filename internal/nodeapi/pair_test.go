@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"sandstorm/internal/pki"
 )
@@ -141,5 +142,48 @@ func TestPairingThroughAManInTheMiddle(t *testing.T) {
 	}
 	if e.Paired() {
 		t.Fatal("the node was paired through a man in the middle")
+	}
+}
+
+// TestRenew: the master gives a paired node a new certificate (a new key
+// and serial); the node serves it from the next connection, to the same
+// master, and a restarted node keeps it.
+func TestRenew(t *testing.T) {
+	pkiDir := t.TempDir()
+	e, _ := NewEndpoint("n4", pkiDir, newFake(), quiet())
+	addr := serveEndpoint(t, e)
+	ca, _ := pki.EnsureCA(t.TempDir())
+	ctx := context.Background()
+	if _, err := Pair(ctx, addr, e.code, ca); err != nil {
+		t.Fatal(err)
+	}
+	serial := func(a string) string {
+		cfg, _ := ca.PeerClientConfig(pki.MasterName)
+		conn, err := tls.Dial("tcp", a, cfg)
+		if err != nil {
+			t.Fatalf("dial the node as its master: %v", err)
+		}
+		defer conn.Close()
+		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	before := serial(addr)
+	c, _ := Dial("n4", addr, ca)
+	if _, err := c.Status(ctx); err != nil || c.PeerNotAfter().IsZero() {
+		t.Fatalf("status: %v (not after %v)", err, c.PeerNotAfter())
+	}
+	until, err := Renew(ctx, c, ca, "127.0.0.1")
+	if err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	after := serial(addr)
+	if after == before || time.Until(until) < NodeCertLifetime-time.Hour {
+		t.Errorf("after a renewal the node serves serial %s (was %s), until %v", after, before, until)
+	}
+	if _, err := c.Status(ctx); err != nil {
+		t.Errorf("the master after the renewal: %v", err)
+	}
+	e2, _ := NewEndpoint("n4", pkiDir, newFake(), quiet())
+	if got := serial(serveEndpoint(t, e2)); got != after {
+		t.Errorf("restarted, the node serves %s, want the renewed %s", got, after)
 	}
 }

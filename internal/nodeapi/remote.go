@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"time"
 
 	"sandstorm/api"
 )
@@ -214,6 +216,9 @@ type Client struct {
 	// HTTP carries the requests; its transport has the master's client
 	// certificate and trusts the CA the node's certificate is from.
 	HTTP *http.Client
+
+	certMu   sync.Mutex
+	notAfter time.Time // of the certificate the node last presented (Dial)
 }
 
 var _ Node = (*Client)(nil)

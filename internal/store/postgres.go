@@ -100,9 +100,12 @@ CREATE TABLE IF NOT EXISTS nodes (
 	paired_at BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS placements (
-	id   TEXT PRIMARY KEY,
-	name TEXT NOT NULL UNIQUE,
-	node TEXT NOT NULL
+	id         TEXT PRIMARY KEY,
+	name       TEXT NOT NULL UNIQUE,
+	node       TEXT NOT NULL,
+	template   TEXT NOT NULL DEFAULT '',
+	principal  TEXT NOT NULL DEFAULT '',
+	memory_mib INTEGER NOT NULL DEFAULT 0
 );
 `
 

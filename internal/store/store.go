@@ -122,9 +122,12 @@ CREATE TABLE IF NOT EXISTS nodes (
 	paired_at INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS placements (
-	id   TEXT PRIMARY KEY,
-	name TEXT NOT NULL UNIQUE,
-	node TEXT NOT NULL
+	id         TEXT PRIMARY KEY,
+	name       TEXT NOT NULL UNIQUE,
+	node       TEXT NOT NULL,
+	template   TEXT NOT NULL DEFAULT '',
+	principal  TEXT NOT NULL DEFAULT '',
+	memory_mib INTEGER NOT NULL DEFAULT 0
 );
 `
 
@@ -495,12 +498,16 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 // of the node in the master's process is in sandboxes instead).
 type Placement struct {
 	ID, Name, Node string
+	// What it was created from: enough to create it again elsewhere
+	// (move) when its node is lost.
+	Template, Principal string
+	MemoryMiB           int
 }
 
 // PutPlacement records where a sandbox went; ErrExists if its name is
 // taken.
 func (s *Store) PutPlacement(ctx context.Context, p Placement) error {
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements(id, name, node) VALUES(?,?,?)`), p.ID, p.Name, p.Node)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements(id, name, node, template, principal, memory_mib) VALUES(?,?,?,?,?,?)`), p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", p.Name, ErrExists)
 	}
@@ -510,7 +517,7 @@ func (s *Store) PutPlacement(ctx context.Context, p Placement) error {
 // GetPlacement finds the placement of the sandbox whose ID or name is ref.
 func (s *Store) GetPlacement(ctx context.Context, ref string) (Placement, error) {
 	var p Placement
-	err := s.db.QueryRowContext(ctx, s.q(`SELECT id, name, node FROM placements WHERE id=? OR name=? LIMIT 1`), ref, ref).Scan(&p.ID, &p.Name, &p.Node)
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT id, name, node, template, principal, memory_mib FROM placements WHERE id=? OR name=? LIMIT 1`), ref, ref).Scan(&p.ID, &p.Name, &p.Node, &p.Template, &p.Principal, &p.MemoryMiB)
 	if errors.Is(err, sql.ErrNoRows) {
 		return p, fmt.Errorf("sandbox %q: %w", ref, ErrNotFound)
 	}
@@ -532,7 +539,7 @@ func (s *Store) CountPlacements(ctx context.Context, node string) (int, error) {
 
 // ListPlacements returns the placements on node, by name.
 func (s *Store) ListPlacements(ctx context.Context, node string) ([]Placement, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, name, node FROM placements WHERE node=? ORDER BY name`), node)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, name, node, template, principal, memory_mib FROM placements WHERE node=? ORDER BY name`), node)
 	if err != nil {
 		return nil, err
 	}
@@ -540,7 +547,7 @@ func (s *Store) ListPlacements(ctx context.Context, node string) ([]Placement, e
 	var out []Placement
 	for rows.Next() {
 		var p Placement
-		if err := rows.Scan(&p.ID, &p.Name, &p.Node); err != nil {
+		if err := rows.Scan(&p.ID, &p.Name, &p.Node, &p.Template, &p.Principal, &p.MemoryMiB); err != nil {
 			return nil, err
 		}
 		out = append(out, p)

@@ -117,7 +117,7 @@ func TestCLI(t *testing.T) {
 	d.track(id)
 	ep := regexp.MustCompile(`8000→(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(r.Stdout)[1]
 
-	cli(t, env, "sandbox", "ls").ok(t, "sandbox ls", `(?m)^ID\s+NAME\s+TEMPLATE\s+TIER`, `(?m)^`+id+`\s+cli1\s+cliweb\s+hot\s`)
+	cli(t, env, "sandbox", "ls").ok(t, "sandbox ls", `(?m)^ID\s+NAME\s+TEMPLATE\s+NODE\s+TIER`, `(?m)^`+id+`\s+cli1\s+cliweb\s+local\s+hot\s`)
 	r = cli(t, env, "sandbox", "ls", "--json")
 	r.ok(t, "sandbox ls --json")
 	var sbs []api.Sandbox

@@ -150,7 +150,9 @@ func (m *machine) code() string {
 // a reserve that leaves it little), runs there, and answers at a gateway
 // URL on that node. A node killed with -9 is "lost", and so are its
 // sandboxes in the list (not dropped); started again, it answers, and so
-// do its sandboxes. A node serves no public API and only its master: the
+// do its sandboxes; one moved meanwhile starts cold on the other node,
+// and its copy left behind is listed as such. A master killed with -9 comes back with its nodes and
+// every placement. A node serves no public API and only its master: the
 // API token without the master's certificate gets nowhere. A node with
 // sandboxes cannot be forgotten; once they are gone it can.
 func TestFleet(t *testing.T) {
@@ -159,8 +161,10 @@ func TestFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	roomy := fleetMachine(t, 1, "--memory-reserve", "0")
-	// Headroom of ~400 MiB: below the roomy node's by far.
-	tight := fleetMachine(t, 2, "--memory-reserve", fmt.Sprint(avail-400))
+	// Headroom of ~1.6 GiB: room for one sandbox (admitted at its 1 GiB
+	// limit until its template's sandboxes have settled there), and far
+	// below the roomy node's.
+	tight := fleetMachine(t, 2, "--memory-reserve", fmt.Sprint(avail-1600))
 	m := startDaemon(t, masterOnly)
 
 	r := m.raw(t, "POST", "/v1/nodes", m.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": "abcd-efgh-ijkl-mnop-qrst"}`, roomy.listen)))
@@ -243,6 +247,23 @@ func TestFleet(t *testing.T) {
 	if lost != 3 {
 		t.Errorf("with its node down, %d of its 3 sandboxes are listed as lost: %+v", lost, all)
 	}
+	// Moved while its node is lost: cold on the other node, same name,
+	// saying what stayed behind. One whose node answers is not moved.
+	var moved api.Sandbox
+	r = m.raw(t, "POST", "/v1/sandboxes/f-2/move", m.Token, "", nil)
+	if r.Status != http.StatusCreated || json.Unmarshal([]byte(r.Body), &moved) != nil {
+		t.Fatalf("move f-2 off its lost node: HTTP %d %s", r.Status, r.Body)
+	}
+	if moved.Node != tight.name || moved.Name != "f-2" || moved.ID == sbs[2].ID || !strings.Contains(moved.Note, "moved from node "+roomy.name) {
+		t.Errorf("moved: %+v", moved)
+	}
+	if c := getCount(t, endpoint(t, moved)); c != 1 {
+		t.Errorf("a moved sandbox is a cold start: counted %d", c)
+	}
+	if r := m.raw(t, "POST", "/v1/sandboxes/f-2/move", m.Token, "", nil); r.Status != http.StatusConflict || !strings.Contains(r.Body, "answers") {
+		t.Errorf("moving a sandbox whose node answers: HTTP %d %s", r.Status, r.Body)
+	}
+
 	roomy.start()
 	waitFor(t, 30*time.Second, roomy.name+" is ready again", func() bool {
 		for _, n := range listNodes(t, m) {
@@ -252,15 +273,49 @@ func TestFleet(t *testing.T) {
 		}
 		return false
 	})
-	for _, sb := range sbs {
+	for _, sb := range sbs[:2] {
 		getCount(t, endpoint(t, m.get(t, sb.ID)))
+	}
+	// The copy the move left behind is listed, and says so.
+	all, err = m.C.Sandboxes(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var behind bool
+	for _, sb := range all {
+		if sb.ID == sbs[2].ID {
+			behind = strings.Contains(sb.Note, "left behind")
+		}
+	}
+	if !behind {
+		t.Errorf("the copy a move left behind is not listed as such: %+v", all)
+	}
+
+	// kill -9 the master: back, it has its nodes and knows where every
+	// sandbox is (desired state in its store), and the nodes never
+	// stopped serving.
+	m.Kill(t)
+	if c := getCount(t, endpoint(t, sbs[0])); c < 2 {
+		t.Errorf("with the master down, f-0 counted %d", c)
+	}
+	m.Start(t)
+	if n := listNodes(t, m); len(n) != 2 || n[0].State != "ready" || n[1].State != "ready" {
+		t.Errorf("nodes after the master restarted: %+v", n)
+	}
+	for _, sb := range sbs[:2] {
+		if got := m.get(t, sb.Name); got.Node != roomy.name {
+			t.Errorf("after the master restarted, %s is on %q", sb.Name, got.Node)
+		}
+	}
+	if got := m.get(t, "f-2"); got.ID != moved.ID {
+		t.Errorf("after the master restarted, f-2 is %s, want the moved one %s", got.ID, moved.ID)
 	}
 
 	r = m.raw(t, "DELETE", "/v1/nodes/"+roomy.name, m.Token, "", nil)
-	if r.Status != http.StatusConflict || !strings.Contains(r.Body, "3 sandbox") {
+	if r.Status != http.StatusConflict || !strings.Contains(r.Body, "2 sandbox") {
 		t.Errorf("forgetting a node with sandboxes: HTTP %d %s", r.Status, r.Body)
 	}
-	for _, sb := range sbs {
+	for _, sb := range sbs { // the left-behind copy too, by its ID
 		m.deleteSandbox(t, sb.ID)
 	}
 	if r := m.raw(t, "DELETE", "/v1/nodes/"+roomy.name, m.Token, "", nil); r.Status != http.StatusNoContent {
@@ -281,3 +336,50 @@ func listNodes(t *testing.T, d *Daemon) []api.NodeStatus {
 }
 
 var _ = context.Background
+
+// TestFleetUpDown: sandstormd fleet up brings a master and two nodes up in
+// network namespaces of their own, pairs them, seeds the web demo and
+// checks a sandbox answers on each node; fleet down deletes the sandboxes
+// and leaves no process, namespace or link behind.
+func TestFleetUpDown(t *testing.T) {
+	root := filepath.Join(workDir, "fleetup")
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	t.Cleanup(func() {
+		exec.Command(sandstormdBin, "fleet", "down", "--root", root, "--purge").Run()
+		for _, k := range []string{"1", "2"} {
+			exec.Command("ip", "netns", "delete", "sf-"+k).Run()
+			exec.Command("ip", "link", "delete", "sfh"+k).Run()
+		}
+	})
+	out, err := exec.Command(sandstormdBin, "fleet", "up", "--nodes", "2", "--root", root, "--listen", listen).CombinedOutput()
+	if err != nil {
+		t.Fatalf("fleet up: %v\n%s", err, out)
+	}
+	for _, want := range []string{"paired node-1", "paired node-2", "verify-0 on node-", "verify-1 on node-", "fleet is up: 2 node(s)", "fleet down --root " + root} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("fleet up did not say %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(string(out), "on node-1") || !strings.Contains(string(out), "on node-2") {
+		t.Errorf("the verification did not reach both nodes:\n%s", out)
+	}
+	out, err = exec.Command(sandstormdBin, "fleet", "up", "--nodes", "2", "--root", root, "--listen", listen).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "already up") {
+		t.Errorf("a second fleet up over the same root: %v %s", err, out)
+	}
+	out, err = exec.Command(sandstormdBin, "fleet", "down", "--root", root).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "deleted 2 sandbox(es)") || !strings.Contains(string(out), "fleet is down") {
+		t.Fatalf("fleet down: %v\n%s", err, out)
+	}
+	for _, k := range []string{"1", "2"} {
+		if exists("/var/run/netns/sf-" + k) {
+			t.Errorf("netns sf-%s left behind", k)
+		}
+		if linkExists("sfh" + k) {
+			t.Errorf("link sfh%s left behind", k)
+		}
+	}
+	if ps := processesMentioning(root + "/"); len(ps) > 0 {
+		t.Errorf("processes left behind: %v", ps)
+	}
+}
