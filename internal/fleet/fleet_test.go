@@ -45,6 +45,16 @@ func (n *node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 	return api.Sandbox{ID: n.name + "-" + req.Name, Name: req.Name, Node: n.name, Tier: api.TierHot}, nil
 }
 func (n *node) PrepareTemplate(context.Context, api.Template) error { return nil }
+func (n *node) Get(_ context.Context, ref string) (api.Sandbox, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, name := range n.made {
+		if ref == name || ref == n.name+"-"+name {
+			return api.Sandbox{ID: n.name + "-" + name, Name: name, Node: n.name}, nil
+		}
+	}
+	return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
+}
 
 // fleetOf is a fleet whose local node is local and whose one paired node
 // is remote, served over the seam's mutual TLS on loopback.
@@ -86,8 +96,8 @@ func TestCreatePlacesByHeadroomAndRetries(t *testing.T) {
 	if err != nil || sb.Node != "local" {
 		t.Fatalf("with local roomiest: %+v %v", sb, err)
 	}
-	if n, _ := f.For(ctx, "a"); n != nil && n.Name() != "local" {
-		t.Errorf("a is found on %s", n.Name())
+	if n, err := f.For(ctx, "a"); err != nil || n.Name() != "local" {
+		t.Errorf("a is found on %v (%v)", n, err)
 	}
 
 	local.refuse = true // the roomiest refuses: the next takes it

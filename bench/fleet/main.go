@@ -1,0 +1,416 @@
+// Command fleet is issue 9's fleet benchmark, on one machine: a master and
+// --nodes nodes, each node in a network namespace of its own (sandstormd
+// fleet up), idle timers shortened as the seed's runs were.
+//
+//   - fill: tiered Python HTTP servers (the web demo) are created until
+//     --count or until the fleet refuses for memory, then --calls of them
+//     picked at random are called once each: how many answered, p50/p99
+//     (seed: 1,198 of 1,200, p50 1.3 s, p99 2.8–5.5 s).
+//   - traffic: the seed's "Under traffic": --per-node sandboxes per node,
+//     with the nodes' memory reserve set so that about --awake of them fit
+//     awake per node, and requests to them Zipf-distributed (a few get most)
+//     at each of --rates requests a second per node, each rate for
+//     --traffic-for: refused % (503) and p99 per rate (seed: 1.1 %, 0.1 %,
+//     0.2 %, 2.5 % refused at 1, 2, 4, 8/s; p99 about 2 s).
+//
+//	sudo go run ./bench/fleet                          # both parts
+//	sudo go run ./bench/fleet --part fill --count 300 --calls 100
+//
+// Results (machine, commit, raw samples) go to bench/results/fleet-<date>-<commit>.
+// Everything it made is taken down at the end (fleet down), Ctrl-C included.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/bench"
+	"sandstorm/internal/client"
+	"sandstorm/internal/fleetup"
+	"sandstorm/internal/memguard"
+)
+
+type config struct {
+	part                                string
+	nodes, count, calls, parallel       int
+	perNode, awake                      int
+	rates                               []int
+	fillFor, trafficFor, callTimeout    time.Duration
+	freeze, snapshot, detach            time.Duration
+	out, repo, sandstormd, root, listen string
+	sandboxMiB                          int
+}
+
+func main() {
+	var c config
+	var rates string
+	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
+	fs.StringVar(&c.part, "part", "fill,traffic", "what to run: fill, traffic or both")
+	fs.IntVar(&c.nodes, "nodes", 3, "nodes in the fleet")
+	fs.IntVar(&c.count, "count", 3000, "fill: sandboxes to create at most")
+	fs.IntVar(&c.calls, "calls", 1200, "fill: sandboxes picked at random and called")
+	fs.IntVar(&c.parallel, "parallel", 6, "creates (and fill calls) at a time")
+	fs.IntVar(&c.perNode, "per-node", 40, "traffic: sandboxes per node")
+	fs.IntVar(&c.awake, "awake", 12, "traffic: about how many of them fit awake per node (sets the nodes' memory reserve)")
+	fs.StringVar(&rates, "rates", "1,2,4,8", "traffic: requests a second per node, one run each")
+	fs.DurationVar(&c.fillFor, "fill-for", 20*time.Minute, "fill: stop creating after this long")
+	fs.DurationVar(&c.trafficFor, "traffic-for", time.Minute, "traffic: how long each rate runs")
+	fs.DurationVar(&c.callTimeout, "call-timeout", 30*time.Second, "a call with no answer by then did not answer")
+	fs.DurationVar(&c.freeze, "freeze-after", 2*time.Second, "nodes' --freeze-after (shortened, as the seed's runs did)")
+	fs.DurationVar(&c.snapshot, "snapshot-after", 5*time.Second, "nodes' --snapshot-after")
+	fs.DurationVar(&c.detach, "detach-after", time.Minute, "nodes' --detach-after")
+	fs.IntVar(&c.sandboxMiB, "sandbox-memory", 128, "nodes' --sandbox-memory: each web server's limit, and what a start is admitted at")
+	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
+	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit)")
+	fs.StringVar(&c.sandstormd, "sandstormd", "bin/sandstormd", "sandstormd binary (bin/runsc beside it: make build runsc)")
+	fs.StringVar(&c.root, "root", "/var/lib/sandstorm-bench-fleet", "the fleet's root (removed at the end)")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8078", "the master's API address")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	for _, r := range strings.Split(rates, ",") {
+		var v int
+		if _, err := fmt.Sscan(r, &v); err != nil || v < 1 {
+			fmt.Fprintf(os.Stderr, "fleet: --rates %q: want positive integers\n", rates)
+			os.Exit(2)
+		}
+		c.rates = append(c.rates, v)
+	}
+	if fs.NArg() > 0 || c.nodes < 1 || c.nodes > 9 {
+		fmt.Fprintln(os.Stderr, "fleet: --nodes 1 to 9, no arguments")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	path, err := run(ctx, c)
+	if path != "" {
+		fmt.Println("results:", path)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleet:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, c config) (string, error) {
+	res := bench.NewResults("bench/fleet", fmt.Sprintf("A fleet of %d nodes on one machine: fill and random calls, then Zipf traffic", c.nodes))
+	res.Machine = bench.CollectMachine(ctx)
+	bin, err := filepath.Abs(c.sandstormd)
+	if err != nil {
+		return "", err
+	}
+	res.Machine.UseRunsc(ctx, filepath.Join(filepath.Dir(bin), "runsc"))
+	absOut, _ := filepath.Abs(c.out)
+	res.Source = bench.CollectSource(ctx, c.repo, absOut)
+	dir, err := bench.NewDir(c.out, "fleet-"+res.DirName())
+	if err != nil {
+		return "", err
+	}
+	res.Params = map[string]any{"nodes": c.nodes, "part": c.part, "count": c.count, "calls": c.calls, "parallel": c.parallel,
+		"per_node": c.perNode, "awake": c.awake, "rates": c.rates, "traffic_for": c.trafficFor.String(), "fill_for": c.fillFor.String(),
+		"freeze_after": c.freeze.String(), "snapshot_after": c.snapshot.String(), "detach_after": c.detach.String(), "sandbox_memory_mib": c.sandboxMiB}
+	if strings.Contains(c.part, "fill") {
+		if err := fill(ctx, c, bin, res); err != nil {
+			res.Note("fill stopped: %v", err)
+			fmt.Fprintln(os.Stderr, "fill:", err)
+		}
+		write(dir, res)
+	}
+	if strings.Contains(c.part, "traffic") && ctx.Err() == nil {
+		if err := traffic(ctx, c, bin, res); err != nil {
+			res.Note("traffic stopped: %v", err)
+			fmt.Fprintln(os.Stderr, "traffic:", err)
+		}
+	}
+	write(dir, res)
+	return dir.Finish()
+}
+
+func write(dir *bench.Dir, res *bench.Results) {
+	res.Summarize()
+	res.Finished = time.Now().UTC()
+	dir.Write(res)
+}
+
+func timers(c config, extra ...string) []string {
+	return append([]string{"--log-level", "warn", "--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(),
+		"--detach-after", c.detach.String(), "--sandbox-memory", fmt.Sprint(c.sandboxMiB)}, extra...)
+}
+
+// up brings a fleet up and returns a client of its master and a teardown.
+func up(ctx context.Context, c config, bin string, nodeArgs []string) (*client.Client, fleetup.State, func(), error) {
+	fleetup.Down(c.root, true, io.Discard) // a run cut short
+	st, err := fleetup.Up(ctx, fleetup.Config{Nodes: c.nodes, Root: c.root, Listen: c.listen, Bin: bin, Template: "web", NodeArgs: nodeArgs, Out: os.Stderr})
+	down := func() {
+		fmt.Fprintln(os.Stderr, "taking the fleet down…")
+		fleetup.Down(c.root, true, os.Stderr)
+	}
+	if err != nil {
+		return nil, st, down, err
+	}
+	cl, err := client.ForDataDir(st.API, st.Master.DataDir)
+	if err != nil {
+		return nil, st, down, err
+	}
+	cl.HTTP.Timeout = 5 * time.Minute
+	// fleet up's verification sandboxes are not the benchmark's.
+	if sbs, err := cl.Sandboxes(ctx); err == nil {
+		for _, sb := range sbs {
+			cl.DeleteSandbox(ctx, sb.ID)
+		}
+	}
+	return cl, st, down, nil
+}
+
+func fill(ctx context.Context, c config, bin string, res *bench.Results) error {
+	cl, _, down, err := up(ctx, c, bin, timers(c))
+	defer down()
+	if err != nil {
+		return err
+	}
+	createS := res.AddSeries("fill/create", "POST /v1/sandboxes to 201 through the master (placed by headroom; a 503 is retried after its Retry-After, up to 5 times)", "")
+	fillCtx, done := context.WithTimeout(ctx, c.fillFor)
+	defer done()
+	var mu sync.Mutex
+	var sbs []api.Sandbox
+	var next, refusedInARow atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < c.parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for fillCtx.Err() == nil {
+				i := next.Add(1)
+				if i > int64(c.count) {
+					return
+				}
+				name := fmt.Sprintf("f%05d", i)
+				for try := 0; fillCtx.Err() == nil; try++ {
+					t0 := time.Now()
+					sb, err := cl.CreateSandbox(fillCtx, api.SandboxRequest{Template: "web", Name: name})
+					if client.StatusOf(err) == http.StatusServiceUnavailable && try < 5 {
+						time.Sleep(time.Second) // its Retry-After
+						continue
+					}
+					mu.Lock()
+					if err != nil {
+						createS.Fail("%s: %v", name, err)
+					} else {
+						createS.AddDuration(time.Since(t0))
+						sbs = append(sbs, sb)
+					}
+					k := len(sbs)
+					mu.Unlock()
+					if client.StatusOf(err) == http.StatusServiceUnavailable {
+						if refusedInARow.Add(1) > 20 {
+							done() // memory says stop
+						}
+					} else if err == nil {
+						refusedInARow.Store(0)
+						if k%250 == 0 {
+							fmt.Fprintf(os.Stderr, "%6.0fs  %d created\n", time.Since(start).Seconds(), k)
+						}
+					}
+					break
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.Params["fill_created"] = len(sbs)
+	res.Params["fill_seconds"] = time.Since(start).Seconds()
+	perNode := map[string]int{}
+	for _, sb := range sbs {
+		perNode[sb.Node]++
+	}
+	res.Params["fill_per_node"] = perNode
+	fmt.Fprintf(os.Stderr, "filled: %d sandboxes in %v, per node %v\n", len(sbs), time.Since(start).Round(time.Second), perNode)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	callS := res.AddSeries("fill/call", "GET / through the gateway on the sandbox's node, of a sandbox picked at random (any tier: the call wakes it; a 503 is retried after its Retry-After until --call-timeout)", "1,198 of 1,200 answered; p50 1.3 s, p99 2.8–5.5 s (seed)")
+	picks := rand.Perm(len(sbs))
+	if len(picks) > c.calls {
+		picks = picks[:c.calls]
+	}
+	var answered, pnext atomic.Int64
+	for w := 0; w < c.parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hc := &http.Client{Timeout: c.callTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+			for ctx.Err() == nil {
+				k := pnext.Add(1) - 1
+				if k >= int64(len(picks)) {
+					return
+				}
+				sb := sbs[picks[k]]
+				ep := sb.Endpoints["8000"]
+				t0 := time.Now()
+				err := callOnce(ctx, hc, ep, t0.Add(c.callTimeout), true)
+				mu.Lock()
+				if err != nil {
+					callS.Fail("%s on %s: %v", sb.Name, sb.Node, err)
+				} else {
+					callS.AddDuration(time.Since(t0))
+					answered.Add(1)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	res.Params["fill_called"] = len(picks)
+	res.Params["fill_answered"] = answered.Load()
+	res.Note("fill: %d created on %d nodes (%v); %d of %d called answered within %v", len(sbs), c.nodes, perNode, answered.Load(), len(picks), c.callTimeout)
+	return ctx.Err()
+}
+
+// traffic is the seed's "Under traffic".
+func traffic(ctx context.Context, c config, bin string, res *bench.Results) error {
+	avail, err := memguard.AvailableMiB()
+	if err != nil {
+		return err
+	}
+	// The nodes share this machine's memory: a reserve that leaves room
+	// for about awake sandboxes per node, at what a web server holds
+	// (measured: ≈ 25–30 MiB in its cgroup; --sandbox-memory is what a
+	// start is admitted at until its template has settled).
+	room := int64(c.awake*c.nodes) * 30
+	reserve := avail - room
+	res.Params["traffic_reserve_mib"] = reserve
+	cl, _, down, err := up(ctx, c, bin, timers(c, "--memory-reserve", fmt.Sprint(reserve)))
+	defer down()
+	if err != nil {
+		return err
+	}
+	n := c.perNode * c.nodes
+	var sbs []api.Sandbox
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		for try := 0; ; try++ {
+			sb, err := cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: fmt.Sprintf("t%03d", i)})
+			if client.StatusOf(err) == http.StatusServiceUnavailable && try < 30 {
+				time.Sleep(time.Second)
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("create t%03d: %w", i, err)
+			}
+			sbs = append(sbs, sb)
+			break
+		}
+	}
+	fmt.Fprintf(os.Stderr, "traffic: %d sandboxes; reserve %d MiB (room for ≈ %d awake)\n", len(sbs), reserve, c.awake*c.nodes)
+	zipf := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, uint64(len(sbs)-1))
+	t := &bench.Table{Title: "Under traffic", Description: fmt.Sprintf("%d sandboxes per node (about %d fit awake), Zipf(1.1) requests, each rate for %v; refused = HTTP 503 (not retried)", c.perNode, c.awake, c.trafficFor),
+		Columns: []string{"req/s per node", "requests", "refused %", "failed", "p50 ms", "p99 ms", "seed refused %"}}
+	seedRefused := map[int]string{1: "1.1", 2: "0.1", 4: "0.2", 8: "2.5"}
+	for _, rate := range c.rates {
+		s := res.AddSeries(fmt.Sprintf("traffic/%d", rate), fmt.Sprintf("GET / at %d req/s per node (%d/s in all), Zipf over the sandboxes; answered ones (client)", rate, rate*c.nodes), "p99 about 2 s (seed)")
+		var refused, failed, total atomic.Int64
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		hc := &http.Client{Timeout: c.callTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+		every := time.Second / time.Duration(rate*c.nodes)
+		tick := time.NewTicker(every)
+		end := time.Now().Add(c.trafficFor)
+		for time.Now().Before(end) && ctx.Err() == nil {
+			<-tick.C
+			sb := sbs[zipf.Uint64()]
+			wg.Add(1)
+			total.Add(1)
+			go func() {
+				defer wg.Done()
+				t0 := time.Now()
+				err := callOnce(ctx, hc, sb.Endpoints["8000"], t0.Add(c.callTimeout), false)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					s.AddDuration(time.Since(t0))
+				case errors.Is(err, errRefused):
+					refused.Add(1)
+				default:
+					failed.Add(1)
+					s.Fail("%s: %v", sb.Name, err)
+				}
+			}()
+		}
+		tick.Stop()
+		wg.Wait()
+		s.Summarize()
+		pct := 100 * float64(refused.Load()) / float64(max(1, total.Load()))
+		p50, p99 := "-", "-"
+		if s.Summary != nil {
+			p50, p99 = bench.FormatMs(s.Summary.P50Ms), bench.FormatMs(s.Summary.P99Ms)
+		}
+		t.Rows = append(t.Rows, []string{fmt.Sprint(rate), fmt.Sprint(total.Load()), fmt.Sprintf("%.1f", pct), fmt.Sprint(failed.Load()), p50, p99, seedRefused[rate]})
+		fmt.Fprintf(os.Stderr, "traffic %d/s per node: %d requests, %.1f %% refused, %d failed, p50 %s p99 %s ms\n", rate, total.Load(), pct, failed.Load(), p50, p99)
+	}
+	res.Tables = append(res.Tables, t)
+	return ctx.Err()
+}
+
+var errRefused = errors.New("refused (503)")
+
+// callOnce GETs / on a sandbox's gateway endpoint (only ever an address in
+// the fleet's own namespaces). With retry, a 503 is retried after its
+// Retry-After until the deadline; without, it is errRefused.
+func callOnce(ctx context.Context, hc *http.Client, ep string, deadline time.Time, retry bool) error {
+	if !ours(ep) {
+		return fmt.Errorf("endpoint %q is not in the fleet's namespaces; not called", ep)
+	}
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, ep+"/", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return nil
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			if !retry {
+				return errRefused
+			}
+			if time.Now().Add(time.Second).Before(deadline) {
+				time.Sleep(time.Second)
+				continue
+			}
+		}
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+}
+
+// fleetNet is where fleet up puts its nodes (fleetup: 10.186.k.2).
+var fleetNet = netip.MustParsePrefix("10.186.0.0/16")
+
+func ours(ep string) bool {
+	rest, ok := strings.CutPrefix(ep, "http://")
+	if !ok {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(rest)
+	return err == nil && fleetNet.Contains(ap.Addr())
+}
