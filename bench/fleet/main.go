@@ -6,12 +6,15 @@
 //     --count or until the fleet refuses for memory, then --calls of them
 //     picked at random are called once each: how many answered, p50/p99
 //     (seed: 1,198 of 1,200, p50 1.3 s, p99 2.8–5.5 s).
+//
 //   - traffic: the seed's "Under traffic": --per-node sandboxes per node,
 //     with the nodes' memory reserve set so that about --awake of them fit
 //     awake per node, and requests to them Zipf-distributed (a few get most)
 //     at each of --rates requests a second per node, each rate for
 //     --traffic-for: refused % (503) and p99 per rate (seed: 1.1 %, 0.1 %,
 //     0.2 %, 2.5 % refused at 1, 2, 4, 8/s; p99 about 2 s).
+//
+// Run it as:
 //
 //	sudo go run ./bench/fleet                          # both parts
 //	sudo go run ./bench/fleet --part fill --count 300 --calls 100
