@@ -36,7 +36,10 @@ func (f *fakeBackend) Name() string { return "fake" }
 func (f *fakeBackend) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{Pause: true, Checkpoint: false}
 }
-func (f *fakeBackend) Start(_ context.Context, s sandbox.Spec) error { f.set(s.ID, sandbox.StateRunning); return nil }
+func (f *fakeBackend) Start(_ context.Context, s sandbox.Spec) error {
+	f.set(s.ID, sandbox.StateRunning)
+	return nil
+}
 func (f *fakeBackend) Pause(_ context.Context, s sandbox.Spec) error {
 	f.pauses.Add(1)
 	f.set(s.ID, sandbox.StatePaused)
