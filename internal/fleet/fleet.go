@@ -439,6 +439,17 @@ func (f *Fleet) Forget(ctx context.Context, name string) error {
 	if k > 0 {
 		return nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("node %s has %d sandbox(es); delete them first", name, k))
 	}
+	// The node forgets its master too, if it answers: its certificate is
+	// no key to anything after this (one that does not answer keeps it
+	// until it expires, at most nodeapi.NodeCertLifetime).
+	f.mu.RLock()
+	c := f.remote[name]
+	f.mu.RUnlock()
+	uctx, cancel := context.WithTimeout(ctx, statusWait)
+	if err := nodeapi.Unpair(uctx, c); err != nil {
+		f.cfg.Log.Warn("a forgotten node did not unpair (it keeps its certificate until it expires)", "node", name, "err", err)
+	}
+	cancel()
 	if err := f.cfg.Store.DeleteNode(ctx, name); err != nil {
 		return err
 	}

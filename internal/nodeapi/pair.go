@@ -202,6 +202,9 @@ func (e *Endpoint) Handler() http.Handler {
 		case "/node/v1/cert":
 			e.renewCert(w, r)
 			return
+		case "/node/v1/unpair":
+			e.unpair(w, r)
+			return
 		}
 		seam.ServeHTTP(w, r)
 	})
@@ -384,6 +387,25 @@ func (e *Endpoint) renewCert(w http.ResponseWriter, r *http.Request) {
 	e.paired, e.renewal = cfg, nil
 	e.Log.Info("certificate renewed by the master", "until", leaf.NotAfter)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// unpair serves POST /node/v1/unpair (the master only): the master forgets
+// this node, so the node forgets the master — its certificate, key and the
+// master's CA go, and it waits to be paired again with its same code.
+func (e *Endpoint) unpair(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, f := range []string{nodeCertFile, nodeKeyFile, nodeCAFile} {
+		os.Remove(filepath.Join(e.PKIDir, f))
+	}
+	e.paired, e.renewal = nil, nil
+	e.Log.Info("unpaired: the master forgot this node; it can be paired again with its code", "pairing_code_file", e.CodePath())
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Unpair tells the paired node of c that its master forgets it.
+func Unpair(ctx context.Context, c *Client) error {
+	return c.do(ctx, http.MethodPost, "/node/v1/unpair", struct{}{}, nil, http.StatusNoContent)
 }
 
 // Renew gives the paired node of c a new certificate from ca (a new key,

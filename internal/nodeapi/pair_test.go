@@ -187,3 +187,31 @@ func TestRenew(t *testing.T) {
 		t.Errorf("restarted, the node serves %s, want the renewed %s", got, after)
 	}
 }
+
+// TestUnpair: a node its master forgets forgets the master: the master's
+// certificate no longer reaches the seam, and the node can be paired
+// again with the same code.
+func TestUnpair(t *testing.T) {
+	pkiDir := t.TempDir()
+	e, _ := NewEndpoint("n5", pkiDir, newFake(), quiet())
+	addr := serveEndpoint(t, e)
+	ca, _ := pki.EnsureCA(t.TempDir())
+	ctx := context.Background()
+	if _, err := Pair(ctx, addr, e.code, ca); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := Dial("n5", addr, ca)
+	if err := Unpair(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	c2, _ := Dial("n5", addr, ca)
+	if _, err := c2.Status(ctx); err == nil {
+		t.Error("an unpaired node still serves its old master")
+	}
+	if _, err := os.Stat(filepath.Join(pkiDir, nodeKeyFile)); !os.IsNotExist(err) {
+		t.Errorf("the node key is still there: %v", err)
+	}
+	if _, err := Pair(ctx, addr, e.code, ca); err != nil {
+		t.Errorf("pairing again: %v", err)
+	}
+}

@@ -144,13 +144,14 @@ func (m *machine) code() string {
 	return strings.TrimSpace(string(b))
 }
 
-// TestFleet: a master and two nodes, each node in a network namespace of
+// TestFleet: a master and three nodes, each node in a network namespace of
 // its own. A wrong pairing code is refused; the right ones pair. A new
-// sandbox goes to the node with the most memory headroom (the other keeps
-// a reserve that leaves it little), runs there, and answers at a gateway
+// sandbox goes to the node with the most memory headroom (the others keep
+// reserves that leave them less), runs there, and answers at a gateway
 // URL on that node. A node killed with -9 is "lost", and so are its
 // sandboxes in the list (not dropped); started again, it answers, and so
-// do its sandboxes; one moved meanwhile starts cold on the other node,
+// do its sandboxes; one moved meanwhile starts cold on the roomiest other
+// node,
 // and its copy left behind is listed as such. A master killed with -9 comes back with its nodes and
 // every placement. A node serves no public API and only its master: the
 // API token without the master's certificate gets nowhere. A node with
@@ -165,6 +166,8 @@ func TestFleet(t *testing.T) {
 	// limit until its template's sandboxes have settled there), and far
 	// below the roomy node's.
 	tight := fleetMachine(t, 2, "--memory-reserve", fmt.Sprint(avail-1600))
+	// Between the two: where a sandbox goes when the roomy one is lost.
+	mid := fleetMachine(t, 4, "--memory-reserve", fmt.Sprint(avail-3200))
 	m := startDaemon(t, masterOnly)
 
 	r := m.raw(t, "POST", "/v1/nodes", m.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": "abcd-efgh-ijkl-mnop-qrst"}`, roomy.listen)))
@@ -172,7 +175,7 @@ func TestFleet(t *testing.T) {
 	if !strings.Contains(e.Message, "wrong pairing code") || !strings.Contains(e.Message, "pairing-code") {
 		t.Errorf("a wrong code: %q", e.Message)
 	}
-	for _, n := range []*machine{roomy, tight} {
+	for _, n := range []*machine{roomy, tight, mid} {
 		r := m.raw(t, "POST", "/v1/nodes", m.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": %q}`, n.listen, n.code())))
 		var st api.NodeStatus
 		if r.Status != http.StatusCreated || json.Unmarshal([]byte(r.Body), &st) != nil || st.Name != n.name || st.State != "ready" {
@@ -184,7 +187,7 @@ func TestFleet(t *testing.T) {
 		t.Errorf("pairing a node twice: HTTP %d %s", r.Status, r.Body)
 	}
 	nodes := listNodes(t, m)
-	if len(nodes) != 2 || nodes[0].State != "ready" || nodes[1].State != "ready" {
+	if len(nodes) != 3 || nodes[0].State != "ready" || nodes[1].State != "ready" || nodes[2].State != "ready" {
 		t.Fatalf("nodes: %+v", nodes)
 	}
 
@@ -254,7 +257,7 @@ func TestFleet(t *testing.T) {
 	if r.Status != http.StatusCreated || json.Unmarshal([]byte(r.Body), &moved) != nil {
 		t.Fatalf("move f-2 off its lost node: HTTP %d %s", r.Status, r.Body)
 	}
-	if moved.Node != tight.name || moved.Name != "f-2" || moved.ID == sbs[2].ID || !strings.Contains(moved.Note, "moved from node "+roomy.name) {
+	if moved.Node != mid.name || moved.Name != "f-2" || moved.ID == sbs[2].ID || !strings.Contains(moved.Note, "moved from node "+roomy.name) {
 		t.Errorf("moved: %+v", moved)
 	}
 	if c := getCount(t, endpoint(t, moved)); c != 1 {
@@ -299,7 +302,7 @@ func TestFleet(t *testing.T) {
 		t.Errorf("with the master down, f-0 counted %d", c)
 	}
 	m.Start(t)
-	if n := listNodes(t, m); len(n) != 2 || n[0].State != "ready" || n[1].State != "ready" {
+	if n := listNodes(t, m); len(n) != 3 || n[0].State != "ready" || n[1].State != "ready" || n[2].State != "ready" {
 		t.Errorf("nodes after the master restarted: %+v", n)
 	}
 	for _, sb := range sbs[:2] {
@@ -321,7 +324,7 @@ func TestFleet(t *testing.T) {
 	if r := m.raw(t, "DELETE", "/v1/nodes/"+roomy.name, m.Token, "", nil); r.Status != http.StatusNoContent {
 		t.Errorf("forgetting an empty node: HTTP %d %s", r.Status, r.Body)
 	}
-	if n := listNodes(t, m); len(n) != 1 || n[0].Name != tight.name {
+	if n := listNodes(t, m); len(n) != 2 || n[0].Name != tight.name || n[1].Name != mid.name {
 		t.Errorf("after forgetting %s: %+v", roomy.name, n)
 	}
 }
