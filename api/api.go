@@ -224,6 +224,15 @@ type NodeRequest struct {
 	PairingCode string `json:"pairing_code"`
 }
 
+// JoinToken is POST /v1/nodes/join-tokens: what a node behind NAT needs
+// to join (Command spells it out).
+type JoinToken struct {
+	Token         string    `json:"token"`
+	ExpiresAt     time.Time `json:"expires_at"`
+	CAFingerprint string    `json:"ca_fingerprint"`
+	Command       string    `json:"command"`
+}
+
 // NodeStatus is GET /v1/node: the node's headroom as the memory guard sees it.
 type NodeStatus struct {
 	Name            string       `json:"name"`

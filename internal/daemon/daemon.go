@@ -89,7 +89,11 @@ type Options struct {
 	// NodeListen is where a node apart from its master (--node alone)
 	// listens for it: pairing, then the seam over mutual TLS.
 	NodeListen string
-	Log        *slog.Logger
+	// Join is the master a node behind NAT dials (https://host:port),
+	// CAFingerprint the SHA-256 of the master's CA it checks, and
+	// JoinToken what admits it the first time.
+	Join, CAFingerprint, JoinToken string
+	Log                            *slog.Logger
 }
 
 // EnsureToken returns the API token in <dataDir>/pki/api-token, creating it
@@ -330,6 +334,9 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("API certificate: %w", err)
 	}
+	// Nodes that dial in present their certificates on this listener
+	// (GET /v1/nodes/tunnel); everyone else needs none.
+	tlsCfg.ClientAuth, tlsCfg.ClientCAs = tls.VerifyClientCertIfGiven, ca.Pool()
 	listen := func() (net.Listener, error) {
 		ln, err := net.Listen("tcp", o.Listen)
 		if err != nil {
@@ -405,7 +412,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		}
 	}
 	api := master.Handler(master.Config{
-		Store: st, Fleet: fl, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
+		Store: st, Fleet: fl, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
 		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub},
 	})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
@@ -434,8 +441,8 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 // with and then calls over mutual TLS (nodeapi.Endpoint). It opens no
 // public API: until it is paired it answers only the pairing calls.
 func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger) error {
-	if o.NodeListen == "" {
-		return errors.New("serve --node without --master needs --node-listen HOST:PORT: the address its master pairs with and calls")
+	if o.NodeListen == "" && o.Join == "" {
+		return errors.New("serve --node without --master needs --node-listen HOST:PORT (its master pairs with it there and calls it) or --join https://MASTER (it dials its master, from behind NAT)")
 	}
 	if o.Store != "" {
 		return errors.New("--store is the master's: a node keeps its own state in <data-dir>/state.db")
@@ -445,7 +452,19 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	ep, err := nodeapi.NewEndpoint(o.NodeName, filepath.Join(o.DataDir, "pki"), &nodeapi.Local{N: nd, St: st, OwnTemplates: true}, log)
+	local := &nodeapi.Local{N: nd, St: st, OwnTemplates: true}
+	if o.Join != "" {
+		j := &nodeapi.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,
+			PKIDir: filepath.Join(o.DataDir, "pki"), Node: local, Log: log}
+		if err := j.Join(ctx); err != nil {
+			return err
+		}
+		log.Info("sandstormd node dialling its master", "pid", os.Getpid(), "node", o.NodeName, "master", o.Join)
+		j.Run(ctx)
+		log.Info("sandstormd node stopped; sandboxes keep running and are adopted at the next start")
+		return nil
+	}
+	ep, err := nodeapi.NewEndpoint(o.NodeName, filepath.Join(o.DataDir, "pki"), local, log)
 	if err != nil {
 		return err
 	}

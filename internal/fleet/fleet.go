@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -63,7 +64,18 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	return f, nil
 }
 
+// tunnelAddress is what the store has as the address of a node that dials
+// in (nodeapi.Joiner): it is reached only through its tunnel.
+func tunnelAddress(name string) string { return "tunnel:" + name }
+
 func (f *Fleet) add(name, address string) error {
+	if strings.HasPrefix(address, "tunnel:") {
+		// Until it dials in, its calls fail: it is lost.
+		f.mu.Lock()
+		f.remote[name], f.addrs[name] = nodeapi.NoTunnel(name), address
+		f.mu.Unlock()
+		return nil
+	}
 	c, err := nodeapi.Dial(name, address, f.cfg.CA)
 	if err != nil {
 		return err
@@ -490,4 +502,97 @@ func (f *Fleet) DropTemplate(ctx context.Context, name string) {
 
 func wireTemplate(t store.Template) api.Template {
 	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+}
+
+// JoinTokenLifetime is how long a join token is good for.
+const JoinTokenLifetime = time.Hour
+
+// NewJoinToken makes a join token, good once within JoinTokenLifetime.
+func (f *Fleet) NewJoinToken(ctx context.Context) (string, time.Time, error) {
+	tok, hash := nodeapi.NewJoinToken()
+	until := time.Now().Add(JoinTokenLifetime)
+	return tok, until, f.cfg.Store.PutJoinToken(ctx, hash, until)
+}
+
+// Join admits a node that dials in with a join token: it signs the
+// node's key and records the node, which is lost until its tunnel is up.
+func (f *Fleet) Join(ctx context.Context, req nodeapi.JoinRequest) (nodeapi.JoinReply, error) {
+	ok, err := f.cfg.Store.UseJoinToken(ctx, nodeapi.JoinTokenHash(req.Token), time.Now())
+	if err != nil {
+		return nodeapi.JoinReply{}, err
+	}
+	if !ok {
+		f.cfg.Log.Warn("join refused: unknown, used or expired join token", "node", req.Name)
+		return nodeapi.JoinReply{}, nodeapi.Mark(nodeapi.ErrForbidden, errors.New("join refused: the join token is unknown, used or expired (make one: POST /v1/nodes/join-tokens)"))
+	}
+	if req.Name == "" || f.isRemote(req.Name) || (f.cfg.Local != nil && f.cfg.Local.Name() == req.Name) {
+		return nodeapi.JoinReply{}, nodeapi.Mark(nodeapi.ErrExists, fmt.Errorf("node name %q is empty or taken in this fleet: start the node with another --node-name", req.Name))
+	}
+	der, err := f.cfg.CA.SignCSRFor(req.CSR, "node "+req.Name, nil, nodeapi.NodeCertLifetime, false, true)
+	if err != nil {
+		return nodeapi.JoinReply{}, nodeapi.Mark(nodeapi.ErrBadInput, err)
+	}
+	if err := f.cfg.Store.PutNode(ctx, store.Node{Name: req.Name, Address: tunnelAddress(req.Name), PairedAt: time.Now()}); err != nil {
+		return nodeapi.JoinReply{}, err
+	}
+	f.add(req.Name, tunnelAddress(req.Name))
+	f.cfg.Log.Info("node joined (it dials in)", "node", req.Name)
+	return nodeapi.JoinReply{Cert: der}, nil
+}
+
+// Tunnel serves a joined node's GET /v1/nodes/tunnel: its certificate
+// (checked by the API's TLS against the CA) must name a node that joined;
+// the connection becomes the session its calls ride. Templates are given
+// to it each time it connects.
+func (f *Fleet) Tunnel(w http.ResponseWriter, r *http.Request) {
+	name := r.Header.Get("X-Sandstorm-Node")
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || r.TLS.VerifiedChains[0][0].Subject.CommonName != "node "+name {
+		http.Error(w, `{"code":"forbidden","message":"a tunnel needs the certificate of a node that joined this master"}`, http.StatusForbidden)
+		return
+	}
+	f.mu.RLock()
+	addr := f.addrs[name]
+	f.mu.RUnlock()
+	if addr != tunnelAddress(name) {
+		http.Error(w, `{"code":"forbidden","message":"this node has not joined this master (or was forgotten)"}`, http.StatusForbidden)
+		return
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), nodeapi.TunnelUpgrade) {
+		http.Error(w, `{"code":"bad_request","message":"Upgrade: sandstorm-tunnel expected"}`, http.StatusBadRequest)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		http.Error(w, "no hijack", http.StatusInternalServerError)
+		return
+	}
+	conn, bw, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + nodeapi.TunnelUpgrade + "\r\n\r\n")
+	bw.Flush()
+	conn.SetDeadline(time.Time{})
+	sess, err := nodeapi.TunnelSession(conn)
+	if err != nil {
+		conn.Close()
+		return
+	}
+	c := nodeapi.TunnelClient(name, sess)
+	f.mu.Lock()
+	f.remote[name] = c
+	f.mu.Unlock()
+	f.cfg.Log.Info("tunnel from a node up", "node", name, "from", r.RemoteAddr)
+	go func() {
+		ts, err := f.cfg.Store.ListTemplates(context.Background())
+		if err == nil {
+			for _, t := range ts {
+				if err := c.PrepareTemplate(context.Background(), wireTemplate(t)); err != nil {
+					f.cfg.Log.Warn("a node that dialled in did not take a template", "node", name, "template", t.Name, "err", err)
+				}
+			}
+		}
+		<-sess.CloseChan()
+		f.cfg.Log.Warn("tunnel from a node down; it is lost until it dials again", "node", name)
+	}()
 }

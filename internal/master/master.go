@@ -24,6 +24,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/pki"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
 )
@@ -34,6 +35,8 @@ type Config struct {
 	// Fleet is the master's nodes: the one in this process, if any, and
 	// those it paired with (nodeapi over mutual TLS).
 	Fleet *fleet.Fleet
+	// CA is the master's certificate authority (GET /v1/ca).
+	CA *pki.CA
 	// Token is the API token every request must carry as
 	// "Authorization: Bearer <token>".
 	Token string
@@ -80,6 +83,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
 	mux.HandleFunc("POST /v1/nodes", s.pairNode)
 	mux.HandleFunc("DELETE /v1/nodes/{name}", s.forgetNode)
+	mux.HandleFunc("POST /v1/nodes/join-tokens", s.joinToken)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, api.CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -92,6 +96,15 @@ func Handler(cfg Config) http.Handler {
 		open.HandleFunc("POST /v1/session", c.Login)
 		open.HandleFunc("DELETE /v1/session", c.Logout)
 	}
+	if open == nil {
+		open = http.NewServeMux()
+	}
+	// A node that dials in: the CA (public; the node checks it against the
+	// fingerprint it was given), the join (authorised by its join token)
+	// and the tunnel (by its certificate).
+	open.HandleFunc("GET /v1/ca", s.caCert)
+	open.HandleFunc("POST /v1/nodes/join", s.joinNode)
+	open.HandleFunc("GET /v1/nodes/tunnel", func(w http.ResponseWriter, r *http.Request) { s.cfg.Fleet.Tunnel(w, r) })
 	return s.auth(mux, open)
 }
 
@@ -622,6 +635,40 @@ func (s *server) pairNode(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusCreated, api.NodeStatus{Name: name, Address: req.Address})
+}
+
+// caCert serves GET /v1/ca: the master's CA certificate (PEM).
+func (s *server) caCert(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/x-pem-file")
+	w.Write(s.cfg.CA.PEM)
+}
+
+// joinToken serves POST /v1/nodes/join-tokens: a token a node behind NAT
+// joins with, once, within the hour, and the CA fingerprint it checks the
+// master by.
+func (s *server) joinToken(w http.ResponseWriter, r *http.Request) {
+	tok, until, err := s.cfg.Fleet.NewJoinToken(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, api.JoinToken{Token: tok, ExpiresAt: until, CAFingerprint: s.cfg.CA.Fingerprint(),
+		Command: fmt.Sprintf("sandstormd serve --node --node-name NAME --join https://%s --ca-fingerprint %s --join-token %s", r.Host, s.cfg.CA.Fingerprint(), tok)})
+}
+
+// joinNode serves POST /v1/nodes/join (a node, with its join token).
+func (s *server) joinNode(w http.ResponseWriter, r *http.Request) {
+	var req nodeapi.JoinRequest
+	if err := decode(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	reply, err := s.cfg.Fleet.Join(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, reply)
 }
 
 // forgetNode serves DELETE /v1/nodes/{name}: refused while the master has

@@ -115,6 +115,12 @@ func NewCSR(cn string) (csrDER []byte, keyPEM []byte, err error) {
 // SignCSR issues a server certificate for the key of csrDER, named cn, for
 // hosts, valid for lifetime; it returns the certificate's DER.
 func (ca *CA) SignCSR(csrDER []byte, cn string, hosts []string, lifetime time.Duration) ([]byte, error) {
+	return ca.SignCSRFor(csrDER, cn, hosts, lifetime, true, false)
+}
+
+// SignCSRFor is SignCSR for serving and/or client use (a node that dials
+// its master presents its certificate as a client).
+func (ca *CA) SignCSRFor(csrDER []byte, cn string, hosts []string, lifetime time.Duration, server, client bool) ([]byte, error) {
 	csr, err := x509.ParseCertificateRequest(csrDER)
 	if err != nil {
 		return nil, err
@@ -122,5 +128,5 @@ func (ca *CA) SignCSR(csrDER []byte, cn string, hosts []string, lifetime time.Du
 	if err := csr.CheckSignature(); err != nil {
 		return nil, errors.New("pki: the CSR is not signed by its key")
 	}
-	return ca.signKey(csr.PublicKey, cn, hosts, lifetime, true, false)
+	return ca.signKey(csr.PublicKey, cn, hosts, lifetime, server, client)
 }

@@ -22,8 +22,10 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 )
@@ -219,34 +221,54 @@ func (ca *CA) signKey(pub any, cn string, hosts []string, lifetime time.Duration
 
 // ServerConfig is a TLS configuration serving a certificate from ca for
 // hosts, reissued in the running process once two thirds of its lifetime
-// have passed, so a long-running master never serves an expired one.
+// have passed, so a long-running master never serves an expired one. A
+// connection that reached the server at a local address the certificate
+// does not name (an API listening on every address, reached by an address
+// that appeared after it started: a veth made later) gets a certificate
+// that also names that address.
 func (ca *CA) ServerConfig(hosts []string) (*tls.Config, error) {
 	var (
-		mu  sync.Mutex
-		cur tls.Certificate
+		mu    sync.Mutex
+		certs = map[string]tls.Certificate{} // by the local address it was made for ("" for hosts)
 	)
-	issue := func() error {
-		c, err := ca.Issue("sandstorm api", hosts, ServerLifetime, true, false)
-		if err == nil {
-			cur = c
+	issue := func(extra string) (tls.Certificate, error) {
+		hs := hosts
+		if extra != "" {
+			hs = append(slices.Clone(hosts), extra)
 		}
-		return err
+		c, err := ca.Issue("sandstorm api", hs, ServerLifetime, true, false)
+		if err == nil {
+			certs[extra] = c
+		}
+		return c, err
 	}
-	if err := issue(); err != nil {
+	if _, err := issue(""); err != nil {
 		return nil, err
+	}
+	named := map[string]bool{}
+	for _, h := range hosts {
+		named[h] = true
 	}
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 			mu.Lock()
 			defer mu.Unlock()
-			if time.Until(cur.Leaf.NotAfter) < ServerLifetime/3 {
-				if err := issue(); err != nil {
-					return nil, err
+			key := ""
+			if hello.Conn != nil && hello.ServerName == "" {
+				if ap, err := netip.ParseAddrPort(hello.Conn.LocalAddr().String()); err == nil && !named[ap.Addr().Unmap().String()] {
+					key = ap.Addr().Unmap().String()
 				}
 			}
-			c := cur
-			return &c, nil
+			cur, ok := certs[key]
+			if !ok || time.Until(cur.Leaf.NotAfter) < ServerLifetime/3 {
+				c, err := issue(key)
+				if err != nil {
+					return nil, err
+				}
+				cur = c
+			}
+			return &cur, nil
 		},
 	}, nil
 }

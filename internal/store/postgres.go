@@ -99,6 +99,10 @@ CREATE TABLE IF NOT EXISTS nodes (
 	address   TEXT NOT NULL UNIQUE,
 	paired_at BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS join_tokens (
+	hash       TEXT PRIMARY KEY,
+	expires_at BIGINT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS placements (
 	id         TEXT PRIMARY KEY,
 	name       TEXT NOT NULL UNIQUE,

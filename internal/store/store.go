@@ -121,6 +121,10 @@ CREATE TABLE IF NOT EXISTS nodes (
 	address   TEXT NOT NULL UNIQUE,
 	paired_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS join_tokens (
+	hash       TEXT PRIMARY KEY,
+	expires_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS placements (
 	id         TEXT PRIMARY KEY,
 	name       TEXT NOT NULL UNIQUE,
@@ -553,4 +557,22 @@ func (s *Store) ListPlacements(ctx context.Context, node string) ([]Placement, e
 		out = append(out, p)
 	}
 	return out, rows.Err()
+}
+
+// PutJoinToken records a join token (by its hash) until expires.
+func (s *Store) PutJoinToken(ctx context.Context, hash string, expires time.Time) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO join_tokens(hash, expires_at) VALUES(?,?)`), hash, ms(expires))
+	return err
+}
+
+// UseJoinToken consumes the join token with hash: true if it was there
+// and not expired. A token is good once.
+func (s *Store) UseJoinToken(ctx context.Context, hash string, now time.Time) (bool, error) {
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM join_tokens WHERE hash=? AND expires_at>?`), hash, ms(now))
+	if err != nil {
+		return false, err
+	}
+	k, _ := res.RowsAffected()
+	s.db.ExecContext(ctx, s.q(`DELETE FROM join_tokens WHERE expires_at<=?`), ms(now))
+	return k == 1, nil
 }

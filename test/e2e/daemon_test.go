@@ -67,6 +67,10 @@ var (
 // of its own (serve --master).
 const masterOnly = "<master only>"
 
+// listenAll, among startDaemon's extra flags, has the API listen on every
+// address of the test's namespace, not only loopback.
+const listenAll = "<listen on all>"
+
 // startDaemon starts a daemon with the default test flags (no idle timers,
 // no memory reserve, gvisor backend), then extra flags, which override
 // them. At the end of the test it deletes every sandbox through the API,
@@ -91,8 +95,15 @@ func startDaemon(t *testing.T, extra ...string) *Daemon {
 			d.Backend = extra[i+1]
 		}
 	}
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	port := freePort(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
 	d.API = "https://" + listen
+	if slices.Contains(extra, listenAll) {
+		// Reachable from the test's own network namespaces too (a node
+		// that dials in); the test itself still uses loopback.
+		listen = fmt.Sprintf("0.0.0.0:%d", port)
+		extra = slices.DeleteFunc(slices.Clone(extra), func(s string) bool { return s == listenAll })
+	}
 	roles := []string{"--master", "--node"}
 	if slices.Contains(extra, masterOnly) {
 		// A master with no node of its own: readiness is GET /v1/nodes.

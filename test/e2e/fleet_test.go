@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -39,6 +40,14 @@ type machine struct {
 // test's side (10.188.k.1/24) and eth0 inside (10.188.k.2/24), and starts
 // its node with extra flags.
 func fleetMachine(t *testing.T, k int, extra ...string) *machine {
+	t.Helper()
+	return newMachine(t, k, true, extra...)
+}
+
+// newMachine is fleetMachine; with listen false the node gets no
+// --node-listen (it dials its master: give --join in extra) and start
+// does not wait for a listener.
+func newMachine(t *testing.T, k int, listen bool, extra ...string) *machine {
 	t.Helper()
 	m := &machine{t: t, name: fmt.Sprintf("node-%d", k), addr: fmt.Sprintf("10.188.%d.2", k),
 		dataDir: filepath.Join(workDir, fmt.Sprintf("fm%d", k)), logPath: filepath.Join(workDir, fmt.Sprintf("fm%d.log", k))}
@@ -82,10 +91,16 @@ func fleetMachine(t *testing.T, k int, extra ...string) *machine {
 	})
 	// nsenter, not ip netns exec: the latter mounts a sysfs of its own
 	// over /sys, hiding the cgroup hierarchy runsc needs.
+	if !listen {
+		m.listen = ""
+	}
 	m.args = append([]string{"--net=/var/run/netns/" + ns, sandstormdBin, "serve", "--node",
-		"--node-name", m.name, "--node-listen", m.listen, "--data-dir", m.dataDir,
+		"--node-name", m.name, "--data-dir", m.dataDir,
 		"--subnet", pickSubnet(t), "--gateway-listen", m.addr, "--gateway-ports", pickGatewayPorts(t, 20),
 		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}, extra...)
+	if listen {
+		m.args = append(m.args, "--node-listen", m.listen)
+	}
 	m.start()
 	return m
 }
@@ -104,6 +119,9 @@ func (m *machine) start() {
 	}
 	m.exited = make(chan struct{})
 	go func() { m.cmd.Wait(); close(m.exited) }()
+	if m.listen == "" {
+		return // it dials its master; the caller waits for that
+	}
 	waitFor(m.t, 30*time.Second, m.name+" listens on "+m.listen, func() bool {
 		select {
 		case <-m.exited:
@@ -338,8 +356,6 @@ func listNodes(t *testing.T, d *Daemon) []api.NodeStatus {
 	return l.Items
 }
 
-var _ = context.Background
-
 // TestFleetUpDown: sandstormd fleet up brings a master and two nodes up in
 // network namespaces of their own, pairs them, seeds the web demo and
 // checks a sandbox answers on each node; fleet down deletes the sandboxes
@@ -384,5 +400,98 @@ func TestFleetUpDown(t *testing.T) {
 	}
 	if ps := processesMentioning(root + "/"); len(ps) > 0 {
 		t.Errorf("processes left behind: %v", ps)
+	}
+}
+
+// TestNodeBehindNAT: a node the master cannot reach — it listens on
+// nothing — joins by dialling the master with a join token and the CA's
+// fingerprint, and the master's calls ride its connection: it is listed
+// ready, runs a sandbox that answers at its gateway, is lost when killed
+// and back (without a token: it has its certificate) when restarted. A
+// wrong fingerprint and a used token are refused.
+func TestNodeBehindNAT(t *testing.T) {
+	m := startDaemon(t, masterOnly, listenAll)
+	var jt api.JoinToken
+	if err := m.C.Do(ctxT(t), "POST", "/v1/nodes/join-tokens", nil, &jt); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(jt.Command, "--join-token "+jt.Token) || len(jt.CAFingerprint) != 64 {
+		t.Errorf("join token answer: %+v", jt)
+	}
+	master := "https://10.188.5.1:" + strings.Split(m.API, ":")[2]
+	bad := newMachine(t, 6, false, "--join", "https://10.188.6.1:"+strings.Split(m.API, ":")[2], "--ca-fingerprint", strings.Repeat("ab", 32), "--join-token", jt.Token)
+	select {
+	case <-bad.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a node given the wrong CA fingerprint did not give up")
+	}
+	if b, _ := os.ReadFile(bad.logPath); !strings.Contains(string(b), "refusing to join") {
+		t.Errorf("the wrong fingerprint's refusal does not say so:\n%s", b)
+	}
+
+	nat := newMachine(t, 5, false, "--join", master, "--ca-fingerprint", jt.CAFingerprint, "--join-token", jt.Token)
+	// The master came first here (the join token is its), so its cleanup
+	// would run after the node's: delete the sandboxes while the node is
+	// still there.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if sbs, err := m.C.Sandboxes(ctx); err == nil {
+			for _, sb := range sbs {
+				if err := m.C.DeleteSandbox(ctx, sb.ID); err != nil {
+					t.Errorf("cleanup: delete %s: %v", sb.Name, err)
+				}
+			}
+		}
+	})
+	ready := func() bool {
+		for _, n := range listNodes(t, m) {
+			if n.Name == nat.name {
+				return n.State == "ready"
+			}
+		}
+		return false
+	}
+	waitFor(t, 30*time.Second, nat.name+" dials in and is ready", ready)
+	m.registerWeb(t, "web")
+	sb := m.create(t, "web", "behind-nat")
+	if sb.Node != nat.name {
+		t.Fatalf("placed on %q", sb.Node)
+	}
+	if c := getCount(t, endpoint(t, sb)); c != 1 {
+		t.Errorf("counted %d", c)
+	}
+	if got := m.transition(t, sb.ID, "snapshot", api.TierSnapshot); got.Node != nat.name {
+		t.Errorf("snapshot through the tunnel: %+v", got)
+	}
+	if c := getCount(t, endpoint(t, sb)); c != 2 {
+		t.Errorf("after a snapshot through the tunnel, counted %d, want 2", c)
+	}
+
+	// The token was good once.
+	other := newMachine(t, 6, false, "--join", "https://10.188.6.1:"+strings.Split(m.API, ":")[2], "--ca-fingerprint", jt.CAFingerprint, "--join-token", jt.Token)
+	select {
+	case <-other.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a node with a used join token did not give up")
+	}
+	if b, _ := os.ReadFile(other.logPath); !strings.Contains(string(b), "unknown, used or expired") {
+		t.Errorf("a used token's refusal does not say so:\n%s", b)
+	}
+
+	nat.stop(syscall.SIGKILL)
+	waitFor(t, 30*time.Second, nat.name+" shows lost", func() bool { return !ready() })
+	nat.args = slices.DeleteFunc(nat.args, func(s string) bool { return s == jt.Token || s == "--join-token" })
+	nat.start()
+	waitFor(t, 30*time.Second, nat.name+" dials in again and has reconciled", func() bool {
+		for _, n := range listNodes(t, m) {
+			if n.Name == nat.name {
+				return n.State == "ready" && n.Reconciling == 0
+			}
+		}
+		return false
+	})
+	if c := getCount(t, endpoint(t, m.get(t, sb.ID))); c != 3 {
+		t.Errorf("after the node came back, counted %d, want 3", c)
 	}
 }
