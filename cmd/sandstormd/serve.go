@@ -47,16 +47,19 @@ func serveCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the master, a node, or both (one process)",
-		Long: `Run sandstormd. --master --node runs both in one process: the HTTP API on
---listen, desired state in SQLite under --data-dir, sandboxes on this machine.
+		Long: `Run sandstormd. --master --node runs both in one process: the HTTPS API and
+console on --listen, desired state in SQLite under --data-dir (or PostgreSQL:
+--store), sandboxes on this machine.
 --node alone runs a node apart from its master: it listens on --node-listen,
 writes a pairing code to <data-dir>/pki/node/pairing-code, and once a master
 has paired with it (POST /v1/nodes {"address", "pairing_code"}) serves that
-master only, over mutual TLS. --master alone places sandboxes on the nodes
-it paired with.
+master only, over mutual TLS; a node the master cannot reach dials it
+instead (--join, --ca-fingerprint, --join-token). --master alone places
+sandboxes on the nodes it paired with.
 
-On first start the API token is written to <data-dir>/pki/api-token (mode 0600);
-every API call needs "Authorization: Bearer <token>".
+On first start the master makes its CA (<data-dir>/pki/ca.pem; the API's
+certificate is from it) and the API token (<data-dir>/pki/api-token, mode
+0600); every API call needs "Authorization: Bearer <token>".
 
 Stopping or killing sandstormd leaves sandboxes as they are; the next start
 adopts running ones, keeps snapshots restorable and finishes or rolls back
