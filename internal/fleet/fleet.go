@@ -578,7 +578,7 @@ func (f *Fleet) Tunnel(w http.ResponseWriter, r *http.Request) {
 		conn.Close()
 		return
 	}
-	c := nodeapi.TunnelClient(name, sess)
+	c := nodeapi.TunnelClient(name, sess, r.TLS.VerifiedChains[0][0].NotAfter)
 	f.mu.Lock()
 	f.remote[name] = c
 	f.mu.Unlock()

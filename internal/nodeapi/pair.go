@@ -415,15 +415,29 @@ func Renew(ctx context.Context, c *Client, ca *pki.CA, host string) (time.Time, 
 	if err := c.do(ctx, http.MethodPost, "/node/v1/renew", struct{}{}, &reply, http.StatusOK); err != nil {
 		return time.Time{}, err
 	}
-	der, err := ca.SignCSR(reply.CSR, "node "+c.NodeName, []string{host}, NodeCertLifetime)
+	// A node that serves its master has a server certificate; one that
+	// dials in (a tunnel) presents its certificate as a client.
+	var hosts []string
+	if !c.tunnel {
+		hosts = []string{host}
+	}
+	der, err := ca.SignCSRFor(reply.CSR, "node "+c.NodeName, hosts, NodeCertLifetime, !c.tunnel, c.tunnel)
 	if err != nil {
 		return time.Time{}, err
 	}
 	if err := c.do(ctx, http.MethodPut, "/node/v1/cert", pairFinish{Cert: der}, nil, http.StatusNoContent); err != nil {
 		return time.Time{}, err
 	}
-	c.HTTP.CloseIdleConnections() // the next call meets the new certificate
 	cert, _ := x509.ParseCertificate(der)
+	if c.tunnel {
+		// The tunnel up now keeps its certificate; the next presents the
+		// new one.
+		c.certMu.Lock()
+		c.notAfter = cert.NotAfter
+		c.certMu.Unlock()
+	} else {
+		c.HTTP.CloseIdleConnections() // the next call meets the new certificate
+	}
 	return cert.NotAfter, nil
 }
 

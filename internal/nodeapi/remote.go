@@ -218,7 +218,8 @@ type Client struct {
 	HTTP *http.Client
 
 	certMu   sync.Mutex
-	notAfter time.Time // of the certificate the node last presented (Dial)
+	notAfter time.Time // of the certificate the node last presented (Dial, or its tunnel)
+	tunnel   bool      // the node dials in: its certificate is a client one
 }
 
 var _ Node = (*Client)(nil)

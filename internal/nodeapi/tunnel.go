@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -70,6 +71,9 @@ type Joiner struct {
 	PKIDir      string
 	Node        Node
 	Log         *slog.Logger
+
+	mu      sync.Mutex
+	renewal []byte // the key (PEM) of a renewal asked for
 }
 
 // Join makes sure the node has its certificate, joining if it has none.
@@ -216,12 +220,86 @@ func (j *Joiner) tunnel(ctx context.Context) error {
 	}
 	defer sess.Close()
 	j.Log.Info("tunnel to the master up", "master", j.Master)
-	srv := &http.Server{Handler: Server(j.Node), ReadHeaderTimeout: 30 * time.Second}
+	srv := &http.Server{Handler: j.handler(), ReadHeaderTimeout: 30 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sess.Close()
 	}()
 	return srv.Serve(sess)
+}
+
+// handler is what the node serves on its tunnel: the seam, and the
+// renewal of its certificate (the master asks for a CSR, then sends the
+// certificate; the next tunnel presents it).
+func (j *Joiner) handler() http.Handler {
+	seam := Server(j.Node)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/node/v1/renew":
+			csr, keyPEM, err := pki.NewCSR("node " + j.Name)
+			if err != nil {
+				writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+				return
+			}
+			j.mu.Lock()
+			j.renewal = keyPEM
+			j.mu.Unlock()
+			writeJSON(w, http.StatusOK, pairReply{Name: j.Name, CSR: csr})
+		case "/node/v1/cert":
+			var f pairFinish
+			if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {
+				writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed certificate"})
+				return
+			}
+			if err := j.takeCert(f.Cert); err != nil {
+				writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: err.Error()})
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			seam.ServeHTTP(w, r)
+		}
+	})
+}
+
+// takeCert stores a renewed certificate for the renewal's key, once it
+// checks against the master's CA for client use.
+func (j *Joiner) takeCert(der []byte) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.renewal == nil {
+		return errors.New("no renewal asked for")
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	if _, err := tls.X509KeyPair(certPEM, j.renewal); err != nil {
+		return fmt.Errorf("the certificate is not for the renewal's key: %w", err)
+	}
+	caPEM, _ := os.ReadFile(filepath.Join(j.PKIDir, nodeCAFile))
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return err
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return fmt.Errorf("the certificate is not from this node's master's CA for client use: %w", err)
+	}
+	for _, wf := range []struct {
+		name string
+		b    []byte
+		mode os.FileMode
+	}{{nodeKeyFile, j.renewal, 0o600}, {nodeCertFile, certPEM, 0o644}} {
+		path := filepath.Join(j.PKIDir, wf.name)
+		if err := os.WriteFile(path+".tmp", wf.b, wf.mode); err != nil {
+			return err
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return err
+		}
+	}
+	j.renewal = nil
+	j.Log.Info("certificate renewed by the master; the next tunnel presents it", "until", leaf.NotAfter)
+	return nil
 }
 
 // bufConn is a connection whose first bytes were read into r.
@@ -246,12 +324,14 @@ func TunnelSession(conn net.Conn) (*yamux.Session, error) {
 	return yamux.Client(conn, yamuxConfig())
 }
 
-// TunnelClient is a Client of the node behind sess.
-func TunnelClient(name string, sess *yamux.Session) *Client {
+// TunnelClient is a Client of the node behind sess, whose certificate
+// (the one its tunnel presented) ends at notAfter.
+func TunnelClient(name string, sess *yamux.Session, notAfter time.Time) *Client {
 	tr := &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return sess.Open()
 	}, MaxIdleConnsPerHost: 16}
-	return &Client{NodeName: name, Base: "http://" + name, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Minute}}
+	return &Client{NodeName: name, Base: "http://" + name, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Minute},
+		notAfter: notAfter, tunnel: true}
 }
 
 // NewJoinToken is a random join token and the hash the master keeps of it.
