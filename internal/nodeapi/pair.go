@@ -55,6 +55,31 @@ const (
 	nodeKeyFile  = "node/node.key"
 )
 
+// pkiFile is a file of a node's pairing, written by writePKI.
+type pkiFile struct {
+	name string // under the pki dir
+	b    []byte
+	mode os.FileMode
+}
+
+// writePKI writes files under pkiDir, each whole or not at all (a temporary
+// file renamed over it), the key before the certificate that names it.
+func writePKI(pkiDir string, files ...pkiFile) error {
+	if err := os.MkdirAll(filepath.Join(pkiDir, "node"), 0o700); err != nil {
+		return err
+	}
+	for _, f := range files {
+		path := filepath.Join(pkiDir, f.name)
+		if err := os.WriteFile(path+".tmp", f.b, f.mode); err != nil {
+			return err
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 type pairHello struct {
 	CA    string `json:"ca"`    // PEM
 	Nonce []byte `json:"nonce"` // 32 bytes
@@ -296,23 +321,9 @@ func (e *Endpoint) finish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.Cert})
-	dir := filepath.Join(e.PKIDir, "node")
-	for _, wf := range []struct {
-		name string
-		b    []byte
-		mode os.FileMode
-	}{{nodeKeyFile, p.keyPEM, 0o600}, {nodeCertFile, certPEM, 0o644}, {nodeCAFile, p.ca, 0o644}} {
-		path := filepath.Join(e.PKIDir, wf.name)
-		if err := os.MkdirAll(dir, 0o700); err == nil {
-			err = os.WriteFile(path+".tmp", wf.b, wf.mode)
-			if err == nil {
-				err = os.Rename(path+".tmp", path)
-			}
-		}
-		if err != nil {
-			writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
-			return
-		}
+	if err := writePKI(e.PKIDir, pkiFile{nodeKeyFile, p.keyPEM, 0o600}, pkiFile{nodeCertFile, certPEM, 0o644}, pkiFile{nodeCAFile, p.ca, 0o644}); err != nil {
+		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		return
 	}
 	cfg, err := e.loadPaired()
 	if err != nil {
@@ -367,20 +378,9 @@ func (e *Endpoint) renewCert(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not from this node's master's CA: " + err.Error()})
 		return
 	}
-	for _, wf := range []struct {
-		name string
-		b    []byte
-		mode os.FileMode
-	}{{nodeKeyFile, e.renewal, 0o600}, {nodeCertFile, certPEM, 0o644}} {
-		path := filepath.Join(e.PKIDir, wf.name)
-		if err := os.WriteFile(path+".tmp", wf.b, wf.mode); err != nil {
-			writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
-			return
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
-			writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
-			return
-		}
+	if err := writePKI(e.PKIDir, pkiFile{nodeKeyFile, e.renewal, 0o600}, pkiFile{nodeCertFile, certPEM, 0o644}); err != nil {
+		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		return
 	}
 	cfg := e.paired.Clone()
 	cfg.Certificates = []tls.Certificate{pair}

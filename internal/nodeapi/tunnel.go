@@ -114,19 +114,8 @@ func (j *Joiner) Join(ctx context.Context) error {
 	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
 		return fmt.Errorf("the master's certificate for this node: %w", err)
 	}
-	os.MkdirAll(filepath.Join(j.PKIDir, "node"), 0o700)
-	for _, wf := range []struct {
-		name string
-		b    []byte
-		mode os.FileMode
-	}{{nodeKeyFile, keyPEM, 0o600}, {nodeCertFile, certPEM, 0o644}, {nodeCAFile, caPEM, 0o644}} {
-		path := filepath.Join(j.PKIDir, wf.name)
-		if err := os.WriteFile(path+".tmp", wf.b, wf.mode); err != nil {
-			return err
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
-			return err
-		}
+	if err := writePKI(j.PKIDir, pkiFile{nodeKeyFile, keyPEM, 0o600}, pkiFile{nodeCertFile, certPEM, 0o644}, pkiFile{nodeCAFile, caPEM, 0o644}); err != nil {
+		return err
 	}
 	j.Log.Info("joined the master", "master", j.Master)
 	return nil
@@ -284,18 +273,8 @@ func (j *Joiner) takeCert(der []byte) error {
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		return fmt.Errorf("the certificate is not from this node's master's CA for client use: %w", err)
 	}
-	for _, wf := range []struct {
-		name string
-		b    []byte
-		mode os.FileMode
-	}{{nodeKeyFile, j.renewal, 0o600}, {nodeCertFile, certPEM, 0o644}} {
-		path := filepath.Join(j.PKIDir, wf.name)
-		if err := os.WriteFile(path+".tmp", wf.b, wf.mode); err != nil {
-			return err
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
-			return err
-		}
+	if err := writePKI(j.PKIDir, pkiFile{nodeKeyFile, j.renewal, 0o600}, pkiFile{nodeCertFile, certPEM, 0o644}); err != nil {
+		return err
 	}
 	j.renewal = nil
 	j.Log.Info("certificate renewed by the master; the next tunnel presents it", "until", leaf.NotAfter)
