@@ -166,8 +166,11 @@ func (f *Fleet) isRemote(name string) bool {
 	return ok
 }
 
-// For is the node of the sandbox whose ID or name is ref.
-func (f *Fleet) For(ctx context.Context, ref string) (nodeapi.Node, error) {
+// Find is the sandbox whose ID or name is ref, and its node, in one
+// lookup: the master's placement, else the local node's own, else — a
+// copy a move left behind on a node that came back, which a person
+// deletes by its ID — whichever paired node has it (asked all at once).
+func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox, error) {
 	p, err := f.cfg.Store.GetPlacement(ctx, ref)
 	switch {
 	case err == nil:
@@ -175,34 +178,49 @@ func (f *Fleet) For(ctx context.Context, ref string) (nodeapi.Node, error) {
 		c := f.remote[p.Node]
 		f.mu.RUnlock()
 		if c == nil {
-			return nil, nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("sandbox %s is on node %s, which this master no longer has", p.Name, p.Node))
+			return nil, api.Sandbox{}, nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("sandbox %s is on node %s, which this master no longer has", p.Name, p.Node))
 		}
-		return c, nil
+		sb, err := c.Get(ctx, ref)
+		return c, sb, err
 	case !errors.Is(err, store.ErrNotFound):
-		return nil, err
+		return nil, api.Sandbox{}, err
 	}
+	var localErr error = nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
 	if f.cfg.Local != nil {
-		if _, err := f.cfg.Local.Get(ctx, ref); err == nil {
-			return f.cfg.Local, nil
+		sb, err := f.cfg.Local.Get(ctx, ref)
+		if err == nil || !errors.Is(err, nodeapi.ErrNotFound) {
+			return f.cfg.Local, sb, err
 		}
+		localErr = err
 	}
-	// Not placed by this master, nor its own: a copy a move left behind
-	// on a node that came back, which a person deletes by its ID.
+	type hit struct {
+		n  nodeapi.Node
+		sb api.Sandbox
+	}
+	var remotes []nodeapi.Node
 	for _, n := range f.Nodes() {
-		if n == f.cfg.Local {
-			continue
-		}
-		gctx, cancel := context.WithTimeout(ctx, statusWait)
-		_, err := n.Get(gctx, ref)
-		cancel()
-		if err == nil {
-			return n, nil
+		if n != f.cfg.Local {
+			remotes = append(remotes, n)
 		}
 	}
-	if f.cfg.Local != nil {
-		return f.cfg.Local, nil // whose Get says it is not there
+	hits := make(chan *hit, len(remotes))
+	for _, n := range remotes {
+		go func() {
+			gctx, cancel := context.WithTimeout(ctx, statusWait)
+			defer cancel()
+			if sb, err := n.Get(gctx, ref); err == nil {
+				hits <- &hit{n, sb}
+				return
+			}
+			hits <- nil
+		}()
 	}
-	return nil, nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
+	for range remotes {
+		if h := <-hits; h != nil {
+			return h.n, h.sb, nil
+		}
+	}
+	return f.cfg.Local, api.Sandbox{}, localErr
 }
 
 // Move creates sandbox ref again, cold, on another node, when its own
@@ -283,6 +301,13 @@ func (f *Fleet) Statuses(ctx context.Context) []api.NodeStatus {
 
 // Create places req on the node with the most headroom that takes it.
 func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
+	if nodes := f.Nodes(); len(nodes) == 1 && nodes[0] == f.cfg.Local {
+		// One node, no choice: no status to read (a node's status counts
+		// its sandboxes, a scan of its store, which a create per request
+		// must not pay on a node holding thousands). The node decides
+		// itself whether it has room.
+		return f.cfg.Local.Create(ctx, req)
+	}
 	sts := f.Statuses(ctx)
 	byName := map[string]nodeapi.Node{}
 	for _, n := range f.Nodes() {
@@ -370,11 +395,24 @@ func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
 	var out []api.Sandbox
 	for i, n := range nodes {
 		if errs[i] == nil {
+			if n == f.cfg.Local {
+				out = append(out, lists[i]...)
+				continue
+			}
+			// One read of where the master put this node's sandboxes (not
+			// one per sandbox): one it did not put there is a copy a move
+			// left behind.
+			ps, err := f.cfg.Store.ListPlacements(ctx, n.Name())
+			if err != nil {
+				return nil, err
+			}
+			placed := make(map[string]bool, len(ps))
+			for _, p := range ps {
+				placed[p.ID] = true
+			}
 			for _, sb := range lists[i] {
-				if n != f.cfg.Local {
-					if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err != nil || p.Node != n.Name() {
-						sb.Note = "left behind on " + n.Name() + " when it was moved while the node was lost; delete it by its ID (" + sb.ID + ")"
-					}
+				if !placed[sb.ID] {
+					sb.Note = "left behind on " + n.Name() + " when it was moved while the node was lost; delete it by its ID (" + sb.ID + ")"
 				}
 				out = append(out, sb)
 			}

@@ -96,8 +96,8 @@ func TestCreatePlacesByHeadroomAndRetries(t *testing.T) {
 	if err != nil || sb.Node != "local" {
 		t.Fatalf("with local roomiest: %+v %v", sb, err)
 	}
-	if n, err := f.For(ctx, "a"); err != nil || n.Name() != "local" {
-		t.Errorf("a is found on %v (%v)", n, err)
+	if n, sb, err := f.Find(ctx, "a"); err != nil || n.Name() != "local" || sb.Name != "a" {
+		t.Errorf("a is found on %v: %+v (%v)", n, sb, err)
 	}
 
 	local.refuse = true // the roomiest refuses: the next takes it
@@ -105,8 +105,11 @@ func TestCreatePlacesByHeadroomAndRetries(t *testing.T) {
 	if err != nil || sb.Node != "far" {
 		t.Fatalf("local refusing: %+v %v", sb, err)
 	}
-	if n, err := f.For(ctx, "b"); err != nil || n.Name() != "far" {
-		t.Errorf("b's node: %v %v", n, err)
+	if n, sb, err := f.Find(ctx, "b"); err != nil || n.Name() != "far" || sb.Node != "far" {
+		t.Errorf("b's node: %v %+v %v", n, sb, err)
+	}
+	if _, _, err := f.Find(ctx, "nowhere"); !errors.Is(err, nodeapi.ErrNotFound) {
+		t.Errorf("an unknown sandbox: %v", err)
 	}
 	if !f.NameTaken(ctx, "b") {
 		t.Error("a paired node's sandbox name is not taken")

@@ -494,12 +494,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 
 // sandbox finds the sandbox of the request's {id} and its node.
 func (s *server) sandbox(r *http.Request) (nodeapi.Node, api.Sandbox, error) {
-	n, err := s.cfg.Fleet.For(r.Context(), r.PathValue("id"))
-	if err != nil {
-		return nil, api.Sandbox{}, err
-	}
-	sb, err := n.Get(r.Context(), r.PathValue("id"))
-	return n, sb, err
+	return s.cfg.Fleet.Find(r.Context(), r.PathValue("id"))
 }
 
 func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
@@ -562,12 +557,12 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	n, err := s.cfg.Fleet.For(r.Context(), r.PathValue("id"))
+	n, parent, err := s.sandbox(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	out, err := n.Clone(r.Context(), r.PathValue("id"), req)
+	out, err := n.Clone(r.Context(), parent.ID, req)
 	s.cfg.Fleet.Placed(r.Context(), n.Name(), out.Children)
 	if err != nil && len(out.Children) == 0 {
 		s.fail(w, r, err)
