@@ -335,8 +335,17 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		return fmt.Errorf("API certificate: %w", err)
 	}
 	// Nodes that dial in present their certificates on this listener
-	// (GET /v1/nodes/tunnel); everyone else needs none.
-	tlsCfg.ClientAuth, tlsCfg.ClientCAs = tls.VerifyClientCertIfGiven, ca.Pool()
+	// (GET /v1/nodes/tunnel). They say so in ALPN (RFC 7301), and only
+	// they are asked for one: a browser or curl is never sent a
+	// certificate request.
+	tunnelCfg := tlsCfg.Clone()
+	tunnelCfg.ClientAuth, tunnelCfg.ClientCAs, tunnelCfg.NextProtos = tls.RequireAndVerifyClientCert, ca.Pool(), []string{nodeapi.TunnelALPN}
+	tlsCfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		if slices.Contains(h.SupportedProtos, nodeapi.TunnelALPN) {
+			return tunnelCfg, nil
+		}
+		return nil, nil
+	}
 	listen := func() (net.Listener, error) {
 		ln, err := net.Listen("tcp", o.Listen)
 		if err != nil {
@@ -356,7 +365,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 			return err
 		}
 		apiSw = &switchHandler{}
-		standbySrv := &http.Server{Handler: apiSw, ReadHeaderTimeout: 10 * time.Second}
+		standbySrv := &http.Server{Handler: apiSw, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: nodeapi.TunnelNextProto()}
 		go standbySrv.Serve(apiLn)
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -415,7 +424,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		Store: st, Fleet: fl, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
 		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub},
 	})
-	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: nodeapi.TunnelNextProto()}
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
 	errc := make(chan error, 1)

@@ -50,6 +50,10 @@ import (
 // TunnelUpgrade is the Upgrade token of the tunnel.
 const TunnelUpgrade = "sandstorm-tunnel"
 
+// TunnelALPN is the ALPN protocol a node's tunnel connection offers: the
+// master asks only such connections for a client certificate.
+const TunnelALPN = "sandstorm-tunnel/1"
+
 // JoinRequest is POST /v1/nodes/join.
 type JoinRequest struct {
 	Token string `json:"token"`
@@ -186,7 +190,8 @@ func (j *Joiner) tunnel(ctx context.Context) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 15 * time.Second},
-		Config: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}}
+		Config: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: u.Hostname(), MinVersion: tls.VersionTLS12,
+			NextProtos: []string{TunnelALPN}}}
 	conn, err := d.DialContext(ctx, "tcp", u.Host)
 	if err != nil {
 		return err
@@ -334,4 +339,47 @@ func NoTunnel(name string) *Client {
 		return nil, fmt.Errorf("node %s has no tunnel to this master (it dials in, and has not, or it dropped)", name)
 	}}
 	return &Client{NodeName: name, Base: "http://" + name, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+// TunnelNextProto is the http.Server.TLSNextProto entry for TunnelALPN:
+// net/http hands a connection that negotiated it here (it would close it
+// otherwise), and it is served as HTTP/1.1 by h — its one request, the
+// tunnel's upgrade, takes the connection over.
+func TunnelNextProto() map[string]func(*http.Server, *tls.Conn, http.Handler) {
+	return map[string]func(*http.Server, *tls.Conn, http.Handler){
+		TunnelALPN: func(s *http.Server, c *tls.Conn, h http.Handler) {
+			one := &http.Server{Handler: h, ReadHeaderTimeout: s.ReadHeaderTimeout, ErrorLog: s.ErrorLog}
+			one.Serve(&oneConn{c: c, done: make(chan struct{})})
+		},
+	}
+}
+
+// oneConn is a listener that accepts c once, then blocks until c closes.
+type oneConn struct {
+	c    net.Conn
+	used bool
+	done chan struct{}
+}
+
+func (l *oneConn) Accept() (net.Conn, error) {
+	if !l.used {
+		l.used = true
+		return &closeNotify{Conn: l.c, done: l.done}, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+func (l *oneConn) Close() error   { return nil }
+func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
+
+// closeNotify tells its listener when the connection closes.
+type closeNotify struct {
+	net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func (c *closeNotify) Close() error {
+	c.once.Do(func() { close(c.done) })
+	return c.Conn.Close()
 }
