@@ -100,8 +100,12 @@ type Reseed struct {
 // Template is a registered template: a rootfs plus an OCI runtime spec
 // derived from Process.
 type Template struct {
-	Name      string    `json:"name"`
-	Rootfs    string    `json:"rootfs"`
+	Name   string `json:"name"`
+	Rootfs string `json:"rootfs"`
+	// Digest identifies the rootfs across the fleet: the SHA-256 of its
+	// tree packed as a tarball ("sha256:<hex>", internal/rootfs.Pack).
+	// Each node fetches it from the master once and caches it by this.
+	Digest    string    `json:"digest,omitempty"`
 	Process   Process   `json:"process"`
 	Ports     []int     `json:"ports"`
 	MemoryMiB int       `json:"memory_mib,omitempty"`

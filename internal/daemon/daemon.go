@@ -38,6 +38,7 @@ import (
 	"sandstorm/internal/pki"
 	"sandstorm/internal/policy"
 	"sandstorm/internal/reclaim"
+	"sandstorm/internal/rootfs"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/sandbox/process"
@@ -409,11 +410,11 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		defer stopNode()
 		local = &nodeapi.Local{N: nd, St: st}
 	}
-	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log})
+	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub})
 	if err != nil {
 		return err
 	}
-	go fl.Run(ctx) // renews its nodes' certificates
+	go fl.Run(ctx) // hears its nodes' reports; renews their certificates
 	ln := apiLn
 	if ln == nil {
 		if ln, err = listen(); err != nil {
@@ -456,12 +457,15 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	if o.Store != "" {
 		return errors.New("--store is the master's: a node keeps its own state in <data-dir>/state.db")
 	}
-	nd, stopNode, err := startNode(ctx, o, st, events.New(0), log)
+	hub := events.New(0)
+	nd, stopNode, err := startNode(ctx, o, st, hub, log)
 	defer stopNode()
 	if err != nil {
 		return err
 	}
-	local := &nodeapi.Local{N: nd, St: st, OwnTemplates: true}
+	// The trees of the templates its master gives it, by digest: fetched
+	// once, kept while a template uses them.
+	local := &nodeapi.Local{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")}, Events: hub}
 	if o.Join != "" {
 		j := &nodeapi.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,
 			PKIDir: filepath.Join(o.DataDir, "pki"), Node: local, Log: log}

@@ -17,6 +17,9 @@ const (
 	Transition = "transition"
 	Refusal    = "refusal"
 	Delete     = "delete"
+	// Update: a sandbox's details changed without a tier change (its
+	// note); a watcher reads it again.
+	Update = "update"
 )
 
 // Event is one thing that happened to a sandbox.

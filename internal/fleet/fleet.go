@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,9 +20,11 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/events"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/placement"
+	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
 )
 
@@ -36,14 +39,20 @@ type Config struct {
 	// Local is the node in the master's process (nil: none).
 	Local nodeapi.Node
 	Log   *slog.Logger
+	// Events, if set, is the master's hub: paired nodes' reported events
+	// are published there too (the console's live view).
+	Events *events.Hub
 }
 
 // Fleet is the master's nodes.
 type Fleet struct {
-	cfg    Config
-	mu     sync.RWMutex
-	remote map[string]*nodeapi.Client
-	addrs  map[string]string
+	cfg     Config
+	started time.Time
+	mu      sync.RWMutex
+	remote  map[string]*nodeapi.Client
+	addrs   map[string]string
+	links   map[string]*link // reports.go
+	runCtx  context.Context  // set by Run: watchers live under it
 }
 
 // New loads the paired nodes from the store.
@@ -51,13 +60,32 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	f := &Fleet{cfg: cfg, remote: map[string]*nodeapi.Client{}, addrs: map[string]string{}}
+	f := &Fleet{cfg: cfg, started: time.Now(), remote: map[string]*nodeapi.Client{}, addrs: map[string]string{}, links: map[string]*link{}}
 	ns, err := cfg.Store.ListNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, n := range ns {
 		if err := f.add(n.Name, n.Address); err != nil {
+			return nil, err
+		}
+	}
+	// A template registered before templates had digests gets one now:
+	// a node fetches and checks its rootfs by it.
+	ts, err := cfg.Store.ListTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		if t.Digest != "" {
+			continue
+		}
+		d, err := rootfs.Digest(t.Rootfs)
+		if err != nil {
+			cfg.Log.Warn("template: cannot read its rootfs to name it by digest; no paired node can take it", "template", t.Name, "err", err)
+			continue
+		}
+		if err := cfg.Store.SetTemplateDigest(ctx, t.Name, d); err != nil {
 			return nil, err
 		}
 	}
@@ -74,6 +102,7 @@ func (f *Fleet) add(name, address string) error {
 		f.mu.Lock()
 		f.remote[name], f.addrs[name] = nodeapi.NoTunnel(name), address
 		f.mu.Unlock()
+		f.startWatch(name)
 		return nil
 	}
 	c, err := nodeapi.Dial(name, address, f.cfg.CA)
@@ -83,15 +112,27 @@ func (f *Fleet) add(name, address string) error {
 	f.mu.Lock()
 	f.remote[name], f.addrs[name] = c, address
 	f.mu.Unlock()
+	f.startWatch(name)
 	return nil
 }
 
 // renewEvery is how often the master looks at its nodes' certificates.
 const renewEvery = 10 * time.Minute
 
-// Run renews paired nodes' certificates once a third of their lifetime
-// is left (nodeapi.Renew), until ctx ends.
+// Run hears every paired node's reports (reports.go) and renews their
+// certificates once a third of their lifetime is left (nodeapi.Renew),
+// until ctx ends.
 func (f *Fleet) Run(ctx context.Context) {
+	f.mu.Lock()
+	f.runCtx = ctx
+	names := make([]string, 0, len(f.remote))
+	for n := range f.remote {
+		names = append(names, n)
+	}
+	f.mu.Unlock()
+	for _, n := range names {
+		f.startWatch(n)
+	}
 	t := time.NewTicker(renewEvery)
 	defer t.Stop()
 	for {
@@ -153,10 +194,21 @@ func (f *Fleet) Nodes() []nodeapi.Node {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		out = append(out, f.remote[n])
+		out = append(out, recorder{f.remote[n], f})
 	}
 	f.mu.RUnlock()
 	return out
+}
+
+// paired is the paired node name as the master's handlers call it (nil
+// if the fleet has no such node).
+func (f *Fleet) paired(name string) nodeapi.Node {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if c := f.remote[name]; c != nil {
+		return recorder{c, f}
+	}
+	return nil
 }
 
 func (f *Fleet) isRemote(name string) bool {
@@ -166,22 +218,37 @@ func (f *Fleet) isRemote(name string) bool {
 	return ok
 }
 
-// Find is the sandbox whose ID or name is ref, and its node, in one
-// lookup: the master's placement, else the local node's own, else — a
-// copy a move left behind on a node that came back, which a person
-// deletes by its ID — whichever paired node has it (asked all at once).
+// Find is the sandbox whose ID or name is ref, and its node, without
+// asking a paired node: the master's placement and the node's last
+// report of it (reports.go), else the local node's own (in this
+// process), else a report with no placement — a copy a move left behind
+// on a node that came back, which a person deletes by its ID.
 func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox, error) {
+	now := time.Now()
 	p, err := f.cfg.Store.GetPlacement(ctx, ref)
 	switch {
 	case err == nil:
-		f.mu.RLock()
-		c := f.remote[p.Node]
-		f.mu.RUnlock()
-		if c == nil {
+		n := f.paired(p.Node)
+		if n == nil {
 			return nil, api.Sandbox{}, nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("sandbox %s is on node %s, which this master no longer has", p.Name, p.Node))
 		}
-		sb, err := c.Get(ctx, ref)
-		return c, sb, err
+		rs, err := f.cfg.Store.FindReported(ctx, p.ID)
+		if err != nil {
+			return nil, api.Sandbox{}, err
+		}
+		if len(rs) > 0 {
+			return n, f.view(p.Node, rs[0].Sandbox, now), nil
+		}
+		if l, ok := f.linkOf(p.Node); (!ok || !l.full) && now.Sub(f.started) < nodeapi.SilenceLimit {
+			// The master has just started and has not heard the node's
+			// full report yet: ask it, this once.
+			gctx, cancel := context.WithTimeout(ctx, statusWait)
+			defer cancel()
+			if sb, err := n.Get(gctx, p.ID); err == nil {
+				return n, sb, nil
+			}
+		}
+		return n, f.unreported(p, now), nil
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, api.Sandbox{}, err
 	}
@@ -193,34 +260,22 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 		}
 		localErr = err
 	}
-	type hit struct {
-		n  nodeapi.Node
-		sb api.Sandbox
+	rs, err := f.cfg.Store.FindReported(ctx, ref)
+	if err != nil {
+		return nil, api.Sandbox{}, err
 	}
-	var remotes []nodeapi.Node
-	for _, n := range f.Nodes() {
-		if n != f.cfg.Local {
-			remotes = append(remotes, n)
-		}
-	}
-	hits := make(chan *hit, len(remotes))
-	for _, n := range remotes {
-		go func() {
-			gctx, cancel := context.WithTimeout(ctx, statusWait)
-			defer cancel()
-			if sb, err := n.Get(gctx, ref); err == nil {
-				hits <- &hit{n, sb}
-				return
-			}
-			hits <- nil
-		}()
-	}
-	for range remotes {
-		if h := <-hits; h != nil {
-			return h.n, h.sb, nil
+	for _, r := range rs {
+		if n := f.paired(r.Node); n != nil {
+			return n, leftBehind(r.Node, f.view(r.Node, r.Sandbox, now)), nil
 		}
 	}
 	return f.cfg.Local, api.Sandbox{}, localErr
+}
+
+// leftBehind is sb, which its node has but the master did not put there.
+func leftBehind(node string, sb api.Sandbox) api.Sandbox {
+	sb.Note = "left behind on " + node + " when it was moved while the node was lost; delete it by its ID (" + sb.ID + ")"
+	return sb
 }
 
 // Move creates sandbox ref again, cold, on another node, when its own
@@ -235,16 +290,16 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 	if err != nil {
 		return api.Sandbox{}, err
 	}
-	f.mu.RLock()
-	c := f.remote[p.Node]
-	f.mu.RUnlock()
-	if c != nil {
-		sctx, cancel := context.WithTimeout(ctx, statusWait)
-		_, err := c.Status(sctx)
-		cancel()
-		if err == nil {
-			return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s's node %s answers: only a sandbox whose node is lost is moved (a move starts it cold elsewhere and leaves its memory and volume behind)", p.Name, p.Node))
-		}
+	// Lost is what its reports say (or, with none heard, whether it
+	// answers a status now).
+	answers := false
+	if l, ok := f.linkOf(p.Node); ok && !l.heard.IsZero() {
+		answers = !l.lost(time.Now())
+	} else if n := f.paired(p.Node); n != nil {
+		answers = f.liveStatus(ctx, n).State != "lost"
+	}
+	if answers {
+		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s's node %s answers: only a sandbox whose node is lost is moved (a move starts it cold elsewhere and leaves its memory and volume behind)", p.Name, p.Node))
 	}
 	t, err := f.cfg.Store.GetTemplate(ctx, p.Template)
 	if err != nil {
@@ -256,7 +311,7 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 		return api.Sandbox{}, err
 	}
 	note := fmt.Sprintf("moved from node %s, which was lost, as a cold start: its memory and its volume stayed on %s (as sandbox %s, which is left there to delete once the node is back)", p.Node, p.Node, p.ID)
-	sb, err := f.Create(ctx, nodeapi.CreateRequest{Template: wireTemplate(t), Name: p.Name, Principal: p.Principal, MemoryMiB: p.MemoryMiB, Note: note})
+	sb, err := f.Create(ctx, nodeapi.CreateRequest{Template: Wire(t), Name: p.Name, Principal: p.Principal, MemoryMiB: p.MemoryMiB, Note: note})
 	if err != nil {
 		f.cfg.Store.PutPlacement(context.WithoutCancel(ctx), p)
 		return api.Sandbox{}, err
@@ -272,27 +327,69 @@ func (f *Fleet) NameTaken(ctx context.Context, name string) bool {
 	return err == nil
 }
 
-// Statuses is every node's status; a node that does not answer within
-// statusWait is "lost", with why.
+// Statuses is every node's status: the local node's read now, a paired
+// node's from its last heartbeat (reports.go), or "lost" with why. Only
+// in the first seconds after the master starts, before a node has
+// reported, is it asked (within statusWait).
 func (f *Fleet) Statuses(ctx context.Context) []api.NodeStatus {
 	nodes := f.Nodes()
 	out := make([]api.NodeStatus, len(nodes))
+	now := time.Now()
 	var wg sync.WaitGroup
 	for i, n := range nodes {
+		name := n.Name()
+		f.mu.RLock()
+		addr := f.addrs[name]
+		f.mu.RUnlock()
+		if l, ok := f.linkOf(name); ok && (!l.heard.IsZero() || now.Sub(f.started) >= nodeapi.SilenceLimit) {
+			st := l.status
+			if l.lost(now) {
+				st = api.NodeStatus{State: "lost", Error: lostNote(name, l)}
+			}
+			st.Name, st.Address = name, addr
+			out[i] = st
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sctx, cancel := context.WithTimeout(ctx, statusWait)
-			defer cancel()
-			st, err := n.Status(sctx)
-			if err != nil {
-				st = api.NodeStatus{Name: n.Name(), State: "lost", Error: err.Error()}
-			}
-			st.Name = n.Name()
-			f.mu.RLock()
-			st.Address = f.addrs[n.Name()]
-			f.mu.RUnlock()
-			out[i] = st
+			out[i] = f.liveStatus(ctx, n)
+			out[i].Address = addr
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// liveStatus asks n for its status, within statusWait.
+func (f *Fleet) liveStatus(ctx context.Context, n nodeapi.Node) api.NodeStatus {
+	sctx, cancel := context.WithTimeout(ctx, statusWait)
+	defer cancel()
+	st, err := n.Status(sctx)
+	if err != nil {
+		st = api.NodeStatus{State: "lost", Error: err.Error()}
+	}
+	st.Name = n.Name()
+	return st
+}
+
+// placementStatuses is every node's status for a placement: asked now
+// (a create must see what starting sandboxes have promised), except of a
+// node known to be lost, which is not waited for.
+func (f *Fleet) placementStatuses(ctx context.Context) []api.NodeStatus {
+	nodes := f.Nodes()
+	out := make([]api.NodeStatus, len(nodes))
+	now := time.Now()
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		if l, ok := f.linkOf(n.Name()); ok && !l.heard.IsZero() && l.lost(now) {
+			out[i] = api.NodeStatus{Name: n.Name(), State: "lost", Error: lostNote(n.Name(), l)}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = f.liveStatus(ctx, n)
 		}()
 	}
 	wg.Wait()
@@ -308,7 +405,7 @@ func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sand
 		// itself whether it has room.
 		return f.cfg.Local.Create(ctx, req)
 	}
-	sts := f.Statuses(ctx)
+	sts := f.placementStatuses(ctx)
 	byName := map[string]nodeapi.Node{}
 	for _, n := range f.Nodes() {
 		byName[n.Name()] = n
@@ -371,63 +468,52 @@ func (f *Fleet) Placed(ctx context.Context, node string, sbs []api.Sandbox) {
 func (f *Fleet) Deleted(ctx context.Context, node, id string) {
 	if f.isRemote(node) {
 		f.cfg.Store.DeletePlacement(ctx, id)
+		f.cfg.Store.DeleteReported(ctx, id)
 	}
 }
 
-// List is every sandbox of every node. A node that does not answer has
-// its sandboxes listed from the master's record, as lost, with why:
-// nothing goes missing from the list because its node is down.
+// List is every sandbox of every node: the local node's read now, the
+// paired nodes' from their reports (reports.go), never waiting on one. A
+// node that does not report has its sandboxes listed as lost, with why;
+// a placed sandbox its node did not report is listed too: nothing goes
+// missing from the list because its node is down.
 func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
-	nodes := f.Nodes()
-	lists := make([][]api.Sandbox, len(nodes))
-	errs := make([]error, len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lctx, cancel := context.WithTimeout(ctx, statusWait)
-			defer cancel()
-			lists[i], errs[i] = n.List(lctx)
-		}()
-	}
-	wg.Wait()
 	var out []api.Sandbox
-	for i, n := range nodes {
-		if errs[i] == nil {
-			if n == f.cfg.Local {
-				out = append(out, lists[i]...)
-				continue
-			}
-			// One read of where the master put this node's sandboxes (not
-			// one per sandbox): one it did not put there is a copy a move
-			// left behind.
-			ps, err := f.cfg.Store.ListPlacements(ctx, n.Name())
-			if err != nil {
-				return nil, err
-			}
-			placed := make(map[string]bool, len(ps))
-			for _, p := range ps {
-				placed[p.ID] = true
-			}
-			for _, sb := range lists[i] {
-				if !placed[sb.ID] {
-					sb.Note = "left behind on " + n.Name() + " when it was moved while the node was lost; delete it by its ID (" + sb.ID + ")"
-				}
-				out = append(out, sb)
-			}
-			continue
-		}
-		if n == f.cfg.Local {
-			return nil, errs[i]
-		}
-		ps, err := f.cfg.Store.ListPlacements(ctx, n.Name())
+	if f.cfg.Local != nil {
+		l, err := f.cfg.Local.List(ctx)
 		if err != nil {
 			return nil, err
 		}
-		for _, p := range ps {
-			out = append(out, api.Sandbox{ID: p.ID, Name: p.Name, Node: p.Node, Tier: api.TierLost,
-				Note: "its node " + p.Node + " does not answer (" + errs[i].Error() + "); it is shown again as it is once the node is back"})
+		out = append(out, l...)
+	}
+	ps, err := f.cfg.Store.ListAllPlacements(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := f.cfg.Store.ListReported(ctx)
+	if err != nil {
+		return nil, err
+	}
+	placed := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		placed[p.ID] = true
+	}
+	now := time.Now()
+	seen := make(map[string]bool, len(rs))
+	for _, r := range rs {
+		if !f.isRemote(r.Node) {
+			continue
+		}
+		sb := f.view(r.Node, r.Sandbox, now)
+		if !placed[sb.ID] {
+			sb = leftBehind(r.Node, sb)
+		}
+		seen[sb.ID] = true
+		out = append(out, sb)
+	}
+	for _, p := range ps {
+		if !seen[p.ID] {
+			out = append(out, f.unreported(p, now))
 		}
 	}
 	return out, nil
@@ -465,7 +551,7 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 	c := f.remote[name]
 	f.mu.RUnlock()
 	for _, t := range ts {
-		if err := c.PrepareTemplate(ctx, wireTemplate(t)); err != nil {
+		if err := f.prepare(ctx, c, t); err != nil {
 			f.cfg.Log.Warn("a paired node did not take a template", "node", name, "template", t.Name, "err", err)
 		}
 	}
@@ -503,6 +589,7 @@ func (f *Fleet) Forget(ctx context.Context, name string) error {
 	if err := f.cfg.Store.DeleteNode(ctx, name); err != nil {
 		return err
 	}
+	f.stopWatch(name)
 	f.mu.Lock()
 	delete(f.remote, name)
 	delete(f.addrs, name)
@@ -515,7 +602,7 @@ func (f *Fleet) Forget(ctx context.Context, name string) error {
 func (f *Fleet) PrepareTemplate(ctx context.Context, t store.Template) error {
 	var done []nodeapi.Node
 	for _, n := range f.Nodes() {
-		if err := n.PrepareTemplate(ctx, wireTemplate(t)); err != nil {
+		if err := f.prepare(ctx, n, t); err != nil {
 			for _, d := range done {
 				d.DropTemplate(context.WithoutCancel(ctx), t.Name)
 			}
@@ -538,8 +625,33 @@ func (f *Fleet) DropTemplate(ctx context.Context, name string) {
 	}
 }
 
-func wireTemplate(t store.Template) api.Template {
-	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+// Wire is template t as the seam carries it: its rootfs by digest only,
+// never the master's path of it.
+func Wire(t store.Template) api.Template {
+	return api.Template{Name: t.Name, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+}
+
+// prepare gives t to node n; a node that has not got t's rootfs says so
+// (nodeapi.ErrNoRootfs) and is sent it once, packed from the master's
+// tree as it streams (rootfs.Pack: no copy on the master's disk), then
+// asked again. If the tree changed since it was registered, the node
+// finds the digest wrong and refuses it: a template's rootfs is what it
+// was when registered, or nothing.
+func (f *Fleet) prepare(ctx context.Context, n nodeapi.Node, t store.Template) error {
+	err := n.PrepareTemplate(ctx, Wire(t))
+	if !errors.Is(err, nodeapi.ErrNoRootfs) {
+		return err
+	}
+	start := time.Now()
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(rootfs.Pack(t.Rootfs, pw)) }()
+	err = n.PutRootfs(ctx, t.Digest, pr)
+	pr.Close()
+	if err != nil {
+		return fmt.Errorf("sending template %s's rootfs %s to node %s: %w", t.Name, t.Digest, n.Name(), err)
+	}
+	f.cfg.Log.Info("template rootfs sent to a node", "template", t.Name, "digest", t.Digest, "node", n.Name(), "ms", time.Since(start).Milliseconds())
+	return n.PrepareTemplate(ctx, Wire(t))
 }
 
 // JoinTokenLifetime is how long a join token is good for.
@@ -620,12 +732,13 @@ func (f *Fleet) Tunnel(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.remote[name] = c
 	f.mu.Unlock()
+	f.kickWatch(name)
 	f.cfg.Log.Info("tunnel from a node up", "node", name, "from", r.RemoteAddr)
 	go func() {
 		ts, err := f.cfg.Store.ListTemplates(context.Background())
 		if err == nil {
 			for _, t := range ts {
-				if err := c.PrepareTemplate(context.Background(), wireTemplate(t)); err != nil {
+				if err := f.prepare(context.Background(), c, t); err != nil {
 					f.cfg.Log.Warn("a node that dialled in did not take a template", "node", name, "template", t.Name, "err", err)
 				}
 			}

@@ -2,17 +2,23 @@ package fleet
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"sandstorm/internal/events"
+	"sandstorm/internal/rootfs"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/nodeapi"
@@ -29,10 +35,63 @@ type node struct {
 	refuse       bool
 	mu           sync.Mutex
 	made         []string
+	rootfs       map[string]bool // digests it holds (nil: it needs none)
+	sent         int             // rootfs trees it was sent
+	hang         chan struct{}   // while open, List, Get and Status hang (a node that does not answer)
+	srv          *httptest.Server
 }
 
-func (n *node) Name() string { return n.name }
-func (n *node) Status(context.Context) (api.NodeStatus, error) {
+// Watch reports as a node does: all it has, then a heartbeat with its
+// status, every 100 ms.
+func (n *node) Watch(ctx context.Context, send func(nodeapi.Report) error) error {
+	n.mu.Lock()
+	var all []api.Sandbox
+	for _, name := range n.made {
+		all = append(all, api.Sandbox{ID: n.name + "-" + name, Name: name, Node: n.name, Tier: api.TierHot})
+	}
+	n.mu.Unlock()
+	st := api.NodeStatus{Name: n.name, MemAvailableMiB: n.availMiB, State: "ready"}
+	if err := send(nodeapi.Report{Full: true, Sandboxes: all, Status: &st}); err != nil {
+		return err
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if err := send(nodeapi.Report{Status: &st}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// wait hangs while n.hang is open.
+func (n *node) wait(ctx context.Context) {
+	if n.hang != nil {
+		select {
+		case <-n.hang:
+		case <-ctx.Done():
+		}
+	}
+}
+func (n *node) List(ctx context.Context) ([]api.Sandbox, error) {
+	n.wait(ctx)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []api.Sandbox
+	for _, name := range n.made {
+		out = append(out, api.Sandbox{ID: n.name + "-" + name, Name: name, Node: n.name, Tier: api.TierHot})
+	}
+	return out, nil
+}
+
+func (n *node) Name() string                               { return n.name }
+func (n *node) DropTemplate(context.Context, string) error { return nil }
+func (n *node) Status(ctx context.Context) (api.NodeStatus, error) {
+	n.wait(ctx)
 	return api.NodeStatus{Name: n.name, MemAvailableMiB: n.availMiB, State: "ready"}, nil
 }
 func (n *node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
@@ -44,8 +103,36 @@ func (n *node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 	n.made = append(n.made, req.Name)
 	return api.Sandbox{ID: n.name + "-" + req.Name, Name: req.Name, Node: n.name, Tier: api.TierHot}, nil
 }
-func (n *node) PrepareTemplate(context.Context, api.Template) error { return nil }
-func (n *node) Get(_ context.Context, ref string) (api.Sandbox, error) {
+func (n *node) PrepareTemplate(_ context.Context, t api.Template) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.rootfs != nil && !n.rootfs[t.Digest] {
+		return nodeapi.Mark(nodeapi.ErrNoRootfs, fmt.Errorf("no rootfs %s on %s", t.Digest, n.name))
+	}
+	if t.Rootfs != "" {
+		return fmt.Errorf("a master's path crossed the seam: %s", t.Rootfs)
+	}
+	return nil
+}
+
+// PutRootfs keeps a digest only if what arrived hashes to it, as a
+// node's rootfs.Cache does.
+func (n *node) PutRootfs(_ context.Context, d string, r io.Reader) error {
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return err
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != d {
+		return nodeapi.Mark(nodeapi.ErrBadInput, fmt.Errorf("rootfs digest mismatch: sent as %s, received %s", d, got))
+	}
+	n.mu.Lock()
+	n.rootfs[d] = true
+	n.sent++
+	n.mu.Unlock()
+	return nil
+}
+func (n *node) Get(ctx context.Context, ref string) (api.Sandbox, error) {
+	n.wait(ctx)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, name := range n.made {
@@ -71,6 +158,7 @@ func fleetOf(t *testing.T, local, remote *node) *Fleet {
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	srv.Listener = tls.NewListener(srv.Listener, scfg)
 	srv.Start()
+	remote.srv = srv
 	t.Cleanup(srv.Close)
 	if err := st.PutNode(context.Background(), store.Node{Name: remote.name, Address: srv.Listener.Addr().String()}); err != nil {
 		t.Fatal(err)
@@ -79,7 +167,22 @@ func fleetOf(t *testing.T, local, remote *node) *Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go f.Run(ctx)
+	waitUntil(t, remote.name+" reports", func() bool { l, ok := f.linkOf(remote.name); return ok && l.full })
 	return f
+}
+
+// waitUntil polls cond until it holds, or fails the test after 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(end) {
+			t.Fatalf("waited 10 s for: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // TestCreatePlacesByHeadroomAndRetries: a sandbox goes to the node with
@@ -139,20 +242,100 @@ func TestLostNodeIsSkipped(t *testing.T) {
 	if sb, _ := f.Create(ctx, nodeapi.CreateRequest{Name: "x"}); sb.Node != "far" {
 		t.Fatalf("x went to %s", sb.Node)
 	}
-	// The node goes away: its address now answers nothing.
+	// The node goes away: its connections are cut and its address
+	// answers nothing; its report stream ends, so it is lost at once.
 	f.mu.Lock()
 	f.remote["far"].Base = "https://127.0.0.1:1"
 	f.mu.Unlock()
-	var lost bool
-	for _, st := range f.Statuses(ctx) {
-		if st.Name == "far" {
-			lost = st.State == "lost" && st.Error != ""
+	remote.srv.CloseClientConnections()
+	waitUntil(t, "far lost", func() bool {
+		for _, st := range f.Statuses(ctx) {
+			if st.Name == "far" {
+				return st.State == "lost" && st.Error != ""
+			}
 		}
-	}
-	if !lost {
-		t.Errorf("a node that does not answer is not lost: %+v", f.Statuses(ctx))
+		return false
+	})
+	all, err := f.List(ctx)
+	if err != nil || len(all) != 1 || all[0].Tier != api.TierLost || !strings.Contains(all[0].Note, "does not answer") {
+		t.Errorf("x on a lost node: %+v %v", all, err)
 	}
 	if sb, err := f.Create(ctx, nodeapi.CreateRequest{Name: "y"}); err != nil || sb.Node != "local" {
 		t.Errorf("with the roomy node lost: %+v %v", sb, err)
+	}
+}
+
+// TestPrepareSendsTheRootfsOnce: a paired node that lacks a template's
+// rootfs is sent it over the seam, packed from the master's tree, once;
+// the seam never carries the master's path; a tree changed since it was
+// registered no longer matches its digest and the node refuses it.
+func TestPrepareSendsTheRootfsOnce(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "srv"), 0o755)
+	os.WriteFile(filepath.Join(dir, "srv", "app.py"), []byte("print('hi')\n"), 0o644)
+	d, err := rootfs.Digest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := &node{name: "local"}
+	remote := &node{name: "far", rootfs: map[string]bool{}}
+	f := fleetOf(t, local, remote)
+	tmpl := store.Template{Name: "web", Rootfs: dir, Digest: d}
+	for i := 0; i < 2; i++ {
+		if err := f.PrepareTemplate(ctx, tmpl); err != nil {
+			t.Fatalf("prepare %d: %v", i, err)
+		}
+	}
+	if remote.sent != 1 || !remote.rootfs[d] {
+		t.Errorf("the rootfs was sent %d times (want once): %v", remote.sent, remote.rootfs)
+	}
+	os.WriteFile(filepath.Join(dir, "srv", "app.py"), []byte("print('changed')\n"), 0o644)
+	fresh := &node{name: "other", rootfs: map[string]bool{}}
+	g := fleetOf(t, &node{name: "local"}, fresh)
+	err = g.PrepareTemplate(ctx, tmpl)
+	if !errors.Is(err, nodeapi.ErrBadInput) || !strings.Contains(err.Error(), "mismatch") || fresh.sent != 0 {
+		t.Errorf("a tree changed since it was registered: %v (sent %d)", err, fresh.sent)
+	}
+}
+
+// TestReadsNeverWaitOnANode: with a paired node that answers no call
+// (its List, Get and Status hang) but still reports, a list, a GET and
+// the node statuses come from its reports, at once; what it reports
+// shows there.
+func TestReadsNeverWaitOnANode(t *testing.T) {
+	ctx := context.Background()
+	local := &node{name: "local", availMiB: 100}
+	remote := &node{name: "far", availMiB: 9000}
+	f := fleetOf(t, local, remote)
+	if sb, err := f.Create(ctx, nodeapi.CreateRequest{Name: "x"}); err != nil || sb.Node != "far" {
+		t.Fatalf("x: %+v %v", sb, err)
+	}
+	remote.hang = make(chan struct{})
+	defer close(remote.hang)
+	if _, sb, err := f.Find(ctx, "x"); err != nil || sb.ID != "far-x" {
+		t.Errorf("GET x with its node not answering calls: %+v %v", sb, err)
+	}
+	all, err := f.List(ctx)
+	if err != nil || len(all) != 1 || all[0].ID != "far-x" || all[0].Tier == api.TierLost {
+		t.Errorf("list: %+v %v", all, err)
+	}
+	for _, st := range f.Statuses(ctx) {
+		if st.Name == "far" && (st.State != "ready" || st.MemAvailableMiB != 9000) {
+			t.Errorf("far's status from its heartbeat: %+v", st)
+		}
+	}
+	// What the node reports is what the master shows.
+	frozen := api.Sandbox{ID: "far-x", Name: "x", Node: "far", Tier: api.TierFrozen}
+	l := f.links["far"]
+	if err := f.apply(ctx, "far", l, nodeapi.Report{Event: &events.Event{Kind: events.Transition, ID: "far-x"}, Sandbox: &frozen}); err != nil {
+		t.Fatal(err)
+	}
+	if _, sb, _ := f.Find(ctx, "far-x"); sb.Tier != api.TierFrozen {
+		t.Errorf("after a report of it frozen: %+v", sb)
+	}
+	f.apply(ctx, "far", l, nodeapi.Report{Gone: "far-x"})
+	if all, _ := f.List(ctx); len(all) != 1 || all[0].Tier != api.TierLost || !strings.Contains(all[0].Note, "reports no such sandbox") {
+		t.Errorf("placed but reported gone: %+v", all)
 	}
 }

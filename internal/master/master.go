@@ -200,7 +200,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func toAPITemplate(t store.Template) api.Template {
-	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
 }
 
 func (s *server) listTemplates(w http.ResponseWriter, r *http.Request) {
@@ -262,6 +262,15 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 			t, err = s.templateFromDir(req)
 		}
 	}
+	if err == nil {
+		// Its name across the fleet: nodes fetch and check the tree by it.
+		if t.Digest, err = rootfs.Digest(t.Rootfs); err != nil {
+			if t.Owned {
+				os.RemoveAll(filepath.Dir(t.Rootfs))
+			}
+			err = badRequest("rootfs %s: %v", t.Rootfs, err)
+		}
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -293,7 +302,7 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 	if t.Warm != nil {
 		s.cfg.Log.Info("warm image made", "template", t.Name, "ms", time.Since(start).Milliseconds())
 	}
-	s.cfg.Log.Info("template registered", "name", t.Name, "rootfs", t.Rootfs)
+	s.cfg.Log.Info("template registered", "name", t.Name, "rootfs", t.Rootfs, "digest", t.Digest)
 	writeJSON(w, http.StatusCreated, toAPITemplate(t))
 }
 
@@ -484,7 +493,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: toAPITemplate(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB})
+	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB})
 	if err != nil {
 		s.fail(w, r, err)
 		return

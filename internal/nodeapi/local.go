@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/events"
 	"sandstorm/internal/logstamp"
 	"sandstorm/internal/node"
+	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
 )
 
@@ -26,6 +28,12 @@ type Local struct {
 	// and dropped from there. Otherwise the store is the master's, which
 	// records them itself.
 	OwnTemplates bool
+	// Rootfs is where a node with its own templates keeps the trees the
+	// master sent it, by digest.
+	Rootfs rootfs.Cache
+	// Events is the node's hub, which Watch reports from (nil: the node
+	// in the master's process, which the master reads directly).
+	Events *events.Hub
 }
 
 var _ Node = (*Local)(nil)
@@ -47,6 +55,7 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (api.Sandbox, err
 	if req.Note != "" {
 		if s, err := l.St.UpdateSandbox(ctx, sb.ID, func(s *store.Sandbox) error { s.Note = req.Note; return nil }); err == nil {
 			sb = s
+			l.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: l.N.Name()})
 		}
 	}
 	return l.wire(sb), nil
@@ -125,19 +134,25 @@ func (l *Local) Status(ctx context.Context) (api.NodeStatus, error) {
 	return st, mapErr(err)
 }
 
-// PrepareTemplate implements Node: records t if the node keeps its own
-// templates, and makes a warm template's image. The rootfs is a directory
-// on this node's machine (fetching it from the master by digest is still
-// to come).
+// PrepareTemplate implements Node. A node with its own templates keeps
+// each rootfs it is given by digest in Rootfs (rootfs.Cache) and records
+// the template with that tree; it answers ErrNoRootfs for a digest it
+// has not got, and the master then sends it. The node in the master's
+// process shares the master's store, whose row already names the tree.
+// Then it makes a warm template's image.
 func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
 	if l.OwnTemplates {
-		if _, err := os.Stat(t.Rootfs); err != nil {
-			return Mark(ErrBadInput, fmt.Errorf("template %s: its rootfs %s is not on node %s: %v", t.Name, t.Rootfs, l.N.Name(), err))
+		if !rootfs.ValidDigest(t.Digest) {
+			return Mark(ErrBadInput, fmt.Errorf("template %s: digest %q is not sha256:<64 hex digits>", t.Name, t.Digest))
 		}
-		if old, err := l.St.GetTemplate(ctx, t.Name); err == nil && old.Rootfs != t.Rootfs {
-			return Mark(ErrConflict, fmt.Errorf("template %s: node %s has one of that name with another rootfs (%s)", t.Name, l.N.Name(), old.Rootfs))
+		dir, ok := l.Rootfs.Path(t.Digest)
+		if !ok {
+			return Mark(ErrNoRootfs, fmt.Errorf("template %s: node %s has no rootfs %s yet", t.Name, l.N.Name(), t.Digest))
+		}
+		if old, err := l.St.GetTemplate(ctx, t.Name); err == nil && old.Digest != t.Digest {
+			return Mark(ErrConflict, fmt.Errorf("template %s: node %s has one of that name with another rootfs (%s); delete the template and register it again", t.Name, l.N.Name(), old.Digest))
 		} else if errors.Is(err, store.ErrNotFound) {
-			rec := store.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+			rec := store.Template{Name: t.Name, Rootfs: dir, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
 			if err := l.St.PutTemplate(ctx, rec); err != nil && !errors.Is(err, store.ErrExists) {
 				return mapErr(err)
 			}
@@ -153,15 +168,53 @@ func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
 	return mapErr(l.N.PrepareWarm(ctx, st))
 }
 
-// DropTemplate implements Node.
-func (l *Local) DropTemplate(ctx context.Context, name string) error {
-	l.N.DropWarm(name)
-	if l.OwnTemplates {
-		if err := l.St.DeleteTemplate(ctx, name); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return mapErr(err)
+// PutRootfs implements Node: the tree goes into the node's cache if its
+// stream hashes to digest (rootfs.Cache.Put, which also refuses what
+// could escape the tree).
+func (l *Local) PutRootfs(ctx context.Context, digest string, tar io.Reader) error {
+	if !l.OwnTemplates {
+		// The master's own node reads the master's trees where they are.
+		return nil
+	}
+	if !rootfs.ValidDigest(digest) {
+		return Mark(ErrBadInput, fmt.Errorf("%q is not a rootfs digest (sha256:<64 hex digits>)", digest))
+	}
+	if _, err := l.Rootfs.Put(digest, tar, rootfs.Limits{}); err != nil {
+		if errors.Is(err, rootfs.ErrDigestMismatch) || errors.Is(err, rootfs.ErrUnsafe) || errors.Is(err, rootfs.ErrTooLarge) {
+			return Mark(ErrBadInput, err)
 		}
+		return err
 	}
 	return nil
+}
+
+// DropTemplate implements Node. A rootfs no other template of the node
+// uses goes with it.
+func (l *Local) DropTemplate(ctx context.Context, name string) error {
+	l.N.DropWarm(name)
+	if !l.OwnTemplates {
+		return nil
+	}
+	t, err := l.St.GetTemplate(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return mapErr(err)
+	}
+	if err := l.St.DeleteTemplate(ctx, name); err != nil {
+		return mapErr(err)
+	}
+	ts, err := l.St.ListTemplates(ctx)
+	if err != nil {
+		return mapErr(err)
+	}
+	for _, o := range ts {
+		if o.Digest == t.Digest {
+			return nil
+		}
+	}
+	return l.Rootfs.Remove(t.Digest)
 }
 
 // wire is a sandbox row as the API shows it.

@@ -41,9 +41,20 @@ type Node interface {
 	Status(ctx context.Context) (api.NodeStatus, error)
 	// PrepareTemplate readies a template on the node before its first
 	// sandbox (for a warm template: starts it once and checkpoints it).
+	// t names its rootfs by t.Digest only; a node that has no tree of
+	// that digest answers ErrNoRootfs, and the master sends it (PutRootfs)
+	// and asks again.
 	PrepareTemplate(ctx context.Context, t api.Template) error
+	// PutRootfs gives the node the rootfs tree whose digest is digest, as
+	// rootfs.Pack's tarball; the node keeps it only if the stream's
+	// SHA-256 is digest, and keeps it until no template of its uses it.
+	PutRootfs(ctx context.Context, digest string, tar io.Reader) error
 	// DropTemplate removes what the node holds of template name.
 	DropTemplate(ctx context.Context, name string) error
+	// Watch sends the node's reports to send (watch.go): all it has, then
+	// every change as it commits it, and a heartbeat; until ctx ends,
+	// send fails or the node is gone.
+	Watch(ctx context.Context, send func(Report) error) error
 }
 
 // CreateRequest is a create, as a master places it on a node.
@@ -92,4 +103,5 @@ var (
 	ErrUnavailable  = errors.New("unavailable") // no memory, disk, slot or wake slot now; retry later
 	ErrBadInput     = errors.New("bad input")
 	ErrNodeDown     = errors.New("node unreachable")
+	ErrNoRootfs     = errors.New("rootfs not on the node") // send it: PutRootfs
 )

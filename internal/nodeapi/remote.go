@@ -34,6 +34,7 @@ var codes = []struct {
 	{ErrNotSupported, "not_supported", http.StatusConflict},
 	{ErrUnavailable, "unavailable", http.StatusServiceUnavailable},
 	{ErrBadInput, "bad_request", http.StatusBadRequest},
+	{ErrNoRootfs, "no_rootfs", http.StatusPreconditionFailed},
 }
 
 // maxBody bounds a request's JSON body on the node.
@@ -117,6 +118,18 @@ func Server(n Node) http.Handler {
 			return fmt.Errorf("%w: template %q sent to /templates/%s", ErrBadInput, t.Name, r.PathValue("name"))
 		}
 		if err := n.PrepareTemplate(r.Context(), t); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	h("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
+		return serveWatch(n, w, r)
+	})
+	h("PUT /node/v1/rootfs/{digest}", func(w http.ResponseWriter, r *http.Request) error {
+		// The body is the tarball, streamed: its bound is the rootfs
+		// extraction's own (rootfs.Limits), not maxBody.
+		if err := n.PutRootfs(r.Context(), r.PathValue("digest"), r.Body); err != nil {
 			return err
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -216,6 +229,8 @@ type Client struct {
 	// HTTP carries the requests; its transport has the master's client
 	// certificate and trusts the CA the node's certificate is from.
 	HTTP *http.Client
+	// Silence is how long Watch waits for a report (0: SilenceLimit).
+	Silence time.Duration
 
 	certMu   sync.Mutex
 	notAfter time.Time // of the certificate the node last presented (Dial, or its tunnel)
@@ -346,7 +361,8 @@ func (c *Client) Logs(ctx context.Context, id string, opt LogOptions, w io.Write
 	if err != nil {
 		return err
 	}
-	resp, err := c.HTTP.Do(req)
+	// A followed log lasts as long as its reader wants it.
+	resp, err := c.stream().Do(req)
 	if err != nil {
 		return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
 	}
@@ -384,6 +400,24 @@ func (c *Client) Status(ctx context.Context) (api.NodeStatus, error) {
 // PrepareTemplate implements Node.
 func (c *Client) PrepareTemplate(ctx context.Context, t api.Template) error {
 	return c.do(ctx, http.MethodPut, "/node/v1/templates/"+url.PathEscape(t.Name), t, nil, http.StatusNoContent)
+}
+
+// PutRootfs implements Node: the tarball is streamed as the body.
+func (c *Client) PutRootfs(ctx context.Context, digest string, tar io.Reader) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.Base+"/node/v1/rootfs/"+url.PathEscape(digest), tar)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return readError(resp)
+	}
+	return nil
 }
 
 // DropTemplate implements Node.

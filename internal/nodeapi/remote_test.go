@@ -1,8 +1,11 @@
 package nodeapi
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sandstorm/internal/events"
 	"strings"
 	"sync"
 	"testing"
@@ -25,11 +29,13 @@ type fake struct {
 	mu        sync.Mutex
 	boxes     map[string]api.Sandbox
 	templates map[string]api.Template
-	logs      chan string // what Logs writes, until closed
+	logs      chan string      // what Logs writes, until closed
+	rootfs    map[string]int64 // digest → bytes received
+	reports   chan Report      // what Watch sends after its full report
 }
 
 func newFake() *fake {
-	return &fake{boxes: map[string]api.Sandbox{}, templates: map[string]api.Template{}, logs: make(chan string, 8)}
+	return &fake{boxes: map[string]api.Sandbox{}, templates: map[string]api.Template{}, logs: make(chan string, 8), rootfs: map[string]int64{}, reports: make(chan Report, 8)}
 }
 
 func (f *fake) Name() string { return "fake" }
@@ -136,9 +142,42 @@ func (f *fake) PrepareTemplate(_ context.Context, t api.Template) error {
 		return Mark(ErrBadInput, errors.New("bad input: its probe did not succeed"))
 	}
 	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.rootfs[t.Digest]; t.Digest != "" && !ok {
+		return Mark(ErrNoRootfs, fmt.Errorf("template %s: no rootfs %s yet", t.Name, t.Digest))
+	}
 	f.templates[t.Name] = t
+	return nil
+}
+func (f *fake) PutRootfs(_ context.Context, digest string, r io.Reader) error {
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	if err != nil {
+		return err
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
+		return Mark(ErrBadInput, fmt.Errorf("rootfs digest mismatch: sent as %s, received %s", digest, got))
+	}
+	f.mu.Lock()
+	f.rootfs[digest] = n
 	f.mu.Unlock()
 	return nil
+}
+func (f *fake) Watch(ctx context.Context, send func(Report) error) error {
+	all, _ := f.List(ctx)
+	if err := send(Report{Full: true, Sandboxes: all}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case r := <-f.reports:
+			if err := send(r); err != nil {
+				return err
+			}
+		}
+	}
 }
 func (f *fake) DropTemplate(_ context.Context, name string) error {
 	f.mu.Lock()
@@ -239,6 +278,25 @@ func TestRemoteRoundTrip(t *testing.T) {
 	}
 	if err := c.DropTemplate(ctx, "web"); err != nil || len(f.templates) != 0 {
 		t.Errorf("drop template: %v (%d left)", err, len(f.templates))
+	}
+
+	// A rootfs by digest: the node says it has not got it, is sent it as
+	// a stream (larger than any JSON body may be), and then takes it.
+	tree := bytes.Repeat([]byte("rootfs "), 3<<20)
+	sum := sha256.Sum256(tree)
+	d := "sha256:" + hex.EncodeToString(sum[:])
+	withRootfs := api.Template{Name: "big", Digest: d, Process: tmpl.Process}
+	if err := c.PrepareTemplate(ctx, withRootfs); !errors.Is(err, ErrNoRootfs) {
+		t.Fatalf("a template whose rootfs the node lacks: %v", err)
+	}
+	if err := c.PutRootfs(ctx, d, bytes.NewReader(tree[1:])); !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "mismatch") {
+		t.Errorf("a rootfs that is not its digest: %v", err)
+	}
+	if err := c.PutRootfs(ctx, d, bytes.NewReader(tree)); err != nil || f.rootfs[d] != int64(len(tree)) {
+		t.Fatalf("put rootfs: %v (%d bytes arrived of %d)", err, f.rootfs[d], len(tree))
+	}
+	if err := c.PrepareTemplate(ctx, withRootfs); err != nil {
+		t.Errorf("prepare once the rootfs is there: %v", err)
 	}
 }
 
@@ -360,5 +418,32 @@ func TestRemoteMutualTLS(t *testing.T) {
 	gone := clientWith(t, ca, pki.MasterName, "https://"+addr)
 	if _, err := gone.Status(context.Background()); !errors.Is(err, ErrNodeDown) || !strings.Contains(err.Error(), "node fake") {
 		t.Errorf("a node not listening: %v", err)
+	}
+}
+
+// TestRemoteWatch: a node's reports arrive as it sends them — the full
+// one first, then each change — and a node that goes silent (a partition
+// leaves the connection open with nothing on it) ends the watch as
+// ErrNodeDown within the client's silence limit.
+func TestRemoteWatch(t *testing.T) {
+	f := newFake()
+	f.boxes["a"] = api.Sandbox{ID: "id-a", Name: "a", Tier: api.TierHot}
+	c, _, _ := pair(t, f)
+	c.Silence = 300 * time.Millisecond
+	got := make(chan Report, 8)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Watch(context.Background(), func(r Report) error { got <- r; return nil })
+	}()
+	if r := <-got; !r.Full || len(r.Sandboxes) != 1 || r.Sandboxes[0].ID != "id-a" {
+		t.Fatalf("first report: %+v", r)
+	}
+	frozen := api.Sandbox{ID: "id-a", Name: "a", Tier: api.TierFrozen}
+	f.reports <- Report{Event: &events.Event{Kind: events.Transition, ID: "id-a", To: "frozen"}, Sandbox: &frozen}
+	if r := <-got; r.Event == nil || r.Event.Kind != events.Transition || r.Sandbox == nil || r.Sandbox.Tier != api.TierFrozen {
+		t.Fatalf("a change: %+v", r)
+	}
+	if err := <-done; !errors.Is(err, ErrNodeDown) || !strings.Contains(err.Error(), "no report for") {
+		t.Fatalf("a silent node: %v", err)
 	}
 }

@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS templates (
 	memory_mib INTEGER NOT NULL DEFAULT 0,
 	created_at BIGINT NOT NULL,
 	principal  TEXT NOT NULL DEFAULT '',
-	warm       TEXT NOT NULL DEFAULT ''
+	warm       TEXT NOT NULL DEFAULT '',
+	digest     TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS sandboxes (
 	id             TEXT PRIMARY KEY,
@@ -111,6 +112,14 @@ CREATE TABLE IF NOT EXISTS placements (
 	principal  TEXT NOT NULL DEFAULT '',
 	memory_mib INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS reported (
+	id   TEXT PRIMARY KEY,
+	node TEXT NOT NULL,
+	name TEXT NOT NULL,
+	body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reported_node ON reported(node);
+CREATE INDEX IF NOT EXISTS reported_name ON reported(name);
 `
 
 // schemaLockKey is the advisory lock that serialises schema set-up: two
@@ -153,6 +162,11 @@ func pgApplySchema(ctx context.Context, db *sql.DB) error {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, pgSchema); err != nil {
+		return err
+	}
+	// A database made by an older version gets the columns added since
+	// (CREATE TABLE IF NOT EXISTS leaves its tables as they were).
+	if err := migrate(tx, pgDialect); err != nil {
 		return err
 	}
 	return tx.Commit()

@@ -44,9 +44,12 @@ func (s *Store) q(query string) string { return s.d.rebind(query) }
 
 // Template is a template row.
 type Template struct {
-	Name      string
-	Rootfs    string // absolute path of the rootfs directory on the node
-	Owned     bool   // the rootfs was extracted by us (delete it with the template)
+	Name   string
+	Rootfs string // absolute path of the rootfs directory on the node
+	Owned  bool   // the rootfs was extracted by us (delete it with the template)
+	// Digest identifies the rootfs across the fleet (rootfs.Digest): a
+	// node fetches it by this and caches it.
+	Digest    string
 	Process   api.Process
 	Ports     []int
 	MemoryMiB int
@@ -133,6 +136,14 @@ CREATE TABLE IF NOT EXISTS placements (
 	principal  TEXT NOT NULL DEFAULT '',
 	memory_mib INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS reported (
+	id   TEXT PRIMARY KEY,
+	node TEXT NOT NULL,
+	name TEXT NOT NULL,
+	body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reported_node ON reported(node);
+CREATE INDEX IF NOT EXISTS reported_name ON reported(name);
 `
 
 // migrations add columns that later versions introduced; each is applied
@@ -142,9 +153,16 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandboxes", "principal", `ALTER TABLE sandboxes ADD COLUMN principal TEXT NOT NULL DEFAULT ''`},
 	{"sandboxes", "memory_mib", `ALTER TABLE sandboxes ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0`},
 	{"templates", "warm", `ALTER TABLE templates ADD COLUMN warm TEXT NOT NULL DEFAULT ''`},
+	{"templates", "digest", `ALTER TABLE templates ADD COLUMN digest TEXT NOT NULL DEFAULT ''`},
 }
 
-func migrate(db *sql.DB, d *dialect) error {
+// execer is a *sql.DB or a *sql.Tx.
+type execer interface {
+	QueryRow(query string, args ...any) *sql.Row
+	Exec(query string, args ...any) (sql.Result, error)
+}
+
+func migrate(db execer, d *dialect) error {
 	for _, m := range migrations {
 		var n int
 		if err := db.QueryRow(d.rebind(d.hasColumn), m.table, m.column).Scan(&n); err != nil {
@@ -230,8 +248,8 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if t.Warm != nil {
 		warm = mustJSON(t.Warm)
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm) VALUES(?,?,?,?,?,?,?,?,?)`),
-		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest) VALUES(?,?,?,?,?,?,?,?,?,?)`),
+		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest)
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, ErrExists)
 	}
@@ -240,7 +258,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 
 // GetTemplate returns the template called name, or ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
-	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm FROM templates WHERE name=?`), name)
+	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest FROM templates WHERE name=?`), name)
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("template %q: %w", name, ErrNotFound)
@@ -248,9 +266,16 @@ func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) 
 	return t, err
 }
 
+// SetTemplateDigest records the digest of template name's rootfs (for a
+// template registered before templates had digests).
+func (s *Store) SetTemplateDigest(ctx context.Context, name, digest string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`UPDATE templates SET digest=? WHERE name=?`), digest, name)
+	return err
+}
+
 // ListTemplates returns every template, by name.
 func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm FROM templates ORDER BY name`))
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest FROM templates ORDER BY name`))
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +317,7 @@ func scanTemplate(r scanner) (Template, error) {
 	var t Template
 	var proc, ports, warm string
 	var created int64
-	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm); err != nil {
+	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm, &t.Digest); err != nil {
 		return t, err
 	}
 	if warm != "" {
@@ -492,6 +517,9 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	if _, err := s.db.ExecContext(ctx, s.q(`DELETE FROM reported WHERE node=?`), name); err != nil {
+		return err
+	}
 	if k, _ := res.RowsAffected(); k == 0 {
 		return fmt.Errorf("node %q: %w", name, ErrNotFound)
 	}
@@ -543,7 +571,11 @@ func (s *Store) CountPlacements(ctx context.Context, node string) (int, error) {
 
 // ListPlacements returns the placements on node, by name.
 func (s *Store) ListPlacements(ctx context.Context, node string) ([]Placement, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, name, node, template, principal, memory_mib FROM placements WHERE node=? ORDER BY name`), node)
+	return s.placements(ctx, `SELECT id, name, node, template, principal, memory_mib FROM placements WHERE node=? ORDER BY name`, node)
+}
+
+func (s *Store) placements(ctx context.Context, q string, args ...any) ([]Placement, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -557,6 +589,91 @@ func (s *Store) ListPlacements(ctx context.Context, node string) ([]Placement, e
 		out = append(out, p)
 	}
 	return out, rows.Err()
+}
+
+// The reported table is the master's copy of its paired nodes' actual
+// state: each sandbox as its node last reported it (nodeapi.Report, as
+// the node commits a change), so that a GET or a list on the master reads
+// here and never waits on a node (issue 9). It is a cache of the nodes'
+// own stores, rebuilt from a node's full report each time it connects;
+// the placements above are the master's desired state.
+
+// ReplaceReported makes sbs the whole of what node has, in one
+// transaction (a node's full report).
+func (s *Store) ReplaceReported(ctx context.Context, node string, sbs []api.Sandbox) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM reported WHERE node=?`), node); err != nil {
+		return err
+	}
+	for _, sb := range sbs {
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM reported WHERE id=?`), sb.ID); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?)`), sb.ID, node, sb.Name, mustJSON(sb)); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// PutReported records sandbox sb as node reported it.
+func (s *Store) PutReported(ctx context.Context, node string, sb api.Sandbox) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET node=excluded.node, name=excluded.name, body=excluded.body`), sb.ID, node, sb.Name, mustJSON(sb))
+	return err
+}
+
+// DeleteReported forgets sandbox id's report.
+func (s *Store) DeleteReported(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM reported WHERE id=?`), id)
+	return err
+}
+
+// Reported is one reported sandbox and its node.
+type Reported struct {
+	Node    string
+	Sandbox api.Sandbox
+}
+
+// FindReported returns the reported sandboxes whose ID or name is ref
+// (several share a name when a move left a copy behind).
+func (s *Store) FindReported(ctx context.Context, ref string) ([]Reported, error) {
+	return s.reported(ctx, `SELECT node, body FROM reported WHERE id=? OR name=? ORDER BY id`, ref, ref)
+}
+
+// ListReported returns every reported sandbox, by name.
+func (s *Store) ListReported(ctx context.Context) ([]Reported, error) {
+	return s.reported(ctx, `SELECT node, body FROM reported ORDER BY name, id`)
+}
+
+func (s *Store) reported(ctx context.Context, q string, args ...any) ([]Reported, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Reported
+	for rows.Next() {
+		var r Reported
+		var body string
+		if err := rows.Scan(&r.Node, &body); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal([]byte(body), &r.Sandbox); err != nil {
+			return nil, fmt.Errorf("store: reported sandbox of %s: %w", r.Node, err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// ListAllPlacements returns every placement, by name.
+func (s *Store) ListAllPlacements(ctx context.Context) ([]Placement, error) {
+	return s.placements(ctx, `SELECT id, name, node, template, principal, memory_mib FROM placements ORDER BY name`)
 }
 
 // PutJoinToken records a join token (by its hash) until expires.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -61,6 +62,13 @@ func testWarmTemplateRoundTrip(t *testing.T, where string) {
 	}
 	if got, err := s.GetTemplate(ctx, "p"); err != nil || got.Warm != nil {
 		t.Errorf("plain template back with warm %+v, %v", got.Warm, err)
+	}
+	d := "sha256:" + strings.Repeat("ab", 32)
+	if err := s.SetTemplateDigest(ctx, "p", d); err != nil {
+		t.Fatal(err)
+	}
+	if ts, err := s.ListTemplates(ctx); err != nil || len(ts) != 2 || ts[0].Digest != d || ts[1].Digest != "" {
+		t.Errorf("digests back: %+v %v", ts, err)
 	}
 }
 
@@ -278,5 +286,52 @@ func testJoinTokens(t *testing.T, where string) {
 	}
 	if ok, _ := s.UseJoinToken(ctx, "nope", now); ok {
 		t.Error("an unknown token was good")
+	}
+}
+
+// TestReported: what nodes report is replaced whole by a node's full
+// report (leaving other nodes' alone), updated and deleted one by one,
+// found by ID or name, and forgotten with its node.
+func TestReported(t *testing.T) { eachStore(t, testReported) }
+
+func testReported(t *testing.T, where string) {
+	ctx := context.Background()
+	s := openAt(t, where)
+	sb := func(id, name string, tier api.Tier) api.Sandbox { return api.Sandbox{ID: id, Name: name, Tier: tier} }
+	if err := s.ReplaceReported(ctx, "n1", []api.Sandbox{sb("a", "x", api.TierHot), sb("b", "y", api.TierHot)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReplaceReported(ctx, "n2", []api.Sandbox{sb("c", "x", api.TierFrozen)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReplaceReported(ctx, "n1", []api.Sandbox{sb("a", "x", api.TierSnapshot)}); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.ListReported(ctx)
+	if err != nil || len(all) != 2 || all[0].Sandbox.Tier != api.TierSnapshot || all[1].Node != "n2" {
+		t.Fatalf("after n1's second full report: %+v %v", all, err)
+	}
+	if err := s.PutReported(ctx, "n2", sb("c", "x", api.TierHot)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutReported(ctx, "n2", sb("d", "z", api.TierHot)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.FindReported(ctx, "x"); err != nil || len(got) != 2 || got[1].Sandbox.Tier != api.TierHot {
+		t.Errorf("two copies named x: %+v %v", got, err)
+	}
+	if got, _ := s.FindReported(ctx, "d"); len(got) != 1 || got[0].Sandbox.Name != "z" {
+		t.Errorf("d by ID: %+v", got)
+	}
+	s.DeleteReported(ctx, "d")
+	if got, _ := s.FindReported(ctx, "z"); len(got) != 0 {
+		t.Errorf("deleted, still found: %+v", got)
+	}
+	s.PutNode(ctx, Node{Name: "n2", Address: "10.0.0.2:1"})
+	if err := s.DeleteNode(ctx, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	if all, _ := s.ListReported(ctx); len(all) != 1 || all[0].Node != "n1" {
+		t.Errorf("a forgotten node's reports are kept: %+v", all)
 	}
 }

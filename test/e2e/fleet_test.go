@@ -210,6 +210,20 @@ func TestFleet(t *testing.T) {
 	}
 
 	m.registerWeb(t, "web")
+	// Each node has the template's rootfs by its digest, sent by the
+	// master into the node's own data dir (not the master's path).
+	var tmpl api.Template
+	if err := m.C.Do(ctxT(t), "GET", "/v1/templates/web", nil, &tmpl); err != nil || !strings.HasPrefix(tmpl.Digest, "sha256:") {
+		t.Fatalf("template web: %+v %v", tmpl, err)
+	}
+	cached := func(n *machine) string {
+		return filepath.Join(n.dataDir, "rootfs", strings.TrimPrefix(tmpl.Digest, "sha256:"))
+	}
+	for _, n := range []*machine{roomy, tight, mid} {
+		if _, err := os.Stat(filepath.Join(cached(n), "srv")); err != nil {
+			t.Errorf("node %s has not cached web's rootfs: %v", n.name, err)
+		}
+	}
 	var sbs []api.Sandbox
 	for i := 0; i < 3; i++ {
 		sb := m.create(t, "web", fmt.Sprintf("f-%d", i))
@@ -224,6 +238,9 @@ func TestFleet(t *testing.T) {
 			t.Errorf("%s counted %d", sb.Name, c)
 		}
 		sbs = append(sbs, sb)
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mounts"); !strings.Contains(string(mounts), "lowerdir="+cached(roomy)) {
+		t.Errorf("no sandbox of %s runs on its cached rootfs %s", roomy.name, cached(roomy))
 	}
 	if got := m.get(t, "f-1"); got.Node != roomy.name || got.Tier != api.TierHot {
 		t.Errorf("GET by name through the master: %+v", got)

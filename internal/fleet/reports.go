@@ -1,0 +1,241 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/events"
+	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/store"
+)
+
+// The master hears each paired node's reports (nodeapi.Report: all it
+// has when the stream opens, then every change as the node commits it,
+// and a heartbeat a second) and keeps them in its store (the reported
+// table). A GET, a list and GET /v1/nodes read there and from the links
+// below; none waits on a node. Only what must happen on the node — a
+// create, a transition, a delete, logs — calls it.
+
+// link is what the master knows of its report stream from one node.
+type link struct {
+	cancel context.CancelFunc
+	kick   chan struct{} // try the stream again now (its tunnel came up)
+	up     bool          // a stream is open
+	full   bool          // the stream's full report is in the store
+	heard  time.Time     // the last report
+	status api.NodeStatus
+	why    string // why the last stream ended
+}
+
+// lost reports whether the node is lost: no open stream, or nothing
+// heard from it for nodeapi.SilenceLimit.
+func (l *link) lost(now time.Time) bool {
+	return !l.up || now.Sub(l.heard) > nodeapi.SilenceLimit
+}
+
+// startWatch starts hearing node name's reports, once, if the fleet runs.
+func (f *Fleet) startWatch(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.runCtx == nil || f.links[name] != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(f.runCtx)
+	l := &link{cancel: cancel, kick: make(chan struct{}, 1)}
+	f.links[name] = l
+	go f.watch(ctx, name, l)
+}
+
+// stopWatch stops hearing node name (it is forgotten).
+func (f *Fleet) stopWatch(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l := f.links[name]; l != nil {
+		l.cancel()
+		delete(f.links, name)
+	}
+}
+
+// kickWatch makes node name's watcher try again now.
+func (f *Fleet) kickWatch(name string) {
+	f.mu.RLock()
+	l := f.links[name]
+	f.mu.RUnlock()
+	if l != nil {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// watchRetry is how long a watcher waits before it opens a stream again.
+const watchRetry = time.Second
+
+func (f *Fleet) watch(ctx context.Context, name string, l *link) {
+	for ctx.Err() == nil {
+		f.mu.RLock()
+		c := f.remote[name]
+		f.mu.RUnlock()
+		if c == nil {
+			return
+		}
+		err := c.Watch(ctx, func(r nodeapi.Report) error { return f.apply(ctx, name, l, r) })
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = errors.New("its report stream ended")
+		}
+		f.mu.Lock()
+		was := l.up
+		l.up, l.full, l.why = false, false, err.Error()
+		f.mu.Unlock()
+		if was {
+			f.cfg.Log.Warn("node lost: its reports stopped", "node", name, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.kick:
+		case <-time.After(watchRetry):
+		}
+	}
+}
+
+// apply takes one report of node name into the store and the link.
+func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Report) error {
+	st := f.cfg.Store
+	switch {
+	case r.Full:
+		if err := st.ReplaceReported(ctx, name, r.Sandboxes); err != nil {
+			return err
+		}
+	case r.Sandbox != nil:
+		if err := st.PutReported(ctx, name, *r.Sandbox); err != nil {
+			return err
+		}
+	case r.Gone != "":
+		if err := st.DeleteReported(ctx, r.Gone); err != nil {
+			return err
+		}
+	}
+	if r.Event != nil && f.cfg.Events != nil && r.Event.Kind != events.Update {
+		e := *r.Event
+		e.Seq, e.Node = 0, name // numbered again by the master's hub
+		f.cfg.Events.Publish(e)
+	}
+	f.mu.Lock()
+	was := l.up
+	l.up, l.heard = true, time.Now()
+	if r.Full {
+		l.full = true
+	}
+	if r.Status != nil {
+		l.status = *r.Status
+	}
+	f.mu.Unlock()
+	if !was {
+		f.cfg.Log.Info("node reporting", "node", name, "sandboxes", len(r.Sandboxes))
+	}
+	return nil
+}
+
+// linkOf is a copy of node name's link (ok false: the fleet does not
+// hear it, e.g. it is not running).
+func (f *Fleet) linkOf(name string) (link, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	l := f.links[name]
+	if l == nil {
+		return link{}, false
+	}
+	return *l, true
+}
+
+// lostNote says why node's sandboxes are shown as lost.
+func lostNote(node string, l link) string {
+	why := l.why
+	if why == "" {
+		why = "no report from it yet"
+	}
+	return "its node " + node + " does not answer (" + why + "); it is shown again as it is once the node is back"
+}
+
+// view is a reported sandbox as the master shows it: as reported while
+// its node reports, lost (with its last known details) when not.
+func (f *Fleet) view(node string, sb api.Sandbox, now time.Time) api.Sandbox {
+	if l, ok := f.linkOf(node); ok && l.lost(now) {
+		sb.Tier, sb.Transition, sb.Note = api.TierLost, "", lostNote(node, l)
+	}
+	return sb
+}
+
+// unreported is a placed sandbox its node has not reported.
+func (f *Fleet) unreported(p store.Placement, now time.Time) api.Sandbox {
+	sb := api.Sandbox{ID: p.ID, Name: p.Name, Node: p.Node, Template: p.Template, Principal: p.Principal, MemoryMiB: p.MemoryMiB, Tier: api.TierLost}
+	l, ok := f.linkOf(p.Node)
+	switch {
+	case !ok || l.lost(now):
+		sb.Note = lostNote(p.Node, l)
+	case !l.full:
+		sb.Note = "its node " + p.Node + " has not reported it yet"
+	default:
+		sb.Note = "its node " + p.Node + " reports no such sandbox: it was lost there (delete it, or move it: POST /v1/sandboxes/" + p.ID + "/move)"
+	}
+	return sb
+}
+
+// record keeps what a call to node answered, at once: the caller's next
+// GET sees its own change. The node's report of the change follows and
+// overwrites it; so does a later one, so a change the node made between
+// its answer and this record is not lost, only late by one report.
+func (f *Fleet) record(ctx context.Context, node string, sbs ...api.Sandbox) {
+	for _, sb := range sbs {
+		if sb.ID == "" {
+			continue
+		}
+		if err := f.cfg.Store.PutReported(context.WithoutCancel(ctx), node, sb); err != nil {
+			f.cfg.Log.Warn("cannot record a node's answer (its next report will)", "node", node, "id", sb.ID, "err", err)
+		}
+	}
+}
+
+// recorder is a paired node as the master's handlers call it: what it
+// answers is recorded (Fleet.record).
+type recorder struct {
+	nodeapi.Node
+	f *Fleet
+}
+
+func (r recorder) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
+	sb, err := r.Node.Create(ctx, req)
+	if err == nil {
+		r.f.record(ctx, r.Name(), sb)
+	}
+	return sb, err
+}
+
+func (r recorder) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
+	sb, err := r.Node.Transition(ctx, id, op)
+	if err == nil {
+		r.f.record(ctx, r.Name(), sb)
+	}
+	return sb, err
+}
+
+func (r recorder) Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error) {
+	res, err := r.Node.Clone(ctx, id, req)
+	r.f.record(ctx, r.Name(), append([]api.Sandbox{res.Parent}, res.Children...)...)
+	return res, err
+}
+
+func (r recorder) Delete(ctx context.Context, id string) error {
+	err := r.Node.Delete(ctx, id)
+	if err == nil || errors.Is(err, nodeapi.ErrNotFound) {
+		r.f.cfg.Store.DeleteReported(context.WithoutCancel(ctx), id)
+	}
+	return err
+}
