@@ -8,6 +8,8 @@ package fleet
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -52,7 +54,8 @@ type Fleet struct {
 	remote  map[string]*nodeapi.Client
 	addrs   map[string]string
 	links   map[string]*link // reports.go
-	runCtx  context.Context  // set by Run: watchers live under it
+	revoked map[string]time.Time
+	runCtx  context.Context // set by Run: watchers live under it
 }
 
 // New loads the paired nodes from the store.
@@ -61,6 +64,10 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 		cfg.Log = slog.Default()
 	}
 	f := &Fleet{cfg: cfg, started: time.Now(), remote: map[string]*nodeapi.Client{}, addrs: map[string]string{}, links: map[string]*link{}}
+	var err error
+	if f.revoked, err = cfg.Store.Revocations(ctx); err != nil {
+		return nil, err
+	}
 	ns, err := cfg.Store.ListNodes(ctx)
 	if err != nil {
 		return nil, err
@@ -105,7 +112,7 @@ func (f *Fleet) add(name, address string) error {
 		f.startWatch(name)
 		return nil
 	}
-	c, err := nodeapi.Dial(name, address, f.cfg.CA)
+	c, err := nodeapi.Dial(name, address, f.cfg.CA, func(cert *x509.Certificate) error { return f.checkCert(name, cert) })
 	if err != nil {
 		return err
 	}
@@ -113,6 +120,28 @@ func (f *Fleet) add(name, address string) error {
 	f.remote[name], f.addrs[name] = c, address
 	f.mu.Unlock()
 	f.startWatch(name)
+	return nil
+}
+
+// checkCert refuses a certificate of node name issued before the node
+// was forgotten. Forgetting a node that does not answer cannot take its
+// certificate back, and it is good for up to nodeapi.NodeCertLifetime:
+// this is its revocation, by time (pki.Backdate says when it was
+// issued), so a node paired or joined again under the same name, whose
+// new certificate is younger, is taken. To the second: one issued in the
+// very second of the forgetting is not refused.
+func (f *Fleet) checkCert(name string, cert *x509.Certificate) error {
+	f.mu.RLock()
+	at, ok := f.revoked[name]
+	f.mu.RUnlock()
+	if !ok {
+		return nil
+	}
+	issued := cert.NotBefore.Add(pki.Backdate)
+	if issued.Before(at.Truncate(time.Second)) {
+		return fmt.Errorf("node %s's certificate (issued %s) was revoked when the node was forgotten at %s: pair it again (POST /v1/nodes) or join it with a new token",
+			name, issued.UTC().Format(time.RFC3339), at.UTC().Format(time.RFC3339))
+	}
 	return nil
 }
 
@@ -586,10 +615,17 @@ func (f *Fleet) Forget(ctx context.Context, name string) error {
 		f.cfg.Log.Warn("a forgotten node did not unpair (it keeps its certificate until it expires)", "node", name, "err", err)
 	}
 	cancel()
+	now := time.Now()
+	if err := f.cfg.Store.Revoke(ctx, name, now); err != nil {
+		return err
+	}
 	if err := f.cfg.Store.DeleteNode(ctx, name); err != nil {
 		return err
 	}
 	f.stopWatch(name)
+	f.mu.Lock()
+	f.revoked[name] = now
+	f.mu.Unlock()
 	f.mu.Lock()
 	delete(f.remote, name)
 	delete(f.addrs, name)
@@ -698,6 +734,12 @@ func (f *Fleet) Tunnel(w http.ResponseWriter, r *http.Request) {
 	name := r.Header.Get("X-Sandstorm-Node")
 	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || r.TLS.VerifiedChains[0][0].Subject.CommonName != "node "+name {
 		http.Error(w, `{"code":"forbidden","message":"a tunnel needs the certificate of a node that joined this master"}`, http.StatusForbidden)
+		return
+	}
+	if err := f.checkCert(name, r.TLS.VerifiedChains[0][0]); err != nil {
+		f.cfg.Log.Warn("tunnel refused: revoked certificate", "node", name, "from", r.RemoteAddr)
+		w.WriteHeader(http.StatusForbidden)
+		json.NewEncoder(w).Encode(api.Error{Code: api.CodeForbidden, Message: err.Error()})
 		return
 	}
 	f.mu.RLock()

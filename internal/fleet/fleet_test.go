@@ -339,3 +339,62 @@ func TestReadsNeverWaitOnANode(t *testing.T) {
 		t.Errorf("placed but reported gone: %+v", all)
 	}
 }
+
+// TestForgottenNodeIsRevoked: a node forgotten while it does not answer
+// keeps its certificate, which is still valid; the master refuses it from
+// then on (it is revoked by time), saying so, even from the same address
+// under the same name, while a certificate issued after the forgetting is
+// taken. And the master takes only the named node's certificate: another
+// node's, from the same CA, is refused.
+func TestForgottenNodeIsRevoked(t *testing.T) {
+	ctx := context.Background()
+	remote := &node{name: "far", availMiB: 9000}
+	f := fleetOf(t, &node{name: "local"}, remote)
+	addr := remote.srv.Listener.Addr().String()
+	issued := time.Now()
+	// Revocation is to the second: let the second of the issue pass.
+	waitUntil(t, "the next second", func() bool { return time.Now().Truncate(time.Second).After(issued) })
+	if err := f.Forget(ctx, "far"); err != nil {
+		t.Fatal(err)
+	}
+	// The same node, its same certificate, paired again (as a relay
+	// holding that certificate would be): refused.
+	if err := f.cfg.Store.PutNode(ctx, store.Node{Name: "far", Address: addr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.add("far", addr); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.paired("far").Status(ctx)
+	if err == nil || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("a revoked certificate: %v", err)
+	}
+	// The revocation outlives the master.
+	g, err := New(ctx, Config{Store: f.cfg.Store, CA: f.cfg.CA, Log: f.cfg.Log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.paired("far").Status(ctx); err == nil || !strings.Contains(err.Error(), "revoked") {
+		t.Errorf("after a restart, a revoked certificate: %v", err)
+	}
+	// A certificate issued now is taken.
+	scfg, _ := f.cfg.CA.PeerServerConfig("node far", []string{"127.0.0.1"}, pki.MasterName)
+	fresh := httptest.NewUnstartedServer(nodeapi.Server(remote))
+	fresh.Config.ErrorLog = log.New(io.Discard, "", 0)
+	fresh.Listener = tls.NewListener(fresh.Listener, scfg)
+	fresh.Start()
+	defer fresh.Close()
+	f.cfg.Store.DeleteNode(ctx, "far")
+	f.cfg.Store.PutNode(ctx, store.Node{Name: "far", Address: fresh.Listener.Addr().String()})
+	f.add("far", fresh.Listener.Addr().String())
+	if _, err := f.paired("far").Status(ctx); err != nil {
+		t.Errorf("a certificate issued after the forgetting: %v", err)
+	}
+	// Another node's certificate, at the address the master has for
+	// "near": refused by name.
+	f.cfg.Store.PutNode(ctx, store.Node{Name: "near", Address: fresh.Listener.Addr().String() + "0"})
+	f.add("near", fresh.Listener.Addr().String())
+	if _, err := f.paired("near").Status(ctx); err == nil || !strings.Contains(err.Error(), `not node near`) {
+		t.Errorf("node far's certificate taken for node near: %v", err)
+	}
+}

@@ -590,21 +590,33 @@ func validNodeName(s string) bool {
 	return true
 }
 
-// Dial is a Client of the paired node at address, as the master with CA
-// ca: its client certificate, trusting only servers ca signed.
-func Dial(name, address string, ca *pki.CA) (*Client, error) {
+// Dial is a Client of the paired node name at address, as the master
+// with CA ca: its client certificate, trusting only a server certificate
+// ca signed for that node ("node <name>": another node's will not do),
+// and that check, if set, does not refuse (a revoked one).
+func Dial(name, address string, ca *pki.CA, check func(*x509.Certificate) error) (*Client, error) {
 	cfg, err := ca.PeerClientConfig(pki.MasterName)
 	if err != nil {
 		return nil, err
 	}
 	c := &Client{NodeName: name, Base: "https://" + address}
-	// What the node presents, for Renew's timing.
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-		if len(cs.PeerCertificates) > 0 {
-			c.certMu.Lock()
-			c.notAfter = cs.PeerCertificates[0].NotAfter
-			c.certMu.Unlock()
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("the node presented no certificate")
 		}
+		leaf := cs.PeerCertificates[0]
+		if leaf.Subject.CommonName != "node "+name {
+			return fmt.Errorf("the server at %s is %q, not node %s", address, leaf.Subject.CommonName, name)
+		}
+		if check != nil {
+			if err := check(leaf); err != nil {
+				return err
+			}
+		}
+		// What the node presents, for Renew's timing.
+		c.certMu.Lock()
+		c.notAfter = leaf.NotAfter
+		c.certMu.Unlock()
 		return nil
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()

@@ -54,7 +54,7 @@ func TestPairing(t *testing.T) {
 	ctx := context.Background()
 
 	// Unpaired, the seam answers nobody.
-	c0, _ := Dial("n1", addr, ca)
+	c0, _ := Dial("n1", addr, ca, nil)
 	if _, err := c0.Status(ctx); err == nil {
 		t.Fatal("an unpaired node served the seam")
 	}
@@ -74,12 +74,12 @@ func TestPairing(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(pkiDir, nodeKeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("node key: %v %v", fi, err)
 	}
-	c, _ := Dial("n1", addr, ca)
+	c, _ := Dial("n1", addr, ca, nil)
 	if st, err := c.Status(ctx); err != nil || st.Name != "fake" {
 		t.Fatalf("the master after pairing: %+v %v", st, err)
 	}
 	other, _ := pki.EnsureCA(t.TempDir())
-	if co, _ := Dial("n1", addr, other); co != nil {
+	if co, _ := Dial("n1", addr, other, nil); co != nil {
 		if _, err := co.Status(ctx); !errors.Is(err, ErrNodeDown) {
 			t.Errorf("a master of another CA: %v", err)
 		}
@@ -94,7 +94,7 @@ func TestPairing(t *testing.T) {
 		t.Fatalf("after a restart: paired %v, same code %v, %v", e2 != nil && e2.Paired(), e2 != nil && e2.code == e.code, err)
 	}
 	addr2 := serveEndpoint(t, e2)
-	c2, _ := Dial("n1", addr2, ca)
+	c2, _ := Dial("n1", addr2, ca, nil)
 	if _, err := c2.Status(ctx); err != nil {
 		t.Errorf("the master after the node restarted: %v", err)
 	}
@@ -167,7 +167,7 @@ func TestRenew(t *testing.T) {
 		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
 	}
 	before := serial(addr)
-	c, _ := Dial("n4", addr, ca)
+	c, _ := Dial("n4", addr, ca, nil)
 	if _, err := c.Status(ctx); err != nil || c.PeerNotAfter().IsZero() {
 		t.Fatalf("status: %v (not after %v)", err, c.PeerNotAfter())
 	}
@@ -200,11 +200,11 @@ func TestUnpair(t *testing.T) {
 	if _, err := Pair(ctx, addr, e.code, ca); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := Dial("n5", addr, ca)
+	c, _ := Dial("n5", addr, ca, nil)
 	if err := Unpair(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	c2, _ := Dial("n5", addr, ca)
+	c2, _ := Dial("n5", addr, ca, nil)
 	if _, err := c2.Status(ctx); err == nil {
 		t.Error("an unpaired node still serves its old master")
 	}

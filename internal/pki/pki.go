@@ -199,7 +199,7 @@ func (ca *CA) signKey(pub any, cn string, hosts []string, lifetime time.Duration
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{Organization: []string{"Sandstorm"}, CommonName: cn},
-		NotBefore:    now.Add(-5 * time.Minute), // clocks differ a little
+		NotBefore:    now.Add(-Backdate),
 		NotAfter:     now.Add(lifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 	}
@@ -349,6 +349,11 @@ func renewing(lifetime time.Duration, issue func() (tls.Certificate, error)) (fu
 		return &c, nil
 	}, nil
 }
+
+// Backdate is how far before its issue a leaf's validity starts: clocks
+// differ a little. A certificate was issued at NotBefore + Backdate
+// (which a revocation by time relies on).
+const Backdate = 5 * time.Minute
 
 // PeerServerConfig is a node's TLS configuration: it serves a leaf of its
 // own from ca for hosts (common name cn), and takes only clients whose

@@ -136,6 +136,10 @@ CREATE TABLE IF NOT EXISTS placements (
 	principal  TEXT NOT NULL DEFAULT '',
 	memory_mib INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS revocations (
+	node TEXT PRIMARY KEY,
+	at   BIGINT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS reported (
 	id   TEXT PRIMARY KEY,
 	node TEXT NOT NULL,
@@ -674,6 +678,32 @@ func (s *Store) reported(ctx context.Context, q string, args ...any) ([]Reported
 // ListAllPlacements returns every placement, by name.
 func (s *Store) ListAllPlacements(ctx context.Context) ([]Placement, error) {
 	return s.placements(ctx, `SELECT id, name, node, template, principal, memory_mib FROM placements ORDER BY name`)
+}
+
+// Revoke records that every certificate issued to node before at is
+// revoked (it was forgotten then; fleet.Fleet checks).
+func (s *Store) Revoke(ctx context.Context, node string, at time.Time) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO revocations(node, at) VALUES(?,?) ON CONFLICT(node) DO UPDATE SET at=excluded.at`), node, ms(at))
+	return err
+}
+
+// Revocations is when each revoked node's certificates were revoked.
+func (s *Store) Revocations(ctx context.Context) (map[string]time.Time, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT node, at FROM revocations`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]time.Time{}
+	for rows.Next() {
+		var n string
+		var at int64
+		if err := rows.Scan(&n, &at); err != nil {
+			return nil, err
+		}
+		out[n] = fromMs(at)
+	}
+	return out, rows.Err()
 }
 
 // PutJoinToken records a join token (by its hash) until expires.
