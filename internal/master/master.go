@@ -236,9 +236,9 @@ func (s *server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if t.Warm != nil {
-		s.cfg.Fleet.DropTemplate(r.Context(), name)
-	}
+	// Every node drops it: a warm image, and a paired node's copy of the
+	// rootfs if no other template of its uses it.
+	s.cfg.Fleet.DropTemplate(r.Context(), name)
 	if t.Owned {
 		os.RemoveAll(filepath.Dir(t.Rootfs))
 	}

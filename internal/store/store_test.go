@@ -70,6 +70,17 @@ func testWarmTemplateRoundTrip(t *testing.T, where string) {
 	if ts, err := s.ListTemplates(ctx); err != nil || len(ts) != 2 || ts[0].Digest != d || ts[1].Digest != "" {
 		t.Errorf("digests back: %+v %v", ts, err)
 	}
+	// A template a paired node's sandbox was placed with stays.
+	if err := s.PutPlacement(ctx, Placement{ID: "x1", Name: "x", Node: "far", Template: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTemplate(ctx, "p"); !errors.Is(err, ErrInUse) {
+		t.Errorf("deleting a template placed on a paired node: %v", err)
+	}
+	s.DeletePlacement(ctx, "x1")
+	if err := s.DeleteTemplate(ctx, "p"); err != nil {
+		t.Errorf("deleting it once no sandbox uses it: %v", err)
+	}
 }
 
 func TestTemplatesAndSandboxesSurviveReopen(t *testing.T) {
