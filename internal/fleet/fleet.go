@@ -49,7 +49,6 @@ type Config struct {
 // Fleet is the master's nodes.
 type Fleet struct {
 	cfg     Config
-	started time.Time
 	mu      sync.RWMutex
 	remote  map[string]*nodeapi.Client
 	addrs   map[string]string
@@ -63,7 +62,7 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	f := &Fleet{cfg: cfg, started: time.Now(), remote: map[string]*nodeapi.Client{}, addrs: map[string]string{}, links: map[string]*link{}}
+	f := &Fleet{cfg: cfg, remote: map[string]*nodeapi.Client{}, addrs: map[string]string{}, links: map[string]*link{}}
 	var err error
 	if f.revoked, err = cfg.Store.Revocations(ctx); err != nil {
 		return nil, err
@@ -268,8 +267,8 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 		if len(rs) > 0 {
 			return n, f.view(p.Node, rs[0].Sandbox, now), nil
 		}
-		if l, ok := f.linkOf(p.Node); (!ok || !l.full) && now.Sub(f.started) < nodeapi.SilenceLimit {
-			// The master has just started and has not heard the node's
+		if l, ok := f.linkOf(p.Node); !ok || l.young(now) {
+			// The master has just started hearing the node and has not had its
 			// full report yet: ask it, this once.
 			gctx, cancel := context.WithTimeout(ctx, statusWait)
 			defer cancel()
@@ -359,7 +358,8 @@ func (f *Fleet) NameTaken(ctx context.Context, name string) bool {
 // Statuses is every node's status: the local node's read now, a paired
 // node's from its last heartbeat (reports.go), or "lost" with why. Only
 // in the first seconds after the master starts, before a node has
-// reported, is it asked (within statusWait).
+// reported, or in those after its pairing, is it asked (within
+// statusWait).
 func (f *Fleet) Statuses(ctx context.Context) []api.NodeStatus {
 	nodes := f.Nodes()
 	out := make([]api.NodeStatus, len(nodes))
@@ -370,7 +370,7 @@ func (f *Fleet) Statuses(ctx context.Context) []api.NodeStatus {
 		f.mu.RLock()
 		addr := f.addrs[name]
 		f.mu.RUnlock()
-		if l, ok := f.linkOf(name); ok && (!l.heard.IsZero() || now.Sub(f.started) >= nodeapi.SilenceLimit) {
+		if l, ok := f.linkOf(name); ok && !l.young(now) {
 			st := l.status
 			if l.lost(now) {
 				st = api.NodeStatus{State: "lost", Error: lostNote(name, l)}

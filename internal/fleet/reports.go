@@ -21,6 +21,7 @@ import (
 // link is what the master knows of its report stream from one node.
 type link struct {
 	cancel context.CancelFunc
+	added  time.Time     // when the master began to hear it (its start, or the pairing)
 	kick   chan struct{} // try the stream again now (its tunnel came up)
 	up     bool          // a stream is open
 	full   bool          // the stream's full report is in the store
@@ -43,7 +44,7 @@ func (f *Fleet) startWatch(name string) {
 		return
 	}
 	ctx, cancel := context.WithCancel(f.runCtx)
-	l := &link{cancel: cancel, kick: make(chan struct{}, 1)}
+	l := &link{cancel: cancel, added: time.Now(), kick: make(chan struct{}, 1)}
 	f.links[name] = l
 	go f.watch(ctx, name, l)
 }
@@ -153,6 +154,13 @@ func (f *Fleet) linkOf(name string) (link, bool) {
 		return link{}, false
 	}
 	return *l, true
+}
+
+// young reports whether the node has not reported yet but may still be
+// about to (within SilenceLimit of the master starting to hear it): then
+// it is asked rather than taken for lost.
+func (l *link) young(now time.Time) bool {
+	return l.heard.IsZero() && now.Sub(l.added) < nodeapi.SilenceLimit
 }
 
 // lostNote says why node's sandboxes are shown as lost.

@@ -1,10 +1,12 @@
-// Package fleetup brings a whole fleet up on this machine and down again
-// (the seed's scripts/fleet.sh up|seed|verify, as sandstormd fleet up and
-// fleet down): a master, and N nodes each in a network namespace of its
-// own — its own address, nftables table, routes and ports — joined to the
-// master's namespace by a veth, paired, seeded with a template and checked
-// by one sandbox each. What it made is written to <root>/fleet.json, which
-// fleet down reads to take exactly that down again, by PID and by name.
+// Package fleetup brings a whole fleet up and down again (the seed's
+// scripts/fleet.sh up|seed|verify, as sandstormd fleet up and fleet down):
+// a master on this machine, and N nodes each in a network namespace of
+// its own here — its own address, nftables table, routes and ports —
+// joined to the master's namespace by a veth, or one node on each of
+// several machines reached over ssh (hosts.go, ssh.go, remote.go); paired,
+// seeded with a template and checked by one sandbox each. What it made is
+// written to <root>/fleet.json, which fleet down reads to take exactly
+// that down again, by PID and by name.
 package fleetup
 
 import (
@@ -14,11 +16,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -38,6 +42,21 @@ type Config struct {
 	// NodeArgs are added to every node's serve flags.
 	NodeArgs []string
 	Out      io.Writer // progress
+
+	// Hosts, when set, are the machines to run one node each on, over
+	// ssh ([user@]host[:port]), instead of Nodes namespaces here.
+	Hosts []string
+	SSH   SSH
+	// RemoteDir is where on each host the binaries go (bin/) and each
+	// node's data dir, log and PID file.
+	RemoteDir string
+	NodePort  int // each remote node's --node-listen port
+	// NodeSubnet is the first remote node's sandbox subnet; the next get
+	// the blocks of its size that follow (NodeSubnets).
+	NodeSubnet string
+	// Runsc is the runsc copied to the hosts ("": the one next to Bin);
+	// RemoteRunsc, if set, one already on every host, and none is copied.
+	Runsc, RemoteRunsc string
 }
 
 // State is what fleet up made (<root>/fleet.json).
@@ -45,6 +64,8 @@ type State struct {
 	API    string      `json:"api"`
 	Master Proc        `json:"master"`
 	Nodes  []NodeState `json:"nodes"`
+	// SSH is set for a fleet over ssh: how to reach its hosts again.
+	SSH *SSHState `json:"ssh,omitempty"`
 }
 
 // Proc is a process fleet up started.
@@ -54,13 +75,18 @@ type Proc struct {
 	Log     string `json:"log"`
 }
 
-// NodeState is one node of the fleet.
+// NodeState is one node of the fleet: in a netns here (Netns, HostIf), or
+// on a host over ssh (Host; its Proc's PID, paths and PIDFile are the
+// host's).
 type NodeState struct {
 	Proc
 	Name    string `json:"name"`
-	Netns   string `json:"netns"`
-	HostIf  string `json:"host_if"`
-	Address string `json:"address"` // its --node-listen
+	Netns   string `json:"netns,omitempty"`
+	HostIf  string `json:"host_if,omitempty"`
+	Address string `json:"address"`        // its --node-listen
+	Host    string `json:"host,omitempty"` // [user@]host[:port], as --hosts named it
+	PIDFile string `json:"pid_file,omitempty"`
+	Sudo    bool   `json:"sudo,omitempty"` // its host's root steps go through sudo -n
 }
 
 // Addresses: node k's link is 10.186.k.0/24 (the master's side .1, the
@@ -73,20 +99,44 @@ const stateFile = "fleet.json"
 
 // Up brings the fleet up. On failure it takes down what it made.
 func Up(ctx context.Context, cfg Config) (st State, err error) {
-	if cfg.Nodes < 1 || cfg.Nodes > 9 {
-		return st, fmt.Errorf("--nodes %d: 1 to 9 on one machine", cfg.Nodes)
+	if err := cfg.Validate(); err != nil {
+		return st, err
 	}
 	if _, err := os.Stat(filepath.Join(cfg.Root, stateFile)); err == nil {
 		return st, fmt.Errorf("a fleet is already up under %s (see its %s); take it down first: sandstormd fleet down --root %s", cfg.Root, stateFile, cfg.Root)
 	}
+	// Progress comes from the hosts' goroutines too: a line at a time.
+	var outMu sync.Mutex
+	say := func(f string, a ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(cfg.Out, f+"\n", a...)
+	}
+	// Every host is asked before anything is started: a host ssh cannot
+	// reach costs nothing to take down.
+	var plan *hostPlan
+	if len(cfg.Hosts) > 0 {
+		if plan, err = planHosts(ctx, cfg, say); err != nil {
+			return st, err
+		}
+	}
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return st, err
 	}
-	say := func(f string, a ...any) { fmt.Fprintf(cfg.Out, f+"\n", a...) }
 	defer func() {
 		if err != nil {
-			say("fleet up failed (%v); taking down what it made", err)
-			down(st, io.Discard)
+			// The error itself is the caller's to show (the CLI prints
+			// it last): a node's log in it runs over several lines.
+			say("fleet up failed; taking down what it made")
+			// What a host could not stop is worth saying; the rest of
+			// the teardown is quiet, as for a fleet here.
+			var w io.Writer = io.Discard
+			if plan != nil {
+				w = cfg.Out
+			}
+			if derr := down(st, false, w); derr != nil {
+				say("%v", derr)
+			}
 			os.Remove(filepath.Join(cfg.Root, stateFile))
 		}
 	}()
@@ -98,7 +148,12 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 	st.Master = master
 	save(cfg.Root, st)
 	say("master: PID %d, API %s, log %s", master.PID, st.API, master.Log)
-	for k := 1; k <= cfg.Nodes; k++ {
+	if plan != nil {
+		if err := startHosts(ctx, cfg, plan, &st, say); err != nil {
+			return st, err
+		}
+	}
+	for k := 1; plan == nil && k <= cfg.Nodes; k++ {
 		n, err := startNode(cfg, k)
 		if n.Netns != "" {
 			st.Nodes = append(st.Nodes, n)
@@ -114,12 +169,28 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 		return st, err
 	}
 	for _, n := range st.Nodes {
-		code, err := waitNode(ctx, n)
+		var code string
+		if n.Host != "" {
+			code, err = pairingCode(ctx, *st.SSH, n)
+		} else {
+			code, err = waitNode(ctx, n)
+		}
 		if err != nil {
 			return st, err
 		}
+		if ok, err := kept(ctx, c, n); err != nil {
+			return st, err
+		} else if ok {
+			say("node %s: paired already (this root's master kept it from an earlier fleet up), ready", n.Name)
+			continue
+		}
 		var ns api.NodeStatus
 		if err := c.Do(ctx, "POST", "/v1/nodes", api.NodeRequest{Address: n.Address, PairingCode: code}, &ns); err != nil {
+			if n.Host != "" && client.StatusOf(err) == http.StatusConflict {
+				// Paired already: a data dir an earlier fleet left there
+				// (fleet down without --purge, and this master is new).
+				return st, fmt.Errorf("pair %s: %w\n(its data dir %s on %s is an earlier fleet's: take that fleet down with --purge, remove the dir there, or use another --remote-dir)", n.Name, err, n.DataDir, n.Host)
+			}
 			return st, fmt.Errorf("pair %s: %w", n.Name, err)
 		}
 		say("paired %s: %d MiB available", n.Name, ns.MemAvailableMiB)
@@ -132,6 +203,40 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 	say("fleet is up: %d node(s). Stop it with: sandstormd fleet down --root %s", len(st.Nodes), cfg.Root)
 	say("use it: SANDSTORM_API=%s SANDSTORM_DATA_DIR=%s sandstormd sandbox ls", st.API, master.DataDir)
 	return st, nil
+}
+
+// kept reports whether the master has node n paired already — a root
+// brought up again after a fleet down without --purge keeps the master's
+// store and the node its certificate, and the node is back with its
+// master by itself — once the master has it ready.
+func kept(ctx context.Context, c *client.Client, n NodeState) (bool, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var l api.List[api.NodeStatus]
+		if err := c.Do(ctx, "GET", "/v1/nodes", nil, &l); err != nil {
+			return false, err
+		}
+		var known *api.NodeStatus
+		for i := range l.Items {
+			if l.Items[i].Address == n.Address {
+				known = &l.Items[i]
+			}
+		}
+		if known == nil {
+			return false, nil
+		}
+		if known.State == "ready" {
+			return true, nil
+		}
+		if time.Now().After(deadline) {
+			return false, fmt.Errorf("node %s at %s is this master's already (from an earlier fleet up of this root), but it is %s after a minute: %s", known.Name, n.Address, known.State, known.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func startNode(cfg Config, k int) (NodeState, error) {
@@ -286,8 +391,16 @@ func answers(ctx context.Context, eps map[string]string) error {
 
 // Down takes down the fleet under root: its sandboxes (through the master,
 // while it still runs), then its processes by PID, its namespaces and
-// links. Data dirs stay unless purge.
+// links, and its nodes on other hosts by PID over ssh. Data dirs stay
+// unless purge.
 func Down(root string, purge bool, out io.Writer) error {
+	return DownWith(root, purge, SSH{}, out)
+}
+
+// DownWith is Down reaching a fleet's hosts with ssh's options and
+// identity replaced by those given (for a key or a jump host that is
+// another now); fleet up's are used otherwise.
+func DownWith(root string, purge bool, ssh SSH, out io.Writer) error {
 	b, err := os.ReadFile(filepath.Join(root, stateFile))
 	if err != nil {
 		return fmt.Errorf("no fleet under %s (%v)", root, err)
@@ -295,6 +408,14 @@ func Down(root string, purge bool, out io.Writer) error {
 	var st State
 	if err := json.Unmarshal(b, &st); err != nil {
 		return fmt.Errorf("%s: %w", filepath.Join(root, stateFile), err)
+	}
+	if st.SSH != nil {
+		if len(ssh.Options) > 0 {
+			st.SSH.Options = ssh.Options
+		}
+		if ssh.Identity != "" {
+			st.SSH.Identity = ssh.Identity
+		}
 	}
 	if c, err := client.ForDataDir(st.API, st.Master.DataDir); err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -308,7 +429,11 @@ func Down(root string, purge bool, out io.Writer) error {
 		}
 		cancel()
 	}
-	down(st, out)
+	if err := down(st, purge, out); err != nil {
+		// fleet.json stays: it is how a second fleet down finds what is
+		// still up once the host answers.
+		return fmt.Errorf("%w\n%s is kept: run fleet down again once that is fixed", err, filepath.Join(root, stateFile))
+	}
 	os.Remove(filepath.Join(root, stateFile))
 	if purge {
 		for _, d := range append([]string{st.Master.DataDir}, dirs(st)...) {
@@ -319,26 +444,46 @@ func Down(root string, purge bool, out io.Writer) error {
 	return nil
 }
 
+// dirs are the data dirs of the nodes on this machine.
 func dirs(st State) []string {
 	var out []string
 	for _, n := range st.Nodes {
-		out = append(out, n.DataDir)
+		if n.Host == "" {
+			out = append(out, n.DataDir)
+		}
 	}
 	return out
 }
 
-func down(st State, out io.Writer) {
+// down stops the master and every node by PID: here directly, on a host
+// over ssh (purging its files there with purge). It returns what the
+// hosts could not do.
+func down(st State, purge bool, out io.Writer) error {
 	procs := []Proc{st.Master}
 	for _, n := range st.Nodes {
-		procs = append(procs, n.Proc)
+		if n.Host == "" {
+			procs = append(procs, n.Proc)
+		}
 	}
 	for _, p := range procs {
 		stop(p, out)
 	}
+	var errs []error
 	for _, n := range st.Nodes {
-		exec.Command("ip", "netns", "delete", n.Netns).Run()
-		exec.Command("ip", "link", "delete", n.HostIf).Run()
+		if n.Host == "" {
+			exec.Command("ip", "netns", "delete", n.Netns).Run()
+			exec.Command("ip", "link", "delete", n.HostIf).Run()
+			continue
+		}
+		if st.SSH == nil {
+			errs = append(errs, fmt.Errorf("node %s on %s: fleet.json says nothing of how to reach it (no \"ssh\")", n.Name, n.Host))
+			continue
+		}
+		if err := stopRemote(*st.SSH, n, purge, out); err != nil {
+			errs = append(errs, fmt.Errorf("node %s (PID %d) on %s: %w", n.Name, n.PID, n.Host, err))
+		}
 	}
+	return errors.Join(errs...)
 }
 
 // stop sends SIGTERM to p's process if it is still the sandstormd it

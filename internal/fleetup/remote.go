@@ -1,0 +1,393 @@
+package fleetup
+
+// fleet up --hosts: the nodes on other machines, reached over ssh (ssh.go).
+// Everything about the hosts is checked before anything is started
+// (planHosts); then each host gets this sandstormd (and runsc) unless it
+// has them already, byte for byte, and a node started detached with a PID
+// file; fleet up reads each node's pairing code over ssh and pairs it
+// from the master here, which it runs as for a fleet on this machine.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"sandstorm/internal/sandbox/gvisor"
+)
+
+// SSHState is how fleet up reached its hosts and where it put things
+// there (fleet.json), for fleet down.
+type SSHState struct {
+	SSH
+	RemoteDir string `json:"remote_dir"`
+	// RemoteRunsc is the runsc that was on the hosts already ("" when
+	// fleet up copied its own into bin/, which --purge then removes).
+	RemoteRunsc string `json:"remote_runsc,omitempty"`
+}
+
+// hostPlan is fleet up --hosts worked out and checked before anything is
+// started.
+type hostPlan struct {
+	ssh      SSHState
+	nodes    []*remoteNode
+	files    []localFile // what each host's bin/ must hold
+	nodePort int
+}
+
+// remoteNode is one host and the node fleet up runs on it.
+type remoteNode struct {
+	host   Host
+	name   string
+	subnet string
+	addr   string // where its node listens: the host's address sshd answered on
+	sudo   bool   // its root steps go through sudo -n
+	l      layout
+}
+
+type localFile struct {
+	name, path, sum string
+	size            int64
+}
+
+// unameArch is uname -m for each GOARCH fleet up can check a host against.
+var unameArch = map[string]string{"amd64": "x86_64", "arm64": "aarch64", "riscv64": "riscv64", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+// planHosts parses and checks the hosts flags, hashes what is to be
+// copied and asks every host (at once) over ssh who and what it is.
+func planHosts(ctx context.Context, cfg Config, say func(string, ...any)) (*hostPlan, error) {
+	if err := cfg.checkHosts(); err != nil {
+		return nil, err
+	}
+	hosts, _ := ParseHosts(cfg.Hosts)
+	names, _ := NodeNames(hosts)
+	subnets, _ := NodeSubnets(cfg.NodeSubnet, len(hosts))
+	p := &hostPlan{ssh: SSHState{SSH: cfg.SSH, RemoteDir: cfg.RemoteDir, RemoteRunsc: cfg.RemoteRunsc}, nodePort: cfg.NodePort}
+	for i, h := range hosts {
+		p.nodes = append(p.nodes, &remoteNode{host: h, name: names[i], subnet: subnets[i], l: layout{Dir: cfg.RemoteDir, Node: names[i]}})
+	}
+	files := []localFile{{name: "sandstormd", path: cfg.Bin}}
+	if cfg.RemoteRunsc == "" {
+		runsc := cfg.Runsc
+		if runsc == "" {
+			// Where the node looks for it by default, and where the master
+			// machine's own is (gvisor.DefaultRunsc).
+			runsc = filepath.Join(filepath.Dir(cfg.Bin), "runsc")
+		}
+		if _, err := os.Stat(runsc); err != nil {
+			return nil, fmt.Errorf("no runsc at %s to copy to the hosts: build the pinned one with `make runsc` (into bin/, next to sandstormd), give another with --runsc PATH, or name one already on every host with --remote-runsc PATH", runsc)
+		}
+		if v, err := gvisor.Version(ctx, runsc); err != nil {
+			return nil, fmt.Errorf("runsc %s: %w", runsc, err)
+		} else if v != gvisor.PinnedVersion {
+			say("note: runsc %s is %s, not the pinned %s (snapshots restore only on the runsc that wrote them)", runsc, v, gvisor.PinnedVersion)
+		}
+		files = append(files, localFile{name: "runsc", path: runsc})
+	}
+	for i := range files {
+		sum, size, err := fileSum(files[i].path)
+		if err != nil {
+			return nil, err
+		}
+		files[i].sum, files[i].size = sum, size
+	}
+	p.files = files
+	err := each(len(p.nodes), func(i int) error { return p.preflight(ctx, p.nodes[i], say) })
+	return p, err
+}
+
+// checkHosts is every check of the --hosts flags that needs no host.
+func (cfg Config) checkHosts() error {
+	hosts, err := ParseHosts(cfg.Hosts)
+	if err != nil {
+		return err
+	}
+	if _, err := NodeNames(hosts); err != nil {
+		return err
+	}
+	if _, err := NodeSubnets(cfg.NodeSubnet, len(hosts)); err != nil {
+		return err
+	}
+	if err := CheckRemoteDir(cfg.RemoteDir); err != nil {
+		return err
+	}
+	if cfg.NodePort < 1 || cfg.NodePort > 65535 {
+		return fmt.Errorf("--node-port %d: want 1 to 65535", cfg.NodePort)
+	}
+	if cfg.RemoteRunsc != "" && !filepath.IsAbs(cfg.RemoteRunsc) {
+		return fmt.Errorf("--remote-runsc %q: want an absolute path on the hosts", cfg.RemoteRunsc)
+	}
+	if cfg.RemoteRunsc != "" && cfg.Runsc != "" {
+		return errors.New("--runsc (a runsc to copy) and --remote-runsc (one on the hosts already) exclude each other")
+	}
+	for _, o := range cfg.SSH.Options {
+		if strings.HasPrefix(o, "-") || o == "" {
+			return fmt.Errorf("--ssh-option %q: give the option itself, as for ssh -o (e.g. --ssh-option StrictHostKeyChecking=accept-new)", o)
+		}
+	}
+	return nil
+}
+
+// Validate checks cfg's flags as given, before anything runs: what it
+// says is a mistake in how fleet up was called.
+func (cfg Config) Validate() error {
+	if len(cfg.Hosts) > 0 {
+		return cfg.checkHosts()
+	}
+	if cfg.Nodes < 1 || cfg.Nodes > 9 {
+		return fmt.Errorf("--nodes %d: 1 to 9 on one machine", cfg.Nodes)
+	}
+	return nil
+}
+
+func fileSum(p string) (string, int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("read %s: %w", p, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// each runs f(0…n-1) at once and returns every error.
+func each(n int, f func(int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = f(i) }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// preflight: ssh works without a prompt, the node can be root, the
+// machine runs this binary, and which address the node listens on.
+func (p *hostPlan) preflight(ctx context.Context, n *remoteNode, say func(string, ...any)) error {
+	out, err := p.ssh.run(ctx, n.host, "check the host", preflightScript(p.ssh.Sudo), false)
+	if err != nil {
+		return err
+	}
+	kv := keyValues(out)
+	if kv["uid"] != "0" {
+		if !p.ssh.Sudo {
+			return fmt.Errorf("%s: logged in as uid %s, and a node needs root: log in as root (root@%s), or pass --sudo for passwordless sudo there", n.host.Spec, kv["uid"], n.host.Addr)
+		}
+		if kv["sudo"] != "ok" {
+			return fmt.Errorf("%s: `sudo -n true` fails there (a password is asked, or the user may not sudo): allow this user passwordless sudo, or log in as root", n.host.Spec)
+		}
+		n.sudo = true
+	}
+	if want, ok := unameArch[runtime.GOARCH]; ok && kv["arch"] != want {
+		return fmt.Errorf("%s is %s, and this sandstormd (the one fleet up copies) is built for %s (%s): run fleet up from a machine of the hosts' architecture", n.host.Spec, kv["arch"], runtime.GOARCH, want)
+	}
+	if f := strings.Fields(kv["conn"]); len(f) == 4 {
+		if a, err := netip.ParseAddr(f[2]); err == nil {
+			n.addr = a.WithZone("").String()
+		}
+	}
+	if n.addr == "" {
+		if a, err := netip.ParseAddr(n.host.Addr); err == nil {
+			n.addr = a.String()
+		} else {
+			return fmt.Errorf("%s: cannot tell the address its node should listen on (SSH_CONNECTION is empty there): name the host by its IP address in --hosts", n.host.Spec)
+		}
+	}
+	who := "root"
+	if n.sudo {
+		who = "sudo"
+	}
+	say("host %s: ssh ok (%s, %s); node %s will listen on %s", n.host.Spec, who, kv["arch"], n.name, n.listen(p))
+	return nil
+}
+
+// listen is n's --node-listen, the address the master pairs with.
+func (n *remoteNode) listen(p *hostPlan) string {
+	return net.JoinHostPort(n.addr, strconv.Itoa(p.nodePort))
+}
+
+// start brings node n up on its host: binaries checked and copied if
+// they differ, then the node started detached. It returns its state once
+// it has a PID.
+func (p *hostPlan) start(ctx context.Context, cfg Config, n *remoteNode, say func(string, ...any)) (NodeState, error) {
+	st := NodeState{Name: n.name, Address: n.listen(p), Host: n.host.Spec, PIDFile: n.l.pidFile(), Sudo: n.sudo,
+		Proc: Proc{DataDir: n.l.dataDir(), Log: n.l.log()}}
+	out, err := p.ssh.run(ctx, n.host, "inspect "+p.ssh.RemoteDir, inspectScript(n.l, p.ssh.RemoteRunsc), n.sudo)
+	if err != nil {
+		return st, err
+	}
+	kv := keyValues(out)
+	if pid := kv["running"]; pid != "" {
+		return st, fmt.Errorf("%s: a node %s already runs there (PID %s, %s): take its fleet down first (sandstormd fleet down --root … on the machine that brought it up), or use another --remote-dir", n.host.Spec, n.name, pid, n.l.pidFile())
+	}
+	if p.ssh.RemoteRunsc != "" {
+		if kv["runsc_missing"] != "" {
+			return st, fmt.Errorf("%s: no runsc at %s (--remote-runsc); leave the flag out and fleet up copies the pinned one", n.host.Spec, p.ssh.RemoteRunsc)
+		}
+		if v := strings.TrimPrefix(kv["runsc_version"], "runsc version "); v != gvisor.PinnedVersion {
+			say("host %s: note: runsc there is %q, not the pinned %s", n.host.Spec, v, gvisor.PinnedVersion)
+		}
+	}
+	var need []localFile
+	for _, f := range p.files {
+		if kv[f.name] == f.sum {
+			say("host %s: %s is up to date", n.host.Spec, f.name)
+		} else {
+			need = append(need, f)
+		}
+	}
+	if len(need) > 0 {
+		if err := p.install(ctx, n, need, say); err != nil {
+			return st, err
+		}
+	}
+	args := []string{n.l.bin(), "serve", "--node", "--node-name", n.name, "--node-listen", n.listen(p),
+		"--data-dir", n.l.dataDir(), "--subnet", n.subnet, "--gateway-listen", n.addr}
+	if p.ssh.RemoteRunsc != "" {
+		args = append(args, "--runsc", p.ssh.RemoteRunsc)
+	}
+	args = append(args, cfg.NodeArgs...)
+	out, err = p.ssh.run(ctx, n.host, "start the node", startScript(n.l, args), n.sudo)
+	if err != nil {
+		return st, err
+	}
+	if st.PID, err = strconv.Atoi(strings.TrimSpace(out)); err != nil || st.PID <= 0 {
+		return st, fmt.Errorf("%s: starting the node printed %q, not its PID", n.host.Spec, strings.TrimSpace(out))
+	}
+	say("node %s: PID %d on %s, listening on %s, sandboxes in %s; log %s:%s", n.name, st.PID, n.host.Spec, st.Address, n.subnet, n.host.Spec, st.Log)
+	return st, nil
+}
+
+// install copies files to a stage on n's host with scp and moves them
+// into bin/ as root.
+func (p *hostPlan) install(ctx context.Context, n *remoteNode, files []localFile, say func(string, ...any)) error {
+	out, err := p.ssh.run(ctx, n.host, "make a directory to copy into", stageScript(n.l, n.sudo), false)
+	if err != nil {
+		return err
+	}
+	stage := strings.TrimSpace(out)
+	if !strings.HasPrefix(stage, "/") || strings.ContainsAny(stage, "\n'") {
+		return fmt.Errorf("%s: mktemp printed %q", n.host.Spec, stage)
+	}
+	var st []staged
+	for _, f := range files {
+		say("host %s: copying %s (%d MiB)", n.host.Spec, f.name, f.size>>20)
+		if err := p.ssh.copy(ctx, n.host, f.path, stage+"/"+f.name); err != nil {
+			// The stage is the login user's; best effort, the error is
+			// the copy's.
+			p.ssh.run(context.WithoutCancel(ctx), n.host, "remove "+stage, "rm -rf "+shQuote(stage)+"\n", false)
+			return err
+		}
+		st = append(st, staged{Name: f.name, Sum: f.sum})
+	}
+	_, err = p.ssh.run(ctx, n.host, "install into "+p.ssh.RemoteDir+"/bin", installScript(n.l, stage, st), n.sudo)
+	return err
+}
+
+// pairingCode waits on n's host until its node has written its pairing
+// code, reads it (never shown: it pairs whoever has it), and waits until
+// this machine reaches the node's address.
+func pairingCode(ctx context.Context, s SSHState, n NodeState) (string, error) {
+	h, err := ParseHost(n.Host)
+	if err != nil {
+		return "", err
+	}
+	l := layout{Dir: s.RemoteDir, Node: n.Name}
+	out, err := s.run(ctx, h, "read node "+n.Name+"'s pairing code", codeScript(l, n.PID), n.Sudo)
+	if err != nil {
+		return "", err
+	}
+	code := strings.TrimSpace(out)
+	if code == "" {
+		return "", fmt.Errorf("%s: node %s's pairing code file %s is empty", n.Host, n.Name, l.codeFile())
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c, derr := net.DialTimeout("tcp", n.Address, 2*time.Second)
+		if derr == nil {
+			c.Close()
+			return code, nil
+		}
+		if time.Now().After(deadline) {
+			tail, _ := s.run(context.WithoutCancel(ctx), h, "read the log", tailScript(l), n.Sudo)
+			_, port, _ := net.SplitHostPort(n.Address)
+			return "", fmt.Errorf("node %s on %s runs, but this machine cannot reach it at %s within a minute (%v): let TCP port %s through to it from here (a firewall?), or see its log %s there:\n%s", n.Name, n.Host, n.Address, derr, port, n.Log, lastLines(tail, 10))
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// stopRemote stops node n on its host by PID (and with purge removes its
+// files there), saying what it did.
+func stopRemote(s SSHState, n NodeState, purge bool, out io.Writer) error {
+	h, err := ParseHost(n.Host)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l := layout{Dir: s.RemoteDir, Node: n.Name}
+	res, err := s.run(ctx, h, "stop node "+n.Name, stopScript(l, n.PID, purge, s.RemoteRunsc == ""), n.Sudo)
+	if err != nil {
+		return err
+	}
+	kv := map[string]bool{}
+	for _, w := range strings.Fields(res) {
+		kv[w] = true
+	}
+	switch {
+	case kv["stopped"]:
+		fmt.Fprintf(out, "node %s on %s: stopped PID %d\n", n.Name, n.Host, n.PID)
+	case kv["gone"]:
+		fmt.Fprintf(out, "node %s on %s: PID %d had already exited\n", n.Name, n.Host, n.PID)
+	}
+	if kv["purged"] {
+		fmt.Fprintf(out, "node %s on %s: removed %s and its log\n", n.Name, n.Host, n.DataDir)
+	}
+	return nil
+}
+
+// startHosts starts every host's node at once, recording each in st (and
+// fleet.json) as soon as it has a PID, in --hosts order.
+func startHosts(ctx context.Context, cfg Config, p *hostPlan, st *State, say func(string, ...any)) error {
+	st.SSH = &p.ssh
+	save(cfg.Root, *st)
+	var mu sync.Mutex
+	started := make([]*NodeState, len(p.nodes))
+	return each(len(p.nodes), func(i int) error {
+		n, err := p.start(ctx, cfg, p.nodes[i], say)
+		if n.PID > 0 {
+			mu.Lock()
+			started[i] = &n
+			st.Nodes = st.Nodes[:0]
+			for _, s := range started {
+				if s != nil {
+					st.Nodes = append(st.Nodes, *s)
+				}
+			}
+			save(cfg.Root, *st)
+			mu.Unlock()
+		}
+		return err
+	})
+}
