@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,14 +28,18 @@ import (
 // the node's headroom and tier counts and every sandbox; a freeze made
 // through the API shows in the sandbox's row without a reload, and a wake
 // appears among the recent wakes with its latency; the search narrows the
-// table; thousands of rows put only a screenful in the page. A screenshot
-// is kept (the path is logged).
+// table; thousands of rows put only a screenful in the page; a node paired
+// while the page is open shows, and its sandbox's freeze and wake show
+// live, as that node reports them. A screenshot is kept (the path is
+// logged).
 func TestConsoleInChromium(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
 		t.Fatalf("no chromium: apt-get install -y chromium (deps/debian-packages.txt has it)")
 	}
-	d := startDaemon(t)
+	// A reserve of 1 GiB, so that the node paired later, with none, has
+	// the most headroom and takes the next sandbox.
+	d := startDaemon(t, "--memory-reserve", "1024")
 	d.registerWeb(t, "web")
 	var sbs []api.Sandbox
 	for i := 0; i < 3; i++ {
@@ -121,6 +126,36 @@ func TestConsoleInChromium(t *testing.T) {
 	getCount(t, endpoint(t, frozen))
 	until("the wake is listed", fmt.Sprintf(`/woke %s from frozen in [0-9.]+ ms/.test(document.getElementById("recent").innerText)`, frozen.Name))
 	until(frozen.Name+" shows hot again", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "hot"`, frozen.ID))
+
+	// A fleet: a node paired now (in a network namespace of its own)
+	// shows with its headroom; a sandbox placed on it shows, and what
+	// happens on it — reported by the node to the master — shows live.
+	far := fleetMachine(t, 7, "--memory-reserve", "0")
+	if r := d.raw(t, "POST", "/v1/nodes", d.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": %q}`, far.listen, far.code()))); r.Status != http.StatusCreated {
+		t.Fatalf("pair %s: HTTP %d %s", far.name, r.Status, r.Body)
+	}
+	until("the paired node shows", fmt.Sprintf(`document.getElementById("nodes").innerText.includes(%q)`, far.name))
+	remote := d.create(t, "web", "console-far")
+	// Registered after the node's own cleanup, so run before it: the
+	// master lets go of the node while its namespace is still there (it
+	// would otherwise go on dialling an address no longer on this
+	// machine).
+	t.Cleanup(func() {
+		d.C.Do(context.Background(), "DELETE", "/v1/sandboxes/"+remote.ID, nil, nil)
+		if r := d.raw(t, "DELETE", "/v1/nodes/"+far.name, d.Token, "", nil); r.Status != http.StatusNoContent {
+			t.Errorf("forget %s: HTTP %d %s", far.name, r.Status, r.Body)
+		}
+	})
+	if remote.Node != far.name {
+		t.Fatalf("console-far went to %s; %s has the most headroom", remote.Node, far.name)
+	}
+	until("the paired node's sandbox shows", fmt.Sprintf(`(document.querySelector('[data-id=%q] .tier')||{}).textContent === "hot"`, remote.ID))
+	if _, err := d.C.Transition(ctxT(t), remote.ID, "freeze"); err != nil {
+		t.Fatal(err)
+	}
+	until("console-far shows frozen", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "frozen"`, remote.ID))
+	getCount(t, endpoint(t, remote))
+	until("its wake on its node is listed", `/woke console-far from frozen in [0-9.]+ ms/.test(document.getElementById("recent").innerText)`)
 
 	// The chart has the freeze and the wake: a bar of each colour.
 	until("the chart shows the freeze and the wake", `(() => {
