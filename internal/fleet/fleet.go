@@ -497,7 +497,7 @@ func (f *Fleet) Placed(ctx context.Context, node string, sbs []api.Sandbox) {
 func (f *Fleet) Deleted(ctx context.Context, node, id string) {
 	if f.isRemote(node) {
 		f.cfg.Store.DeletePlacement(ctx, id)
-		f.cfg.Store.DeleteReported(ctx, id)
+		f.cfg.Store.DeleteReported(ctx, node, id)
 	}
 }
 

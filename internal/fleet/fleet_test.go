@@ -398,3 +398,26 @@ func TestForgottenNodeIsRevoked(t *testing.T) {
 		t.Errorf("node far's certificate taken for node near: %v", err)
 	}
 }
+
+// TestANodeReportsOnlyItsOwn: a node that reports a sandbox the master
+// placed on another node (its ID) is not believed.
+func TestANodeReportsOnlyItsOwn(t *testing.T) {
+	ctx := context.Background()
+	remote := &node{name: "far", availMiB: 9000}
+	f := fleetOf(t, &node{name: "local"}, remote)
+	if err := f.cfg.Store.PutPlacement(ctx, store.Placement{ID: "other-1", Name: "theirs", Node: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	l := f.links["far"]
+	forged := api.Sandbox{ID: "other-1", Name: "theirs", Node: "other", Tier: api.TierHot}
+	f.apply(ctx, "far", l, nodeapi.Report{Sandbox: &forged})
+	f.apply(ctx, "far", l, nodeapi.Report{Full: true, Sandboxes: []api.Sandbox{forged}})
+	if rs, _ := f.cfg.Store.FindReported(ctx, "other-1"); len(rs) != 0 {
+		t.Errorf("a node's report of another node's sandbox was kept: %+v", rs)
+	}
+	mine := api.Sandbox{ID: "far-1", Name: "mine", Node: "elsewhere", Tier: api.TierHot}
+	f.apply(ctx, "far", l, nodeapi.Report{Sandbox: &mine})
+	if rs, _ := f.cfg.Store.FindReported(ctx, "far-1"); len(rs) != 1 || rs[0].Node != "far" || rs[0].Sandbox.Node != "far" {
+		t.Errorf("a node's own sandbox, claiming another node: %+v", rs)
+	}
+}

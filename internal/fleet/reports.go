@@ -110,16 +110,40 @@ func (f *Fleet) watch(ctx context.Context, name string, l *link) {
 func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Report) error {
 	st := f.cfg.Store
 	switch {
+	// What a node says of its sandboxes is taken as its own: the node
+	// named is the one reporting, and the store keeps another node's
+	// sandbox that node's whatever this one claims.
+	// Nor is a sandbox the master placed on another node.
 	case r.Full:
-		if err := st.ReplaceReported(ctx, name, r.Sandboxes); err != nil {
+		ps, err := st.ListAllPlacements(ctx)
+		if err != nil {
+			return err
+		}
+		elsewhere := map[string]bool{}
+		for _, p := range ps {
+			elsewhere[p.ID] = p.Node != name
+		}
+		own := r.Sandboxes[:0]
+		for _, sb := range r.Sandboxes {
+			if !elsewhere[sb.ID] {
+				sb.Node = name
+				own = append(own, sb)
+			}
+		}
+		if err := st.ReplaceReported(ctx, name, own); err != nil {
 			return err
 		}
 	case r.Sandbox != nil:
+		if p, err := st.GetPlacement(ctx, r.Sandbox.ID); err == nil && p.Node != name && p.ID == r.Sandbox.ID {
+			f.cfg.Log.Warn("a node reported a sandbox placed on another node; ignored", "node", name, "id", r.Sandbox.ID, "placed_on", p.Node)
+			break
+		}
+		r.Sandbox.Node = name
 		if err := st.PutReported(ctx, name, *r.Sandbox); err != nil {
 			return err
 		}
 	case r.Gone != "":
-		if err := st.DeleteReported(ctx, r.Gone); err != nil {
+		if err := st.DeleteReported(ctx, name, r.Gone); err != nil {
 			return err
 		}
 	}
@@ -205,6 +229,7 @@ func (f *Fleet) record(ctx context.Context, node string, sbs ...api.Sandbox) {
 		if sb.ID == "" {
 			continue
 		}
+		sb.Node = node
 		if err := f.cfg.Store.PutReported(context.WithoutCancel(ctx), node, sb); err != nil {
 			f.cfg.Log.Warn("cannot record a node's answer (its next report will)", "node", node, "id", sb.ID, "err", err)
 		}
@@ -243,7 +268,7 @@ func (r recorder) Clone(ctx context.Context, id string, req api.CloneRequest) (a
 func (r recorder) Delete(ctx context.Context, id string) error {
 	err := r.Node.Delete(ctx, id)
 	if err == nil || errors.Is(err, nodeapi.ErrNotFound) {
-		r.f.cfg.Store.DeleteReported(context.WithoutCancel(ctx), id)
+		r.f.cfg.Store.DeleteReported(context.WithoutCancel(ctx), r.Name(), id)
 	}
 	return err
 }

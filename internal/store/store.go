@@ -605,7 +605,9 @@ func (s *Store) placements(ctx context.Context, q string, args ...any) ([]Placem
 // the placements above are the master's desired state.
 
 // ReplaceReported makes sbs the whole of what node has, in one
-// transaction (a node's full report).
+// transaction (a node's full report). A node reports only its own: an ID
+// another node has reported is left to that node (a node cannot take
+// over another's sandbox by naming its ID).
 func (s *Store) ReplaceReported(ctx context.Context, node string, sbs []api.Sandbox) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -616,26 +618,24 @@ func (s *Store) ReplaceReported(ctx context.Context, node string, sbs []api.Sand
 		return err
 	}
 	for _, sb := range sbs {
-		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM reported WHERE id=?`), sb.ID); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?)`), sb.ID, node, sb.Name, mustJSON(sb)); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?) ON CONFLICT(id) DO NOTHING`), sb.ID, node, sb.Name, mustJSON(sb)); err != nil {
 			return err
 		}
 	}
 	return tx.Commit()
 }
 
-// PutReported records sandbox sb as node reported it.
+// PutReported records sandbox sb as node reported it; a sandbox another
+// node reported stays that node's.
 func (s *Store) PutReported(ctx context.Context, node string, sb api.Sandbox) error {
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?)
-		ON CONFLICT(id) DO UPDATE SET node=excluded.node, name=excluded.name, body=excluded.body`), sb.ID, node, sb.Name, mustJSON(sb))
+		ON CONFLICT(id) DO UPDATE SET name=excluded.name, body=excluded.body WHERE reported.node=excluded.node`), sb.ID, node, sb.Name, mustJSON(sb))
 	return err
 }
 
-// DeleteReported forgets sandbox id's report.
-func (s *Store) DeleteReported(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM reported WHERE id=?`), id)
+// DeleteReported forgets sandbox id's report, if node reported it.
+func (s *Store) DeleteReported(ctx context.Context, node, id string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM reported WHERE id=? AND node=?`), id, node)
 	return err
 }
 

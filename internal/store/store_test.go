@@ -334,7 +334,14 @@ func testReported(t *testing.T, where string) {
 	if got, _ := s.FindReported(ctx, "d"); len(got) != 1 || got[0].Sandbox.Name != "z" {
 		t.Errorf("d by ID: %+v", got)
 	}
-	s.DeleteReported(ctx, "d")
+	// A node cannot take over another's sandbox by reporting its ID.
+	s.PutReported(ctx, "n1", sb("d", "stolen", api.TierHot))
+	s.ReplaceReported(ctx, "n1", []api.Sandbox{sb("a", "x", api.TierSnapshot), sb("d", "stolen", api.TierHot)})
+	s.DeleteReported(ctx, "n1", "d")
+	if got, _ := s.FindReported(ctx, "d"); len(got) != 1 || got[0].Node != "n2" || got[0].Sandbox.Name != "z" {
+		t.Errorf("n2's sandbox after n1 reported its ID: %+v", got)
+	}
+	s.DeleteReported(ctx, "n2", "d")
 	if got, _ := s.FindReported(ctx, "z"); len(got) != 0 {
 		t.Errorf("deleted, still found: %+v", got)
 	}
