@@ -173,6 +173,9 @@ type entry struct {
 type wakeCall struct {
 	done chan struct{}
 	err  error
+	// shared counts the callers waiting on it besides the one running
+	// it (under the entry's mu): what the node's tests wait for.
+	shared int
 }
 
 func (e *entry) getTier() api.Tier { t, _ := e.tier.Load().(api.Tier); return t }

@@ -58,6 +58,12 @@ func (n *Node) BeginReconcile(ctx context.Context) (ReconcilePlan, error) {
 	if err := n.Prepare(); err != nil {
 		return ReconcilePlan{}, err
 	}
+	return n.planReconcile(ctx)
+}
+
+// planReconcile is BeginReconcile after the firewall (which only root can
+// install): what the node's tests run.
+func (n *Node) planReconcile(ctx context.Context) (ReconcilePlan, error) {
 	all, err := n.st.ListSandboxes(ctx, n.cfg.Name)
 	if err != nil {
 		return ReconcilePlan{}, err

@@ -79,6 +79,7 @@ func (n *Node) Wake(ctx context.Context, id string) error {
 	}
 	e.mu.Lock()
 	if w := e.waking; w != nil {
+		w.shared++
 		e.mu.Unlock()
 		<-w.done
 		return w.err
@@ -315,11 +316,13 @@ func (n *Node) squeeze(sb store.Sandbox) {
 }
 
 // Snapshot checkpoints a hot or frozen sandbox to the node's disk and
-// releases its processes and network namespace. Every connection into the
-// sandbox is reset first and new ones wait: runsc cannot save an
+// releases its processes and network namespace. The gateway drains the
+// sandbox first (requests in flight waited for, every connection into it
+// closed, new ones held) and its boundary is closed: runsc cannot save an
 // established TCP endpoint, and kills the sandbox when a save fails. If the
-// checkpoint fails anyway, the sandbox is re-created cold from its template
-// and the note says so.
+// checkpoint fails anyway, a sandbox still running stays hot, and one the
+// failure killed is re-created cold from its template; the note says which
+// (recoverFailedCheckpoint).
 func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
 	return n.transition(ctx, id, api.TierSnapshot, func(sb store.Sandbox, from api.Tier) error {
 		switch from {
@@ -365,10 +368,20 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) error {
 	// Its outbound flows too: the boundary resets them and stops taking
 	// new ones until the sandbox runs again.
 	n.boundaryDown(sb.ID)
+	// A failure before the checkpoint runs has saved nothing and left the
+	// sandbox's network as it was: the sandbox stays in its tier, and gets
+	// its boundary back (a later wake from frozen only resumes it, so
+	// nothing else would start it again).
+	keep := func(err error) error {
+		if berr := n.boundaryUp(sb); berr != nil {
+			n.log.Error("boundary restart after a failed snapshot", "id", sb.ID, "err", berr)
+		}
+		return err
+	}
 	spec := n.spec(sb)
 	if from == api.TierFrozen {
 		if err := n.be.Resume(bg, spec); err != nil {
-			return err
+			return keep(err)
 		}
 	}
 	if held, _, ok := n.usageMiB(sb.ID); ok {
@@ -379,7 +392,14 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) error {
 	os.RemoveAll(d.snapTmp())
 	os.RemoveAll(d.snapshot())
 	if err := os.MkdirAll(d.snapTmp(), 0o700); err != nil {
-		return err
+		if from == api.TierFrozen {
+			// Resumed above for the checkpoint: frozen again, as its
+			// tier says.
+			if perr := n.be.Pause(bg, spec); perr != nil {
+				n.log.Error("pause after a failed snapshot", "id", sb.ID, "err", perr)
+			}
+		}
+		return keep(err)
 	}
 	if err := n.be.Checkpoint(bg, spec, d.snapTmp()); err != nil {
 		os.RemoveAll(d.snapTmp())
