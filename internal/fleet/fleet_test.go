@@ -37,13 +37,14 @@ type node struct {
 	made         []string
 	rootfs       map[string]bool // digests it holds (nil: it needs none)
 	sent         int             // rootfs trees it was sent
-	hang         chan struct{}   // while open, List, Get and Status hang (a node that does not answer)
+	hang         chan struct{}   // while open, List, Get, Status and a new Watch hang (a node that does not answer)
 	srv          *httptest.Server
 }
 
 // Watch reports as a node does: all it has, then a heartbeat with its
 // status, every 100 ms.
 func (n *node) Watch(ctx context.Context, send func(nodeapi.Report) error) error {
+	n.wait(ctx)
 	n.mu.Lock()
 	var all []api.Sandbox
 	for _, name := range n.made {
@@ -313,6 +314,20 @@ func TestReadsNeverWaitOnANode(t *testing.T) {
 	}
 	remote.hang = make(chan struct{})
 	defer close(remote.hang)
+	// A master that has just started shows what was last reported, not
+	// "lost", while its node has not yet reported to it (the node's
+	// stream to it is held back by hang).
+	g, err := New(ctx, Config{Store: f.cfg.Store, CA: f.cfg.CA, Log: f.cfg.Log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go g.Run(gctx)
+	waitUntil(t, "the new master hears far", func() bool { _, ok := g.linkOf("far"); return ok })
+	if all, err := g.List(ctx); err != nil || len(all) != 1 || all[0].Tier != api.TierHot {
+		t.Errorf("list from a master just started: %+v %v", all, err)
+	}
 	if _, sb, err := f.Find(ctx, "x"); err != nil || sb.ID != "far-x" {
 		t.Errorf("GET x with its node not answering calls: %+v %v", sb, err)
 	}

@@ -199,7 +199,10 @@ func lostNote(node string, l link) string {
 // view is a reported sandbox as the master shows it: as reported while
 // its node reports, lost (with its last known details) when not.
 func (f *Fleet) view(node string, sb api.Sandbox, now time.Time) api.Sandbox {
-	if l, ok := f.linkOf(node); ok && l.lost(now) {
+	// A node the master has only just begun to hear (it started, or
+	// paired it) is shown as it last reported until it has had time to
+	// report again.
+	if l, ok := f.linkOf(node); ok && l.lost(now) && !l.young(now) {
 		sb.Tier, sb.Transition, sb.Note = api.TierLost, "", lostNote(node, l)
 	}
 	return sb
@@ -210,7 +213,7 @@ func (f *Fleet) unreported(p store.Placement, now time.Time) api.Sandbox {
 	sb := api.Sandbox{ID: p.ID, Name: p.Name, Node: p.Node, Template: p.Template, Principal: p.Principal, MemoryMiB: p.MemoryMiB, Tier: api.TierLost}
 	l, ok := f.linkOf(p.Node)
 	switch {
-	case !ok || l.lost(now):
+	case !ok || l.lost(now) && !l.young(now):
 		sb.Note = lostNote(p.Node, l)
 	case !l.full:
 		sb.Note = "its node " + p.Node + " has not reported it yet"
