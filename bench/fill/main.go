@@ -10,8 +10,8 @@
 //	sudo go run ./bench/fill --count 200 --calls 50
 //
 // It is bounded: creates stop at --count or after --fill-for, whichever
-// comes first. It starts its own sandstormd (bin/sandstormd with bin/runsc
-// beside it, from make build runsc) on a temporary data dir and removes
+// comes first. It starts its own sandstormd (built from the tree; runsc
+// is bin/runsc, from make runsc) on a temporary data dir and removes
 // everything it made when it is done, Ctrl-C included.
 package main
 
@@ -65,7 +65,7 @@ func main() {
 	fs.DurationVar(&c.detach, "detach-after", time.Minute, "sandstormd --detach-after (a detached sandbox costs only its volume)")
 	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
 	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit)")
-	fs.StringVar(&c.sandstormd, "sandstormd", "bin/sandstormd", "sandstormd binary")
+	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
 	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc)")
 	fs.StringVar(&c.subnet, "subnet", "10.150.0.0/16", "sandbox subnet (16,382 slots in a /16); must be unused on this host")
 	fs.StringVar(&c.gwPorts, "gateway-ports", "20000-30999", "gateway port range: one port per sandbox, below the ephemeral range")
@@ -127,12 +127,16 @@ func run(ctx context.Context, c config) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	b, err := bench.SandstormdBinary(ctx, c.repo, c.sandstormd, work, "")
+	if err != nil {
+		return "", err
+	}
 	data := filepath.Join(work, "d")
 	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
 		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}
 	res.Params = map[string]any{"count": c.count, "calls": c.calls, "parallel": c.parallel, "call_parallel": c.callParallel,
-		"warm": c.warm, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args}
-	sd, err := bench.StartSandstormd(ctx, c.sandstormd, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
+		"warm": c.warm, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": b}
+	sd, err := bench.StartSandstormd(ctx, b.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
 	if err != nil {
 		return "", err
 	}

@@ -80,7 +80,7 @@ func main() {
 	fs.IntVar(&c.sandboxMiB, "sandbox-memory", 128, "nodes' --sandbox-memory: each web server's limit, and what a start is admitted at")
 	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
 	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit)")
-	fs.StringVar(&c.sandstormd, "sandstormd", "bin/sandstormd", "sandstormd binary (bin/runsc beside it: make build runsc)")
+	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary, with runsc beside it (default: built from --repo, with bin/runsc linked beside it: make runsc)")
 	fs.StringVar(&c.root, "root", "/var/lib/sandstorm-bench-fleet", "the fleet's root (removed at the end)")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8078", "the master's API address")
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -116,10 +116,16 @@ func main() {
 func run(ctx context.Context, c config) (string, error) {
 	res := bench.NewResults("bench/fleet", fmt.Sprintf("A fleet of %d nodes on one machine: fill and random calls, then Zipf traffic", c.nodes))
 	res.Machine = bench.CollectMachine(ctx)
-	bin, err := filepath.Abs(c.sandstormd)
+	tmp, err := os.MkdirTemp("", "sandstorm-bench-fleet-")
 	if err != nil {
 		return "", err
 	}
+	defer os.RemoveAll(tmp)
+	b, err := bench.SandstormdBinary(ctx, c.repo, c.sandstormd, tmp, filepath.Join(c.repo, "bin", "runsc"))
+	if err != nil {
+		return "", err
+	}
+	bin := b.Path
 	res.Machine.UseRunsc(ctx, filepath.Join(filepath.Dir(bin), "runsc"))
 	absOut, _ := filepath.Abs(c.out)
 	res.Source = bench.CollectSource(ctx, c.repo, absOut)
@@ -129,7 +135,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	res.Params = map[string]any{"nodes": c.nodes, "part": c.part, "count": c.count, "calls": c.calls, "parallel": c.parallel,
 		"per_node": c.perNode, "awake": c.awake, "rates": c.rates, "traffic_for": c.trafficFor.String(), "fill_for": c.fillFor.String(),
-		"freeze_after": c.freeze.String(), "snapshot_after": c.snapshot.String(), "detach_after": c.detach.String(), "sandbox_memory_mib": c.sandboxMiB}
+		"freeze_after": c.freeze.String(), "snapshot_after": c.snapshot.String(), "detach_after": c.detach.String(), "sandbox_memory_mib": c.sandboxMiB, "sandstormd": b}
 	if strings.Contains(c.part, "fill") {
 		if err := fill(ctx, c, bin, res); err != nil {
 			res.Note("fill stopped: %v", err)

@@ -3,11 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -20,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"sandstorm/internal/bench"
 	"sandstorm/internal/client"
 	"sandstorm/internal/netns"
 )
@@ -112,31 +110,6 @@ type daemon struct {
 	logPath string
 }
 
-// buildDaemon builds ./cmd/sandstormd of repo into dir.
-func buildDaemon(ctx context.Context, repo, dir string) (string, error) {
-	bin := filepath.Join(dir, "sandstormd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/sandstormd")
-	cmd.Dir = repo
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build ./cmd/sandstormd in %s: %v\n%s", repo, err, strings.TrimSpace(string(out)))
-	}
-	return bin, nil
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
 // freeLoopbackPort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freeLoopbackPort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -160,21 +133,13 @@ func startDaemon(ctx context.Context, cfg config, logPath string) (*daemon, erro
 	if d.dataDir, err = os.MkdirTemp("", "sandstorm-bench-"); err != nil {
 		return nil, err
 	}
-	if d.bin == "" {
-		fmt.Fprintf(os.Stderr, "building sandstormd from %s\n", cfg.repo)
-		if d.bin, err = buildDaemon(ctx, cfg.repo, d.dataDir); err != nil {
-			os.RemoveAll(d.dataDir)
-			return nil, err
-		}
-		d.built = true
-	} else if d.bin, err = exec.LookPath(d.bin); err != nil {
-		os.RemoveAll(d.dataDir)
-		return nil, fmt.Errorf("--sandstormd: %w", err)
-	}
-	if d.binHash, err = fileSHA256(d.bin); err != nil {
+	// It passes --runsc itself: nothing to link beside a built one.
+	b, err := bench.SandstormdBinary(ctx, cfg.repo, d.bin, d.dataDir, "")
+	if err != nil {
 		os.RemoveAll(d.dataDir)
 		return nil, err
 	}
+	d.bin, d.built, d.binHash = b.Path, b.Built, b.SHA256
 	port, err := freeLoopbackPort()
 	if err != nil {
 		os.RemoveAll(d.dataDir)

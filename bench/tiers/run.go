@@ -185,7 +185,7 @@ func resolveRunsc(ctx context.Context, cfg config, res *bench.Results) (string, 
 	if err != nil {
 		return "", err
 	}
-	sum, _ := fileSHA256(path)
+	sum, _ := bench.FileSHA256(path)
 	res.Params["runsc"] = map[string]any{"binary": path, "version": v, "sha256": sum, "platform": cfg.platform, "pinned": gvisor.PinnedVersion}
 	if v != gvisor.PinnedVersion {
 		res.Note("runsc %s is %s, not the version this tree pins (%s)", path, v, gvisor.PinnedVersion)

@@ -1,0 +1,74 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// Binary is the sandstormd a benchmark measures: built from the source
+// tree it records (Built), or one it was given. A results file that names
+// a commit must measure that commit's code: a bin/sandstormd left from an
+// earlier build does not (a fleet run was once labelled with a commit
+// whose binary it never ran).
+type Binary struct {
+	Path   string `json:"binary"`
+	Built  bool   `json:"built_from_tree"`
+	SHA256 string `json:"sha256"`
+}
+
+// SandstormdBinary is given, if set, else ./cmd/sandstormd of repo built into
+// dir, with the runsc at runsc linked beside it (sandstormd's default
+// runsc is the one next to it).
+func SandstormdBinary(ctx context.Context, repo, given, dir, runsc string) (Binary, error) {
+	var b Binary
+	if given != "" {
+		p, err := exec.LookPath(given)
+		if err != nil {
+			return b, fmt.Errorf("--sandstormd: %w", err)
+		}
+		if b.Path, err = filepath.Abs(p); err != nil {
+			return b, err
+		}
+	} else {
+		b.Path, b.Built = filepath.Join(dir, "sandstormd"), true
+		fmt.Fprintf(os.Stderr, "building sandstormd from %s\n", repo)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.Path, "./cmd/sandstormd")
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("go build ./cmd/sandstormd in %s: %v\n%s", repo, err, strings.TrimSpace(string(out)))
+		}
+		if runsc != "" {
+			abs, err := filepath.Abs(runsc)
+			if err != nil {
+				return b, err
+			}
+			if err := os.Symlink(abs, filepath.Join(dir, "runsc")); err != nil {
+				return b, err
+			}
+		}
+	}
+	var err error
+	b.SHA256, err = FileSHA256(b.Path)
+	return b, err
+}
+
+// FileSHA256 is the hex SHA-256 of the file at path.
+func FileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
