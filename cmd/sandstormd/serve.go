@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/signal"
+	"sandstorm/internal/cli"
 	"syscall"
 	"time"
 
@@ -29,7 +31,7 @@ template and sandbox commands (or the HTTP API, docs/API.md).`,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("data-dir", envOr("SANDSTORM_DATA_DIR", "/var/lib/sandstorm"), "where sandstormd keeps its state, API token and sandboxes (env SANDSTORM_DATA_DIR)")
-	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd(), fleetCmd())
+	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd(), nodeCmd(), fleetCmd())
 	return root
 }
 
@@ -66,6 +68,9 @@ adopts running ones, keeps snapshots restorable and finishes or rolls back
 transitions that were cut short.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !o.Master && !o.Node {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("say what to run: --master, --node, or both (one process)")}
+			}
 			o.DataDir, _ = cmd.Flags().GetString("data-dir")
 			o.MemReserve = reserve
 			log, err := logging.New(os.Stderr, logLevel, logFormat)

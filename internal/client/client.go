@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"sandstorm/api"
@@ -141,6 +142,9 @@ func (c *Client) send(req *http.Request, out any) error {
 			// The token was not sent to a server that could not prove it
 			// is the master: say which CA was expected.
 			return fmt.Errorf("%w: the API at %s has a certificate from another CA than %s; point --data-dir at that master's data dir, or pass --ca / SANDSTORM_CA with its pki/ca.pem", err, c.Base, c.CAFrom)
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("%w: no sandstormd answers at %s; start one ('sandstormd serve --master --node'), or point --api / SANDSTORM_API (and SANDSTORM_DATA_DIR) at your master: 'fleet up' prints both", err, c.Base)
 		}
 		return err
 	}

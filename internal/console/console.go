@@ -7,9 +7,11 @@
 package console
 
 import (
+	"bytes"
 	"embed"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"io/fs"
 	"net/http"
@@ -29,7 +31,13 @@ type Console struct {
 	// KeepAlive is how often an idle event stream gets a comment line (so
 	// proxies and the browser see it is alive); 0 is 15 s.
 	KeepAlive time.Duration
+	// TokenFile is where this master's API token is, which the login
+	// names ("": the default data dir's).
+	TokenFile string
 }
+
+// defaultTokenFile is the token file the page names unless told another.
+const defaultTokenFile = "/var/lib/sandstorm/pki/api-token"
 
 // Page serves GET / and GET /console/<file>: the page and its assets. They
 // hold nothing secret; everything shown comes from the API.
@@ -43,7 +51,19 @@ func (c *Console) Page() http.Handler {
 		w.Header().Set("Referrer-Policy", "no-referrer")
 		if r.URL.Path == "/" {
 			w.Header().Set("Cache-Control", "no-store")
-			http.ServeFileFS(w, r, sub, "index.html")
+			// The login names this master's token file: a fleet's master
+			// keeps it elsewhere than the default (a newcomer pasted the
+			// default one's token into a fleet's console).
+			page, err := fs.ReadFile(sub, "index.html")
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if c.TokenFile != "" {
+				page = bytes.ReplaceAll(page, []byte(defaultTokenFile), []byte(html.EscapeString(c.TokenFile)))
+			}
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			w.Write(page)
 			return
 		}
 		http.StripPrefix("/console", files).ServeHTTP(w, r)
@@ -69,7 +89,11 @@ func (c *Console) Login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !c.Sessions.Login(w, r, req.Token) {
-		writeErr(w, http.StatusUnauthorized, api.CodeUnauthorized, "wrong API token (it is in <data-dir>/pki/api-token on the master)")
+		where := c.TokenFile
+		if where == "" {
+			where = "<data-dir>/pki/api-token"
+		}
+		writeErr(w, http.StatusUnauthorized, api.CodeUnauthorized, "wrong API token (this master's is in "+where+")")
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -75,3 +75,21 @@ func TestPageHeaders(t *testing.T) {
 		t.Errorf("index: %q cache %q", w.Body.String()[:80], w.Header().Get("Cache-Control"))
 	}
 }
+
+// TestPageNamesThisMastersTokenFile: the login names where this master's
+// token is (a fleet's master keeps it elsewhere than the default), HTML-
+// escaped, and so does a wrong token's answer.
+func TestPageNamesThisMastersTokenFile(t *testing.T) {
+	c := &Console{Sessions: NewSessions("tok"), Events: events.New(0), TokenFile: "/var/lib/fleet <m>/pki/api-token"}
+	rec := httptest.NewRecorder()
+	c.Page().ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	body := rec.Body.String()
+	if !strings.Contains(body, "/var/lib/fleet &lt;m&gt;/pki/api-token") || strings.Contains(body, defaultTokenFile) {
+		t.Errorf("the login does not name this master's token file:\n%s", body)
+	}
+	rec = httptest.NewRecorder()
+	c.Login(rec, httptest.NewRequest("POST", "/v1/session", strings.NewReader(`{"token":"nope"}`)))
+	if rec.Code != 401 || !strings.Contains(rec.Body.String(), `/var/lib/fleet \u003cm\u003e/pki/api-token`) {
+		t.Errorf("a wrong token: %d %s", rec.Code, rec.Body.String())
+	}
+}

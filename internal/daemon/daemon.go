@@ -423,7 +423,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	}
 	api := master.Handler(master.Config{
 		Store: st, Fleet: fl, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
-		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub},
+		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
 	})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: nodeapi.TunnelNextProto()}
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,

@@ -200,8 +200,12 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 			return st, err
 		}
 	}
-	say("fleet is up: %d node(s). Stop it with: sandstormd fleet down --root %s", len(st.Nodes), cfg.Root)
-	say("use it: SANDSTORM_API=%s SANDSTORM_DATA_DIR=%s sandstormd sandbox ls", st.API, master.DataDir)
+	// The commands as they can be pasted: this very binary (it is seldom
+	// on PATH), and where this master's CA and token are, which are not
+	// the default data dir's.
+	say("fleet is up: %d node(s). Stop it with: %s fleet down --root %s", len(st.Nodes), cfg.Bin, cfg.Root)
+	say("use it: SANDSTORM_API=%s SANDSTORM_DATA_DIR=%s %s sandbox ls   (or: node ls)", st.API, master.DataDir, cfg.Bin)
+	say("its CA is %s and its API token %s (console: %s/)", filepath.Join(master.DataDir, "pki", "ca.pem"), filepath.Join(master.DataDir, "pki", "api-token"), st.API)
 	return st, nil
 }
 

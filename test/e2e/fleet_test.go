@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -398,6 +399,21 @@ func TestFleetUpDown(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "on node-1") || !strings.Contains(string(out), "on node-2") {
 		t.Errorf("the verification did not reach both nodes:\n%s", out)
+	}
+	// The CLI lists the fleet's nodes, as fleet up says to reach it; the
+	// counts are the nodes' heartbeats' (a second old at most), so the
+	// verifying sandbox shows within a few.
+	var nodes []byte
+	waitFor(t, 10*time.Second, "node ls shows node-1 ready with its one hot sandbox", func() bool {
+		ls := exec.Command(sandstormdBin, "node", "ls")
+		ls.Env = append(os.Environ(), "SANDSTORM_API=https://"+listen, "SANDSTORM_DATA_DIR="+filepath.Join(root, "master"))
+		nodes, err = ls.CombinedOutput()
+		return err == nil && regexp.MustCompile(`(?m)^node-1\s+ready\s+10\.186\.1\.2:7443\s+\d+\s+1\s`).Match(nodes) && strings.Contains(string(nodes), "node-2")
+	})
+	for _, want := range []string{"SANDSTORM_DATA_DIR=" + filepath.Join(root, "master"), filepath.Join(root, "master", "pki", "ca.pem"), filepath.Join(root, "master", "pki", "api-token")} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("fleet up did not say where to find %q:\n%s", want, out)
+		}
 	}
 	out, err = exec.Command(sandstormdBin, "fleet", "up", "--nodes", "2", "--root", root, "--listen", listen).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "already up") {

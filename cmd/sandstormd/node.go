@@ -1,0 +1,130 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/api"
+	"sandstorm/internal/cli"
+)
+
+// nodeCmd is the fleet's nodes, as GET/POST/DELETE /v1/nodes serve them.
+func nodeCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "node", Aliases: []string{"nodes"}, Short: "Manage the master's nodes (pair, list, forget; join tokens for nodes behind NAT)"}
+	addAPIFlag(cmd)
+	ls := &cobra.Command{
+		Use: "ls", Short: "List the nodes with their headroom and tier counts, or why one is lost", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			var l api.List[api.NodeStatus]
+			if err := c.Do(cmd.Context(), "GET", "/v1/nodes", nil, &l); err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(l.Items)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tHEADROOM MiB\tHOT\tFROZEN\tSNAPSHOT\tDETACHED\tNOTE")
+			for _, n := range l.Items {
+				state, addr, note := n.State, n.Address, n.Error
+				if state == "" {
+					state = "ready"
+				}
+				if addr == "" {
+					addr = "(in the master's process)"
+				}
+				head := "-"
+				if state != "lost" {
+					head = fmt.Sprint(n.MemAvailableMiB - n.MemReserveMiB - n.PromisedMiB)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", n.Name, state, addr, head,
+					n.Sandboxes[api.TierHot], n.Sandboxes[api.TierFrozen], n.Sandboxes[api.TierSnapshot], n.Sandboxes[api.TierDetached], note)
+			}
+			return tw.Flush()
+		},
+	}
+	var codeFile string
+	pair := &cobra.Command{
+		Use:   "pair ADDRESS --code-file FILE",
+		Short: "Pair the node listening at ADDRESS (its --node-listen) with this master",
+		Long: "pair pairs a node started with 'sandstormd serve --node --node-listen ADDRESS'. The pairing code is\n" +
+			"in the node's <data-dir>/pki/node/pairing-code; copy it to a file of mode 0600 here (it is read from\n" +
+			"the file, never from the command line, where other users would see it in ps). Its value '-' reads\n" +
+			"it from standard input.",
+		Example: "  sandstormd node pair 10.0.0.5:7443 --code-file ./n1.code\n  ssh root@10.0.0.5 cat /var/lib/sandstorm/pki/node/pairing-code | sandstormd node pair 10.0.0.5:7443 --code-file -",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if codeFile == "" {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("give --code-file: the file holding the node's pairing code (<its data-dir>/pki/node/pairing-code)")}
+			}
+			var b []byte
+			var err error
+			if codeFile == "-" {
+				b, err = io.ReadAll(io.LimitReader(os.Stdin, 4<<10))
+			} else {
+				b, err = os.ReadFile(codeFile)
+			}
+			if err != nil {
+				return err
+			}
+			code := strings.TrimSpace(string(b))
+			if code == "" {
+				return errors.New("the pairing code file is empty")
+			}
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			var st api.NodeStatus
+			if err := c.Do(cmd.Context(), "POST", "/v1/nodes", api.NodeRequest{Address: args[0], PairingCode: code}, &st); err != nil {
+				return err
+			}
+			fmt.Printf("paired %s at %s: %d MiB available\n", st.Name, args[0], st.MemAvailableMiB)
+			return nil
+		},
+	}
+	pair.Flags().StringVar(&codeFile, "code-file", "", "file holding the node's pairing code ('-': standard input)")
+	rm := &cobra.Command{
+		Use: "rm NAME", Short: "Forget a node with no sandboxes left (its certificates are revoked)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			if err := c.Do(cmd.Context(), "DELETE", "/v1/nodes/"+args[0], nil, nil); err != nil {
+				return err
+			}
+			fmt.Println("forgot", args[0])
+			return nil
+		},
+	}
+	jt := &cobra.Command{
+		Use: "join-token", Short: "Make a one-time token (good for an hour) for a node behind NAT to join with", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			var tok api.JoinToken
+			if err := c.Do(cmd.Context(), "POST", "/v1/nodes/join-tokens", nil, &tok); err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(tok)
+			}
+			fmt.Printf("on the node, before %s:\n  %s\n", tok.ExpiresAt.Local().Format("15:04"), tok.Command)
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, pair, rm, jt)
+	return cmd
+}
