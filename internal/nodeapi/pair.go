@@ -112,7 +112,7 @@ type Endpoint struct {
 	paired  *tls.Config // nil until paired
 	pending *pendingPair
 	fails   []time.Time // recent wrong codes, for the lockout
-	renewal []byte      // the key (PEM) of a renewal asked for, until its certificate comes
+	renew   renewal
 }
 
 type pendingPair struct {
@@ -222,7 +222,7 @@ func (e *Endpoint) Handler() http.Handler {
 		}
 		switch r.URL.Path {
 		case "/node/v1/renew":
-			e.renewCSR(w, r)
+			e.renew.serveCSR(w, e.Name)
 			return
 		case "/node/v1/cert":
 			e.renewCert(w, r)
@@ -335,56 +335,19 @@ func (e *Endpoint) finish(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// renewCSR serves POST /node/v1/renew (the master only): a new key, and
-// its CSR for the master to sign.
-func (e *Endpoint) renewCSR(w http.ResponseWriter, r *http.Request) {
-	csr, keyPEM, err := pki.NewCSR("node " + e.Name)
-	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
-		return
-	}
-	e.mu.Lock()
-	e.renewal = keyPEM
-	e.mu.Unlock()
-	writeJSON(w, http.StatusOK, pairReply{Name: e.Name, CSR: csr})
-}
-
 // renewCert serves PUT /node/v1/cert (the master only): the certificate
 // for the renewal's key, from the same CA; the node serves it from the
 // next connection on.
 func (e *Endpoint) renewCert(w http.ResponseWriter, r *http.Request) {
-	var f pairFinish
-	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {
-		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed certificate"})
+	pair, leaf, ok := e.renew.serveCert(w, r, e.PKIDir, x509.ExtKeyUsageServerAuth)
+	if !ok {
 		return
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.renewal == nil {
-		writeJSON(w, http.StatusConflict, api.Error{Code: api.CodeConflict, Message: "no renewal asked for"})
-		return
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.Cert})
-	pair, err := tls.X509KeyPair(certPEM, e.renewal)
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not for the renewal's key: " + err.Error()})
-		return
-	}
-	caPEM, _ := os.ReadFile(filepath.Join(e.PKIDir, nodeCAFile))
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	leaf, _ := x509.ParseCertificate(pair.Certificate[0])
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not from this node's master's CA: " + err.Error()})
-		return
-	}
-	if err := writePKI(e.PKIDir, pkiFile{nodeKeyFile, e.renewal, 0o600}, pkiFile{nodeCertFile, certPEM, 0o644}); err != nil {
-		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
-		return
-	}
 	cfg := e.paired.Clone()
 	cfg.Certificates = []tls.Certificate{pair}
-	e.paired, e.renewal = cfg, nil
+	e.paired = cfg
+	e.mu.Unlock()
 	e.Log.Info("certificate renewed by the master", "until", leaf.NotAfter)
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -398,7 +361,8 @@ func (e *Endpoint) unpair(w http.ResponseWriter, r *http.Request) {
 	for _, f := range []string{nodeCertFile, nodeKeyFile, nodeCAFile} {
 		os.Remove(filepath.Join(e.PKIDir, f))
 	}
-	e.paired, e.renewal = nil, nil
+	e.paired = nil
+	e.renew.reset()
 	e.Log.Info("unpaired: the master forgot this node; it can be paired again with its code", "pairing_code_file", e.CodePath())
 	w.WriteHeader(http.StatusNoContent)
 }

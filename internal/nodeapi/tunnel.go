@@ -76,8 +76,7 @@ type Joiner struct {
 	Node        Node
 	Log         *slog.Logger
 
-	mu      sync.Mutex
-	renewal []byte // the key (PEM) of a renewal asked for
+	renew renewal
 }
 
 // Join makes sure the node has its certificate, joining if it has none.
@@ -230,60 +229,17 @@ func (j *Joiner) handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/node/v1/renew":
-			csr, keyPEM, err := pki.NewCSR("node " + j.Name)
-			if err != nil {
-				writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
-				return
-			}
-			j.mu.Lock()
-			j.renewal = keyPEM
-			j.mu.Unlock()
-			writeJSON(w, http.StatusOK, pairReply{Name: j.Name, CSR: csr})
+			j.renew.serveCSR(w, j.Name)
 		case "/node/v1/cert":
-			var f pairFinish
-			if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {
-				writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed certificate"})
-				return
+			// A client certificate: the next tunnel presents it.
+			if _, leaf, ok := j.renew.serveCert(w, r, j.PKIDir, x509.ExtKeyUsageClientAuth); ok {
+				j.Log.Info("certificate renewed by the master; the next tunnel presents it", "until", leaf.NotAfter)
+				w.WriteHeader(http.StatusNoContent)
 			}
-			if err := j.takeCert(f.Cert); err != nil {
-				writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: err.Error()})
-				return
-			}
-			w.WriteHeader(http.StatusNoContent)
 		default:
 			seam.ServeHTTP(w, r)
 		}
 	})
-}
-
-// takeCert stores a renewed certificate for the renewal's key, once it
-// checks against the master's CA for client use.
-func (j *Joiner) takeCert(der []byte) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.renewal == nil {
-		return errors.New("no renewal asked for")
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if _, err := tls.X509KeyPair(certPEM, j.renewal); err != nil {
-		return fmt.Errorf("the certificate is not for the renewal's key: %w", err)
-	}
-	caPEM, _ := os.ReadFile(filepath.Join(j.PKIDir, nodeCAFile))
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return err
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return fmt.Errorf("the certificate is not from this node's master's CA for client use: %w", err)
-	}
-	if err := writePKI(j.PKIDir, pkiFile{nodeKeyFile, j.renewal, 0o600}, pkiFile{nodeCertFile, certPEM, 0o644}); err != nil {
-		return err
-	}
-	j.renewal = nil
-	j.Log.Info("certificate renewed by the master; the next tunnel presents it", "until", leaf.NotAfter)
-	return nil
 }
 
 // bufConn is a connection whose first bytes were read into r.
