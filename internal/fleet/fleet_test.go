@@ -328,14 +328,18 @@ func TestReadsNeverWaitOnANode(t *testing.T) {
 	if all, err := g.List(ctx); err != nil || len(all) != 1 || all[0].Tier != api.TierHot {
 		t.Errorf("list from a master just started: %+v %v", all, err)
 	}
-	if _, sb, err := f.Find(ctx, "x"); err != nil || sb.ID != "far-x" {
+	// Bounded, so that a read that asked the node fails here rather than
+	// hang until the test binary's timeout.
+	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer rcancel()
+	if _, sb, err := f.Find(rctx, "x"); err != nil || sb.ID != "far-x" {
 		t.Errorf("GET x with its node not answering calls: %+v %v", sb, err)
 	}
-	all, err := f.List(ctx)
+	all, err := f.List(rctx)
 	if err != nil || len(all) != 1 || all[0].ID != "far-x" || all[0].Tier == api.TierLost {
 		t.Errorf("list: %+v %v", all, err)
 	}
-	for _, st := range f.Statuses(ctx) {
+	for _, st := range f.Statuses(rctx) {
 		if st.Name == "far" && (st.State != "ready" || st.MemAvailableMiB != 9000) {
 			t.Errorf("far's status from its heartbeat: %+v", st)
 		}
@@ -346,7 +350,7 @@ func TestReadsNeverWaitOnANode(t *testing.T) {
 	if err := f.apply(ctx, "far", l, nodeapi.Report{Event: &events.Event{Kind: events.Transition, ID: "far-x"}, Sandbox: &frozen}); err != nil {
 		t.Fatal(err)
 	}
-	if _, sb, _ := f.Find(ctx, "far-x"); sb.Tier != api.TierFrozen {
+	if _, sb, _ := f.Find(rctx, "far-x"); sb.Tier != api.TierFrozen {
 		t.Errorf("after a report of it frozen: %+v", sb)
 	}
 	f.apply(ctx, "far", l, nodeapi.Report{Gone: "far-x"})
