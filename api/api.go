@@ -189,6 +189,14 @@ type Sandbox struct {
 	// Note says what the node last had to do that a caller should know
 	// (e.g. a failed checkpoint re-created the sandbox cold).
 	Note string `json:"note,omitempty"`
+	// Generation is the number of the master's placement that made it
+	// (docs/ARCHITECTURE.md, "One place"): its node fences by it.
+	Generation int64 `json:"generation,omitempty"`
+	// LeftBehind: its master had not placed it on its node (a create cut
+	// short, a move while the node was lost). It never runs again: it
+	// was stopped, its principal cleared, and it is kept detached only
+	// for the files in its volume; delete it by its ID.
+	LeftBehind bool `json:"left_behind,omitempty"`
 }
 
 // List is the envelope of every list response: {"items": [...]}.
@@ -213,7 +221,7 @@ const (
 	CodeUnavailable  = "unavailable"   // 503
 	CodeStandby      = "standby"       // 503: this master stands by; another leads
 	CodeInternal     = "internal"      // 500
-	CodeNodeDown     = "node_down"     // 502: the sandbox's node does not answer
+	CodeNodeDown     = "node_down"     // 503 with Retry-After: the sandbox's node does not answer (or stopped answering mid-call)
 	CodeNotSupported = "not_supported" // 409: the backend lacks the tier
 )
 

@@ -25,7 +25,6 @@ import (
 	"sandstorm/internal/events"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
-	"sandstorm/internal/placement"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
 )
@@ -55,6 +54,9 @@ type Fleet struct {
 	links   map[string]*link // reports.go
 	revoked map[string]time.Time
 	runCtx  context.Context // set by Run: watchers live under it
+
+	fly       inflight               // place.go
+	resolving map[string]*sync.Mutex // place.go, under mu
 }
 
 // New loads the paired nodes from the store.
@@ -74,6 +76,18 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	for _, n := range ns {
 		if err := f.add(n.Name, n.Address); err != nil {
 			return nil, err
+		}
+	}
+	// An attempt on the node in this process, or one that never got as far
+	// as naming a node, was cut short by this master's own death: the
+	// node's rows say what was made (the attempt only held the name).
+	ps, err := cfg.Store.ListAllPlacements(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ps {
+		if p.State == store.PlacementCreating && (p.Node == "" || cfg.Local != nil && p.Node == cfg.Local.Name()) {
+			cfg.Store.DeletePlacement(ctx, p.ID)
 		}
 	}
 	// A template registered before templates had digests gets one now:
@@ -163,12 +177,17 @@ func (f *Fleet) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(renewEvery)
 	defer t.Stop()
+	settle := time.NewTicker(resolveEvery)
+	defer settle.Stop()
+	f.renewDue(ctx)
 	for {
-		f.renewDue(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			f.renewDue(ctx)
+		case <-settle.C:
+			f.resolveDue(ctx)
 		}
 	}
 }
@@ -255,6 +274,11 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 	now := time.Now()
 	p, err := f.cfg.Store.GetPlacement(ctx, ref)
 	switch {
+	case err == nil && p.State == store.PlacementCreating:
+		if f.paired(p.Node) == nil {
+			return f.cfg.Local, api.Sandbox{}, nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found (a create of that name is under way)", ref))
+		}
+		return f.paired(p.Node), f.pending(p), nil
 	case err == nil:
 		n := f.paired(p.Node)
 		if n == nil {
@@ -300,9 +324,13 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 	return f.cfg.Local, api.Sandbox{}, localErr
 }
 
-// leftBehind is sb, which its node has but the master did not put there.
+// leftBehind is sb, which its node has but the master did not put there
+// (node.Fence stops it as soon as the node hears the master; until then
+// it may still run).
 func leftBehind(node string, sb api.Sandbox) api.Sandbox {
-	sb.Note = "left behind on " + node + " when it was moved while the node was lost; delete it by its ID (" + sb.ID + ")"
+	if !sb.LeftBehind {
+		sb.Note = "left behind on " + node + ": this master did not place it there (a create cut short, or a move while the node was lost); it is stopped as soon as the node hears the master. Delete it by its ID (" + sb.ID + ")"
+	}
 	return sb
 }
 
@@ -338,7 +366,8 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 	if err := f.cfg.Store.DeletePlacement(ctx, p.ID); err != nil {
 		return api.Sandbox{}, err
 	}
-	note := fmt.Sprintf("moved from node %s, which was lost, as a cold start: its memory and its volume stayed on %s (as sandbox %s, which is left there to delete once the node is back)", p.Node, p.Node, p.ID)
+	note := fmt.Sprintf("moved from node %s, which was lost, as a cold start: its memory and its volume stayed on %s (as sandbox %s). Until %s hears this master again, that copy may still run and answer whoever reaches it, as principal %s; once it does, the copy is stopped and never runs again (kept detached only if its volume holds files)",
+		p.Node, p.Node, p.ID, p.Node, principalOr(p))
 	sb, err := f.Create(ctx, nodeapi.CreateRequest{Template: Wire(t), Name: p.Name, Principal: p.Principal, MemoryMiB: p.MemoryMiB, Note: note})
 	if err != nil {
 		f.cfg.Store.PutPlacement(context.WithoutCancel(ctx), p)
@@ -348,11 +377,31 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 	return sb, nil
 }
 
+func principalOr(p store.Placement) string {
+	if p.Principal != "" {
+		return p.Principal
+	}
+	return p.Name
+}
+
 // NameTaken reports whether a sandbox of a paired node is called name
 // (the local node's own are in its store, which it checks itself).
 func (f *Fleet) NameTaken(ctx context.Context, name string) bool {
 	_, err := f.cfg.Store.GetPlacement(ctx, name)
 	return err == nil
+}
+
+// taken is why a create of name cannot have it: a sandbox has it (409),
+// or an attempt whose node has not said whether it made it (503: retry).
+func (f *Fleet) taken(ctx context.Context, name string) error {
+	p, err := f.cfg.Store.GetPlacement(ctx, name)
+	if err == nil && p.State == store.PlacementCreating {
+		_, fly, _ := f.flying(ctx)
+		if !fly[p.Generation] {
+			return nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("a create of sandbox %q on node %s is not settled: the node did not answer it, and the master learns whether it was made when the node reports again; retry in a few seconds", name, p.Node))
+		}
+	}
+	return nodeapi.Mark(nodeapi.ErrExists, fmt.Errorf("sandbox %q: already exists", name))
 }
 
 // Statuses is every node's status: the local node's read now, a paired
@@ -425,74 +474,6 @@ func (f *Fleet) placementStatuses(ctx context.Context) []api.NodeStatus {
 	return out
 }
 
-// Create places req on the node with the most headroom that takes it.
-func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
-	if nodes := f.Nodes(); len(nodes) == 1 && nodes[0] == f.cfg.Local {
-		// One node, no choice: no status to read (a node's status counts
-		// its sandboxes, a scan of its store, which a create per request
-		// must not pay on a node holding thousands). The node decides
-		// itself whether it has room.
-		return f.cfg.Local.Create(ctx, req)
-	}
-	sts := f.placementStatuses(ctx)
-	byName := map[string]nodeapi.Node{}
-	for _, n := range f.Nodes() {
-		byName[n.Name()] = n
-	}
-	var cands []placement.Candidate
-	var lost []string
-	for _, st := range sts {
-		if st.State == "lost" {
-			lost = append(lost, st.Name)
-		}
-		cands = append(cands, placement.Candidate{Name: st.Name, AvailableMiB: st.MemAvailableMiB, ReserveMiB: st.MemReserveMiB, PromisedMiB: st.PromisedMiB, Lost: st.State == "lost"})
-	}
-	order := placement.Order(cands)
-	if len(order) == 0 {
-		why := "this master has no node: pair one (POST /v1/nodes), or run --node with --master"
-		if len(lost) > 0 {
-			why = "no node answers (lost: " + strings.Join(lost, ", ") + ")"
-		}
-		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrUnavailable, errors.New(why))
-	}
-	var refusals []string
-	for _, c := range order {
-		n := byName[c.Name]
-		sb, err := n.Create(ctx, req)
-		if errors.Is(err, nodeapi.ErrUnavailable) || errors.Is(err, nodeapi.ErrNodeDown) {
-			refusals = append(refusals, c.Name+": "+err.Error())
-			f.cfg.Log.Info("placement: node refused; trying the next", "node", c.Name, "headroom_mib", c.Headroom(), "err", err)
-			continue
-		}
-		if err != nil {
-			return sb, err
-		}
-		if f.isRemote(c.Name) {
-			if perr := f.cfg.Store.PutPlacement(ctx, store.Placement{ID: sb.ID, Name: sb.Name, Node: c.Name,
-				Template: req.Template.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB}); perr != nil {
-				// Made, but the master could not record where: undo it
-				// rather than lose track of a running sandbox.
-				n.Delete(context.WithoutCancel(ctx), sb.ID)
-				return api.Sandbox{}, perr
-			}
-		}
-		return sb, nil
-	}
-	return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrUnavailable, fmt.Errorf("no node has room for it now: %s", strings.Join(refusals, "; ")))
-}
-
-// Placed records children a paired node made (a clone) as on that node.
-func (f *Fleet) Placed(ctx context.Context, node string, sbs []api.Sandbox) {
-	if !f.isRemote(node) {
-		return
-	}
-	for _, sb := range sbs {
-		if err := f.cfg.Store.PutPlacement(ctx, store.Placement{ID: sb.ID, Name: sb.Name, Node: node, Template: sb.Template, Principal: sb.Principal, MemoryMiB: sb.MemoryMiB}); err != nil {
-			f.cfg.Log.Error("placement: cannot record a clone's child", "node", node, "id", sb.ID, "err", err)
-		}
-	}
-}
-
 // Deleted forgets where sandbox id was.
 func (f *Fleet) Deleted(ctx context.Context, node, id string) {
 	if f.isRemote(node) {
@@ -524,8 +505,16 @@ func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
 		return nil, err
 	}
 	placed := make(map[string]bool, len(ps))
+	type attempt struct {
+		node string
+		gen  int64
+	}
+	attempts := map[attempt]bool{} // made, as reported, but not yet recorded
 	for _, p := range ps {
 		placed[p.ID] = true
+		if p.State == store.PlacementCreating {
+			attempts[attempt{p.Node, p.Generation}] = false
+		}
 	}
 	now := time.Now()
 	seen := make(map[string]bool, len(rs))
@@ -534,14 +523,23 @@ func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
 			continue
 		}
 		sb := f.view(r.Node, r.Sandbox, now)
-		if !placed[sb.ID] {
+		a := attempt{r.Node, sb.Generation}
+		if _, ok := attempts[a]; ok && !sb.LeftBehind {
+			attempts[a] = true
+		} else if !placed[sb.ID] {
 			sb = leftBehind(r.Node, sb)
 		}
 		seen[sb.ID] = true
 		out = append(out, sb)
 	}
+	_, fly, _ := f.flying(ctx)
 	for _, p := range ps {
-		if !seen[p.ID] {
+		switch {
+		case p.State == store.PlacementCreating && (fly[p.Generation] || attempts[attempt{p.Node, p.Generation}]):
+			// Being made now, or made: listed as it is.
+		case p.State == store.PlacementCreating:
+			out = append(out, f.pending(p))
+		case !seen[p.ID]:
 			out = append(out, f.unreported(p, now))
 		}
 	}

@@ -39,6 +39,16 @@ type node struct {
 	sent         int             // rootfs trees it was sent
 	hang         chan struct{}   // while open, List, Get, Status and a new Watch hang (a node that does not answer)
 	srv          *httptest.Server
+	gens         map[string]int64 // name → the generation it was made under
+	// onCreate, if set, runs in Create before (made false) or after
+	// (made true) the sandbox is made; an error from it is the answer.
+	onCreate func(made bool) error
+	fences   []nodeapi.FenceRequest
+}
+
+// box is sandbox name as n shows it.
+func (n *node) box(name string) api.Sandbox {
+	return api.Sandbox{ID: n.name + "-" + name, Name: name, Node: n.name, Tier: api.TierHot, Generation: n.gens[name]}
 }
 
 // Watch reports as a node does: all it has, then a heartbeat with its
@@ -48,7 +58,7 @@ func (n *node) Watch(ctx context.Context, send func(nodeapi.Report) error) error
 	n.mu.Lock()
 	var all []api.Sandbox
 	for _, name := range n.made {
-		all = append(all, api.Sandbox{ID: n.name + "-" + name, Name: name, Node: n.name, Tier: api.TierHot})
+		all = append(all, n.box(name))
 	}
 	n.mu.Unlock()
 	st := api.NodeStatus{Name: n.name, MemAvailableMiB: n.availMiB, State: "ready"}
@@ -84,12 +94,27 @@ func (n *node) List(ctx context.Context) ([]api.Sandbox, error) {
 	defer n.mu.Unlock()
 	var out []api.Sandbox
 	for _, name := range n.made {
-		out = append(out, api.Sandbox{ID: n.name + "-" + name, Name: name, Node: n.name, Tier: api.TierHot})
+		out = append(out, n.box(name))
 	}
 	return out, nil
 }
 
-func (n *node) Name() string                               { return n.name }
+func (n *node) Name() string { return n.name }
+func (n *node) Fence(_ context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
+	n.mu.Lock()
+	n.fences = append(n.fences, req)
+	n.mu.Unlock()
+	return nodeapi.FenceResult{}, nil
+}
+
+func (n *node) lastFence() (nodeapi.FenceRequest, int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.fences) == 0 {
+		return nodeapi.FenceRequest{}, 0
+	}
+	return n.fences[len(n.fences)-1], len(n.fences)
+}
 func (n *node) DropTemplate(context.Context, string) error { return nil }
 func (n *node) Status(ctx context.Context) (api.NodeStatus, error) {
 	n.wait(ctx)
@@ -99,10 +124,25 @@ func (n *node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 	if n.refuse {
 		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrUnavailable, fmt.Errorf("node short on memory on %s", n.name))
 	}
+	if n.onCreate != nil {
+		if err := n.onCreate(false); err != nil {
+			return api.Sandbox{}, err
+		}
+	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	n.made = append(n.made, req.Name)
-	return api.Sandbox{ID: n.name + "-" + req.Name, Name: req.Name, Node: n.name, Tier: api.TierHot}, nil
+	if n.gens == nil {
+		n.gens = map[string]int64{}
+	}
+	n.gens[req.Name] = req.Generation
+	sb := n.box(req.Name)
+	n.mu.Unlock()
+	if n.onCreate != nil {
+		if err := n.onCreate(true); err != nil {
+			return api.Sandbox{}, err
+		}
+	}
+	return sb, nil
 }
 func (n *node) PrepareTemplate(_ context.Context, t api.Template) error {
 	n.mu.Lock()
@@ -138,7 +178,7 @@ func (n *node) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	defer n.mu.Unlock()
 	for _, name := range n.made {
 		if ref == name || ref == n.name+"-"+name {
-			return api.Sandbox{ID: n.name + "-" + name, Name: name, Node: n.name}, nil
+			return n.box(name), nil
 		}
 	}
 	return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
@@ -172,6 +212,7 @@ func fleetOf(t *testing.T, local, remote *node) *Fleet {
 	t.Cleanup(cancel)
 	go f.Run(ctx)
 	waitUntil(t, remote.name+" reports", func() bool { l, ok := f.linkOf(remote.name); return ok && l.full })
+	waitUntil(t, remote.name+" is fenced", func() bool { _, n := remote.lastFence(); return n > 0 })
 	return f
 }
 

@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"time"
 
 	"sandstorm/api"
@@ -28,6 +30,10 @@ type link struct {
 	heard  time.Time     // the last report
 	status api.NodeStatus
 	why    string // why the last stream ended
+	// upCtx lives while the stream is up: calls to the node end with it
+	// (bound), so a node that goes lost fails the calls in flight at once.
+	upCtx    context.Context
+	upCancel context.CancelCauseFunc
 }
 
 // lost reports whether the node is lost: no open stream, or nothing
@@ -93,6 +99,10 @@ func (f *Fleet) watch(ctx context.Context, name string, l *link) {
 		f.mu.Lock()
 		was := l.up
 		l.up, l.full, l.why = false, false, err.Error()
+		if l.upCancel != nil {
+			l.upCancel(err)
+			l.upCancel = nil
+		}
 		f.mu.Unlock()
 		if was {
 			f.cfg.Log.Warn("node lost: its reports stopped", "node", name, "err", err)
@@ -155,8 +165,15 @@ func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Repor
 	f.mu.Lock()
 	was := l.up
 	l.up, l.heard = true, time.Now()
+	if !was {
+		l.upCtx, l.upCancel = context.WithCancelCause(context.Background())
+	}
 	if r.Full {
 		l.full = true
+		// What the node has is in: settle the master's attempts and
+		// deletes against it, and fence it (place.go). Not on this
+		// goroutine: the stream goes on being read meanwhile.
+		go f.resolve(ctx, name)
 	}
 	if r.Status != nil {
 		l.status = *r.Status
@@ -239,39 +256,172 @@ func (f *Fleet) record(ctx context.Context, node string, sbs ...api.Sandbox) {
 	}
 }
 
-// recorder is a paired node as the master's handlers call it: what it
-// answers is recorded (Fleet.record).
+// recorder is a paired node as the master's handlers call it: every call
+// has a deadline of its kind (nodeapi.*Deadline) and ends at once if the
+// node goes lost meanwhile (bound); what it answers is recorded
+// (Fleet.record).
 type recorder struct {
 	nodeapi.Node
 	f *Fleet
 }
 
+// bound is ctx for a call to node: ended after d (0: no deadline of its
+// own) or as soon as the node is taken for lost. A node already lost is
+// not called at all: its error is marked ErrNotSent, which tells a create
+// it may try another node.
+func (f *Fleet) bound(ctx context.Context, node string, d time.Duration) (context.Context, func(error) error, error) {
+	f.mu.RLock()
+	l := f.links[node]
+	var up context.Context
+	lost, why := false, ""
+	if l != nil {
+		switch {
+		case l.up:
+			up = l.upCtx
+		case l.young(time.Now()):
+		default:
+			lost, why = true, lostNote(node, *l)
+		}
+	}
+	f.mu.RUnlock()
+	if lost {
+		return nil, nil, nodeapi.Mark(nodeapi.ErrNotSent, nodeapi.Mark(nodeapi.ErrNodeDown, errors.New(why)))
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	var timer *time.Timer
+	if d > 0 {
+		timer = time.AfterFunc(d, func() {
+			cancel(fmt.Errorf("node %s did not answer within %v", node, d))
+		})
+	}
+	stop := func() bool { return false }
+	if up != nil {
+		stop = context.AfterFunc(up, func() {
+			cancel(fmt.Errorf("node %s was lost during the call (%v)", node, context.Cause(up)))
+		})
+	}
+	done := func(err error) error {
+		if timer != nil {
+			timer.Stop()
+		}
+		stop()
+		cause := context.Cause(cctx)
+		cancel(nil)
+		if err != nil && cause != nil && ctx.Err() == nil {
+			// Ended by the deadline or the loss, not by the caller.
+			return nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("%v: what it did meanwhile shows once it reports again", cause))
+		}
+		return err
+	}
+	return cctx, done, nil
+}
+
+// memOf is what the master knows of sandbox id's memory limit, for its
+// calls' deadlines (0: not known, the longest is assumed).
+func (f *Fleet) memOf(ctx context.Context, id string) int {
+	if rs, err := f.cfg.Store.FindReported(ctx, id); err == nil && len(rs) > 0 {
+		return rs[0].Sandbox.MemoryMiB
+	}
+	return 0
+}
+
 func (r recorder) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
-	sb, err := r.Node.Create(ctx, req)
-	if err == nil {
+	mem := req.MemoryMiB
+	if mem == 0 {
+		mem = req.Template.MemoryMiB
+	}
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.CreateDeadline(mem))
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := r.Node.Create(cctx, req)
+	if err = done(err); err == nil {
 		r.f.record(ctx, r.Name(), sb)
 	}
 	return sb, err
+}
+
+func (r recorder) Get(ctx context.Context, ref string) (api.Sandbox, error) {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.ReadDeadline)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := r.Node.Get(cctx, ref)
+	return sb, done(err)
 }
 
 func (r recorder) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
-	sb, err := r.Node.Transition(ctx, id, op)
-	if err == nil {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TransitionDeadline(r.f.memOf(ctx, id)))
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := r.Node.Transition(cctx, id, op)
+	if err = done(err); err == nil {
 		r.f.record(ctx, r.Name(), sb)
 	}
 	return sb, err
 }
 
-func (r recorder) Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error) {
-	res, err := r.Node.Clone(ctx, id, req)
+func (r recorder) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.CloneDeadline(r.f.memOf(ctx, id), req.Count))
+	if err != nil {
+		return api.CloneResult{}, err
+	}
+	res, err := r.Node.Clone(cctx, id, req)
+	err = done(err)
 	r.f.record(ctx, r.Name(), append([]api.Sandbox{res.Parent}, res.Children...)...)
 	return res, err
 }
 
 func (r recorder) Delete(ctx context.Context, id string) error {
-	err := r.Node.Delete(ctx, id)
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.DeleteDeadline(r.f.memOf(ctx, id)))
+	if err != nil {
+		return err
+	}
+	err = done(r.Node.Delete(cctx, id))
 	if err == nil || errors.Is(err, nodeapi.ErrNotFound) {
 		r.f.cfg.Store.DeleteReported(context.WithoutCancel(ctx), r.Name(), id)
 	}
 	return err
+}
+
+func (r recorder) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w io.Writer) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), 0)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.Logs(cctx, id, opt, w))
+}
+
+func (r recorder) PrepareTemplate(ctx context.Context, t api.Template) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TemplateDeadline)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.PrepareTemplate(cctx, t))
+}
+
+func (r recorder) PutRootfs(ctx context.Context, digest string, tar io.Reader) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TemplateDeadline)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.PutRootfs(cctx, digest, tar))
+}
+
+func (r recorder) DropTemplate(ctx context.Context, name string) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.ReadDeadline)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.DropTemplate(cctx, name))
+}
+
+func (r recorder) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.FenceDeadline)
+	if err != nil {
+		return nodeapi.FenceResult{}, err
+	}
+	res, err := r.Node.Fence(cctx, req)
+	return res, done(err)
 }

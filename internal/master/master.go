@@ -140,7 +140,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeErr(w http.ResponseWriter, status int, code, msg string) {
 	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", "1")
+		// A node that is lost is heard again within its heartbeats
+		// (nodeapi.SilenceLimit), if at all; room on a node comes sooner.
+		retry := "1"
+		if code == api.CodeNodeDown {
+			retry = "3"
+		}
+		w.Header().Set("Retry-After", retry)
 	}
 	writeJSON(w, status, api.Error{Code: code, Message: msg})
 }
@@ -162,7 +168,9 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, nodeapi.ErrForbidden):
 		writeErr(w, http.StatusForbidden, api.CodeForbidden, err.Error())
 	case errors.Is(err, nodeapi.ErrNodeDown):
-		writeErr(w, http.StatusBadGateway, api.CodeNodeDown, err.Error())
+		// 503, not 502: the call may be tried again once the node is
+		// heard, and the message names it (issue 14).
+		writeErr(w, http.StatusServiceUnavailable, api.CodeNodeDown, err.Error())
 	case errors.Is(err, nodeapi.ErrBadInput), errors.Is(err, rootfs.ErrUnsafe), errors.Is(err, errBadRequest):
 		// The sentinels' own words ("bad input: ", "bad request: ") say
 		// again what the code says.
@@ -488,7 +496,9 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Name != "" {
-		if _, err := s.cfg.Store.GetSandbox(r.Context(), req.Name); err == nil || s.cfg.Fleet.NameTaken(r.Context(), req.Name) {
+		// The node in this process holds its names in its rows; the fleet
+		// reserves a paired node's before it places it (fleet.Create).
+		if _, err := s.cfg.Store.GetSandbox(r.Context(), req.Name); err == nil {
 			s.fail(w, r, fmt.Errorf("sandbox %q: %w", req.Name, store.ErrExists))
 			return
 		}
@@ -521,11 +531,10 @@ func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := n.Delete(r.Context(), sb.ID); err != nil {
+	if err := s.cfg.Fleet.Delete(r.Context(), n, sb); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	s.cfg.Fleet.Deleted(r.Context(), n.Name(), sb.ID)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -571,8 +580,7 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out, err := n.Clone(r.Context(), parent.ID, req)
-	s.cfg.Fleet.Placed(r.Context(), n.Name(), out.Children)
+	out, err := s.cfg.Fleet.Clone(r.Context(), n, parent, req)
 	if err != nil && len(out.Children) == 0 {
 		s.fail(w, r, err)
 		return

@@ -40,7 +40,10 @@ type CloneResult struct {
 // which the child's veth does not route and the node's reverse-path filter
 // drops (netns firewall, spoofed_source). Children are made one after
 // another; one that fails ends the clone, and those made so far stay.
-func (n *Node) Clone(ctx context.Context, ref string, count int, principal string, reseed *api.Reseed) (CloneResult, error) {
+//
+// gen is the master's number for the clone (0: none): every child carries
+// it, as a create's sandbox does.
+func (n *Node) Clone(ctx context.Context, ref string, count int, principal string, reseed *api.Reseed, gen int64) (CloneResult, error) {
 	var res CloneResult
 	if count < 1 || count > MaxClone {
 		return res, fmt.Errorf("%w: count %d: clone 1 to %d at a time", errBadInput, count, MaxClone)
@@ -104,7 +107,7 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 			p = parentPrincipal + "." + strconv.Itoa(k)
 		}
 		began := time.Now()
-		child, err := n.create(ctx, t, name, p, parent.MemoryMiB, nil, func(sb store.Sandbox) error {
+		child, err := n.create(ctx, t, name, p, parent.MemoryMiB, gen, nil, func(sb store.Sandbox) error {
 			return n.restoreChild(sb, ct, parent, stage)
 		})
 		if err != nil {

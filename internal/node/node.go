@@ -142,6 +142,9 @@ type Node struct {
 
 	mem memBook
 
+	// fence is the last fence the master set (fence.go). Under allocMu.
+	fence fenceMark
+
 	// reconciling counts the sandboxes the start-up reconcile has yet to
 	// repair.
 	reconciling atomic.Int64
@@ -238,6 +241,11 @@ func New(cfg Config) (*Node, error) {
 		mem:        memBook{promises: map[string]promise{}, settled: map[string]int64{}},
 		stop:       make(chan struct{}),
 	}
+	fg, err := cfg.Store.Counter(context.Background(), fenceCounter)
+	if err != nil {
+		return nil, err
+	}
+	n.fence.gen = fg
 	if st, err := logstamp.New(); err == nil {
 		n.stamps = st
 	} else {
@@ -335,7 +343,11 @@ func newID() string {
 // gives no name (warmpool.go), else restored from its warm image if it has
 // one, else a cold start. On any failure everything it made is removed and
 // no row is left.
-func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int) (store.Sandbox, error) {
+//
+// gen is the master's number for this placement (0: none): the node
+// stores it with the sandbox, and refuses a create that its master has
+// already fenced off (fence.go).
+func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64) (store.Sandbox, error) {
 	how := "cold"
 	var pre *pooled
 	if name == "" && memoryMiB >= 0 && t.Warm != nil && t.Warm.Pool > 0 {
@@ -343,7 +355,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 			pre, how = &p, "pooled"
 		}
 	}
-	sb, err := n.create(ctx, t, name, principal, memoryMiB, pre, func(sb store.Sandbox) error {
+	sb, err := n.create(ctx, t, name, principal, memoryMiB, gen, pre, func(sb store.Sandbox) error {
 		if pre != nil {
 			return n.startPooled(sb, t)
 		}
@@ -370,7 +382,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 // to its end even if ctx is cancelled. With pre, the sandbox is that
 // pooled one: its ID, slot and name are the pool's, its memory is already
 // taken (no admission), and if create fails before start it is removed.
-func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, pre *pooled, start func(store.Sandbox) error) (sb store.Sandbox, err error) {
+func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64, pre *pooled, start func(store.Sandbox) error) (sb store.Sandbox, err error) {
 	// A pooled sandbox is this create's to remove until its row is
 	// recorded; from then on a failure is cleaned up as any create's.
 	pooledOwned := pre != nil
@@ -419,10 +431,14 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	now := time.Now()
 	sb = store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
 		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now, Principal: principal,
-		MemoryMiB: int(limit), Slot: slot}
-	// Allocate and record in one step so two creates never share a slot.
+		MemoryMiB: int(limit), Slot: slot, Generation: gen}
+	// Allocate and record in one step so two creates never share a slot,
+	// and none slips in behind a fence (Fence holds the same lock).
 	n.allocMu.Lock()
-	err = n.allocate(ctx, &sb, t.Ports)
+	err = n.fenced(gen)
+	if err == nil {
+		err = n.allocate(ctx, &sb, t.Ports)
+	}
 	if err == nil {
 		err = n.st.CreateSandbox(ctx, sb)
 	}

@@ -154,6 +154,9 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		n.forget(sb.ID)
 		return n.st.DeleteSandbox(ctx, sb.ID)
 	}
+	if sb.LeftBehind {
+		return n.ensureRetired(ctx, sb)
+	}
 	st, err := n.be.State(ctx, spec)
 	if err != nil {
 		n.log.Warn("reconcile: state unknown, treating as stopped", "id", sb.ID, "err", err)

@@ -119,6 +119,9 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 	if err != nil {
 		return err
 	}
+	if sb.LeftBehind {
+		return refuseLeftBehind(sb)
+	}
 	if from != api.TierFrozen { // a frozen sandbox already holds its memory
 		need := e.lastUsageMiB.Load() // what it held when it was checkpointed
 		if from != api.TierSnapshot || need <= 0 {

@@ -48,7 +48,7 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (api.Sandbox, err
 	if err != nil {
 		return api.Sandbox{}, mapErr(err)
 	}
-	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB)
+	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB, req.Generation)
 	if err != nil {
 		return api.Sandbox{}, mapErr(err)
 	}
@@ -115,8 +115,8 @@ func (l *Local) Transition(ctx context.Context, id string, op Op) (api.Sandbox, 
 }
 
 // Clone implements Node.
-func (l *Local) Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error) {
-	res, err := l.N.Clone(ctx, id, req.Count, req.Principal, req.Reseed)
+func (l *Local) Clone(ctx context.Context, id string, req CloneRequest) (api.CloneResult, error) {
+	res, err := l.N.Clone(ctx, id, req.Count, req.Principal, req.Reseed, req.Generation)
 	out := api.CloneResult{Children: []api.Sandbox{}, ParentPauseMs: ms(res.ParentPause)}
 	if res.Parent.ID != "" {
 		out.Parent = l.wire(res.Parent)
@@ -225,8 +225,14 @@ func (l *Local) wire(sb store.Sandbox) api.Sandbox {
 		Endpoints: l.N.Endpoints(sb), HostEndpoints: l.N.HostEndpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
-		MemoryMiB: sb.MemoryMiB,
+		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, LeftBehind: sb.LeftBehind,
 	}
+}
+
+// Fence implements Node.
+func (l *Local) Fence(ctx context.Context, req FenceRequest) (FenceResult, error) {
+	ids, err := l.N.Fence(ctx, req.Generation, req.Keep, req.InFlight)
+	return FenceResult{Retired: append([]string{}, ids...)}, mapErr(err)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

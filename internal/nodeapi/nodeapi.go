@@ -32,7 +32,7 @@ type Node interface {
 	Transition(ctx context.Context, id string, op Op) (api.Sandbox, error)
 	// Clone makes children of a running sandbox from its memory. With an
 	// error, the result holds the children made before it (if any).
-	Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error)
+	Clone(ctx context.Context, id string, req CloneRequest) (api.CloneResult, error)
 	// Logs writes sandbox id's console output to w: the last 64 KiB, then
 	// with Follow what is appended, until ctx ends or the sandbox is
 	// deleted.
@@ -55,6 +55,31 @@ type Node interface {
 	// every change as it commits it, and a heartbeat; until ctx ends,
 	// send fails or the node is gone.
 	Watch(ctx context.Context, send func(Report) error) error
+	// Fence tells the node which of its sandboxes are its master's
+	// (node.Fence: the rule is there); it returns those it retired.
+	Fence(ctx context.Context, req FenceRequest) (FenceResult, error)
+}
+
+// FenceRequest is a master's fence: Generation is the highest placement
+// generation it had handed out when it looked, Keep the IDs it placed on
+// the node, InFlight the generations of its creates and clones still
+// under way there.
+type FenceRequest struct {
+	Generation int64    `json:"generation"`
+	Keep       []string `json:"keep"`
+	InFlight   []int64  `json:"in_flight,omitempty"`
+}
+
+// FenceResult says which sandboxes a fence retired.
+type FenceResult struct {
+	Retired []string `json:"retired"`
+}
+
+// CloneRequest is a clone, as a master asks a node for it: the API's,
+// and the generation its children carry.
+type CloneRequest struct {
+	api.CloneRequest
+	Generation int64 `json:"generation,omitempty"`
 }
 
 // CreateRequest is a create, as a master places it on a node.
@@ -65,6 +90,8 @@ type CreateRequest struct {
 	MemoryMiB int          `json:"memory_mib,omitempty"`
 	// Note, if set, is the new sandbox's note (a move says what it lost).
 	Note string `json:"note,omitempty"`
+	// Generation is the master's number for this placement (node.Fence).
+	Generation int64 `json:"generation,omitempty"`
 }
 
 // Op is a transition a master may ask for.

@@ -9,8 +9,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"net/http/httptrace"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"sandstorm/api"
@@ -79,7 +81,7 @@ func Server(n Node) http.Handler {
 	})
 	h("POST /node/v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) error {
 		if r.PathValue("op") == "clone" {
-			var req api.CloneRequest
+			var req CloneRequest
 			if err := readJSON(r, &req); err != nil {
 				return err
 			}
@@ -122,6 +124,14 @@ func Server(n Node) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 		return nil
+	})
+	h("POST /node/v1/fence", func(w http.ResponseWriter, r *http.Request) error {
+		var req FenceRequest
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		res, err := n.Fence(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
 	})
 	h("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
 		return serveWatch(n, w, r)
@@ -258,9 +268,9 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, okS
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := c.send(req)
 	if err != nil {
-		return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != okStatus {
@@ -272,6 +282,29 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, okS
 	}
 	return json.NewDecoder(resp.Body).Decode(out)
 }
+
+// send is c.HTTP.Do, with a failure marked ErrNodeDown, and also
+// ErrNotSent if not one byte of the request reached the connection (the
+// dial or the TLS handshake failed, or no tunnel): then the node cannot
+// have acted on it, and a create may be tried elsewhere (fleet).
+func (c *Client) send(req *http.Request) (*http.Response, error) {
+	var wrote atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		WroteHeaderField: func(string, []string) { wrote.Store(true) },
+	}))
+	resp, err := c.HTTP.Do(req)
+	if err == nil {
+		return resp, nil
+	}
+	err = Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+	if !wrote.Load() {
+		err = Mark(ErrNotSent, err)
+	}
+	return nil, err
+}
+
+// ErrNotSent marks (with ErrNodeDown) a call that never reached the node.
+var ErrNotSent = errors.New("not sent")
 
 // readError turns an error answer back into the seam's error.
 func readError(resp *http.Response) error {
@@ -322,16 +355,16 @@ func (c *Client) Transition(ctx context.Context, id string, op Op) (api.Sandbox,
 }
 
 // Clone implements Node.
-func (c *Client) Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error) {
+func (c *Client) Clone(ctx context.Context, id string, req CloneRequest) (api.CloneResult, error) {
 	b, _ := json.Marshal(req)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+"/node/v1/sandboxes/"+url.PathEscape(id)+"/clone", bytes.NewReader(b))
 	if err != nil {
 		return api.CloneResult{}, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	resp, err := c.HTTP.Do(hr)
+	resp, err := c.send(hr)
 	if err != nil {
-		return api.CloneResult{}, Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+		return api.CloneResult{}, err
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
@@ -418,6 +451,12 @@ func (c *Client) PutRootfs(ctx context.Context, digest string, tar io.Reader) er
 		return readError(resp)
 	}
 	return nil
+}
+
+// Fence implements Node.
+func (c *Client) Fence(ctx context.Context, req FenceRequest) (FenceResult, error) {
+	var res FenceResult
+	return res, c.do(ctx, http.MethodPost, "/node/v1/fence", req, &res, http.StatusOK)
 }
 
 // DropTemplate implements Node.

@@ -32,6 +32,7 @@ type fake struct {
 	logs      chan string      // what Logs writes, until closed
 	rootfs    map[string]int64 // digest → bytes received
 	reports   chan Report      // what Watch sends after its full report
+	fences    []FenceRequest   // what Fence was asked
 }
 
 func newFake() *fake {
@@ -98,7 +99,7 @@ func (f *fake) Transition(ctx context.Context, id string, op Op) (api.Sandbox, e
 	f.mu.Unlock()
 	return sb, nil
 }
-func (f *fake) Clone(ctx context.Context, id string, req api.CloneRequest) (api.CloneResult, error) {
+func (f *fake) Clone(ctx context.Context, id string, req CloneRequest) (api.CloneResult, error) {
 	p, err := f.Get(ctx, id)
 	if err != nil {
 		return api.CloneResult{}, err
@@ -178,6 +179,12 @@ func (f *fake) Watch(ctx context.Context, send func(Report) error) error {
 			}
 		}
 	}
+}
+func (f *fake) Fence(_ context.Context, req FenceRequest) (FenceResult, error) {
+	f.mu.Lock()
+	f.fences = append(f.fences, req)
+	f.mu.Unlock()
+	return FenceResult{Retired: []string{}}, nil
 }
 func (f *fake) DropTemplate(_ context.Context, name string) error {
 	f.mu.Lock()
@@ -308,15 +315,15 @@ func TestRemoteClonePartial(t *testing.T) {
 	ctx := context.Background()
 	f.templates["web"] = api.Template{Name: "web"}
 	c.Create(ctx, CreateRequest{Template: api.Template{Name: "web"}, Name: "p"})
-	res, err := c.Clone(ctx, "p", api.CloneRequest{Count: 2})
+	res, err := c.Clone(ctx, "p", CloneRequest{CloneRequest: api.CloneRequest{Count: 2}})
 	if err != nil || len(res.Children) != 2 || res.ParentPauseMs != 50 || res.Parent.Name != "p" {
 		t.Fatalf("clone of 2: %+v %v", res, err)
 	}
-	res, err = c.Clone(ctx, "p", api.CloneRequest{Count: 5})
+	res, err = c.Clone(ctx, "p", CloneRequest{CloneRequest: api.CloneRequest{Count: 5}})
 	if !errors.Is(err, ErrUnavailable) || len(res.Children) != 2 || res.Children[1].Name != "p-2" {
 		t.Fatalf("clone stopped at 3: %+v %v", res, err)
 	}
-	if _, err := c.Clone(ctx, "ghost", api.CloneRequest{Count: 1}); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Clone(ctx, "ghost", CloneRequest{CloneRequest: api.CloneRequest{Count: 1}}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("clone of an unknown sandbox: %v", err)
 	}
 }

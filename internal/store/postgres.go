@@ -124,6 +124,10 @@ CREATE TABLE IF NOT EXISTS reported (
 );
 CREATE INDEX IF NOT EXISTS reported_node ON reported(node);
 CREATE INDEX IF NOT EXISTS reported_name ON reported(name);
+CREATE TABLE IF NOT EXISTS counters (
+	name  TEXT PRIMARY KEY,
+	value BIGINT NOT NULL
+);
 `
 
 // schemaLockKey is the advisory lock that serialises schema set-up: two

@@ -89,6 +89,14 @@ type Sandbox struct {
 	// MemoryMiB is the sandbox's own memory limit, overriding its
 	// template's (0: the template's, or the node's default).
 	MemoryMiB int
+	// Generation is the master's number for the placement that made it
+	// (0: made by no master that numbers them): a node fences what its
+	// master no longer places there by it (node.Fence, issue 14).
+	Generation int64
+	// LeftBehind: its master did not place it here (a create cut short,
+	// a move). It never runs again: stopped, principal cleared, kept
+	// detached for the data in its volume until someone deletes it.
+	LeftBehind bool
 }
 
 const sqliteSchema = `
@@ -148,6 +156,10 @@ CREATE TABLE IF NOT EXISTS reported (
 );
 CREATE INDEX IF NOT EXISTS reported_node ON reported(node);
 CREATE INDEX IF NOT EXISTS reported_name ON reported(name);
+CREATE TABLE IF NOT EXISTS counters (
+	name  TEXT PRIMARY KEY,
+	value BIGINT NOT NULL
+);
 `
 
 // migrations add columns that later versions introduced; each is applied
@@ -158,6 +170,12 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandboxes", "memory_mib", `ALTER TABLE sandboxes ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0`},
 	{"templates", "warm", `ALTER TABLE templates ADD COLUMN warm TEXT NOT NULL DEFAULT ''`},
 	{"templates", "digest", `ALTER TABLE templates ADD COLUMN digest TEXT NOT NULL DEFAULT ''`},
+	// Issue 14: placements numbered and stated; a node's sandbox carries
+	// the number it was placed under.
+	{"sandboxes", "generation", `ALTER TABLE sandboxes ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
+	{"sandboxes", "left_behind", `ALTER TABLE sandboxes ADD COLUMN left_behind INTEGER NOT NULL DEFAULT 0`},
+	{"placements", "generation", `ALTER TABLE placements ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
+	{"placements", "state", `ALTER TABLE placements ADD COLUMN state TEXT NOT NULL DEFAULT ''`},
 }
 
 // execer is a *sql.DB or a *sql.Tx.
@@ -342,7 +360,7 @@ func scanTemplate(r scanner) (Template, error) {
 	return t, nil
 }
 
-const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib`
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind`
 
 // CreateSandbox inserts sb; ErrExists if its ID, name or slot is taken;
 // ErrNotFound if its template does not exist.
@@ -350,7 +368,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 	}
@@ -359,7 +377,8 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 
 func sandboxArgs(sb Sandbox) []any {
 	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
-		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal, sb.MemoryMiB}
+		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal, sb.MemoryMiB,
+		sb.Generation, boolInt(sb.LeftBehind)}
 }
 
 // GetSandbox returns the sandbox whose ID or name is ref, or ErrNotFound.
@@ -410,7 +429,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	}
 	sb.ID = id
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=? WHERE id=?`),
+	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=? WHERE id=?`),
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -450,10 +469,12 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
 	var tier, trans, hostPorts, wakeFrom string
 	var last, created int64
-	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB)
+	var left int
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left)
 	if err != nil {
 		return sb, err
 	}
+	sb.LeftBehind = left != 0
 	sb.Tier, sb.Transition, sb.LastWakeFrom = api.Tier(tier), api.Tier(trans), api.Tier(wakeFrom)
 	sb.LastActive, sb.CreatedAt = fromMs(last), fromMs(created)
 	if err := json.Unmarshal([]byte(hostPorts), &sb.HostPorts); err != nil {
@@ -540,12 +561,31 @@ type Placement struct {
 	// (move) when its node is lost.
 	Template, Principal string
 	MemoryMiB           int
+	// Generation numbers the placement (NextGeneration): the node stores
+	// it with the sandbox, and fences by it (issue 14).
+	Generation int64
+	// State is "" (placed: the node made it), PlacementCreating (an
+	// attempt: ID and Name may be PendingID until the node answers) or
+	// PlacementDeleting (desired gone; the node has not said it is).
+	State string
 }
 
-// PutPlacement records where a sandbox went; ErrExists if its name is
-// taken.
+// Placement states.
+const (
+	PlacementCreating = "creating"
+	PlacementDeleting = "deleting"
+)
+
+// PendingID is what an attempt of generation gen is called until its node
+// says which sandbox it made.
+func PendingID(gen int64) string { return fmt.Sprintf("pending-%d", gen) }
+
+const placementCols = `id, name, node, template, principal, memory_mib, generation, state`
+
+// PutPlacement records where a sandbox went (or an attempt to put it
+// there); ErrExists if its name is taken.
 func (s *Store) PutPlacement(ctx context.Context, p Placement) error {
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements(id, name, node, template, principal, memory_mib) VALUES(?,?,?,?,?,?)`), p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?)`), p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, p.State)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", p.Name, ErrExists)
 	}
@@ -554,18 +594,70 @@ func (s *Store) PutPlacement(ctx context.Context, p Placement) error {
 
 // GetPlacement finds the placement of the sandbox whose ID or name is ref.
 func (s *Store) GetPlacement(ctx context.Context, ref string) (Placement, error) {
-	var p Placement
-	err := s.db.QueryRowContext(ctx, s.q(`SELECT id, name, node, template, principal, memory_mib FROM placements WHERE id=? OR name=? LIMIT 1`), ref, ref).Scan(&p.ID, &p.Name, &p.Node, &p.Template, &p.Principal, &p.MemoryMiB)
-	if errors.Is(err, sql.ErrNoRows) {
-		return p, fmt.Errorf("sandbox %q: %w", ref, ErrNotFound)
+	ps, err := s.placements(ctx, `SELECT `+placementCols+` FROM placements WHERE id=? OR name=? LIMIT 1`, ref, ref)
+	if err != nil {
+		return Placement{}, err
 	}
-	return p, err
+	if len(ps) == 0 {
+		return Placement{}, fmt.Errorf("sandbox %q: %w", ref, ErrNotFound)
+	}
+	return ps[0], nil
 }
 
 // DeletePlacement forgets sandbox id's placement.
 func (s *Store) DeletePlacement(ctx context.Context, id string) error {
 	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM placements WHERE id=?`), id)
 	return err
+}
+
+// SetPlacementNode records which node attempt id is being tried on, before
+// the master asks it.
+func (s *Store) SetPlacementNode(ctx context.Context, id, node string) error {
+	return s.setPlacement(ctx, `UPDATE placements SET node=? WHERE id=?`, node, id)
+}
+
+// SetPlacementState sets sandbox id's placement state.
+func (s *Store) SetPlacementState(ctx context.Context, id, state string) error {
+	return s.setPlacement(ctx, `UPDATE placements SET state=? WHERE id=?`, state, id)
+}
+
+func (s *Store) setPlacement(ctx context.Context, q string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, s.q(q), args...)
+	if err != nil {
+		return err
+	}
+	if k, _ := res.RowsAffected(); k == 0 {
+		return fmt.Errorf("placement %v: %w", args[len(args)-1], ErrNotFound)
+	}
+	return nil
+}
+
+// ResolveAttempt replaces the attempt of generation gen with what its node
+// made (ps, placed; none if it made nothing), in one transaction. Done
+// twice, the second finds no attempt and changes nothing.
+func (s *Store) ResolveAttempt(ctx context.Context, gen int64, ps []Placement) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, s.q(`DELETE FROM placements WHERE generation=? AND state=?`), gen, PlacementCreating)
+	if err != nil {
+		return err
+	}
+	if k, _ := res.RowsAffected(); k == 0 {
+		return nil
+	}
+	for _, p := range ps {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`),
+			p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, ""); err != nil {
+			if isConstraint(err) {
+				return fmt.Errorf("sandbox %q: %w", p.Name, ErrExists)
+			}
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 // CountPlacements is how many sandboxes the master placed on node.
@@ -577,7 +669,7 @@ func (s *Store) CountPlacements(ctx context.Context, node string) (int, error) {
 
 // ListPlacements returns the placements on node, by name.
 func (s *Store) ListPlacements(ctx context.Context, node string) ([]Placement, error) {
-	return s.placements(ctx, `SELECT id, name, node, template, principal, memory_mib FROM placements WHERE node=? ORDER BY name`, node)
+	return s.placements(ctx, `SELECT `+placementCols+` FROM placements WHERE node=? ORDER BY name`, node)
 }
 
 func (s *Store) placements(ctx context.Context, q string, args ...any) ([]Placement, error) {
@@ -589,12 +681,46 @@ func (s *Store) placements(ctx context.Context, q string, args ...any) ([]Placem
 	var out []Placement
 	for rows.Next() {
 		var p Placement
-		if err := rows.Scan(&p.ID, &p.Name, &p.Node, &p.Template, &p.Principal, &p.MemoryMiB); err != nil {
+		if err := rows.Scan(&p.ID, &p.Name, &p.Node, &p.Template, &p.Principal, &p.MemoryMiB, &p.Generation, &p.State); err != nil {
 			return nil, err
 		}
 		out = append(out, p)
 	}
 	return out, rows.Err()
+}
+
+// Counters: the master's placement generation (NextGeneration, shared by
+// every master on one database) and a node's fence mark (node.Fence).
+
+// NextGeneration takes the next placement generation: 1, 2, … in one
+// statement, so two masters on one database never take the same.
+func (s *Store) NextGeneration(ctx context.Context) (int64, error) {
+	return s.bump(ctx, "generation", 1)
+}
+
+// Generation is the last generation taken (0: none yet).
+func (s *Store) Generation(ctx context.Context) (int64, error) { return s.Counter(ctx, "generation") }
+
+// Counter reads counter name (0 if never set).
+func (s *Store) Counter(ctx context.Context, name string) (int64, error) {
+	var v int64
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT value FROM counters WHERE name=?`), name).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// RaiseCounter sets counter name to v if v is above it; it never goes down.
+func (s *Store) RaiseCounter(ctx context.Context, name string, v int64) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO counters(name, value) VALUES(?,?) ON CONFLICT(name) DO UPDATE SET value=excluded.value WHERE counters.value < excluded.value`), name, v)
+	return err
+}
+
+func (s *Store) bump(ctx context.Context, name string, by int64) (int64, error) {
+	var v int64
+	err := s.db.QueryRowContext(ctx, s.q(`INSERT INTO counters(name, value) VALUES(?,?) ON CONFLICT(name) DO UPDATE SET value=counters.value+excluded.value RETURNING value`), name, by).Scan(&v)
+	return v, err
 }
 
 // The reported table is the master's copy of its paired nodes' actual
@@ -651,6 +777,11 @@ func (s *Store) FindReported(ctx context.Context, ref string) ([]Reported, error
 	return s.reported(ctx, `SELECT node, body FROM reported WHERE id=? OR name=? ORDER BY id`, ref, ref)
 }
 
+// ListReportedOf returns what node reported, by name.
+func (s *Store) ListReportedOf(ctx context.Context, node string) ([]Reported, error) {
+	return s.reported(ctx, `SELECT node, body FROM reported WHERE node=? ORDER BY name, id`, node)
+}
+
 // ListReported returns every reported sandbox, by name.
 func (s *Store) ListReported(ctx context.Context) ([]Reported, error) {
 	return s.reported(ctx, `SELECT node, body FROM reported ORDER BY name, id`)
@@ -679,7 +810,7 @@ func (s *Store) reported(ctx context.Context, q string, args ...any) ([]Reported
 
 // ListAllPlacements returns every placement, by name.
 func (s *Store) ListAllPlacements(ctx context.Context) ([]Placement, error) {
-	return s.placements(ctx, `SELECT id, name, node, template, principal, memory_mib FROM placements ORDER BY name`)
+	return s.placements(ctx, `SELECT `+placementCols+` FROM placements ORDER BY name`)
 }
 
 // Revoke records that every certificate issued to node before at is

@@ -1,0 +1,410 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/placement"
+	"sandstorm/internal/store"
+)
+
+// A sandbox runs in one place (issue 14; docs/ARCHITECTURE.md, "One
+// place"). The master's placements are its desired state, and every
+// placement is numbered (store.NextGeneration) before a node is asked:
+//
+//   - A create reserves its name and records its attempt — generation,
+//     the node it is trying — durably before it calls the node
+//     (store.PlacementCreating). It goes to the next node only when the
+//     first cannot have made it: the node answered that it would not, or
+//     the request never left (nodeapi.ErrNotSent). Any other failure (the
+//     connection broke, the node went lost, the deadline passed) leaves
+//     the attempt undecided and its caller a 503: the node may have made
+//     the sandbox, and the master learns which from its reports.
+//   - An undecided attempt is settled when the node reports (resolve): a
+//     sandbox of that generation becomes the placement; none, and the
+//     node is fenced past it (node.Fence), which makes sure a request
+//     still on its way can no longer make it, and only then is the name
+//     free again.
+//   - Each time a node's full report comes in (it restarted, the master
+//     did, a partition healed) the master fences it: whatever it runs that
+//     the master did not place there — a move's old copy, a create the
+//     master gave up — is stopped and kept only for its volume.
+
+// inflight is the generations of this master's creates and clones now
+// calling a node: a fence must keep them (node.Fence's inFlight).
+type inflight struct {
+	mu   sync.Mutex
+	gens map[int64]bool
+}
+
+// begin takes the next generation and marks it in flight, in one step
+// under mu: a fence that reads the store's generation under the same lock
+// sees every generation at or below it either in flight or done.
+func (f *Fleet) begin(ctx context.Context) (int64, error) {
+	f.fly.mu.Lock()
+	defer f.fly.mu.Unlock()
+	gen, err := f.cfg.Store.NextGeneration(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if f.fly.gens == nil {
+		f.fly.gens = map[int64]bool{}
+	}
+	f.fly.gens[gen] = true
+	return gen, nil
+}
+
+func (f *Fleet) landed(gen int64) {
+	f.fly.mu.Lock()
+	delete(f.fly.gens, gen)
+	f.fly.mu.Unlock()
+}
+
+// flying is the store's generation now and the generations in flight.
+func (f *Fleet) flying(ctx context.Context) (int64, map[int64]bool, error) {
+	f.fly.mu.Lock()
+	defer f.fly.mu.Unlock()
+	g, err := f.cfg.Store.Generation(ctx)
+	out := make(map[int64]bool, len(f.fly.gens))
+	for k := range f.fly.gens {
+		out[k] = true
+	}
+	return g, out, err
+}
+
+// Create places req on the node with the most headroom that takes it
+// (above for what happens when one does not answer).
+func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
+	if nodes := f.Nodes(); len(nodes) == 1 && nodes[0] == f.cfg.Local {
+		// One node, no choice: no status to read (a node's status counts
+		// its sandboxes, a scan of its store, which a create per request
+		// must not pay on a node holding thousands). The node decides
+		// itself whether it has room, and its own store holds the name.
+		return f.cfg.Local.Create(ctx, req)
+	}
+	if req.Name != "" && f.cfg.Local != nil {
+		if _, err := f.cfg.Local.Get(ctx, req.Name); err == nil {
+			return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrExists, fmt.Errorf("sandbox %q: already exists", req.Name))
+		}
+	}
+	gen, err := f.begin(ctx)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	defer f.landed(gen)
+	req.Generation = gen
+	att := store.Placement{ID: store.PendingID(gen), Name: req.Name, Template: req.Template.Name, Principal: req.Principal,
+		MemoryMiB: req.MemoryMiB, Generation: gen, State: store.PlacementCreating}
+	if att.Name == "" {
+		att.Name = att.ID
+	}
+	if err := f.cfg.Store.PutPlacement(ctx, att); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return api.Sandbox{}, f.taken(ctx, att.Name)
+		}
+		return api.Sandbox{}, err
+	}
+	// From here the attempt is the master's to settle whatever the
+	// caller does.
+	bg := context.WithoutCancel(ctx)
+	sb, err := f.place(ctx, att, req)
+	if err != nil && !errors.Is(err, errUndecided) {
+		f.cfg.Store.DeletePlacement(bg, att.ID)
+	}
+	return sb, err
+}
+
+// errUndecided marks a create or clone whose node may or may not have
+// made it: its attempt stays until the node's reports settle it.
+var errUndecided = errors.New("undecided")
+
+// place tries att on each node in order of headroom.
+func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.CreateRequest) (api.Sandbox, error) {
+	bg := context.WithoutCancel(ctx)
+	sts := f.placementStatuses(ctx)
+	byName := map[string]nodeapi.Node{}
+	for _, n := range f.Nodes() {
+		byName[n.Name()] = n
+	}
+	var cands []placement.Candidate
+	var lost []string
+	for _, st := range sts {
+		if st.State == "lost" {
+			lost = append(lost, st.Name)
+		}
+		cands = append(cands, placement.Candidate{Name: st.Name, AvailableMiB: st.MemAvailableMiB, ReserveMiB: st.MemReserveMiB, PromisedMiB: st.PromisedMiB, Lost: st.State == "lost"})
+	}
+	order := placement.Order(cands)
+	if len(order) == 0 {
+		why := "this master has no node: pair one (POST /v1/nodes), or run --node with --master"
+		if len(lost) > 0 {
+			why = "no node answers (lost: " + strings.Join(lost, ", ") + ")"
+		}
+		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrUnavailable, errors.New(why))
+	}
+	var refusals []string
+	for _, c := range order {
+		n := byName[c.Name]
+		// The attempt names its node before the node is asked: a master
+		// that dies now leaves a record of where to look.
+		if err := f.cfg.Store.SetPlacementNode(ctx, att.ID, c.Name); err != nil {
+			return api.Sandbox{}, err
+		}
+		sb, err := n.Create(ctx, req)
+		switch {
+		case err == nil:
+			if !f.isRemote(c.Name) {
+				// The node in this process has the sandbox in its own rows.
+				f.cfg.Store.DeletePlacement(bg, att.ID)
+				return sb, nil
+			}
+			p := store.Placement{ID: sb.ID, Name: sb.Name, Node: c.Name, Template: req.Template.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Generation: att.Generation}
+			if err := f.cfg.Store.ResolveAttempt(bg, att.Generation, []store.Placement{p}); err != nil {
+				// Made, but not recorded: the node's next report is, and
+				// resolve adopts it then.
+				f.cfg.Log.Error("placement: a sandbox made but not recorded; its node's reports will settle it", "node", c.Name, "id", sb.ID, "err", err)
+			}
+			return sb, nil
+		case errors.Is(err, nodeapi.ErrNotSent), errors.Is(err, nodeapi.ErrUnavailable) && !errors.Is(err, nodeapi.ErrNodeDown):
+			// The node cannot have made it: it never got the request, or it
+			// answered that it has no room.
+			refusals = append(refusals, c.Name+": "+err.Error())
+			f.cfg.Log.Info("placement: node refused; trying the next", "node", c.Name, "headroom_mib", c.Headroom(), "err", err)
+			continue
+		case errors.Is(err, nodeapi.ErrNodeDown):
+			f.cfg.Log.Warn("placement: a create's node did not answer; the attempt waits for its reports", "node", c.Name, "generation", att.Generation, "name", att.Name, "err", err)
+			return api.Sandbox{}, nodeapi.Mark(errUndecided, fmt.Errorf("%w; it may have made sandbox %s there: the master learns which from its reports once it answers again, and keeps the name until then (retry in a few seconds: a retry with the same name answers 409 if it was made)", err, att.Name))
+		default:
+			return sb, err
+		}
+	}
+	return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrUnavailable, fmt.Errorf("no node has room for it now: %s", strings.Join(refusals, "; ")))
+}
+
+// Clone makes children of parent on its node n, numbered as one
+// placement; a paired node's children become placements when it answers,
+// or, if it does not, when it reports them (resolve).
+func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, req api.CloneRequest) (api.CloneResult, error) {
+	if !f.isRemote(n.Name()) {
+		return n.Clone(ctx, parent.ID, nodeapi.CloneRequest{CloneRequest: req})
+	}
+	gen, err := f.begin(ctx)
+	if err != nil {
+		return api.CloneResult{}, err
+	}
+	defer f.landed(gen)
+	att := store.Placement{ID: store.PendingID(gen), Name: store.PendingID(gen), Node: n.Name(), Template: parent.Template,
+		Generation: gen, State: store.PlacementCreating}
+	if err := f.cfg.Store.PutPlacement(ctx, att); err != nil {
+		return api.CloneResult{}, err
+	}
+	bg := context.WithoutCancel(ctx)
+	res, err := n.Clone(ctx, parent.ID, nodeapi.CloneRequest{CloneRequest: req, Generation: gen})
+	if errors.Is(err, nodeapi.ErrNodeDown) && !errors.Is(err, nodeapi.ErrNotSent) {
+		// Some children may be there: the reports settle it.
+		return res, err
+	}
+	var ps []store.Placement
+	for _, c := range res.Children {
+		ps = append(ps, store.Placement{ID: c.ID, Name: c.Name, Node: n.Name(), Template: c.Template, Principal: c.Principal, MemoryMiB: c.MemoryMiB, Generation: gen})
+	}
+	if rerr := f.cfg.Store.ResolveAttempt(bg, gen, ps); rerr != nil {
+		f.cfg.Log.Error("placement: a clone's children made but not recorded; its node's reports will settle them", "node", n.Name(), "err", rerr)
+	}
+	return res, err
+}
+
+// Delete deletes sandbox sb on its node n. A paired node's placement is
+// marked deleting first, so that a delete whose answer is lost is
+// finished when the node reports again (resolve), and the name stays
+// taken until then.
+func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) error {
+	bg := context.WithoutCancel(ctx)
+	remote := f.isRemote(n.Name())
+	placed := false
+	if remote {
+		if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.ID == sb.ID {
+			placed = true
+			if err := f.cfg.Store.SetPlacementState(ctx, sb.ID, store.PlacementDeleting); err != nil {
+				return err
+			}
+		}
+	}
+	err := n.Delete(ctx, sb.ID)
+	if err != nil && !(remote && errors.Is(err, nodeapi.ErrNotFound)) {
+		if placed && errors.Is(err, nodeapi.ErrNodeDown) {
+			return nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("%w; sandbox %s is marked for deletion, and is deleted once its node answers again", err, sb.Name))
+		}
+		if placed {
+			f.cfg.Store.SetPlacementState(bg, sb.ID, "")
+		}
+		return err
+	}
+	f.Deleted(bg, n.Name(), sb.ID)
+	return nil
+}
+
+// resolveEvery is how often the master looks for attempts and deletes
+// its nodes' reports have not settled (a node that answers but whose
+// answer to one call was lost).
+const resolveEvery = 2 * time.Second
+
+// resolveDue settles what is unsettled on every node that reports.
+func (f *Fleet) resolveDue(ctx context.Context) {
+	ps, err := f.cfg.Store.ListAllPlacements(ctx)
+	if err != nil {
+		return
+	}
+	_, fly, _ := f.flying(ctx)
+	due := map[string]bool{}
+	for _, p := range ps {
+		if p.State == store.PlacementDeleting || p.State == store.PlacementCreating && !fly[p.Generation] {
+			due[p.Node] = true
+		}
+	}
+	now := time.Now()
+	for node := range due {
+		if l, ok := f.linkOf(node); ok && l.full && !l.lost(now) {
+			f.resolve(ctx, node)
+		}
+	}
+}
+
+// resolveLock is node's resolve lock: one resolve at a time per node.
+func (f *Fleet) resolveLock(node string) *sync.Mutex {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.resolving == nil {
+		f.resolving = map[string]*sync.Mutex{}
+	}
+	m := f.resolving[node]
+	if m == nil {
+		m = &sync.Mutex{}
+		f.resolving[node] = m
+	}
+	return m
+}
+
+// resolve settles node's attempts and deletes against what it reported,
+// and fences it: called when its full report is in, and by resolveDue.
+func (f *Fleet) resolve(ctx context.Context, node string) {
+	if err := f.settle(ctx, node); err != nil && ctx.Err() == nil {
+		f.cfg.Log.Warn("cannot settle a node's sandboxes with it yet; retrying", "node", node, "err", err)
+	}
+}
+
+func (f *Fleet) settle(ctx context.Context, node string) error {
+	mu := f.resolveLock(node)
+	mu.Lock()
+	defer mu.Unlock()
+	st := f.cfg.Store
+	n := f.paired(node)
+	if n == nil {
+		return nil
+	}
+	// The order matters: the generation and what is in flight first, the
+	// placements after, so every placement at or below gen is either in
+	// the list or still in flight.
+	gen, fly, err := f.flying(ctx)
+	if err != nil {
+		return err
+	}
+	ps, err := st.ListPlacements(ctx, node)
+	if err != nil {
+		return err
+	}
+	rs, err := st.ListReportedOf(ctx, node)
+	if err != nil {
+		return err
+	}
+	byGen := map[int64][]api.Sandbox{}
+	reported := map[string]bool{}
+	for _, r := range rs {
+		reported[r.Sandbox.ID] = true
+		if r.Sandbox.Generation > 0 && !r.Sandbox.LeftBehind {
+			byGen[r.Sandbox.Generation] = append(byGen[r.Sandbox.Generation], r.Sandbox)
+		}
+	}
+	req := nodeapi.FenceRequest{Generation: gen, Keep: []string{}}
+	for g := range fly {
+		req.InFlight = append(req.InFlight, g)
+	}
+	slices.Sort(req.InFlight)
+	var abort []store.Placement
+	var del []store.Placement
+	for _, p := range ps {
+		switch {
+		case p.State == store.PlacementCreating && fly[p.Generation]:
+		case p.State == store.PlacementCreating:
+			made := byGen[p.Generation]
+			if len(made) == 0 {
+				abort = append(abort, p)
+				continue
+			}
+			var adopt []store.Placement
+			for _, sb := range made {
+				adopt = append(adopt, store.Placement{ID: sb.ID, Name: sb.Name, Node: node, Template: sb.Template, Principal: sb.Principal, MemoryMiB: p.MemoryMiB, Generation: p.Generation})
+				req.Keep = append(req.Keep, sb.ID)
+			}
+			if err := st.ResolveAttempt(ctx, p.Generation, adopt); err != nil {
+				return err
+			}
+			f.cfg.Log.Info("placement: a create its caller did not hear the end of was made; it is the sandbox of its name", "node", node, "generation", p.Generation, "name", made[0].Name, "id", made[0].ID)
+		case p.State == store.PlacementDeleting:
+			if !reported[p.ID] {
+				st.DeletePlacement(ctx, p.ID)
+				continue
+			}
+			del = append(del, p)
+			req.Keep = append(req.Keep, p.ID) // deleted outright below, not kept as left behind
+		default:
+			req.Keep = append(req.Keep, p.ID)
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, nodeapi.FenceDeadline)
+	res, err := n.Fence(fctx, req)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("fence: %w", err)
+	}
+	if len(res.Retired) > 0 {
+		f.cfg.Log.Warn("fenced: the node ran sandboxes this master had not placed there; they are stopped", "node", node, "retired", res.Retired)
+	}
+	// The node now refuses every create at or below gen that is not in
+	// flight: an attempt it did not make never will be, and its name is
+	// free.
+	for _, p := range abort {
+		if err := st.ResolveAttempt(ctx, p.Generation, nil); err != nil {
+			return err
+		}
+		f.cfg.Log.Info("placement: a create its node never made is given up; its name is free", "node", node, "generation", p.Generation, "name", p.Name)
+	}
+	for _, p := range del {
+		dctx, cancel := context.WithTimeout(ctx, nodeapi.DeleteDeadline(p.MemoryMiB))
+		err := n.Delete(dctx, p.ID)
+		cancel()
+		if err == nil || errors.Is(err, nodeapi.ErrNotFound) {
+			f.Deleted(ctx, node, p.ID)
+			f.cfg.Log.Info("a delete whose answer was lost is finished", "node", node, "id", p.ID)
+		}
+	}
+	return nil
+}
+
+// pending is an attempt as the list shows it while it is undecided.
+func (f *Fleet) pending(p store.Placement) api.Sandbox {
+	name := p.Name
+	if name == p.ID {
+		name = ""
+	}
+	return api.Sandbox{ID: p.ID, Name: name, Node: p.Node, Template: p.Template, Principal: p.Principal, MemoryMiB: p.MemoryMiB,
+		Tier: api.TierLost, Transition: api.TierHot, Generation: p.Generation,
+		Note: "being created on node " + p.Node + ", which did not answer in time: whether it was made there is known when the node reports again (its name is taken until then)"}
+}

@@ -1,0 +1,144 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/store"
+)
+
+// cut makes n's Create end with its connection broken, as a node killed
+// mid-create does: after it made the sandbox (made true) or before.
+func cut(n *node, when bool) {
+	n.onCreate = func(made bool) error {
+		if made != when {
+			return nil
+		}
+		n.onCreate = nil
+		n.srv.CloseClientConnections()
+		if !made {
+			return errors.New("killed before it made anything")
+		}
+		return nil
+	}
+}
+
+// TestCreateCutShortIsNotPlacedTwice (issue 14, "a create retried
+// elsewhere leaves a twin"): a create whose node breaks the connection
+// after it got the request is undecided — the caller gets ErrNodeDown,
+// no other node is tried, the name stays taken (a retry is told to wait,
+// not given a second copy) — until the node reports: a sandbox of that
+// generation is adopted as the placement.
+func TestCreateCutShortIsNotPlacedTwice(t *testing.T) {
+	ctx := context.Background()
+	local := &node{name: "local", availMiB: 100}
+	remote := &node{name: "far", availMiB: 9000}
+	f := fleetOf(t, local, remote)
+	cut(remote, true)
+	_, err := f.Create(ctx, nodeapi.CreateRequest{Name: "u"})
+	if !errors.Is(err, nodeapi.ErrNodeDown) || !strings.Contains(err.Error(), "may have made sandbox u") {
+		t.Fatalf("a create whose connection broke: %v", err)
+	}
+	if len(local.made) != 0 {
+		t.Fatalf("it was tried on another node too: %v", local.made)
+	}
+	// The report stream broke too; while the node is lost the name is
+	// held by an undecided attempt (a retry waits), or, once it reports,
+	// by what it made (a retry is refused: exists).
+	_, err = f.Create(ctx, nodeapi.CreateRequest{Name: "u"})
+	if !errors.Is(err, nodeapi.ErrNodeDown) && !errors.Is(err, nodeapi.ErrExists) {
+		t.Errorf("a retry of the undecided create: %v", err)
+	}
+	waitUntil(t, "the attempt adopted", func() bool {
+		p, err := f.cfg.Store.GetPlacement(ctx, "u")
+		return err == nil && p.State == "" && p.ID == "far-u" && p.Node == "far"
+	})
+	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "u"}); !errors.Is(err, nodeapi.ErrExists) {
+		t.Errorf("a retry once it was adopted: %v, want exists", err)
+	}
+	if slices.Contains(local.made, "u") || len(remote.made) != 1 {
+		t.Errorf("copies: local %v, far %v", local.made, remote.made)
+	}
+	waitUntil(t, "a fence that keeps it", func() bool {
+		fence, _ := remote.lastFence()
+		return slices.Contains(fence.Keep, "far-u")
+	})
+	all, _ := f.List(ctx)
+	if len(all) != 1 || all[0].ID != "far-u" || all[0].LeftBehind || strings.Contains(all[0].Note, "left behind") {
+		t.Errorf("the list: %+v", all)
+	}
+}
+
+// TestCreateNeverMadeIsGivenUp: a create whose node broke the connection
+// before it made anything is settled when the node reports without it:
+// the node is fenced past its generation first (so the request, were it
+// still on its way, would be refused), and only then is the name free.
+func TestCreateNeverMadeIsGivenUp(t *testing.T) {
+	ctx := context.Background()
+	local := &node{name: "local", availMiB: 100}
+	remote := &node{name: "far", availMiB: 9000}
+	f := fleetOf(t, local, remote)
+	cut(remote, false)
+	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "v"}); !errors.Is(err, nodeapi.ErrNodeDown) {
+		t.Fatalf("a create whose connection broke: %v", err)
+	}
+	gen, _ := f.cfg.Store.Generation(ctx)
+	waitUntil(t, "the attempt given up", func() bool {
+		_, err := f.cfg.Store.GetPlacement(ctx, "v")
+		return errors.Is(err, store.ErrNotFound)
+	})
+	fence, _ := remote.lastFence()
+	if fence.Generation < gen || slices.Contains(fence.InFlight, gen) {
+		t.Errorf("the name was freed without a fence past generation %d: %+v", gen, fence)
+	}
+	if sb, err := f.Create(ctx, nodeapi.CreateRequest{Name: "v"}); err != nil || sb.Node != "far" {
+		t.Errorf("the name once free: %+v %v", sb, err)
+	}
+}
+
+// TestCreateNotSentTriesTheNext: a create that never reached its node (the
+// dial failed) cannot have been made there, so the next node is tried.
+func TestCreateNotSentTriesTheNext(t *testing.T) {
+	ctx := context.Background()
+	local := &node{name: "local", availMiB: 100}
+	remote := &node{name: "far", availMiB: 9000}
+	f := fleetOf(t, local, remote)
+	// Its report stream keeps its connection; new ones go nowhere.
+	f.mu.Lock()
+	f.remote["far"].Base = "https://127.0.0.1:1"
+	f.mu.Unlock()
+	sb, err := f.Create(ctx, nodeapi.CreateRequest{Name: "w"})
+	if err != nil || sb.Node != "local" {
+		t.Fatalf("a create whose dial failed: %+v %v", sb, err)
+	}
+}
+
+// TestInFlightCreatesAreKept: a fence sent while a create is under way
+// names its generation in flight, so the node neither retires what it is
+// making nor refuses it.
+func TestInFlightCreatesAreKept(t *testing.T) {
+	ctx := context.Background()
+	local := &node{name: "local", availMiB: 100}
+	remote := &node{name: "far", availMiB: 9000}
+	f := fleetOf(t, local, remote)
+	_, before := remote.lastFence()
+	var during nodeapi.FenceRequest
+	remote.onCreate = func(made bool) error {
+		if !made {
+			f.resolve(ctx, "far")
+			during, _ = remote.lastFence()
+		}
+		return nil
+	}
+	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	gen, _ := f.cfg.Store.Generation(ctx)
+	if _, n := remote.lastFence(); n <= before || !slices.Contains(during.InFlight, gen) || during.Generation < gen {
+		t.Errorf("a fence during create %d: %+v", gen, during)
+	}
+}

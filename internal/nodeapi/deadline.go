@@ -1,0 +1,67 @@
+package nodeapi
+
+import (
+	"time"
+
+	"sandstorm/internal/sandbox/gvisor"
+)
+
+// How long a master waits for a node to answer each kind of call (issue
+// 14: "every call to a node has a deadline of its kind"). Each is the
+// node's own bound on the work — the runsc deadlines of
+// internal/sandbox/gvisor/deadline.go, which the node enforces whatever
+// its caller does — plus callMargin for the node's own steps (its store,
+// the netns, the gateway) and the network. A call past its deadline is
+// not known to have failed: the node may still finish it, and its
+// report then says so (fleet). A node the master takes for lost fails
+// its calls at once, before any of these.
+const (
+	// ReadDeadline bounds a read (a sandbox, a status): no runsc.
+	ReadDeadline = 5 * time.Second
+	// FenceDeadline bounds a fence: store writes only (node.Fence stops
+	// what it retires after it answers).
+	FenceDeadline = 10 * time.Second
+	// TemplateDeadline bounds preparing a template (a warm one's first
+	// start, its probe and checkpoint) and sending a rootfs.
+	TemplateDeadline = 10 * time.Minute
+	// callMargin is what each deadline allows on top of runsc's.
+	callMargin = 15 * time.Second
+	// admission is the longest a node holds a create or wake waiting for
+	// memory, a wake slot or the sandbox's lock (node.Config.Admission's
+	// default, and the 30 s a transition waits for another).
+	admission = 30 * time.Second
+)
+
+// memoryTime is what a checkpoint or restore of memMiB may take
+// (gvisor.CheckpointBase + the memory at gvisor.CheckpointRate).
+func memoryTime(memMiB int) time.Duration {
+	if memMiB <= 0 {
+		memMiB = gvisor.FallbackMemory >> 20
+	}
+	return gvisor.CheckpointBase + time.Duration(int64(memMiB)<<20/gvisor.CheckpointRate)*time.Second
+}
+
+// CreateDeadline bounds a create of a sandbox of memMiB: admission, a run
+// or a restore of a warm image, and the clean-up of one that failed.
+func CreateDeadline(memMiB int) time.Duration {
+	return admission + max(gvisor.RunTimeout, memoryTime(memMiB)) + gvisor.RemoveTimeout + callMargin
+}
+
+// TransitionDeadline bounds a freeze, snapshot, detach or wake: the wait
+// for the sandbox's lock, then a checkpoint, or a restore that fails and
+// is re-created cold.
+func TransitionDeadline(memMiB int) time.Duration {
+	return admission + memoryTime(memMiB) + gvisor.RunTimeout + gvisor.RemoveTimeout + callMargin
+}
+
+// DeleteDeadline bounds a delete: a transition that holds the sandbox
+// finishes first, then the removal.
+func DeleteDeadline(memMiB int) time.Duration {
+	return TransitionDeadline(memMiB) + gvisor.RemoveTimeout
+}
+
+// CloneDeadline bounds a clone of count children of a memMiB parent: its
+// checkpoint, then each child's restore.
+func CloneDeadline(memMiB, count int) time.Duration {
+	return admission + memoryTime(memMiB) + time.Duration(max(count, 1))*(memoryTime(memMiB)+callMargin) + callMargin
+}
