@@ -385,7 +385,39 @@ node refuses a clone with none.`,
 	clone.Flags().StringVar(&clonePrincipal, "principal", "", "the children's principal (default <parent's principal>.<n>)")
 	clone.Flags().StringVar(&reseedSignal, "reseed-signal", "", "signal sent to each child's process after its restore: SIGHUP, SIGUSR1 or SIGUSR2")
 	clone.Flags().StringArrayVar(&reseedCommand, "reseed-command", nil, "command run inside each child after its restore: the absolute path, then each argument as another --reseed-command")
-	cmd.AddCommand(create, ls, get, rm, logs, clone)
+	move := &cobra.Command{
+		Use:   "move ID|NAME",
+		Short: "Start a sandbox whose node is lost again, cold, on another node",
+		Long: `Start a sandbox whose node is lost (it does not report to the master)
+again on another node: same name, template, principal and memory limit, a
+new ID, a cold start. Its memory and its volume stay on the lost node.
+
+A move while the node is lost is a risk: the old copy may still be running
+there and answering whoever can reach it, as the same principal, until
+the node hears the master again. From that moment it is stopped and never
+runs again (kept detached, with a principal that is no one's, only if its
+volume holds files; delete it by its ID). A sandbox whose node answers is
+not moved.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sb, err := c.Move(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if err := printSandbox(cmd, sb); err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); !j {
+				fmt.Println("note:", sb.Note)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(create, ls, get, rm, logs, clone, move)
 	for _, op := range []struct{ name, short string }{
 		{"freeze", "Pause a hot sandbox in place"},
 		{"snapshot", "Checkpoint a sandbox to the node's disk and release its memory and network namespace"},
@@ -420,6 +452,9 @@ node refuses a clone with none.`,
 }
 
 func tierText(sb api.Sandbox) string {
+	if sb.LeftBehind {
+		return string(sb.Tier) + " (left behind)"
+	}
 	if sb.Transition != "" {
 		return string(sb.Tier) + "→" + string(sb.Transition)
 	}

@@ -258,6 +258,14 @@ func (c *Client) Transition(ctx context.Context, ref, op string) (api.Sandbox, e
 	return sb, err
 }
 
+// Move starts a sandbox whose node is lost again, cold, on another node
+// (POST /v1/sandboxes/{id}/move); its note says what stayed behind.
+func (c *Client) Move(ctx context.Context, ref string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/move", nil, &sb)
+	return sb, err
+}
+
 // Clone makes children of a running sandbox from its memory.
 func (c *Client) Clone(ctx context.Context, ref string, req api.CloneRequest) (api.CloneResult, error) {
 	var res api.CloneResult

@@ -346,6 +346,12 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 	if err != nil {
 		return api.Sandbox{}, err
 	}
+	switch p.State {
+	case store.PlacementCreating:
+		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s is a create its node %s has not answered yet: delete it (DELETE /v1/sandboxes/%s) and create it again instead", p.Name, p.Node, p.ID))
+	case store.PlacementDeleting:
+		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s is being deleted; it is not moved", p.Name))
+	}
 	// Lost is what its reports say (or, with none heard, whether it
 	// answers a status now).
 	answers := false

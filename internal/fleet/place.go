@@ -227,6 +227,16 @@ func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, r
 // taken until then.
 func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) error {
 	bg := context.WithoutCancel(ctx)
+	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.State == store.PlacementCreating {
+		// An undecided create, given up by its caller: dropped now, and
+		// whatever its node made of it is retired when the node next
+		// reports (its generation is then below the fence and kept by no
+		// one). Until then that node may run it, as a move's old copy.
+		if _, fly, _ := f.flying(ctx); fly[p.Generation] {
+			return nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s is being created now; delete it once the create has answered", p.Name))
+		}
+		return f.cfg.Store.ResolveAttempt(ctx, p.Generation, nil)
+	}
 	remote := f.isRemote(n.Name())
 	placed := false
 	if remote {
@@ -258,7 +268,7 @@ const resolveEvery = 2 * time.Second
 
 // resolveDue settles what is unsettled on every node that reports.
 func (f *Fleet) resolveDue(ctx context.Context) {
-	ps, err := f.cfg.Store.ListAllPlacements(ctx)
+	ps, err := f.cfg.Store.ListUnsettled(ctx)
 	if err != nil {
 		return
 	}

@@ -142,3 +142,35 @@ func TestInFlightCreatesAreKept(t *testing.T) {
 		t.Errorf("a fence during create %d: %+v", gen, during)
 	}
 }
+
+// TestUndecidedCreateDeleted: an undecided create its caller deletes is
+// dropped at once (its name is free), and what its node made of it is
+// not kept by the next fence: the node retires it.
+func TestUndecidedCreateDeleted(t *testing.T) {
+	ctx := context.Background()
+	local := &node{name: "local", availMiB: 100}
+	remote := &node{name: "far", availMiB: 9000}
+	f := fleetOf(t, local, remote)
+	cut(remote, true)
+	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "z"}); !errors.Is(err, nodeapi.ErrNodeDown) {
+		t.Fatalf("a create whose connection broke: %v", err)
+	}
+	gen, _ := f.cfg.Store.Generation(ctx)
+	n, sb, err := f.Find(ctx, "z")
+	if err != nil || sb.ID != store.PendingID(gen) {
+		t.Fatalf("the undecided create: %+v %v", sb, err)
+	}
+	if err := f.Delete(ctx, n, sb); err != nil {
+		t.Fatalf("delete the undecided create: %v", err)
+	}
+	if _, err := f.cfg.Store.GetPlacement(ctx, "z"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("its name is still taken: %v", err)
+	}
+	waitUntil(t, "a fence past it", func() bool {
+		fence, _ := remote.lastFence()
+		return fence.Generation >= gen
+	})
+	if fence, _ := remote.lastFence(); slices.Contains(fence.Keep, "far-z") || slices.Contains(fence.InFlight, gen) {
+		t.Errorf("the fence keeps what the deleted create made: %+v", fence)
+	}
+}

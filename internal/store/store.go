@@ -808,6 +808,11 @@ func (s *Store) reported(ctx context.Context, q string, args ...any) ([]Reported
 	return out, rows.Err()
 }
 
+// ListUnsettled returns the placements that are attempts or deletes.
+func (s *Store) ListUnsettled(ctx context.Context) ([]Placement, error) {
+	return s.placements(ctx, `SELECT `+placementCols+` FROM placements WHERE state<>'' ORDER BY name`)
+}
+
 // ListAllPlacements returns every placement, by name.
 func (s *Store) ListAllPlacements(ctx context.Context) ([]Placement, error) {
 	return s.placements(ctx, `SELECT `+placementCols+` FROM placements ORDER BY name`)

@@ -353,3 +353,79 @@ func testReported(t *testing.T, where string) {
 		t.Errorf("a forgotten node's reports are kept: %+v", all)
 	}
 }
+
+func TestAttempts(t *testing.T) { eachStore(t, testAttempts) }
+
+// testAttempts: generations are taken once each, also by two handles on
+// one database at once (two masters); an attempt holds its name, and
+// resolving it replaces it by what was made, once (a second resolve finds
+// no attempt and changes nothing); a counter never goes down.
+func testAttempts(t *testing.T, where string) {
+	ctx := context.Background()
+	a, b := openAt(t, where), openAt(t, where)
+	seen := map[int64]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, st := range []*Store{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20; i++ {
+				g, err := st.NextGeneration(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if seen[g] {
+					t.Errorf("generation %d taken twice", g)
+				}
+				seen[g] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if g, _ := a.Generation(ctx); g != 40 || len(seen) != 40 {
+		t.Errorf("after 40 taken: generation %d, %d distinct", g, len(seen))
+	}
+	att := Placement{ID: PendingID(7), Name: "n", Node: "x", Generation: 7, State: PlacementCreating}
+	if err := a.PutPlacement(ctx, att); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PutPlacement(ctx, Placement{ID: "other", Name: "n", Node: "y"}); !errors.Is(err, ErrExists) {
+		t.Errorf("a name held by an attempt: %v", err)
+	}
+	if us, _ := a.ListUnsettled(ctx); len(us) != 1 || us[0].ID != att.ID {
+		t.Errorf("unsettled: %+v", us)
+	}
+	made := Placement{ID: "abc", Name: "n", Node: "x", Generation: 7}
+	for i := 0; i < 2; i++ {
+		if err := a.ResolveAttempt(ctx, 7, []Placement{made}); err != nil {
+			t.Fatalf("resolve %d: %v", i, err)
+		}
+	}
+	if p, err := a.GetPlacement(ctx, "n"); err != nil || p.ID != "abc" || p.State != "" || p.Generation != 7 {
+		t.Errorf("after the resolve: %+v %v", p, err)
+	}
+	if us, _ := a.ListUnsettled(ctx); len(us) != 0 {
+		t.Errorf("unsettled after the resolve: %+v", us)
+	}
+	if err := a.SetPlacementState(ctx, "abc", PlacementDeleting); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := a.GetPlacement(ctx, "abc"); p.State != PlacementDeleting {
+		t.Errorf("state: %+v", p)
+	}
+	if err := a.SetPlacementNode(ctx, "nothing", "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a node for no placement: %v", err)
+	}
+	for _, v := range []int64{5, 3, 9} {
+		if err := a.RaiseCounter(ctx, "fence", v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, _ := b.Counter(ctx, "fence"); v != 9 {
+		t.Errorf("counter %d after raising to 5, 3, 9", v)
+	}
+}
