@@ -48,11 +48,15 @@ postgres: deps
 	./scripts/postgres-up.sh
 
 # Everything CI runs: unit tests, end-to-end tests against real runsc and
-# PostgreSQL, and a short run of each fuzz target.
-test: deps postgres
-	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 25m ./...
-	$(MAKE) fuzz
+# PostgreSQL, and a short run of each fuzz target. A PostgreSQL it had to
+# start is stopped again at the end, pass or fail.
+PG_STARTED := $(CURDIR)/.postgres-started-by-make-test
+test: deps
+	POSTGRES_STARTED=$(PG_STARTED) ./scripts/postgres-up.sh
+	@status=0; \
+	{ $(GO) vet ./... && $(GO) test -count=1 -timeout 25m ./... && $(MAKE) fuzz; } || status=$$?; \
+	POSTGRES_STARTED=$(PG_STARTED) ./scripts/postgres-down.sh; \
+	exit $$status
 
 test-unit: postgres
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/e2e)

@@ -9,8 +9,12 @@ read -r ver cluster _ < <(pg_lsclusters -h | head -1) || {
 	echo "postgres-up: no PostgreSQL cluster; install it: apt-get install -y postgresql" >&2
 	exit 1
 }
+# POSTGRES_STARTED, if set, is a file that records that this script started
+# the cluster (it was not running), for scripts/postgres-down.sh to stop it
+# again: make test leaves the machine as it found it.
 if ! pg_lsclusters -h | awk '{print $4}' | head -1 | grep -q online; then
 	pg_ctlcluster "$ver" "$cluster" start
+	[ -z "${POSTGRES_STARTED:-}" ] || echo "$ver $cluster" >"$POSTGRES_STARTED"
 fi
 user=$(id -un)
 for _ in $(seq 1 50); do

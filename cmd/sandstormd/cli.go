@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -216,16 +217,18 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		},
 	}
 	rm := &cobra.Command{
-		Use: "rm NAME", Short: "Remove a template no sandbox uses", Args: cobra.ExactArgs(1),
+		Use: "rm NAME...", Short: "Remove templates no sandbox uses", Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := apiClient(cmd)
 			if err != nil {
 				return err
 			}
-			if err := c.DeleteTemplate(cmd.Context(), args[0]); err != nil {
-				return err
+			for _, a := range args {
+				if err := c.DeleteTemplate(cmd.Context(), a); err != nil {
+					return err
+				}
+				fmt.Println("removed", a)
 			}
-			fmt.Println("removed", args[0])
 			return nil
 		},
 	}
@@ -240,6 +243,9 @@ func sandboxCmd() *cobra.Command {
 	create := &cobra.Command{
 		Use: "create TEMPLATE", Short: "Start a sandbox from a template (returns when it runs)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("name") && name == "" {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("--name is empty: give a name (1-63 of a-z, 0-9 and '-'), or leave --name out for sb-<id>")}
+			}
 			c, err := apiClient(cmd)
 			if err != nil {
 				return err
@@ -277,7 +283,30 @@ func sandboxCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Name, sb.Template, sb.Node, tierText(sb), sb.Address,
 					endpoints(sb), active)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			// Warm pools' sandboxes run (restored, paused) and hold a netns
+			// each, but have no name until a create takes one: counted here
+			// so that what runs adds up.
+			var nodes api.List[api.NodeStatus]
+			if c.Do(cmd.Context(), http.MethodGet, "/v1/nodes", nil, &nodes) == nil {
+				var parts []string
+				total := 0
+				for _, n := range nodes.Items {
+					for tmpl, k := range n.WarmPool {
+						if k > 0 {
+							parts = append(parts, fmt.Sprintf("%d of %s on %s", k, tmpl, n.Name))
+							total += k
+						}
+					}
+				}
+				if total > 0 {
+					slices.Sort(parts)
+					fmt.Printf("plus %d pooled (paused, ready for a create without --name; not listed): %s\n", total, strings.Join(parts, ", "))
+				}
+			}
+			return nil
 		},
 	}
 	get := &cobra.Command{

@@ -26,7 +26,8 @@ func doctorCmd() *cobra.Command {
 answers at --api with the token from --data-dir (or SANDSTORM_TOKEN).
 
 ✓ works; – optional and not there (its fix line says what to do if you want
-it); ✗ needed and broken (its fix line says how to repair it).`,
+it); ✗ needed and broken (its fix line says how to repair it). Exit status 1
+if any check is ✗, 0 otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dd, _ := cmd.Flags().GetString("data-dir")
@@ -39,6 +40,16 @@ it); ✗ needed and broken (its fix line says how to repair it).`,
 				return printJSON(checks)
 			}
 			doctor.Print(os.Stdout, checks)
+			// A ✗ is a failure: scripts and CI may stop on it.
+			bad := 0
+			for _, c := range checks {
+				if !c.OK {
+					bad++
+				}
+			}
+			if bad > 0 {
+				return fmt.Errorf("%d check(s) marked ✗ failed: each fix line above says how to repair it", bad)
+			}
 			return nil
 		},
 	}

@@ -41,7 +41,9 @@ func Strict(c *cobra.Command) {
 	} else if orig := c.Args; orig != nil {
 		c.Args = func(cmd *cobra.Command, args []string) error {
 			if err := orig(cmd, args); err != nil {
-				return UsageError{cmd.CommandPath(), err}
+				// cobra's "accepts 1 arg(s), received 0" does not say which:
+				// the usage line names them.
+				return UsageError{cmd.CommandPath(), fmt.Errorf("%w: usage: %s", err, cmd.UseLine())}
 			}
 			return nil
 		}

@@ -134,6 +134,12 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 }
 
 func (c *Client) send(req *http.Request, out any) error {
+	if req.URL.Scheme == "http" {
+		// The API is HTTPS only; a plain request would carry the token in
+		// the clear and get only Go's "Client sent an HTTP request to an
+		// HTTPS server" back.
+		return fmt.Errorf("the sandstormd API is HTTPS: use --api https://%s (or SANDSTORM_API=https://%s); nothing was sent", req.URL.Host, req.URL.Host)
+	}
 	req.Header.Set("Authorization", "Bearer "+c.Token)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

@@ -364,7 +364,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 			how = "warm"
 			return err
 		}
-		return n.coldStart(context.Background(), sb, t)
+		return n.coldStart(context.Background(), sb, t, false)
 	})
 	if err == nil {
 		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "start", how)

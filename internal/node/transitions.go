@@ -17,12 +17,17 @@ import (
 )
 
 // coldStart starts sb from its template: rootfs overlay, OCI spec, network
-// namespace and veth, container. It is also the wake from detached.
-func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template) error {
+// namespace and veth, container. It is also the wake from detached (wake
+// true), which its console log says: its memory is new, its volume kept.
+func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template, wake bool) error {
 	if err := n.prepare(sb, t); err != nil {
 		return err
 	}
-	n.dir(sb.ID).mark("started from template %s (a cold start: its memory is new, its volume kept)", t.Name)
+	if wake {
+		n.dir(sb.ID).mark("started from template %s (a cold start: its memory is new, its volume kept)", t.Name)
+	} else {
+		n.dir(sb.ID).mark("started from template %s (created)", t.Name)
+	}
 	return n.be.Start(ctx, n.spec(sb))
 }
 
@@ -176,7 +181,7 @@ func (n *Node) coldStartFromStore(ctx context.Context, sb store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	return n.coldStart(ctx, sb, t)
+	return n.coldStart(ctx, sb, t, true)
 }
 
 // restore brings a snapshot back: namespace and veth with the same

@@ -48,6 +48,12 @@ func EnableZswap() (wasOn bool, err error) {
 	return false, os.WriteFile(p, []byte("1"), 0o644)
 }
 
+// DisableZswap turns zswap off again (what a caller that found it off and
+// turned it on puts back).
+func DisableZswap() error {
+	return os.WriteFile("/sys/module/zswap/parameters/enabled", []byte("0"), 0o644)
+}
+
 // Process reclaims as much as the kernel can of the memory cgroup that pid
 // belongs to. Call it only on a frozen (paused) cgroup: its pages are cold
 // by construction, and nothing faults them back in until it is resumed.

@@ -36,8 +36,13 @@ func withSwap(t *testing.T) {
 // as it was.
 func TestProcessSqueezesAFrozenCgroup(t *testing.T) {
 	withSwap(t)
-	if _, err := EnableZswap(); err != nil {
+	wasOn, err := EnableZswap()
+	if err != nil {
 		t.Fatal(err)
+	}
+	if !wasOn {
+		// A global kernel setting: the suite leaves the host as it found it.
+		t.Cleanup(func() { DisableZswap() })
 	}
 	mem := "/sys/fs/cgroup/memory/sstest-reclaim"
 	frz := "/sys/fs/cgroup/freezer/sstest-reclaim"

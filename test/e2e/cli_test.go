@@ -261,7 +261,12 @@ func TestCLI(t *testing.T) {
 	// Nothing listening, and a token the daemon does not know: – and ✗,
 	// each with what to do.
 	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=https://127.0.0.1:1"}, "doctor").ok(t, "sandstormd doctor, no daemon", `(?m)^– daemon\s+no sandstormd answers`, `fix: start one`)
-	cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API, "SANDSTORM_TOKEN=wrong"}, "doctor").ok(t, "sandstormd doctor, wrong token", `(?m)^✗ daemon\s+sandstormd at \S+ refuses the token from SANDSTORM_TOKEN`)
+	// A ✗ exits 1 (issue 15: doctor said ✗ and exited 0).
+	wrong := cli(t, []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API, "SANDSTORM_TOKEN=wrong"}, "doctor")
+	wrong.fails(t, "sandstormd doctor, wrong token", `1 check\(s\) marked ✗ failed`)
+	if !regexp.MustCompile(`(?m)^✗ daemon\s+sandstormd at \S+ refuses the token from SANDSTORM_TOKEN`).MatchString(wrong.Stdout) {
+		t.Errorf("doctor with a wrong token:\n%s", wrong.Stdout)
+	}
 }
 
 // otherCA is a CA certificate no daemon here uses.

@@ -53,6 +53,9 @@ func TestConsoleInChromium(t *testing.T) {
 		// daemon serves (checked here against the CA first), nothing else.
 		chromedp.Flag("ignore-certificate-errors-spki-list", apiSPKI(t, d)),
 		chromedp.NoSandbox, // the tests run as root
+		// A profile the test owns, removed with it (chromedp's own default
+		// is left in the temp directory when the browser is killed).
+		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1400, 1000),
 		// Nothing may leave the machine: every request that is not to
 		// loopback goes to a proxy that is not there, and no name but
@@ -210,13 +213,14 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 }
 
-// screenshot keeps what the page looks like, under $SANDSTORM_ARTIFACTS
-// (default <tmp>/sandstorm-artifacts), and returns the file's path.
+// screenshot takes what the page looks like, into $SANDSTORM_ARTIFACTS
+// when set (kept, to look at), else into the test's own temporary
+// directory (removed with it), and returns the file's path.
 func screenshot(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	dir := os.Getenv("SANDSTORM_ARTIFACTS")
 	if dir == "" {
-		dir = filepath.Join(os.TempDir(), "sandstorm-artifacts")
+		dir = t.TempDir()
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
