@@ -273,10 +273,20 @@ func (c *Client) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 }
 
 // Clone makes children of a running sandbox from its memory.
+// A 207 (some children made, then a failure) is an error here too, with
+// the result holding what was made.
 func (c *Client) Clone(ctx context.Context, ref string, req api.CloneRequest) (api.CloneResult, error) {
-	var res api.CloneResult
-	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/clone", req, &res)
-	return res, err
+	var res struct {
+		api.CloneResult
+		Error string `json:"error"`
+	}
+	if err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/clone", req, &res); err != nil {
+		return res.CloneResult, err
+	}
+	if res.Error != "" {
+		return res.CloneResult, fmt.Errorf("clone of %s made %d child(ren), then failed: %s", ref, len(res.Children), res.Error)
+	}
+	return res.CloneResult, nil
 }
 
 // Logs writes a sandbox's console output to w; with follow it goes on

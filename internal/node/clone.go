@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"sandstorm/api"
@@ -80,6 +82,14 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 	if err := n.Wake(ctx, parent.ID); err != nil {
 		return res, err
 	}
+	// A parent that has not finished starting has not installed what its
+	// reseed needs (a handler for the signal: without one, its default
+	// action kills every child — issue 15, found cloning a sandbox right
+	// after its create). Ready is what the template says: its warm probe,
+	// else its first port accepting.
+	if err := n.ready(ctx, parent, t); err != nil {
+		return res, fmt.Errorf("%w: sandbox %s is not ready to clone (%v): clone it once it serves", ErrConflict, parent.Name, err)
+	}
 	var suffix [4]byte
 	rand.Read(suffix[:])
 	stage := filepath.Join(string(n.dir(parent.ID)), "clone-"+hex.EncodeToString(suffix[:]))
@@ -123,7 +133,65 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 		n.log.Info("clone: child made", "parent", parent.ID, "id", child.ID, "name", name, "ms", time.Since(began).Milliseconds())
 	}
 	res.Parent, _ = n.st.GetSandbox(ctx, parent.ID)
+	// A child is made once it serves as its parent did: one whose process
+	// died after its reseed (a signal it does not handle, say) is a
+	// failure of the clone, said in its answer, not a success.
+	var dead []string
+	for _, c := range res.Children {
+		if err := n.ready(ctx, c, t); err != nil {
+			dead = append(dead, fmt.Sprintf("%s (%v)", c.Name, err))
+		}
+	}
+	if len(dead) > 0 {
+		return res, fmt.Errorf("clone %s: %d of %d children do not serve after their reseed: %s", parent.Name, len(dead), count, strings.Join(dead, "; "))
+	}
 	return res, nil
+}
+
+// ready waits, within the node's ready timeout, until sandbox sb of
+// template t serves: its warm probe answers, else its first port accepts a
+// connection. A sandbox with no port is taken as ready while its process
+// runs. It gives up at once if the process is gone.
+func (n *Node) ready(ctx context.Context, sb store.Sandbox, t store.Template) error {
+	port, path := 0, ""
+	if t.Warm != nil {
+		port, path = t.Warm.Probe.Port, t.Warm.Probe.Path
+	}
+	if port == 0 && len(t.Ports) > 0 {
+		port = t.Ports[0]
+	}
+	spec := n.spec(sb)
+	alive := func() error {
+		if st, err := n.be.State(ctx, spec); err == nil && st != sandbox.StateRunning {
+			return fmt.Errorf("its process is gone (%s)", st)
+		}
+		return nil
+	}
+	if port == 0 {
+		return alive()
+	}
+	nw, err := n.Net(sb.ID, sb.Slot)
+	if err != nil {
+		return err
+	}
+	target := netip.AddrPortFrom(nw.Sandbox.Addr(), uint16(port))
+	pctx, cancel := context.WithTimeout(ctx, n.cfg.Ready)
+	defer cancel()
+	d := n.markedDialer()
+	for {
+		err := probeOnce(pctx, d, target, path)
+		if err == nil {
+			return nil
+		}
+		if derr := alive(); derr != nil {
+			return derr
+		}
+		select {
+		case <-pctx.Done():
+			return fmt.Errorf("port %d did not answer within %v: %v", port, n.cfg.Ready, err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // childName is <parent>-<k>, shortened so it stays a valid name.

@@ -210,18 +210,7 @@ func (n *Node) DropWarm(name string) {
 func (n *Node) probe(ctx context.Context, target netip.AddrPort, path string) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Ready)
 	defer cancel()
-	d := &net.Dialer{Timeout: time.Second}
-	if mark := n.cfg.SAM.Firewall.IngressMark; mark != 0 {
-		d.Control = func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			if err := rc.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, mark)
-			}); err != nil {
-				return err
-			}
-			return serr
-		}
-	}
+	d := n.markedDialer()
 	var last error
 	for {
 		last = probeOnce(ctx, d, target, path)
@@ -234,6 +223,24 @@ func (n *Node) probe(ctx context.Context, target netip.AddrPort, path string) er
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// markedDialer dials into a sandbox with the gateway's mark, the only
+// connections from the host the firewall lets in.
+func (n *Node) markedDialer() *net.Dialer {
+	d := &net.Dialer{Timeout: time.Second}
+	if mark := n.cfg.SAM.Firewall.IngressMark; mark != 0 {
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, mark)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	return d
 }
 
 func probeOnce(ctx context.Context, d *net.Dialer, target netip.AddrPort, path string) error {

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"sandstorm/api"
@@ -106,5 +108,36 @@ func TestClone(t *testing.T) {
 	}
 	if got := getBody(t, endpoint(t, gp), "/file?path=/note"); got != "parent" {
 		t.Errorf("a child's write reached the parent: /note reads %q", got)
+	}
+}
+
+// TestCloneWaitsAndTellsDeath (issue 15, item 10): a clone taken right
+// after its parent's create waits for the parent to serve (before that,
+// its reseed handler may not be installed), so every child serves; a
+// child whose reseed kills it (SIGHUP, which the demo does not handle) is
+// a failure in the answer, 207 with the reason, not a 201.
+func TestCloneWaitsAndTellsDeath(t *testing.T) {
+	d := startDaemon(t)
+	d.registerWeb(t, "web")
+	parent := d.create(t, "web", "early")
+	res, err := d.C.Clone(ctxT(t), parent.Name, api.CloneRequest{Count: 2, Reseed: &api.Reseed{Signal: "SIGUSR1"}})
+	if err != nil || len(res.Children) != 2 {
+		t.Fatalf("clone right after create: %+v %v", res, err)
+	}
+	for _, c := range res.Children {
+		d.track(c.ID)
+		getCount(t, endpoint(t, c))
+	}
+	r := d.raw(t, "POST", "/v1/sandboxes/early/clone", d.Token, "application/json", strings.NewReader(`{"count": 1, "principal": "hup", "reseed": {"signal": "SIGHUP"}}`))
+	if r.Status != http.StatusMultiStatus || !strings.Contains(r.Body, "do not serve after their reseed") || !strings.Contains(r.Body, "process is gone") {
+		t.Fatalf("a clone whose child dies at its reseed: HTTP %d %s", r.Status, r.Body)
+	}
+	var out api.CloneResult
+	json.Unmarshal([]byte(r.Body), &out)
+	for _, c := range out.Children {
+		d.track(c.ID)
+	}
+	if _, err := d.C.Clone(ctxT(t), parent.Name, api.CloneRequest{Count: 1, Principal: "hup2", Reseed: &api.Reseed{Signal: "SIGHUP"}}); err == nil || !strings.Contains(err.Error(), "then failed") {
+		t.Errorf("the client takes a 207 for a success: %v", err)
 	}
 }
