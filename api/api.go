@@ -223,6 +223,9 @@ const (
 	CodeInternal     = "internal"      // 500
 	CodeNodeDown     = "node_down"     // 503 with Retry-After: the sandbox's node does not answer (or stopped answering mid-call)
 	CodeNotSupported = "not_supported" // 409: the backend lacks the tier
+	CodeExists       = "exists"        // 409: the name or ID is taken
+	CodeTimeout      = "timeout"       // 504: it did not finish in time, and did not happen
+	CodePrecondition = "precondition"  // 412: the callee lacks what the call needs first (a node without a rootfs)
 )
 
 // TierLost marks, in a list, a sandbox whose node does not answer: what

@@ -26,8 +26,8 @@ import (
 	"syscall"
 	"time"
 
+	"sandstorm/api"
 	"sandstorm/internal/demo"
-	"sandstorm/internal/node"
 	"sandstorm/internal/sandbox/gvisor"
 )
 
@@ -213,8 +213,8 @@ func parseFlags(args []string) (config, error) {
 	if !strings.HasPrefix(c.warmProbe, "/") {
 		return c, fmt.Errorf("--warm-probe %q: give an HTTP path, e.g. /healthz", c.warmProbe)
 	}
-	if c.cloneN < 1 || c.cloneN > node.MaxClone {
-		return c, fmt.Errorf("--clone-n %d: want 1 to %d", c.cloneN, node.MaxClone)
+	if c.cloneN < 1 || c.cloneN > api.MaxClone {
+		return c, fmt.Errorf("--clone-n %d: want 1 to %d", c.cloneN, api.MaxClone)
 	}
 	if c.cloneRounds <= 0 {
 		c.cloneRounds = cloneRounds(c.n, c.cloneN)

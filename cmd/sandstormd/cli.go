@@ -20,7 +20,6 @@ import (
 	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
-	"sandstorm/internal/node"
 )
 
 // apiClient builds a client from --api and the token (SANDSTORM_TOKEN, or
@@ -94,8 +93,8 @@ func templateCmd() *cobra.Command {
 				if err == nil {
 					err = checkReseed(warmSignal, warmCommand, "a warm template")
 				}
-				if err == nil && (warmPool < 0 || warmPool > node.MaxWarmPool) {
-					err = fmt.Errorf("--warm-pool %d: keep 0 to %d sandboxes ready", warmPool, node.MaxWarmPool)
+				if err == nil && (warmPool < 0 || warmPool > api.MaxWarmPool) {
+					err = fmt.Errorf("--warm-pool %d: keep 0 to %d sandboxes ready", warmPool, api.MaxWarmPool)
 				}
 				if err != nil {
 					return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
@@ -382,8 +381,8 @@ node refuses a clone with none.`,
 			if err != nil {
 				return err
 			}
-			if count < 1 || count > node.MaxClone {
-				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("-n %d: clone 1 to %d at a time", count, node.MaxClone)}
+			if count < 1 || count > api.MaxClone {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("-n %d: clone 1 to %d at a time", count, api.MaxClone)}
 			}
 			if reseedSignal != "" || len(reseedCommand) > 0 {
 				if err := checkReseed(reseedSignal, reseedCommand, "clone"); err != nil {
@@ -572,8 +571,8 @@ func checkReseed(signal string, command []string, what string) error {
 	case signal != "" && len(command) > 0:
 		return errors.New("give --reseed-signal or --reseed-command, not both")
 	case signal != "":
-		if _, ok := node.ReseedSignal(signal); !ok {
-			return fmt.Errorf("--reseed-signal %q: use one of %s", signal, strings.Join(node.ReseedSignals(), ", "))
+		if _, ok := api.ReseedSignal(signal); !ok {
+			return fmt.Errorf("--reseed-signal %q: use one of %s", signal, strings.Join(api.ReseedSignals(), ", "))
 		}
 	case !strings.HasPrefix(command[0], "/"):
 		return fmt.Errorf("--reseed-command %q: give the absolute path of the command inside the rootfs", command[0])

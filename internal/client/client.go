@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 )
 
 // Client talks to one sandstormd.
@@ -102,6 +103,11 @@ func (e *Error) Error() string {
 	msg := strings.TrimPrefix(e.Body.Message, e.Body.Code+": ")
 	return fmt.Sprintf("%s (HTTP %d): %s", e.Body.Code, e.Status, msg)
 }
+
+// Unwrap is the error's kind (errdefs.FromWire): errors.Is(err,
+// errdefs.ErrNotFound) holds for a 404 not_found, and so on for every
+// kind in errdefs.Table.
+func (e *Error) Unwrap() error { return errdefs.FromWire(e.Status, e.Body) }
 
 // StatusOf returns the HTTP status of an API error, or 0.
 func StatusOf(err error) int {

@@ -35,6 +35,7 @@ import (
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/nodelocal"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/policy"
 	"sandstorm/internal/reclaim"
@@ -408,7 +409,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 			return err
 		}
 		defer stopNode()
-		local = &nodeapi.Local{N: nd, St: st}
+		local = &nodelocal.Local{N: nd, St: st}
 	}
 	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub})
 	if err != nil {
@@ -465,7 +466,7 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	}
 	// The trees of the templates its master gives it, by digest: fetched
 	// once, kept while a template uses them.
-	local := &nodeapi.Local{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")}, Events: hub}
+	local := &nodelocal.Local{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")}, Events: hub}
 	if o.Join != "" {
 		j := &nodeapi.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,
 			PKIDir: filepath.Join(o.DataDir, "pki"), Node: local, Log: log}

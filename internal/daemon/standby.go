@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/store"
 )
 
@@ -51,9 +50,7 @@ func standBy(ctx context.Context, st *store.Store, o Options, sw *switchHandler,
 // once it does, while it gets its node and API ready (a second or so).
 func startingHandler(token string) http.Handler {
 	return tokenChecked(token, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Retry-After", "1")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnavailable, Message: "this master is starting; retry in a moment"})
+		errdefs.WriteHTTP(w, errdefs.NoRoom(errors.New("this master is starting; retry in a moment"), time.Second))
 	})
 }
 
@@ -61,10 +58,8 @@ func startingHandler(token string) http.Handler {
 func tokenChecked(token string, h http.HandlerFunc) http.Handler {
 	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			w.WriteHeader(http.StatusUnauthorized)
-			json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnauthorized, Message: "missing or wrong API token"})
+			errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "missing or wrong API token"))
 			return
 		}
 		h(w, r)
@@ -85,10 +80,7 @@ func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func standbyHandler(st *store.Store, token string) http.Handler {
 	return tokenChecked(token, func(w http.ResponseWriter, r *http.Request) {
 		cur, _ := st.CurrentLeader(r.Context())
-		w.Header().Set("Retry-After", "2")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		json.NewEncoder(w).Encode(api.Error{Code: api.CodeStandby,
-			Message: fmt.Sprintf("this master stands by: %s leads (since %s); send requests there, or retry here once it stops", cur.Holder, cur.Since.Format(time.RFC3339))})
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrStandby, "this master stands by: %s leads (since %s); send requests there, or retry here once it stops", cur.Holder, cur.Since.Format(time.RFC3339)))
 	})
 }
 

@@ -9,7 +9,6 @@ package fleet
 import (
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
@@ -276,13 +276,13 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 	switch {
 	case err == nil && p.State == store.PlacementCreating:
 		if f.paired(p.Node) == nil {
-			return f.cfg.Local, api.Sandbox{}, nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found (a create of that name is under way)", ref))
+			return f.cfg.Local, api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found (a create of that name is under way)", ref))
 		}
 		return f.paired(p.Node), f.pending(p), nil
 	case err == nil:
 		n := f.paired(p.Node)
 		if n == nil {
-			return nil, api.Sandbox{}, nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("sandbox %s is on node %s, which this master no longer has", p.Name, p.Node))
+			return nil, api.Sandbox{}, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("sandbox %s is on node %s, which this master no longer has", p.Name, p.Node))
 		}
 		rs, err := f.cfg.Store.FindReported(ctx, p.ID)
 		if err != nil {
@@ -301,13 +301,13 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 			}
 		}
 		return n, f.unreported(p, now), nil
-	case !errors.Is(err, store.ErrNotFound):
+	case !errors.Is(err, errdefs.ErrNotFound):
 		return nil, api.Sandbox{}, err
 	}
-	var localErr error = nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
+	var localErr error = errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
 	if f.cfg.Local != nil {
 		sb, err := f.cfg.Local.Get(ctx, ref)
-		if err == nil || !errors.Is(err, nodeapi.ErrNotFound) {
+		if err == nil || !errors.Is(err, errdefs.ErrNotFound) {
 			return f.cfg.Local, sb, err
 		}
 		localErr = err
@@ -340,17 +340,17 @@ func leftBehind(node string, sb api.Sandbox) api.Sandbox {
 // whose node answers is not moved.
 func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 	p, err := f.cfg.Store.GetPlacement(ctx, ref)
-	if errors.Is(err, store.ErrNotFound) {
-		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s is not on a paired node (only a sandbox whose node is lost can be moved)", ref))
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is not on a paired node (only a sandbox whose node is lost can be moved)", ref))
 	}
 	if err != nil {
 		return api.Sandbox{}, err
 	}
 	switch p.State {
 	case store.PlacementCreating:
-		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s is a create its node %s has not answered yet: delete it (DELETE /v1/sandboxes/%s) and create it again instead", p.Name, p.Node, p.ID))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is a create its node %s has not answered yet: delete it (DELETE /v1/sandboxes/%s) and create it again instead", p.Name, p.Node, p.ID))
 	case store.PlacementDeleting:
-		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s is being deleted; it is not moved", p.Name))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being deleted; it is not moved", p.Name))
 	}
 	// Lost is what its reports say (or, with none heard, whether it
 	// answers a status now).
@@ -361,7 +361,7 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 		answers = f.liveStatus(ctx, n).State != "lost"
 	}
 	if answers {
-		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s's node %s answers: only a sandbox whose node is lost is moved (a move starts it cold elsewhere and leaves its memory and volume behind)", p.Name, p.Node))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s's node %s answers: only a sandbox whose node is lost is moved (a move starts it cold elsewhere and leaves its memory and volume behind)", p.Name, p.Node))
 	}
 	t, err := f.cfg.Store.GetTemplate(ctx, p.Template)
 	if err != nil {
@@ -404,10 +404,10 @@ func (f *Fleet) taken(ctx context.Context, name string) error {
 	if err == nil && p.State == store.PlacementCreating {
 		_, fly, _ := f.flying(ctx)
 		if !fly[p.Generation] {
-			return nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("a create of sandbox %q on node %s is not settled: the node did not answer it, and the master learns whether it was made when the node reports again; retry in a few seconds", name, p.Node))
+			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("a create of sandbox %q on node %s is not settled: the node did not answer it, and the master learns whether it was made when the node reports again; retry in a few seconds", name, p.Node))
 		}
 	}
-	return nodeapi.Mark(nodeapi.ErrExists, fmt.Errorf("sandbox %q: already exists", name))
+	return errdefs.Mark(errdefs.ErrExists, fmt.Errorf("sandbox %q: already exists", name))
 }
 
 // Statuses is every node's status: the local node's read now, a paired
@@ -559,7 +559,7 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 	for n, a := range f.addrs {
 		if a == address {
 			f.mu.RUnlock()
-			return "", nodeapi.Mark(nodeapi.ErrExists, fmt.Errorf("node %s at %s is already this master's", n, address))
+			return "", errdefs.Mark(errdefs.ErrExists, fmt.Errorf("node %s at %s is already this master's", n, address))
 		}
 	}
 	f.mu.RUnlock()
@@ -568,7 +568,7 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 		return "", err
 	}
 	if f.cfg.Local != nil && f.cfg.Local.Name() == name || f.isRemote(name) {
-		return "", nodeapi.Mark(nodeapi.ErrExists, fmt.Errorf("the node at %s calls itself %s, a name this master's fleet already has: start it with another --node-name", address, name))
+		return "", errdefs.Mark(errdefs.ErrExists, fmt.Errorf("the node at %s calls itself %s, a name this master's fleet already has: start it with another --node-name", address, name))
 	}
 	if err := f.cfg.Store.PutNode(ctx, store.Node{Name: name, Address: address, PairedAt: time.Now()}); err != nil {
 		return "", err
@@ -597,16 +597,16 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 func (f *Fleet) Forget(ctx context.Context, name string) error {
 	if !f.isRemote(name) {
 		if f.cfg.Local != nil && f.cfg.Local.Name() == name {
-			return nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("node %s is in this master's own process; stop the process to remove it", name))
+			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s is in this master's own process; stop the process to remove it", name))
 		}
-		return nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("node %q: not found", name))
+		return errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("node %q: not found", name))
 	}
 	k, err := f.cfg.Store.CountPlacements(ctx, name)
 	if err != nil {
 		return err
 	}
 	if k > 0 {
-		return nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("node %s has %d sandbox(es); delete them first", name, k))
+		return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s has %d sandbox(es); delete them first", name, k))
 	}
 	// The node forgets its master too, if it answers: its certificate is
 	// no key to anything after this (one that does not answer keeps it
@@ -672,14 +672,14 @@ func Wire(t store.Template) api.Template {
 }
 
 // prepare gives t to node n; a node that has not got t's rootfs says so
-// (nodeapi.ErrNoRootfs) and is sent it once, packed from the master's
+// (errdefs.ErrPrecondition) and is sent it once, packed from the master's
 // tree as it streams (rootfs.Pack: no copy on the master's disk), then
 // asked again. If the tree changed since it was registered, the node
 // finds the digest wrong and refuses it: a template's rootfs is what it
 // was when registered, or nothing.
 func (f *Fleet) prepare(ctx context.Context, n nodeapi.Node, t store.Template) error {
 	err := n.PrepareTemplate(ctx, Wire(t))
-	if !errors.Is(err, nodeapi.ErrNoRootfs) {
+	if !errors.Is(err, errdefs.ErrPrecondition) {
 		return err
 	}
 	start := time.Now()
@@ -713,14 +713,14 @@ func (f *Fleet) Join(ctx context.Context, req nodeapi.JoinRequest) (nodeapi.Join
 	}
 	if !ok {
 		f.cfg.Log.Warn("join refused: unknown, used or expired join token", "node", req.Name)
-		return nodeapi.JoinReply{}, nodeapi.Mark(nodeapi.ErrForbidden, errors.New("join refused: the join token is unknown, used or expired (make one: POST /v1/nodes/join-tokens)"))
+		return nodeapi.JoinReply{}, errdefs.Mark(errdefs.ErrForbidden, errors.New("join refused: the join token is unknown, used or expired (make one: POST /v1/nodes/join-tokens)"))
 	}
 	if req.Name == "" || f.isRemote(req.Name) || (f.cfg.Local != nil && f.cfg.Local.Name() == req.Name) {
-		return nodeapi.JoinReply{}, nodeapi.Mark(nodeapi.ErrExists, fmt.Errorf("node name %q is empty or taken in this fleet: start the node with another --node-name", req.Name))
+		return nodeapi.JoinReply{}, errdefs.Mark(errdefs.ErrExists, fmt.Errorf("node name %q is empty or taken in this fleet: start the node with another --node-name", req.Name))
 	}
 	der, err := f.cfg.CA.SignCSRFor(req.CSR, "node "+req.Name, nil, nodeapi.NodeCertLifetime, false, true)
 	if err != nil {
-		return nodeapi.JoinReply{}, nodeapi.Mark(nodeapi.ErrBadInput, err)
+		return nodeapi.JoinReply{}, errdefs.Mark(errdefs.ErrBadInput, err)
 	}
 	if err := f.cfg.Store.PutNode(ctx, store.Node{Name: req.Name, Address: tunnelAddress(req.Name), PairedAt: time.Now()}); err != nil {
 		return nodeapi.JoinReply{}, err
@@ -737,29 +737,28 @@ func (f *Fleet) Join(ctx context.Context, req nodeapi.JoinRequest) (nodeapi.Join
 func (f *Fleet) Tunnel(w http.ResponseWriter, r *http.Request) {
 	name := r.Header.Get("X-Sandstorm-Node")
 	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || r.TLS.VerifiedChains[0][0].Subject.CommonName != "node "+name {
-		http.Error(w, `{"code":"forbidden","message":"a tunnel needs the certificate of a node that joined this master"}`, http.StatusForbidden)
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrForbidden, "a tunnel needs the certificate of a node that joined this master"))
 		return
 	}
 	if err := f.checkCert(name, r.TLS.VerifiedChains[0][0]); err != nil {
 		f.cfg.Log.Warn("tunnel refused: revoked certificate", "node", name, "from", r.RemoteAddr)
-		w.WriteHeader(http.StatusForbidden)
-		json.NewEncoder(w).Encode(api.Error{Code: api.CodeForbidden, Message: err.Error()})
+		errdefs.WriteHTTP(w, errdefs.Mark(errdefs.ErrForbidden, err))
 		return
 	}
 	f.mu.RLock()
 	addr := f.addrs[name]
 	f.mu.RUnlock()
 	if addr != tunnelAddress(name) {
-		http.Error(w, `{"code":"forbidden","message":"this node has not joined this master (or was forgotten)"}`, http.StatusForbidden)
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrForbidden, "this node has not joined this master (or was forgotten)"))
 		return
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), nodeapi.TunnelUpgrade) {
-		http.Error(w, `{"code":"bad_request","message":"Upgrade: sandstorm-tunnel expected"}`, http.StatusBadRequest)
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrBadInput, "Upgrade: %s expected", nodeapi.TunnelUpgrade))
 		return
 	}
 	hj, ok := w.(http.Hijacker)
 	if !ok {
-		http.Error(w, "no hijack", http.StatusInternalServerError)
+		errdefs.WriteHTTP(w, errors.New("the connection cannot be taken over for a tunnel"))
 		return
 	}
 	conn, bw, err := hj.Hijack()

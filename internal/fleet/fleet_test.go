@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/rootfs"
 	"strings"
@@ -122,7 +123,7 @@ func (n *node) Status(ctx context.Context) (api.NodeStatus, error) {
 }
 func (n *node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
 	if n.refuse {
-		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrUnavailable, fmt.Errorf("node short on memory on %s", n.name))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrNoRoom, fmt.Errorf("node short on memory on %s", n.name))
 	}
 	if n.onCreate != nil {
 		if err := n.onCreate(false); err != nil {
@@ -148,7 +149,7 @@ func (n *node) PrepareTemplate(_ context.Context, t api.Template) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.rootfs != nil && !n.rootfs[t.Digest] {
-		return nodeapi.Mark(nodeapi.ErrNoRootfs, fmt.Errorf("no rootfs %s on %s", t.Digest, n.name))
+		return errdefs.Mark(errdefs.ErrPrecondition, fmt.Errorf("no rootfs %s on %s", t.Digest, n.name))
 	}
 	if t.Rootfs != "" {
 		return fmt.Errorf("a master's path crossed the seam: %s", t.Rootfs)
@@ -164,7 +165,7 @@ func (n *node) PutRootfs(_ context.Context, d string, r io.Reader) error {
 		return err
 	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != d {
-		return nodeapi.Mark(nodeapi.ErrBadInput, fmt.Errorf("rootfs digest mismatch: sent as %s, received %s", d, got))
+		return errdefs.Mark(errdefs.ErrBadInput, fmt.Errorf("rootfs digest mismatch: sent as %s, received %s", d, got))
 	}
 	n.mu.Lock()
 	n.rootfs[d] = true
@@ -181,7 +182,7 @@ func (n *node) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 			return n.box(name), nil
 		}
 	}
-	return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
+	return api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
 }
 
 // fleetOf is a fleet whose local node is local and whose one paired node
@@ -253,7 +254,7 @@ func TestCreatePlacesByHeadroomAndRetries(t *testing.T) {
 	if n, sb, err := f.Find(ctx, "b"); err != nil || n.Name() != "far" || sb.Node != "far" {
 		t.Errorf("b's node: %v %+v %v", n, sb, err)
 	}
-	if _, _, err := f.Find(ctx, "nowhere"); !errors.Is(err, nodeapi.ErrNotFound) {
+	if _, _, err := f.Find(ctx, "nowhere"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("an unknown sandbox: %v", err)
 	}
 	if !f.NameTaken(ctx, "b") {
@@ -268,7 +269,7 @@ func TestCreatePlacesByHeadroomAndRetries(t *testing.T) {
 
 	local.refuse, remote.refuse = true, true
 	_, err = f.Create(ctx, nodeapi.CreateRequest{Name: "d"})
-	if !errors.Is(err, nodeapi.ErrUnavailable) || !strings.Contains(err.Error(), "on local") || !strings.Contains(err.Error(), "on far") {
+	if !errors.Is(err, errdefs.ErrNoRoom) || !strings.Contains(err.Error(), "on local") || !strings.Contains(err.Error(), "on far") {
 		t.Errorf("every node refusing: %v", err)
 	}
 }
@@ -336,7 +337,7 @@ func TestPrepareSendsTheRootfsOnce(t *testing.T) {
 	fresh := &node{name: "other", rootfs: map[string]bool{}}
 	g := fleetOf(t, &node{name: "local"}, fresh)
 	err = g.PrepareTemplate(ctx, tmpl)
-	if !errors.Is(err, nodeapi.ErrBadInput) || !strings.Contains(err.Error(), "mismatch") || fresh.sent != 0 {
+	if !errors.Is(err, errdefs.ErrBadInput) || !strings.Contains(err.Error(), "mismatch") || fresh.sent != 0 {
 		t.Errorf("a tree changed since it was registered: %v (sent %d)", err, fresh.sent)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/placement"
 	"sandstorm/internal/store"
@@ -82,17 +83,18 @@ func (f *Fleet) flying(ctx context.Context) (int64, map[int64]bool, error) {
 // Create places req on the node with the most headroom that takes it
 // (above for what happens when one does not answer).
 func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
+	if req.Name != "" && f.cfg.Local != nil {
+		// The node in this process holds its names in its own rows.
+		if _, err := f.cfg.Local.Get(ctx, req.Name); err == nil {
+			return api.Sandbox{}, errdefs.New(errdefs.ErrExists, "sandbox %q: already exists", req.Name)
+		}
+	}
 	if nodes := f.Nodes(); len(nodes) == 1 && nodes[0] == f.cfg.Local {
 		// One node, no choice: no status to read (a node's status counts
 		// its sandboxes, a scan of its store, which a create per request
 		// must not pay on a node holding thousands). The node decides
 		// itself whether it has room, and its own store holds the name.
 		return f.cfg.Local.Create(ctx, req)
-	}
-	if req.Name != "" && f.cfg.Local != nil {
-		if _, err := f.cfg.Local.Get(ctx, req.Name); err == nil {
-			return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrExists, fmt.Errorf("sandbox %q: already exists", req.Name))
-		}
 	}
 	gen, err := f.begin(ctx)
 	if err != nil {
@@ -106,7 +108,7 @@ func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sand
 		att.Name = att.ID
 	}
 	if err := f.cfg.Store.PutPlacement(ctx, att); err != nil {
-		if errors.Is(err, store.ErrExists) {
+		if errors.Is(err, errdefs.ErrExists) {
 			return api.Sandbox{}, f.taken(ctx, att.Name)
 		}
 		return api.Sandbox{}, err
@@ -147,7 +149,7 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 		if len(lost) > 0 {
 			why = "no node answers (lost: " + strings.Join(lost, ", ") + ")"
 		}
-		return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrUnavailable, errors.New(why))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrNoRoom, errors.New(why))
 	}
 	var refusals []string
 	for _, c := range order {
@@ -172,20 +174,20 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 				f.cfg.Log.Error("placement: a sandbox made but not recorded; its node's reports will settle it", "node", c.Name, "id", sb.ID, "err", err)
 			}
 			return sb, nil
-		case errors.Is(err, nodeapi.ErrNotSent), errors.Is(err, nodeapi.ErrUnavailable) && !errors.Is(err, nodeapi.ErrNodeDown):
+		case errors.Is(err, nodeapi.ErrNotSent), errors.Is(err, errdefs.ErrNoRoom) && !errors.Is(err, errdefs.ErrUnavailable):
 			// The node cannot have made it: it never got the request, or it
 			// answered that it has no room.
 			refusals = append(refusals, c.Name+": "+err.Error())
 			f.cfg.Log.Info("placement: node refused; trying the next", "node", c.Name, "headroom_mib", c.Headroom(), "err", err)
 			continue
-		case errors.Is(err, nodeapi.ErrNodeDown):
+		case errors.Is(err, errdefs.ErrUnavailable):
 			f.cfg.Log.Warn("placement: a create's node did not answer; the attempt waits for its reports", "node", c.Name, "generation", att.Generation, "name", att.Name, "err", err)
-			return api.Sandbox{}, nodeapi.Mark(errUndecided, fmt.Errorf("%w; it may have made sandbox %s there: the master learns which from its reports once it answers again, and keeps the name until then (retry in a few seconds: a retry with the same name answers 409 if it was made)", err, att.Name))
+			return api.Sandbox{}, errdefs.Mark(errUndecided, fmt.Errorf("%w; it may have made sandbox %s there: the master learns which from its reports once it answers again, and keeps the name until then (retry in a few seconds: a retry with the same name answers 409 if it was made)", err, att.Name))
 		default:
 			return sb, err
 		}
 	}
-	return api.Sandbox{}, nodeapi.Mark(nodeapi.ErrUnavailable, fmt.Errorf("no node has room for it now: %s", strings.Join(refusals, "; ")))
+	return api.Sandbox{}, errdefs.Mark(errdefs.ErrNoRoom, fmt.Errorf("no node has room for it now: %s", strings.Join(refusals, "; ")))
 }
 
 // Clone makes children of parent on its node n, numbered as one
@@ -207,7 +209,7 @@ func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, r
 	}
 	bg := context.WithoutCancel(ctx)
 	res, err := n.Clone(ctx, parent.ID, nodeapi.CloneRequest{CloneRequest: req, Generation: gen})
-	if errors.Is(err, nodeapi.ErrNodeDown) && !errors.Is(err, nodeapi.ErrNotSent) {
+	if errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, nodeapi.ErrNotSent) {
 		// Some children may be there: the reports settle it.
 		return res, err
 	}
@@ -233,7 +235,7 @@ func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) erro
 		// reports (its generation is then below the fence and kept by no
 		// one). Until then that node may run it, as a move's old copy.
 		if _, fly, _ := f.flying(ctx); fly[p.Generation] {
-			return nodeapi.Mark(nodeapi.ErrConflict, fmt.Errorf("sandbox %s is being created now; delete it once the create has answered", p.Name))
+			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being created now; delete it once the create has answered", p.Name))
 		}
 		return f.cfg.Store.ResolveAttempt(ctx, p.Generation, nil)
 	}
@@ -248,9 +250,9 @@ func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) erro
 		}
 	}
 	err := n.Delete(ctx, sb.ID)
-	if err != nil && !(remote && errors.Is(err, nodeapi.ErrNotFound)) {
-		if placed && errors.Is(err, nodeapi.ErrNodeDown) {
-			return nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("%w; sandbox %s is marked for deletion, and is deleted once its node answers again", err, sb.Name))
+	if err != nil && !(remote && errors.Is(err, errdefs.ErrNotFound)) {
+		if placed && errors.Is(err, errdefs.ErrUnavailable) {
+			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("%w; sandbox %s is marked for deletion, and is deleted once its node answers again", err, sb.Name))
 		}
 		if placed {
 			f.cfg.Store.SetPlacementState(bg, sb.ID, "")
@@ -400,7 +402,7 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 		dctx, cancel := context.WithTimeout(ctx, nodeapi.DeleteDeadline(p.MemoryMiB))
 		err := n.Delete(dctx, p.ID)
 		cancel()
-		if err == nil || errors.Is(err, nodeapi.ErrNotFound) {
+		if err == nil || errors.Is(err, errdefs.ErrNotFound) {
 			f.Deleted(ctx, node, p.ID)
 			f.cfg.Log.Info("a delete whose answer was lost is finished", "node", node, "id", p.ID)
 		}

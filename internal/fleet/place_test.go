@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/store"
 )
@@ -40,7 +41,7 @@ func TestCreateCutShortIsNotPlacedTwice(t *testing.T) {
 	f := fleetOf(t, local, remote)
 	cut(remote, true)
 	_, err := f.Create(ctx, nodeapi.CreateRequest{Name: "u"})
-	if !errors.Is(err, nodeapi.ErrNodeDown) || !strings.Contains(err.Error(), "may have made sandbox u") {
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "may have made sandbox u") {
 		t.Fatalf("a create whose connection broke: %v", err)
 	}
 	if len(local.made) != 0 {
@@ -50,14 +51,14 @@ func TestCreateCutShortIsNotPlacedTwice(t *testing.T) {
 	// held by an undecided attempt (a retry waits), or, once it reports,
 	// by what it made (a retry is refused: exists).
 	_, err = f.Create(ctx, nodeapi.CreateRequest{Name: "u"})
-	if !errors.Is(err, nodeapi.ErrNodeDown) && !errors.Is(err, nodeapi.ErrExists) {
+	if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrExists) {
 		t.Errorf("a retry of the undecided create: %v", err)
 	}
 	waitUntil(t, "the attempt adopted", func() bool {
 		p, err := f.cfg.Store.GetPlacement(ctx, "u")
 		return err == nil && p.State == "" && p.ID == "far-u" && p.Node == "far"
 	})
-	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "u"}); !errors.Is(err, nodeapi.ErrExists) {
+	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "u"}); !errors.Is(err, errdefs.ErrExists) {
 		t.Errorf("a retry once it was adopted: %v, want exists", err)
 	}
 	if slices.Contains(local.made, "u") || len(remote.made) != 1 {
@@ -83,13 +84,13 @@ func TestCreateNeverMadeIsGivenUp(t *testing.T) {
 	remote := &node{name: "far", availMiB: 9000}
 	f := fleetOf(t, local, remote)
 	cut(remote, false)
-	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "v"}); !errors.Is(err, nodeapi.ErrNodeDown) {
+	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "v"}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("a create whose connection broke: %v", err)
 	}
 	gen, _ := f.cfg.Store.Generation(ctx)
 	waitUntil(t, "the attempt given up", func() bool {
 		_, err := f.cfg.Store.GetPlacement(ctx, "v")
-		return errors.Is(err, store.ErrNotFound)
+		return errors.Is(err, errdefs.ErrNotFound)
 	})
 	fence, _ := remote.lastFence()
 	if fence.Generation < gen || slices.Contains(fence.InFlight, gen) {
@@ -152,7 +153,7 @@ func TestUndecidedCreateDeleted(t *testing.T) {
 	remote := &node{name: "far", availMiB: 9000}
 	f := fleetOf(t, local, remote)
 	cut(remote, true)
-	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "z"}); !errors.Is(err, nodeapi.ErrNodeDown) {
+	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "z"}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("a create whose connection broke: %v", err)
 	}
 	gen, _ := f.cfg.Store.Generation(ctx)
@@ -163,7 +164,7 @@ func TestUndecidedCreateDeleted(t *testing.T) {
 	if err := f.Delete(ctx, n, sb); err != nil {
 		t.Fatalf("delete the undecided create: %v", err)
 	}
-	if _, err := f.cfg.Store.GetPlacement(ctx, "z"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := f.cfg.Store.GetPlacement(ctx, "z"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("its name is still taken: %v", err)
 	}
 	waitUntil(t, "a fence past it", func() bool {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/store"
@@ -285,7 +286,7 @@ func (f *Fleet) bound(ctx context.Context, node string, d time.Duration) (contex
 	}
 	f.mu.RUnlock()
 	if lost {
-		return nil, nil, nodeapi.Mark(nodeapi.ErrNotSent, nodeapi.Mark(nodeapi.ErrNodeDown, errors.New(why)))
+		return nil, nil, errdefs.Mark(nodeapi.ErrNotSent, errdefs.Mark(errdefs.ErrUnavailable, errors.New(why)))
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	var timer *time.Timer
@@ -309,7 +310,7 @@ func (f *Fleet) bound(ctx context.Context, node string, d time.Duration) (contex
 		cancel(nil)
 		if err != nil && cause != nil && ctx.Err() == nil {
 			// Ended by the deadline or the loss, not by the caller.
-			return nodeapi.Mark(nodeapi.ErrNodeDown, fmt.Errorf("%v: what it did meanwhile shows once it reports again", cause))
+			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("%v: what it did meanwhile shows once it reports again", cause))
 		}
 		return err
 	}
@@ -379,7 +380,7 @@ func (r recorder) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	err = done(r.Node.Delete(cctx, id))
-	if err == nil || errors.Is(err, nodeapi.ErrNotFound) {
+	if err == nil || errors.Is(err, errdefs.ErrNotFound) {
 		r.f.cfg.Store.DeleteReported(context.WithoutCancel(ctx), r.Name(), id)
 	}
 	return err

@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sandstorm/internal/errdefs"
 	"sync"
 	"syscall"
 	"time"
@@ -36,8 +37,9 @@ import (
 // Waker is what the gateway needs from the node.
 type Waker interface {
 	// Wake brings the sandbox to hot, sharing a wake in progress. It
-	// returns ErrRefused (wrapped) when the wake cannot start within the
-	// admission deadline or the node is short on memory.
+	// returns an errdefs.ErrNoRoom — ErrRefused when the wake cannot start
+	// within the admission deadline, the node's own ErrNoMemory when it is
+	// short on memory — which the gateway answers with 503.
 	Wake(ctx context.Context, id string) error
 	// IsHot is a cheap check made before every write into the sandbox, so
 	// that bytes on an open connection to a frozen sandbox thaw it.
@@ -50,9 +52,10 @@ type Waker interface {
 	Unreachable(id string)
 }
 
-// ErrRefused marks a wake the node turned away; the gateway answers it with
-// 503 and Retry-After.
-var ErrRefused = errors.New("wake refused")
+// ErrRefused marks a wake the node turned away (no wake slot, the sandbox
+// busy, no memory in time); the gateway answers it with 503 and
+// Retry-After.
+var ErrRefused = errdefs.Refine(errdefs.ErrNoRoom, "wake refused")
 
 // Config sets the gateway's timeouts.
 type Config struct {

@@ -3,12 +3,14 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
-	"strconv"
+	"sandstorm/internal/errdefs"
 	"time"
 )
 
@@ -191,12 +193,25 @@ func (g *Gateway) refuse(c net.Conn, why error) {
 	io.Copy(io.Discard, br)
 }
 
-// writeUnavailable writes a 503 with Retry-After and the API's error shape,
-// closing the connection.
+// writeUnavailable answers a refused wake as the API would (its status and
+// error shape from errdefs.Table: a wake with no room is 503, with
+// Retry-After), closing the connection. The gateway speaks to the raw
+// connection, so it writes the response itself.
 func writeUnavailable(w io.Writer, why error, retryAfter int) {
-	body := `{"code":"unavailable","message":` + strconv.Quote(why.Error()) + "}\n"
-	fmt.Fprintf(w, "HTTP/1.1 503 Service Unavailable\r\nRetry-After: %d\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		retryAfter, len(body), body)
+	if _, ok := errdefs.Lookup(why); !ok {
+		// A wake that failed for a reason of no kind (a start that broke)
+		// is a 503 to the client, as a refusal: the next request tries
+		// again, from whatever the node settled the sandbox to.
+		why = errdefs.Mark(errdefs.ErrNoRoom, why)
+	}
+	status, e := errdefs.ToWire(why)
+	b, _ := json.Marshal(e)
+	retry := ""
+	if status == http.StatusServiceUnavailable {
+		retry = fmt.Sprintf("Retry-After: %d\r\n", retryAfter)
+	}
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s\n",
+		status, http.StatusText(status), retry, len(b)+1, b)
 }
 
 func looksHTTP(b []byte) bool {

@@ -21,8 +21,8 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/console"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
-	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/rootfs"
@@ -85,7 +85,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("DELETE /v1/nodes/{name}", s.forgetNode)
 	mux.HandleFunc("POST /v1/nodes/join-tokens", s.joinToken)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeErr(w, http.StatusNotFound, api.CodeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
 	var open *http.ServeMux // what needs no token: the console's page and login
 	if c := cfg.Console; c != nil {
@@ -123,7 +123,7 @@ func (s *server) auth(next http.Handler, open *http.ServeMux) http.Handler {
 		session := s.cfg.Console != nil && len(got) == 0 && s.cfg.Console.Sessions.Reads(r)
 		if !session && subtle.ConstantTimeCompare(got, want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sandstorm"`)
-			writeErr(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing or wrong API token: send Authorization: Bearer <token> (the token is in <data-dir>/pki/api-token)")
+			errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "missing or wrong API token: send Authorization: Bearer <token> (the token is in <data-dir>/pki/api-token)"))
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -138,54 +138,22 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc.Encode(v)
 }
 
-func writeErr(w http.ResponseWriter, status int, code, msg string) {
-	if status == http.StatusServiceUnavailable {
-		// A node that is lost is heard again within its heartbeats
-		// (nodeapi.SilenceLimit), if at all; room on a node comes sooner.
-		retry := "1"
-		if code == api.CodeNodeDown {
-			retry = "3"
-		}
-		w.Header().Set("Retry-After", retry)
-	}
-	writeJSON(w, status, api.Error{Code: code, Message: msg})
-}
-
-// fail maps an error to its status: the one place that decides.
+// fail answers err with its status and code from errdefs.Table, the one
+// place that decides (a Retry-After with every 503); an error of no kind
+// is a 500, and logged.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var maxErr *http.MaxBytesError
-	switch {
-	case errors.As(err, &maxErr), errors.Is(err, rootfs.ErrTooLarge):
-		writeErr(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, err.Error())
-	case errors.Is(err, store.ErrNotFound), errors.Is(err, nodeapi.ErrNotFound):
-		writeErr(w, http.StatusNotFound, api.CodeNotFound, err.Error())
-	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrInUse), errors.Is(err, nodeapi.ErrExists), errors.Is(err, nodeapi.ErrConflict):
-		writeErr(w, http.StatusConflict, api.CodeConflict, err.Error())
-	case errors.Is(err, nodeapi.ErrNotSupported):
-		writeErr(w, http.StatusConflict, api.CodeNotSupported, err.Error())
-	case errors.Is(err, nodeapi.ErrUnavailable):
-		writeErr(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
-	case errors.Is(err, nodeapi.ErrForbidden):
-		writeErr(w, http.StatusForbidden, api.CodeForbidden, err.Error())
-	case errors.Is(err, nodeapi.ErrNodeDown):
-		// 503, not 502: the call may be tried again once the node is
-		// heard, and the message names it (issue 14).
-		writeErr(w, http.StatusServiceUnavailable, api.CodeNodeDown, err.Error())
-	case errors.Is(err, nodeapi.ErrBadInput), errors.Is(err, rootfs.ErrUnsafe), errors.Is(err, errBadRequest):
-		// The sentinels' own words ("bad input: ", "bad request: ") say
-		// again what the code says.
-		msg := strings.ReplaceAll(strings.ReplaceAll(err.Error(), node.ErrBadInput.Error()+": ", ""), errBadRequest.Error()+": ", "")
-		writeErr(w, http.StatusBadRequest, api.CodeBadRequest, msg)
-	default:
-		s.cfg.Log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeErr(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+	if errors.As(err, &maxErr) {
+		err = errdefs.Mark(errdefs.ErrTooLarge, err)
 	}
+	if _, ok := errdefs.Lookup(err); !ok {
+		s.cfg.Log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	errdefs.WriteHTTP(w, err)
 }
 
-var errBadRequest = errors.New("bad request")
-
 func badRequest(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
+	return errdefs.New(errdefs.ErrBadInput, format, args...)
 }
 
 // decode reads a JSON body of at most maxJSON bytes into v, rejecting
@@ -269,6 +237,12 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		if err = decode(w, r, &req); err == nil {
 			t, err = s.templateFromDir(req)
 		}
+		if err == nil {
+			// Before its digest, which reads the whole tree.
+			if _, gerr := s.cfg.Store.GetTemplate(r.Context(), t.Name); gerr == nil {
+				err = errdefs.New(errdefs.ErrExists, "template %q: already exists", t.Name)
+			}
+		}
 	}
 	if err == nil {
 		// Its name across the fleet: nodes fetch and check the tree by it.
@@ -316,7 +290,7 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 
 // validate checks the fields every template needs.
 func validate(req api.TemplateRequest) error {
-	if !node.ValidName(req.Name) {
+	if !api.ValidName(req.Name) {
 		return badRequest("template name %q: use 1-63 of a-z, 0-9 and '-'", req.Name)
 	}
 	if len(req.Process.Args) == 0 || req.Process.Args[0] == "" {
@@ -340,7 +314,7 @@ func validate(req api.TemplateRequest) error {
 		}
 		seen[p] = true
 	}
-	if req.Principal != "" && !node.ValidPrincipal(req.Principal) {
+	if req.Principal != "" && !api.ValidPrincipal(req.Principal) {
 		return badRequest("template %q: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", req.Name, req.Principal)
 	}
 	if req.MemoryMiB < 0 {
@@ -363,8 +337,8 @@ func validateWarm(req api.TemplateRequest) error {
 	if w.Probe.Port < 0 || w.Probe.Port > 65535 {
 		return badRequest("template %q: warm.probe.port %d outside 1-65535", req.Name, w.Probe.Port)
 	}
-	if w.Pool < 0 || w.Pool > node.MaxWarmPool {
-		return badRequest("template %q: warm.pool %d outside 0-%d", req.Name, w.Pool, node.MaxWarmPool)
+	if w.Pool < 0 || w.Pool > api.MaxWarmPool {
+		return badRequest("template %q: warm.pool %d outside 0-%d", req.Name, w.Pool, api.MaxWarmPool)
 	}
 	if w.Probe.Path != "" && !strings.HasPrefix(w.Probe.Path, "/") {
 		return badRequest("template %q: warm.probe.http_path %q must start with /", req.Name, w.Probe.Path)
@@ -375,8 +349,8 @@ func validateWarm(req api.TemplateRequest) error {
 	case w.Reseed.Signal != "" && len(w.Reseed.Command) > 0:
 		return badRequest("template %q: warm.reseed: give signal or command, not both", req.Name)
 	case w.Reseed.Signal != "":
-		if _, ok := node.ReseedSignal(w.Reseed.Signal); !ok {
-			return badRequest("template %q: warm.reseed.signal %q: use one of %s", req.Name, w.Reseed.Signal, strings.Join(node.ReseedSignals(), ", "))
+		if _, ok := api.ReseedSignal(w.Reseed.Signal); !ok {
+			return badRequest("template %q: warm.reseed.signal %q: use one of %s", req.Name, w.Reseed.Signal, strings.Join(api.ReseedSignals(), ", "))
 		}
 	case !strings.HasPrefix(w.Reseed.Command[0], "/"):
 		return badRequest("template %q: warm.reseed.command[0] %q must be an absolute path inside the rootfs", req.Name, w.Reseed.Command[0])
@@ -441,7 +415,7 @@ func (s *server) templateFromUpload(w http.ResponseWriter, r *http.Request) (sto
 		return store.Template{}, badRequest("template part: rootfs_dir and an uploaded rootfs exclude each other")
 	}
 	if _, err := s.cfg.Store.GetTemplate(r.Context(), req.Name); err == nil {
-		return store.Template{}, fmt.Errorf("template %q: %w", req.Name, store.ErrExists)
+		return store.Template{}, fmt.Errorf("template %q: %w", req.Name, errdefs.ErrExists)
 	}
 	part, err = mr.NextPart()
 	if err != nil {
@@ -495,14 +469,6 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if req.Name != "" {
-		// The node in this process holds its names in its rows; the fleet
-		// reserves a paired node's before it places it (fleet.Create).
-		if _, err := s.cfg.Store.GetSandbox(r.Context(), req.Name); err == nil {
-			s.fail(w, r, fmt.Errorf("sandbox %q: %w", req.Name, store.ErrExists))
-			return
-		}
-	}
 	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB})
 	if err != nil {
 		s.fail(w, r, err)
@@ -542,7 +508,7 @@ func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 	op, ok := nodeapi.ParseOp(r.PathValue("op"))
 	if !ok {
-		writeErr(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no transition %q: use freeze, snapshot, detach or wake", r.PathValue("op")))
+		s.fail(w, r, errdefs.New(errdefs.ErrNotFound, "no transition %q: use freeze, snapshot, detach or wake", r.PathValue("op")))
 		return
 	}
 	n, sb, err := s.sandbox(r)
@@ -697,7 +663,7 @@ func (s *server) forgetNode(w http.ResponseWriter, r *http.Request) {
 func (s *server) nodeStatus(w http.ResponseWriter, r *http.Request) {
 	n := s.cfg.Fleet.Local()
 	if n == nil {
-		writeErr(w, http.StatusNotFound, api.CodeNotFound, "this master runs no node of its own (serve --master without --node): see GET /v1/nodes")
+		s.fail(w, r, errdefs.New(errdefs.ErrNotFound, "this master runs no node of its own (serve --master without --node): see GET /v1/nodes"))
 		return
 	}
 	st, err := n.Status(r.Context())

@@ -15,12 +15,10 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
-
-// MaxClone bounds one clone's count.
-const MaxClone = 100
 
 // CloneResult is what Clone made and how long it took.
 type CloneResult struct {
@@ -47,11 +45,11 @@ type CloneResult struct {
 // it, as a create's sandbox does.
 func (n *Node) Clone(ctx context.Context, ref string, count int, principal string, reseed *api.Reseed, gen int64) (CloneResult, error) {
 	var res CloneResult
-	if count < 1 || count > MaxClone {
-		return res, fmt.Errorf("%w: count %d: clone 1 to %d at a time", errBadInput, count, MaxClone)
+	if count < 1 || count > api.MaxClone {
+		return res, fmt.Errorf("%w: count %d: clone 1 to %d at a time", errdefs.ErrBadInput, count, api.MaxClone)
 	}
-	if principal != "" && !ValidPrincipal(principal) {
-		return res, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errBadInput, principal)
+	if principal != "" && !api.ValidPrincipal(principal) {
+		return res, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errdefs.ErrBadInput, principal)
 	}
 	parent, err := n.Get(ctx, ref)
 	if err != nil {
@@ -65,16 +63,16 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 		reseed = &t.Warm.Reseed
 	}
 	if reseed == nil || (reseed.Signal == "" && len(reseed.Command) == 0) {
-		return res, fmt.Errorf("%w: say how to reseed the children (reseed.signal, e.g. SIGUSR1, or reseed.command): each starts from %s's memory, random state included, and template %s has no warm reseed", errBadInput, parent.Name, t.Name)
+		return res, fmt.Errorf("%w: say how to reseed the children (reseed.signal, e.g. SIGUSR1, or reseed.command): each starts from %s's memory, random state included, and template %s has no warm reseed", errdefs.ErrBadInput, parent.Name, t.Name)
 	}
 	if reseed.Signal != "" {
-		if _, ok := ReseedSignal(reseed.Signal); !ok {
-			return res, fmt.Errorf("%w: reseed signal %q: use one of %v", errBadInput, reseed.Signal, ReseedSignals())
+		if _, ok := api.ReseedSignal(reseed.Signal); !ok {
+			return res, fmt.Errorf("%w: reseed signal %q: use one of %v", errdefs.ErrBadInput, reseed.Signal, api.ReseedSignals())
 		}
 	}
 	cl, ok := n.be.(sandbox.Cloner)
 	if !ok || !n.be.Capabilities().Checkpoint {
-		return res, fmt.Errorf("%w: the %s backend cannot checkpoint a running sandbox", ErrNotSupported, n.be.Name())
+		return res, fmt.Errorf("%w: the %s backend cannot checkpoint a running sandbox", errdefs.ErrNotSupported, n.be.Name())
 	}
 	if err := n.admitDisk("a clone's image", n.imageMiB(parent.ID)); err != nil {
 		return res, err
@@ -88,7 +86,7 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 	// after its create). Ready is what the template says: its warm probe,
 	// else its first port accepting.
 	if err := n.ready(ctx, parent, t); err != nil {
-		return res, fmt.Errorf("%w: sandbox %s is not ready to clone (%v): clone it once it serves", ErrConflict, parent.Name, err)
+		return res, fmt.Errorf("%w: sandbox %s is not ready to clone (%v): clone it once it serves", errdefs.ErrConflict, parent.Name, err)
 	}
 	var suffix [4]byte
 	rand.Read(suffix[:])
@@ -213,11 +211,11 @@ func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.C
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := e.acquire(actx); err != nil {
-		return 0, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", ErrConflict, parent.Name, parent.ID)
+		return 0, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", errdefs.ErrConflict, parent.Name, parent.ID)
 	}
 	defer e.release()
 	if tier := e.getTier(); tier != api.TierHot {
-		return 0, fmt.Errorf("%w: sandbox %s (%s) went %s before it could be cloned; try again", ErrConflict, parent.Name, parent.ID, tier)
+		return 0, fmt.Errorf("%w: sandbox %s (%s) went %s before it could be cloned; try again", errdefs.ErrConflict, parent.Name, parent.ID, tier)
 	}
 	if err := os.MkdirAll(stage, 0o700); err != nil {
 		return 0, err

@@ -2,13 +2,13 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 
 	"golang.org/x/sys/unix"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/store"
 )
 
@@ -22,8 +22,8 @@ import (
 // is written to snapshot.tmp and renamed only when runsc checkpoint
 // succeeded, so a half-written one is never taken for a good one.
 
-// ErrNoDisk: the node's disk is below its reserve (503).
-var ErrNoDisk = errors.New("node short on disk")
+// ErrNoDisk: the node's disk is below its reserve.
+var ErrNoDisk = errdefs.Refine(errdefs.ErrNoRoom, "node short on disk")
 
 // diskFreeMiB is what unprivileged writers may still use on the data
 // dir's filesystem.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/store"
 )
@@ -54,7 +55,7 @@ type fenceMark struct {
 // on. Caller holds allocMu.
 func (n *Node) fenced(gen int64) error {
 	if gen > 0 && gen <= n.fence.gen && !n.fence.inFlight[gen] {
-		return fmt.Errorf("%w: this create (generation %d) was given up by the master before it arrived (fenced at %d); the master decides again where it goes", ErrConflict, gen, n.fence.gen)
+		return fmt.Errorf("%w: this create (generation %d) was given up by the master before it arrived (fenced at %d); the master decides again where it goes", errdefs.ErrConflict, gen, n.fence.gen)
 	}
 	return nil
 }
@@ -129,11 +130,11 @@ func (n *Node) Retire(ctx context.Context, id string) error {
 		return err
 	}
 	if !sb.LeftBehind {
-		return fmt.Errorf("%w: sandbox %s is not left behind", ErrConflict, id)
+		return fmt.Errorf("%w: sandbox %s is not left behind", errdefs.ErrConflict, id)
 	}
 	if !holdsData(n.dir(sb.ID).upper()) {
 		err := n.Delete(ctx, sb.ID)
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil
 		}
 		return err
@@ -171,7 +172,7 @@ func holdsData(upper string) bool {
 
 // refuseLeftBehind is the error for anything that would run sb again.
 func refuseLeftBehind(sb store.Sandbox) error {
-	return fmt.Errorf("%w: sandbox %s (%s) was left behind on this node and does not run again; delete it by its ID", ErrConflict, sb.Name, sb.ID)
+	return fmt.Errorf("%w: sandbox %s (%s) was left behind on this node and does not run again; delete it by its ID", errdefs.ErrConflict, sb.Name, sb.ID)
 }
 
 // ensureRetired is what a restart does with a left-behind sandbox: it

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -62,7 +63,7 @@ func TestFence(t *testing.T) {
 	}
 	waitFor(t, "stray deleted (its volume held only the node's resolv.conf)", func() bool {
 		_, err := n.st.GetSandbox(ctx, "stray")
-		return errors.Is(err, store.ErrNotFound)
+		return errors.Is(err, errdefs.ErrNotFound)
 	})
 	waitFor(t, "data detached", func() bool {
 		sb, err := n.st.GetSandbox(ctx, "data")
@@ -78,7 +79,7 @@ func TestFence(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(string(n.dir("data")), "upper", "home", "notes.txt")); err != nil {
 		t.Errorf("its files went: %v", err)
 	}
-	if err := n.Wake(ctx, "data"); !errors.Is(err, ErrConflict) {
+	if err := n.Wake(ctx, "data"); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("waking a left-behind sandbox: %v, want a conflict", err)
 	}
 	for _, id := range []string{"kept", "flying", "newer", "old"} {
@@ -91,7 +92,7 @@ func TestFence(t *testing.T) {
 	// flight (5) and above the fence (9) go through to the start (which
 	// fails here on the fake template's missing rootfs, not on the fence).
 	tm, _ := n.st.GetTemplate(ctx, "t")
-	if _, err := n.Create(ctx, tm, "late", "", 0, 6); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "given up") {
+	if _, err := n.Create(ctx, tm, "late", "", 0, 6); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "given up") {
 		t.Errorf("a create the fence gave up on: %v", err)
 	}
 	for _, g := range []int64{5, 9, 0} {
@@ -112,7 +113,7 @@ func TestFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(n2.Close)
-	if _, err := n2.Create(ctx, tm, "late2", "", 0, 7); !errors.Is(err, ErrConflict) {
+	if _, err := n2.Create(ctx, tm, "late2", "", 0, 7); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("after a restart, a create below the fence: %v", err)
 	}
 }

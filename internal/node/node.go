@@ -19,7 +19,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"sync"
@@ -28,6 +27,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/boundary"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/logstamp"
@@ -38,23 +38,19 @@ import (
 	"sandstorm/internal/tier"
 )
 
-// Errors the API maps to statuses.
+// The node's own cases of the errdefs kinds (the API's statuses come from
+// errdefs.Table); a transition that does not apply is errdefs.ErrConflict,
+// one the backend cannot do errdefs.ErrNotSupported, a wake that could not
+// start in time gateway.ErrRefused.
 var (
-	// ErrNoMemory: the node is below its memory reserve (503).
-	ErrNoMemory = errors.New("node short on memory")
-	// ErrConflict: the transition does not apply to the sandbox's tier (409).
-	ErrConflict = errors.New("conflict")
-	// ErrNotSupported: the backend lacks the tier (409).
-	ErrNotSupported = sandbox.ErrNotSupported
-	// ErrFull: no address slot or gateway port left (503).
-	ErrFull = errors.New("node full")
+	// ErrNoMemory: the node is below its memory reserve.
+	ErrNoMemory = errdefs.Refine(errdefs.ErrNoRoom, "node short on memory")
+	// ErrFull: no address slot or gateway port left.
+	ErrFull = errdefs.Refine(errdefs.ErrNoRoom, "node full")
 	// ErrFirewall: the node's nftables table could not be installed; the
 	// node must not run sandboxes without it (fail closed).
 	ErrFirewall = errors.New("firewall not installed")
 )
-
-// ErrRefused is the gateway's: a wake that could not start in time (503).
-var ErrRefused = gateway.ErrRefused
 
 // Config configures a node.
 type Config struct {
@@ -319,17 +315,6 @@ func (n *Node) forget(id string) {
 	n.mu.Unlock()
 }
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-
-// ValidName reports whether s may name a sandbox or template: 1–63 of
-// [a-z0-9-], starting with a letter or digit (it appears in paths and URLs).
-func ValidName(s string) bool { return nameRE.MatchString(s) }
-
-var principalRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
-// ValidPrincipal reports whether s may name a principal.
-func ValidPrincipal(s string) bool { return principalRE.MatchString(s) }
-
 func newID() string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -392,7 +377,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 		}
 	}()
 	if memoryMiB < 0 {
-		return store.Sandbox{}, fmt.Errorf("%w: memory_mib %d is negative", errBadInput, memoryMiB)
+		return store.Sandbox{}, fmt.Errorf("%w: memory_mib %d is negative", errdefs.ErrBadInput, memoryMiB)
 	}
 	if err := n.admitDisk("a new sandbox", 0); err != nil {
 		return store.Sandbox{}, err
@@ -419,14 +404,14 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	if name == "" {
 		name = poolName(id)
 	}
-	if !ValidName(name) {
-		return store.Sandbox{}, fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errBadInput, name)
+	if !api.ValidName(name) {
+		return store.Sandbox{}, fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errdefs.ErrBadInput, name)
 	}
 	if principal == "" {
 		principal = t.Principal
 	}
-	if principal != "" && !ValidPrincipal(principal) {
-		return store.Sandbox{}, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errBadInput, principal)
+	if principal != "" && !api.ValidPrincipal(principal) {
+		return store.Sandbox{}, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errdefs.ErrBadInput, principal)
 	}
 	now := time.Now()
 	sb = store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
@@ -474,11 +459,6 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	created = true
 	return n.commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
 }
-
-var errBadInput = errors.New("bad input")
-
-// ErrBadInput marks errors caused by the caller's input (400).
-var ErrBadInput = errBadInput
 
 // allocate picks a free address slot (unless sb has one: a pooled
 // sandbox's) and one free gateway port per template port. Caller holds
@@ -647,10 +627,10 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	bg, cancel := context.WithTimeout(context.Background(), deleteWait)
 	defer cancel()
 	if err := e.acquire(bg); err != nil {
-		return fmt.Errorf("%w: sandbox %s: another transition held it for %v; the delete is recorded and finishes at the next start", ErrConflict, sb.ID, deleteWait)
+		return fmt.Errorf("%w: sandbox %s: another transition held it for %v; the delete is recorded and finishes at the next start", errdefs.ErrConflict, sb.ID, deleteWait)
 	}
 	defer e.release()
-	if _, err := n.st.GetSandbox(bg, sb.ID); errors.Is(err, store.ErrNotFound) {
+	if _, err := n.st.GetSandbox(bg, sb.ID); errors.Is(err, errdefs.ErrNotFound) {
 		return nil // a concurrent delete finished it
 	}
 	// Again under the lock: a transition that held it cleared the mark
@@ -661,7 +641,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	if err := n.teardown(bg, sb, true); err != nil {
 		return err
 	}
-	if err := n.st.DeleteSandbox(bg, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := n.st.DeleteSandbox(bg, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
 	n.forget(sb.ID)

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/gateway"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -129,7 +131,7 @@ func TestReconcile(t *testing.T) {
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := n.Wake(cancelled, "paused"); !errors.Is(err, ErrRefused) {
+	if err := n.Wake(cancelled, "paused"); !errors.Is(err, gateway.ErrRefused) {
 		t.Errorf("a wake with no time to wait for the repair: %v, want it refused", err)
 	}
 	if err := n.FinishReconcile(ctx, plan); err != nil {
@@ -147,7 +149,7 @@ func TestReconcile(t *testing.T) {
 	for _, c := range cases {
 		row, err := n.st.GetSandbox(ctx, c.id)
 		if c.want == "" {
-			if !errors.Is(err, store.ErrNotFound) {
+			if !errors.Is(err, errdefs.ErrNotFound) {
 				t.Errorf("%s: row %+v (%v), want it deleted", c.id, row, err)
 			}
 			if _, err := os.Stat(string(n.dir(c.id))); err == nil {

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
+	"sandstorm/internal/gateway"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -66,7 +68,7 @@ func (n *Node) layOut(sb store.Sandbox, t store.Template) error {
 // Wake brings sandbox id to hot from any tier (gateway.Waker). Concurrent
 // callers share one wake. ctx bounds only the admission — waiting for the
 // sandbox's lock, a wake slot and memory — so a wake that cannot start in
-// time is refused (ErrRefused or ErrNoMemory), while one that started runs
+// time is refused (gateway.ErrRefused or ErrNoMemory), while one that started runs
 // to the end.
 func (n *Node) Wake(ctx context.Context, id string) error {
 	e, ok := n.lookup(id)
@@ -94,7 +96,7 @@ func (n *Node) Wake(ctx context.Context, id string) error {
 	e.mu.Unlock()
 
 	w.err = n.wake(ctx, e)
-	if errors.Is(w.err, ErrRefused) || errors.Is(w.err, ErrNoMemory) {
+	if errors.Is(w.err, gateway.ErrRefused) || errors.Is(w.err, ErrNoMemory) {
 		n.cfg.Events.Publish(events.Event{Kind: events.Refusal, ID: e.id, Node: n.cfg.Name, Reason: "wake: " + w.err.Error()})
 	}
 
@@ -107,7 +109,7 @@ func (n *Node) Wake(ctx context.Context, id string) error {
 
 func (n *Node) wake(ctx context.Context, e *entry) error {
 	if err := e.acquire(ctx); err != nil {
-		return fmt.Errorf("%w: sandbox %s is busy with another transition", ErrRefused, e.id)
+		return fmt.Errorf("%w: sandbox %s is busy with another transition", gateway.ErrRefused, e.id)
 	}
 	defer e.release()
 	from := e.getTier()
@@ -118,7 +120,7 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 	case n.wakes <- struct{}{}:
 		defer func() { <-n.wakes }()
 	case <-ctx.Done():
-		return fmt.Errorf("%w: %d wakes already running on this node", ErrRefused, n.cfg.MaxWakes)
+		return fmt.Errorf("%w: %d wakes already running on this node", gateway.ErrRefused, n.cfg.MaxWakes)
 	}
 	sb, err := n.st.GetSandbox(context.Background(), e.id)
 	if err != nil {
@@ -292,10 +294,10 @@ func (n *Node) Freeze(ctx context.Context, id string) (store.Sandbox, error) {
 			return nil
 		case api.TierHot:
 		default:
-			return fmt.Errorf("%w: sandbox %s (%s) is %s; only a hot sandbox can be frozen (wake it first)", ErrConflict, sb.Name, sb.ID, from)
+			return fmt.Errorf("%w: sandbox %s (%s) is %s; only a hot sandbox can be frozen (wake it first)", errdefs.ErrConflict, sb.Name, sb.ID, from)
 		}
 		if !n.be.Capabilities().Pause {
-			return fmt.Errorf("%w: the %s backend cannot pause", ErrNotSupported, n.be.Name())
+			return fmt.Errorf("%w: the %s backend cannot pause", errdefs.ErrNotSupported, n.be.Name())
 		}
 		if err := n.be.Pause(context.Background(), n.spec(sb)); err != nil {
 			n.settleAfterFailure(sb, from, "freeze failed: "+err.Error())
@@ -338,10 +340,10 @@ func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
 			return nil
 		case api.TierHot, api.TierFrozen:
 		default:
-			return fmt.Errorf("%w: sandbox %s (%s) is %s; only a hot or frozen sandbox can be snapshot (wake it first)", ErrConflict, sb.Name, sb.ID, from)
+			return fmt.Errorf("%w: sandbox %s (%s) is %s; only a hot or frozen sandbox can be snapshot (wake it first)", errdefs.ErrConflict, sb.Name, sb.ID, from)
 		}
 		if caps := n.be.Capabilities(); !caps.Checkpoint {
-			return fmt.Errorf("%w: %s", ErrNotSupported, caps.Why)
+			return fmt.Errorf("%w: %s", errdefs.ErrNotSupported, caps.Why)
 		}
 		if err := n.admitDisk("its snapshot", n.imageMiB(sb.ID)); err != nil {
 			return err
@@ -479,7 +481,7 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := e.acquire(actx); err != nil {
-		return sb, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", ErrConflict, sb.Name, sb.ID)
+		return sb, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", errdefs.ErrConflict, sb.Name, sb.ID)
 	}
 	defer e.release()
 	from := e.getTier()

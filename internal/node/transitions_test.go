@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/gateway"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -151,7 +152,7 @@ func TestWakeDuringSnapshotWaitsForIt(t *testing.T) {
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := n.Wake(cancelled, "s1"); !errors.Is(err, ErrRefused) {
+	if err := n.Wake(cancelled, "s1"); !errors.Is(err, gateway.ErrRefused) {
 		t.Errorf("a wake with no time to wait for the checkpoint: %v, want it refused", err)
 	}
 	woke := make(chan error, 1)

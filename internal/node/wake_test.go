@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
@@ -470,14 +471,14 @@ func TestTransitionErrors(t *testing.T) {
 	if sb, err := n.Freeze(ctx, "s1"); err != nil || sb.Tier != api.TierFrozen || be.pauses.Load() != 0 {
 		t.Errorf("freeze of a frozen one: %+v %v (pauses %d)", sb.Tier, err, be.pauses.Load())
 	}
-	if _, err := n.Snapshot(ctx, "s1"); !errors.Is(err, ErrNotSupported) {
+	if _, err := n.Snapshot(ctx, "s1"); !errors.Is(err, errdefs.ErrNotSupported) {
 		t.Errorf("snapshot without checkpoint: %v", err)
 	}
-	if _, err := n.Get(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := n.Get(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("unknown: %v", err)
 	}
 	n2 := fakeNode(t, newFakeBackend(), api.TierDetached)
-	if _, err := n2.Freeze(ctx, "s1"); !errors.Is(err, ErrConflict) {
+	if _, err := n2.Freeze(ctx, "s1"); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("freeze of a detached one: %v", err)
 	}
 }

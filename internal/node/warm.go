@@ -12,11 +12,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
 
+	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -88,14 +89,14 @@ func (n *Node) warmReady(name string) bool {
 
 // PrepareWarm makes template t's warm image (see above), replacing any
 // older one. It fails when the backend cannot checkpoint, or when the
-// probe does not answer within the node's ready timeout (ErrBadInput: the
+// probe does not answer within the node's ready timeout (errdefs.ErrBadInput: the
 // template is at fault), and leaves nothing running either way.
 func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	if t.Warm == nil {
 		return nil
 	}
 	if !n.be.Capabilities().Checkpoint {
-		return fmt.Errorf("%w: the %s backend cannot checkpoint, so it has no warm templates", ErrBadInput, n.be.Name())
+		return fmt.Errorf("%w: the %s backend cannot checkpoint, so it has no warm templates", errdefs.ErrBadInput, n.be.Name())
 	}
 	n.warmMu.Lock()
 	defer n.warmMu.Unlock()
@@ -151,7 +152,7 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	target := netip.AddrPortFrom(nw.Sandbox.Addr(), uint16(port))
 	if err := n.probe(ctx, target, t.Warm.Probe.Path); err != nil {
 		return fmt.Errorf("%w: template %s: its probe (%s%s) did not succeed within %s (last: %v; its output: %s)",
-			ErrBadInput, t.Name, target, t.Warm.Probe.Path, n.cfg.Ready, err, tail(l.log(), 400))
+			errdefs.ErrBadInput, t.Name, target, t.Warm.Probe.Path, n.cfg.Ready, err, tail(l.log(), 400))
 	}
 	ready := time.Since(start)
 	if err := n.be.Checkpoint(bg, spec, tmp); err != nil {
@@ -186,7 +187,7 @@ func (n *Node) removeOrphanWarm(ctx context.Context) {
 		if err == nil && t.Warm != nil {
 			continue
 		}
-		if errors.Is(err, store.ErrNotFound) || err == nil {
+		if errors.Is(err, errdefs.ErrNotFound) || err == nil {
 			n.log.Info("reconcile: removing a warm image no template owns", "template", e.Name())
 			n.DropWarm(e.Name())
 		}
@@ -299,7 +300,7 @@ func (n *Node) warmStart(ctx context.Context, sb store.Sandbox, t store.Template
 func (n *Node) reseed(ctx context.Context, spec sandbox.Spec, t store.Template) error {
 	r := t.Warm.Reseed
 	if r.Signal != "" {
-		sig, ok := ReseedSignal(r.Signal)
+		sig, ok := api.ReseedSignal(r.Signal)
 		s, can := n.be.(sandbox.Signaller)
 		if !ok || !can {
 			return fmt.Errorf("cannot send %s here", r.Signal)
@@ -312,31 +313,6 @@ func (n *Node) reseed(ctx context.Context, spec sandbox.Spec, t store.Template) 
 	}
 	_, err := x.Exec(ctx, spec, r.Command)
 	return err
-}
-
-// reseedSignals are the signals a warm template may ask for: the ones
-// programs catch for "reload"; never one that stops or kills by default.
-var reseedSignals = map[string]syscall.Signal{
-	"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
-}
-
-// ReseedSignal parses a reseed signal name ("SIGUSR1" or "USR1").
-func ReseedSignal(name string) (syscall.Signal, bool) {
-	if s, ok := reseedSignals[name]; ok {
-		return s, true
-	}
-	s, ok := reseedSignals["SIG"+name]
-	return s, ok
-}
-
-// ReseedSignals lists the names ReseedSignal takes.
-func ReseedSignals() []string {
-	var out []string
-	for k := range reseedSignals {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // tail is the last n bytes of the file at path, for error messages.

@@ -55,9 +55,6 @@ func poolName(id string) string { return "sb-" + id }
 // template newly made warm).
 const poolFillEvery = 2 * time.Second
 
-// MaxWarmPool bounds a template's warm pool.
-const MaxWarmPool = 16
-
 // kickPool asks the pool loop to look at the pools now.
 func (n *Node) kickPool() {
 	select {

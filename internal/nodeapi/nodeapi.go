@@ -10,7 +10,6 @@ package nodeapi
 
 import (
 	"context"
-	"errors"
 	"io"
 
 	"sandstorm/api"
@@ -42,7 +41,7 @@ type Node interface {
 	// PrepareTemplate readies a template on the node before its first
 	// sandbox (for a warm template: starts it once and checkpoints it).
 	// t names its rootfs by t.Digest only; a node that has no tree of
-	// that digest answers ErrNoRootfs, and the master sends it (PutRootfs)
+	// that digest answers errdefs.ErrPrecondition, and the master sends it (PutRootfs)
 	// and asks again.
 	PrepareTemplate(ctx context.Context, t api.Template) error
 	// PutRootfs gives the node the rootfs tree whose digest is digest, as
@@ -119,16 +118,3 @@ type LogOptions struct {
 	Follow     bool // go on sending what is appended
 	Timestamps bool // prefix every line with when it was written
 }
-
-// The seam's errors. An implementation wraps one of them (keeping its own
-// words after it), so a caller decides by errors.Is and shows Error().
-var (
-	ErrNotFound     = errors.New("not found")
-	ErrExists       = errors.New("already exists")
-	ErrConflict     = errors.New("conflict")
-	ErrNotSupported = errors.New("not supported")
-	ErrUnavailable  = errors.New("unavailable") // no memory, disk, slot or wake slot now; retry later
-	ErrBadInput     = errors.New("bad input")
-	ErrNodeDown     = errors.New("node unreachable")
-	ErrNoRootfs     = errors.New("rootfs not on the node") // send it: PutRootfs
-)

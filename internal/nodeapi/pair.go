@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/pki"
 )
 
@@ -38,10 +39,6 @@ import (
 //
 // A wrong code is a 403 that says where the code is; the code itself is
 // never sent or logged.
-
-// ErrForbidden marks a pairing refused (a wrong code, a node already
-// paired).
-var ErrForbidden = errors.New("forbidden")
 
 // NodeCertLifetime is how long the certificate a master signs for a node
 // lasts (issue 9: "node certificates short-lived and renewed"): its master
@@ -418,7 +415,7 @@ func (c *Client) PeerNotAfter() time.Time {
 func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error) {
 	host, _, err := net.SplitHostPort(address)
 	if err != nil {
-		return "", fmt.Errorf("%w: node address %q: want host:port", ErrBadInput, address)
+		return "", fmt.Errorf("%w: node address %q: want host:port", errdefs.ErrBadInput, address)
 	}
 	// The node's pairing certificate proves nothing by itself; what the
 	// master saw of it goes into its proof, so the node can tell that no
@@ -462,10 +459,10 @@ func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error)
 		// reports a received alert as a "remote error" with its text).
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "remote error" && strings.Contains(op.Err.Error(), "certificate required") {
-			return 0, api.Error{}, Mark(ErrConflict, fmt.Errorf("node at %s is already paired with a master (it asks for its master's certificate); to pair it again, stop it and remove its pki/node directory except pairing-code", address))
+			return 0, api.Error{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node at %s is already paired with a master (it asks for its master's certificate); to pair it again, stop it and remove its pki/node directory except pairing-code", address))
 		}
 		if err != nil {
-			return 0, api.Error{}, Mark(ErrNodeDown, fmt.Errorf("node at %s: %w", address, err))
+			return 0, api.Error{}, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node at %s: %w", address, err))
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode >= 300 {
@@ -490,7 +487,7 @@ func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error)
 		return "", pairError(status, e)
 	}
 	if st.Paired {
-		return "", Mark(ErrConflict, fmt.Errorf("node %s at %s is already paired with a master (this one or another); to pair it again, stop it and remove its pki/node directory except pairing-code", st.Name, address))
+		return "", errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s at %s is already paired with a master (this one or another); to pair it again, stop it and remove its pki/node directory except pairing-code", st.Name, address))
 	}
 	mu.Lock()
 	bootSum := sha256.Sum256(seen)
@@ -507,10 +504,10 @@ func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error)
 		return "", pairError(status, e)
 	}
 	if !pki.CheckProof(reply.Proof, code, pki.ProofNode, nonce, reply.CSR) {
-		return "", Mark(ErrForbidden, errors.New("pairing refused: the node did not prove it knows the pairing code"))
+		return "", errdefs.Mark(errdefs.ErrForbidden, errors.New("pairing refused: the node did not prove it knows the pairing code"))
 	}
 	if !validNodeName(reply.Name) {
-		return "", fmt.Errorf("%w: the node calls itself %q", ErrBadInput, reply.Name)
+		return "", fmt.Errorf("%w: the node calls itself %q", errdefs.ErrBadInput, reply.Name)
 	}
 	der, err := ca.SignCSR(reply.CSR, "node "+reply.Name, []string{host}, NodeCertLifetime)
 	if err != nil {
@@ -533,11 +530,11 @@ func pairError(status int, e api.Error) error {
 	}
 	switch status {
 	case http.StatusForbidden, http.StatusTooManyRequests:
-		return Mark(ErrForbidden, errors.New(msg))
+		return errdefs.Mark(errdefs.ErrForbidden, errors.New(msg))
 	case http.StatusConflict:
-		return Mark(ErrConflict, errors.New(msg))
+		return errdefs.Mark(errdefs.ErrConflict, errors.New(msg))
 	case http.StatusBadRequest:
-		return Mark(ErrBadInput, errors.New(msg))
+		return errdefs.Mark(errdefs.ErrBadInput, errors.New(msg))
 	}
 	return errors.New(msg)
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/pki"
 )
 
@@ -59,7 +60,7 @@ func TestPairing(t *testing.T) {
 		t.Fatal("an unpaired node served the seam")
 	}
 	_, err = Pair(ctx, addr, "aaaa-bbbb-cccc-dddd-eeee", ca)
-	if !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), "wrong pairing code") || !strings.Contains(err.Error(), pki.PairingCodeFile) {
+	if !errors.Is(err, errdefs.ErrForbidden) || !strings.Contains(err.Error(), "wrong pairing code") || !strings.Contains(err.Error(), pki.PairingCodeFile) {
 		t.Fatalf("a wrong code: %v", err)
 	}
 	if strings.Contains(err.Error(), strings.TrimSpace(string(code))) {
@@ -80,11 +81,11 @@ func TestPairing(t *testing.T) {
 	}
 	other, _ := pki.EnsureCA(t.TempDir())
 	if co, _ := Dial("n1", addr, other, nil); co != nil {
-		if _, err := co.Status(ctx); !errors.Is(err, ErrNodeDown) {
+		if _, err := co.Status(ctx); !errors.Is(err, errdefs.ErrUnavailable) {
 			t.Errorf("a master of another CA: %v", err)
 		}
 	}
-	if _, err := Pair(ctx, addr, string(code), ca); !errors.Is(err, ErrConflict) {
+	if _, err := Pair(ctx, addr, string(code), ca); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("a second pairing: %v", err)
 	}
 
@@ -108,12 +109,12 @@ func TestPairingLockout(t *testing.T) {
 	addr := serveEndpoint(t, e)
 	ca, _ := pki.EnsureCA(t.TempDir())
 	for i := 0; i < lockoutFails; i++ {
-		if _, err := Pair(context.Background(), addr, "wrong", ca); !errors.Is(err, ErrForbidden) {
+		if _, err := Pair(context.Background(), addr, "wrong", ca); !errors.Is(err, errdefs.ErrForbidden) {
 			t.Fatalf("wrong code %d: %v", i, err)
 		}
 	}
 	_, err := Pair(context.Background(), addr, e.code, ca)
-	if !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), "try again in a minute") {
+	if !errors.Is(err, errdefs.ErrForbidden) || !strings.Contains(err.Error(), "try again in a minute") {
 		t.Fatalf("the right code during a lockout: %v", err)
 	}
 }
@@ -137,7 +138,7 @@ func TestPairingThroughAManInTheMiddle(t *testing.T) {
 	defer srv.Close()
 	ca, _ := pki.EnsureCA(t.TempDir())
 	_, err := Pair(context.Background(), ln.Addr().String(), e.code, ca)
-	if !errors.Is(err, ErrForbidden) {
+	if !errors.Is(err, errdefs.ErrForbidden) {
 		t.Fatalf("pairing through a relay: %v", err)
 	}
 	if e.Paired() {

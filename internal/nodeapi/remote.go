@@ -16,28 +16,14 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 )
 
 // The seam over the network: Server is a node's end (an http.Handler the
 // node serves to its master only: mutual TLS with certificates from the
 // master's CA, internal/pki), Client the master's. Requests and answers
 // are the wire types of Node, as JSON; errors are api.Error with the codes
-// below, which Client turns back into the seam's sentinels.
-
-// Error codes on the wire, one per sentinel.
-var codes = []struct {
-	kind   error
-	code   string
-	status int
-}{
-	{ErrNotFound, "not_found", http.StatusNotFound},
-	{ErrExists, "exists", http.StatusConflict},
-	{ErrConflict, "conflict", http.StatusConflict},
-	{ErrNotSupported, "not_supported", http.StatusConflict},
-	{ErrUnavailable, "unavailable", http.StatusServiceUnavailable},
-	{ErrBadInput, "bad_request", http.StatusBadRequest},
-	{ErrNoRootfs, "no_rootfs", http.StatusPreconditionFailed},
-}
+// of errdefs.Table, which Client turns back into their kinds.
 
 // maxBody bounds a request's JSON body on the node.
 const maxBody = 1 << 20
@@ -93,7 +79,7 @@ func Server(n Node) http.Handler {
 		}
 		op, ok := ParseOp(r.PathValue("op"))
 		if !ok {
-			return fmt.Errorf("%w: no transition %q", ErrBadInput, r.PathValue("op"))
+			return fmt.Errorf("%w: no transition %q", errdefs.ErrBadInput, r.PathValue("op"))
 		}
 		sb, err := n.Transition(r.Context(), r.PathValue("id"), op)
 		return reply(w, http.StatusOK, sb, err)
@@ -117,7 +103,7 @@ func Server(n Node) http.Handler {
 			return err
 		}
 		if t.Name != r.PathValue("name") {
-			return fmt.Errorf("%w: template %q sent to /templates/%s", ErrBadInput, t.Name, r.PathValue("name"))
+			return fmt.Errorf("%w: template %q sent to /templates/%s", errdefs.ErrBadInput, t.Name, r.PathValue("name"))
 		}
 		if err := n.PrepareTemplate(r.Context(), t); err != nil {
 			return err
@@ -164,7 +150,7 @@ func readJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: malformed JSON body: %v", ErrBadInput, err)
+		return fmt.Errorf("%w: malformed JSON body: %v", errdefs.ErrBadInput, err)
 	}
 	return nil
 }
@@ -182,26 +168,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	return json.NewEncoder(w).Encode(v)
 }
 
+// wireError is err as the seam's error body (errdefs.Table).
 func wireError(err error) api.Error {
-	for _, c := range codes {
-		if errors.Is(err, c.kind) {
-			return api.Error{Code: c.code, Message: err.Error()}
-		}
-	}
-	return api.Error{Code: api.CodeInternal, Message: err.Error()}
+	_, e := errdefs.ToWire(err)
+	return e
 }
 
-func writeError(w http.ResponseWriter, err error) {
-	e := wireError(err)
-	status := http.StatusInternalServerError
-	for _, c := range codes {
-		if c.code == e.Code {
-			status = c.status
-			break
-		}
-	}
-	writeJSON(w, status, e)
-}
+func writeError(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }
 
 // lazyWriter writes the 200 and its header with the first byte, and
 // flushes after every write.
@@ -283,7 +256,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, okS
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
-// send is c.HTTP.Do, with a failure marked ErrNodeDown, and also
+// send is c.HTTP.Do, with a failure marked errdefs.ErrUnavailable, and also
 // ErrNotSent if not one byte of the request reached the connection (the
 // dial or the TLS handshake failed, or no tunnel): then the node cannot
 // have acted on it, and a create may be tried elsewhere (fleet).
@@ -296,33 +269,25 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 	if err == nil {
 		return resp, nil
 	}
-	err = Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+	err = errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
 	if !wrote.Load() {
-		err = Mark(ErrNotSent, err)
+		err = errdefs.Mark(ErrNotSent, err)
 	}
 	return nil, err
 }
 
-// ErrNotSent marks (with ErrNodeDown) a call that never reached the node.
+// ErrNotSent marks (with errdefs.ErrUnavailable) a call that never reached the node.
 var ErrNotSent = errors.New("not sent")
 
-// readError turns an error answer back into the seam's error.
+// readError turns an error answer back into an error of its kind
+// (errdefs.FromWire), so errors.Is works on the master's side.
 func readError(resp *http.Response) error {
 	var e api.Error
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if json.Unmarshal(b, &e) != nil || e.Message == "" {
 		e.Message = fmt.Sprintf("HTTP %d from the node: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 	}
-	return fromWire(e)
-}
-
-func fromWire(e api.Error) error {
-	for _, c := range codes {
-		if c.code == e.Code {
-			return Mark(c.kind, errors.New(e.Message))
-		}
-	}
-	return errors.New(e.Message)
+	return errdefs.FromWire(resp.StatusCode, e)
 }
 
 // Create implements Node.
@@ -376,7 +341,7 @@ func (c *Client) Clone(ctx context.Context, id string, req CloneRequest) (api.Cl
 		if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
 			return api.CloneResult{}, err
 		}
-		return p.Result, fromWire(p.Error)
+		return p.Result, errdefs.FromWire(http.StatusMultiStatus, p.Error)
 	}
 	return api.CloneResult{}, readError(resp)
 }
@@ -397,7 +362,7 @@ func (c *Client) Logs(ctx context.Context, id string, opt LogOptions, w io.Write
 	// A followed log lasts as long as its reader wants it.
 	resp, err := c.stream().Do(req)
 	if err != nil {
-		return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -419,7 +384,7 @@ func (c *Client) Logs(ctx context.Context, id string, opt LogOptions, w io.Write
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return nil
 			}
-			return Mark(ErrNodeDown, fmt.Errorf("node %s: logs cut off: %w", c.NodeName, err))
+			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: logs cut off: %w", c.NodeName, err))
 		}
 	}
 }
@@ -444,7 +409,7 @@ func (c *Client) PutRootfs(ctx context.Context, digest string, tar io.Reader) er
 	req.Header.Set("Content-Type", "application/x-tar")
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"strings"
 	"sync"
@@ -44,13 +45,13 @@ func (f *fake) Create(_ context.Context, req CreateRequest) (api.Sandbox, error)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.templates[req.Template.Name]; !ok {
-		return api.Sandbox{}, Mark(ErrNotFound, fmt.Errorf("template %q: not found", req.Template.Name))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("template %q: not found", req.Template.Name))
 	}
 	if _, ok := f.boxes[req.Name]; ok {
-		return api.Sandbox{}, Mark(ErrExists, fmt.Errorf("sandbox %q: already exists", req.Name))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrExists, fmt.Errorf("sandbox %q: already exists", req.Name))
 	}
 	if req.MemoryMiB > 1000 {
-		return api.Sandbox{}, Mark(ErrUnavailable, errors.New("node short on memory: not enough memory for it"))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrNoRoom, errors.New("node short on memory: not enough memory for it"))
 	}
 	sb := api.Sandbox{ID: "id-" + req.Name, Name: req.Name, Template: req.Template.Name, Tier: api.TierHot, Node: "fake", Principal: req.Principal}
 	f.boxes[req.Name] = sb
@@ -64,7 +65,7 @@ func (f *fake) Get(_ context.Context, ref string) (api.Sandbox, error) {
 			return sb, nil
 		}
 	}
-	return api.Sandbox{}, Mark(ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
+	return api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
 }
 func (f *fake) List(context.Context) ([]api.Sandbox, error) {
 	f.mu.Lock()
@@ -91,7 +92,7 @@ func (f *fake) Transition(ctx context.Context, id string, op Op) (api.Sandbox, e
 		return sb, err
 	}
 	if op == Freeze && sb.Tier != api.TierHot {
-		return sb, Mark(ErrConflict, fmt.Errorf("conflict: sandbox %s is %s", sb.Name, sb.Tier))
+		return sb, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("conflict: sandbox %s is %s", sb.Name, sb.Tier))
 	}
 	sb.Tier = map[Op]api.Tier{Freeze: api.TierFrozen, Snapshot: api.TierSnapshot, Detach: api.TierDetached, Wake: api.TierHot}[op]
 	f.mu.Lock()
@@ -110,7 +111,7 @@ func (f *fake) Clone(ctx context.Context, id string, req CloneRequest) (api.Clon
 		res.ChildMs = append(res.ChildMs, 120)
 	}
 	if req.Count > 2 {
-		return res, Mark(ErrUnavailable, errors.New("node short on memory for child 3"))
+		return res, errdefs.Mark(errdefs.ErrNoRoom, errors.New("node short on memory for child 3"))
 	}
 	return res, nil
 }
@@ -140,12 +141,12 @@ func (f *fake) Status(context.Context) (api.NodeStatus, error) {
 }
 func (f *fake) PrepareTemplate(_ context.Context, t api.Template) error {
 	if t.Warm != nil && t.Warm.Probe.Port == 9 {
-		return Mark(ErrBadInput, errors.New("bad input: its probe did not succeed"))
+		return errdefs.Mark(errdefs.ErrBadInput, errors.New("bad input: its probe did not succeed"))
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.rootfs[t.Digest]; t.Digest != "" && !ok {
-		return Mark(ErrNoRootfs, fmt.Errorf("template %s: no rootfs %s yet", t.Name, t.Digest))
+		return errdefs.Mark(errdefs.ErrPrecondition, fmt.Errorf("template %s: no rootfs %s yet", t.Name, t.Digest))
 	}
 	f.templates[t.Name] = t
 	return nil
@@ -157,7 +158,7 @@ func (f *fake) PutRootfs(_ context.Context, digest string, r io.Reader) error {
 		return err
 	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
-		return Mark(ErrBadInput, fmt.Errorf("rootfs digest mismatch: sent as %s, received %s", digest, got))
+		return errdefs.Mark(errdefs.ErrBadInput, fmt.Errorf("rootfs digest mismatch: sent as %s, received %s", digest, got))
 	}
 	f.mu.Lock()
 	f.rootfs[digest] = n
@@ -249,14 +250,14 @@ func TestRemoteRoundTrip(t *testing.T) {
 		{"unknown template", func() error {
 			_, err := c.Create(ctx, CreateRequest{Template: api.Template{Name: "nope"}, Name: "x"})
 			return err
-		}(), ErrNotFound, `template "nope": not found`},
-		{"name taken", func() error { _, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "one"}); return err }(), ErrExists, `sandbox "one": already exists`},
+		}(), errdefs.ErrNotFound, `template "nope": not found`},
+		{"name taken", func() error { _, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "one"}); return err }(), errdefs.ErrExists, `sandbox "one": already exists`},
 		{"no memory", func() error {
 			_, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "big", MemoryMiB: 4096})
 			return err
-		}(), ErrUnavailable, "node short on memory"},
-		{"unknown sandbox", func() error { _, err := c.Get(ctx, "ghost"); return err }(), ErrNotFound, `sandbox "ghost": not found`},
-		{"bad probe", c.PrepareTemplate(ctx, api.Template{Name: "w", Warm: &api.Warm{Probe: api.Probe{Port: 9}}}), ErrBadInput, "probe did not succeed"},
+		}(), errdefs.ErrNoRoom, "node short on memory"},
+		{"unknown sandbox", func() error { _, err := c.Get(ctx, "ghost"); return err }(), errdefs.ErrNotFound, `sandbox "ghost": not found`},
+		{"bad probe", c.PrepareTemplate(ctx, api.Template{Name: "w", Warm: &api.Warm{Probe: api.Probe{Port: 9}}}), errdefs.ErrBadInput, "probe did not succeed"},
 	} {
 		if !errors.Is(tc.err, tc.kind) || !strings.Contains(fmt.Sprint(tc.err), tc.msg) {
 			t.Errorf("%s: err = %v, want %v saying %q", tc.what, tc.err, tc.kind, tc.msg)
@@ -265,7 +266,7 @@ func TestRemoteRoundTrip(t *testing.T) {
 	if sb, err := c.Transition(ctx, "one", Freeze); err != nil || sb.Tier != api.TierFrozen {
 		t.Errorf("freeze: %+v %v", sb, err)
 	}
-	if _, err := c.Transition(ctx, "one", Freeze); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "is frozen") {
+	if _, err := c.Transition(ctx, "one", Freeze); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "is frozen") {
 		t.Errorf("freeze of a frozen one: %v", err)
 	}
 	if sb, err := c.Transition(ctx, "id-one", Wake); err != nil || sb.Tier != api.TierHot {
@@ -280,7 +281,7 @@ func TestRemoteRoundTrip(t *testing.T) {
 	if err := c.Delete(ctx, "one"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Delete(ctx, "one"); !errors.Is(err, ErrNotFound) {
+	if err := c.Delete(ctx, "one"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("second delete: %v", err)
 	}
 	if err := c.DropTemplate(ctx, "web"); err != nil || len(f.templates) != 0 {
@@ -293,10 +294,10 @@ func TestRemoteRoundTrip(t *testing.T) {
 	sum := sha256.Sum256(tree)
 	d := "sha256:" + hex.EncodeToString(sum[:])
 	withRootfs := api.Template{Name: "big", Digest: d, Process: tmpl.Process}
-	if err := c.PrepareTemplate(ctx, withRootfs); !errors.Is(err, ErrNoRootfs) {
+	if err := c.PrepareTemplate(ctx, withRootfs); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("a template whose rootfs the node lacks: %v", err)
 	}
-	if err := c.PutRootfs(ctx, d, bytes.NewReader(tree[1:])); !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "mismatch") {
+	if err := c.PutRootfs(ctx, d, bytes.NewReader(tree[1:])); !errors.Is(err, errdefs.ErrBadInput) || !strings.Contains(err.Error(), "mismatch") {
 		t.Errorf("a rootfs that is not its digest: %v", err)
 	}
 	if err := c.PutRootfs(ctx, d, bytes.NewReader(tree)); err != nil || f.rootfs[d] != int64(len(tree)) {
@@ -320,10 +321,10 @@ func TestRemoteClonePartial(t *testing.T) {
 		t.Fatalf("clone of 2: %+v %v", res, err)
 	}
 	res, err = c.Clone(ctx, "p", CloneRequest{CloneRequest: api.CloneRequest{Count: 5}})
-	if !errors.Is(err, ErrUnavailable) || len(res.Children) != 2 || res.Children[1].Name != "p-2" {
+	if !errors.Is(err, errdefs.ErrNoRoom) || len(res.Children) != 2 || res.Children[1].Name != "p-2" {
 		t.Fatalf("clone stopped at 3: %+v %v", res, err)
 	}
-	if _, err := c.Clone(ctx, "ghost", CloneRequest{CloneRequest: api.CloneRequest{Count: 1}}); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Clone(ctx, "ghost", CloneRequest{CloneRequest: api.CloneRequest{Count: 1}}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("clone of an unknown sandbox: %v", err)
 	}
 }
@@ -382,7 +383,7 @@ func TestRemoteLogsFollow(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a followed log did not end when its caller went away")
 	}
-	if err := c.Logs(context.Background(), "ghost", LogOptions{}, io.Discard); !errors.Is(err, ErrNotFound) {
+	if err := c.Logs(context.Background(), "ghost", LogOptions{}, io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("logs of an unknown sandbox: %v", err)
 	}
 }
@@ -390,7 +391,7 @@ func TestRemoteLogsFollow(t *testing.T) {
 // TestRemoteMutualTLS: a node answers its master only. Refused in the
 // handshake: a client certificate from another CA, none at all, an
 // expired one, and one from the right CA that is not the master's (a node
-// posing as the master). A node that does not answer is ErrNodeDown.
+// posing as the master). A node that does not answer is errdefs.ErrUnavailable.
 func TestRemoteMutualTLS(t *testing.T) {
 	f := newFake()
 	good, ca, base := pair(t, f)
@@ -415,15 +416,15 @@ func TestRemoteMutualTLS(t *testing.T) {
 		"a node's certificate":     trustingCA(&asNode),
 		"the master, another CA":   clientWith(t, other, pki.MasterName, base),
 	} {
-		if _, err := c.Status(context.Background()); !errors.Is(err, ErrNodeDown) {
-			t.Errorf("%s: err = %v, want refused (ErrNodeDown)", what, err)
+		if _, err := c.Status(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Errorf("%s: err = %v, want refused (errdefs.ErrUnavailable)", what, err)
 		}
 	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
 	gone := clientWith(t, ca, pki.MasterName, "https://"+addr)
-	if _, err := gone.Status(context.Background()); !errors.Is(err, ErrNodeDown) || !strings.Contains(err.Error(), "node fake") {
+	if _, err := gone.Status(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "node fake") {
 		t.Errorf("a node not listening: %v", err)
 	}
 }
@@ -431,7 +432,7 @@ func TestRemoteMutualTLS(t *testing.T) {
 // TestRemoteWatch: a node's reports arrive as it sends them — the full
 // one first, then each change — and a node that goes silent (a partition
 // leaves the connection open with nothing on it) ends the watch as
-// ErrNodeDown within the client's silence limit.
+// errdefs.ErrUnavailable within the client's silence limit.
 func TestRemoteWatch(t *testing.T) {
 	f := newFake()
 	f.boxes["a"] = api.Sandbox{ID: "id-a", Name: "a", Tier: api.TierHot}
@@ -450,7 +451,7 @@ func TestRemoteWatch(t *testing.T) {
 	if r := <-got; r.Event == nil || r.Event.Kind != events.Transition || r.Sandbox == nil || r.Sandbox.Tier != api.TierFrozen {
 		t.Fatalf("a change: %+v", r)
 	}
-	if err := <-done; !errors.Is(err, ErrNodeDown) || !strings.Contains(err.Error(), "no report for") {
+	if err := <-done; !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "no report for") {
 		t.Fatalf("a silent node: %v", err)
 	}
 }

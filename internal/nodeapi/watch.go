@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 )
 
@@ -45,79 +46,6 @@ type Report struct {
 	// Status is the node's headroom and tier counts (every report
 	// with Full, and every heartbeat).
 	Status *api.NodeStatus `json:"status,omitempty"`
-}
-
-// Watch implements Node: the node's events hub is what it reports; each
-// event is followed by the sandbox it concerns read afresh, so a report
-// is never older than the change it follows.
-func (l *Local) Watch(ctx context.Context, send func(Report) error) error {
-	if l.Events == nil {
-		return Mark(ErrNotSupported, errors.New("this node keeps no event hub to report from"))
-	}
-	// Subscribe before the full report: a change made while it is read
-	// is then also sent after it (and read afresh, so sending it twice
-	// is harmless).
-	_, live, cancel := l.Events.Subscribe(1024)
-	defer cancel()
-	last := l.Events.Seq()
-	full := func() error {
-		sbs, err := l.List(ctx)
-		if err != nil {
-			return err
-		}
-		st, err := l.Status(ctx)
-		if err != nil {
-			return err
-		}
-		return send(Report{Full: true, Sandboxes: append([]api.Sandbox{}, sbs...), Status: &st})
-	}
-	if err := full(); err != nil {
-		return err
-	}
-	beat := time.NewTicker(HeartbeatEvery)
-	defer beat.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e := <-live:
-			if e.Seq > last+1 {
-				// The hub dropped events for us (we were slow): what
-				// they said is lost, so send everything again.
-				last = e.Seq
-				if err := full(); err != nil {
-					return err
-				}
-				continue
-			}
-			if e.Seq > last {
-				last = e.Seq
-			}
-			r := Report{Event: &e}
-			if e.ID != "" {
-				sb, err := l.Get(ctx, e.ID)
-				switch {
-				case err == nil:
-					r.Sandbox = &sb
-				case errors.Is(err, ErrNotFound):
-					r.Gone = e.ID
-				default:
-					return err
-				}
-			}
-			if err := send(r); err != nil {
-				return err
-			}
-		case <-beat.C:
-			st, err := l.Status(ctx)
-			if err != nil {
-				return err
-			}
-			if err := send(Report{Status: &st}); err != nil {
-				return err
-			}
-		}
-	}
 }
 
 // serveWatch is the node's end of Watch over the network: one JSON
@@ -170,7 +98,7 @@ func (c *Client) Watch(ctx context.Context, send func(Report) error) error {
 		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 			err = cause
 		}
-		return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -196,7 +124,7 @@ func (c *Client) Watch(ctx context.Context, send func(Report) error) error {
 	if err == nil {
 		err = errors.New("the node ended its reports")
 	}
-	return Mark(ErrNodeDown, fmt.Errorf("node %s: %w", c.NodeName, err))
+	return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
 }
 
 // stream is c's HTTP client for a request that lasts as long as it is

@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"sandstorm/internal/errdefs"
 	"slices"
 	"strings"
 	"time"
@@ -35,11 +36,11 @@ const (
 
 // ErrUnsafe is wrapped by every error that rejects an entry because it could
 // escape the destination, write through a link, or create a device.
-var ErrUnsafe = errors.New("unsafe tar entry")
+var ErrUnsafe = errdefs.Refine(errdefs.ErrBadInput, "unsafe tar entry")
 
 // ErrTooLarge is wrapped by the error returned when a tarball exceeds its
 // Limits.
-var ErrTooLarge = errors.New("tarball exceeds limit")
+var ErrTooLarge = errdefs.Refine(errdefs.ErrTooLarge, "tarball exceeds limit")
 
 // Limits bounds an extraction. Zero values mean the defaults.
 type Limits struct {

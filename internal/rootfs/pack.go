@@ -5,12 +5,12 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sandstorm/internal/errdefs"
 	"strings"
 	"time"
 )
@@ -127,7 +127,7 @@ func Digest(dir string) (string, error) {
 
 // ErrDigestMismatch is wrapped when what was received is not what its
 // digest says.
-var ErrDigestMismatch = errors.New("rootfs digest mismatch")
+var ErrDigestMismatch = errdefs.Refine(errdefs.ErrBadInput, "rootfs digest mismatch")
 
 // Cache holds rootfs directories by digest under Dir: Dir/<hex>/ is the
 // tree whose digest is sha256:<hex>. An entry appears whole or not at

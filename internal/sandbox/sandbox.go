@@ -7,15 +7,15 @@ package sandbox
 
 import (
 	"context"
-	"errors"
+	"sandstorm/internal/errdefs"
 )
 
-// ErrNotSupported is returned by a backend for an operation it cannot do on
-// this machine (e.g. checkpoint in the process backend, where criu fails).
-var ErrNotSupported = errors.New("not supported by this backend")
+// A backend returns errdefs.ErrNotSupported for an operation it cannot do
+// on this machine (e.g. checkpoint in the process backend, where criu
+// fails).
 
 // ErrNotFound is returned when the backend has no container with that ID.
-var ErrNotFound = errors.New("container not found")
+var ErrNotFound = errdefs.Refine(errdefs.ErrNotFound, "container not found")
 
 // State is what a backend reports for one container.
 type State string

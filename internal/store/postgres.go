@@ -59,77 +59,6 @@ func dollarParams(q string) string {
 	return b.String()
 }
 
-// pgSchema is sqliteSchema in PostgreSQL's types, with every column the
-// migrations added since: times are Unix milliseconds (BIGINT; SQLite's
-// INTEGER is 64-bit, PostgreSQL's is not), fractions DOUBLE PRECISION
-// (PostgreSQL's REAL is 32-bit).
-const pgSchema = `
-CREATE TABLE IF NOT EXISTS templates (
-	name       TEXT PRIMARY KEY,
-	rootfs     TEXT NOT NULL,
-	owned      INTEGER NOT NULL DEFAULT 0,
-	process    TEXT NOT NULL,
-	ports      TEXT NOT NULL,
-	memory_mib INTEGER NOT NULL DEFAULT 0,
-	created_at BIGINT NOT NULL,
-	principal  TEXT NOT NULL DEFAULT '',
-	warm       TEXT NOT NULL DEFAULT '',
-	digest     TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS sandboxes (
-	id             TEXT PRIMARY KEY,
-	name           TEXT NOT NULL UNIQUE,
-	template       TEXT NOT NULL REFERENCES templates(name),
-	node           TEXT NOT NULL,
-	backend        TEXT NOT NULL,
-	tier           TEXT NOT NULL,
-	transition     TEXT NOT NULL DEFAULT '',
-	slot           INTEGER NOT NULL,
-	host_ports     TEXT NOT NULL,
-	last_active    BIGINT NOT NULL,
-	created_at     BIGINT NOT NULL,
-	last_wake_ms   DOUBLE PRECISION NOT NULL DEFAULT 0,
-	last_wake_from TEXT NOT NULL DEFAULT '',
-	note           TEXT NOT NULL DEFAULT '',
-	principal      TEXT NOT NULL DEFAULT '',
-	memory_mib     INTEGER NOT NULL DEFAULT 0,
-	UNIQUE (node, slot)
-);
-CREATE TABLE IF NOT EXISTS nodes (
-	name      TEXT PRIMARY KEY,
-	address   TEXT NOT NULL UNIQUE,
-	paired_at BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS join_tokens (
-	hash       TEXT PRIMARY KEY,
-	expires_at BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS placements (
-	id         TEXT PRIMARY KEY,
-	name       TEXT NOT NULL UNIQUE,
-	node       TEXT NOT NULL,
-	template   TEXT NOT NULL DEFAULT '',
-	principal  TEXT NOT NULL DEFAULT '',
-	memory_mib INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS revocations (
-	node TEXT PRIMARY KEY,
-	at   BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS reported (
-	id   TEXT PRIMARY KEY,
-	node TEXT NOT NULL,
-	name TEXT NOT NULL,
-	body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS reported_node ON reported(node);
-CREATE INDEX IF NOT EXISTS reported_name ON reported(name);
-CREATE TABLE IF NOT EXISTS counters (
-	name  TEXT PRIMARY KEY,
-	value BIGINT NOT NULL
-);
-`
-
 // schemaLockKey is the advisory lock that serialises schema set-up: two
 // masters starting at once on a new database would otherwise race in
 // CREATE TABLE IF NOT EXISTS (PostgreSQL checks the catalog before it
@@ -169,7 +98,7 @@ func pgApplySchema(ctx context.Context, db *sql.DB) error {
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, schemaLockKey); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, pgSchema); err != nil {
+	if _, err := tx.ExecContext(ctx, schema); err != nil {
 		return err
 	}
 	// A database made by an older version gets the columns added since

@@ -22,16 +22,12 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 )
 
-// ErrNotFound is returned when no row matches.
-var ErrNotFound = errors.New("not found")
-
-// ErrExists is returned when a name or ID is already taken.
-var ErrExists = errors.New("already exists")
-
-// ErrInUse is returned when something still used cannot be removed.
-var ErrInUse = errors.New("in use")
+// Errors are errdefs kinds: errdefs.ErrNotFound when no row matches, errdefs.ErrExists
+// when a name or ID is taken, ErrConflict when something still used
+// cannot be removed.
 
 // Store is a handle on the state database. It is safe for concurrent use.
 type Store struct {
@@ -99,7 +95,15 @@ type Sandbox struct {
 	LeftBehind bool
 }
 
-const sqliteSchema = `
+// schema is the store's tables, for both databases: written in types both
+// take with the same meaning — BIGINT is a 64-bit integer in PostgreSQL
+// and has INTEGER affinity in SQLite (whose integers are 64-bit anyway);
+// DOUBLE PRECISION is a 64-bit float in both (PostgreSQL's REAL is 32-bit)
+// — so there is one schema, not one per dialect (issue 15). Times are Unix
+// milliseconds. A database made by an older version gets the columns added
+// since from migrations (CREATE TABLE IF NOT EXISTS leaves its tables as
+// they were).
+const schema = `
 CREATE TABLE IF NOT EXISTS templates (
 	name       TEXT PRIMARY KEY,
 	rootfs     TEXT NOT NULL,
@@ -107,7 +111,10 @@ CREATE TABLE IF NOT EXISTS templates (
 	process    TEXT NOT NULL,
 	ports      TEXT NOT NULL,
 	memory_mib INTEGER NOT NULL DEFAULT 0,
-	created_at INTEGER NOT NULL
+	created_at BIGINT NOT NULL,
+	principal  TEXT NOT NULL DEFAULT '',
+	warm       TEXT NOT NULL DEFAULT '',
+	digest     TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS sandboxes (
 	id             TEXT PRIMARY KEY,
@@ -119,22 +126,25 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	transition     TEXT NOT NULL DEFAULT '',
 	slot           INTEGER NOT NULL,
 	host_ports     TEXT NOT NULL,
-	last_active    INTEGER NOT NULL,
-	created_at     INTEGER NOT NULL,
-	last_wake_ms   REAL NOT NULL DEFAULT 0,
+	last_active    BIGINT NOT NULL,
+	created_at     BIGINT NOT NULL,
+	last_wake_ms   DOUBLE PRECISION NOT NULL DEFAULT 0,
 	last_wake_from TEXT NOT NULL DEFAULT '',
 	note           TEXT NOT NULL DEFAULT '',
+	principal      TEXT NOT NULL DEFAULT '',
+	memory_mib     INTEGER NOT NULL DEFAULT 0,
+	generation     BIGINT NOT NULL DEFAULT 0,
+	left_behind    INTEGER NOT NULL DEFAULT 0,
 	UNIQUE (node, slot)
 );
-
 CREATE TABLE IF NOT EXISTS nodes (
 	name      TEXT PRIMARY KEY,
 	address   TEXT NOT NULL UNIQUE,
-	paired_at INTEGER NOT NULL
+	paired_at BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS join_tokens (
 	hash       TEXT PRIMARY KEY,
-	expires_at INTEGER NOT NULL
+	expires_at BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS placements (
 	id         TEXT PRIMARY KEY,
@@ -142,7 +152,9 @@ CREATE TABLE IF NOT EXISTS placements (
 	node       TEXT NOT NULL,
 	template   TEXT NOT NULL DEFAULT '',
 	principal  TEXT NOT NULL DEFAULT '',
-	memory_mib INTEGER NOT NULL DEFAULT 0
+	memory_mib INTEGER NOT NULL DEFAULT 0,
+	generation BIGINT NOT NULL DEFAULT 0,
+	state      TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS revocations (
 	node TEXT PRIMARY KEY,
@@ -228,7 +240,7 @@ func OpenSQLite(path string) (*Store, error) {
 	// One writer at a time is what SQLite allows anyway; one connection
 	// avoids SQLITE_BUSY between our own goroutines.
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(sqliteSchema); err != nil {
+	if _, err := db.Exec(schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: apply schema to %s: %w", path, err)
 	}
@@ -261,7 +273,7 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// PutTemplate inserts t; ErrExists if the name is taken.
+// PutTemplate inserts t; errdefs.ErrExists if the name is taken.
 func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = time.Now()
@@ -273,17 +285,17 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest) VALUES(?,?,?,?,?,?,?,?,?,?)`),
 		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest)
 	if isConstraint(err) {
-		return fmt.Errorf("template %q: %w", t.Name, ErrExists)
+		return fmt.Errorf("template %q: %w", t.Name, errdefs.ErrExists)
 	}
 	return err
 }
 
-// GetTemplate returns the template called name, or ErrNotFound.
+// GetTemplate returns the template called name, or errdefs.ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
 	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest FROM templates WHERE name=?`), name)
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
-		return t, fmt.Errorf("template %q: %w", name, ErrNotFound)
+		return t, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
 	}
 	return t, err
 }
@@ -313,7 +325,7 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 	return out, rows.Err()
 }
 
-// DeleteTemplate removes a template; ErrNotFound if absent, ErrExists
+// DeleteTemplate removes a template; errdefs.ErrNotFound if absent, errdefs.ErrExists
 // (wrapped with a message) while sandboxes still use it.
 func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
 	var n int
@@ -323,14 +335,14 @@ func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
 		return err
 	}
 	if n > 0 {
-		return fmt.Errorf("template %q is %w by %d sandbox(es); delete them first (sandboxes: sandstormd sandbox ls)", name, ErrInUse, n)
+		return errdefs.New(errdefs.ErrConflict, "template %q is in use by %d sandbox(es); delete them first (sandboxes: sandstormd sandbox ls)", name, n)
 	}
 	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM templates WHERE name=?`), name)
 	if err != nil {
 		return err
 	}
 	if k, _ := res.RowsAffected(); k == 0 {
-		return fmt.Errorf("template %q: %w", name, ErrNotFound)
+		return fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
 	}
 	return nil
 }
@@ -362,15 +374,15 @@ func scanTemplate(r scanner) (Template, error) {
 
 const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind`
 
-// CreateSandbox inserts sb; ErrExists if its ID, name or slot is taken;
-// ErrNotFound if its template does not exist.
+// CreateSandbox inserts sb; errdefs.ErrExists if its ID, name or slot is taken;
+// errdefs.ErrNotFound if its template does not exist.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
-		return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
+		return fmt.Errorf("sandbox %q: %w", sb.Name, errdefs.ErrExists)
 	}
 	return err
 }
@@ -381,12 +393,12 @@ func sandboxArgs(sb Sandbox) []any {
 		sb.Generation, boolInt(sb.LeftBehind)}
 }
 
-// GetSandbox returns the sandbox whose ID or name is ref, or ErrNotFound.
+// GetSandbox returns the sandbox whose ID or name is ref, or errdefs.ErrNotFound.
 func (s *Store) GetSandbox(ctx context.Context, ref string) (Sandbox, error) {
 	row := s.db.QueryRowContext(ctx, s.q(`SELECT `+sandboxCols+` FROM sandboxes WHERE id=? OR name=? LIMIT 1`), ref, ref)
 	sb, err := scanSandbox(row)
 	if errors.Is(err, sql.ErrNoRows) {
-		return sb, fmt.Errorf("sandbox %q: %w", ref, ErrNotFound)
+		return sb, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
 	}
 	return sb, err
 }
@@ -410,7 +422,7 @@ func (s *Store) ListSandboxes(ctx context.Context, node string) ([]Sandbox, erro
 }
 
 // UpdateSandbox reads the sandbox id, applies fn and writes the result, in
-// one transaction. fn must not change the ID. ErrNotFound if absent.
+// one transaction. fn must not change the ID. errdefs.ErrNotFound if absent.
 func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -419,7 +431,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	defer tx.Rollback()
 	sb, err := scanSandbox(tx.QueryRowContext(ctx, s.q(`SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`+s.d.forUpdate), id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return sb, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+		return sb, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return sb, err
@@ -437,14 +449,14 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	return sb, tx.Commit()
 }
 
-// DeleteSandbox removes the row; ErrNotFound if absent.
+// DeleteSandbox removes the row; errdefs.ErrNotFound if absent.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM sandboxes WHERE id=?`), id)
 	if err != nil {
 		return err
 	}
 	if k, _ := res.RowsAffected(); k == 0 {
-		return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	return nil
 }
@@ -484,7 +496,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 }
 
 // isConstraint reports whether err is a constraint violation (UNIQUE or
-// PRIMARY KEY) in SQLite or PostgreSQL, which callers map to ErrExists.
+// PRIMARY KEY) in SQLite or PostgreSQL, which callers map to errdefs.ErrExists.
 func isConstraint(err error) bool {
 	if err == nil {
 		return false
@@ -508,12 +520,12 @@ type Node struct {
 	PairedAt time.Time
 }
 
-// PutNode records a paired node; ErrExists if its name or address is
+// PutNode records a paired node; errdefs.ErrExists if its name or address is
 // taken.
 func (s *Store) PutNode(ctx context.Context, n Node) error {
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO nodes(name, address, paired_at) VALUES(?,?,?)`), n.Name, n.Address, ms(n.PairedAt))
 	if isConstraint(err) {
-		return fmt.Errorf("node %q at %s: %w", n.Name, n.Address, ErrExists)
+		return fmt.Errorf("node %q at %s: %w", n.Name, n.Address, errdefs.ErrExists)
 	}
 	return err
 }
@@ -538,7 +550,7 @@ func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 	return out, rows.Err()
 }
 
-// DeleteNode forgets node name; ErrNotFound if absent.
+// DeleteNode forgets node name; errdefs.ErrNotFound if absent.
 func (s *Store) DeleteNode(ctx context.Context, name string) error {
 	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM nodes WHERE name=?`), name)
 	if err != nil {
@@ -548,7 +560,7 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 		return err
 	}
 	if k, _ := res.RowsAffected(); k == 0 {
-		return fmt.Errorf("node %q: %w", name, ErrNotFound)
+		return fmt.Errorf("node %q: %w", name, errdefs.ErrNotFound)
 	}
 	return nil
 }
@@ -583,11 +595,11 @@ func PendingID(gen int64) string { return fmt.Sprintf("pending-%d", gen) }
 const placementCols = `id, name, node, template, principal, memory_mib, generation, state`
 
 // PutPlacement records where a sandbox went (or an attempt to put it
-// there); ErrExists if its name is taken.
+// there); errdefs.ErrExists if its name is taken.
 func (s *Store) PutPlacement(ctx context.Context, p Placement) error {
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?)`), p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, p.State)
 	if isConstraint(err) {
-		return fmt.Errorf("sandbox %q: %w", p.Name, ErrExists)
+		return fmt.Errorf("sandbox %q: %w", p.Name, errdefs.ErrExists)
 	}
 	return err
 }
@@ -599,7 +611,7 @@ func (s *Store) GetPlacement(ctx context.Context, ref string) (Placement, error)
 		return Placement{}, err
 	}
 	if len(ps) == 0 {
-		return Placement{}, fmt.Errorf("sandbox %q: %w", ref, ErrNotFound)
+		return Placement{}, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
 	}
 	return ps[0], nil
 }
@@ -627,7 +639,7 @@ func (s *Store) setPlacement(ctx context.Context, q string, args ...any) error {
 		return err
 	}
 	if k, _ := res.RowsAffected(); k == 0 {
-		return fmt.Errorf("placement %v: %w", args[len(args)-1], ErrNotFound)
+		return fmt.Errorf("placement %v: %w", args[len(args)-1], errdefs.ErrNotFound)
 	}
 	return nil
 }
@@ -652,7 +664,7 @@ func (s *Store) ResolveAttempt(ctx context.Context, gen int64, ps []Placement) e
 		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`),
 			p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, ""); err != nil {
 			if isConstraint(err) {
-				return fmt.Errorf("sandbox %q: %w", p.Name, ErrExists)
+				return fmt.Errorf("sandbox %q: %w", p.Name, errdefs.ErrExists)
 			}
 			return err
 		}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/testenv"
 )
 
@@ -74,7 +76,7 @@ func testWarmTemplateRoundTrip(t *testing.T, where string) {
 	if err := s.PutPlacement(ctx, Placement{ID: "x1", Name: "x", Node: "far", Template: "p"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteTemplate(ctx, "p"); !errors.Is(err, ErrInUse) {
+	if err := s.DeleteTemplate(ctx, "p"); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("deleting a template placed on a paired node: %v", err)
 	}
 	s.DeletePlacement(ctx, "x1")
@@ -94,8 +96,8 @@ func testTemplatesAndSandboxesSurviveReopen(t *testing.T, path string) {
 	if err := s.PutTemplate(ctx, tmpl); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutTemplate(ctx, tmpl); !errors.Is(err, ErrExists) {
-		t.Fatalf("duplicate template: err = %v, want ErrExists", err)
+	if err := s.PutTemplate(ctx, tmpl); !errors.Is(err, errdefs.ErrExists) {
+		t.Fatalf("duplicate template: err = %v, want errdefs.ErrExists", err)
 	}
 	now := time.Now().Truncate(time.Millisecond)
 	sb := Sandbox{ID: "abc", Name: "one", Template: "web", Node: "local", Backend: "gvisor", Tier: api.TierHot,
@@ -106,13 +108,13 @@ func testTemplatesAndSandboxesSurviveReopen(t *testing.T, path string) {
 	}
 	dup := sb
 	dup.ID = "other"
-	if err := s.CreateSandbox(ctx, dup); !errors.Is(err, ErrExists) {
-		t.Fatalf("duplicate name and slot: err = %v, want ErrExists", err)
+	if err := s.CreateSandbox(ctx, dup); !errors.Is(err, errdefs.ErrExists) {
+		t.Fatalf("duplicate name and slot: err = %v, want errdefs.ErrExists", err)
 	}
 	missing := sb
 	missing.ID, missing.Name, missing.Slot, missing.Template = "x", "x", 4, "nope"
-	if err := s.CreateSandbox(ctx, missing); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("unknown template: err = %v, want ErrNotFound", err)
+	if err := s.CreateSandbox(ctx, missing); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown template: err = %v, want errdefs.ErrNotFound", err)
 	}
 	if _, err := s.UpdateSandbox(ctx, "abc", func(x *Sandbox) error {
 		x.Tier, x.Transition, x.Note = api.TierSnapshot, "", "checked"
@@ -120,8 +122,8 @@ func testTemplatesAndSandboxesSurviveReopen(t *testing.T, path string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteTemplate(ctx, "web"); !errors.Is(err, ErrInUse) {
-		t.Fatalf("delete template in use: err = %v, want ErrInUse", err)
+	if err := s.DeleteTemplate(ctx, "web"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("delete template in use: err = %v, want errdefs.ErrConflict", err)
 	}
 	s.Close()
 
@@ -149,7 +151,7 @@ func testTemplatesAndSandboxesSurviveReopen(t *testing.T, path string) {
 	if err := s2.DeleteSandbox(ctx, "abc"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s2.GetSandbox(ctx, "abc"); !errors.Is(err, ErrNotFound) {
+	if _, err := s2.GetSandbox(ctx, "abc"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("after delete: %v", err)
 	}
 	if err := s2.DeleteTemplate(ctx, "web"); err != nil {
@@ -176,7 +178,7 @@ func testUpdateErrorRollsBack(t *testing.T, where string) {
 	if got.Tier != api.TierHot {
 		t.Fatalf("tier = %s after failed update, want hot", got.Tier)
 	}
-	if _, err := s.UpdateSandbox(ctx, "zzz", func(*Sandbox) error { return nil }); !errors.Is(err, ErrNotFound) {
+	if _, err := s.UpdateSandbox(ctx, "zzz", func(*Sandbox) error { return nil }); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("update unknown: %v", err)
 	}
 }
@@ -209,7 +211,7 @@ func testConcurrentUpdates(t *testing.T, where string) {
 		go func() {
 			defer wg.Done()
 			err := s.CreateSandbox(ctx, Sandbox{ID: fmt.Sprint("b", i), Name: "b", Template: "t", Slot: 7, HostPorts: map[int]int{}})
-			if err != nil && !errors.Is(err, ErrExists) {
+			if err != nil && !errors.Is(err, errdefs.ErrExists) {
 				errs <- err
 			}
 			if err == nil {
@@ -246,7 +248,7 @@ func testNodesAndPlacements(t *testing.T, where string) {
 	if err := s.PutNode(ctx, Node{Name: "n1", Address: "10.0.0.1:7443", PairedAt: at}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutNode(ctx, Node{Name: "n2", Address: "10.0.0.1:7443", PairedAt: at}); !errors.Is(err, ErrExists) {
+	if err := s.PutNode(ctx, Node{Name: "n2", Address: "10.0.0.1:7443", PairedAt: at}); !errors.Is(err, errdefs.ErrExists) {
 		t.Errorf("a second node at one address: %v", err)
 	}
 	ns, err := s.ListNodes(ctx)
@@ -256,7 +258,7 @@ func testNodesAndPlacements(t *testing.T, where string) {
 	if err := s.PutPlacement(ctx, Placement{ID: "a1", Name: "one", Node: "n1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutPlacement(ctx, Placement{ID: "a2", Name: "one", Node: "n1"}); !errors.Is(err, ErrExists) {
+	if err := s.PutPlacement(ctx, Placement{ID: "a2", Name: "one", Node: "n1"}); !errors.Is(err, errdefs.ErrExists) {
 		t.Errorf("a second sandbox named one: %v", err)
 	}
 	if p, err := s.GetPlacement(ctx, "one"); err != nil || p.ID != "a1" || p.Node != "n1" {
@@ -266,13 +268,13 @@ func testNodesAndPlacements(t *testing.T, where string) {
 		t.Errorf("count %d", k)
 	}
 	s.DeletePlacement(ctx, "a1")
-	if _, err := s.GetPlacement(ctx, "a1"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetPlacement(ctx, "a1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("after delete: %v", err)
 	}
 	if err := s.DeleteNode(ctx, "n1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteNode(ctx, "n1"); !errors.Is(err, ErrNotFound) {
+	if err := s.DeleteNode(ctx, "n1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("second delete: %v", err)
 	}
 }
@@ -393,7 +395,7 @@ func testAttempts(t *testing.T, where string) {
 	if err := a.PutPlacement(ctx, att); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.PutPlacement(ctx, Placement{ID: "other", Name: "n", Node: "y"}); !errors.Is(err, ErrExists) {
+	if err := a.PutPlacement(ctx, Placement{ID: "other", Name: "n", Node: "y"}); !errors.Is(err, errdefs.ErrExists) {
 		t.Errorf("a name held by an attempt: %v", err)
 	}
 	if us, _ := a.ListUnsettled(ctx); len(us) != 1 || us[0].ID != att.ID {
@@ -417,7 +419,7 @@ func testAttempts(t *testing.T, where string) {
 	if p, _ := a.GetPlacement(ctx, "abc"); p.State != PlacementDeleting {
 		t.Errorf("state: %+v", p)
 	}
-	if err := a.SetPlacementNode(ctx, "nothing", "x"); !errors.Is(err, ErrNotFound) {
+	if err := a.SetPlacementNode(ctx, "nothing", "x"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("a node for no placement: %v", err)
 	}
 	for _, v := range []int64{5, 3, 9} {
@@ -427,5 +429,49 @@ func testAttempts(t *testing.T, where string) {
 	}
 	if v, _ := b.Counter(ctx, "fence"); v != 9 {
 		t.Errorf("counter %d after raising to 5, 3, 9", v)
+	}
+}
+
+func TestOldDatabaseMigrates(t *testing.T) { eachStore(t, testOldDatabaseMigrates) }
+
+// testOldDatabaseMigrates: a database made by the first version (its
+// tables without the columns added since) opens, gains every column the
+// schema has now, and keeps its rows.
+func testOldDatabaseMigrates(t *testing.T, where string) {
+	ctx := context.Background()
+	driver, dsn := "sqlite", "file:"+where
+	if IsPostgres(where) {
+		driver, dsn = "pgx", where
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE templates (name TEXT PRIMARY KEY, rootfs TEXT NOT NULL, owned INTEGER NOT NULL DEFAULT 0, process TEXT NOT NULL, ports TEXT NOT NULL, memory_mib INTEGER NOT NULL DEFAULT 0, created_at BIGINT NOT NULL)`,
+		`CREATE TABLE sandboxes (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, template TEXT NOT NULL REFERENCES templates(name), node TEXT NOT NULL, backend TEXT NOT NULL, tier TEXT NOT NULL, transition TEXT NOT NULL DEFAULT '', slot INTEGER NOT NULL, host_ports TEXT NOT NULL, last_active BIGINT NOT NULL, created_at BIGINT NOT NULL, last_wake_ms DOUBLE PRECISION NOT NULL DEFAULT 0, last_wake_from TEXT NOT NULL DEFAULT '', note TEXT NOT NULL DEFAULT '', UNIQUE (node, slot))`,
+		`CREATE TABLE placements (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, node TEXT NOT NULL, template TEXT NOT NULL DEFAULT '', principal TEXT NOT NULL DEFAULT '', memory_mib INTEGER NOT NULL DEFAULT 0)`,
+		`INSERT INTO templates VALUES ('web', '/srv', 0, '{"args":["/x"]}', '[8000]', 0, 1)`,
+		`INSERT INTO sandboxes(id, name, template, node, backend, tier, slot, host_ports, last_active, created_at) VALUES ('a1', 'one', 'web', 'n', 'gvisor', 'hot', 0, '{}', 1, 1)`,
+		`INSERT INTO placements(id, name, node) VALUES ('b2', 'two', 'far')`,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	db.Close()
+	st := openAt(t, where)
+	sb, err := st.GetSandbox(ctx, "one")
+	if err != nil || sb.ID != "a1" || sb.Principal != "" || sb.Generation != 0 || sb.LeftBehind {
+		t.Fatalf("an old sandbox row: %+v %v", sb, err)
+	}
+	if _, err := st.UpdateSandbox(ctx, "a1", func(s *Sandbox) error { s.Generation, s.Principal = 5, "p"; return nil }); err != nil {
+		t.Fatalf("writing the new columns of an old row: %v", err)
+	}
+	if p, err := st.GetPlacement(ctx, "two"); err != nil || p.Node != "far" || p.State != "" {
+		t.Errorf("an old placement: %+v %v", p, err)
+	}
+	if tm, err := st.GetTemplate(ctx, "web"); err != nil || tm.Digest != "" || tm.Warm != nil {
+		t.Errorf("an old template: %+v %v", tm, err)
 	}
 }

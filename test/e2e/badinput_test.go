@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 )
 
 // TestBadInput sends the API every kind of bad request the issue lists and
@@ -119,14 +121,19 @@ func TestBadInput(t *testing.T) {
 	})
 
 	t.Run("conflict", func(t *testing.T) {
+		// A name taken is 409 "exists" (errdefs.ErrExists), a state that
+		// does not allow it 409 "conflict".
 		_, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "web", RootfsDir: webRootfs,
 			Process: api.Process{Args: webDemo.Args}, Ports: []int{8000}})
-		expectAPIError(t, err, http.StatusConflict, api.CodeConflict)
+		expectAPIError(t, err, http.StatusConflict, api.CodeExists)
 		_, err = d.upload(t, "web", tarOf(t, tarEntry{hdr: tar.Header{Name: "usr/bin/python3", Typeflag: tar.TypeReg, Mode: 0o755}, body: "x"}))
-		expectAPIError(t, err, http.StatusConflict, api.CodeConflict)
+		expectAPIError(t, err, http.StatusConflict, api.CodeExists)
 
 		_, err = d.C.CreateSandbox(ctxT(t), api.SandboxRequest{Template: "web", Name: "victim"})
-		expectAPIError(t, err, http.StatusConflict, api.CodeConflict)
+		expectAPIError(t, err, http.StatusConflict, api.CodeExists)
+		if !errors.Is(err, errdefs.ErrExists) {
+			t.Errorf("the client's error is not errdefs.ErrExists across the wire: %v", err)
+		}
 
 		err = d.C.DeleteTemplate(ctxT(t), "web")
 		expectAPIError(t, err, http.StatusConflict, api.CodeConflict)

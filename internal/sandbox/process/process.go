@@ -43,6 +43,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sandbox"
 )
 
@@ -502,16 +503,16 @@ func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
 	return nil
 }
 
-// Checkpoint always fails with an error wrapping sandbox.ErrNotSupported:
+// Checkpoint always fails with an error wrapping errdefs.ErrNotSupported:
 // this backend has no CRIU integration (see Capabilities().Why).
 func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir string) error {
-	return fmt.Errorf("process backend: checkpoint %s: %w: %s", spec.ID, sandbox.ErrNotSupported, b.caps.Why)
+	return fmt.Errorf("process backend: checkpoint %s: %w: %s", spec.ID, errdefs.ErrNotSupported, b.caps.Why)
 }
 
-// Restore always fails with an error wrapping sandbox.ErrNotSupported, since
+// Restore always fails with an error wrapping errdefs.ErrNotSupported, since
 // Checkpoint never produces an image.
 func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir string) error {
-	return fmt.Errorf("process backend: restore %s: %w: %s", spec.ID, sandbox.ErrNotSupported, b.caps.Why)
+	return fmt.Errorf("process backend: restore %s: %w: %s", spec.ID, errdefs.ErrNotSupported, b.caps.Why)
 }
 
 // Remove kills every process of the container with cgroup.kill (frozen ones

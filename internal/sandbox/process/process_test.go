@@ -21,6 +21,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sandbox"
 )
 
@@ -602,10 +603,10 @@ func TestCheckpointNotSupported(t *testing.T) {
 	}
 	t.Logf("Why: %s", caps.Why)
 	spec := sandbox.Spec{ID: "nope"}
-	if err := b.Checkpoint(context.Background(), spec, t.TempDir()); !errors.Is(err, sandbox.ErrNotSupported) {
+	if err := b.Checkpoint(context.Background(), spec, t.TempDir()); !errors.Is(err, errdefs.ErrNotSupported) {
 		t.Errorf("Checkpoint = %v, want ErrNotSupported", err)
 	}
-	if err := b.Restore(context.Background(), spec, t.TempDir()); !errors.Is(err, sandbox.ErrNotSupported) {
+	if err := b.Restore(context.Background(), spec, t.TempDir()); !errors.Is(err, errdefs.ErrNotSupported) {
 		t.Errorf("Restore = %v, want ErrNotSupported", err)
 	}
 }

@@ -1,4 +1,9 @@
-package nodeapi
+// Package nodelocal is the node in this process as the seam's
+// nodeapi.Node (issue 15: the seam on its own, so that what imports the
+// interface does not import the node): store rows and node errors inside,
+// wire types and errdefs kinds outside, and the node's report stream
+// (Watch) from its events hub.
+package nodelocal
 
 import (
 	"bytes"
@@ -7,14 +12,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
-
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/logstamp"
 	"sandstorm/internal/node"
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
+	"time"
 )
 
 // Local is the node in the master's own process. It speaks store rows and
@@ -36,21 +42,21 @@ type Local struct {
 	Events *events.Hub
 }
 
-var _ Node = (*Local)(nil)
+var _ nodeapi.Node = (*Local)(nil)
 
-// Name implements Node.
+// Name implements nodeapi.Node.
 func (l *Local) Name() string { return l.N.Name() }
 
-// Create implements Node. The template's definition is the node's own
+// Create implements nodeapi.Node. The template's definition is the node's own
 // store's copy of req.Template.Name.
-func (l *Local) Create(ctx context.Context, req CreateRequest) (api.Sandbox, error) {
+func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
 	t, err := l.St.GetTemplate(ctx, req.Template.Name)
 	if err != nil {
-		return api.Sandbox{}, mapErr(err)
+		return api.Sandbox{}, err
 	}
 	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB, req.Generation)
 	if err != nil {
-		return api.Sandbox{}, mapErr(err)
+		return api.Sandbox{}, err
 	}
 	if req.Note != "" {
 		if s, err := l.St.UpdateSandbox(ctx, sb.ID, func(s *store.Sandbox) error { s.Note = req.Note; return nil }); err == nil {
@@ -61,20 +67,20 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (api.Sandbox, err
 	return l.wire(sb), nil
 }
 
-// Get implements Node.
+// Get implements nodeapi.Node.
 func (l *Local) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	sb, err := l.N.Get(ctx, ref)
 	if err != nil {
-		return api.Sandbox{}, mapErr(err)
+		return api.Sandbox{}, err
 	}
 	return l.wire(sb), nil
 }
 
-// List implements Node.
+// List implements nodeapi.Node.
 func (l *Local) List(ctx context.Context) ([]api.Sandbox, error) {
 	all, err := l.N.List(ctx)
 	if err != nil {
-		return nil, mapErr(err)
+		return nil, err
 	}
 	out := make([]api.Sandbox, 0, len(all))
 	for _, sb := range all {
@@ -83,39 +89,39 @@ func (l *Local) List(ctx context.Context) ([]api.Sandbox, error) {
 	return out, nil
 }
 
-// Delete implements Node.
+// Delete implements nodeapi.Node.
 func (l *Local) Delete(ctx context.Context, id string) error {
-	return mapErr(l.N.Delete(ctx, id))
+	return l.N.Delete(ctx, id)
 }
 
-// Transition implements Node.
-func (l *Local) Transition(ctx context.Context, id string, op Op) (api.Sandbox, error) {
+// Transition implements nodeapi.Node.
+func (l *Local) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
 	var (
 		sb  store.Sandbox
 		err error
 	)
 	switch op {
-	case Freeze:
+	case nodeapi.Freeze:
 		sb, err = l.N.Freeze(ctx, id)
-	case Snapshot:
+	case nodeapi.Snapshot:
 		sb, err = l.N.Snapshot(ctx, id)
-	case Detach:
+	case nodeapi.Detach:
 		sb, err = l.N.Detach(ctx, id)
-	case Wake:
+	case nodeapi.Wake:
 		if err = l.N.Wake(ctx, id); err == nil {
 			sb, err = l.N.Get(ctx, id)
 		}
 	default:
-		return api.Sandbox{}, fmt.Errorf("%w: no transition %q: use freeze, snapshot, detach or wake", ErrBadInput, op)
+		return api.Sandbox{}, fmt.Errorf("%w: no transition %q: use freeze, snapshot, detach or wake", errdefs.ErrBadInput, op)
 	}
 	if err != nil {
-		return api.Sandbox{}, mapErr(err)
+		return api.Sandbox{}, err
 	}
 	return l.wire(sb), nil
 }
 
-// Clone implements Node.
-func (l *Local) Clone(ctx context.Context, id string, req CloneRequest) (api.CloneResult, error) {
+// Clone implements nodeapi.Node.
+func (l *Local) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {
 	res, err := l.N.Clone(ctx, id, req.Count, req.Principal, req.Reseed, req.Generation)
 	out := api.CloneResult{Children: []api.Sandbox{}, ParentPauseMs: ms(res.ParentPause)}
 	if res.Parent.ID != "" {
@@ -125,36 +131,36 @@ func (l *Local) Clone(ctx context.Context, id string, req CloneRequest) (api.Clo
 		out.Children = append(out.Children, l.wire(c))
 		out.ChildMs = append(out.ChildMs, ms(res.ChildTimes[i]))
 	}
-	return out, mapErr(err)
+	return out, err
 }
 
-// Status implements Node.
+// Status implements nodeapi.Node.
 func (l *Local) Status(ctx context.Context) (api.NodeStatus, error) {
 	st, err := l.N.Status(ctx)
-	return st, mapErr(err)
+	return st, err
 }
 
-// PrepareTemplate implements Node. A node with its own templates keeps
+// PrepareTemplate implements nodeapi.Node. A node with its own templates keeps
 // each rootfs it is given by digest in Rootfs (rootfs.Cache) and records
-// the template with that tree; it answers ErrNoRootfs for a digest it
+// the template with that tree; it answers errdefs.ErrPrecondition for a digest it
 // has not got, and the master then sends it. The node in the master's
 // process shares the master's store, whose row already names the tree.
 // Then it makes a warm template's image.
 func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
 	if l.OwnTemplates {
 		if !rootfs.ValidDigest(t.Digest) {
-			return Mark(ErrBadInput, fmt.Errorf("template %s: digest %q is not sha256:<64 hex digits>", t.Name, t.Digest))
+			return errdefs.Mark(errdefs.ErrBadInput, fmt.Errorf("template %s: digest %q is not sha256:<64 hex digits>", t.Name, t.Digest))
 		}
 		dir, ok := l.Rootfs.Path(t.Digest)
 		if !ok {
-			return Mark(ErrNoRootfs, fmt.Errorf("template %s: node %s has no rootfs %s yet", t.Name, l.N.Name(), t.Digest))
+			return errdefs.Mark(errdefs.ErrPrecondition, fmt.Errorf("template %s: node %s has no rootfs %s yet", t.Name, l.N.Name(), t.Digest))
 		}
 		if old, err := l.St.GetTemplate(ctx, t.Name); err == nil && old.Digest != t.Digest {
-			return Mark(ErrConflict, fmt.Errorf("template %s: node %s has one of that name with another rootfs (%s); delete the template and register it again", t.Name, l.N.Name(), old.Digest))
-		} else if errors.Is(err, store.ErrNotFound) {
+			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("template %s: node %s has one of that name with another rootfs (%s); delete the template and register it again", t.Name, l.N.Name(), old.Digest))
+		} else if errors.Is(err, errdefs.ErrNotFound) {
 			rec := store.Template{Name: t.Name, Rootfs: dir, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
-			if err := l.St.PutTemplate(ctx, rec); err != nil && !errors.Is(err, store.ErrExists) {
-				return mapErr(err)
+			if err := l.St.PutTemplate(ctx, rec); err != nil && !errors.Is(err, errdefs.ErrExists) {
+				return err
 			}
 		}
 	}
@@ -163,9 +169,9 @@ func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
 	}
 	st, err := l.St.GetTemplate(ctx, t.Name)
 	if err != nil {
-		return mapErr(err)
+		return err
 	}
-	return mapErr(l.N.PrepareWarm(ctx, st))
+	return l.N.PrepareWarm(ctx, st)
 }
 
 // PutRootfs implements Node: the tree goes into the node's cache if its
@@ -177,18 +183,18 @@ func (l *Local) PutRootfs(ctx context.Context, digest string, tar io.Reader) err
 		return nil
 	}
 	if !rootfs.ValidDigest(digest) {
-		return Mark(ErrBadInput, fmt.Errorf("%q is not a rootfs digest (sha256:<64 hex digits>)", digest))
+		return errdefs.Mark(errdefs.ErrBadInput, fmt.Errorf("%q is not a rootfs digest (sha256:<64 hex digits>)", digest))
 	}
 	if _, err := l.Rootfs.Put(digest, tar, rootfs.Limits{}); err != nil {
 		if errors.Is(err, rootfs.ErrDigestMismatch) || errors.Is(err, rootfs.ErrUnsafe) || errors.Is(err, rootfs.ErrTooLarge) {
-			return Mark(ErrBadInput, err)
+			return errdefs.Mark(errdefs.ErrBadInput, err)
 		}
 		return err
 	}
 	return nil
 }
 
-// DropTemplate implements Node. A rootfs no other template of the node
+// DropTemplate implements nodeapi.Node. A rootfs no other template of the node
 // uses goes with it.
 func (l *Local) DropTemplate(ctx context.Context, name string) error {
 	l.N.DropWarm(name)
@@ -196,18 +202,18 @@ func (l *Local) DropTemplate(ctx context.Context, name string) error {
 		return nil
 	}
 	t, err := l.St.GetTemplate(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
-		return mapErr(err)
+		return err
 	}
 	if err := l.St.DeleteTemplate(ctx, name); err != nil {
-		return mapErr(err)
+		return err
 	}
 	ts, err := l.St.ListTemplates(ctx)
 	if err != nil {
-		return mapErr(err)
+		return err
 	}
 	for _, o := range ts {
 		if o.Digest == t.Digest {
@@ -229,10 +235,10 @@ func (l *Local) wire(sb store.Sandbox) api.Sandbox {
 	}
 }
 
-// Fence implements Node.
-func (l *Local) Fence(ctx context.Context, req FenceRequest) (FenceResult, error) {
+// Fence implements nodeapi.Node.
+func (l *Local) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
 	ids, err := l.N.Fence(ctx, req.Generation, req.Keep, req.InFlight)
-	return FenceResult{Retired: append([]string{}, ids...)}, mapErr(err)
+	return nodeapi.FenceResult{Retired: append([]string{}, ids...)}, err
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -242,15 +248,15 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // where it was started, restored or stopped), then with Follow what is
 // appended, until ctx ends or the sandbox is deleted. w is flushed after
 // each write if it can be (http.Flusher).
-func (l *Local) Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error {
+func (l *Local) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w io.Writer) error {
 	sb, err := l.N.Get(ctx, id)
 	if err != nil {
-		return mapErr(err)
+		return err
 	}
 	path := l.N.LogPath(sb.ID)
 	gone := func() bool {
 		_, err := l.N.Get(ctx, sb.ID)
-		return errors.Is(err, store.ErrNotFound)
+		return errors.Is(err, errdefs.ErrNotFound)
 	}
 	fl, _ := w.(interface{ Flush() })
 	flush := func() {
@@ -359,42 +365,75 @@ func lineStart(path string, off int64) int64 {
 	return off
 }
 
-// seamError is an error of the node's own, marked with the seam's
-// sentinel it maps to: errors.Is finds both, and its words are the
-// node's, unchanged.
-type seamError struct {
-	kind error
-	err  error
-}
-
-func (e *seamError) Error() string   { return e.err.Error() }
-func (e *seamError) Unwrap() []error { return []error{e.kind, e.err} }
-
-// Mark returns err marked as kind (one of the seam's errors).
-func Mark(kind, err error) error {
-	if err == nil {
-		return nil
+// Watch implements Node: the node's events hub is what it reports; each
+// event is followed by the sandbox it concerns read afresh, so a report
+// is never older than the change it follows.
+func (l *Local) Watch(ctx context.Context, send func(nodeapi.Report) error) error {
+	if l.Events == nil {
+		return errdefs.Mark(errdefs.ErrNotSupported, errors.New("this node keeps no event hub to report from"))
 	}
-	return &seamError{kind: kind, err: err}
-}
-
-// mapErr marks a node or store error with the seam's error it means.
-func mapErr(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, store.ErrNotFound):
-		return Mark(ErrNotFound, err)
-	case errors.Is(err, store.ErrExists):
-		return Mark(ErrExists, err)
-	case errors.Is(err, store.ErrInUse), errors.Is(err, node.ErrConflict):
-		return Mark(ErrConflict, err)
-	case errors.Is(err, node.ErrNotSupported):
-		return Mark(ErrNotSupported, err)
-	case errors.Is(err, node.ErrNoMemory), errors.Is(err, node.ErrNoDisk), errors.Is(err, node.ErrRefused), errors.Is(err, node.ErrFull):
-		return Mark(ErrUnavailable, err)
-	case errors.Is(err, node.ErrBadInput):
-		return Mark(ErrBadInput, err)
+	// Subscribe before the full report: a change made while it is read
+	// is then also sent after it (and read afresh, so sending it twice
+	// is harmless).
+	_, live, cancel := l.Events.Subscribe(1024)
+	defer cancel()
+	last := l.Events.Seq()
+	full := func() error {
+		sbs, err := l.List(ctx)
+		if err != nil {
+			return err
+		}
+		st, err := l.Status(ctx)
+		if err != nil {
+			return err
+		}
+		return send(nodeapi.Report{Full: true, Sandboxes: append([]api.Sandbox{}, sbs...), Status: &st})
 	}
-	return err
+	if err := full(); err != nil {
+		return err
+	}
+	beat := time.NewTicker(nodeapi.HeartbeatEvery)
+	defer beat.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-live:
+			if e.Seq > last+1 {
+				// The hub dropped events for us (we were slow): what
+				// they said is lost, so send everything again.
+				last = e.Seq
+				if err := full(); err != nil {
+					return err
+				}
+				continue
+			}
+			if e.Seq > last {
+				last = e.Seq
+			}
+			r := nodeapi.Report{Event: &e}
+			if e.ID != "" {
+				sb, err := l.Get(ctx, e.ID)
+				switch {
+				case err == nil:
+					r.Sandbox = &sb
+				case errors.Is(err, errdefs.ErrNotFound):
+					r.Gone = e.ID
+				default:
+					return err
+				}
+			}
+			if err := send(r); err != nil {
+				return err
+			}
+		case <-beat.C:
+			st, err := l.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if err := send(nodeapi.Report{Status: &st}); err != nil {
+				return err
+			}
+		}
+	}
 }
