@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"sort"
 	"strconv"
 	"syscall"
 	"time"
@@ -26,7 +25,6 @@ import (
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/logging"
-	"sandstorm/internal/policy"
 )
 
 type options struct {
@@ -177,21 +175,9 @@ sockets and exits 0.`,
 
 // fileConfig is the --config file.
 type fileConfig struct {
-	Mesh       string      `json:"mesh,omitempty"`
-	Policy     string      `json:"policy,omitempty"`
-	Boundaries []boxConfig `json:"boundaries"`
-}
-
-type boxConfig struct {
-	Principal       string            `json:"principal"`
-	Socket          string            `json:"socket,omitempty"`
-	Listen          string            `json:"listen,omitempty"`
-	Peer            string            `json:"peer,omitempty"`
-	ProxyPort       int               `json:"proxy_port,omitempty"`
-	DNSPort         int               `json:"dns_port,omitempty"`
-	TransparentPort int               `json:"transparent_port,omitempty"`
-	Policy          string            `json:"policy,omitempty"`
-	Users           map[string]string `json:"users,omitempty"`
+	Mesh       string             `json:"mesh,omitempty"`
+	Policy     string             `json:"policy,omitempty"`
+	Boundaries []boundary.SetSpec `json:"boundaries"`
 }
 
 func loadFileConfig(path string) (fileConfig, error) {
@@ -251,227 +237,34 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if o.set == nil {
-		o.set = func(string) bool { return false }
-	}
-	mode, err := strconv.ParseUint(o.socketMode, 8, 32)
-	if err != nil || mode > 0o777 {
-		return fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", o.socketMode)
-	}
-	synthetic, err := netip.ParsePrefix(o.synthetic)
-	if err != nil {
-		return fmt.Errorf("--synthetic: %w", err)
-	}
-
-	// What to run: the command line's one boundary, or the file's many.
-	var fc fileConfig
-	switch {
-	case o.config != "" && o.principal != "":
-		return errors.New("--principal and --config are exclusive: list every boundary in the file")
-	case o.config != "":
-		if fc, err = loadFileConfig(o.config); err != nil {
-			return err
-		}
-		for _, name := range []string{"socket", "listen", "peer"} {
-			if o.set(name) {
-				return fmt.Errorf("--%s is per boundary: give it in the --config file", name)
-			}
-		}
-	case o.principal != "":
-		fc.Boundaries = []boxConfig{{Principal: o.principal, Socket: o.socket, Listen: o.listen, Peer: o.peer,
-			ProxyPort: o.proxyPort, DNSPort: o.dnsPort, TransparentPort: o.transparentPort}}
-	default:
-		return errors.New("no boundary: give --principal (with --socket and/or --listen) or --config")
-	}
-	if o.set("mesh") || fc.Mesh == "" {
-		fc.Mesh = o.mesh
-	}
-	if o.set("policy") || fc.Policy == "" {
-		fc.Policy = o.policy
-	}
-	mesh, err := meshDialer(fc.Mesh)
+	cfg, fc, err := setConfig(o, log)
 	if err != nil {
 		return err
 	}
-	if mesh == nil {
-		log.Warn("sam-box: no --mesh: flows to mesh names will fail as unreachable")
-	}
-
-	guard := &dialguard.Guard{SandboxIfPrefix: "ssv"}
-	for _, n := range o.sandboxNets {
-		p, err := netip.ParsePrefix(n)
-		if err != nil {
-			return fmt.Errorf("--sandbox-net %q: want a CIDR such as 10.213.0.0/16", n)
-		}
-		guard.SandboxNets = append(guard.SandboxNets, p.Masked())
-	}
-	var resolve func(context.Context, string) ([]netip.Addr, error)
-	if o.resolver != "" {
-		ap, err := netip.ParseAddrPort(o.resolver)
-		if err != nil {
-			return fmt.Errorf("--resolver %q: want IP:port, e.g. 127.0.0.53:53", o.resolver)
-		}
-		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, ap.String())
-		}}
-		resolve = func(ctx context.Context, host string) ([]netip.Addr, error) { return r.LookupNetIP(ctx, "ip", host) }
-	}
-
-	// Policies: one watcher per file, shared by the boundaries naming it.
-	watchers := map[string]*policy.Watcher{}
-	defer func() {
-		for _, w := range watchers {
-			w.Stop()
-		}
-	}()
-	policyFor := func(path string) (func() *policy.Policy, error) {
-		if path == "" {
-			return nil, nil // deny all
-		}
-		if w := watchers[path]; w != nil {
-			return w.Current, nil
-		}
-		w, err := policy.NewWatcher(path, log)
-		if err != nil {
-			return nil, fmt.Errorf("policy: %w", err)
-		}
-		w.Start(o.policyInterval)
-		watchers[path] = w
-		return w.Current, nil
-	}
-
-	var metrics *boundary.Metrics
 	var reg *prometheus.Registry
 	if o.metricsAddr != "" {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
-		metrics = boundary.NewMetrics(reg)
+		cfg.Metrics = boundary.NewMetrics(reg)
 	}
-
-	// The boundaries.
-	var boxes []*boundary.Boundary
-	closeAll := func() {
-		for _, b := range boxes {
-			if err := b.Close(); err != nil {
-				log.Warn("sam-box: closing a boundary", "principal", b.Principal(), "err", err)
-			}
-		}
+	set, err := boundary.StartSet(cfg)
+	if err != nil {
+		return err
 	}
-	seen := map[string]bool{}
-	for i, bc := range fc.Boundaries {
-		if bc.Principal == "" {
-			closeAll()
-			return fmt.Errorf("boundary %d: no principal", i+1)
-		}
-		if bc.Socket == "" && bc.Listen == "" {
-			closeAll()
-			return fmt.Errorf("boundary %s: give a socket and/or a listen address", bc.Principal)
-		}
-		for _, k := range []string{"socket:" + bc.Socket, "listen:" + bc.Listen} {
-			if k != "socket:" && k != "listen:" && seen[k] {
-				closeAll()
-				return fmt.Errorf("boundary %s: %s used twice", bc.Principal, k)
-			}
-			seen[k] = true
-		}
-		var listen, peer netip.Addr
-		if bc.Listen != "" {
-			if listen, err = netip.ParseAddr(bc.Listen); err != nil {
-				closeAll()
-				return fmt.Errorf("boundary %s: listen: %w", bc.Principal, err)
-			}
-			if bc.Peer == "" {
-				closeAll()
-				return fmt.Errorf("boundary %s: a listen address needs the sandbox's own address (--peer, or peer: in --config), the only source it will serve", bc.Principal)
-			}
-		}
-		if bc.Peer != "" {
-			if peer, err = netip.ParseAddr(bc.Peer); err != nil {
-				closeAll()
-				return fmt.Errorf("boundary %s: peer: %w", bc.Principal, err)
-			}
-		}
-		pf := fc.Policy
-		if bc.Policy != "" {
-			pf = bc.Policy
-		}
-		pol, err := policyFor(pf)
-		if err != nil {
-			closeAll()
-			return err
-		}
-		if pol == nil {
-			log.Warn("sam-box: no policy: this boundary grants nothing", "principal", bc.Principal)
-		}
-		b, err := boundary.New(boundary.Config{
-			Principal:        bc.Principal,
-			Policy:           pol,
-			Mesh:             mesh,
-			SocketPath:       bc.Socket,
-			ListenAddr:       listen,
-			Peer:             peer,
-			Guard:            guard,
-			Resolve:          resolve,
-			ProxyPort:        orDefault(bc.ProxyPort, o.proxyPort),
-			DNSPort:          orDefault(bc.DNSPort, o.dnsPort),
-			TransparentPort:  orDefault(bc.TransparentPort, o.transparentPort),
-			Synthetic:        synthetic,
-			Users:            bc.Users,
-			HandshakeTimeout: o.handshake,
-			DialTimeout:      o.dialTimeout,
-			Metrics:          metrics,
-			Log:              log,
-		})
-		if err == nil {
-			err = b.Start()
-		}
-		if err != nil {
-			closeAll()
-			return err
-		}
-		boxes = append(boxes, b)
-		if bc.Socket != "" {
-			if err := os.Chmod(bc.Socket, os.FileMode(mode)); err != nil {
-				closeAll()
-				return fmt.Errorf("boundary %s: %w", bc.Principal, err)
-			}
-		}
-	}
-	defer closeAll()
+	defer set.Close()
 
 	// Metrics, only when asked.
 	var msrv *http.Server
 	var maddr net.Addr
 	errc := make(chan error, 1)
 	if o.metricsAddr != "" {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "sam_box_boundaries",
-			Help: "Boundaries served by this process.",
-		}, func() float64 { return float64(len(boxes)) }))
-		ln, err := net.Listen("tcp", o.metricsAddr)
-		if err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
+		if msrv, maddr, err = serveMetrics(o.metricsAddr, reg, set, log, errc); err != nil {
+			return err
 		}
-		maddr = ln.Addr()
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-		go func() {
-			if err := msrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}()
 	}
-
-	principals := make([]string, 0, len(boxes))
-	for _, b := range boxes {
-		principals = append(principals, b.Principal())
-	}
-	sort.Strings(principals)
-	attrs := []any{"boundaries", len(boxes), "mesh", fc.Mesh, "policy", fc.Policy}
-	if len(boxes) <= 8 {
-		attrs = append(attrs, "principals", principals)
+	attrs := []any{"boundaries", set.Len(), "mesh", fc.Mesh, "policy", fc.Policy}
+	if set.Len() <= 8 {
+		attrs = append(attrs, "principals", set.Principals())
 	}
 	if maddr != nil {
 		attrs = append(attrs, "metrics", maddr.String())
@@ -488,12 +281,8 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	case serveErr = <-errc:
 		log.Error("sam-box: the metrics listener failed; stopping", "err", serveErr)
 	}
-	flows := 0
-	for _, b := range boxes {
-		flows += b.CloseFlows()
-	}
-	closeAll()
-	boxes = nil
+	flows := set.CloseFlows()
+	set.Close()
 	if msrv != nil {
 		msrv.Close()
 	}
@@ -501,9 +290,119 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	return serveErr
 }
 
-func orDefault(v, def int) int {
-	if v != 0 {
-		return v
+// setConfig is what the flags and the --config file ask for: the
+// boundaries to run and what they share.
+func setConfig(o options, log *slog.Logger) (boundary.SetConfig, fileConfig, error) {
+	var cfg boundary.SetConfig
+	if o.set == nil {
+		o.set = func(string) bool { return false }
 	}
-	return def
+	mode, err := strconv.ParseUint(o.socketMode, 8, 32)
+	if err != nil || mode > 0o777 {
+		return cfg, fileConfig{}, fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", o.socketMode)
+	}
+	synthetic, err := netip.ParsePrefix(o.synthetic)
+	if err != nil {
+		return cfg, fileConfig{}, fmt.Errorf("--synthetic: %w", err)
+	}
+	fc, err := boundaries(o)
+	if err != nil {
+		return cfg, fc, err
+	}
+	mesh, err := meshDialer(fc.Mesh)
+	if err != nil {
+		return cfg, fc, err
+	}
+	if mesh == nil {
+		log.Warn("sam-box: no --mesh: flows to mesh names will fail as unreachable")
+	}
+	guard := &dialguard.Guard{SandboxIfPrefix: "ssv"}
+	for _, n := range o.sandboxNets {
+		p, err := netip.ParsePrefix(n)
+		if err != nil {
+			return cfg, fc, fmt.Errorf("--sandbox-net %q: want a CIDR such as 10.213.0.0/16", n)
+		}
+		guard.SandboxNets = append(guard.SandboxNets, p.Masked())
+	}
+	resolve, err := resolver(o.resolver)
+	if err != nil {
+		return cfg, fc, err
+	}
+	return boundary.SetConfig{
+		Boundaries: fc.Boundaries, Policy: fc.Policy, PolicyInterval: o.policyInterval,
+		Mesh: mesh, Guard: guard, Resolve: resolve,
+		ProxyPort: o.proxyPort, DNSPort: o.dnsPort, TransparentPort: o.transparentPort,
+		Synthetic: synthetic, SocketMode: os.FileMode(mode),
+		HandshakeTimeout: o.handshake, DialTimeout: o.dialTimeout, Log: log,
+	}, fc, nil
+}
+
+// boundaries is the command line's one boundary, or the file's many, with
+// the mesh and default policy the command line gives overriding the file's.
+func boundaries(o options) (fileConfig, error) {
+	var fc fileConfig
+	var err error
+	switch {
+	case o.config != "" && o.principal != "":
+		return fc, errors.New("--principal and --config are exclusive: list every boundary in the file")
+	case o.config != "":
+		if fc, err = loadFileConfig(o.config); err != nil {
+			return fc, err
+		}
+		for _, name := range []string{"socket", "listen", "peer"} {
+			if o.set(name) {
+				return fc, fmt.Errorf("--%s is per boundary: give it in the --config file", name)
+			}
+		}
+	case o.principal != "":
+		fc.Boundaries = []boundary.SetSpec{{Principal: o.principal, Socket: o.socket, Listen: o.listen, Peer: o.peer,
+			ProxyPort: o.proxyPort, DNSPort: o.dnsPort, TransparentPort: o.transparentPort}}
+	default:
+		return fc, errors.New("no boundary: give --principal (with --socket and/or --listen) or --config")
+	}
+	if o.set("mesh") || fc.Mesh == "" {
+		fc.Mesh = o.mesh
+	}
+	if o.set("policy") || fc.Policy == "" {
+		fc.Policy = o.policy
+	}
+	return fc, nil
+}
+
+// resolver is --resolver as a lookup function (nil: the system's).
+func resolver(spec string) (func(context.Context, string) ([]netip.Addr, error), error) {
+	if spec == "" {
+		return nil, nil
+	}
+	ap, err := netip.ParseAddrPort(spec)
+	if err != nil {
+		return nil, fmt.Errorf("--resolver %q: want IP:port, e.g. 127.0.0.53:53", spec)
+	}
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, ap.String())
+	}}
+	return func(ctx context.Context, host string) ([]netip.Addr, error) { return r.LookupNetIP(ctx, "ip", host) }, nil
+}
+
+// serveMetrics serves reg (and the set's size) on addr's /metrics; a
+// failure to serve later is sent to errc.
+func serveMetrics(addr string, reg *prometheus.Registry, set *boundary.Set, log *slog.Logger, errc chan<- error) (*http.Server, net.Addr, error) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sam_box_boundaries",
+		Help: "Boundaries served by this process.",
+	}, func() float64 { return float64(set.Len()) }))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	go func() {
+		if err := msrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	return msrv, ln.Addr(), nil
 }

@@ -261,6 +261,42 @@ func checkEphemeral(lo, hi int) error {
 	return nil
 }
 
+// Check refuses the combinations of options that cannot run, before
+// anything is started or written, each saying what to give instead.
+func Check(o Options) error {
+	switch {
+	case !o.Master && !o.Node:
+		return errors.New("say what to run: --master, --node, or both (one process)")
+	case !o.Master && o.NodeListen == "" && o.Join == "":
+		return errors.New("serve --node without --master needs --node-listen HOST:PORT (its master pairs with it there and calls it) or --join https://MASTER (it dials its master, from behind NAT)")
+	case !o.Master && o.Store != "":
+		return errors.New("--store is the master's: a node keeps its own state in <data-dir>/state.db")
+	case o.Join != "" && o.Master:
+		return errors.New("--join is for a node apart from its master (serve --node): a master does not join another")
+	case o.Join != "" && o.NodeListen != "":
+		return errors.New("--join and --node-listen exclude each other: a node either dials its master (--join, from behind NAT) or is dialled by it (--node-listen)")
+	case o.Join != "" && !strings.HasPrefix(o.Join, "https://"):
+		return fmt.Errorf("--join %q: give the master's API URL, https://HOST:PORT", o.Join)
+	case o.CAFingerprint != "" && !isHex64(o.CAFingerprint):
+		return fmt.Errorf("--ca-fingerprint %q: want the SHA-256 of the master's CA as 64 hex digits, as POST /v1/nodes/join-tokens answers it", o.CAFingerprint)
+	case o.CAFingerprint != "" && o.Join == "":
+		return errors.New("--ca-fingerprint goes with --join https://MASTER")
+	case o.JoinToken != "" && o.Join == "":
+		return errors.New("--join-token goes with --join https://MASTER")
+	}
+	if o.Node {
+		if _, _, err := parsePorts(o.GatewayPorts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func isHex64(s string) bool {
+	b, err := hex.DecodeString(s)
+	return err == nil && len(b) == 32
+}
+
 // Serve runs the daemon until ctx ends. Sandboxes keep running after it
 // returns; the next Serve over the same data dir adopts them.
 func Serve(ctx context.Context, o Options) (retErr error) {
@@ -268,8 +304,8 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	if !o.Master && !o.Node {
-		return errors.New("say what to run: --master, --node, or both (one process)")
+	if err := Check(o); err != nil {
+		return err
 	}
 	if o.NodeName == "" {
 		o.NodeName = "local"
@@ -312,16 +348,15 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	if !o.Master {
 		return serveNode(ctx, o, st, log)
 	}
-	var token string
-	if st.Dialect() == "postgres" {
-		// Masters that share a store share its API token, so that a
-		// client keeps working whichever of them leads.
-		if token, err = st.SharedSecret(ctx, "api-token", newToken); err == nil {
-			err = writeToken(o.DataDir, token)
-		}
-	} else {
-		token, err = EnsureToken(o.DataDir)
-	}
+	return serveMaster(ctx, o, st, log)
+}
+
+// serveMaster runs the master (and the node in its process, with
+// --node): its token, its CA and the API's HTTPS, the wait for the leader
+// lease on a shared PostgreSQL store, then the fleet and the API until ctx
+// ends.
+func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logger) (retErr error) {
+	token, err := apiToken(ctx, st, o.DataDir)
 	if err != nil {
 		return fmt.Errorf("API token: %w", err)
 	}
@@ -329,24 +364,9 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("CA: %w", err)
 	}
-	// The API is HTTPS, with a certificate from the master's CA: clients
-	// trust <data-dir>/pki/ca.pem (the CLI does by default), not the
-	// system's roots.
-	tlsCfg, err := ca.ServerConfig(pki.ServerHosts(o.Listen))
+	tlsCfg, err := apiTLS(ca, o.Listen)
 	if err != nil {
-		return fmt.Errorf("API certificate: %w", err)
-	}
-	// Nodes that dial in present their certificates on this listener
-	// (GET /v1/nodes/tunnel). They say so in ALPN (RFC 7301), and only
-	// they are asked for one: a browser or curl is never sent a
-	// certificate request.
-	tunnelCfg := tlsCfg.Clone()
-	tunnelCfg.ClientAuth, tunnelCfg.ClientCAs, tunnelCfg.NextProtos = tls.RequireAndVerifyClientCert, ca.Pool(), []string{nodeapi.TunnelALPN}
-	tlsCfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		if slices.Contains(h.SupportedProtos, nodeapi.TunnelALPN) {
-			return tunnelCfg, nil
-		}
-		return nil, nil
+		return err
 	}
 	listen := func() (net.Listener, error) {
 		ln, err := net.Listen("tcp", o.Listen)
@@ -369,11 +389,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		apiSw = &switchHandler{}
 		standbySrv := &http.Server{Handler: apiSw, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: nodeapi.TunnelNextProto()}
 		go standbySrv.Serve(apiLn)
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			standbySrv.Shutdown(sctx)
-		}()
+		defer shutdown(standbySrv)
 		lease, err := standBy(ctx, st, o, apiSw, token, log)
 		if err != nil {
 			return err
@@ -426,25 +442,74 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		Store: st, Fleet: fl, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
 		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
 	})
-	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: nodeapi.TunnelNextProto()}
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
-	errc := make(chan error, 1)
 	if apiSw != nil {
 		apiSw.set(api) // the standby's server goes on serving, as the master now
-	} else {
-		go func() { errc <- srv.Serve(ln) }()
+		<-ctx.Done()
+	} else if err := serveUntilDone(ctx, ln, api); err != nil {
+		return err
 	}
+	log.Info("sandstormd stopped; sandboxes keep running and are adopted at the next start")
+	return nil
+}
+
+// apiToken is the master's API token: shared through the store by the
+// masters of one PostgreSQL database (a client keeps working whichever
+// leads), else <data-dir>/pki/api-token's.
+func apiToken(ctx context.Context, st *store.Store, dataDir string) (string, error) {
+	if st.Dialect() != "postgres" {
+		return EnsureToken(dataDir)
+	}
+	token, err := st.SharedSecret(ctx, "api-token", newToken)
+	if err == nil {
+		err = writeToken(dataDir, token)
+	}
+	return token, err
+}
+
+// apiTLS is the API's HTTPS: a certificate from the master's CA (clients
+// trust <data-dir>/pki/ca.pem, as the CLI does by default, not the system's
+// roots). Nodes that dial in present their certificates on this listener
+// (GET /v1/nodes/tunnel); they say so in ALPN (RFC 7301), and only they
+// are asked for one: a browser or curl is never sent a certificate
+// request.
+func apiTLS(ca *pki.CA, listen string) (*tls.Config, error) {
+	tlsCfg, err := ca.ServerConfig(pki.ServerHosts(listen))
+	if err != nil {
+		return nil, fmt.Errorf("API certificate: %w", err)
+	}
+	tunnelCfg := tlsCfg.Clone()
+	tunnelCfg.ClientAuth, tunnelCfg.ClientCAs, tunnelCfg.NextProtos = tls.RequireAndVerifyClientCert, ca.Pool(), []string{nodeapi.TunnelALPN}
+	tlsCfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		if slices.Contains(h.SupportedProtos, nodeapi.TunnelALPN) {
+			return tunnelCfg, nil
+		}
+		return nil, nil
+	}
+	return tlsCfg, nil
+}
+
+// serveUntilDone serves h on ln until ctx ends (then shuts down, giving
+// requests in flight 5 s) or the server fails.
+func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: nodeapi.TunnelNextProto()}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
 		return err
 	}
+	shutdown(srv)
+	return nil
+}
+
+// shutdown stops srv, giving requests in flight 5 s.
+func shutdown(srv *http.Server) {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	srv.Shutdown(sctx)
-	log.Info("sandstormd stopped; sandboxes keep running and are adopted at the next start")
-	return nil
 }
 
 // serveNode runs a node apart from its master (serve --node): its own
@@ -452,12 +517,6 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 // with and then calls over mutual TLS (nodeapi.Endpoint). It opens no
 // public API: until it is paired it answers only the pairing calls.
 func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger) error {
-	if o.NodeListen == "" && o.Join == "" {
-		return errors.New("serve --node without --master needs --node-listen HOST:PORT (its master pairs with it there and calls it) or --join https://MASTER (it dials its master, from behind NAT)")
-	}
-	if o.Store != "" {
-		return errors.New("--store is the master's: a node keeps its own state in <data-dir>/state.db")
-	}
 	hub := events.New(0)
 	nd, stopNode, err := startNode(ctx, o, st, hub, log)
 	defer stopNode()

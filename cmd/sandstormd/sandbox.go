@@ -1,0 +1,302 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sandstorm/api"
+	"sandstorm/internal/cli"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func sandboxCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Manage sandboxes"}
+	addAPIFlag(cmd)
+	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxCloneCmd(), sandboxMoveCmd())
+	cmd.AddCommand(transitionCmds()...)
+	return cmd
+}
+
+// sandboxCreateCmd is "sandbox create".
+func sandboxCreateCmd() *cobra.Command {
+	var name, principal string
+	create := &cobra.Command{
+		Use: "create TEMPLATE", Short: "Start a sandbox from a template (returns when it runs)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("name") && name == "" {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("--name is empty: give a name (1-63 of a-z, 0-9 and '-'), or leave --name out for sb-<id>")}
+			}
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sb, err := c.CreateSandbox(cmd.Context(), api.SandboxRequest{Template: args[0], Name: name, Principal: principal})
+			if err != nil {
+				return err
+			}
+			return printSandbox(cmd, sb)
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "sandbox name (default sb-<id>)")
+	create.Flags().StringVar(&principal, "principal", "", "who the sandbox is to its boundary and the mesh (default: the template's principal, else the sandbox name)")
+	return create
+}
+
+// sandboxLsCmd is "sandbox ls".
+func sandboxLsCmd() *cobra.Command {
+	ls := &cobra.Command{
+		Use: "ls", Short: "List sandboxes with their tier and endpoints", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sbs, err := c.Sandboxes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(sbs)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tTEMPLATE\tNODE\tTIER\tADDRESS\tENDPOINTS\tLAST ACTIVE")
+			for _, sb := range sbs {
+				active := "-"
+				if !sb.LastActive.IsZero() {
+					active = time.Since(sb.LastActive).Round(time.Second).String() + " ago"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Name, sb.Template, sb.Node, tierText(sb), sb.Address,
+					endpoints(sb), active)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			// Warm pools' sandboxes run (restored, paused) and hold a netns
+			// each, but have no name until a create takes one: counted here
+			// so that what runs adds up.
+			var nodes api.List[api.NodeStatus]
+			if c.Do(cmd.Context(), http.MethodGet, "/v1/nodes", nil, &nodes) == nil {
+				var parts []string
+				total := 0
+				for _, n := range nodes.Items {
+					for tmpl, k := range n.WarmPool {
+						if k > 0 {
+							parts = append(parts, fmt.Sprintf("%d of %s on %s", k, tmpl, n.Name))
+							total += k
+						}
+					}
+				}
+				if total > 0 {
+					slices.Sort(parts)
+					fmt.Printf("plus %d pooled (paused, ready for a create without --name; not listed): %s\n", total, strings.Join(parts, ", "))
+				}
+			}
+			return nil
+		},
+	}
+	return ls
+}
+
+// sandboxGetCmd is "sandbox get".
+func sandboxGetCmd() *cobra.Command {
+	get := &cobra.Command{
+		Use: "get ID|NAME", Short: "Show one sandbox as JSON", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sb, err := c.Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(sb)
+		},
+	}
+	return get
+}
+
+// sandboxRmCmd is "sandbox rm".
+func sandboxRmCmd() *cobra.Command {
+	rm := &cobra.Command{
+		Use: "rm ID|NAME...", Short: "Remove sandboxes and everything they had", Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			for _, a := range args {
+				if err := c.DeleteSandbox(cmd.Context(), a); err != nil {
+					return err
+				}
+				fmt.Println("removed", a)
+			}
+			return nil
+		},
+	}
+	return rm
+}
+
+// sandboxLogsCmd is "sandbox logs".
+func sandboxLogsCmd() *cobra.Command {
+	var follow, stamps bool
+	logs := &cobra.Command{
+		Use:   "logs ID|NAME",
+		Short: "Print a sandbox's console output (last 64 KiB; -f to follow)",
+		Long: `Print a sandbox's console output: what its process wrote to stdout and
+stderr (the last 64 KiB), with a "--- <time> sandstorm: …" line wherever the
+node started, restored, checkpointed or stopped it — so a restart (a cold
+start after detach, whose memory is new) shows. --follow goes on printing
+what is appended until interrupted or the sandbox is deleted. --timestamps
+starts every line with the time it was written.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			return c.Logs(cmd.Context(), args[0], follow, stamps, os.Stdout)
+		},
+	}
+	logs.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the sandbox writes")
+	logs.Flags().BoolVarP(&stamps, "timestamps", "t", false, "start every line with the time it was written (\"-\" for lines written while sandstormd was not running)")
+	return logs
+}
+
+// sandboxCloneCmd is "sandbox clone".
+func sandboxCloneCmd() *cobra.Command {
+	var count int
+	var clonePrincipal, reseedSignal string
+	var reseedCommand []string
+	clone := &cobra.Command{
+		Use:   "clone ID|NAME",
+		Short: "Make children of a sandbox from its memory",
+		Long: `Make -n children of a sandbox from its memory: the parent is woken if it is not
+hot (a detached one is cold-started, so its memory is new), paused for one
+checkpoint (it keeps running after), and each child is a restore of
+that image with its own name (<parent>-<n>), address, boundary, principal
+(<parent's principal>.<n> unless --principal) and a copy of the parent's volume.
+
+Every child starts from the parent's memory, random state included, so each
+is reseeded right after its restore: --reseed-signal (sent to its process)
+or --reseed-command (run inside it), or else the template's warm reseed; the
+node refuses a clone with none.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			if count < 1 || count > api.MaxClone {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("-n %d: clone 1 to %d at a time", count, api.MaxClone)}
+			}
+			if reseedSignal != "" || len(reseedCommand) > 0 {
+				if err := checkReseed(reseedSignal, reseedCommand, "clone"); err != nil {
+					return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+				}
+			}
+			req := api.CloneRequest{Count: count, Principal: clonePrincipal}
+			if reseedSignal != "" || len(reseedCommand) > 0 {
+				req.Reseed = &api.Reseed{Signal: reseedSignal, Command: reseedCommand}
+			}
+			res, err := c.Clone(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(res)
+			}
+			fmt.Printf("%s was paused %.1f ms\n", res.Parent.Name, res.ParentPauseMs)
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tADDRESS\tPRINCIPAL\tENDPOINTS\tMS")
+			for i, sb := range res.Children {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\n", sb.ID, sb.Name, sb.Address, sb.Principal, endpoints(sb), res.ChildMs[i])
+			}
+			return tw.Flush()
+		},
+	}
+	clone.Flags().IntVarP(&count, "count", "n", 1, "how many children (1-100)")
+	clone.Flags().StringVar(&clonePrincipal, "principal", "", "the children's principal (default <parent's principal>.<n>)")
+	clone.Flags().StringVar(&reseedSignal, "reseed-signal", "", "signal sent to each child's process after its restore: SIGHUP, SIGUSR1 or SIGUSR2")
+	clone.Flags().StringArrayVar(&reseedCommand, "reseed-command", nil, "command run inside each child after its restore: the absolute path, then each argument as another --reseed-command")
+	return clone
+}
+
+// sandboxMoveCmd is "sandbox move".
+func sandboxMoveCmd() *cobra.Command {
+	move := &cobra.Command{
+		Use:   "move ID|NAME",
+		Short: "Start a sandbox whose node is lost again, cold, on another node",
+		Long: `Start a sandbox whose node is lost (it does not report to the master)
+again on another node: same name, template, principal and memory limit, a
+new ID, a cold start. Its memory and its volume stay on the lost node.
+
+A move while the node is lost is a risk: the old copy may still be running
+there and answering whoever can reach it, as the same principal, until
+the node hears the master again. From that moment it is stopped and never
+runs again (kept detached, with a principal that is no one's, only if its
+volume holds files; delete it by its ID). A sandbox whose node answers is
+not moved.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sb, err := c.Move(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if err := printSandbox(cmd, sb); err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); !j {
+				fmt.Println("note:", sb.Note)
+			}
+			return nil
+		},
+	}
+	return move
+}
+
+// transitionCmds are "sandbox freeze|snapshot|detach|wake".
+func transitionCmds() []*cobra.Command {
+	var cmds []*cobra.Command
+	for _, op := range []struct{ name, short string }{
+		{"freeze", "Pause a hot sandbox in place"},
+		{"snapshot", "Checkpoint a sandbox to the node's disk and release its memory and network namespace"},
+		{"detach", "Drop a sandbox to its volume only (the next wake is a cold start)"},
+		{"wake", "Bring a sandbox back to hot from any tier"},
+	} {
+		op := op
+		cmds = append(cmds, &cobra.Command{
+			Use: op.name + " ID|NAME", Short: op.short, Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := apiClient(cmd)
+				if err != nil {
+					return err
+				}
+				start := time.Now()
+				sb, err := c.Transition(cmd.Context(), args[0], op.name)
+				if err != nil {
+					return err
+				}
+				if j, _ := cmd.Flags().GetBool("json"); j {
+					return printJSON(sb)
+				}
+				fmt.Printf("%s: %s (%.1f ms)\n", sb.Name, tierText(sb), float64(time.Since(start).Microseconds())/1000)
+				if sb.Note != "" {
+					fmt.Println("note:", sb.Note)
+				}
+				return nil
+			},
+		})
+	}
+	return cmds
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sandstorm/api"
+	"sandstorm/internal/cli"
+	"sandstorm/internal/demo"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func templateCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "template", Short: "Manage templates (a rootfs plus the process to run in it)"}
+	addAPIFlag(cmd)
+	cmd.AddCommand(templateCreateCmd(), templateDemoCmd(), templateLsCmd(), templateRmCmd())
+	return cmd
+}
+
+// templateCreateCmd is "template create".
+func templateCreateCmd() *cobra.Command {
+	var (
+		rootfsDir, tarball string
+		env                []string
+		ports              []int
+		memMiB             int
+		tmplPrincipal      string
+		warmProbe          string
+		warmSignal         string
+		warmCommand        []string
+		warmPool           int
+	)
+	create := &cobra.Command{
+		Use:   "create NAME --rootfs-dir DIR|--tarball FILE -- ARGS...",
+		Short: "Register a template from a rootfs directory on the node or a tarball (plain or gzip)",
+		Example: `  sandstormd template create web --rootfs-dir /srv/rootfs --port 8000 -- /usr/bin/python3 /srv/app.py
+  sandstormd template create web --tarball rootfs.tar.gz --port 8000 -- /bin/busybox httpd -f -p 8000`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
+			if warmProbe != "" || warmSignal != "" || len(warmCommand) > 0 || cmd.Flags().Changed("warm-pool") {
+				probe, err := parseProbe(warmProbe)
+				if err == nil {
+					err = checkReseed(warmSignal, warmCommand, "a warm template")
+				}
+				if err == nil && (warmPool < 0 || warmPool > api.MaxWarmPool) {
+					err = fmt.Errorf("--warm-pool %d: keep 0 to %d sandboxes ready", warmPool, api.MaxWarmPool)
+				}
+				if err != nil {
+					return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+				}
+				req.Warm = &api.Warm{Probe: probe, Reseed: api.Reseed{Signal: warmSignal, Command: warmCommand}, Pool: warmPool}
+				fmt.Fprintf(os.Stderr, "starting %s once to make its warm image (it waits for the probe)…\n", req.Name)
+			}
+			var t api.Template
+			switch {
+			case rootfsDir != "" && tarball == "":
+				if req.RootfsDir, err = filepath.Abs(rootfsDir); err != nil {
+					return err
+				}
+				t, err = c.CreateTemplate(cmd.Context(), req)
+			case tarball != "" && rootfsDir == "":
+				f, ferr := os.Open(tarball)
+				if ferr != nil {
+					return ferr
+				}
+				defer f.Close()
+				t, err = c.UploadTemplate(cmd.Context(), req, f)
+			default:
+				return fmt.Errorf("give exactly one of --rootfs-dir and --tarball")
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Printf("template %s registered (rootfs %s)\n", t.Name, t.Rootfs)
+			if t.Warm != nil {
+				fmt.Printf("its warm image is made; %d sandbox(es) kept ready (a create without --name takes one)\n", t.Warm.Pool)
+			}
+			return nil
+		},
+	}
+	create.Flags().StringVar(&rootfsDir, "rootfs-dir", "", "rootfs directory already on the node")
+	create.Flags().StringVar(&tarball, "tarball", "", "rootfs tarball to upload")
+	create.Flags().StringArrayVar(&env, "env", nil, "environment KEY=VALUE (repeatable)")
+	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint")
+	create.Flags().StringVar(&warmProbe, "warm-probe", "", "make the template warm: started once, checkpointed when this answers (/PATH: HTTP GET on the first port; :PORT/PATH or :PORT: another port, TCP connect without a path); needs --reseed-signal or --reseed-command")
+	create.Flags().StringVar(&warmSignal, "reseed-signal", "", "warm template: signal sent to each sandbox's process right after its restore (SIGHUP, SIGUSR1, SIGUSR2)")
+	create.Flags().IntVar(&warmPool, "warm-pool", 1, "warm template: sandboxes each node keeps restored and paused ahead of demand; a create without --name takes one and is ready in a resume and a reseed (0 to 16; each costs a frozen sandbox's memory)")
+	create.Flags().StringArrayVar(&warmCommand, "reseed-command", nil, "warm template: command run inside each sandbox right after its restore: the absolute path, then each argument as another --reseed-command")
+	create.Flags().IntVar(&memMiB, "memory", 0, "memory limit of its sandboxes in MiB (0: the daemon's --sandbox-memory)")
+	create.Flags().StringVar(&tmplPrincipal, "principal", "", "principal of its sandboxes (default: each sandbox's name)")
+	return create
+}
+
+// templateDemoCmd is "template demo".
+func templateDemoCmd() *cobra.Command {
+	var demoDir string
+	demoC := &cobra.Command{
+		Use:   "demo NAME",
+		Short: "Build a demo rootfs from this machine's Debian packages and register it (" + strings.Join(demo.Names(), ", ") + ")",
+		Long: `Build a demo template from Debian packages only, then register it.
+  web    a Python HTTP server on port 8000 that counts requests in memory
+  app64  the same server after importing numpy and filling a 64 MiB heap
+  node   the same counting server in Node.js (only /usr/bin/node is copied)
+  nginx  nginx answering "count=<connection number>" on port 8000
+The rootfs goes to <data-dir>/demo/NAME unless --dir says otherwise. Needed
+packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			name := args[0]
+			if ts, err := c.Templates(cmd.Context()); err == nil {
+				for _, t := range ts {
+					if t.Name == name {
+						fmt.Printf("template %s is already registered (rootfs %s); 'sandstormd template rm %s' first to rebuild it\n", name, t.Rootfs, name)
+						return nil
+					}
+				}
+			}
+			dir := demoDir
+			if dir == "" {
+				dd, _ := cmd.Flags().GetString("data-dir")
+				dir = filepath.Join(dd, "demo", name)
+			}
+			if _, err := os.Stat(dir); err == nil {
+				fmt.Fprintf(os.Stderr, "rebuilding %s\n", dir)
+				if err := os.RemoveAll(dir); err != nil {
+					return err
+				}
+			}
+			start := time.Now()
+			d, err := demo.Build(name, dir)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "built %s rootfs in %s (%.1fs)\n", name, dir, time.Since(start).Seconds())
+			t, err := c.CreateTemplate(cmd.Context(), api.TemplateRequest{Name: name, RootfsDir: dir, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("template %s registered (rootfs %s, port %v)\n", t.Name, t.Rootfs, t.Ports)
+			return nil
+		},
+	}
+	demoC.Flags().StringVar(&demoDir, "dir", "", "where to build the rootfs (default <data-dir>/demo/NAME)")
+	return demoC
+}
+
+// templateLsCmd is "template ls".
+func templateLsCmd() *cobra.Command {
+	ls := &cobra.Command{
+		Use: "ls", Short: "List templates", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			ts, err := c.Templates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(ts)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tPORTS\tPROCESS\tROOTFS\tWARM")
+			for _, t := range ts {
+				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\n", t.Name, t.Ports, strings.Join(t.Process.Args, " "), t.Rootfs, warmText(t.Warm))
+			}
+			return tw.Flush()
+		},
+	}
+	return ls
+}
+
+// templateRmCmd is "template rm".
+func templateRmCmd() *cobra.Command {
+	rm := &cobra.Command{
+		Use: "rm NAME...", Short: "Remove templates no sandbox uses", Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			for _, a := range args {
+				if err := c.DeleteTemplate(cmd.Context(), a); err != nil {
+					return err
+				}
+				fmt.Println("removed", a)
+			}
+			return nil
+		},
+	}
+	return rm
+}
