@@ -183,46 +183,24 @@ func run(ctx context.Context, c config) (string, error) {
 				s.At.Seconds(), s.Created, s.Tiers, s.AvailMiB, s.DiskMiB, s.FDs, s.RSSMiB)
 		}
 	}()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var failures atomic.Int64
-	for w := 0; w < c.parallel; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for fillCtx.Err() == nil {
-				i := next.Add(1)
-				if i > int64(c.count) {
-					return
-				}
-				name := fmt.Sprintf("f%05d", i)
-				for fillCtx.Err() == nil {
-					t0 := time.Now()
-					sb, err := cl.CreateSandbox(fillCtx, api.SandboxRequest{Template: "web", Name: name})
-					if client.StatusOf(err) == http.StatusServiceUnavailable {
-						time.Sleep(time.Second) // its Retry-After
-						continue
-					}
-					mu.Lock()
-					if err != nil {
-						createS.Fail("%s: %v", name, err)
-					} else {
-						createS.AddDuration(time.Since(t0))
-						sbs = append(sbs, sb)
-					}
-					mu.Unlock()
-					if err != nil && failures.Add(1) > 50 {
-						fillDone() // something is wrong: stop, keep what was measured
-					}
-					if err == nil {
-						created.Add(1)
-					}
-					break
-				}
+	failures := 0
+	(&bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count,
+		Request: func(i int) api.SandboxRequest {
+			return api.SandboxRequest{Template: "web", Name: fmt.Sprintf("f%05d", i)}
+		},
+		Done: func(i int, a bench.Answer) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			if a.Err != nil {
+				createS.Fail("f%05d: %v", i, a.Err)
+				failures++
+				return failures > 50 // something is wrong: stop, keep what was measured
 			}
-		}()
-	}
-	wg.Wait()
+			createS.AddDuration(a.Took)
+			sbs = append(sbs, a.Sandbox)
+			created.Add(1)
+			return false
+		}}).Run(fillCtx)
 	fillTime := time.Since(start)
 	res.Params["fill_seconds"] = fillTime.Seconds()
 	res.Params["created"] = len(sbs)
@@ -240,6 +218,7 @@ func run(ctx context.Context, c config) (string, error) {
 	tierAtCall := map[api.Tier]int{}
 	var answered atomic.Int64
 	var pnext atomic.Int64
+	var wg sync.WaitGroup
 	for w := 0; w < c.callParallel; w++ {
 		wg.Add(1)
 		go func() {

@@ -200,51 +200,33 @@ func fill(ctx context.Context, c config, bin string, res *bench.Results) error {
 	defer done()
 	var mu sync.Mutex
 	var sbs []api.Sandbox
-	var next, refusedInARow atomic.Int64
+	refusedInARow := 0
 	start := time.Now()
-	var wg sync.WaitGroup
-	for w := 0; w < c.parallel; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for fillCtx.Err() == nil {
-				i := next.Add(1)
-				if i > int64(c.count) {
-					return
-				}
-				name := fmt.Sprintf("f%05d", i)
-				for try := 0; fillCtx.Err() == nil; try++ {
-					t0 := time.Now()
-					sb, err := cl.CreateSandbox(fillCtx, api.SandboxRequest{Template: "web", Name: name})
-					if client.StatusOf(err) == http.StatusServiceUnavailable && try < 5 {
-						time.Sleep(time.Second) // its Retry-After
-						continue
-					}
-					mu.Lock()
-					if err != nil {
-						createS.Fail("%s: %v", name, err)
-					} else {
-						createS.AddDuration(time.Since(t0))
-						sbs = append(sbs, sb)
-					}
-					k := len(sbs)
-					mu.Unlock()
-					if client.StatusOf(err) == http.StatusServiceUnavailable {
-						if refusedInARow.Add(1) > 20 {
-							done() // memory says stop
-						}
-					} else if err == nil {
-						refusedInARow.Store(0)
-						if k%250 == 0 {
-							fmt.Fprintf(os.Stderr, "%6.0fs  %d created\n", time.Since(start).Seconds(), k)
-						}
-					}
-					break
+	(&bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count, MaxRefusals: 5,
+		Request: func(i int) api.SandboxRequest {
+			return api.SandboxRequest{Template: "web", Name: fmt.Sprintf("f%05d", i)}
+		},
+		Done: func(i int, a bench.Answer) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			if a.Err != nil {
+				createS.Fail("f%05d: %v", i, a.Err)
+			} else {
+				createS.AddDuration(a.Took)
+				sbs = append(sbs, a.Sandbox)
+			}
+			switch {
+			case a.GaveUp:
+				refusedInARow++
+				return refusedInARow > 20 // memory says stop
+			case a.Err == nil:
+				refusedInARow = 0
+				if len(sbs)%250 == 0 {
+					fmt.Fprintf(os.Stderr, "%6.0fs  %d created\n", time.Since(start).Seconds(), len(sbs))
 				}
 			}
-		}()
-	}
-	wg.Wait()
+			return false
+		}}).Run(fillCtx)
 	res.Params["fill_created"] = len(sbs)
 	res.Params["fill_seconds"] = time.Since(start).Seconds()
 	perNode := map[string]int{}
@@ -262,6 +244,7 @@ func fill(ctx context.Context, c config, bin string, res *bench.Results) error {
 		picks = picks[:c.calls]
 	}
 	var answered, pnext atomic.Int64
+	var wg sync.WaitGroup
 	for w := 0; w < c.parallel; w++ {
 		wg.Add(1)
 		go func() {

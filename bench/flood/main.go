@@ -15,9 +15,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"net/http"
@@ -28,7 +26,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -177,65 +174,35 @@ func run(ctx context.Context, c config) (string, error) {
 
 	createS := res.AddSeries("create_accepted", "POST /v1/sandboxes to 201, for the creates the node accepted", "")
 	refusedS := res.AddSeries("create_refused", "POST /v1/sandboxes to 503: each refusal, retried or not", "")
-	var mu sync.Mutex
 	var accepted []api.Sandbox
 	refused, failed, gaveUp := 0, 0, 0
-	sem := make(chan struct{}, c.parallel)
-	var wg sync.WaitGroup
-	for i := 0; i < c.n && ctx.Err() == nil; i++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			body, _ := json.Marshal(api.SandboxRequest{Template: "heap", Name: fmt.Sprintf("flood-%03d", i)})
-			giveUp := time.Now().Add(c.retry)
-			for {
-				req, _ := http.NewRequestWithContext(ctx, "POST", cl.Base+"/v1/sandboxes", bytes.NewReader(body))
-				req.Header.Set("Authorization", "Bearer "+cl.Token)
-				req.Header.Set("Content-Type", "application/json")
-				t0 := time.Now()
-				resp, err := cl.HTTP.Do(req)
-				el := time.Since(t0)
-				status := 0
-				var sb api.Sandbox
-				if err == nil {
-					status = resp.StatusCode
-					if status == http.StatusCreated {
-						json.NewDecoder(resp.Body).Decode(&sb)
-					}
-					resp.Body.Close()
-				}
-				mu.Lock()
-				switch {
-				case err != nil:
-					failed++
-					createS.Fail("create %d: %v", i, err)
-				case status == http.StatusCreated:
-					accepted = append(accepted, sb)
-					createS.AddDuration(el)
-				case status == http.StatusServiceUnavailable:
-					refused++
-					refusedS.AddDuration(el)
-				default:
-					failed++
-					createS.Fail("create %d: HTTP %d", i, status)
-				}
-				fmt.Fprintf(os.Stderr, "\rcreates: %d accepted, %d refusals (503), %d failed", len(accepted), refused, failed)
-				mu.Unlock()
-				if status != http.StatusServiceUnavailable || time.Now().After(giveUp) || ctx.Err() != nil {
-					if status == http.StatusServiceUnavailable {
-						mu.Lock()
-						gaveUp++
-						mu.Unlock()
-					}
-					return
-				}
-				time.Sleep(time.Second) // Retry-After: 1
-			}
-		}()
+	progress := func() {
+		fmt.Fprintf(os.Stderr, "\rcreates: %d accepted, %d refusals (503), %d failed", len(accepted), refused, failed)
 	}
-	wg.Wait()
+	// Each create's 503s are retried for c.retry, as their Retry-After says.
+	(&bench.Filler{Client: cl, Parallel: c.parallel, Count: c.n, RetryFor: c.retry,
+		Request: func(i int) api.SandboxRequest {
+			return api.SandboxRequest{Template: "heap", Name: fmt.Sprintf("flood-%03d", i-1)}
+		},
+		Refused: func(_ int, took time.Duration) {
+			refused++
+			refusedS.AddDuration(took)
+			progress()
+		},
+		Done: func(i int, a bench.Answer) bool {
+			switch {
+			case a.GaveUp:
+				gaveUp++
+			case a.Err != nil:
+				failed++
+				createS.Fail("create %d: %v", i-1, a.Err)
+			default:
+				accepted = append(accepted, a.Sandbox)
+				createS.AddDuration(a.Took)
+			}
+			progress()
+			return false
+		}}).Run(ctx)
 	fmt.Fprintln(os.Stderr)
 	pushed := 0
 	for _, sb := range accepted {

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -95,6 +96,8 @@ func ReadToken(dataDir string) (string, error) {
 type Error struct {
 	Status int
 	Body   api.Error
+	// RetryAfter is the answer's Retry-After (a 503's), 0 if none.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -108,6 +111,16 @@ func (e *Error) Error() string {
 // errdefs.ErrNotFound) holds for a 404 not_found, and so on for every
 // kind in errdefs.Table.
 func (e *Error) Unwrap() error { return errdefs.FromWire(e.Status, e.Body) }
+
+// RetryAfterOf is how long a 503 says to wait before trying again (its
+// Retry-After; a second if it does not say), and whether err is a 503.
+func RetryAfterOf(err error) (time.Duration, bool) {
+	var e *Error
+	if errors.As(err, &e) && e.Status == http.StatusServiceUnavailable {
+		return e.RetryAfter, true
+	}
+	return 0, false
+}
 
 // StatusOf returns the HTTP status of an API error, or 0.
 func StatusOf(err error) int {
@@ -163,6 +176,11 @@ func (c *Client) send(req *http.Request, out any) error {
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
 		e := &Error{Status: resp.StatusCode}
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs >= 0 {
+			e.RetryAfter = time.Duration(secs) * time.Second
+		} else if resp.StatusCode == http.StatusServiceUnavailable {
+			e.RetryAfter = time.Second // a 503 that does not say: a second
+		}
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if json.Unmarshal(data, &e.Body) != nil || e.Body.Code == "" {
 			e.Body.Code, e.Body.Message = "http", strings.TrimSpace(string(data))
