@@ -57,7 +57,9 @@ func TestFillerRetriesAsTold(t *testing.T) {
 	done := map[int]Answer{}
 	refusals := 0
 	f := &Filler{Client: c, Parallel: 3, Count: 3,
-		Request: func(i int) api.SandboxRequest { return api.SandboxRequest{Template: "web", Name: fmt.Sprintf("s%d", i)} },
+		Request: func(i int) api.SandboxRequest {
+			return api.SandboxRequest{Template: "web", Name: fmt.Sprintf("s%d", i)}
+		},
 		Refused: func(int, time.Duration) { refusals++ },
 		Done:    func(i int, a Answer) bool { done[i] = a; return false }}
 	f.Run(context.Background())
@@ -83,7 +85,9 @@ func TestFillerGivesUp(t *testing.T) {
 	c, _ := fakeMaster(t, 100, "0")
 	var answers []Answer
 	f := &Filler{Client: c, Parallel: 1, Count: 10, MaxRefusals: 3,
-		Request: func(i int) api.SandboxRequest { return api.SandboxRequest{Template: "web", Name: fmt.Sprintf("g%d", i)} },
+		Request: func(i int) api.SandboxRequest {
+			return api.SandboxRequest{Template: "web", Name: fmt.Sprintf("g%d", i)}
+		},
 		Done: func(i int, a Answer) bool {
 			answers = append(answers, a)
 			return len(answers) == 2 // stop after two
