@@ -324,9 +324,11 @@ func setConfig(o options, log *slog.Logger) (boundary.SetConfig, fileConfig, err
 		}
 		guard.SandboxNets = append(guard.SandboxNets, p.Masked())
 	}
-	resolve, err := resolver(o.resolver)
-	if err != nil {
-		return cfg, fc, err
+	var resolve func(context.Context, string) ([]netip.Addr, error)
+	if o.resolver != "" {
+		if resolve, err = boundary.Resolver(o.resolver); err != nil {
+			return cfg, fc, err
+		}
 	}
 	return boundary.SetConfig{
 		Boundaries: fc.Boundaries, Policy: fc.Policy, PolicyInterval: o.policyInterval,
@@ -367,22 +369,6 @@ func boundaries(o options) (fileConfig, error) {
 		fc.Policy = o.policy
 	}
 	return fc, nil
-}
-
-// resolver is --resolver as a lookup function (nil: the system's).
-func resolver(spec string) (func(context.Context, string) ([]netip.Addr, error), error) {
-	if spec == "" {
-		return nil, nil
-	}
-	ap, err := netip.ParseAddrPort(spec)
-	if err != nil {
-		return nil, fmt.Errorf("--resolver %q: want IP:port, e.g. 127.0.0.53:53", spec)
-	}
-	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, ap.String())
-	}}
-	return func(ctx context.Context, host string) ([]netip.Addr, error) { return r.LookupNetIP(ctx, "ip", host) }, nil
 }
 
 // serveMetrics serves reg (and the set's size) on addr's /metrics; a

@@ -208,6 +208,23 @@ func (s *Set) Close() {
 	s.watchers = map[string]*policy.Watcher{}
 }
 
+// Resolver is a Config.Resolve that asks the DNS server at addr
+// (IP:port) instead of the system's resolver (sam-box and sandstormd
+// --resolver).
+func Resolver(addr string) (func(ctx context.Context, host string) ([]netip.Addr, error), error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--resolver %q: want an IP address and port, e.g. 127.0.0.53:53", addr)
+	}
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, ap.String())
+	}}
+	return func(ctx context.Context, host string) ([]netip.Addr, error) {
+		return r.LookupNetIP(ctx, "ip", host)
+	}, nil
+}
+
 func orDefault(v, def int) int {
 	if v != 0 {
 		return v

@@ -659,23 +659,6 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 	return nd, stop, nil
 }
 
-// resolver returns a lookup that asks only the DNS server at addr
-// (host:port), for --resolver: the node's boundaries then resolve allowed
-// names there rather than through /etc/resolv.conf and /etc/hosts.
-func resolver(addr string) (func(ctx context.Context, host string) ([]netip.Addr, error), error) {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("--resolver %q: want an IP address and port, e.g. 127.0.0.53:53", addr)
-	}
-	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, ap.String())
-	}}
-	return func(ctx context.Context, host string) ([]netip.Addr, error) {
-		return r.LookupNetIP(ctx, "ip", host)
-	}, nil
-}
-
 // samConfig builds what the node's boundaries need: the policy (reloaded on
 // change; none = deny everything), the dial to sam-node, and metrics served
 // only when asked for — a listener is one more thing a sandbox might reach.
@@ -686,7 +669,7 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 	// sandbox veth (another sandstormd's subnet included).
 	sam.Guard = &dialguard.Guard{SandboxNets: []netip.Prefix{pool.Prefix}, SandboxIfPrefix: node.VethPrefix}
 	if o.Resolver != "" {
-		r, err := resolver(o.Resolver)
+		r, err := boundary.Resolver(o.Resolver)
 		if err != nil {
 			return sam, func() {}, err
 		}

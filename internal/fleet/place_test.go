@@ -12,6 +12,14 @@ import (
 	"sandstorm/internal/store"
 )
 
+// roomyRemote is a fleet whose paired node "far" has the most headroom,
+// so every create goes there first.
+func roomyRemote(t *testing.T) (local, remote *node, f *Fleet) {
+	local = &node{name: "local", availMiB: 100}
+	remote = &node{name: "far", availMiB: 9000}
+	return local, remote, fleetOf(t, local, remote)
+}
+
 // cut makes n's Create end with its connection broken, as a node killed
 // mid-create does: after it made the sandbox (made true) or before.
 func cut(n *node, when bool) {
@@ -36,9 +44,7 @@ func cut(n *node, when bool) {
 // generation is adopted as the placement.
 func TestCreateCutShortIsNotPlacedTwice(t *testing.T) {
 	ctx := context.Background()
-	local := &node{name: "local", availMiB: 100}
-	remote := &node{name: "far", availMiB: 9000}
-	f := fleetOf(t, local, remote)
+	local, remote, f := roomyRemote(t)
 	cut(remote, true)
 	_, err := f.Create(ctx, nodeapi.CreateRequest{Name: "u"})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "may have made sandbox u") {
@@ -80,9 +86,7 @@ func TestCreateCutShortIsNotPlacedTwice(t *testing.T) {
 // still on its way, would be refused), and only then is the name free.
 func TestCreateNeverMadeIsGivenUp(t *testing.T) {
 	ctx := context.Background()
-	local := &node{name: "local", availMiB: 100}
-	remote := &node{name: "far", availMiB: 9000}
-	f := fleetOf(t, local, remote)
+	_, remote, f := roomyRemote(t)
 	cut(remote, false)
 	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "v"}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("a create whose connection broke: %v", err)
@@ -105,9 +109,7 @@ func TestCreateNeverMadeIsGivenUp(t *testing.T) {
 // dial failed) cannot have been made there, so the next node is tried.
 func TestCreateNotSentTriesTheNext(t *testing.T) {
 	ctx := context.Background()
-	local := &node{name: "local", availMiB: 100}
-	remote := &node{name: "far", availMiB: 9000}
-	f := fleetOf(t, local, remote)
+	_, _, f := roomyRemote(t)
 	// Its report stream keeps its connection; new ones go nowhere.
 	f.mu.Lock()
 	f.remote["far"].Base = "https://127.0.0.1:1"
@@ -123,9 +125,7 @@ func TestCreateNotSentTriesTheNext(t *testing.T) {
 // making nor refuses it.
 func TestInFlightCreatesAreKept(t *testing.T) {
 	ctx := context.Background()
-	local := &node{name: "local", availMiB: 100}
-	remote := &node{name: "far", availMiB: 9000}
-	f := fleetOf(t, local, remote)
+	_, remote, f := roomyRemote(t)
 	_, before := remote.lastFence()
 	var during nodeapi.FenceRequest
 	remote.onCreate = func(made bool) error {
@@ -149,9 +149,7 @@ func TestInFlightCreatesAreKept(t *testing.T) {
 // not kept by the next fence: the node retires it.
 func TestUndecidedCreateDeleted(t *testing.T) {
 	ctx := context.Background()
-	local := &node{name: "local", availMiB: 100}
-	remote := &node{name: "far", availMiB: 9000}
-	f := fleetOf(t, local, remote)
+	_, remote, f := roomyRemote(t)
 	cut(remote, true)
 	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "z"}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("a create whose connection broke: %v", err)
