@@ -1,11 +1,12 @@
 // Package nodeapi is the seam between a master and its nodes (issue 9):
 // what a master may ask of a node, in wire types and IDs only — no store
 // rows, no paths of the node's own files. Two implementations meet here,
-// as containerd's runtime and its remote task service do: Local, the node
-// in the master's own process, and Client, a node reached over the network
-// (remote.go), whose other end is Server. The sentinel errors below are
-// the seam's: each implementation maps what it meets onto them, and the
-// master maps them onto HTTP statuses, in one place.
+// as containerd's runtime and its remote task service do: nodelocal.Local,
+// the node in the master's own process, and Client, a node reached over
+// the network (remote.go), whose other end is Server. Errors are the
+// errdefs kinds on both sides; the wire carries their codes
+// (errdefs.Table), so errors.Is works on the master's side as on the
+// node's.
 package nodeapi
 
 import (

@@ -258,7 +258,7 @@ func yamuxConfig() *yamux.Config {
 	return c
 }
 
-// TunnelServe is the master's end of a tunnel: conn, hijacked after the
+// TunnelSession is the master's end of a tunnel: conn, hijacked after the
 // 101, becomes the session over which c's requests ride.
 func TunnelSession(conn net.Conn) (*yamux.Session, error) {
 	return yamux.Client(conn, yamuxConfig())
