@@ -7,7 +7,7 @@
 // so that errors.Is works across the wire.
 //
 // A package may refine a kind (gateway.ErrRefused is a no-room refusal,
-// node.ErrNoMemory another): it defines its error by wrapping the kind,
+// admission.ErrNoMemory another): it defines its error by wrapping the kind,
 // never by defining a second "not found".
 package errdefs
 
@@ -93,7 +93,7 @@ var Table = []Entry{
 }
 
 // Refine is a package's own error that is a case of kind: its words are
-// text, and errors.Is finds it and kind (node.ErrNoMemory is
+// text, and errors.Is finds it and kind (admission.ErrNoMemory is
 // Refine(ErrNoRoom, "node short on memory")).
 func Refine(kind error, text string) error { return &refined{kind: kind, text: text} }
 

@@ -38,7 +38,7 @@ import (
 type Waker interface {
 	// Wake brings the sandbox to hot, sharing a wake in progress. It
 	// returns an errdefs.ErrNoRoom — ErrRefused when the wake cannot start
-	// within the admission deadline, the node's own ErrNoMemory when it is
+	// within the admission deadline, admission.ErrNoMemory when it is
 	// short on memory — which the gateway answers with 503.
 	Wake(ctx context.Context, id string) error
 	// IsHot is a cheap check made before every write into the sandbox, so

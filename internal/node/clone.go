@@ -74,7 +74,7 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 	if !ok || !n.be.Capabilities().Checkpoint {
 		return res, fmt.Errorf("%w: the %s backend cannot checkpoint a running sandbox", errdefs.ErrNotSupported, n.be.Name())
 	}
-	if err := n.admitDisk("a clone's image", n.imageMiB(parent.ID)); err != nil {
+	if err := n.adm.Disk("a clone's image", n.imageMiB(parent.ID)); err != nil {
 		return res, err
 	}
 	if err := n.Wake(ctx, parent.ID); err != nil {

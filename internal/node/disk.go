@@ -8,7 +8,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandstorm/api"
-	"sandstorm/internal/errdefs"
 	"sandstorm/internal/store"
 )
 
@@ -22,9 +21,6 @@ import (
 // is written to snapshot.tmp and renamed only when runsc checkpoint
 // succeeded, so a half-written one is never taken for a good one.
 
-// ErrNoDisk: the node's disk is below its reserve.
-var ErrNoDisk = errdefs.Refine(errdefs.ErrNoRoom, "node short on disk")
-
 // diskFreeMiB is what unprivileged writers may still use on the data
 // dir's filesystem.
 func (n *Node) diskFreeMiB() (int64, error) {
@@ -36,22 +32,6 @@ func (n *Node) diskFreeMiB() (int64, error) {
 		return 0, err
 	}
 	return int64(st.Bavail) * int64(st.Bsize) >> 20, nil
-}
-
-// admitDisk refuses new work when the disk is below the reserve, or would
-// be after needMiB more.
-func (n *Node) admitDisk(what string, needMiB int64) error {
-	if n.cfg.DiskReserveMiB <= 0 {
-		return nil
-	}
-	free, err := n.diskFreeMiB()
-	if err != nil {
-		return err
-	}
-	if free-needMiB < n.cfg.DiskReserveMiB {
-		return fmt.Errorf("%w: %s needs about %d MiB; %d MiB free on %s, reserve %d MiB", ErrNoDisk, what, needMiB, free, n.cfg.DataDir, n.cfg.DiskReserveMiB)
-	}
-	return nil
 }
 
 // imageMiB estimates the checkpoint image of a sandbox: at most what its

@@ -2,12 +2,13 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/admission"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -22,7 +23,7 @@ import (
 // its total memory): its own, else its template's, else the node's finite
 // default. A sandbox that is starting or waking is promised its expected
 // size (its limit, or a margin over what its template's sandboxes settled
-// at) until it has taken it or settleWindow has passed, and admission
+// at) until it has taken it or admission.SettleWindow has passed, and admission
 // counts those promises, not only MemAvailable — which says nothing yet
 // about a heap that is still being filled. Below the line, the least in
 // demand are pushed to disk first; what cannot be made room for in time is
@@ -34,13 +35,6 @@ import (
 // kills a sandbox, which the node then reports as "killed: out of memory".
 
 const (
-	// settleWindow: how long a started or woken sandbox counts at its
-	// expected size at least (a Python app fills a 256 MiB heap in about a
-	// second here; runsc restore brings a heap back in under one).
-	settleWindow = 30 * time.Second
-	// settleMin: before this, a sandbox that is not growing is not taken as
-	// settled yet (an interpreter may pause between loading and filling).
-	settleMin = 3 * time.Second
 	// pressureTick: how often memory is looked at outside the tier tick.
 	// Reading /proc/meminfo and /proc/pressure/memory costs ~30 µs.
 	pressureTick = 100 * time.Millisecond
@@ -61,20 +55,6 @@ const (
 	SandboxOOMScoreAdj = 800
 	DaemonOOMScoreAdj  = -900
 )
-
-// memBook is the node's memory ledger.
-type memBook struct {
-	mu       sync.Mutex
-	promises map[string]promise
-	settled  map[string]int64 // template → largest settled size seen (MiB)
-}
-
-type promise struct {
-	template    string
-	expectedMiB int64
-	since       time.Time
-	lastHeld    int64 // MiB at the last settle look
-}
 
 // LimitMiB is the memory limit a new sandbox of t gets: override, else the
 // template's, else the node's default.
@@ -99,10 +79,13 @@ func (n *Node) limitOf(sb store.Sandbox, t store.Template) int64 {
 
 // expectedMiB is what a sandbox of template t with limit limit is admitted at.
 func (n *Node) expectedMiB(template string, limit int64) int64 {
-	n.mem.mu.Lock()
-	s := n.mem.settled[template]
-	n.mem.mu.Unlock()
-	return memguard.Expected(limit, s)
+	return n.adm.Expected(template, limit)
+}
+
+// heldMiB is what sandbox id's memory cgroup holds (admission.Config.Held).
+func (n *Node) heldMiB(id string) (int64, bool) {
+	held, _, ok := n.usageMiB(id)
+	return held, ok
 }
 
 // usageMiB reads sb's memory cgroup; 0 when the backend cannot say.
@@ -118,45 +101,20 @@ func (n *Node) usageMiB(id string) (int64, sandbox.MemStat, bool) {
 	return ms.UsageBytes >> 20, ms, true
 }
 
-// outstanding lists the promises with what each holds now. Call with
-// n.mem.mu held.
-func (n *Node) outstanding() []memguard.Promise {
-	out := make([]memguard.Promise, 0, len(n.mem.promises))
-	for id, p := range n.mem.promises {
-		held, _, _ := n.usageMiB(id)
-		out = append(out, memguard.Promise{ExpectedMiB: p.expectedMiB, HeldMiB: held})
-	}
-	return out
-}
-
 // admitMemory admits a sandbox (id, of template) that is about to start or
 // wake and take expectedMiB: if the headroom — available memory less the
 // reserve less what admitted sandboxes have yet to take — covers it, the
 // promise is recorded (under one lock, so concurrent admissions see each
 // other) and it may go. Otherwise the sandboxes least in demand are pushed
 // to disk, one at a time, until it fits or the admission window ends:
-// then ErrNoMemory (503 with Retry-After), in words that say it is memory.
+// then admission.ErrNoMemory (503 with Retry-After), in words that say it is memory.
 func (n *Node) admitMemory(ctx context.Context, id, template string, expectedMiB int64) error {
-	if n.cfg.MemReserveMiB <= 0 {
-		return nil
-	}
 	deadline := time.Now().Add(n.cfg.Admission)
 	for {
-		avail, err := n.cfg.MemAvailable()
-		if err != nil {
-			return err
+		short := n.adm.Memory(id, template, expectedMiB)
+		if short == nil || !errors.Is(short, admission.ErrNoMemory) {
+			return short
 		}
-		n.mem.mu.Lock()
-		ps := n.outstanding()
-		head := memguard.Headroom(avail, n.cfg.MemReserveMiB, ps)
-		if head >= expectedMiB {
-			n.mem.promises[id] = promise{template: template, expectedMiB: expectedMiB, since: time.Now()}
-			n.mem.mu.Unlock()
-			return nil
-		}
-		n.mem.mu.Unlock()
-		short := fmt.Errorf("%w: not enough memory for sandbox %s: it needs %d MiB; %d MiB available, %d MiB of it promised to sandboxes still starting, reserve %d MiB",
-			ErrNoMemory, id, expectedMiB, avail, memguard.Outstanding(ps), n.cfg.MemReserveMiB)
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("%w; nothing could be pushed to disk in time, retry later", short)
 		}
@@ -167,18 +125,10 @@ func (n *Node) admitMemory(ctx context.Context, id, template string, expectedMiB
 }
 
 // promisedMiB is what admitted sandboxes have yet to take.
-func (n *Node) promisedMiB() int64 {
-	n.mem.mu.Lock()
-	defer n.mem.mu.Unlock()
-	return memguard.Outstanding(n.outstanding())
-}
+func (n *Node) promisedMiB() int64 { return n.adm.Promised() }
 
-// release drops sandbox id's promise (it failed to start, or is gone).
-func (n *Node) releasePromise(id string) {
-	n.mem.mu.Lock()
-	delete(n.mem.promises, id)
-	n.mem.mu.Unlock()
-}
+// releasePromise drops sandbox id's promise (it failed to start, or is gone).
+func (n *Node) releasePromise(id string) { n.adm.Release(id) }
 
 // pushDown moves the sandbox least in demand (never exclude, never one
 // still starting) off memory: to disk when there is room for a checkpoint,
@@ -191,12 +141,7 @@ func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
 	if n.dropOnePooled(why) {
 		return true
 	}
-	n.mem.mu.Lock()
-	starting := make(map[string]bool, len(n.mem.promises))
-	for id := range n.mem.promises {
-		starting[id] = true
-	}
-	n.mem.mu.Unlock()
+	starting := n.adm.Starting()
 	var views []tier.View
 	now := time.Now()
 	for _, v := range n.views() {
@@ -260,35 +205,8 @@ func (n *Node) pressureLoop() {
 		}
 		if time.Since(lastBook) >= time.Second {
 			lastBook = time.Now()
-			n.settlePromises(lastBook)
+			n.adm.Settle(lastBook)
 			n.findKilled()
-		}
-	}
-}
-
-// settlePromises ends the promises of sandboxes that have taken what they
-// were admitted at, or whose window has passed, and remembers what their
-// template's sandboxes settle at.
-func (n *Node) settlePromises(now time.Time) {
-	n.mem.mu.Lock()
-	defer n.mem.mu.Unlock()
-	for id, p := range n.mem.promises {
-		held, _, ok := n.usageMiB(id)
-		age := now.Sub(p.since)
-		// Settled: it took what it was promised, or it stopped growing
-		// (less than 1 MiB in the last second, after a start's first
-		// seconds), or the window ran out.
-		done := age >= settleWindow ||
-			(ok && held >= p.expectedMiB) ||
-			(ok && age >= settleMin && held > 0 && held-p.lastHeld < 1)
-		if !done {
-			p.lastHeld = held
-			n.mem.promises[id] = p
-			continue
-		}
-		delete(n.mem.promises, id)
-		if ok && held > n.mem.settled[p.template] {
-			n.mem.settled[p.template] = held
 		}
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/admission"
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
@@ -43,8 +44,6 @@ import (
 // one the backend cannot do errdefs.ErrNotSupported, a wake that could not
 // start in time gateway.ErrRefused.
 var (
-	// ErrNoMemory: the node is below its memory reserve.
-	ErrNoMemory = errdefs.Refine(errdefs.ErrNoRoom, "node short on memory")
 	// ErrFull: no address slot or gateway port left.
 	ErrFull = errdefs.Refine(errdefs.ErrNoRoom, "node full")
 	// ErrFirewall: the node's nftables table could not be installed; the
@@ -136,7 +135,8 @@ type Node struct {
 	bmu        sync.Mutex
 	boundaries map[string]*boundary.Boundary
 
-	mem memBook
+	// adm is the node's admission: memory promises, disk, descriptors.
+	adm *admission.Admission
 
 	// fence is the last fence the master set (fence.go). Under allocMu.
 	fence fenceMark
@@ -234,9 +234,12 @@ func New(cfg Config) (*Node, error) {
 		pool:       map[string][]pooled{},
 		poolKick:   make(chan struct{}, 1),
 		boundaries: map[string]*boundary.Boundary{},
-		mem:        memBook{promises: map[string]promise{}, settled: map[string]int64{}},
 		stop:       make(chan struct{}),
 	}
+	n.adm = admission.New(admission.Config{
+		MemReserveMiB: cfg.MemReserveMiB, MemAvailable: cfg.MemAvailable, Held: n.heldMiB,
+		DiskReserveMiB: cfg.DiskReserveMiB, DiskFree: n.diskFreeMiB, DataDir: cfg.DataDir, FDs: processFDs,
+	})
 	fg, err := cfg.Store.Counter(context.Background(), fenceCounter)
 	if err != nil {
 		return nil, err
@@ -354,7 +357,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 	if err == nil {
 		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "start", how)
 		n.cfg.Events.Publish(events.Event{Kind: events.Create, ID: sb.ID, Name: sb.Name, Template: t.Name, To: string(api.TierHot), Ms: sb.LastWakeMs, Node: n.cfg.Name, Reason: how})
-	} else if errors.Is(err, ErrNoMemory) || errors.Is(err, ErrFull) {
+	} else if errors.Is(err, admission.ErrNoMemory) || errors.Is(err, ErrFull) {
 		n.cfg.Events.Publish(events.Event{Kind: events.Refusal, Name: name, Template: t.Name, Node: n.cfg.Name, Reason: "create: " + err.Error()})
 	}
 	return sb, err
@@ -379,10 +382,10 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	if memoryMiB < 0 {
 		return store.Sandbox{}, fmt.Errorf("%w: memory_mib %d is negative", errdefs.ErrBadInput, memoryMiB)
 	}
-	if err := n.admitDisk("a new sandbox", 0); err != nil {
+	if err := n.adm.Disk("a new sandbox", 0); err != nil {
 		return store.Sandbox{}, err
 	}
-	if err := n.admitFDs(); err != nil {
+	if err := n.adm.FDs(); err != nil {
 		return store.Sandbox{}, err
 	}
 	id, slot := newID(), -1

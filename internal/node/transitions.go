@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/admission"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/gateway"
@@ -68,7 +69,7 @@ func (n *Node) layOut(sb store.Sandbox, t store.Template) error {
 // Wake brings sandbox id to hot from any tier (gateway.Waker). Concurrent
 // callers share one wake. ctx bounds only the admission — waiting for the
 // sandbox's lock, a wake slot and memory — so a wake that cannot start in
-// time is refused (gateway.ErrRefused or ErrNoMemory), while one that started runs
+// time is refused (gateway.ErrRefused or admission.ErrNoMemory), while one that started runs
 // to the end.
 func (n *Node) Wake(ctx context.Context, id string) error {
 	e, ok := n.lookup(id)
@@ -96,7 +97,7 @@ func (n *Node) Wake(ctx context.Context, id string) error {
 	e.mu.Unlock()
 
 	w.err = n.wake(ctx, e)
-	if errors.Is(w.err, gateway.ErrRefused) || errors.Is(w.err, ErrNoMemory) {
+	if errors.Is(w.err, gateway.ErrRefused) || errors.Is(w.err, admission.ErrNoMemory) {
 		n.cfg.Events.Publish(events.Event{Kind: events.Refusal, ID: e.id, Node: n.cfg.Name, Reason: "wake: " + w.err.Error()})
 	}
 
@@ -129,19 +130,21 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 	if sb.LeftBehind {
 		return refuseLeftBehind(sb)
 	}
+	// The rows are read once, here, and passed down (issue 15: a wake read
+	// each twice).
+	var t store.Template
 	if from != api.TierFrozen { // a frozen sandbox already holds its memory
+		if t, err = n.st.GetTemplate(context.Background(), sb.Template); err != nil {
+			return err
+		}
 		need := e.lastUsageMiB.Load() // what it held when it was checkpointed
 		if from != api.TierSnapshot || need <= 0 {
-			t, err := n.st.GetTemplate(context.Background(), sb.Template)
-			if err != nil {
-				return err
-			}
 			need = n.expectedMiB(sb.Template, n.limitOf(sb, t))
 		}
 		if err := n.admitMemory(ctx, e.id, sb.Template, need); err != nil {
 			return err
 		}
-		if err := n.admitFDs(); err != nil {
+		if err := n.adm.FDs(); err != nil {
 			return err
 		}
 	}
@@ -155,11 +158,11 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 	case api.TierFrozen:
 		err = n.be.Resume(bg, n.spec(sb))
 	case api.TierSnapshot:
-		if err = n.restore(bg, sb); err != nil {
+		if err = n.restore(bg, sb, t); err != nil {
 			return n.recoverFailedRestore(e, sb, err, start)
 		}
 	default:
-		err = n.coldStartFromStore(bg, sb)
+		err = n.coldStart(bg, sb, t, true)
 	}
 	if err != nil {
 		n.releasePromise(e.id)
@@ -186,24 +189,15 @@ func (n *Node) coldStartFromStore(ctx context.Context, sb store.Sandbox) error {
 	return n.coldStart(ctx, sb, t, true)
 }
 
-// restore brings a snapshot back: namespace and veth with the same
-// addresses, then runsc restore from the image, which is deleted once the
-// sandbox runs (each checkpoint needs an image directory of its own).
-func (n *Node) restore(ctx context.Context, sb store.Sandbox) error {
+// restore brings a snapshot of sb (of template t) back: what a cold start
+// lays out (layOut: overlay, namespace and veth with the same addresses,
+// resolver, spec), its boundary, then runsc restore from the image, which
+// is deleted once the sandbox runs (each checkpoint needs an image
+// directory of its own).
+func (n *Node) restore(ctx context.Context, sb store.Sandbox, t store.Template) error {
 	d := n.dir(sb.ID)
-	t, err := n.st.GetTemplate(ctx, sb.Template)
-	if err != nil {
-		return err
-	}
 	steps := newStepTimer()
-	if err := d.mountRootfs(t.Rootfs); err != nil {
-		return err
-	}
-	nw, err := n.Net(sb.ID, sb.Slot)
-	if err != nil {
-		return err
-	}
-	if err := netns.Create(nw); err != nil {
+	if err := n.layOut(sb, t); err != nil {
 		return err
 	}
 	steps.mark("network")
@@ -216,7 +210,7 @@ func (n *Node) restore(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	steps.mark("runsc_restore")
-	err = os.RemoveAll(d.snapshot())
+	err := os.RemoveAll(d.snapshot())
 	steps.mark("drop_image")
 	n.log.Debug("restore steps", append([]any{"id", sb.ID}, steps.attrs()...)...)
 	return err
@@ -345,7 +339,7 @@ func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
 		if caps := n.be.Capabilities(); !caps.Checkpoint {
 			return fmt.Errorf("%w: %s", errdefs.ErrNotSupported, caps.Why)
 		}
-		if err := n.admitDisk("its snapshot", n.imageMiB(sb.ID)); err != nil {
+		if err := n.adm.Disk("its snapshot", n.imageMiB(sb.ID)); err != nil {
 			return err
 		}
 		return n.checkpoint(sb, from)
@@ -357,7 +351,7 @@ func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
 // detach that says what was lost.
 func (n *Node) snapshotOrDetach(ctx context.Context, id string) (store.Sandbox, error) {
 	sb, err := n.Snapshot(ctx, id)
-	if !errors.Is(err, ErrNoDisk) {
+	if !errors.Is(err, admission.ErrNoDisk) {
 		return sb, err
 	}
 	n.log.Warn("disk reserve: detaching instead of snapshotting", "id", id, "err", err)

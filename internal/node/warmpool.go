@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"sandstorm/internal/memguard"
 	"sandstorm/internal/store"
 )
 
@@ -115,22 +114,19 @@ func (n *Node) fillPools() {
 // file-descriptor admissions a create passes.
 func (n *Node) poolRoom(t store.Template) string {
 	if n.cfg.MemReserveMiB > 0 {
-		avail, err := n.cfg.MemAvailable()
+		head, err := n.adm.Headroom()
 		if err != nil {
 			return err.Error()
 		}
 		want := 2 * n.expectedMiB(t.Name, n.LimitMiB(t, 0))
-		n.mem.mu.Lock()
-		head := memguard.Headroom(avail, n.cfg.MemReserveMiB, n.outstanding())
-		n.mem.mu.Unlock()
 		if head < want {
 			return fmt.Sprintf("%d MiB of headroom, want %d", head, want)
 		}
 	}
-	if err := n.admitDisk("a pooled sandbox", 0); err != nil {
+	if err := n.adm.Disk("a pooled sandbox", 0); err != nil {
 		return err.Error()
 	}
-	if err := n.admitFDs(); err != nil {
+	if err := n.adm.FDs(); err != nil {
 		return err.Error()
 	}
 	return ""

@@ -1,0 +1,145 @@
+package admission
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/internal/errdefs"
+)
+
+// fakeMem is a machine's memory: what is available, and what each
+// sandbox's cgroup holds.
+type fakeMem struct {
+	mu    sync.Mutex
+	avail int64
+	held  map[string]int64
+}
+
+func (f *fakeMem) available() (int64, error) { f.mu.Lock(); defer f.mu.Unlock(); return f.avail, nil }
+func (f *fakeMem) heldOf(id string) (int64, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, ok := f.held[id]
+	return h, ok
+}
+func (f *fakeMem) set(id string, mib int64) { f.mu.Lock(); f.held[id] = mib; f.mu.Unlock() }
+
+func newMem(avail int64) (*fakeMem, *Admission) {
+	m := &fakeMem{avail: avail, held: map[string]int64{}}
+	return m, New(Config{MemReserveMiB: 1000, MemAvailable: m.available, Held: m.heldOf})
+}
+
+// TestMemoryCountsPromises: what admitted sandboxes have yet to take
+// counts as used, so admissions one after another (or at once) cannot
+// together promise more than there is; a refusal is no room, with the
+// numbers; a release gives the room back.
+func TestMemoryCountsPromises(t *testing.T) {
+	_, a := newMem(4000) // 3000 over the reserve
+	if err := a.Memory("a", "web", 1024); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Memory("b", "web", 1024); err != nil {
+		t.Fatal(err)
+	}
+	err := a.Memory("c", "web", 1024)
+	if !errors.Is(err, ErrNoMemory) || !errors.Is(err, errdefs.ErrNoRoom) || !strings.Contains(err.Error(), "2048 MiB of it promised") {
+		t.Fatalf("a third 1 GiB with 3000 MiB over the reserve: %v", err)
+	}
+	if a.Promised() != 2048 || !a.Starting()["a"] || a.Starting()["c"] {
+		t.Errorf("promised %d, starting %v", a.Promised(), a.Starting())
+	}
+	a.Release("a")
+	if err := a.Memory("c", "web", 1024); err != nil {
+		t.Errorf("after a release: %v", err)
+	}
+
+	_, b := newMem(4000)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if b.Memory(string(rune('a'+i)), "web", 1024) == nil {
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted != 2 {
+		t.Errorf("8 at once: %d admitted, want 2 (3000 MiB over the reserve)", admitted)
+	}
+}
+
+// TestSettle: a promise ends when its sandbox took what it was promised,
+// or stopped growing after its first seconds, or its window passed; what
+// a template's sandboxes settle at is what its next ones are admitted at.
+func TestSettle(t *testing.T) {
+	m, a := newMem(100000)
+	now := time.Now()
+	a.Memory("full", "web", 100)
+	a.Memory("flat", "app", 1024)
+	a.Memory("young", "app", 1024)
+	a.Memory("silent", "app", 1024)
+	m.set("full", 120)
+	m.set("flat", 60)
+	m.set("young", 60)
+	a.Settle(now) // records where flat and young are
+	a.mu.Lock()
+	p := a.promises["young"]
+	p.since = now // just started
+	a.promises["young"] = p
+	for _, id := range []string{"flat", "silent"} {
+		p := a.promises[id]
+		p.since = now.Add(-10 * time.Second)
+		a.promises[id] = p
+	}
+	p = a.promises["silent"]
+	p.since = now.Add(-SettleWindow)
+	a.promises["silent"] = p
+	a.mu.Unlock()
+	a.Settle(now)
+	st := a.Starting()
+	if st["full"] || st["flat"] || st["silent"] || !st["young"] {
+		t.Errorf("after settling: still starting %v, want only young", st)
+	}
+	if e := a.Expected("web", 1024); e >= 1024 || e < 120 {
+		t.Errorf("web settled at 120 MiB; its next is admitted at %d", e)
+	}
+	if e := a.Expected("other", 512); e != 512 {
+		t.Errorf("a template with nothing settled is admitted at its limit: %d", e)
+	}
+}
+
+// TestDiskAndFDs: below the disk reserve (or below it once the image is
+// written) is no room; so is a start that would leave fewer than
+// FDHeadroom descriptors; a reserve of 0 and a limit the process cannot
+// read refuse nothing.
+func TestDiskAndFDs(t *testing.T) {
+	free := int64(5000)
+	a := New(Config{DiskReserveMiB: 1000, DiskFree: func() (int64, error) { return free, nil }, DataDir: "/var/lib/x",
+		FDs: func() (int, uint64, error) { return 700, 1000, nil }})
+	if err := a.Disk("a snapshot", 3000); err != nil {
+		t.Error(err)
+	}
+	if err := a.Disk("a snapshot", 4500); !errors.Is(err, ErrNoDisk) || !strings.Contains(err.Error(), "/var/lib/x") {
+		t.Errorf("an image that would cross the reserve: %v", err)
+	}
+	if err := a.FDs(); err != nil {
+		t.Errorf("700 of 1000 open: %v", err)
+	}
+	b := New(Config{FDs: func() (int, uint64, error) { return 800, 1000, nil }})
+	if err := b.FDs(); !errors.Is(err, ErrNoFDs) || !errors.Is(err, errdefs.ErrNoRoom) {
+		t.Errorf("800 of 1000 open: %v", err)
+	}
+	c := New(Config{FDs: func() (int, uint64, error) { return 0, 0, errors.New("no /proc") }})
+	if c.FDs() != nil || c.Disk("x", 1<<40) != nil || c.Memory("x", "t", 1<<40) != nil {
+		t.Error("checks that are off, or cannot read, refused")
+	}
+}
