@@ -19,12 +19,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -76,20 +74,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "fill: bad arguments; see --help")
 		os.Exit(2)
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "fill: needs root (sandstormd creates network namespaces, mounts and runsc sandboxes)")
-		os.Exit(1)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	path, err := run(ctx, c)
-	if path != "" {
-		fmt.Fprintln(os.Stderr, "results:", path)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fill:", err)
-		os.Exit(1)
-	}
+	bench.Main("fill", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
 
 // sample is one point of the timeline.
@@ -211,55 +196,36 @@ func run(ctx context.Context, c config) (string, error) {
 
 	// Call a random sample of them.
 	callS := res.AddSeries("call", "GET / through the gateway of a sandbox picked at random (any tier: the call wakes it)", "1,198 of 1,200 answered; p50 1.3 s, p99 2.8–5.5 s (seed)")
-	picks := rand.Perm(len(sbs))
-	if len(picks) > c.calls {
-		picks = picks[:c.calls]
-	}
 	tierAtCall := map[api.Tier]int{}
 	var answered atomic.Int64
-	var pnext atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < c.callParallel; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			hc := &http.Client{Timeout: c.callTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
-			for ctx.Err() == nil {
-				k := pnext.Add(1) - 1
-				if k >= int64(len(picks)) {
-					return
-				}
-				sb := sbs[picks[k]]
-				if cur, err := cl.Sandbox(ctx, sb.ID); err == nil {
-					mu.Lock()
-					tierAtCall[cur.Tier]++
-					mu.Unlock()
-				}
-				ep := sb.Endpoints["8000"]
-				if !local(ep) {
-					mu.Lock()
-					callS.Fail("%s: endpoint %q is not on loopback; not called", sb.Name, ep)
-					mu.Unlock()
-					continue
-				}
-				t0 := time.Now()
-				err := callOnce(ctx, hc, ep, t0.Add(c.callTimeout))
-				mu.Lock()
-				if err != nil {
-					callS.Fail("%s: %v", sb.Name, err)
-				} else {
-					callS.AddDuration(time.Since(t0))
-					answered.Add(1)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	res.Params["called"] = len(picks)
+	hc := &http.Client{Timeout: c.callTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+	called := bench.CallSample(ctx, sbs, c.calls, c.callParallel, func(ctx context.Context, sb api.Sandbox) (time.Duration, error) {
+		if cur, err := cl.Sandbox(ctx, sb.ID); err == nil {
+			mu.Lock()
+			tierAtCall[cur.Tier]++
+			mu.Unlock()
+		}
+		ep := sb.Endpoints["8000"]
+		if !local(ep) {
+			return 0, fmt.Errorf("endpoint %q is not on loopback; not called", ep)
+		}
+		t0 := time.Now()
+		err := callOnce(ctx, hc, ep, t0.Add(c.callTimeout))
+		return time.Since(t0), err
+	}, func(sb api.Sandbox, took time.Duration, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			callS.Fail("%s: %v", sb.Name, err)
+			return
+		}
+		callS.AddDuration(took)
+		answered.Add(1)
+	})
+	res.Params["called"] = called
 	res.Params["answered"] = answered.Load()
 	res.Params["tier_when_called"] = tierAtCall
-	res.Note("%d of %d called answered within %v; the tiers they were in when picked: %v", answered.Load(), len(picks), c.callTimeout, tierAtCall)
+	res.Note("%d of %d called answered within %v; the tiers they were in when picked: %v", answered.Load(), called, c.callTimeout, tierAtCall)
 	end := sampleNow(ctx, cl, daemon.Process.Pid, data, time.Since(start), len(sbs), &base)
 	if n := int64(len(sbs)); n > 0 {
 		res.Note("at the end: %v; MemAvailable %d MiB (was %d before the fill: %.2f MiB per sandbox, all tiers together); the daemon's RSS %d MiB (%.1f KiB per sandbox), %d fds",

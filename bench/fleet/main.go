@@ -33,12 +33,10 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"sandstorm/api"
@@ -101,16 +99,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "fleet: --nodes 1 to 9, no arguments")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	path, err := run(ctx, c)
-	if path != "" {
-		fmt.Println("results:", path)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fleet:", err)
-		os.Exit(1)
-	}
+	bench.Main("fleet", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
 
 func run(ctx context.Context, c config) (string, error) {
@@ -239,41 +228,25 @@ func fill(ctx context.Context, c config, bin string, res *bench.Results) error {
 		return ctx.Err()
 	}
 	callS := res.AddSeries("fill/call", "GET / through the gateway on the sandbox's node, of a sandbox picked at random (any tier: the call wakes it; a 503 is retried after its Retry-After until --call-timeout)", "1,198 of 1,200 answered; p50 1.3 s, p99 2.8–5.5 s (seed)")
-	picks := rand.Perm(len(sbs))
-	if len(picks) > c.calls {
-		picks = picks[:c.calls]
-	}
-	var answered, pnext atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < c.parallel; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			hc := &http.Client{Timeout: c.callTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
-			for ctx.Err() == nil {
-				k := pnext.Add(1) - 1
-				if k >= int64(len(picks)) {
-					return
-				}
-				sb := sbs[picks[k]]
-				ep := sb.Endpoints["8000"]
-				t0 := time.Now()
-				err := callOnce(ctx, hc, ep, t0.Add(c.callTimeout), true)
-				mu.Lock()
-				if err != nil {
-					callS.Fail("%s on %s: %v", sb.Name, sb.Node, err)
-				} else {
-					callS.AddDuration(time.Since(t0))
-					answered.Add(1)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	res.Params["fill_called"] = len(picks)
+	var answered atomic.Int64
+	hc := &http.Client{Timeout: c.callTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+	called := bench.CallSample(ctx, sbs, c.calls, c.parallel, func(ctx context.Context, sb api.Sandbox) (time.Duration, error) {
+		t0 := time.Now()
+		err := callOnce(ctx, hc, sb.Endpoints["8000"], t0.Add(c.callTimeout), true)
+		return time.Since(t0), err
+	}, func(sb api.Sandbox, took time.Duration, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			callS.Fail("%s on %s: %v", sb.Name, sb.Node, err)
+			return
+		}
+		callS.AddDuration(took)
+		answered.Add(1)
+	})
+	res.Params["fill_called"] = called
 	res.Params["fill_answered"] = answered.Load()
-	res.Note("fill: %d created on %d nodes (%v); %d of %d called answered within %v", len(sbs), c.nodes, perNode, answered.Load(), len(picks), c.callTimeout)
+	res.Note("fill: %d created on %d nodes (%v); %d of %d called answered within %v", len(sbs), c.nodes, perNode, answered.Load(), called, c.callTimeout)
 	return ctx.Err()
 }
 

@@ -21,12 +21,10 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"sandstorm/api"
@@ -67,20 +65,7 @@ func main() {
 	if c.limitMiB == 0 {
 		c.limitMiB = c.heapMiB + 192
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "flood: needs root (sandstormd creates network namespaces, mounts and runsc sandboxes)")
-		os.Exit(1)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	path, err := run(ctx, c)
-	if path != "" {
-		fmt.Fprintln(os.Stderr, "results:", path)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "flood:", err)
-		os.Exit(1)
-	}
+	bench.Main("flood", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
 
 var oomRE = regexp.MustCompile(`(?i)out of memory|oom-kill|oom_reaper`)

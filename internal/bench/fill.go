@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,4 +110,38 @@ func (f *Filler) create(ctx context.Context, i int, mu *sync.Mutex) Answer {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// CallSample calls k of sbs picked at random (all of them if k is more),
+// parallel at a time, with call (which says how long the call itself took),
+// and tells done how each went, one at a time; it returns how many it
+// picked. The fill benchmarks' second half: whatever tier each is in, the
+// call wakes it.
+func CallSample(ctx context.Context, sbs []api.Sandbox, k, parallel int, call func(context.Context, api.Sandbox) (time.Duration, error), done func(sb api.Sandbox, took time.Duration, err error)) int {
+	picks := rand.Perm(len(sbs))
+	if len(picks) > k {
+		picks = picks[:k]
+	}
+	var next atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := 0; w < max(parallel, 1); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= len(picks) {
+					return
+				}
+				sb := sbs[picks[i]]
+				took, err := call(ctx, sb)
+				mu.Lock()
+				done(sb, took, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return len(picks)
 }
