@@ -28,6 +28,7 @@ import (
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/console"
 	"sandstorm/internal/dialguard"
+	"sandstorm/internal/enrol"
 	"sandstorm/internal/events"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/master"
@@ -387,7 +388,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 			return err
 		}
 		apiSw = &switchHandler{}
-		standbySrv := &http.Server{Handler: apiSw, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: nodeapi.TunnelNextProto()}
+		standbySrv := &http.Server{Handler: apiSw, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()}
 		go standbySrv.Serve(apiLn)
 		defer shutdown(standbySrv)
 		lease, err := standBy(ctx, st, o, apiSw, token, log)
@@ -480,9 +481,9 @@ func apiTLS(ca *pki.CA, listen string) (*tls.Config, error) {
 		return nil, fmt.Errorf("API certificate: %w", err)
 	}
 	tunnelCfg := tlsCfg.Clone()
-	tunnelCfg.ClientAuth, tunnelCfg.ClientCAs, tunnelCfg.NextProtos = tls.RequireAndVerifyClientCert, ca.Pool(), []string{nodeapi.TunnelALPN}
+	tunnelCfg.ClientAuth, tunnelCfg.ClientCAs, tunnelCfg.NextProtos = tls.RequireAndVerifyClientCert, ca.Pool(), []string{enrol.TunnelALPN}
 	tlsCfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		if slices.Contains(h.SupportedProtos, nodeapi.TunnelALPN) {
+		if slices.Contains(h.SupportedProtos, enrol.TunnelALPN) {
 			return tunnelCfg, nil
 		}
 		return nil, nil
@@ -493,7 +494,7 @@ func apiTLS(ca *pki.CA, listen string) (*tls.Config, error) {
 // serveUntilDone serves h on ln until ctx ends (then shuts down, giving
 // requests in flight 5 s) or the server fails.
 func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: nodeapi.TunnelNextProto()}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -514,7 +515,7 @@ func shutdown(srv *http.Server) {
 
 // serveNode runs a node apart from its master (serve --node): its own
 // store, its sandboxes, and on --node-listen the endpoint its master pairs
-// with and then calls over mutual TLS (nodeapi.Endpoint). It opens no
+// with and then calls over mutual TLS (enrol.Endpoint). It opens no
 // public API: until it is paired it answers only the pairing calls.
 func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger) error {
 	hub := events.New(0)
@@ -527,7 +528,7 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	// once, kept while a template uses them.
 	local := &nodelocal.Local{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")}, Events: hub}
 	if o.Join != "" {
-		j := &nodeapi.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,
+		j := &enrol.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,
 			PKIDir: filepath.Join(o.DataDir, "pki"), Node: local, Log: log}
 		if err := j.Join(ctx); err != nil {
 			return err
@@ -537,7 +538,7 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 		log.Info("sandstormd node stopped; sandboxes keep running and are adopted at the next start")
 		return nil
 	}
-	ep, err := nodeapi.NewEndpoint(o.NodeName, filepath.Join(o.DataDir, "pki"), local, log)
+	ep, err := enrol.NewEndpoint(o.NodeName, filepath.Join(o.DataDir, "pki"), local, log)
 	if err != nil {
 		return err
 	}

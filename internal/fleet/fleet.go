@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/enrol"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/nodeapi"
@@ -113,19 +114,19 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 }
 
 // tunnelAddress is what the store has as the address of a node that dials
-// in (nodeapi.Joiner): it is reached only through its tunnel.
+// in (enrol.Joiner): it is reached only through its tunnel.
 func tunnelAddress(name string) string { return "tunnel:" + name }
 
 func (f *Fleet) add(name, address string) error {
 	if strings.HasPrefix(address, "tunnel:") {
 		// Until it dials in, its calls fail: it is lost.
 		f.mu.Lock()
-		f.remote[name], f.addrs[name] = nodeapi.NoTunnel(name), address
+		f.remote[name], f.addrs[name] = enrol.NoTunnel(name), address
 		f.mu.Unlock()
 		f.startWatch(name)
 		return nil
 	}
-	c, err := nodeapi.Dial(name, address, f.cfg.CA, func(cert *x509.Certificate) error { return f.checkCert(name, cert) })
+	c, err := enrol.Dial(name, address, f.cfg.CA, func(cert *x509.Certificate) error { return f.checkCert(name, cert) })
 	if err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func (f *Fleet) add(name, address string) error {
 
 // checkCert refuses a certificate of node name issued before the node
 // was forgotten. Forgetting a node that does not answer cannot take its
-// certificate back, and it is good for up to nodeapi.NodeCertLifetime:
+// certificate back, and it is good for up to enrol.NodeCertLifetime:
 // this is its revocation, by time (pki.Backdate says when it was
 // issued), so a node paired or joined again under the same name, whose
 // new certificate is younger, is taken. To the second: one issued in the
@@ -162,7 +163,7 @@ func (f *Fleet) checkCert(name string, cert *x509.Certificate) error {
 const renewEvery = 10 * time.Minute
 
 // Run hears every paired node's reports (reports.go) and renews their
-// certificates once a third of their lifetime is left (nodeapi.Renew),
+// certificates once a third of their lifetime is left (enrol.Renew),
 // until ctx ends.
 func (f *Fleet) Run(ctx context.Context) {
 	f.mu.Lock()
@@ -210,14 +211,14 @@ func (f *Fleet) renewDue(ctx context.Context) {
 			cancel()
 		}
 		na := d.c.PeerNotAfter()
-		if na.IsZero() || time.Until(na) > nodeapi.NodeCertLifetime/3 {
+		if na.IsZero() || time.Until(na) > enrol.NodeCertLifetime/3 {
 			continue
 		}
 		host, _, err := net.SplitHostPort(d.addr)
 		if err != nil {
 			host = d.addr
 		}
-		if until, err := nodeapi.Renew(ctx, d.c, f.cfg.CA, host); err != nil {
+		if until, err := enrol.Renew(ctx, d.c, f.cfg.CA, host); err != nil {
 			f.cfg.Log.Warn("could not renew a node's certificate; retrying later", "node", d.c.NodeName, "ends", na, "err", err)
 		} else {
 			f.cfg.Log.Info("node certificate renewed", "node", d.c.NodeName, "until", until)
@@ -563,7 +564,7 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 		}
 	}
 	f.mu.RUnlock()
-	name, err := nodeapi.Pair(ctx, address, code, f.cfg.CA)
+	name, err := enrol.Pair(ctx, address, code, f.cfg.CA)
 	if err != nil {
 		return "", err
 	}
@@ -610,12 +611,12 @@ func (f *Fleet) Forget(ctx context.Context, name string) error {
 	}
 	// The node forgets its master too, if it answers: its certificate is
 	// no key to anything after this (one that does not answer keeps it
-	// until it expires, at most nodeapi.NodeCertLifetime).
+	// until it expires, at most enrol.NodeCertLifetime).
 	f.mu.RLock()
 	c := f.remote[name]
 	f.mu.RUnlock()
 	uctx, cancel := context.WithTimeout(ctx, statusWait)
-	if err := nodeapi.Unpair(uctx, c); err != nil {
+	if err := enrol.Unpair(uctx, c); err != nil {
 		f.cfg.Log.Warn("a forgotten node did not unpair (it keeps its certificate until it expires)", "node", name, "err", err)
 	}
 	cancel()
@@ -699,35 +700,35 @@ const JoinTokenLifetime = time.Hour
 
 // NewJoinToken makes a join token, good once within JoinTokenLifetime.
 func (f *Fleet) NewJoinToken(ctx context.Context) (string, time.Time, error) {
-	tok, hash := nodeapi.NewJoinToken()
+	tok, hash := enrol.NewJoinToken()
 	until := time.Now().Add(JoinTokenLifetime)
 	return tok, until, f.cfg.Store.PutJoinToken(ctx, hash, until)
 }
 
 // Join admits a node that dials in with a join token: it signs the
 // node's key and records the node, which is lost until its tunnel is up.
-func (f *Fleet) Join(ctx context.Context, req nodeapi.JoinRequest) (nodeapi.JoinReply, error) {
-	ok, err := f.cfg.Store.UseJoinToken(ctx, nodeapi.JoinTokenHash(req.Token), time.Now())
+func (f *Fleet) Join(ctx context.Context, req enrol.JoinRequest) (enrol.JoinReply, error) {
+	ok, err := f.cfg.Store.UseJoinToken(ctx, enrol.JoinTokenHash(req.Token), time.Now())
 	if err != nil {
-		return nodeapi.JoinReply{}, err
+		return enrol.JoinReply{}, err
 	}
 	if !ok {
 		f.cfg.Log.Warn("join refused: unknown, used or expired join token", "node", req.Name)
-		return nodeapi.JoinReply{}, errdefs.Mark(errdefs.ErrForbidden, errors.New("join refused: the join token is unknown, used or expired (make one: POST /v1/nodes/join-tokens)"))
+		return enrol.JoinReply{}, errdefs.Mark(errdefs.ErrForbidden, errors.New("join refused: the join token is unknown, used or expired (make one: POST /v1/nodes/join-tokens)"))
 	}
 	if req.Name == "" || f.isRemote(req.Name) || (f.cfg.Local != nil && f.cfg.Local.Name() == req.Name) {
-		return nodeapi.JoinReply{}, errdefs.Mark(errdefs.ErrExists, fmt.Errorf("node name %q is empty or taken in this fleet: start the node with another --node-name", req.Name))
+		return enrol.JoinReply{}, errdefs.Mark(errdefs.ErrExists, fmt.Errorf("node name %q is empty or taken in this fleet: start the node with another --node-name", req.Name))
 	}
-	der, err := f.cfg.CA.SignCSRFor(req.CSR, "node "+req.Name, nil, nodeapi.NodeCertLifetime, false, true)
+	der, err := f.cfg.CA.SignCSRFor(req.CSR, "node "+req.Name, nil, enrol.NodeCertLifetime, false, true)
 	if err != nil {
-		return nodeapi.JoinReply{}, errdefs.Mark(errdefs.ErrBadInput, err)
+		return enrol.JoinReply{}, errdefs.Mark(errdefs.ErrBadInput, err)
 	}
 	if err := f.cfg.Store.PutNode(ctx, store.Node{Name: req.Name, Address: tunnelAddress(req.Name), PairedAt: time.Now()}); err != nil {
-		return nodeapi.JoinReply{}, err
+		return enrol.JoinReply{}, err
 	}
 	f.add(req.Name, tunnelAddress(req.Name))
 	f.cfg.Log.Info("node joined (it dials in)", "node", req.Name)
-	return nodeapi.JoinReply{Cert: der}, nil
+	return enrol.JoinReply{Cert: der}, nil
 }
 
 // Tunnel serves a joined node's GET /v1/nodes/tunnel: its certificate
@@ -752,8 +753,8 @@ func (f *Fleet) Tunnel(w http.ResponseWriter, r *http.Request) {
 		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrForbidden, "this node has not joined this master (or was forgotten)"))
 		return
 	}
-	if !strings.EqualFold(r.Header.Get("Upgrade"), nodeapi.TunnelUpgrade) {
-		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrBadInput, "Upgrade: %s expected", nodeapi.TunnelUpgrade))
+	if !strings.EqualFold(r.Header.Get("Upgrade"), enrol.TunnelUpgrade) {
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrBadInput, "Upgrade: %s expected", enrol.TunnelUpgrade))
 		return
 	}
 	hj, ok := w.(http.Hijacker)
@@ -765,15 +766,15 @@ func (f *Fleet) Tunnel(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + nodeapi.TunnelUpgrade + "\r\n\r\n")
+	bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + enrol.TunnelUpgrade + "\r\n\r\n")
 	bw.Flush()
 	conn.SetDeadline(time.Time{})
-	sess, err := nodeapi.TunnelSession(conn)
+	sess, err := enrol.TunnelSession(conn)
 	if err != nil {
 		conn.Close()
 		return
 	}
-	c := nodeapi.TunnelClient(name, sess, r.TLS.VerifiedChains[0][0].NotAfter)
+	c := enrol.TunnelClient(name, sess, r.TLS.VerifiedChains[0][0].NotAfter)
 	f.mu.Lock()
 	f.remote[name] = c
 	f.mu.Unlock()

@@ -21,6 +21,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/console"
+	"sandstorm/internal/enrol"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
@@ -636,7 +637,7 @@ func (s *server) joinToken(w http.ResponseWriter, r *http.Request) {
 
 // joinNode serves POST /v1/nodes/join (a node, with its join token).
 func (s *server) joinNode(w http.ResponseWriter, r *http.Request) {
-	var req nodeapi.JoinRequest
+	var req enrol.JoinRequest
 	if err := decode(w, r, &req); err != nil {
 		s.fail(w, r, err)
 		return

@@ -162,6 +162,9 @@ func reply(w http.ResponseWriter, status int, v any, err error) error {
 	return writeJSON(w, status, v)
 }
 
+// WriteJSON answers v as JSON with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) error { return writeJSON(w, status, v) }
+
 func writeJSON(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -224,6 +227,39 @@ var _ Node = (*Client)(nil)
 
 // Name implements Node.
 func (c *Client) Name() string { return c.NodeName }
+
+// NewClient is a client of node name at base over hc; tunnel says the node
+// dials in (its certificate is a client one), notAfter when the
+// certificate it presents ends (zero: not seen yet).
+func NewClient(name, base string, hc *http.Client, tunnel bool, notAfter time.Time) *Client {
+	return &Client{NodeName: name, Base: base, HTTP: hc, tunnel: tunnel, notAfter: notAfter}
+}
+
+// PeerNotAfter is when the certificate the node last presented ends (zero
+// before it has presented one).
+func (c *Client) PeerNotAfter() time.Time {
+	c.certMu.Lock()
+	defer c.certMu.Unlock()
+	return c.notAfter
+}
+
+// SetPeerNotAfter records when the certificate the node presented ends.
+func (c *Client) SetPeerNotAfter(t time.Time) {
+	c.certMu.Lock()
+	c.notAfter = t
+	c.certMu.Unlock()
+}
+
+// Tunnel reports whether the node dials in (its calls ride its tunnel).
+func (c *Client) Tunnel() bool { return c.tunnel }
+
+// Do makes one call to the node: body (nil: none) as JSON, an answer of
+// okStatus decoded into out (nil: discarded), any other an error of its
+// errdefs kind. Pairing, renewal and the tunnel (internal/enrol) speak
+// through it too.
+func (c *Client) Do(ctx context.Context, method, path string, body, out any, okStatus int) error {
+	return c.do(ctx, method, path, body, out, okStatus)
+}
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any, okStatus int) error {
 	var rd io.Reader

@@ -1,4 +1,4 @@
-package nodeapi
+package enrol
 
 import (
 	"bufio"
@@ -26,6 +26,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"sandstorm/api"
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 )
 
@@ -73,7 +74,7 @@ type Joiner struct {
 	Fingerprint string // the master's CA, SHA-256 hex
 	Token       string // the join token (needed only the first time)
 	PKIDir      string
-	Node        Node
+	Node        nodeapi.Node
 	Log         *slog.Logger
 
 	renew renewal
@@ -225,7 +226,7 @@ func (j *Joiner) tunnel(ctx context.Context) error {
 // renewal of its certificate (the master asks for a CSR, then sends the
 // certificate; the next tunnel presents it).
 func (j *Joiner) handler() http.Handler {
-	seam := Server(j.Node)
+	seam := nodeapi.Server(j.Node)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/node/v1/renew":
@@ -266,12 +267,11 @@ func TunnelSession(conn net.Conn) (*yamux.Session, error) {
 
 // TunnelClient is a Client of the node behind sess, whose certificate
 // (the one its tunnel presented) ends at notAfter.
-func TunnelClient(name string, sess *yamux.Session, notAfter time.Time) *Client {
+func TunnelClient(name string, sess *yamux.Session, notAfter time.Time) *nodeapi.Client {
 	tr := &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return sess.Open()
 	}, MaxIdleConnsPerHost: 16}
-	return &Client{NodeName: name, Base: "http://" + name, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Minute},
-		notAfter: notAfter, tunnel: true}
+	return nodeapi.NewClient(name, "http://"+name, &http.Client{Transport: tr, Timeout: 10 * time.Minute}, true, notAfter)
 }
 
 // NewJoinToken is a random join token and the hash the master keeps of it.
@@ -290,11 +290,11 @@ func JoinTokenHash(token string) string {
 
 // NoTunnel is a Client of a node that dials in but has not yet: every
 // call fails as the node being down.
-func NoTunnel(name string) *Client {
+func NoTunnel(name string) *nodeapi.Client {
 	tr := &http.Transport{Proxy: nil, DialContext: func(context.Context, string, string) (net.Conn, error) {
 		return nil, fmt.Errorf("node %s has no tunnel to this master (it dials in, and has not, or it dropped)", name)
 	}}
-	return &Client{NodeName: name, Base: "http://" + name, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+	return &nodeapi.Client{NodeName: name, Base: "http://" + name, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
 }
 
 // TunnelNextProto is the http.Server.TLSNextProto entry for TunnelALPN:

@@ -1,4 +1,4 @@
-package nodeapi
+package enrol
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 )
 
@@ -99,7 +100,7 @@ type pairFinish struct {
 type Endpoint struct {
 	Name   string // the node's name
 	PKIDir string // <data-dir>/pki
-	Node   Node
+	Node   nodeapi.Node
 	Log    *slog.Logger
 
 	code string
@@ -121,7 +122,7 @@ type pendingPair struct {
 
 // NewEndpoint loads (or makes) the node's pairing code and, if it was
 // paired before, its certificate and its master's CA.
-func NewEndpoint(name, pkiDir string, n Node, log *slog.Logger) (*Endpoint, error) {
+func NewEndpoint(name, pkiDir string, n nodeapi.Node, log *slog.Logger) (*Endpoint, error) {
 	code, err := pki.EnsurePairingCode(pkiDir)
 	if err != nil {
 		return nil, err
@@ -196,13 +197,13 @@ func (e *Endpoint) TLSConfig() *tls.Config {
 
 // Handler serves the pairing calls and, once paired, the seam.
 func (e *Endpoint) Handler() http.Handler {
-	seam := Server(e.Node)
+	seam := nodeapi.Server(e.Node)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/node/v1/pair":
 			if r.Method == http.MethodGet {
 				// Whether it is paired, and its name: nothing secret.
-				writeJSON(w, http.StatusOK, map[string]any{"name": e.Name, "paired": e.Paired()})
+				nodeapi.WriteJSON(w, http.StatusOK, map[string]any{"name": e.Name, "paired": e.Paired()})
 				return
 			}
 			e.hello(w, r)
@@ -214,7 +215,7 @@ func (e *Endpoint) Handler() http.Handler {
 		// Only a paired node's listener asks for client certificates, and
 		// only the master's pass its handshake.
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-			writeJSON(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: "this node is not paired: pair it from its master (POST /v1/nodes with its address and the code in " + e.CodePath() + ")"})
+			nodeapi.WriteJSON(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: "this node is not paired: pair it from its master (POST /v1/nodes with its address and the code in " + e.CodePath() + ")"})
 			return
 		}
 		switch r.URL.Path {
@@ -240,13 +241,13 @@ const (
 )
 
 func (e *Endpoint) refuse(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, api.Error{Code: api.CodeForbidden, Message: msg})
+	nodeapi.WriteJSON(w, status, api.Error{Code: api.CodeForbidden, Message: msg})
 }
 
 func (e *Endpoint) hello(w http.ResponseWriter, r *http.Request) {
 	var h pairHello
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&h); err != nil || len(h.Nonce) != 32 {
-		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
+		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
 		return
 	}
 	e.mu.Lock()
@@ -269,7 +270,7 @@ func (e *Endpoint) hello(w http.ResponseWriter, r *http.Request) {
 	}
 	block, _ := pem.Decode([]byte(h.CA))
 	if block == nil {
-		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request: no CA"})
+		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request: no CA"})
 		return
 	}
 	caSum := sha256.Sum256(block.Bytes)
@@ -282,17 +283,17 @@ func (e *Endpoint) hello(w http.ResponseWriter, r *http.Request) {
 	}
 	csr, keyPEM, err := pki.NewCSR("node " + e.Name)
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		nodeapi.WriteJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
 		return
 	}
 	e.pending = &pendingPair{nonce: h.Nonce, ca: []byte(h.CA), keyPEM: keyPEM, csr: csr}
-	writeJSON(w, http.StatusOK, pairReply{Name: e.Name, CSR: csr, Proof: pki.Proof(e.code, pki.ProofNode, h.Nonce, csr)})
+	nodeapi.WriteJSON(w, http.StatusOK, pairReply{Name: e.Name, CSR: csr, Proof: pki.Proof(e.code, pki.ProofNode, h.Nonce, csr)})
 }
 
 func (e *Endpoint) finish(w http.ResponseWriter, r *http.Request) {
 	var f pairFinish
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {
-		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
+		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
 		return
 	}
 	e.mu.Lock()
@@ -308,23 +309,23 @@ func (e *Endpoint) finish(w http.ResponseWriter, r *http.Request) {
 	}
 	cert, err := x509.ParseCertificate(f.Cert)
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the master's certificate for this node does not parse"})
+		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the master's certificate for this node does not parse"})
 		return
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(p.ca)
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not from the CA the master sent: " + err.Error()})
+		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not from the CA the master sent: " + err.Error()})
 		return
 	}
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.Cert})
 	if err := writePKI(e.PKIDir, pkiFile{nodeKeyFile, p.keyPEM, 0o600}, pkiFile{nodeCertFile, certPEM, 0o644}, pkiFile{nodeCAFile, p.ca, 0o644}); err != nil {
-		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		nodeapi.WriteJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
 		return
 	}
 	cfg, err := e.loadPaired()
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		nodeapi.WriteJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
 		return
 	}
 	e.paired, e.pending = cfg, nil
@@ -365,49 +366,39 @@ func (e *Endpoint) unpair(w http.ResponseWriter, r *http.Request) {
 }
 
 // Unpair tells the paired node of c that its master forgets it.
-func Unpair(ctx context.Context, c *Client) error {
-	return c.do(ctx, http.MethodPost, "/node/v1/unpair", struct{}{}, nil, http.StatusNoContent)
+func Unpair(ctx context.Context, c *nodeapi.Client) error {
+	return c.Do(ctx, http.MethodPost, "/node/v1/unpair", struct{}{}, nil, http.StatusNoContent)
 }
 
 // Renew gives the paired node of c a new certificate from ca (a new key,
 // a new NodeCertLifetime); host is the name it is reached by.
-func Renew(ctx context.Context, c *Client, ca *pki.CA, host string) (time.Time, error) {
+func Renew(ctx context.Context, c *nodeapi.Client, ca *pki.CA, host string) (time.Time, error) {
 	var reply pairReply
-	if err := c.do(ctx, http.MethodPost, "/node/v1/renew", struct{}{}, &reply, http.StatusOK); err != nil {
+	if err := c.Do(ctx, http.MethodPost, "/node/v1/renew", struct{}{}, &reply, http.StatusOK); err != nil {
 		return time.Time{}, err
 	}
 	// A node that serves its master has a server certificate; one that
 	// dials in (a tunnel) presents its certificate as a client.
 	var hosts []string
-	if !c.tunnel {
+	if !c.Tunnel() {
 		hosts = []string{host}
 	}
-	der, err := ca.SignCSRFor(reply.CSR, "node "+c.NodeName, hosts, NodeCertLifetime, !c.tunnel, c.tunnel)
+	der, err := ca.SignCSRFor(reply.CSR, "node "+c.NodeName, hosts, NodeCertLifetime, !c.Tunnel(), c.Tunnel())
 	if err != nil {
 		return time.Time{}, err
 	}
-	if err := c.do(ctx, http.MethodPut, "/node/v1/cert", pairFinish{Cert: der}, nil, http.StatusNoContent); err != nil {
+	if err := c.Do(ctx, http.MethodPut, "/node/v1/cert", pairFinish{Cert: der}, nil, http.StatusNoContent); err != nil {
 		return time.Time{}, err
 	}
 	cert, _ := x509.ParseCertificate(der)
-	if c.tunnel {
+	if c.Tunnel() {
 		// The tunnel up now keeps its certificate; the next presents the
 		// new one.
-		c.certMu.Lock()
-		c.notAfter = cert.NotAfter
-		c.certMu.Unlock()
+		c.SetPeerNotAfter(cert.NotAfter)
 	} else {
 		c.HTTP.CloseIdleConnections() // the next call meets the new certificate
 	}
 	return cert.NotAfter, nil
-}
-
-// PeerNotAfter is when the certificate the node of c last presented ends
-// (zero before the first call).
-func (c *Client) PeerNotAfter() time.Time {
-	c.certMu.Lock()
-	defer c.certMu.Unlock()
-	return c.notAfter
 }
 
 // Pair pairs the node listening at address (host:port) with the master
@@ -555,12 +546,12 @@ func validNodeName(s string) bool {
 // with CA ca: its client certificate, trusting only a server certificate
 // ca signed for that node ("node <name>": another node's will not do),
 // and that check, if set, does not refuse (a revoked one).
-func Dial(name, address string, ca *pki.CA, check func(*x509.Certificate) error) (*Client, error) {
+func Dial(name, address string, ca *pki.CA, check func(*x509.Certificate) error) (*nodeapi.Client, error) {
 	cfg, err := ca.PeerClientConfig(pki.MasterName)
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{NodeName: name, Base: "https://" + address}
+	c := nodeapi.NewClient(name, "https://"+address, nil, false, time.Time{})
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return errors.New("the node presented no certificate")
@@ -575,9 +566,7 @@ func Dial(name, address string, ca *pki.CA, check func(*x509.Certificate) error)
 			}
 		}
 		// What the node presents, for Renew's timing.
-		c.certMu.Lock()
-		c.notAfter = leaf.NotAfter
-		c.certMu.Unlock()
+		c.SetPeerNotAfter(leaf.NotAfter)
 		return nil
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()

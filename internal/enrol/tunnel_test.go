@@ -1,4 +1,4 @@
-package nodeapi
+package enrol
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 )
 
@@ -34,7 +35,7 @@ func TestTunnelRenew(t *testing.T) {
 	// The tunnel's streams carry plain HTTP (the TLS is the tunnel's).
 	srv := httptest.NewServer(j.handler())
 	defer srv.Close()
-	c := &Client{NodeName: "j1", Base: srv.URL, HTTP: srv.Client(), tunnel: true, notAfter: time.Now().Add(time.Hour)}
+	c := nodeapi.NewClient("j1", srv.URL, srv.Client(), true, time.Now().Add(time.Hour))
 	until, err := Renew(context.Background(), c, ca, "")
 	if err != nil {
 		t.Fatalf("renew: %v", err)
@@ -54,7 +55,7 @@ func TestTunnelRenew(t *testing.T) {
 		t.Error("the certificate did not change")
 	}
 	// A certificate nobody asked for is refused.
-	if err := c.do(context.Background(), "PUT", "/node/v1/cert", pairFinish{Cert: der}, nil, 204); err == nil {
+	if err := c.Do(context.Background(), "PUT", "/node/v1/cert", pairFinish{Cert: der}, nil, 204); err == nil {
 		t.Error("an unasked-for certificate was taken")
 	}
 }

@@ -1,4 +1,4 @@
-package nodeapi
+package enrol
 
 import (
 	"crypto/tls"
@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"sandstorm/api"
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 )
 
@@ -30,13 +31,13 @@ type renewal struct {
 func (rn *renewal) serveCSR(w http.ResponseWriter, name string) {
 	csr, keyPEM, err := pki.NewCSR("node " + name)
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		nodeapi.WriteJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
 		return
 	}
 	rn.mu.Lock()
 	rn.key = keyPEM
 	rn.mu.Unlock()
-	writeJSON(w, http.StatusOK, pairReply{Name: name, CSR: csr})
+	nodeapi.WriteJSON(w, http.StatusOK, pairReply{Name: name, CSR: csr})
 }
 
 // serveCert answers PUT /node/v1/cert: it checks the certificate (for
@@ -45,7 +46,7 @@ func (rn *renewal) serveCSR(w http.ResponseWriter, name string) {
 // false. The caller answers 204 once it has put the pair to use.
 func (rn *renewal) serveCert(w http.ResponseWriter, r *http.Request, pkiDir string, usage x509.ExtKeyUsage) (pair tls.Certificate, leaf *x509.Certificate, ok bool) {
 	refuse := func(status int, code, msg string) {
-		writeJSON(w, status, api.Error{Code: code, Message: msg})
+		nodeapi.WriteJSON(w, status, api.Error{Code: code, Message: msg})
 	}
 	var f pairFinish
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {
