@@ -288,13 +288,13 @@ func (f *Fleet) bound(ctx context.Context, node string, d time.Duration) (contex
 	if lost {
 		return nil, nil, errdefs.Mark(nodeapi.ErrNotSent, errdefs.Mark(errdefs.ErrUnavailable, errors.New(why)))
 	}
-	cctx, cancel := context.WithCancelCause(ctx)
-	var timer *time.Timer
+	// A deadline the node sees too (nodeapi.DeadlineHeader): a call held
+	// up on the way is not done after the master gave up on it.
+	cctx, cancelDeadline := ctx, context.CancelFunc(func() {})
 	if d > 0 {
-		timer = time.AfterFunc(d, func() {
-			cancel(fmt.Errorf("node %s did not answer within %v", node, d))
-		})
+		cctx, cancelDeadline = context.WithDeadlineCause(ctx, time.Now().Add(d), fmt.Errorf("node %s did not answer within %v", node, d))
 	}
+	cctx, cancel := context.WithCancelCause(cctx)
 	stop := func() bool { return false }
 	if up != nil {
 		stop = context.AfterFunc(up, func() {
@@ -302,12 +302,10 @@ func (f *Fleet) bound(ctx context.Context, node string, d time.Duration) (contex
 		})
 	}
 	done := func(err error) error {
-		if timer != nil {
-			timer.Stop()
-		}
 		stop()
 		cause := context.Cause(cctx)
 		cancel(nil)
+		cancelDeadline()
 		if err != nil && cause != nil && ctx.Err() == nil {
 			// Ended by the deadline or the loss, not by the caller.
 			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("%v: what it did meanwhile shows once it reports again", cause))

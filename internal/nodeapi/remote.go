@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,10 @@ func Server(n Node) http.Handler {
 	mux := http.NewServeMux()
 	h := func(pattern string, f func(w http.ResponseWriter, r *http.Request) error) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if err := pastDeadline(r); err != nil {
+				writeError(w, err)
+				return
+			}
 			if err := f(w, r); err != nil {
 				writeError(w, err)
 			}
@@ -292,11 +297,39 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, okS
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
+// DeadlineHeader carries a call's deadline from the master to the node,
+// as Unix milliseconds: a request held up on the way (a partition, whose
+// TCP retransmits it once the link heals) is refused by the node if it
+// arrives after the master gave up waiting, rather than done late behind
+// the back of a caller who was told it failed. Master and node clocks are
+// taken to agree to well within a deadline (seconds; NTP keeps them to
+// milliseconds).
+const DeadlineHeader = "X-Sandstorm-Deadline"
+
+// pastDeadline refuses a request that arrives after its deadline.
+func pastDeadline(r *http.Request) error {
+	v := r.Header.Get(DeadlineHeader)
+	if v == "" {
+		return nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return errdefs.New(errdefs.ErrBadInput, "%s %q is not Unix milliseconds", DeadlineHeader, v)
+	}
+	if late := time.Since(time.UnixMilli(ms)); late > 0 {
+		return errdefs.New(errdefs.ErrTimeout, "the master's deadline for %s %s passed %v before it reached the node; it was not done", r.Method, r.URL.Path, late.Round(time.Millisecond))
+	}
+	return nil
+}
+
 // send is c.HTTP.Do, with a failure marked errdefs.ErrUnavailable, and also
 // ErrNotSent if not one byte of the request reached the connection (the
 // dial or the TLS handshake failed, or no tunnel): then the node cannot
 // have acted on it, and a create may be tried elsewhere (fleet).
 func (c *Client) send(req *http.Request) (*http.Response, error) {
+	if dl, ok := req.Context().Deadline(); ok {
+		req.Header.Set(DeadlineHeader, strconv.FormatInt(dl.UnixMilli(), 10))
+	}
 	var wrote atomic.Bool
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		WroteHeaderField: func(string, []string) { wrote.Store(true) },

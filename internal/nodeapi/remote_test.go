@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -453,5 +454,39 @@ func TestRemoteWatch(t *testing.T) {
 	}
 	if err := <-done; !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "no report for") {
 		t.Fatalf("a silent node: %v", err)
+	}
+}
+
+// TestLateCallIsRefused: a call that reaches the node after the deadline
+// the master gave it (held up on the way: a partition) is refused as a
+// timeout and not done; one within its deadline is done.
+func TestLateCallIsRefused(t *testing.T) {
+	f := newFake()
+	f.templates["t"] = api.Template{Name: "t"}
+	c, _, _ := pair(t, f)
+	ctx := context.Background()
+	late, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	// The client sends what its context says; the request is made by hand
+	// so that the past deadline is sent rather than refused locally.
+	req, _ := http.NewRequest(http.MethodPost, c.Base+"/node/v1/sandboxes", strings.NewReader(`{"template": {"name": "t"}, "name": "late"}`))
+	if dl, ok := late.Deadline(); ok {
+		req.Header.Set(DeadlineHeader, strconv.FormatInt(dl.UnixMilli(), 10))
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("a late create: HTTP %d, want 504", resp.StatusCode)
+	}
+	if _, err := f.Get(ctx, "late"); err == nil {
+		t.Error("the late create was done")
+	}
+	soon, cancel2 := context.WithTimeout(ctx, time.Minute)
+	defer cancel2()
+	if _, err := c.Create(soon, CreateRequest{Template: api.Template{Name: "t"}, Name: "ontime"}); err != nil {
+		t.Errorf("a create within its deadline: %v", err)
 	}
 }
