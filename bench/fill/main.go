@@ -170,9 +170,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}()
 	failures := 0
 	(&bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count,
-		Request: func(i int) api.SandboxRequest {
-			return api.SandboxRequest{Template: "web", Name: fmt.Sprintf("f%05d", i)}
-		},
+		Request: bench.Named("web", "f%05d"),
 		Done: func(i int, a bench.Answer) bool {
 			mu.Lock()
 			defer mu.Unlock()

@@ -192,9 +192,7 @@ func fill(ctx context.Context, c config, bin string, res *bench.Results) error {
 	refusedInARow := 0
 	start := time.Now()
 	(&bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count, MaxRefusals: 5,
-		Request: func(i int) api.SandboxRequest {
-			return api.SandboxRequest{Template: "web", Name: fmt.Sprintf("f%05d", i)}
-		},
+		Request: bench.Named("web", "f%05d"),
 		Done: func(i int, a bench.Answer) bool {
 			mu.Lock()
 			defer mu.Unlock()

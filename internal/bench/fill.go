@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,14 @@ type Filler struct {
 	// Done is told how each create ended; it returns true to stop the whole
 	// fill (the creates under way still end and are told).
 	Done func(i int, a Answer) (stop bool)
+}
+
+// Named is a Filler's Request: sandboxes of template named by format
+// (with the create's number, as fmt.Sprintf), e.g. Named("web", "f%05d").
+func Named(template, format string) func(i int) api.SandboxRequest {
+	return func(i int) api.SandboxRequest {
+		return api.SandboxRequest{Template: template, Name: fmt.Sprintf(format, i)}
+	}
 }
 
 // Answer is how one create ended.

@@ -132,17 +132,8 @@ func TestWakeDuringSnapshotWaitsForIt(t *testing.T) {
 	be.canCheckpoint = true
 	n := fakeNode(t, be, api.TierHot)
 	ctx := context.Background()
-	entered, proceed := make(chan struct{}), make(chan struct{})
-	be.on("checkpoint", func(sandbox.Spec) error {
-		close(entered)
-		<-proceed
-		return nil
-	})
-	snapped := make(chan error, 1)
-	go func() {
-		_, err := n.Snapshot(ctx, "s1")
-		snapped <- err
-	}()
+	entered, proceed := hold(be, "checkpoint", nil)
+	snapped := inBackground(func() error { _, err := n.Snapshot(ctx, "s1"); return err })
 	<-entered
 	if sb, _ := n.st.GetSandbox(ctx, "s1"); sb.Tier != api.TierHot || sb.Transition != api.TierSnapshot {
 		t.Fatalf("during the checkpoint the row says tier %s transition %q, want hot towards snapshot", sb.Tier, sb.Transition)
@@ -190,17 +181,8 @@ func TestRequestDuringFreezeIsServedAfterIt(t *testing.T) {
 		be.record("sandbox: %s (it is %s)", r.URL.Path, be.stateOf("s1"))
 		io.WriteString(w, "ok")
 	}))
-	pausing, proceed := make(chan struct{}), make(chan struct{})
-	be.on("pause", func(sandbox.Spec) error {
-		close(pausing)
-		<-proceed
-		return nil
-	})
-	frozen := make(chan error, 1)
-	go func() {
-		_, err := n.Freeze(ctx, "s1")
-		frozen <- err
-	}()
+	pausing, proceed := hold(be, "pause", nil)
+	frozen := inBackground(func() error { _, err := n.Freeze(ctx, "s1"); return err })
 	<-pausing
 	got := make(chan string, 1)
 	go func() { got <- get(client, url+"/during") }()
@@ -243,12 +225,7 @@ func TestFailedCheckpointKeepsARunningSandboxHot(t *testing.T) {
 		io.WriteString(w, "ok")
 	}))
 	boom := errors.New("checkpoint: cannot save a socket")
-	entered, proceed := make(chan struct{}), make(chan struct{})
-	be.on("checkpoint", func(sandbox.Spec) error {
-		close(entered)
-		<-proceed
-		return boom // and the container keeps running
-	})
+	entered, proceed := hold(be, "checkpoint", boom) // and the container keeps running
 	type result struct {
 		sb  store.Sandbox
 		err error
@@ -390,4 +367,24 @@ func TestFailedResumeBeforeCheckpoint(t *testing.T) {
 	if !hasBoundary(n, "s1") {
 		t.Error("woken hot without its boundary")
 	}
+}
+
+// hold makes be's method wait: entered closes when it is called, and it
+// returns err once proceed is closed.
+func hold(be *fakeBackend, method string, err error) (entered, proceed chan struct{}) {
+	entered, proceed = make(chan struct{}), make(chan struct{})
+	be.on(method, func(sandbox.Spec) error {
+		close(entered)
+		<-proceed
+		return err
+	})
+	return entered, proceed
+}
+
+// inBackground runs f on a goroutine of its own; its error comes on the
+// channel.
+func inBackground(f func() error) chan error {
+	c := make(chan error, 1)
+	go func() { c <- f() }()
+	return c
 }
