@@ -177,3 +177,15 @@ func warmText(w *api.Warm) string {
 	}
 	return "probe " + probe + ", reseed " + reseed + ", pool " + strconv.Itoa(w.Pool)
 }
+
+// withClient is a command's RunE that needs the API: the client is made
+// (apiClient) before run is called with it.
+func withClient(run func(cmd *cobra.Command, c *client.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := apiClient(cmd)
+		if err != nil {
+			return err
+		}
+		return run(cmd, c, args)
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/cli"
+	"sandstorm/internal/client"
 )
 
 // nodeCmd is the fleet's nodes, as GET/POST/DELETE /v1/nodes serve them.
@@ -20,11 +21,7 @@ func nodeCmd() *cobra.Command {
 	addAPIFlag(cmd)
 	ls := &cobra.Command{
 		Use: "ls", Short: "List the nodes with their headroom and tier counts, or why one is lost", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
 			var l api.List[api.NodeStatus]
 			if err := c.Do(cmd.Context(), "GET", "/v1/nodes", nil, &l); err != nil {
 				return err
@@ -50,7 +47,7 @@ func nodeCmd() *cobra.Command {
 					n.Sandboxes[api.TierHot], n.Sandboxes[api.TierFrozen], n.Sandboxes[api.TierSnapshot], n.Sandboxes[api.TierDetached], note)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	var codeFile string
 	pair := &cobra.Command{
@@ -95,25 +92,17 @@ func nodeCmd() *cobra.Command {
 	pair.Flags().StringVar(&codeFile, "code-file", "", "file holding the node's pairing code ('-': standard input)")
 	rm := &cobra.Command{
 		Use: "rm NAME", Short: "Forget a node with no sandboxes left (its certificates are revoked)", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			if err := c.Do(cmd.Context(), "DELETE", "/v1/nodes/"+args[0], nil, nil); err != nil {
 				return err
 			}
 			fmt.Println("forgot", args[0])
 			return nil
-		},
+		}),
 	}
 	jt := &cobra.Command{
 		Use: "join-token", Short: "Make a one-time token (good for an hour) for a node behind NAT to join with", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
 			var tok api.JoinToken
 			if err := c.Do(cmd.Context(), "POST", "/v1/nodes/join-tokens", nil, &tok); err != nil {
 				return err
@@ -123,7 +112,7 @@ func nodeCmd() *cobra.Command {
 			}
 			fmt.Printf("on the node, before %s:\n  %s\n", tok.ExpiresAt.Local().Format("15:04"), tok.Command)
 			return nil
-		},
+		}),
 	}
 	cmd.AddCommand(ls, pair, rm, jt)
 	return cmd

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sandstorm/api"
 	"sandstorm/internal/cli"
+	"sandstorm/internal/client"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -52,11 +53,7 @@ func sandboxCreateCmd() *cobra.Command {
 func sandboxLsCmd() *cobra.Command {
 	ls := &cobra.Command{
 		Use: "ls", Short: "List sandboxes with their tier and endpoints", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
 			sbs, err := c.Sandboxes(cmd.Context())
 			if err != nil {
 				return err
@@ -98,7 +95,7 @@ func sandboxLsCmd() *cobra.Command {
 				}
 			}
 			return nil
-		},
+		}),
 	}
 	return ls
 }
@@ -107,17 +104,13 @@ func sandboxLsCmd() *cobra.Command {
 func sandboxGetCmd() *cobra.Command {
 	get := &cobra.Command{
 		Use: "get ID|NAME", Short: "Show one sandbox as JSON", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			sb, err := c.Sandbox(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			return printJSON(sb)
-		},
+		}),
 	}
 	return get
 }
@@ -126,11 +119,7 @@ func sandboxGetCmd() *cobra.Command {
 func sandboxRmCmd() *cobra.Command {
 	rm := &cobra.Command{
 		Use: "rm ID|NAME...", Short: "Remove sandboxes and everything they had", Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			for _, a := range args {
 				if err := c.DeleteSandbox(cmd.Context(), a); err != nil {
 					return err
@@ -138,7 +127,7 @@ func sandboxRmCmd() *cobra.Command {
 				fmt.Println("removed", a)
 			}
 			return nil
-		},
+		}),
 	}
 	return rm
 }
@@ -156,13 +145,9 @@ start after detach, whose memory is new) shows. --follow goes on printing
 what is appended until interrupted or the sandbox is deleted. --timestamps
 starts every line with the time it was written.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			return c.Logs(cmd.Context(), args[0], follow, stamps, os.Stdout)
-		},
+		}),
 	}
 	logs.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the sandbox writes")
 	logs.Flags().BoolVarP(&stamps, "timestamps", "t", false, "start every line with the time it was written (\"-\" for lines written while sandstormd was not running)")
@@ -188,11 +173,7 @@ is reseeded right after its restore: --reseed-signal (sent to its process)
 or --reseed-command (run inside it), or else the template's warm reseed; the
 node refuses a clone with none.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			if count < 1 || count > api.MaxClone {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("-n %d: clone 1 to %d at a time", count, api.MaxClone)}
 			}
@@ -219,7 +200,7 @@ node refuses a clone with none.`,
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\n", sb.ID, sb.Name, sb.Address, sb.Principal, endpoints(sb), res.ChildMs[i])
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	clone.Flags().IntVarP(&count, "count", "n", 1, "how many children (1-100)")
 	clone.Flags().StringVar(&clonePrincipal, "principal", "", "the children's principal (default <parent's principal>.<n>)")
@@ -244,11 +225,7 @@ runs again (kept detached, with a principal that is no one's, only if its
 volume holds files; delete it by its ID). A sandbox whose node answers is
 not moved.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			sb, err := c.Move(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -260,7 +237,7 @@ not moved.`,
 				fmt.Println("note:", sb.Note)
 			}
 			return nil
-		},
+		}),
 	}
 	return move
 }
@@ -277,11 +254,7 @@ func transitionCmds() []*cobra.Command {
 		op := op
 		cmds = append(cmds, &cobra.Command{
 			Use: op.name + " ID|NAME", Short: op.short, Args: cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := apiClient(cmd)
-				if err != nil {
-					return err
-				}
+			RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 				start := time.Now()
 				sb, err := c.Transition(cmd.Context(), args[0], op.name)
 				if err != nil {
@@ -295,7 +268,7 @@ func transitionCmds() []*cobra.Command {
 					fmt.Println("note:", sb.Note)
 				}
 				return nil
-			},
+			}),
 		})
 	}
 	return cmds

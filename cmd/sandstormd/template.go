@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sandstorm/api"
 	"sandstorm/internal/cli"
+	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
 	"strings"
 	"text/tabwriter"
@@ -40,11 +41,7 @@ func templateCreateCmd() *cobra.Command {
 		Example: `  sandstormd template create web --rootfs-dir /srv/rootfs --port 8000 -- /usr/bin/python3 /srv/app.py
   sandstormd template create web --tarball rootfs.tar.gz --port 8000 -- /bin/busybox httpd -f -p 8000`,
 		Args: cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
 			if warmProbe != "" || warmSignal != "" || len(warmCommand) > 0 || cmd.Flags().Changed("warm-pool") {
 				probe, err := parseProbe(warmProbe)
@@ -61,6 +58,7 @@ func templateCreateCmd() *cobra.Command {
 				fmt.Fprintf(os.Stderr, "starting %s once to make its warm image (it waits for the probe)…\n", req.Name)
 			}
 			var t api.Template
+			var err error
 			switch {
 			case rootfsDir != "" && tarball == "":
 				if req.RootfsDir, err = filepath.Abs(rootfsDir); err != nil {
@@ -85,7 +83,7 @@ func templateCreateCmd() *cobra.Command {
 				fmt.Printf("its warm image is made; %d sandbox(es) kept ready (a create without --name takes one)\n", t.Warm.Pool)
 			}
 			return nil
-		},
+		}),
 	}
 	create.Flags().StringVar(&rootfsDir, "rootfs-dir", "", "rootfs directory already on the node")
 	create.Flags().StringVar(&tarball, "tarball", "", "rootfs tarball to upload")
@@ -114,11 +112,7 @@ func templateDemoCmd() *cobra.Command {
 The rootfs goes to <data-dir>/demo/NAME unless --dir says otherwise. Needed
 packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			name := args[0]
 			if ts, err := c.Templates(cmd.Context()); err == nil {
 				for _, t := range ts {
@@ -151,7 +145,7 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 			}
 			fmt.Printf("template %s registered (rootfs %s, port %v)\n", t.Name, t.Rootfs, t.Ports)
 			return nil
-		},
+		}),
 	}
 	demoC.Flags().StringVar(&demoDir, "dir", "", "where to build the rootfs (default <data-dir>/demo/NAME)")
 	return demoC
@@ -161,11 +155,7 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 func templateLsCmd() *cobra.Command {
 	ls := &cobra.Command{
 		Use: "ls", Short: "List templates", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
 			ts, err := c.Templates(cmd.Context())
 			if err != nil {
 				return err
@@ -179,7 +169,7 @@ func templateLsCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\n", t.Name, t.Ports, strings.Join(t.Process.Args, " "), t.Rootfs, warmText(t.Warm))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	return ls
 }
@@ -188,11 +178,7 @@ func templateLsCmd() *cobra.Command {
 func templateRmCmd() *cobra.Command {
 	rm := &cobra.Command{
 		Use: "rm NAME...", Short: "Remove templates no sandbox uses", Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiClient(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			for _, a := range args {
 				if err := c.DeleteTemplate(cmd.Context(), a); err != nil {
 					return err
@@ -200,7 +186,7 @@ func templateRmCmd() *cobra.Command {
 				fmt.Println("removed", a)
 			}
 			return nil
-		},
+		}),
 	}
 	return rm
 }
