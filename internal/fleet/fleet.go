@@ -349,7 +349,7 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 	}
 	switch p.State {
 	case store.PlacementCreating:
-		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is a create its node %s has not answered yet: delete it (DELETE /v1/sandboxes/%s) and create it again instead", p.Name, p.Node, p.ID))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is a create its node %s has not answered yet, which is not moved: wait for the node, or give the create up (DELETE /v1/sandboxes/%s: while the node is lost, what it made may still run there until it hears this master, as with a move)", p.Name, p.Node, p.ID))
 	case store.PlacementDeleting:
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being deleted; it is not moved", p.Name))
 	}

@@ -230,13 +230,26 @@ func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, r
 func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) error {
 	bg := context.WithoutCancel(ctx)
 	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.State == store.PlacementCreating {
-		// An undecided create, given up by its caller: dropped now, and
-		// whatever its node made of it is retired when the node next
-		// reports (its generation is then below the fence and kept by no
-		// one). Until then that node may run it, as a move's old copy.
 		if _, fly, _ := f.flying(ctx); fly[p.Generation] {
 			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being created now; delete it once the create has answered", p.Name))
 		}
+		if l, ok := f.linkOf(p.Node); ok && l.full && !l.lost(time.Now()) {
+			// Its node answers: settle it with the node first (the fence
+			// makes sure nothing of it runs), then delete what was made,
+			// if anything.
+			if err := f.settle(ctx, p.Node); err != nil {
+				return err
+			}
+			if q, err := f.cfg.Store.GetPlacement(ctx, p.Name); err == nil && q.State == "" && q.Node == p.Node {
+				return f.Delete(ctx, n, api.Sandbox{ID: q.ID, Name: q.Name})
+			}
+			return nil
+		}
+		// Its node is lost: the create is given up now, as a move gives up
+		// a sandbox, and with the same risk — until that node hears this
+		// master again, what it made of the create may run there; then the
+		// fence retires it (its generation is below the fence and kept by
+		// no one).
 		return f.cfg.Store.ResolveAttempt(ctx, p.Generation, nil)
 	}
 	remote := f.isRemote(n.Name())
