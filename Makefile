@@ -37,6 +37,9 @@ deps: runsc
 		echo "installing:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+	@# Debian 12's nodejs comes without npm (a package of its own); the test
+	@# MCP server is installed with it.
+	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
 	@[ -d testdata/mcp/node_modules ] || npm ci --prefix testdata/mcp --no-audit --no-fund
 
 demo: deps build
