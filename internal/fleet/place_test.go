@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
@@ -144,9 +145,9 @@ func TestInFlightCreatesAreKept(t *testing.T) {
 	}
 }
 
-// TestUndecidedCreateDeleted: an undecided create its caller deletes is
-// dropped at once (its name is free), and what its node made of it is
-// not kept by the next fence: the node retires it.
+// TestUndecidedCreateDeleted: an undecided create its caller deletes
+// while its node is lost is dropped at once (its name is free), and what
+// its node made of it is not kept by the next fence: the node retires it.
 func TestUndecidedCreateDeleted(t *testing.T) {
 	ctx := context.Background()
 	_, remote, f := roomyRemote(t)
@@ -155,6 +156,10 @@ func TestUndecidedCreateDeleted(t *testing.T) {
 		t.Fatalf("a create whose connection broke: %v", err)
 	}
 	gen, _ := f.cfg.Store.Generation(ctx)
+	// Deleted while its node is lost (its report stream broke with the
+	// create): given up at once. (While the node answers, a delete settles
+	// with it first.)
+	waitUntil(t, "far lost", func() bool { l, _ := f.linkOf("far"); return l.lost(time.Now()) })
 	n, sb, err := f.Find(ctx, "z")
 	if err != nil || sb.ID != store.PendingID(gen) {
 		t.Fatalf("the undecided create: %+v %v", sb, err)
