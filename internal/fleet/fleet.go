@@ -391,20 +391,12 @@ func principalOr(p store.Placement) string {
 	return p.Name
 }
 
-// NameTaken reports whether a sandbox of a paired node is called name
-// (the local node's own are in its store, which it checks itself).
-func (f *Fleet) NameTaken(ctx context.Context, name string) bool {
-	_, err := f.cfg.Store.GetPlacement(ctx, name)
-	return err == nil
-}
-
 // taken is why a create of name cannot have it: a sandbox has it (409),
 // or an attempt whose node has not said whether it made it (503: retry).
 func (f *Fleet) taken(ctx context.Context, name string) error {
 	p, err := f.cfg.Store.GetPlacement(ctx, name)
 	if err == nil && p.State == store.PlacementCreating {
-		_, fly, _ := f.flying(ctx)
-		if !fly[p.Generation] {
+		if !f.inFlight()[p.Generation] {
 			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("a create of sandbox %q on node %s is not settled: the node did not answer it, and the master learns whether it was made when the node reports again; retry in a few seconds", name, p.Node))
 		}
 	}
@@ -539,7 +531,7 @@ func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
 		seen[sb.ID] = true
 		out = append(out, sb)
 	}
-	_, fly, _ := f.flying(ctx)
+	fly := f.inFlight()
 	for _, p := range ps {
 		switch {
 		case p.State == store.PlacementCreating && (fly[p.Generation] || attempts[attempt{p.Node, p.Generation}]):

@@ -257,8 +257,8 @@ func TestCreatePlacesByHeadroomAndRetries(t *testing.T) {
 	if _, _, err := f.Find(ctx, "nowhere"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("an unknown sandbox: %v", err)
 	}
-	if !f.NameTaken(ctx, "b") {
-		t.Error("a paired node's sandbox name is not taken")
+	if _, err := f.Create(ctx, nodeapi.CreateRequest{Name: "b"}); !errors.Is(err, errdefs.ErrExists) {
+		t.Errorf("a paired node's sandbox name is not taken: %v", err)
 	}
 
 	remote.availMiB = 90000 // now the roomiest

@@ -68,16 +68,29 @@ func (f *Fleet) landed(gen int64) {
 	f.fly.mu.Unlock()
 }
 
-// flying is the store's generation now and the generations in flight.
+// flying is the store's generation now and the generations in flight,
+// read together under the lock begin takes (what a fence needs).
 func (f *Fleet) flying(ctx context.Context) (int64, map[int64]bool, error) {
 	f.fly.mu.Lock()
 	defer f.fly.mu.Unlock()
 	g, err := f.cfg.Store.Generation(ctx)
+	return g, f.inFlightLocked(), err
+}
+
+// inFlight is the generations in flight now (no store read: a list or a
+// name check needs only these).
+func (f *Fleet) inFlight() map[int64]bool {
+	f.fly.mu.Lock()
+	defer f.fly.mu.Unlock()
+	return f.inFlightLocked()
+}
+
+func (f *Fleet) inFlightLocked() map[int64]bool {
 	out := make(map[int64]bool, len(f.fly.gens))
 	for k := range f.fly.gens {
 		out[k] = true
 	}
-	return g, out, err
+	return out
 }
 
 // Create places req on the node with the most headroom that takes it
@@ -230,7 +243,7 @@ func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, r
 func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) error {
 	bg := context.WithoutCancel(ctx)
 	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.State == store.PlacementCreating {
-		if _, fly, _ := f.flying(ctx); fly[p.Generation] {
+		if f.inFlight()[p.Generation] {
 			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being created now; delete it once the create has answered", p.Name))
 		}
 		if l, ok := f.linkOf(p.Node); ok && l.full && !l.lost(time.Now()) {
@@ -287,7 +300,7 @@ func (f *Fleet) resolveDue(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	_, fly, _ := f.flying(ctx)
+	fly := f.inFlight()
 	due := map[string]bool{}
 	for _, p := range ps {
 		if p.State == store.PlacementDeleting || p.State == store.PlacementCreating && !fly[p.Generation] {
@@ -393,9 +406,7 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 			req.Keep = append(req.Keep, p.ID)
 		}
 	}
-	fctx, cancel := context.WithTimeout(ctx, nodeapi.FenceDeadline)
-	res, err := n.Fence(fctx, req)
-	cancel()
+	res, err := n.Fence(ctx, req) // bounded by the recorder (nodeapi.FenceDeadline)
 	if err != nil {
 		return fmt.Errorf("fence: %w", err)
 	}
@@ -412,9 +423,7 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 		f.cfg.Log.Info("placement: a create its node never made is given up; its name is free", "node", node, "generation", p.Generation, "name", p.Name)
 	}
 	for _, p := range del {
-		dctx, cancel := context.WithTimeout(ctx, nodeapi.DeleteDeadline(p.MemoryMiB))
-		err := n.Delete(dctx, p.ID)
-		cancel()
+		err := n.Delete(ctx, p.ID) // bounded by the recorder (nodeapi.DeleteDeadline)
 		if err == nil || errors.Is(err, errdefs.ErrNotFound) {
 			f.Deleted(ctx, node, p.ID)
 			f.cfg.Log.Info("a delete whose answer was lost is finished", "node", node, "id", p.ID)

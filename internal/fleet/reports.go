@@ -92,6 +92,14 @@ func (f *Fleet) watch(ctx context.Context, name string, l *link) {
 		}
 		err := c.Watch(ctx, func(r nodeapi.Report) error { return f.apply(ctx, name, l, r) })
 		if ctx.Err() != nil {
+			// Stopped (the fleet ends, or the node was forgotten): the
+			// calls riding this stream end too.
+			f.mu.Lock()
+			if l.upCancel != nil {
+				l.upCancel(errors.New("the master stopped hearing node " + name))
+				l.upCancel = nil
+			}
+			f.mu.Unlock()
 			return
 		}
 		if err == nil {

@@ -250,7 +250,7 @@ func startedOn(t *testing.T, m *machine) {
 // hears the master, kept detached only for its file, with a principal
 // that is no one's, and the moved copy is the one that answers.
 func TestNodeKilledMidCreateAndMove(t *testing.T) {
-	avail := availMiB(t)
+	avail := memAvailableMiB(t)
 	roomy := fleetMachine(t, 1, "--memory-reserve", "0")
 	// Less headroom than roomy (so creates go there first), and still room
 	// for all six when roomy is lost: each is promised its 1 GiB limit
@@ -538,21 +538,4 @@ func TestFailoverMidCreate(t *testing.T) {
 	retryCreates(t, b, rs)
 	agree(t, "after the retries through the new leader", b, n1, n2)
 	eachAnswers(t, b, names)
-}
-
-// availMiB is MemAvailable now.
-func availMiB(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		var kb int64
-		if n, _ := fmt.Sscanf(l, "MemAvailable: %d kB", &kb); n == 1 {
-			return kb / 1024
-		}
-	}
-	t.Fatal("no MemAvailable in /proc/meminfo")
-	return 0
 }
