@@ -132,6 +132,17 @@ func (s *series) fail(format string, args ...any) (stop bool) {
 	return false
 }
 
+// miss is fail for an attempt that ended in error inside a run: a run
+// being stopped (its context done) is not a failed sample, so it stops the
+// series with the context's error; otherwise stop says whether fail gave
+// up on the series (its Skipped says why), and serr is nil.
+func (s *series) miss(ctx context.Context, format string, args ...any) (stop bool, serr error) {
+	if ctx.Err() != nil {
+		return true, ctx.Err()
+	}
+	return s.fail(format, args...), nil
+}
+
 func (s *series) ok() { s.consecutive = 0 }
 
 func (s *series) done() bool { return len(s.main.SamplesMs) >= s.n }
@@ -239,11 +250,8 @@ func (r *runner) measureCreate(ctx context.Context, t string, k createKind) erro
 		sb, err := r.c.CreateSandbox(ctx, req)
 		apiD := time.Since(t0)
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if s.fail("create: %v", err) {
-				return nil
+			if stop, serr := s.miss(ctx, "create: %v", err); stop {
+				return serr
 			}
 			continue
 		}
@@ -261,11 +269,8 @@ func (r *runner) measureCreate(ctx context.Context, t string, k createKind) erro
 		}
 		if err != nil {
 			r.remove(ctx, sb.ID)
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if s.fail("%v", err) {
-				return nil
+			if stop, serr := s.miss(ctx, "%v", err); stop {
+				return serr
 			}
 			continue
 		}
@@ -334,11 +339,8 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 			err = fmt.Errorf("HTTP %d: %s", status, oneLine(body))
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if s.fail("GET /: %v", err) {
-				return nil
+			if stop, serr := s.miss(ctx, "GET /: %v", err); stop {
+				return serr
 			}
 			continue
 		}
@@ -394,11 +396,8 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 			// that every sample starts from a serving sandbox.
 			_, _, body, err := r.firstAnswer(ctx, url, time.Now())
 			if err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				if s.fail("sandbox not answering before the sample: %v", err) {
-					return nil
+				if stop, serr := s.miss(ctx, "sandbox not answering before the sample: %v", err); stop {
+					return serr
 				}
 				continue
 			}
@@ -442,12 +441,9 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 			err = fmt.Errorf("HTTP %d: %s", status, oneLine(body))
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
 			prev = -1
-			if s.fail("wake request: %v", err) {
-				return nil
+			if stop, serr := s.miss(ctx, "wake request: %v", err); stop {
+				return serr
 			}
 			continue
 		}
@@ -456,12 +452,9 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 			err = fmt.Errorf("the node recorded no new wake from %s (last_wake_from %q, last_wake_ms %v)", op.tier, after.LastWakeFrom, after.LastWakeMs)
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
 			prev = -1
-			if s.fail("%v", err) {
-				return nil
+			if stop, serr := s.miss(ctx, "%v", err); stop {
+				return serr
 			}
 			continue
 		}

@@ -465,11 +465,8 @@ func (r *runner) measureRawStart(ctx context.Context, t string) error {
 			}
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if s.fail("%v", err) {
-				return nil
+			if stop, serr := s.miss(ctx, "%v", err); stop {
+				return serr
 			}
 			continue
 		}

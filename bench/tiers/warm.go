@@ -139,11 +139,8 @@ func (r *runner) measureClone(ctx context.Context, t string) error {
 			if parent.ID != "" {
 				r.remove(ctx, parent.ID)
 			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if s.fail("parent: %v", err) {
-				return nil
+			if stop, serr := s.miss(ctx, "parent: %v", err); stop {
+				return serr
 			}
 			continue
 		}

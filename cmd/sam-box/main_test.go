@@ -11,10 +11,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"sandstorm/internal/logging"
+	"sandstorm/internal/testenv"
 
 	"golang.org/x/net/proxy"
 )
@@ -27,23 +29,6 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // fakeNode is a real HTTP server on a Unix socket standing in for
@@ -63,20 +48,10 @@ func fakeNode(t *testing.T) string {
 	return sock
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // start runs sam-box in-process until the test ends.
-func start(t *testing.T, o options) (metrics net.Addr, log *syncBuffer) {
+func start(t *testing.T, o options) (metrics net.Addr, log *testenv.SyncBuffer) {
 	t.Helper()
-	log = &syncBuffer{}
+	log = &testenv.SyncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan net.Addr, 1)
 	o.ready = func(a net.Addr) { ready <- a }
@@ -101,7 +76,7 @@ func start(t *testing.T, o options) (metrics net.Addr, log *syncBuffer) {
 
 func defaults() options {
 	return options{socketMode: "0660", synthetic: "169.254.64.0/18", proxyPort: 1080, dnsPort: 53, transparentPort: 15001,
-		policyInterval: 20 * time.Millisecond, handshake: 10 * time.Second, dialTimeout: 10 * time.Second, logLevel: "debug", logFormat: "text"}
+		policyInterval: 20 * time.Millisecond, handshake: 10 * time.Second, dialTimeout: 10 * time.Second, log: logging.Flags{Level: "debug", Format: "text"}}
 }
 
 func through(t *testing.T, sock, url string) (int, map[string]string) {
@@ -145,7 +120,7 @@ func TestOneBoundary(t *testing.T) {
 	o := defaults()
 	o.principal, o.policy, o.socket = "agent-a", pf, filepath.Join(dir, "agent.sock")
 	o.mesh = "unix://" + fakeNode(t)
-	o.metricsAddr = freeAddr(t)
+	o.metricsAddr = testenv.FreeAddr(t)
 	maddr, log := start(t, o)
 
 	status, got := through(t, o.socket, "http://mesh.sam.alt/v1/models")
@@ -161,13 +136,13 @@ func TestOneBoundary(t *testing.T) {
 
 	// A bad policy file is rejected; the old one stays in force.
 	os.WriteFile(pf, []byte("roles: [{name: r, egress: ['*']}]"), 0o600)
-	waitFor(t, func() bool { return strings.Contains(log.String(), "rejected the changed file") })
+	testenv.WaitFor(t, 10*time.Second, "the changed policy rejected", func() bool { return strings.Contains(log.String(), "rejected the changed file") })
 	if status, _ := through(t, o.socket, "http://mesh.sam.alt/v1/models"); status != 200 {
 		t.Errorf("after a bad policy file: %d", status)
 	}
 	// A good one that takes agent-a's grants away is in force at once.
 	os.WriteFile(pf, []byte("roles: [{name: r, services: ['mcp://x']}]\nbindings: [{principal: someone, roles: [r]}]"), 0o600)
-	waitFor(t, func() bool { s, _ := through(t, o.socket, "http://mesh.sam.alt/v1/models"); return s == 0 })
+	testenv.WaitFor(t, 10*time.Second, "the new policy in force", func() bool { s, _ := through(t, o.socket, "http://mesh.sam.alt/v1/models"); return s == 0 })
 
 	resp, err := http.Get("http://" + maddr.String() + "/metrics")
 	if err != nil {
@@ -298,13 +273,13 @@ func TestSIGTERM(t *testing.T) {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "SAM_BOX_TEST_MAIN=1",
 		"SAM_BOX_TEST_ARGS=--principal agent-a --policy "+pf+" --socket "+sock+" --mesh unix://"+fakeNode(t))
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	waitFor(t, func() bool { return strings.Contains(stderr.String(), "sam-box: ready") })
+	testenv.WaitFor(t, 10*time.Second, "sam-box ready", func() bool { return strings.Contains(stderr.String(), "sam-box: ready") })
 	// An open flow, kept alive.
 	d, _ := proxy.SOCKS5("unix", sock, nil, proxy.Direct)
 	c, err := d.Dial("tcp", "mesh.sam.alt:80")
@@ -328,17 +303,6 @@ func TestSIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "flows_reset=1") {
 		t.Errorf("log:\n%s", stderr.String())
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

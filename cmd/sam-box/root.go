@@ -46,8 +46,7 @@ type options struct {
 	policyInterval  time.Duration
 	handshake       time.Duration
 	dialTimeout     time.Duration
-	logLevel        string
-	logFormat       string
+	log             logging.Flags
 
 	// set: which flags were given on the command line.
 	set func(name string) bool
@@ -168,8 +167,7 @@ sockets and exits 0.`,
 	f.DurationVar(&o.policyInterval, "policy-interval", 2*time.Second, "how often policy files are checked for changes")
 	f.DurationVar(&o.handshake, "handshake-timeout", boundary.DefaultHandshakeTimeout, "longest a SOCKS5 or CONNECT handshake may take")
 	f.DurationVar(&o.dialTimeout, "dial-timeout", boundary.DefaultDialTimeout, "longest resolving and opening an upstream may take")
-	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	o.log.Register(f)
 	return cmd
 }
 
@@ -196,7 +194,7 @@ func loadFileConfig(path string) (fileConfig, error) {
 }
 
 func newLogger(o options, w io.Writer) (*slog.Logger, error) {
-	return logging.New(w, o.logLevel, o.logFormat)
+	return o.log.New(w)
 }
 
 // meshDialer turns --mesh into a dial function; "" is nil (unreachable).

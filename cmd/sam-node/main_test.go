@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,33 +19,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"sandstorm/internal/fakellm"
+	"sandstorm/internal/testenv"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // unixClient reaches the agent listener as a boundary does: over the Unix
 // socket, naming the principal.
@@ -79,7 +53,7 @@ func newSetup(t *testing.T, keyMode os.FileMode) setup {
 		policy: filepath.Join(dir, "policy.yaml"),
 		key:    filepath.Join(dir, "provider.key"),
 		sock:   filepath.Join(dir, "node.sock"),
-		admin:  freeAddr(t),
+		admin:  testenv.FreeAddr(t),
 		llm:    fakellm.Start(t, "m-a"),
 	}
 	s.llm.RequireKey("sk-cmd-test")
@@ -140,7 +114,7 @@ func TestHelp(t *testing.T) {
 
 func TestServeInProcess(t *testing.T) {
 	s := newSetup(t, 0o600)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := rootCmd()
@@ -203,7 +177,7 @@ func TestServeInProcess(t *testing.T) {
 
 func TestRefusesOpenKeyFile(t *testing.T) {
 	s := newSetup(t, 0o644)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	cmd := rootCmd()
 	cmd.SetErr(&logs)
 	cmd.SetArgs(s.args())
@@ -255,7 +229,7 @@ func TestSIGTERM(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	s := newSetup(t, 0o600)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	cmd := exec.Command(bin, append(s.args(), "--log-format", "json")...)
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {

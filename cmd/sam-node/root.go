@@ -30,8 +30,7 @@ type options struct {
 	policyInterval  time.Duration
 	shutdownTimeout time.Duration
 	maxBodyBytes    int64
-	logLevel        string
-	logFormat       string
+	log             logging.Flags
 }
 
 func rootCmd() *cobra.Command {
@@ -112,13 +111,12 @@ SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
 	f.DurationVar(&o.policyInterval, "policy-interval", 2*time.Second, "how often the policy file is checked for changes")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long requests in flight may take to finish")
 	f.Int64Var(&o.maxBodyBytes, "max-body-bytes", meshnode.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
-	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	o.log.Register(f)
 	return cmd
 }
 
 func newLogger(o options, w io.Writer) (*slog.Logger, error) {
-	return logging.New(w, o.logLevel, o.logFormat)
+	return o.log.New(w)
 }
 
 func run(ctx context.Context, o options, stderr io.Writer) error {

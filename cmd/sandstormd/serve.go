@@ -45,7 +45,7 @@ func envOr(key, def string) string {
 func serveCmd() *cobra.Command {
 	var o daemon.Options
 	var reserve int64
-	var logLevel, logFormat string
+	var logFlags logging.Flags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the master, a node, or both (one process)",
@@ -73,7 +73,7 @@ transitions that were cut short.`,
 			}
 			o.DataDir, _ = cmd.Flags().GetString("data-dir")
 			o.MemReserve = reserve
-			log, err := logging.New(os.Stderr, logLevel, logFormat)
+			log, err := logFlags.New(os.Stderr)
 			if err != nil {
 				return err
 			}
@@ -116,8 +116,7 @@ transitions that were cut short.`,
 	f.StringVar(&o.SAMNode, "sam-node", "", "the local sam-node's agent socket, unix:///run/sam-node.sock: where flows to mesh.sam.alt go")
 	f.StringVar(&o.Resolver, "resolver", "", "DNS server (IP:port) the boundaries resolve allowed external names with (default: the system's resolver). Whatever it answers, an address on this node, in a sandbox, loopback, link-local or private (unless the policy's egress_private names it) is never dialled")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve the boundaries' Prometheus metrics here, e.g. 127.0.0.1:9600 (off unless set)")
-	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	logFlags.Register(f)
 	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball upload, in bytes (413 beyond)")
 	return cmd
 }

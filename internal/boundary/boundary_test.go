@@ -24,6 +24,7 @@ import (
 	"golang.org/x/net/proxy"
 
 	"sandstorm/internal/policy"
+	"sandstorm/internal/testenv"
 )
 
 var spoofed = map[string]string{
@@ -606,7 +607,7 @@ func TestCloseFlowsResets(t *testing.T) {
 	dnsc, _ := net.Dial("tcp", "127.77.0.7:53")
 	defer dnsc.Close()
 
-	waitFor(t, func() bool {
+	testenv.WaitFor(t, 10*time.Second, "three active flows, four tracked", func() bool {
 		e.b.mu.Lock()
 		defer e.b.mu.Unlock()
 		return e.b.Stats().Active == 3 && len(e.b.flows) == 4
@@ -619,21 +620,10 @@ func TestCloseFlowsResets(t *testing.T) {
 			t.Errorf("%s: read after CloseFlows: %v, want ECONNRESET", name, err)
 		}
 	}
-	waitFor(t, func() bool { return e.b.Stats().Active == 0 })
+	testenv.WaitFor(t, 10*time.Second, "no active flow", func() bool { return e.b.Stats().Active == 0 })
 	// The boundary still takes new flows.
 	if rep := e.rawSOCKS(t, "mesh.sam.alt", 80); rep != socksSucceeded {
 		t.Errorf("after CloseFlows: %#x", rep)
-	}
-}
-
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10 s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -648,7 +638,7 @@ func TestHandshakeTimeout(t *testing.T) {
 	if _, err := c.Read(make([]byte, 1)); err == nil {
 		t.Fatal("connection still open")
 	}
-	waitFor(t, func() bool { return e.b.Stats().HandshakeErrors == 1 && e.b.Stats().Active == 0 })
+	testenv.WaitFor(t, 10*time.Second, "the handshake error counted", func() bool { return e.b.Stats().HandshakeErrors == 1 && e.b.Stats().Active == 0 })
 }
 
 // The policy in force decides each new flow, and each new request on an
@@ -806,7 +796,7 @@ func TestMetrics(t *testing.T) {
 	e2.rawSOCKS(t, "present.mcp.sam.alt", 80)
 	dnsQuery(t, "udp", "127.77.0.10:53", "mesh.sam.alt.", dns.TypeA)
 	dnsQuery(t, "udp", "127.77.0.10:53", "nope.example.", dns.TypeA)
-	waitFor(t, func() bool { return e1.b.Stats().Active == 0 && e2.b.Stats().Active == 0 })
+	testenv.WaitFor(t, 10*time.Second, "no active flow on either boundary", func() bool { return e1.b.Stats().Active == 0 && e2.b.Stats().Active == 0 })
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

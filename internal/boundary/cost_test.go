@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sandstorm/internal/policy"
+	"sandstorm/internal/testenv"
 )
 
 type footprint struct {
@@ -92,7 +93,7 @@ func TestBoundaryCost(t *testing.T) {
 			meshRequest(t, filepath.Join(dir, fmt.Sprintf("b%d.sock", i)))
 		}
 		for _, b := range bs {
-			waitFor(t, func() bool { return b.Stats().Active == 0 })
+			testenv.WaitFor(t, 10*time.Second, "no active flow", func() bool { return b.Stats().Active == 0 })
 		}
 		time.Sleep(50 * time.Millisecond)
 		used := measure()

@@ -14,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 
 	"sandstorm/internal/dialguard"
+	"sandstorm/internal/testenv"
 )
 
 // rebindPolicy allows names that resolve (in the test's resolver) to every
@@ -199,7 +200,7 @@ func TestAddressGuardOnTheSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	waitFor(t, func() bool { return accepted.Load() >= 1 })
+	testenv.WaitFor(t, 10*time.Second, "a connection accepted", func() bool { return accepted.Load() >= 1 })
 	if accepted.Load() != 1 {
 		t.Fatalf("the listener accepted %d connections: the refused flow reached it", accepted.Load())
 	}
@@ -244,7 +245,7 @@ func TestForeignSourceRefused(t *testing.T) {
 	if _, err := uc.Read(make([]byte, 512)); err == nil {
 		t.Error("a DNS query from another source was answered")
 	}
-	waitFor(t, func() bool { return e.b.Stats().Foreign == 4 })
+	testenv.WaitFor(t, 10*time.Second, "four foreign flows counted", func() bool { return e.b.Stats().Foreign == 4 })
 	// From the sandbox's own address all of it works.
 	if rep := e.rawSOCKS(t, "mesh.sam.alt", 80); rep != socksSucceeded {
 		t.Errorf("the sandbox itself (Unix socket): %#x", rep)

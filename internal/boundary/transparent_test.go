@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"sandstorm/internal/testenv"
+
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
 )
@@ -325,5 +327,5 @@ func TestTransparentAddressGuard(t *testing.T) {
 	if !isReset(err) && err != io.EOF {
 		t.Errorf("the host connecting to the boundary's proxy port: %v, want a reset", err)
 	}
-	waitFor(t, func() bool { return e.b.Stats().Foreign == 1 })
+	testenv.WaitFor(t, 10*time.Second, "one foreign flow counted", func() bool { return e.b.Stats().Foreign == 1 })
 }

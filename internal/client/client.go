@@ -3,7 +3,6 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -134,20 +133,9 @@ func StatusOf(err error) int {
 // Do sends a request with a JSON body (nil for none) and decodes a JSON
 // answer into out (nil to discard).
 func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
+	req, err := api.NewJSONRequest(ctx, method, c.Base+path, body)
 	if err != nil {
 		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
 	}
 	return c.send(req, out)
 }

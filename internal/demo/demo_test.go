@@ -1,12 +1,10 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"os"
@@ -19,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"sandstorm/internal/testenv"
 )
 
 // built caches one rootfs per demo for the whole test binary: building is
@@ -325,7 +325,7 @@ func (s *testServer) do(t *testing.T, method, path string) (int, string, error) 
 // no process behind (the pid it reported included).
 func runServer(t *testing.T, dir string, d Demo, c serverCheck) *testServer {
 	t.Helper()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	args := d.Args
 	if c.args != nil {
 		args = c.args(port)
@@ -333,7 +333,7 @@ func runServer(t *testing.T, dir string, d Demo, c serverCheck) *testServer {
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, "chroot", append([]string{dir}, args...)...)
 	cmd.Env = append(slices.Clone(d.Env), fmt.Sprintf("PORT=%d", port))
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	// chroot execs the server, so this signals the server itself; every
 	// demo exits on SIGTERM (nginx after stopping its worker).
@@ -494,33 +494,4 @@ func hammer(t *testing.T, base string, workers, each int) (counts []int, reused 
 		t.Fatalf("%d answers, want %d", len(counts), workers*each)
 	}
 	return counts, reused
-}
-
-// syncBuffer is a bytes.Buffer safe for the server's output goroutines
-// and the test reading it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

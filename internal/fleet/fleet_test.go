@@ -13,13 +13,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sandstorm/internal/errdefs"
-	"sandstorm/internal/events"
-	"sandstorm/internal/rootfs"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/events"
+	"sandstorm/internal/rootfs"
+	"sandstorm/internal/testenv"
 
 	"sandstorm/api"
 	"sandstorm/internal/nodeapi"
@@ -212,20 +214,9 @@ func fleetOf(t *testing.T, local, remote *node) *Fleet {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go f.Run(ctx)
-	waitUntil(t, remote.name+" reports", func() bool { l, ok := f.linkOf(remote.name); return ok && l.full })
-	waitUntil(t, remote.name+" is fenced", func() bool { _, n := remote.lastFence(); return n > 0 })
+	testenv.WaitFor(t, 10*time.Second, remote.name+" reports", func() bool { l, ok := f.linkOf(remote.name); return ok && l.full })
+	testenv.WaitFor(t, 10*time.Second, remote.name+" is fenced", func() bool { _, n := remote.lastFence(); return n > 0 })
 	return f
-}
-
-// waitUntil polls cond until it holds, or fails the test after 10 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(end) {
-			t.Fatalf("waited 10 s for: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestCreatePlacesByHeadroomAndRetries: a sandbox goes to the node with
@@ -291,7 +282,7 @@ func TestLostNodeIsSkipped(t *testing.T) {
 	f.remote["far"].Base = "https://127.0.0.1:1"
 	f.mu.Unlock()
 	remote.srv.CloseClientConnections()
-	waitUntil(t, "far lost", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "far lost", func() bool {
 		for _, st := range f.Statuses(ctx) {
 			if st.Name == "far" {
 				return st.State == "lost" && st.Error != ""
@@ -366,7 +357,7 @@ func TestReadsNeverWaitOnANode(t *testing.T) {
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go g.Run(gctx)
-	waitUntil(t, "the new master hears far", func() bool { _, ok := g.linkOf("far"); return ok })
+	testenv.WaitFor(t, 10*time.Second, "the new master hears far", func() bool { _, ok := g.linkOf("far"); return ok })
 	if all, err := g.List(ctx); err != nil || len(all) != 1 || all[0].Tier != api.TierHot {
 		t.Errorf("list from a master just started: %+v %v", all, err)
 	}
@@ -414,7 +405,7 @@ func TestForgottenNodeIsRevoked(t *testing.T) {
 	addr := remote.srv.Listener.Addr().String()
 	issued := time.Now()
 	// Revocation is to the second: let the second of the issue pass.
-	waitUntil(t, "the next second", func() bool { return time.Now().Truncate(time.Second).After(issued) })
+	testenv.WaitFor(t, 10*time.Second, "the next second", func() bool { return time.Now().Truncate(time.Second).After(issued) })
 	if err := f.Forget(ctx, "far"); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/store"
+	"sandstorm/internal/testenv"
 )
 
 // roomyRemote is a fleet whose paired node "far" has the most headroom,
@@ -61,7 +62,7 @@ func TestCreateCutShortIsNotPlacedTwice(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrExists) {
 		t.Errorf("a retry of the undecided create: %v", err)
 	}
-	waitUntil(t, "the attempt adopted", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the attempt adopted", func() bool {
 		p, err := f.cfg.Store.GetPlacement(ctx, "u")
 		return err == nil && p.State == "" && p.ID == "far-u" && p.Node == "far"
 	})
@@ -71,7 +72,7 @@ func TestCreateCutShortIsNotPlacedTwice(t *testing.T) {
 	if slices.Contains(local.made, "u") || len(remote.made) != 1 {
 		t.Errorf("copies: local %v, far %v", local.made, remote.made)
 	}
-	waitUntil(t, "a fence that keeps it", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "a fence that keeps it", func() bool {
 		fence, _ := remote.lastFence()
 		return slices.Contains(fence.Keep, "far-u")
 	})
@@ -93,7 +94,7 @@ func TestCreateNeverMadeIsGivenUp(t *testing.T) {
 		t.Fatalf("a create whose connection broke: %v", err)
 	}
 	gen, _ := f.cfg.Store.Generation(ctx)
-	waitUntil(t, "the attempt given up", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the attempt given up", func() bool {
 		_, err := f.cfg.Store.GetPlacement(ctx, "v")
 		return errors.Is(err, errdefs.ErrNotFound)
 	})
@@ -159,7 +160,7 @@ func TestUndecidedCreateDeleted(t *testing.T) {
 	// Deleted while its node is lost (its report stream broke with the
 	// create): given up at once. (While the node answers, a delete settles
 	// with it first.)
-	waitUntil(t, "far lost", func() bool { l, _ := f.linkOf("far"); return l.lost(time.Now()) })
+	testenv.WaitFor(t, 10*time.Second, "far lost", func() bool { l, _ := f.linkOf("far"); return l.lost(time.Now()) })
 	n, sb, err := f.Find(ctx, "z")
 	if err != nil || sb.ID != store.PendingID(gen) {
 		t.Fatalf("the undecided create: %+v %v", sb, err)
@@ -170,7 +171,7 @@ func TestUndecidedCreateDeleted(t *testing.T) {
 	if _, err := f.cfg.Store.GetPlacement(ctx, "z"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("its name is still taken: %v", err)
 	}
-	waitUntil(t, "a fence past it", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "a fence past it", func() bool {
 		fence, _ := remote.lastFence()
 		return fence.Generation >= gen
 	})

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"sandstorm/internal/testenv"
 )
 
 // fakeWaker stands in for the node: a sandbox that is hot or not, woken
@@ -146,7 +148,7 @@ func TestDrainKeepsHTTPClients(t *testing.T) {
 		t.Fatalf("first answer %q", body)
 	}
 	release := g.Drain("sb")
-	waitUntil(t, "the sandbox's side is closed", func() bool { return up.open.Load() == 0 })
+	testenv.WaitFor(t, 10*time.Second, "the sandbox's side is closed", func() bool { return up.open.Load() == 0 })
 	w.setHot(false) // as a snapshot would leave it
 	release()
 	body, reused := get(t, c, "http://"+addr+"/")
@@ -160,7 +162,7 @@ func TestDrainKeepsHTTPClients(t *testing.T) {
 		t.Errorf("%d wakes, want 1 (the request after the drain)", n)
 	}
 	// The answer is out before the pair is marked idle.
-	waitUntil(t, "an idle HTTP client does not count as active", func() bool { return g.Active("sb") == 0 })
+	testenv.WaitFor(t, 10*time.Second, "an idle HTTP client does not count as active", func() bool { return g.Active("sb") == 0 })
 }
 
 // TestDrainWaitsForTheAnswer: a drain that finds a request in flight waits
@@ -207,7 +209,7 @@ func TestDrainWaitsForTheAnswer(t *testing.T) {
 	g.mu.Lock()
 	sg := g.sands["sb"]
 	g.mu.Unlock()
-	waitUntil(t, "the drain has begun", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the drain has begun", func() bool {
 		sg.mu.Lock()
 		defer sg.mu.Unlock()
 		return sg.blocked
@@ -291,7 +293,7 @@ func TestNoRequestLostAcrossDrains(t *testing.T) {
 	}
 	for cycle := 0; cycle < 20; cycle++ {
 		before := calls.Load()
-		waitUntil(t, "calls go on", func() bool { return calls.Load() >= before+20 })
+		testenv.WaitFor(t, 10*time.Second, "calls go on", func() bool { return calls.Load() >= before+20 })
 		release := g.Drain("sb")
 		w.setHot(false)
 		time.Sleep(5 * time.Millisecond) // the checkpoint's length: requests must wait it out
@@ -317,7 +319,7 @@ func TestIdleConnectionClosedByServer(t *testing.T) {
 	_, addr := newGateway(t, &fakeWaker{hot: true}, up.addr, Config{})
 	c := &http.Client{}
 	get(t, c, "http://"+addr+"/")
-	waitUntil(t, "the server closes the idle connection", func() bool { return up.open.Load() == 0 })
+	testenv.WaitFor(t, 10*time.Second, "the server closes the idle connection", func() bool { return up.open.Load() == 0 })
 	if body, reused := get(t, c, "http://"+addr+"/"); body != "count=2\n" || !reused {
 		t.Errorf("after the server closed: %q reused %v", body, reused)
 	}
@@ -467,16 +469,5 @@ func TestBodyTouches(t *testing.T) {
 	}
 	if n := w.touches.Load(); n < 4 {
 		t.Errorf("%d touches for a 1 MiB upload", n)
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -6,7 +6,24 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+
+	"github.com/spf13/pflag"
 )
+
+// Flags are a binary's --log-level and --log-format, defined once here so
+// that every binary spells and documents them alike.
+type Flags struct {
+	Level, Format string
+}
+
+// Register defines --log-level and --log-format on f.
+func (l *Flags) Register(f *pflag.FlagSet) {
+	f.StringVar(&l.Level, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&l.Format, "log-format", "text", "log format: text or json")
+}
+
+// New is the logger the flags ask for, writing to w.
+func (l Flags) New(w io.Writer) (*slog.Logger, error) { return New(w, l.Level, l.Format) }
 
 // New returns a logger writing to w at level ("debug", "info", "warn",
 // "error") in format ("text" or "json"); an unknown value is an error that

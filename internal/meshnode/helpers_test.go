@@ -1,8 +1,6 @@
 package meshnode
 
 import (
-	"bytes"
-	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -12,34 +10,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
+
+	"sandstorm/internal/testenv"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
 
-// logBuffer captures a node's log for inspection.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func testLogger(t *testing.T) (*slog.Logger, *logBuffer) {
-	buf := &logBuffer{}
+func testLogger(t *testing.T) (*slog.Logger, *testenv.SyncBuffer) {
+	buf := &testenv.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("node log:\n%s", buf.String())
@@ -180,21 +160,6 @@ func scrape(t *testing.T, n *Node) string {
 		t.Fatalf("/metrics: %d", code)
 	}
 	return body
-}
-
-// eventually polls cond until it holds, failing after a generous deadline
-// (a bound on a hang, not a timing assertion).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 func readAll(t *testing.T, r io.Reader) string {

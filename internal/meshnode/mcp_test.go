@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"sandstorm/internal/testenv"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -269,7 +271,7 @@ func TestMCPPolicyReload(t *testing.T) {
 	case <-ctxT(t).Done():
 		t.Fatal("no notifications/tools/list_changed after the policy changed")
 	}
-	eventually(t, "get-sum to be listed after the grant", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "get-sum to be listed after the grant", func() bool {
 		return slices.Equal(toolNames(t, a), []string{"everything__echo", "everything__get-sum"})
 	})
 	if text, isErr := callText(t, a, "everything__get-sum", map[string]any{"a": 2, "b": 3}); isErr || !strings.Contains(text, "is 5") {
@@ -278,7 +280,7 @@ func TestMCPPolicyReload(t *testing.T) {
 
 	// A bad file is rejected and the policy in force holds.
 	replaceFile(t, pf, "roles: [{name: x, services: [\"mcp://Bad Name\"]}]\n")
-	eventually(t, "the bad policy to be rejected", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the bad policy to be rejected", func() bool {
 		return hasLine(scrape(t, n), "sam_node_policy_rejected_total 1")
 	})
 	if got := toolNames(t, a); !slices.Equal(got, []string{"everything__echo", "everything__get-sum"}) {
@@ -290,7 +292,7 @@ func TestMCPPolicyReload(t *testing.T) {
 
 	// Revoke everything: nothing is listed, and a call is refused.
 	replaceFile(t, pf, "bindings: []\n")
-	eventually(t, "the revocation", func() bool { return len(toolNames(t, a)) == 0 })
+	testenv.WaitFor(t, 30*time.Second, "the revocation", func() bool { return len(toolNames(t, a)) == 0 })
 	if text, isErr := callText(t, a, "everything__echo", map[string]any{"message": "x"}); !isErr || !strings.Contains(text, "not granted") {
 		t.Fatalf("echo after revocation: %q %v", text, isErr)
 	}
@@ -338,7 +340,7 @@ func TestMCPUpstreamRedial(t *testing.T) {
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the node to re-dial server-everything", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the node to re-dial server-everything", func() bool {
 		return hasLine(scrape(t, n), `sam_node_mcp_upstream_dials_total{outcome="ok",server="everything"} 2`) && n.Ready()
 	})
 	// The agent's own session with the node never broke.
@@ -346,7 +348,7 @@ func TestMCPUpstreamRedial(t *testing.T) {
 		t.Fatalf("echo after the re-dial: %q %v", text, isErr)
 	}
 	n.Close()
-	eventually(t, "server-everything to be stopped by Close", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "server-everything to be stopped by Close", func() bool {
 		return len(childrenRunning(t, "server-everything")) == 0
 	})
 }
@@ -358,7 +360,7 @@ func TestMCPUpstreamUnreachable(t *testing.T) {
 		PolicyFile: policyFile(t, mcpPolicy),
 		Logger:     log,
 	})
-	eventually(t, "a failed dial", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "a failed dial", func() bool {
 		return hasLine(scrape(t, n), `sam_node_mcp_upstream_dials_total{outcome="error",server="ghost"} 1`)
 	})
 	code, body := get(t, n.AdminHandler(), "/readyz", nil)

@@ -8,11 +8,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
+	"sandstorm/internal/testenv"
 )
 
 // setGen gives sandbox id generation gen.
@@ -61,11 +63,11 @@ func TestFence(t *testing.T) {
 	if strings.Join(retired, ",") != "data,stray" {
 		t.Fatalf("retired %v, want data,stray (newer is above the fence, flying in flight, kept and old placed)", retired)
 	}
-	waitFor(t, "stray deleted (its volume held only the node's resolv.conf)", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "stray deleted (its volume held only the node's resolv.conf)", func() bool {
 		_, err := n.st.GetSandbox(ctx, "stray")
 		return errors.Is(err, errdefs.ErrNotFound)
 	})
-	waitFor(t, "data detached", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "data detached", func() bool {
 		sb, err := n.st.GetSandbox(ctx, "data")
 		return err == nil && sb.Tier == api.TierDetached && sb.Transition == ""
 	})

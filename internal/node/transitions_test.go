@@ -15,6 +15,7 @@ import (
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
+	"sandstorm/internal/testenv"
 )
 
 // What these tests cannot reach without root: a wake from snapshot or
@@ -50,14 +51,8 @@ func TestDrainBeforeCheckpoint(t *testing.T) {
 		{"detach of a hot sandbox", api.TierHot, (*Node).Detach, api.TierDetached, []string{"remove"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			be := newFakeBackend()
-			be.canCheckpoint = true
-			n := fakeNode(t, be, api.TierHot)
+			be, n := checkpointingNode(t, api.TierHot)
 			ctx := context.Background()
-			sb, _ := n.st.GetSandbox(ctx, "s1")
-			if err := n.boundaryUp(sb); err != nil {
-				t.Fatal(err)
-			}
 			inFlight := make(chan struct{})
 			url, client := serveSandbox(t, n, "s1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				be.record("sandbox: %s in flight", r.URL.Path)
@@ -152,7 +147,7 @@ func TestWakeDuringSnapshotWaitsForIt(t *testing.T) {
 		be.record("wake returned")
 		woke <- err
 	}()
-	waitFor(t, "the wake to wait for the snapshot", func() bool { return wakePending(n, "s1") })
+	testenv.WaitFor(t, 5*time.Second, "the wake to wait for the snapshot", func() bool { return wakePending(n, "s1") })
 	close(proceed)
 	if err := <-snapped; err != nil {
 		t.Fatalf("snapshot: %v", err)
@@ -186,7 +181,7 @@ func TestRequestDuringFreezeIsServedAfterIt(t *testing.T) {
 	<-pausing
 	got := make(chan string, 1)
 	go func() { got <- get(client, url+"/during") }()
-	waitFor(t, "the request's wake to wait for the freeze", func() bool { return wakePending(n, "s1") })
+	testenv.WaitFor(t, 5*time.Second, "the request's wake to wait for the freeze", func() bool { return wakePending(n, "s1") })
 	if i := be.logIndex("sandbox:"); i >= 0 {
 		t.Errorf("the request reached the sandbox while it was being frozen: %q", be.log())
 	}
@@ -212,14 +207,8 @@ func TestRequestDuringFreezeIsServedAfterIt(t *testing.T) {
 // and no transition in its row, and the snapshot's error; a request that
 // arrived during the checkpoint waits for it and is then served.
 func TestFailedCheckpointKeepsARunningSandboxHot(t *testing.T) {
-	be := newFakeBackend()
-	be.canCheckpoint = true
-	n := fakeNode(t, be, api.TierHot)
+	be, n := checkpointingNode(t, api.TierHot)
 	ctx := context.Background()
-	sb, _ := n.st.GetSandbox(ctx, "s1")
-	if err := n.boundaryUp(sb); err != nil {
-		t.Fatal(err)
-	}
 	url, client := serveSandbox(t, n, "s1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		be.record("sandbox: %s (it is %s)", r.URL.Path, be.stateOf("s1"))
 		io.WriteString(w, "ok")
@@ -238,7 +227,7 @@ func TestFailedCheckpointKeepsARunningSandboxHot(t *testing.T) {
 	<-entered
 	got := make(chan string, 1)
 	go func() { got <- get(client, url+"/during") }()
-	waitFor(t, "the request's wake to wait for the checkpoint", func() bool { return wakePending(n, "s1") })
+	testenv.WaitFor(t, 5*time.Second, "the request's wake to wait for the checkpoint", func() bool { return wakePending(n, "s1") })
 	close(proceed)
 	res := <-snapped
 	if !errors.Is(res.err, boom) {
@@ -280,14 +269,8 @@ func TestFailedCheckpointKeepsARunningSandboxHot(t *testing.T) {
 // image, no boundary, not hot — and its note says both. The cold start
 // that succeeds ("re-created cold from its template") needs root.
 func TestFailedCheckpointThatKilledTheSandbox(t *testing.T) {
-	be := newFakeBackend()
-	be.canCheckpoint = true
-	n := fakeNode(t, be, api.TierHot)
+	be, n := checkpointingNode(t, api.TierHot)
 	ctx := context.Background()
-	sb, _ := n.st.GetSandbox(ctx, "s1")
-	if err := n.boundaryUp(sb); err != nil {
-		t.Fatal(err)
-	}
 	d := n.dir("s1")
 	kept := filepath.Join(d.upper(), "kept.txt")
 	if err := os.MkdirAll(d.upper(), 0o755); err != nil {
@@ -338,14 +321,8 @@ func TestFailedCheckpointThatKilledTheSandbox(t *testing.T) {
 // again: without it the sandbox, once woken, could resolve and reach
 // nothing.
 func TestFailedResumeBeforeCheckpoint(t *testing.T) {
-	be := newFakeBackend()
-	be.canCheckpoint = true
-	n := fakeNode(t, be, api.TierFrozen)
+	be, n := checkpointingNode(t, api.TierFrozen)
 	ctx := context.Background()
-	sb, _ := n.st.GetSandbox(ctx, "s1")
-	if err := n.boundaryUp(sb); err != nil {
-		t.Fatal(err)
-	}
 	boom := errors.New("resume: runsc timed out")
 	be.on("resume", func(sandbox.Spec) error { return boom })
 	if _, err := n.Snapshot(ctx, "s1"); !errors.Is(err, boom) {
@@ -387,4 +364,19 @@ func inBackground(f func() error) chan error {
 	c := make(chan error, 1)
 	go func() { c <- f() }()
 	return c
+}
+
+// checkpointingNode is a node on a fake backend that can checkpoint,
+// holding sandbox s1 in tier with its boundary up, as every transition
+// test starts.
+func checkpointingNode(t *testing.T, tier api.Tier) (*fakeBackend, *Node) {
+	t.Helper()
+	be := newFakeBackend()
+	be.canCheckpoint = true
+	n := fakeNode(t, be, tier)
+	sb, _ := n.st.GetSandbox(context.Background(), "s1")
+	if err := n.boundaryUp(sb); err != nil {
+		t.Fatal(err)
+	}
+	return be, n
 }

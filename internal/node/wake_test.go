@@ -24,6 +24,7 @@ import (
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
+	"sandstorm/internal/testenv"
 )
 
 // fakeBackend is a sandbox.Backend in memory, for the node's state
@@ -372,19 +373,6 @@ func hasBoundary(n *Node, id string) bool {
 	return n.boundaries[id] != nil
 }
 
-// waitFor polls cond (a state another goroutine reaches, that nothing
-// signals) until it holds, failing the test after 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestWakeCoalesces: many requests for one frozen sandbox at once share
 // one wake — one resume — and all of them get its result; the tier and
 // the wake's origin are recorded once.
@@ -406,7 +394,7 @@ func TestWakeCoalesces(t *testing.T) {
 	// One caller holds the wake; it ends only once all the others wait
 	// on it.
 	<-entered
-	waitFor(t, "every caller to share the wake", func() bool { return wakeSharers(n, "s1") == callers-1 })
+	testenv.WaitFor(t, 5*time.Second, "every caller to share the wake", func() bool { return wakeSharers(n, "s1") == callers-1 })
 	close(hold)
 	for i := 0; i < callers; i++ {
 		if err := <-errs; err != nil {
@@ -445,7 +433,7 @@ func TestWakeFailureReachesEveryCaller(t *testing.T) {
 	// Failed only once every caller shares it: one arriving after it
 	// would start a wake of its own.
 	<-entered
-	waitFor(t, "every caller to share the wake", func() bool { return wakeSharers(n, "s1") == 2 })
+	testenv.WaitFor(t, 5*time.Second, "every caller to share the wake", func() bool { return wakeSharers(n, "s1") == 2 })
 	close(hold)
 	for i := 0; i < 3; i++ {
 		if err := <-errs; err == nil || !errors.Is(err, fail) {

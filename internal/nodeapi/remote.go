@@ -267,20 +267,9 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any, okS
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any, okStatus int) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
+	req, err := api.NewJSONRequest(ctx, method, c.Base+path, body)
 	if err != nil {
 		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.send(req)
 	if err != nil {

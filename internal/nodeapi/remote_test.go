@@ -13,13 +13,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sandstorm/internal/errdefs"
-	"sandstorm/internal/events"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/events"
 
 	"sandstorm/api"
 	"sandstorm/internal/pki"

@@ -413,18 +413,30 @@ func (x *extractor) mkdir(name string, hdr *tar.Header) error {
 	return nil
 }
 
+// newEntry opens the parent of a file, symlink or hard link about to be
+// made at name (its directories made as needed), clears the way for it,
+// and counts it against the entry limit. The caller closes pfd.
+func (x *extractor) newEntry(name string) (pfd int, leaf string, err error) {
+	pfd, leaf, err = x.openParent(name, true)
+	if err != nil {
+		return -1, "", err
+	}
+	if err = x.makeRoom(pfd, leaf, name); err == nil {
+		err = x.count()
+	}
+	if err != nil {
+		unix.Close(pfd)
+		return -1, "", err
+	}
+	return pfd, leaf, nil
+}
+
 func (x *extractor) file(name string, hdr *tar.Header, tr *tar.Reader) error {
-	pfd, leaf, err := x.openParent(name, true)
+	pfd, leaf, err := x.newEntry(name)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(pfd)
-	if err := x.makeRoom(pfd, leaf, name); err != nil {
-		return err
-	}
-	if err := x.count(); err != nil {
-		return err
-	}
 	fd, err := unix.Openat(pfd, leaf, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("rootfs: entry %q: create: %w", x.cur, err)
@@ -490,17 +502,11 @@ func (x *extractor) symlink(name string, hdr *tar.Header) error {
 			return x.unsafe("symlink target %q escapes the root", target)
 		}
 	}
-	pfd, leaf, err := x.openParent(name, true)
+	pfd, leaf, err := x.newEntry(name)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(pfd)
-	if err := x.makeRoom(pfd, leaf, name); err != nil {
-		return err
-	}
-	if err := x.count(); err != nil {
-		return err
-	}
 	if err := unix.Symlinkat(target, pfd, leaf); err != nil {
 		return fmt.Errorf("rootfs: entry %q: symlink: %w", x.cur, err)
 	}
@@ -529,17 +535,11 @@ func (x *extractor) hardlink(name string, hdr *tar.Header) error {
 		return err
 	}
 	defer unix.Close(tfd)
-	pfd, leaf, err := x.openParent(name, true)
+	pfd, leaf, err := x.newEntry(name)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(pfd)
-	if err := x.makeRoom(pfd, leaf, name); err != nil {
-		return err
-	}
-	if err := x.count(); err != nil {
-		return err
-	}
 	// Flags 0: linkat does not follow a symlink at tleaf.
 	if err := unix.Linkat(tfd, tleaf, pfd, leaf, 0); err != nil {
 		return fmt.Errorf("rootfs: entry %q: link to %q: %w", x.cur, target, err)

@@ -1,6 +1,8 @@
 // Package testenv finds what the tests need from the repository's own
-// build: the pinned runsc that `make runsc` puts in bin/. It imports
-// nothing of the project's, so any package's tests can use it.
+// build (the pinned runsc that `make runsc` puts in bin/, a PostgreSQL
+// database of their own) and holds the few helpers many packages' tests
+// share (helpers.go). It imports nothing of the project's, so any
+// package's tests can use it.
 package testenv
 
 import (

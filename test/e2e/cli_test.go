@@ -9,13 +9,13 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
 	"sandstorm/internal/pki"
+	"sandstorm/internal/testenv"
 )
 
 // cliResult is one run of the sandstormd CLI.
@@ -64,36 +64,6 @@ func (r cliResult) fails(t *testing.T, what, pattern string) {
 	t.Helper()
 	if r.Code != 1 || !regexp.MustCompile(pattern).MatchString(r.Stderr) {
 		t.Fatalf("%s: exit %d, stderr %q; want exit 1 and stderr matching %q", what, r.Code, r.Stderr, pattern)
-	}
-}
-
-// safeBuffer is a bytes.Buffer a command writes while the test reads it.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// waitUntil polls cond until it holds or timeout passes.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -148,7 +118,7 @@ func TestCLI(t *testing.T) {
 	// with its last write, within ms) the demo's own line after its
 	// cold start, have times.
 	stampRE := regexp.MustCompile(`(?m)^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z listening on 0\.0\.0\.0:8000`)
-	waitUntil(t, 10*time.Second, "the demo's line has a time in sandbox logs --timestamps", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the demo's line has a time in sandbox logs --timestamps", func() bool {
 		return stampRE.MatchString(cli(t, env, "sandbox", "logs", "--timestamps", "cli1").Stdout)
 	})
 	cli(t, env, "sandbox", "logs", "-t", "cli1").ok(t, "sandbox logs -t", `(?m)^\d{4}-\d\d-\d\dT\S+Z --- sandstorm: started from template cliweb`)
@@ -157,14 +127,14 @@ func TestCLI(t *testing.T) {
 	defer fcancel()
 	follower := exec.CommandContext(fctx, sandstormdBin, "sandbox", "logs", "--follow", "cli1")
 	follower.Env = append(os.Environ(), env...)
-	var fout safeBuffer
+	var fout testenv.SyncBuffer
 	follower.Stdout = &fout
 	if err := follower.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "the follower prints the log so far", func() bool { return strings.Contains(fout.String(), "listening on") })
+	testenv.WaitFor(t, 30*time.Second, "the follower prints the log so far", func() bool { return strings.Contains(fout.String(), "listening on") })
 	cli(t, env, "sandbox", "detach", "cli1").ok(t, "sandbox detach while following")
-	waitUntil(t, 30*time.Second, "the follower prints the detach", func() bool { return strings.Count(fout.String(), "sandstorm: detached") == 2 })
+	testenv.WaitFor(t, 30*time.Second, "the follower prints the detach", func() bool { return strings.Count(fout.String(), "sandstorm: detached") == 2 })
 	fcancel()
 	follower.Wait()
 	if n := curlCount(t, ep); n != 1 {

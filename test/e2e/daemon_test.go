@@ -22,6 +22,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
+	"sandstorm/internal/testenv"
 )
 
 // Daemon is one real `sandstormd serve --master --node` process, with a
@@ -95,7 +96,7 @@ func startDaemon(t *testing.T, extra ...string) *Daemon {
 			d.Backend = extra[i+1]
 		}
 	}
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	listen := fmt.Sprintf("127.0.0.1:%d", port)
 	d.API = "https://" + listen
 	if slices.Contains(extra, listenAll) {
@@ -623,17 +624,6 @@ func (d *Daemon) logTail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// freePort returns a TCP port on 127.0.0.1 that nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // pickGatewayPorts finds n consecutive free ports on 127.0.0.1 that no

@@ -25,6 +25,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/fakellm"
+	"sandstorm/internal/testenv"
 )
 
 // testDNS is the node's resolver in these tests (sandstormd --resolver): a
@@ -271,7 +272,7 @@ bindings:
 `, strings.Join(literals, `", "`))), 0o600)
 	sn := startSAMNode(t, llm, policyPath)
 	sock, samAdmin := sn.Sock, sn.Admin
-	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metrics := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	d := startDaemon(t, "--policy", policyPath, "--sam-node", "unix://"+sock, "--metrics-addr", metrics, "--resolver", resolver.addr)
 	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
 		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {

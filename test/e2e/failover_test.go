@@ -34,7 +34,7 @@ func TestMasterFailover(t *testing.T) {
 
 	a.Kill(t)
 	killed := time.Now()
-	waitFor(t, 15*time.Second, "the standby leads", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "the standby leads", func() bool {
 		_, err := b.C.Node(ctxT(t))
 		return err == nil
 	})
@@ -82,7 +82,7 @@ func TestFailoverKeepsNodes(t *testing.T) {
 	getCount(t, endpoint(t, sb))
 
 	a.Kill(t)
-	waitFor(t, 15*time.Second, "the standby leads", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "the standby leads", func() bool {
 		var l api.List[api.NodeStatus]
 		return b.C.Do(ctxT(t), "GET", "/v1/nodes", nil, &l) == nil
 	})

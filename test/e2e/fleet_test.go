@@ -20,6 +20,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/pki"
+	"sandstorm/internal/testenv"
 )
 
 // machine is a node of a fleet on this machine: a network namespace of
@@ -123,7 +124,7 @@ func (m *machine) start() {
 	if m.listen == "" {
 		return // it dials its master; the caller waits for that
 	}
-	waitFor(m.t, 30*time.Second, m.name+" listens on "+m.listen, func() bool {
+	testenv.WaitFor(m.t, 30*time.Second, m.name+" listens on "+m.listen, func() bool {
 		select {
 		case <-m.exited:
 			m.t.Fatalf("%s exited at start; see %s", m.name, m.logPath)
@@ -265,7 +266,7 @@ func TestFleet(t *testing.T) {
 	// kill -9 the node: lost, its sandboxes listed as lost; back, it
 	// reconciles and they answer.
 	roomy.stop(syscall.SIGKILL)
-	waitFor(t, 15*time.Second, roomy.name+" shows lost", func() bool {
+	testenv.WaitFor(t, 15*time.Second, roomy.name+" shows lost", func() bool {
 		for _, n := range listNodes(t, m) {
 			if n.Name == roomy.name {
 				return n.State == "lost"
@@ -304,7 +305,7 @@ func TestFleet(t *testing.T) {
 	}
 
 	roomy.start()
-	waitFor(t, 30*time.Second, roomy.name+" is ready again", func() bool {
+	testenv.WaitFor(t, 30*time.Second, roomy.name+" is ready again", func() bool {
 		for _, n := range listNodes(t, m) {
 			if n.Name == roomy.name {
 				return n.State == "ready" && n.Reconciling == 0
@@ -318,7 +319,7 @@ func TestFleet(t *testing.T) {
 	// The copy the move left behind is stopped as soon as its node hears
 	// the master, and, with nothing in its volume, removed
 	// (TestNodeKilledMidCreateAndMove keeps one that holds a file).
-	waitFor(t, 20*time.Second, "the copy a move left behind is gone", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the copy a move left behind is gone", func() bool {
 		all, err := m.C.Sandboxes(ctxT(t))
 		if err != nil {
 			t.Fatal(err)
@@ -382,7 +383,7 @@ func listNodes(t *testing.T, d *Daemon) []api.NodeStatus {
 // and leaves no process, namespace or link behind.
 func TestFleetUpDown(t *testing.T) {
 	root := filepath.Join(workDir, "fleetup")
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	listen := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	t.Cleanup(func() {
 		exec.Command(sandstormdBin, "fleet", "down", "--root", root, "--purge").Run()
 		for _, k := range []string{"1", "2"} {
@@ -406,7 +407,7 @@ func TestFleetUpDown(t *testing.T) {
 	// counts are the nodes' heartbeats' (a second old at most), so the
 	// verifying sandbox shows within a few.
 	var nodes []byte
-	waitFor(t, 10*time.Second, "node ls shows node-1 ready with its one hot sandbox", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "node ls shows node-1 ready with its one hot sandbox", func() bool {
 		ls := exec.Command(sandstormdBin, "node", "ls")
 		ls.Env = append(os.Environ(), "SANDSTORM_API=https://"+listen, "SANDSTORM_DATA_DIR="+filepath.Join(root, "master"))
 		nodes, err = ls.CombinedOutput()
@@ -487,7 +488,7 @@ func TestNodeBehindNAT(t *testing.T) {
 		}
 		return false
 	}
-	waitFor(t, 30*time.Second, nat.name+" dials in and is ready", ready)
+	testenv.WaitFor(t, 30*time.Second, nat.name+" dials in and is ready", ready)
 	m.registerWeb(t, "web")
 	sb := m.create(t, "web", "behind-nat")
 	if sb.Node != nat.name {
@@ -515,10 +516,10 @@ func TestNodeBehindNAT(t *testing.T) {
 	}
 
 	nat.stop(syscall.SIGKILL)
-	waitFor(t, 30*time.Second, nat.name+" shows lost", func() bool { return !ready() })
+	testenv.WaitFor(t, 30*time.Second, nat.name+" shows lost", func() bool { return !ready() })
 	nat.args = slices.DeleteFunc(nat.args, func(s string) bool { return s == jt.Token || s == "--join-token" })
 	nat.start()
-	waitFor(t, 30*time.Second, nat.name+" dials in again and has reconciled", func() bool {
+	testenv.WaitFor(t, 30*time.Second, nat.name+" dials in again and has reconciled", func() bool {
 		for _, n := range listNodes(t, m) {
 			if n.Name == nat.name {
 				return n.State == "ready" && n.Reconciling == 0

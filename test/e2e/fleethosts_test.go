@@ -20,6 +20,7 @@ import (
 	"sandstorm/internal/client"
 	"sandstorm/internal/fleetup"
 	"sandstorm/internal/pki"
+	"sandstorm/internal/testenv"
 )
 
 // sshHost is machine k of a fleet over ssh: network namespace sh-<k>,
@@ -134,7 +135,7 @@ LogLevel VERBOSE
 	}
 	h.exited = make(chan struct{})
 	go func() { h.cmd.Wait(); close(h.exited) }()
-	waitFor(t, 20*time.Second, "sshd listens on "+h.addr+":22", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "sshd listens on "+h.addr+":22", func() bool {
 		select {
 		case <-h.exited:
 			b, _ := os.ReadFile(logPath)
@@ -267,7 +268,7 @@ func TestFleetUpHosts(t *testing.T) {
 		t.Errorf("fleet up started something for a host it could not reach")
 	}
 
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	listen := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	t.Cleanup(func() {
 		if exists(filepath.Join(root, "fleet.json")) {
 			out, _ := fleet("down", "--root", root, "--purge")

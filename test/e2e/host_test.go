@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sandstorm/api"
+	"sandstorm/internal/testenv"
 )
 
 // TestHostRouting: with --gateway-host-listen, one listener reaches every
@@ -17,7 +18,7 @@ import (
 // waking it from any tier; curl resolves *.localhost to loopback by
 // itself (RFC 6761). An unknown name is a 404.
 func TestHostRouting(t *testing.T) {
-	hostPort := freePort(t)
+	hostPort := testenv.FreePort(t)
 	d := startDaemon(t, "--gateway-host-listen", "127.0.0.1:"+itoa(hostPort))
 	d.registerWeb(t, "web")
 	a := d.create(t, "web", "alpha")

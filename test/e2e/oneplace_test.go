@@ -131,7 +131,7 @@ func agree(t *testing.T, what string, d *Daemon, nodes ...*machine) {
 // ready waits until node m is ready on d's list, its restart repaired.
 func ready(t *testing.T, d *Daemon, m *machine) {
 	t.Helper()
-	waitFor(t, 60*time.Second, m.name+" ready", func() bool {
+	testenv.WaitFor(t, 60*time.Second, m.name+" ready", func() bool {
 		for _, n := range listNodes(t, d) {
 			if n.Name == m.name {
 				return n.State == "ready" && n.Reconciling == 0
@@ -234,7 +234,7 @@ func eachAnswers(t *testing.T, d *Daemon, names []string) {
 // startedOn waits until node m has begun at least one sandbox (a
 // directory under its data dir's sandboxes/).
 func startedOn(t *testing.T, m *machine) {
-	waitFor(t, 30*time.Second, "a create under way on "+m.name, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "a create under way on "+m.name, func() bool {
 		ents, _ := os.ReadDir(filepath.Join(m.dataDir, "sandboxes"))
 		return len(ents) > 0
 	})
@@ -307,7 +307,7 @@ func TestNodeKilledMidCreateAndMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	roomy.stop(syscall.SIGKILL)
-	waitFor(t, 15*time.Second, roomy.name+" lost", func() bool {
+	testenv.WaitFor(t, 15*time.Second, roomy.name+" lost", func() bool {
 		for _, n := range listNodes(t, m) {
 			if n.Name == roomy.name {
 				return n.State == "lost"
@@ -439,7 +439,7 @@ func TestPartition(t *testing.T) {
 	partitionAnswer(t, "a snapshot", r, took, nd, http.StatusOK)
 	// Meanwhile, past the lost timeout, its sandboxes answer at their
 	// endpoints, and the one snapshotted wakes for its caller.
-	waitFor(t, 15*time.Second, nd.name+" lost", func() bool { return listNodes(t, m)[0].State == "lost" })
+	testenv.WaitFor(t, 15*time.Second, nd.name+" lost", func() bool { return listNodes(t, m)[0].State == "lost" })
 	if c := getCount(t, endpoint(t, b)); c != 1 {
 		t.Errorf("pb during the partition counted %d", c)
 	}
@@ -459,7 +459,7 @@ func TestPartition(t *testing.T) {
 
 	// A create cut off once the node has begun it.
 	r, took = callCut(t, m, nd, "POST", "/v1/sandboxes", `{"template": "web", "name": "pc"}`, func() {
-		waitFor(t, 30*time.Second, "pc begun on "+nd.name, func() bool {
+		testenv.WaitFor(t, 30*time.Second, "pc begun on "+nd.name, func() bool {
 			ents, _ := os.ReadDir(filepath.Join(nd.dataDir, "sandboxes"))
 			return len(ents) > 2
 		})
@@ -508,7 +508,7 @@ func TestFailoverMidCreate(t *testing.T) {
 
 	names := []string{"fo-0", "fo-1", "fo-2", "fo-3", "fo-4", "fo-5"}
 	rs := createAll(a, names, func() {
-		waitFor(t, 30*time.Second, "a create under way on a node", func() bool {
+		testenv.WaitFor(t, 30*time.Second, "a create under way on a node", func() bool {
 			for _, m := range []*machine{n1, n2} {
 				if ents, _ := os.ReadDir(filepath.Join(m.dataDir, "sandboxes")); len(ents) > 0 {
 					return true
@@ -518,7 +518,7 @@ func TestFailoverMidCreate(t *testing.T) {
 		})
 		a.Kill(t)
 	})
-	waitFor(t, 15*time.Second, "the standby leads", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "the standby leads", func() bool {
 		var l api.List[api.NodeStatus]
 		return b.C.Do(ctxT(t), "GET", "/v1/nodes", nil, &l) == nil
 	})

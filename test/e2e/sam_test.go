@@ -17,6 +17,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/fakellm"
+	"sandstorm/internal/testenv"
 )
 
 // agentResult mirrors test/agent's /run answer.
@@ -74,7 +75,7 @@ mcp_servers:
 	cfgPath := filepath.Join(dir, "node.yaml")
 	os.WriteFile(cfgPath, []byte(cfg), 0o600)
 	sock := filepath.Join(dir, "sam-node.sock")
-	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	logf, _ := os.Create(filepath.Join(workDir, "sam-node-"+filepath.Base(dir)+".log"))
 	cmd := exec.Command(samNodeBin, "--config", cfgPath, "--policy", policyPath, "--listen", "unix://"+sock, "--admin-addr", admin)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -205,7 +206,7 @@ func TestAgentThroughBoundary(t *testing.T) {
 	os.WriteFile(policyPath, []byte(samPolicy), 0o600)
 	sn := startSAMNode(t, llm, policyPath)
 	sock := sn.Sock
-	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metrics := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	d := startDaemon(t, "--policy", policyPath, "--sam-node", "unix://"+sock, "--metrics-addr", metrics)
 	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
 		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/testenv"
 )
 
 // server is a template whose GET / answers "count=N pid=P", N counting up
@@ -180,7 +181,7 @@ func TestNoRequestLostToASnapshot(t *testing.T) {
 			}
 			for i := 1; i <= 10; i++ {
 				before := calls.Load()
-				waitFor(t, 30*time.Second, "the clients' calls go on", func() bool { return calls.Load() >= before+30 })
+				testenv.WaitFor(t, 30*time.Second, "the clients' calls go on", func() bool { return calls.Load() >= before+30 })
 				d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
 			}
 			close(stop)
@@ -254,19 +255,6 @@ func getNew(ep string) error {
 	}
 	_, err = parseCount(r.Body)
 	return err
-}
-
-// waitFor polls cond every 10 ms until it holds, failing the test after
-// timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestVolumeSurvivesEveryTier: what a sandbox writes to its filesystem is

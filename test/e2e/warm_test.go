@@ -11,6 +11,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
+	"sandstorm/internal/testenv"
 )
 
 var randomRE = regexp.MustCompile(`^random=(\S+) urandom=([0-9a-f]{16}) started=(\S+)\n$`)
@@ -105,7 +106,7 @@ func TestWarmPool(t *testing.T) {
 		}
 		return st.WarmPool["poolweb"]
 	}
-	waitFor(t, 30*time.Second, "the warm pool holds 2", func() bool { return pool() == 2 })
+	testenv.WaitFor(t, 30*time.Second, "the warm pool holds 2", func() bool { return pool() == 2 })
 
 	randoms, urandoms := map[string]bool{}, map[string]bool{}
 	for i := 0; i < 3; i++ {
@@ -134,7 +135,7 @@ func TestWarmPool(t *testing.T) {
 	if len(randoms) != 3 || len(urandoms) != 3 {
 		t.Errorf("pooled sandboxes share random state: random %v, urandom %v", randoms, urandoms)
 	}
-	waitFor(t, 30*time.Second, "the warm pool refills to 2", func() bool { return pool() == 2 })
+	testenv.WaitFor(t, 30*time.Second, "the warm pool refills to 2", func() bool { return pool() == 2 })
 
 	named := d.create(t, "poolweb", "named-one")
 	if logs := d.logs(t, named.ID); strings.Contains(logs, "taken from the warm pool") || !strings.Contains(logs, "warm image") {

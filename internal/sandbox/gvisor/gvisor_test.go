@@ -63,19 +63,6 @@ func run(t testing.TB, name string, args ...string) {
 	}
 }
 
-// waitFor polls cond every 10 ms until it holds, failing the test after
-// limit.
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, limit)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // newNetns makes a network namespace with lo up and a veth to the host on a
 // random /30 of 10.194.0.0/16, as the node does for a sandbox; cleanup
 // deletes both and checks they are gone.
@@ -175,21 +162,10 @@ func newSpecLimit(t testing.TB, b *Backend, netns, script string, limitMiB int64
 			NoNewPrivileges: true,
 			OOMScoreAdj:     &oom,
 		},
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
-		},
+		Mounts: Mounts(),
 		Linux: &specs.Linux{
-			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace},
-				{Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace},
-				{Type: specs.MountNamespace},
-				{Type: specs.NetworkNamespace, Path: netns},
-			},
-			Resources: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}},
+			Namespaces: Namespaces(netns),
+			Resources:  &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}},
 		},
 	}
 	data, err := json.MarshalIndent(&s, "", "  ")
@@ -214,7 +190,7 @@ func startReady(t testing.TB, b *Backend, spec sandbox.Spec) {
 	if err := b.Start(context.Background(), spec); err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	waitFor(t, 30*time.Second, "the sandbox prints ready", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the sandbox prints ready", func() bool {
 		data, _ := os.ReadFile(spec.LogPath)
 		return strings.Contains(string(data), "ready")
 	})
@@ -323,7 +299,7 @@ func TestStoppedSandbox(t *testing.T) {
 	if err := syscall.Kill(sandboxPid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the sandbox process is stopped", func() bool { return procState(sandboxPid) == 'T' })
+	testenv.WaitFor(t, 5*time.Second, "the sandbox process is stopped", func() bool { return procState(sandboxPid) == 'T' })
 
 	// (a) State: an error that says it timed out, within its deadline.
 	start := time.Now()
@@ -421,7 +397,7 @@ func TestFrozenSandboxIsNotDroppedAlive(t *testing.T) {
 			freeze("THAWED")
 		}
 	})
-	waitFor(t, 5*time.Second, "the sandbox is frozen", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the sandbox is frozen", func() bool {
 		data, _ := os.ReadFile(filepath.Join(cg, "freezer.state"))
 		return strings.TrimSpace(string(data)) == "FROZEN"
 	})
@@ -737,7 +713,7 @@ func (c *child) killedBySIGKILL(limit time.Duration) bool {
 func hungRunsc(t testing.TB, args ...string) *child {
 	t.Helper()
 	c := startChild(t, &exec.Cmd{Path: os.Args[0], Args: append([]string{"runsc"}, args...), Env: append(os.Environ(), hangEnv+"=1")})
-	waitFor(t, 5*time.Second, "the stand-in runsc runs", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the stand-in runsc runs", func() bool {
 		data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c.cmd.Process.Pid))
 		return strings.HasPrefix(string(data), "runsc\x00")
 	})
@@ -872,7 +848,7 @@ func measureRunsc(t testing.TB) {
 			// in a 256 MiB limit it is OOM-killed in its cgroup.
 			spec := newSpecLimit(t, b, netns, fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1M count=%d 2>/dev/null; echo ready; exec sleep 1000000", mib), 1024)
 			timed("run", func() error { return b.Start(bg, spec) })
-			waitFor(t, time.Minute, "ready", func() bool {
+			testenv.WaitFor(t, time.Minute, "ready", func() bool {
 				data, _ := os.ReadFile(spec.LogPath)
 				return strings.Contains(string(data), "ready")
 			})
