@@ -1,0 +1,68 @@
+// Command sandstorm-envd is envd, the API the E2B SDK calls inside a
+// sandbox (internal/envd). The node puts it in every sandbox read-only at
+// /.sandstorm/envd and starts it with `runsc exec` on the first call that
+// needs it; it is not meant to be run by hand, though it runs anywhere
+// (as root, to run commands as other users).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/internal/cli"
+	"sandstorm/internal/envd"
+)
+
+func main() {
+	var cfg envd.Config
+	var addr string
+	var detach bool
+	var env []string
+	cmd := &cobra.Command{
+		Use:   "sandstorm-envd",
+		Short: "The E2B envd API inside a sandbox: processes, files, /files, /health",
+		Long: `sandstorm-envd serves the E2B envd API (version ` + envd.Version + `) on --addr:
+process.Process and filesystem.Filesystem over Connect RPC, GET/POST /files
+and GET /health. It checks no token: run it only where the caller is
+already checked (the node forwards to it only requests carrying the
+sandbox's access token).`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(c *cobra.Command, _ []string) error {
+			cfg.Env = map[string]string{}
+			for _, kv := range env {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--env %q: want KEY=VALUE", kv)
+				}
+				cfg.Env[k] = v
+			}
+			if detach {
+				var args []string
+				for _, a := range os.Args[1:] {
+					if a != "--detach" {
+						args = append(args, a)
+					}
+				}
+				return envd.Detach(args)
+			}
+			return envd.ListenAndServe(addr, envd.New(cfg))
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", fmt.Sprintf(":%d", envd.Port), "where to listen (inside the sandbox)")
+	f.StringVar(&cfg.DefaultUser, "user", "", "who commands run as and files belong to when a call names no user (default root)")
+	f.StringVar(&cfg.DefaultWorkdir, "workdir", "", "a command's directory when it asks for none (default: the user's home)")
+	f.StringArrayVar(&env, "env", nil, "KEY=VALUE added to every command's environment; repeatable")
+	f.BoolVar(&detach, "detach", false, "start in the background and return once listening")
+	// envd idles in every sandbox that used it, and its heap is part of
+	// the sandbox's memory and of its snapshot: collect early.
+	debug.SetGCPercent(50)
+	cli.Exit(context.Background(), "sandstorm-envd", cmd)
+}

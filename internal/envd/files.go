@@ -1,0 +1,181 @@
+package envd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// download is GET /files?path=&username=: the file's bytes, streamed
+// (http.ServeContent: ranges, no whole-file buffer).
+func (s *Server) download(w http.ResponseWriter, r *http.Request) {
+	acct, err := s.userOf(r.Header, r.URL.Query().Get("username"))
+	if err != nil {
+		httpError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	p, err := acct.resolve(r.URL.Query().Get("path"))
+	if err != nil {
+		httpError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		fileError(w, p, err)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		fileError(w, p, err)
+		return
+	}
+	if st.IsDir() {
+		httpError(w, http.StatusBadRequest, fmt.Sprintf("path '%s' is a directory", p))
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": filepath.Base(p)}))
+	http.ServeContent(w, r, "", st.ModTime(), f)
+}
+
+// uploaded is one entry of POST /files' answer (envd.yaml, EntryInfo).
+type uploaded struct {
+	Path string `json:"path"`
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// upload is POST /files: a multipart form whose "file" parts are written
+// (each to ?path= when one is given, else to the part's filename), or,
+// from envd 0.5.7, an application/octet-stream body written to ?path=.
+// A file is streamed to disk, never held whole in memory; it is written to
+// a temporary name beside it and renamed, so a reader never sees half a
+// file and a failed upload leaves the old one. Parent directories are made
+// as needed, owned by the user, as is the file.
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	acct, err := s.userOf(r.Header, r.URL.Query().Get("username"))
+	if err != nil {
+		httpError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	target := r.URL.Query().Get("path")
+	var out []uploaded
+	write := func(name string, body io.Reader) bool {
+		p, err := acct.resolve(name)
+		if err != nil {
+			httpError(w, http.StatusBadRequest, err.Error())
+			return false
+		}
+		if err := writeFileAs(p, body, acct); err != nil {
+			fileError(w, p, err)
+			return false
+		}
+		out = append(out, uploaded{Path: p, Name: filepath.Base(p), Type: "file"})
+		return true
+	}
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	switch {
+	case mt == "application/octet-stream":
+		if target == "" {
+			httpError(w, http.StatusBadRequest, "an octet-stream upload needs ?path=")
+			return
+		}
+		if !write(target, r.Body) {
+			return
+		}
+	case strings.HasPrefix(mt, "multipart/"):
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				httpError(w, http.StatusBadRequest, "multipart body: "+err.Error())
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			name := target
+			if name == "" {
+				name = part.FileName()
+			}
+			if name == "" {
+				httpError(w, http.StatusBadRequest, "a file part with no filename and no ?path=")
+				return
+			}
+			ok := write(name, part)
+			part.Close()
+			if !ok {
+				return
+			}
+		}
+		if len(out) == 0 {
+			httpError(w, http.StatusBadRequest, `no "file" part in the multipart body`)
+			return
+		}
+	default:
+		httpError(w, http.StatusBadRequest, fmt.Sprintf("Content-Type %q: want multipart/form-data or application/octet-stream", mt))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	writeJSON(w, out)
+}
+
+func writeFileAs(p string, body io.Reader, acct account) error {
+	if st, err := os.Stat(p); err == nil && st.IsDir() {
+		return fmt.Errorf("path '%s' is a directory: %w", p, syscall.EISDIR)
+	}
+	dir := filepath.Dir(p)
+	if err := mkdirAllAs(dir, acct); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(p)+".upload-*")
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(tmp, body)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Lchown(tmp.Name(), int(acct.uid), int(acct.gid))
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), p)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+	}
+	return err
+}
+
+// fileError answers a filesystem error with envd's status for it.
+func fileError(w http.ResponseWriter, p string, err error) {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		httpError(w, http.StatusNotFound, fmt.Sprintf("path '%s' does not exist", p))
+	case errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR):
+		httpError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, fs.ErrPermission):
+		httpError(w, http.StatusForbidden, err.Error())
+	case errors.Is(err, syscall.ENOSPC):
+		httpError(w, http.StatusInsufficientStorage, "not enough disk space available")
+	default:
+		httpError(w, http.StatusInternalServerError, err.Error())
+	}
+}
