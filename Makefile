@@ -13,9 +13,12 @@ RUNSC_VERSION := $(shell sed -n 's/^[[:space:]]*gvisor\.dev\/gvisor \(v[^ ]*\).*
 
 all: build
 
-# All four binaries into bin/: sandstormd, sam-node, sam-box, sam-bench.
+# The binaries into bin/: sandstormd, sam-node, sam-box, sam-bench, and
+# sandstorm-envd, which runs inside sandboxes and so is static (no cgo:
+# a template's rootfs need not have a libc).
 build:
 	$(GO) build -o bin/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/sandstorm-envd ./cmd/sandstorm-envd
 
 # Builds the pinned runsc into bin/runsc unless it is there already at that
 # version (about 1.5 min; the version string is what `runsc --version`

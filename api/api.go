@@ -38,6 +38,23 @@ type Process struct {
 	Args []string `json:"args"`
 	Env  []string `json:"env,omitempty"`
 	Cwd  string   `json:"cwd,omitempty"`
+	// Envd, when set, runs the sandbox's envd (commands and files, the
+	// E2B API) as its init, with the process as its child: then envd and
+	// the commands it runs are in every checkpoint and survive a snapshot.
+	// Without it, envd is started in a sandbox on first use, and its
+	// commands survive a freeze but not a snapshot (gVisor ends what
+	// `runsc exec` started when it restores). docs/ARCHITECTURE.md, "envd".
+	Envd *Envd `json:"envd,omitempty"`
+}
+
+// Envd is how envd runs in a template's sandboxes.
+type Envd struct {
+	// User runs commands and owns files when a call names none ("":
+	// root).
+	User string `json:"user,omitempty"`
+	// Workdir is a command's directory when it asks for none ("": the
+	// user's home).
+	Workdir string `json:"workdir,omitempty"`
 }
 
 // TemplateRequest is the body of POST /v1/templates as JSON, or the form

@@ -21,20 +21,25 @@ import (
 func main() {
 	var cfg envd.Config
 	var addr string
-	var detach bool
+	var detach, initMode bool
 	var env []string
 	cmd := &cobra.Command{
-		Use:   "sandstorm-envd",
+		Use:   "sandstorm-envd [--init -- CMD…]",
 		Short: "The E2B envd API inside a sandbox: processes, files, /files, /health",
 		Long: `sandstorm-envd serves the E2B envd API (version ` + envd.Version + `) on --addr:
 process.Process and filesystem.Filesystem over Connect RPC, GET/POST /files
 and GET /health. It checks no token: run it only where the caller is
 already checked (the node forwards to it only requests carrying the
 sandbox's access token).`,
-		Args:          cobra.NoArgs,
+		Args: func(c *cobra.Command, args []string) error {
+			if !initMode && len(args) > 0 {
+				return fmt.Errorf("arguments %q: only --init runs a process (--init -- CMD…)", args)
+			}
+			return nil
+		},
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE: func(c *cobra.Command, _ []string) error {
+		RunE: func(c *cobra.Command, args []string) error {
 			cfg.Env = map[string]string{}
 			for _, kv := range env {
 				k, v, ok := strings.Cut(kv, "=")
@@ -52,6 +57,9 @@ sandbox's access token).`,
 				}
 				return envd.Detach(args)
 			}
+			if initMode {
+				os.Exit(envd.Init(args, addr, envd.New(cfg)))
+			}
 			return envd.ListenAndServe(addr, envd.New(cfg))
 		},
 	}
@@ -61,6 +69,7 @@ sandbox's access token).`,
 	f.StringVar(&cfg.DefaultWorkdir, "workdir", "", "a command's directory when it asks for none (default: the user's home)")
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE added to every command's environment; repeatable")
 	f.BoolVar(&detach, "detach", false, "start in the background and return once listening")
+	f.BoolVar(&initMode, "init", false, "be the sandbox's init: run the process after -- as a child, pass signals on, reap orphans, exit with its status")
 	// envd idles in every sandbox that used it, and its heap is part of
 	// the sandbox's memory and of its snapshot: collect early.
 	debug.SetGCPercent(50)

@@ -19,7 +19,7 @@ import (
 func sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Manage sandboxes"}
 	addAPIFlag(cmd)
-	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxCloneCmd(), sandboxMoveCmd())
+	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxExecCmd(), sandboxCpCmd(), sandboxCloneCmd(), sandboxMoveCmd())
 	cmd.AddCommand(transitionCmds()...)
 	return cmd
 }

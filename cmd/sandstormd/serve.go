@@ -101,6 +101,7 @@ transitions that were cut short.`,
 	f.StringVar(&o.GatewayBind, "gateway-listen", "127.0.0.1", "address the gateway's per-sandbox-port listeners bind")
 	f.StringVar(&o.HostListen, "gateway-host-listen", "", "also serve every sandbox's HTTP ports on this one address, routed by Host: http://<port>-<sandbox>.<gateway-domain>:<its port>/ (off unless set; e.g. 127.0.0.1:8090)")
 	f.StringVar(&o.HostDomain, "gateway-domain", "sandbox.localhost", "domain of the Host-routed listener's names (under .localhost every name resolves to loopback with no DNS, RFC 6761)")
+	f.StringVar(&o.Envd, "envd", "", "the static envd binary mounted in every sandbox for sandbox exec/cp and the E2B API (default: sandstorm-envd beside sandstormd when it is there; \"none\": off)")
 	f.StringVar(&o.GatewayPorts, "gateway-ports", "20000-29999", "range of gateway ports, one per sandbox port")
 	f.Int64Var(&reserve, "memory-reserve", 256, "MiB of MemAvailable to keep free: a create or wake is admitted only if what starting sandboxes are still to take leaves it; the least-used sandboxes go to disk as it is approached; what cannot fit in time gets 503 (0 disables)")
 	f.Int64Var(&o.SandboxMemory, "sandbox-memory", 1024, "memory limit (MiB) of a sandbox whose template and request set none; every sandbox's limit is enforced by its cgroup, and a starting one counts at it (or at what its template's sandboxes settled at) until it has settled")

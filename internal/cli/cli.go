@@ -61,6 +61,10 @@ func Main(ctx context.Context, name string, root *cobra.Command, stderr io.Write
 	if err == nil {
 		return 0
 	}
+	var st ExitStatus
+	if errors.As(err, &st) {
+		return int(st)
+	}
 	fmt.Fprintln(stderr, name+":", err)
 	var u UsageError
 	if errors.As(err, &u) {
@@ -69,6 +73,12 @@ func Main(ctx context.Context, name string, root *cobra.Command, stderr io.Write
 	}
 	return 1
 }
+
+// ExitStatus is a command's own exit status passed through as the CLI's
+// (sandbox exec), printing nothing.
+type ExitStatus int
+
+func (e ExitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
 // Exit is Main for a main function.
 func Exit(ctx context.Context, name string, root *cobra.Command) {

@@ -63,8 +63,12 @@ type Options struct {
 	// HostListen is the Host-routed gateway listener's address ("": none),
 	// HostDomain the domain its names end in.
 	HostListen, HostDomain string
-	GatewayPorts           string // "20000-29999"
-	MemReserve             int64  // MiB
+	// Envd is the envd binary put in every sandbox for commands and files
+	// ("": sandstorm-envd beside this executable, if it is there; "none":
+	// no commands and files).
+	Envd         string
+	GatewayPorts string // "20000-29999"
+	MemReserve   int64  // MiB
 	// SandboxMemory is the default memory limit of a sandbox, MiB;
 	// DiskReserve the disk (MiB) kept free under the data dir.
 	SandboxMemory, DiskReserve int64
@@ -628,11 +632,18 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 		return nil, stop, err
 	}
 	stops = append(stops, stopSAM)
+	envdBin, err := envdBinary(o.Envd)
+	if err != nil {
+		return nil, stop, err
+	}
+	if envdBin == "" {
+		log.Warn("commands and files in sandboxes are off: no sandstorm-envd beside sandstormd (make build puts it in bin/), and no --envd")
+	}
 	nd, err = node.New(node.Config{
 		Name: o.NodeName, DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
 		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
-		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub,
+		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub, Envd: envdBin,
 	})
 	if err != nil {
 		return nil, stop, err
@@ -716,4 +727,28 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 		log.Info("boundary metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
 	return sam, stop, nil
+}
+
+// envdBinary is the envd binary for flag --envd: "none" for none, a path
+// that must exist, or by default sandstorm-envd beside this executable
+// when it is there.
+func envdBinary(flag string) (string, error) {
+	switch flag {
+	case "none":
+		return "", nil
+	case "":
+		exe, err := os.Executable()
+		if err != nil {
+			return "", nil
+		}
+		p := filepath.Join(filepath.Dir(exe), "sandstorm-envd")
+		if _, err := os.Stat(p); err != nil {
+			return "", nil
+		}
+		return p, nil
+	}
+	if _, err := os.Stat(flag); err != nil {
+		return "", fmt.Errorf("--envd %s: %w (build it with make build, or --envd none for no commands and files)", flag, err)
+	}
+	return flag, nil
 }

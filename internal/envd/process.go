@@ -230,7 +230,15 @@ func (ps *processes) start(acct account, req *pb.StartRequest) (*proc, error) {
 		size := &pty.Winsize{Rows: uint16(req.Pty.GetSize().GetRows()), Cols: uint16(req.Pty.GetSize().GetCols())}
 		// pty.StartWithAttrs makes the command a session leader with the
 		// pty as its controlling terminal (Setsid, Setctty).
-		tty, err := pty.StartWithAttrs(cmd, size, &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: cred})
+		var tty *os.File
+		err := started(func() (int, error) {
+			t, err := pty.StartWithAttrs(cmd, size, &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: cred})
+			if err != nil {
+				return 0, err
+			}
+			tty = t
+			return cmd.Process.Pid, nil
+		})
 		if err != nil {
 			return nil, errBadInput(fmt.Errorf("start %s: %v", c.GetCmd(), err))
 		}
@@ -260,7 +268,12 @@ func (ps *processes) start(acct account, req *pb.StartRequest) (*proc, error) {
 			}
 			p.stdin = w
 		}
-		err = cmd.Start()
+		err = started(func() (int, error) {
+			if err := cmd.Start(); err != nil {
+				return 0, err
+			}
+			return cmd.Process.Pid, nil
+		})
 		outW.Close()
 		errW.Close()
 		if err != nil {
@@ -289,6 +302,7 @@ func (ps *processes) run(p *proc, outs []*os.File) {
 		}()
 	}
 	err := p.cmd.Wait()
+	waited(int(p.pid))
 	// Read what is left, for at most drain: a read of buffered output
 	// returns at once, and the deadline ends a read that would wait.
 	for _, f := range outs {

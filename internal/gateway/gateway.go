@@ -483,7 +483,7 @@ func (g *Gateway) dial(target netip.AddrPort) (net.Conn, error) {
 	deadline := start.Add(g.cfg.Ready)
 	d := net.Dialer{Timeout: 2 * time.Second}
 	if g.cfg.Mark != 0 {
-		d.Control = markSocket(g.cfg.Mark)
+		d.Control = MarkSocket(g.cfg.Mark)
 	}
 	for {
 		c, err := d.Dial("tcp", target.String())
@@ -501,11 +501,12 @@ func (g *Gateway) dial(target netip.AddrPort) (net.Conn, error) {
 	}
 }
 
-// markSocket returns a dialer Control that sets SO_MARK to mark before the
+// MarkSocket returns a dialer Control that sets SO_MARK to mark before the
 // socket connects. A host process dialling a sandbox's address directly
 // would leave an established endpoint the gateway cannot reset, and gVisor's
-// checkpoint fails on it; the firewall therefore admits only marked ones.
-func markSocket(mark int) func(_, _ string, rc syscall.RawConn) error {
+// checkpoint fails on it; the firewall therefore admits only marked ones:
+// the gateway's, and the node's calls to envd (internal/node/envd.go).
+func MarkSocket(mark int) func(_, _ string, rc syscall.RawConn) error {
 	return func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		err := rc.Control(func(fd uintptr) {

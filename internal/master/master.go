@@ -6,6 +6,7 @@ package master
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -80,6 +81,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/clone", s.clone)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/move", s.move)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
+	mux.HandleFunc("/v1/sandboxes/{id}/envd/{path...}", s.envd)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
 	mux.HandleFunc("POST /v1/nodes", s.pairNode)
@@ -583,6 +585,36 @@ func (s *server) logs(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Log.Warn("logs", "id", sb.ID, "err", err)
 	}
 }
+
+// envd serves /v1/sandboxes/{id}/envd/{path}: the E2B envd API of the
+// sandbox (commands and files; docs/API.md), forwarded to its node, which
+// wakes it and starts envd in it. It runs commands in the sandbox, so the
+// API token is needed, never a console session (which only reads). That
+// token is the master's: it is not forwarded into the sandbox. The user
+// a call acts as comes in X-Sandstorm-User and goes to envd as the SDK
+// sends it (Authorization: Basic "<user>:").
+func (s *server) envd(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") == "" {
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "commands and files need the API token (Authorization: Bearer <token>), not a console session"))
+		return
+	}
+	n, sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	r.Header.Del("Authorization")
+	if u := r.Header.Get(EnvdUserHeader); u != "" {
+		r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(u+":")))
+		r.Header.Del(EnvdUserHeader)
+	}
+	if err := n.ServeEnvd(w, r, sb.ID, "/"+r.PathValue("path")); err != nil {
+		s.fail(w, r, err)
+	}
+}
+
+// EnvdUserHeader names the user an envd call through the API acts as.
+const EnvdUserHeader = "X-Sandstorm-User"
 
 // listNodes serves GET /v1/nodes: every node of the fleet with its
 // headroom, or "lost" (and why) for one that does not answer.

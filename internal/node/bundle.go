@@ -123,7 +123,7 @@ func PrepareBundle(dir string, t store.Template, limitMiB int64, hostname, netns
 	if err := l.mountRootfs(t.Rootfs); err != nil {
 		return "", err
 	}
-	if err := l.writeSpec(t, limitMiB, hostname, netnsPath); err != nil {
+	if err := l.writeSpec(t, limitMiB, hostname, netnsPath, ""); err != nil {
 		l.unmountRootfs()
 		return "", err
 	}
@@ -138,8 +138,10 @@ func ReleaseBundle(dir string) error { return layout(dir).unmountRootfs() }
 // joining the sandbox's network namespace at netnsPath, with a memory
 // limit of limitMiB (runsc sets it on the sandbox's cgroup and reports it
 // to the sandbox as its total memory) and a high OOM score, so that the
-// kernel's OOM killer takes a sandbox before anything of the node's.
-func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath string) error {
+// kernel's OOM killer takes a sandbox before anything of the node's. With
+// envdDir, that host directory (holding only the envd binary) is mounted
+// read-only at /.sandstorm (envd.go).
+func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath, envdDir string) error {
 	env := t.Process.Env
 	if !hasEnv(env, "PATH") {
 		env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
@@ -165,6 +167,15 @@ func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath 
 		Linux: &specs.Linux{
 			Namespaces: gvisor.Namespaces(netnsPath),
 		},
+	}
+	if envdDir != "" {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: envdMount, Type: "bind", Source: envdDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	if e := t.Process.Envd; e != nil {
+		if envdDir == "" {
+			return fmt.Errorf("template %s runs envd as its init (process.envd), and this node has no envd (--envd none, or no sandstorm-envd beside sandstormd)", t.Name)
+		}
+		s.Process.Args = envdInitArgs(*e, t.Process.Args)
 	}
 	oom := SandboxOOMScoreAdj
 	s.Process.OOMScoreAdj = &oom

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -103,6 +104,9 @@ type Config struct {
 	// Events receives what happens to the node's sandboxes (the
 	// console's live view); nil: nobody watches.
 	Events *events.Hub
+	// Envd is the envd binary (cmd/sandstorm-envd, static) put in every
+	// sandbox for the commands and files API (envd.go); "" disables it.
+	Envd string
 }
 
 // Node runs the sandboxes of one machine.
@@ -134,6 +138,10 @@ type Node struct {
 
 	bmu        sync.Mutex
 	boundaries map[string]*boundary.Boundary
+
+	// envdTr is the transport to the sandboxes' envds (envd.go).
+	envdOnce sync.Once
+	envdTr   *http.Transport
 
 	// adm is the node's admission: memory promises, disk, descriptors.
 	adm *admission.Admission
@@ -167,6 +175,12 @@ type entry struct {
 
 	mu     sync.Mutex
 	waking *wakeCall
+
+	// envd: its start is serialised, and the calls forwarded to it are
+	// counted (they keep the sandbox busy) and can be cut (envd.go).
+	envdMu    sync.Mutex
+	envdCalls atomic.Int32
+	envdCuts  sync.Map // *int → context.CancelFunc
 }
 
 type wakeCall struct {
@@ -245,6 +259,9 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.fence.gen = fg
+	if err := n.installEnvd(); err != nil {
+		return nil, err
+	}
 	if st, err := logstamp.New(); err == nil {
 		n.stamps = st
 	} else {
@@ -623,6 +640,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	if err := n.begin(sb.ID, transitionDelete); err != nil {
 		return err
 	}
+	n.cutEnvd(sb.ID)
 	n.gw.Close(sb.ID)
 	e := n.entry(sb.ID)
 	// A transition holding the lock (a checkpoint, a wake) finishes first;
@@ -781,7 +799,8 @@ func (n *Node) views() []tier.View {
 	for _, e := range es {
 		// Open but quiet connections do not keep a sandbox hot: freezing
 		// keeps them, and their next byte thaws it (gateway.copy).
-		busy := len(e.lock) > 0
+		// A call forwarded to envd (a command someone waits on) does.
+		busy := len(e.lock) > 0 || e.envdCalls.Load() > 0
 		out = append(out, tier.View{
 			ID: e.id, Tier: e.getTier(), Busy: busy,
 			LastActive: time.UnixMilli(e.lastActive.Load()),

@@ -63,7 +63,7 @@ func (n *Node) layOut(sb store.Sandbox, t store.Template) error {
 	if err := d.writeResolvConf(nw.Host.Addr()); err != nil {
 		return err
 	}
-	return d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path())
+	return d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path(), n.envdDir())
 }
 
 // Wake brings sandbox id to hot from any tier (gateway.Waker). Concurrent
@@ -369,6 +369,7 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) error {
 	bg := context.Background()
 	release := n.gw.Drain(sb.ID)
 	defer release()
+	n.cutEnvd(sb.ID)
 	// Its outbound flows too: the boundary resets them and stops taking
 	// new ones until the sandbox runs again.
 	n.boundaryDown(sb.ID)
@@ -455,6 +456,7 @@ func (n *Node) Detach(ctx context.Context, id string) (store.Sandbox, error) {
 		}
 		release := n.gw.Drain(sb.ID)
 		defer release()
+		n.cutEnvd(sb.ID)
 		if err := n.teardown(context.Background(), sb, false); err != nil {
 			return err
 		}

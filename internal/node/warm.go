@@ -138,7 +138,7 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	if err := netns.Create(nw); err != nil {
 		return err
 	}
-	if err := l.writeSpec(t, n.LimitMiB(t, 0), t.Name, nw.Path()); err != nil {
+	if err := l.writeSpec(t, n.LimitMiB(t, 0), t.Name, nw.Path(), n.envdDir()); err != nil {
 		return err
 	}
 	start := time.Now()

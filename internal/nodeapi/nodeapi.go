@@ -12,6 +12,7 @@ package nodeapi
 import (
 	"context"
 	"io"
+	"net/http"
 
 	"sandstorm/api"
 )
@@ -55,6 +56,11 @@ type Node interface {
 	// every change as it commits it, and a heartbeat; until ctx ends,
 	// send fails or the node is gone.
 	Watch(ctx context.Context, send func(Report) error) error
+	// ServeEnvd forwards r to the envd of sandbox id (the E2B API for
+	// commands and files inside it) as a call of path, waking the sandbox
+	// first, and streams the answer to w. It returns an error only when it
+	// wrote nothing, for the caller to answer with.
+	ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error
 	// Fence tells the node which of its sandboxes are its master's
 	// (node.Fence: the rule is there); it returns those it retired.
 	Fence(ctx context.Context, req FenceRequest) (FenceResult, error)

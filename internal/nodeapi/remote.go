@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
@@ -123,6 +124,15 @@ func Server(n Node) http.Handler {
 		}
 		res, err := n.Fence(r.Context(), req)
 		return reply(w, http.StatusOK, res, err)
+	})
+	mux.HandleFunc("/node/v1/sandboxes/{id}/envd/{path...}", func(w http.ResponseWriter, r *http.Request) {
+		if err := pastDeadline(r); err != nil {
+			writeError(w, err)
+			return
+		}
+		if err := n.ServeEnvd(w, r, r.PathValue("id"), "/"+r.PathValue("path")); err != nil {
+			writeError(w, err)
+		}
 	})
 	h("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
 		return serveWatch(n, w, r)
@@ -402,6 +412,34 @@ func (c *Client) Clone(ctx context.Context, id string, req CloneRequest) (api.Cl
 		return p.Result, errdefs.FromWire(http.StatusMultiStatus, p.Error)
 	}
 	return api.CloneResult{}, readError(resp)
+}
+
+// ServeEnvd implements Node: the call is forwarded to the node's
+// /node/v1/sandboxes/{id}/envd/{path}, streamed both ways, on the
+// connection the node's calls ride (mutual TLS, or its tunnel).
+func (c *Client) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	base, err := url.Parse(c.Base)
+	if err != nil {
+		return err
+	}
+	var failed error
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = base.Scheme
+			pr.Out.URL.Host = base.Host
+			pr.Out.URL.Path = "/node/v1/sandboxes/" + url.PathEscape(id) + "/envd" + path
+			pr.Out.URL.RawPath = ""
+			pr.Out.Host = base.Host
+		},
+		Transport:     c.stream().Transport,
+		FlushInterval: -1,
+		ErrorHandler:  func(_ http.ResponseWriter, _ *http.Request, err error) { failed = err },
+	}
+	proxy.ServeHTTP(w, r)
+	if failed != nil && r.Context().Err() == nil {
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, failed))
+	}
+	return nil
 }
 
 // Logs implements Node.

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -137,6 +138,21 @@ func (f *fake) Logs(ctx context.Context, id string, opt LogOptions, w io.Writer)
 			}
 		}
 	}
+}
+
+// ServeEnvd answers as envd would: an unknown sandbox before anything is
+// written, else the call it got (method, path, a header, the body) as a
+// stream of two flushed lines.
+func (f *fake) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	if _, err := f.Get(r.Context(), id); err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/connect+json")
+	fmt.Fprintf(w, "%s %s %s\n", r.Method, path, r.Header.Get("Connect-Protocol-Version"))
+	w.(http.Flusher).Flush()
+	fmt.Fprintf(w, "%s\n", body)
+	return nil
 }
 func (f *fake) Status(context.Context) (api.NodeStatus, error) {
 	return api.NodeStatus{Name: "fake", Backend: "gvisor", MemAvailableMiB: 1234, MemReserveMiB: 256, Sandboxes: map[api.Tier]int{api.TierHot: len(f.boxes)}}, nil
@@ -489,5 +505,36 @@ func TestLateCallIsRefused(t *testing.T) {
 	defer cancel2()
 	if _, err := c.Create(soon, CreateRequest{Template: api.Template{Name: "t"}, Name: "ontime"}); err != nil {
 		t.Errorf("a create within its deadline: %v", err)
+	}
+}
+
+// TestEnvdIsForwarded: a call for a sandbox's envd reaches the node's
+// end as it was sent (method, path, headers, body) and its streamed
+// answer comes back; one for a sandbox the node does not have is a 404
+// of the error table.
+func TestEnvdIsForwarded(t *testing.T) {
+	f := newFake()
+	f.templates["web"] = api.Template{Name: "web"}
+	if _, err := f.Create(context.Background(), CreateRequest{Name: "a", Template: api.Template{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	c, _, _ := pair(t, f)
+	serve := func(id string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/ignored", strings.NewReader(`{"process":{}}`))
+		req.Header.Set("Connect-Protocol-Version", "1")
+		rec := httptest.NewRecorder()
+		if err := c.ServeEnvd(rec, req, id, "/process.Process/Start"); err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	rec := serve("id-a")
+	if want := "POST /process.Process/Start 1\n{\"process\":{}}\n"; rec.Code != http.StatusOK || rec.Body.String() != want {
+		t.Errorf("forwarded call: %d %q, want %q", rec.Code, rec.Body.String(), want)
+	}
+	rec = serve("id-nope")
+	var e api.Error
+	if json.Unmarshal(rec.Body.Bytes(), &e); rec.Code != http.StatusNotFound || e.Code != api.CodeNotFound {
+		t.Errorf("unknown sandbox: %d %s, want 404 not_found", rec.Code, rec.Body.String())
 	}
 }

@@ -11,7 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"time"
+
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
@@ -20,7 +23,6 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
-	"time"
 )
 
 // Local is the node in the master's own process. It speaks store rows and
@@ -233,6 +235,11 @@ func (l *Local) wire(sb store.Sandbox) api.Sandbox {
 		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
 		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, LeftBehind: sb.LeftBehind,
 	}
+}
+
+// ServeEnvd implements nodeapi.Node.
+func (l *Local) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	return l.N.ServeEnvd(w, r, id, path)
 }
 
 // Fence implements nodeapi.Node.

@@ -76,6 +76,8 @@ func run(m *testing.M) int {
 	agentRootfs = filepath.Join(workDir, "agentfs")
 	for _, b := range []struct{ out, pkg string }{
 		{samNodeBin, "sandstorm/cmd/sam-node"},
+		// Beside sandstormd, where it finds envd by default.
+		{filepath.Join(workDir, "sandstorm-envd"), "sandstorm/cmd/sandstorm-envd"},
 		{filepath.Join(agentRootfs, "agent"), "sandstorm/test/agent"},
 	} {
 		build := exec.Command("go", "build", "-o", b.out, b.pkg)

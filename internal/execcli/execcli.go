@@ -1,0 +1,94 @@
+// Package execcli runs one command in a sandbox through its envd for a
+// person at a terminal (sandstormd sandbox exec): the start, the output
+// streamed to stdout and stderr, stdin sent as it is read, and the exit
+// status back. It is the E2B SDK's commands.run, in Go.
+package execcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"connectrpc.com/connect"
+
+	"sandstorm/internal/client"
+	pb "sandstorm/third_party/envd/process"
+)
+
+// Options are what to run and how.
+type Options struct {
+	Cmd  string
+	Args []string
+	Env  map[string]string
+	Cwd  string
+	User string
+	// Stdin: send In to the command, closing its stdin at In's EOF.
+	Stdin bool
+	In    io.Reader
+}
+
+// Run runs o's command in e's sandbox and returns its exit status (-1
+// when a signal ended it), writing its output to stdout and stderr.
+func Run(ctx context.Context, e *client.Envd, o Options, stdout, stderr io.Writer) (int, error) {
+	cfg := &pb.ProcessConfig{Cmd: o.Cmd, Args: o.Args, Envs: o.Env}
+	if o.Cwd != "" {
+		cfg.Cwd = &o.Cwd
+	}
+	stdin := o.Stdin
+	st, err := e.Process.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: cfg, Stdin: &stdin}))
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	for st.Receive() {
+		switch ev := st.Msg().GetEvent().GetEvent().(type) {
+		case *pb.ProcessEvent_Start:
+			if o.Stdin && o.In != nil {
+				go sendInput(ctx, e, ev.Start.GetPid(), o.In)
+			}
+		case *pb.ProcessEvent_Data:
+			if b := ev.Data.GetStdout(); len(b) > 0 {
+				stdout.Write(b)
+			}
+			if b := ev.Data.GetPty(); len(b) > 0 {
+				stdout.Write(b)
+			}
+			if b := ev.Data.GetStderr(); len(b) > 0 {
+				stderr.Write(b)
+			}
+		case *pb.ProcessEvent_End:
+			if ev.End.GetError() != "" {
+				return -1, errors.New(ev.End.GetError())
+			}
+			if !ev.End.GetExited() {
+				fmt.Fprintf(stderr, "%s\n", ev.End.GetStatus())
+				return 128 + 9, nil
+			}
+			return int(ev.End.GetExitCode()), nil
+		}
+	}
+	if err := st.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("the command's stream ended without its end (the sandbox was snapshotted or the node restarted mid-command?): it may still be running; see the process list")
+}
+
+// sendInput sends what in yields to the command's stdin, then closes it.
+func sendInput(ctx context.Context, e *client.Envd, pid uint32, in io.Reader) {
+	sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: pid}}
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := in.Read(buf)
+		if n > 0 {
+			data := append([]byte(nil), buf[:n]...)
+			if _, serr := e.Process.SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel, Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: data}}})); serr != nil {
+				return
+			}
+		}
+		if err != nil {
+			e.Process.CloseStdin(ctx, connect.NewRequest(&pb.CloseStdinRequest{Process: sel}))
+			return
+		}
+	}
+}

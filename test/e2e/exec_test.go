@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"sandstorm/api"
+	"sandstorm/internal/client"
+	"sandstorm/internal/testenv"
+	pb "sandstorm/third_party/envd/process"
+)
+
+// py is the web demo's Python (the demo rootfs has no shell).
+const py = "/usr/bin/python3"
+
+// TestExecAndFiles: commands and files in a real gVisor sandbox through the
+// CLI and the API — output, exit status, stdin, user, files both ways —
+// and the rules around them: a command in a sandbox that is snapshotted
+// wakes it, a command left running is in the sandbox's memory through a
+// snapshot and is reconnected to after the wake, paths name the sandbox's
+// files and never the host's, a command reaches nothing its sandbox may
+// not, and another sandbox cannot reach envd.
+func TestExecAndFiles(t *testing.T) {
+	d := startDaemon(t)
+	d.registerWeb(t, "web")
+	sb := d.create(t, "web", "ex")
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+
+	r := cli(t, env, "sandbox", "exec", "ex", "--env", "GREETING=hi", "--cwd", "/tmp", "--",
+		py, "-c", "import os,sys; print(os.environ['GREETING'], os.getuid(), os.getcwd()); sys.stderr.write('to stderr\\n'); sys.exit(3)")
+	if r.Code != 3 || r.Stdout != "hi 0 /tmp\n" || r.Stderr != "to stderr\n" {
+		t.Fatalf("exec: exit %d stdout %q stderr %q; want 3, %q, %q", r.Code, r.Stdout, r.Stderr, "hi 0 /tmp\n", "to stderr\n")
+	}
+	r = cli(t, env, "sandbox", "exec", "ex", "--user", "nobody", "--", py, "-c", "import os; print(os.getuid())")
+	r.ok(t, "exec as nobody", `^65534\n$`)
+	in := exec.Command(sandstormdBin, "sandbox", "exec", "ex", "-i", "--", py, "-c", "import sys; print(sys.stdin.read().upper(), end='')")
+	in.Env = append(os.Environ(), env...)
+	in.Stdin = strings.NewReader("through stdin")
+	if out, err := in.Output(); err != nil || string(out) != "THROUGH STDIN" {
+		t.Errorf("exec -i: %q %v", out, err)
+	}
+	cli(t, env, "sandbox", "exec", "nosuch", "--", py).fails(t, "exec in no sandbox", "not found")
+	r = cli(t, env, "sandbox", "exec", "ex", "--", "/no/such/binary")
+	if r.Code != 1 || !strings.Contains(r.Stderr, "/no/such/binary") {
+		t.Errorf("exec of a missing binary: exit %d stderr %q", r.Code, r.Stderr)
+	}
+
+	// Files, both ways, 4 MiB of random bytes.
+	data := make([]byte, 4<<20)
+	rand.Read(data)
+	local := filepath.Join(t.TempDir(), "data.bin")
+	os.WriteFile(local, data, 0o644)
+	cli(t, env, "sandbox", "cp", local, "ex:/work/in/data.bin").ok(t, "cp in")
+	back := filepath.Join(t.TempDir(), "back.bin")
+	cli(t, env, "sandbox", "cp", "ex:/work/in/data.bin", back).ok(t, "cp out")
+	if got, _ := os.ReadFile(back); !bytes.Equal(got, data) {
+		t.Errorf("the file came back different (%d bytes, want %d)", len(got), len(data))
+	}
+	r = cli(t, env, "sandbox", "exec", "ex", "--", py, "-c", "import hashlib; print(len(open('/work/in/data.bin','rb').read()))")
+	r.ok(t, "the sandbox sees the copied file", fmt.Sprintf(`^%d\n$`, len(data)))
+
+	// Paths are the sandbox's: .., an absolute path and a symlink out all
+	// name its own files. Its /etc/passwd is the demo's, not the host's.
+	hostPasswd, _ := os.ReadFile("/etc/passwd")
+	cli(t, env, "sandbox", "exec", "ex", "--", py, "-c", "import os; os.symlink('/etc', '/tmp/etc-link')").ok(t, "make a symlink")
+	for _, p := range []string{"/etc/passwd", "../../../../etc/passwd", "/tmp/etc-link/passwd", "/tmp/../../etc/passwd"} {
+		r := cli(t, env, "sandbox", "cp", "ex:"+p, "-")
+		r.ok(t, "cp out "+p, `nobody:x:65534`)
+		if r.Stdout == string(hostPasswd) || !strings.HasPrefix(r.Stdout, "root:x:0:0:root:/root:/bin/sh\n") {
+			t.Errorf("%s read %q: not the sandbox's own /etc/passwd", p, r.Stdout)
+		}
+	}
+
+	// A command reaches nothing its sandbox may not: the node's own
+	// address (the host side of its veth), here the API's port.
+	port := strings.TrimPrefix(d.API[strings.LastIndex(d.API, ":"):], ":")
+	sbAddr := netip.MustParseAddr(sb.Address)
+	host := sbAddr.Prev().String() // the host side of its /30 (netns)
+	r = cli(t, env, "sandbox", "exec", "ex", "--", py, "-c", fmt.Sprintf(
+		"import socket; s=socket.socket(); s.settimeout(3)\ntry:\n s.connect(('%s', %s)); print('CONNECTED')\nexcept Exception as e: print('refused', type(e).__name__)", host, port))
+	if r.Code != 0 || strings.Contains(r.Stdout, "CONNECTED") {
+		t.Errorf("a command reached the node at %s:%s: exit %d %q %q", host, port, r.Code, r.Stdout, r.Stderr)
+	}
+
+	// Another sandbox cannot reach this one's envd.
+	other := d.create(t, "web", "other")
+	r = cli(t, env, "sandbox", "exec", "other", "--", py, "-c", fmt.Sprintf(
+		"import socket; s=socket.socket(); s.settimeout(3)\ntry:\n s.connect(('%s', 49983)); print('CONNECTED')\nexcept Exception as e: print('refused', type(e).__name__)", sb.Address))
+	if r.Code != 0 || strings.Contains(r.Stdout, "CONNECTED") {
+		t.Errorf("sandbox %s reached the envd of %s: exit %d %q %q", other.Name, sb.Name, r.Code, r.Stdout, r.Stderr)
+	}
+
+	// In a sandbox whose envd was started on first use (runsc exec), a
+	// command survives a freeze but not a snapshot: gVisor ends what
+	// runsc exec started at a restore. envd itself comes back.
+	counter := &pb.ProcessConfig{Cmd: py, Args: []string{"-u", "-c", "import time\nn=0\nwhile True:\n n+=1; print(n); time.sleep(0.05)"}}
+	pid, last := startCounter(t, d.C.Envd("ex", ""), counter, "early")
+	d.transition(t, sb.ID, "freeze", api.TierFrozen)
+	if next := connectCounter(t, d.C.Envd("ex", ""), "early"); next <= last {
+		t.Errorf("after a freeze the command printed %d, had printed %d", next, last)
+	}
+	d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
+	if l, err := d.C.Envd("ex", "").Process.List(context.Background(), connect.NewRequest(&pb.ListRequest{})); err != nil || len(l.Msg.Processes) != 0 {
+		t.Errorf("after a snapshot of a sandbox whose envd was exec'd: %v %v, want envd back with no commands", l, err)
+	}
+	_ = pid
+
+	// A template that runs envd as its init: its commands are in every
+	// checkpoint. A command left running is reconnected to after the
+	// wake from a snapshot, its memory kept: it counts on from where it
+	// was.
+	tp := api.TemplateRequest{Name: "webi", RootfsDir: webRootfs, Process: api.Process{Args: webDemo.Args, Env: webDemo.Env, Envd: &api.Envd{}}, Ports: webDemo.Ports}
+	if _, err := d.C.CreateTemplate(ctxT(t), tp); err != nil {
+		t.Fatal(err)
+	}
+	sb = d.create(t, "webi", "init")
+	expectCount(t, endpoint(t, sb), 1, "the template's process, under envd")
+	e := d.C.Envd("init", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tag := "counter"
+	pid, last = startCounter(t, e, counter, tag)
+	d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
+	l, err := e.Process.List(ctx, connect.NewRequest(&pb.ListRequest{}))
+	if err != nil {
+		t.Fatalf("list after the snapshot: %v", err)
+	}
+	if got := d.get(t, sb.ID); got.Tier != api.TierHot || got.LastWakeFrom != api.TierSnapshot {
+		t.Errorf("after an envd call: tier %s woken from %q, want hot from snapshot", got.Tier, got.LastWakeFrom)
+	}
+	found := false
+	for _, p := range l.Msg.Processes {
+		found = found || (p.Pid == pid && p.GetTag() == tag)
+	}
+	if !found {
+		t.Fatalf("the running command (pid %d) is not listed after the wake: %v", pid, l.Msg.Processes)
+	}
+	if next := connectCounter(t, e, tag); next <= last {
+		t.Errorf("after the wake the command printed %d, had printed %d: not the same process counting on", next, last)
+	}
+	expectCount(t, endpoint(t, sb), 2, "the template's process, its memory kept")
+	if _, err := e.Process.SendSignal(ctx, connect.NewRequest(&pb.SendSignalRequest{Process: &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: pid}}, Signal: pb.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := e.Process.List(ctx, connect.NewRequest(&pb.ListRequest{})); len(l.Msg.Processes) != 0 {
+		// The kill's end reaches envd's table a moment later.
+		testenv.WaitFor(t, 10*time.Second, "the killed command gone from the list", func() bool {
+			l, err := e.Process.List(ctx, connect.NewRequest(&pb.ListRequest{}))
+			return err == nil && len(l.Msg.Processes) == 0
+		})
+	}
+
+	// A command in a detached sandbox cold-starts it, and envd with it.
+	d.transition(t, sb.ID, "detach", api.TierDetached)
+	cli(t, env, "sandbox", "cp", local, "init:/work/in/data.bin").ok(t, "cp in")
+	d.transition(t, sb.ID, "detach", api.TierDetached)
+	cli(t, env, "sandbox", "exec", "init", "--", py, "-c", "print(open('/work/in/data.bin','rb').read(3) != b'')").ok(t, "exec after a detach (its volume kept)", `^True\n$`)
+	if got := d.get(t, sb.ID); got.LastWakeFrom != api.TierDetached {
+		t.Errorf("after exec in a detached sandbox: woken from %q", got.LastWakeFrom)
+	}
+}
+
+func lastLine(s string) string {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return ""
+	}
+	return f[len(f)-1]
+}
+
+func firstLine(s string) string {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
+// startCounter starts cfg (a counter printing 1, 2, … a line at a time)
+// with tag, reads until it has printed 5, and leaves it running with no
+// stream attached; it returns its PID and the last number read.
+func startCounter(t *testing.T, e *client.Envd, cfg *pb.ProcessConfig, tag string) (uint32, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := e.Process.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: cfg, Tag: &tag}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() || st.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("start: %v", st.Err())
+	}
+	pid := st.Msg().GetEvent().GetStart().GetPid()
+	last := 0
+	for last < 5 && st.Receive() {
+		fmt.Sscan(lastLine(string(st.Msg().GetEvent().GetData().GetStdout())), &last)
+	}
+	if last < 5 {
+		t.Fatalf("the counter printed %d: %v", last, st.Err())
+	}
+	return pid, last
+}
+
+// connectCounter attaches to the counter tagged tag and returns the
+// first number it prints.
+func connectCounter(t *testing.T, e *client.Envd, tag string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs, err := e.Process.Connect(ctx, connect.NewRequest(&pb.ConnectRequest{Process: &pb.ProcessSelector{Selector: &pb.ProcessSelector_Tag{Tag: tag}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	next := 0
+	for next == 0 && cs.Receive() {
+		fmt.Sscan(firstLine(string(cs.Msg().GetEvent().GetData().GetStdout())), &next)
+	}
+	if next == 0 {
+		t.Fatalf("connect to %s: no output (%v)", tag, cs.Err())
+	}
+	return next
+}
