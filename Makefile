@@ -44,6 +44,7 @@ deps: runsc
 	@# MCP server is installed with it.
 	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
 	@[ -d testdata/mcp/node_modules ] || npm ci --prefix testdata/mcp --no-audit --no-fund
+	@[ -d testdata/e2b/node_modules ] || npm ci --prefix testdata/e2b --no-audit --no-fund
 
 demo: deps build
 	./scripts/demo.sh

@@ -288,3 +288,18 @@ type NodeStatus struct {
 	// Error says why a lost node is lost.
 	Error string `json:"error,omitempty"`
 }
+
+// APIKeyRequest is the body of POST /v1/api-keys.
+type APIKeyRequest struct {
+	Team string `json:"team"`
+}
+
+// APIKey is a team's API key as listed: never the key itself, which is
+// in Key only in the answer to its creation (it is kept as a hash).
+type APIKey struct {
+	ID        string    `json:"id"`
+	Team      string    `json:"team"`
+	Last4     string    `json:"last4"`
+	CreatedAt time.Time `json:"created_at"`
+	Key       string    `json:"key,omitempty"`
+}

@@ -100,7 +100,10 @@ func templateCreateCmd() *cobra.Command {
 
 // templateDemoCmd is "template demo".
 func templateDemoCmd() *cobra.Command {
-	var demoDir string
+	var (
+		demoDir string
+		cold    bool
+	)
 	demoC := &cobra.Command{
 		Use:   "demo NAME",
 		Short: "Build a demo rootfs from this machine's Debian packages and register it (" + strings.Join(demo.Names(), ", ") + ")",
@@ -109,6 +112,11 @@ func templateDemoCmd() *cobra.Command {
   app64  the same server after importing numpy and filling a 64 MiB heap
   node   the same counting server in Node.js (only /usr/bin/node is copied)
   nginx  nginx answering "count=<connection number>" on port 8000
+  base   the E2B SDK's default template: Debian with bash, coreutils, python3
+         and pip, sudo, and a user "user" (uid 1000, home /home/user) who
+         may sudo without a password; envd is its sandboxes' init and runs
+         commands as user; no port; warm (probed on envd's /health, one
+         sandbox kept ready per node) unless --cold. Build it as root.
 The rootfs goes to <data-dir>/demo/NAME unless --dir says otherwise. Needed
 packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		Args: cobra.ExactArgs(1),
@@ -139,15 +147,26 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "built %s rootfs in %s (%.1fs)\n", name, dir, time.Since(start).Seconds())
-			t, err := c.CreateTemplate(cmd.Context(), api.TemplateRequest{Name: name, RootfsDir: dir, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports})
+			req := api.TemplateRequest{Name: name, RootfsDir: dir, Process: api.Process{Args: d.Args, Env: d.Env, Envd: d.Envd}, Ports: d.Ports}
+			if !cold {
+				req.Warm = d.Warm
+			}
+			if req.Warm != nil {
+				fmt.Fprintf(os.Stderr, "starting %s once to make its warm image (it waits for the probe)…\n", name)
+			}
+			t, err := c.CreateTemplate(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
 			fmt.Printf("template %s registered (rootfs %s, port %v)\n", t.Name, t.Rootfs, t.Ports)
+			if t.Warm != nil {
+				fmt.Printf("its warm image is made; %d sandbox(es) kept ready (a create without --name takes one)\n", t.Warm.Pool)
+			}
 			return nil
 		}),
 	}
 	demoC.Flags().StringVar(&demoDir, "dir", "", "where to build the rootfs (default <data-dir>/demo/NAME)")
+	demoC.Flags().BoolVar(&cold, "cold", false, "register a warm demo (base) without its warm image: each sandbox starts cold (needed where the backend cannot checkpoint)")
 	return demoC
 }
 

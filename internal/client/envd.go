@@ -119,3 +119,23 @@ func envdError(resp *http.Response) error {
 	json.Unmarshal(body.Code, &e.Code) // a string for the master's; envd's is its status
 	return errdefs.FromWire(resp.StatusCode, e)
 }
+
+// CreateAPIKey makes an API key for team; the answer holds the key, which
+// is shown this once.
+func (c *Client) CreateAPIKey(ctx context.Context, team string) (api.APIKey, error) {
+	var k api.APIKey
+	err := c.Do(ctx, http.MethodPost, "/v1/api-keys", api.APIKeyRequest{Team: team}, &k)
+	return k, err
+}
+
+// APIKeys lists the API keys (never the keys themselves).
+func (c *Client) APIKeys(ctx context.Context) ([]api.APIKey, error) {
+	var l api.List[api.APIKey]
+	err := c.Do(ctx, http.MethodGet, "/v1/api-keys", nil, &l)
+	return l.Items, err
+}
+
+// DeleteAPIKey revokes API key id.
+func (c *Client) DeleteAPIKey(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/api-keys/"+url.PathEscape(id), nil, nil)
+}

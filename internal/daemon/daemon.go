@@ -28,6 +28,7 @@ import (
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/console"
 	"sandstorm/internal/dialguard"
+	"sandstorm/internal/e2b"
 	"sandstorm/internal/enrol"
 	"sandstorm/internal/events"
 	"sandstorm/internal/fleet"
@@ -369,7 +370,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 	if err != nil {
 		return fmt.Errorf("CA: %w", err)
 	}
-	tlsCfg, err := apiTLS(ca, o.Listen)
+	tlsCfg, err := apiTLS(ca, o.Listen, o.HostDomain)
 	if err != nil {
 		return err
 	}
@@ -443,9 +444,15 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 			return err
 		}
 	}
+	// The E2B API; each sandbox's envd token is an HMAC of its ID keyed
+	// by the API token, which the masters of one database share.
+	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
+	go svc.Run(ctx) // ends sandboxes at their timeout
 	api := master.Handler(master.Config{
 		Store: st, Fleet: fl, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
-		Console: &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
+		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
+		E2B:            svc.API(),
+		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,
 	})
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
@@ -479,8 +486,14 @@ func apiToken(ctx context.Context, st *store.Store, dataDir string) (string, err
 // (GET /v1/nodes/tunnel); they say so in ALPN (RFC 7301), and only they
 // are asked for one: a browser or curl is never sent a certificate
 // request.
-func apiTLS(ca *pki.CA, listen string) (*tls.Config, error) {
-	tlsCfg, err := ca.ServerConfig(pki.ServerHosts(listen))
+func apiTLS(ca *pki.CA, listen, sandboxDomain string) (*tls.Config, error) {
+	hosts := pki.ServerHosts(listen)
+	if sandboxDomain != "" {
+		// The E2B SDK addresses a sandbox's envd as
+		// 49983-<id>.<domain> (internal/e2b).
+		hosts = append(hosts, "*."+sandboxDomain)
+	}
+	tlsCfg, err := ca.ServerConfig(hosts)
 	if err != nil {
 		return nil, fmt.Errorf("API certificate: %w", err)
 	}

@@ -1,6 +1,6 @@
 // Package demo builds the rootfs directories of the built-in demo templates
-// ("web", "app64", "node" and "nginx") from the Debian packages installed on
-// the host, with no container registry and no network access.
+// ("web", "app64", "node", "nginx" and "base") from the Debian packages
+// installed on the host, with no container registry and no network access.
 //
 // A demo rootfs holds the files of a few Debian packages (the Python 3.11
 // interpreter and standard library, plus numpy for app64) or single
@@ -12,6 +12,11 @@
 // /etc/nginx/nginx.conf. Every server speaks the same small HTTP protocol
 // on port 8000: GET / answers "count=N pid=P" with N kept in the server's
 // memory, GET /healthz answers "ok".
+//
+// "base" is no server: it is the default template the E2B SDK assumes, a
+// Debian userland (bash, coreutils, python3 with pip, sudo) with a user
+// "user" who may sudo, whose sandboxes run envd as their init and serve no
+// port (base.go).
 package demo
 
 import (
@@ -22,6 +27,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"sandstorm/api"
 )
 
 // Port is the TCP port every demo server listens on inside its sandbox.
@@ -41,7 +48,7 @@ var nginxConf string
 
 // Demo describes a built demo template: how to start its process.
 type Demo struct {
-	// Name is the demo name ("web", "app64", "node" or "nginx").
+	// Name is the demo name ("web", "app64", "node", "nginx" or "base").
 	Name string
 	// Args is the process command line, absolute paths inside the rootfs.
 	Args []string
@@ -50,8 +57,15 @@ type Demo struct {
 	// use this); nginx ignores it and listens where /etc/nginx/nginx.conf
 	// says (a later "-c FILE" argument names another configuration).
 	Env []string
-	// Ports are the TCP ports the server listens on (0.0.0.0).
+	// Ports are the TCP ports the server listens on (0.0.0.0); none for
+	// base.
 	Ports []int
+	// Envd, when set, is the template's api.Process.Envd: envd is the
+	// sandbox's init, with the process as its child.
+	Envd *api.Envd
+	// Warm, when set, is the template's api.TemplateRequest.Warm: how it
+	// is made warm when registered.
+	Warm *api.Warm
 }
 
 // demoSpec is the static description of one demo.
@@ -62,22 +76,37 @@ type demoSpec struct {
 	// copyPackages are those of packages whose files (dpkg -L, less
 	// documentation and test suites) are all copied.
 	copyPackages []string
-	// hostFiles are single host paths copied with the libraries they need,
-	// for a package of which one executable is all the demo uses.
+	// hostFiles are single host paths copied with the libraries they need:
+	// the one executable of a package the demo uses, or a file a package
+	// generates when installed (dpkg -L does not list it).
 	hostFiles []string
 	// args and env are the process's (Demo.Args, Demo.Env).
 	args, env []string
-	// files returns the demo's own files, written last.
-	files func() ([]rootFile, error)
+	// ports, envd and warm are Demo.Ports, Demo.Envd and Demo.Warm.
+	ports []int
+	envd  *api.Envd
+	warm  *api.Warm
+	// asRoot: the rootfs holds files that only root can make (a setuid
+	// root executable, files owned by other users), so Build refuses to
+	// run as anyone else rather than make a rootfs that breaks inside.
+	asRoot bool
+	// files returns the demo's own files, written last. root is the
+	// rootfs, for files derived from what was copied into it.
+	files func(root string) ([]rootFile, error)
 }
 
-// rootFile is a file or symlink Build writes into the rootfs, replacing
-// anything copied at that path.
+// rootFile is a file, directory or symlink Build writes into the rootfs,
+// replacing anything copied at that path (a directory is kept, with its
+// contents, and given mode and owner).
 type rootFile struct {
 	path string // relative to the rootfs root
 	mode os.FileMode
 	data string
 	link string // when set, a symlink with this target instead of data
+	dir  bool   // when set, a directory instead of data
+	// chown: owned by uid:gid, not by the user running Build.
+	chown    bool
+	uid, gid int
 }
 
 var pythonPackages = []string{"python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib"}
@@ -90,6 +119,7 @@ func pythonDemo(heap int, extra ...string) demoSpec {
 		packages:     pkgs,
 		copyPackages: pkgs,
 		args:         []string{"/usr/bin/python3", "/srv/app.py"},
+		ports:        []int{Port},
 		env: []string{
 			"PATH=/usr/local/bin:/usr/bin:/bin",
 			"HOME=/root",
@@ -97,7 +127,7 @@ func pythonDemo(heap int, extra ...string) demoSpec {
 			"PYTHONUNBUFFERED=1",
 			"PYTHONDONTWRITEBYTECODE=1",
 		},
-		files: func() ([]rootFile, error) {
+		files: func(string) ([]rootFile, error) {
 			script := strings.Replace(appScript, "HEAP_MIB = 0 ", fmt.Sprintf("HEAP_MIB = %d ", heap), 1)
 			if !strings.Contains(script, fmt.Sprintf("HEAP_MIB = %d ", heap)) {
 				return nil, errors.New("demo: embedded app.py lacks the HEAP_MIB line")
@@ -125,6 +155,7 @@ var demos = map[string]demoSpec{
 		// node_shared false, icu_data_in set).
 		hostFiles: []string{"/usr/bin/node"},
 		args:      []string{"/usr/bin/node", "/srv/app.js"},
+		ports:     []int{Port},
 		env: []string{
 			"PATH=/usr/local/bin:/usr/bin:/bin",
 			"HOME=/root",
@@ -145,14 +176,16 @@ var demos = map[string]demoSpec{
 		// read (Debian builds with --error-log-path=stderr; this does not
 		// depend on it).
 		args:  []string{"/usr/sbin/nginx", "-e", "stderr", "-c", "/etc/nginx/nginx.conf"},
+		ports: []int{Port},
 		env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"},
 		files: staticFiles(rootFile{path: "etc/nginx/nginx.conf", mode: 0o644, data: nginxConf}),
 	},
+	"base": baseDemo,
 }
 
 // staticFiles is a demoSpec.files for fixed files.
-func staticFiles(fs ...rootFile) func() ([]rootFile, error) {
-	return func() ([]rootFile, error) { return fs, nil }
+func staticFiles(fs ...rootFile) func(string) ([]rootFile, error) {
+	return func(string) ([]rootFile, error) { return fs, nil }
 }
 
 // Names returns the known demo names, sorted.
@@ -194,12 +227,14 @@ func (e *MissingPackagesError) Error() string {
 // It copies from the host the files of the demo's Debian packages (except
 // documentation, man pages and test suites) or the single executables it
 // takes out of them, the shared libraries their ELF files need, a minimal
-// /etc, empty /proc, /dev, /sys and /tmp, and the demo's server files
-// (/srv/app.py, /srv/app.js or /etc/nginx/nginx.conf). Everything is owned
-// by the calling user.
+// /etc, empty /proc, /dev, /sys and /tmp, and the demo's own files
+// (/srv/app.py, /srv/app.js, /etc/nginx/nginx.conf, or base's accounts and
+// configuration). Everything is owned by the calling user, except what a
+// demo's own files give to another (base: /home/user is uid 1000's).
 //
 // Errors: an unknown name; dir not empty or not a directory; a
-// *MissingPackagesError when a package is not installed (checked before
+// *MissingPackagesError when a package is not installed, or a demo that
+// must be built as root built by another user (both checked before
 // anything is written); a library needed by an ELF file that cannot be
 // found; any I/O error. On error everything Build wrote is removed (and dir
 // itself, if Build created it).
@@ -216,6 +251,9 @@ func Build(name, dir string) (Demo, error) {
 		return Demo{}, err
 	}
 	err = checkInstalled(name, spec.packages)
+	if err == nil && spec.asRoot && os.Geteuid() != 0 {
+		err = fmt.Errorf("demo %q: build it as root: its rootfs holds a setuid-root sudo and files owned by uid 1000", name)
+	}
 	if err == nil {
 		err = build(dir, spec)
 	}
@@ -223,12 +261,22 @@ func Build(name, dir string) (Demo, error) {
 		cleanup(dir, created)
 		return Demo{}, err
 	}
-	return Demo{
+	d := Demo{
 		Name:  name,
 		Args:  slices.Clone(spec.args),
 		Env:   slices.Clone(spec.env),
-		Ports: []int{Port},
-	}, nil
+		Ports: slices.Clone(spec.ports),
+	}
+	if spec.envd != nil {
+		e := *spec.envd
+		d.Envd = &e
+	}
+	if spec.warm != nil {
+		w := *spec.warm
+		w.Reseed.Command = slices.Clone(w.Reseed.Command)
+		d.Warm = &w
+	}
+	return d, nil
 }
 
 // prepareDir checks that dir is absent or an empty directory. It reports
@@ -300,7 +348,7 @@ func build(dir string, spec demoSpec) error {
 	if err := writeSkeleton(dir); err != nil {
 		return err
 	}
-	own, err := spec.files()
+	own, err := spec.files(dir)
 	if err != nil {
 		return err
 	}
@@ -308,9 +356,11 @@ func build(dir string, spec demoSpec) error {
 }
 
 // skipPackagePath reports whether a packaged file is left out of the rootfs:
-// documentation, man/info pages, lintian overrides, and Python test suites.
+// documentation, man/info pages, lintian overrides, message translations
+// (every demo runs with LANG=C.UTF-8 or none, so gettext never opens them;
+// coreutils, bash and sudo ship 18 MiB of them) and Python test suites.
 func skipPackagePath(p string) bool {
-	for _, pre := range []string{"/usr/share/doc", "/usr/share/man", "/usr/share/info", "/usr/share/lintian"} {
+	for _, pre := range []string{"/usr/share/doc", "/usr/share/man", "/usr/share/info", "/usr/share/lintian", "/usr/share/locale"} {
 		if p == pre || strings.HasPrefix(p, pre+"/") {
 			return true
 		}
@@ -351,21 +401,35 @@ func writeSkeleton(dir string) error {
 }
 
 // writeFiles writes fs into the rootfs at dir, creating parent directories
-// (mode 0755) and replacing whatever is at each path.
+// (mode 0755) and replacing whatever is at each path, but a directory
+// where a directory is asked for.
 func writeFiles(dir string, fs []rootFile) error {
 	for _, f := range fs {
 		p := filepath.Join(dir, f.path)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("demo: %w", err)
+		if fi, err := os.Lstat(p); err == nil && !(f.dir && fi.IsDir()) {
+			if err := os.Remove(p); err != nil {
+				return fmt.Errorf("demo: %w", err)
+			}
 		}
 		var err error
-		if f.link != "" {
+		switch {
+		case f.link != "":
 			err = os.Symlink(f.link, p)
-		} else if err = os.WriteFile(p, []byte(f.data), f.mode); err == nil {
-			err = os.Chmod(p, f.mode) // WriteFile's mode is masked by umask
+		case f.dir:
+			err = os.MkdirAll(p, 0o755)
+		default:
+			err = os.WriteFile(p, []byte(f.data), f.mode)
+		}
+		if err == nil && f.chown {
+			err = os.Lchown(p, f.uid, f.gid)
+		}
+		if err == nil && f.link == "" {
+			// After the chown, which clears setuid and setgid bits; and
+			// WriteFile's and MkdirAll's modes are masked by the umask.
+			err = os.Chmod(p, f.mode)
 		}
 		if err != nil {
 			return fmt.Errorf("demo: %w", err)

@@ -90,7 +90,7 @@ func chrootPython(t *testing.T, dir string, d Demo, args ...string) string {
 }
 
 func TestNamesAndPackages(t *testing.T) {
-	if got := Names(); !slices.Equal(got, []string{"app64", "nginx", "node", "web"}) {
+	if got := Names(); !slices.Equal(got, []string{"app64", "base", "nginx", "node", "web"}) {
 		t.Errorf("Names() = %v", got)
 	}
 	if got := Packages("node"); !slices.Equal(got, []string{"nodejs"}) {
@@ -105,6 +105,9 @@ func TestNamesAndPackages(t *testing.T) {
 	}
 	if !slices.Contains(Packages("app64"), "python3-numpy") {
 		t.Errorf(`Packages("app64") = %v`, Packages("app64"))
+	}
+	if base := Packages("base"); !slices.Contains(base, "sudo") || !slices.Contains(base, "python3-pip") || !slices.Contains(base, "ca-certificates") {
+		t.Errorf(`Packages("base") = %v`, base)
 	}
 	if Packages("nope") != nil {
 		t.Error(`Packages("nope") != nil`)

@@ -16,6 +16,7 @@
 package envd
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -48,6 +49,33 @@ type Config struct {
 	DefaultWorkdir string
 	// Env is added to every command's environment, under what it asks.
 	Env map[string]string
+}
+
+// EnvHeader carries the sandbox's environment (E2B's envVars, given at
+// its create) on every call the master forwards, as EncodeEnv makes it:
+// envd keeps no copy, so a cold start loses nothing. The master sets it
+// and drops any a client sent.
+const EnvHeader = "X-Sandstorm-Env"
+
+// EncodeEnv is env as EnvHeader carries it: JSON, base64 (a header value
+// cannot hold every byte a value may).
+func EncodeEnv(env map[string]string) string {
+	b, _ := json.Marshal(env)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+func decodeEnv(h http.Header) map[string]string {
+	v := h.Get(EnvHeader)
+	if v == "" {
+		return nil
+	}
+	b, err := base64.StdEncoding.DecodeString(v)
+	if err != nil {
+		return nil
+	}
+	var m map[string]string
+	json.Unmarshal(b, &m)
+	return m
 }
 
 // Server serves the envd API.

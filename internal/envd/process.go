@@ -127,7 +127,7 @@ func (ps *processes) Start(ctx context.Context, req *connect.Request[pb.StartReq
 	if err != nil {
 		return errUnauthed(err)
 	}
-	p, err := ps.start(acct, req.Msg)
+	p, err := ps.start(acct, req.Msg, decodeEnv(req.Header()))
 	if err != nil {
 		return err
 	}
@@ -191,12 +191,12 @@ func follow(ctx context.Context, p *proc, s *sub, every time.Duration, send func
 }
 
 // start runs one command as acct and registers it.
-func (ps *processes) start(acct account, req *pb.StartRequest) (*proc, error) {
+func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[string]string) (*proc, error) {
 	c := req.GetProcess()
 	if c.GetCmd() == "" {
 		return nil, errBadInput(errors.New("process.cmd is empty"))
 	}
-	env := ps.env(acct, c.GetEnvs())
+	env := ps.env(acct, sandboxEnv, c.GetEnvs())
 	path, err := lookPath(c.GetCmd(), env)
 	if err != nil {
 		return nil, errBadInput(err)
@@ -363,9 +363,9 @@ func pumpOutput(p *proc, f *os.File, which int) {
 }
 
 // env is a command's environment: envd's own (the sandbox's, as the node
-// started envd with it), the configured extras, the user's HOME, USER and
-// LOGNAME, then what the call asks for.
-func (ps *processes) env(acct account, extra map[string]string) []string {
+// started envd with it), the configured extras, the sandbox's (EnvHeader),
+// the user's HOME, USER and LOGNAME, then what the call asks for.
+func (ps *processes) env(acct account, sandboxEnv, extra map[string]string) []string {
 	m := map[string]string{}
 	var order []string
 	set := func(k, v string) {
@@ -383,6 +383,9 @@ func (ps *processes) env(acct account, extra map[string]string) []string {
 		set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	}
 	for k, v := range ps.s.cfg.Env {
+		set(k, v)
+	}
+	for k, v := range sandboxEnv {
 		set(k, v)
 	}
 	set("HOME", acct.home)

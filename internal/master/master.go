@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/apikey"
 	"sandstorm/internal/console"
 	"sandstorm/internal/enrol"
 	"sandstorm/internal/errdefs"
@@ -50,6 +51,16 @@ type Config struct {
 	// Console serves the web console at / and its event stream; nil: no
 	// console (and no session logins).
 	Console *console.Console
+	// E2B is the E2B REST API, served under /e2b/ to the operator and to
+	// teams' API keys (internal/e2b); nil: none.
+	E2B http.Handler
+	// SandboxTraffic serves what the E2B SDK sends to a sandbox (envd)
+	// when it is addressed to this listener: a request with an
+	// E2b-Sandbox-Id header or a Host of <port>-<id>.<domain>. It checks
+	// the sandbox's own access token, not the API's; nil: none.
+	SandboxTraffic http.Handler
+	// SandboxDomain is the domain of sandbox hosts (<port>-<id>.<domain>).
+	SandboxDomain string
 }
 
 // maxJSON bounds every JSON request body (1 MiB; 413 beyond).
@@ -87,6 +98,12 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /v1/nodes", s.pairNode)
 	mux.HandleFunc("DELETE /v1/nodes/{name}", s.forgetNode)
 	mux.HandleFunc("POST /v1/nodes/join-tokens", s.joinToken)
+	mux.HandleFunc("GET /v1/api-keys", s.listKeys)
+	mux.HandleFunc("POST /v1/api-keys", s.createKey)
+	mux.HandleFunc("DELETE /v1/api-keys/{id}", s.deleteKey)
+	if cfg.E2B != nil {
+		mux.Handle("/e2b/", http.StripPrefix("/e2b", cfg.E2B))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
@@ -116,6 +133,12 @@ func Handler(cfg Config) http.Handler {
 func (s *server) auth(next http.Handler, open *http.ServeMux) http.Handler {
 	want := []byte("Bearer " + s.cfg.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.SandboxTraffic != nil && s.isSandboxTraffic(r) {
+			// Checked there by the sandbox's access token: the E2B SDK
+			// sends its API key to the API only.
+			s.cfg.SandboxTraffic.ServeHTTP(w, r)
+			return
+		}
 		if open != nil {
 			if _, pattern := open.Handler(r); pattern != "" {
 				open.ServeHTTP(w, r)
@@ -123,13 +146,29 @@ func (s *server) auth(next http.Handler, open *http.ServeMux) http.Handler {
 			}
 		}
 		got := []byte(r.Header.Get("Authorization"))
-		session := s.cfg.Console != nil && len(got) == 0 && s.cfg.Console.Sessions.Reads(r)
-		if !session && subtle.ConstantTimeCompare(got, want) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="sandstorm"`)
-			errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "missing or wrong API token: send Authorization: Bearer <token> (the token is in <data-dir>/pki/api-token)"))
+		if subtle.ConstantTimeCompare(got, want) == 1 {
+			next.ServeHTTP(w, r.WithContext(apikey.With(r.Context(), apikey.Caller{Operator: true})))
 			return
 		}
-		next.ServeHTTP(w, r)
+		if key := keyOf(r); key != "" {
+			c, err := s.teamOf(r, key)
+			if err != nil {
+				s.fail(w, r, err)
+				return
+			}
+			if !teamMay(r) {
+				errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrForbidden, "%s %s needs the operator's token: an API key manages its team's sandboxes only", r.Method, r.URL.Path))
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(apikey.With(r.Context(), c)))
+			return
+		}
+		if s.cfg.Console != nil && len(got) == 0 && s.cfg.Console.Sessions.Reads(r) {
+			next.ServeHTTP(w, r.WithContext(apikey.With(r.Context(), apikey.Caller{Operator: true, Session: true})))
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sandstorm"`)
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "missing or wrong API token: send Authorization: Bearer <token> (the token is in <data-dir>/pki/api-token), or a team's API key (Bearer or X-API-KEY)"))
 	})
 }
 
@@ -454,6 +493,7 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	all = s.visible(r.Context(), all)
 	writeJSON(w, http.StatusOK, api.List[api.Sandbox]{Items: append([]api.Sandbox{}, all...)})
 }
 
@@ -477,12 +517,23 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if err := s.own(r.Context(), sb.ID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	writeJSON(w, http.StatusCreated, sb)
 }
 
 // sandbox finds the sandbox of the request's {id} and its node.
 func (s *server) sandbox(r *http.Request) (nodeapi.Node, api.Sandbox, error) {
-	return s.cfg.Fleet.Find(r.Context(), r.PathValue("id"))
+	n, sb, err := s.cfg.Fleet.Find(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return nil, sb, err
+	}
+	if !s.owns(r.Context(), sb.ID) {
+		return nil, api.Sandbox{}, notYours(r.PathValue("id"))
+	}
+	return n, sb, nil
 }
 
 func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
@@ -504,6 +555,7 @@ func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	s.cfg.Store.DeleteSandboxMeta(r.Context(), sb.ID)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -590,12 +642,12 @@ func (s *server) logs(w http.ResponseWriter, r *http.Request) {
 // sandbox (commands and files; docs/API.md), forwarded to its node, which
 // wakes it and starts envd in it. It runs commands in the sandbox, so the
 // API token is needed, never a console session (which only reads). That
-// token is the master's: it is not forwarded into the sandbox. The user
+// token (or API key) is the master's: it is not forwarded into the sandbox. The user
 // a call acts as comes in X-Sandstorm-User and goes to envd as the SDK
 // sends it (Authorization: Basic "<user>:").
 func (s *server) envd(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Authorization") == "" {
-		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "commands and files need the API token (Authorization: Bearer <token>), not a console session"))
+	if apikey.From(r.Context()).Session {
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "commands and files need the API token (Authorization: Bearer <token>) or an API key, not a console session"))
 		return
 	}
 	n, sb, err := s.sandbox(r)
@@ -604,6 +656,11 @@ func (s *server) envd(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Header.Del("Authorization")
+	r.Header.Del("X-Api-Key")
+	if err := s.withEnv(r, sb.ID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	if u := r.Header.Get(EnvdUserHeader); u != "" {
 		r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(u+":")))
 		r.Header.Del(EnvdUserHeader)

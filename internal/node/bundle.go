@@ -155,13 +155,17 @@ func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath,
 		Hostname: hostname,
 		Root:     &specs.Root{Path: "rootfs"},
 		Process: &specs.Process{
-			Args:            t.Process.Args,
-			Env:             env,
-			Cwd:             cwd,
-			User:            specs.User{UID: 0, GID: 0},
-			Capabilities:    defaultCaps(),
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
-			NoNewPrivileges: true,
+			Args:         t.Process.Args,
+			Env:          env,
+			Cwd:          cwd,
+			User:         specs.User{UID: 0, GID: 0},
+			Capabilities: defaultCaps(),
+			Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
+			// A template whose init is envd is an E2B-style userland
+			// (the base demo) whose user may sudo: setuid must work in
+			// it (gvisor.Backend.flags). For every other, no process
+			// gains privileges.
+			NoNewPrivileges: t.Process.Envd == nil,
 		},
 		Mounts: gvisor.Mounts(),
 		Linux: &specs.Linux{

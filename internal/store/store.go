@@ -172,6 +172,24 @@ CREATE TABLE IF NOT EXISTS counters (
 	name  TEXT PRIMARY KEY,
 	value BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS api_keys (
+	id         TEXT PRIMARY KEY,
+	team       TEXT NOT NULL,
+	hash       TEXT NOT NULL UNIQUE,
+	last4      TEXT NOT NULL,
+	created_at BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sandbox_meta (
+	id         TEXT PRIMARY KEY,
+	team       TEXT NOT NULL DEFAULT '',
+	metadata   TEXT NOT NULL DEFAULT '{}',
+	env        TEXT NOT NULL DEFAULT '{}',
+	started_at BIGINT NOT NULL,
+	end_at     BIGINT NOT NULL DEFAULT 0,
+	auto_pause INTEGER NOT NULL DEFAULT 0,
+	paused     INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS sandbox_meta_team ON sandbox_meta(team);
 `
 
 // migrations add columns that later versions introduced; each is applied

@@ -137,8 +137,14 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 // node mounted for it instead, whose upper dir is the sandbox's volume:
 // that is what a detached sandbox keeps, and what its cold start finds
 // (TestVolumeSurvivesEveryTier fails without it).
+// --allow-suid lets a setuid binary raise its user inside the sandbox
+// (the base template's sudo); every sandbox whose spec keeps
+// noNewPrivileges (all but those whose init is envd, bundle.go) still
+// cannot ("The OCI --no-new-privileges flag continues to prevent ID
+// elevation even when this flag is true", runsc/config/flags.go). It is
+// the sentry's own users either way: nothing on the host changes.
 func (b *Backend) flags() []string {
-	return []string{"--root", b.Root, "--platform=" + b.Platform, "--network=sandbox", "--overlay2=none"}
+	return []string{"--root", b.Root, "--platform=" + b.Platform, "--network=sandbox", "--overlay2=none", "--allow-suid"}
 }
 
 // runsc runs runsc with args, killing it after limit, and returns its

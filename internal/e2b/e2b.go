@@ -1,0 +1,652 @@
+// Package e2b is the E2B REST API on the master, so that agent frameworks
+// built on the E2B SDKs move to Sandstorm by pointing the SDK at it (E2B_API_URL
+// = https://<master>/e2b, E2B_SANDBOX_URL = https://<master>, an API key
+// from sandstormd api-key create). Its paths and bodies are E2B's
+// (e2b-dev/E2B spec/openapi.yml); its meaning is this product's tiers:
+//
+//   - a sandbox the SDK pauses is snapshotted (its memory on disk); one it
+//     connects to is woken from whatever tier it is in — 200 if it was
+//     running, 201 if this call resumed it;
+//   - a sandbox's timeout is its lifetime: at its end it is killed, or,
+//     with autoPause, snapshotted (Run);
+//   - idle tiering is invisible: a sandbox frozen or snapshotted because it
+//     was idle is still "running" to E2B, and wakes on its next call; only a
+//     client's pause makes it "paused".
+//
+// Errors are E2B's: a JSON body {"code": <status>, "message"} — the SDK
+// decides "not found" and "already paused" from the body, not the status.
+package e2b
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/apikey"
+	"sandstorm/internal/envd"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/fleet"
+	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/store"
+)
+
+// Config is what the E2B API serves from.
+type Config struct {
+	Store *store.Store
+	Fleet *fleet.Fleet
+	// Domain is the sandboxes' domain as the SDK is told it (its hosts
+	// are <port>-<sandboxID>.<domain>).
+	Domain string
+	// TokenKey makes each sandbox's envd access token (AccessToken): an
+	// HMAC of its ID, so the master keeps none and can give it again at
+	// every connect. A secret of the master's (pki/envd-token-key, 0600).
+	TokenKey []byte
+	// DefaultTemplate is the template of a create that names none (the
+	// SDK's default is "base").
+	DefaultTemplate string
+	Log             *slog.Logger
+}
+
+// Service is the E2B API.
+type Service struct {
+	cfg Config
+}
+
+// New returns the service for cfg.
+func New(cfg Config) *Service {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.DefaultTemplate == "" {
+		cfg.DefaultTemplate = "base"
+	}
+	return &Service{cfg: cfg}
+}
+
+// ClientID is what E2B's required, deprecated clientID says.
+const ClientID = "sandstorm"
+
+// DefaultTimeout is a sandbox's lifetime when a create gives none, E2B's
+// default (openapi.yml, NewSandbox.timeout: 15 s).
+const DefaultTimeout = 15 * time.Second
+
+// MaxTimeout bounds a lifetime (E2B's own cap on its paid plan is 24 h).
+const MaxTimeout = 24 * time.Hour
+
+// AccessToken is sandbox id's envd access token.
+func (s *Service) AccessToken(id string) string {
+	m := hmac.New(sha256.New, s.cfg.TokenKey)
+	m.Write([]byte("envd-access-token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// API is the REST API, under the master's authentication: the caller
+// (operator or team) is in the request's context.
+func (s *Service) API() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /sandboxes", s.create)
+	mux.HandleFunc("POST /v2/sandboxes", s.create) // the SDK from 2.50 on
+	mux.HandleFunc("GET /sandboxes", s.listV1)
+	mux.HandleFunc("GET /v2/sandboxes", s.listV2)
+	mux.HandleFunc("GET /sandboxes/{id}", s.get)
+	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
+	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
+	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
+	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect) // the SDK from 2.50 on
+	mux.HandleFunc("POST /sandboxes/{id}/resume", s.connect)
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fail(w, errdefs.New(errdefs.ErrNotFound, "%s %s: not part of the E2B API served here", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// fail answers err as E2B does: {"code": status, "message"}, the status
+// from the one error table (errdefs).
+func fail(w http.ResponseWriter, err error) {
+	status, body := errdefs.ToWire(err)
+	if d := errdefs.RetryAfter(err); d > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(d.Round(time.Second)/time.Second)))
+	}
+	writeJSON(w, status, map[string]any{"code": status, "message": body.Message})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, 1<<20)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return errdefs.Mark(errdefs.ErrTooLarge, err)
+		}
+		return errdefs.New(errdefs.ErrBadInput, "malformed JSON body: %v", err)
+	}
+	return nil
+}
+
+// newSandbox is E2B's NewSandbox (the fields this API acts on; the SDK
+// sends others, such as mcp or network, which are not supported here and
+// are refused when set, rather than silently ignored).
+type newSandbox struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int              `json:"timeout,omitempty"`
+	Metadata            map[string]string `json:"metadata,omitempty"`
+	EnvVars             map[string]string `json:"envVars,omitempty"`
+	AutoPause           bool              `json:"autoPause,omitempty"`
+	Secure              *bool             `json:"secure,omitempty"`
+	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
+	Network             json.RawMessage   `json:"network,omitempty"`
+	MCP                 json.RawMessage   `json:"mcp,omitempty"`
+	AutoResume          json.RawMessage   `json:"autoResume,omitempty"`
+	VolumeMounts        json.RawMessage   `json:"volumeMounts,omitempty"`
+	IAM                 json.RawMessage   `json:"iam,omitempty"`
+}
+
+func set(raw json.RawMessage) bool {
+	s := strings.TrimSpace(string(raw))
+	return s != "" && s != "null" && s != "{}" && s != "[]"
+}
+
+// sandbox is E2B's Sandbox (what create and connect answer).
+type sandbox struct {
+	TemplateID      string  `json:"templateID"`
+	SandboxID       string  `json:"sandboxID"`
+	ClientID        string  `json:"clientID"`
+	EnvdVersion     string  `json:"envdVersion"`
+	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
+	Domain          *string `json:"domain"`
+	Alias           string  `json:"alias,omitempty"`
+}
+
+// detail is E2B's SandboxDetail and, without the token and domain, its
+// ListedSandbox.
+type detail struct {
+	TemplateID      string            `json:"templateID"`
+	SandboxID       string            `json:"sandboxID"`
+	ClientID        string            `json:"clientID"`
+	Alias           string            `json:"alias,omitempty"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Domain          *string           `json:"domain,omitempty"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int               `json:"memoryMB"`
+	DiskSizeMB      int               `json:"diskSizeMB"`
+	Metadata        map[string]string `json:"metadata,omitempty"`
+	State           string            `json:"state"`
+	Lifecycle       *lifecycle        `json:"lifecycle,omitempty"`
+}
+
+type lifecycle struct {
+	AutoResume bool   `json:"autoResume"`
+	OnTimeout  string `json:"onTimeout"`
+}
+
+func (s *Service) create(w http.ResponseWriter, r *http.Request) {
+	var req newSandbox
+	if err := decode(w, r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	// What this API cannot honour is refused, not ignored: a network or
+	// IAM rule silently dropped would leave a sandbox other than asked.
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		why  string
+	}{
+		{"mcp", req.MCP, "a sandbox reaches the mesh's tools through its boundary"},
+		{"volumeMounts", req.VolumeMounts, "a sandbox's filesystem is its volume"},
+		{"network", req.Network, "what a sandbox may reach is its boundary's policy (sandstormd serve --policy)"},
+		{"iam", req.IAM, "credentials come from the mesh's policy"},
+	} {
+		if set(f.raw) {
+			fail(w, errdefs.New(errdefs.ErrNotSupported, "%s: not supported here; %s", f.name, f.why))
+			return
+		}
+	}
+	if req.AllowInternetAccess != nil && *req.AllowInternetAccess {
+		fail(w, errdefs.New(errdefs.ErrNotSupported, "allow_internet_access: not supported here; what a sandbox may reach is its boundary's policy"))
+		return
+	}
+	timeout := DefaultTimeout
+	if req.Timeout != nil {
+		if *req.Timeout < 0 || time.Duration(*req.Timeout)*time.Second > MaxTimeout {
+			fail(w, errdefs.New(errdefs.ErrBadInput, "timeout %d s: want 0 to %d", *req.Timeout, int(MaxTimeout.Seconds())))
+			return
+		}
+		timeout = time.Duration(*req.Timeout) * time.Second
+	}
+	for k := range req.EnvVars {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			fail(w, errdefs.New(errdefs.ErrBadInput, "envVars: %q is not a variable name", k))
+			return
+		}
+	}
+	name := req.TemplateID
+	if name == "" {
+		name = s.cfg.DefaultTemplate
+	}
+	t, err := s.cfg.Store.GetTemplate(r.Context(), name)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: fleet.Wire(t)})
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	now := time.Now()
+	meta := store.SandboxMeta{ID: sb.ID, Team: apikey.From(r.Context()).Team, Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause}
+	if err := s.cfg.Store.PutSandboxMeta(r.Context(), meta); err != nil {
+		// Not owned, it would be nobody's: do not leave it running.
+		if n, got, ferr := s.cfg.Fleet.Find(r.Context(), sb.ID); ferr == nil {
+			s.cfg.Fleet.Delete(context.WithoutCancel(r.Context()), n, got)
+		}
+		fail(w, err)
+		return
+	}
+	s.cfg.Log.Info("e2b sandbox created", "id", sb.ID, "template", name, "team", meta.Team, "timeout_s", timeout.Seconds(), "auto_pause", req.AutoPause)
+	writeJSON(w, http.StatusCreated, s.wire(sb))
+}
+
+func (s *Service) wire(sb api.Sandbox) sandbox {
+	d := s.cfg.Domain
+	return sandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: envd.Version, EnvdAccessToken: s.AccessToken(sb.ID), Domain: &d, Alias: sb.Template}
+}
+
+// find is sandbox id if the caller may see it; another team's is not
+// found, exactly as a missing one (IDs do not leak).
+func (s *Service) find(r *http.Request) (nodeapi.Node, api.Sandbox, store.SandboxMeta, error) {
+	id := r.PathValue("id")
+	n, sb, err := s.cfg.Fleet.Find(r.Context(), id)
+	if err != nil {
+		return nil, sb, store.SandboxMeta{}, notFound(id)
+	}
+	m, err := s.cfg.Store.GetSandboxMeta(r.Context(), sb.ID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		m = store.SandboxMeta{ID: sb.ID, StartedAt: sb.CreatedAt} // the operator's, made by /v1
+	} else if err != nil {
+		return nil, sb, m, err
+	}
+	if !apikey.From(r.Context()).Sees(m.Team) {
+		return nil, api.Sandbox{}, store.SandboxMeta{}, notFound(id)
+	}
+	return n, sb, m, nil
+}
+
+func notFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+}
+
+func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool) detail {
+	state := "running"
+	if m.Paused {
+		state = "paused"
+	}
+	end := m.EndAt
+	if end.IsZero() {
+		end = m.StartedAt.Add(MaxTimeout)
+	}
+	d := detail{
+		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: ClientID, Alias: sb.Template,
+		StartedAt: m.StartedAt, EndAt: end, EnvdVersion: envd.Version,
+		CPUCount: 1, MemoryMB: sb.MemoryMiB, DiskSizeMB: 0, Metadata: m.Metadata, State: state,
+	}
+	if d.MemoryMB == 0 {
+		d.MemoryMB = 1024
+	}
+	if withToken {
+		dom := s.cfg.Domain
+		d.EnvdAccessToken, d.Domain = s.AccessToken(sb.ID), &dom
+		on := "kill"
+		if m.AutoPause {
+			on = "pause"
+		}
+		d.Lifecycle = &lifecycle{AutoResume: true, OnTimeout: on}
+	}
+	return d
+}
+
+func (s *Service) get(w http.ResponseWriter, r *http.Request) {
+	_, sb, m, err := s.find(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.detail(sb, m, true))
+}
+
+func (s *Service) kill(w http.ResponseWriter, r *http.Request) {
+	n, sb, _, err := s.find(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if err := s.cfg.Fleet.Delete(r.Context(), n, sb); err != nil {
+		fail(w, err)
+		return
+	}
+	s.cfg.Store.DeleteSandboxMeta(r.Context(), sb.ID)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
+	n, sb, m, err := s.find(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if m.Paused {
+		fail(w, errdefs.New(errdefs.ErrConflict, "sandbox %q is already paused", sb.ID))
+		return
+	}
+	if sb.Tier != api.TierSnapshot {
+		if _, err := n.Transition(r.Context(), sb.ID, nodeapi.Snapshot); err != nil {
+			fail(w, err)
+			return
+		}
+	}
+	m.Paused = true
+	if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+		fail(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type timeoutBody struct {
+	Timeout *int `json:"timeout"`
+	// Memory false (the SDK's onResume "reboot") starts it again from
+	// its volume, its memory dropped: a detach, then the wake.
+	Memory *bool `json:"memory,omitempty"`
+}
+
+func (t timeoutBody) duration() (time.Duration, error) {
+	if t.Timeout == nil {
+		return 0, errdefs.New(errdefs.ErrBadInput, "timeout is required (seconds)")
+	}
+	d := time.Duration(*t.Timeout) * time.Second
+	if d < 0 || d > MaxTimeout {
+		return 0, errdefs.New(errdefs.ErrBadInput, "timeout %d s: want 0 to %d", *t.Timeout, int(MaxTimeout.Seconds()))
+	}
+	return d, nil
+}
+
+// connect wakes the sandbox (from any tier) and sets its lifetime from
+// now: 201 if it was paused (this call resumed it), else 200.
+func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
+	var body timeoutBody
+	if err := decode(w, r, &body); err != nil {
+		fail(w, err)
+		return
+	}
+	// The SDK's connect sends no timeout unless asked: E2B's default.
+	d := DefaultTimeout
+	if body.Timeout != nil {
+		var err error
+		if d, err = body.duration(); err != nil {
+			fail(w, err)
+			return
+		}
+	}
+	n, sb, m, err := s.find(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	resumed := m.Paused
+	if body.Memory != nil && !*body.Memory && sb.Tier != api.TierDetached {
+		if sb, err = n.Transition(r.Context(), sb.ID, nodeapi.Detach); err != nil {
+			fail(w, err)
+			return
+		}
+	}
+	if sb.Tier != api.TierHot {
+		if sb, err = n.Transition(r.Context(), sb.ID, nodeapi.Wake); err != nil {
+			fail(w, err)
+			return
+		}
+	}
+	m.Paused = false
+	if end := time.Now().Add(d); end.After(m.EndAt) || resumed {
+		m.EndAt = end
+	}
+	if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+		fail(w, err)
+		return
+	}
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.wire(sb))
+}
+
+func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var body timeoutBody
+	if err := decode(w, r, &body); err != nil {
+		fail(w, err)
+		return
+	}
+	d, err := body.duration()
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	_, _, m, err := s.find(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	m.EndAt = time.Now().Add(d)
+	if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+		fail(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// metrics answers one sample of what the master knows now: the limit,
+// and memory used when the node reported it.
+func (s *Service) metrics(w http.ResponseWriter, r *http.Request) {
+	_, sb, _, err := s.find(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	now := time.Now()
+	mem := int64(sb.MemoryMiB) << 20
+	writeJSON(w, http.StatusOK, []map[string]any{{
+		"timestamp": now.UTC(), "timestampUnix": now.Unix(), "cpuCount": 1, "cpuUsedPct": 0,
+		"memUsed": 0, "memTotal": mem, "memCache": 0, "diskUsed": 0, "diskTotal": 0,
+	}})
+}
+
+// listed is every sandbox the caller may see, with what is kept of it,
+// oldest first.
+func (s *Service) listed(r *http.Request) ([]detail, error) {
+	all, err := s.cfg.Fleet.List(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	metas, err := s.cfg.Store.SandboxMetas(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	byID := map[string]store.SandboxMeta{}
+	for _, m := range metas {
+		byID[m.ID] = m
+	}
+	c := apikey.From(r.Context())
+	var out []detail
+	for _, sb := range all {
+		m, ok := byID[sb.ID]
+		if !ok {
+			m = store.SandboxMeta{ID: sb.ID, StartedAt: sb.CreatedAt}
+		}
+		if c.Sees(m.Team) {
+			out = append(out, s.detail(sb, m, false))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].StartedAt.Equal(out[j].StartedAt) {
+			return out[i].StartedAt.Before(out[j].StartedAt)
+		}
+		return out[i].SandboxID < out[j].SandboxID
+	})
+	return out, nil
+}
+
+// listV1 is GET /sandboxes: the running ones (E2B's v1 list), filtered by
+// metadata.
+func (s *Service) listV1(w http.ResponseWriter, r *http.Request) {
+	all, err := s.listed(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	f, err := parseFilter(r.URL.Query())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	f.states = map[string]bool{"running": true}
+	out := []detail{}
+	for _, d := range all {
+		if f.match(d) {
+			out = append(out, d)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// listV2 is GET /v2/sandboxes: filters metadata, state, template and
+// startedAfter; limit; paging by an opaque nextToken, answered in the
+// x-next-token header (the SDK's paginator reads it there).
+func (s *Service) listV2(w http.ResponseWriter, r *http.Request) {
+	all, err := s.listed(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	q := r.URL.Query()
+	f, err := parseFilter(q)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
+			fail(w, errdefs.New(errdefs.ErrBadInput, "limit %q: want 1 to 1000", v))
+			return
+		}
+	}
+	// The token is the last sandbox of the page before: its start time
+	// and ID, the order of the list.
+	after := q.Get("nextToken")
+	out := []detail{}
+	next := ""
+	for _, d := range all {
+		if !f.match(d) {
+			continue
+		}
+		if after != "" && pageKey(d) <= after {
+			continue
+		}
+		if len(out) == limit {
+			next = pageKey(out[len(out)-1])
+			break
+		}
+		out = append(out, d)
+	}
+	if next != "" {
+		w.Header().Set("x-next-token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func pageKey(d detail) string {
+	return fmt.Sprintf("%016x.%s", d.StartedAt.UnixMilli(), d.SandboxID)
+}
+
+type filter struct {
+	metadata     map[string]string
+	states       map[string]bool
+	template     string
+	startedAfter time.Time
+}
+
+// parseFilter reads E2B's list filters. metadata is one query parameter
+// holding a URL-encoded query string ("k1=v1&k2=v2"; js-sdk
+// sandboxApi.ts list); state is "running", "paused", or both, as a
+// comma list or repeated.
+func parseFilter(q url.Values) (filter, error) {
+	f := filter{metadata: map[string]string{}}
+	if v := q.Get("metadata"); v != "" {
+		md, err := url.ParseQuery(v)
+		if err != nil {
+			return f, errdefs.New(errdefs.ErrBadInput, "metadata %q: want key=value pairs joined by &: %v", v, err)
+		}
+		for k := range md {
+			f.metadata[k] = md.Get(k)
+		}
+	}
+	for _, v := range q["state"] {
+		for _, st := range strings.Split(v, ",") {
+			if st = strings.TrimSpace(st); st != "running" && st != "paused" {
+				return f, errdefs.New(errdefs.ErrBadInput, "state %q: want running or paused", st)
+			}
+			if f.states == nil {
+				f.states = map[string]bool{}
+			}
+			f.states[strings.TrimSpace(st)] = true
+		}
+	}
+	f.template = q.Get("template")
+	if v := q.Get("startedAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return f, errdefs.New(errdefs.ErrBadInput, "startedAfter %q: want an RFC 3339 time", v)
+		}
+		f.startedAfter = t
+	}
+	return f, nil
+}
+
+func (f filter) match(d detail) bool {
+	for k, v := range f.metadata {
+		if d.Metadata[k] != v {
+			return false
+		}
+	}
+	if f.states != nil && !f.states[d.State] {
+		return false
+	}
+	if f.template != "" && d.TemplateID != f.template {
+		return false
+	}
+	return f.startedAfter.IsZero() || d.StartedAt.After(f.startedAfter)
+}

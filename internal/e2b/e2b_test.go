@@ -1,0 +1,420 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/apikey"
+	"sandstorm/internal/envd"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/fleet"
+	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/pki"
+	"sandstorm/internal/store"
+	"sandstorm/internal/testenv"
+)
+
+// fakeNode is the master's own node in memory: it makes sandboxes, moves
+// them between tiers, and answers envd calls with what it was sent.
+type fakeNode struct {
+	nodeapi.Node // what the API must not call panics
+	mu           sync.Mutex
+	boxes        map[string]api.Sandbox
+	n            int
+	envd         []*http.Request
+}
+
+func newFakeNode() *fakeNode { return &fakeNode{boxes: map[string]api.Sandbox{}} }
+
+func (f *fakeNode) Name() string { return "local" }
+func (f *fakeNode) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n++
+	sb := api.Sandbox{ID: fmt.Sprintf("%012x", f.n), Name: fmt.Sprintf("sb-%d", f.n), Template: req.Template.Name, Node: "local", Tier: api.TierHot, CreatedAt: time.Now()}
+	if req.Name != "" {
+		sb.Name = req.Name
+	}
+	f.boxes[sb.ID] = sb
+	return sb, nil
+}
+func (f *fakeNode) Get(_ context.Context, ref string) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range f.boxes {
+		if b.ID == ref || b.Name == ref {
+			return b, nil
+		}
+	}
+	return api.Sandbox{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q: not found", ref)
+}
+func (f *fakeNode) List(context.Context) ([]api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []api.Sandbox
+	for _, b := range f.boxes {
+		out = append(out, b)
+	}
+	return out, nil
+}
+func (f *fakeNode) Delete(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.boxes, id)
+	return nil
+}
+func (f *fakeNode) Transition(_ context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.boxes[id]
+	if !ok {
+		return sb, errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
+	}
+	sb.Tier = map[nodeapi.Op]api.Tier{nodeapi.Freeze: api.TierFrozen, nodeapi.Snapshot: api.TierSnapshot, nodeapi.Detach: api.TierDetached, nodeapi.Wake: api.TierHot}[op]
+	f.boxes[id] = sb
+	return sb, nil
+}
+func (f *fakeNode) Status(context.Context) (api.NodeStatus, error) {
+	return api.NodeStatus{Name: "local", State: "ready", MemAvailableMiB: 1000}, nil
+}
+func (f *fakeNode) PrepareTemplate(context.Context, api.Template) error { return nil }
+func (f *fakeNode) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	f.mu.Lock()
+	f.envd = append(f.envd, r.Clone(context.Background()))
+	f.mu.Unlock()
+	fmt.Fprintf(w, "envd %s %s", id, path)
+	return nil
+}
+func (f *fakeNode) tier(id string) api.Tier {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.boxes[id].Tier
+}
+
+type env struct {
+	svc  *Service
+	st   *store.Store
+	node *fakeNode
+	api  *httptest.Server // the REST API; X-Team sets the caller (the master's auth does, for real)
+	traf *httptest.Server
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ca, err := pki.EnsureCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	n := newFakeNode()
+	fl, err := fleet.New(context.Background(), fleet.Config{Store: st, CA: ca, Local: n, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutTemplate(context.Background(), store.Template{Name: "base", Rootfs: t.TempDir(), Process: api.Process{Args: []string{"/bin/sleep"}}, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	svc := New(Config{Store: st, Fleet: fl, Domain: "sandbox.test", TokenKey: []byte("k"), Log: log})
+	apiH := svc.API()
+	e := &env{svc: svc, st: st, node: n}
+	e.api = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := apikey.Caller{Operator: true}
+		if team := r.Header.Get("X-Team"); team != "" {
+			c = apikey.Caller{Team: team}
+		}
+		apiH.ServeHTTP(w, r.WithContext(apikey.With(r.Context(), c)))
+	}))
+	e.traf = httptest.NewServer(svc.Traffic())
+	t.Cleanup(e.api.Close)
+	t.Cleanup(e.traf.Close)
+	return e
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (e *env) call(t *testing.T, team, method, path, body string) answer {
+	t.Helper()
+	req, _ := http.NewRequest(method, e.api.URL+path, strings.NewReader(body))
+	if team != "" {
+		req.Header.Set("X-Team", team)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	a := answer{resp.StatusCode, resp.Header, string(b)}
+	if a.status >= 400 {
+		// E2B's error body: the SDK reads the code from it.
+		var eb struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		if err := json.Unmarshal(b, &eb); err != nil || eb.Code != a.status || eb.Message == "" {
+			t.Errorf("%s %s: %d %q is not E2B's {code: status, message}", method, path, a.status, b)
+		}
+	}
+	return a
+}
+
+func (e *env) create(t *testing.T, team, body string) sandbox {
+	t.Helper()
+	a := e.call(t, team, "POST", "/sandboxes", body)
+	if a.status != http.StatusCreated {
+		t.Fatalf("create %s: %d %s", body, a.status, a.body)
+	}
+	var sb sandbox
+	json.Unmarshal([]byte(a.body), &sb)
+	return sb
+}
+
+var semver = regexp.MustCompile(`^\d+\.\d+\.\d+$`)
+
+// TestCreateAnswersWhatTheSDKRequires: every field the SDK requires of a
+// create's answer (openapi.yml Sandbox.required; envdVersion semver, which
+// the SDK compares), and an access token that only the master can make.
+func TestCreateAnswersWhatTheSDKRequires(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{"templateID": "base", "metadata": {"app": "x"}, "envVars": {"K": "V"}}`)
+	if sb.SandboxID == "" || sb.TemplateID != "base" || sb.ClientID == "" || !semver.MatchString(sb.EnvdVersion) || sb.Domain == nil || *sb.Domain != "sandbox.test" {
+		t.Errorf("create answered %+v", sb)
+	}
+	if sb.EnvdAccessToken != e.svc.AccessToken(sb.SandboxID) || len(sb.EnvdAccessToken) != 64 {
+		t.Errorf("access token %q", sb.EnvdAccessToken)
+	}
+	m, err := e.st.GetSandboxMeta(context.Background(), sb.SandboxID)
+	if err != nil || m.Team != "red" || m.Metadata["app"] != "x" || m.Env["K"] != "V" {
+		t.Errorf("kept %+v %v", m, err)
+	}
+	if d := m.EndAt.Sub(m.StartedAt); d != DefaultTimeout {
+		t.Errorf("lifetime %v, want E2B's default %v", d, DefaultTimeout)
+	}
+	for _, bad := range []string{
+		`{"templateID": "nosuch"}`,
+		`{"templateID": "base", "timeout": -1}`,
+		`{"templateID": "base", "network": {"allowOut": ["0.0.0.0/0"]}}`,
+		`{"templateID": "base", "mcp": {"x": {}}}`,
+		`{"templateID": "base", "allow_internet_access": true}`,
+		`{"templateID": "base", "envVars": {"A=B": "c"}}`,
+		`{not json`,
+	} {
+		if a := e.call(t, "red", "POST", "/sandboxes", bad); a.status < 400 || a.status >= 500 {
+			t.Errorf("create %s: %d %s, want a 4xx", bad, a.status, a.body)
+		}
+	}
+}
+
+// TestTeamsAndNotFound: another team's sandbox is not found on every
+// route, exactly as a missing one.
+func TestTeamsAndNotFound(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{}`)
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/sandboxes/%s", ""},
+		{"DELETE", "/sandboxes/%s", ""},
+		{"POST", "/sandboxes/%s/pause", ""},
+		{"POST", "/sandboxes/%s/connect", `{"timeout": 10}`},
+		{"POST", "/sandboxes/%s/timeout", `{"timeout": 10}`},
+		{"GET", "/sandboxes/%s/metrics", ""},
+	} {
+		theirs := e.call(t, "blue", c.method, fmt.Sprintf(c.path, sb.SandboxID), c.body)
+		missing := e.call(t, "blue", c.method, fmt.Sprintf(c.path, "nosuch"), c.body)
+		if theirs.status != http.StatusNotFound || missing.status != http.StatusNotFound {
+			t.Errorf("%s %s by another team: %d, missing: %d; want 404 both", c.method, c.path, theirs.status, missing.status)
+		}
+	}
+	if a := e.call(t, "blue", "GET", "/v2/sandboxes", ""); a.body != "[]\n" {
+		t.Errorf("another team's list: %s", a.body)
+	}
+	if a := e.call(t, "red", "GET", "/sandboxes/"+sb.SandboxID, ""); a.status != http.StatusOK {
+		t.Errorf("the owner's get: %d", a.status)
+	}
+}
+
+// TestPauseConnect: a pause is a snapshot and lists paused; a second
+// pause is a 409; a connect wakes it (201, it resumed it) and lists it
+// running; a connect to a running one is 200; traffic to a paused one
+// resumes it too.
+func TestPauseConnect(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "", `{"timeout": 60}`)
+	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/pause", ""); a.status != http.StatusNoContent {
+		t.Fatalf("pause: %d %s", a.status, a.body)
+	}
+	if e.node.tier(sb.SandboxID) != api.TierSnapshot {
+		t.Errorf("paused, the node has it %s", e.node.tier(sb.SandboxID))
+	}
+	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/pause", ""); a.status != http.StatusConflict {
+		t.Errorf("a second pause: %d, want 409 (the SDK reads 'already paused' from it)", a.status)
+	}
+	if a := e.call(t, "", "GET", "/v2/sandboxes?state=paused", ""); !strings.Contains(a.body, sb.SandboxID) {
+		t.Errorf("paused list: %s", a.body)
+	}
+	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 30}`); a.status != http.StatusCreated || !strings.Contains(a.body, sb.EnvdAccessToken) {
+		t.Errorf("connect to a paused one: %d %s, want 201 with its token", a.status, a.body)
+	}
+	if e.node.tier(sb.SandboxID) != api.TierHot {
+		t.Errorf("connected, the node has it %s", e.node.tier(sb.SandboxID))
+	}
+	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 30}`); a.status != http.StatusOK {
+		t.Errorf("connect to a running one: %d, want 200", a.status)
+	}
+	if a := e.call(t, "", "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{}`); a.status != http.StatusOK {
+		t.Errorf("connect (v2) with no timeout: %d", a.status)
+	}
+	if a := e.call(t, "", "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": -5}`); a.status != http.StatusBadRequest {
+		t.Errorf("connect with a negative timeout: %d", a.status)
+	}
+}
+
+// TestListFiltersAndPages: metadata (a query string in one parameter),
+// state and template filter; limit pages, with the next page's token in
+// x-next-token, each sandbox exactly once.
+func TestListFiltersAndPages(t *testing.T) {
+	e := newEnv(t)
+	var ids []string
+	for i := range 5 {
+		sb := e.create(t, "", fmt.Sprintf(`{"metadata": {"suite": "a", "i": "%d"}}`, i))
+		ids = append(ids, sb.SandboxID)
+		time.Sleep(2 * time.Millisecond) // distinct start times: the list's order
+	}
+	e.create(t, "", `{"metadata": {"suite": "b"}}`)
+	var got []string
+	token := ""
+	for pages := 0; pages < 10; pages++ {
+		path := "/v2/sandboxes?limit=2&metadata=" + "suite%3Da"
+		if token != "" {
+			path += "&nextToken=" + token
+		}
+		a := e.call(t, "", "GET", path, "")
+		var page []detail
+		if err := json.Unmarshal([]byte(a.body), &page); err != nil {
+			t.Fatalf("%s: %s", path, a.body)
+		}
+		for _, d := range page {
+			got = append(got, d.SandboxID)
+			if d.State != "running" || d.EnvdVersion == "" || d.StartedAt.IsZero() || d.EndAt.IsZero() || d.MemoryMB == 0 || d.CPUCount == 0 {
+				t.Errorf("listed %+v: a field the SDK requires is empty", d)
+			}
+		}
+		if token = a.header.Get("x-next-token"); token == "" {
+			break
+		}
+	}
+	if strings.Join(got, ",") != strings.Join(ids, ",") {
+		t.Errorf("paged %v, want %v", got, ids)
+	}
+	for q, want := range map[string]int{
+		"metadata=suite%3Da%26i%3D3": 1, "state=paused": 0, "state=running,paused": 6, "template=base": 6, "template=other": 0,
+	} {
+		a := e.call(t, "", "GET", "/v2/sandboxes?"+q, "")
+		var page []detail
+		json.Unmarshal([]byte(a.body), &page)
+		if len(page) != want {
+			t.Errorf("?%s: %d sandboxes, want %d", q, len(page), want)
+		}
+	}
+	if a := e.call(t, "", "GET", "/v2/sandboxes?state=sleeping", ""); a.status != http.StatusBadRequest {
+		t.Errorf("an unknown state: %d", a.status)
+	}
+}
+
+// TestLifetimes: at its end a sandbox is killed, or with autoPause
+// snapshotted and listed paused.
+func TestLifetimes(t *testing.T) {
+	e := newEnv(t)
+	kill := e.create(t, "", `{"timeout": 0}`)
+	pause := e.create(t, "", `{"timeout": 0, "autoPause": true}`)
+	keep := e.create(t, "", `{"timeout": 3600}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go e.svc.Run(ctx)
+	testenv.WaitFor(t, 10*time.Second, "both ended", func() bool {
+		_, err := e.st.GetSandboxMeta(ctx, kill.SandboxID)
+		m, _ := e.st.GetSandboxMeta(ctx, pause.SandboxID)
+		return err != nil && m.Paused
+	})
+	if _, err := e.node.Get(ctx, kill.SandboxID); err == nil {
+		t.Error("the one to kill is still on its node")
+	}
+	if e.node.tier(pause.SandboxID) != api.TierSnapshot {
+		t.Errorf("the auto-paused one is %s", e.node.tier(pause.SandboxID))
+	}
+	if e.node.tier(keep.SandboxID) != api.TierHot {
+		t.Errorf("the one with an hour left is %s", e.node.tier(keep.SandboxID))
+	}
+}
+
+// TestTraffic: envd calls are served with the sandbox's own token only,
+// which is not forwarded, nor is an environment a client sends; the
+// sandbox's env is; a sandbox that is gone is a 502.
+func TestTraffic(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{"envVars": {"K": "V"}}`)
+	call := func(id, token string, extra map[string]string) (int, string) {
+		req, _ := http.NewRequest("POST", e.traf.URL+"/process.Process/List", strings.NewReader("{}"))
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", "49983")
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		for k, v := range extra {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, _ := call(sb.SandboxID, "", nil); st != http.StatusUnauthorized {
+		t.Errorf("no token: %d", st)
+	}
+	if st, _ := call(sb.SandboxID, e.svc.AccessToken("other"), nil); st != http.StatusUnauthorized {
+		t.Errorf("another sandbox's token: %d", st)
+	}
+	st, body := call(sb.SandboxID, sb.EnvdAccessToken, map[string]string{envd.EnvHeader: envd.EncodeEnv(map[string]string{"EVIL": "1"})})
+	if st != http.StatusOK || body != "envd "+sb.SandboxID+" /process.Process/List" {
+		t.Fatalf("with its token: %d %q", st, body)
+	}
+	got := e.node.envd[len(e.node.envd)-1]
+	if got.Header.Get("X-Access-Token") != "" || got.Header.Get(envd.EnvHeader) != envd.EncodeEnv(map[string]string{"K": "V"}) {
+		t.Errorf("forwarded headers %v: the token must go, the sandbox's env (only) come", got.Header)
+	}
+	e.call(t, "red", "DELETE", "/sandboxes/"+sb.SandboxID, "")
+	if st, _ := call(sb.SandboxID, sb.EnvdAccessToken, nil); st != http.StatusBadGateway {
+		t.Errorf("a killed sandbox: %d, want 502 (the SDK's 'not found')", st)
+	}
+	if _, id, ok := SandboxHost("49983-abc.sandbox.test:443", "sandbox.test"); !ok || id != "abc" {
+		t.Errorf("SandboxHost: %q %v", id, ok)
+	}
+	for _, h := range []string{"abc.sandbox.test", "x-abc.sandbox.test", "49983-abc.other.test", "49983-abc.x.sandbox.test"} {
+		if _, _, ok := SandboxHost(h, "sandbox.test"); ok {
+			t.Errorf("SandboxHost(%q) accepted", h)
+		}
+	}
+}

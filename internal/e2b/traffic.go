@@ -1,0 +1,165 @@
+package e2b
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/envd"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/store"
+)
+
+// SandboxHost splits a Host of <port>-<id>.<domain> (a :port after it is
+// dropped), the name the SDK gives a sandbox's port (js-sdk
+// connectionConfig.ts getHost).
+func SandboxHost(host, domain string) (port, id string, ok bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if domain == "" {
+		return "", "", false
+	}
+	first, ok := strings.CutSuffix(host, "."+domain)
+	if !ok || strings.Contains(first, ".") {
+		return "", "", false
+	}
+	port, id, ok = strings.Cut(first, "-")
+	if !ok || port == "" || id == "" {
+		return "", "", false
+	}
+	for _, c := range port {
+		if c < '0' || c > '9' {
+			return "", "", false
+		}
+	}
+	return port, id, true
+}
+
+// Traffic serves what the SDK sends to a sandbox: its envd, addressed by
+// the E2b-Sandbox-Id and E2b-Sandbox-Port headers (E2B_SANDBOX_URL) or by
+// a Host of 49983-<id>.<domain>. It is checked by the sandbox's own access
+// token (X-Access-Token; every sandbox has one — E2B's secure: false is
+// not honoured: an envd anyone who knows an ID could drive is not
+// offered), which is not forwarded into the sandbox. The call wakes the
+// sandbox from any tier, as traffic does; a sandbox that is gone answers
+// 502, which the SDK reads as "not found".
+func (s *Service) Traffic() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, port := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+		if id == "" {
+			port, id, _ = SandboxHost(r.Host, s.cfg.Domain)
+		}
+		if port == "" {
+			port = strconv.Itoa(envd.Port)
+		}
+		if port != strconv.Itoa(envd.Port) {
+			fail(w, errdefs.New(errdefs.ErrNotSupported, "port %s of sandbox %s: only envd (port %d) is served here; a sandbox's own ports are at its endpoints (sandstormd sandbox get)", port, id, envd.Port))
+			return
+		}
+		got := r.Header.Get("X-Access-Token")
+		if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.AccessToken(id))) != 1 {
+			fail(w, errdefs.New(errdefs.ErrUnauthorized, "sandbox %s: missing or wrong X-Access-Token (the envdAccessToken its create or connect answered)", id))
+			return
+		}
+		n, sb, err := s.cfg.Fleet.Find(r.Context(), id)
+		if err != nil {
+			gone(w, id)
+			return
+		}
+		m, err := s.cfg.Store.GetSandboxMeta(r.Context(), sb.ID)
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			fail(w, err)
+			return
+		}
+		if m.Paused {
+			// Traffic wakes a sandbox (the product's rule, and E2B's
+			// autoResume): it is running again.
+			m.Paused = false
+			s.cfg.Store.PutSandboxMeta(r.Context(), m)
+		}
+		for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", "X-Api-Key", envd.EnvHeader} {
+			r.Header.Del(h)
+		}
+		if len(m.Env) > 0 {
+			r.Header.Set(envd.EnvHeader, envd.EncodeEnv(m.Env))
+		}
+		if err := n.ServeEnvd(w, r, sb.ID, r.URL.Path); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				gone(w, id)
+				return
+			}
+			fail(w, err)
+		}
+	})
+}
+
+// gone is the answer for a sandbox that is not there: 502, as E2B's proxy
+// gives and the SDK expects (js-sdk src/envd/api.ts, handleEnvdApiError).
+func gone(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{"code": http.StatusBadGateway, "message": "The sandbox was not found", "sandboxId": id})
+}
+
+// Run ends sandboxes whose lifetime is over until ctx ends: each is killed,
+// or with autoPause snapshotted (and listed paused until a connect). It
+// looks four times a second, so a sandbox ends within about a quarter of
+// a second of its time. A failure is logged and tried again 5 s later.
+func (s *Service) Run(ctx context.Context) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	retry := map[string]time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			metas, err := s.cfg.Store.SandboxMetas(ctx)
+			if err != nil {
+				continue
+			}
+			for _, m := range metas {
+				if m.EndAt.IsZero() || m.EndAt.After(now) || m.Paused || now.Before(retry[m.ID]) {
+					continue
+				}
+				if err := s.end(ctx, m); err != nil {
+					s.cfg.Log.Warn("e2b: ending a sandbox at its timeout failed; trying again in 5 s", "id", m.ID, "err", err)
+					retry[m.ID] = now.Add(5 * time.Second)
+					continue
+				}
+				delete(retry, m.ID)
+			}
+		}
+	}
+}
+
+func (s *Service) end(ctx context.Context, m store.SandboxMeta) error {
+	n, sb, err := s.cfg.Fleet.Find(ctx, m.ID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return s.cfg.Store.DeleteSandboxMeta(ctx, m.ID)
+	}
+	if err != nil {
+		return err
+	}
+	if m.AutoPause {
+		if sb.Tier != api.TierSnapshot {
+			if _, err := n.Transition(ctx, sb.ID, nodeapi.Snapshot); err != nil {
+				return err
+			}
+		}
+		m.Paused, m.EndAt = true, time.Time{}
+		s.cfg.Log.Info("e2b sandbox paused at its timeout", "id", sb.ID)
+		return s.cfg.Store.PutSandboxMeta(ctx, m)
+	}
+	if err := s.cfg.Fleet.Delete(ctx, n, sb); err != nil {
+		return err
+	}
+	s.cfg.Log.Info("e2b sandbox killed at its timeout", "id", sb.ID)
+	return s.cfg.Store.DeleteSandboxMeta(ctx, m.ID)
+}

@@ -1,0 +1,170 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"sandstorm/internal/errdefs"
+)
+
+// APIKey is one team's API key, as kept: its SHA-256 only (internal/apikey
+// makes and checks keys), and its last four characters to tell keys apart
+// in a list.
+type APIKey struct {
+	ID        string
+	Team      string
+	Hash      string
+	Last4     string
+	CreatedAt time.Time
+}
+
+// PutAPIKey stores k.
+func (s *Store) PutAPIKey(ctx context.Context, k APIKey) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO api_keys(id, team, hash, last4, created_at) VALUES(?,?,?,?,?)`), k.ID, k.Team, k.Hash, k.Last4, ms(k.CreatedAt))
+	if isConstraint(err) {
+		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrExists)
+	}
+	return err
+}
+
+// APIKeyByHash is the key whose hash is hash, or errdefs.ErrNotFound.
+func (s *Store) APIKeyByHash(ctx context.Context, hash string) (APIKey, error) {
+	ks, err := s.apiKeys(ctx, `SELECT id, team, hash, last4, created_at FROM api_keys WHERE hash=?`, hash)
+	if err != nil {
+		return APIKey{}, err
+	}
+	if len(ks) == 0 {
+		return APIKey{}, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
+	}
+	return ks[0], nil
+}
+
+// APIKeys lists every key, oldest first.
+func (s *Store) APIKeys(ctx context.Context) ([]APIKey, error) {
+	return s.apiKeys(ctx, `SELECT id, team, hash, last4, created_at FROM api_keys ORDER BY created_at, id`)
+}
+
+// DeleteAPIKey revokes key id: errdefs.ErrNotFound if there is none.
+func (s *Store) DeleteAPIKey(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM api_keys WHERE id=?`), id)
+	if err != nil {
+		return err
+	}
+	if k, _ := res.RowsAffected(); k == 0 {
+		return fmt.Errorf("api key %s: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+func (s *Store) apiKeys(ctx context.Context, q string, args ...any) ([]APIKey, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []APIKey
+	for rows.Next() {
+		var k APIKey
+		var created int64
+		if err := rows.Scan(&k.ID, &k.Team, &k.Hash, &k.Last4, &created); err != nil {
+			return nil, err
+		}
+		k.CreatedAt = fromMs(created)
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// SandboxMeta is what the master keeps of a sandbox beyond its placement:
+// the team that owns it, its metadata (labels), the environment its
+// commands get, and its lifetime — E2B's timeout: at EndAt it is killed,
+// or with AutoPause snapshotted (internal/e2b).
+type SandboxMeta struct {
+	ID        string
+	Team      string
+	Metadata  map[string]string
+	Env       map[string]string
+	StartedAt time.Time
+	EndAt     time.Time // zero: no end
+	AutoPause bool
+	// Paused: paused by a client (E2B's pause), not by idleness: E2B
+	// lists it "paused" until a connect.
+	Paused bool
+}
+
+// PutSandboxMeta stores m, replacing what was kept of sandbox m.ID.
+func (s *Store) PutSandboxMeta(ctx context.Context, m SandboxMeta) error {
+	var end int64
+	if !m.EndAt.IsZero() {
+		end = ms(m.EndAt)
+	}
+	if _, err := s.db.ExecContext(ctx, s.q(`DELETE FROM sandbox_meta WHERE id=?`), m.ID); err != nil {
+		return err
+	}
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandbox_meta(id, team, metadata, env, started_at, end_at, auto_pause, paused) VALUES(?,?,?,?,?,?,?,?)`),
+		m.ID, m.Team, mustJSON(orEmpty(m.Metadata)), mustJSON(orEmpty(m.Env)), ms(m.StartedAt), end, boolInt(m.AutoPause), boolInt(m.Paused))
+	return err
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// GetSandboxMeta is what is kept of sandbox id, or errdefs.ErrNotFound.
+func (s *Store) GetSandboxMeta(ctx context.Context, id string) (SandboxMeta, error) {
+	ms, err := s.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta WHERE id=?`, id)
+	if err != nil {
+		return SandboxMeta{}, err
+	}
+	if len(ms) == 0 {
+		return SandboxMeta{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return ms[0], nil
+}
+
+// SandboxMetas lists what is kept of every sandbox.
+func (s *Store) SandboxMetas(ctx context.Context) ([]SandboxMeta, error) {
+	return s.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta ORDER BY started_at, id`)
+}
+
+// DeleteSandboxMeta forgets sandbox id.
+func (s *Store) DeleteSandboxMeta(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM sandbox_meta WHERE id=?`), id)
+	return err
+}
+
+func (s *Store) sandboxMetas(ctx context.Context, q string, args ...any) ([]SandboxMeta, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []SandboxMeta
+	for rows.Next() {
+		var m SandboxMeta
+		var md, env string
+		var started, end int64
+		var auto, paused bool
+		if err := rows.Scan(&m.ID, &m.Team, &md, &env, &started, &end, &auto, &paused); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal([]byte(md), &m.Metadata); err != nil {
+			return nil, fmt.Errorf("sandbox %s: corrupt metadata: %w", m.ID, err)
+		}
+		if err := json.Unmarshal([]byte(env), &m.Env); err != nil {
+			return nil, fmt.Errorf("sandbox %s: corrupt env: %w", m.ID, err)
+		}
+		m.StartedAt = fromMs(started)
+		if end != 0 {
+			m.EndAt = fromMs(end)
+		}
+		m.AutoPause, m.Paused = auto, paused
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}

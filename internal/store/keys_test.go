@@ -1,0 +1,77 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"sandstorm/internal/errdefs"
+)
+
+// TestAPIKeys: a key is found by its hash only, listed, and gone once
+// revoked; a second key with the same hash is refused.
+func TestAPIKeys(t *testing.T) { eachStore(t, testAPIKeys) }
+
+func testAPIKeys(t *testing.T, where string) {
+	ctx := context.Background()
+	s := openAt(t, where)
+	now := time.UnixMilli(time.Now().UnixMilli()).UTC()
+	k := APIKey{ID: "k1", Team: "red", Hash: "h1", Last4: "abcd", CreatedAt: now}
+	if err := s.PutAPIKey(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutAPIKey(ctx, APIKey{ID: "k2", Team: "blue", Hash: "h1", CreatedAt: now}); !errors.Is(err, errdefs.ErrExists) {
+		t.Errorf("a second key with the same hash: %v, want exists", err)
+	}
+	if got, err := s.APIKeyByHash(ctx, "h1"); err != nil || got != k {
+		t.Errorf("by hash: %+v %v, want %+v", got, err, k)
+	}
+	if _, err := s.APIKeyByHash(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("unknown hash: %v", err)
+	}
+	if all, _ := s.APIKeys(ctx); len(all) != 1 {
+		t.Errorf("list: %v", all)
+	}
+	if err := s.DeleteAPIKey(ctx, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.APIKeyByHash(ctx, "h1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a revoked key still found: %v", err)
+	}
+	if err := s.DeleteAPIKey(ctx, "k1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("revoking twice: %v", err)
+	}
+}
+
+// TestSandboxMeta: what the master keeps of a sandbox round-trips,
+// replaces, lists and goes.
+func TestSandboxMeta(t *testing.T) { eachStore(t, testSandboxMeta) }
+
+func testSandboxMeta(t *testing.T, where string) {
+	ctx := context.Background()
+	s := openAt(t, where)
+	now := time.UnixMilli(time.Now().UnixMilli()).UTC()
+	m := SandboxMeta{ID: "s1", Team: "red", Metadata: map[string]string{"app": "x"}, Env: map[string]string{"K": "V"}, StartedAt: now, EndAt: now.Add(time.Minute), AutoPause: true, Paused: true}
+	if err := s.PutSandboxMeta(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSandboxMeta(ctx, "s1"); err != nil || !reflect.DeepEqual(got, m) {
+		t.Errorf("got %+v %v, want %+v", got, err, m)
+	}
+	m.EndAt, m.AutoPause, m.Metadata = time.Time{}, false, nil
+	s.PutSandboxMeta(ctx, m)
+	got, _ := s.GetSandboxMeta(ctx, "s1")
+	if !got.EndAt.IsZero() || got.AutoPause || len(got.Metadata) != 0 {
+		t.Errorf("after a replace: %+v", got)
+	}
+	s.PutSandboxMeta(ctx, SandboxMeta{ID: "s2", StartedAt: now})
+	if all, _ := s.SandboxMetas(ctx); len(all) != 2 {
+		t.Errorf("list: %v", all)
+	}
+	s.DeleteSandboxMeta(ctx, "s1")
+	if _, err := s.GetSandboxMeta(ctx, "s1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("after delete: %v", err)
+	}
+}

@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/demo"
+)
+
+var (
+	baseOnce   sync.Once
+	baseDemo   demo.Demo
+	baseRootfs string
+	baseErr    error
+)
+
+// registerBase registers the base demo (the E2B SDK's default template)
+// as "base", building its rootfs once per run.
+func (d *Daemon) registerBase(t *testing.T) {
+	t.Helper()
+	baseOnce.Do(func() {
+		baseRootfs = filepath.Join(workDir, "demo", "base")
+		baseDemo, baseErr = demo.Build("base", baseRootfs)
+	})
+	if baseErr != nil {
+		t.Fatalf("build the base demo: %v", baseErr)
+	}
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{
+		Name: "base", RootfsDir: baseRootfs,
+		Process: api.Process{Args: baseDemo.Args, Env: baseDemo.Env, Envd: baseDemo.Envd}, Ports: baseDemo.Ports, Warm: baseDemo.Warm,
+	}); err != nil {
+		t.Fatalf("register base: %v", err)
+	}
+}
+
+// TestE2BSDK drives a master and node with the real E2B SDK from npm
+// (testdata/e2b, pinned), unchanged: only its environment variables point
+// it here. testdata/e2b/flows.mjs holds the flows (commands, files,
+// pause/connect, lifetimes, list filters and paging, another team's key)
+// and checks each answer; this test sets them up and reads the report.
+func TestE2BSDK(t *testing.T) {
+	script, err := filepath.Abs("../../testdata/e2b/flows.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(script), "node_modules", "e2b")); err != nil {
+		t.Fatalf("the E2B SDK is not installed (%v): run npm ci --prefix testdata/e2b", err)
+	}
+	d := startDaemon(t)
+	d.registerBase(t)
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+	keyA := strings.TrimSpace(cli(t, env, "api-key", "create", "team-a").Stdout)
+	keyB := strings.TrimSpace(cli(t, env, "api-key", "create", "team-b").Stdout)
+	if !strings.HasPrefix(keyA, "e2b_") || len(keyA) != 44 {
+		t.Fatalf("api-key create printed %q, want e2b_ and 40 hex digits", keyA)
+	}
+	var run [4]byte
+	rand.Read(run[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", script)
+	cmd.Dir = filepath.Dir(script)
+	cmd.Env = append(os.Environ(),
+		"E2B_API_KEY="+keyA, "OTHER_KEY="+keyB,
+		"E2B_API_URL="+d.API+"/e2b", "E2B_SANDBOX_URL="+d.API, "E2B_DOMAIN=sandbox.localhost",
+		"NODE_EXTRA_CA_CERTS="+filepath.Join(d.DataDir, "pki", "ca.pem"),
+		"SANDSTORM_API="+d.API, "RUN_ID="+hex.EncodeToString(run[:]),
+	)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var report struct {
+		OK    bool   `json:"ok"`
+		Error string `json:"error"`
+		Steps []struct {
+			Name  string  `json:"name"`
+			OK    bool    `json:"ok"`
+			Ms    float64 `json:"ms"`
+			Error string  `json:"error"`
+			// measured by some steps
+			ConnectMs     float64 `json:"connectMs"`
+			KilledAfterMs float64 `json:"killedAfterMs"`
+		} `json:"steps"`
+	}
+	if jerr := json.Unmarshal([]byte(lines[len(lines)-1]), &report); jerr != nil {
+		t.Fatalf("node %s: %v (%v)\nstdout: %s\nstderr: %s", script, err, jerr, out, stderr.String())
+	}
+	for _, s := range report.Steps {
+		t.Logf("%-60s ok=%v %7.1f ms%s", s.Name, s.OK, s.Ms, extra(s.ConnectMs, s.KilledAfterMs))
+		if !s.OK {
+			t.Errorf("step %q: %s", s.Name, s.Error)
+		}
+	}
+	if !report.OK {
+		t.Fatalf("the SDK flows failed: %s\nstderr: %s", report.Error, stderr.String())
+	}
+
+	// A revoked key is refused at once.
+	keys := cli(t, env, "api-key", "ls")
+	keys.ok(t, "api-key ls", `team-a`, `team-b`)
+	if strings.Contains(keys.Stdout, keyA) {
+		t.Errorf("api-key ls shows a key: %s", keys.Stdout)
+	}
+	id := ""
+	for _, l := range strings.Split(keys.Stdout, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == "team-b" {
+			id = f[0]
+		}
+	}
+	cli(t, env, "api-key", "rm", id).ok(t, "api-key rm")
+	r := cli(t, []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN=" + keyB}, "sandbox", "ls")
+	if r.Code == 0 || !strings.Contains(r.Stderr, "revoked") {
+		t.Errorf("a revoked key: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+}
+
+func extra(connectMs, killedMs float64) string {
+	var b strings.Builder
+	if connectMs > 0 {
+		b.WriteString("  (connect " + time.Duration(connectMs*float64(time.Millisecond)).Round(100*time.Microsecond).String() + ")")
+	}
+	if killedMs > 0 {
+		b.WriteString("  (killed " + time.Duration(killedMs*float64(time.Millisecond)).Round(time.Millisecond).String() + " after create, timeout 2 s)")
+	}
+	return b.String()
+}

@@ -1,0 +1,210 @@
+// The E2B SDK's own flows against a running master and node
+// (test/e2e/e2b_test.go runs this with node). The SDK is used unchanged:
+// only E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL and E2B_DOMAIN are set
+// (and NODE_EXTRA_CA_CERTS, the master's CA). Each step checks what the
+// SDK answered and throws on a difference; the last line printed is a
+// JSON report the Go test reads. A second team's key is OTHER_KEY; the
+// master's /v1 API (to see tiers) is SANDSTORM_API.
+import { Sandbox, CommandExitError, NotFoundError, FileType } from 'e2b'
+import assert from 'node:assert/strict'
+
+const report = { steps: [] }
+const step = async (name, fn) => {
+  const t0 = performance.now()
+  try {
+    const out = await fn()
+    report.steps.push({ name, ok: true, ms: performance.now() - t0, ...(out ?? {}) })
+  } catch (e) {
+    report.steps.push({ name, ok: false, ms: performance.now() - t0, error: String(e?.stack ?? e) })
+    throw e
+  }
+}
+
+// tier reads the sandbox's tier through the master's own API, with the
+// same key.
+async function tier(id) {
+  const res = await fetch(`${process.env.SANDSTORM_API}/v1/sandboxes/${id}`, {
+    headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` },
+  })
+  assert.equal(res.status, 200, `GET /v1/sandboxes/${id}: ${res.status}`)
+  return (await res.json()).tier
+}
+
+const wait = (ms) => new Promise((r) => setTimeout(r, ms))
+
+let sbx
+try {
+  await step('create', async () => {
+    sbx = await Sandbox.create('base', { timeoutMs: 120_000, metadata: { suite: 'e2e', run: process.env.RUN_ID }, envs: { FROM_CREATE: 'yes' } })
+    report.sandboxID = sbx.sandboxId
+  })
+
+  await step('run foreground', async () => {
+    const r = await sbx.commands.run('echo hello; echo "$FROM_CREATE"; id -un; pwd; echo oops >&2')
+    assert.equal(r.exitCode, 0)
+    assert.equal(r.stdout, 'hello\nyes\nuser\n/home/user\n')
+    assert.equal(r.stderr, 'oops\n')
+  })
+
+  await step('exit status', async () => {
+    await assert.rejects(sbx.commands.run('exit 3'), (e) => e instanceof CommandExitError && e.exitCode === 3)
+  })
+
+  await step('env, cwd, user', async () => {
+    const r = await sbx.commands.run('echo "$X"; pwd; id -un', { envs: { X: 'from-call' }, cwd: '/tmp', user: 'root' })
+    assert.equal(r.stdout, 'from-call\n/tmp\nroot\n')
+    // The base template's user may sudo, as E2B's may; python and pip are there.
+    const s = await sbx.commands.run('sudo -n id -un; python3 -c "import pip; print(pip.__name__)"')
+    assert.equal(s.stdout, 'root\npip\n')
+  })
+
+  await step('stdin', async () => {
+    const h = await sbx.commands.run('cat', { background: true, stdin: true })
+    await sbx.commands.sendStdin(h.pid, 'through stdin\n')
+    await sbx.commands.closeStdin(h.pid)
+    const r = await h.wait()
+    assert.equal(r.stdout, 'through stdin\n')
+  })
+
+  await step('background, list, connect, kill', async () => {
+    const h = await sbx.commands.run('for i in $(seq 1000); do echo $i; sleep 0.05; done', { background: true })
+    const list = await sbx.commands.list()
+    assert.ok(list.some((p) => p.pid === h.pid), `pid ${h.pid} not in ${JSON.stringify(list)}`)
+    await h.disconnect()
+    let seen = ''
+    const h2 = await sbx.commands.connect(h.pid, { onStdout: (d) => { seen += d } })
+    for (let i = 0; i < 100 && !seen.includes('\n'); i++) await wait(20)
+    assert.ok(seen.length > 0, 'no output after connect')
+    assert.equal(await sbx.commands.kill(h.pid), true)
+    await assert.rejects(h2.wait(), (e) => e instanceof CommandExitError)
+    assert.equal(await sbx.commands.kill(h.pid), false)
+  })
+
+  await step('files', async () => {
+    await sbx.files.write('/home/user/dir/a.txt', 'alpha')
+    assert.equal(await sbx.files.read('/home/user/dir/a.txt'), 'alpha')
+    assert.equal(await sbx.files.exists('/home/user/dir/a.txt'), true)
+    assert.equal(await sbx.files.exists('/home/user/dir/nope'), false)
+    assert.equal(await sbx.files.makeDir('/home/user/dir/sub'), true)
+    assert.equal(await sbx.files.makeDir('/home/user/dir/sub'), false)
+    const entries = await sbx.files.list('/home/user/dir')
+    assert.deepEqual(entries.map((e) => e.name).sort(), ['a.txt', 'sub'])
+    const moved = await sbx.files.rename('/home/user/dir/a.txt', '/home/user/dir/b.txt')
+    assert.equal(moved.name, 'b.txt')
+    const info = await sbx.files.getInfo('/home/user/dir/b.txt')
+    assert.equal(info.type, FileType.FILE)
+    assert.equal(info.size, 5)
+    assert.equal(info.owner, 'user')
+    await sbx.files.remove('/home/user/dir/b.txt')
+    await assert.rejects(sbx.files.read('/home/user/dir/b.txt'), (e) => e instanceof NotFoundError)
+    // Paths are the sandbox's own: .. and absolute paths never leave it.
+    const passwd = await sbx.files.read('/home/user/../../etc/passwd')
+    assert.match(passwd, /^user:x:1000:1000:/m)
+    // 1 MiB round trip.
+    const big = new Uint8Array(1 << 20).map((_, i) => (i * 7) & 0xff)
+    await sbx.files.write('/home/user/big.bin', big)
+    const back = await sbx.files.read('/home/user/big.bin', { format: 'bytes' })
+    assert.equal(Buffer.compare(Buffer.from(back), Buffer.from(big)), 0)
+  })
+
+  await step('watchDir', async () => {
+    const events = []
+    const w = await sbx.files.watchDir('/home/user/dir', (e) => events.push(e), { recursive: true })
+    await sbx.files.write('/home/user/dir/watched.txt', 'x')
+    for (let i = 0; i < 200 && !events.some((e) => e.name === 'watched.txt'); i++) await wait(10)
+    await w.stop()
+    assert.ok(events.some((e) => e.name === 'watched.txt'), `events: ${JSON.stringify(events)}`)
+  })
+
+  await step('pause is a snapshot; connect wakes it with memory and files', async () => {
+    const h = await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done', { background: true })
+    await wait(300)
+    const before = Number((await sbx.commands.run('cat /tmp/count')).stdout)
+    await sbx.pause()
+    assert.equal(await tier(sbx.sandboxId), 'snapshot')
+    const listed = await Sandbox.list({ query: { state: ['paused'], metadata: { run: process.env.RUN_ID } } }).nextItems()
+    assert.deepEqual(listed.map((s) => s.sandboxId), [sbx.sandboxId])
+    const t0 = performance.now()
+    const again = await Sandbox.connect(sbx.sandboxId)
+    const connectMs = performance.now() - t0
+    assert.equal(await tier(sbx.sandboxId), 'hot')
+    // /tmp is memory: the loop's counter went on from where it was.
+    const after = Number((await again.commands.run('cat /tmp/count')).stdout)
+    assert.ok(after >= before, `count ${after} after the wake, ${before} before: memory lost`)
+    assert.equal(await again.files.exists('/home/user/big.bin'), true)
+    assert.ok((await again.commands.list()).some((p) => p.pid === h.pid), 'the background loop is gone after the wake')
+    await again.commands.kill(h.pid)
+    return { connectMs }
+  })
+
+  await step('a command in a snapshotted sandbox wakes it', async () => {
+    await sbx.pause()
+    // Not through connect: the command itself wakes it.
+    const r = await sbx.commands.run('echo awake')
+    assert.equal(r.stdout, 'awake\n')
+    assert.equal(await tier(sbx.sandboxId), 'hot')
+  })
+
+  await step('list: metadata, state, paging', async () => {
+    const others = await Promise.all([1, 2].map(() => Sandbox.create('base', { timeoutMs: 120_000, metadata: { suite: 'e2e', run: process.env.RUN_ID } })))
+    const p = Sandbox.list({ query: { metadata: { run: process.env.RUN_ID }, state: ['running'] }, limit: 2 })
+    const first = await p.nextItems()
+    assert.equal(first.length, 2)
+    assert.equal(p.hasNext, true)
+    const second = await p.nextItems()
+    assert.equal(second.length, 1)
+    assert.equal(p.hasNext, false)
+    const ids = [...first, ...second].map((s) => s.sandboxId).sort()
+    assert.deepEqual(ids, [sbx.sandboxId, ...others.map((o) => o.sandboxId)].sort())
+    assert.equal((await Sandbox.list({ query: { metadata: { run: 'no-such-run' } } }).nextItems()).length, 0)
+    await Promise.all(others.map((o) => o.kill()))
+  })
+
+  await step('another team cannot see it', async () => {
+    const opts = { apiKey: process.env.OTHER_KEY }
+    await assert.rejects(Sandbox.connect(sbx.sandboxId, opts), (e) => e instanceof NotFoundError || /not found/i.test(String(e)))
+    assert.equal(await Sandbox.kill(sbx.sandboxId, opts), false)
+    assert.equal((await Sandbox.list({ ...opts, query: { metadata: { run: process.env.RUN_ID } } }).nextItems()).length, 0)
+    await assert.rejects(Sandbox.getInfo(sbx.sandboxId, opts))
+  })
+
+  await step('timeout kills', async () => {
+    const s = await Sandbox.create('base', { timeoutMs: 2000 })
+    const t0 = Date.now()
+    let goneAt = 0
+    for (let i = 0; i < 400; i++) {
+      const l = await Sandbox.list({ query: { state: ['running', 'paused'] } }).nextItems()
+      if (!l.some((x) => x.sandboxId === s.sandboxId)) { goneAt = Date.now(); break }
+      await wait(25)
+    }
+    assert.ok(goneAt > 0, 'not killed at its timeout')
+    return { killedAfterMs: goneAt - t0 }
+  })
+
+  await step('timeout with autoPause snapshots', async () => {
+    const s = await Sandbox.create('base', { timeoutMs: 2000, lifecycle: { onTimeout: 'pause' } })
+    await s.commands.run('echo kept > /home/user/kept.txt')
+    let paused = false
+    for (let i = 0; i < 400 && !paused; i++) {
+      const l = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
+      paused = l.some((x) => x.sandboxId === s.sandboxId)
+      if (!paused) await wait(25)
+    }
+    assert.ok(paused, 'not paused at its timeout')
+    assert.equal(await tier(s.sandboxId), 'snapshot')
+    const again = await Sandbox.connect(s.sandboxId)
+    assert.equal((await again.commands.run('cat /home/user/kept.txt')).stdout, 'kept\n')
+    await again.kill()
+  })
+
+  await step('kill', async () => {
+    await sbx.kill()
+    assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+    await assert.rejects(Sandbox.connect(sbx.sandboxId), (e) => e instanceof NotFoundError || /not found/i.test(String(e)))
+  })
+  report.ok = true
+} catch (e) {
+  report.ok = false
+  report.error = String(e?.stack ?? e)
+}
+console.log(JSON.stringify(report))
