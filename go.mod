@@ -22,6 +22,7 @@ require (
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.50.0
+	golang.org/x/term v0.48.0
 	golang.org/x/time v0.15.0
 	google.golang.org/protobuf v1.36.12
 	modernc.org/sqlite v1.62.0

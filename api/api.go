@@ -140,6 +140,18 @@ type SandboxRequest struct {
 	// MemoryMiB overrides the template's memory limit (0: the template's,
 	// or the node's default).
 	MemoryMiB int `json:"memory_mib,omitempty"`
+	// Env is added to the environment of every command run in it
+	// (sandbox exec, the E2B API's envVars).
+	Env map[string]string `json:"env,omitempty"`
+	// Labels are the caller's own key/value pairs: listed, shown in the
+	// console, and what GET /v1/sandboxes?label=k=v filters by (the E2B
+	// API's metadata are the same labels).
+	Labels map[string]string `json:"labels,omitempty"`
+	// Lifetime ends it this long after its create (a Go duration, "90s",
+	// "2h"; "": never): it is deleted then, or with OnTimeout "snapshot"
+	// snapshotted (E2B's timeout and autoPause).
+	Lifetime  string `json:"lifetime,omitempty"`
+	OnTimeout string `json:"on_timeout,omitempty"`
 }
 
 // CloneRequest is the body of POST /v1/sandboxes/{id}/clone.
@@ -203,6 +215,12 @@ type Sandbox struct {
 	// MemoryMiB is its memory limit (its own, its template's or the node's
 	// default), enforced by its cgroup.
 	MemoryMiB int `json:"memory_mib,omitempty"`
+	// Labels, EndsAt and OnTimeout are what its create asked
+	// (SandboxRequest); Team is the team that owns it ("": the operator).
+	Labels    map[string]string `json:"labels,omitempty"`
+	EndsAt    *time.Time        `json:"ends_at,omitempty"`
+	OnTimeout string            `json:"on_timeout,omitempty"`
+	Team      string            `json:"team,omitempty"`
 	// Note says what the node last had to do that a caller should know
 	// (e.g. a failed checkpoint re-created the sandbox cold).
 	Note string `json:"note,omitempty"`

@@ -34,7 +34,6 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/bench"
 	"sandstorm/internal/client"
-	"sandstorm/internal/demo"
 	"sandstorm/internal/memguard"
 )
 
@@ -89,33 +88,13 @@ type sample struct {
 }
 
 func run(ctx context.Context, c config) (string, error) {
-	res := bench.NewResults("bench/fill", fmt.Sprintf("One node, %d tiered sandboxes: fill, then call %d at random", c.count, c.calls))
-	res.Machine = bench.CollectMachine(ctx)
-	absRunsc, err := filepath.Abs(c.runsc)
+	br, err := bench.Begin(ctx, bench.Plan{Tool: "bench/fill", Title: fmt.Sprintf("One node, %d tiered sandboxes: fill, then call %d at random", c.count, c.calls),
+		Out: c.out, Repo: c.repo, Prefix: "fill-", Runsc: c.runsc, Demo: "web", Sandstormd: c.sandstormd})
 	if err != nil {
 		return "", err
 	}
-	res.Machine.UseRunsc(ctx, absRunsc)
-	absOut, _ := filepath.Abs(c.out)
-	res.Source = bench.CollectSource(ctx, c.repo, absOut)
-	dir, err := bench.NewDir(c.out, "fill-"+res.DirName())
-	if err != nil {
-		return "", err
-	}
-	work, err := os.MkdirTemp("", "ssfill-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(work)
-	rootfs := filepath.Join(work, "web")
-	d, err := demo.Build("web", rootfs)
-	if err != nil {
-		return "", err
-	}
-	b, err := bench.SandstormdBinary(ctx, c.repo, c.sandstormd, work, "")
-	if err != nil {
-		return "", err
-	}
+	defer br.Close()
+	res, dir, work, absRunsc, rootfs, d, b := br.Results, br.Dir, br.Work, br.Runsc, br.Rootfs, br.Demo, br.Binary
 	data := filepath.Join(work, "d")
 	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
 		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}

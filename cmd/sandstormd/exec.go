@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
+	"path/filepath"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -27,7 +27,8 @@ func sandboxExecCmd() *cobra.Command {
 same gVisor sandbox, its boundary its only way out. The sandbox is woken
 from whatever tier it is in first. Output is streamed; the command's exit
 status is sandstormd's. With -i, sandstormd's stdin is the command's (EOF
-closes it). Without --user the command runs as the sandbox's default user
+closes it); with -t (as -it) the command gets a terminal: a pty in the
+sandbox, the size of this one and resized with it. Without --user the command runs as the sandbox's default user
 (root for a template that names none).
 
 The command runs in the sandbox's envd (the E2B API), started in it on
@@ -35,6 +36,7 @@ first use; it outlives a broken connection, and a command left running is
 in the sandbox's memory through a freeze or a snapshot.`,
 		Example: `  sandstormd sandbox exec web -- ls -l /
   echo hello | sandstormd sandbox exec web -i -- cat
+  sandstormd sandbox exec base -it -- bash
   sandstormd sandbox exec web --env DEBUG=1 --cwd /tmp --user nobody -- sh -c 'id; pwd'`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
@@ -43,13 +45,9 @@ in the sandbox's memory through a freeze or a snapshot.`,
 			return nil
 		},
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
-			o.Env = map[string]string{}
-			for _, kv := range env {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok || k == "" {
-					return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--env %q: want KEY=VALUE", kv)}
-				}
-				o.Env[k] = v
+			var err error
+			if o.Env, err = keyValues("--env", env); err != nil {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
 			}
 			// A sandbox that is not there is the API's 404, said plainly
 			// (envd's streams would see only a status).
@@ -59,6 +57,9 @@ in the sandbox's memory through a freeze or a snapshot.`,
 			o.Cmd, o.Args = args[1], args[2:]
 			if o.Stdin {
 				o.In = os.Stdin
+			}
+			if o.TTY {
+				o.Term = os.Stdin
 			}
 			code, err := execcli.Run(cmd.Context(), c.Envd(args[0], o.User), o, os.Stdout, os.Stderr)
 			if err != nil {
@@ -75,6 +76,7 @@ in the sandbox's memory through a freeze or a snapshot.`,
 	f.StringVarP(&o.Cwd, "cwd", "w", "", "the command's directory (default: the user's home)")
 	f.StringVarP(&o.User, "user", "u", "", "run as this user of the sandbox (default: the sandbox's default user)")
 	f.BoolVarP(&o.Stdin, "interactive", "i", false, "send stdin to the command")
+	f.BoolVarP(&o.TTY, "tty", "t", false, "run it on a terminal (a pty in the sandbox) the size of this one, which is raw meanwhile and whose resizes follow")
 	return exec
 }
 
@@ -83,15 +85,17 @@ func sandboxCpCmd() *cobra.Command {
 	var user string
 	cp := &cobra.Command{
 		Use:   "cp SRC DST",
-		Short: "Copy a file into or out of a sandbox (NAME:PATH on one side)",
-		Long: `Copy a file between this machine and a sandbox. The sandbox's side is
-NAME:PATH (a relative PATH is from the user's home); "-" is stdin or
-stdout. The file is streamed, never held whole in memory; a file written
-into a sandbox appears whole or not at all, with its parent directories
-made. The sandbox is woken from whatever tier it is in first.`,
+		Short: "Copy files and directories into or out of a sandbox (NAME:PATH on one side)",
+		Long: `Copy a file or a directory between this machine and a sandbox. The
+sandbox's side is NAME:PATH (a relative PATH is from the user's home); "-"
+is stdin or stdout (a single file). Files are streamed, never held whole
+in memory; a file written into a sandbox appears whole or not at all, with
+its parent directories made. Symlinks are skipped (and said so). The
+sandbox is woken from whatever tier it is in first.`,
 		Example: `  sandstormd sandbox cp ./data.csv web:/tmp/data.csv
   sandstormd sandbox cp web:/etc/os-release -
-  tar c dir | sandstormd sandbox cp - web:/tmp/dir.tar`,
+  sandstormd sandbox cp ./src web:/work/src
+  sandstormd sandbox cp web:/work/out ./out`,
 		Args: cobra.ExactArgs(2),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			srcBox, srcPath, srcIn := splitRemote(args[0])
@@ -99,23 +103,23 @@ made. The sandbox is woken from whatever tier it is in first.`,
 			switch {
 			case srcIn == dstIn:
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("exactly one of SRC and DST must be NAME:PATH, a path in a sandbox")}
-			case srcIn:
+			case srcIn && dstPath == "-":
 				rc, err := c.Envd(srcBox, user).Download(cmd.Context(), srcPath)
 				if err != nil {
 					return err
 				}
 				defer rc.Close()
-				return writeLocal(dstPath, path.Base(srcPath), rc)
+				_, err = io.Copy(os.Stdout, rc)
+				return err
+			case srcIn:
+				return execcli.CopyOut(cmd.Context(), c.Envd(srcBox, user), srcPath, dstPath, cmd.ErrOrStderr())
+			case srcPath == "-":
+				return c.Envd(dstBox, user).Upload(cmd.Context(), dstPath, os.Stdin)
 			default:
-				in, err := openLocal(srcPath)
-				if err != nil {
-					return err
+				if strings.HasSuffix(dstPath, "/") {
+					dstPath += filepath.Base(srcPath)
 				}
-				defer in.Close()
-				if strings.HasSuffix(dstPath, "/") && srcPath != "-" {
-					dstPath += path.Base(srcPath)
-				}
-				return c.Envd(dstBox, user).Upload(cmd.Context(), dstPath, in)
+				return execcli.CopyIn(cmd.Context(), c.Envd(dstBox, user), srcPath, dstPath, cmd.ErrOrStderr())
 			}
 		}),
 	}
@@ -131,40 +135,6 @@ func splitRemote(s string) (box, p string, remote bool) {
 		return "", s, false
 	}
 	return s[:i], s[i+1:], true
-}
-
-func openLocal(p string) (io.ReadCloser, error) {
-	if p == "-" {
-		return io.NopCloser(os.Stdin), nil
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, err
-	}
-	if st, err := f.Stat(); err == nil && st.IsDir() {
-		f.Close()
-		return nil, fmt.Errorf("%s is a directory: copy a file (tar a directory and copy the tarball: tar c DIR | sandstormd sandbox cp - NAME:PATH)", p)
-	}
-	return f, nil
-}
-
-func writeLocal(p, name string, r io.Reader) error {
-	if p == "-" {
-		_, err := io.Copy(os.Stdout, r)
-		return err
-	}
-	if st, err := os.Stat(p); err == nil && st.IsDir() {
-		p = path.Join(p, name)
-	}
-	f, err := os.Create(p)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // execError says what a Connect error from envd means for a person.

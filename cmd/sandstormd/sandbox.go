@@ -26,18 +26,29 @@ func sandboxCmd() *cobra.Command {
 
 // sandboxCreateCmd is "sandbox create".
 func sandboxCreateCmd() *cobra.Command {
-	var name, principal string
+	var name, principal, lifetime, onTimeout string
+	var env, labels []string
+	var memory int
 	create := &cobra.Command{
 		Use: "create TEMPLATE", Short: "Start a sandbox from a template (returns when it runs)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("name") && name == "" {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("--name is empty: give a name (1-63 of a-z, 0-9 and '-'), or leave --name out for sb-<id>")}
 			}
+			envs, err := keyValues("--env", env)
+			if err != nil {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
+			labs, err := keyValues("--label", labels)
+			if err != nil {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
 			c, err := apiClient(cmd)
 			if err != nil {
 				return err
 			}
-			sb, err := c.CreateSandbox(cmd.Context(), api.SandboxRequest{Template: args[0], Name: name, Principal: principal})
+			sb, err := c.CreateSandbox(cmd.Context(), api.SandboxRequest{Template: args[0], Name: name, Principal: principal,
+				MemoryMiB: memory, Env: envs, Labels: labs, Lifetime: lifetime, OnTimeout: onTimeout})
 			if err != nil {
 				return err
 			}
@@ -46,15 +57,37 @@ func sandboxCreateCmd() *cobra.Command {
 	}
 	create.Flags().StringVar(&name, "name", "", "sandbox name (default sb-<id>)")
 	create.Flags().StringVar(&principal, "principal", "", "who the sandbox is to its boundary and the mesh (default: the template's principal, else the sandbox name)")
+	create.Flags().IntVar(&memory, "memory", 0, "memory limit in MiB (default: the template's, else the node's --sandbox-memory)")
+	create.Flags().StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE in the environment of every command run in it (sandbox exec); repeatable")
+	create.Flags().StringArrayVarP(&labels, "label", "l", nil, "a label key=value, listed and filtered by (sandbox ls --label); repeatable")
+	create.Flags().StringVar(&lifetime, "lifetime", "", "end it this long after its create (e.g. 90s, 2h): deleted, or snapshotted with --on-timeout snapshot")
+	create.Flags().StringVar(&onTimeout, "on-timeout", "", "what its lifetime's end does: delete (default) or snapshot")
 	return create
+}
+
+// keyValues parses repeated KEY=VALUE flags.
+func keyValues(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: want KEY=VALUE", flag, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
 }
 
 // sandboxLsCmd is "sandbox ls".
 func sandboxLsCmd() *cobra.Command {
+	var labels []string
 	ls := &cobra.Command{
 		Use: "ls", Short: "List sandboxes with their tier and endpoints", Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
-			sbs, err := c.Sandboxes(cmd.Context())
+			sbs, err := c.Sandboxes(cmd.Context(), labels...)
 			if err != nil {
 				return err
 			}
@@ -97,6 +130,7 @@ func sandboxLsCmd() *cobra.Command {
 			return nil
 		}),
 	}
+	ls.Flags().StringArrayVarP(&labels, "label", "l", nil, "only those with this label (key=value); repeatable, all must match")
 	return ls
 }
 

@@ -1,12 +1,16 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	"sandstorm/internal/demo"
 )
 
 // Results is one run of a benchmark: where and on what it ran, with which
@@ -210,3 +214,64 @@ func ReadResults(path string) (*Results, error) {
 	}
 	return &r, nil
 }
+
+// Run is what a node benchmark begins with: its results (the machine, with
+// the runsc it measures, and the source tree), the directory they go to,
+// a work directory of its own (removed by Close), the demo rootfs it runs
+// and the sandstormd it measures.
+type Run struct {
+	Results *Results
+	Dir     *Dir
+	Work    string
+	// Runsc is the runsc binary, made absolute.
+	Runsc string
+	// Demo is the demo built into Rootfs.
+	Demo   demo.Demo
+	Rootfs string
+	Binary Binary
+}
+
+// Plan is what Begin makes a run of.
+type Plan struct {
+	Tool, Title string
+	// Out is where the results directory goes, named Prefix + the date
+	// and commit; Repo is the source tree.
+	Out, Repo, Prefix string
+	Runsc             string
+	// Demo names the demo to build; Sandstormd is the binary to measure
+	// ("": built from Repo).
+	Demo, Sandstormd string
+}
+
+// Begin starts a run of p.
+func Begin(ctx context.Context, p Plan) (*Run, error) {
+	res := NewResults(p.Tool, p.Title)
+	res.Machine = CollectMachine(ctx)
+	absRunsc, err := filepath.Abs(p.Runsc)
+	if err != nil {
+		return nil, err
+	}
+	res.Machine.UseRunsc(ctx, absRunsc)
+	absOut, _ := filepath.Abs(p.Out)
+	res.Source = CollectSource(ctx, p.Repo, absOut)
+	dir, err := NewDir(p.Out, p.Prefix+res.DirName())
+	if err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp("", "ss"+strings.TrimSuffix(p.Prefix, "-")+"-")
+	if err != nil {
+		return nil, err
+	}
+	r := &Run{Results: res, Dir: dir, Work: work, Runsc: absRunsc, Rootfs: filepath.Join(work, p.Demo)}
+	if r.Demo, err = demo.Build(p.Demo, r.Rootfs); err == nil {
+		r.Binary, err = SandstormdBinary(ctx, p.Repo, p.Sandstormd, work, "")
+	}
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Close removes the work directory.
+func (r *Run) Close() { os.RemoveAll(r.Work) }

@@ -257,10 +257,16 @@ func (c *Client) Sandbox(ctx context.Context, ref string) (api.Sandbox, error) {
 	return sb, err
 }
 
-// Sandboxes lists sandboxes.
-func (c *Client) Sandboxes(ctx context.Context) ([]api.Sandbox, error) {
+// Sandboxes lists sandboxes; with labels ("key=value"), those that carry
+// every one.
+func (c *Client) Sandboxes(ctx context.Context, labels ...string) ([]api.Sandbox, error) {
 	var l api.List[api.Sandbox]
-	err := c.Do(ctx, http.MethodGet, "/v1/sandboxes", nil, &l)
+	q := url.Values{"label": labels}
+	path := "/v1/sandboxes"
+	if len(labels) > 0 {
+		path += "?" + q.Encode()
+	}
+	err := c.Do(ctx, http.MethodGet, path, nil, &l)
 	return l.Items, err
 }
 

@@ -5,129 +5,34 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/apikey"
 	"sandstorm/internal/envd"
-	"sandstorm/internal/errdefs"
-	"sandstorm/internal/fleet"
-	"sandstorm/internal/nodeapi"
-	"sandstorm/internal/pki"
+	"sandstorm/internal/fleet/fleettest"
 	"sandstorm/internal/store"
 	"sandstorm/internal/testenv"
 )
 
-// fakeNode is the master's own node in memory: it makes sandboxes, moves
-// them between tiers, and answers envd calls with what it was sent.
-type fakeNode struct {
-	nodeapi.Node // what the API must not call panics
-	mu           sync.Mutex
-	boxes        map[string]api.Sandbox
-	n            int
-	envd         []*http.Request
-}
-
-func newFakeNode() *fakeNode { return &fakeNode{boxes: map[string]api.Sandbox{}} }
-
-func (f *fakeNode) Name() string { return "local" }
-func (f *fakeNode) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.n++
-	sb := api.Sandbox{ID: fmt.Sprintf("%012x", f.n), Name: fmt.Sprintf("sb-%d", f.n), Template: req.Template.Name, Node: "local", Tier: api.TierHot, CreatedAt: time.Now()}
-	if req.Name != "" {
-		sb.Name = req.Name
-	}
-	f.boxes[sb.ID] = sb
-	return sb, nil
-}
-func (f *fakeNode) Get(_ context.Context, ref string) (api.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, b := range f.boxes {
-		if b.ID == ref || b.Name == ref {
-			return b, nil
-		}
-	}
-	return api.Sandbox{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q: not found", ref)
-}
-func (f *fakeNode) List(context.Context) ([]api.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []api.Sandbox
-	for _, b := range f.boxes {
-		out = append(out, b)
-	}
-	return out, nil
-}
-func (f *fakeNode) Delete(_ context.Context, id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.boxes, id)
-	return nil
-}
-func (f *fakeNode) Transition(_ context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	sb, ok := f.boxes[id]
-	if !ok {
-		return sb, errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
-	}
-	sb.Tier = map[nodeapi.Op]api.Tier{nodeapi.Freeze: api.TierFrozen, nodeapi.Snapshot: api.TierSnapshot, nodeapi.Detach: api.TierDetached, nodeapi.Wake: api.TierHot}[op]
-	f.boxes[id] = sb
-	return sb, nil
-}
-func (f *fakeNode) Status(context.Context) (api.NodeStatus, error) {
-	return api.NodeStatus{Name: "local", State: "ready", MemAvailableMiB: 1000}, nil
-}
-func (f *fakeNode) PrepareTemplate(context.Context, api.Template) error { return nil }
-func (f *fakeNode) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
-	f.mu.Lock()
-	f.envd = append(f.envd, r.Clone(context.Background()))
-	f.mu.Unlock()
-	fmt.Fprintf(w, "envd %s %s", id, path)
-	return nil
-}
-func (f *fakeNode) tier(id string) api.Tier {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.boxes[id].Tier
-}
-
 type env struct {
 	svc  *Service
 	st   *store.Store
-	node *fakeNode
+	node *fleettest.Node
 	api  *httptest.Server // the REST API; X-Team sets the caller (the master's auth does, for real)
 	traf *httptest.Server
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	ca, err := pki.EnsureCA(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	n := newFakeNode()
-	fl, err := fleet.New(context.Background(), fleet.Config{Store: st, CA: ca, Local: n, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := fleettest.NewNode()
+	fe := fleettest.New(t, n)
+	st, fl, log := fe.Store, fe.Fleet, fe.Log
 	if err := st.PutTemplate(context.Background(), store.Template{Name: "base", Rootfs: t.TempDir(), Process: api.Process{Args: []string{"/bin/sleep"}}, CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
@@ -263,8 +168,8 @@ func TestPauseConnect(t *testing.T) {
 	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/pause", ""); a.status != http.StatusNoContent {
 		t.Fatalf("pause: %d %s", a.status, a.body)
 	}
-	if e.node.tier(sb.SandboxID) != api.TierSnapshot {
-		t.Errorf("paused, the node has it %s", e.node.tier(sb.SandboxID))
+	if e.node.Tier(sb.SandboxID) != api.TierSnapshot {
+		t.Errorf("paused, the node has it %s", e.node.Tier(sb.SandboxID))
 	}
 	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/pause", ""); a.status != http.StatusConflict {
 		t.Errorf("a second pause: %d, want 409 (the SDK reads 'already paused' from it)", a.status)
@@ -275,8 +180,8 @@ func TestPauseConnect(t *testing.T) {
 	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 30}`); a.status != http.StatusCreated || !strings.Contains(a.body, sb.EnvdAccessToken) {
 		t.Errorf("connect to a paused one: %d %s, want 201 with its token", a.status, a.body)
 	}
-	if e.node.tier(sb.SandboxID) != api.TierHot {
-		t.Errorf("connected, the node has it %s", e.node.tier(sb.SandboxID))
+	if e.node.Tier(sb.SandboxID) != api.TierHot {
+		t.Errorf("connected, the node has it %s", e.node.Tier(sb.SandboxID))
 	}
 	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 30}`); a.status != http.StatusOK {
 		t.Errorf("connect to a running one: %d, want 200", a.status)
@@ -359,11 +264,11 @@ func TestLifetimes(t *testing.T) {
 	if _, err := e.node.Get(ctx, kill.SandboxID); err == nil {
 		t.Error("the one to kill is still on its node")
 	}
-	if e.node.tier(pause.SandboxID) != api.TierSnapshot {
-		t.Errorf("the auto-paused one is %s", e.node.tier(pause.SandboxID))
+	if e.node.Tier(pause.SandboxID) != api.TierSnapshot {
+		t.Errorf("the auto-paused one is %s", e.node.Tier(pause.SandboxID))
 	}
-	if e.node.tier(keep.SandboxID) != api.TierHot {
-		t.Errorf("the one with an hour left is %s", e.node.tier(keep.SandboxID))
+	if e.node.Tier(keep.SandboxID) != api.TierHot {
+		t.Errorf("the one with an hour left is %s", e.node.Tier(keep.SandboxID))
 	}
 }
 
@@ -401,7 +306,7 @@ func TestTraffic(t *testing.T) {
 	if st != http.StatusOK || body != "envd "+sb.SandboxID+" /process.Process/List" {
 		t.Fatalf("with its token: %d %q", st, body)
 	}
-	got := e.node.envd[len(e.node.envd)-1]
+	got := e.node.Envd[len(e.node.Envd)-1]
 	if got.Header.Get("X-Access-Token") != "" || got.Header.Get(envd.EnvHeader) != envd.EncodeEnv(map[string]string{"K": "V"}) {
 		t.Errorf("forwarded headers %v: the token must go, the sandbox's env (only) come", got.Header)
 	}

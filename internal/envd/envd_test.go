@@ -368,3 +368,16 @@ func download(t *testing.T, base, path string, want int) string {
 	}
 	return string(b)
 }
+
+// TestInstantExitHasItsEnd: a command that ends at once still streams its
+// output and its end to the stream that started it (the stream is
+// subscribed before the command starts).
+func TestInstantExitHasItsEnd(t *testing.T) {
+	e := newEnv(t)
+	for i := range 50 {
+		r := e.run(t, context.Background(), &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "echo x; exit 3"}}}, "")
+		if r.end == nil || r.end.ExitCode != 3 || r.stdout != "x\n" {
+			t.Fatalf("run %d: stdout %q end %+v, want x and exit 3", i, r.stdout, r.end)
+		}
+	}
+}

@@ -127,11 +127,11 @@ func (ps *processes) Start(ctx context.Context, req *connect.Request[pb.StartReq
 	if err != nil {
 		return errUnauthed(err)
 	}
-	p, err := ps.start(acct, req.Msg, decodeEnv(req.Header()))
+	p, sub, err := ps.start(acct, req.Msg, decodeEnv(req.Header()))
 	if err != nil {
 		return err
 	}
-	return follow(ctx, p, p.subscribe(), keepaliveOf(req.Header()), func(ev *pb.ProcessEvent) error {
+	return follow(ctx, p, sub, keepaliveOf(req.Header()), func(ev *pb.ProcessEvent) error {
 		return stream.Send(&pb.StartResponse{Event: ev})
 	})
 }
@@ -154,27 +154,29 @@ func follow(ctx context.Context, p *proc, s *sub, every time.Duration, send func
 	if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: p.pid}}}); err != nil {
 		return err
 	}
+	// deliver sends ev; last says it was the end.
+	deliver := func(ev *pb.ProcessEvent) (last bool, err error) {
+		if err := send(ev); err != nil {
+			return true, err
+		}
+		_, end := ev.Event.(*pb.ProcessEvent_End)
+		return end, nil
+	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
 		case ev := <-s.ch:
-			if err := send(ev); err != nil {
+			if last, err := deliver(ev); last {
 				return err
-			}
-			if _, end := ev.Event.(*pb.ProcessEvent_End); end {
-				return nil
 			}
 		case <-p.done:
 			// Ended while this stream was attaching: the end event was
 			// sent before it subscribed, or is in its channel.
 			select {
 			case ev := <-s.ch:
-				if err := send(ev); err != nil {
+				if last, err := deliver(ev); last {
 					return err
-				}
-				if _, end := ev.Event.(*pb.ProcessEvent_End); end {
-					return nil
 				}
 				continue
 			default:
@@ -190,16 +192,18 @@ func follow(ctx context.Context, p *proc, s *sub, every time.Duration, send func
 	}
 }
 
-// start runs one command as acct and registers it.
-func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[string]string) (*proc, error) {
+// start runs one command as acct and registers it, with the starting
+// stream already subscribed: a command that ends at once (exit 3) must
+// still have its output and its end reach the stream that started it.
+func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[string]string) (*proc, *sub, error) {
 	c := req.GetProcess()
 	if c.GetCmd() == "" {
-		return nil, errBadInput(errors.New("process.cmd is empty"))
+		return nil, nil, errBadInput(errors.New("process.cmd is empty"))
 	}
 	env := ps.env(acct, sandboxEnv, c.GetEnvs())
 	path, err := lookPath(c.GetCmd(), env)
 	if err != nil {
-		return nil, errBadInput(err)
+		return nil, nil, errBadInput(err)
 	}
 	dir, asked := c.GetCwd(), true
 	if dir == "" {
@@ -209,11 +213,11 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 		dir = acct.home
 	}
 	if dir, err = acct.resolve(dir); err != nil {
-		return nil, errBadInput(err)
+		return nil, nil, errBadInput(err)
 	}
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		if asked {
-			return nil, errBadInput(fmt.Errorf("cwd '%s' does not exist or is not a directory", dir))
+			return nil, nil, errBadInput(fmt.Errorf("cwd '%s' does not exist or is not a directory", dir))
 		}
 		// A user whose home is not there (nobody's /nonexistent)
 		// starts in /, as login(1) does.
@@ -225,6 +229,7 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 	cmd.Dir = dir
 	cred := &syscall.Credential{Uid: acct.uid, Gid: acct.gid, Groups: groups(acct)}
 	p := &proc{tag: req.Tag, cfg: c, cmd: cmd, subs: map[*sub]struct{}{}, done: make(chan struct{})}
+	first := p.subscribe()
 	var outs []*os.File
 	if req.Pty != nil {
 		size := &pty.Winsize{Rows: uint16(req.Pty.GetSize().GetRows()), Cols: uint16(req.Pty.GetSize().GetCols())}
@@ -240,7 +245,7 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 			return cmd.Process.Pid, nil
 		})
 		if err != nil {
-			return nil, errBadInput(fmt.Errorf("start %s: %v", c.GetCmd(), err))
+			return nil, nil, errBadInput(fmt.Errorf("start %s: %v", c.GetCmd(), err))
 		}
 		p.tty = tty
 		outs = []*os.File{tty}
@@ -250,13 +255,13 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 		outR, outW, err := os.Pipe()
 		if err != nil {
-			return nil, errInternal(err)
+			return nil, nil, errInternal(err)
 		}
 		errR, errW, err := os.Pipe()
 		if err != nil {
 			outR.Close()
 			outW.Close()
-			return nil, errInternal(err)
+			return nil, nil, errInternal(err)
 		}
 		cmd.Stdout, cmd.Stderr = outW, errW
 		if req.Stdin == nil || req.GetStdin() {
@@ -264,7 +269,7 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 			// "We default to true").
 			w, err := cmd.StdinPipe()
 			if err != nil {
-				return nil, errInternal(err)
+				return nil, nil, errInternal(err)
 			}
 			p.stdin = w
 		}
@@ -279,7 +284,7 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 		if err != nil {
 			outR.Close()
 			errR.Close()
-			return nil, errBadInput(fmt.Errorf("start %s: %v", c.GetCmd(), err))
+			return nil, nil, errBadInput(fmt.Errorf("start %s: %v", c.GetCmd(), err))
 		}
 		outs = []*os.File{outR, errR}
 	}
@@ -288,7 +293,7 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 	ps.m[p.pid] = p
 	ps.mu.Unlock()
 	go ps.run(p, outs)
-	return p, nil
+	return p, first, nil
 }
 
 // run pumps p's output to its streams until it ends, then sends its end.

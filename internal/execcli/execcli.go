@@ -9,6 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/term"
 
 	"connectrpc.com/connect"
 
@@ -26,6 +31,11 @@ type Options struct {
 	// Stdin: send In to the command, closing its stdin at In's EOF.
 	Stdin bool
 	In    io.Reader
+	// TTY runs the command on a terminal (a pty in the sandbox) the size
+	// of Term, which is put in raw mode for the command's time and whose
+	// resizes (SIGWINCH) reach the pty.
+	TTY  bool
+	Term *os.File
 }
 
 // Run runs o's command in e's sandbox and returns its exit status (-1
@@ -35,8 +45,20 @@ func Run(ctx context.Context, e *client.Envd, o Options, stdout, stderr io.Write
 	if o.Cwd != "" {
 		cfg.Cwd = &o.Cwd
 	}
-	stdin := o.Stdin
-	st, err := e.Process.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: cfg, Stdin: &stdin}))
+	stdin := o.Stdin && !o.TTY
+	req := &pb.StartRequest{Process: cfg, Stdin: &stdin}
+	if o.TTY {
+		if o.Term == nil || !term.IsTerminal(int(o.Term.Fd())) {
+			return 0, errors.New("-t needs a terminal on stdin")
+		}
+		req.Pty = &pb.PTY{Size: size(o.Term)}
+		old, err := term.MakeRaw(int(o.Term.Fd()))
+		if err != nil {
+			return 0, err
+		}
+		defer term.Restore(int(o.Term.Fd()), old)
+	}
+	st, err := e.Process.Start(ctx, connect.NewRequest(req))
 	if err != nil {
 		return 0, err
 	}
@@ -44,8 +66,13 @@ func Run(ctx context.Context, e *client.Envd, o Options, stdout, stderr io.Write
 	for st.Receive() {
 		switch ev := st.Msg().GetEvent().GetEvent().(type) {
 		case *pb.ProcessEvent_Start:
-			if o.Stdin && o.In != nil {
-				go sendInput(ctx, e, ev.Start.GetPid(), o.In)
+			pid := ev.Start.GetPid()
+			switch {
+			case o.TTY:
+				go sendInput(ctx, e, pid, o.Term, true)
+				go resizes(ctx, e, pid, o.Term)
+			case o.Stdin && o.In != nil:
+				go sendInput(ctx, e, pid, o.In, false)
 			}
 		case *pb.ProcessEvent_Data:
 			if b := ev.Data.GetStdout(); len(b) > 0 {
@@ -74,21 +101,52 @@ func Run(ctx context.Context, e *client.Envd, o Options, stdout, stderr io.Write
 	return 0, errors.New("the command's stream ended without its end (the sandbox was snapshotted or the node restarted mid-command?): it may still be running; see the process list")
 }
 
-// sendInput sends what in yields to the command's stdin, then closes it.
-func sendInput(ctx context.Context, e *client.Envd, pid uint32, in io.Reader) {
+// sendInput sends what in yields to the command's stdin (or its pty),
+// then closes its stdin (a pty has none to close: Ctrl-D is a byte).
+func sendInput(ctx context.Context, e *client.Envd, pid uint32, in io.Reader, tty bool) {
 	sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: pid}}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := in.Read(buf)
 		if n > 0 {
 			data := append([]byte(nil), buf[:n]...)
-			if _, serr := e.Process.SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel, Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: data}}})); serr != nil {
+			input := &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: data}}
+			if tty {
+				input = &pb.ProcessInput{Input: &pb.ProcessInput_Pty{Pty: data}}
+			}
+			if _, serr := e.Process.SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel, Input: input})); serr != nil {
 				return
 			}
 		}
 		if err != nil {
-			e.Process.CloseStdin(ctx, connect.NewRequest(&pb.CloseStdinRequest{Process: sel}))
+			if !tty {
+				e.Process.CloseStdin(ctx, connect.NewRequest(&pb.CloseStdinRequest{Process: sel}))
+			}
 			return
+		}
+	}
+}
+
+func size(t *os.File) *pb.PTY_Size {
+	w, h, err := term.GetSize(int(t.Fd()))
+	if err != nil || w <= 0 || h <= 0 {
+		w, h = 80, 24
+	}
+	return &pb.PTY_Size{Cols: uint32(w), Rows: uint32(h)}
+}
+
+// resizes passes the terminal's new size to the pty at each SIGWINCH.
+func resizes(ctx context.Context, e *client.Envd, pid uint32, t *os.File) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGWINCH)
+	defer signal.Stop(ch)
+	sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: pid}}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			e.Process.Update(ctx, connect.NewRequest(&pb.UpdateRequest{Process: sel, Pty: &pb.PTY{Size: size(t)}}))
 		}
 	}
 }

@@ -493,7 +493,13 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	all = s.visible(r.Context(), all)
+	all = s.decorate(r.Context(), s.visible(r.Context(), all))
+	if labels := r.URL.Query()["label"]; len(labels) > 0 {
+		if all, err = byLabels(all, labels); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, api.List[api.Sandbox]{Items: append([]api.Sandbox{}, all...)})
 }
 
@@ -507,6 +513,11 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("template is required"))
 		return
 	}
+	meta, err := settings(req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	t, err := s.cfg.Store.GetTemplate(r.Context(), req.Template)
 	if err != nil {
 		s.fail(w, r, err)
@@ -517,11 +528,15 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.own(r.Context(), sb.ID); err != nil {
+	if err := s.own(r.Context(), sb.ID, meta); err != nil {
+		// Owned by nobody it would be lost to its team: do not keep it.
+		if n, got, ferr := s.cfg.Fleet.Find(r.Context(), sb.ID); ferr == nil {
+			s.cfg.Fleet.Delete(context.WithoutCancel(r.Context()), n, got)
+		}
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, sb)
+	writeJSON(w, http.StatusCreated, s.decorate(r.Context(), []api.Sandbox{sb})[0])
 }
 
 // sandbox finds the sandbox of the request's {id} and its node.
@@ -542,7 +557,7 @@ func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.decorate(r.Context(), []api.Sandbox{sb})[0])
 }
 
 func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {

@@ -6,131 +6,32 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
-	"sandstorm/internal/fleet"
-	"sandstorm/internal/nodeapi"
-	"sandstorm/internal/pki"
+	"sandstorm/internal/fleet/fleettest"
 	"sandstorm/internal/store"
 )
 
-// fakeNode is the master's own node, in memory: it makes what it is asked
-// to, or fails every call with err when set.
-type fakeNode struct {
-	nodeapi.Node // what the master must not call panics
-	mu           sync.Mutex
-	boxes        map[string]api.Sandbox
-	err          error
-	calls        []string
-}
+// fakeNode is the master's own node, in memory (fleettest.Node).
+type fakeNode = fleettest.Node
 
-func newFakeNode() *fakeNode { return &fakeNode{boxes: map[string]api.Sandbox{}} }
-
-func (f *fakeNode) Name() string { return "local" }
-func (f *fakeNode) call(what string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, what)
-	return f.err
-}
-func (f *fakeNode) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
-	if err := f.call("create " + req.Name); err != nil {
-		return api.Sandbox{}, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	name := req.Name
-	if name == "" {
-		name = fmt.Sprintf("sb-%d", len(f.boxes))
-	}
-	for _, b := range f.boxes {
-		if b.Name == name {
-			return api.Sandbox{}, errdefs.New(errdefs.ErrExists, "sandbox %q: already exists", name)
-		}
-	}
-	sb := api.Sandbox{ID: "id-" + name, Name: name, Template: req.Template.Name, Node: "local", Tier: api.TierHot, MemoryMiB: req.MemoryMiB}
-	f.boxes[sb.ID] = sb
-	return sb, nil
-}
-func (f *fakeNode) Get(_ context.Context, ref string) (api.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, b := range f.boxes {
-		if b.ID == ref || b.Name == ref {
-			return b, nil
-		}
-	}
-	return api.Sandbox{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q: not found", ref)
-}
-func (f *fakeNode) List(context.Context) ([]api.Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []api.Sandbox
-	for _, b := range f.boxes {
-		out = append(out, b)
-	}
-	return out, nil
-}
-func (f *fakeNode) Delete(_ context.Context, id string) error {
-	if err := f.call("delete " + id); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.boxes, id)
-	return nil
-}
-func (f *fakeNode) Transition(_ context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
-	if err := f.call(string(op) + " " + id); err != nil {
-		return api.Sandbox{}, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	sb := f.boxes[id]
-	sb.Tier = map[nodeapi.Op]api.Tier{nodeapi.Freeze: api.TierFrozen, nodeapi.Snapshot: api.TierSnapshot, nodeapi.Detach: api.TierDetached, nodeapi.Wake: api.TierHot}[op]
-	f.boxes[id] = sb
-	return sb, nil
-}
-func (f *fakeNode) Status(context.Context) (api.NodeStatus, error) {
-	return api.NodeStatus{Name: "local", State: "ready", MemAvailableMiB: 1000}, f.call("status")
-}
-func (f *fakeNode) PrepareTemplate(_ context.Context, t api.Template) error {
-	return f.call("prepare " + t.Name)
-}
-func (f *fakeNode) DropTemplate(_ context.Context, name string) error {
-	f.call("drop " + name)
-	return nil
-}
+func newFakeNode() *fakeNode { return fleettest.NewNode() }
 
 const token = "test-token"
 
 // api is a master over node, with template "web" registered.
 func newAPI(t *testing.T, n *fakeNode) (*httptest.Server, *store.Store) {
 	t.Helper()
-	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	ca, err := pki.EnsureCA(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fl, err := fleet.New(context.Background(), fleet.Config{Store: st, CA: ca, Local: n, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(Handler(Config{Store: st, Fleet: fl, CA: ca, Token: token, DataDir: t.TempDir(), MaxUpload: 1 << 20, Log: log}))
+	e := fleettest.New(t, n)
+	st := e.Store
+	srv := httptest.NewServer(Handler(Config{Store: st, Fleet: e.Fleet, CA: e.CA, Token: token, DataDir: t.TempDir(), MaxUpload: 1 << 20, Log: e.Log}))
 	t.Cleanup(srv.Close)
 	rootfs := t.TempDir()
 	os.MkdirAll(filepath.Join(rootfs, "bin"), 0o755)
@@ -252,9 +153,9 @@ func TestValidation(t *testing.T) {
 			t.Errorf("%s %s: the message repeats its code: %q", c.method, c.path, a.err.Message)
 		}
 	}
-	for _, c := range n.calls {
+	for _, c := range n.Calls {
 		if strings.HasPrefix(c, "create") {
-			t.Errorf("a refused request reached the node: %v", n.calls)
+			t.Errorf("a refused request reached the node: %v", n.Calls)
 		}
 	}
 }
@@ -283,7 +184,7 @@ func TestNodeErrors(t *testing.T) {
 		{errdefs.New(errdefs.ErrBadInput, "memory_mib -1 is negative"), 400, "bad_request", ""},
 		{errors.New("the disk is on fire"), 500, "internal", ""},
 	} {
-		n.err = c.err
+		n.Err = c.err
 		for _, r := range []struct{ method, path, body string }{
 			{"POST", "/v1/sandboxes", `{"template": "web"}`},
 			{"POST", "/v1/sandboxes/one/freeze", ``},
@@ -298,7 +199,7 @@ func TestNodeErrors(t *testing.T) {
 			}
 		}
 	}
-	n.err = nil
+	n.Err = nil
 	if a := do(t, srv, "POST", "/v1/sandboxes", `{"template": "web", "name": "one"}`); a.status != 409 || a.err.Code != "exists" {
 		t.Errorf("a name taken: %d %+v", a.status, a.err)
 	}
@@ -333,11 +234,11 @@ func TestTemplateDelete(t *testing.T) {
 		t.Errorf("deleting an unused template: %d %s", a.status, a.body)
 	}
 	found := false
-	for _, c := range n.calls {
+	for _, c := range n.Calls {
 		found = found || c == "drop web"
 	}
 	if !found {
-		t.Errorf("the node was not told to drop it: %v", n.calls)
+		t.Errorf("the node was not told to drop it: %v", n.Calls)
 	}
 	if a := do(t, srv, "GET", "/v1/templates/web", ``); a.status != 404 {
 		t.Errorf("after the delete: %d", a.status)

@@ -100,9 +100,105 @@ func (s *server) visible(ctx context.Context, all []api.Sandbox) []api.Sandbox {
 	return out
 }
 
-// own records that the caller's team owns new sandbox id.
-func (s *server) own(ctx context.Context, id string) error {
-	return s.cfg.Store.PutSandboxMeta(ctx, store.SandboxMeta{ID: id, Team: apikey.From(ctx).Team, StartedAt: time.Now()})
+// settings checks what a create asks beyond its template (env, labels, a
+// lifetime) and is what the master keeps of it, for sandbox id once made.
+func settings(req api.SandboxRequest) (store.SandboxMeta, error) {
+	m := store.SandboxMeta{Env: req.Env, Metadata: req.Labels}
+	for k := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return m, badRequest("env: %q is not a variable name", k)
+		}
+	}
+	size := 0
+	for k, v := range req.Labels {
+		if k == "" || strings.ContainsAny(k, "=&\x00") || strings.ContainsRune(v, 0) {
+			return m, badRequest("labels: %q: a key must be non-empty, without '=', '&' or NUL", k)
+		}
+		size += len(k) + len(v)
+	}
+	if size > 16<<10 {
+		return m, badRequest("labels: %d bytes, at most 16 KiB", size)
+	}
+	switch req.OnTimeout {
+	case "", "delete":
+	case "snapshot":
+		m.AutoPause = true
+	default:
+		return m, badRequest("on_timeout %q: want delete or snapshot", req.OnTimeout)
+	}
+	if req.Lifetime != "" {
+		d, err := time.ParseDuration(req.Lifetime)
+		if err != nil || d < 0 || d > 30*24*time.Hour {
+			return m, badRequest("lifetime %q: want a duration from 0s to 720h (e.g. 90s, 2h)", req.Lifetime)
+		}
+		m.EndAt = time.Now().Add(d)
+	} else if req.OnTimeout != "" {
+		return m, badRequest("on_timeout without a lifetime: give --lifetime too")
+	}
+	return m, nil
+}
+
+// own records that the caller's team owns new sandbox id, with what its
+// create asked.
+func (s *server) own(ctx context.Context, id string, m store.SandboxMeta) error {
+	m.ID, m.Team, m.StartedAt = id, apikey.From(ctx).Team, time.Now()
+	return s.cfg.Store.PutSandboxMeta(ctx, m)
+}
+
+// decorate adds what the master keeps of each sandbox (labels, lifetime,
+// team) to what its node reports.
+func (s *server) decorate(ctx context.Context, sbs []api.Sandbox) []api.Sandbox {
+	metas, err := s.cfg.Store.SandboxMetas(ctx)
+	if err != nil {
+		return sbs
+	}
+	byID := map[string]store.SandboxMeta{}
+	for _, m := range metas {
+		byID[m.ID] = m
+	}
+	for i := range sbs {
+		m, ok := byID[sbs[i].ID]
+		if !ok {
+			continue
+		}
+		sbs[i].Labels, sbs[i].Team = m.Metadata, m.Team
+		if len(sbs[i].Labels) == 0 {
+			sbs[i].Labels = nil
+		}
+		if !m.EndAt.IsZero() {
+			end := m.EndAt
+			sbs[i].EndsAt = &end
+			sbs[i].OnTimeout = "delete"
+			if m.AutoPause {
+				sbs[i].OnTimeout = "snapshot"
+			}
+		}
+	}
+	return sbs
+}
+
+// byLabels keeps the sandboxes that carry every label=value of q's
+// "label" parameters.
+func byLabels(sbs []api.Sandbox, labels []string) ([]api.Sandbox, error) {
+	want := map[string]string{}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, badRequest("label %q: want key=value", l)
+		}
+		want[k] = v
+	}
+	var out []api.Sandbox
+next:
+	for _, sb := range sbs {
+		for k, v := range want {
+			if got, ok := sb.Labels[k]; !ok || got != v {
+				continue next
+			}
+		}
+		out = append(out, sb)
+	}
+	return out, nil
 }
 
 // withEnv puts sandbox id's environment (E2B's envVars) on an envd call,

@@ -117,3 +117,45 @@ func TestAPIKeysRoutes(t *testing.T) {
 		t.Errorf("revoke twice: %d", r.status)
 	}
 }
+
+// TestCreateSettings: labels, env and a lifetime given at create are kept,
+// shown with the sandbox and filtered by; bad ones are refused before
+// anything is made.
+func TestCreateSettings(t *testing.T) {
+	n := newFakeNode()
+	srv, st := newAPI(t, n)
+	r := do(t, srv, "POST", "/v1/sandboxes", `{"template": "web", "name": "a", "labels": {"app": "x", "tier": "1"}, "env": {"K": "V"}, "lifetime": "90s", "on_timeout": "snapshot"}`)
+	if r.status != http.StatusCreated || !strings.Contains(r.body, `"app": "x"`) || !strings.Contains(r.body, `"on_timeout": "snapshot"`) || !strings.Contains(r.body, `"ends_at"`) {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	do(t, srv, "POST", "/v1/sandboxes", `{"template": "web", "name": "b", "labels": {"app": "y"}}`)
+	m, _ := st.GetSandboxMeta(context.Background(), "id-a")
+	if m.Env["K"] != "V" || !m.AutoPause || time.Until(m.EndAt) < 80*time.Second {
+		t.Errorf("kept %+v", m)
+	}
+	for q, want := range map[string]string{"label=app=x": `"a"`, "label=app=y": `"b"`, "label=app=x&label=tier=1": `"a"`} {
+		l := do(t, srv, "GET", "/v1/sandboxes?"+q, "")
+		if !strings.Contains(l.body, `"name": `+want) || strings.Count(l.body, `"name":`) != 1 {
+			t.Errorf("?%s: %s, want only %s", q, l.body, want)
+		}
+	}
+	if l := do(t, srv, "GET", "/v1/sandboxes?label=nokey", ""); l.status != http.StatusBadRequest {
+		t.Errorf("a label filter without '=': %d", l.status)
+	}
+	before := len(n.Calls)
+	for _, bad := range []string{
+		`{"template": "web", "lifetime": "soon"}`,
+		`{"template": "web", "lifetime": "-1s"}`,
+		`{"template": "web", "on_timeout": "snapshot"}`,
+		`{"template": "web", "lifetime": "1m", "on_timeout": "explode"}`,
+		`{"template": "web", "env": {"A=B": "c"}}`,
+		`{"template": "web", "labels": {"": "c"}}`,
+	} {
+		if r := do(t, srv, "POST", "/v1/sandboxes", bad); r.status != http.StatusBadRequest {
+			t.Errorf("create %s: %d, want 400", bad, r.status)
+		}
+	}
+	if len(n.Calls) != before {
+		t.Errorf("a refused create reached the node: %v", n.Calls[before:])
+	}
+}

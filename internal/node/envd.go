@@ -142,6 +142,12 @@ func (n *Node) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string
 		e.envdCuts.Delete(key)
 		cancel()
 	}()
+	// The request's body is still being forwarded when the answer starts
+	// (a stream's first event): an HTTP/1 server would otherwise make the
+	// body unreadable at the first flush ("the request body may be
+	// unavailable", net/http ResponseWriter), and the call would die
+	// half-way. (HTTP/2 is full duplex already: the error is ignored.)
+	http.NewResponseController(w).EnableFullDuplex()
 	var failed error
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

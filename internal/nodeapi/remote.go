@@ -422,6 +422,9 @@ func (c *Client) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path stri
 	if err != nil {
 		return err
 	}
+	// Full duplex, as the node's own forwarding (internal/node/envd.go):
+	// the body may still be on its way when the answer starts.
+	http.NewResponseController(w).EnableFullDuplex()
 	var failed error
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

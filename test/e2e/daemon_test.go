@@ -588,6 +588,25 @@ func (d *Daemon) cleanup() {
 		t.Logf("sandstormd log (%s), last lines:\n%s", d.LogPath, d.logTail(150))
 	}
 	d.scrub()
+	d.release()
+}
+
+// release gives the daemon's subnet and gateway ports back for later
+// tests, once scrub has taken whatever of it was left: a run of the
+// suite starts more daemons than there are /16s to give each its own.
+func (d *Daemon) release() {
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	var x int
+	if _, err := fmt.Sscanf(d.Subnet, "10.%d.0.0/16", &x); err == nil {
+		delete(usedSubnets, x)
+	}
+	var lo, hi int
+	if _, err := fmt.Sscanf(d.GwPorts, "%d-%d", &lo, &hi); err == nil {
+		for p := lo; p <= hi; p++ {
+			delete(usedPorts, p)
+		}
+	}
 }
 
 // scrub removes by force whatever the daemon left: processes started for

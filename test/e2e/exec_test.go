@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -50,11 +51,34 @@ func TestExecAndFiles(t *testing.T) {
 	if out, err := in.Output(); err != nil || string(out) != "THROUGH STDIN" {
 		t.Errorf("exec -i: %q %v", out, err)
 	}
+	// -t: a terminal in the sandbox, from a terminal here (script(1)
+	// gives sandstormd one), 80x24 when this one has no size.
+	tty := exec.Command("script", "-qec", sandstormdBin+` sandbox exec ex -t -- `+py+` -c "import os; print(os.isatty(0), os.isatty(1), os.get_terminal_size())"`, "/dev/null")
+	tty.Env = append(os.Environ(), env...)
+	if out, err := tty.Output(); err != nil || !strings.Contains(string(out), "True True os.terminal_size(columns=80, lines=24)") {
+		t.Errorf("exec -t: %q %v", out, err)
+	}
 	cli(t, env, "sandbox", "exec", "nosuch", "--", py).fails(t, "exec in no sandbox", "not found")
 	r = cli(t, env, "sandbox", "exec", "ex", "--", "/no/such/binary")
 	if r.Code != 1 || !strings.Contains(r.Stderr, "/no/such/binary") {
 		t.Errorf("exec of a missing binary: exit %d stderr %q", r.Code, r.Stderr)
 	}
+
+	// Settings at create: env for its commands, labels to list by, a
+	// lifetime at whose end it is deleted.
+	cli(t, env, "sandbox", "create", "web", "--name", "lab", "--env", "FROM_CREATE=yes", "--label", "team=qa", "--lifetime", "1h").ok(t, "create with settings")
+	d.track(d.get(t, "lab").ID)
+	cli(t, env, "sandbox", "exec", "lab", "--", py, "-c", "import os; print(os.environ['FROM_CREATE'])").ok(t, "exec sees the create's env", `^yes\n$`)
+	cli(t, env, "sandbox", "ls", "--label", "team=qa").ok(t, "ls --label", `lab`)
+	if r := cli(t, env, "sandbox", "ls", "--label", "team=dev"); strings.Contains(r.Stdout, "lab") {
+		t.Errorf("ls --label team=dev lists lab: %s", r.Stdout)
+	}
+	cli(t, env, "sandbox", "create", "web", "--name", "brief", "--lifetime", "1s").ok(t, "create with a 1 s lifetime")
+	d.track(d.get(t, "brief").ID)
+	testenv.WaitFor(t, 15*time.Second, "brief deleted at its lifetime's end", func() bool {
+		_, err := d.C.Sandbox(context.Background(), "brief")
+		return client.StatusOf(err) == http.StatusNotFound
+	})
 
 	// Files, both ways, 4 MiB of random bytes.
 	data := make([]byte, 4<<20)
@@ -69,6 +93,19 @@ func TestExecAndFiles(t *testing.T) {
 	}
 	r = cli(t, env, "sandbox", "exec", "ex", "--", py, "-c", "import hashlib; print(len(open('/work/in/data.bin','rb').read()))")
 	r.ok(t, "the sandbox sees the copied file", fmt.Sprintf(`^%d\n$`, len(data)))
+
+	// A directory, both ways.
+	tree := filepath.Join(t.TempDir(), "tree")
+	os.MkdirAll(filepath.Join(tree, "a", "b"), 0o755)
+	os.WriteFile(filepath.Join(tree, "top.txt"), []byte("top"), 0o644)
+	os.WriteFile(filepath.Join(tree, "a", "b", "deep.txt"), []byte("deep"), 0o644)
+	cli(t, env, "sandbox", "cp", tree, "ex:/work/tree").ok(t, "cp a directory in")
+	cli(t, env, "sandbox", "exec", "ex", "--", py, "-c", "print(open('/work/tree/a/b/deep.txt').read())").ok(t, "the copied tree", `^deep\n$`)
+	out := filepath.Join(t.TempDir(), "out")
+	cli(t, env, "sandbox", "cp", "ex:/work/tree", out).ok(t, "cp a directory out")
+	if b, _ := os.ReadFile(filepath.Join(out, "a", "b", "deep.txt")); string(b) != "deep" {
+		t.Errorf("the tree came back without a/b/deep.txt: %q", b)
+	}
 
 	// Paths are the sandbox's: .., an absolute path and a symlink out all
 	// name its own files. Its /etc/passwd is the demo's, not the host's.
@@ -232,4 +269,57 @@ func connectCounter(t *testing.T, e *client.Envd, tag string) int {
 		t.Fatalf("connect to %s: no output (%v)", tag, cs.Err())
 	}
 	return next
+}
+
+// TestDaemonKilledMidCommand: sandstormd killed with SIGKILL while a
+// command streams leaves no process of its own behind (no runsc exec, no
+// forwarder), and after the restart the sandbox answers, the command — in
+// the sandbox, which ran on — is still there to reconnect to, and a new
+// command runs. In both envd modes: exec'd on first use, and as init.
+func TestDaemonKilledMidCommand(t *testing.T) {
+	d := startDaemon(t)
+	d.registerWeb(t, "web")
+	tp := api.TemplateRequest{Name: "webi", RootfsDir: webRootfs, Process: api.Process{Args: webDemo.Args, Env: webDemo.Env, Envd: &api.Envd{}}, Ports: webDemo.Ports}
+	if _, err := d.C.CreateTemplate(ctxT(t), tp); err != nil {
+		t.Fatal(err)
+	}
+	counter := &pb.ProcessConfig{Cmd: py, Args: []string{"-u", "-c", "import time\nn=0\nwhile True:\n n+=1; print(n); time.sleep(0.05)"}}
+	ids := map[string]string{}
+	before := map[string]map[int]string{}
+	for _, name := range []string{"exec", "init"} {
+		tmpl := map[string]string{"exec": "web", "init": "webi"}[name]
+		sb := d.create(t, tmpl, "k-"+name)
+		ids[name] = sb.ID
+		before[name] = processesMentioning(sb.ID)
+		// A command streaming when the daemon dies.
+		e := d.C.Envd(sb.ID, "")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		st, err := e.Process.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: counter, Tag: &name}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.Receive() || !st.Receive() {
+			t.Fatalf("%s: the command did not start streaming: %v", name, st.Err())
+		}
+		defer st.Close()
+	}
+	d.Kill(t)
+	for name, id := range ids {
+		for pid, cl := range processesMentioning(id) {
+			if _, ok := before[name][pid]; !ok {
+				t.Errorf("%s: after sandstormd's SIGKILL, process %d is left: %.200s", name, pid, cl)
+			}
+		}
+	}
+	d.Start(t)
+	for name, id := range ids {
+		expectCount(t, endpoint(t, d.get(t, id)), 1, name+": its process after the restart")
+		e := d.C.Envd(id, "")
+		if next := connectCounter(t, e, name); next < 2 {
+			t.Errorf("%s: reconnected, the command printed %d", name, next)
+		}
+		env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+		cli(t, env, "sandbox", "exec", id, "--", py, "-c", "print('after')").ok(t, name+": a command after the restart", `^after\n$`)
+	}
 }

@@ -1,0 +1,193 @@
+// Command e2b times the E2B API from the SDK's side: the real e2b npm
+// package (testdata/e2b, pinned) drives a sandstormd this command starts
+// for itself, and every sample is the SDK's own call as a program would
+// make it. The series are the issue's: create → first command (pooled
+// from a warm template, and cold), commands.run('echo') round trip,
+// files.write/read of 1 MiB and of 100 MiB, connect from each tier (and
+// the first command after it). Beside connect from each tier it records
+// the node's own time for that wake (last_wake_ms), so the SDK's and the
+// API's share of it shows. Results go to bench/results/e2b-<date>-<commit>.
+//
+//	go run ./bench/e2b -n 20
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"sandstorm/api"
+	"sandstorm/internal/bench"
+)
+
+type config struct {
+	n                      int
+	out, repo, sandstormd  string
+	runsc, subnet, gwPorts string
+	nodeBin                string
+}
+
+func main() {
+	var c config
+	fs := flag.NewFlagSet("e2b", flag.ContinueOnError)
+	fs.IntVar(&c.n, "n", 20, "samples per series (write/read of 100 MiB: a quarter, at least 3; echo: 5×)")
+	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
+	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, testdata/e2b and the binaries)")
+	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
+	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc)")
+	fs.StringVar(&c.subnet, "subnet", "10.151.0.0/16", "sandbox subnet; must be unused on this host")
+	fs.StringVar(&c.gwPorts, "gateway-ports", "31000-31999", "gateway port range")
+	fs.StringVar(&c.nodeBin, "node", "node", "the Node.js binary that runs the SDK")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if fs.NArg() > 0 || c.n < 1 {
+		fmt.Fprintln(os.Stderr, "e2b: bad arguments; see --help")
+		os.Exit(2)
+	}
+	bench.Main("e2b", func(ctx context.Context) (string, error) { return run(ctx, c) })
+}
+
+// descriptions of the series the script measures, by name.
+var descriptions = map[string]string{
+	"create-pooled→first-run": "Sandbox.create('base') from the warm pool, then commands.run('true') answered (SDK side)",
+	"create-cold→first-run":   "Sandbox.create of base without a warm image (runsc run of envd as init), then commands.run('true') answered",
+	"run-echo":                "commands.run('echo hi') round trip on a hot sandbox",
+	"write-1MiB":              "files.write of 1 MiB (multipart upload through the master and the node)",
+	"read-1MiB":               "files.read of 1 MiB as bytes",
+	"write-100MiB":            "files.write of 100 MiB",
+	"read-100MiB":             "files.read of 100 MiB as bytes",
+}
+
+func run(ctx context.Context, c config) (string, error) {
+	script, err := filepath.Abs(filepath.Join(c.repo, "testdata", "e2b", "bench.mjs"))
+	if err != nil {
+		return "", err
+	}
+	sdk := filepath.Join(filepath.Dir(script), "node_modules", "e2b", "package.json")
+	var pkg struct{ Version string }
+	if b, err := os.ReadFile(sdk); err != nil || json.Unmarshal(b, &pkg) != nil {
+		return "", fmt.Errorf("the E2B SDK is not installed in testdata/e2b: npm ci --prefix testdata/e2b")
+	}
+	br, err := bench.Begin(ctx, bench.Plan{Tool: "bench/e2b", Title: "The E2B SDK (e2b on npm) against sandstormd: create, commands, files, connect from each tier",
+		Out: c.out, Repo: c.repo, Prefix: "e2b-", Runsc: c.runsc, Demo: "base", Sandstormd: c.sandstormd})
+	if err != nil {
+		return "", err
+	}
+	defer br.Close()
+	res, dir, work, absRunsc, rootfs, d, b := br.Results, br.Dir, br.Work, br.Runsc, br.Rootfs, br.Demo, br.Binary
+	envdBin := filepath.Join(filepath.Dir(b.Path), "sandstorm-envd")
+	if _, err := os.Stat(envdBin); err != nil {
+		build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", envdBin, "./cmd/sandstorm-envd")
+		build.Dir, build.Env, build.Stderr = c.repo, append(os.Environ(), "CGO_ENABLED=0"), os.Stderr
+		if err := build.Run(); err != nil {
+			return "", fmt.Errorf("build sandstorm-envd: %w", err)
+		}
+	}
+	data := filepath.Join(work, "d")
+	// No idle timers: the series move sandboxes between tiers themselves.
+	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
+		"--envd", envdBin, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
+	res.Params = map[string]any{"n": c.n, "sandstormd_args": args, "sandstormd": b, "e2b_sdk": pkg.Version, "node": nodeVersion(ctx, c.nodeBin)}
+	sd, err := bench.StartSandstormd(ctx, b.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		sd.Stop()
+		for syscall.Unmount(filepath.Join(data, "runsc", "null-netns"), syscall.MNT_DETACH) == nil {
+		}
+		exec.Command("ip", "route", "del", "unreachable", c.subnet).Run()
+	}()
+	cl := sd.Client
+	proc := api.Process{Args: d.Args, Env: d.Env, Envd: d.Envd}
+	for _, t := range []api.TemplateRequest{
+		{Name: "base", RootfsDir: rootfs, Process: proc, Ports: d.Ports, Warm: d.Warm},
+		{Name: "base-cold", RootfsDir: rootfs, Process: proc, Ports: d.Ports},
+	} {
+		if _, err := cl.CreateTemplate(ctx, t); err != nil {
+			return "", fmt.Errorf("register %s: %w", t.Name, err)
+		}
+	}
+	key, err := cl.CreateAPIKey(ctx, "bench")
+	if err != nil {
+		return "", err
+	}
+	token, err := os.ReadFile(filepath.Join(data, "pki", "api-token"))
+	if err != nil {
+		return "", err
+	}
+	apiURL := "https://" + sd.API
+	cmd := exec.CommandContext(ctx, c.nodeBin, script)
+	cmd.Dir = filepath.Dir(script)
+	cmd.Env = append(os.Environ(), "N="+strconv.Itoa(c.n),
+		"E2B_API_KEY="+key.Key, "E2B_API_URL="+apiURL+"/e2b", "E2B_SANDBOX_URL="+apiURL, "E2B_DOMAIN=sandbox.localhost",
+		"NODE_EXTRA_CA_CERTS="+filepath.Join(data, "pki", "ca.pem"),
+		"SANDSTORM_API="+apiURL, "SANDSTORM_TOKEN="+strings.TrimSpace(string(token)))
+	cmd.Stderr = os.Stderr
+	fmt.Fprintf(os.Stderr, "machine: %s\nrunning the SDK (e2b %s), n=%d…\n", res.Machine, pkg.Version, c.n)
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("node %s: %w", script, err)
+	}
+	var samples map[string][]float64
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &samples); err != nil {
+		return "", fmt.Errorf("the script's report: %w", err)
+	}
+	names := make([]string, 0, len(samples))
+	for name := range samples {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		desc := descriptions[name]
+		if desc == "" {
+			desc = describeConnect(name)
+		}
+		s := res.AddSeries(name, desc, "")
+		for _, ms := range samples[name] {
+			s.Add(ms)
+		}
+		if mib, ok := strings.CutSuffix(strings.TrimPrefix(strings.TrimPrefix(name, "write-"), "read-"), "MiB"); ok && name != "run-echo" {
+			if m, err := strconv.Atoi(mib); err == nil && len(s.SamplesMs) > 0 {
+				med := median(s.SamplesMs)
+				s.Note("median %.0f MB/s (%d MiB in %.1f ms)", float64(m)*1.048576/(med/1000), m, med)
+			}
+		}
+	}
+	if err := dir.Write(res); err != nil {
+		return dir.Path, err
+	}
+	return dir.Finish()
+}
+
+func describeConnect(name string) string {
+	tier, first := strings.CutSuffix(strings.TrimPrefix(name, "connect-from-"), "→first-run")
+	if first {
+		return fmt.Sprintf("after a connect from %s: commands.run('true') answered", tier)
+	}
+	return fmt.Sprintf("Sandbox.connect of a sandbox the API put in %s (it wakes it)", tier)
+}
+
+func median(ms []float64) float64 {
+	s := append([]float64(nil), ms...)
+	sort.Float64s(s)
+	return s[(len(s)-1)/2] // nearest rank, as internal/bench
+}
+
+func nodeVersion(ctx context.Context, bin string) string {
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}

@@ -1,0 +1,82 @@
+// SDK-side timings of the E2B API (bench/e2b runs this with node, against
+// a daemon it started): the SDK used unchanged, as in flows.mjs. Prints
+// one JSON object of raw samples in ms per series; bench/e2b writes the
+// results file. SANDSTORM_API and SANDSTORM_TOKEN (the operator's) are
+// used to move sandboxes between tiers and to see the warm pool refill.
+import { Sandbox } from 'e2b'
+
+const N = Number(process.env.N ?? 20)
+const api = process.env.SANDSTORM_API
+const op = { Authorization: `Bearer ${process.env.SANDSTORM_TOKEN}` }
+const out = {}
+const add = (name, ms) => (out[name] ??= []).push(ms)
+const wait = (ms) => new Promise((r) => setTimeout(r, ms))
+const progress = (s) => process.stderr.write(s + '\n')
+
+async function poolReady(template) {
+  for (let i = 0; i < 600; i++) {
+    const r = await fetch(`${api}/v1/nodes`, { headers: op })
+    const nodes = (await r.json()).items ?? []
+    if (nodes.some((n) => (n.warm_pool?.[template] ?? 0) > 0)) return
+    await wait(50)
+  }
+  throw new Error(`the warm pool of ${template} did not refill in 30 s`)
+}
+
+async function transition(id, op_) {
+  const r = await fetch(`${api}/v1/sandboxes/${id}/${op_}`, { method: 'POST', headers: op })
+  if (r.status !== 200) throw new Error(`${op_} ${id}: ${r.status} ${await r.text()}`)
+}
+
+const time = async (fn) => {
+  const t0 = performance.now()
+  await fn()
+  return performance.now() - t0
+}
+
+// Create → the first command's result: from the warm pool (a restored,
+// paused sandbox taken by the create), and cold (a template without a
+// warm image: runsc run of envd as init and its process).
+for (const [series, template, pooled] of [['create-pooled→first-run', 'base', true], ['create-cold→first-run', 'base-cold', false]]) {
+  for (let i = 0; i < N; i++) {
+    if (pooled) await poolReady(template)
+    let s
+    add(series, await time(async () => {
+      s = await Sandbox.create(template, { timeoutMs: 300_000 })
+      await s.commands.run('true')
+    }))
+    await s.kill()
+  }
+  progress(`${series}: ${N} samples`)
+}
+
+const s = await Sandbox.create('base', { timeoutMs: 600_000 })
+await s.commands.run('true')
+for (let i = 0; i < 5 * N; i++) add('run-echo', await time(() => s.commands.run('echo hi')))
+progress(`run-echo: ${5 * N} samples`)
+
+for (const [mib, n] of [[1, N], [100, Math.max(3, Math.floor(N / 4))]]) {
+  const data = new Uint8Array(mib << 20).map((_, i) => (i * 31) & 0xff)
+  for (let i = 0; i < n; i++) {
+    add(`write-${mib}MiB`, await time(() => s.files.write('/home/user/bench.bin', data)))
+    add(`read-${mib}MiB`, await time(async () => {
+      const b = await s.files.read('/home/user/bench.bin', { format: 'bytes' })
+      if (b.length !== data.length) throw new Error(`read ${b.length} bytes of ${data.length}`)
+    }))
+  }
+  progress(`write/read ${mib} MiB: ${n} samples`)
+}
+
+// connect from each tier: the sandbox moved there through the API, then
+// Sandbox.connect (it wakes it) and the first command's result.
+for (const [tier, op_] of [['hot', null], ['frozen', 'freeze'], ['snapshot', 'snapshot'], ['detached', 'detach']]) {
+  for (let i = 0; i < N; i++) {
+    if (op_) await transition(s.sandboxId, op_)
+    let c
+    add(`connect-from-${tier}`, await time(async () => { c = await Sandbox.connect(s.sandboxId) }))
+    add(`connect-from-${tier}→first-run`, await time(() => c.commands.run('true')))
+  }
+  progress(`connect from ${tier}: ${N} samples`)
+}
+await s.kill()
+console.log(JSON.stringify(out))
