@@ -4,9 +4,9 @@
 // make it. The series are the issue's: create → first command (pooled
 // from a warm template, and cold), commands.run('echo') round trip,
 // files.write/read of 1 MiB and of 100 MiB, connect from each tier (and
-// the first command after it). Beside connect from each tier it records
-// the node's own time for that wake (last_wake_ms), so the SDK's and the
-// API's share of it shows. Results go to bench/results/e2b-<date>-<commit>.
+// the first command after it); and what envd costs a sandbox in memory and
+// in its snapshot image (memory.go). Results go to
+// bench/results/e2b-<date>-<commit>.
 //
 //	go run ./bench/e2b -n 20
 package main
@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
@@ -164,6 +165,10 @@ func run(ctx context.Context, c config) (string, error) {
 			}
 		}
 	}
+	if err := measureMemory(ctx, res, cl, data, work, max(3, c.n/3)); err != nil {
+		return "", fmt.Errorf("memory: %w", err)
+	}
+	res.Finished = time.Now().UTC()
 	if err := dir.Write(res); err != nil {
 		return dir.Path, err
 	}

@@ -118,7 +118,7 @@ func baseFiles(root string) ([]rootFile, error) {
 		{path: "etc/pam.d/common-session-noninteractive", mode: 0o644, data: "session\trequired\tpam_unix.so\n"},
 		// A login shell (bash -l, the SDK's commands) gets its PATH here,
 		// as on Debian: root's with the sbin directories.
-		{path: "etc/profile", mode: 0o644, data: `if [ "$(id -u)" -eq 0 ]; then
+		{path: "etc/profile", mode: 0o644, data: `if [ "${EUID:-$(id -u)}" -eq 0 ]; then
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 else
   PATH=/usr/local/bin:/usr/bin:/bin
