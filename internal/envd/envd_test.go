@@ -2,6 +2,7 @@ package envd
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -379,5 +380,53 @@ func TestInstantExitHasItsEnd(t *testing.T) {
 		if r.end == nil || r.end.ExitCode != 3 || r.stdout != "x\n" {
 			t.Fatalf("run %d: stdout %q end %+v, want x and exit 3", i, r.stdout, r.end)
 		}
+	}
+}
+
+// TestUploadMetadataAndGzip: X-Metadata-* headers become the file's
+// metadata (listed by Stat), replaced by the next upload; a gzip upload
+// is stored decompressed; bad metadata is refused.
+func TestUploadMetadataAndGzip(t *testing.T) {
+	e := newEnv(t)
+	p := filepath.Join(e.dir, "m.txt")
+	post := func(body io.Reader, headers map[string]string) int {
+		req, _ := http.NewRequest("POST", e.url+"/files?path="+p, body)
+		req.Header.Set("Content-Type", "application/octet-stream")
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := post(strings.NewReader("x"), map[string]string{"X-Metadata-Owner": "team-a", "X-Metadata-Run": "7"}); st != http.StatusOK {
+		t.Fatalf("upload with metadata: %d", st)
+	}
+	st, err := e.fs.Stat(context.Background(), connect.NewRequest(&fspb.StatRequest{Path: p}))
+	if err != nil || st.Msg.Entry.Metadata["owner"] != "team-a" || st.Msg.Entry.Metadata["run"] != "7" {
+		t.Fatalf("metadata %v (%v)", st.Msg.GetEntry().GetMetadata(), err)
+	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte("unzipped"))
+	zw.Close()
+	if st := post(&gz, map[string]string{"Content-Encoding": "gzip"}); st != http.StatusOK {
+		t.Fatalf("gzip upload: %d", st)
+	}
+	if got := download(t, e.url, p, http.StatusOK); got != "unzipped" {
+		t.Errorf("gzip upload stored %q", got)
+	}
+	st, _ = e.fs.Stat(context.Background(), connect.NewRequest(&fspb.StatRequest{Path: p}))
+	if len(st.Msg.Entry.Metadata) != 0 {
+		t.Errorf("an upload without metadata kept %v", st.Msg.Entry.Metadata)
+	}
+	if st := post(strings.NewReader("x"), map[string]string{"X-Metadata-Bad": "caf\u00e9"}); st != http.StatusBadRequest {
+		t.Errorf("non-ASCII metadata: %d", st)
+	}
+	if st := post(strings.NewReader("x"), map[string]string{"Content-Encoding": "br"}); st != http.StatusBadRequest {
+		t.Errorf("an unknown encoding: %d", st)
 	}
 }

@@ -2,6 +2,7 @@ package envd
 
 import (
 	"bufio"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -69,6 +70,27 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	target := r.URL.Query().Get("path")
+	md, err := metadataOf(r.Header)
+	if err != nil {
+		httpError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	var body io.Reader = r.Body
+	switch enc := r.Header.Get("Content-Encoding"); enc {
+	case "", "identity":
+	case "gzip":
+		// The SDK's write with gzip: true (octet-stream only).
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			httpError(w, http.StatusBadRequest, "gzip body: "+err.Error())
+			return
+		}
+		defer zr.Close()
+		body = zr
+	default:
+		httpError(w, http.StatusBadRequest, fmt.Sprintf("Content-Encoding %q: want gzip or identity", enc))
+		return
+	}
 	var out []uploaded
 	write := func(name string, body io.Reader) bool {
 		p, err := acct.resolve(name)
@@ -76,7 +98,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			httpError(w, http.StatusBadRequest, err.Error())
 			return false
 		}
-		if err := writeFileAs(p, body, acct); err != nil {
+		if err := writeFileAs(p, body, acct, md); err != nil {
 			fileError(w, p, err)
 			return false
 		}
@@ -90,11 +112,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			httpError(w, http.StatusBadRequest, "an octet-stream upload needs ?path=")
 			return
 		}
-		if !write(target, r.Body) {
+		if !write(target, body) {
 			return
 		}
 	case strings.HasPrefix(mt, "multipart/"):
-		mr := multipart.NewReader(r.Body, params["boundary"])
+		mr := multipart.NewReader(body, params["boundary"])
 		for {
 			part, err := mr.NextPart()
 			if errors.Is(err, io.EOF) {
@@ -137,7 +159,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 // uploadBuffer is the size of the writes an upload makes.
 const uploadBuffer = 1 << 20
 
-func writeFileAs(p string, body io.Reader, acct account) error {
+func writeFileAs(p string, body io.Reader, acct account, md map[string]string) error {
 	if st, err := os.Stat(p); err == nil && st.IsDir() {
 		return fmt.Errorf("path '%s' is a directory: %w", p, syscall.EISDIR)
 	}
@@ -167,6 +189,9 @@ func writeFileAs(p string, body io.Reader, acct account) error {
 	}
 	if err == nil {
 		err = os.Lchown(tmp.Name(), int(acct.uid), int(acct.gid))
+	}
+	if err == nil {
+		err = setMetadata(tmp.Name(), md)
 	}
 	if err == nil {
 		err = os.Rename(tmp.Name(), p)

@@ -197,6 +197,7 @@ func entry(p string) (*pb.EntryInfo, error) {
 		Permissions:  st.Mode().String(),
 		ModifiedTime: timestamppb.New(st.ModTime()),
 	}
+	e.Metadata = readMetadata(p)
 	switch {
 	case st.Mode()&fs.ModeSymlink != 0:
 		e.Type = pb.FileType_FILE_TYPE_SYMLINK

@@ -100,6 +100,11 @@ try {
     // Paths are the sandbox's own: .. and absolute paths never leave it.
     const passwd = await sbx.files.read('/home/user/../../etc/passwd')
     assert.match(passwd, /^user:x:1000:1000:/m)
+    // File metadata (envd 0.6.2) and a gzip upload (octet-stream).
+    await sbx.files.write('/home/user/meta.txt', 'm', { metadata: { owner: 'team-a' } })
+    assert.equal((await sbx.files.getInfo('/home/user/meta.txt')).metadata?.owner, 'team-a')
+    await sbx.files.write('/home/user/zipped.txt', 'sent gzipped', { gzip: true })
+    assert.equal(await sbx.files.read('/home/user/zipped.txt'), 'sent gzipped')
     // 1 MiB round trip.
     const big = new Uint8Array(1 << 20).map((_, i) => (i * 7) & 0xff)
     await sbx.files.write('/home/user/big.bin', big)
