@@ -45,6 +45,14 @@ func TestConsoleInChromium(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		sbs = append(sbs, d.create(t, "web", fmt.Sprintf("console-%d", i)))
 	}
+	// One with labels (a create's labels, the E2B API's metadata), which
+	// its row shows and the search finds.
+	labelled, err := d.C.CreateSandbox(ctxT(t), api.SandboxRequest{Template: "web", Name: "console-labelled", Labels: map[string]string{"app": "billing"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.track(labelled.ID)
+	sbs = append(sbs, labelled)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium),
@@ -103,13 +111,13 @@ func TestConsoleInChromium(t *testing.T) {
 	run("a wrong token", chromedp.SendKeys(chromedp.ID("token"), "not-the-token"), chromedp.Click(chromedp.CSS("#login-form button")))
 	until("a wrong token is refused", `document.getElementById("login-error").innerText.includes("not the API token")`)
 	run("log in", chromedp.SendKeys(chromedp.ID("token"), d.Token), chromedp.Click(chromedp.CSS("#login-form button")))
-	until("the sandboxes show", `document.querySelectorAll("#rows .row").length === 3`)
+	until("the sandboxes show", `document.querySelectorAll("#rows .row").length === 4`)
 	for _, sb := range sbs {
 		until(sb.Name+" is hot", fmt.Sprintf(`(document.querySelector('[data-id=%q] .tier')||{}).textContent === "hot"`, sb.ID))
 	}
 	nodes := text(`document.getElementById("nodes").innerText`)
-	if !strings.Contains(nodes, "local") || !strings.Contains(nodes, "headroom") || !strings.Contains(nodes, "hot 3") {
-		t.Errorf("the node card says %q; want its name, headroom and 3 hot", nodes)
+	if !strings.Contains(nodes, "local") || !strings.Contains(nodes, "headroom") || !strings.Contains(nodes, "hot 4") {
+		t.Errorf("the node card says %q; want its name, headroom and 4 hot", nodes)
 	}
 	if strings.Contains(text(`document.documentElement.outerHTML`), d.Token) {
 		t.Error("the page holds the API token")
@@ -171,7 +179,10 @@ func TestConsoleInChromium(t *testing.T) {
 		return seen.frozen && seen.hot;
 	})()`)
 
-	// Search narrows the table.
+	// Search narrows the table, by name and by label.
+	run("search by label", chromedp.SendKeys(chromedp.ID("search"), "app=billing"))
+	until("the labelled row is left, its label shown", `document.querySelectorAll("#rows .row").length === 1 && document.querySelector("#rows .row .name").textContent === "console-labelled" && document.querySelector("#rows .row").innerText.includes("app=billing")`)
+	run("clear the search", chromedp.Evaluate[chromedp.Void](`document.getElementById("search").value = ""; render()`))
 	run("search", chromedp.SendKeys(chromedp.ID("search"), "console-2"))
 	until("one row is left", `document.querySelectorAll("#rows .row").length === 1 && document.querySelector("#rows .row .name").textContent === "console-2"`)
 	shot := screenshot(t, ctx)

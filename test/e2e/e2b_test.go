@@ -106,6 +106,29 @@ func TestE2BSDK(t *testing.T) {
 		t.Fatalf("the SDK flows failed: %s\nstderr: %s", report.Error, stderr.String())
 	}
 
+	// The other way the SDK addresses a sandbox: its Host,
+	// 49983-<id>.<domain>, on the API's listener, whose certificate
+	// covers *.<domain> — curl, resolving that name to loopback itself.
+	ca := filepath.Join(d.DataDir, "pki", "ca.pem")
+	port := d.API[strings.LastIndex(d.API, ":")+1:]
+	created := curl(t, "-sS", "--cacert", ca, "-H", "X-API-KEY: "+keyA, "-H", "Content-Type: application/json",
+		"-d", `{"templateID": "base", "timeout": 60}`, d.API+"/e2b/sandboxes")
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	if err := json.Unmarshal([]byte(created), &sb); err != nil || sb.SandboxID == "" {
+		t.Fatalf("create through curl: %q %v", created, err)
+	}
+	host := "49983-" + sb.SandboxID + ".sandbox.localhost"
+	health := func(token string) string {
+		return curl(t, "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", ca, "--resolve", host+":"+port+":127.0.0.1",
+			"-H", "X-Access-Token: "+token, "https://"+host+":"+port+"/health")
+	}
+	if code := health(sb.EnvdAccessToken); code != "204" {
+		t.Errorf("envd's /health by Host with its token: %s, want 204", code)
+	}
+	if code := health(strings.Repeat("0", 64)); code != "401" {
+		t.Errorf("envd's /health by Host with a wrong token: %s, want 401", code)
+	}
+
 	// A revoked key is refused at once.
 	keys := cli(t, env, "api-key", "ls")
 	keys.ok(t, "api-key ls", `team-a`, `team-b`)
@@ -134,4 +157,15 @@ func extra(connectMs, killedMs float64) string {
 		b.WriteString("  (killed " + time.Duration(killedMs*float64(time.Millisecond)).Round(time.Millisecond).String() + " after create, timeout 2 s)")
 	}
 	return b.String()
+}
+
+// curl runs curl with args and returns its stdout, failing the test if it
+// cannot run.
+func curl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("curl", args...).Output()
+	if err != nil {
+		t.Fatalf("curl %v: %v (%s)", args, err, out)
+	}
+	return string(out)
 }

@@ -112,9 +112,15 @@ function refreshListSoon() {
   listTimer = setTimeout(() => { listTimer = null; refreshList().catch(() => {}); }, 300);
 }
 
+// labels is a sandbox's labels as "key=value" words (the API's labels,
+// the E2B API's metadata): shown in its row and searched.
+function labels(s) {
+  return Object.entries(s.labels || {}).sort().map(([k, v]) => `${k}=${v}`).join(" ");
+}
+
 function matches(s, q) {
   if (!q) return true;
-  return [s.name, s.id, s.tier, s.template, s.node, s.note || ""].some((v) => (v || "").toLowerCase().includes(q));
+  return [s.name, s.id, s.tier, s.template, s.node, s.note || "", labels(s), s.team || ""].some((v) => (v || "").toLowerCase().includes(q));
 }
 
 function render() {
@@ -149,7 +155,7 @@ function row(s) {
   el.className = "row"; el.dataset.id = s.id;
   const wake = s.last_wake_ms ? `${s.last_wake_ms.toFixed(1)} ms${s.last_wake_from ? " from " + s.last_wake_from : ""}` : "";
   el.append(cell(s.name, "name"), cell(s.id), cell(s.transition ? `${s.tier} → ${s.transition}` : s.tier, "tier t-" + s.tier),
-    cell(s.template), cell(s.node), cell(wake), cell(s.note || ""));
+    cell(s.template), cell(s.node), cell(wake), cell([labels(s), s.note || ""].filter(Boolean).join(" · ")));
   return el;
 }
 
