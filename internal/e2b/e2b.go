@@ -225,8 +225,11 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.AllowInternetAccess != nil && *req.AllowInternetAccess {
-		fail(w, errdefs.New(errdefs.ErrNotSupported, "allow_internet_access: not supported here; what a sandbox may reach is its boundary's policy"))
+	// allow_internet_access true is the SDK's default (2.45 sends it):
+	// no restriction beyond the policy, which is what is done. false asks
+	// for one this API cannot make per sandbox, and is refused.
+	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
+		fail(w, errdefs.New(errdefs.ErrNotSupported, "allow_internet_access false: not supported here; what a sandbox may reach is its boundary's policy (sandstormd serve --policy)"))
 		return
 	}
 	timeout := DefaultTimeout

@@ -121,7 +121,7 @@ func TestCreateAnswersWhatTheSDKRequires(t *testing.T) {
 		`{"templateID": "base", "timeout": -1}`,
 		`{"templateID": "base", "network": {"allowOut": ["0.0.0.0/0"]}}`,
 		`{"templateID": "base", "mcp": {"x": {}}}`,
-		`{"templateID": "base", "allow_internet_access": true}`,
+		`{"templateID": "base", "allow_internet_access": false}`,
 		`{"templateID": "base", "envVars": {"A=B": "c"}}`,
 		`{not json`,
 	} {

@@ -64,46 +64,9 @@ func TestE2BSDK(t *testing.T) {
 	if !strings.HasPrefix(keyA, "e2b_") || len(keyA) != 44 {
 		t.Fatalf("api-key create printed %q, want e2b_ and 40 hex digits", keyA)
 	}
-	var run [4]byte
-	rand.Read(run[:])
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", script)
-	cmd.Dir = filepath.Dir(script)
-	cmd.Env = append(os.Environ(),
-		"E2B_API_KEY="+keyA, "OTHER_KEY="+keyB,
-		"E2B_API_URL="+d.API+"/e2b", "E2B_SANDBOX_URL="+d.API, "E2B_DOMAIN=sandbox.localhost",
-		"NODE_EXTRA_CA_CERTS="+filepath.Join(d.DataDir, "pki", "ca.pem"),
-		"SANDSTORM_API="+d.API, "RUN_ID="+hex.EncodeToString(run[:]),
-	)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	var report struct {
-		OK    bool   `json:"ok"`
-		Error string `json:"error"`
-		Steps []struct {
-			Name  string  `json:"name"`
-			OK    bool    `json:"ok"`
-			Ms    float64 `json:"ms"`
-			Error string  `json:"error"`
-			// measured by some steps
-			ConnectMs     float64 `json:"connectMs"`
-			KilledAfterMs float64 `json:"killedAfterMs"`
-		} `json:"steps"`
-	}
-	if jerr := json.Unmarshal([]byte(lines[len(lines)-1]), &report); jerr != nil {
-		t.Fatalf("node %s: %v (%v)\nstdout: %s\nstderr: %s", script, err, jerr, out, stderr.String())
-	}
-	for _, s := range report.Steps {
-		t.Logf("%-60s ok=%v %7.1f ms%s", s.Name, s.OK, s.Ms, extra(s.ConnectMs, s.KilledAfterMs))
-		if !s.OK {
-			t.Errorf("step %q: %s", s.Name, s.Error)
-		}
-	}
-	if !report.OK {
-		t.Fatalf("the SDK flows failed: %s\nstderr: %s", report.Error, stderr.String())
+	// The current release, and the oldest this API is meant for.
+	for _, module := range []string{"e2b", "e2b-2.45"} {
+		t.Run(module, func(t *testing.T) { runFlows(t, d, script, module, keyA, keyB) })
 	}
 
 	// The other way the SDK addresses a sandbox: its Host,
@@ -168,4 +131,50 @@ func curl(t *testing.T, args ...string) string {
 		t.Fatalf("curl %v: %v (%s)", args, err, out)
 	}
 	return string(out)
+}
+
+// runFlows runs testdata/e2b/flows.mjs with the SDK module against d and
+// checks its report, step by step.
+func runFlows(t *testing.T, d *Daemon, script, module, keyA, keyB string) {
+	var run [4]byte
+	rand.Read(run[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", script)
+	cmd.Dir = filepath.Dir(script)
+	cmd.Env = append(os.Environ(), "E2B_MODULE="+module,
+		"E2B_API_KEY="+keyA, "OTHER_KEY="+keyB,
+		"E2B_API_URL="+d.API+"/e2b", "E2B_SANDBOX_URL="+d.API, "E2B_DOMAIN=sandbox.localhost",
+		"NODE_EXTRA_CA_CERTS="+filepath.Join(d.DataDir, "pki", "ca.pem"),
+		"SANDSTORM_API="+d.API, "RUN_ID="+hex.EncodeToString(run[:]),
+	)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var report struct {
+		OK    bool   `json:"ok"`
+		Error string `json:"error"`
+		Steps []struct {
+			Name  string  `json:"name"`
+			OK    bool    `json:"ok"`
+			Ms    float64 `json:"ms"`
+			Error string  `json:"error"`
+			// measured by some steps
+			ConnectMs     float64 `json:"connectMs"`
+			KilledAfterMs float64 `json:"killedAfterMs"`
+		} `json:"steps"`
+	}
+	if jerr := json.Unmarshal([]byte(lines[len(lines)-1]), &report); jerr != nil {
+		t.Fatalf("node %s: %v (%v)\nstdout: %s\nstderr: %s", script, err, jerr, out, stderr.String())
+	}
+	for _, s := range report.Steps {
+		t.Logf("%-60s ok=%v %7.1f ms%s", s.Name, s.OK, s.Ms, extra(s.ConnectMs, s.KilledAfterMs))
+		if !s.OK {
+			t.Errorf("step %q: %s", s.Name, s.Error)
+		}
+	}
+	if !report.OK {
+		t.Fatalf("the SDK flows failed: %s\nstderr: %s", report.Error, stderr.String())
+	}
 }

@@ -5,8 +5,10 @@
 // SDK answered and throws on a difference; the last line printed is a
 // JSON report the Go test reads. A second team's key is OTHER_KEY; the
 // master's /v1 API (to see tiers) is SANDSTORM_API.
-import { Sandbox, CommandExitError, NotFoundError, FileType } from 'e2b'
 import assert from 'node:assert/strict'
+
+// E2B_MODULE picks the SDK release: e2b (the current one) or e2b-2.45.
+const { Sandbox, CommandExitError, NotFoundError, FileType } = await import(process.env.E2B_MODULE ?? 'e2b')
 
 const report = { steps: [] }
 const step = async (name, fn) => {
