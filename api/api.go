@@ -152,6 +152,18 @@ type SandboxRequest struct {
 	// snapshotted (E2B's timeout and autoPause).
 	Lifetime  string `json:"lifetime,omitempty"`
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// Idle overrides the node's idle timers for this sandbox.
+	Idle *IdleTimers `json:"idle,omitempty"`
+}
+
+// IdleTimers are how long a sandbox may stay idle before it drops a tier
+// (Go durations, "30s"; "0" never): hot → frozen, frozen → snapshot,
+// snapshot → detached. A field left out keeps the node's own
+// (sandstormd serve --freeze-after and the others).
+type IdleTimers struct {
+	FreezeAfter   string `json:"freeze_after,omitempty"`
+	SnapshotAfter string `json:"snapshot_after,omitempty"`
+	DetachAfter   string `json:"detach_after,omitempty"`
 }
 
 // CloneRequest is the body of POST /v1/sandboxes/{id}/clone.
@@ -218,6 +230,7 @@ type Sandbox struct {
 	// Labels, EndsAt and OnTimeout are what its create asked
 	// (SandboxRequest); Team is the team that owns it ("": the operator).
 	Labels    map[string]string `json:"labels,omitempty"`
+	Idle      *IdleTimers       `json:"idle,omitempty"`
 	EndsAt    *time.Time        `json:"ends_at,omitempty"`
 	OnTimeout string            `json:"on_timeout,omitempty"`
 	Team      string            `json:"team,omitempty"`

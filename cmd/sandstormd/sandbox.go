@@ -27,6 +27,7 @@ func sandboxCmd() *cobra.Command {
 // sandboxCreateCmd is "sandbox create".
 func sandboxCreateCmd() *cobra.Command {
 	var name, principal, lifetime, onTimeout string
+	var idle api.IdleTimers
 	var env, labels []string
 	var memory int
 	create := &cobra.Command{
@@ -48,7 +49,7 @@ func sandboxCreateCmd() *cobra.Command {
 				return err
 			}
 			sb, err := c.CreateSandbox(cmd.Context(), api.SandboxRequest{Template: args[0], Name: name, Principal: principal,
-				MemoryMiB: memory, Env: envs, Labels: labs, Lifetime: lifetime, OnTimeout: onTimeout})
+				MemoryMiB: memory, Env: envs, Labels: labs, Lifetime: lifetime, OnTimeout: onTimeout, Idle: idleOf(idle)})
 			if err != nil {
 				return err
 			}
@@ -62,7 +63,17 @@ func sandboxCreateCmd() *cobra.Command {
 	create.Flags().StringArrayVarP(&labels, "label", "l", nil, "a label key=value, listed and filtered by (sandbox ls --label); repeatable")
 	create.Flags().StringVar(&lifetime, "lifetime", "", "end it this long after its create (e.g. 90s, 2h): deleted, or snapshotted with --on-timeout snapshot")
 	create.Flags().StringVar(&onTimeout, "on-timeout", "", "what its lifetime's end does: delete (default) or snapshot")
+	create.Flags().StringVar(&idle.FreezeAfter, "freeze-after", "", "its own idle time before it is frozen (e.g. 30s; 0: never; default: the node's)")
+	create.Flags().StringVar(&idle.SnapshotAfter, "snapshot-after", "", "its own idle time, once frozen, before it is snapshotted (default: the node's)")
+	create.Flags().StringVar(&idle.DetachAfter, "detach-after", "", "its own idle time, once snapshotted, before it is detached (default: the node's)")
 	return create
+}
+
+func idleOf(t api.IdleTimers) *api.IdleTimers {
+	if t == (api.IdleTimers{}) {
+		return nil
+	}
+	return &t
 }
 
 // keyValues parses repeated KEY=VALUE flags.

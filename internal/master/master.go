@@ -523,7 +523,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB})
+	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -596,12 +596,27 @@ func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 // move serves POST /v1/sandboxes/{id}/move: a sandbox whose node is lost
 // is created again, cold, on another node (fleet.Move).
 func (s *server) move(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.cfg.Fleet.Move(r.Context(), r.PathValue("id"))
+	_, old, err := s.cfg.Fleet.Find(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, sb)
+	sb, err := s.cfg.Fleet.Move(r.Context(), old.ID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	// The new sandbox is the old one's for its team, labels, env and
+	// lifetime (its ID is new).
+	if m, err := s.cfg.Store.GetSandboxMeta(r.Context(), old.ID); err == nil {
+		m.ID = sb.ID
+		if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		s.cfg.Store.DeleteSandboxMeta(r.Context(), old.ID)
+	}
+	writeJSON(w, http.StatusCreated, s.decorate(r.Context(), []api.Sandbox{sb})[0])
 }
 
 // clone makes children of a sandbox from its memory (node.Clone).

@@ -13,6 +13,7 @@ import (
 	"sandstorm/internal/envd"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/store"
+	"sandstorm/internal/tier"
 )
 
 // Teams: an API key is its team's (internal/apikey). A team sees and
@@ -118,6 +119,9 @@ func settings(req api.SandboxRequest) (store.SandboxMeta, error) {
 	}
 	if size > 16<<10 {
 		return m, badRequest("labels: %d bytes, at most 16 KiB", size)
+	}
+	if _, err := (tier.Timers{}).With(req.Idle); err != nil {
+		return m, badRequest("%v", err)
 	}
 	switch req.OnTimeout {
 	case "", "delete":

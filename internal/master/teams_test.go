@@ -150,6 +150,8 @@ func TestCreateSettings(t *testing.T) {
 		`{"template": "web", "lifetime": "1m", "on_timeout": "explode"}`,
 		`{"template": "web", "env": {"A=B": "c"}}`,
 		`{"template": "web", "labels": {"": "c"}}`,
+		`{"template": "web", "idle": {"freeze_after": "soon"}}`,
+		`{"template": "web", "idle": {"detach_after": "-5m"}}`,
 	} {
 		if r := do(t, srv, "POST", "/v1/sandboxes", bad); r.status != http.StatusBadRequest {
 			t.Errorf("create %s: %d, want 400", bad, r.status)

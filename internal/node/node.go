@@ -181,6 +181,9 @@ type entry struct {
 	envdMu    sync.Mutex
 	envdCalls atomic.Int32
 	envdCuts  sync.Map // *int → context.CancelFunc
+
+	// timers are its own idle timers (nil: the node's).
+	timers atomic.Pointer[tier.Timers]
 }
 
 type wakeCall struct {
@@ -738,6 +741,30 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes(), PromisedMiB: n.promisedMiB(), State: "ready"}, nil
 }
 
+// SetIdle gives sandbox id idle timers of its own (over the node's; nil:
+// the node's again), kept with it across restarts.
+func (n *Node) SetIdle(ctx context.Context, id string, idle *api.IdleTimers) error {
+	own, err := n.cfg.Timers.With(idle)
+	if err != nil {
+		return errdefs.Mark(errdefs.ErrBadInput, err)
+	}
+	if _, err := n.st.UpdateSandbox(ctx, id, func(sb *store.Sandbox) error { sb.Idle = idle; return nil }); err != nil {
+		return err
+	}
+	n.useIdle(id, idle, own)
+	return nil
+}
+
+func (n *Node) useIdle(id string, idle *api.IdleTimers, own tier.Timers) {
+	if e, ok := n.lookup(id); ok {
+		if idle == nil {
+			e.timers.Store(nil)
+		} else {
+			e.timers.Store(&own)
+		}
+	}
+}
+
 // LogPath is the file holding sandbox id's console output.
 func (n *Node) LogPath(id string) string { return n.dir(id).log() }
 
@@ -802,7 +829,7 @@ func (n *Node) views() []tier.View {
 		// A call forwarded to envd (a command someone waits on) does.
 		busy := len(e.lock) > 0 || e.envdCalls.Load() > 0
 		out = append(out, tier.View{
-			ID: e.id, Tier: e.getTier(), Busy: busy,
+			ID: e.id, Tier: e.getTier(), Busy: busy, Timers: e.timers.Load(),
 			LastActive: time.UnixMilli(e.lastActive.Load()),
 			TierSince:  time.UnixMilli(e.tierSince.Load()),
 		})

@@ -149,6 +149,9 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 	e := n.entry(sb.ID)
 	e.lastActive.Store(sb.LastActive.UnixMilli())
 	e.flushed.Store(sb.LastActive.UnixMilli())
+	if own, err := n.cfg.Timers.With(sb.Idle); err == nil && sb.Idle != nil {
+		e.timers.Store(&own)
+	}
 	if sb.Transition == transitionDelete {
 		n.teardown(ctx, sb, true)
 		n.forget(sb.ID)

@@ -98,6 +98,8 @@ type CreateRequest struct {
 	Note string `json:"note,omitempty"`
 	// Generation is the master's number for this placement (node.Fence).
 	Generation int64 `json:"generation,omitempty"`
+	// Idle overrides the node's idle timers for this sandbox.
+	Idle *api.IdleTimers `json:"idle,omitempty"`
 }
 
 // Op is a transition a master may ask for.

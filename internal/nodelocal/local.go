@@ -23,6 +23,7 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
+	"sandstorm/internal/tier"
 )
 
 // Local is the node in the master's own process. It speaks store rows and
@@ -56,7 +57,19 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sand
 	if err != nil {
 		return api.Sandbox{}, err
 	}
+	if _, err := (tier.Timers{}).With(req.Idle); err != nil {
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrBadInput, err)
+	}
 	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB, req.Generation)
+	if err == nil && req.Idle != nil {
+		if err := l.N.SetIdle(ctx, sb.ID, req.Idle); err != nil {
+			// Not as asked: not made (it idles by the node's timers
+			// otherwise, which its creator did not want).
+			l.N.Delete(context.WithoutCancel(ctx), sb.ID)
+			return api.Sandbox{}, err
+		}
+		sb.Idle = req.Idle
+	}
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -233,7 +246,7 @@ func (l *Local) wire(sb store.Sandbox) api.Sandbox {
 		Endpoints: l.N.Endpoints(sb), HostEndpoints: l.N.HostEndpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
-		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, LeftBehind: sb.LeftBehind,
+		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, LeftBehind: sb.LeftBehind, Idle: sb.Idle,
 	}
 }
 

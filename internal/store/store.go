@@ -89,6 +89,8 @@ type Sandbox struct {
 	// (0: made by no master that numbers them): a node fences what its
 	// master no longer places there by it (node.Fence, issue 14).
 	Generation int64
+	// Idle overrides the node's idle timers for it (nil: the node's).
+	Idle *api.IdleTimers
 	// LeftBehind: its master did not place it here (a create cut short,
 	// a move). It never runs again: stopped, principal cleared, kept
 	// detached for the data in its volume until someone deletes it.
@@ -135,6 +137,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	memory_mib     INTEGER NOT NULL DEFAULT 0,
 	generation     BIGINT NOT NULL DEFAULT 0,
 	left_behind    INTEGER NOT NULL DEFAULT 0,
+	idle           TEXT NOT NULL DEFAULT '',
 	UNIQUE (node, slot)
 );
 CREATE TABLE IF NOT EXISTS nodes (
@@ -204,6 +207,7 @@ var migrations = []struct{ table, column, ddl string }{
 	// the number it was placed under.
 	{"sandboxes", "generation", `ALTER TABLE sandboxes ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
 	{"sandboxes", "left_behind", `ALTER TABLE sandboxes ADD COLUMN left_behind INTEGER NOT NULL DEFAULT 0`},
+	{"sandboxes", "idle", `ALTER TABLE sandboxes ADD COLUMN idle TEXT NOT NULL DEFAULT ''`},
 	{"placements", "generation", `ALTER TABLE placements ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
 	{"placements", "state", `ALTER TABLE placements ADD COLUMN state TEXT NOT NULL DEFAULT ''`},
 }
@@ -390,7 +394,7 @@ func scanTemplate(r scanner) (Template, error) {
 	return t, nil
 }
 
-const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind`
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle`
 
 // CreateSandbox inserts sb; errdefs.ErrExists if its ID, name or slot is taken;
 // errdefs.ErrNotFound if its template does not exist.
@@ -398,7 +402,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, errdefs.ErrExists)
 	}
@@ -408,7 +412,14 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 func sandboxArgs(sb Sandbox) []any {
 	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
 		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal, sb.MemoryMiB,
-		sb.Generation, boolInt(sb.LeftBehind)}
+		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle)}
+}
+
+func idleText(t *api.IdleTimers) string {
+	if t == nil {
+		return ""
+	}
+	return mustJSON(t)
 }
 
 // GetSandbox returns the sandbox whose ID or name is ref, or errdefs.ErrNotFound.
@@ -459,7 +470,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	}
 	sb.ID = id
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=? WHERE id=?`),
+	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=? WHERE id=?`),
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -500,9 +511,16 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var tier, trans, hostPorts, wakeFrom string
 	var last, created int64
 	var left int
-	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left)
+	var idle string
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle)
 	if err != nil {
 		return sb, err
+	}
+	if idle != "" {
+		sb.Idle = &api.IdleTimers{}
+		if err := json.Unmarshal([]byte(idle), sb.Idle); err != nil {
+			return sb, fmt.Errorf("sandbox %q: corrupt idle: %w", sb.ID, err)
+		}
 	}
 	sb.LeftBehind = left != 0
 	sb.Tier, sb.Transition, sb.LastWakeFrom = api.Tier(tier), api.Tier(trans), api.Tier(wakeFrom)

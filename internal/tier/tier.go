@@ -6,6 +6,7 @@
 package tier
 
 import (
+	"fmt"
 	"sort"
 	"time"
 
@@ -21,6 +22,29 @@ type Timers struct {
 	Detach   time.Duration // snapshot → detached
 }
 
+// With is t with what o sets (a sandbox's own timers over the node's): a
+// field o leaves empty keeps t's. An unparsable or negative duration is an
+// error that names its field.
+func (t Timers) With(o *api.IdleTimers) (Timers, error) {
+	if o == nil {
+		return t, nil
+	}
+	for _, f := range []struct {
+		name, v string
+		to      *time.Duration
+	}{{"freeze_after", o.FreezeAfter, &t.Freeze}, {"snapshot_after", o.SnapshotAfter, &t.Snapshot}, {"detach_after", o.DetachAfter, &t.Detach}} {
+		if f.v == "" {
+			continue
+		}
+		d, err := time.ParseDuration(f.v)
+		if err != nil || d < 0 {
+			return t, fmt.Errorf("idle.%s %q: want a duration such as 30s or 5m, or 0 for never", f.name, f.v)
+		}
+		*f.to = d
+	}
+	return t, nil
+}
+
 // View is what the policy needs to know of one sandbox.
 type View struct {
 	ID         string
@@ -31,6 +55,9 @@ type View struct {
 	// Busy is true while a transition is in progress or connections are
 	// open; busy sandboxes are never moved by the idle timers.
 	Busy bool
+	// Timers, when set, are the sandbox's own idle timers, in place of
+	// the node's.
+	Timers *Timers
 }
 
 // idleSince is when the sandbox last did anything or changed tier.
@@ -48,6 +75,9 @@ func (v View) idleSince() time.Time {
 func Next(v View, t Timers, now time.Time, canCheckpoint bool) (api.Tier, bool) {
 	if v.Busy {
 		return "", false
+	}
+	if v.Timers != nil {
+		t = *v.Timers
 	}
 	idle := now.Sub(v.idleSince())
 	switch v.Tier {

@@ -77,3 +77,27 @@ func ids(vs []View) []string {
 	}
 	return out
 }
+
+// TestOwnTimers: a sandbox's own timers replace the node's, field by
+// field; a bad one is an error naming its field.
+func TestOwnTimers(t *testing.T) {
+	node := Timers{Freeze: time.Minute, Snapshot: time.Hour}
+	own, err := node.With(&api.IdleTimers{FreezeAfter: "5s", DetachAfter: "0"})
+	if err != nil || own != (Timers{Freeze: 5 * time.Second, Snapshot: time.Hour}) {
+		t.Fatalf("With: %+v %v", own, err)
+	}
+	now := time.Now()
+	v := View{Tier: api.TierHot, LastActive: now.Add(-10 * time.Second), TierSince: now.Add(-10 * time.Second)}
+	if _, ok := Next(v, node, now, true); ok {
+		t.Error("10 s idle moved under the node's 1 min")
+	}
+	v.Timers = &own
+	if to, ok := Next(v, node, now, true); !ok || to != api.TierFrozen {
+		t.Errorf("10 s idle with its own 5 s: %v %v, want frozen", to, ok)
+	}
+	for _, bad := range []*api.IdleTimers{{FreezeAfter: "soon"}, {SnapshotAfter: "-1s"}} {
+		if _, err := node.With(bad); err == nil {
+			t.Errorf("With(%+v) accepted", bad)
+		}
+	}
+}

@@ -73,6 +73,18 @@ func TestExecAndFiles(t *testing.T) {
 	if r := cli(t, env, "sandbox", "ls", "--label", "team=dev"); strings.Contains(r.Stdout, "lab") {
 		t.Errorf("ls --label team=dev lists lab: %s", r.Stdout)
 	}
+	// Its own idle timer, where the node's freeze nothing.
+	cli(t, env, "sandbox", "create", "web", "--name", "sleepy", "--freeze-after", "1s").ok(t, "create with its own idle timer")
+	sleepy := d.get(t, "sleepy")
+	d.track(sleepy.ID)
+	if sleepy.Idle == nil || sleepy.Idle.FreezeAfter != "1s" {
+		t.Errorf("sleepy's idle timers: %+v", sleepy.Idle)
+	}
+	d.waitTier(t, sleepy.ID, api.TierFrozen, 20*time.Second)
+	if l := d.get(t, "lab"); l.Tier != api.TierHot {
+		t.Errorf("lab, on the node's timers (none), is %s", l.Tier)
+	}
+	cli(t, env, "sandbox", "create", "web", "--name", "bad", "--freeze-after", "soon").fails(t, "a bad idle timer", "freeze_after")
 	cli(t, env, "sandbox", "create", "web", "--name", "brief", "--lifetime", "1s").ok(t, "create with a 1 s lifetime")
 	d.track(d.get(t, "brief").ID)
 	testenv.WaitFor(t, 15*time.Second, "brief deleted at its lifetime's end", func() bool {
