@@ -1,6 +1,6 @@
 // Command sandstorm-envd is envd, the API the E2B SDK calls inside a
 // sandbox (internal/envd). The node puts it in every sandbox read-only at
-// /.sandstorm/envd and starts it with `runsc exec` on the first call that
+// /.sandstorm/sandstorm-envd and starts it with `runsc exec` on the first call that
 // needs it; it is not meant to be run by hand, though it runs anywhere
 // (as root, to run commands as other users).
 package main
@@ -29,8 +29,8 @@ func main() {
 		Long: `sandstorm-envd serves the E2B envd API (version ` + envd.Version + `) on --addr:
 process.Process and filesystem.Filesystem over Connect RPC, GET/POST /files
 and GET /health. It checks no token: run it only where the caller is
-already checked (the node forwards to it only requests carrying the
-sandbox's access token).`,
+already checked (the master forwards to it only calls with the API token,
+the owning team's key, or the sandbox's access token).`,
 		Args: func(c *cobra.Command, args []string) error {
 			if !initMode && len(args) > 0 {
 				return fmt.Errorf("arguments %q: only --init runs a process (--init -- CMD…)", args)

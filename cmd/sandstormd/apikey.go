@@ -29,6 +29,9 @@ keeps only its SHA-256. These commands need the operator's token.`,
 			if err != nil {
 				return err
 			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(k)
+			}
 			fmt.Fprintln(cmd.OutOrStdout(), k.Key)
 			fmt.Fprintf(cmd.ErrOrStderr(), "API key %s for team %s: keep it now, it is not shown again (revoke: sandstormd api-key rm %s)\n", k.ID, k.Team, k.ID)
 			return nil
@@ -40,6 +43,9 @@ keeps only its SHA-256. These commands need the operator's token.`,
 			keys, err := c.APIKeys(cmd.Context())
 			if err != nil {
 				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(keys)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tTEAM\tKEY\tCREATED")

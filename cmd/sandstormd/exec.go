@@ -32,12 +32,14 @@ sandbox, the size of this one and resized with it. Without --user the command ru
 (root for a template that names none).
 
 The command runs in the sandbox's envd (the E2B API), started in it on
-first use; it outlives a broken connection, and a command left running is
-in the sandbox's memory through a freeze or a snapshot.`,
-		Example: `  sandstormd sandbox exec web -- ls -l /
-  echo hello | sandstormd sandbox exec web -i -- cat
-  sandstormd sandbox exec base -it -- bash
-  sandstormd sandbox exec web --env DEBUG=1 --cwd /tmp --user nobody -- sh -c 'id; pwd'`,
+first use; it outlives a broken connection, and a command left running
+survives a freeze — a snapshot too when the template runs envd as its
+init (process.envd; the base demo does).`,
+		Example: `  sandstormd sandbox create base --name b1      # base: template demo base
+  sandstormd sandbox exec b1 -- ls -l /
+  echo hello | sandstormd sandbox exec b1 -i -- cat
+  sandstormd sandbox exec b1 -it -- bash
+  sandstormd sandbox exec b1 --env DEBUG=1 --cwd /tmp --user root -- sh -c 'id; pwd'`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
 				return fmt.Errorf("want a sandbox and a command (exec NAME -- CMD…), got %d argument(s)", len(args))
@@ -92,10 +94,10 @@ is stdin or stdout (a single file). Files are streamed, never held whole
 in memory; a file written into a sandbox appears whole or not at all, with
 its parent directories made. Symlinks are skipped (and said so). The
 sandbox is woken from whatever tier it is in first.`,
-		Example: `  sandstormd sandbox cp ./data.csv web:/tmp/data.csv
-  sandstormd sandbox cp web:/etc/os-release -
-  sandstormd sandbox cp ./src web:/work/src
-  sandstormd sandbox cp web:/work/out ./out`,
+		Example: `  sandstormd sandbox cp ./data.csv b1:/home/user/data.csv
+  sandstormd sandbox cp b1:/etc/os-release -
+  sandstormd sandbox cp ./src b1:/home/user/src
+  sandstormd sandbox cp b1:/home/user/out ./out`,
 		Args: cobra.ExactArgs(2),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			srcBox, srcPath, srcIn := splitRemote(args[0])

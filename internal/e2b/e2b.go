@@ -51,7 +51,8 @@ type Config struct {
 	Domain string
 	// TokenKey makes each sandbox's envd access token (AccessToken): an
 	// HMAC of its ID, so the master keeps none and can give it again at
-	// every connect. A secret of the master's (pki/envd-token-key, 0600).
+	// every connect. The daemon derives it from the API token, which the
+	// masters of one database share and which is kept 0600.
 	TokenKey []byte
 	// DefaultTemplate is the template of a create that names none (the
 	// SDK's default is "base").
@@ -156,9 +157,12 @@ type newSandbox struct {
 	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
 	Network             json.RawMessage   `json:"network,omitempty"`
 	MCP                 json.RawMessage   `json:"mcp,omitempty"`
-	AutoResume          json.RawMessage   `json:"autoResume,omitempty"`
-	VolumeMounts        json.RawMessage   `json:"volumeMounts,omitempty"`
-	IAM                 json.RawMessage   `json:"iam,omitempty"`
+	AutoResume          *struct {
+		Enabled *bool `json:"enabled"`
+	} `json:"autoResume,omitempty"`
+	AutoPauseMemory *bool           `json:"autoPauseMemory,omitempty"`
+	VolumeMounts    json.RawMessage `json:"volumeMounts,omitempty"`
+	IAM             json.RawMessage `json:"iam,omitempty"`
 }
 
 func set(raw json.RawMessage) bool {
@@ -228,6 +232,17 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	// allow_internet_access true is the SDK's default (2.45 sends it):
 	// no restriction beyond the policy, which is what is done. false asks
 	// for one this API cannot make per sandbox, and is refused.
+	// Traffic always wakes a sandbox here, and a pause keeps its memory:
+	// asking otherwise is refused. (secure: false is not: every sandbox
+	// has its envd access token, which asks more of a caller, not less.)
+	if req.AutoResume != nil && req.AutoResume.Enabled != nil && !*req.AutoResume.Enabled {
+		fail(w, errdefs.New(errdefs.ErrNotSupported, "autoResume enabled false: not supported here; any call to a sandbox wakes it"))
+		return
+	}
+	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		fail(w, errdefs.New(errdefs.ErrNotSupported, "autoPauseMemory false: not supported here; a pause at the timeout keeps the memory (a snapshot)"))
+		return
+	}
 	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
 		fail(w, errdefs.New(errdefs.ErrNotSupported, "allow_internet_access false: not supported here; what a sandbox may reach is its boundary's policy (sandstormd serve --policy)"))
 		return
@@ -284,8 +299,12 @@ func (s *Service) wire(sb api.Sandbox) sandbox {
 func (s *Service) find(r *http.Request) (nodeapi.Node, api.Sandbox, store.SandboxMeta, error) {
 	id := r.PathValue("id")
 	n, sb, err := s.cfg.Fleet.Find(r.Context(), id)
-	if err != nil {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, sb, store.SandboxMeta{}, notFound(id)
+	}
+	if err != nil {
+		// Its node lost is not its end: 503, Retry-After.
+		return nil, sb, store.SandboxMeta{}, err
 	}
 	m, err := s.cfg.Store.GetSandboxMeta(r.Context(), sb.ID)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -351,7 +370,9 @@ func (s *Service) kill(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	s.cfg.Store.DeleteSandboxMeta(r.Context(), sb.ID)
+	if err := s.cfg.Store.DeleteSandboxMeta(r.Context(), sb.ID); err != nil {
+		s.cfg.Log.Warn("e2b: forget a killed sandbox's metadata", "id", sb.ID, "err", err)
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

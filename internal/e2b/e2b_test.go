@@ -123,6 +123,8 @@ func TestCreateAnswersWhatTheSDKRequires(t *testing.T) {
 		`{"templateID": "base", "mcp": {"x": {}}}`,
 		`{"templateID": "base", "allow_internet_access": false}`,
 		`{"templateID": "base", "envVars": {"A=B": "c"}}`,
+		`{"templateID": "base", "autoResume": {"enabled": false}}`,
+		`{"templateID": "base", "autoPauseMemory": false}`,
 		`{not json`,
 	} {
 		if a := e.call(t, "red", "POST", "/sandboxes", bad); a.status < 400 || a.status >= 500 {
@@ -309,6 +311,14 @@ func TestTraffic(t *testing.T) {
 	got := e.node.Envd[len(e.node.Envd)-1]
 	if got.Header.Get("X-Access-Token") != "" || got.Header.Get(envd.EnvHeader) != envd.EncodeEnv(map[string]string{"K": "V"}) {
 		t.Errorf("forwarded headers %v: the token must go, the sandbox's env (only) come", got.Header)
+	}
+	// Traffic to a paused sandbox resumes it, with a lifetime from now.
+	e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/pause", "")
+	if st, _ := call(sb.SandboxID, sb.EnvdAccessToken, nil); st != http.StatusOK {
+		t.Errorf("traffic to a paused sandbox: %d", st)
+	}
+	if m, _ := e.st.GetSandboxMeta(context.Background(), sb.SandboxID); m.Paused || time.Until(m.EndAt) < DefaultTimeout-time.Second {
+		t.Errorf("after traffic to a paused sandbox: paused %v, ends in %v", m.Paused, time.Until(m.EndAt))
 	}
 	e.call(t, "red", "DELETE", "/sandboxes/"+sb.SandboxID, "")
 	if st, _ := call(sb.SandboxID, sb.EnvdAccessToken, nil); st != http.StatusBadGateway {

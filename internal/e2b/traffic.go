@@ -70,8 +70,12 @@ func (s *Service) Traffic() http.Handler {
 			return
 		}
 		n, sb, err := s.cfg.Fleet.Find(r.Context(), id)
-		if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			gone(w, id)
+			return
+		}
+		if err != nil {
+			fail(w, err) // its node lost: 503, Retry-After
 			return
 		}
 		m, err := s.cfg.Store.GetSandboxMeta(r.Context(), sb.ID)
@@ -81,9 +85,13 @@ func (s *Service) Traffic() http.Handler {
 		}
 		if m.Paused {
 			// Traffic wakes a sandbox (the product's rule, and E2B's
-			// autoResume): it is running again.
-			m.Paused = false
-			s.cfg.Store.PutSandboxMeta(r.Context(), m)
+			// autoResume): it is running again, with E2B's default
+			// lifetime from now, as a connect without one gives.
+			m.Paused, m.EndAt = false, time.Now().Add(DefaultTimeout)
+			if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+				fail(w, err)
+				return
+			}
 		}
 		for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", "X-Api-Key", envd.EnvHeader} {
 			r.Header.Del(h)

@@ -11,8 +11,11 @@
 // namespace, the boundary its only way out — and a path, however it is
 // spelled, names a file of the sandbox, never of the host. It checks no
 // token itself: it listens only inside the sandbox's network namespace,
-// and the node checks the sandbox's access token before it forwards a
-// request (a listener serves only whom it is for).
+// and the master checks the caller (the API token, the owning team's key,
+// or the sandbox's access token) before a request is forwarded. A process
+// inside the sandbox can reach it too, and run commands as any user of
+// the sandbox: the sandbox is the unit of trust (docs/ARCHITECTURE.md,
+// "envd").
 package envd
 
 import (

@@ -269,6 +269,9 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 			// "We default to true").
 			w, err := cmd.StdinPipe()
 			if err != nil {
+				for _, f := range []*os.File{outR, outW, errR, errW} {
+					f.Close()
+				}
 				return nil, nil, errInternal(err)
 			}
 			p.stdin = w

@@ -38,8 +38,9 @@ type Options struct {
 	Term *os.File
 }
 
-// Run runs o's command in e's sandbox and returns its exit status (-1
-// when a signal ended it), writing its output to stdout and stderr.
+// Run runs o's command in e's sandbox and returns its exit status (128+9
+// when a signal ended it, as a shell says of a SIGKILL), writing its
+// output to stdout and stderr.
 func Run(ctx context.Context, e *client.Envd, o Options, stdout, stderr io.Writer) (int, error) {
 	cfg := &pb.ProcessConfig{Cmd: o.Cmd, Args: o.Args, Envs: o.Env}
 	if o.Cwd != "" {

@@ -518,10 +518,22 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if req.Principal != "" && !apikey.From(r.Context()).Operator {
+		// A principal is a name the policy grants to: a team naming one
+		// would take whatever the policy gives it.
+		s.fail(w, r, errdefs.New(errdefs.ErrForbidden, "principal: only the operator names a sandbox's principal (a team's sandbox is the template's principal, else its name)"))
+		return
+	}
 	t, err := s.cfg.Store.GetTemplate(r.Context(), req.Template)
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	if c := apikey.From(r.Context()); !c.Operator && req.Name != "" && t.Principal == "" {
+		// A sandbox's principal is its name by default, and a name is the
+		// team's to choose: a team's named sandbox is <team>.<name>, so
+		// that no team takes a principal the policy grants to another.
+		req.Principal = c.Team + "." + req.Name
 	}
 	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle})
 	if err != nil {
@@ -570,7 +582,9 @@ func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.cfg.Store.DeleteSandboxMeta(r.Context(), sb.ID)
+	if err := s.cfg.Store.DeleteSandboxMeta(r.Context(), sb.ID); err != nil {
+		s.cfg.Log.Warn("forget a deleted sandbox's labels and team", "id", sb.ID, "err", err)
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -631,10 +645,24 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if req.Principal != "" && !apikey.From(r.Context()).Operator {
+		s.fail(w, r, errdefs.New(errdefs.ErrForbidden, "principal: only the operator names a clone's principal (a team's clones are its parent's principal with .<n>)"))
+		return
+	}
 	out, err := s.cfg.Fleet.Clone(r.Context(), n, parent, req)
 	if err != nil && len(out.Children) == 0 {
 		s.fail(w, r, err)
 		return
+	}
+	// Each child is its parent's team's, with its labels and env (and no
+	// lifetime of its own: none was asked).
+	pm, _ := s.cfg.Store.GetSandboxMeta(r.Context(), parent.ID)
+	for _, c := range out.Children {
+		cm := pm
+		cm.ID, cm.StartedAt, cm.EndAt, cm.AutoPause, cm.Paused = c.ID, time.Now(), time.Time{}, false, false
+		if perr := s.cfg.Store.PutSandboxMeta(r.Context(), cm); perr != nil {
+			s.cfg.Log.Error("clone: record the child's team", "child", c.ID, "err", perr)
+		}
 	}
 	if err != nil {
 		// Some children were made: they are there; say what stopped it.

@@ -161,3 +161,29 @@ func TestCreateSettings(t *testing.T) {
 		t.Errorf("a refused create reached the node: %v", n.Calls[before:])
 	}
 }
+
+// TestTeamsCannotChoosePrincipals: a principal is what the policy grants
+// to, so a team names none — its named sandbox is <team>.<name> — and its
+// clones stay its own.
+func TestTeamsCannotChoosePrincipals(t *testing.T) {
+	n := newFakeNode()
+	srv, st := newAPI(t, n)
+	key, row := apikey.New("red", time.Now())
+	st.PutAPIKey(context.Background(), row)
+	a := "Bearer " + key
+	if r := doAs(t, srv, "POST", "/v1/sandboxes", `{"template": "web", "name": "x", "principal": "admin"}`, a); r.status != http.StatusForbidden {
+		t.Errorf("a team naming a principal: %d, want 403", r.status)
+	}
+	if r := doAs(t, srv, "POST", "/v1/sandboxes", `{"template": "web", "name": "admin"}`, a); r.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	if got := n.CallLog(); got[len(got)-1] != "create admin" {
+		t.Fatalf("calls %v", got)
+	}
+	if p := n.Boxes["id-admin"].Principal; p != "red.admin" {
+		t.Errorf("the team's sandbox named admin has principal %q", p)
+	}
+	if r := doAs(t, srv, "POST", "/v1/sandboxes/admin/clone", `{"count": 1, "principal": "admin"}`, a); r.status != http.StatusForbidden {
+		t.Errorf("a team naming a clone's principal: %d, want 403", r.status)
+	}
+}

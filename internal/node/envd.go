@@ -59,7 +59,7 @@ func (n *Node) installEnvd() error {
 	}
 	src, err := os.ReadFile(n.cfg.Envd)
 	if err != nil {
-		return fmt.Errorf("envd binary: %w (build it with make build, or run with --envd \"\" to serve no commands and files)", err)
+		return fmt.Errorf("envd binary: %w (build it with make build, or run with --envd none to serve no commands and files)", err)
 	}
 	dir := n.envdDir()
 	dst := filepath.Join(dir, envdBinary)
@@ -90,7 +90,7 @@ func envdInitArgs(e api.Envd, args []string) []string {
 }
 
 // ErrNoEnvd is a call for envd on a node that has none.
-var ErrNoEnvd = errdefs.Refine(errdefs.ErrNotSupported, "this node serves no commands and files (started with --envd \"\")")
+var ErrNoEnvd = errdefs.Refine(errdefs.ErrNotSupported, "this node serves no commands and files (started with --envd none, or with no sandstorm-envd beside sandstormd: make build puts it there)")
 
 // ServeEnvd forwards r to the envd of sandbox id as a call of path (e.g.
 // /process.Process/Start, /files), streaming the answer back. The sandbox

@@ -69,7 +69,7 @@ func (f *Node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 			return api.Sandbox{}, errdefs.New(errdefs.ErrExists, "sandbox %q: already exists", name)
 		}
 	}
-	sb := api.Sandbox{ID: "id-" + name, Name: name, Template: req.Template.Name, Node: "local", Tier: api.TierHot, MemoryMiB: req.MemoryMiB, CreatedAt: time.Now()}
+	sb := api.Sandbox{ID: "id-" + name, Name: name, Template: req.Template.Name, Node: "local", Tier: api.TierHot, MemoryMiB: req.MemoryMiB, Principal: req.Principal, CreatedAt: time.Now()}
 	f.Boxes[sb.ID] = sb
 	return sb, nil
 }
