@@ -335,3 +335,53 @@ func TestDaemonKilledMidCommand(t *testing.T) {
 		cli(t, env, "sandbox", "exec", id, "--", py, "-c", "print('after')").ok(t, name+": a command after the restart", `^after\n$`)
 	}
 }
+
+// TestExecInFleet: commands and files reach a sandbox on a paired node,
+// through the seam (mutual TLS to the node, streamed both ways): output,
+// exit status, stdin, a file each way, and a command left running
+// reconnected to.
+func TestExecInFleet(t *testing.T) {
+	far := fleetMachine(t, 9, "--memory-reserve", "0")
+	m := startDaemon(t, masterOnly)
+	if r := m.raw(t, "POST", "/v1/nodes", m.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": %q}`, far.listen, far.code()))); r.Status != http.StatusCreated {
+		t.Fatalf("pair %s: HTTP %d %s", far.name, r.Status, r.Body)
+	}
+	m.registerWeb(t, "web")
+	sb := m.create(t, "web", "far-ex")
+	// Run before the node's own cleanup: the master lets go of the node
+	// while its namespace is still there.
+	t.Cleanup(func() {
+		m.C.Do(context.Background(), "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+		m.raw(t, "DELETE", "/v1/nodes/"+far.name, m.Token, "", nil)
+	})
+	if sb.Node != far.name {
+		t.Fatalf("the sandbox is on %s, want %s", sb.Node, far.name)
+	}
+	env := []string{"SANDSTORM_API=" + m.API, "SANDSTORM_DATA_DIR=" + m.DataDir, "SANDSTORM_TOKEN="}
+	r := cli(t, env, "sandbox", "exec", "far-ex", "--", py, "-c", "import sys; print('on the node'); sys.exit(4)")
+	if r.Code != 4 || r.Stdout != "on the node\n" {
+		t.Errorf("exec on a paired node: exit %d stdout %q stderr %q", r.Code, r.Stdout, r.Stderr)
+	}
+	in := exec.Command(sandstormdBin, "sandbox", "exec", "far-ex", "-i", "--", py, "-c", "import sys; print(len(sys.stdin.read()))")
+	in.Env = append(os.Environ(), env...)
+	in.Stdin = strings.NewReader(strings.Repeat("x", 1<<20))
+	if out, err := in.Output(); err != nil || string(out) != "1048576\n" {
+		t.Errorf("exec -i of 1 MiB on a paired node: %q %v", out, err)
+	}
+	data := make([]byte, 2<<20)
+	rand.Read(data)
+	local := filepath.Join(t.TempDir(), "d.bin")
+	os.WriteFile(local, data, 0o644)
+	cli(t, env, "sandbox", "cp", local, "far-ex:/work/d.bin").ok(t, "cp in, on a paired node")
+	back := filepath.Join(t.TempDir(), "back.bin")
+	cli(t, env, "sandbox", "cp", "far-ex:/work/d.bin", back).ok(t, "cp out, on a paired node")
+	if got, _ := os.ReadFile(back); !bytes.Equal(got, data) {
+		t.Errorf("the file came back different from the paired node (%d bytes)", len(got))
+	}
+	counter := &pb.ProcessConfig{Cmd: py, Args: []string{"-u", "-c", "import time\nn=0\nwhile True:\n n+=1; print(n); time.sleep(0.05)"}}
+	e := m.C.Envd("far-ex", "")
+	_, last := startCounter(t, e, counter, "far")
+	if next := connectCounter(t, e, "far"); next <= last {
+		t.Errorf("reconnected on the paired node, the command printed %d after %d", next, last)
+	}
+}
