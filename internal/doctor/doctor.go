@@ -10,9 +10,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -70,6 +72,9 @@ type Config struct {
 	// to this executable, as for sandstormd); Platform its platform (""
 	// is gvisor.DefaultPlatform).
 	Runsc, Platform string
+	// Envd is the envd binary sandstormd would mount in sandboxes (""
+	// is sandstorm-envd next to this executable, as for sandstormd).
+	Envd string
 }
 
 type checkFunc func(ctx context.Context, c Config) Check
@@ -83,6 +88,7 @@ var checks = []struct {
 	{"root", checkTimeout, checkRoot},
 	{"runsc", checkTimeout, checkRunsc},
 	{"runsc-run", runscTimeout, checkRunscRun},
+	{"envd", checkTimeout, checkEnvd},
 	{"cgroup-v2", checkTimeout, checkCgroup2},
 	{"cgroup-v1-freezer", checkTimeout, checkV1Freezer},
 	{"netns", checkTimeout, checkNetns},
@@ -249,6 +255,36 @@ func checkRunsc(ctx context.Context, cfg Config) Check {
 			Fix:    "make runsc builds the pinned one; snapshots written by one runsc version do not restore on another"}
 	}
 	return Check{OK: true, Detail: fmt.Sprintf("%s, the pinned version (%s), platform %s", v, path, platform)}
+}
+
+// checkEnvd says whether commands and files in sandboxes (sandbox exec,
+// cp, the E2B API) are on: the envd binary is there, and static — it runs
+// inside sandboxes, whose rootfs need not have a libc.
+func checkEnvd(ctx context.Context, cfg Config) Check {
+	path := cfg.Envd
+	if path == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return Check{Detail: err.Error(), Fix: "pass serve --envd PATH"}
+		}
+		path = filepath.Join(filepath.Dir(exe), "sandstorm-envd")
+	}
+	f, err := elf.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Check{OK: true, Absent: true, Detail: "no " + path + ": sandbox exec and cp and the E2B API are off",
+			Fix: "make build puts sandstorm-envd beside sandstormd (or: serve --envd PATH)"}
+	}
+	if err != nil {
+		return Check{Detail: fmt.Sprintf("%s: %v", path, err), Fix: "rebuild it: make build"}
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return Check{Detail: path + " is dynamically linked; it runs inside sandboxes, which need not have a libc",
+				Fix: "make build builds it static (CGO_ENABLED=0)"}
+		}
+	}
+	return Check{OK: true, Detail: path + ", static: sandbox exec and cp and the E2B API are on"}
 }
 
 // checkRunscRun boots a real sandbox on the platform sandstormd would use.

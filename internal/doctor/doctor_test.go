@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -128,5 +129,25 @@ func TestNearestExisting(t *testing.T) {
 	got, err := nearestExisting(filepath.Join(dir, "a", "b"))
 	if err != nil || got != dir {
 		t.Errorf("nearestExisting = %q, %v; want %q", got, err, dir)
+	}
+}
+
+// TestEnvdCheck: a static envd is ✓, a dynamically linked one ✗ with a
+// fix, a missing one "absent" (commands and files are off).
+func TestEnvdCheck(t *testing.T) {
+	static := filepath.Join(t.TempDir(), "sandstorm-envd")
+	build := exec.Command("go", "build", "-o", static, "sandstorm/cmd/sandstorm-envd")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build envd: %v %s", err, out)
+	}
+	if c := checkEnvd(context.Background(), Config{Envd: static}); !c.OK || c.Absent {
+		t.Errorf("a static envd: %+v", c)
+	}
+	if c := checkEnvd(context.Background(), Config{Envd: "/bin/ls"}); c.OK || c.Fix == "" {
+		t.Errorf("a dynamically linked binary: %+v", c)
+	}
+	if c := checkEnvd(context.Background(), Config{Envd: filepath.Join(t.TempDir(), "nope")}); !c.OK || !c.Absent {
+		t.Errorf("no envd: %+v", c)
 	}
 }
