@@ -87,7 +87,7 @@ func run(ctx context.Context, c config) (string, error) {
 	res, dir, work, absRunsc, rootfs, d, b := br.Results, br.Dir, br.Work, br.Runsc, br.Rootfs, br.Demo, br.Binary
 	envdBin := filepath.Join(filepath.Dir(b.Path), "sandstorm-envd")
 	if _, err := os.Stat(envdBin); err != nil {
-		build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", envdBin, "./cmd/sandstorm-envd")
+		build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", envdBin, "./cmd/sandstorm-envd") // as make build
 		build.Dir, build.Env, build.Stderr = c.repo, append(os.Environ(), "CGO_ENABLED=0"), os.Stderr
 		if err := build.Run(); err != nil {
 			return "", fmt.Errorf("build sandstorm-envd: %w", err)
