@@ -128,12 +128,12 @@ func (s *Service) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			metas, err := s.cfg.Store.SandboxMetas(ctx)
+			due, err := s.cfg.Store.DueSandboxMetas(ctx, now)
 			if err != nil {
 				continue
 			}
-			for _, m := range metas {
-				if m.EndAt.IsZero() || m.EndAt.After(now) || m.Paused || now.Before(retry[m.ID]) {
+			for _, m := range due {
+				if now.Before(retry[m.ID]) {
 					continue
 				}
 				if err := s.end(ctx, m); err != nil {

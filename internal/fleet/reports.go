@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"sandstorm/api"
@@ -398,6 +399,17 @@ func (r recorder) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w
 		return err
 	}
 	return done(r.Node.Logs(cctx, id, opt, w))
+}
+
+// ServeEnvd is a stream as Logs is: no deadline of its own (a command
+// runs as long as it runs), ended at once if the node is taken for lost,
+// and refused before it is sent to a node already lost.
+func (r recorder) ServeEnvd(w http.ResponseWriter, req *http.Request, id, path string) error {
+	cctx, done, err := r.f.bound(req.Context(), r.Name(), 0)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.ServeEnvd(w, req.WithContext(cctx), id, path))
 }
 
 func (r recorder) PrepareTemplate(ctx context.Context, t api.Template) error {

@@ -152,13 +152,16 @@ func (s *server) own(ctx context.Context, id string, m store.SandboxMeta) error 
 // decorate adds what the master keeps of each sandbox (labels, lifetime,
 // team) to what its node reports.
 func (s *server) decorate(ctx context.Context, sbs []api.Sandbox) []api.Sandbox {
-	metas, err := s.cfg.Store.SandboxMetas(ctx)
-	if err != nil {
-		return sbs
-	}
 	byID := map[string]store.SandboxMeta{}
-	for _, m := range metas {
-		byID[m.ID] = m
+	if len(sbs) == 1 {
+		// One sandbox (a get, a create): its own row, not every row.
+		if m, err := s.cfg.Store.GetSandboxMeta(ctx, sbs[0].ID); err == nil {
+			byID[m.ID] = m
+		}
+	} else if metas, err := s.cfg.Store.SandboxMetas(ctx); err == nil {
+		for _, m := range metas {
+			byID[m.ID] = m
+		}
 	}
 	for i := range sbs {
 		m, ok := byID[sbs[i].ID]

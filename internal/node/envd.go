@@ -165,7 +165,9 @@ func (n *Node) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string
 	}
 	proxy.ServeHTTP(w, r.WithContext(ctx))
 	if failed != nil && !errors.Is(ctx.Err(), context.Canceled) {
-		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("envd of sandbox %s: %w", id, failed))
+		// Not ErrUnavailable: that says the node is down, and the node
+		// answers; the sandbox's envd did not (500, with why).
+		return fmt.Errorf("envd of sandbox %s did not answer: %w (sandstormd sandbox logs %s may say why)", id, failed, id)
 	}
 	return nil
 }
@@ -224,7 +226,7 @@ func (n *Node) ensureEnvd(ctx context.Context, e *entry, spec sandbox.Spec, targ
 		time.Sleep(time.Duration(20<<try) * time.Millisecond)
 	}
 	if err != nil {
-		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("start envd in sandbox %s: %w: %s", spec.ID, err, out))
+		return fmt.Errorf("start envd in sandbox %s: %w: %s", spec.ID, err, out)
 	}
 	n.log.Info("envd started", "id", spec.ID, "ms", time.Since(t0).Milliseconds())
 	return nil
@@ -240,7 +242,7 @@ func (n *Node) awaitEnvd(ctx context.Context, target netip.AddrPort) error {
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return errdefs.New(errdefs.ErrUnavailable, "envd of the sandbox at %s does not answer (its template runs envd as init: see the sandbox's logs)", target)
+			return errdefs.New(errdefs.ErrTimeout, "envd of the sandbox at %s did not answer within %v (its template runs envd as its init: sandstormd sandbox logs says why)", target, n.readyWait())
 		}
 		time.Sleep(pause)
 	}

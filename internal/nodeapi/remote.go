@@ -439,7 +439,9 @@ func (c *Client) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path stri
 		ErrorHandler:  func(_ http.ResponseWriter, _ *http.Request, err error) { failed = err },
 	}
 	proxy.ServeHTTP(w, r)
-	if failed != nil && r.Context().Err() == nil {
+	if failed != nil {
+		// Also when r's context ended: the fleet ends it when the node is
+		// taken for lost (fleet.bound), and the caller is told so.
 		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, failed))
 	}
 	return nil

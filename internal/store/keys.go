@@ -132,6 +132,13 @@ func (s *Store) SandboxMetas(ctx context.Context) ([]SandboxMeta, error) {
 	return s.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta ORDER BY started_at, id`)
 }
 
+// DueSandboxMetas lists the sandboxes whose lifetime ended by now and
+// that are not paused: what the lifetime loop acts on, four times a
+// second, without reading every row.
+func (s *Store) DueSandboxMetas(ctx context.Context, now time.Time) ([]SandboxMeta, error) {
+	return s.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta WHERE end_at > 0 AND end_at <= ? AND paused = 0 ORDER BY end_at, id`, ms(now))
+}
+
 // DeleteSandboxMeta forgets sandbox id.
 func (s *Store) DeleteSandboxMeta(ctx context.Context, id string) error {
 	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM sandbox_meta WHERE id=?`), id)

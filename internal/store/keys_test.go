@@ -70,6 +70,12 @@ func testSandboxMeta(t *testing.T, where string) {
 	if all, _ := s.SandboxMetas(ctx); len(all) != 2 {
 		t.Errorf("list: %v", all)
 	}
+	s.PutSandboxMeta(ctx, SandboxMeta{ID: "due", StartedAt: now, EndAt: now.Add(-time.Second)})
+	s.PutSandboxMeta(ctx, SandboxMeta{ID: "paused", StartedAt: now, EndAt: now.Add(-time.Second), Paused: true})
+	s.PutSandboxMeta(ctx, SandboxMeta{ID: "later", StartedAt: now, EndAt: now.Add(time.Hour)})
+	if due, err := s.DueSandboxMetas(ctx, now); err != nil || len(due) != 1 || due[0].ID != "due" {
+		t.Errorf("due: %v %v, want only the one past its end and not paused", due, err)
+	}
 	s.DeleteSandboxMeta(ctx, "s1")
 	if _, err := s.GetSandboxMeta(ctx, "s1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("after delete: %v", err)
