@@ -116,7 +116,13 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	case strings.HasPrefix(mt, "multipart/"):
-		mr := multipart.NewReader(body, params["boundary"])
+		// multipart.Reader reads its source 4 KiB at a time (its peek
+		// buffer); each read of the connection is a system call into
+		// gVisor's netstack, so a 100 MiB upload made 25,600 of them and
+		// ran at 55 MB/s where an octet-stream one ran at 350 MB/s
+		// (measured on this node). A large buffer under it makes those
+		// reads from memory.
+		mr := multipart.NewReader(bufio.NewReaderSize(body, uploadBuffer), params["boundary"])
 		for {
 			part, err := mr.NextPart()
 			if errors.Is(err, io.EOF) {

@@ -7,9 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -227,7 +225,7 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 	cmd.Args[0] = c.GetCmd()
 	cmd.Env = env
 	cmd.Dir = dir
-	cred := &syscall.Credential{Uid: acct.uid, Gid: acct.gid, Groups: groups(acct)}
+	cred := &syscall.Credential{Uid: acct.uid, Gid: acct.gid, Groups: acct.groups}
 	p := &proc{tag: req.Tag, cfg: c, cmd: cmd, subs: map[*sub]struct{}{}, done: make(chan struct{})}
 	first := p.subscribe()
 	var outs []*os.File
@@ -428,25 +426,6 @@ func lookPath(cmd string, env []string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s: not found on PATH %q", cmd, path)
-}
-
-// groups are acct's supplementary groups, from the sandbox's /etc/group.
-func groups(acct account) []uint32 {
-	u, err := user.LookupId(strconv.Itoa(int(acct.uid)))
-	if err != nil {
-		return nil
-	}
-	ids, err := u.GroupIds()
-	if err != nil {
-		return nil
-	}
-	var out []uint32
-	for _, id := range ids {
-		if g, err := strconv.ParseUint(id, 10, 32); err == nil {
-			out = append(out, uint32(g))
-		}
-	}
-	return out
 }
 
 func (ps *processes) List(context.Context, *connect.Request[pb.ListRequest]) (*connect.Response[pb.ListResponse], error) {

@@ -134,6 +134,25 @@ func PrepareBundle(dir string, t store.Template, limitMiB int64, hostname, netns
 // mounted is not an error); removing dir is left to the caller.
 func ReleaseBundle(dir string) error { return layout(dir).unmountRootfs() }
 
+// envdSource is the host directory l's spec mounts at envdMount ("" if it
+// has no spec, or mounts none).
+func (l layout) envdSource() string {
+	data, err := os.ReadFile(filepath.Join(l.bundle(), "config.json"))
+	if err != nil {
+		return ""
+	}
+	var s specs.Spec
+	if json.Unmarshal(data, &s) != nil {
+		return ""
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == envdMount {
+			return m.Source
+		}
+	}
+	return ""
+}
+
 // writeSpec writes bundle/config.json: the OCI runtime spec of template t,
 // joining the sandbox's network namespace at netnsPath, with a memory
 // limit of limitMiB (runsc sets it on the sandbox's cgroup and reports it

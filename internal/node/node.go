@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -136,12 +135,15 @@ type Node struct {
 	mu      sync.Mutex
 	entries map[string]*entry
 
+	// envdCurrent is the envd build sandboxes started now mount
+	// (envd.go); renewed the warm templates whose image this run made
+	// again (renewWarm).
+	envdCurrent string
+	renewMu     sync.Mutex
+	renewed     map[string]bool
+
 	bmu        sync.Mutex
 	boundaries map[string]*boundary.Boundary
-
-	// envdTr is the transport to the sandboxes' envds (envd.go).
-	envdOnce sync.Once
-	envdTr   *http.Transport
 
 	// adm is the node's admission: memory promises, disk, descriptors.
 	adm *admission.Admission
@@ -176,11 +178,14 @@ type entry struct {
 	mu     sync.Mutex
 	waking *wakeCall
 
-	// envd: its start is serialised, and the calls forwarded to it are
-	// counted (they keep the sandbox busy) and can be cut (envd.go).
-	envdMu    sync.Mutex
+	// envd: its start is serialised, the calls forwarded to it are
+	// counted (they keep the sandbox busy) and can be cut, and its
+	// connections are kept in envdTr until a cut (envd.go).
+	envdStart sync.Mutex
 	envdCalls atomic.Int32
-	envdCuts  sync.Map // *int → context.CancelFunc
+	envdCuts  sync.Map   // *int → context.CancelFunc
+	envdMu    sync.Mutex // guards envdTr
+	envdTr    *envdTransport
 
 	// timers are its own idle timers (nil: the node's).
 	timers atomic.Pointer[tier.Timers]
@@ -199,6 +204,12 @@ func (e *entry) getTier() api.Tier { t, _ := e.tier.Load().(api.Tier); return t 
 func (e *entry) setTier(t api.Tier) {
 	e.tier.Store(t)
 	e.tierSince.Store(time.Now().UnixMilli())
+	if t == api.TierSnapshot || t == api.TierDetached {
+		// Its envd's connections died with its processes, however it
+		// got here (a transition cuts them first; a sandbox whose
+		// process exited is settled detached without one).
+		e.dropEnvdTransport()
+	}
 }
 
 // acquire takes the transition lock, giving up when ctx ends.

@@ -23,7 +23,7 @@ import (
 // namespace and veth, container. It is also the wake from detached (wake
 // true), which its console log says: its memory is new, its volume kept.
 func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template, wake bool) error {
-	if err := n.prepare(sb, t); err != nil {
+	if err := n.prepare(sb, t, n.envdDir()); err != nil {
 		return err
 	}
 	if wake {
@@ -39,16 +39,18 @@ func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template
 // network namespace and veth (addresses put back), its resolver, its
 // boundary, and the bundle's OCI spec with its own hostname and netns. A
 // cold start, a warm start and a clone's child differ only after it.
-func (n *Node) prepare(sb store.Sandbox, t store.Template) error {
-	if err := n.layOut(sb, t); err != nil {
+func (n *Node) prepare(sb store.Sandbox, t store.Template, envdDir string) error {
+	if err := n.layOut(sb, t, envdDir); err != nil {
 		return err
 	}
 	return n.boundaryUp(sb)
 }
 
 // layOut is prepare without the boundary: what a pooled sandbox has
-// before a create gives it a principal.
-func (n *Node) layOut(sb store.Sandbox, t store.Template) error {
+// before a create gives it a principal. envdDir is the envd build its spec
+// mounts: the current one for a cold start, the image's for a restore
+// (envdDirFor).
+func (n *Node) layOut(sb store.Sandbox, t store.Template, envdDir string) error {
 	d := n.dir(sb.ID)
 	if err := d.mountRootfs(t.Rootfs); err != nil {
 		return err
@@ -63,7 +65,7 @@ func (n *Node) layOut(sb store.Sandbox, t store.Template) error {
 	if err := d.writeResolvConf(nw.Host.Addr()); err != nil {
 		return err
 	}
-	return d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path(), n.envdDir())
+	return d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path(), envdDir)
 }
 
 // Wake brings sandbox id to hot from any tier (gateway.Waker). Concurrent
@@ -197,7 +199,7 @@ func (n *Node) coldStartFromStore(ctx context.Context, sb store.Sandbox) error {
 func (n *Node) restore(ctx context.Context, sb store.Sandbox, t store.Template) error {
 	d := n.dir(sb.ID)
 	steps := newStepTimer()
-	if err := n.layOut(sb, t); err != nil {
+	if err := n.layOut(sb, t, n.envdDirFor(d)); err != nil {
 		return err
 	}
 	steps.mark("network")

@@ -281,7 +281,7 @@ func (n *Node) warmStart(ctx context.Context, sb store.Sandbox, t store.Template
 	if t.Warm == nil || !n.warmReady(t.Name) {
 		return false, nil
 	}
-	if err := n.prepare(sb, t); err != nil {
+	if err := n.prepare(sb, t, n.envdDirFor(n.warmLayout(t.Name))); err != nil {
 		return true, err
 	}
 	d := n.dir(sb.ID)

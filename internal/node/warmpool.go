@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -90,6 +91,7 @@ func (n *Node) fillPools() {
 		return
 	}
 	for _, t := range ts {
+		n.renewWarm(t)
 		for t.Warm != nil && n.poolLen(t.Name) < t.Warm.Pool && n.warmReady(t.Name) {
 			select {
 			case <-n.stop:
@@ -105,6 +107,47 @@ func (n *Node) fillPools() {
 				break
 			}
 		}
+	}
+}
+
+// renewWarm makes template t's warm image again, once per run of the
+// node, when it was made by another runsc (which cannot restore here: the
+// template would start cold from now on) or holds another envd build (it
+// restores, with the old envd, and would keep it in every new sandbox).
+// This is what an upgrade of either needs.
+func (n *Node) renewWarm(t store.Template) {
+	if t.Warm == nil {
+		return
+	}
+	l := n.warmLayout(t.Name)
+	if _, err := os.Stat(l.warmImage()); err != nil {
+		return
+	}
+	why := ""
+	switch {
+	case !n.warmReady(t.Name):
+		why = "made by another runsc"
+	case n.envdDirFor(l) != n.envdDir():
+		why = "holds another envd build"
+	default:
+		return
+	}
+	n.renewMu.Lock()
+	done := n.renewed[t.Name]
+	if n.renewed == nil {
+		n.renewed = map[string]bool{}
+	}
+	n.renewed[t.Name] = true
+	n.renewMu.Unlock()
+	if done {
+		return
+	}
+	n.log.Info("warm image made again", "template", t.Name, "why", why)
+	// Not ready while it is made (creates start cold meanwhile): a
+	// restore must not take the old image with the new build's spec.
+	os.Remove(l.warmVersion())
+	if err := n.PrepareWarm(context.Background(), t); err != nil {
+		n.log.Warn("warm image could not be made again; its sandboxes start cold", "template", t.Name, "err", err)
 	}
 }
 
@@ -175,7 +218,7 @@ func (n *Node) addPooled(t store.Template) error {
 	}
 	sb := store.Sandbox{ID: p.id, Name: poolName(p.id), Template: t.Name, Slot: p.slot, MemoryMiB: int(p.limitMiB)}
 	bg := context.Background()
-	err = n.layOut(sb, t)
+	err = n.layOut(sb, t, n.envdDirFor(n.warmLayout(t.Name)))
 	if err == nil {
 		n.dir(sb.ID).mark("restored from the warm image of template %s ahead of demand (warm pool), paused until a create takes it", t.Name)
 		spec := n.spec(sb)

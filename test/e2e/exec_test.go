@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"crypto/rand"
 	"fmt"
 	"net/http"
@@ -384,4 +385,81 @@ func TestExecInFleet(t *testing.T) {
 	if next := connectCounter(t, e, "far"); next <= last {
 		t.Errorf("reconnected on the paired node, the command printed %d after %d", next, last)
 	}
+}
+
+// TestEnvdUpgrade: a new envd binary (an upgrade of sandstormd) loses no
+// sandbox's memory. A sandbox snapshotted with a command running under the
+// old envd wakes after the restart with that command still counting, its
+// bundle still mounting the old build; the warm image is made again with
+// the new build, so new sandboxes get it; and once no sandbox mounts the
+// old build, the next start removes it.
+func TestEnvdUpgrade(t *testing.T) {
+	d := startDaemon(t)
+	warm := &api.Warm{Pool: 1, Probe: api.Probe{Path: "/healthz"}, Reseed: api.Reseed{Signal: "SIGUSR1"}}
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "webw", RootfsDir: webRootfs,
+		Process: api.Process{Args: webDemo.Args, Env: webDemo.Env, Envd: &api.Envd{}}, Ports: webDemo.Ports, Warm: warm}); err != nil {
+		t.Fatal(err)
+	}
+	counter := &pb.ProcessConfig{Cmd: py, Args: []string{"-u", "-c", "import time\nn=0\nwhile True:\n n+=1; print(n); time.sleep(0.05)"}}
+	a := d.create(t, "webw", "up-a")
+	_, last := startCounter(t, d.C.Envd(a.ID, ""), counter, "c")
+	d.transition(t, a.ID, "snapshot", api.TierSnapshot)
+	oldBuild := envdMountOf(t, d.sandboxDir(a.ID))
+
+	// Another build: the same binary with bytes after its end (which an
+	// ELF loader ignores), so another SHA-256.
+	bin, err := os.ReadFile(filepath.Join(workDir, "sandstorm-envd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newBin := filepath.Join(t.TempDir(), "sandstorm-envd")
+	if err := os.WriteFile(newBin, append(bin, []byte("another build")...), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d.Restart(t, "--envd", newBin)
+
+	if next := connectCounter(t, d.C.Envd(a.ID, ""), "c"); next <= last {
+		t.Errorf("after the upgrade, the command from before the snapshot printed %d (it had printed %d): its memory is lost", next, last)
+	}
+	if got := envdMountOf(t, d.sandboxDir(a.ID)); got != oldBuild {
+		t.Errorf("the woken sandbox mounts %s, want the build its image was made with (%s)", got, oldBuild)
+	}
+	waitLog(t, d.LogPath, `msg="warm image made again" template=webw why="holds another envd build"`, 2*time.Minute)
+	b := d.create(t, "webw", "up-b")
+	if got := envdMountOf(t, d.sandboxDir(b.ID)); got == oldBuild || got == "" {
+		t.Errorf("a sandbox made after the upgrade mounts %q, want the new build", got)
+	}
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+	cli(t, env, "sandbox", "exec", b.ID, "--", py, "-c", "print('new')").ok(t, "a command in a sandbox of the new build", `^new\n$`)
+
+	d.deleteSandbox(t, a.ID)
+	if _, err := os.Stat(oldBuild); err != nil {
+		t.Fatalf("the old build went before the restart: %v", err)
+	}
+	d.Restart(t, "--envd", newBin)
+	if _, err := os.Stat(oldBuild); !os.IsNotExist(err) {
+		t.Errorf("the old build %s is kept with no sandbox mounting it (%v)", oldBuild, err)
+	}
+	cli(t, env, "sandbox", "exec", b.ID, "--", py, "-c", "print('still')").ok(t, "a command after the old build is removed", `^still\n$`)
+}
+
+// envdMountOf is the host directory a sandbox's bundle mounts envd from.
+func envdMountOf(t *testing.T, dir string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "bundle", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Mounts []struct{ Destination, Source string }
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == "/.sandstorm" {
+			return m.Source
+		}
+	}
+	return ""
 }

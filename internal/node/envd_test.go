@@ -1,0 +1,86 @@
+package node
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"sandstorm/api"
+	"sandstorm/internal/store"
+)
+
+// TestEnvdBuilds: each envd build gets a directory of its own; a spec
+// written with one build still finds it after an upgrade (so a restore
+// mounts the binary its image was made with), a build no bundle mounts is
+// removed when the node starts, and so is a data dir's old flat binary
+// once nothing mounts it.
+func TestEnvdBuilds(t *testing.T) {
+	data := t.TempDir()
+	bin := filepath.Join(t.TempDir(), "sandstorm-envd")
+	install := func(content string) *Node {
+		t.Helper()
+		if err := os.WriteFile(bin, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		n := &Node{cfg: Config{DataDir: data, Envd: bin}, log: slog.New(slog.DiscardHandler)}
+		if err := n.installEnvd(); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// A data dir from before builds had directories: the flat binary.
+	root := filepath.Join(data, "envd")
+	os.MkdirAll(root, 0o755)
+	os.WriteFile(filepath.Join(root, envdBinary), []byte("v0"), 0o755)
+	legacy := layout(filepath.Join(data, "sandboxes", "old"))
+	tmpl := store.Template{Name: "t", Process: api.Process{Args: []string{"/bin/true"}}}
+	if err := legacy.writeSpec(tmpl, 0, "old", "/proc/1/ns/net", root); err != nil {
+		t.Fatal(err)
+	}
+
+	n1 := install("v1")
+	v1 := n1.envdDir()
+	if b, err := os.ReadFile(filepath.Join(v1, envdBinary)); err != nil || string(b) != "v1" {
+		t.Fatalf("build 1 at %s: %q, %v", v1, b, err)
+	}
+	if n1.envdDirFor(legacy) != root {
+		t.Errorf("a sandbox that mounts the old flat binary restores with %s, want %s", n1.envdDirFor(legacy), root)
+	}
+	sb := layout(filepath.Join(data, "sandboxes", "a"))
+	if err := sb.writeSpec(tmpl, 0, "a", "/proc/1/ns/net", v1); err != nil {
+		t.Fatal(err)
+	}
+	n2 := install("v2")
+	v2 := n2.envdDir()
+	if v2 == v1 {
+		t.Fatal("two builds share a directory")
+	}
+	if got := n2.envdDirFor(sb); got != v1 {
+		t.Errorf("after the upgrade, the sandbox's restore mounts %s, want its own build %s", got, v1)
+	}
+	if _, err := os.Stat(filepath.Join(v1, envdBinary)); err != nil {
+		t.Errorf("build 1 removed while a bundle mounts it: %v", err)
+	}
+	if got := n2.envdDirFor(layout(t.TempDir())); got != v2 {
+		t.Errorf("a layout with no spec restores with %s, want the current %s", got, v2)
+	}
+
+	// Nothing mounts build 1 or the flat binary any more: the next start
+	// removes both, and keeps the current build.
+	os.RemoveAll(string(sb))
+	os.RemoveAll(string(legacy))
+	n3 := install("v2")
+	if _, err := os.Stat(v1); !os.IsNotExist(err) {
+		t.Errorf("build 1 kept with nothing mounting it: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, envdBinary)); !os.IsNotExist(err) {
+		t.Errorf("the old flat binary kept with nothing mounting it: %v", err)
+	}
+	if n3.envdDir() != v2 {
+		t.Errorf("current build %s, want %s", n3.envdDir(), v2)
+	}
+	if _, err := os.Stat(filepath.Join(v2, envdBinary)); err != nil {
+		t.Errorf("the current build removed: %v", err)
+	}
+}
