@@ -3,8 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/netip"
