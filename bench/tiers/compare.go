@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"sandstorm/internal/bench"
+	"sandstorm/internal/bench/raw"
 	"sandstorm/internal/sandbox/gvisor"
 )
 
@@ -49,7 +50,7 @@ func (m *memory) get(t, runtime string) *memSeries {
 // read records the memory of container id under be's root, or why it
 // could not be read (a failure here never fails the time sample).
 func (s *memSeries) read(ctx context.Context, be *gvisor.Backend, id string) {
-	mib, err := memoryMiB(ctx, be, id)
+	mib, err := raw.MemoryMiB(ctx, be, id)
 	if err != nil {
 		s.Failures = append(s.Failures, err.Error())
 		return
@@ -220,7 +221,7 @@ func firstFailure(fs []string) string {
 	if len(fs) == 0 {
 		return ""
 	}
-	return "first failure: " + oneLine(fs[0])
+	return "first failure: " + bench.OneLine(fs[0])
 }
 
 // tables are the derived tables of the run so far: the ratios and the

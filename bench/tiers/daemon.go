@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -254,7 +253,7 @@ func (d *daemon) leftovers(isolated bool) []string {
 			out = append(out, "runsc state "+filepath.Join(runscRoot, e.Name()))
 		}
 	}
-	for _, m := range mountsUnder(d.dataDir) {
+	for _, m := range bench.MountsUnder(d.dataDir) {
 		out = append(out, "mount "+m)
 	}
 	if isolated {
@@ -270,59 +269,13 @@ func (d *daemon) leftovers(isolated bool) []string {
 // removeDataDir unmounts anything left under the data dir (lazily) and
 // removes it, with the binary if we built it there.
 func (d *daemon) removeDataDir() error {
-	for _, m := range mountsUnder(d.dataDir) {
+	for _, m := range bench.MountsUnder(d.dataDir) {
 		unix.Unmount(m, unix.MNT_DETACH)
 	}
-	if left := mountsUnder(d.dataDir); len(left) > 0 {
+	if left := bench.MountsUnder(d.dataDir); len(left) > 0 {
 		return fmt.Errorf("not removing %s: still mounted: %s", d.dataDir, strings.Join(left, ", "))
 	}
 	return os.RemoveAll(d.dataDir)
-}
-
-// mountsUnder returns mount points at or below dir, deepest first.
-func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMount(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	// Deepest first, so nested mounts come off before their parents.
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
-	}
-	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space, …).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // tail returns the last n lines of the file at path.

@@ -92,15 +92,6 @@ func TestParseCount(t *testing.T) {
 	}
 }
 
-func TestUnescapeMount(t *testing.T) {
-	if got := unescapeMount(`/tmp/a\040b/rootfs`); got != "/tmp/a b/rootfs" {
-		t.Errorf("unescapeMount = %q", got)
-	}
-	if got := unescapeMount("/plain"); got != "/plain" {
-		t.Errorf("unescapeMount = %q", got)
-	}
-}
-
 func TestArgv0(t *testing.T) {
 	for in, want := range map[string]string{
 		"runsc-sandbox\x00--network=sandbox\x00boot\x00": "runsc-sandbox",

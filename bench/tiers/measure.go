@@ -336,7 +336,7 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 		}
 		status, body, d, err := r.get(ctx, url)
 		if err == nil && status != http.StatusOK {
-			err = fmt.Errorf("HTTP %d: %s", status, oneLine(body))
+			err = fmt.Errorf("HTTP %d: %s", status, bench.OneLine(body))
 		}
 		if err != nil {
 			if stop, serr := s.miss(ctx, "GET /: %v", err); stop {
@@ -438,7 +438,7 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 		}
 		status, body, d, err := r.get(ctx, url)
 		if err == nil && status != http.StatusOK {
-			err = fmt.Errorf("HTTP %d: %s", status, oneLine(body))
+			err = fmt.Errorf("HTTP %d: %s", status, bench.OneLine(body))
 		}
 		if err != nil {
 			prev = -1
@@ -465,7 +465,7 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 		count, ok := parseCount(body)
 		switch {
 		case !ok:
-			cl.Note("answer %q has no count=N", oneLine(body))
+			cl.Note("answer %q has no count=N", bench.OneLine(body))
 		case op.keepsMemory && prev > 0 && count != prev+1:
 			cl.Note("memory state lost: the app's counter went %d → %d across the wake", prev, count)
 		case !op.keepsMemory && count != 1:
@@ -588,7 +588,7 @@ func (r *runner) firstAnswer(ctx context.Context, url string, t0 time.Time) (tim
 		if err != nil {
 			last = err.Error()
 		} else {
-			last = fmt.Sprintf("HTTP %d: %s", status, oneLine(body))
+			last = fmt.Sprintf("HTTP %d: %s", status, bench.OneLine(body))
 		}
 		if ctx.Err() != nil {
 			return 0, attempt, "", ctx.Err()
@@ -627,12 +627,4 @@ func parseCount(body string) (int, bool) {
 		}
 	}
 	return 0, false
-}
-
-func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 200 {
-		s = s[:200] + "…"
-	}
-	return s
 }

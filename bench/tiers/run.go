@@ -15,6 +15,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
+	"sandstorm/internal/bench/raw"
 	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
 	"sandstorm/internal/sandbox/gvisor"
@@ -53,7 +54,7 @@ type runner struct {
 	// state under the daemon's --root (nil: not a gvisor daemon, or its
 	// data dir is unknown).
 	nodeRunsc *gvisor.Backend
-	raw       *rawEnv // the raw series' runsc root and network (nil until needed)
+	raw       *raw.Env // the raw series' runsc root and network (nil until needed)
 	mem       memory
 }
 
@@ -320,7 +321,7 @@ func (r *runner) cleanup(d *daemon, isolated bool) error {
 	defer cancel()
 	var errs []error
 	if r.raw != nil {
-		if err := r.raw.cleanup(ctx); err != nil {
+		if err := r.raw.Cleanup(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("cleanup: raw runsc: %w", err))
 		}
 		r.raw = nil

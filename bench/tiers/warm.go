@@ -198,14 +198,14 @@ func (r *runner) measureClone(ctx context.Context, t string) error {
 				mem.read(ctx, r.nodeRunsc, c.ID)
 			}
 			if n, ok := parseCount(body); !ok || n != prev+1 {
-				first.Note("a child's first answer was %q, want count=%d (the parent's memory, counting on)", oneLine(body), prev+1)
+				first.Note("a child's first answer was %q, want count=%d (the parent's memory, counting on)", bench.OneLine(body), prev+1)
 			}
 		}
 		// The parent keeps serving from its own memory, as if not cloned.
 		if status, body, _, err := r.get(ctx, url); err != nil || status != http.StatusOK {
 			call.Note("the parent did not answer after the clone: HTTP %d, %v", status, err)
 		} else if n, ok := parseCount(body); !ok || n != prev+1 {
-			call.Note("the parent answered %q after the clone, want count=%d", oneLine(body), prev+1)
+			call.Note("the parent answered %q after the clone, want count=%d", bench.OneLine(body), prev+1)
 		}
 		var childMs []string
 		for _, ms := range res.ChildMs {
@@ -232,14 +232,14 @@ func (r *runner) calls(ctx context.Context, url string, n int) (int, error) {
 	for i := 0; i < n; i++ {
 		status, body, _, err := r.get(ctx, url)
 		if err == nil && status != http.StatusOK {
-			err = fmt.Errorf("HTTP %d: %s", status, oneLine(body))
+			err = fmt.Errorf("HTTP %d: %s", status, bench.OneLine(body))
 		}
 		if err != nil {
 			return 0, fmt.Errorf("call %d: %w", i+1, err)
 		}
 		c, ok := parseCount(body)
 		if !ok {
-			return 0, fmt.Errorf("call %d: answer %q has no count=N", i+1, oneLine(body))
+			return 0, fmt.Errorf("call %d: answer %q has no count=N", i+1, bench.OneLine(body))
 		}
 		count = c
 	}

@@ -149,3 +149,13 @@ func condense(lines []string, max int) []string {
 	}
 	return out
 }
+
+// OneLine is s on one line (white space folded), cut at 200 bytes: an
+// answer's body or a command's last words, for a note or an error.
+func OneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}

@@ -11,6 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"sandstorm/internal/envd"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/store"
 )
@@ -114,16 +115,19 @@ func unescapeMount(s string) string {
 // PrepareBundle lays out dir the way the node lays out a sandbox's
 // directory for a cold start, and returns the OCI bundle in it:
 // bundle/rootfs is the overlay of t.Rootfs over dir/upper (mountRootfs) and
-// bundle/config.json the spec writeSpec writes. It is exported for
-// bench/tiers, which times raw runsc on the same bundle sandstormd runs;
-// the node does more around it (network, resolver, boundary). dir must be
-// absolute; ReleaseBundle undoes the mount.
-func PrepareBundle(dir string, t store.Template, limitMiB int64, hostname, netnsPath string) (string, error) {
+// bundle/config.json the spec writeSpec writes. envdDir, when not "", is
+// the host directory holding the sandstorm-envd binary, mounted read-only
+// at /.sandstorm; a template whose process runs envd as its init
+// (t.Process.Envd != nil) cannot be laid out without it. It is exported
+// for internal/bench/raw, which times raw runsc on the same bundle
+// sandstormd runs; the node does more around it (network, resolver,
+// boundary). dir must be absolute; ReleaseBundle undoes the mount.
+func PrepareBundle(dir string, t store.Template, limitMiB int64, hostname, netnsPath, envdDir string) (string, error) {
 	l := layout(dir)
 	if err := l.mountRootfs(t.Rootfs); err != nil {
 		return "", err
 	}
-	if err := l.writeSpec(t, limitMiB, hostname, netnsPath, ""); err != nil {
+	if err := l.writeSpec(t, limitMiB, hostname, netnsPath, envdDir); err != nil {
 		l.unmountRootfs()
 		return "", err
 	}
@@ -199,6 +203,9 @@ func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath,
 			return fmt.Errorf("template %s runs envd as its init (process.envd), and this node has no envd (--envd none, or no sandstorm-envd beside sandstormd)", t.Name)
 		}
 		s.Process.Args = envdInitArgs(*e, t.Process.Args)
+		// envd's own runtime lean; it gives its process the template's
+		// environment back (envd.LeanEnv).
+		s.Process.Env = envd.LeanEnv(s.Process.Env)
 	}
 	oom := SandboxOOMScoreAdj
 	s.Process.OOMScoreAdj = &oom

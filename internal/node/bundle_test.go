@@ -13,9 +13,10 @@ import (
 	"sandstorm/internal/store"
 )
 
-// TestPrepareBundle checks the exported layout bench/tiers runs raw runsc
-// on: the node's overlay over the template (writes land in upper/, never
-// in the template) and the node's spec, and that ReleaseBundle unmounts it.
+// TestPrepareBundle checks the exported layout internal/bench/raw runs raw
+// runsc on: the node's overlay over the template (writes land in upper/,
+// never in the template) and the node's spec, and that ReleaseBundle
+// unmounts it.
 func TestPrepareBundle(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test must run as root: it mounts an overlay")
@@ -30,7 +31,7 @@ func TestPrepareBundle(t *testing.T) {
 	}
 	dir := filepath.Join(base, "sb")
 	tmpl := store.Template{Name: "web", Rootfs: lower, Process: api.Process{Args: []string{"/usr/bin/python3", "/srv/app.py"}, Env: []string{"A=1"}}}
-	bundle, err := PrepareBundle(dir, tmpl, 256, "raw-1", "/var/run/netns/x")
+	bundle, err := PrepareBundle(dir, tmpl, 256, "raw-1", "/var/run/netns/x", "")
 	if err != nil {
 		t.Fatal(err)
 	}
