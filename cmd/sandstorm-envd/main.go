@@ -19,6 +19,7 @@ import (
 )
 
 func main() {
+	envd.RestoreEnv()
 	var cfg envd.Config
 	var addr string
 	var detach, initMode bool

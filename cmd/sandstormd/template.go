@@ -34,6 +34,8 @@ func templateCreateCmd() *cobra.Command {
 		warmSignal         string
 		warmCommand        []string
 		warmPool           int
+		envdInit           bool
+		envdUser, envdDir  string
 	)
 	create := &cobra.Command{
 		Use:   "create NAME --rootfs-dir DIR|--tarball FILE -- ARGS...",
@@ -43,6 +45,11 @@ func templateCreateCmd() *cobra.Command {
 		Args: cobra.MinimumNArgs(2),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
+			if envdInit {
+				req.Process.Envd = &api.Envd{User: envdUser, Workdir: envdDir}
+			} else if envdUser != "" || envdDir != "" {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--envd-user and --envd-workdir go with --envd-init")}
+			}
 			if warmProbe != "" || warmSignal != "" || len(warmCommand) > 0 || cmd.Flags().Changed("warm-pool") {
 				probe, err := parseProbe(warmProbe)
 				if err == nil {
@@ -95,6 +102,9 @@ func templateCreateCmd() *cobra.Command {
 	create.Flags().StringArrayVar(&warmCommand, "reseed-command", nil, "warm template: command run inside each sandbox right after its restore: the absolute path, then each argument as another --reseed-command")
 	create.Flags().IntVar(&memMiB, "memory", 0, "memory limit of its sandboxes in MiB (0: the daemon's --sandbox-memory)")
 	create.Flags().StringVar(&tmplPrincipal, "principal", "", "principal of its sandboxes (default: each sandbox's name)")
+	create.Flags().BoolVar(&envdInit, "envd-init", false, "run envd (commands and files, the E2B API) as its sandboxes' init, with ARGS under it, as E2B templates do; without it envd starts on a sandbox's first command")
+	create.Flags().StringVar(&envdUser, "envd-user", "", "with --envd-init: the user commands run as and files belong to when a call names none (default root)")
+	create.Flags().StringVar(&envdDir, "envd-workdir", "", "with --envd-init: a command's directory when it names none (default the user's home)")
 	return create
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"slices"
 
 	"io"
 	"mime/multipart"
@@ -431,5 +432,49 @@ func TestUploadMetadataAndGzip(t *testing.T) {
 	}
 	if st := post(strings.NewReader("x"), map[string]string{"Content-Encoding": "br"}); st != http.StatusBadRequest {
 		t.Errorf("an unknown encoding: %d", st)
+	}
+}
+
+// TestLeanEnv: envd's environment has one P, and what it had before comes
+// back for what envd starts — a value, or none at all.
+func TestLeanEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want string // GOMAXPROCS after RestoreEnv; "-" for unset
+	}{
+		{[]string{"PATH=/bin"}, "-"},
+		{[]string{"PATH=/bin", "GOMAXPROCS=4"}, "4"},
+		{[]string{"GOMAXPROCS="}, ""},
+	} {
+		lean := LeanEnv(tc.env)
+		if got := LeanEnv(lean); !slices.Equal(got, lean) {
+			t.Errorf("LeanEnv twice: %q, want %q", got, lean)
+		}
+		procs := ""
+		for _, kv := range lean {
+			if v, ok := strings.CutPrefix(kv, "GOMAXPROCS="); ok {
+				procs += v + ";"
+			}
+		}
+		if procs != "1;" {
+			t.Errorf("LeanEnv(%q) = %q: GOMAXPROCS %q, want 1 once", tc.env, lean, procs)
+		}
+		os.Unsetenv("GOMAXPROCS")
+		os.Unsetenv(savedProcs)
+		for _, kv := range lean {
+			k, v, _ := strings.Cut(kv, "=")
+			t.Setenv(k, v)
+		}
+		RestoreEnv()
+		got, ok := os.LookupEnv("GOMAXPROCS")
+		if !ok {
+			got = "-"
+		}
+		if got != tc.want {
+			t.Errorf("%q: GOMAXPROCS after RestoreEnv %q, want %q", tc.env, got, tc.want)
+		}
+		if _, ok := os.LookupEnv(savedProcs); ok {
+			t.Errorf("%q: %s left after RestoreEnv", tc.env, savedProcs)
+		}
 	}
 }
