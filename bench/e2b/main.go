@@ -16,9 +16,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -27,13 +29,14 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
+	"sandstorm/internal/sandbox/gvisor"
 )
 
 type config struct {
 	n                      int
 	out, repo, sandstormd  string
 	runsc, subnet, gwPorts string
-	nodeBin                string
+	nodeBin, platform      string
 }
 
 func main() {
@@ -47,6 +50,7 @@ func main() {
 	fs.StringVar(&c.subnet, "subnet", "10.151.0.0/16", "sandbox subnet; must be unused on this host")
 	fs.StringVar(&c.gwPorts, "gateway-ports", "31000-31999", "gateway port range")
 	fs.StringVar(&c.nodeBin, "node", "node", "the Node.js binary that runs the SDK")
+	fs.StringVar(&c.platform, "platform", gvisor.DefaultPlatform, "runsc platform of the raw runsc restore baseline (sandstormd runs with its default)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -59,13 +63,17 @@ func main() {
 
 // descriptions of the series the script measures, by name.
 var descriptions = map[string]string{
-	"create-pooled→first-run": "Sandbox.create('base') from the warm pool, then commands.run('true') answered (SDK side)",
-	"create-cold→first-run":   "Sandbox.create of base without a warm image (runsc run of envd as init), then commands.run('true') answered",
-	"run-echo":                "commands.run('echo hi') round trip on a hot sandbox",
-	"write-1MiB":              "files.write of 1 MiB (multipart upload through the master and the node)",
-	"read-1MiB":               "files.read of 1 MiB as bytes",
-	"write-100MiB":            "files.write of 100 MiB",
-	"read-100MiB":             "files.read of 100 MiB as bytes",
+	"create-pooled→first-run":    "Sandbox.create('base') from the warm pool, then commands.run('true') answered (SDK side)",
+	"create-cold→first-run":      "Sandbox.create of base without a warm image (runsc run of envd as init), then commands.run('true') answered",
+	"run-echo":                   "commands.run('echo hi') round trip on a hot sandbox",
+	"write-1MiB":                 "files.write of 1 MiB (multipart upload through the master and the node)",
+	"read-1MiB":                  "files.read of 1 MiB as bytes",
+	"write-100MiB":               "files.write of 100 MiB",
+	"read-100MiB":                "files.read of 100 MiB as bytes",
+	"read-100MiB-stream":         "files.read of 100 MiB as a stream, consumed chunk by chunk",
+	"raw-echo-in-sandbox":        "baseline of run-echo: bash -l -c 'echo hi' started inside the sandbox by Python's subprocess, as user (no API, network or SDK)",
+	"baseline-fetch-up-100MiB":   "baseline of write-100MiB: Node's fetch POSTing 100 MiB over TLS to a loopback server that discards it",
+	"baseline-fetch-down-100MiB": "baseline of read-100MiB: Node's fetch of 100 MiB over TLS from a loopback server, as bytes",
 }
 
 func run(ctx context.Context, c config) (string, error) {
@@ -127,12 +135,17 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", err
 	}
 	apiURL := "https://" + sd.API
+	baseURL, stopBaseline, err := baselineServer(data)
+	if err != nil {
+		return "", fmt.Errorf("baseline server: %w", err)
+	}
+	defer stopBaseline()
 	cmd := exec.CommandContext(ctx, c.nodeBin, script)
 	cmd.Dir = filepath.Dir(script)
 	cmd.Env = append(os.Environ(), "N="+strconv.Itoa(c.n),
 		"E2B_API_KEY="+key.Key, "E2B_API_URL="+apiURL+"/e2b", "E2B_SANDBOX_URL="+apiURL, "E2B_DOMAIN=sandbox.localhost",
 		"NODE_EXTRA_CA_CERTS="+filepath.Join(data, "pki", "ca.pem"),
-		"SANDSTORM_API="+apiURL, "SANDSTORM_TOKEN="+strings.TrimSpace(string(token)))
+		"SANDSTORM_API="+apiURL, "SANDSTORM_TOKEN="+strings.TrimSpace(string(token)), "BASELINE_URL="+baseURL)
 	cmd.Stderr = os.Stderr
 	fmt.Fprintf(os.Stderr, "machine: %s\nrunning the SDK (e2b %s), n=%d…\n", res.Machine, pkg.Version, c.n)
 	out, err := cmd.Output()
@@ -158,13 +171,16 @@ func run(ctx context.Context, c config) (string, error) {
 		for _, ms := range samples[name] {
 			s.Add(ms)
 		}
-		if mib, ok := strings.CutSuffix(strings.TrimPrefix(strings.TrimPrefix(name, "write-"), "read-"), "MiB"); ok && name != "run-echo" {
-			if m, err := strconv.Atoi(mib); err == nil && len(s.SamplesMs) > 0 {
-				med := median(s.SamplesMs)
-				s.Note("median %.0f MB/s (%d MiB in %.1f ms)", float64(m)*1.048576/(med/1000), m, med)
-			}
+		if m := mibOf(name); m > 0 && len(s.SamplesMs) > 0 {
+			med := median(s.SamplesMs)
+			s.Note("median %.0f MB/s (%d MiB in %.1f ms)", float64(m)*1.048576/(med/1000), m, med)
 		}
 	}
+	avoid, _ := netip.ParsePrefix(c.subnet)
+	if err := measureRawRestore(ctx, res, absRunsc, c.platform, envdBin, rootfs, proc, avoid, c.n); err != nil {
+		return "", fmt.Errorf("raw runsc restore: %w", err)
+	}
+	res.Tables = append(res.Tables, goals(res))
 	if err := measureMemory(ctx, res, cl, data, work, max(3, c.n/3)); err != nil {
 		return "", fmt.Errorf("memory: %w", err)
 	}
@@ -175,12 +191,94 @@ func run(ctx context.Context, c config) (string, error) {
 	return dir.Finish()
 }
 
+// mibOf is N of a series that moves N MiB ("write-100MiB",
+// "read-100MiB-stream", "baseline-fetch-up-100MiB"), 0 for another.
+func mibOf(name string) int {
+	m := mibRE.FindStringSubmatch(name)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+var mibRE = regexp.MustCompile(`^(?:write|read|baseline-fetch-(?:up|down))-(\d+)MiB`)
+
 func describeConnect(name string) string {
+	if tier, ok := strings.CutSuffix(strings.TrimPrefix(name, "connect-from-"), "/node-wake"); ok {
+		return fmt.Sprintf("the node's own time for the wake from %s that a connect made (its last_wake_ms)", tier)
+	}
 	tier, first := strings.CutSuffix(strings.TrimPrefix(name, "connect-from-"), "→first-run")
 	if first {
 		return fmt.Sprintf("after a connect from %s: commands.run('true') answered", tier)
 	}
 	return fmt.Sprintf("Sandbox.connect of a sandbox the API put in %s (it wakes it)", tier)
+}
+
+// goals is the issue's goals next to what this run measured, each beside
+// its baseline from the same run, at p50 and p99.
+func goals(res *bench.Results) *bench.Table {
+	by := map[string]*bench.Series{}
+	for _, s := range res.Series {
+		by[s.Name] = s
+	}
+	at := func(name string, p99 bool) (float64, bool) {
+		s := by[name]
+		if s == nil || len(s.SamplesMs) == 0 {
+			return 0, false
+		}
+		sum, err := bench.Summarize(s.SamplesMs)
+		if err != nil {
+			return 0, false
+		}
+		if p99 {
+			return sum.P99Ms, true
+		}
+		return sum.P50Ms, true
+	}
+	ms := func(name string, p99 bool) string {
+		if v, ok := at(name, p99); ok {
+			return fmt.Sprintf("%.1f ms", v)
+		}
+		return "—"
+	}
+	rate := func(name string, mib int, p99 bool) string {
+		if v, ok := at(name, p99); ok {
+			return fmt.Sprintf("%.0f MB/s", float64(mib)*1.048576/(v/1000))
+		}
+		return "—"
+	}
+	plus := func(name, base string, p99 bool) string {
+		a, ok1 := at(name, p99)
+		b, ok2 := at(base, p99)
+		if !ok1 || !ok2 {
+			return "—"
+		}
+		return fmt.Sprintf("%+.1f ms", a-b)
+	}
+	t := &bench.Table{
+		Title:       "The issue's goals, each beside its baseline in this run",
+		Description: "p50 (p99). Rates are 100 MiB over the time; the baselines are what the same machine does with sandstormd out of the path.",
+		Columns:     []string{"goal", "measured", "baseline in this run", "difference"},
+	}
+	both := func(f func(bool) string) string { return f(false) + " (" + f(true) + ")" }
+	t.Rows = [][]string{
+		{"pooled create → first command ≤ 100 ms", both(func(p bool) string { return ms("create-pooled→first-run", p) }), "", ""},
+		{"commands.run('echo') ≤ 10 ms", both(func(p bool) string { return ms("run-echo", p) }),
+			"in-sandbox bash -l -c: " + both(func(p bool) string { return ms("raw-echo-in-sandbox", p) }),
+			both(func(p bool) string { return plus("run-echo", "raw-echo-in-sandbox", p) })},
+		{"files.write of 100 MiB ≥ 200 MB/s", both(func(p bool) string { return rate("write-100MiB", 100, p) }),
+			"Node's fetch up: " + both(func(p bool) string { return rate("baseline-fetch-up-100MiB", 100, p) }), ""},
+		{"files.read of 100 MiB ≥ 200 MB/s", both(func(p bool) string { return rate("read-100MiB", 100, p) }) + "; stream " + both(func(p bool) string { return rate("read-100MiB-stream", 100, p) }),
+			"Node's fetch down: " + both(func(p bool) string { return rate("baseline-fetch-down-100MiB", 100, p) }), ""},
+		{"connect from snapshot ≤ raw runsc restore + 15 ms", both(func(p bool) string { return ms("connect-from-snapshot", p) }),
+			"runsc restore → envd answers: " + both(func(p bool) string { return ms("raw-restore/base/client", p) }),
+			both(func(p bool) string { return plus("connect-from-snapshot", "raw-restore/base/client", p) })},
+		{"(the node's own wake from snapshot)", both(func(p bool) string { return ms("connect-from-snapshot/node-wake", p) }),
+			"runsc restore alone: " + both(func(p bool) string { return ms("raw-restore/base/runsc", p) }),
+			both(func(p bool) string { return plus("connect-from-snapshot/node-wake", "raw-restore/base/runsc", p) })},
+	}
+	return t
 }
 
 func median(ms []float64) float64 {

@@ -54,6 +54,19 @@ const s = await Sandbox.create('base', { timeoutMs: 600_000 })
 await s.commands.run('true')
 for (let i = 0; i < 5 * N; i++) add('run-echo', await time(() => s.commands.run('echo hi')))
 progress(`run-echo: ${5 * N} samples`)
+// The floor under run-echo: the same command started inside the sandbox
+// by a program already running there (Python's subprocess), as user —
+// gVisor's own cost of a process, with no API, network or SDK.
+const floor = await s.commands.run(`python3 -c "
+import json, subprocess, time
+out = []
+for _ in range(${5 * N}):
+    t = time.perf_counter()
+    subprocess.run(['/bin/bash', '-l', '-c', 'echo hi'], stdout=subprocess.PIPE, check=True)
+    out.append((time.perf_counter() - t) * 1000)
+print(json.dumps(out))
+"`)
+for (const ms of JSON.parse(floor.stdout)) add('raw-echo-in-sandbox', ms)
 
 for (const [mib, n] of [[1, N], [100, Math.max(3, Math.floor(N / 4))]]) {
   const data = new Uint8Array(mib << 20).map((_, i) => (i * 31) & 0xff)
@@ -62,6 +75,22 @@ for (const [mib, n] of [[1, N], [100, Math.max(3, Math.floor(N / 4))]]) {
     add(`read-${mib}MiB`, await time(async () => {
       const b = await s.files.read('/home/user/bench.bin', { format: 'bytes' })
       if (b.length !== data.length) throw new Error(`read ${b.length} bytes of ${data.length}`)
+    }))
+    if (mib < 100) continue
+    add(`read-${mib}MiB-stream`, await time(async () => {
+      let got = 0
+      for await (const chunk of await s.files.read('/home/user/bench.bin', { format: 'stream' })) got += chunk.length
+      if (got !== data.length) throw new Error(`streamed ${got} bytes of ${data.length}`)
+    }))
+    // Node's own floor: the same bytes over TLS to a server on loopback
+    // that only discards them, or only sends them (bench/e2b, baseline.go).
+    add(`baseline-fetch-up-${mib}MiB`, await time(async () => {
+      const r = await fetch(`${process.env.BASELINE_URL}/up`, { method: 'POST', body: data, headers: { 'Content-Type': 'application/octet-stream' } })
+      await r.text()
+    }))
+    add(`baseline-fetch-down-${mib}MiB`, await time(async () => {
+      const b = new Uint8Array(await (await fetch(`${process.env.BASELINE_URL}/down?mib=${mib}`)).arrayBuffer())
+      if (b.length !== data.length) throw new Error(`fetched ${b.length} bytes of ${data.length}`)
     }))
   }
   progress(`write/read ${mib} MiB: ${n} samples`)
@@ -74,6 +103,11 @@ for (const [tier, op_] of [['hot', null], ['frozen', 'freeze'], ['snapshot', 'sn
     if (op_) await transition(s.sandboxId, op_)
     let c
     add(`connect-from-${tier}`, await time(async () => { c = await Sandbox.connect(s.sandboxId) }))
+    if (op_) {
+      // The node's own time for the wake (its last_wake_ms).
+      const sb = await (await fetch(`${api}/v1/sandboxes/${s.sandboxId}`, { headers: op })).json()
+      if (sb.last_wake_from === tier) add(`connect-from-${tier}/node-wake`, sb.last_wake_ms)
+    }
     add(`connect-from-${tier}→first-run`, await time(() => c.commands.run('true')))
   }
   progress(`connect from ${tier}: ${N} samples`)
