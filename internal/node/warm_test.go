@@ -4,6 +4,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/store"
@@ -72,7 +73,7 @@ func TestTakePooled(t *testing.T) {
 	}
 	select {
 	case <-n.poolKick:
-	default:
+	case <-time.After(10 * refillAfter):
 		t.Error("a take did not ask for a refill")
 	}
 	if _, ok := n.takePooled(tmpl, 1024); ok {

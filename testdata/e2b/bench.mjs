@@ -82,6 +82,18 @@ for (const [mib, n] of [[1, N], [100, Math.max(3, Math.floor(N / 4))]]) {
       for await (const chunk of await s.files.read('/home/user/bench.bin', { format: 'stream' })) got += chunk.length
       if (got !== data.length) throw new Error(`streamed ${got} bytes of ${data.length}`)
     }))
+    // The same multipart upload by Node's own fetch, through sandstormd to
+    // the sandbox's envd as the SDK sends it (E2B_SANDBOX_URL, its
+    // headers): what the SDK itself adds is the difference.
+    add(`fetch-formdata-up-${mib}MiB`, await time(async () => {
+      const fd = new FormData()
+      fd.append('file', new Blob([data]), 'bench.bin')
+      const r = await fetch(`${process.env.E2B_SANDBOX_URL}/files?path=/home/user/bench.bin&username=user`, {
+        method: 'POST', body: fd, headers: { 'E2b-Sandbox-Id': s.sandboxId, 'X-Access-Token': s.envdAccessToken },
+      })
+      if (r.status !== 200) throw new Error(`multipart upload: ${r.status} ${await r.text()}`)
+      await r.text()
+    }))
     // Node's own floor: the same bytes over TLS to a server on loopback
     // that only discards them, or only sends them (bench/e2b, baseline.go).
     add(`baseline-fetch-up-${mib}MiB`, await time(async () => {
