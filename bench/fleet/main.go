@@ -61,7 +61,7 @@ func main() {
 	var c config
 	var rates string
 	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
-	fs.StringVar(&c.part, "part", "fill,traffic", "what to run: fill, traffic or both")
+	fs.StringVar(&c.part, "part", "fill,traffic", "what to run: fill, traffic, envd (the master's hop on a call to a sandbox's envd), comma-separated")
 	fs.IntVar(&c.nodes, "nodes", 3, "nodes in the fleet")
 	fs.IntVar(&c.count, "count", 3000, "fill: sandboxes to create at most")
 	fs.IntVar(&c.calls, "calls", 1200, "fill: sandboxes picked at random and called")
@@ -129,6 +129,13 @@ func run(ctx context.Context, c config) (string, error) {
 		if err := fill(ctx, c, bin, res); err != nil {
 			res.Note("fill stopped: %v", err)
 			fmt.Fprintln(os.Stderr, "fill:", err)
+		}
+		write(dir, res)
+	}
+	if strings.Contains(c.part, "envd") && ctx.Err() == nil {
+		if err := envdHop(ctx, c, bin, res); err != nil {
+			res.Note("envd hop stopped: %v", err)
+			fmt.Fprintln(os.Stderr, "envd hop:", err)
 		}
 		write(dir, res)
 	}

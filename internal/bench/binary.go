@@ -25,7 +25,9 @@ type Binary struct {
 
 // SandstormdBinary is given, if set, else ./cmd/sandstormd of repo built into
 // dir, with the runsc at runsc linked beside it (sandstormd's default
-// runsc is the one next to it).
+// runsc is the one next to it) and sandstorm-envd built beside it as make
+// build builds it (static): a node finds envd there, and without it
+// serves no commands and files.
 func SandstormdBinary(ctx context.Context, repo, given, dir, runsc string) (Binary, error) {
 	var b Binary
 	if given != "" {
@@ -43,6 +45,11 @@ func SandstormdBinary(ctx context.Context, repo, given, dir, runsc string) (Bina
 		cmd.Dir = repo
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return b, fmt.Errorf("go build ./cmd/sandstormd in %s: %v\n%s", repo, err, strings.TrimSpace(string(out)))
+		}
+		envd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, "sandstorm-envd"), "./cmd/sandstorm-envd")
+		envd.Dir, envd.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := envd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("go build ./cmd/sandstorm-envd in %s: %v\n%s", repo, err, strings.TrimSpace(string(out)))
 		}
 		if runsc != "" {
 			abs, err := filepath.Abs(runsc)

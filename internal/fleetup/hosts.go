@@ -279,6 +279,7 @@ type layout struct{ Dir, Node string }
 
 func (l layout) bin() string      { return l.Dir + "/bin/sandstormd" }
 func (l layout) runsc() string    { return l.Dir + "/bin/runsc" }
+func (l layout) envd() string     { return l.Dir + "/bin/" + envdName }
 func (l layout) dataDir() string  { return l.Dir + "/" + l.Node }
 func (l layout) log() string      { return l.Dir + "/" + l.Node + ".log" }
 func (l layout) pidFile() string  { return l.Dir + "/" + l.Node + ".pid" }

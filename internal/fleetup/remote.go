@@ -56,6 +56,14 @@ type remoteNode struct {
 	l      layout
 }
 
+// envdName is envd's binary, which a node looks for beside its sandstormd.
+const envdName = "sandstorm-envd"
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
+}
+
 type localFile struct {
 	name, path, sum string
 	size            int64
@@ -94,6 +102,13 @@ func planHosts(ctx context.Context, cfg Config, say func(string, ...any)) (*host
 			say("note: runsc %s is %s, not the pinned %s (snapshots restore only on the runsc that wrote them)", runsc, v, gvisor.PinnedVersion)
 		}
 		files = append(files, localFile{name: "runsc", path: runsc})
+	}
+	// envd (commands, files, the E2B API) is found beside sandstormd, on
+	// the hosts as here: a node without it serves none of them.
+	if envd := filepath.Join(filepath.Dir(cfg.Bin), envdName); fileExists(envd) {
+		files = append(files, localFile{name: envdName, path: envd})
+	} else {
+		say("note: no %s beside %s (make build puts it there): the nodes will serve no commands and files (sandbox exec/cp, the E2B API)", envdName, cfg.Bin)
 	}
 	for i := range files {
 		sum, size, err := fileSum(files[i].path)

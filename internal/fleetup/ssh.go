@@ -181,6 +181,7 @@ func inspectScript(l layout, remoteRunsc string) string {
 		`pid=$(cat ` + shQuote(l.pidFile()) + ` 2>/dev/null)
 if alive "$pid"; then echo "running=$pid"; fi
 echo "sandstormd=$(sum ` + shQuote(l.bin()) + `)"
+echo "` + envdName + `=$(sum ` + shQuote(l.envd()) + `)"
 `
 	if remoteRunsc == "" {
 		s += `echo "runsc=$(sum ` + shQuote(l.runsc()) + `)"
@@ -272,7 +273,8 @@ func tailScript(l layout) string {
 // removes the node's data dir and log — unless mounts are left under it
 // (its sandboxes were not deleted), which rm -rf would reach through —
 // and, once no other node's PID file is left in the remote dir, the
-// binaries fleet up put in bin/ (runsc only if it put it there) and the
+// binaries fleet up put in bin/ (sandstormd, envd; runsc only if it put
+// it there) and the
 // dirs if empty.
 func stopScript(l layout, pid int, purge, ownRunsc bool) string {
 	s := aliveFunc(l) + "pid=" + strconv.Itoa(pid) + `
@@ -293,7 +295,7 @@ if [ "$(cat ` + shQuote(l.pidFile()) + ` 2>/dev/null)" = "$pid" ]; then rm -f ` 
 	if !purge {
 		return s
 	}
-	bins := shQuote(l.bin())
+	bins := shQuote(l.bin()) + " " + shQuote(l.envd())
 	if ownRunsc {
 		bins += " " + shQuote(l.runsc())
 	}

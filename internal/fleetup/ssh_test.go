@@ -85,6 +85,7 @@ func TestStartStopScripts(t *testing.T) {
 	// PID file: purge keeps bin/ for it.
 	os.MkdirAll(filepath.Join(l.Dir, "bin"), 0o755)
 	os.WriteFile(l.bin(), []byte("x"), 0o755)
+	os.WriteFile(l.envd(), []byte("x"), 0o755)
 	os.WriteFile(l.runsc(), []byte("x"), 0o755)
 	os.MkdirAll(l.dataDir(), 0o700)
 	other := filepath.Join(l.Dir, "other.pid")
@@ -111,6 +112,9 @@ func TestStartStopScripts(t *testing.T) {
 	}
 	if _, err := os.Stat(l.bin()); err == nil {
 		t.Error("purge with no PID file left kept bin/sandstormd")
+	}
+	if _, err := os.Stat(l.envd()); err == nil {
+		t.Error("purge with no PID file left kept bin/sandstorm-envd")
 	}
 	if _, err := os.Stat(l.runsc()); err != nil {
 		t.Error("purge removed a runsc fleet up had not put there")

@@ -274,9 +274,14 @@ func (n *Node) settleAfterFailure(sb store.Sandbox, from api.Tier, note string) 
 		to = api.TierFrozen
 	case n.dir(sb.ID).hasSnapshot():
 		to = api.TierSnapshot
+		n.cutEnvd(sb.ID)
 		n.teardown(context.Background(), sb, false)
 	default:
+		// Its processes are gone (its program exited, the OOM killer):
+		// a call to its envd still in flight would wait on a peer that
+		// will never answer.
 		to = api.TierDetached
+		n.cutEnvd(sb.ID)
 		n.teardown(context.Background(), sb, false)
 	}
 	n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = note })

@@ -349,7 +349,8 @@ func TestFleetUpHosts(t *testing.T) {
 			t.Errorf("node %s is not in netns %s (%d, want %d)", n.Name, h.ns, got, want)
 		}
 		// Copied to the host, byte for byte.
-		if fileSHA(t, filepath.Join(h.dir, "bin", "sandstormd")) != fileSHA(t, sandstormdBin) || fileSHA(t, filepath.Join(h.dir, "bin", "runsc")) != fileSHA(t, runscBin) {
+		if fileSHA(t, filepath.Join(h.dir, "bin", "sandstormd")) != fileSHA(t, sandstormdBin) || fileSHA(t, filepath.Join(h.dir, "bin", "runsc")) != fileSHA(t, runscBin) ||
+			fileSHA(t, filepath.Join(h.dir, "bin", "sandstorm-envd")) != fileSHA(t, filepath.Join(workDir, "sandstorm-envd")) {
 			t.Errorf("the binaries on %s are not this machine's", h.addr)
 		}
 		code, err := os.ReadFile(filepath.Join(h.dir, n.Name, "pki", pki.PairingCodeFile))
@@ -393,6 +394,16 @@ func TestFleetUpHosts(t *testing.T) {
 	}
 	if !on["10-191-1-2"] || !on["10-191-2-2"] {
 		t.Errorf("the verification's sandboxes are on %v", on)
+	}
+	// Commands reach a sandbox on each host: its node found the envd
+	// fleet up copied beside its sandstormd.
+	cliEnv := []string{"SANDSTORM_API=" + st.API, "SANDSTORM_DATA_DIR=" + st.Master.DataDir, "SANDSTORM_TOKEN="}
+	done := map[string]bool{}
+	for _, sb := range sbs {
+		if !done[sb.Node] {
+			done[sb.Node] = true
+			cli(t, cliEnv, "sandbox", "exec", sb.ID, "--", py, "-c", "print('on', __import__('socket').gethostname())").ok(t, "a command in a sandbox on host node "+sb.Node, `^on `)
+		}
 	}
 
 	// fleet down reaches the hosts as fleet up did (fleet.json), with no

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"sandstorm/api"
+	"sandstorm/internal/bench"
+	"sandstorm/internal/pki"
+	pb "sandstorm/third_party/envd/process"
+	"sandstorm/third_party/envd/process/processconnect"
+)
+
+// envdHop measures what the master's process costs a call to a sandbox's
+// envd on another node (issue 16: the fleet's ingress for commands and
+// files is the master, which checks the caller and forwards the call over
+// the seam to the node). The same calls go two ways to one web sandbox on
+// a node: through the master's API, as every client's do; and straight to
+// the node's seam endpoint with the master's own client certificate —
+// what an ingress on the node itself would cost, with the master out of
+// the path. In three alternating rounds, each way: an envd call 20
+// times, and an upload and a download of 100 MiB twice.
+// The calls are unary (Process.List), so no process start is in them.
+func envdHop(ctx context.Context, c config, bin string, res *bench.Results) error {
+	cl, st, down, err := up(ctx, c, bin, timers(c, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"))
+	defer down()
+	if err != nil {
+		return err
+	}
+	// Room for the 100 MiB file: the sandbox's /tmp is in its memory
+	// (gVisor's tmpfs), and the fleet's default limit is 128 MiB.
+	sb, err := cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: "hop", MemoryMiB: 512})
+	if err != nil {
+		return err
+	}
+	var nodeAddr string
+	for _, n := range st.Nodes {
+		if n.Name == sb.Node {
+			nodeAddr = n.Address
+		}
+	}
+	if nodeAddr == "" {
+		return fmt.Errorf("sandbox %s is on node %q, which fleet up did not start", sb.ID, sb.Node)
+	}
+	ca, err := pki.EnsureCA(filepath.Join(st.Master.DataDir, "pki"))
+	if err != nil {
+		return err
+	}
+	tlsCfg, err := ca.PeerClientConfig(pki.MasterName)
+	if err != nil {
+		return err
+	}
+	ways := []struct {
+		name, base     string
+		hc             *http.Client
+		call, up, down *bench.Series
+	}{
+		{name: "via-master", base: st.API + "/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &bearer{next: cl.HTTP.Transport, token: cl.Token}}},
+		{name: "node-direct", base: "https://" + nodeAddr + "/node/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true}}},
+	}
+	if _, err := run1(ctx, processconnect.NewProcessClient(ways[0].hc, ways[0].base)); err != nil {
+		return fmt.Errorf("the first call (starts envd): %w", err)
+	}
+	data := make([]byte, 100<<20)
+	rand.Read(data)
+	for i := range ways {
+		w := &ways[i]
+		w.call = res.AddSeries("envd-hop/call/"+w.name, "one unary envd call (Process.List), Go connect client, "+w.name, "")
+		w.up = res.AddSeries("envd-hop/upload-100MiB/"+w.name, "POST /files of 100 MiB (octet-stream), "+w.name, "")
+		w.down = res.AddSeries("envd-hop/download-100MiB/"+w.name, "GET /files of 100 MiB, "+w.name, "")
+	}
+	for round := 0; round < 3; round++ {
+		// Alternating rounds, so that a slow moment of the machine does
+		// not fall on one way only.
+		for _, w := range ways {
+			call, up, dn := w.call, w.up, w.down
+			pc := processconnect.NewProcessClient(w.hc, w.base)
+			for i := 0; i < 20; i++ {
+				d, err := run1(ctx, pc)
+				if err != nil {
+					call.Fail("%v", err)
+					continue
+				}
+				call.AddDuration(d)
+			}
+			for i := 0; i < 2; i++ {
+				if d, err := transfer(ctx, w.hc, http.MethodPost, w.base+"/files?path=/tmp/hop.bin", data); err != nil {
+					up.Fail("%v", err)
+				} else {
+					up.AddDuration(d)
+				}
+				if d, err := transfer(ctx, w.hc, http.MethodGet, w.base+"/files?path=/tmp/hop.bin", nil); err != nil {
+					dn.Fail("%v", err)
+				} else {
+					dn.AddDuration(d)
+				}
+			}
+		}
+		fmt.Fprintf(os.Stderr, "envd hop: round %d of 3\n", round+1)
+	}
+	return nil
+}
+
+// run1 makes one unary call (Process.List): the path's own cost, with no
+// process started (the web demo has no binary but Python's, whose start
+// would drown the hop).
+func run1(ctx context.Context, pc processconnect.ProcessClient) (time.Duration, error) {
+	t0 := time.Now()
+	if _, err := pc.List(ctx, connect.NewRequest(&pb.ListRequest{})); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+// transfer sends body (POST) or reads the answer (GET) whole and times it.
+func transfer(ctx context.Context, hc *http.Client, method, u string, body []byte) (time.Duration, error) {
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, r)
+	if err != nil {
+		return 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	t0 := time.Now()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 400))
+		return 0, fmt.Errorf("%s: HTTP %d: %s", method, resp.StatusCode, msg)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	d := time.Since(t0)
+	if method == http.MethodGet && n != 100<<20 {
+		return 0, fmt.Errorf("GET: %d bytes, want %d", n, 100<<20)
+	}
+	return d, err
+}
+
+// bearer adds the master's API token.
+type bearer struct {
+	next  http.RoundTripper
+	token string
+}
+
+func (b *bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
+}
