@@ -387,7 +387,16 @@ func Delete(n Net) error {
 			errs = append(errs, fmt.Errorf("delete %s: %w", n.HostIf, err))
 		}
 	}
-	if err := netns.DeleteNamed(n.Name); err != nil && !errors.Is(err, os.ErrNotExist) {
+	err := netns.DeleteNamed(n.Name)
+	if errors.Is(err, unix.EINVAL) {
+		// A delete cut short (the daemon killed between DeleteNamed's
+		// unmount and its remove) leaves the file with nothing mounted
+		// on it, and the unmount then fails with EINVAL ("not mounted",
+		// umount(2)): the file is all that is left to remove. Seen in
+		// TestCrashRestart/mid_snapshot.
+		err = os.Remove(n.Path())
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("delete netns %s: %w", n.Name, err))
 	}
 	return errors.Join(errs...)

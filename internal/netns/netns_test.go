@@ -346,3 +346,24 @@ func TestDeleteAfterIPNetnsAdd(t *testing.T) {
 		t.Fatalf("a mount of %s is left:\n%s", n.Name, mi)
 	}
 }
+
+// TestDeleteHalfDeleted: a delete cut short between its unmount and its
+// remove (the daemon killed there) leaves the namespace's file with
+// nothing mounted on it; the next Delete removes it instead of failing
+// with EINVAL, as it did in TestCrashRestart/mid_snapshot.
+func TestDeleteHalfDeleted(t *testing.T) {
+	n := Net{Name: "sstest-half", HostIf: "sstesthalf"}
+	if err := os.MkdirAll(Dir, 0o755); err != nil {
+		t.Skipf("no %s here: %v", Dir, err)
+	}
+	if err := os.WriteFile(n.Path(), nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(n.Path())
+	if err := Delete(n); err != nil {
+		t.Fatalf("Delete of a namespace file with nothing mounted on it: %v", err)
+	}
+	if n.Exists() {
+		t.Error("the file is still there")
+	}
+}
