@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/internal/bench"
+	"sandstorm/internal/cli"
+	"sandstorm/internal/sambench"
+)
+
+func discoveryCmd() *cobra.Command {
+	var (
+		cfg     sambench.DiscoveryConfig
+		out     string
+		repoDir string
+	)
+	cmd := &cobra.Command{
+		Use:   "discovery [flags]",
+		Short: "Measure provider discovery on a loopback DHT mesh: a cold lookup, a warm one, many callers on a cold cache",
+		Long: `sam-bench discovery starts a mesh of --nodes libp2p DHT servers on 127.0.0.1
+(the mesh's own protocol prefix) and, in --rounds rounds, has --providers of
+them provide a new name, then times a cold lookup of it from another member,
+the next lookup from its cache, and --callers callers at once on a third
+member's empty cache (one shared lookup; the slowest caller within twice
+its time is the goal). Results (machine, commit, raw samples) go to
+--out/discovery-<date>-<commit>.`,
+		Example: `  sam-bench discovery
+  sam-bench discovery --nodes 50 --providers 4 --callers 500 --rounds 30`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Nodes < cfg.Providers+2 || cfg.Providers < 1 || cfg.Callers < 1 || cfg.Rounds < 1 {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("want --nodes ≥ --providers + 2, and --providers, --callers, --rounds ≥ 1")}
+			}
+			ctx := cmd.Context()
+			res := bench.NewResults("sam-bench discovery", fmt.Sprintf("Provider discovery on a loopback mesh of %d DHT servers, %d providers", cfg.Nodes, cfg.Providers))
+			res.Machine = bench.CollectMachine(ctx)
+			abs, _ := filepath.Abs(out)
+			res.Source = bench.CollectSource(ctx, repoDir, abs)
+			dir, err := bench.NewDir(out, "discovery-"+res.DirName())
+			if err != nil {
+				return err
+			}
+			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
+			runErr := sambench.Discovery(ctx, cfg, res, logf)
+			if runErr != nil {
+				res.Note("stopped: %v", runErr)
+			}
+			res.Summarize()
+			res.Finished = time.Now().UTC()
+			if err := dir.Write(res); err != nil {
+				return err
+			}
+			path, err := dir.Finish()
+			fmt.Fprintln(os.Stderr, "results:", path)
+			if runErr != nil {
+				return runErr
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Nodes, "nodes", 20, "DHT servers in the mesh")
+	f.IntVar(&cfg.Providers, "providers", 4, "nodes that provide each round's name")
+	f.IntVar(&cfg.Callers, "callers", 200, "callers at once on a cold cache")
+	f.IntVar(&cfg.Rounds, "rounds", 20, "rounds, each with a name of its own")
+	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
+	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit)")
+	return cmd
+}
