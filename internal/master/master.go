@@ -26,6 +26,7 @@ import (
 	"sandstorm/internal/enrol"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
+	"sandstorm/internal/httpjson"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/rootfs"
@@ -172,13 +173,7 @@ func (s *server) auth(next http.Handler, open *http.ServeMux) http.Handler {
 	})
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { httpjson.Write(w, status, v) }
 
 // fail answers err with its status and code from errdefs.Table, the one
 // place that decides (a Retry-After with every 503); an error of no kind
@@ -198,23 +193,9 @@ func badRequest(format string, args ...any) error {
 	return errdefs.New(errdefs.ErrBadInput, format, args...)
 }
 
-// decode reads a JSON body of at most maxJSON bytes into v, rejecting
-// unknown fields and trailing data.
+// decode reads a JSON body of at most maxJSON bytes into v (httpjson).
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(w, r.Body, maxJSON)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
-			return err
-		}
-		return badRequest("malformed JSON body: %v", err)
-	}
-	if dec.More() {
-		return badRequest("malformed JSON body: more than one value")
-	}
-	return nil
+	return httpjson.Decode(w, r, v, maxJSON)
 }
 
 func toAPITemplate(t store.Template) api.Template {

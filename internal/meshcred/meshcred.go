@@ -27,6 +27,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -110,6 +111,45 @@ func (i *Issuer) Rotate(grace time.Duration, now time.Time) error {
 	return nil
 }
 
+// storedKey is a signing key as MarshalKeys writes it.
+type storedKey struct {
+	ID     string    `json:"id"`
+	Seed   []byte    `json:"seed"`
+	Retire time.Time `json:"retire,omitzero"`
+}
+
+// MarshalKeys is the issuer's private keys, for a file of mode 0600: a
+// restarted control plane signs and verifies with the same keys, so no
+// member's credential is refused because of a restart.
+func (i *Issuer) MarshalKeys() ([]byte, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	out := make([]storedKey, len(i.keys))
+	for n, k := range i.keys {
+		out[n] = storedKey{ID: k.id, Seed: k.priv.Seed(), Retire: k.retire}
+	}
+	return json.Marshal(out)
+}
+
+// LoadIssuer is the issuer named name with the keys MarshalKeys wrote.
+func LoadIssuer(name string, data []byte) (*Issuer, error) {
+	var in []storedKey
+	if err := json.Unmarshal(data, &in); err != nil {
+		return nil, fmt.Errorf("issuer keys: %w", err)
+	}
+	if len(in) == 0 || !in[0].Retire.IsZero() {
+		return nil, errors.New("issuer keys: no current key first")
+	}
+	i := &Issuer{name: name}
+	for _, k := range in {
+		if len(k.Seed) != ed25519.SeedSize || k.ID == "" {
+			return nil, fmt.Errorf("issuer keys: key %q is not an Ed25519 seed", k.ID)
+		}
+		i.keys = append(i.keys, signingKey{id: k.ID, priv: ed25519.NewKeyFromSeed(k.Seed), retire: k.Retire})
+	}
+	return i, nil
+}
+
 // Issue signs a credential for member, bound to its key, valid for ttl
 // from now.
 func (i *Issuer) Issue(member string, key ed25519.PublicKey, ttl time.Duration, now time.Time) (string, Claims, error) {
@@ -154,11 +194,11 @@ func (i *Issuer) KeySet(now time.Time) KeySet {
 }
 
 // Verify checks a credential offline: signed by a key of ks, by its
-// issuer, within its validity at now, and not revoked (revoked may be
-// nil). It returns what the credential says; the caller must still check
+// issuer, within its validity at now, and not revoked (revoked, which may
+// be nil, is asked about the credential's claims: its member, its ID). It returns what the credential says; the caller must still check
 // that the peer holds Claims.Key (a signed challenge, or the key of the
 // authenticated connection).
-func (ks KeySet) Verify(token string, now time.Time, revoked func(id string) bool) (Claims, error) {
+func (ks KeySet) Verify(token string, now time.Time, revoked func(Claims) bool) (Claims, error) {
 	tok, err := jwt.ParseSigned(token, []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil {
 		return Claims{}, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -188,10 +228,11 @@ func (ks KeySet) Verify(token string, now time.Time, revoked func(id string) boo
 	if !ok {
 		return Claims{}, fmt.Errorf("%w: not bound to an Ed25519 key (cnf)", ErrInvalid)
 	}
-	if revoked != nil && revoked(std.ID) {
+	c := Claims{Member: std.Subject, Key: key, ID: std.ID, Expires: std.Expiry.Time()}
+	if revoked != nil && revoked(c) {
 		return Claims{}, ErrRevoked
 	}
-	return Claims{Member: std.Subject, Key: key, ID: std.ID, Expires: std.Expiry.Time()}, nil
+	return c, nil
 }
 
 // Leeway is how far members' clocks may disagree when a credential's

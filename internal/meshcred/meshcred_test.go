@@ -51,7 +51,7 @@ func TestIssueVerify(t *testing.T) {
 	if _, err := ks.Verify(tok, t0.Add(11*time.Minute), nil); !errors.Is(err, ErrExpired) {
 		t.Errorf("after its expiry: %v, want ErrExpired", err)
 	}
-	if _, err := ks.Verify(tok, t0.Add(time.Minute), func(id string) bool { return id == issued.ID }); !errors.Is(err, ErrRevoked) {
+	if _, err := ks.Verify(tok, t0.Add(time.Minute), func(c Claims) bool { return c.ID == issued.ID }); !errors.Is(err, ErrRevoked) {
 		t.Errorf("revoked: %v, want ErrRevoked", err)
 	}
 	parts := strings.Split(tok, ".")
@@ -69,6 +69,23 @@ func TestIssueVerify(t *testing.T) {
 	}
 	if _, _, err := iss.Issue("node-b", pub[:10], time.Minute, t0); err == nil {
 		t.Error("a credential bound to a truncated key was issued")
+	}
+	// A restarted control plane, with its keys from the file: the same
+	// key set, and what it signs now verifies with the one kept before.
+	saved, err := iss.MarshalKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := LoadIssuer("cp-1", saved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _, _ := back.Issue("node-a", pub, time.Minute, t0)
+	if _, err := ks.Verify(again, t0, nil); err != nil {
+		t.Errorf("a credential of the reloaded issuer, against the key set from before: %v", err)
+	}
+	if _, err := LoadIssuer("cp-1", []byte(`[{"id":"x","seed":"AAEC"}]`)); err == nil {
+		t.Error("a short seed was loaded")
 	}
 }
 

@@ -193,6 +193,19 @@ CREATE TABLE IF NOT EXISTS sandbox_meta (
 	paused     INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sandbox_meta_team ON sandbox_meta(team);
+CREATE TABLE IF NOT EXISTS mesh_tokens (
+	hash       TEXT PRIMARY KEY,
+	max_uses   INTEGER NOT NULL,
+	uses       INTEGER NOT NULL DEFAULT 0,
+	expires_at BIGINT NOT NULL,
+	created_at BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS mesh_members (
+	name        TEXT PRIMARY KEY,
+	public_key  TEXT NOT NULL UNIQUE,
+	enrolled_at BIGINT NOT NULL,
+	revoked_at  BIGINT NOT NULL DEFAULT 0
+);
 `
 
 // migrations add columns that later versions introduced; each is applied

@@ -1,0 +1,77 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// The control plane's API (sam-control-plane, internal/controlplane):
+// enrolment and refresh of mesh members, the keys their credentials are
+// checked with, and the operator's bootstrap tokens and members.
+
+// Challenge is the answer of POST /v1/challenge: a single-use nonce an
+// enrolment or refresh must sign within ExpiresInS seconds.
+type Challenge struct {
+	Challenge  string `json:"challenge"`
+	ExpiresInS int    `json:"expires_in_s"`
+}
+
+// EnrolRequest is the body of POST /v1/enrol: a bootstrap token, the
+// member's name and Ed25519 public key (standard base64), and its
+// signature (base64) of the challenge for this control plane.
+type EnrolRequest struct {
+	Token     string `json:"token"`
+	Name      string `json:"name"`
+	PublicKey string `json:"public_key"`
+	Challenge string `json:"challenge"`
+	Signature string `json:"signature"`
+}
+
+// RefreshRequest is the body of POST /v1/refresh: an enrolled member's
+// name and its signature of a fresh challenge with its enrolled key.
+type RefreshRequest struct {
+	Name      string `json:"name"`
+	Challenge string `json:"challenge"`
+	Signature string `json:"signature"`
+}
+
+// Credential is what an enrolment or a refresh answers: the member's
+// credential (a JWT bound to its key) and what it is checked against.
+type Credential struct {
+	Member     string    `json:"member"`
+	Credential string    `json:"credential"`
+	Expires    time.Time `json:"expires"`
+	Keys       MeshKeys  `json:"keys"`
+}
+
+// MeshKeys is GET /v1/keys: the control plane's public keys (a JWK set)
+// and the members revoked, which every member fetches every few seconds
+// and checks credentials against offline.
+type MeshKeys struct {
+	Issuer  string          `json:"issuer"`
+	Keys    json.RawMessage `json:"keys"`
+	Revoked []string        `json:"revoked"`
+}
+
+// MeshTokenRequest is the body of POST /v1/tokens (operator): a bootstrap
+// token good for MaxUses enrolments for TTLSeconds.
+type MeshTokenRequest struct {
+	MaxUses    int `json:"max_uses"`
+	TTLSeconds int `json:"ttl_s"`
+}
+
+// MeshToken is a bootstrap token, shown once: the control plane keeps
+// only its SHA-256.
+type MeshToken struct {
+	Token   string    `json:"token"`
+	MaxUses int       `json:"max_uses"`
+	Expires time.Time `json:"expires"`
+}
+
+// MeshMember is one member as GET /v1/members lists it.
+type MeshMember struct {
+	Name       string    `json:"name"`
+	PublicKey  string    `json:"public_key"`
+	EnrolledAt time.Time `json:"enrolled_at"`
+	RevokedAt  time.Time `json:"revoked_at,omitzero"`
+}

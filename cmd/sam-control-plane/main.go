@@ -1,0 +1,26 @@
+// Command sam-control-plane is the mesh's control plane: it enrols nodes
+// with bootstrap tokens and a signed challenge, and issues the short-lived
+// credentials bound to their keys that every member checks offline. See
+// package internal/controlplane.
+//
+//	sam-control-plane serve --data-dir /var/lib/sam-control-plane --listen 10.0.0.1:7600
+//	sam-control-plane token create --max-uses 3 --ttl 1h
+//	sam-control-plane members
+//	sam-control-plane revoke NODE
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"sandstorm/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Main(ctx, "sam-control-plane", rootCmd(), os.Stderr)
+	stop()
+	os.Exit(code)
+}

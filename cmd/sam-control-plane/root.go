@@ -1,0 +1,166 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/api"
+	"sandstorm/internal/controlplane"
+	"sandstorm/internal/logging"
+	"sandstorm/internal/pki"
+)
+
+func rootCmd() *cobra.Command {
+	var dataDir, apiURL string
+	root := &cobra.Command{
+		Use:   "sam-control-plane",
+		Short: "The mesh's control plane: enrols nodes and issues the credentials members check offline",
+		Long: `sam-control-plane enrols nodes into the mesh. A node proves it holds its
+Ed25519 key by signing a fresh single-use challenge, and presents a bootstrap
+token the operator made (max uses, expiry; the control plane keeps only its
+SHA-256). It gets a credential (a JWT signed with Ed25519, bound to its key,
+10 minutes) that every other member verifies offline against the keys and
+revocations of GET /v1/keys. The operator's commands (token, members, revoke)
+use the admin token in <data-dir>/admin-token and trust <data-dir>/pki/ca.pem.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&dataDir, "data-dir", envOr("SAM_CONTROL_PLANE_DATA_DIR", "/var/lib/sam-control-plane"), "the control plane's state, keys and admin token (env SAM_CONTROL_PLANE_DATA_DIR)")
+	root.PersistentFlags().StringVar(&apiURL, "api", envOr("SAM_CONTROL_PLANE_API", "https://127.0.0.1:7600"), "the control plane's URL, for the operator's commands (env SAM_CONTROL_PLANE_API)")
+	client := func() (*controlplane.Client, error) {
+		caPEM, err := os.ReadFile(filepath.Join(dataDir, "pki", pki.CAFile))
+		if err != nil {
+			return nil, fmt.Errorf("the control plane's CA: %w (is --data-dir the control plane's?)", err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(caPEM)
+		tok, err := os.ReadFile(filepath.Join(dataDir, controlplane.AdminTokenFile))
+		if err != nil {
+			return nil, fmt.Errorf("the admin token: %w (is --data-dir the control plane's?)", err)
+		}
+		return &controlplane.Client{Base: apiURL, AdminToken: strings.TrimSpace(string(tok)),
+			HTTP: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}}, nil
+	}
+	root.AddCommand(serveCmd(&dataDir), tokenCmd(client), membersCmd(client), revokeCmd(client))
+	return root
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func serveCmd(dataDir *string) *cobra.Command {
+	var o controlplane.Options
+	var log logging.Flags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the control plane's API (HTTPS) until SIGINT or SIGTERM",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := log.New(os.Stderr)
+			if err != nil {
+				return err
+			}
+			o.DataDir, o.Log = *dataDir, l
+			return controlplane.Serve(cmd.Context(), o, nil)
+		},
+	}
+	cmd.Flags().StringVar(&o.Listen, "listen", "127.0.0.1:7600", "the API's address (HTTPS, a certificate from <data-dir>/pki's CA)")
+	cmd.Flags().StringVar(&o.Store, "store", "", "a postgres:// URL for the rows (default: SQLite in --data-dir)")
+	cmd.Flags().StringVar(&o.Name, "name", "sam", "the control plane's name: its credentials' issuer, the audience of the challenges members sign")
+	log.Register(cmd.Flags())
+	return cmd
+}
+
+func tokenCmd(client func() (*controlplane.Client, error)) *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "Bootstrap tokens, which enrol nodes"}
+	var uses int
+	var ttl time.Duration
+	var asJSON bool
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Make a bootstrap token and print it (shown this once)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			t, err := c.CreateToken(cmd.Context(), api.MeshTokenRequest{MaxUses: uses, TTLSeconds: int(ttl / time.Second)})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(os.Stdout).Encode(t)
+			}
+			fmt.Println(t.Token)
+			fmt.Fprintf(os.Stderr, "good for %d enrolment(s) until %s; only its hash is kept\n", t.MaxUses, t.Expires.Format(time.RFC3339))
+			return nil
+		},
+	}
+	create.Flags().IntVar(&uses, "max-uses", 1, "enrolments the token is good for")
+	create.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long it is good for (at most a week)")
+	create.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(create)
+	return cmd
+}
+
+func membersCmd(client func() (*controlplane.Client, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "members",
+		Short: "List the mesh's members (revoked ones too)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			ms, err := c.Members(cmd.Context())
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NAME\tENROLLED\tREVOKED")
+			for _, m := range ms {
+				rev := "-"
+				if !m.RevokedAt.IsZero() {
+					rev = m.RevokedAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\n", m.Name, m.EnrolledAt.Format(time.RFC3339), rev)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func revokeCmd(client func() (*controlplane.Client, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "revoke NAME",
+		Short: "Revoke a member: the others refuse its credential from their next fetch of the keys (seconds)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			if err := c.Revoke(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Printf("revoked %s\n", args[0])
+			return nil
+		},
+	}
+}

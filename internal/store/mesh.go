@@ -1,0 +1,120 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"sandstorm/internal/errdefs"
+)
+
+// The control plane's rows (sam-control-plane, internal/controlplane):
+// its bootstrap tokens, by their hash only, and its members.
+
+// PutMeshToken records a bootstrap token by its hash: good for maxUses
+// enrolments until expires.
+func (s *Store) PutMeshToken(ctx context.Context, hash string, maxUses int, expires, now time.Time) error {
+	if maxUses < 1 {
+		return fmt.Errorf("%w: a bootstrap token needs at least one use", errdefs.ErrBadInput)
+	}
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO mesh_tokens(hash, max_uses, uses, expires_at, created_at) VALUES(?,?,0,?,?)`), hash, maxUses, ms(expires), ms(now))
+	if isConstraint(err) {
+		return fmt.Errorf("bootstrap token: %w", errdefs.ErrExists)
+	}
+	return err
+}
+
+// SpendMeshToken spends one use of the token with hash, atomically: one
+// statement that counts the use only while uses remain and the token has
+// not expired, so two enrolments racing for the last use cannot both
+// have it. errdefs.ErrNotFound for a token unknown, spent or expired (one
+// answer for all three: a guess learns nothing).
+func (s *Store) SpendMeshToken(ctx context.Context, hash string, now time.Time) error {
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE mesh_tokens SET uses=uses+1 WHERE hash=? AND uses<max_uses AND expires_at>?`), hash, ms(now))
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("bootstrap token unknown, spent or expired: %w", errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// MeshMember is a member of the mesh: a node enrolled under its name with
+// its own Ed25519 public key (base64).
+type MeshMember struct {
+	Name       string
+	PublicKey  string
+	EnrolledAt time.Time
+	RevokedAt  time.Time // zero: not revoked
+}
+
+// PutMeshMember records m; errdefs.ErrExists if its name or its key is
+// another member's.
+func (s *Store) PutMeshMember(ctx context.Context, m MeshMember) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO mesh_members(name, public_key, enrolled_at, revoked_at) VALUES(?,?,?,0)`), m.Name, m.PublicKey, ms(m.EnrolledAt))
+	if isConstraint(err) {
+		return fmt.Errorf("member %q (or its key): %w", m.Name, errdefs.ErrExists)
+	}
+	return err
+}
+
+// GetMeshMember returns the member called name, or errdefs.ErrNotFound.
+func (s *Store) GetMeshMember(ctx context.Context, name string) (MeshMember, error) {
+	m, err := scanMember(s.db.QueryRowContext(ctx, s.q(`SELECT name, public_key, enrolled_at, revoked_at FROM mesh_members WHERE name=?`), name))
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return m, fmt.Errorf("no member %q: %w", name, errdefs.ErrNotFound)
+	}
+	return m, err
+}
+
+// ListMeshMembers lists every member, revoked ones too, by name.
+func (s *Store) ListMeshMembers(ctx context.Context) ([]MeshMember, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, public_key, enrolled_at, revoked_at FROM mesh_members ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []MeshMember
+	for rows.Next() {
+		m, err := scanMember(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// RevokeMeshMember marks the member revoked at now (a second revoke keeps
+// the first time); errdefs.ErrNotFound if there is none of that name.
+func (s *Store) RevokeMeshMember(ctx context.Context, name string, now time.Time) error {
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE mesh_members SET revoked_at=? WHERE name=? AND revoked_at=0`), ms(now), name)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	_, err = s.GetMeshMember(ctx, name)
+	return err
+}
+
+func scanMember(r scanner) (MeshMember, error) {
+	var m MeshMember
+	var enrolled, revoked int64
+	err := r.Scan(&m.Name, &m.PublicKey, &enrolled, &revoked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return m, fmt.Errorf("member: %w", errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return m, err
+	}
+	m.EnrolledAt = fromMs(enrolled)
+	if revoked != 0 {
+		m.RevokedAt = fromMs(revoked)
+	}
+	return m, nil
+}

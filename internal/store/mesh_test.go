@@ -1,0 +1,87 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sandstorm/internal/errdefs"
+)
+
+func TestMeshTokens(t *testing.T) { eachStore(t, testMeshTokens) }
+
+// testMeshTokens: a bootstrap token is good for its uses and no more —
+// also when twenty enrolments race for three uses — and not after it
+// expires; an unknown one is refused the same way.
+func testMeshTokens(t *testing.T, where string) {
+	s := openAt(t, where)
+	ctx := context.Background()
+	now := time.Now()
+	if err := s.PutMeshToken(ctx, "h3", 3, now.Add(time.Hour), now); err != nil {
+		t.Fatal(err)
+	}
+	var won atomic.Int32
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.SpendMeshToken(ctx, "h3", now); err == nil {
+				won.Add(1)
+			} else if !errors.Is(err, errdefs.ErrNotFound) {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if won.Load() != 3 {
+		t.Errorf("20 racing enrolments spent %d uses of a 3-use token", won.Load())
+	}
+	s.PutMeshToken(ctx, "old", 5, now.Add(time.Minute), now)
+	if err := s.SpendMeshToken(ctx, "old", now.Add(2*time.Minute)); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("an expired token: %v", err)
+	}
+	if err := s.SpendMeshToken(ctx, "nope", now); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("an unknown token: %v", err)
+	}
+	if err := s.PutMeshToken(ctx, "zero", 0, now.Add(time.Hour), now); !errors.Is(err, errdefs.ErrBadInput) {
+		t.Errorf("a token of no use: %v", err)
+	}
+}
+
+func TestMeshMembers(t *testing.T) { eachStore(t, testMeshMembers) }
+
+// testMeshMembers: a member's name and key are its own; a revoke keeps
+// its first time.
+func testMeshMembers(t *testing.T, where string) {
+	s := openAt(t, where)
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Millisecond).UTC()
+	if err := s.PutMeshMember(ctx, MeshMember{Name: "a", PublicKey: "ka", EnrolledAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []MeshMember{{Name: "a", PublicKey: "kb"}, {Name: "b", PublicKey: "ka"}} {
+		if err := s.PutMeshMember(ctx, m); !errors.Is(err, errdefs.ErrExists) {
+			t.Errorf("%+v: %v, want ErrExists", m, err)
+		}
+	}
+	if err := s.RevokeMeshMember(ctx, "a", now.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	s.RevokeMeshMember(ctx, "a", now.Add(time.Hour))
+	m, err := s.GetMeshMember(ctx, "a")
+	if err != nil || !m.RevokedAt.Equal(now.Add(time.Minute)) || !m.EnrolledAt.Equal(now) {
+		t.Errorf("after two revokes: %+v, %v", m, err)
+	}
+	if err := s.RevokeMeshMember(ctx, "ghost", now); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("revoke of no member: %v", err)
+	}
+	ms, _ := s.ListMeshMembers(ctx)
+	if fmt.Sprint(len(ms)) != "1" {
+		t.Errorf("members: %+v", ms)
+	}
+}
