@@ -16,6 +16,7 @@ import (
 
 	"sandstorm/internal/meshcred"
 	"sandstorm/internal/pki"
+	"sandstorm/internal/secretfile"
 	"sandstorm/internal/store"
 )
 
@@ -123,7 +124,7 @@ func issuer(dataDir, name string) (*meshcred.Issuer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return iss, writeSecret(path, b)
+	return iss, secretfile.Write(path, b)
 }
 
 // secretFile is the secret in path, made (32 random bytes, hex) on the
@@ -138,17 +139,5 @@ func secretFile(path string) (string, error) {
 	b := make([]byte, 32)
 	rand.Read(b)
 	s := hex.EncodeToString(b)
-	return s, writeSecret(path, []byte(s+"\n"))
-}
-
-// writeSecret writes b to path, mode 0600, whole or not at all.
-func writeSecret(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return s, secretfile.Write(path, []byte(s+"\n"))
 }
