@@ -2,8 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"sandstorm/internal/meshcred"
@@ -54,11 +51,7 @@ func Serve(ctx context.Context, o Options, ready func(addr string)) error {
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return err
 	}
-	where := o.Store
-	if where == "" {
-		where = filepath.Join(o.DataDir, "state.db")
-	}
-	st, err := store.Open(where)
+	st, err := store.OpenIn(o.DataDir, o.Store)
 	if err != nil {
 		return err
 	}
@@ -67,7 +60,7 @@ func Serve(ctx context.Context, o Options, ready func(addr string)) error {
 	if err != nil {
 		return err
 	}
-	admin, err := secretFile(filepath.Join(o.DataDir, AdminTokenFile))
+	admin, err := secretfile.Ensure(filepath.Join(o.DataDir, AdminTokenFile))
 	if err != nil {
 		return err
 	}
@@ -125,19 +118,4 @@ func issuer(dataDir, name string) (*meshcred.Issuer, error) {
 		return nil, err
 	}
 	return iss, secretfile.Write(path, b)
-}
-
-// secretFile is the secret in path, made (32 random bytes, hex) on the
-// first start.
-func secretFile(path string) (string, error) {
-	if b, err := os.ReadFile(path); err == nil {
-		if s := strings.TrimSpace(string(b)); s != "" {
-			os.Chmod(path, 0o600)
-			return s, nil
-		}
-	}
-	b := make([]byte, 32)
-	rand.Read(b)
-	s := hex.EncodeToString(b)
-	return s, secretfile.Write(path, []byte(s+"\n"))
 }

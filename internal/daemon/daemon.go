@@ -4,7 +4,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
@@ -45,6 +44,7 @@ import (
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/sandbox/process"
+	"sandstorm/internal/secretfile"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
 )
@@ -124,13 +124,7 @@ func EnsureToken(dataDir string) (string, error) {
 func tokenPath(dataDir string) string { return filepath.Join(dataDir, "pki", "api-token") }
 
 // newToken is 32 random bytes in hex.
-func newToken() (string, error) {
-	var raw [32]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(raw[:]), nil
-}
+func newToken() (string, error) { return secretfile.NewToken() }
 
 // writeToken puts tok in <dataDir>/pki/api-token (mode 0600, atomically),
 // where the CLI on this machine reads it.
@@ -142,11 +136,7 @@ func writeToken(dataDir, tok string) error {
 	if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == tok {
 		return os.Chmod(path, 0o600)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return secretfile.Write(path, []byte(tok+"\n"))
 }
 
 // ensureCA loads or makes the master's CA under <dataDir>/pki. Masters
@@ -342,11 +332,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		return err
 	}
 	defer os.Remove(pidFile)
-	where := o.Store
-	if where == "" {
-		where = filepath.Join(o.DataDir, "state.db")
-	}
-	st, err := store.Open(where)
+	st, err := store.OpenIn(o.DataDir, o.Store)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,12 @@
 // crash leaves the old secret or the new, never half of one).
 package secretfile
 
-import "os"
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+)
 
 // Write writes b to path, mode 0600.
 func Write(path string, b []byte) error {
@@ -18,4 +23,30 @@ func Write(path string, b []byte) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// Ensure returns the secret token in path (trimmed), making one — 32
+// random bytes, hex — on the first call, and putting the file back to
+// 0600 if it was loosened.
+func Ensure(path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if s := strings.TrimSpace(string(b)); s != "" {
+			os.Chmod(path, 0o600)
+			return s, nil
+		}
+	}
+	tok, err := NewToken()
+	if err != nil {
+		return "", err
+	}
+	return tok, Write(path, []byte(tok+"\n"))
+}
+
+// NewToken is 32 random bytes, hex.
+func NewToken() (string, error) {
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(raw[:]), nil
 }

@@ -256,6 +256,15 @@ func Open(where string) (*Store, error) {
 	return OpenSQLite(where)
 }
 
+// OpenIn opens where, or with where empty the SQLite database
+// state.db in dataDir: what a daemon's --store flag means.
+func OpenIn(dataDir, where string) (*Store, error) {
+	if where == "" {
+		where = filepath.Join(dataDir, "state.db")
+	}
+	return Open(where)
+}
+
 // IsPostgres reports whether where names a PostgreSQL database.
 func IsPostgres(where string) bool {
 	return strings.HasPrefix(where, "postgres://") || strings.HasPrefix(where, "postgresql://")
