@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/logging"
+	"sandstorm/internal/membership"
 	"sandstorm/internal/meshnode"
 )
 
@@ -112,7 +113,7 @@ SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long requests in flight may take to finish")
 	f.Int64Var(&o.maxBodyBytes, "max-body-bytes", meshnode.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	o.log.Register(f)
-	cmd.AddCommand(joinCmd())
+	cmd.AddCommand(membership.JoinCommand("sam-node", "/var/lib/sam-node/mesh"))
 	return cmd
 }
 

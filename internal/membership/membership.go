@@ -10,6 +10,7 @@
 //	identity.key     the node's Ed25519 key (its seed); never sent anywhere
 //	member.json      its name and the control plane's (URL, name)
 //	credential.json  its current credential and the keys of the last fetch
+//	control-plane-ca.pem  the CA the control plane's HTTPS is checked against
 package membership
 
 import (
@@ -37,12 +38,16 @@ const (
 	KeyFile        = "identity.key"
 	MemberFile     = "member.json"
 	CredentialFile = "credential.json"
+	CAFile         = "control-plane-ca.pem"
 )
 
 // Config is what a member needs besides its directory.
 type Config struct {
 	// ControlPlane is its client (its URL, name and TLS).
 	ControlPlane *controlplane.Client
+	// CAPEM is the control plane's CA, kept in the directory at a join
+	// (OpenDir builds the client from it).
+	CAPEM []byte
 	// PollEvery is how often the keys and revocations are fetched
 	// (default 2 s: a revocation reaches the member within it).
 	PollEvery time.Duration
@@ -95,9 +100,40 @@ func Join(ctx context.Context, dir, name, token string, cfg Config) (*Member, er
 	if err := secretfile.Write(filepath.Join(dir, MemberFile), info); err != nil {
 		return nil, err
 	}
+	if len(cfg.CAPEM) > 0 {
+		if err := secretfile.Write(filepath.Join(dir, CAFile), cfg.CAPEM); err != nil {
+			return nil, err
+		}
+	}
 	m := newMember(dir, name, priv, cfg)
 	return m, m.take(cred)
 }
+
+// OpenDir is the member enrolled in dir, with a client of its control
+// plane made from what the join kept there (its URL, name and CA).
+func OpenDir(dir string, log *slog.Logger) (*Member, error) {
+	b, err := os.ReadFile(filepath.Join(dir, MemberFile))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w (join first)", dir, err)
+	}
+	var info memberInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return nil, fmt.Errorf("%s: %w", MemberFile, err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
+	if err != nil {
+		return nil, err
+	}
+	hc, err := httpsClient(caPEM)
+	if err != nil {
+		return nil, err
+	}
+	return Open(dir, Config{ControlPlane: &controlplane.Client{Base: info.ControlPlaneURL, Name: info.ControlPlaneName, HTTP: hc}, Log: log})
+}
+
+// PrivateKey is the member's key: its libp2p identity too (a router's
+// gate checks that a credential is bound to the peer's own key).
+func (m *Member) PrivateKey() ed25519.PrivateKey { return m.priv }
 
 // Open is the member enrolled in dir.
 func Open(dir string, cfg Config) (*Member, error) {

@@ -1,4 +1,4 @@
-package main
+package membership
 
 import (
 	"crypto/tls"
@@ -12,22 +12,23 @@ import (
 
 	"sandstorm/internal/cli"
 	"sandstorm/internal/controlplane"
-	"sandstorm/internal/membership"
 )
 
-// joinCmd is "sam-node join": enrol this node into the mesh once.
-func joinCmd() *cobra.Command {
+// JoinCommand is "<binary> join" (sam-node's, sam-router's): enrol this
+// machine into the mesh once, its identity kept in --mesh-dir (defaultDir
+// by default).
+func JoinCommand(binary, defaultDir string) *cobra.Command {
 	var dir, url, ca, cpName, name, token string
 	cmd := &cobra.Command{
 		Use:   "join --control-plane URL --ca FILE --name NAME --token TOKEN [--mesh-dir DIR]",
-		Short: "Enrol this node into the mesh with a bootstrap token, once; its identity and credential stay in --mesh-dir (0600)",
-		Long: `sam-node join makes this node's Ed25519 key (or keeps the one in --mesh-dir),
+		Short: "Enrol this machine into the mesh with a bootstrap token, once; its identity and credential stay in --mesh-dir (0600)",
+		Long: binary + ` join makes this machine's Ed25519 key (or keeps the one in --mesh-dir),
 proves it holds it by signing a fresh challenge of the control plane, and
 presents the bootstrap token the operator made (sam-control-plane token
 create). The credential it gets, bound to its key, is written to --mesh-dir
 with the key and the control plane's keys, all mode 0600. A directory that
 holds a member already is not joined again.`,
-		Example: `  sam-node join --control-plane https://10.0.0.1:7600 --ca /etc/sam/cp-ca.pem --name node-a --token samb_…`,
+		Example: "  " + binary + " join --control-plane https://10.0.0.1:7600 --ca /etc/sam/cp-ca.pem --name node-a --token samb_…",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if url == "" || ca == "" || name == "" || token == "" {
@@ -37,13 +38,12 @@ holds a member already is not joined again.`,
 			if err != nil {
 				return fmt.Errorf("--ca: %w", err)
 			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(caPEM) {
-				return fmt.Errorf("--ca %s holds no PEM certificate", ca)
+			hc, err := httpsClient(caPEM)
+			if err != nil {
+				return fmt.Errorf("--ca %s: %w", ca, err)
 			}
-			cp := &controlplane.Client{Base: url, Name: cpName,
-				HTTP: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}}
-			m, err := membership.Join(cmd.Context(), dir, name, token, membership.Config{ControlPlane: cp})
+			cp := &controlplane.Client{Base: url, Name: cpName, HTTP: hc}
+			m, err := Join(cmd.Context(), dir, name, token, Config{ControlPlane: cp, CAPEM: caPEM})
 			if err != nil {
 				return err
 			}
@@ -52,11 +52,20 @@ holds a member already is not joined again.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "mesh-dir", "/var/lib/sam-node/mesh", "where the node's identity and credential are kept")
+	f.StringVar(&dir, "mesh-dir", defaultDir, "where this machine's mesh identity and credential are kept")
 	f.StringVar(&url, "control-plane", "", "the control plane's URL (https://host:port)")
 	f.StringVar(&ca, "ca", "", "the control plane's CA certificate (its <data-dir>/pki/ca.pem)")
 	f.StringVar(&cpName, "control-plane-name", "sam", "the control plane's name (its serve --name)")
 	f.StringVar(&name, "name", "", "this node's name in the mesh")
 	f.StringVar(&token, "token", "", "a bootstrap token (sam-control-plane token create)")
 	return cmd
+}
+
+// httpsClient trusts only the CA in caPEM.
+func httpsClient(caPEM []byte) (*http.Client, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("no PEM certificate")
+	}
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}, nil
 }

@@ -1,0 +1,177 @@
+// Package meshrouter is the mesh's router (issue 17, item 2; sam-router):
+// a well-known libp2p peer that runs the mesh's DHT in server mode under
+// its own protocol prefix and a circuit relay (v2) for members that cannot
+// reach each other — both for members only.
+//
+// Who is a member: a peer that presented a credential (internal/meshcred)
+// bound to the very key of its libp2p identity. A member's libp2p key is
+// its Ed25519 mesh key (Identity), so the connection's own handshake,
+// which proves the peer holds the key of its peer ID, is also the proof
+// that it holds the key the credential names: a credential copied by
+// another peer is refused (its key is not that peer's).
+//
+// What members only may do here:
+//   - reserve a relay slot, and be the source or the destination of a
+//     relayed connection (the relay's ACL, Gate);
+//   - be in the DHT's routing table, and be asked by it (its routing
+//     table and query filters);
+//   - stay connected: a peer that has presented no good credential
+//     within Grace of connecting is disconnected.
+//
+// A member's credential is checked again on every admission question
+// (every reservation, every relayed connection, every routing-table
+// entry), with the verifier's current keys and revocations, so a
+// revocation takes effect at the next question, not at the credential's
+// expiry.
+package meshrouter
+
+import (
+	"bufio"
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"sandstorm/internal/meshcred"
+)
+
+// CredentialProtocol is the stream on which a peer presents its
+// credential: one line, the credential; the answer one line, "ok" or why
+// not.
+const CredentialProtocol protocol.ID = "/sam/credential/1.0.0"
+
+// Grace is how long a connected peer has to present a good credential.
+const Grace = 5 * time.Second
+
+// Identity is a member's libp2p key: its Ed25519 mesh key itself.
+func Identity(priv ed25519.PrivateKey) (crypto.PrivKey, error) {
+	return crypto.UnmarshalEd25519PrivateKey(priv)
+}
+
+// Verify checks a credential (a controlplane.Verifier's or a
+// membership.Member's Verify).
+type Verify func(credential string) (meshcred.Claims, error)
+
+// Gate knows which peers are members: those that presented a credential
+// bound to their own key, checked again on every question.
+type Gate struct {
+	verify Verify
+	grace  time.Duration // Grace; shorter in tests
+	mu     sync.Mutex
+	creds  map[peer.ID]string
+}
+
+// NewGate returns a gate that checks credentials with verify.
+func NewGate(verify Verify) *Gate {
+	return &Gate{verify: verify, grace: Grace, creds: map[peer.ID]string{}}
+}
+
+// Admitted reports whether p is a member now: its credential, checked
+// again with the verifier's current keys and revocations.
+func (g *Gate) Admitted(p peer.ID) bool {
+	g.mu.Lock()
+	cred, ok := g.creds[p]
+	g.mu.Unlock()
+	if !ok {
+		return false
+	}
+	_, err := g.check(p, cred)
+	return err == nil
+}
+
+// check verifies cred as p's: good, and bound to p's own key.
+func (g *Gate) check(p peer.ID, cred string) (meshcred.Claims, error) {
+	c, err := g.verify(cred)
+	if err != nil {
+		return c, err
+	}
+	pub, err := crypto.UnmarshalEd25519PublicKey(c.Key)
+	if err != nil {
+		return c, err
+	}
+	id, err := peer.IDFromPublicKey(pub)
+	if err != nil {
+		return c, err
+	}
+	if id != p {
+		return c, fmt.Errorf("%w: bound to another peer's key (%s), not %s's", meshcred.ErrInvalid, id, p)
+	}
+	return c, nil
+}
+
+// AllowReserve implements the relay's ACLFilter: members only.
+func (g *Gate) AllowReserve(p peer.ID, _ ma.Multiaddr) bool { return g.Admitted(p) }
+
+// AllowConnect implements the relay's ACLFilter: a member to a member.
+func (g *Gate) AllowConnect(src peer.ID, _ ma.Multiaddr, dst peer.ID) bool {
+	return g.Admitted(src) && g.Admitted(dst)
+}
+
+// Serve takes credentials on h (CredentialProtocol), and disconnects a
+// peer that has presented no good one within Grace of connecting.
+func (g *Gate) Serve(h host.Host) {
+	h.SetStreamHandler(CredentialProtocol, func(s network.Stream) {
+		defer s.Close()
+		s.SetDeadline(time.Now().Add(10 * time.Second))
+		line, err := bufio.NewReader(io.LimitReader(s, 8<<10)).ReadString('\n')
+		p := s.Conn().RemotePeer()
+		if err != nil {
+			fmt.Fprintf(s, "no credential: %v\n", err)
+			return
+		}
+		cred := strings.TrimSpace(line)
+		if _, err := g.check(p, cred); err != nil {
+			fmt.Fprintf(s, "refused: %v\n", err)
+			return
+		}
+		g.mu.Lock()
+		g.creds[p] = cred
+		g.mu.Unlock()
+		io.WriteString(s, "ok\n")
+	})
+	h.Network().Notify(&network.NotifyBundle{
+		ConnectedF: func(n network.Network, c network.Conn) {
+			p := c.RemotePeer()
+			time.AfterFunc(g.grace, func() {
+				if !g.Admitted(p) && n.Connectedness(p) == network.Connected {
+					n.ClosePeer(p)
+				}
+			})
+		},
+	})
+}
+
+// Present gives p (a router, or any member that gates) this host's
+// credential, and returns p's answer as an error unless it is "ok".
+func Present(ctx context.Context, h host.Host, p peer.ID, credential string) error {
+	s, err := h.NewStream(ctx, p, CredentialProtocol)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		s.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(s, credential+"\n"); err != nil {
+		return err
+	}
+	s.CloseWrite()
+	line, err := bufio.NewReader(io.LimitReader(s, 4<<10)).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("presenting the credential to %s: %w", p, err)
+	}
+	if line = strings.TrimSpace(line); line != "ok" {
+		return fmt.Errorf("%s: %s", p, line)
+	}
+	return nil
+}

@@ -1,0 +1,162 @@
+package meshrouter
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"sandstorm/internal/meshcred"
+	"sandstorm/internal/testenv"
+)
+
+// mesh is an issuer, the members' verifier with its revocations, and a
+// router on loopback.
+type mesh struct {
+	iss     *meshcred.Issuer
+	mu      sync.Mutex
+	revoked map[string]bool
+	router  *Router
+}
+
+func (m *mesh) verify(cred string) (meshcred.Claims, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.iss.KeySet(time.Now()).Verify(cred, time.Now(), func(c meshcred.Claims) bool { return m.revoked[c.Member] })
+}
+
+func newMesh(t *testing.T) *mesh {
+	t.Helper()
+	iss, err := meshcred.NewIssuer("cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mesh{iss: iss, revoked: map[string]bool{}}
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	key, _ := Identity(priv)
+	if m.router, err = New(key, []string{"/ip4/127.0.0.1/tcp/0"}, m.verify); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.router.Close() })
+	return m
+}
+
+// member is a host whose libp2p key is its mesh key, with a credential
+// issued for it.
+func (m *mesh) member(t *testing.T, name string) (host.Host, string) {
+	t.Helper()
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	key, err := Identity(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := libp2p.New(libp2p.Identity(key), libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.EnableRelay())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	cred, _, err := m.iss.Issue(name, pub, 10*time.Minute, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, cred
+}
+
+func (m *mesh) info() peer.AddrInfo {
+	return peer.AddrInfo{ID: m.router.Host.ID(), Addrs: m.router.Host.Addrs()}
+}
+
+// TestRelayForMembersOnly: members that presented their own credential
+// reserve a slot on the router's relay and reach each other through it;
+// a peer with no credential, or with another member's, may not reserve;
+// a revoked member is refused at its next reservation; the DHT's routing
+// table holds members only.
+func TestRelayForMembersOnly(t *testing.T) {
+	m := newMesh(t)
+	m.router.Gate.grace = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, credA := m.member(t, "node-a")
+	c, credC := m.member(t, "node-c")
+	thief, _ := m.member(t, "thief")
+	for _, h := range []host.Host{a, c, thief} {
+		if err := h.Connect(ctx, m.info()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Present(ctx, thief, m.router.Host.ID(), credA); err == nil {
+		t.Fatal("a credential bound to another member's key was accepted")
+	}
+	if _, err := client.Reserve(ctx, thief, m.info()); err == nil {
+		t.Error("a peer with no credential of its own reserved a relay slot")
+	}
+	for name, p := range map[string]struct {
+		h    host.Host
+		cred string
+	}{"a": {a, credA}, "c": {c, credC}} {
+		if err := Present(ctx, p.h, m.router.Host.ID(), p.cred); err != nil {
+			t.Fatalf("member %s presenting its credential: %v", name, err)
+		}
+	}
+	if _, err := client.Reserve(ctx, a, m.info()); err != nil {
+		t.Fatalf("a member's reservation: %v", err)
+	}
+
+	// c reaches a through the relay: a circuit address of a on the router.
+	circuit, _ := ma.NewMultiaddr("/p2p/" + m.router.Host.ID().String() + "/p2p-circuit")
+	var addrs []ma.Multiaddr
+	for _, ra := range m.router.Host.Addrs() {
+		addrs = append(addrs, ra.Encapsulate(circuit))
+	}
+	a.SetStreamHandler("/sam/test/echo", func(s network.Stream) { s.Write([]byte("hi")); s.Close() })
+	c.Peerstore().ClearAddrs(a.ID())
+	if err := c.Connect(ctx, peer.AddrInfo{ID: a.ID(), Addrs: addrs}); err != nil {
+		t.Fatalf("a member through the relay to another: %v", err)
+	}
+	for _, conn := range c.Network().ConnsToPeer(a.ID()) {
+		if _, err := conn.RemoteMultiaddr().ValueForProtocol(ma.P_CIRCUIT); err != nil {
+			t.Errorf("c's connection to a is not through the relay: %s", conn.RemoteMultiaddr())
+		}
+	}
+	s, err := c.NewStream(network.WithAllowLimitedConn(ctx, "test"), a.ID(), "/sam/test/echo")
+	if err != nil {
+		t.Fatalf("a stream over the relayed connection: %v", err)
+	}
+	buf := make([]byte, 2)
+	if _, err := s.Read(buf); err != nil || string(buf) != "hi" {
+		t.Errorf("over the relay: %q, %v", buf, err)
+	}
+	s.Close()
+
+	if !m.router.Gate.Admitted(a.ID()) || m.router.Gate.Admitted(thief.ID()) {
+		t.Error("the gate's view of a and the thief is wrong")
+	}
+	m.mu.Lock()
+	m.revoked["node-a"] = true
+	m.mu.Unlock()
+	if _, err := client.Reserve(ctx, a, m.info()); err == nil {
+		t.Error("a revoked member reserved a relay slot")
+	}
+	for _, p := range m.router.DHT.RoutingTable().ListPeers() {
+		if p == thief.ID() {
+			t.Error("a peer with no credential is in the router's DHT routing table")
+		}
+	}
+	// Past the grace, the router has hung up on the peer that never
+	// presented a credential of its own, and kept the member.
+	testenv.WaitFor(t, 10*time.Second, "the router disconnects the thief", func() bool {
+		return m.router.Host.Network().Connectedness(thief.ID()) != network.Connected
+	})
+	if m.router.Host.Network().Connectedness(c.ID()) != network.Connected {
+		t.Error("the router hung up on a member")
+	}
+}

@@ -1,0 +1,52 @@
+package meshrouter
+
+import (
+	"errors"
+
+	"github.com/libp2p/go-libp2p"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
+
+	"sandstorm/internal/discovery"
+)
+
+// Router is a running router: its host, DHT, relay and gate.
+type Router struct {
+	Host  host.Host
+	DHT   *dht.IpfsDHT
+	Relay *relay.Relay
+	Gate  *Gate
+}
+
+// New starts a router with identity key on listen (multiaddrs), whose
+// gate checks credentials with verify.
+func New(key crypto.PrivKey, listen []string, verify Verify) (*Router, error) {
+	h, err := libp2p.New(libp2p.Identity(key), libp2p.ListenAddrStrings(listen...), libp2p.DisableRelay())
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{Host: h, Gate: NewGate(verify)}
+	r.Gate.Serve(h)
+	if r.Relay, err = relay.New(h, relay.WithACL(r.Gate)); err != nil {
+		h.Close()
+		return nil, err
+	}
+	members := func(_ any, p peer.ID) bool { return r.Gate.Admitted(p) }
+	r.DHT, err = dht.New(h, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(discovery.ProtocolPrefix),
+		dht.RoutingTableFilter(members),
+		dht.QueryFilter(func(d any, ai peer.AddrInfo) bool { return members(d, ai.ID) }))
+	if err != nil {
+		r.Relay.Close()
+		h.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Close stops the router.
+func (r *Router) Close() error {
+	return errors.Join(r.DHT.Close(), r.Relay.Close(), r.Host.Close())
+}
