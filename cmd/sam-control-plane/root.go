@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/api"
+	"sandstorm/internal/cli"
 	"sandstorm/internal/controlplane"
 	"sandstorm/internal/logging"
 	"sandstorm/internal/pki"
@@ -25,7 +26,8 @@ func rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "sam-control-plane",
 		Short: "The mesh's control plane: enrols nodes and issues the credentials members check offline",
-		Long: `sam-control-plane enrols nodes into the mesh. A node proves it holds its
+		Long: `sam-control-plane enrols nodes into the mesh (serve runs it; the other
+commands talk to a running one at --api). A node proves it holds its
 Ed25519 key by signing a fresh single-use challenge, and presents a bootstrap
 token the operator made (max uses, expiry; the control plane keeps only its
 SHA-256). It gets a credential (a JWT signed with Ed25519, bound to its key,
@@ -95,6 +97,9 @@ func tokenCmd(client func() (*controlplane.Client, error)) *cobra.Command {
 		Short: "Make a bootstrap token and print it (shown this once)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if uses < 1 || uses > 10000 || ttl < time.Second || ttl > controlplane.MaxTokenTTL {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--max-uses 1 to 10000 and --ttl 1s to %v, please", controlplane.MaxTokenTTL)}
+			}
 			c, err := client()
 			if err != nil {
 				return err

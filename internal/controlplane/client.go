@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -39,7 +40,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return errdefs.Mark(errdefs.ErrUnavailable, err)
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("%w (is sam-control-plane serve running at %s, and is that its listen address?)", err, c.Base))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {

@@ -28,7 +28,7 @@ presents the bootstrap token the operator made (sam-control-plane token
 create). The credential it gets, bound to its key, is written to --mesh-dir
 with the key and the control plane's keys, all mode 0600. A directory that
 holds a member already is not joined again.`,
-		Example: "  " + binary + " join --control-plane https://10.0.0.1:7600 --ca /etc/sam/cp-ca.pem --name node-a --token samb_…",
+		Example: "  " + binary + " join --control-plane https://10.0.0.1:7600 --ca /etc/sam/cp-ca.pem --name " + exampleName(binary) + " --token samb_…",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if url == "" || ca == "" || name == "" || token == "" {
@@ -68,4 +68,12 @@ func httpsClient(caPEM []byte) (*http.Client, error) {
 		return nil, fmt.Errorf("no PEM certificate")
 	}
 	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}, nil
+}
+
+// exampleName is a member name for binary's --help.
+func exampleName(binary string) string {
+	if binary == "sam-router" {
+		return "router-1"
+	}
+	return "node-a"
 }
