@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
@@ -26,6 +27,10 @@ type Client struct {
 	AdminToken string
 }
 
+// defaultHTTP bounds every call of a Client given no HTTP client: a
+// control plane that stops answering mid-call must not hang its member.
+var defaultHTTP = &http.Client{Timeout: 30 * time.Second}
+
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
 	req, err := api.NewJSONRequest(ctx, method, strings.TrimRight(c.Base, "/")+path, body)
 	if err != nil {
@@ -36,7 +41,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	hc := c.HTTP
 	if hc == nil {
-		hc = http.DefaultClient
+		hc = defaultHTTP
 	}
 	resp, err := hc.Do(req)
 	if err != nil {

@@ -16,9 +16,6 @@ import (
 // deadline, it did not wait for a count that is not there — and 200
 // callers at once share that one lookup.
 func TestLookupEndsWithTheWalk(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a 20-node DHT")
-	}
 	l, err := NewLoopback(context.Background(), 20)
 	if err != nil {
 		t.Fatal(err)
