@@ -46,7 +46,7 @@ addresses, with its peer ID, for members to dial.`,
 			if err != nil {
 				return err
 			}
-			r, err := meshrouter.New(key, listen, m.Verify)
+			r, err := meshrouter.New(key, listen, m.Verify, m.Credential)
 			if err != nil {
 				return err
 			}

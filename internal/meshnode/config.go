@@ -35,6 +35,12 @@ type Config struct {
 	Logger *slog.Logger `json:"-"`
 	// MaxBodyBytes bounds request bodies (413 beyond); default 8 MiB.
 	MaxBodyBytes int64 `json:"-"`
+	// Mesh, if set, is the rest of the mesh: models and MCP servers that
+	// other members serve are used by name (remote.go). nil: this node
+	// alone.
+	Mesh Mesh `json:"-"`
+	// Member is this node's name in the mesh, in its catalogue.
+	Member string `json:"-"`
 }
 
 // PolicySource gives the policy in force; *policy.Watcher is one.

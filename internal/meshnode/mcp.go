@@ -131,7 +131,7 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 				fmt.Sprintf("MCP server %q is not granted to principal %q", scope, principal))
 			return
 		}
-		if h.byName[scope] == nil {
+		if h.byName[scope] == nil && (h.n.remote == nil || !h.n.remote.hasServer(scope)) {
 			writeError(w, http.StatusNotFound, "invalid_request_error", "server_not_found",
 				fmt.Sprintf("no MCP server %q on this mesh node", scope))
 			return
@@ -184,6 +184,9 @@ func (h *mcpHub) getServer(r *http.Request) *mcp.Server {
 	k, ok := r.Context().Value(viewCtxKey{}).(viewKey)
 	if !ok {
 		return nil
+	}
+	if h.n.remote != nil {
+		h.n.remote.wait(r.Context())
 	}
 	v := h.view(k)
 	v.sync()
@@ -240,8 +243,9 @@ type view struct {
 
 // exposed is one upstream tool as a view shows it.
 type exposed struct {
-	up   *upstream
-	tool *mcp.Tool // the upstream's definition (upstream name)
+	up     *upstream // nil: a server another member of the mesh serves
+	server string
+	tool   *mcp.Tool // the upstream's definition (upstream name)
 }
 
 func (v *view) sync() {
@@ -270,7 +274,25 @@ func (v *view) sync() {
 			if v.key.scope == "" {
 				name = u.cfg.Name + ToolSeparator + t.Name
 			}
-			want[name] = &exposed{up: u, tool: t}
+			want[name] = &exposed{up: u, server: u.cfg.Name, tool: t}
+		}
+	}
+	if h.n.remote != nil {
+		_, servers := h.n.remote.snapshot()
+		for server, tools := range servers {
+			if (v.key.scope != "" && server != v.key.scope) || !g.MCPServer(server) {
+				continue
+			}
+			for _, t := range tools {
+				if !g.MCPTool(server, t.Name) {
+					continue
+				}
+				name := t.Name
+				if v.key.scope == "" {
+					name = server + ToolSeparator + t.Name
+				}
+				want[name] = &exposed{server: server, tool: t}
+			}
 		}
 	}
 	var gone []string
@@ -283,11 +305,11 @@ func (v *view) sync() {
 		v.server.RemoveTools(gone...)
 	}
 	for name, e := range want {
-		if old := v.tools[name]; old != nil && old.tool == e.tool && old.up == e.up {
+		if old := v.tools[name]; old != nil && old.tool == e.tool && old.server == e.server {
 			continue
 		}
 		if err := v.add(name, e); err != nil {
-			h.n.log.Warn("meshnode: upstream tool not served", "server", e.up.cfg.Name, "tool", e.tool.Name, "err", err)
+			h.n.log.Warn("meshnode: upstream tool not served", "server", e.server, "tool", e.tool.Name, "err", err)
 			delete(want, name)
 		}
 	}
@@ -308,7 +330,7 @@ func (v *view) add(name string, e *exposed) (err error) {
 	if t.InputSchema == nil {
 		t.InputSchema = map[string]any{"type": "object"}
 	}
-	principal, server, tool := v.key.principal, e.up.cfg.Name, e.tool.Name
+	principal, server, tool := v.key.principal, e.server, e.tool.Name
 	v.server.AddTool(&t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return v.hub.call(ctx, principal, server, tool, name, req.Params.Arguments), nil
 	})
@@ -363,6 +385,12 @@ func (h *mcpHub) call(ctx context.Context, principal, server, tool, exposedName 
 		return denied(exposedName, principal)
 	}
 	u := h.byName[server]
+	if u == nil {
+		if h.n.remote == nil {
+			return toolError(fmt.Sprintf("no MCP server %q on this mesh node", server))
+		}
+		return h.n.callRemoteTool(ctx, principal, server, tool, args)
+	}
 	sess := u.session()
 	if sess == nil {
 		h.n.m.toolCalls.WithLabelValues(server, "unavailable").Inc()

@@ -54,7 +54,7 @@ func newMetrics() *metrics {
 	}, []string{"model", "outcome"})
 	m.toolCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sam_node_mcp_tool_calls_total",
-		Help: "MCP tool calls by upstream server and outcome (ok, tool_error, denied, unavailable, upstream_error). Calls naming no configured server count under server=\"\".",
+		Help: "MCP tool calls by upstream server and outcome (ok, tool_error, denied, unavailable, upstream_error; mesh_ok, mesh_tool_error for calls served by another member). Calls naming no configured server, and calls to servers of other members, count under server=\"\".",
 	}, []string{"server", "outcome"})
 	m.mcpConnected = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "sam_node_mcp_upstream_connected",

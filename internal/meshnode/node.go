@@ -49,6 +49,8 @@ type Node struct {
 	upstream  *http.Client
 	m         *metrics
 	hub       *mcpHub
+	remote    *remote // nil: no mesh beyond this node
+	member    string
 	agent     http.Handler
 	admin     http.Handler
 
@@ -83,6 +85,7 @@ func New(cfg Config) (*Node, error) {
 		maxBody: cfg.MaxBodyBytes,
 		byModel: map[string][]*provider{},
 		m:       newMetrics(),
+		member:  cfg.Member,
 	}
 	if n.maxBody <= 0 {
 		n.maxBody = DefaultMaxBodyBytes
@@ -169,6 +172,14 @@ func New(cfg Config) (*Node, error) {
 		n.watcher.Start(iv)
 	}
 	n.hub.start()
+	if cfg.Mesh != nil {
+		n.remote = newRemote(n, cfg.Mesh)
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			n.remote.run(n.ctx)
+		}()
+	}
 
 	n.agent = http.HandlerFunc(n.serveAgent)
 	admin := http.NewServeMux()

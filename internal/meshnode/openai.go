@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strings"
 )
 
@@ -40,7 +41,34 @@ func (n *Node) visibleModels(principal string, svc service) []model {
 			out = append(out, model{ID: name, Object: "model", OwnedBy: n.byModel[name][0].Name})
 		}
 	}
+	if n.remote != nil {
+		models, _ := n.remote.snapshot()
+		for _, name := range sortedKeys(models) {
+			if svc.kind == "inference" && name != svc.name {
+				continue
+			}
+			if g.Model(name) {
+				out = append(out, model{ID: name, Object: "model", OwnedBy: models[name]})
+			}
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	}
 	return out
+}
+
+// ownedBy is who serves a model: its first local provider, or the
+// member the mesh's catalogue names.
+func (n *Node) ownedBy(name string) string {
+	if ps := n.byModel[name]; len(ps) > 0 {
+		return ps[0].Name
+	}
+	if n.remote != nil {
+		models, _ := n.remote.snapshot()
+		if m, ok := models[name]; ok {
+			return m
+		}
+	}
+	return "mesh"
 }
 
 func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal string, svc service) {
@@ -54,12 +82,22 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal str
 			fmt.Sprintf("this endpoint is the MCP server %q; it serves no models", svc.name))
 		return
 	}
+	if n.remote != nil {
+		n.remote.wait(r.Context())
+	}
 	if name, one := strings.CutPrefix(r.URL.Path, "/v1/models/"); one {
-		if code, msg := n.modelAllowed(principal, svc, name); code != 0 {
+		if code, msg := n.modelAllowed(principal, svc, name, n.remote != nil); code != 0 {
 			writeError(w, code, errType(code), errCode(code), msg)
 			return
 		}
-		writeJSON(w, http.StatusOK, model{ID: name, Object: "model", OwnedBy: n.byModel[name][0].Name})
+		if len(n.byModel[name]) == 0 {
+			if models, _ := n.remote.snapshot(); models[name] == "" {
+				writeError(w, http.StatusNotFound, errType(http.StatusNotFound), errCode(http.StatusNotFound),
+					fmt.Sprintf("model %q is not served anywhere in the mesh; GET /v1/models lists the models you may use", name))
+				return
+			}
+		}
+		writeJSON(w, http.StatusOK, model{ID: name, Object: "model", OwnedBy: n.ownedBy(name)})
 		return
 	}
 	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: n.visibleModels(principal, svc)})
@@ -67,7 +105,9 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal str
 
 // modelAllowed decides on a model before anything is dialled. A model
 // that is not granted is refused the same way whether or not it exists.
-func (n *Node) modelAllowed(principal string, svc service, name string) (int, string) {
+// With mesh, a model no local provider serves may be served elsewhere in
+// the mesh: that is for the lookup that follows to say.
+func (n *Node) modelAllowed(principal string, svc service, name string, mesh bool) (int, string) {
 	switch {
 	case name == "":
 		return http.StatusBadRequest, "no model: the request body must name a model (GET /v1/models lists the ones you may use)"
@@ -77,7 +117,7 @@ func (n *Node) modelAllowed(principal string, svc service, name string) (int, st
 		return http.StatusForbidden, fmt.Sprintf("this endpoint serves only the model %q, not %q", svc.name, name)
 	case !n.policy.Current().For(principal).Model(name):
 		return http.StatusForbidden, fmt.Sprintf("model %q is not granted to principal %q; GET /v1/models lists the models you may use", name, principal)
-	case len(n.byModel[name]) == 0:
+	case len(n.byModel[name]) == 0 && !mesh:
 		return http.StatusNotFound, fmt.Sprintf("model %q is not served by any provider of this mesh node; GET /v1/models lists the models you may use", name)
 	}
 	return 0, ""
@@ -134,7 +174,10 @@ func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal 
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "the request body is not a JSON object with a string \"model\": "+err.Error())
 		return
 	}
-	if code, msg := n.modelAllowed(principal, svc, head.Model); code != 0 {
+	// A call from another member is served by this node's own providers
+	// only: never sent on, so it cannot loop or be amplified.
+	mesh := n.remote != nil && !fromMesh(r)
+	if code, msg := n.modelAllowed(principal, svc, head.Model, mesh); code != 0 {
 		if code == http.StatusForbidden && n.byModel[head.Model] != nil {
 			n.m.modelRequests.WithLabelValues(head.Model, "denied").Inc()
 		}
@@ -143,6 +186,10 @@ func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal 
 		return
 	}
 
+	if len(n.byModel[head.Model]) == 0 {
+		n.serveFromMesh(w, r, principal, head.Model, path, body)
+		return
+	}
 	var last string
 	for _, p := range n.byModel[head.Model] {
 		resp, err := n.attempt(r.Context(), p, path, body, r.Header)
@@ -176,6 +223,56 @@ func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal 
 	n.m.modelRequests.WithLabelValues(head.Model, "unavailable").Inc()
 	writeError(w, http.StatusBadGateway, "api_error", "upstream_unavailable",
 		fmt.Sprintf("no provider of model %q could serve the request (last: %s); try again later", head.Model, last))
+}
+
+// serveFromMesh sends an inference request to a member that serves the
+// model, the next one on a connection error or a 5xx (as for local
+// providers: nothing has been sent to the agent yet).
+func (n *Node) serveFromMesh(w http.ResponseWriter, r *http.Request, principal, model, path string, body []byte) {
+	ids, err := n.meshTargets(r.Context(), "inference://"+model)
+	if err != nil && len(ids) == 0 {
+		n.m.modelRequests.WithLabelValues(model, "unavailable").Inc()
+		writeError(w, http.StatusBadGateway, "api_error", "upstream_unavailable",
+			fmt.Sprintf("the mesh could not be asked who serves model %q (%v); try again later", model, err))
+		return
+	}
+	if len(ids) == 0 {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
+			fmt.Sprintf("model %q is not served anywhere in the mesh; GET /v1/models lists the models you may use", model))
+		return
+	}
+	last := ""
+	for _, id := range ids {
+		resp, err := n.meshAttempt(r.Context(), id, principal, path, body, r.Header)
+		if err != nil {
+			if r.Context().Err() != nil {
+				n.m.providerAttempts.WithLabelValues("mesh", "canceled").Inc()
+				return
+			}
+			n.m.providerAttempts.WithLabelValues("mesh", "connect_error").Inc()
+			n.log.Warn("meshnode: member unreachable; trying the next", "member", id, "model", model, "err", err)
+			last = fmt.Sprintf("member %s unreachable", id)
+			continue
+		}
+		if resp.StatusCode >= 500 {
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			n.m.providerAttempts.WithLabelValues("mesh", "server_error").Inc()
+			last = fmt.Sprintf("member %s answered %d", id, resp.StatusCode)
+			continue
+		}
+		outcome := "ok"
+		if resp.StatusCode >= 400 {
+			outcome = "client_error"
+		}
+		n.m.providerAttempts.WithLabelValues("mesh", outcome).Inc()
+		n.m.modelRequests.WithLabelValues(model, "served").Inc()
+		n.relay(w, resp, &provider{Provider: Provider{Name: "mesh:" + id}})
+		return
+	}
+	n.m.modelRequests.WithLabelValues(model, "unavailable").Inc()
+	writeError(w, http.StatusBadGateway, "api_error", "upstream_unavailable",
+		fmt.Sprintf("no member serving model %q could take the request (last: %s); try again later", model, last))
 }
 
 // attempt sends the request to one provider. Only the headers an

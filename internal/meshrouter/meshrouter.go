@@ -47,7 +47,10 @@ import (
 
 // CredentialProtocol is the stream on which a peer presents its
 // credential: one line, the credential; the answer one line, "ok" or why
-// not.
+// not, and after "ok" the answering peer's own credential on a second
+// line (empty if it has none to give), so that one exchange proves each
+// side a member to the other (a member calling another checks whom it
+// calls as much as it is checked).
 const CredentialProtocol protocol.ID = "/sam/credential/1.0.0"
 
 // Grace is how long a connected peer has to present a good credential.
@@ -79,14 +82,43 @@ func NewGate(verify Verify) *Gate {
 // Admitted reports whether p is a member now: its credential, checked
 // again with the verifier's current keys and revocations.
 func (g *Gate) Admitted(p peer.ID) bool {
+	_, ok := g.Member(p)
+	return ok
+}
+
+// Member is the name of the member p is, checked now as Admitted checks.
+func (g *Gate) Member(p peer.ID) (string, bool) {
 	g.mu.Lock()
 	cred, ok := g.creds[p]
 	g.mu.Unlock()
 	if !ok {
-		return false
+		return "", false
 	}
-	_, err := g.check(p, cred)
-	return err == nil
+	c, err := g.check(p, cred)
+	if err != nil {
+		return "", false
+	}
+	return c.Member, true
+}
+
+// Accept takes cred as p's, if it is good and bound to p's own key (the
+// credential a peer answered Present with).
+func (g *Gate) Accept(p peer.ID, cred string) error {
+	if _, err := g.check(p, cred); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.creds[p] = cred
+	g.mu.Unlock()
+	return nil
+}
+
+// Forget drops what p presented (it disconnected: it presents again on
+// its next connection, with whatever credential it holds then).
+func (g *Gate) Forget(p peer.ID) {
+	g.mu.Lock()
+	delete(g.creds, p)
+	g.mu.Unlock()
 }
 
 // check verifies cred as p's: good, and bound to p's own key.
@@ -117,9 +149,10 @@ func (g *Gate) AllowConnect(src peer.ID, _ ma.Multiaddr, dst peer.ID) bool {
 	return g.Admitted(src) && g.Admitted(dst)
 }
 
-// Serve takes credentials on h (CredentialProtocol), and disconnects a
+// Serve takes credentials on h (CredentialProtocol), answering a good
+// one with own() (this peer's credential; nil: none), and disconnects a
 // peer that has presented no good one within Grace of connecting.
-func (g *Gate) Serve(h host.Host) {
+func (g *Gate) Serve(h host.Host, own func() string) {
 	h.SetStreamHandler(CredentialProtocol, func(s network.Stream) {
 		defer s.Close()
 		s.SetDeadline(time.Now().Add(10 * time.Second))
@@ -137,7 +170,11 @@ func (g *Gate) Serve(h host.Host) {
 		g.mu.Lock()
 		g.creds[p] = cred
 		g.mu.Unlock()
-		io.WriteString(s, "ok\n")
+		mine := ""
+		if own != nil {
+			mine = own()
+		}
+		io.WriteString(s, "ok\n"+mine+"\n")
 	})
 	h.Network().Notify(&network.NotifyBundle{
 		ConnectedF: func(n network.Network, c network.Conn) {
@@ -148,30 +185,41 @@ func (g *Gate) Serve(h host.Host) {
 				}
 			})
 		},
+		DisconnectedF: func(n network.Network, c network.Conn) {
+			// A peer presents again on its next connection; what it
+			// presented on this one is not kept for ever.
+			if n.Connectedness(c.RemotePeer()) != network.Connected {
+				g.Forget(c.RemotePeer())
+			}
+		},
 	})
 }
 
 // Present gives p (a router, or any member that gates) this host's
-// credential, and returns p's answer as an error unless it is "ok".
-func Present(ctx context.Context, h host.Host, p peer.ID, credential string) error {
-	s, err := h.NewStream(ctx, p, CredentialProtocol)
+// credential, and returns p's answer as an error unless it is "ok";
+// with "ok", the credential p gave back (possibly empty), for the caller
+// to Accept if it must know p a member.
+func Present(ctx context.Context, h host.Host, p peer.ID, credential string) (string, error) {
+	s, err := h.NewStream(network.WithAllowLimitedConn(ctx, "sam credential"), p, CredentialProtocol)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer s.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		s.SetDeadline(dl)
 	}
 	if _, err := io.WriteString(s, credential+"\n"); err != nil {
-		return err
+		return "", err
 	}
 	s.CloseWrite()
-	line, err := bufio.NewReader(io.LimitReader(s, 4<<10)).ReadString('\n')
+	rd := bufio.NewReader(io.LimitReader(s, 12<<10))
+	line, err := rd.ReadString('\n')
 	if err != nil {
-		return fmt.Errorf("presenting the credential to %s: %w", p, err)
+		return "", fmt.Errorf("presenting the credential to %s: %w", p, err)
 	}
 	if line = strings.TrimSpace(line); line != "ok" {
-		return fmt.Errorf("%s: %s", p, line)
+		return "", fmt.Errorf("%s: %s", p, line)
 	}
-	return nil
+	theirs, _ := rd.ReadString('\n') // an old peer may give none
+	return strings.TrimSpace(theirs), nil
 }

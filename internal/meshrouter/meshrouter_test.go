@@ -43,7 +43,7 @@ func newMesh(t *testing.T) *mesh {
 	m := &mesh{iss: iss, revoked: map[string]bool{}}
 	_, priv, _ := ed25519.GenerateKey(rand.Reader)
 	key, _ := Identity(priv)
-	if m.router, err = New(key, []string{"/ip4/127.0.0.1/tcp/0"}, m.verify); err != nil {
+	if m.router, err = New(key, []string{"/ip4/127.0.0.1/tcp/0"}, m.verify, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.router.Close() })
@@ -93,7 +93,7 @@ func TestRelayForMembersOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := Present(ctx, thief, m.router.Host.ID(), credA); err == nil {
+	if _, err := Present(ctx, thief, m.router.Host.ID(), credA); err == nil {
 		t.Fatal("a credential bound to another member's key was accepted")
 	}
 	if _, err := client.Reserve(ctx, thief, m.info()); err == nil {
@@ -103,7 +103,7 @@ func TestRelayForMembersOnly(t *testing.T) {
 		h    host.Host
 		cred string
 	}{"a": {a, credA}, "c": {c, credC}} {
-		if err := Present(ctx, p.h, m.router.Host.ID(), p.cred); err != nil {
+		if _, err := Present(ctx, p.h, m.router.Host.ID(), p.cred); err != nil {
 			t.Fatalf("member %s presenting its credential: %v", name, err)
 		}
 	}

@@ -22,15 +22,23 @@ type Router struct {
 }
 
 // New starts a router with identity key on listen (multiaddrs), whose
-// gate checks credentials with verify.
-func New(key crypto.PrivKey, listen []string, verify Verify) (*Router, error) {
+// gate checks credentials with verify; own gives the router's own
+// credential to the members that present theirs (nil: none).
+func New(key crypto.PrivKey, listen []string, verify Verify, own func() string) (*Router, error) {
 	h, err := libp2p.New(libp2p.Identity(key), libp2p.ListenAddrStrings(listen...), libp2p.DisableRelay())
 	if err != nil {
 		return nil, err
 	}
 	r := &Router{Host: h, Gate: NewGate(verify)}
-	r.Gate.Serve(h)
-	if r.Relay, err = relay.New(h, relay.WithACL(r.Gate)); err != nil {
+	r.Gate.Serve(h, own)
+	// Members only may use the relay (the ACL), and what they send over
+	// it is mesh calls — a completion streamed for minutes, a file a tool
+	// returns — so a relayed connection has no limit: relay v2's default
+	// (2 min, 128 KiB per connection, then reset) would cut calls to a
+	// member that only the relay reaches. A relayed connection with no
+	// limit is also not "limited" to libp2p, so streams open on it as on a
+	// direct one.
+	if r.Relay, err = relay.New(h, relay.WithACL(r.Gate), relay.WithInfiniteLimits()); err != nil {
 		h.Close()
 		return nil, err
 	}
