@@ -20,7 +20,12 @@ import (
 	"sandstorm/internal/logging"
 	"sandstorm/internal/membership"
 	"sandstorm/internal/meshnode"
+	"sandstorm/internal/meshpeer"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 )
+
+const defaultMeshDir = "/var/lib/sam-node/mesh"
 
 type options struct {
 	config          string
@@ -32,6 +37,7 @@ type options struct {
 	shutdownTimeout time.Duration
 	maxBodyBytes    int64
 	log             logging.Flags
+	mesh            meshOptions
 }
 
 func rootCmd() *cobra.Command {
@@ -87,6 +93,16 @@ Policy file (--policy): roles and bindings, e.g.
     - principal: agent-a
       roles: [coder]
 
+The mesh beyond this machine: with --router (after "sam-node join"), the
+node joins the mesh's routers as the member enrolled in --mesh-dir,
+publishes the models and MCP servers it serves, and uses those that other
+members serve, by name, over authenticated libp2p streams: /v1/models and
+tools/list show what the principal may use anywhere in the mesh. The policy
+is decided here on the agent's principal and again on the member that
+serves the call; without --policy it is the mesh's one policy, from the
+control plane. Calls from other members are served with this node's own
+providers and servers only. The agent listener stays for boundaries only.
+
 SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
 --shutdown-timeout), stops the stdio MCP servers and exits 0.`,
 		Example: `  sam-node --config /etc/sam/node.yaml --policy /etc/sam/policy.yaml \
@@ -112,8 +128,11 @@ SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
 	f.DurationVar(&o.policyInterval, "policy-interval", 2*time.Second, "how often the policy file is checked for changes")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long requests in flight may take to finish")
 	f.Int64Var(&o.maxBodyBytes, "max-body-bytes", meshnode.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
+	f.StringVar(&o.mesh.dir, "mesh-dir", defaultMeshDir, "the node's mesh identity, made by \"sam-node join\"; used with --router")
+	f.StringArrayVar(&o.mesh.routers, "router", nil, "a router to join, as sam-router prints it: /ip4/…/tcp/…/p2p/<peer ID> (repeatable); none: this machine alone")
+	f.StringArrayVar(&o.mesh.listen, "p2p-listen", []string{"/ip4/0.0.0.0/tcp/7701"}, "libp2p address other members call this node on (repeatable); a member that serves anything must listen")
 	o.log.Register(f)
-	cmd.AddCommand(membership.JoinCommand("sam-node", "/var/lib/sam-node/mesh"))
+	cmd.AddCommand(membership.JoinCommand("sam-node", defaultMeshDir))
 	return cmd
 }
 
@@ -143,11 +162,35 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	cfg.Logger = log
 	cfg.MaxBodyBytes = o.maxBodyBytes
 
+	var member *membership.Member
+	var routers []peer.AddrInfo
+	mesh := &meshpeer.Deferred{}
+	if o.mesh.on() {
+		if member, routers, err = openMember(ctx, o.mesh, log); err != nil {
+			return err
+		}
+		cfg.Mesh, cfg.Member = mesh, member.Name()
+		if ps, ok := any(member).(meshnode.PolicySource); ok && o.policy == "" {
+			cfg.Policy = ps // the mesh's one policy, from the control plane
+		}
+	}
+
 	node, err := meshnode.New(cfg)
 	if err != nil {
 		return err
 	}
 	defer node.Close()
+	meshDone := make(chan struct{})
+	mctx, leave := context.WithCancel(ctx)
+	defer leave()
+	if o.mesh.on() {
+		go func() {
+			defer close(meshDone)
+			joinMesh(mctx, member, routers, o.mesh.listen, node, mesh, log)
+		}()
+	} else {
+		close(meshDone)
+	}
 
 	ln, err := listenAgent(o.listen, os.FileMode(mode))
 	if err != nil {
@@ -211,6 +254,8 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	for _, s := range servers {
 		s.Close()
 	}
+	leave()
+	<-meshDone // the peer leaves the mesh
 	node.Close()
 	log.Info("sam-node: stopped")
 	return serveErr

@@ -113,7 +113,7 @@ transitions that were cut short.`,
 	f.DurationVar(&o.Timers.Snapshot, "snapshot-after", 5*time.Minute, "further idle time before a frozen sandbox is snapshot to disk (0: never)")
 	f.DurationVar(&o.Timers.Detach, "detach-after", time.Hour, "further idle time before a snapshot sandbox is detached (0: never)")
 	f.BoolVar(&o.Zswap, "zswap", false, "after freezing a sandbox, squeeze its memory into swap (zswap is switched on); needs an active swap area")
-	f.StringVar(&o.Policy, "policy", "", "SAM policy file (YAML/JSON roles and bindings) every sandbox's boundary decides by; reloaded on change. Without it every sandbox can reach nothing")
+	f.StringVar(&o.Policy, "policy", "", "SAM policy file (YAML/JSON roles and bindings) every sandbox's boundary decides by; reloaded on change. \"sam-node\": the mesh's policy, from the control plane through --sam-node (nothing is granted until it arrives; the last good one stays while sam-node cannot be reached). Without it every sandbox can reach nothing")
 	f.StringVar(&o.SAMNode, "sam-node", "", "the local sam-node's agent socket, unix:///run/sam-node.sock: where flows to mesh.sam.alt go")
 	f.StringVar(&o.Resolver, "resolver", "", "DNS server (IP:port) the boundaries resolve allowed external names with (default: the system's resolver). Whatever it answers, an address on this node, in a sandbox, loopback, link-local or private (unless the policy's egress_private names it) is never dialled")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve the boundaries' Prometheus metrics here, e.g. 127.0.0.1:9600 (off unless set)")

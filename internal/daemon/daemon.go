@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -692,7 +693,16 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 			f()
 		}
 	}
-	if o.Policy != "" {
+	if o.Policy == PolicyFromSAMNode {
+		path, ok := strings.CutPrefix(o.SAMNode, "unix://")
+		if !ok {
+			return sam, stop, fmt.Errorf("--policy %s needs --sam-node unix:///path/to/sam-node.sock: the policy is the one that sam-node has from the control plane", PolicyFromSAMNode)
+		}
+		f := policy.NewFollower(samNodePolicy(path), log)
+		f.Start(time.Second)
+		stops = append(stops, f.Stop)
+		sam.Policy = f.Current
+	} else if o.Policy != "" {
 		w, err := policy.NewWatcher(o.Policy, log)
 		if err != nil {
 			return sam, stop, fmt.Errorf("--policy: %w", err)
@@ -726,6 +736,44 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 		log.Info("boundary metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
 	return sam, stop, nil
+}
+
+// PolicyFromSAMNode is the --policy that takes the policy from the local
+// sam-node, which has the mesh's one policy from the control plane: one
+// policy for the fleet, and no file to copy to every machine.
+const PolicyFromSAMNode = "sam-node"
+
+// samNodePolicy fetches the policy document from sam-node's agent socket
+// (policy.DocumentPath), with the version it has as If-None-Match.
+func samNodePolicy(sock string) policy.Fetch {
+	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	return func(ctx context.Context, etag string) ([]byte, string, bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://sam-node"+policy.DocumentPath, nil)
+		if err != nil {
+			return nil, "", false, err
+		}
+		if etag != "" {
+			req.Header.Set("If-None-Match", etag)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, "", false, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+		switch {
+		case err != nil:
+			return nil, "", false, err
+		case resp.StatusCode == http.StatusNotModified:
+			return nil, etag, false, nil
+		case resp.StatusCode != http.StatusOK:
+			return nil, "", false, fmt.Errorf("sam-node's policy: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+		}
+		return body, resp.Header.Get("ETag"), true, nil
+	}
 }
 
 // envdBinary is the envd binary for flag --envd: "none" for none, a path

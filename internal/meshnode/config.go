@@ -48,6 +48,21 @@ type PolicySource interface {
 	Current() *policy.Policy
 }
 
+// PolicyDocument is a PolicySource that can also give the document the
+// policy in force was compiled from, and its version: the mesh's policy
+// from the control plane (internal/membership), which the node passes on
+// to the boundaries of its machine (GET PolicyPath), so that a machine has
+// one policy and no file to copy. ok is false while there is none.
+type PolicyDocument interface {
+	Document() (version int64, doc []byte, ok bool)
+}
+
+// PolicyPath is where the agent listener gives the boundaries the policy
+// document (PolicyDocument), to a request that names no principal: an
+// agent's request always carries one, set by its boundary, and a boundary
+// forwards agents' requests to agent paths only, so no agent reaches it.
+const PolicyPath = policy.DocumentPath
+
 // Provider is an upstream OpenAI-compatible API serving some models.
 type Provider struct {
 	// Name identifies the provider in logs and metrics.

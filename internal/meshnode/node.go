@@ -202,6 +202,32 @@ func New(cfg Config) (*Node, error) {
 	return n, nil
 }
 
+// servePolicy gives the policy document in force, for the boundaries of
+// this machine (PolicyDocument). Its version is the ETag; If-None-Match
+// with it answers 304, so a poll of an unchanged policy costs a header.
+func (n *Node) servePolicy(w http.ResponseWriter, r *http.Request) {
+	pd, ok := n.policy.(PolicyDocument)
+	if !ok {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "no_policy_document",
+			"this sam-node's policy is a file (--policy): give sandstormd --policy the same file")
+		return
+	}
+	version, doc, ok := pd.Document()
+	if !ok {
+		writeError(w, http.StatusServiceUnavailable, "api_error", "no_policy_yet",
+			"no policy from the control plane yet; try again shortly")
+		return
+	}
+	etag := fmt.Sprintf(`"%d"`, version)
+	w.Header().Set("ETag", etag)
+	if r.Header.Get("If-None-Match") == etag {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	w.Header().Set("Content-Type", "application/yaml")
+	w.Write(doc)
+}
+
 type staticPolicy struct{ p *policy.Policy }
 
 func (s staticPolicy) Current() *policy.Policy { return s.p }
@@ -304,6 +330,10 @@ func (n *Node) serveAgent(w http.ResponseWriter, r *http.Request) {
 	}
 
 	principal := r.Header.Get(HeaderPrincipal)
+	if path == PolicyPath && principal == "" && r.Header.Get(HeaderService) == "" {
+		n.servePolicy(sw, r)
+		return
+	}
 	if !validPrincipal(principal) {
 		msg := "no principal: requests reach the mesh node only through a sandbox boundary, which names the agent in " + HeaderPrincipal
 		if principal != "" {

@@ -28,6 +28,9 @@ var (
 	// samNodeBin is sam-node; agentRootfs a rootfs holding test/agent,
 	// built static, and nothing else but /etc basics.
 	samNodeBin, agentRootfs string
+	// samControlPlaneBin and samRouterBin: the mesh's control plane and
+	// router.
+	samControlPlaneBin, samRouterBin string
 )
 
 func TestMain(m *testing.M) {
@@ -73,9 +76,13 @@ func run(m *testing.M) int {
 		return 1
 	}
 	samNodeBin = filepath.Join(workDir, "sam-node")
+	samControlPlaneBin = filepath.Join(workDir, "sam-control-plane")
+	samRouterBin = filepath.Join(workDir, "sam-router")
 	agentRootfs = filepath.Join(workDir, "agentfs")
 	for _, b := range []struct{ out, pkg string }{
 		{samNodeBin, "sandstorm/cmd/sam-node"},
+		{samControlPlaneBin, "sandstorm/cmd/sam-control-plane"},
+		{samRouterBin, "sandstorm/cmd/sam-router"},
 		// Beside sandstormd, where it finds envd by default.
 		{filepath.Join(workDir, "sandstorm-envd"), "sandstorm/cmd/sandstorm-envd"},
 		{filepath.Join(agentRootfs, "agent"), "sandstorm/test/agent"},

@@ -1,0 +1,443 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"sandstorm/api"
+	"sandstorm/internal/fakellm"
+	"sandstorm/internal/testenv"
+)
+
+// The mesh across machines (issue 17): a control plane, a router and
+// three nodes, each "machine" its own network namespace on one LAN (a
+// bridge in a namespace of its own), node C reachable only through the
+// router's relay (nftables in C's namespace lets it talk to the control
+// plane and the router only).
+
+const meshLAN = "10.199.77" // the test's own LAN, inside its namespaces only
+
+type meshHost struct {
+	ns, addr string
+}
+
+// cmd runs bin inside the host's namespace (nsenter execs it: the PID is
+// the program's own, so a kill reaches it).
+func (h meshHost) cmd(bin string, args ...string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.ns, "--", bin}, args...)...)
+}
+
+// inNS runs f on an OS thread inside ns: a socket made there stays there.
+func inNS(t *testing.T, ns string, f func() error) error {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer orig.Close()
+	target, err := netns.GetFromName(ns)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer target.Close()
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	ferr := f()
+	if err := netns.Set(orig); err != nil {
+		// The thread stays locked and dies with its goroutine rather
+		// than run anything else in the wrong namespace.
+		return fmt.Errorf("back from %s: %w", ns, err)
+	}
+	runtime.UnlockOSThread()
+	return ferr
+}
+
+// nsClient is an HTTP client whose connections are made inside ns.
+func nsClient(t *testing.T, ns string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+			err = inNS(t, ns, func() error {
+				var d net.Dialer
+				c, err = d.DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		}}}
+}
+
+// meshLab makes the LAN and the hosts on it.
+func meshLab(t *testing.T, names ...string) map[string]meshHost {
+	t.Helper()
+	tag := fmt.Sprintf("%04x", os.Getpid()&0xffff)
+	lan := "sm-lan-" + tag
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	exec.Command("ip", "netns", "delete", lan).Run() // a run cut short
+	sh("ip", "netns", "add", lan)
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", lan).Run() })
+	sh("ip", "-n", lan, "link", "add", "br0", "type", "bridge")
+	sh("ip", "-n", lan, "link", "set", "br0", "up")
+	hosts := map[string]meshHost{}
+	for i, n := range names {
+		h := meshHost{ns: "sm-" + n + "-" + tag, addr: fmt.Sprintf("%s.%d", meshLAN, 10+i)}
+		exec.Command("ip", "netns", "delete", h.ns).Run()
+		sh("ip", "netns", "add", h.ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "delete", h.ns).Run() })
+		port := fmt.Sprintf("p%d", i)
+		sh("ip", "-n", lan, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", h.ns)
+		sh("ip", "-n", lan, "link", "set", port, "master", "br0", "up")
+		sh("ip", "-n", h.ns, "addr", "add", h.addr+"/24", "dev", "eth0")
+		sh("ip", "-n", h.ns, "link", "set", "eth0", "up")
+		sh("ip", "-n", h.ns, "link", "set", "lo", "up")
+		hosts[n] = h
+	}
+	return hosts
+}
+
+// proc is a program running on a mesh host, with its log.
+type proc struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+func startProc(t *testing.T, name string, c *exec.Cmd) *proc {
+	t.Helper()
+	logPath := filepath.Join(workDir, "mesh-"+name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Stdout, c.Stderr = f, f
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: c, log: logPath, done: make(chan struct{})}
+	go func() { c.Wait(); f.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("%s log:\n%s", name, tail(string(b), 40))
+		}
+	})
+	return p
+}
+
+func (p *proc) stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) kill() {
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+// run runs a command to its end and returns its output.
+func runIn(t *testing.T, c *exec.Cmd) (string, error) {
+	t.Helper()
+	out, err := c.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+var tokenRE = regexp.MustCompile(`samb_[A-Za-z0-9_-]+`)
+
+func TestMeshAcrossMachines(t *testing.T) {
+	for _, b := range []string{samControlPlaneBin, samRouterBin, samNodeBin} {
+		if _, err := os.Stat(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hosts := meshLab(t, "cp", "router", "a", "b", "c")
+	cp, rt, ha, hb, hc := hosts["cp"], hosts["router"], hosts["a"], hosts["b"], hosts["c"]
+
+	// Node C talks to the control plane and the router, nothing else.
+	nft := fmt.Sprintf(`table inet relayonly {
+  counter refused {
+  }
+  chain in {
+    type filter hook input priority 0; policy accept;
+    iif lo accept
+    ip saddr { %[1]s, %[2]s } accept
+    counter name refused drop
+  }
+  chain out {
+    type filter hook output priority 0; policy accept;
+    oif lo accept
+    ip daddr { %[1]s, %[2]s } accept
+    counter name refused drop
+  }
+}
+`, cp.addr, rt.addr)
+	nftFile := filepath.Join(t.TempDir(), "c.nft")
+	os.WriteFile(nftFile, []byte(nft), 0o600)
+	if out, err := runIn(t, hc.cmd("nft", "-f", nftFile)); err != nil {
+		t.Fatalf("nft in C: %v: %s", err, out)
+	}
+
+	// The control plane.
+	cpDir := t.TempDir()
+	api := "https://" + cp.addr + ":7600"
+	startProc(t, "control-plane", cp.cmd(samControlPlaneBin, "serve", "--data-dir", cpDir, "--listen", cp.addr+":7600"))
+	caFile := filepath.Join(cpDir, "pki", "ca.pem")
+	operator := func(args ...string) (string, error) {
+		return runIn(t, cp.cmd(samControlPlaneBin, append([]string{"--data-dir", cpDir, "--api", api}, args...)...))
+	}
+	testenv.WaitFor(t, 30*time.Second, "the control plane answers", func() bool {
+		_, err := operator("members")
+		return err == nil
+	})
+	newToken := func(args ...string) string {
+		t.Helper()
+		out, err := operator(append([]string{"token", "create"}, args...)...)
+		tok := tokenRE.FindString(out)
+		if err != nil || tok == "" {
+			t.Fatalf("token create: %v: %s", err, out)
+		}
+		return tok
+	}
+
+	// Enrolment: good, bad, spent (a single-use token used again), expired.
+	dirs := map[string]string{}
+	join := func(h meshHost, bin, name, token string) (string, error) {
+		dir := filepath.Join(t.TempDir(), "mesh")
+		dirs[name] = dir
+		return runIn(t, h.cmd(bin, "join", "--control-plane", api, "--ca", caFile, "--name", name, "--token", token, "--mesh-dir", dir))
+	}
+	four := newToken("--max-uses", "4")
+	for _, j := range []struct {
+		h         meshHost
+		bin, name string
+	}{{rt, samRouterBin, "router"}, {ha, samNodeBin, "node-a"}, {hb, samNodeBin, "node-b"}, {hc, samNodeBin, "node-c"}} {
+		if out, err := join(j.h, j.bin, j.name, four); err != nil {
+			t.Fatalf("join %s: %v: %s", j.name, err, out)
+		}
+	}
+	if out, err := join(ha, samNodeBin, "node-x", four); err == nil {
+		t.Errorf("a fifth join on a 4-use token: %s", out)
+	}
+	if out, err := join(ha, samNodeBin, "node-x", "samb_not-a-token"); err == nil {
+		t.Errorf("a join with a made-up token: %s", out)
+	}
+	short := newToken("--ttl", "1s")
+	expiry := time.Now().Add(time.Second)
+	testenv.WaitFor(t, 5*time.Second, "the 1 s token's expiry", func() bool { return time.Now().After(expiry.Add(100 * time.Millisecond)) })
+	if out, err := join(ha, samNodeBin, "node-x", short); err == nil {
+		t.Errorf("a join with an expired token: %s", out)
+	}
+	matches, _ := filepath.Glob(filepath.Join(dirs["node-a"], "*"))
+	for _, m := range matches {
+		if fi, err := os.Stat(m); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s is mode %v, want 0600", m, fi.Mode().Perm())
+		}
+	}
+
+	// The router; it prints its address with its peer ID.
+	router := startProc(t, "router", rt.cmd(samRouterBin, "--mesh-dir", dirs["router"], "--listen", "/ip4/"+rt.addr+"/tcp/7700"))
+	var routerAddr string
+	testenv.WaitFor(t, 30*time.Second, "the router prints its address", func() bool {
+		routerAddr = firstLineWith(router.log, "/ip4/"+rt.addr+"/tcp/7700/p2p/")
+		return routerAddr != ""
+	})
+
+	// Policy: A grants agent-a m-c and all of everything; B, which serves
+	// everything, grants it echo only — so a call A lets through is
+	// refused on B by B's own decision.
+	policyA := writeTemp(t, "policy-a.yaml", `
+roles:
+  - {name: a, services: ["inference://m-c", "mcp://everything"]}
+bindings:
+  - {principal: agent-a, roles: [a]}
+`)
+	policyB := writeTemp(t, "policy-b.yaml", `
+roles:
+  - {name: a, services: ["inference://m-c", "mcp://everything/echo"]}
+bindings:
+  - {principal: agent-a, roles: [a]}
+`)
+	// C's model: a real OpenAI-protocol server on C's own loopback.
+	var llm *fakellm.Server
+	if err := inNS(t, hc.ns, func() (err error) {
+		llm, err = fakellm.Listen("127.0.0.1:0", "m-c")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer llm.Close()
+	everything, _ := filepath.Abs("../../testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+	cfgB := writeTemp(t, "node-b.yaml", fmt.Sprintf("mcp_servers:\n  - {name: everything, command: [node, %q, stdio]}\n", everything))
+	cfgC := writeTemp(t, "node-c.yaml", fmt.Sprintf("providers:\n  - {name: llm-c, url: %q, models: [m-c]}\n", llm.BaseURL()))
+	sockA := filepath.Join(t.TempDir(), "sam-node-a.sock")
+	node := func(h meshHost, name, policy string, extra ...string) *proc {
+		args := append([]string{"--mesh-dir", dirs[name], "--router", routerAddr, "--p2p-listen", "/ip4/" + h.addr + "/tcp/7701",
+			"--policy", policy, "--admin-addr", "127.0.0.1:9601", "--log-level", "debug"}, extra...)
+		return startProc(t, name, h.cmd(samNodeBin, args...))
+	}
+	node(hb, "node-b", policyB, "--config", cfgB, "--listen", "unix://"+filepath.Join(t.TempDir(), "b.sock"))
+	node(hc, "node-c", policyB, "--config", cfgC, "--listen", "unix://"+filepath.Join(t.TempDir(), "c.sock"))
+	pa := node(ha, "node-a", policyA, "--listen", "unix://"+sockA)
+	waitLog(t, pa.log, "joined the mesh", 60*time.Second)
+
+	// An agent in a sandbox on A, through its boundary, with the ordinary
+	// OpenAI and MCP SDKs.
+	d := startDaemon(t, "--policy", policyA, "--sam-node", "unix://"+sockA)
+	if _, err := d.C.CreateTemplate(ctxT(t), agentTemplate("agent")); err != nil {
+		t.Fatal(err)
+	}
+	sb := d.create(t, "agent", "agent-a")
+	runAgent := func() agentResult {
+		var r agentResult
+		agentGET(t, sb, "/run", url.Values{
+			"model": {"m-c"}, "denied_model": {"m-elsewhere"},
+			"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from A"}`},
+			"denied_tool": {"everything__get-sum"},
+		}, &r)
+		return r
+	}
+	var r agentResult
+	testenv.WaitFor(t, 60*time.Second, "the agent on A sees C's model and B's tools", func() bool {
+		r = runAgent()
+		return len(r.Errors) == 0 && strings.Join(r.Models, ",") == "m-c" && len(r.Tools) > 1
+	})
+	if !strings.Contains(r.Chat, "hello from the sandbox") || r.StreamChunks < 2 {
+		t.Errorf("m-c on C through A: chat %q, %d chunks", r.Chat, r.StreamChunks)
+	}
+	if !strings.HasPrefix(r.DeniedModel, "403") {
+		t.Errorf("a model A's policy does not grant: %q, want 403", r.DeniedModel)
+	}
+	if !strings.Contains(r.ToolResult, "hi from A") {
+		t.Errorf("echo on B through A: %q", r.ToolResult)
+	}
+	if !r.DeniedToolIs || !strings.Contains(r.DeniedTool, "not granted") {
+		t.Errorf("get-sum, granted on A and not on B: %q (error %v), want B's refusal", r.DeniedTool, r.DeniedToolIs)
+	}
+	if len(llm.Requests()) == 0 {
+		t.Error("C's provider never saw a request")
+	}
+	metricsB := scrapeIn(t, hb, "127.0.0.1:9601")
+	if !strings.Contains(metricsB, `sam_node_mcp_tool_calls_total{outcome="denied",server="everything"}`) {
+		t.Errorf("B did not count its refusal:\n%s", grep(metricsB, "tool_calls"))
+	}
+	if n := nftPackets(t, hc, "relayonly", "refused"); n == 0 {
+		t.Error("nothing tried to reach C directly: the test does not show the relay was needed")
+	}
+
+	// The router killed with -9 and restarted: the mesh comes back, C
+	// through the relay again.
+	router.kill()
+	router = startProc(t, "router-2", rt.cmd(samRouterBin, "--mesh-dir", dirs["router"], "--listen", "/ip4/"+rt.addr+"/tcp/7700"))
+	before := len(llm.Requests())
+	testenv.WaitFor(t, 60*time.Second, "the mesh recovers after the router's restart", func() bool {
+		r = runAgent()
+		return len(r.Errors) == 0 && strings.Contains(r.Chat, "hello") && len(llm.Requests()) > before
+	})
+
+	// A revoked member is refused by the others within seconds.
+	if out, err := operator("revoke", "node-c"); err != nil {
+		t.Fatalf("revoke: %v: %s", err, out)
+	}
+	revokedAt := time.Now()
+	testenv.WaitFor(t, 30*time.Second, "C's model refused once C is revoked", func() bool {
+		r = runAgent()
+		return r.Chat == "" && len(r.Errors) > 0
+	})
+	t.Logf("C refused %v after its revocation", time.Since(revokedAt).Round(time.Millisecond))
+}
+
+func agentTemplate(name string) api.TemplateRequest {
+	return api.TemplateRequest{Name: name, RootfsDir: agentRootfs, Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}
+}
+
+func writeTemp(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// firstLineWith is the first whitespace-separated field of path's lines
+// that contains s, or "".
+func firstLineWith(path, s string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		for _, w := range strings.Fields(sc.Text()) {
+			if strings.Contains(w, s) {
+				return w
+			}
+		}
+	}
+	return ""
+}
+
+func scrapeIn(t *testing.T, h meshHost, addr string) string {
+	t.Helper()
+	resp, err := nsClient(t, h.ns).Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", h.ns, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func grep(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// nftPackets reads a named counter of a table in h's namespace.
+func nftPackets(t *testing.T, h meshHost, table, counter string) int {
+	t.Helper()
+	out, err := runIn(t, h.cmd("nft", "list", "counter", "inet", table, counter))
+	if err != nil {
+		t.Fatalf("nft list counter: %v: %s", err, out)
+	}
+	var n int
+	if m := regexp.MustCompile(`packets (\d+)`).FindStringSubmatch(out); m != nil {
+		fmt.Sscan(m[1], &n)
+	}
+	return n
+}
