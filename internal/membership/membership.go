@@ -10,6 +10,7 @@
 //	identity.key     the node's Ed25519 key (its seed); never sent anywhere
 //	member.json      its name and the control plane's (URL, name)
 //	credential.json  its current credential and the keys of the last fetch
+//	policy.json      the mesh's policy as last taken (policy.go)
 //	control-plane-ca.pem  the CA the control plane's HTTPS is checked against
 package membership
 
@@ -68,6 +69,8 @@ type Member struct {
 	keysAt   time.Time // when the keys were last fetched
 	takenAt  time.Time // when the credential was taken
 	lastErr  error     // the last fetch's or refresh's error; nil when they work
+
+	pol *PolicySource
 }
 
 // memberInfo is member.json.
@@ -178,7 +181,9 @@ func newMember(dir, name string, priv ed25519.PrivateKey, cfg Config) *Member {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Member{dir: dir, name: name, priv: priv, cfg: cfg}
+	m := &Member{dir: dir, name: name, priv: priv, cfg: cfg, pol: newPolicySource()}
+	m.loadPolicy()
+	return m
 }
 
 // take makes cred (an enrolment's or a refresh's answer) the member's and
@@ -218,7 +223,9 @@ func (m *Member) Verify(credential string) (meshcred.Claims, error) {
 }
 
 // Status says how fresh the member's view is: when it last fetched the
-// keys, and why the last fetch or refresh failed (nil: they work).
+// keys, and why the last fetch (of the keys or the policy) or refresh
+// failed (nil: they work). Policy().State() says which policy is in
+// force and since when it is stale.
 func (m *Member) Status() (keysAt time.Time, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -259,6 +266,11 @@ func (m *Member) step(ctx context.Context) {
 			}
 		}
 	}
+	// The policy is fetched whether or not the keys were: each keeps its
+	// last good value on its own.
+	if perr := m.fetchPolicy(cctx); perr != nil {
+		err = errors.Join(err, perr)
+	}
 	if ctx.Err() != nil {
 		return
 	}
@@ -269,7 +281,7 @@ func (m *Member) step(ctx context.Context) {
 	m.mu.Unlock()
 	switch {
 	case err != nil && was == nil:
-		m.cfg.Log.Warn("control plane unreachable: keeping the last good keys", "control_plane", m.cfg.ControlPlane.Base, "keys_from", at.Format(time.RFC3339), "err", err)
+		m.cfg.Log.Warn("control plane unreachable: keeping the last good keys and policy", "control_plane", m.cfg.ControlPlane.Base, "keys_from", at.Format(time.RFC3339), "err", err)
 	case err == nil && was != nil:
 		m.cfg.Log.Info("control plane reachable again", "control_plane", m.cfg.ControlPlane.Base)
 	}
