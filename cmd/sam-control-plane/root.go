@@ -75,8 +75,16 @@ func serveCmd(dataDir *string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane's API (HTTPS) until SIGINT or SIGTERM",
-		Args:  cobra.NoArgs,
+		Example: "  sam-control-plane serve --listen 10.0.0.1:7600\n" +
+			"  sam-control-plane serve --oidc-issuer https://id.example.com --oidc-client-id sam-mesh --oidc-allow-email @example.com",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.OIDC.Issuer == "" && (o.OIDC.ClientID != "" || o.OIDCCAFile != "" || len(o.OIDC.AllowEmails)+len(o.OIDC.AllowSubjects) > 0) {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--oidc-client-id, --oidc-ca and --oidc-allow-* need --oidc-issuer")}
+			}
+			if o.OIDC.Issuer != "" && o.OIDC.ClientID == "" {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--oidc-issuer needs --oidc-client-id")}
+			}
 			l, err := log.New(os.Stderr)
 			if err != nil {
 				return err
@@ -88,6 +96,11 @@ func serveCmd(dataDir *string) *cobra.Command {
 	cmd.Flags().StringVar(&o.Listen, "listen", "127.0.0.1:7600", "the API's address (HTTPS, a certificate from <data-dir>/pki's CA)")
 	cmd.Flags().StringVar(&o.Store, "store", "", "a postgres:// URL for the rows (default: SQLite in --data-dir)")
 	cmd.Flags().StringVar(&o.Name, "name", "sam", "the control plane's name: its credentials' issuer, the audience of the challenges members sign")
+	cmd.Flags().StringVar(&o.OIDC.Issuer, "oidc-issuer", "", "let nodes enrol with an OpenID Connect ID token of this issuer (https URL, as its tokens' \"iss\") instead of a bootstrap token")
+	cmd.Flags().StringVar(&o.OIDC.ClientID, "oidc-client-id", "", "the client ID the ID tokens must be issued to (their \"aud\"); needed with --oidc-issuer")
+	cmd.Flags().StringVar(&o.OIDCCAFile, "oidc-ca", "", "a PEM file of the CA the issuer's HTTPS is checked against (default: the system's roots)")
+	cmd.Flags().StringSliceVar(&o.OIDC.AllowEmails, "oidc-allow-email", nil, "who may enrol by OIDC: a verified address (ops@example.com) or a domain's (@example.com); repeat or comma-separate")
+	cmd.Flags().StringSliceVar(&o.OIDC.AllowSubjects, "oidc-allow-subject", nil, "who may enrol by OIDC: the issuer's subject (\"sub\"), exactly; with no --oidc-allow-* nobody enrols by OIDC")
 	log.Register(cmd.Flags())
 	return cmd
 }

@@ -85,6 +85,20 @@ type memberInfo struct {
 // identity) and the credential written to dir. A dir that holds a
 // member's credential already is not joined again.
 func Join(ctx context.Context, dir, name, token string, cfg Config) (*Member, error) {
+	return join(ctx, dir, name, cfg, func(priv ed25519.PrivateKey) (api.Credential, error) {
+		return cfg.ControlPlane.Enrol(ctx, token, name, priv)
+	})
+}
+
+// JoinOIDC is Join with an OpenID Connect ID token of the control plane's
+// issuer instead of a bootstrap token.
+func JoinOIDC(ctx context.Context, dir, name, idToken string, cfg Config) (*Member, error) {
+	return join(ctx, dir, name, cfg, func(priv ed25519.PrivateKey) (api.Credential, error) {
+		return cfg.ControlPlane.EnrolOIDC(ctx, idToken, name, priv)
+	})
+}
+
+func join(ctx context.Context, dir, name string, cfg Config, enrol func(ed25519.PrivateKey) (api.Credential, error)) (*Member, error) {
 	if _, err := os.Stat(filepath.Join(dir, CredentialFile)); err == nil {
 		return nil, errdefs.New(errdefs.ErrExists, "%s holds a member already (%s): run with it, or join into another directory", dir, CredentialFile)
 	}
@@ -95,7 +109,7 @@ func Join(ctx context.Context, dir, name, token string, cfg Config) (*Member, er
 	if err != nil {
 		return nil, err
 	}
-	cred, err := cfg.ControlPlane.Enrol(ctx, token, name, priv)
+	cred, err := enrol(priv)
 	if err != nil {
 		return nil, fmt.Errorf("enrol %s with %s: %w", name, cfg.ControlPlane.Base, err)
 	}
