@@ -83,7 +83,15 @@ type oidcVerifier struct {
 	now func() time.Time
 	mu  sync.Mutex
 	v   *oidc.IDTokenVerifier
+	// failedAt, failErr: the last discovery that failed. For a few seconds
+	// after it, enrolments are answered with its error at once rather
+	// than each waiting out a discovery of an issuer that is down.
+	failedAt time.Time
+	failErr  error
 }
+
+// discoveryBackoff is how long a failed discovery is not retried.
+const discoveryBackoff = 5 * time.Second
 
 func newOIDCVerifier(cfg OIDCConfig, now func() time.Time) *oidcVerifier {
 	if cfg.HTTP == nil {
@@ -98,11 +106,15 @@ func (o *oidcVerifier) verifier(ctx context.Context) (*oidc.IDTokenVerifier, err
 	if o.v != nil {
 		return o.v, nil
 	}
+	if o.failErr != nil && time.Since(o.failedAt) < discoveryBackoff {
+		return nil, o.failErr
+	}
 	dctx, cancel := context.WithTimeout(oidc.ClientContext(ctx, o.cfg.HTTP), 10*time.Second)
 	defer cancel()
 	p, err := oidc.NewProvider(dctx, o.cfg.Issuer)
 	if err != nil {
-		return nil, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("the OIDC issuer %s: %w", o.cfg.Issuer, err))
+		o.failedAt, o.failErr = time.Now(), errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("the OIDC issuer %s: %w", o.cfg.Issuer, err))
+		return nil, o.failErr
 	}
 	// The key set keeps the context it is made with for its later fetches
 	// (it drops its cancel): it carries the issuer's HTTP client.
@@ -128,13 +140,24 @@ func (o *oidcVerifier) identity(ctx context.Context, raw string) (string, time.T
 	var claims struct {
 		Email         string `json:"email"`
 		EmailVerified bool   `json:"email_verified"`
+		AZP           string `json:"azp"`
 	}
 	if err := tok.Claims(&claims); err != nil {
 		return "", time.Time{}, errdefs.New(errdefs.ErrUnauthorized, "the ID token's claims: %v", err)
 	}
+	// An ID token for several audiences must name this client as the
+	// party it was issued to (OpenID Connect Core 1.0 §3.1.3.7, items 4
+	// and 5); go-oidc checks only that the audience contains it.
+	if len(tok.Audience) > 1 && claims.AZP != o.cfg.ClientID {
+		return "", time.Time{}, errdefs.New(errdefs.ErrUnauthorized, "the ID token is for several audiences and its authorized party (azp) %q is not %s", claims.AZP, o.cfg.ClientID)
+	}
 	who, ok := allowedIdentity(o.cfg, tok.Subject, claims.Email, claims.EmailVerified)
 	if !ok {
-		return "", time.Time{}, errdefs.New(errdefs.ErrForbidden, "the identity %q (sub %s) is not allowed to enrol (serve --oidc-allow-email, --oidc-allow-subject)", claims.Email, tok.Subject)
+		unverified := ""
+		if claims.Email != "" && !claims.EmailVerified {
+			unverified = ", the address not verified by the issuer"
+		}
+		return "", time.Time{}, errdefs.New(errdefs.ErrForbidden, "the identity %q (sub %s%s) is not allowed to enrol (serve --oidc-allow-email, --oidc-allow-subject)", claims.Email, tok.Subject, unverified)
 	}
 	return who, tok.Expiry, nil
 }

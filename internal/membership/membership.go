@@ -71,6 +71,10 @@ type Member struct {
 	lastErr  error     // the last fetch's or refresh's error; nil when they work
 
 	pol *PolicySource
+	// kick asks Run for a fetch now: a credential signed by a key this
+	// member does not know may be of a key rotated in since its last
+	// fetch.
+	kick chan struct{}
 }
 
 // memberInfo is member.json.
@@ -195,7 +199,7 @@ func newMember(dir, name string, priv ed25519.PrivateKey, cfg Config) *Member {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	m := &Member{dir: dir, name: name, priv: priv, cfg: cfg, pol: newPolicySource()}
+	m := &Member{dir: dir, name: name, priv: priv, cfg: cfg, pol: newPolicySource(), kick: make(chan struct{}, 1)}
 	m.loadPolicy()
 	return m
 }
@@ -228,12 +232,23 @@ func (m *Member) Credential() string {
 }
 
 // Verify checks another member's credential against the last good keys
-// and revocations.
+// and revocations. A credential signed by a key it does not know is
+// refused, and makes Run fetch the keys now (or a quarter poll after its
+// last fetch) rather than at its next poll: after a rotation, a member
+// that renewed at once is refused by the others for about a round trip,
+// not for up to a poll.
 func (m *Member) Verify(credential string) (meshcred.Claims, error) {
 	m.mu.Lock()
 	v := m.verifier
 	m.mu.Unlock()
-	return v.Verify(credential, m.cfg.Now())
+	c, err := v.Verify(credential, m.cfg.Now())
+	if errors.Is(err, meshcred.ErrUnknownKey) {
+		select {
+		case m.kick <- struct{}{}:
+		default:
+		}
+	}
+	return c, err
 }
 
 // Status says how fresh the member's view is: when it last fetched the
@@ -255,11 +270,21 @@ func (m *Member) Run(ctx context.Context) {
 	tick := time.NewTicker(m.cfg.PollEvery)
 	defer tick.Stop()
 	for {
+		last := time.Now()
 		m.step(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-m.kick:
+			// At once, but at most one fetch per PollEvery/4 however
+			// many unknown keys are presented: a peer cannot make the
+			// member hammer the control plane.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Until(last.Add(m.cfg.PollEvery / 4))):
+			}
 		}
 	}
 }
