@@ -85,11 +85,15 @@ func testOIDCEnrolment(t *testing.T, p *plane, iss *oidctest.Issuer) {
 		"another client's (audience)": {iss.IDToken(t, otherClient, "alice", "pw"), errdefs.ErrUnauthorized, "audience"},
 		// Signed by a key the configured issuer does not publish: refused
 		// at the signature, before its "iss" is read.
-		"another issuer's":        {other.IDToken(t, samClient, "alice", "pw"), errdefs.ErrUnauthorized, "signature"},
-		"tampered with":           {tampered, errdefs.ErrUnauthorized, "signature"},
-		"an identity not allowed": {iss.IDToken(t, samClient, "bob", "pw"), errdefs.ErrForbidden, "not allowed"},
-		"an unverified address":   {iss.IDToken(t, samClient, "carol", "pw"), errdefs.ErrForbidden, "not allowed"},
-		"not a JWT":               {"not.a.jwt", errdefs.ErrUnauthorized, "refused"},
+		"another issuer's": {other.IDToken(t, samClient, "alice", "pw"), errdefs.ErrUnauthorized, "signature"},
+		// Signed by the configured issuer's own key, but under another
+		// issuer name (the same provider reached at another host): the
+		// "iss" check is what refuses it.
+		"of another issuer name, the same keys": {iss.Alias(t).IDToken(t, samClient, "alice", "pw"), errdefs.ErrUnauthorized, "issued by a different provider"},
+		"tampered with":                         {tampered, errdefs.ErrUnauthorized, "signature"},
+		"an identity not allowed":               {iss.IDToken(t, samClient, "bob", "pw"), errdefs.ErrForbidden, "not allowed"},
+		"an unverified address":                 {iss.IDToken(t, samClient, "carol", "pw"), errdefs.ErrForbidden, "not allowed"},
+		"not a JWT":                             {"not.a.jwt", errdefs.ErrUnauthorized, "refused"},
 	} {
 		if _, err := c.EnrolOIDC(ctx, c2.tok, "node-x", key(t)); !errors.Is(err, c2.kind) || !strings.Contains(err.Error(), c2.says) {
 			t.Errorf("an ID token %s: %v, want %v naming %q", name, err, c2.kind, c2.says)

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -50,8 +51,9 @@ type Issuer struct {
 	// certificate its HTTPS is checked against, HTTP a client trusting it.
 	URL   string
 	CAPEM []byte
-	HTTP  *http.Client
-	store *storage.Storage
+	HTTP    *http.Client
+	store   *storage.Storage
+	handler http.Handler
 }
 
 // Start runs an issuer with users and clients until the test ends.
@@ -84,12 +86,35 @@ func Start(t testing.TB, users []User, clients ...Client) *Issuer {
 	}
 	iss.store = storage.NewStorageWithClients(ustore, cs)
 	key := sha256.Sum256([]byte(t.Name()))
-	provider, err := op.NewOpenIDProvider(srv.URL, &op.Config{CryptoKey: key, CodeMethodS256: true}, claimsInIDToken{iss.store})
+	// The issuer names itself by the host it is reached at (as a
+	// multi-tenant issuer does): Alias is the same keys under another
+	// issuer URL.
+	provider, err := op.NewProvider(&op.Config{CryptoKey: key, CodeMethodS256: true}, claimsInIDToken{iss.store}, op.IssuerFromHost(""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv.Config.Handler = provider
+	iss.handler = provider
 	return iss
+}
+
+// Alias serves the same issuer — the same users, clients and signing
+// keys — at https://[::1]:port, where it names itself by that URL: its
+// ID tokens verify with the keys i publishes but say another "iss".
+func (i *Issuer) Alias(t testing.TB) *Issuer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Fatalf("IPv6 loopback: %v", err)
+	}
+	srv := httptest.NewUnstartedServer(i.handler)
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	a := *i
+	a.URL = srv.URL
+	return &a
 }
 
 // claimsInIDToken makes the issuer put the user's claims (email,
