@@ -131,10 +131,12 @@ type MeshPolicy struct {
 // PutMeshPolicy stores doc as the mesh's policy under the next version
 // number and returns it. Every version is kept (a row each, a few KiB),
 // so the numbers only grow and a member that has version n knows it has
-// every change up to n. Two PUTs racing for one number: the loser's
-// insert hits the primary key and is retried with the next.
+// every change up to n. PUTs racing for one number: each round one wins
+// and the losers' inserts hit the primary key and are retried with the
+// next, so n racing writers need at most n-1 retries (an operator's
+// writes: a few at most; 32 is room to spare).
 func (s *Store) PutMeshPolicy(ctx context.Context, doc string, now time.Time) (int64, error) {
-	for range 5 {
+	for range 32 {
 		var v int64
 		err := s.db.QueryRowContext(ctx, s.q(`INSERT INTO mesh_policy(version, document, set_at) SELECT COALESCE(MAX(version), 0) + 1, ?, ? FROM mesh_policy RETURNING version`), doc, ms(now)).Scan(&v)
 		if isConstraint(err) {
@@ -142,7 +144,7 @@ func (s *Store) PutMeshPolicy(ctx context.Context, doc string, now time.Time) (i
 		}
 		return v, err
 	}
-	return 0, fmt.Errorf("mesh policy: %w: five racing writes in a row; try again", errdefs.ErrConflict)
+	return 0, fmt.Errorf("mesh policy: %w: 32 racing writes in a row; try again", errdefs.ErrConflict)
 }
 
 // GetMeshPolicy returns the newest policy, or errdefs.ErrNotFound if none
