@@ -16,11 +16,13 @@ type Challenge struct {
 	ExpiresInS int    `json:"expires_in_s"`
 }
 
-// EnrolRequest is the body of POST /v1/enrol: a bootstrap token, the
-// member's name and Ed25519 public key (standard base64), and its
+// EnrolRequest is the body of POST /v1/enrol: a bootstrap token or an
+// OpenID Connect ID token of the control plane's issuer (one of the two),
+// the member's name and Ed25519 public key (standard base64), and its
 // signature (base64) of the challenge for this control plane.
 type EnrolRequest struct {
-	Token     string `json:"token"`
+	Token     string `json:"token,omitempty"`
+	OIDCToken string `json:"oidc_token,omitempty"`
 	Name      string `json:"name"`
 	PublicKey string `json:"public_key"`
 	Challenge string `json:"challenge"`
@@ -74,4 +76,33 @@ type MeshMember struct {
 	PublicKey  string    `json:"public_key"`
 	EnrolledAt time.Time `json:"enrolled_at"`
 	RevokedAt  time.Time `json:"revoked_at,omitzero"`
+}
+
+// MeshPolicy is GET /v1/policy: the mesh's policy (roles, bindings,
+// egress; the YAML or JSON internal/policy parses) as the operator last
+// set it with PUT /v1/policy, under its version (1, 2, …; 0 and an empty
+// document: none set yet, which grants nothing). The answer's ETag is the
+// version, so a member polling with If-None-Match gets a 304 while it is
+// unchanged.
+type MeshPolicy struct {
+	Version  int64     `json:"version"`
+	Document string    `json:"document"`
+	SetAt    time.Time `json:"set_at,omitzero"`
+}
+
+// KeyRotateRequest is the body of POST /v1/keys/rotate (operator): how
+// long the key being replaced still verifies (GraceSeconds; absent: the
+// control plane's default, longer than a credential lives; 0: at once,
+// for a key that leaked).
+type KeyRotateRequest struct {
+	GraceSeconds *int `json:"grace_s,omitempty"`
+}
+
+// KeyRotation answers POST /v1/keys/rotate: the new signing key's ID, when
+// the replaced one stops verifying, and the keys members fetch from now.
+type KeyRotation struct {
+	Current    string    `json:"current"`
+	RetiredKey string    `json:"retired_key"`
+	RetiresAt  time.Time `json:"retires_at"`
+	Keys       MeshKeys  `json:"keys"`
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"sandstorm/internal/controlplane"
 	"sandstorm/internal/logging"
 	"sandstorm/internal/pki"
+	"sandstorm/internal/policy"
 )
 
 func rootCmd() *cobra.Command {
@@ -32,8 +34,11 @@ Ed25519 key by signing a fresh single-use challenge, and presents a bootstrap
 token the operator made (max uses, expiry; the control plane keeps only its
 SHA-256). It gets a credential (a JWT signed with Ed25519, bound to its key,
 10 minutes) that every other member verifies offline against the keys and
-revocations of GET /v1/keys. The operator's commands (token, members, revoke)
-use the admin token in <data-dir>/admin-token and trust <data-dir>/pki/ca.pem.`,
+revocations of GET /v1/keys. It serves the mesh's policy to its members
+(policy set, policy get) and rotates its signing key with a grace (keys
+rotate). A node may enrol with an OpenID Connect ID token instead of a
+bootstrap token (serve --oidc-issuer). The operator's commands (token,
+members, revoke, policy, keys) use the admin token in <data-dir>/admin-token and trust <data-dir>/pki/ca.pem.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -53,7 +58,7 @@ use the admin token in <data-dir>/admin-token and trust <data-dir>/pki/ca.pem.`,
 		return &controlplane.Client{Base: apiURL, AdminToken: strings.TrimSpace(string(tok)),
 			HTTP: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}}, nil
 	}
-	root.AddCommand(serveCmd(&dataDir), tokenCmd(client), membersCmd(client), revokeCmd(client))
+	root.AddCommand(serveCmd(&dataDir), tokenCmd(client), membersCmd(client), revokeCmd(client), policyCmd(client), keysCmd(client))
 	return root
 }
 
@@ -70,8 +75,16 @@ func serveCmd(dataDir *string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane's API (HTTPS) until SIGINT or SIGTERM",
-		Args:  cobra.NoArgs,
+		Example: "  sam-control-plane serve --listen 10.0.0.1:7600\n" +
+			"  sam-control-plane serve --oidc-issuer https://id.example.com --oidc-client-id sam-mesh --oidc-allow-email @example.com",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.OIDC.Issuer == "" && (o.OIDC.ClientID != "" || o.OIDCCAFile != "" || len(o.OIDC.AllowEmails)+len(o.OIDC.AllowSubjects) > 0) {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--oidc-client-id, --oidc-ca and --oidc-allow-* need --oidc-issuer")}
+			}
+			if o.OIDC.Issuer != "" && o.OIDC.ClientID == "" {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--oidc-issuer needs --oidc-client-id")}
+			}
 			l, err := log.New(os.Stderr)
 			if err != nil {
 				return err
@@ -83,6 +96,11 @@ func serveCmd(dataDir *string) *cobra.Command {
 	cmd.Flags().StringVar(&o.Listen, "listen", "127.0.0.1:7600", "the API's address (HTTPS, a certificate from <data-dir>/pki's CA)")
 	cmd.Flags().StringVar(&o.Store, "store", "", "a postgres:// URL for the rows (default: SQLite in --data-dir)")
 	cmd.Flags().StringVar(&o.Name, "name", "sam", "the control plane's name: its credentials' issuer, the audience of the challenges members sign")
+	cmd.Flags().StringVar(&o.OIDC.Issuer, "oidc-issuer", "", "let nodes enrol with an OpenID Connect ID token of this issuer (https URL, as its tokens' \"iss\") instead of a bootstrap token")
+	cmd.Flags().StringVar(&o.OIDC.ClientID, "oidc-client-id", "", "the client ID the ID tokens must be issued to (their \"aud\"); needed with --oidc-issuer")
+	cmd.Flags().StringVar(&o.OIDCCAFile, "oidc-ca", "", "a PEM file of the CA the issuer's HTTPS is checked against (default: the system's roots)")
+	cmd.Flags().StringSliceVar(&o.OIDC.AllowEmails, "oidc-allow-email", nil, "who may enrol by OIDC: a verified address (ops@example.com) or a domain's (@example.com); repeat or comma-separate")
+	cmd.Flags().StringSliceVar(&o.OIDC.AllowSubjects, "oidc-allow-subject", nil, "who may enrol by OIDC: the issuer's subject (\"sub\"), exactly; with no --oidc-allow-* nobody enrols by OIDC")
 	log.Register(cmd.Flags())
 	return cmd
 }
@@ -168,4 +186,118 @@ func revokeCmd(client func() (*controlplane.Client, error)) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func policyCmd(client func() (*controlplane.Client, error)) *cobra.Command {
+	cmd := &cobra.Command{Use: "policy", Short: "The mesh's policy (roles, bindings, egress), served to every member"}
+	set := &cobra.Command{
+		Use:   "set FILE",
+		Short: "Set the mesh's policy from FILE (YAML or JSON; - for stdin): validated first, a bad one changes nothing",
+		Long: `policy set sends FILE to the control plane, which validates it as every
+member will parse it (internal/policy: roles, bindings, egress) and, if it
+is good, stores it as the next version. Members take it within seconds
+(they poll every 2 s). A policy refused is reported with what is wrong,
+and the one in force stays.`,
+		Example: "  sam-control-plane policy set /etc/sam/policy.yaml",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var doc []byte
+			var err error
+			if args[0] == "-" {
+				doc, err = io.ReadAll(io.LimitReader(os.Stdin, controlplane.MaxPolicyBytes+1))
+			} else {
+				doc, err = os.ReadFile(args[0])
+			}
+			if err != nil {
+				return err
+			}
+			// Checked here too, so a typo is named without a round trip;
+			// the control plane checks it again, the same way.
+			if _, err := policy.Parse(doc); err != nil {
+				return fmt.Errorf("%s: %w (nothing changed)", args[0], err)
+			}
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			p, err := c.SetPolicy(cmd.Context(), doc)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("policy version %d set; members take it within seconds\n", p.Version)
+			return nil
+		},
+	}
+	var asJSON bool
+	get := &cobra.Command{
+		Use:   "get",
+		Short: "Print the mesh's policy in force (its version on stderr)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			p, _, err := c.Policy(cmd.Context(), "", 0)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(os.Stdout).Encode(p)
+			}
+			if p.Version == 0 {
+				fmt.Fprintln(os.Stderr, "no policy set yet: members grant nothing (sam-control-plane policy set FILE)")
+				return nil
+			}
+			fmt.Fprintf(os.Stderr, "policy version %d, set %s\n", p.Version, p.SetAt.Format(time.RFC3339))
+			fmt.Print(p.Document)
+			if !strings.HasSuffix(p.Document, "\n") {
+				fmt.Println()
+			}
+			return nil
+		},
+	}
+	get.Flags().BoolVar(&asJSON, "json", false, "print JSON ({version, document, set_at})")
+	cmd.AddCommand(set, get)
+	return cmd
+}
+
+func keysCmd(client func() (*controlplane.Client, error)) *cobra.Command {
+	cmd := &cobra.Command{Use: "keys", Short: "The control plane's signing keys"}
+	var grace time.Duration
+	rotate := &cobra.Command{
+		Use:   "rotate [--grace D]",
+		Short: "Make a new signing key; the old one still verifies for --grace (default: twice a credential's life)",
+		Long: `keys rotate makes a new signing key and keeps it (with the others still
+in their grace) in <data-dir>/issuer-keys.json, mode 0600. New credentials
+are signed with it from now; members fetch the new key set within seconds.
+The key it replaces still verifies until the grace ends: by default twice
+a credential's life (20 min), so no credential signed before is refused
+early. --grace 0 retires it at once, for a key that leaked: every member's
+credential is then refused until it renews.`,
+		Example: "  sam-control-plane keys rotate\n  sam-control-plane keys rotate --grace 0   # the old key leaked",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var g *time.Duration
+			if cmd.Flags().Changed("grace") {
+				if grace < 0 || grace > controlplane.MaxGrace {
+					return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--grace 0 to %v, please", controlplane.MaxGrace)}
+				}
+				g = &grace
+			}
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			r, err := c.RotateKeys(cmd.Context(), g)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("signing with key %s; key %s verifies until %s\n", r.Current, r.RetiredKey, r.RetiresAt.Format(time.RFC3339))
+			return nil
+		},
+	}
+	rotate.Flags().DurationVar(&grace, "grace", 0, "how long the replaced key still verifies (default: the control plane's, twice a credential's life)")
+	cmd.AddCommand(rotate)
+	return cmd
 }

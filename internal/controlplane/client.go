@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -36,7 +37,33 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	if err != nil {
 		return err
 	}
-	if c.AdminToken != "" {
+	_, err = c.send(req, out)
+	return err
+}
+
+// raw sends body as it is (of type ctype), with the headers h, and
+// decodes a 2xx answer's JSON into out; a 304 is answered as its status
+// with out untouched.
+func (c *Client) raw(ctx context.Context, method, path, ctype string, body []byte, h http.Header, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.Base, "/")+path, rd)
+	if err != nil {
+		return 0, err
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	for k, v := range h {
+		req.Header[k] = v
+	}
+	return c.send(req, out)
+}
+
+func (c *Client) send(req *http.Request, out any) (int, error) {
+	if c.AdminToken != "" && req.Header.Get("Authorization") == "" {
 		req.Header.Set("Authorization", "Bearer "+c.AdminToken)
 	}
 	hc := c.HTTP
@@ -45,21 +72,25 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("%w (is sam-control-plane serve running at %s, and is that its listen address?)", err, c.Base))
+		return 0, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("%w (is sam-control-plane serve running at %s, and is that its listen address?)", err, c.Base))
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotModified {
+		return resp.StatusCode, nil
+	}
 	if resp.StatusCode/100 != 2 {
 		var e api.Error
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		if json.Unmarshal(b, &e) != nil || e.Message == "" {
 			e.Message = strings.TrimSpace(string(b))
 		}
-		return errdefs.FromWire(resp.StatusCode, e)
+		return resp.StatusCode, errdefs.FromWire(resp.StatusCode, e)
 	}
 	if out == nil {
-		return nil
+		return resp.StatusCode, nil
 	}
-	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out)
+	// A policy document may be up to a MiB, and JSON-escaped a little more.
+	return resp.StatusCode, json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(out)
 }
 
 // signed asks for a challenge and signs it with priv for this control
@@ -80,6 +111,19 @@ func (c *Client) Enrol(ctx context.Context, token, member string, priv ed25519.P
 	}
 	var out api.Credential
 	err = c.do(ctx, http.MethodPost, "/v1/enrol", api.EnrolRequest{Token: token, Name: member,
+		PublicKey: base64.StdEncoding.EncodeToString(priv.Public().(ed25519.PublicKey)), Challenge: ch, Signature: sig}, &out)
+	return out, err
+}
+
+// EnrolOIDC enrols member with its key priv and an OpenID Connect ID
+// token of the control plane's issuer, instead of a bootstrap token.
+func (c *Client) EnrolOIDC(ctx context.Context, idToken, member string, priv ed25519.PrivateKey) (api.Credential, error) {
+	ch, sig, err := c.signed(ctx, priv)
+	if err != nil {
+		return api.Credential{}, err
+	}
+	var out api.Credential
+	err = c.do(ctx, http.MethodPost, "/v1/enrol", api.EnrolRequest{OIDCToken: idToken, Name: member,
 		PublicKey: base64.StdEncoding.EncodeToString(priv.Public().(ed25519.PublicKey)), Challenge: ch, Signature: sig}, &out)
 	return out, err
 }

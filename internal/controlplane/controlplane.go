@@ -18,8 +18,10 @@
 // keys, and a member refuses a revoked member's credential whatever its
 // expiry says.
 //
-// Not built yet (issue 17): enrolment with OpenID Connect, the policy
-// served to members, the router, sam-node join.
+// Enrolment may present an OpenID Connect ID token instead of a bootstrap
+// token (oidc.go); the signed challenge is required all the same. The
+// control plane serves the mesh's one policy to its members (policy.go)
+// and rotates its signing keys with a grace (keys.go).
 package controlplane
 
 import (
@@ -35,6 +37,8 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"sandstorm/api"
@@ -60,14 +64,30 @@ type Config struct {
 	CredentialTTL time.Duration
 	// ChallengeTTL is how long a challenge may be signed (default 1 min).
 	ChallengeTTL time.Duration
-	Now          func() time.Time
-	Log          *slog.Logger
+	// DefaultGrace is how long a rotated-out key still verifies when the
+	// operator names no grace (default twice CredentialTTL: every
+	// credential it signed expires within it).
+	DefaultGrace time.Duration
+	// SaveKeys, if set, is given the issuer's keys (meshcred's
+	// MarshalKeys) after a rotation, before the new key signs anything:
+	// Serve writes them to a 0600 file, so a restart keeps the rotation.
+	SaveKeys func([]byte) error
+	// OIDC, if set, lets a node enrol with an ID token of that issuer
+	// instead of a bootstrap token (oidc.go).
+	OIDC *OIDCConfig
+	Now  func() time.Time
+	Log  *slog.Logger
 }
 
 // Server is the control plane's HTTP API.
 type Server struct {
-	cfg Config
-	ch  *meshcred.Challenges
+	cfg  Config
+	ch   *meshcred.Challenges
+	iss  atomic.Pointer[meshcred.Issuer]
+	oidc *oidcVerifier
+	// rotating serialises rotations: each starts from the keys the last
+	// one saved.
+	rotating sync.Mutex
 }
 
 // New returns a control plane.
@@ -84,7 +104,15 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Server{cfg: cfg, ch: meshcred.NewChallenges(cfg.ChallengeTTL)}
+	if cfg.DefaultGrace <= 0 {
+		cfg.DefaultGrace = 2 * cfg.CredentialTTL
+	}
+	s := &Server{cfg: cfg, ch: meshcred.NewChallenges(cfg.ChallengeTTL)}
+	s.iss.Store(cfg.Issuer)
+	if cfg.OIDC != nil {
+		s.oidc = newOIDCVerifier(*cfg.OIDC, cfg.Now)
+	}
+	return s
 }
 
 // maxBody bounds every request body: each is a few hundred bytes.
@@ -100,6 +128,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/tokens", s.admin(s.createToken))
 	mux.HandleFunc("GET /v1/members", s.admin(s.members))
 	mux.HandleFunc("POST /v1/members/{name}/revoke", s.admin(s.revoke))
+	mux.HandleFunc("POST /v1/keys/rotate", s.admin(s.rotate))
+	mux.HandleFunc("PUT /v1/policy", s.admin(s.putPolicy))
+	mux.HandleFunc("GET /v1/policy", s.getPolicy)
 	return mux
 }
 
@@ -119,6 +150,14 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 	}
 	if !nameRE.MatchString(req.Name) {
 		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrBadInput, "name %q: lower-case letters, digits, '.' and '-', at most 63", req.Name))
+		return
+	}
+	switch {
+	case (req.Token == "") == (req.OIDCToken == ""):
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrBadInput, "enrol with a bootstrap token (token) or an OpenID Connect ID token (oidc_token): one of the two"))
+		return
+	case req.OIDCToken != "" && s.oidc == nil:
+		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "this control plane takes no OpenID Connect ID tokens (serve --oidc-issuer): enrol with a bootstrap token"))
 		return
 	}
 	pub, err := decodeKey(req.PublicKey)
@@ -145,7 +184,23 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := s.cfg.Now()
-	if err := s.cfg.Store.SpendMeshToken(r.Context(), hashToken(req.Token), now); err != nil {
+	by := "bootstrap token"
+	if req.OIDCToken != "" {
+		// Checked in full before it is spent: a refused one costs nothing.
+		who, exp, err := s.oidc.identity(r.Context(), req.OIDCToken)
+		if err == nil {
+			err = s.cfg.Store.SpendMeshIDToken(r.Context(), hashIDToken(req.OIDCToken), exp, now)
+			if errors.Is(err, errdefs.ErrExists) {
+				err = errdefs.New(errdefs.ErrUnauthorized, "this ID token has enrolled a member already: sign in again for another")
+			}
+		}
+		if err != nil {
+			s.cfg.Log.Warn("enrolment refused", "name", req.Name, "why", err)
+			errdefs.WriteHTTP(w, err)
+			return
+		}
+		by = "oidc " + who
+	} else if err := s.cfg.Store.SpendMeshToken(r.Context(), hashToken(req.Token), now); err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			s.cfg.Log.Warn("enrolment refused", "name", req.Name, "why", "bootstrap token unknown, spent or expired")
 			err = errdefs.New(errdefs.ErrUnauthorized, "bootstrap token unknown, spent or expired: ask the operator for another (sam-control-plane token create)")
@@ -157,7 +212,7 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 		errdefs.WriteHTTP(w, err)
 		return
 	}
-	s.cfg.Log.Info("member enrolled", "name", req.Name)
+	s.cfg.Log.Info("member enrolled", "name", req.Name, "by", by)
 	s.issue(w, r, req.Name, pub)
 }
 
@@ -208,7 +263,7 @@ func (s *Server) proves(pub ed25519.PublicKey, challenge, sig string) error {
 }
 
 func (s *Server) issue(w http.ResponseWriter, r *http.Request, name string, pub ed25519.PublicKey) {
-	tok, c, err := s.cfg.Issuer.Issue(name, pub, s.cfg.CredentialTTL, s.cfg.Now())
+	tok, c, err := s.iss.Load().Issue(name, pub, s.cfg.CredentialTTL, s.cfg.Now())
 	if err != nil {
 		errdefs.WriteHTTP(w, err)
 		return
@@ -231,7 +286,7 @@ func (s *Server) keys(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) meshKeys(r *http.Request) (api.MeshKeys, error) {
-	ks := s.cfg.Issuer.KeySet(s.cfg.Now())
+	ks := s.iss.Load().KeySet(s.cfg.Now())
 	raw, err := json.Marshal(ks.Keys)
 	if err != nil {
 		return api.MeshKeys{}, err
@@ -276,13 +331,18 @@ func (v *Verifier) Verify(credential string, now time.Time) (meshcred.Claims, er
 // admin wraps an operator's handler: the admin token, as a bearer token.
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || s.cfg.AdminToken == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) != 1 {
+		if !s.isAdmin(r) {
 			errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "this needs the control plane's admin token (Authorization: Bearer <token>; sam-control-plane writes it to <data-dir>/admin-token)"))
 			return
 		}
 		h(w, r)
 	}
+}
+
+// isAdmin reports whether r carries the admin token.
+func (s *Server) isAdmin(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && s.cfg.AdminToken != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) == 1
 }
 
 // MaxTokenTTL bounds a bootstrap token's life: it is a secret that

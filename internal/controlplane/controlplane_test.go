@@ -33,7 +33,7 @@ type plane struct {
 func (p *plane) member() *Client     { return &Client{Base: p.srv.URL, Name: "cp-test"} }
 func (p *plane) add(d time.Duration) { t := p.now.Load().Add(d); p.now.Store(&t) }
 
-func newPlane(t *testing.T, where string) *plane {
+func newPlane(t *testing.T, where string, opts ...func(*Config)) *plane {
 	t.Helper()
 	st, err := store.Open(where)
 	if err != nil {
@@ -47,8 +47,12 @@ func newPlane(t *testing.T, where string) *plane {
 	p := &plane{}
 	now := time.Now()
 	p.now.Store(&now)
-	s := New(Config{Name: "cp-test", Store: st, Issuer: iss, AdminToken: "admin-secret", Now: func() time.Time { return *p.now.Load() },
-		Log: slog.New(slog.DiscardHandler)})
+	cfg := Config{Name: "cp-test", Store: st, Issuer: iss, AdminToken: "admin-secret", Now: func() time.Time { return *p.now.Load() },
+		Log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s := New(cfg)
 	p.srv = httptest.NewServer(s.Handler())
 	t.Cleanup(p.srv.Close)
 	p.admin = &Client{Base: p.srv.URL, Name: "cp-test", AdminToken: "admin-secret"}

@@ -2,11 +2,14 @@ package controlplane
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -30,7 +33,12 @@ type Options struct {
 	Listen string
 	// Name is the control plane's name (default "sam").
 	Name string
-	Log  *slog.Logger
+	// OIDC, if its Issuer is set, lets nodes enrol with an ID token of
+	// that issuer (OIDCCAFile: a PEM file of the CA its HTTPS is checked
+	// against; none: the system's roots).
+	OIDC       OIDCConfig
+	OIDCCAFile string
+	Log        *slog.Logger
 }
 
 // The files in a control plane's data dir.
@@ -80,7 +88,19 @@ func Serve(ctx context.Context, o Options, ready func(addr string)) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: New(Config{Name: o.Name, Store: st, Issuer: iss, AdminToken: admin, Log: o.Log}).Handler(),
+	cfg := Config{Name: o.Name, Store: st, Issuer: iss, AdminToken: admin, Log: o.Log,
+		SaveKeys: func(b []byte) error { return secretfile.Write(filepath.Join(o.DataDir, IssuerKeysFile), b) }}
+	if o.OIDC.Issuer != "" {
+		oc, err := oidcConfig(o)
+		if err != nil {
+			return err
+		}
+		cfg.OIDC = &oc
+		if len(oc.AllowEmails)+len(oc.AllowSubjects) == 0 {
+			o.Log.Warn("OIDC enrolment configured with no allow rule: nobody enrols by OIDC (--oidc-allow-email, --oidc-allow-subject)", "issuer", oc.Issuer)
+		}
+	}
+	srv := &http.Server{Handler: New(cfg).Handler(),
 		TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second}
 	o.Log.Info("control plane serving", "name", o.Name, "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile),
 		"admin_token_file", filepath.Join(o.DataDir, AdminTokenFile), "store", st.Dialect())
@@ -97,6 +117,32 @@ func Serve(ctx context.Context, o Options, ready func(addr string)) error {
 		return err
 	}
 	return nil
+}
+
+// oidcConfig completes o.OIDC: an HTTPS client that trusts --oidc-ca
+// (or the system's roots), with a deadline.
+func oidcConfig(o Options) (OIDCConfig, error) {
+	oc := o.OIDC
+	u, err := url.Parse(oc.Issuer)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		return oc, fmt.Errorf("--oidc-issuer %q: want an https:// URL", oc.Issuer)
+	}
+	if oc.ClientID == "" {
+		return oc, errors.New("--oidc-issuer needs --oidc-client-id: the audience its ID tokens must be for")
+	}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.OIDCCAFile != "" {
+		b, err := os.ReadFile(o.OIDCCAFile)
+		if err != nil {
+			return oc, fmt.Errorf("--oidc-ca: %w", err)
+		}
+		tlsCfg.RootCAs = x509.NewCertPool()
+		if !tlsCfg.RootCAs.AppendCertsFromPEM(b) {
+			return oc, fmt.Errorf("--oidc-ca %s: no PEM certificate", o.OIDCCAFile)
+		}
+	}
+	oc.HTTP = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
+	return oc, nil
 }
 
 // issuer loads the issuer's keys from dataDir, or makes them on the first

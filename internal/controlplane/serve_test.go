@@ -93,3 +93,62 @@ func TestServeKeepsItsKeys(t *testing.T) {
 		t.Error("a client that does not trust the control plane's CA got an answer")
 	}
 }
+
+// TestServeKeepsPolicyAndRotation: the policy and a key rotation survive
+// a restart of sam-control-plane serve: the same version is served, the
+// rotated key signs, the replaced one still verifies in its grace, and
+// the keys file stays 0600.
+func TestServeKeepsPolicyAndRotation(t *testing.T) {
+	dir := t.TempDir()
+	c, stop := serveIn(t, dir)
+	ctx := context.Background()
+	tok, err := c.CreateToken(ctx, api.MeshTokenRequest{MaxUses: 1, TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
+	priv := key(t)
+	before, err := member.Enrol(ctx, tok.Token, "node-a", priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetPolicy(ctx, []byte(policyV1)); err != nil {
+		t.Fatal(err)
+	}
+	grace := time.Hour
+	rot, err := c.RotateKeys(ctx, &grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rot.Current == rot.RetiredKey || time.Until(rot.RetiresAt) < 59*time.Minute {
+		t.Errorf("rotation: %+v", rot)
+	}
+	if st, err := os.Stat(filepath.Join(dir, IssuerKeysFile)); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("%s after a rotation: %v, mode %v", IssuerKeysFile, err, st.Mode().Perm())
+	}
+	stop()
+
+	c, _ = serveIn(t, dir)
+	member = &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
+	p, _, err := member.Policy(ctx, before.Credential, 0)
+	if err != nil || p.Version != 1 || p.Document != policyV1 {
+		t.Errorf("the policy after a restart: %+v, %v", p, err)
+	}
+	after, err := member.Refresh(ctx, "node-a", priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := member.Keys(ctx)
+	v, err := NewVerifier(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, cred := range map[string]string{"before the rotation": before.Credential, "after it": after.Credential} {
+		if _, err := v.Verify(cred, time.Now()); err != nil {
+			t.Errorf("a credential from %s, after a restart: %v", name, err)
+		}
+	}
+	if kid := jwtKeyID(t, after.Credential); kid != rot.Current {
+		t.Errorf("after a restart the credential is signed by %s, want the rotated key %s", kid, rot.Current)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,21 +19,36 @@ import (
 // machine into the mesh once, its identity kept in --mesh-dir (defaultDir
 // by default).
 func JoinCommand(binary, defaultDir string) *cobra.Command {
-	var dir, url, ca, cpName, name, token string
+	var dir, url, ca, cpName, name, token, oidcFile string
 	cmd := &cobra.Command{
-		Use:   "join --control-plane URL --ca FILE --name NAME --token TOKEN [--mesh-dir DIR]",
-		Short: "Enrol this machine into the mesh with a bootstrap token, once; its identity and credential stay in --mesh-dir (0600)",
+		Use:   "join --control-plane URL --ca FILE --name NAME (--token TOKEN | --oidc-token-file FILE) [--mesh-dir DIR]",
+		Short: "Enrol this machine into the mesh with a bootstrap token or an OIDC ID token, once; its identity and credential stay in --mesh-dir (0600)",
 		Long: binary + ` join makes this machine's Ed25519 key (or keeps the one in --mesh-dir),
 proves it holds it by signing a fresh challenge of the control plane, and
 presents the bootstrap token the operator made (sam-control-plane token
-create). The credential it gets, bound to its key, is written to --mesh-dir
-with the key and the control plane's keys, all mode 0600. A directory that
-holds a member already is not joined again.`,
-		Example: "  " + binary + " join --control-plane https://10.0.0.1:7600 --ca /etc/sam/cp-ca.pem --name " + exampleName(binary) + " --token samb_…",
-		Args:    cobra.NoArgs,
+create), or instead an OpenID Connect ID token from the issuer the control
+plane trusts (--oidc-token-file: a file holding the raw ID token, e.g. from
+your identity provider's CLI; the control plane decides which identities
+may enrol, and an ID token enrols one machine once). The credential it
+gets, bound to its key, is written to --mesh-dir with the key and the
+control plane's keys, all mode 0600. A directory that holds a member
+already is not joined again.`,
+		Example: "  " + binary + " join --control-plane https://10.0.0.1:7600 --ca /etc/sam/cp-ca.pem --name " + exampleName(binary) + " --token samb_…\n" +
+			"  " + binary + " join --control-plane https://10.0.0.1:7600 --ca /etc/sam/cp-ca.pem --name " + exampleName(binary) + " --oidc-token-file ~/.sam/id-token",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if url == "" || ca == "" || name == "" || token == "" {
-				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("join needs --control-plane, --ca, --name and --token")}
+			if url == "" || ca == "" || name == "" || (token == "") == (oidcFile == "") {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("join needs --control-plane, --ca, --name and one of --token or --oidc-token-file")}
+			}
+			var idToken string
+			if oidcFile != "" {
+				b, err := os.ReadFile(oidcFile)
+				if err != nil {
+					return fmt.Errorf("--oidc-token-file: %w", err)
+				}
+				if idToken = strings.TrimSpace(string(b)); idToken == "" {
+					return fmt.Errorf("--oidc-token-file %s is empty", oidcFile)
+				}
 			}
 			caPEM, err := os.ReadFile(ca)
 			if err != nil {
@@ -43,7 +59,13 @@ holds a member already is not joined again.`,
 				return fmt.Errorf("--ca %s: %w", ca, err)
 			}
 			cp := &controlplane.Client{Base: url, Name: cpName, HTTP: hc}
-			m, err := Join(cmd.Context(), dir, name, token, Config{ControlPlane: cp, CAPEM: caPEM})
+			cfg := Config{ControlPlane: cp, CAPEM: caPEM}
+			var m *Member
+			if idToken != "" {
+				m, err = JoinOIDC(cmd.Context(), dir, name, idToken, cfg)
+			} else {
+				m, err = Join(cmd.Context(), dir, name, token, cfg)
+			}
 			if err != nil {
 				return err
 			}
@@ -58,6 +80,7 @@ holds a member already is not joined again.`,
 	f.StringVar(&cpName, "control-plane-name", "sam", "the control plane's name (its serve --name)")
 	f.StringVar(&name, "name", "", "this node's name in the mesh")
 	f.StringVar(&token, "token", "", "a bootstrap token (sam-control-plane token create)")
+	f.StringVar(&oidcFile, "oidc-token-file", "", "instead of --token: a file holding an OpenID Connect ID token of the control plane's issuer (serve --oidc-issuer)")
 	return cmd
 }
 

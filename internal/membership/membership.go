@@ -10,6 +10,7 @@
 //	identity.key     the node's Ed25519 key (its seed); never sent anywhere
 //	member.json      its name and the control plane's (URL, name)
 //	credential.json  its current credential and the keys of the last fetch
+//	policy.json      the mesh's policy as last taken (policy.go)
 //	control-plane-ca.pem  the CA the control plane's HTTPS is checked against
 package membership
 
@@ -68,6 +69,12 @@ type Member struct {
 	keysAt   time.Time // when the keys were last fetched
 	takenAt  time.Time // when the credential was taken
 	lastErr  error     // the last fetch's or refresh's error; nil when they work
+
+	pol *PolicySource
+	// kick asks Run for a fetch now: a credential signed by a key this
+	// member does not know may be of a key rotated in since its last
+	// fetch.
+	kick chan struct{}
 }
 
 // memberInfo is member.json.
@@ -82,6 +89,20 @@ type memberInfo struct {
 // identity) and the credential written to dir. A dir that holds a
 // member's credential already is not joined again.
 func Join(ctx context.Context, dir, name, token string, cfg Config) (*Member, error) {
+	return join(ctx, dir, name, cfg, func(priv ed25519.PrivateKey) (api.Credential, error) {
+		return cfg.ControlPlane.Enrol(ctx, token, name, priv)
+	})
+}
+
+// JoinOIDC is Join with an OpenID Connect ID token of the control plane's
+// issuer instead of a bootstrap token.
+func JoinOIDC(ctx context.Context, dir, name, idToken string, cfg Config) (*Member, error) {
+	return join(ctx, dir, name, cfg, func(priv ed25519.PrivateKey) (api.Credential, error) {
+		return cfg.ControlPlane.EnrolOIDC(ctx, idToken, name, priv)
+	})
+}
+
+func join(ctx context.Context, dir, name string, cfg Config, enrol func(ed25519.PrivateKey) (api.Credential, error)) (*Member, error) {
 	if _, err := os.Stat(filepath.Join(dir, CredentialFile)); err == nil {
 		return nil, errdefs.New(errdefs.ErrExists, "%s holds a member already (%s): run with it, or join into another directory", dir, CredentialFile)
 	}
@@ -92,7 +113,7 @@ func Join(ctx context.Context, dir, name, token string, cfg Config) (*Member, er
 	if err != nil {
 		return nil, err
 	}
-	cred, err := cfg.ControlPlane.Enrol(ctx, token, name, priv)
+	cred, err := enrol(priv)
 	if err != nil {
 		return nil, fmt.Errorf("enrol %s with %s: %w", name, cfg.ControlPlane.Base, err)
 	}
@@ -178,7 +199,9 @@ func newMember(dir, name string, priv ed25519.PrivateKey, cfg Config) *Member {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Member{dir: dir, name: name, priv: priv, cfg: cfg}
+	m := &Member{dir: dir, name: name, priv: priv, cfg: cfg, pol: newPolicySource(), kick: make(chan struct{}, 1)}
+	m.loadPolicy()
+	return m
 }
 
 // take makes cred (an enrolment's or a refresh's answer) the member's and
@@ -209,16 +232,29 @@ func (m *Member) Credential() string {
 }
 
 // Verify checks another member's credential against the last good keys
-// and revocations.
+// and revocations. A credential signed by a key it does not know is
+// refused, and makes Run fetch the keys now (or a quarter poll after its
+// last fetch) rather than at its next poll: after a rotation, a member
+// that renewed at once is refused by the others for about a round trip,
+// not for up to a poll.
 func (m *Member) Verify(credential string) (meshcred.Claims, error) {
 	m.mu.Lock()
 	v := m.verifier
 	m.mu.Unlock()
-	return v.Verify(credential, m.cfg.Now())
+	c, err := v.Verify(credential, m.cfg.Now())
+	if errors.Is(err, meshcred.ErrUnknownKey) {
+		select {
+		case m.kick <- struct{}{}:
+		default:
+		}
+	}
+	return c, err
 }
 
 // Status says how fresh the member's view is: when it last fetched the
-// keys, and why the last fetch or refresh failed (nil: they work).
+// keys, and why the last fetch (of the keys or the policy) or refresh
+// failed (nil: they work). Policy().State() says which policy is in
+// force and since when it is stale.
 func (m *Member) Status() (keysAt time.Time, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -234,11 +270,21 @@ func (m *Member) Run(ctx context.Context) {
 	tick := time.NewTicker(m.cfg.PollEvery)
 	defer tick.Stop()
 	for {
+		last := time.Now()
 		m.step(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-m.kick:
+			// At once, but at most one fetch per PollEvery/4 however
+			// many unknown keys are presented: a peer cannot make the
+			// member hammer the control plane.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Until(last.Add(m.cfg.PollEvery / 4))):
+			}
 		}
 	}
 }
@@ -259,6 +305,11 @@ func (m *Member) step(ctx context.Context) {
 			}
 		}
 	}
+	// The policy is fetched whether or not the keys were: each keeps its
+	// last good value on its own.
+	if perr := m.fetchPolicy(cctx); perr != nil {
+		err = errors.Join(err, perr)
+	}
 	if ctx.Err() != nil {
 		return
 	}
@@ -269,7 +320,7 @@ func (m *Member) step(ctx context.Context) {
 	m.mu.Unlock()
 	switch {
 	case err != nil && was == nil:
-		m.cfg.Log.Warn("control plane unreachable: keeping the last good keys", "control_plane", m.cfg.ControlPlane.Base, "keys_from", at.Format(time.RFC3339), "err", err)
+		m.cfg.Log.Warn("control plane unreachable: keeping the last good keys and policy", "control_plane", m.cfg.ControlPlane.Base, "keys_from", at.Format(time.RFC3339), "err", err)
 	case err == nil && was != nil:
 		m.cfg.Log.Info("control plane reachable again", "control_plane", m.cfg.ControlPlane.Base)
 	}

@@ -158,3 +158,91 @@ func TestRenewal(t *testing.T) {
 		t.Errorf("the renewed credential: %+v, %v", c, err)
 	}
 }
+
+// TestKeyRotationReachesAMember: after the operator rotates the control
+// plane's key, a running member verifies credentials signed by the new
+// key from its next poll, and one signed before the rotation until the
+// grace ends — then it refuses it, though it has not expired.
+func TestKeyRotationReachesAMember(t *testing.T) {
+	f := newFixture(t, 10*time.Minute)
+	tok := f.token(t, 2)
+	cfg := Config{ControlPlane: f.client(), PollEvery: 20 * time.Millisecond, Now: f.now, Log: slog.New(slog.DiscardHandler)}
+	a, err := Join(context.Background(), filepath.Join(t.TempDir(), "a"), "node-a", tok, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Join(context.Background(), filepath.Join(t.TempDir(), "b"), "node-b", tok, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := b.Credential()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.Run(ctx)
+	grace := time.Minute
+	if _, err := f.admin.RotateKeys(context.Background(), &grace); err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := f.client().Refresh(context.Background(), "node-b", b.PrivateKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated := time.Now()
+	testenv.WaitFor(t, 5*time.Second, "node-a verifies a credential signed by the new key", func() bool {
+		_, err := a.Verify(renewed.Credential)
+		return err == nil
+	})
+	t.Logf("the new key reached the member in %v (polling every %v)", time.Since(rotated), cfg.PollEvery)
+	if _, err := a.Verify(old); err != nil {
+		t.Errorf("a credential from before the rotation, in the grace: %v", err)
+	}
+	f.add(2 * time.Minute)
+	testenv.WaitFor(t, 5*time.Second, "node-a refuses the old key's credential after the grace", func() bool {
+		_, err := a.Verify(old)
+		return errors.Is(err, meshcred.ErrUnknownKey)
+	})
+	if _, err := a.Verify(renewed.Credential); err != nil {
+		t.Errorf("the new key's credential after the grace: %v", err)
+	}
+}
+
+// TestUnknownKeyFetchesNow: a member that polls every 8 s, shown a
+// credential signed by a key rotated in since its last fetch, refuses it
+// and fetches the keys at once: the next try verifies, long before its
+// next poll.
+func TestUnknownKeyFetchesNow(t *testing.T) {
+	f := newFixture(t, 10*time.Minute)
+	tok := f.token(t, 2)
+	cfg := Config{ControlPlane: f.client(), PollEvery: 8 * time.Second, Now: f.now, Log: slog.New(slog.DiscardHandler)}
+	a, err := Join(context.Background(), filepath.Join(t.TempDir(), "a"), "node-a", tok, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Join(context.Background(), filepath.Join(t.TempDir(), "b"), "node-b", tok, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	polled := time.Now()
+	go a.Run(ctx)
+	testenv.WaitFor(t, 5*time.Second, "node-a's first poll", func() bool { return !a.Policy().State().FetchedAt.IsZero() })
+	if _, err := f.admin.RotateKeys(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := f.client().Refresh(context.Background(), "node-b", b.PrivateKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Verify(renewed.Credential); !errors.Is(err, meshcred.ErrUnknownKey) {
+		t.Fatalf("a credential of a key not fetched yet: %v, want ErrUnknownKey", err)
+	}
+	shown := time.Now()
+	// Its next poll is 8 s after the first; the fetch the refusal asked
+	// for comes a quarter poll (2 s) after it.
+	testenv.WaitFor(t, time.Until(polled.Add(6*time.Second)), "node-a fetches the new key before its next poll", func() bool {
+		_, err := a.Verify(renewed.Credential)
+		return err == nil
+	})
+	t.Logf("the new key was fetched %v after the first refusal (polling every %v; at most one extra fetch per quarter poll)", time.Since(shown), cfg.PollEvery)
+}

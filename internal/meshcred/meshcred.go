@@ -111,6 +111,24 @@ func (i *Issuer) Rotate(grace time.Duration, now time.Time) error {
 	return nil
 }
 
+// Rotated returns a copy of the issuer rotated as Rotate would, leaving
+// i as it was: a control plane saves the copy's keys first and serves it
+// only once they are on disk, so a rotation that could not be saved is
+// not half made (a restart would otherwise go back to the old key).
+func (i *Issuer) Rotated(grace time.Duration, now time.Time) (*Issuer, error) {
+	i.mu.Lock()
+	c := &Issuer{name: i.name, keys: append([]signingKey(nil), i.keys...)}
+	i.mu.Unlock()
+	return c, c.Rotate(grace, now)
+}
+
+// CurrentKeyID is the ID ("kid") of the key that signs now.
+func (i *Issuer) CurrentKeyID() string {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.keys[0].id
+}
+
 // storedKey is a signing key as MarshalKeys writes it.
 type storedKey struct {
 	ID     string    `json:"id"`

@@ -155,3 +155,30 @@ func TestChallenges(t *testing.T) {
 }
 
 func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
+
+// TestRotatedLeavesTheOriginal: Rotated is a copy — the issuer it came
+// from still signs with its key — and the copy's old key is in its grace.
+func TestRotatedLeavesTheOriginal(t *testing.T) {
+	iss, err := NewIssuer("cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	was := iss.CurrentKeyID()
+	next, err := iss.Rotated(time.Minute, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if iss.CurrentKeyID() != was || next.CurrentKeyID() == was {
+		t.Fatalf("original %s (was %s), rotated %s", iss.CurrentKeyID(), was, next.CurrentKeyID())
+	}
+	if n := len(iss.KeySet(now).Keys.Keys); n != 1 {
+		t.Errorf("the original has %d keys, want 1", n)
+	}
+	if n := len(next.KeySet(now).Keys.Keys); n != 2 {
+		t.Errorf("the rotated copy has %d keys in the grace, want 2", n)
+	}
+	if n := len(next.KeySet(now.Add(2 * time.Minute)).Keys.Keys); n != 1 {
+		t.Errorf("after the grace, %d keys, want 1", n)
+	}
+}

@@ -118,3 +118,59 @@ func scanMember(r scanner) (MeshMember, error) {
 	}
 	return m, nil
 }
+
+// MeshPolicy is one version of the mesh's policy (roles, bindings,
+// egress; internal/policy's format), as the operator set it: the control
+// plane serves the newest to its members.
+type MeshPolicy struct {
+	Version  int64
+	Document string
+	SetAt    time.Time
+}
+
+// PutMeshPolicy stores doc as the mesh's policy under the next version
+// number and returns it. Every version is kept (a row each, a few KiB),
+// so the numbers only grow and a member that has version n knows it has
+// every change up to n. PUTs racing for one number: each round one wins
+// and the losers' inserts hit the primary key and are retried with the
+// next, so n racing writers need at most n-1 retries (an operator's
+// writes: a few at most; 32 is room to spare).
+func (s *Store) PutMeshPolicy(ctx context.Context, doc string, now time.Time) (int64, error) {
+	for range 32 {
+		var v int64
+		err := s.db.QueryRowContext(ctx, s.q(`INSERT INTO mesh_policy(version, document, set_at) SELECT COALESCE(MAX(version), 0) + 1, ?, ? FROM mesh_policy RETURNING version`), doc, ms(now)).Scan(&v)
+		if isConstraint(err) {
+			continue
+		}
+		return v, err
+	}
+	return 0, fmt.Errorf("mesh policy: %w: 32 racing writes in a row; try again", errdefs.ErrConflict)
+}
+
+// GetMeshPolicy returns the newest policy, or errdefs.ErrNotFound if none
+// was ever set.
+func (s *Store) GetMeshPolicy(ctx context.Context) (MeshPolicy, error) {
+	var p MeshPolicy
+	var at int64
+	err := s.db.QueryRowContext(ctx, `SELECT version, document, set_at FROM mesh_policy ORDER BY version DESC LIMIT 1`).Scan(&p.Version, &p.Document, &at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, fmt.Errorf("no mesh policy set yet: %w", errdefs.ErrNotFound)
+	}
+	p.SetAt = fromMs(at)
+	return p, err
+}
+
+// SpendMeshIDToken records that the OpenID Connect ID token with hash
+// has enrolled a member, once: errdefs.ErrExists if it did before. The
+// row is kept until the token expires (it is refused after that anyway),
+// and expired rows are dropped on the way.
+func (s *Store) SpendMeshIDToken(ctx context.Context, hash string, expires, now time.Time) error {
+	if _, err := s.db.ExecContext(ctx, s.q(`DELETE FROM mesh_id_tokens WHERE expires_at<?`), ms(now)); err != nil {
+		return err
+	}
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO mesh_id_tokens(hash, expires_at) VALUES(?,?)`), hash, ms(expires))
+	if isConstraint(err) {
+		return fmt.Errorf("ID token: %w", errdefs.ErrExists)
+	}
+	return err
+}

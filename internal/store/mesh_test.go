@@ -85,3 +85,84 @@ func testMeshMembers(t *testing.T, where string) {
 		t.Errorf("members: %+v", ms)
 	}
 }
+
+func TestMeshPolicy(t *testing.T) { eachStore(t, testMeshPolicy) }
+
+// testMeshPolicy: none at first; each put is the next version, the newest
+// is what is read, also after a reopen; ten racing puts get ten distinct
+// versions.
+func testMeshPolicy(t *testing.T, where string) {
+	s := openAt(t, where)
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Millisecond).UTC()
+	if _, err := s.GetMeshPolicy(ctx); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("no policy yet: %v, want not found", err)
+	}
+	for i, doc := range []string{"roles: []", "bindings: []"} {
+		v, err := s.PutMeshPolicy(ctx, doc, now)
+		if err != nil || v != int64(i+1) {
+			t.Fatalf("put %d: version %d, %v", i, v, err)
+		}
+	}
+	s.Close()
+	s = openAt(t, where)
+	p, err := s.GetMeshPolicy(ctx)
+	if err != nil || p.Version != 2 || p.Document != "bindings: []" || !p.SetAt.Equal(now) {
+		t.Fatalf("after a reopen: %+v, %v", p, err)
+	}
+	var mu sync.Mutex
+	seen := map[int64]bool{}
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := s.PutMeshPolicy(ctx, fmt.Sprint("# ", i), now)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			seen[v] = true
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if len(seen) != 10 {
+		t.Errorf("ten racing puts got %d distinct versions: %v", len(seen), seen)
+	}
+	if p, _ := s.GetMeshPolicy(ctx); p.Version != 12 {
+		t.Errorf("newest version %d, want 12", p.Version)
+	}
+}
+
+func TestMeshIDTokens(t *testing.T) { eachStore(t, testMeshIDTokens) }
+
+// testMeshIDTokens: an ID token enrols once, also when five enrolments
+// race with it.
+func testMeshIDTokens(t *testing.T, where string) {
+	s := openAt(t, where)
+	ctx := context.Background()
+	now := time.Now()
+	var won atomic.Int32
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.SpendMeshIDToken(ctx, "h", now.Add(time.Hour), now); err == nil {
+				won.Add(1)
+			} else if !errors.Is(err, errdefs.ErrExists) {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if won.Load() != 1 {
+		t.Errorf("an ID token spent %d times", won.Load())
+	}
+	// Once expired, its row is dropped (the verifier refuses it by then).
+	if err := s.SpendMeshIDToken(ctx, "h", now.Add(3*time.Hour), now.Add(2*time.Hour)); err != nil {
+		t.Errorf("after the first expired: %v", err)
+	}
+}

@@ -206,6 +206,15 @@ CREATE TABLE IF NOT EXISTS mesh_members (
 	enrolled_at BIGINT NOT NULL,
 	revoked_at  BIGINT NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS mesh_id_tokens (
+	hash       TEXT PRIMARY KEY,
+	expires_at BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS mesh_policy (
+	version  BIGINT PRIMARY KEY,
+	document TEXT NOT NULL,
+	set_at   BIGINT NOT NULL
+);
 `
 
 // migrations add columns that later versions introduced; each is applied

@@ -1,0 +1,78 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sandstorm/internal/cli"
+	"sandstorm/internal/controlplane"
+	"sandstorm/internal/oidctest"
+	"sandstorm/internal/pki"
+)
+
+// TestJoinCommandOIDC: sam-node join --oidc-token-file (the command
+// sam-router shares) enrols a machine into a control plane served with
+// --oidc-issuer, --oidc-ca and an allow rule, with an ID token a real
+// issuer signed; the same ID token does not enrol a second machine; both
+// a bootstrap token and an ID token is a usage error.
+func TestJoinCommandOIDC(t *testing.T) {
+	client := oidctest.Client{ID: "sam-mesh", Secret: "s"}
+	iss := oidctest.Start(t, []oidctest.User{{ID: "u1", Username: "alice", Password: "pw", Email: "alice@ops.example", EmailVerified: true}}, client)
+	tmp := t.TempDir()
+	caFile := filepath.Join(tmp, "oidc-ca.pem")
+	os.WriteFile(caFile, iss.CAPEM, 0o644)
+	cpDir := filepath.Join(tmp, "cp")
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- controlplane.Serve(ctx, controlplane.Options{DataDir: cpDir, Listen: "127.0.0.1:0", Name: "cp",
+			OIDC:       controlplane.OIDCConfig{Issuer: iss.URL, ClientID: client.ID, AllowEmails: []string{"alice@ops.example"}},
+			OIDCCAFile: caFile, Log: slog.New(slog.DiscardHandler)}, func(a string) { addr <- a })
+	}()
+	var a string
+	select {
+	case a = <-addr:
+	case err := <-done:
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); <-done })
+
+	tokFile := filepath.Join(tmp, "id-token")
+	if err := os.WriteFile(tokFile, []byte(iss.IDToken(t, client, "alice", "pw")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	join := func(dir string, extra ...string) error {
+		cmd := JoinCommand("sam-node", dir)
+		cmd.SetArgs(append([]string{"--control-plane", "https://" + a, "--ca", filepath.Join(cpDir, "pki", pki.CAFile),
+			"--control-plane-name", "cp", "--name", filepath.Base(dir)}, extra...))
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		return cmd.ExecuteContext(ctx)
+	}
+	dir := filepath.Join(tmp, "node-a")
+	if err := join(dir, "--oidc-token-file", tokFile); err != nil {
+		t.Fatalf("join with an ID token: %v", err)
+	}
+	m, err := OpenDir(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := m.Verify(m.Credential()); err != nil || c.Member != "node-a" {
+		t.Errorf("the joined member's credential: %+v, %v", c, err)
+	}
+	if err := join(filepath.Join(tmp, "node-b"), "--oidc-token-file", tokFile); err == nil || !strings.Contains(err.Error(), "already") {
+		t.Errorf("a second machine with the same ID token: %v, want refused", err)
+	}
+	var usage cli.UsageError
+	if err := join(filepath.Join(tmp, "node-c"), "--oidc-token-file", tokFile, "--token", "samb_x"); !errors.As(err, &usage) {
+		t.Errorf("both --token and --oidc-token-file: %v, want a usage error", err)
+	}
+}

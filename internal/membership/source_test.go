@@ -1,0 +1,10 @@
+package membership_test
+
+import (
+	"sandstorm/internal/membership"
+	"sandstorm/internal/meshnode"
+)
+
+// A member's policy is what a node's gateway and boundaries take their
+// policy from (meshnode.Config.Policy): checked when the tests compile.
+var _ meshnode.PolicySource = (*membership.PolicySource)(nil)
