@@ -170,8 +170,8 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 			return err
 		}
 		cfg.Mesh, cfg.Member = mesh, member.Name()
-		if ps, ok := any(member).(meshnode.PolicySource); ok && o.policy == "" {
-			cfg.Policy = ps // the mesh's one policy, from the control plane
+		if o.policy == "" {
+			cfg.Policy = member.Policy() // the mesh's one policy, from the control plane
 		}
 	}
 

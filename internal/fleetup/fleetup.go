@@ -57,6 +57,14 @@ type Config struct {
 	// Runsc is the runsc copied to the hosts ("": the one next to Bin);
 	// RemoteRunsc, if set, one already on every host, and none is copied.
 	Runsc, RemoteRunsc string
+
+	// NoMesh: no control plane, router or sam-nodes (mesh.go); the nodes'
+	// boundaries then grant nothing unless NodeArgs give them a policy.
+	NoMesh bool
+	// MeshPolicy is a policy file set on the control plane at once;
+	// MeshConfig a sam-node config (providers, MCP servers) every node's
+	// sam-node serves.
+	MeshPolicy, MeshConfig string
 }
 
 // State is what fleet up made (<root>/fleet.json).
@@ -66,6 +74,8 @@ type State struct {
 	Nodes  []NodeState `json:"nodes"`
 	// SSH is set for a fleet over ssh: how to reach its hosts again.
 	SSH *SSHState `json:"ssh,omitempty"`
+	// Mesh is the control plane, router and sam-nodes (mesh.go).
+	Mesh *MeshState `json:"mesh,omitempty"`
 }
 
 // Proc is a process fleet up started.
@@ -120,6 +130,14 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 			return st, err
 		}
 	}
+	mesh := !cfg.NoMesh && plan == nil
+	if mesh {
+		if _, err := meshBinaries(cfg.Bin); err != nil {
+			return st, err
+		}
+	} else if !cfg.NoMesh {
+		say("note: over --hosts the mesh is not brought up yet; the nodes' boundaries grant what --node-arg=--policy=… gives them")
+	}
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return st, err
 	}
@@ -164,6 +182,11 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 		}
 		say("node %s: PID %d in netns %s, listening on %s", n.Name, n.PID, n.Netns, n.Address)
 	}
+	if mesh {
+		if err := startMesh(ctx, cfg, &st, say); err != nil {
+			return st, err
+		}
+	}
 	c, err := waitMaster(ctx, st.API, master.DataDir)
 	if err != nil {
 		return st, err
@@ -206,6 +229,9 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 	say("fleet is up: %d node(s). Stop it with: %s fleet down --root %s", len(st.Nodes), cfg.Bin, cfg.Root)
 	say("use it: SANDSTORM_API=%s SANDSTORM_DATA_DIR=%s %s sandbox ls   (or: node ls)", st.API, master.DataDir, cfg.Bin)
 	say("its CA is %s and its API token %s (console: %s/)", filepath.Join(master.DataDir, "pki", "ca.pem"), filepath.Join(master.DataDir, "pki", "api-token"), st.API)
+	if st.Mesh != nil {
+		say("the mesh's policy: %s --data-dir %s --api %s policy set FILE", filepath.Join(filepath.Dir(cfg.Bin), "sam-control-plane"), st.Mesh.ControlPlane.DataDir, st.Mesh.API)
+	}
 	return st, nil
 }
 
@@ -264,6 +290,14 @@ func startNode(cfg Config, k int) (NodeState, error) {
 	args := append([]string{"--net=/var/run/netns/" + n.Netns, cfg.Bin, "serve", "--node", "--node-name", n.Name,
 		"--node-listen", n.Address, "--data-dir", n.DataDir, "--subnet", fmt.Sprintf("10.%d.0.0/16", 160+k),
 		"--gateway-listen", addr}, cfg.NodeArgs...)
+	if !cfg.NoMesh {
+		// Its boundaries reach the mesh through its sam-node, and take
+		// the mesh's policy from it (mesh.go), which starts after it.
+		args = append(args, meshNodeArgs(cfg, k)...)
+		if err := os.MkdirAll(filepath.Dir(meshSocket(cfg, k)), 0o700); err != nil {
+			return n, err
+		}
+	}
 	// nsenter enters the namespace's network only: `ip netns exec` would
 	// also mount a sysfs of its own over /sys, hiding the cgroups runsc
 	// needs.
@@ -440,7 +474,7 @@ func DownWith(root string, purge bool, ssh SSH, out io.Writer) error {
 	}
 	os.Remove(filepath.Join(root, stateFile))
 	if purge {
-		for _, d := range append([]string{st.Master.DataDir}, dirs(st)...) {
+		for _, d := range append(append([]string{st.Master.DataDir}, dirs(st)...), meshDirs(st.Mesh)...) {
 			os.RemoveAll(d)
 		}
 	}
@@ -463,7 +497,7 @@ func dirs(st State) []string {
 // over ssh (purging its files there with purge). It returns what the
 // hosts could not do.
 func down(st State, purge bool, out io.Writer) error {
-	procs := []Proc{st.Master}
+	procs := append(meshProcs(st.Mesh), st.Master)
 	for _, n := range st.Nodes {
 		if n.Host == "" {
 			procs = append(procs, n.Proc)

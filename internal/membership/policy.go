@@ -35,6 +35,7 @@ type storedPolicy struct {
 type PolicySource struct {
 	mu        sync.Mutex
 	cur       *policy.Policy
+	doc       string // the document cur was compiled from
 	version   int64
 	setAt     time.Time
 	fetchedAt time.Time // when the control plane last said it is the newest
@@ -51,6 +52,18 @@ func (p *PolicySource) Current() *policy.Policy {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cur
+}
+
+// Document is the document of the policy in force and its version
+// (meshnode.PolicyDocument: sam-node passes it on to the boundaries of
+// its machine); ok is false while none was ever received.
+func (p *PolicySource) Document() (version int64, doc []byte, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.version == 0 {
+		return 0, nil, false
+	}
+	return p.version, []byte(p.doc), true
 }
 
 // OnChange registers fn, called with each new policy the member takes
@@ -109,7 +122,7 @@ func (m *Member) loadPolicy() {
 	}
 	p := m.pol
 	p.mu.Lock()
-	p.cur, p.version, p.setAt, p.fetchedAt = pol, sp.Version, sp.SetAt, sp.FetchedAt
+	p.cur, p.doc, p.version, p.setAt, p.fetchedAt = pol, sp.Document, sp.Version, sp.SetAt, sp.FetchedAt
 	p.mu.Unlock()
 }
 
@@ -172,7 +185,7 @@ func (m *Member) takePolicy(version int64, doc string, setAt, now time.Time) err
 	p := m.pol
 	p.mu.Lock()
 	old := p.version
-	p.cur, p.version, p.setAt = pol, version, setAt
+	p.cur, p.doc, p.version, p.setAt = pol, doc, version, setAt
 	hooks := slices.Clone(p.hooks)
 	p.mu.Unlock()
 	m.cfg.Log.Info("mesh policy taken", "version", version, "was", old)

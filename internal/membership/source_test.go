@@ -7,4 +7,7 @@ import (
 
 // A member's policy is what a node's gateway and boundaries take their
 // policy from (meshnode.Config.Policy): checked when the tests compile.
-var _ meshnode.PolicySource = (*membership.PolicySource)(nil)
+var (
+	_ meshnode.PolicySource   = (*membership.PolicySource)(nil)
+	_ meshnode.PolicyDocument = (*membership.PolicySource)(nil)
+)

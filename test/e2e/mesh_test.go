@@ -271,15 +271,20 @@ func TestMeshAcrossMachines(t *testing.T) {
 		return routerAddr != ""
 	})
 
-	// Policy: A grants agent-a m-c and all of everything; B, which serves
-	// everything, grants it echo only — so a call A lets through is
-	// refused on B by B's own decision.
-	policyA := writeTemp(t, "policy-a.yaml", `
+	// Policy: the mesh's one policy, set on the control plane, grants
+	// agent-a m-c and all of everything; A, C and A's sandstormd take it
+	// from there (no file on them). B, which serves everything, narrows
+	// it with a file of its own to echo only — so a call A lets through
+	// is refused on B by B's own decision.
+	meshPolicy := writeTemp(t, "policy-mesh.yaml", `
 roles:
   - {name: a, services: ["inference://m-c", "mcp://everything"]}
 bindings:
   - {principal: agent-a, roles: [a]}
 `)
+	if out, err := operator("policy", "set", meshPolicy); err != nil {
+		t.Fatalf("policy set: %v: %s", err, out)
+	}
 	policyB := writeTemp(t, "policy-b.yaml", `
 roles:
   - {name: a, services: ["inference://m-c", "mcp://everything/echo"]}
@@ -299,19 +304,19 @@ bindings:
 	cfgB := writeTemp(t, "node-b.yaml", fmt.Sprintf("mcp_servers:\n  - {name: everything, command: [node, %q, stdio]}\n", everything))
 	cfgC := writeTemp(t, "node-c.yaml", fmt.Sprintf("providers:\n  - {name: llm-c, url: %q, models: [m-c]}\n", llm.BaseURL()))
 	sockA := filepath.Join(t.TempDir(), "sam-node-a.sock")
-	node := func(h meshHost, name, policy string, extra ...string) *proc {
+	node := func(h meshHost, name string, extra ...string) *proc {
 		args := append([]string{"--mesh-dir", dirs[name], "--router", routerAddr, "--p2p-listen", "/ip4/" + h.addr + "/tcp/7701",
-			"--policy", policy, "--admin-addr", "127.0.0.1:9601", "--log-level", "debug"}, extra...)
+			"--admin-addr", "127.0.0.1:9601", "--log-level", "debug"}, extra...)
 		return startProc(t, name, h.cmd(samNodeBin, args...))
 	}
-	node(hb, "node-b", policyB, "--config", cfgB, "--listen", "unix://"+filepath.Join(t.TempDir(), "b.sock"))
-	node(hc, "node-c", policyB, "--config", cfgC, "--listen", "unix://"+filepath.Join(t.TempDir(), "c.sock"))
-	pa := node(ha, "node-a", policyA, "--listen", "unix://"+sockA)
+	node(hb, "node-b", "--policy", policyB, "--config", cfgB, "--listen", "unix://"+filepath.Join(t.TempDir(), "b.sock"))
+	node(hc, "node-c", "--config", cfgC, "--listen", "unix://"+filepath.Join(t.TempDir(), "c.sock"))
+	pa := node(ha, "node-a", "--listen", "unix://"+sockA)
 	waitLog(t, pa.log, "joined the mesh", 60*time.Second)
 
 	// An agent in a sandbox on A, through its boundary, with the ordinary
 	// OpenAI and MCP SDKs.
-	d := startDaemon(t, "--policy", policyA, "--sam-node", "unix://"+sockA)
+	d := startDaemon(t, "--policy", "sam-node", "--sam-node", "unix://"+sockA)
 	if _, err := d.C.CreateTemplate(ctxT(t), agentTemplate("agent")); err != nil {
 		t.Fatal(err)
 	}
@@ -373,6 +378,24 @@ bindings:
 		return r.Chat == "" && len(r.Errors) > 0
 	})
 	t.Logf("C refused %v after its revocation", time.Since(revokedAt).Round(time.Millisecond))
+
+	// A policy change on the control plane reaches A, its boundaries and
+	// B within seconds: agent-a loses MCP.
+	narrower := writeTemp(t, "policy-mesh-2.yaml", `
+roles:
+  - {name: a, services: ["inference://m-c"]}
+bindings:
+  - {principal: agent-a, roles: [a]}
+`)
+	if out, err := operator("policy", "set", narrower); err != nil {
+		t.Fatalf("policy set: %v: %s", err, out)
+	}
+	changedAt := time.Now()
+	testenv.WaitFor(t, 30*time.Second, "the policy change reaches the agent's node", func() bool {
+		r = runAgent()
+		return len(r.Tools) == 0 && !strings.Contains(r.ToolResult, "hi from A")
+	})
+	t.Logf("the policy change took effect on A %v after it was set", time.Since(changedAt).Round(time.Millisecond))
 }
 
 func agentTemplate(name string) api.TemplateRequest {
