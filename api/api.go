@@ -76,6 +76,23 @@ type TemplateRequest struct {
 	Principal string `json:"principal,omitempty"`
 	// Warm, when set, makes the template warm (see Warm).
 	Warm *Warm `json:"warm,omitempty"`
+	// Serves are the mesh services its sandboxes serve on their ports
+	// (see Serve).
+	Serves []Serve `json:"serves,omitempty"`
+}
+
+// Serve is a mesh service a template's sandboxes serve on one of its
+// ports: an MCP server (Kind "mcp", Streamable HTTP at Path) or a model
+// (Kind "inference", an OpenAI-compatible API whose base is Path, e.g.
+// "/v1"). The node's sam-node publishes Name to the mesh and sends calls
+// to it through the node's gateway — so a call from anywhere in the mesh
+// wakes the sandbox from any tier, as a request to its port does — to
+// whoever the policy grants "<kind>://<name>".
+type Serve struct {
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	Port int    `json:"port"`
+	Path string `json:"path"`
 }
 
 // Warm makes a template warm (the seed's "Sandstorm, warm template"): when
@@ -128,6 +145,7 @@ type Template struct {
 	MemoryMiB int       `json:"memory_mib,omitempty"`
 	Principal string    `json:"principal,omitempty"`
 	Warm      *Warm     `json:"warm,omitempty"`
+	Serves    []Serve   `json:"serves,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

@@ -106,3 +106,22 @@ type KeyRotation struct {
 	RetiresAt  time.Time `json:"retires_at"`
 	Keys       MeshKeys  `json:"keys"`
 }
+
+// SAMServedPath is where sandstormd tells the sam-node of its machine, on
+// sam-node's agent listener and in a request naming no principal, what
+// its sandboxes serve (PUT, a SAMServedList replacing the set before).
+const SAMServedPath = "/sam/v1/served"
+
+// SAMServed is one sandbox's mesh service (a template's Serve): kind "mcp"
+// or "inference", its name, and the URL on the node's gateway where the
+// sandbox serves it (an MCP endpoint, or an OpenAI-compatible base URL).
+type SAMServed struct {
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	URL  string `json:"url"`
+}
+
+// SAMServedList is the body of PUT SAMServedPath.
+type SAMServedList struct {
+	Services []SAMServed `json:"services"`
+}

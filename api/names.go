@@ -1,8 +1,11 @@
 package api
 
 import (
+	"fmt"
+	"path"
 	"regexp"
 	"slices"
+	"strings"
 	"syscall"
 )
 
@@ -52,4 +55,45 @@ func ReseedSignals() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// MaxServes bounds a template's Serves.
+const MaxServes = 8
+
+// ValidServes checks a template's mesh services: a kind sam-node serves,
+// a name the policy can grant (an MCP server's is a DNS label, as in
+// "mcp://<server>" and "<server>__<tool>"; a model's printable, no
+// spaces), one of the template's ports, an absolute clean path, and no
+// name twice.
+func ValidServes(serves []Serve, ports map[int]bool) error {
+	if len(serves) > MaxServes {
+		return fmt.Errorf("serves: at most %d", MaxServes)
+	}
+	seen := map[string]bool{}
+	for _, sv := range serves {
+		switch sv.Kind {
+		case "mcp":
+			if !ValidName(sv.Name) {
+				return fmt.Errorf("serves: MCP server name %q: use 1-63 of a-z, 0-9 and '-'", sv.Name)
+			}
+		case "inference":
+			if sv.Name == "" || len(sv.Name) > 128 || strings.ContainsFunc(sv.Name, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+				return fmt.Errorf("serves: model name %q: 1-128 printable characters, no spaces", sv.Name)
+			}
+		default:
+			return fmt.Errorf("serves: kind %q: want mcp or inference", sv.Kind)
+		}
+		if !ports[sv.Port] {
+			return fmt.Errorf("serves %s://%s: port %d is not one of the template's ports", sv.Kind, sv.Name, sv.Port)
+		}
+		if !strings.HasPrefix(sv.Path, "/") || path.Clean(sv.Path) != sv.Path || len(sv.Path) > 256 {
+			return fmt.Errorf("serves %s://%s: path %q: want an absolute, clean path such as /mcp or /v1", sv.Kind, sv.Name, sv.Path)
+		}
+		key := sv.Kind + "://" + sv.Name
+		if seen[key] {
+			return fmt.Errorf("serves %s twice", key)
+		}
+		seen[key] = true
+	}
+	return nil
 }

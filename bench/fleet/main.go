@@ -163,7 +163,7 @@ func timers(c config, extra ...string) []string {
 // up brings a fleet up and returns a client of its master and a teardown.
 func up(ctx context.Context, c config, bin string, nodeArgs []string) (*client.Client, fleetup.State, func(), error) {
 	fleetup.Down(c.root, true, io.Discard) // a run cut short
-	st, err := fleetup.Up(ctx, fleetup.Config{Nodes: c.nodes, Root: c.root, Listen: c.listen, Bin: bin, Template: "web", NodeArgs: nodeArgs, Out: os.Stderr})
+	st, err := fleetup.Up(ctx, fleetup.Config{Nodes: c.nodes, Root: c.root, Listen: c.listen, Bin: bin, Template: "web", NodeArgs: nodeArgs, Out: os.Stderr, NoMesh: true})
 	down := func() {
 		fmt.Fprintln(os.Stderr, "taking the fleet down…")
 		fleetup.Down(c.root, true, os.Stderr)

@@ -418,7 +418,9 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 			return err
 		}
 		defer stopNode()
-		local = &nodelocal.Local{N: nd, St: st}
+		l := &nodelocal.Local{N: nd, St: st}
+		local = l
+		announce(ctx, o, l, st, log)
 	}
 	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub})
 	if err != nil {
@@ -531,6 +533,7 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	// The trees of the templates its master gives it, by digest: fetched
 	// once, kept while a template uses them.
 	local := &nodelocal.Local{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")}, Events: hub}
+	announce(ctx, o, local, st, log)
 	if o.Join != "" {
 		j := &enrol.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,
 			PKIDir: filepath.Join(o.DataDir, "pki"), Node: local, Log: log}

@@ -661,7 +661,7 @@ func (f *Fleet) DropTemplate(ctx context.Context, name string) {
 // Wire is template t as the seam carries it: its rootfs by digest only,
 // never the master's path of it.
 func Wire(t store.Template) api.Template {
-	return api.Template{Name: t.Name, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+	return api.Template{Name: t.Name, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
 }
 
 // prepare gives t to node n; a node that has not got t's rootfs says so

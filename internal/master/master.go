@@ -199,7 +199,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func toAPITemplate(t store.Template) api.Template {
-	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
 }
 
 func (s *server) listTemplates(w http.ResponseWriter, r *http.Request) {
@@ -343,6 +343,9 @@ func validate(req api.TemplateRequest) error {
 	if req.MemoryMiB < 0 {
 		return badRequest("template %q: memory_mib %d is negative", req.Name, req.MemoryMiB)
 	}
+	if err := api.ValidServes(req.Serves, seen); err != nil {
+		return badRequest("template %q: %v", req.Name, err)
+	}
 	if req.Warm != nil {
 		return validateWarm(req)
 	}
@@ -406,7 +409,7 @@ func (s *server) templateFromDir(req api.TemplateRequest) (store.Template, error
 	if err := checkRootfs(dir, req.Process.Args); err != nil {
 		return store.Template{}, err
 	}
-	return store.Template{Name: req.Name, Rootfs: dir, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm}, nil
+	return store.Template{Name: req.Name, Rootfs: dir, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm, Serves: req.Serves}, nil
 }
 
 // templateFromUpload streams the multipart body: the "template" JSON part
@@ -460,7 +463,7 @@ func (s *server) templateFromUpload(w http.ResponseWriter, r *http.Request) (sto
 		os.RemoveAll(base)
 		return store.Template{}, err
 	}
-	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm}, nil
+	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm, Serves: req.Serves}, nil
 }
 
 func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {

@@ -131,7 +131,7 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 				fmt.Sprintf("MCP server %q is not granted to principal %q", scope, principal))
 			return
 		}
-		if h.byName[scope] == nil && (h.n.remote == nil || !h.n.remote.hasServer(scope)) {
+		if h.byName[scope] == nil && h.n.servedServer(scope) == nil && (h.n.remote == nil || !h.n.remote.hasServer(scope)) {
 			writeError(w, http.StatusNotFound, "invalid_request_error", "server_not_found",
 				fmt.Sprintf("no MCP server %q on this mesh node", scope))
 			return
@@ -277,9 +277,29 @@ func (v *view) sync() {
 			want[name] = &exposed{up: u, server: u.cfg.Name, tool: t}
 		}
 	}
+	_, served := h.n.servedNames()
+	for _, server := range served {
+		sv := h.n.servedServer(server)
+		if sv == nil || (v.key.scope != "" && server != v.key.scope) || !g.MCPServer(server) {
+			continue
+		}
+		for _, t := range sv.catalogue() {
+			if !g.MCPTool(server, t.Name) {
+				continue
+			}
+			name := t.Name
+			if v.key.scope == "" {
+				name = server + ToolSeparator + t.Name
+			}
+			want[name] = &exposed{server: server, tool: t}
+		}
+	}
 	if h.n.remote != nil {
 		_, servers := h.n.remote.snapshot()
 		for server, tools := range servers {
+			if h.n.servedServer(server) != nil {
+				continue
+			}
 			if (v.key.scope != "" && server != v.key.scope) || !g.MCPServer(server) {
 				continue
 			}
@@ -386,6 +406,9 @@ func (h *mcpHub) call(ctx context.Context, principal, server, tool, exposedName 
 	}
 	u := h.byName[server]
 	if u == nil {
+		if sv := h.n.servedServer(server); sv != nil {
+			return h.n.callServed(ctx, sv, tool, args)
+		}
 		if h.n.remote == nil {
 			return toolError(fmt.Sprintf("no MCP server %q on this mesh node", server))
 		}

@@ -50,6 +50,7 @@ type Node struct {
 	m         *metrics
 	hub       *mcpHub
 	remote    *remote // nil: no mesh beyond this node
+	sv        served  // what this machine's sandboxes serve (served.go)
 	member    string
 	agent     http.Handler
 	admin     http.Handler
@@ -330,9 +331,15 @@ func (n *Node) serveAgent(w http.ResponseWriter, r *http.Request) {
 	}
 
 	principal := r.Header.Get(HeaderPrincipal)
-	if path == PolicyPath && principal == "" && r.Header.Get(HeaderService) == "" {
-		n.servePolicy(sw, r)
-		return
+	if principal == "" && r.Header.Get(HeaderService) == "" {
+		switch path {
+		case PolicyPath:
+			n.servePolicy(sw, r)
+			return
+		case ServedPath:
+			n.serveServed(sw, r)
+			return
+		}
 	}
 	if !validPrincipal(principal) {
 		msg := "no principal: requests reach the mesh node only through a sandbox boundary, which names the agent in " + HeaderPrincipal

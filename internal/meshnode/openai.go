@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -41,6 +42,12 @@ func (n *Node) visibleModels(principal string, svc service) []model {
 			out = append(out, model{ID: name, Object: "model", OwnedBy: n.byModel[name][0].Name})
 		}
 	}
+	sm, _ := n.servedNames()
+	for _, name := range sm {
+		if len(n.byModel[name]) == 0 && (svc.kind != "inference" || name == svc.name) && g.Model(name) {
+			out = append(out, model{ID: name, Object: "model", OwnedBy: "sandbox"})
+		}
+	}
 	if n.remote != nil {
 		models, _ := n.remote.snapshot()
 		for _, name := range sortedKeys(models) {
@@ -51,15 +58,25 @@ func (n *Node) visibleModels(principal string, svc service) []model {
 				out = append(out, model{ID: name, Object: "model", OwnedBy: models[name]})
 			}
 		}
-		sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// localProviders are the providers of model on this node: the
+// configured ones in rank order, then the sandboxes serving it.
+func (n *Node) localProviders(model string) []*provider {
+	ps := n.byModel[model]
+	if sv := n.servedModels(model); len(sv) > 0 {
+		ps = append(slices.Clone(ps), sv...)
+	}
+	return ps
 }
 
 // ownedBy is who serves a model: its first local provider, or the
 // member the mesh's catalogue names.
 func (n *Node) ownedBy(name string) string {
-	if ps := n.byModel[name]; len(ps) > 0 {
+	if ps := n.localProviders(name); len(ps) > 0 {
 		return ps[0].Name
 	}
 	if n.remote != nil {
@@ -90,7 +107,7 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal str
 			writeError(w, code, errType(code), errCode(code), msg)
 			return
 		}
-		if len(n.byModel[name]) == 0 {
+		if len(n.localProviders(name)) == 0 {
 			if models, _ := n.remote.snapshot(); models[name] == "" {
 				writeError(w, http.StatusNotFound, errType(http.StatusNotFound), errCode(http.StatusNotFound),
 					fmt.Sprintf("model %q is not served anywhere in the mesh; GET /v1/models lists the models you may use", name))
@@ -117,7 +134,7 @@ func (n *Node) modelAllowed(principal string, svc service, name string, mesh boo
 		return http.StatusForbidden, fmt.Sprintf("this endpoint serves only the model %q, not %q", svc.name, name)
 	case !n.policy.Current().For(principal).Model(name):
 		return http.StatusForbidden, fmt.Sprintf("model %q is not granted to principal %q; GET /v1/models lists the models you may use", name, principal)
-	case len(n.byModel[name]) == 0 && !mesh:
+	case len(n.localProviders(name)) == 0 && !mesh:
 		return http.StatusNotFound, fmt.Sprintf("model %q is not served by any provider of this mesh node; GET /v1/models lists the models you may use", name)
 	}
 	return 0, ""
@@ -186,12 +203,13 @@ func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal 
 		return
 	}
 
-	if len(n.byModel[head.Model]) == 0 {
+	local := n.localProviders(head.Model)
+	if len(local) == 0 {
 		n.serveFromMesh(w, r, principal, head.Model, path, body)
 		return
 	}
 	var last string
-	for _, p := range n.byModel[head.Model] {
+	for _, p := range local {
 		resp, err := n.attempt(r.Context(), p, path, body, r.Header)
 		if err != nil {
 			if r.Context().Err() != nil {

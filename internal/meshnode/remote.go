@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -95,6 +96,13 @@ func (n *Node) Names() []string {
 	}
 	for _, u := range n.hub.order {
 		out = append(out, "mcp://"+u.cfg.Name)
+	}
+	models, servers := n.servedNames()
+	for _, m := range models {
+		out = append(out, "inference://"+m)
+	}
+	for _, s := range servers {
+		out = append(out, "mcp://"+s)
 	}
 	if len(out) > 0 {
 		out = append(out, CatalogName)
@@ -159,12 +167,12 @@ func (r *remote) refresh(ctx context.Context) {
 			who = id
 		}
 		for _, m := range c.Models {
-			if _, ok := models[m]; !ok && len(r.n.byModel[m]) == 0 {
+			if _, ok := models[m]; !ok && len(r.n.localProviders(m)) == 0 {
 				models[m] = who
 			}
 		}
 		for s, tools := range c.Servers {
-			if _, ok := servers[s]; !ok && r.n.hub.byName[s] == nil && validLabel(s) {
+			if _, ok := servers[s]; !ok && r.n.hub.byName[s] == nil && r.n.servedServer(s) == nil && validLabel(s) {
 				sort.Slice(tools, func(i, j int) bool { return tools[i].Name < tools[j].Name })
 				servers[s] = tools
 			}
@@ -264,10 +272,16 @@ func (n *Node) serveMesh(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use GET")
 			return
 		}
-		c := catalogue{Member: n.member, Models: n.models, Servers: map[string][]*mcp.Tool{}}
+		models, servers := n.servedNames()
+		c := catalogue{Member: n.member, Models: append(slices.Clone(n.models), models...), Servers: map[string][]*mcp.Tool{}}
 		for _, u := range n.hub.order {
 			if tools := u.catalogue(); tools != nil {
 				c.Servers[u.cfg.Name] = tools
+			}
+		}
+		for _, name := range servers {
+			if sv := n.servedServer(name); sv != nil && sv.catalogue() != nil {
+				c.Servers[name] = sv.catalogue()
 			}
 		}
 		writeJSON(w, http.StatusOK, c)
@@ -309,7 +323,7 @@ func (n *Node) serveMesh(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, denied(c.Server+ToolSeparator+c.Tool, principal))
 			return
 		}
-		if n.hub.byName[c.Server] == nil {
+		if n.hub.byName[c.Server] == nil && n.servedServer(c.Server) == nil {
 			writeError(w, http.StatusNotFound, "invalid_request_error", "server_not_found", fmt.Sprintf("no MCP server %q on this member", c.Server))
 			return
 		}

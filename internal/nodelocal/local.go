@@ -173,7 +173,7 @@ func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
 		if old, err := l.St.GetTemplate(ctx, t.Name); err == nil && old.Digest != t.Digest {
 			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("template %s: node %s has one of that name with another rootfs (%s); delete the template and register it again", t.Name, l.N.Name(), old.Digest))
 		} else if errors.Is(err, errdefs.ErrNotFound) {
-			rec := store.Template{Name: t.Name, Rootfs: dir, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, CreatedAt: t.CreatedAt}
+			rec := store.Template{Name: t.Name, Rootfs: dir, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
 			if err := l.St.PutTemplate(ctx, rec); err != nil && !errors.Is(err, errdefs.ErrExists) {
 				return err
 			}

@@ -49,8 +49,8 @@ const RedirectURI = "http://127.0.0.1:9/callback"
 type Issuer struct {
 	// URL is its issuer URL (https://127.0.0.1:port), CAPEM the PEM of the
 	// certificate its HTTPS is checked against, HTTP a client trusting it.
-	URL   string
-	CAPEM []byte
+	URL     string
+	CAPEM   []byte
 	HTTP    *http.Client
 	store   *storage.Storage
 	handler http.Handler

@@ -53,7 +53,9 @@ type Template struct {
 	// sandbox's name).
 	Principal string
 	// Warm, when set, makes its sandboxes start from a warm image.
-	Warm      *api.Warm
+	Warm *api.Warm
+	// Serves are the mesh services its sandboxes serve (api.Serve).
+	Serves    []api.Serve
 	CreatedAt time.Time
 }
 
@@ -116,6 +118,7 @@ CREATE TABLE IF NOT EXISTS templates (
 	created_at BIGINT NOT NULL,
 	principal  TEXT NOT NULL DEFAULT '',
 	warm       TEXT NOT NULL DEFAULT '',
+	serves     TEXT NOT NULL DEFAULT '',
 	digest     TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -224,6 +227,7 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandboxes", "principal", `ALTER TABLE sandboxes ADD COLUMN principal TEXT NOT NULL DEFAULT ''`},
 	{"sandboxes", "memory_mib", `ALTER TABLE sandboxes ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0`},
 	{"templates", "warm", `ALTER TABLE templates ADD COLUMN warm TEXT NOT NULL DEFAULT ''`},
+	{"templates", "serves", `ALTER TABLE templates ADD COLUMN serves TEXT NOT NULL DEFAULT ''`},
 	{"templates", "digest", `ALTER TABLE templates ADD COLUMN digest TEXT NOT NULL DEFAULT ''`},
 	// Issue 14: placements numbered and stated; a node's sandbox carries
 	// the number it was placed under.
@@ -335,8 +339,12 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if t.Warm != nil {
 		warm = mustJSON(t.Warm)
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest) VALUES(?,?,?,?,?,?,?,?,?,?)`),
-		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest)
+	serves := ""
+	if len(t.Serves) > 0 {
+		serves = mustJSON(t.Serves)
+	}
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves) VALUES(?,?,?,?,?,?,?,?,?,?,?)`),
+		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest, serves)
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, errdefs.ErrExists)
 	}
@@ -345,7 +353,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 
 // GetTemplate returns the template called name, or errdefs.ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
-	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest FROM templates WHERE name=?`), name)
+	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves FROM templates WHERE name=?`), name)
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
@@ -362,7 +370,7 @@ func (s *Store) SetTemplateDigest(ctx context.Context, name, digest string) erro
 
 // ListTemplates returns every template, by name.
 func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest FROM templates ORDER BY name`))
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves FROM templates ORDER BY name`))
 	if err != nil {
 		return nil, err
 	}
@@ -404,10 +412,15 @@ type scanner interface{ Scan(...any) error }
 
 func scanTemplate(r scanner) (Template, error) {
 	var t Template
-	var proc, ports, warm string
+	var proc, ports, warm, serves string
 	var created int64
-	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm, &t.Digest); err != nil {
+	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm, &t.Digest, &serves); err != nil {
 		return t, err
+	}
+	if serves != "" {
+		if err := json.Unmarshal([]byte(serves), &t.Serves); err != nil {
+			return t, fmt.Errorf("template %q: corrupt serves: %w", t.Name, err)
+		}
 	}
 	if warm != "" {
 		t.Warm = new(api.Warm)

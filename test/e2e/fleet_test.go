@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/client"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/testenv"
@@ -391,11 +393,18 @@ func TestFleetUpDown(t *testing.T) {
 			exec.Command("ip", "link", "delete", "sfh"+k).Run()
 		}
 	})
-	out, err := exec.Command(sandstormdBin, "fleet", "up", "--nodes", "2", "--root", root, "--listen", listen).CombinedOutput()
+	// The fleet is one mesh: its policy is set once, on the control plane
+	// fleet up starts, and every node's sam-node serves server-everything.
+	everything, _ := filepath.Abs("../../testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+	meshConfig := writeTemp(t, "sam-node.yaml", fmt.Sprintf("mcp_servers:\n  - {name: everything, command: [node, %q, stdio]}\n", everything))
+	meshPolicy := writeTemp(t, "policy.yaml", "roles:\n  - {name: a, services: [\"mcp://everything/echo\"]}\nbindings:\n  - {principal: agent-a, roles: [a]}\n")
+	out, err := exec.Command(sandstormdBin, "fleet", "up", "--nodes", "2", "--root", root, "--listen", listen,
+		"--mesh-policy", meshPolicy, "--mesh-config", meshConfig).CombinedOutput()
 	if err != nil {
 		t.Fatalf("fleet up: %v\n%s", err, out)
 	}
-	for _, want := range []string{"paired node-1", "paired node-2", "verify-0 on node-", "verify-1 on node-", "fleet is up: 2 node(s)", "fleet down --root " + root} {
+	for _, want := range []string{"paired node-1", "paired node-2", "verify-0 on node-", "verify-1 on node-", "fleet is up: 2 node(s)", "fleet down --root " + root,
+		"control plane: PID", "router: PID", "sam-node on node-1: PID", "sam-node on node-2: PID", "policy set FILE"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("fleet up did not say %q:\n%s", want, out)
 		}
@@ -418,12 +427,42 @@ func TestFleetUpDown(t *testing.T) {
 			t.Errorf("fleet up did not say where to find %q:\n%s", want, out)
 		}
 	}
+	// Nothing configured by hand: the control plane lists the router and
+	// both nodes as members, and an agent on a node reaches the mesh
+	// through its boundary with the policy the control plane gave.
+	cp := exec.Command(filepath.Join(workDir, "sam-control-plane"), "--data-dir", filepath.Join(root, "control-plane"), "--api", "https://10.186.1.1:7600", "members")
+	members, err := cp.CombinedOutput()
+	for _, m := range []string{"router", "node-1", "node-2"} {
+		if err != nil || !strings.Contains(string(members), m) {
+			t.Errorf("control plane members: %v\n%s", err, members)
+		}
+	}
+	c, err := client.ForDataDir("https://"+listen, filepath.Join(root, "master"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateTemplate(ctxT(t), agentTemplate("agent")); err != nil {
+		t.Fatal(err)
+	}
+	var sb api.Sandbox
+	if err := c.Do(ctxT(t), "POST", "/v1/sandboxes", api.SandboxRequest{Template: "agent", Name: "agent-a"}, &sb); err != nil {
+		t.Fatal(err)
+	}
+	var r agentResult
+	testenv.WaitFor(t, 60*time.Second, "the agent in the fleet reaches the mesh with the control plane's policy", func() bool {
+		agentGET(t, sb, "/run", url.Values{"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from the fleet"}`}, "denied_tool": {"everything__get-sum"}}, &r)
+		return strings.Contains(r.ToolResult, "hi from the fleet")
+	})
+	if strings.Join(r.Tools, ",") != "everything__echo" || !r.DeniedToolIs {
+		t.Errorf("the fleet's agent: tools %q, denied tool %q (error %v)", r.Tools, r.DeniedTool, r.DeniedToolIs)
+	}
+
 	out, err = exec.Command(sandstormdBin, "fleet", "up", "--nodes", "2", "--root", root, "--listen", listen).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "already up") {
 		t.Errorf("a second fleet up over the same root: %v %s", err, out)
 	}
 	out, err = exec.Command(sandstormdBin, "fleet", "down", "--root", root).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "deleted 2 sandbox(es)") || !strings.Contains(string(out), "fleet is down") {
+	if err != nil || !strings.Contains(string(out), "deleted 3 sandbox(es)") || !strings.Contains(string(out), "fleet is down") {
 		t.Fatalf("fleet down: %v\n%s", err, out)
 	}
 	for _, k := range []string{"1", "2"} {

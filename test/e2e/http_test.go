@@ -42,7 +42,7 @@ func mustLocal(raw string) error {
 	}
 	// The fleet's machines: network namespaces the test made itself
 	// (fleetMachine), at 10.188.<k>.2.
-	if a, err := netip.ParseAddr(u.Hostname()); err == nil && fleetNet.Contains(a) {
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil && (fleetNet.Contains(a) || fleetUpNet.Contains(a) || meshGatewayNet.Contains(a)) {
 		return nil
 	}
 	return fmt.Errorf("refusing to send a request to %s: tests only talk to 127.0.0.1 and to their own network namespaces", raw)
@@ -67,6 +67,14 @@ func trustAPI(apiURL, caFile string) {
 
 // fleetNet holds the addresses of the fleet test's machines.
 var fleetNet = netip.MustParsePrefix("10.188.0.0/16")
+
+// fleetUpNet holds the links of the nodes fleet up makes in namespaces
+// of its own (10.186.<k>.0/24, internal/fleetup), and meshGatewayNet the
+// link of the mesh test's node A (its gateway's address).
+var (
+	fleetUpNet     = netip.MustParsePrefix("10.186.0.0/16")
+	meshGatewayNet = netip.MustParsePrefix("10.199.78.0/24")
+)
 
 // call sends one request on a connection of its own (no keep-alive, so no
 // idle connection into a sandbox lingers) and reads the whole answer.
