@@ -12,6 +12,8 @@
 //	GET /probe?kind=socks&proxy=IP:1080&target=host:port   (HTTP GET / through a SOCKS5 CONNECT)
 //	GET /probe?kind=connect&proxy=IP:1080&target=host:port (HTTP GET / through an HTTP CONNECT)
 //	GET /file?path=P[&write=DATA]          (write DATA to P, or read P; plain text)
+//	/mcp                                   (an MCP server, Streamable HTTP, with one tool "count"
+//	                                        that counts its calls: a template that serves the mesh)
 //	GET /                                  (plain text "count=N pid=P": N counts calls, so a
 //	                                        test can prove memory survived a snapshot)
 //
@@ -64,6 +66,7 @@ func main() {
 	http.HandleFunc("/probe", probe)
 	http.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	http.HandleFunc("/file", file)
+	http.Handle("/mcp", notesServer())
 	var calls atomic.Int64
 	http.HandleFunc("/{$}", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "count=%d pid=%d\n", calls.Add(1), os.Getpid())
@@ -314,4 +317,22 @@ func probe(w http.ResponseWriter, r *http.Request) {
 		res.OK = true
 	}
 	reply(w, res)
+}
+
+// notesServer is the MCP server a template can serve to the mesh on this
+// agent's port (api.Serve): one tool, "count", whose answer is the number
+// of calls so far, so a test can tell that the sandbox's memory survived
+// a snapshot between two calls.
+func notesServer() http.Handler {
+	s := mcp.NewServer(&mcp.Implementation{Name: "agent-notes", Version: "1"}, nil)
+	var calls atomic.Int64
+	type out struct {
+		Count int64 `json:"count"`
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "count", Description: "counts its calls"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, out, error) {
+		return nil, out{Count: calls.Add(1)}, nil
+	})
+	// It is reached through the sandbox's gateway, under whatever Host the
+	// node's address is.
+	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{DisableLocalhostProtection: true})
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/vishvananda/netns"
 
 	"sandstorm/api"
@@ -208,11 +209,11 @@ func TestMeshAcrossMachines(t *testing.T) {
 
 	// The control plane.
 	cpDir := t.TempDir()
-	api := "https://" + cp.addr + ":7600"
+	cpAPI := "https://" + cp.addr + ":7600"
 	startProc(t, "control-plane", cp.cmd(samControlPlaneBin, "serve", "--data-dir", cpDir, "--listen", cp.addr+":7600"))
 	caFile := filepath.Join(cpDir, "pki", "ca.pem")
 	operator := func(args ...string) (string, error) {
-		return runIn(t, cp.cmd(samControlPlaneBin, append([]string{"--data-dir", cpDir, "--api", api}, args...)...))
+		return runIn(t, cp.cmd(samControlPlaneBin, append([]string{"--data-dir", cpDir, "--api", cpAPI}, args...)...))
 	}
 	testenv.WaitFor(t, 30*time.Second, "the control plane answers", func() bool {
 		_, err := operator("members")
@@ -233,7 +234,7 @@ func TestMeshAcrossMachines(t *testing.T) {
 	join := func(h meshHost, bin, name, token string) (string, error) {
 		dir := filepath.Join(t.TempDir(), "mesh")
 		dirs[name] = dir
-		return runIn(t, h.cmd(bin, "join", "--control-plane", api, "--ca", caFile, "--name", name, "--token", token, "--mesh-dir", dir))
+		return runIn(t, h.cmd(bin, "join", "--control-plane", cpAPI, "--ca", caFile, "--name", name, "--token", token, "--mesh-dir", dir))
 	}
 	four := newToken("--max-uses", "4")
 	for _, j := range []struct {
@@ -279,8 +280,10 @@ func TestMeshAcrossMachines(t *testing.T) {
 	meshPolicy := writeTemp(t, "policy-mesh.yaml", `
 roles:
   - {name: a, services: ["inference://m-c", "mcp://everything"]}
+  - {name: notes, services: ["mcp://notes"]}
 bindings:
   - {principal: agent-a, roles: [a]}
+  - {principal: caller-b, roles: [notes]}
 `)
 	if out, err := operator("policy", "set", meshPolicy); err != nil {
 		t.Fatalf("policy set: %v: %s", err, out)
@@ -288,8 +291,10 @@ bindings:
 	policyB := writeTemp(t, "policy-b.yaml", `
 roles:
   - {name: a, services: ["inference://m-c", "mcp://everything/echo"]}
+  - {name: notes, services: ["mcp://notes"]}
 bindings:
   - {principal: agent-a, roles: [a]}
+  - {principal: caller-b, roles: [notes]}
 `)
 	// C's model: a real OpenAI-protocol server on C's own loopback.
 	var llm *fakellm.Server
@@ -309,14 +314,19 @@ bindings:
 			"--admin-addr", "127.0.0.1:9601", "--log-level", "debug"}, extra...)
 		return startProc(t, name, h.cmd(samNodeBin, args...))
 	}
-	node(hb, "node-b", "--policy", policyB, "--config", cfgB, "--listen", "unix://"+filepath.Join(t.TempDir(), "b.sock"))
+	sockB := filepath.Join(t.TempDir(), "b.sock")
+	node(hb, "node-b", "--policy", policyB, "--config", cfgB, "--listen", "unix://"+sockB)
 	node(hc, "node-c", "--config", cfgC, "--listen", "unix://"+filepath.Join(t.TempDir(), "c.sock"))
 	pa := node(ha, "node-a", "--listen", "unix://"+sockA)
 	waitLog(t, pa.log, "joined the mesh", 60*time.Second)
 
 	// An agent in a sandbox on A, through its boundary, with the ordinary
 	// OpenAI and MCP SDKs.
-	d := startDaemon(t, "--policy", "sam-node", "--sam-node", "unix://"+sockA)
+	// A's sandstormd is in this namespace; its gateway listens on a link
+	// of its own into A's, where A's sam-node reaches the sandboxes that
+	// serve the mesh.
+	gw := linkTo(t, ha, "smgw", "10.199.78.1", "10.199.78.2")
+	d := startDaemon(t, "--policy", "sam-node", "--sam-node", "unix://"+sockA, "--gateway-listen", gw)
 	if _, err := d.C.CreateTemplate(ctxT(t), agentTemplate("agent")); err != nil {
 		t.Fatal(err)
 	}
@@ -378,6 +388,35 @@ bindings:
 		return r.Chat == "" && len(r.Errors) > 0
 	})
 	t.Logf("C refused %v after its revocation", time.Since(revokedAt).Round(time.Millisecond))
+
+	// A sandbox on A serves an MCP server to the mesh (its template says
+	// so); snapshotted, it answers a call from another node, with its
+	// memory.
+	notesTpl := agentTemplate("notes")
+	notesTpl.Serves = []api.Serve{{Kind: "mcp", Name: "notes", Port: 8000, Path: "/mcp"}}
+	if _, err := d.C.CreateTemplate(ctxT(t), notesTpl); err != nil {
+		t.Fatal(err)
+	}
+	notes := d.create(t, "notes", "notes-1")
+	fromB := unixMCP(t, sockB, "caller-b")
+	var text string
+	testenv.WaitFor(t, 60*time.Second, "B's agents see the MCP server a sandbox on A serves", func() bool {
+		text = callTool(t, fromB, "notes__count")
+		return strings.Contains(text, `"count":1`)
+	})
+	d.transition(t, notes.ID, "snapshot", api.TierSnapshot)
+	if got := d.get(t, notes.ID).Tier; got != api.TierSnapshot {
+		t.Fatalf("notes-1 is %s", got)
+	}
+	if text = callTool(t, fromB, "notes__count"); !strings.Contains(text, `"count":2`) {
+		t.Errorf("the snapshotted server's answer from B: %q, want count 2 (its memory kept)", text)
+	}
+	if got := d.get(t, notes.ID).Tier; got != api.TierHot {
+		t.Errorf("after the call notes-1 is %s, want hot", got)
+	}
+	if text = callTool(t, unixMCP(t, sockB, "agent-a"), "notes__count"); strings.Contains(text, "count") && !strings.Contains(text, "not granted") {
+		t.Errorf("a principal not granted notes called it: %q", text)
+	}
 
 	// A policy change on the control plane reaches A, its boundaries and
 	// B within seconds: agent-a loses MCP.
@@ -463,4 +502,68 @@ func nftPackets(t *testing.T, h meshHost, table, counter string) int {
 		fmt.Sscan(m[1], &n)
 	}
 	return n
+}
+
+// linkTo makes a veth between this namespace (addr here) and h's (peer
+// there) and returns addr.
+func linkTo(t *testing.T, h meshHost, name, addr, peer string) string {
+	t.Helper()
+	exec.Command("ip", "link", "delete", name).Run()
+	for _, c := range [][]string{
+		{"link", "add", name, "type", "veth", "peer", "name", "gw0", "netns", h.ns},
+		{"addr", "add", addr + "/24", "dev", name},
+		{"link", "set", name, "up"},
+		{"-n", h.ns, "addr", "add", peer + "/24", "dev", "gw0"},
+		{"-n", h.ns, "link", "set", "gw0", "up"},
+	} {
+		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	t.Cleanup(func() { exec.Command("ip", "link", "delete", name).Run() })
+	return addr
+}
+
+// unixMCP is an MCP client session to a sam-node's agent socket as a
+// boundary would open one for principal.
+func unixMCP(t *testing.T, sock, principal string) *mcp.ClientSession {
+	t.Helper()
+	hc := &http.Client{Transport: &principalRT{principal: principal, base: &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}}
+	c := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil)
+	s, err := c.Connect(ctxT(t), &mcp.StreamableClientTransport{Endpoint: "http://mesh.sam.alt/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatalf("MCP session with %s as %s: %v", sock, principal, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+type principalRT struct {
+	principal string
+	base      http.RoundTripper
+}
+
+func (p *principalRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-Sam-Principal", p.principal)
+	return p.base.RoundTrip(r)
+}
+
+// callTool calls name and returns its text, or the protocol error's.
+func callTool(t *testing.T, s *mcp.ClientSession, name string) string {
+	t.Helper()
+	res, err := s.CallTool(ctxT(t), &mcp.CallToolParams{Name: name})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
 }
