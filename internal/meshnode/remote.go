@@ -167,7 +167,7 @@ func (r *remote) refresh(ctx context.Context) {
 			who = id
 		}
 		for _, m := range c.Models {
-			if _, ok := models[m]; !ok && len(r.n.localProviders(m)) == 0 {
+			if _, ok := models[m]; !ok && validModelName(m) && len(r.n.localProviders(m)) == 0 {
 				models[m] = who
 			}
 		}
@@ -231,6 +231,21 @@ func (r *remote) hasServer(s string) bool {
 	_, servers := r.snapshot()
 	_, ok := servers[s]
 	return ok
+}
+
+// validModelName: a name another member lists is shown to agents and
+// used as a key; one that is empty, huge or has control characters or
+// spaces in it is not taken.
+func validModelName(m string) bool {
+	if m == "" || len(m) > 128 {
+		return false
+	}
+	for _, c := range m {
+		if c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func sortedKeys[V any](m map[string]V) []string {
