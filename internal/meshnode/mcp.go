@@ -259,31 +259,14 @@ func (v *view) sync() {
 	}
 	g := pol.For(v.key.principal)
 	want := map[string]*exposed{}
-	for _, u := range h.order {
-		if v.key.scope != "" && u.cfg.Name != v.key.scope {
-			continue
+	// add exposes what g grants of server's tools, in this view's names.
+	// The first source of a server wins: configured here, then served by
+	// this machine's sandboxes, then served elsewhere in the mesh.
+	add := func(server string, up *upstream, tools []*mcp.Tool) {
+		if (v.key.scope != "" && server != v.key.scope) || !g.MCPServer(server) {
+			return
 		}
-		if !g.MCPServer(u.cfg.Name) {
-			continue
-		}
-		for _, t := range u.catalogue() {
-			if !g.MCPTool(u.cfg.Name, t.Name) {
-				continue
-			}
-			name := t.Name
-			if v.key.scope == "" {
-				name = u.cfg.Name + ToolSeparator + t.Name
-			}
-			want[name] = &exposed{up: u, server: u.cfg.Name, tool: t}
-		}
-	}
-	_, served := h.n.servedNames()
-	for _, server := range served {
-		sv := h.n.servedServer(server)
-		if sv == nil || (v.key.scope != "" && server != v.key.scope) || !g.MCPServer(server) {
-			continue
-		}
-		for _, t := range sv.catalogue() {
+		for _, t := range tools {
 			if !g.MCPTool(server, t.Name) {
 				continue
 			}
@@ -291,28 +274,24 @@ func (v *view) sync() {
 			if v.key.scope == "" {
 				name = server + ToolSeparator + t.Name
 			}
-			want[name] = &exposed{server: server, tool: t}
+			if want[name] == nil {
+				want[name] = &exposed{up: up, server: server, tool: t}
+			}
+		}
+	}
+	for _, u := range h.order {
+		add(u.cfg.Name, u, u.catalogue())
+	}
+	_, served := h.n.servedNames()
+	for _, server := range served {
+		if sv := h.n.servedServer(server); sv != nil {
+			add(server, nil, sv.catalogue())
 		}
 	}
 	if h.n.remote != nil {
 		_, servers := h.n.remote.snapshot()
-		for server, tools := range servers {
-			if h.n.servedServer(server) != nil {
-				continue
-			}
-			if (v.key.scope != "" && server != v.key.scope) || !g.MCPServer(server) {
-				continue
-			}
-			for _, t := range tools {
-				if !g.MCPTool(server, t.Name) {
-					continue
-				}
-				name := t.Name
-				if v.key.scope == "" {
-					name = server + ToolSeparator + t.Name
-				}
-				want[name] = &exposed{server: server, tool: t}
-			}
+		for _, server := range sortedKeys(servers) {
+			add(server, nil, servers[server])
 		}
 	}
 	var gone []string
