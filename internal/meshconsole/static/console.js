@@ -76,7 +76,7 @@ function until(iso) {
 function render(s) {
   state.last = s;
   const rt = s.router || {};
-  $("router").textContent = rt.peer_id ? "router " + rt.member + " · " + rt.peer_id : "";
+  $("router").textContent = rt.peer_id ? "router (member " + rt.member + "): " + rt.peer_id : "";
 
   const members = s.members || [];
   $("member-count").textContent = "(" + members.length + ")";
@@ -84,7 +84,8 @@ function render(s) {
     const tr = document.createElement("tr");
     tr.dataset.member = m.name;
     if (m.revoked_at) tr.className = "revoked";
-    const conn = td(m.connected ? "connected" : "not connected", m.connected ? "on conn" : "off conn");
+    const conn = m.name === rt.member ? td("this router", "on conn")
+      : td(m.connected ? "connected" : "not connected", m.connected ? "on conn" : "off conn");
     tr.append(td(m.name, "name"), conn, td(when(m.enrolled_at)), td(until(m.credential_expires), "exp"),
       td(m.revoked_at ? "revoked " + when(m.revoked_at) : "no", "rev"), td(m.peer_id, "mono"));
     return tr;
@@ -101,12 +102,14 @@ function render(s) {
     return tr;
   }));
 
+  // A router refusal names a peer ID: a member's, if it is one.
+  const byPeer = new Map(members.map((m) => [m.peer_id, m.name]));
   const rs = s.refusals || [];
   $("refusal-count").textContent = "(" + rs.length + ", newest first)";
   $("refusals").replaceChildren(...rs.map((r) => {
     const tr = document.createElement("tr");
     tr.dataset.seq = r.seq;
-    tr.append(td(when(r.at)), td(r.by), td(r.what), td(r.who || "—", "mono"), td(r.reason, "why"));
+    tr.append(td(when(r.at)), td(r.by), td(r.what), td(byPeer.has(r.who) ? byPeer.get(r.who) + " · " + r.who : (r.who || "—"), "mono"), td(r.reason, "why"));
     return tr;
   }));
 }
