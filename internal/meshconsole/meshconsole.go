@@ -29,8 +29,13 @@ import (
 //go:embed static
 var static embed.FS
 
+// CookieName is sam-one's session cookie: not the master console's
+// (console.CookieName), since a laptop may run both on one host.
+const CookieName = "sam_one_session"
+
 // Console serves the page, its login and its one read.
 type Console struct {
+	// Sessions: console.NewSessionsCookie(admin token, CookieName).
 	Sessions *console.Sessions
 	// IsAdmin reports whether r carries the admin token (a script's read
 	// of GET /v1/console, without a session).

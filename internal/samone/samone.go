@@ -118,6 +118,9 @@ func Start(ctx context.Context, o Options) (_ *One, err error) {
 		return nil, err
 	}
 	exp, err := one.issue(ctx)
+	if errors.Is(err, errdefs.ErrConflict) {
+		return nil, fmt.Errorf("the router's credential: %w: %s is not the key it enrolled with; restore it, or give the router another --router-name", err, filepath.Join(o.DataDir, RouterKeyFile))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the router's credential: %w", err)
 	}
@@ -139,7 +142,7 @@ func Start(ctx context.Context, o Options) (_ *One, err error) {
 	})
 	go one.renew(ctx, exp)
 
-	c := &meshconsole.Console{Sessions: console.NewSessions(cp.AdminToken), IsAdmin: one.isAdmin, State: one.State, TokenFile: one.tokenFile}
+	c := &meshconsole.Console{Sessions: console.NewSessionsCookie(cp.AdminToken, meshconsole.CookieName), IsAdmin: one.isAdmin, State: one.State, TokenFile: one.tokenFile}
 	one.mux = http.NewServeMux()
 	c.Register(one.mux)
 	// Everything else is the control plane's API, as sam-control-plane

@@ -20,8 +20,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"sandstorm/api"
-	"sandstorm/internal/console"
 	"sandstorm/internal/controlplane"
+	"sandstorm/internal/meshconsole"
 	"sandstorm/internal/meshrouter"
 	"sandstorm/internal/pki"
 )
@@ -258,7 +258,7 @@ func TestConsoleSession(t *testing.T) {
 	}
 	var ck *http.Cookie
 	for _, k := range resp.Cookies() {
-		if k.Name == console.CookieName {
+		if k.Name == meshconsole.CookieName {
 			ck = k
 		}
 	}
