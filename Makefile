@@ -14,7 +14,7 @@ RUNSC_VERSION := $(shell sed -n 's/^[[:space:]]*gvisor\.dev\/gvisor \(v[^ ]*\).*
 all: build
 
 # The binaries into bin/: sandstormd, sam-node, sam-box, sam-bench,
-# sam-control-plane, sam-router, and
+# sam-control-plane, sam-router, sam-one, and
 # sandstorm-envd, which runs inside sandboxes and so is static (no cgo:
 # a template's rootfs need not have a libc).
 build:

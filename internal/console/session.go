@@ -25,15 +25,22 @@ const SessionTTL = 12 * time.Hour
 // Sessions are the console's logins, in memory (a restarted master asks
 // for the token again).
 type Sessions struct {
-	token []byte
-	mu    sync.Mutex
-	ids   map[string]time.Time // session → expiry
-	now   func() time.Time
+	token  []byte
+	cookie string // its cookie's name
+	mu     sync.Mutex
+	ids    map[string]time.Time // session → expiry
+	now    func() time.Time
 }
 
 // NewSessions makes the logins of a master whose API token is token.
-func NewSessions(token string) *Sessions {
-	return &Sessions{token: []byte(token), ids: map[string]time.Time{}, now: time.Now}
+func NewSessions(token string) *Sessions { return NewSessionsCookie(token, CookieName) }
+
+// NewSessionsCookie is NewSessions with its own cookie name: a browser
+// keeps cookies by host, not by port (RFC 6265 §8.5), so two consoles on
+// one machine (the master's and sam-one's, on a laptop) must not share a
+// name, or logging in to one logs out of the other.
+func NewSessionsCookie(token, cookie string) *Sessions {
+	return &Sessions{token: []byte(token), cookie: cookie, ids: map[string]time.Time{}, now: time.Now}
 }
 
 // Login checks token and, if it is the API token, starts a session and
@@ -57,7 +64,7 @@ func (s *Sessions) Login(w http.ResponseWriter, r *http.Request, token string) b
 	s.ids[id] = now.Add(SessionTTL)
 	s.mu.Unlock()
 	http.SetCookie(w, &http.Cookie{
-		Name: CookieName, Value: id, Path: "/", MaxAge: int(SessionTTL.Seconds()),
+		Name: s.cookie, Value: id, Path: "/", MaxAge: int(SessionTTL.Seconds()),
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
 	})
 	return true
@@ -65,12 +72,12 @@ func (s *Sessions) Login(w http.ResponseWriter, r *http.Request, token string) b
 
 // Logout ends the session r carries and clears its cookie.
 func (s *Sessions) Logout(w http.ResponseWriter, r *http.Request) {
-	if c, err := r.Cookie(CookieName); err == nil {
+	if c, err := r.Cookie(s.cookie); err == nil {
 		s.mu.Lock()
 		delete(s.ids, c.Value)
 		s.mu.Unlock()
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: s.cookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 }
 
 // Reads reports whether r may read with its session: a GET (or HEAD)
@@ -79,7 +86,7 @@ func (s *Sessions) Reads(r *http.Request) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return false
 	}
-	c, err := r.Cookie(CookieName)
+	c, err := r.Cookie(s.cookie)
 	if err != nil {
 		return false
 	}

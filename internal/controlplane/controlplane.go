@@ -75,8 +75,35 @@ type Config struct {
 	// OIDC, if set, lets a node enrol with an ID token of that issuer
 	// instead of a bootstrap token (oidc.go).
 	OIDC *OIDCConfig
-	Now  func() time.Time
-	Log  *slog.Logger
+	// Refused, if set, is told of every refusal of an enrolment, a
+	// refresh or a credential (sam-one's console lists them); Issued of
+	// every credential issued, with its expiry. Both are called on the
+	// request's goroutine and must not block.
+	Refused func(Refusal)
+	Issued  func(member string, expires time.Time)
+	Now     func() time.Time
+	Log     *slog.Logger
+}
+
+// Refusal is one request the control plane refused, and why.
+type Refusal struct {
+	At time.Time
+	// What was refused: "enrol", "refresh" or "credential" (a member's
+	// credential presented for the policy).
+	What string
+	// Name is the member the request named or the credential is of ("":
+	// none).
+	Name   string
+	Reason string
+}
+
+// refuse logs a refusal, tells the Refused hook and answers err.
+func (s *Server) refuse(w http.ResponseWriter, what, name string, err error) {
+	s.cfg.Log.Warn(what+" refused", "name", name, "why", err)
+	if s.cfg.Refused != nil {
+		s.cfg.Refused(Refusal{At: s.cfg.Now(), What: what, Name: name, Reason: err.Error()})
+	}
+	errdefs.WriteHTTP(w, err)
 }
 
 // Server is the control plane's HTTP API.
@@ -166,17 +193,16 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.proves(pub, req.Challenge, req.Signature); err != nil {
-		s.cfg.Log.Warn("enrolment refused", "name", req.Name, "why", err)
-		errdefs.WriteHTTP(w, err)
+		s.refuse(w, "enrol", req.Name, err)
 		return
 	}
 	// The name is checked before the token is spent, so a name taken by
 	// another key costs the operator's token nothing.
 	if m, err := s.cfg.Store.GetMeshMember(r.Context(), req.Name); err == nil {
 		if m.PublicKey == req.PublicKey && m.RevokedAt.IsZero() {
-			errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrConflict, "member %s is enrolled already with this key: renew its credential with POST /v1/refresh", req.Name))
+			s.refuse(w, "enrol", req.Name, errdefs.New(errdefs.ErrConflict, "member %s is enrolled already with this key: renew its credential with POST /v1/refresh", req.Name))
 		} else {
-			errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrConflict, "member name %s is taken (by another key, or revoked): enrol under another name", req.Name))
+			s.refuse(w, "enrol", req.Name, errdefs.New(errdefs.ErrConflict, "member name %s is taken (by another key, or revoked): enrol under another name", req.Name))
 		}
 		return
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
@@ -195,15 +221,14 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if err != nil {
-			s.cfg.Log.Warn("enrolment refused", "name", req.Name, "why", err)
-			errdefs.WriteHTTP(w, err)
+			s.refuse(w, "enrol", req.Name, err)
 			return
 		}
 		by = "oidc " + who
 	} else if err := s.cfg.Store.SpendMeshToken(r.Context(), hashToken(req.Token), now); err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
-			s.cfg.Log.Warn("enrolment refused", "name", req.Name, "why", "bootstrap token unknown, spent or expired")
-			err = errdefs.New(errdefs.ErrUnauthorized, "bootstrap token unknown, spent or expired: ask the operator for another (sam-control-plane token create)")
+			s.refuse(w, "enrol", req.Name, errdefs.New(errdefs.ErrUnauthorized, "bootstrap token unknown, spent or expired: ask the operator for another (sam-control-plane token create)"))
+			return
 		}
 		errdefs.WriteHTTP(w, err)
 		return
@@ -224,7 +249,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	}
 	m, err := s.cfg.Store.GetMeshMember(r.Context(), req.Name)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "no member %q: enrol first (POST /v1/enrol with a bootstrap token)", req.Name))
+		s.refuse(w, "refresh", req.Name, errdefs.New(errdefs.ErrUnauthorized, "no member %q: enrol first (POST /v1/enrol with a bootstrap token)", req.Name))
 		return
 	}
 	if err != nil {
@@ -237,12 +262,11 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.proves(pub, req.Challenge, req.Signature); err != nil {
-		s.cfg.Log.Warn("refresh refused", "name", req.Name, "why", err)
-		errdefs.WriteHTTP(w, err)
+		s.refuse(w, "refresh", req.Name, err)
 		return
 	}
 	if !m.RevokedAt.IsZero() {
-		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrForbidden, "member %s was revoked at %s", m.Name, m.RevokedAt.Format(time.RFC3339)))
+		s.refuse(w, "refresh", req.Name, errdefs.New(errdefs.ErrForbidden, "member %s was revoked at %s", m.Name, m.RevokedAt.Format(time.RFC3339)))
 		return
 	}
 	s.issue(w, r, m.Name, pub)
@@ -267,6 +291,9 @@ func (s *Server) issue(w http.ResponseWriter, r *http.Request, name string, pub 
 	if err != nil {
 		errdefs.WriteHTTP(w, err)
 		return
+	}
+	if s.cfg.Issued != nil {
+		s.cfg.Issued(name, c.Expires)
 	}
 	keys, err := s.meshKeys(r)
 	if err != nil {

@@ -64,7 +64,11 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) {
 // to the operator). If-None-Match with the version it has costs a 304.
 func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) {
 	if !s.isAdmin(r) {
-		if _, err := s.credentialOf(r); err != nil {
+		if c, err := s.credentialOf(r); err != nil {
+			if errors.Is(err, errdefs.ErrUnauthorized) || errors.Is(err, errdefs.ErrForbidden) {
+				s.refuse(w, "credential", c.Member, err)
+				return
+			}
 			errdefs.WriteHTTP(w, err)
 			return
 		}
@@ -99,10 +103,18 @@ func (s *Server) credentialOf(r *http.Request) (meshcred.Claims, error) {
 	if !ok || tok == "" {
 		return meshcred.Claims{}, errdefs.New(errdefs.ErrUnauthorized, "this needs a member's credential (Authorization: Bearer <credential>)")
 	}
+	return s.VerifyCredential(r.Context(), tok)
+}
+
+// VerifyCredential checks a member's credential as the control plane
+// itself does (credentialOf): against its current keys and the store's
+// members, so a revocation applies at once. sam-one's router checks
+// credentials with it.
+func (s *Server) VerifyCredential(ctx context.Context, tok string) (meshcred.Claims, error) {
 	var storeErr error
 	now := s.cfg.Now()
 	c, err := s.iss.Load().KeySet(now).Verify(tok, now, func(c meshcred.Claims) bool {
-		m, err := s.cfg.Store.GetMeshMember(r.Context(), c.Member)
+		m, err := s.cfg.Store.GetMeshMember(ctx, c.Member)
 		if err != nil {
 			if !errors.Is(err, errdefs.ErrNotFound) {
 				storeErr = err

@@ -39,6 +39,9 @@ type Options struct {
 	OIDC       OIDCConfig
 	OIDCCAFile string
 	Log        *slog.Logger
+	// Refused and Issued, if set, are Config's hooks (sam-one's console).
+	Refused func(Refusal)
+	Issued  func(member string, expires time.Time)
 }
 
 // The files in a control plane's data dir.
@@ -50,6 +53,31 @@ const (
 // Serve runs the control plane until ctx ends. ready, if not nil, is
 // called with the address it listens on once it does.
 func Serve(ctx context.Context, o Options, ready func(addr string)) error {
+	op, err := Open(o)
+	if err != nil {
+		return err
+	}
+	defer op.Close()
+	return op.Serve(ctx, nil, ready)
+}
+
+// Opened is a control plane opened from its data dir and listening, but
+// not yet serving: Serve serves its API; sam-one (internal/samone) serves
+// it beside its console and runs a router with its Server.
+type Opened struct {
+	Server     *Server
+	Store      *store.Store
+	Listener   net.Listener
+	TLS        *tls.Config
+	AdminToken string
+	Log        *slog.Logger
+	name       string
+	dataDir    string
+}
+
+// Open opens the control plane of o.DataDir (its store, keys, admin
+// token and CA, each made on the first start) and listens on o.Listen.
+func Open(o Options) (op *Opened, err error) {
 	if o.Name == "" {
 		o.Name = "sam"
 	}
@@ -57,55 +85,69 @@ func Serve(ctx context.Context, o Options, ready func(addr string)) error {
 		o.Log = slog.Default()
 	}
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
-		return err
+		return nil, err
 	}
 	st, err := store.OpenIn(o.DataDir, o.Store)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer st.Close()
+	defer func() {
+		if err != nil {
+			st.Close()
+		}
+	}()
 	iss, err := issuer(o.DataDir, o.Name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	admin, err := secretfile.Ensure(filepath.Join(o.DataDir, AdminTokenFile))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ca, err := pki.EnsureCA(filepath.Join(o.DataDir, "pki"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	host, _, err := net.SplitHostPort(o.Listen)
 	if err != nil {
-		return fmt.Errorf("--listen %q: %w", o.Listen, err)
+		return nil, fmt.Errorf("--listen %q: %w", o.Listen, err)
 	}
 	tlsCfg, err := ca.ServerConfig([]string{host})
 	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", o.Listen)
-	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg := Config{Name: o.Name, Store: st, Issuer: iss, AdminToken: admin, Log: o.Log,
-		SaveKeys: func(b []byte) error { return secretfile.Write(filepath.Join(o.DataDir, IssuerKeysFile), b) }}
+		SaveKeys: func(b []byte) error { return secretfile.Write(filepath.Join(o.DataDir, IssuerKeysFile), b) },
+		Refused:  o.Refused, Issued: o.Issued}
 	if o.OIDC.Issuer != "" {
 		oc, err := oidcConfig(o)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		cfg.OIDC = &oc
 		if len(oc.AllowEmails)+len(oc.AllowSubjects) == 0 {
 			o.Log.Warn("OIDC enrolment configured with no allow rule: nobody enrols by OIDC (--oidc-allow-email, --oidc-allow-subject)", "issuer", oc.Issuer)
 		}
 	}
-	srv := &http.Server{Handler: New(cfg).Handler(),
-		TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second}
-	o.Log.Info("control plane serving", "name", o.Name, "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile),
-		"admin_token_file", filepath.Join(o.DataDir, AdminTokenFile), "store", st.Dialect())
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return nil, err
+	}
+	return &Opened{Server: New(cfg), Store: st, Listener: ln, TLS: tlsCfg, AdminToken: admin, Log: o.Log, name: o.Name, dataDir: o.DataDir}, nil
+}
+
+// Serve serves h (nil: the control plane's API) over HTTPS on the
+// listener until ctx ends. ready, if not nil, is called with the
+// address once it serves.
+func (op *Opened) Serve(ctx context.Context, h http.Handler, ready func(addr string)) error {
+	if h == nil {
+		h = op.Server.Handler()
+	}
+	srv := &http.Server{Handler: h, TLSConfig: op.TLS, ReadHeaderTimeout: 10 * time.Second}
+	op.Log.Info("control plane serving", "name", op.name, "api", "https://"+op.Listener.Addr().String(), "ca", filepath.Join(op.dataDir, "pki", pki.CAFile),
+		"admin_token_file", filepath.Join(op.dataDir, AdminTokenFile), "store", op.Store.Dialect())
 	if ready != nil {
-		ready(ln.Addr().String())
+		ready(op.Listener.Addr().String())
 	}
 	go func() {
 		<-ctx.Done()
@@ -113,10 +155,16 @@ func Serve(ctx context.Context, o Options, ready func(addr string)) error {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	if err := srv.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.ServeTLS(op.Listener, "", ""); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// Close closes the store and the listener (if Serve did not).
+func (op *Opened) Close() error {
+	op.Listener.Close()
+	return op.Store.Close()
 }
 
 // oidcConfig completes o.OIDC: an HTTPS client that trusts --oidc-ca

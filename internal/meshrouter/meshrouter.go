@@ -33,6 +33,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -72,6 +73,20 @@ type Gate struct {
 	grace  time.Duration // Grace; shorter in tests
 	mu     sync.Mutex
 	creds  map[peer.ID]string
+	// refused, if set, is told of each peer refused (OnRefusal).
+	refused atomic.Pointer[func(peer.ID, string)]
+}
+
+// OnRefusal registers fn, told of every refusal with why: a credential
+// refused on CredentialProtocol, a peer disconnected for presenting none
+// in time, a relay reservation or connection refused. sam-one's console
+// lists them. It is called on libp2p's goroutines and must not block.
+func (g *Gate) OnRefusal(fn func(p peer.ID, why string)) { g.refused.Store(&fn) }
+
+func (g *Gate) refuse(p peer.ID, why string) {
+	if fn := g.refused.Load(); fn != nil {
+		(*fn)(p, why)
+	}
 }
 
 // NewGate returns a gate that checks credentials with verify.
@@ -142,11 +157,25 @@ func (g *Gate) check(p peer.ID, cred string) (meshcred.Claims, error) {
 }
 
 // AllowReserve implements the relay's ACLFilter: members only.
-func (g *Gate) AllowReserve(p peer.ID, _ ma.Multiaddr) bool { return g.Admitted(p) }
+func (g *Gate) AllowReserve(p peer.ID, _ ma.Multiaddr) bool {
+	if !g.Admitted(p) {
+		g.refuse(p, "relay reservation refused: not a member (no good credential presented)")
+		return false
+	}
+	return true
+}
 
 // AllowConnect implements the relay's ACLFilter: a member to a member.
 func (g *Gate) AllowConnect(src peer.ID, _ ma.Multiaddr, dst peer.ID) bool {
-	return g.Admitted(src) && g.Admitted(dst)
+	switch {
+	case !g.Admitted(src):
+		g.refuse(src, "relayed connection refused: the source is not a member")
+	case !g.Admitted(dst):
+		g.refuse(src, fmt.Sprintf("relayed connection refused: the destination %s is not a member", dst))
+	default:
+		return true
+	}
+	return false
 }
 
 // Serve takes credentials on h (CredentialProtocol), answering a good
@@ -160,11 +189,13 @@ func (g *Gate) Serve(h host.Host, own func() string) {
 		p := s.Conn().RemotePeer()
 		if err != nil {
 			fmt.Fprintf(s, "no credential: %v\n", err)
+			g.refuse(p, fmt.Sprintf("no credential: %v", err))
 			return
 		}
 		cred := strings.TrimSpace(line)
 		if _, err := g.check(p, cred); err != nil {
 			fmt.Fprintf(s, "refused: %v\n", err)
+			g.refuse(p, fmt.Sprintf("credential refused: %v", err))
 			return
 		}
 		g.mu.Lock()
@@ -181,6 +212,7 @@ func (g *Gate) Serve(h host.Host, own func() string) {
 			p := c.RemotePeer()
 			time.AfterFunc(g.grace, func() {
 				if !g.Admitted(p) && n.Connectedness(p) == network.Connected {
+					g.refuse(p, fmt.Sprintf("disconnected: no good credential within %v of connecting", g.grace))
 					n.ClosePeer(p)
 				}
 			})

@@ -31,6 +31,8 @@ var (
 	// samControlPlaneBin and samRouterBin: the mesh's control plane and
 	// router.
 	samControlPlaneBin, samRouterBin string
+	// samOneBin: the control plane, router and console in one process.
+	samOneBin string
 )
 
 func TestMain(m *testing.M) {
@@ -78,11 +80,13 @@ func run(m *testing.M) int {
 	samNodeBin = filepath.Join(workDir, "sam-node")
 	samControlPlaneBin = filepath.Join(workDir, "sam-control-plane")
 	samRouterBin = filepath.Join(workDir, "sam-router")
+	samOneBin = filepath.Join(workDir, "sam-one")
 	agentRootfs = filepath.Join(workDir, "agentfs")
 	for _, b := range []struct{ out, pkg string }{
 		{samNodeBin, "sandstorm/cmd/sam-node"},
 		{samControlPlaneBin, "sandstorm/cmd/sam-control-plane"},
 		{samRouterBin, "sandstorm/cmd/sam-router"},
+		{samOneBin, "sandstorm/cmd/sam-one"},
 		// Beside sandstormd, where it finds envd by default.
 		{filepath.Join(workDir, "sandstorm-envd"), "sandstorm/cmd/sandstorm-envd"},
 		{filepath.Join(agentRootfs, "agent"), "sandstorm/test/agent"},

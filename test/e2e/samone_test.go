@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"sandstorm/internal/testenv"
+)
+
+var consoleURLRE = regexp.MustCompile(`console=(https://127\.0\.0\.1:[0-9]+)/`)
+
+// TestSamOneConsole: sam-one serve on loopback (control plane, router and
+// console in one process); its data dir serves sam-control-plane's
+// operator commands (token create, policy set); a sam-node joins it with
+// a token and runs with --router at the address sam-one printed; a join
+// with a made-up token is refused. Then the console in headless Chromium:
+// the login, the member connected to the router, the principal with its
+// services, the policy's version and the refusal with its reason; the
+// page's session cannot write (a POST /v1/tokens from the page is 401)
+// and after logging out it cannot read. A screenshot is kept (logged).
+func TestSamOneConsole(t *testing.T) {
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("no chromium: apt-get install -y chromium (deps/debian-packages.txt has it)")
+	}
+	dir := t.TempDir()
+	one := startProc(t, "sam-one", exec.Command(samOneBin, "serve", "--data-dir", dir, "--listen", "127.0.0.1:0",
+		"--router-listen", "/ip4/127.0.0.1/tcp/0"))
+	var api, routerAddr string
+	testenv.WaitFor(t, 30*time.Second, "sam-one prints its router's address and its console", func() bool {
+		routerAddr = firstLineWith(one.log, "/ip4/127.0.0.1/tcp/")
+		b, _ := os.ReadFile(one.log)
+		if m := consoleURLRE.FindSubmatch(b); m != nil {
+			api = string(m[1])
+		}
+		return routerAddr != "" && api != ""
+	})
+	if !strings.Contains(routerAddr, "/p2p/12D3Koo") {
+		t.Fatalf("the router's address %q has no peer ID", routerAddr)
+	}
+	caFile := filepath.Join(dir, "pki", "ca.pem")
+	operator := func(args ...string) (string, error) {
+		return runIn(t, exec.Command(samControlPlaneBin, append([]string{"--data-dir", dir, "--api", api}, args...)...))
+	}
+	out, err := operator("token", "create", "--max-uses", "1")
+	tok := tokenRE.FindString(out)
+	if err != nil || tok == "" {
+		t.Fatalf("token create against sam-one: %v: %s", err, out)
+	}
+	policyFile := writeTemp(t, "policy.yaml", `
+roles:
+  - {name: coder, services: ["inference://m-one", "mcp://everything/echo"], egress: ["api.github.com"]}
+bindings:
+  - {principal: agent-one, roles: [coder]}
+`)
+	if out, err := operator("policy", "set", policyFile); err != nil {
+		t.Fatalf("policy set against sam-one: %v: %s", err, out)
+	}
+	meshDir := filepath.Join(t.TempDir(), "mesh")
+	join := func(name, token string) (string, error) {
+		return runIn(t, exec.Command(samNodeBin, "join", "--control-plane", api, "--ca", caFile, "--name", name, "--token", token, "--mesh-dir", meshDir))
+	}
+	if out, err := join("node-bad", "samb_made-up"); err == nil {
+		t.Fatalf("a join with a made-up token: %s", out)
+	}
+	if out, err := join("node-one", tok); err != nil {
+		t.Fatalf("join: %v: %s", err, out)
+	}
+	node := startProc(t, "sam-one-node", exec.Command(samNodeBin, "--mesh-dir", meshDir, "--router", routerAddr,
+		"--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--listen", "unix://"+filepath.Join(t.TempDir(), "n.sock"), "--admin-addr", ""))
+	waitLog(t, node.log, "joined the mesh", 60*time.Second)
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		// Exactly the key sam-one serves (checked against its CA first).
+		chromedp.Flag("ignore-certificate-errors-spki-list", spkiOf(t, caFile, strings.TrimPrefix(api, "https://"))),
+		chromedp.NoSandbox, // the tests run as root
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1300, 900),
+		// Nothing leaves the machine.
+		chromedp.ProxyServer("http://127.0.0.1:9"),
+		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-features", "OptimizationHints,MediaRouter,Translate"),
+	)
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	until := func(what, js string) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+			page, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+			t.Fatalf("waiting until %s: %v\npage:\n%s", what, err, page)
+		}
+	}
+	text := func(js string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("read %s: %v", js, err)
+		}
+		return s
+	}
+	status := func(js string) int {
+		t.Helper()
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](js, chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		return n
+	}
+
+	run("open the console", chromedp.Navigate(api+"/"), chromedp.WaitVisible(chromedp.ID("token")))
+	if n := status(`fetch("/v1/console").then(r => r.status)`); n != 401 {
+		t.Errorf("GET /v1/console without a session: %d, want 401", n)
+	}
+	run("a wrong token", chromedp.SendKeys(chromedp.ID("token"), "not-the-token"), chromedp.Click(chromedp.CSS("#login-form button")))
+	until("a wrong token is refused", `document.getElementById("login-error").innerText.includes("not the admin token")`)
+	admin, _ := os.ReadFile(filepath.Join(dir, "admin-token"))
+	run("log in", chromedp.SendKeys(chromedp.ID("token"), strings.TrimSpace(string(admin))), chromedp.Click(chromedp.CSS("#login-form button")))
+	until("node-one shows connected", `(document.querySelector('[data-member="node-one"] .conn')||{}).textContent === "connected"`)
+	until("the router shows", `!!document.querySelector('[data-member="router"]')`)
+	until("agent-one shows with its services", `(() => {
+		const r = document.querySelector('[data-principal="agent-one"]');
+		return !!r && r.innerText.includes("inference://m-one") && r.innerText.includes("mcp://everything/echo") && r.innerText.includes("api.github.com") && r.innerText.includes("coder");
+	})()`)
+	until("the policy's version shows", `document.getElementById("policy").textContent.includes("policy version 1")`)
+	until("the refused join shows with its reason", `[...document.querySelectorAll("#refusals tr")].some(r => r.innerText.includes("node-bad") && r.innerText.includes("bootstrap token unknown, spent or expired"))`)
+	if exp := text(`document.querySelector('[data-member="node-one"] .exp').textContent`); !strings.Contains(exp, "min") {
+		t.Errorf("node-one's credential expiry reads %q", exp)
+	}
+	if strings.Contains(text(`document.documentElement.outerHTML`), strings.TrimSpace(string(admin))) {
+		t.Error("the page holds the admin token")
+	}
+	if c := text(`document.cookie`); strings.Contains(c, "session") {
+		t.Errorf("the session cookie is readable by the page's scripts: %q", c)
+	}
+	// The session reads; it writes nothing.
+	if n := status(`fetch("/v1/tokens", {method: "POST", headers: {"Content-Type": "application/json"}, body: '{"max_uses": 1, "ttl_s": 60}'}).then(r => r.status)`); n != 401 {
+		t.Errorf("POST /v1/tokens with the session: %d, want 401", n)
+	}
+	if n := status(`fetch("/v1/policy", {method: "PUT", body: "roles: []\nbindings: []\n"}).then(r => r.status)`); n != 401 {
+		t.Errorf("PUT /v1/policy with the session: %d, want 401", n)
+	}
+	shot := screenshot(t, ctx)
+	t.Logf("screenshot %s", shot)
+
+	// The node stopped: it shows not connected.
+	node.stop()
+	until("node-one shows not connected", `(document.querySelector('[data-member="node-one"] .conn')||{}).textContent === "not connected"`)
+
+	run("log out", chromedp.Click(chromedp.ID("logout")))
+	until("the login shows again", `!document.getElementById("login").hidden`)
+	if n := status(`fetch("/v1/console").then(r => r.status)`); n != 401 {
+		t.Errorf("after logout: %d, want 401", n)
+	}
+}
+
+// spkiOf is the base64 SHA-256 of the public key addr serves, after
+// checking that its certificate chains to the CA in caFile.
+func spkiOf(t *testing.T, caFile, addr string) string {
+	t.Helper()
+	b, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(b)
+	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool})
+	if err != nil {
+		t.Fatalf("%s's certificate does not check against its CA: %v", addr, err)
+	}
+	defer c.Close()
+	sum := sha256.Sum256(c.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)
+	return base64.StdEncoding.EncodeToString(sum[:])
+}
