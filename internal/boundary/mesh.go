@@ -168,9 +168,13 @@ func (p *MeshPool) Close() {
 // newMeshProxy is a boundary's reverse proxy to the node, over pool.
 func (b *Boundary) newMeshProxy(pool *MeshPool) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
-		Rewrite:       b.rewrite,
-		Transport:     pool.tr,
-		FlushInterval: -1, // server-sent events reach the agent as they come
+		Rewrite:   b.rewrite,
+		Transport: pool.tr,
+		// 0, not -1: httputil flushes server-sent events and bodies of no
+		// known length at once by itself; -1 also flushed every answer's
+		// header from a timer of its own, ahead of its body — two writes
+		// and two wake-ups of the agent per response (strace of sam-box).
+		FlushInterval: 0,
 		ErrorHandler:  b.proxyError,
 		ErrorLog:      discardLog,
 	}
