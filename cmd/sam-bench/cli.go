@@ -29,7 +29,7 @@ as one Markdown table.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCmd(), reportCmd(), discoveryCmd(), boundaryCmd(), floorServerCmd())
+	root.AddCommand(runCmd(), reportCmd(), discoveryCmd(), boundaryCmd(), principalsCmd(), floorServerCmd())
 	return root
 }
 
