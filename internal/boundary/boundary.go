@@ -48,8 +48,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http/httputil"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +70,10 @@ const (
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultDialTimeout      = 10 * time.Second
 )
+
+// ownMeshIdle is the idle connections kept by a boundary with a pool of
+// its own (Config.MeshPool nil): one agent's concurrency.
+const ownMeshIdle = 4
 
 // DefaultSynthetic is the pool of synthetic addresses DNS answers from.
 var DefaultSynthetic = netip.MustParsePrefix("169.254.64.0/18")
@@ -92,6 +98,11 @@ type Config struct {
 	// Mesh dials the local sam-node's agent listener. nil: the mesh is
 	// unreachable (allowed flows to mesh names fail as "unreachable").
 	Mesh func(ctx context.Context) (net.Conn, error)
+	// MeshPool, if set, is the connections to the node this boundary
+	// shares with the other boundaries of its process (it then dials with
+	// the pool's dialer, not Mesh); nil with Mesh set: a pool of its own,
+	// of at most ownMeshIdle idle connections.
+	MeshPool *MeshPool
 	// SocketPath, if set, is a Unix socket accepting SOCKS5 and HTTP
 	// CONNECT (the first byte decides: 0x05 is SOCKS5, else HTTP).
 	SocketPath string
@@ -139,6 +150,9 @@ type Boundary struct {
 	log   *slog.Logger
 	synth *synthPool
 	m     *Metrics
+	pool  *MeshPool // connections to the node (nil: no mesh)
+	own   bool      // pool is this boundary's own, closed with it
+	proxy *httputil.ReverseProxy
 
 	mu       sync.Mutex
 	started  bool
@@ -214,6 +228,15 @@ func New(cfg Config) (*Boundary, error) {
 		m:          cfg.Metrics,
 		flows:      map[*flow]struct{}{},
 		logRefusal: rate.Sometimes{First: 10, Interval: time.Second},
+	}
+	switch {
+	case cfg.MeshPool != nil:
+		b.pool = cfg.MeshPool
+	case cfg.Mesh != nil:
+		b.pool, b.own = NewMeshPool(cfg.Mesh, ownMeshIdle), true
+	}
+	if b.pool != nil {
+		b.proxy = b.newMeshProxy(b.pool)
 	}
 	return b, nil
 }
@@ -415,6 +438,9 @@ func (b *Boundary) Close() error {
 	}
 	b.CloseFlows()
 	b.loops.Wait()
+	if b.own {
+		b.pool.Close()
+	}
 	if b.sockPath != "" {
 		if err := os.Remove(b.sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
@@ -486,6 +512,20 @@ func (f *flow) addFar(c io.Closer) bool {
 	}
 	f.far = append(f.far, c)
 	f.mu.Unlock()
+	return true
+}
+
+// dropFar takes c off the far side of f, so that abort no longer closes
+// it; false if the flow was aborted already (c is closed then).
+func (f *flow) dropFar(c io.Closer) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.aborted {
+		return false
+	}
+	if i := slices.Index(f.far, c); i >= 0 {
+		f.far = slices.Delete(f.far, i, i+1)
+	}
 	return true
 }
 

@@ -27,39 +27,105 @@ func (b *Boundary) serveProxy(c net.Conn) {
 	}
 	defer b.untrack(f)
 	c.SetDeadline(time.Now().Add(b.cfg.HandshakeTimeout))
-	var first [1]byte
-	if _, err := io.ReadFull(c, first[:]); err != nil {
+	hs := &handshakeConn{c: c}
+	first, err := hs.peek()
+	if err != nil {
 		if err != io.EOF { // connected and left without a byte: a probe
 			b.handshakeError(c, err)
 		}
 		f.abort()
 		return
 	}
-	r := &prefixReader{first: first[0], r: c}
-	if first[0] == socksVersion {
-		b.serveSOCKS(f, r)
+	if first == socksVersion {
+		b.serveSOCKS(f, hs)
 	} else {
-		b.serveHTTP(f, r)
+		b.serveHTTP(f, hs)
 	}
 }
 
-// prefixReader yields one byte already read, then r.
-type prefixReader struct {
-	first byte
-	done  bool
-	r     io.Reader
+// handshakeConn is the sandbox's side during a handshake: reads are
+// buffered (a SOCKS5 greeting and request arrive in one read when the
+// client sends them together, instead of a read(2) per field), and writes
+// are held until the handshake must wait for the client, or Flush, so a
+// method selection and the reply that follows it leave in one write(2)
+// when the client did not wait for the first (strace of sam-box: six reads
+// and two writes per refused flow before). What is buffered past the
+// handshake is the flow's first bytes (rest), passed on, never dropped.
+type handshakeConn struct {
+	c       net.Conn
+	buf     [512]byte
+	r, w    int
+	pending []byte
+	werr    error
 }
 
-func (p *prefixReader) Read(buf []byte) (int, error) {
-	if len(buf) == 0 {
+func (h *handshakeConn) peek() (byte, error) {
+	if h.r == h.w {
+		if err := h.fill(); err != nil {
+			return 0, err
+		}
+	}
+	return h.buf[h.r], nil
+}
+
+// fill waits for more from the client, sending what it has been written
+// first: the client may be waiting for it.
+func (h *handshakeConn) fill() error {
+	if err := h.Flush(); err != nil {
+		return err
+	}
+	if h.r == h.w {
+		h.r, h.w = 0, 0
+	}
+	n, err := h.c.Read(h.buf[h.w:])
+	h.w += n
+	if n > 0 {
+		return nil
+	}
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	return err
+}
+
+func (h *handshakeConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
 		return 0, nil
 	}
-	if !p.done {
-		p.done = true
-		buf[0] = p.first
-		return 1, nil
+	if h.r == h.w {
+		if err := h.fill(); err != nil {
+			return 0, err
+		}
 	}
-	return p.r.Read(buf)
+	n := copy(p, h.buf[h.r:h.w])
+	h.r += n
+	return n, nil
+}
+
+func (h *handshakeConn) Write(p []byte) (int, error) {
+	if h.werr != nil {
+		return 0, h.werr
+	}
+	h.pending = append(h.pending, p...)
+	return len(p), nil
+}
+
+// Flush sends what was written.
+func (h *handshakeConn) Flush() error {
+	if h.werr != nil || len(h.pending) == 0 {
+		return h.werr
+	}
+	_, h.werr = h.c.Write(h.pending)
+	h.pending = h.pending[:0]
+	return h.werr
+}
+
+// rest is what the client sent past the handshake, already read.
+func (h *handshakeConn) rest() []byte {
+	if h.r == h.w {
+		return nil
+	}
+	return append([]byte(nil), h.buf[h.r:h.w]...)
 }
 
 // admission is the verdict on a flow and, when allowed, its open upstream.
@@ -158,12 +224,21 @@ func routeOf(k policy.Kind) route {
 	}
 }
 
+// dialMesh opens the mesh for an allowed flow: nothing to dial while the
+// boundary's pool holds an open connection to the node (a keep-alive one
+// its transport will reuse, or one in use), else a new connection, which
+// also tells a flow at once that the node is down (SOCKS5 0x04, 502). A
+// node that goes away while a connection looks open fails the flow's
+// request instead (502), as a node dying mid-flow always did.
 func (b *Boundary) dialMesh(ctx context.Context, a *admission) {
-	if b.cfg.Mesh == nil {
+	if b.pool == nil {
 		a.out, a.err = outUnreachable, errMeshUnreachable
 		return
 	}
-	c, err := b.cfg.Mesh(ctx)
+	if b.pool.live.Load() > 0 {
+		return
+	}
+	c, err := b.pool.open(ctx)
 	if err != nil {
 		a.out, a.err = outUnreachable, fmt.Errorf("mesh unreachable: %w", err)
 		a.timeout = errors.Is(err, context.DeadlineExceeded)

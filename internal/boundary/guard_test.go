@@ -72,11 +72,15 @@ func newRebindEnv(t *testing.T, addr netip.Addr, mod func(*Config)) *env {
 		}
 	})
 	e.pol.Store(mustPolicy(t, rebindPolicy))
+	// Under the recorder's lock: the boundary is listening already, and a
+	// flow of the test may resolve while the names are added (go test -race).
+	e.rec.mu.Lock()
 	for _, h := range rebindHosts {
 		e.rec.hosts[h.name] = h.addr
 	}
 	e.rec.hosts["good.test"] = "198.51.100.1"
 	e.rec.hosts["lan.test"] = "10.20.0.1"
+	e.rec.mu.Unlock()
 	return e
 }
 
@@ -129,7 +133,9 @@ func TestAddressGuardAllows(t *testing.T) {
 	e := newRebindEnv(t, netip.Addr{}, nil)
 	ln, accepted := echoServer(t, "127.0.0.1:0")
 	port := portOf(t, ln)
+	e.rec.mu.Lock()
 	e.rec.hosts["mixed.test"] = "127.0.0.1"
+	e.rec.mu.Unlock()
 	mixed := func(ctx context.Context, host string) ([]netip.Addr, error) {
 		if host == "mixed.test" {
 			return []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("198.51.100.1")}, nil

@@ -58,6 +58,7 @@ type SetConfig struct {
 // Set is the running boundaries of a SetConfig.
 type Set struct {
 	boxes    []*Boundary
+	pool     *MeshPool // the node's connections, shared by every boundary
 	watchers map[string]*policy.Watcher
 	log      *slog.Logger
 }
@@ -68,6 +69,9 @@ func StartSet(cfg SetConfig) (*Set, error) {
 	s := &Set{watchers: map[string]*policy.Watcher{}, log: cfg.Log}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if cfg.Mesh != nil {
+		s.pool = NewMeshPool(cfg.Mesh, 0)
 	}
 	seen := map[string]bool{}
 	for i, spec := range cfg.Boundaries {
@@ -124,6 +128,7 @@ func (s *Set) start(cfg SetConfig, i int, bc SetSpec, seen map[string]bool) (*Bo
 		Principal:        bc.Principal,
 		Policy:           pol,
 		Mesh:             cfg.Mesh,
+		MeshPool:         s.pool,
 		SocketPath:       bc.Socket,
 		ListenAddr:       listen,
 		Peer:             peer,
@@ -206,6 +211,9 @@ func (s *Set) Close() {
 		w.Stop()
 	}
 	s.watchers = map[string]*policy.Watcher{}
+	if s.pool != nil {
+		s.pool.Close()
+	}
 }
 
 // Resolver is a Config.Resolve that asks the DNS server at addr

@@ -51,8 +51,9 @@ var (
 
 // socksHandshake reads a SOCKS5 greeting, the optional RFC 1929
 // authentication and the request from r, writing the method selection and
-// authentication replies to w. It never reads more than the protocol says,
-// and every length is bounded by a byte. On an error, rep is the reply
+// authentication replies to w. It never asks r for more than the protocol
+// says (r may buffer: serveSOCKS passes what it read past the request on to
+// the flow), and every length is bounded by a byte. On an error, rep is the reply
 // code to send before closing (0 for none: the peer is not speaking SOCKS5
 // or already got its answer).
 func socksHandshake(r io.Reader, w io.Writer, users map[string]string) (req socksRequest, rep byte, err error) {
@@ -204,29 +205,32 @@ func socksCode(a *admission) byte {
 	}
 }
 
-// serveSOCKS runs a SOCKS5 flow whose first byte (0x05) r will yield again.
-func (b *Boundary) serveSOCKS(f *flow, r io.Reader) {
-	req, rep, err := socksHandshake(r, f.c, b.cfg.Users)
+// serveSOCKS runs a SOCKS5 flow whose first byte (0x05) hs will yield.
+func (b *Boundary) serveSOCKS(f *flow, hs *handshakeConn) {
+	req, rep, err := socksHandshake(hs, hs, b.cfg.Users)
 	if err != nil {
 		b.handshakeError(f.c, err)
 		if rep != 0 {
-			writeSOCKSReply(f.c, rep, nil)
+			writeSOCKSReply(hs, rep, nil)
 		}
+		hs.Flush()
 		f.end()
 		return
 	}
 	a := b.admit(f, req.host, req.port)
 	if a.out != outAllowed {
-		writeSOCKSReply(f.c, socksCode(&a), nil)
+		writeSOCKSReply(hs, socksCode(&a), nil)
+		hs.Flush()
 		f.end()
 		return
 	}
 	// BND.ADDR stays 0.0.0.0:0: the host's own addresses are none of the
 	// sandbox's business.
-	if err := writeSOCKSReply(f.c, socksSucceeded, nil); err != nil {
+	writeSOCKSReply(hs, socksSucceeded, nil)
+	if err := hs.Flush(); err != nil {
 		f.abort()
 		return
 	}
 	f.c.SetDeadline(noDeadline)
-	b.run(f, &a, nil)
+	b.run(f, &a, hs.rest())
 }

@@ -42,6 +42,14 @@ const (
 	mcpSessionTimeout = time.Hour
 	mcpDialTimeout    = 30 * time.Second
 	maxBackoff        = 30 * time.Second
+	// viewIdleTimeout: a view no session is bound to and no new session
+	// asked for within this long is dropped when another view is made
+	// (sam-bench principals: a view kept 17–29 KiB of heap for every
+	// principal ever seen, sessions closed or not). Dropping only views
+	// without sessions loses nothing: a view is remade, synced from the
+	// policy in force, on the principal's next session, as on its first;
+	// and a view that has one is still synced and notified (syncAll).
+	viewIdleTimeout = 10 * time.Minute
 )
 
 type mcpHub struct {
@@ -52,8 +60,10 @@ type mcpHub struct {
 	key     []byte        // session-ID MAC key
 	handler *mcp.StreamableHTTPHandler
 
-	mu    sync.Mutex
-	views map[viewKey]*view
+	mu       sync.Mutex
+	views    map[viewKey]*view
+	viewIdle time.Duration // viewIdleTimeout; tests shorten it
+	swept    time.Time     // the last sweep of idle views
 }
 
 type viewKey struct{ principal, scope string }
@@ -61,7 +71,7 @@ type viewKey struct{ principal, scope string }
 type viewCtxKey struct{}
 
 func newHub(n *Node, servers []MCPServer) *mcpHub {
-	h := &mcpHub{n: n, byName: map[string]*upstream{}, views: map[viewKey]*view{}, key: make([]byte, 32)}
+	h := &mcpHub{n: n, byName: map[string]*upstream{}, views: map[viewKey]*view{}, key: make([]byte, 32), viewIdle: viewIdleTimeout}
 	if _, err := rand.Read(h.key); err != nil {
 		panic(err)
 	}
@@ -196,10 +206,13 @@ func (h *mcpHub) getServer(r *http.Request) *mcp.Server {
 func (h *mcpHub) view(k viewKey) *view {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	now := time.Now()
 	if v := h.views[k]; v != nil {
+		v.used = now
 		return v
 	}
-	v := &view{hub: h, key: k, tools: map[string]*exposed{}}
+	h.sweepLocked(now)
+	v := &view{hub: h, key: k, tools: map[string]*exposed{}, used: now}
 	instructions := "Tools of the mesh: each is named <server>__<tool>."
 	if k.scope != "" {
 		instructions = fmt.Sprintf("Tools of the MCP server %q, by their own names.", k.scope)
@@ -212,6 +225,31 @@ func (h *mcpHub) view(k viewKey) *view {
 	v.server.AddReceivingMiddleware(v.refuseUngranted)
 	h.views[k] = v
 	return v
+}
+
+// sweepLocked drops the views that no session is bound to and that no new
+// session asked for within viewIdle, at most once per viewIdle/10. A view
+// marked used by getServer has its session registered by the SDK at once,
+// far within viewIdle, so a view is never dropped under a session being
+// made. h.mu is held.
+func (h *mcpHub) sweepLocked(now time.Time) {
+	if now.Sub(h.swept) < h.viewIdle/10 {
+		return
+	}
+	h.swept = now
+	for k, v := range h.views {
+		if now.Sub(v.used) < h.viewIdle {
+			continue
+		}
+		bound := false
+		for range v.server.Sessions() {
+			bound = true
+			break
+		}
+		if !bound {
+			delete(h.views, k)
+		}
+	}
 }
 
 // syncAll brings every view up to date now, so that connected clients are
@@ -233,6 +271,7 @@ type view struct {
 	hub    *mcpHub
 	key    viewKey
 	server *mcp.Server
+	used   time.Time // the last getServer for it; under hub.mu
 
 	mu    sync.Mutex
 	pol   *policy.Policy

@@ -3,6 +3,7 @@ package meshnode
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -406,5 +407,51 @@ func TestMCPStreamableHTTPUpstream(t *testing.T) {
 	}
 	if text, isErr := callText(t, a, "everything__echo", map[string]any{"message": "over http"}); isErr || text != "Echo: over http" {
 		t.Fatalf("echo: %q %v", text, isErr)
+	}
+}
+
+// A principal's view is dropped once no session is bound to it and no new
+// session asked for it for a while (here: at once), when another view is
+// made; a view with a session is kept and still answers; a principal whose
+// view was dropped gets its tools again on its next session.
+func TestMCPIdleViewsDropped(t *testing.T) {
+	n, url, _ := startMCPNode(t, mcpPolicy)
+	h := n.hub
+	h.mu.Lock()
+	h.viewIdle = time.Nanosecond
+	h.mu.Unlock()
+	views := func() map[viewKey]*view {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return maps.Clone(h.views)
+	}
+	a := agentMCP(t, url+"/mcp", "agent-a", nil)
+	b := agentMCP(t, url+"/mcp", "agent-b", nil)
+	allTools := toolNames(t, b)
+	b.Close()
+	vb := views()[viewKey{"agent-b", ""}]
+	if vb == nil {
+		t.Fatal("no view of agent-b")
+	}
+	testenv.WaitFor(t, 10*time.Second, "agent-b's session gone from its view", func() bool {
+		for range vb.server.Sessions() {
+			return false
+		}
+		return true
+	})
+	time.Sleep(time.Millisecond) // past viewIdle/10 since the last sweep
+	agentMCP(t, url+"/mcp", "agent-c", nil)
+	vs := views()
+	if _, ok := vs[viewKey{"agent-b", ""}]; ok {
+		t.Error("agent-b's view, with no session, was kept")
+	}
+	if _, ok := vs[viewKey{"agent-a", ""}]; !ok {
+		t.Error("agent-a's view was dropped under its open session")
+	}
+	if got := toolNames(t, a); !slices.Equal(got, []string{"everything__echo"}) {
+		t.Errorf("agent-a's session after the sweep sees %v", got)
+	}
+	if got := toolNames(t, agentMCP(t, url+"/mcp", "agent-b", nil)); !slices.Equal(got, allTools) || len(got) < 2 {
+		t.Errorf("agent-b's new session sees %v, want %v", got, allTools)
 	}
 }

@@ -63,6 +63,7 @@ func (n *Node) boundaryUp(sb store.Sandbox) error {
 		Principal:       PrincipalOf(sb),
 		Policy:          n.cfg.SAM.Policy,
 		Mesh:            n.cfg.SAM.Mesh,
+		MeshPool:        n.meshPool,
 		SocketPath:      filepath.Join(string(n.dir(sb.ID)), "agent.sock"),
 		ListenAddr:      nw.Host.Addr(),
 		Peer:            nw.Sandbox.Addr(), // the listeners serve this sandbox only

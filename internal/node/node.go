@@ -144,6 +144,9 @@ type Node struct {
 
 	bmu        sync.Mutex
 	boundaries map[string]*boundary.Boundary
+	// meshPool is the connections to sam-node every boundary shares (nil:
+	// no mesh); a request on one carries its own boundary's principal.
+	meshPool *boundary.MeshPool
 
 	// adm is the node's admission: memory promises, disk, descriptors.
 	adm *admission.Admission
@@ -263,6 +266,9 @@ func New(cfg Config) (*Node, error) {
 		poolKick:   make(chan struct{}, 1),
 		boundaries: map[string]*boundary.Boundary{},
 		stop:       make(chan struct{}),
+	}
+	if cfg.SAM.Mesh != nil {
+		n.meshPool = boundary.NewMeshPool(cfg.SAM.Mesh, 0)
 	}
 	n.adm = admission.New(admission.Config{
 		MemReserveMiB: cfg.MemReserveMiB, MemAvailable: cfg.MemAvailable, Held: n.heldMiB,
@@ -875,6 +881,9 @@ func (n *Node) Close() {
 	n.bmu.Unlock()
 	for _, id := range ids {
 		n.boundaryDown(id)
+	}
+	if n.meshPool != nil {
+		n.meshPool.Close()
 	}
 	n.flushActivity()
 }

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/internal/bench"
+	"sandstorm/internal/cli"
+	"sandstorm/internal/sambench"
+)
+
+func boundaryCmd() *cobra.Command {
+	var (
+		cfg     sambench.BoundaryConfig
+		out     string
+		repoDir string
+		notes   []string
+	)
+	cmd := &cobra.Command{
+		Use:   "boundary --node-bin BIN --box-bin BIN [flags]",
+		Short: "Measure the boundary's own cost: refusals per second and per core, a new flow's overhead over the baseline, admission",
+		Long: `sam-bench boundary starts a sam-node (--node-bin) and a sam-box (--box-bin) with
+one boundary, pinned to --box-cpu with GOMAXPROCS=--box-gomaxprocs, and runs
+--rounds rounds of:
+  - refusals: --refusal-conns connections in parallel for --refusal-time, each
+    a loop of raw SOCKS5 bytes (greeting and a CONNECT to a name the policy
+    does not grant in one write, both replies read, close), timed by the wall
+    clock and by sam-box's own CPU time (/proc), so the rate per core does
+    not depend on the client keeping up; the boundary's refusal counter is
+    read before and after;
+  - latency: --pairs requests of GET /v1/models straight to the node's socket
+    (kept connection: the baseline; and a new connection), and through the
+    boundary with a new flow per request (golang.org/x/net/proxy's SOCKS5
+    client, as an agent's), interleaved, one at a time; the boundary's own
+    admission mean from its metrics.
+Results (machine, commit, raw samples) go to --out/boundary-<date>-<commit>.
+Run it under taskset (e.g. taskset -c 1) to keep the client off sam-box's CPU.`,
+		Example: `  go build -o /tmp/sam/sam-node ./cmd/sam-node && go build -o /tmp/sam/sam-box ./cmd/sam-box
+  taskset -c 1 sam-bench boundary --node-bin /tmp/sam/sam-node --box-bin /tmp/sam/sam-box`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.NodeBin == "" || cfg.BoxBin == "" {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--node-bin and --box-bin are required")}
+			}
+			if cfg.Rounds < 1 || cfg.RefusalConns < 1 || cfg.RefusalTime <= 0 || cfg.Pairs < 1 {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--rounds, --refusal-conns, --refusal-time and --pairs must be positive")}
+			}
+			if self, err := os.Executable(); err == nil {
+				cfg.FloorCmd = []string{self, "floor-server"}
+			}
+			ctx := cmd.Context()
+			res := bench.NewResults("sam-bench boundary", "The boundary's own cost: refusals, a new flow over the baseline, admission")
+			res.Machine = bench.CollectMachine(ctx)
+			abs, _ := filepath.Abs(out)
+			res.Source = bench.CollectSource(ctx, repoDir, abs)
+			for _, n := range notes {
+				res.Note("%s", n)
+			}
+			for name, bin := range map[string]string{"sam-node": cfg.NodeBin, "sam-box": cfg.BoxBin} {
+				if sum, err := bench.FileSHA256(bin); err == nil {
+					res.Params[name+"_sha256"] = sum
+				}
+			}
+			if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+				res.Note("load average before the run (/proc/loadavg): %s", string(b[:len(b)-1]))
+			}
+			dir, err := bench.NewDir(out, "boundary-"+res.DirName())
+			if err != nil {
+				return err
+			}
+			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
+			runErr := sambench.Boundary(ctx, cfg, res, logf)
+			if runErr != nil {
+				res.Note("stopped: %v", runErr)
+			}
+			if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+				res.Note("load average after the run (/proc/loadavg): %s", string(b[:len(b)-1]))
+			}
+			res.Finished = time.Now().UTC()
+			if err := dir.Write(res); err != nil {
+				return err
+			}
+			path, err := dir.Finish()
+			fmt.Fprintln(os.Stderr, "results:", path)
+			if runErr != nil {
+				return runErr
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.NodeBin, "node-bin", "", "the sam-node binary to start (required)")
+	f.StringVar(&cfg.BoxBin, "box-bin", "", "the sam-box binary to start (required)")
+	f.StringVar(&cfg.BoxCPU, "box-cpu", "0", `CPUs sam-box is pinned to (taskset -c); "" for none`)
+	f.IntVar(&cfg.BoxProcs, "box-gomaxprocs", 1, "sam-box's GOMAXPROCS (0: Go's default)")
+	f.IntVar(&cfg.Rounds, "rounds", 5, "rounds")
+	f.IntVar(&cfg.RefusalConns, "refusal-conns", 32, "connections in parallel in a refusal phase")
+	f.DurationVar(&cfg.RefusalTime, "refusal-time", 3*time.Second, "how long a refusal phase lasts")
+	f.IntVar(&cfg.Pairs, "pairs", 300, "requests of each route per round")
+	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
+	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit)")
+	f.StringArrayVar(&notes, "note", nil, "a note recorded with the results (e.g. which commit --box-bin was built from), repeatable")
+	return cmd
+}
+
+// floorServerCmd is the floor server sam-bench boundary starts (hidden).
+func floorServerCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    "floor-server SOCKET",
+		Short:  "Serve the least a refusal can be on SOCKET (for sam-bench boundary)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE:   func(_ *cobra.Command, args []string) error { return sambench.FloorServe(args[0]) },
+	}
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"sandstorm/internal/bench"
+	"sandstorm/internal/cli"
+	"sandstorm/internal/sambench"
+)
+
+// everythingServer is the test MCP server make deps installs.
+const everythingServer = "testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+
+func principalsCmd() *cobra.Command {
+	var (
+		cfg     sambench.PrincipalsConfig
+		out     string
+		repoDir string
+		mcpCmd  []string
+	)
+	cmd := &cobra.Command{
+		Use:   "principals --node-bin BIN --box-bin BIN [flags]",
+		Short: "Measure sam-node's and sam-box's memory with many principals that each made a call",
+		Long: `sam-bench principals starts a sam-node (--node-bin) whose MCP server is --mcp-command
+(default: the test server make deps installs under testdata/mcp, run with node),
+a sam-box (--box-bin) with one boundary to read what one costs, then a sam-box
+with --principals boundaries in one Set (agent-1, agent-2, …), and has every
+principal, through its own boundary, GET /v1/models and open an MCP session
+with the go-sdk client (initialize, tools/list), sessions kept open. sam-node's
+RSS (/proc/PID/status) and Go heap (its /metrics) and sam-box's RSS are read
+every --every principals, after all of them, and after every session is closed.
+Results (machine, commit, raw samples) go to --out/principals-<date>-<commit>.`,
+		Example: `  go build -o /tmp/sam/sam-node ./cmd/sam-node && go build -o /tmp/sam/sam-box ./cmd/sam-box
+  sam-bench principals --node-bin /tmp/sam/sam-node --box-bin /tmp/sam/sam-box --principals 1000`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.NodeBin == "" || cfg.BoxBin == "" {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--node-bin and --box-bin are required")}
+			}
+			if cfg.Principals < 2 || cfg.Concurrency < 1 || cfg.Every < 0 {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("want --principals ≥ 2, --concurrency ≥ 1, --every ≥ 0")}
+			}
+			cfg.MCPCommand = mcpCmd
+			if len(cfg.MCPCommand) == 0 {
+				js, err := filepath.Abs(filepath.Join(repoDir, everythingServer))
+				if err != nil {
+					return err
+				}
+				if _, err := os.Stat(js); err != nil {
+					return fmt.Errorf("no MCP server: %s is missing (npm ci --prefix testdata/mcp, or give --mcp-command)", js)
+				}
+				cfg.MCPCommand = []string{"node", js, "stdio"}
+			}
+			ctx := cmd.Context()
+			res := bench.NewResults("sam-bench principals", fmt.Sprintf("Memory of sam-node and sam-box with %d principals", cfg.Principals))
+			res.Machine = bench.CollectMachine(ctx)
+			abs, _ := filepath.Abs(out)
+			res.Source = bench.CollectSource(ctx, repoDir, abs)
+			if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+				res.Note("load average before the run (/proc/loadavg): %s", string(b[:len(b)-1]))
+			}
+			dir, err := bench.NewDir(out, "principals-"+res.DirName())
+			if err != nil {
+				return err
+			}
+			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
+			runErr := sambench.Principals(ctx, cfg, res, logf)
+			if runErr != nil {
+				res.Note("stopped: %v", runErr)
+			}
+			res.Finished = time.Now().UTC()
+			if err := dir.Write(res); err != nil {
+				return err
+			}
+			path, err := dir.Finish()
+			fmt.Fprintln(os.Stderr, "results:", path)
+			if runErr != nil {
+				return runErr
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.NodeBin, "node-bin", "", "the sam-node binary to start (required)")
+	f.StringVar(&cfg.BoxBin, "box-bin", "", "the sam-box binary to start (required)")
+	f.IntVar(&cfg.Principals, "principals", 1000, "distinct principals, each with a boundary of its own")
+	f.IntVar(&cfg.Concurrency, "concurrency", 8, "principals calling at once")
+	f.IntVar(&cfg.Every, "every", 250, "principals between two memory readings (0: only at the end)")
+	f.StringArrayVar(&mcpCmd, "mcp-command", nil, "the stdio MCP server sam-node runs, one argument per flag (default: node "+everythingServer+" stdio)")
+	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
+	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit, and the default MCP server)")
+	return cmd
+}
