@@ -1,9 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -52,44 +52,21 @@ Run it under taskset (e.g. taskset -c 1) to keep the client off sam-box's CPU.`,
 			if self, err := os.Executable(); err == nil {
 				cfg.FloorCmd = []string{self, "floor-server"}
 			}
-			ctx := cmd.Context()
-			res := bench.NewResults("sam-bench boundary", "The boundary's own cost: refusals, a new flow over the baseline, admission")
-			res.Machine = bench.CollectMachine(ctx)
-			abs, _ := filepath.Abs(out)
-			res.Source = bench.CollectSource(ctx, repoDir, abs)
-			for _, n := range notes {
-				res.Note("%s", n)
-			}
-			for name, bin := range map[string]string{"sam-node": cfg.NodeBin, "sam-box": cfg.BoxBin} {
-				if sum, err := bench.FileSHA256(bin); err == nil {
-					res.Params[name+"_sha256"] = sum
-				}
-			}
-			if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-				res.Note("load average before the run (/proc/loadavg): %s", string(b[:len(b)-1]))
-			}
-			dir, err := bench.NewDir(out, "boundary-"+res.DirName())
-			if err != nil {
-				return err
-			}
-			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
-			runErr := sambench.Boundary(ctx, cfg, res, logf)
-			if runErr != nil {
-				res.Note("stopped: %v", runErr)
-			}
-			if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-				res.Note("load average after the run (/proc/loadavg): %s", string(b[:len(b)-1]))
-			}
-			res.Finished = time.Now().UTC()
-			if err := dir.Write(res); err != nil {
-				return err
-			}
-			path, err := dir.Finish()
-			fmt.Fprintln(os.Stderr, "results:", path)
-			if runErr != nil {
-				return runErr
-			}
-			return err
+			return record(cmd.Context(), out, repoDir, "boundary", "sam-bench boundary",
+				"The boundary's own cost: refusals, a new flow over the baseline, admission",
+				func(res *bench.Results) {
+					for _, n := range notes {
+						res.Note("%s", n)
+					}
+					for name, bin := range map[string]string{"sam-node": cfg.NodeBin, "sam-box": cfg.BoxBin} {
+						if sum, err := bench.FileSHA256(bin); err == nil {
+							res.Params[name+"_sha256"] = sum
+						}
+					}
+				},
+				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
+					return sambench.Boundary(ctx, cfg, res, logf)
+				})
 		},
 	}
 	f := cmd.Flags()

@@ -1,10 +1,8 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -36,31 +34,11 @@ its time is the goal). Results (machine, commit, raw samples) go to
 			if cfg.Nodes < cfg.Providers+2 || cfg.Providers < 1 || cfg.Callers < 1 || cfg.Rounds < 1 {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("want --nodes ≥ --providers + 2, and --providers, --callers, --rounds ≥ 1")}
 			}
-			ctx := cmd.Context()
-			res := bench.NewResults("sam-bench discovery", fmt.Sprintf("Provider discovery on a loopback mesh of %d DHT servers, %d providers", cfg.Nodes, cfg.Providers))
-			res.Machine = bench.CollectMachine(ctx)
-			abs, _ := filepath.Abs(out)
-			res.Source = bench.CollectSource(ctx, repoDir, abs)
-			dir, err := bench.NewDir(out, "discovery-"+res.DirName())
-			if err != nil {
-				return err
-			}
-			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
-			runErr := sambench.Discovery(ctx, cfg, res, logf)
-			if runErr != nil {
-				res.Note("stopped: %v", runErr)
-			}
-			res.Summarize()
-			res.Finished = time.Now().UTC()
-			if err := dir.Write(res); err != nil {
-				return err
-			}
-			path, err := dir.Finish()
-			fmt.Fprintln(os.Stderr, "results:", path)
-			if runErr != nil {
-				return runErr
-			}
-			return err
+			return record(cmd.Context(), out, repoDir, "discovery", "sam-bench discovery",
+				fmt.Sprintf("Provider discovery on a loopback mesh of %d DHT servers, %d providers", cfg.Nodes, cfg.Providers), nil,
+				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
+					return sambench.Discovery(ctx, cfg, res, logf)
+				})
 		},
 	}
 	f := cmd.Flags()

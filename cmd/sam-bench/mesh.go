@@ -1,10 +1,8 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -35,31 +33,11 @@ interleaved: to the provider directly, through B (local), and through A
 			if cfg.Requests < 1 {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--requests: at least 1")}
 			}
-			ctx := cmd.Context()
-			res := bench.NewResults("sam-bench mesh", "A model served by another member against the same model served locally, on a loopback mesh")
-			res.Machine = bench.CollectMachine(ctx)
-			abs, _ := filepath.Abs(out)
-			res.Source = bench.CollectSource(ctx, repoDir, abs)
-			dir, err := bench.NewDir(out, "mesh-"+res.DirName())
-			if err != nil {
-				return err
-			}
-			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
-			runErr := sambench.Mesh(ctx, cfg, res, logf)
-			if runErr != nil {
-				res.Note("stopped: %v", runErr)
-			}
-			res.Summarize()
-			res.Finished = time.Now().UTC()
-			if err := dir.Write(res); err != nil {
-				return err
-			}
-			path, err := dir.Finish()
-			fmt.Fprintln(os.Stderr, "results:", path)
-			if runErr != nil {
-				return runErr
-			}
-			return err
+			return record(cmd.Context(), out, repoDir, "mesh", "sam-bench mesh",
+				"A model served by another member against the same model served locally, on a loopback mesh", nil,
+				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
+					return sambench.Mesh(ctx, cfg, res, logf)
+				})
 		},
 	}
 	f := cmd.Flags()

@@ -1,10 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -56,33 +56,11 @@ Results (machine, commit, raw samples) go to --out/principals-<date>-<commit>.`,
 				}
 				cfg.MCPCommand = []string{"node", js, "stdio"}
 			}
-			ctx := cmd.Context()
-			res := bench.NewResults("sam-bench principals", fmt.Sprintf("Memory of sam-node and sam-box with %d principals", cfg.Principals))
-			res.Machine = bench.CollectMachine(ctx)
-			abs, _ := filepath.Abs(out)
-			res.Source = bench.CollectSource(ctx, repoDir, abs)
-			if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-				res.Note("load average before the run (/proc/loadavg): %s", string(b[:len(b)-1]))
-			}
-			dir, err := bench.NewDir(out, "principals-"+res.DirName())
-			if err != nil {
-				return err
-			}
-			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
-			runErr := sambench.Principals(ctx, cfg, res, logf)
-			if runErr != nil {
-				res.Note("stopped: %v", runErr)
-			}
-			res.Finished = time.Now().UTC()
-			if err := dir.Write(res); err != nil {
-				return err
-			}
-			path, err := dir.Finish()
-			fmt.Fprintln(os.Stderr, "results:", path)
-			if runErr != nil {
-				return runErr
-			}
-			return err
+			return record(cmd.Context(), out, repoDir, "principals", "sam-bench principals",
+				fmt.Sprintf("Memory of sam-node and sam-box with %d principals", cfg.Principals), nil,
+				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
+					return sambench.Principals(ctx, cfg, res, logf)
+				})
 		},
 	}
 	f := cmd.Flags()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/events"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -214,6 +215,16 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 	}
 	if _, err := n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = note }); err != nil {
 		return err
+	}
+	if to != sb.Tier || sb.Transition != "" || note != sb.Note {
+		// The master may have heard this node's full report before this
+		// repair (reconcile runs behind the API): tell watchers the row
+		// changed, or the master keeps the transition it was told of
+		// (seen in CI: TestNodeKilledMidCreateAndMove, a create cut short
+		// by a kill, "detached/hot" for good).
+		if n.cfg.Events != nil {
+			n.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
+		}
 	}
 	if to == api.TierHot || to == api.TierFrozen {
 		if err := n.boundaryUp(sb); err != nil {

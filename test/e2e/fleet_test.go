@@ -379,16 +379,18 @@ func listNodes(t *testing.T, d *Daemon) []api.NodeStatus {
 	return l.Items
 }
 
-// TestFleetUpDown: sandstormd fleet up brings a master and two nodes up in
+// TestFleetUpDown: sandstormd fleet up brings a master and three nodes up in
 // network namespaces of their own, pairs them, seeds the web demo and
 // checks a sandbox answers on each node; fleet down deletes the sandboxes
-// and leaves no process, namespace or link behind.
+// and leaves no process, namespace or link behind. The fleet is one mesh:
+// a control plane, a router and a sam-node per node, nothing configured
+// by hand but the policy given to fleet up.
 func TestFleetUpDown(t *testing.T) {
 	root := filepath.Join(workDir, "fleetup")
 	listen := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	t.Cleanup(func() {
 		exec.Command(sandstormdBin, "fleet", "down", "--root", root, "--purge").Run()
-		for _, k := range []string{"1", "2"} {
+		for _, k := range []string{"1", "2", "3"} {
 			exec.Command("ip", "netns", "delete", "sf-"+k).Run()
 			exec.Command("ip", "link", "delete", "sfh"+k).Run()
 		}
@@ -398,18 +400,18 @@ func TestFleetUpDown(t *testing.T) {
 	everything, _ := filepath.Abs("../../testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 	meshConfig := writeTemp(t, "sam-node.yaml", fmt.Sprintf("mcp_servers:\n  - {name: everything, command: [node, %q, stdio]}\n", everything))
 	meshPolicy := writeTemp(t, "policy.yaml", "roles:\n  - {name: a, services: [\"mcp://everything/echo\"]}\nbindings:\n  - {principal: agent-a, roles: [a]}\n")
-	out, err := exec.Command(sandstormdBin, "fleet", "up", "--nodes", "2", "--root", root, "--listen", listen,
+	out, err := exec.Command(sandstormdBin, "fleet", "up", "--nodes", "3", "--root", root, "--listen", listen,
 		"--mesh-policy", meshPolicy, "--mesh-config", meshConfig).CombinedOutput()
 	if err != nil {
 		t.Fatalf("fleet up: %v\n%s", err, out)
 	}
-	for _, want := range []string{"paired node-1", "paired node-2", "verify-0 on node-", "verify-1 on node-", "fleet is up: 2 node(s)", "fleet down --root " + root,
-		"control plane: PID", "router: PID", "sam-node on node-1: PID", "sam-node on node-2: PID", "policy set FILE"} {
+	for _, want := range []string{"paired node-1", "paired node-2", "paired node-3", "verify-0 on node-", "verify-1 on node-", "verify-2 on node-", "fleet is up: 3 node(s)", "fleet down --root " + root,
+		"control plane: PID", "router: PID", "sam-node on node-1: PID", "sam-node on node-2: PID", "sam-node on node-3: PID", "policy set FILE"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("fleet up did not say %q:\n%s", want, out)
 		}
 	}
-	if !strings.Contains(string(out), "on node-1") || !strings.Contains(string(out), "on node-2") {
+	if !strings.Contains(string(out), "on node-1") || !strings.Contains(string(out), "on node-2") || !strings.Contains(string(out), "on node-3") {
 		t.Errorf("the verification did not reach both nodes:\n%s", out)
 	}
 	// The CLI lists the fleet's nodes, as fleet up says to reach it; the
@@ -432,7 +434,7 @@ func TestFleetUpDown(t *testing.T) {
 	// through its boundary with the policy the control plane gave.
 	cp := exec.Command(filepath.Join(workDir, "sam-control-plane"), "--data-dir", filepath.Join(root, "control-plane"), "--api", "https://10.186.1.1:7600", "members")
 	members, err := cp.CombinedOutput()
-	for _, m := range []string{"router", "node-1", "node-2"} {
+	for _, m := range []string{"router", "node-1", "node-2", "node-3"} {
 		if err != nil || !strings.Contains(string(members), m) {
 			t.Errorf("control plane members: %v\n%s", err, members)
 		}
@@ -457,15 +459,15 @@ func TestFleetUpDown(t *testing.T) {
 		t.Errorf("the fleet's agent: tools %q, denied tool %q (error %v)", r.Tools, r.DeniedTool, r.DeniedToolIs)
 	}
 
-	out, err = exec.Command(sandstormdBin, "fleet", "up", "--nodes", "2", "--root", root, "--listen", listen).CombinedOutput()
+	out, err = exec.Command(sandstormdBin, "fleet", "up", "--nodes", "3", "--root", root, "--listen", listen).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "already up") {
 		t.Errorf("a second fleet up over the same root: %v %s", err, out)
 	}
 	out, err = exec.Command(sandstormdBin, "fleet", "down", "--root", root).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "deleted 3 sandbox(es)") || !strings.Contains(string(out), "fleet is down") {
+	if err != nil || !strings.Contains(string(out), "deleted 4 sandbox(es)") || !strings.Contains(string(out), "fleet is down") {
 		t.Fatalf("fleet down: %v\n%s", err, out)
 	}
-	for _, k := range []string{"1", "2"} {
+	for _, k := range []string{"1", "2", "3"} {
 		if exists("/var/run/netns/sf-" + k) {
 			t.Errorf("netns sf-%s left behind", k)
 		}
