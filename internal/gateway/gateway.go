@@ -448,7 +448,7 @@ func (g *Gateway) handle(sg *sandboxGate, client net.Conn, target netip.AddrPort
 		sg.closePair(p)
 		return
 	}
-	up, err := g.dial(target)
+	up, err := g.dial(sg.id, target)
 	if err != nil {
 		g.log.Warn("gateway dial", "sandbox", sg.id, "target", target, "err", err)
 		g.waker.Unreachable(sg.id)
@@ -478,7 +478,12 @@ func (g *Gateway) handle(sg *sandboxGate, client net.Conn, target netip.AddrPort
 // the first half second, so that a cold start's first answer is not held
 // back by a poll interval (issue 8: the gateway must not add one; a refused
 // connect to a sandbox costs tens of microseconds), then 20 ms apart.
-func (g *Gateway) dial(target netip.AddrPort) (net.Conn, error) {
+// Each retry touches the sandbox's idle timer: a client waiting for its
+// process to listen is activity, and a short freeze-after must not freeze
+// a cold start under the request that woke it (CI: TestDiskReserve, a
+// Python demo slower to listen than a 300 ms freeze-after, its request
+// reset by the freeze's drain).
+func (g *Gateway) dial(id string, target netip.AddrPort) (net.Conn, error) {
 	start := time.Now()
 	deadline := start.Add(g.cfg.Ready)
 	d := net.Dialer{Timeout: 2 * time.Second}
@@ -493,6 +498,7 @@ func (g *Gateway) dial(target netip.AddrPort) (net.Conn, error) {
 		if time.Now().After(deadline) {
 			return nil, err
 		}
+		g.waker.Touch(id)
 		if time.Since(start) < 500*time.Millisecond {
 			time.Sleep(2 * time.Millisecond)
 		} else {

@@ -91,7 +91,7 @@ func (g *Gateway) serveHost(c net.Conn, domain string, resolve func(string) (str
 		sg.closePair(p)
 		return
 	}
-	up, err := g.dial(target)
+	up, err := g.dial(sg.id, target)
 	if err != nil {
 		g.log.Warn("gateway dial", "sandbox", sg.id, "target", target, "err", err)
 		g.waker.Unreachable(sg.id)

@@ -89,7 +89,7 @@ func (g *Gateway) httpLoop(sg *sandboxGate, p *pair, target netip.AddrPort, src 
 		}
 		if cur := sg.currentUpstream(p); cur == nil || cur != up {
 			if cur == nil {
-				c, err := g.dial(target)
+				c, err := g.dial(sg.id, target)
 				if err != nil {
 					g.log.Warn("gateway dial", "sandbox", sg.id, "target", target, "err", err)
 					g.waker.Unreachable(sg.id)
