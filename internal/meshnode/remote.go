@@ -32,6 +32,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -51,9 +52,15 @@ type Mesh interface {
 	// name: "inference://<model>", "mcp://<server>" or CatalogName.
 	Providers(ctx context.Context, name string) ([]string, error)
 	// Do sends req to member's MeshHandler; req.URL.Path is the
-	// handler's own path (/v1/...). The request's context bounds it.
+	// handler's own path (/v1/...). The request's context bounds it. An
+	// error that wraps ErrNotSent means not one byte of req left: only
+	// then may the call go to another member without running twice.
 	Do(member string, req *http.Request) (*http.Response, error)
 }
+
+// ErrNotSent marks a mesh call that never reached the member (no
+// connection, or its credential refused before the request was written).
+var ErrNotSent = errors.New("the call was not sent")
 
 // HeaderMember names the member a mesh call came from. The mesh's
 // transport sets it from the caller's checked credential (whatever the
@@ -393,14 +400,20 @@ func (n *Node) callRemoteTool(ctx context.Context, principal, server, tool strin
 			if ctx.Err() != nil {
 				return toolError("the call was cancelled")
 			}
+			if !errors.Is(err, ErrNotSent) {
+				// It may have run there: a tool call is not sent to a
+				// second member, so that nothing runs twice.
+				n.m.toolCalls.WithLabelValues("", "unavailable").Inc()
+				return toolError(fmt.Sprintf("the call to %q on the member serving MCP server %q broke off (%v); it may have run there, so it was not sent elsewhere", tool, server, err))
+			}
 			last = err.Error()
 			continue
 		}
 		data, err := io.ReadAll(io.LimitReader(resp.Body, n.maxBody))
 		resp.Body.Close()
 		if err != nil || resp.StatusCode >= 500 {
-			last = fmt.Sprintf("member answered %s", resp.Status)
-			continue
+			n.m.toolCalls.WithLabelValues("", "unavailable").Inc()
+			return toolError(fmt.Sprintf("the member serving MCP server %q failed the call to %q (%s); it may have run there, so it was not sent elsewhere", server, tool, resp.Status))
 		}
 		if resp.StatusCode != http.StatusOK {
 			var e apiError

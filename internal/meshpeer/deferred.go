@@ -3,8 +3,11 @@ package meshpeer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync/atomic"
+
+	"sandstorm/internal/meshnode"
 )
 
 // ErrNotJoined is what a Deferred answers before its peer has joined.
@@ -35,7 +38,7 @@ func (d *Deferred) Providers(ctx context.Context, name string) ([]string, error)
 func (d *Deferred) Do(member string, req *http.Request) (*http.Response, error) {
 	p := d.p.Load()
 	if p == nil {
-		return nil, ErrNotJoined
+		return nil, fmt.Errorf("%w: %w", meshnode.ErrNotSent, ErrNotJoined)
 	}
 	return p.Do(member, req)
 }

@@ -330,11 +330,11 @@ func (p *Peer) Do(member string, req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	if err := p.connect(ctx, id); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", meshnode.ErrNotSent, err)
 	}
 	rt, err := p.roundTripper(id)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", meshnode.ErrNotSent, err)
 	}
 	req = req.Clone(ctx)
 	req.URL.Path = httpPrefix + req.URL.Path
