@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -234,4 +235,35 @@ func grepLines(text, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// brokenMesh is a mesh whose first member takes the request and then
+// breaks off (the request was sent), and whose second would answer.
+type brokenMesh struct {
+	sent []string
+}
+
+func (b *brokenMesh) Providers(context.Context, string) ([]string, error) {
+	return []string{"m1", "m2"}, nil
+}
+
+func (b *brokenMesh) Do(member string, req *http.Request) (*http.Response, error) {
+	b.sent = append(b.sent, member)
+	return nil, errors.New("connection reset after the request was written")
+}
+
+// TestMeshToolCallNotRunTwice: a tool call that may have run on one
+// member is not sent to another.
+func TestMeshToolCallNotRunTwice(t *testing.T) {
+	log, _ := testLogger(t)
+	m := &brokenMesh{}
+	n, err := New(Config{Mesh: m, PolicyFile: policyFile(t, meshPolicy), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	res := n.callRemoteTool(ctxT(t), "agent-all", "everything", "echo", nil)
+	if !res.IsError || len(m.sent) != 1 {
+		t.Errorf("sent to %v (result error %v), want to the first member only", m.sent, res.IsError)
+	}
 }
