@@ -13,6 +13,7 @@ import (
 
 	"sandstorm/internal/daemon"
 	"sandstorm/internal/logging"
+	"sandstorm/internal/node"
 	"sandstorm/internal/sandbox/gvisor"
 )
 
@@ -107,6 +108,7 @@ transitions that were cut short.`,
 	f.Int64Var(&o.SandboxMemory, "sandbox-memory", 1024, "memory limit (MiB) of a sandbox whose template and request set none; every sandbox's limit is enforced by its cgroup, and a starting one counts at it (or at what its template's sandboxes settled at) until it has settled")
 	f.Int64Var(&o.DiskReserve, "disk-reserve", 1024, "MiB of disk to keep free under --data-dir: below it creates and snapshots are refused (503), the node detaches instead of snapshotting, and snapshot sandboxes are detached least-used first (0 disables)")
 	f.IntVar(&o.MaxWakes, "max-wakes", 2, "wakes (cold starts and restores) that may run at once; more wait")
+	f.IntVar(&o.MaxStarts, "max-starts", node.DefaultMaxStarts, "creates and clones that may start their sandbox at once; more queue for as long as their caller waits (a pooled create never queues)")
 	f.DurationVar(&o.Admission, "wake-admission", 2*time.Second, "a wake that cannot start within this is refused with 503 and Retry-After rather than queued")
 	f.DurationVar(&o.Ready, "ready-timeout", 30*time.Second, "how long the gateway retries connecting to a sandbox whose process is still starting")
 	f.DurationVar(&o.Timers.Freeze, "freeze-after", 30*time.Second, "idle time before a hot sandbox is frozen (0: never)")

@@ -74,7 +74,7 @@ type Options struct {
 	// SandboxMemory is the default memory limit of a sandbox, MiB;
 	// DiskReserve the disk (MiB) kept free under the data dir.
 	SandboxMemory, DiskReserve int64
-	MaxWakes                   int
+	MaxWakes, MaxStarts        int
 	Admission                  time.Duration
 	Ready                      time.Duration
 	Timers                     tier.Timers
@@ -645,7 +645,7 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 	nd, err = node.New(node.Config{
 		Name: o.NodeName, DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
-		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, Admission: o.Admission, Ready: o.Ready,
+		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, MaxStarts: o.MaxStarts, Admission: o.Admission, Ready: o.Ready,
 		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub, Envd: envdBin,
 	})
 	if err != nil {

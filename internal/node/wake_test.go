@@ -470,3 +470,33 @@ func TestTransitionErrors(t *testing.T) {
 		t.Errorf("freeze of a detached one: %v", err)
 	}
 }
+
+// TestQueuedCreateGivesUpCleanly: while every start slot is taken
+// (MaxStarts), a create waits; a caller that gives up while waiting is
+// refused (503, not 500) and leaves no row, promise or slot behind.
+func TestQueuedCreateGivesUpCleanly(t *testing.T) {
+	be := newFakeBackend()
+	n := newFakeNode(t, be)
+	for range cap(n.starts) {
+		n.starts <- struct{}{}
+	}
+	tpl, err := n.st.GetTemplate(context.Background(), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = n.Create(ctx, tpl, "queued", "", 0, 0)
+	if !errors.Is(err, gateway.ErrRefused) {
+		t.Fatalf("create while every start slot is taken, caller gone: %v, want ErrRefused", err)
+	}
+	if sbs, _ := n.st.ListSandboxes(context.Background(), ""); len(sbs) != 0 {
+		t.Errorf("a create that never started left %d rows", len(sbs))
+	}
+	if got := n.adm.Promised(); got != 0 {
+		t.Errorf("a create that never started still holds %d MiB promised", got)
+	}
+	if len(be.log()) != 0 {
+		t.Errorf("backend was called: %v", be.log())
+	}
+}
