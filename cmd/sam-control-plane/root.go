@@ -71,6 +71,7 @@ func envOr(k, def string) string {
 
 func serveCmd(dataDir *string) *cobra.Command {
 	var o controlplane.Options
+	var listen []string
 	var log logging.Flags
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -89,11 +90,15 @@ func serveCmd(dataDir *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if len(listen) == 0 {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--listen: give at least one address")}
+			}
+			o.Listen, o.AlsoListen = listen[0], listen[1:]
 			o.DataDir, o.Log = *dataDir, l
 			return controlplane.Serve(cmd.Context(), o, nil)
 		},
 	}
-	cmd.Flags().StringVar(&o.Listen, "listen", "127.0.0.1:7600", "the API's address (HTTPS, a certificate from <data-dir>/pki's CA)")
+	cmd.Flags().StringArrayVar(&listen, "listen", []string{"127.0.0.1:7600"}, "the API's address (HTTPS, a certificate from <data-dir>/pki's CA naming it); repeat it to serve on several, e.g. one per network members reach this machine from")
 	cmd.Flags().StringVar(&o.Store, "store", "", "a postgres:// URL for the rows (default: SQLite in --data-dir)")
 	cmd.Flags().StringVar(&o.Name, "name", "sam", "the control plane's name: its credentials' issuer, the audience of the challenges members sign")
 	cmd.Flags().StringVar(&o.OIDC.Issuer, "oidc-issuer", "", "let nodes enrol with an OpenID Connect ID token of this issuer (https URL, as its tokens' \"iss\") instead of a bootstrap token")

@@ -54,12 +54,29 @@ it the template's rootfs. The node runs as root: log in as root, or pass
 --node-port and its gateway ports (20000-29999 unless --node-arg says
 otherwise). A failure later on takes down what was started. fleet down
 stops each node by its PID over ssh and keeps its files, so that a fleet
-up again finds the nodes paired; with --purge it removes them.`,
+up again finds the nodes paired; with --purge it removes them.
+
+Over --hosts the fleet is one mesh too. The control plane and the router
+run here, listening on the address each host sees this machine at (the
+first field of its SSH_CONNECTION; hosts on different networks each get
+their own, and the control plane's certificate names every one), on TCP
+7600 and 7700: the hosts must reach this machine there. Behind a NAT or a
+jump host that address is not this machine's: give the one the hosts reach
+with --mesh-address. Each host gets sam-node beside sandstormd (the same
+sha256-checked copy), enrolled with a bootstrap token fleet up makes for
+exactly the sam-nodes it enrols, good for two minutes, and fed to sam-node
+join on its stdin (never on a command line); it runs detached with a PID
+file (<node>-sam-node.pid; its identity in <node>-mesh, log
+<node>-sam-node.log), a member at the host's address on TCP 7701, and the
+node's boundaries take the mesh's policy from it. --mesh-config is copied
+to each host (<node>-sam-node.yaml, mode 0600): an MCP server's command
+and an api_key_file in it are paths on the hosts, not here. fleet down
+stops each sam-node by its PID over ssh, and --purge removes its files.`,
 		Example: `  sudo sandstormd fleet up --nodes 3
   SANDSTORM_API=https://127.0.0.1:8079 SANDSTORM_DATA_DIR=/var/lib/sandstorm-fleet/master sandstormd sandbox ls
   sudo sandstormd fleet down
 
-  sudo sandstormd fleet up --hosts root@10.0.0.5,root@10.0.0.6
+  sudo sandstormd fleet up --hosts root@10.0.0.5,root@10.0.0.6 --mesh-policy policy.yaml --mesh-config sam-node.yaml
   sudo sandstormd fleet up --hosts admin@web1,admin@web2:2222 --sudo --ssh-identity ~/.ssh/fleet \
       --ssh-option StrictHostKeyChecking=accept-new --ssh-option ProxyJump=bastion
   sudo sandstormd fleet down --purge`,
@@ -72,7 +89,7 @@ up again finds the nodes paired; with --purge it removes them.`,
 				return usage("--nodes (namespaces on this machine) and --hosts (machines over ssh) exclude each other")
 			}
 			if len(cfg.Hosts) == 0 {
-				for _, name := range []string{"ssh-option", "ssh-identity", "sudo", "remote-dir", "node-port", "node-subnet", "runsc", "remote-runsc"} {
+				for _, name := range []string{"ssh-option", "ssh-identity", "sudo", "remote-dir", "node-port", "node-subnet", "runsc", "remote-runsc", "mesh-address"} {
 					if f.Changed(name) {
 						return usage("--%s is for --hosts (machines over ssh)", name)
 					}
@@ -107,9 +124,10 @@ up again finds the nodes paired; with --purge it removes them.`,
 	uf.IntVar(&cfg.NodePort, "node-port", 7443, "with --hosts: the port each node listens on for the master")
 	uf.StringVar(&cfg.NodeSubnet, "node-subnet", "10.161.0.0/16", "with --hosts: the first node's sandbox subnet; each next node gets the next block of that size (10.162.0.0/16, …)")
 	uf.StringVar(&cfg.Runsc, "runsc", "", "with --hosts: the runsc to copy to the hosts (default: the pinned one next to this sandstormd, from make runsc)")
-	uf.BoolVar(&cfg.NoMesh, "no-mesh", false, "with --nodes: no mesh (by default a control plane and a router start beside the master and a sam-node on every node, enrolled; the nodes' boundaries take the mesh's policy from it)")
+	uf.BoolVar(&cfg.NoMesh, "no-mesh", false, "no mesh (by default a control plane and a router start beside the master and a sam-node on every node, enrolled; the nodes' boundaries take the mesh's policy from it)")
 	uf.StringVar(&cfg.MeshPolicy, "mesh-policy", "", "a policy file (roles, bindings) set on the mesh's control plane at once; without it nothing is granted until: sam-control-plane policy set FILE")
-	uf.StringVar(&cfg.MeshConfig, "mesh-config", "", "a sam-node config file (providers, mcp_servers) every node's sam-node serves")
+	uf.StringVar(&cfg.MeshConfig, "mesh-config", "", "a sam-node config file (providers, mcp_servers) every node's sam-node serves; with --hosts it is copied to each host, and the paths in it (an MCP server's command, api_key_file) are the host's")
+	uf.StringVar(&cfg.MeshAddress, "mesh-address", "", "with --hosts: the address of this machine the hosts reach the mesh's control plane and router at (default: the one each host's SSH_CONNECTION names, which a NAT or a jump host hides)")
 	uf.StringVar(&cfg.RemoteRunsc, "remote-runsc", "", "with --hosts: a runsc already on every host, given to its node as --runsc; nothing is copied")
 
 	var root string
@@ -118,10 +136,11 @@ up again finds the nodes paired; with --purge it removes them.`,
 	down := &cobra.Command{
 		Use: "down", Short: "Delete the fleet's sandboxes and stop and remove everything fleet up made", Args: cobra.NoArgs,
 		Long: `fleet down reads <root>/fleet.json, deletes the fleet's sandboxes through its
-master, stops the master and every node by the PID fleet up recorded (a
-host's node over ssh, the way fleet up reached it), and removes the
-namespaces and links of nodes on this machine. Data dirs stay unless
---purge; on a host, --purge removes the node's data dir and log, and the
+master, stops the master, the mesh's control plane and router, and every
+node and its sam-node by the PID fleet up recorded (on a host over ssh, the
+way fleet up reached it), and removes the namespaces and links of nodes on
+this machine. Data dirs stay unless --purge; on a host, --purge removes the
+node's data dir and log, its sam-node's mesh dir, log and config, and the
 binaries fleet up copied once no other node there has a PID file. If a host
 cannot be reached, fleet.json is kept so that fleet down can be run again.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {

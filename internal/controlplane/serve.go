@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"sandstorm/internal/meshcred"
@@ -31,6 +32,11 @@ type Options struct {
 	Store string
 	// Listen is the API's address (HTTPS).
 	Listen string
+	// AlsoListen are more addresses the same API is served on, each
+	// named in its certificate too: a machine that members on different
+	// networks reach at different addresses (sandstormd fleet up --hosts)
+	// serves on exactly those, not on every address it has.
+	AlsoListen []string
 	// Name is the control plane's name (default "sam").
 	Name string
 	// OIDC, if its Issuer is set, lets nodes enrol with an ID token of
@@ -65,9 +71,11 @@ func Serve(ctx context.Context, o Options, ready func(addr string)) error {
 // not yet serving: Serve serves its API; sam-one (internal/samone) serves
 // it beside its console and runs a router with its Server.
 type Opened struct {
-	Server     *Server
-	Store      *store.Store
-	Listener   net.Listener
+	Server   *Server
+	Store    *store.Store
+	Listener net.Listener
+	// Also are the listeners of Options.AlsoListen.
+	Also       []net.Listener
 	TLS        *tls.Config
 	AdminToken string
 	Log        *slog.Logger
@@ -108,11 +116,15 @@ func Open(o Options) (op *Opened, err error) {
 	if err != nil {
 		return nil, err
 	}
-	host, _, err := net.SplitHostPort(o.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("--listen %q: %w", o.Listen, err)
+	var hosts []string
+	for _, l := range append([]string{o.Listen}, o.AlsoListen...) {
+		host, _, err := net.SplitHostPort(l)
+		if err != nil {
+			return nil, fmt.Errorf("--listen %q: %w", l, err)
+		}
+		hosts = append(hosts, host)
 	}
-	tlsCfg, err := ca.ServerConfig([]string{host})
+	tlsCfg, err := ca.ServerConfig(hosts)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +145,19 @@ func Open(o Options) (op *Opened, err error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Opened{Server: New(cfg), Store: st, Listener: ln, TLS: tlsCfg, AdminToken: admin, Log: o.Log, name: o.Name, dataDir: o.DataDir}, nil
+	var also []net.Listener
+	for _, l := range o.AlsoListen {
+		al, err := net.Listen("tcp", l)
+		if err != nil {
+			ln.Close()
+			for _, a := range also {
+				a.Close()
+			}
+			return nil, err
+		}
+		also = append(also, al)
+	}
+	return &Opened{Server: New(cfg), Store: st, Listener: ln, Also: also, TLS: tlsCfg, AdminToken: admin, Log: o.Log, name: o.Name, dataDir: o.DataDir}, nil
 }
 
 // Serve serves h (nil: the control plane's API) over HTTPS on the
@@ -144,7 +168,11 @@ func (op *Opened) Serve(ctx context.Context, h http.Handler, ready func(addr str
 		h = op.Server.Handler()
 	}
 	srv := &http.Server{Handler: h, TLSConfig: op.TLS, ReadHeaderTimeout: 10 * time.Second}
-	op.Log.Info("control plane serving", "name", op.name, "api", "https://"+op.Listener.Addr().String(), "ca", filepath.Join(op.dataDir, "pki", pki.CAFile),
+	apis := []string{"https://" + op.Listener.Addr().String()}
+	for _, a := range op.Also {
+		apis = append(apis, "https://"+a.Addr().String())
+	}
+	op.Log.Info("control plane serving", "name", op.name, "api", strings.Join(apis, " "), "ca", filepath.Join(op.dataDir, "pki", pki.CAFile),
 		"admin_token_file", filepath.Join(op.dataDir, AdminTokenFile), "store", op.Store.Dialect())
 	if ready != nil {
 		ready(op.Listener.Addr().String())
@@ -155,15 +183,28 @@ func (op *Opened) Serve(ctx context.Context, h http.Handler, ready func(addr str
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	if err := srv.ServeTLS(op.Listener, "", ""); !errors.Is(err, http.ErrServerClosed) {
-		return err
+	// One server on every listener: the first that fails ends them all.
+	lns := append([]net.Listener{op.Listener}, op.Also...)
+	errc := make(chan error, len(lns))
+	for _, ln := range lns {
+		go func() { errc <- srv.ServeTLS(ln, "", "") }()
 	}
-	return nil
+	var first error
+	for range lns {
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) && first == nil {
+			first = err
+			srv.Close()
+		}
+	}
+	return first
 }
 
 // Close closes the store and the listener (if Serve did not).
 func (op *Opened) Close() error {
 	op.Listener.Close()
+	for _, l := range op.Also {
+		l.Close()
+	}
 	return op.Store.Close()
 }
 

@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,5 +152,78 @@ func TestServeKeepsPolicyAndRotation(t *testing.T) {
 	}
 	if kid := jwtKeyID(t, after.Credential); kid != rot.Current {
 		t.Errorf("after a restart the credential is signed by %s, want the rotated key %s", kid, rot.Current)
+	}
+}
+
+// TestServeOnSeveralAddresses: with AlsoListen the API is served on each
+// address given and on no other, and its certificate names every one of
+// them, so a member that reaches this machine at any of them verifies it
+// (sandstormd fleet up --hosts: hosts on different networks).
+func TestServeOnSeveralAddresses(t *testing.T) {
+	dir := t.TempDir()
+	free := func(ip string) string {
+		ln, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	a1, a2 := free("127.0.0.1"), free("127.0.0.2")
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, Options{DataDir: dir, Listen: a1, AlsoListen: []string{a2}, Name: "cp", Log: slog.New(slog.DiscardHandler)}, func(a string) { ready <- a })
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, "pki", pki.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	for _, a := range []string{a1, a2} {
+		// An IP address sends no server name: the certificate must name
+		// the address itself.
+		c, err := tls.Dial("tcp", a, &tls.Config{RootCAs: pool})
+		if err != nil {
+			t.Errorf("TLS to %s: %v", a, err)
+			continue
+		}
+		leaf := c.ConnectionState().PeerCertificates[0]
+		c.Close()
+		var ips []string
+		for _, ip := range leaf.IPAddresses {
+			ips = append(ips, ip.String())
+		}
+		for _, want := range []string{"127.0.0.1", "127.0.0.2"} {
+			if !slices.Contains(ips, want) {
+				t.Errorf("the certificate served at %s names %v, not %s", a, ips, want)
+			}
+		}
+		keys, err := (&Client{Base: "https://" + a, Name: "cp", HTTP: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}).Keys(ctx)
+		if err != nil || len(keys.Keys) == 0 {
+			t.Errorf("GET /v1/keys at %s: %+v %v", a, keys, err)
+		}
+	}
+	_, port, _ := net.SplitHostPort(a2)
+	if c, err := net.DialTimeout("tcp", "127.0.0.3:"+port, time.Second); err == nil {
+		c.Close()
+		t.Errorf("the API answers on 127.0.0.3:%s, an address it was not given", port)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serve: %v", err)
+	}
+	for _, a := range []string{a1, a2} {
+		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s still listens after Serve returned", a)
+		}
 	}
 }

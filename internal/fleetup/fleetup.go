@@ -63,8 +63,13 @@ type Config struct {
 	NoMesh bool
 	// MeshPolicy is a policy file set on the control plane at once;
 	// MeshConfig a sam-node config (providers, MCP servers) every node's
-	// sam-node serves.
+	// sam-node serves (over --hosts, copied to each host: the paths in it
+	// are the host's).
 	MeshPolicy, MeshConfig string
+	// MeshAddress, with Hosts, is the address of this machine every host
+	// reaches the control plane and the router at; "": the one each host
+	// sees this machine at (MeshAddresses).
+	MeshAddress string
 }
 
 // State is what fleet up made (<root>/fleet.json).
@@ -122,6 +127,11 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 		defer outMu.Unlock()
 		fmt.Fprintf(cfg.Out, f+"\n", a...)
 	}
+	if !cfg.NoMesh {
+		if _, err := meshBinaries(cfg.Bin); err != nil {
+			return st, err
+		}
+	}
 	// Every host is asked before anything is started: a host ssh cannot
 	// reach costs nothing to take down.
 	var plan *hostPlan
@@ -129,14 +139,6 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 		if plan, err = planHosts(ctx, cfg, say); err != nil {
 			return st, err
 		}
-	}
-	mesh := !cfg.NoMesh && plan == nil
-	if mesh {
-		if _, err := meshBinaries(cfg.Bin); err != nil {
-			return st, err
-		}
-	} else if !cfg.NoMesh {
-		say("note: over --hosts the mesh is not brought up yet; the nodes' boundaries grant what --node-arg=--policy=… gives them")
 	}
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return st, err
@@ -167,7 +169,19 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 	save(cfg.Root, st)
 	say("master: PID %d, API %s, log %s", master.PID, st.API, master.Log)
 	if plan != nil {
-		if err := startHosts(ctx, cfg, plan, &st, say); err != nil {
+		// The mesh first, here: each host's sam-node enrols with the
+		// control plane and dials the router as it starts, and its node
+		// after it.
+		var cp *meshCP
+		if !cfg.NoMesh {
+			if cp, err = startControlPlane(ctx, cfg, &st, plan.meshListen, say); err != nil {
+				return st, err
+			}
+			if err := startRouter(ctx, cfg, &st, cp, plan.meshListen, say); err != nil {
+				return st, err
+			}
+		}
+		if err := startHosts(ctx, cfg, plan, &st, cp, say); err != nil {
 			return st, err
 		}
 	}
@@ -182,7 +196,7 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 		}
 		say("node %s: PID %d in netns %s, listening on %s", n.Name, n.PID, n.Netns, n.Address)
 	}
-	if mesh {
+	if !cfg.NoMesh && plan == nil {
 		if err := startMesh(ctx, cfg, &st, say); err != nil {
 			return st, err
 		}
@@ -429,8 +443,8 @@ func answers(ctx context.Context, eps map[string]string) error {
 
 // Down takes down the fleet under root: its sandboxes (through the master,
 // while it still runs), then its processes by PID, its namespaces and
-// links, and its nodes on other hosts by PID over ssh. Data dirs stay
-// unless purge.
+// links, and its nodes and their sam-nodes on other hosts by PID over
+// ssh. Data dirs stay unless purge.
 func Down(root string, purge bool, out io.Writer) error {
 	return DownWith(root, purge, SSH{}, out)
 }
@@ -493,9 +507,9 @@ func dirs(st State) []string {
 	return out
 }
 
-// down stops the master and every node by PID: here directly, on a host
-// over ssh (purging its files there with purge). It returns what the
-// hosts could not do.
+// down stops the master, the mesh and every node by PID: here directly,
+// on a host over ssh, its sam-node before its node (purging their files
+// there with purge). It returns what the hosts could not do.
 func down(st State, purge bool, out io.Writer) error {
 	procs := append(meshProcs(st.Mesh), st.Master)
 	for _, n := range st.Nodes {
@@ -511,17 +525,64 @@ func down(st State, purge bool, out io.Writer) error {
 		if n.Host == "" {
 			exec.Command("ip", "netns", "delete", n.Netns).Run()
 			exec.Command("ip", "link", "delete", n.HostIf).Run()
-			continue
 		}
+	}
+	for _, r := range remoteUnits(st) {
+		name, host := r.name()
 		if st.SSH == nil {
-			errs = append(errs, fmt.Errorf("node %s on %s: fleet.json says nothing of how to reach it (no \"ssh\")", n.Name, n.Host))
+			errs = append(errs, fmt.Errorf("node %s on %s: fleet.json says nothing of how to reach it (no \"ssh\")", name, host))
 			continue
 		}
-		if err := stopRemote(*st.SSH, n, purge, out); err != nil {
-			errs = append(errs, fmt.Errorf("node %s (PID %d) on %s: %w", n.Name, n.PID, n.Host, err))
+		if err := stopRemote(*st.SSH, r.node, r.mesh, purge, out); err != nil {
+			errs = append(errs, fmt.Errorf("node %s on %s: %w", name, host, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// remoteUnit is what fleet up started for one node on a host: the node,
+// its sam-node, or both (either is nil if fleet up failed before it).
+type remoteUnit struct {
+	node *NodeState
+	mesh *MeshNode
+}
+
+func (r remoteUnit) name() (string, string) {
+	if r.node != nil {
+		return r.node.Name, r.node.Host
+	}
+	return r.mesh.Name, r.mesh.Host
+}
+
+// remoteUnits pairs each node on a host with its sam-node, in
+// fleet.json's order.
+func remoteUnits(st State) []remoteUnit {
+	var out []remoteUnit
+	used := map[string]bool{}
+	var mesh []MeshNode
+	if st.Mesh != nil {
+		mesh = st.Mesh.Nodes
+	}
+	for i := range st.Nodes {
+		n := &st.Nodes[i]
+		if n.Host == "" {
+			continue
+		}
+		u := remoteUnit{node: n}
+		for j := range mesh {
+			if mesh[j].Host == n.Host && mesh[j].Name == n.Name {
+				u.mesh = &mesh[j]
+				used[n.Name+"@"+n.Host] = true
+			}
+		}
+		out = append(out, u)
+	}
+	for j := range mesh {
+		if mesh[j].Host != "" && !used[mesh[j].Name+"@"+mesh[j].Host] {
+			out = append(out, remoteUnit{mesh: &mesh[j]})
+		}
+	}
+	return out
 }
 
 // stop sends SIGTERM to p's process if it is still the sandstormd it

@@ -285,6 +285,124 @@ func (l layout) log() string      { return l.Dir + "/" + l.Node + ".log" }
 func (l layout) pidFile() string  { return l.Dir + "/" + l.Node + ".pid" }
 func (l layout) codeFile() string { return path.Join(l.dataDir(), "pki", pki.PairingCodeFile) }
 
+// The node's sam-node (mesh.go): its binary beside sandstormd, and per
+// node its mesh dir (identity, credential, agent socket), log, PID file
+// and config.
+func (l layout) samNode() string     { return l.Dir + "/bin/sam-node" }
+func (l layout) meshDir() string     { return l.Dir + "/" + l.Node + "-mesh" }
+func (l layout) meshSocket() string  { return l.meshDir() + "/sam-node.sock" }
+func (l layout) meshLog() string     { return l.Dir + "/" + l.Node + "-sam-node.log" }
+func (l layout) meshPIDFile() string { return l.Dir + "/" + l.Node + "-sam-node.pid" }
+func (l layout) meshConfig() string  { return l.Dir + "/" + l.Node + "-sam-node.yaml" }
+
+// meshConfigName is the sam-node config among the files copied to a
+// host: it goes beside the node's files, not into bin/, mode 0600.
+const meshConfigName = "sam-node.yaml"
+
+// dest is where a copied file goes on the host and its mode there.
+func (l layout) dest(name string) (string, string) {
+	if name == meshConfigName {
+		return l.meshConfig(), "600"
+	}
+	return l.Dir + "/bin/" + name, "755"
+}
+
+// maxSocketPath is the longest path a unix socket can be bound at
+// (sun_path is 108 bytes on Linux, with its terminating NUL).
+const maxSocketPath = 107
+
+// MeshAddresses decides where each host's sam-node reaches the control
+// plane and the router on this machine, and so what they listen on.
+// sees[i] is the address host i sees this machine at: the first field of
+// its SSH_CONNECTION (RFC 4254 does not define it; OpenSSH's sshd sets it
+// to "client-address client-port server-address server-port"), which is
+// the address its packets to this machine go to — as long as nothing
+// translates or relays between (a NAT, a ProxyJump host). So an address
+// is taken only if it is one of this machine's (local); otherwise, or
+// when a host says nothing, the caller must name it (override:
+// --mesh-address), which then serves every host. Hosts that see this
+// machine at different addresses (one on each of its networks) each get
+// their own, and the listeners are every distinct one, in host order:
+// only where members come from, never every address this machine has.
+func MeshAddresses(hosts []Host, sees []string, local []netip.Addr, override string) (per, listen []netip.Addr, err error) {
+	isLocal := func(a netip.Addr) bool {
+		for _, l := range local {
+			if l.WithZone("") == a {
+				return true
+			}
+		}
+		return false
+	}
+	if override != "" {
+		a, err := netip.ParseAddr(override)
+		if err != nil || a.Zone() != "" {
+			return nil, nil, fmt.Errorf("--mesh-address %q: want an IP address of this machine (no zone)", override)
+		}
+		a = a.Unmap()
+		if !isLocal(a) {
+			return nil, nil, fmt.Errorf("--mesh-address %s is not an address of this machine: the control plane and the router listen there (ip -brief address shows this machine's)", a)
+		}
+		for range hosts {
+			per = append(per, a)
+		}
+		return per, []netip.Addr{a}, nil
+	}
+	seen := map[netip.Addr]bool{}
+	for i, h := range hosts {
+		a, perr := netip.ParseAddr(sees[i])
+		if sees[i] == "" || perr != nil {
+			return nil, nil, fmt.Errorf("%s: cannot tell which address it reaches this machine at (its SSH_CONNECTION is empty): give it with --mesh-address ADDRESS, or leave the mesh out with --no-mesh", h.Spec)
+		}
+		a = a.WithZone("").Unmap()
+		if a.IsLinkLocalUnicast() {
+			return nil, nil, fmt.Errorf("%s reaches this machine at the link-local address %s, which members cannot dial without a zone: give a routable address of this machine with --mesh-address ADDRESS", h.Spec, a)
+		}
+		if !isLocal(a) {
+			return nil, nil, fmt.Errorf("%s sees this machine as %s (its SSH_CONNECTION), which is not an address of this machine: a NAT or a jump host is between them. Give the address of this machine the hosts reach with --mesh-address ADDRESS, or leave the mesh out with --no-mesh", h.Spec, a)
+		}
+		per = append(per, a)
+		if !seen[a] {
+			seen[a] = true
+			listen = append(listen, a)
+		}
+	}
+	return per, listen, nil
+}
+
+// hostPort is a:port as a URL's host or a dial address ([v6]:port).
+func hostPort(a netip.Addr, port int) string {
+	return netip.AddrPortFrom(a, uint16(port)).String()
+}
+
+// tcpMultiaddr is a libp2p address for TCP on a:port.
+func tcpMultiaddr(a netip.Addr, port int) string {
+	if a.Is4() {
+		return fmt.Sprintf("/ip4/%s/tcp/%d", a, port)
+	}
+	return fmt.Sprintf("/ip6/%s/tcp/%d", a, port)
+}
+
+// meshJoinNeeded reads what inspectScript found of a node's sam-node on
+// its host: its mesh dir holds a member of this control plane already
+// (its CA's sha256 is caSum) — kept by a fleet down without --purge, and
+// it needs no token — or nothing yet, and it must join. A member of
+// another control plane is an error, as a node paired with another master
+// is; so is one of this control plane enrolled at another URL than url
+// (the address the host reaches this machine at has changed), which it
+// would go on calling.
+func meshJoinNeeded(kv map[string]string, caSum, url string, h Host, l layout) (bool, error) {
+	if kv["mesh_member"] == "" {
+		return true, nil
+	}
+	if kv["mesh_ca"] != caSum {
+		return false, fmt.Errorf("%s: %s holds a member of another mesh's control plane (an earlier fleet's, whose root was purged or is another): take that fleet down with --purge, remove %s there, or use another --remote-dir", h.Spec, l.meshDir(), l.meshDir())
+	}
+	if u := kv["mesh_url"]; u != "" && u != url {
+		return false, fmt.Errorf("%s: its sam-node's member (%s) was enrolled with the control plane at %s, and the host now reaches it at %s: give --mesh-address as then, or take this fleet down with --purge and up again", h.Spec, l.meshDir(), u, url)
+	}
+	return false, nil
+}
+
 // shQuote quotes s for a POSIX shell: in single quotes, each single quote
 // of s ended, escaped with a backslash and begun again.
 func shQuote(s string) string {

@@ -1,6 +1,7 @@
 package fleetup
 
 import (
+	"net/netip"
 	"os/exec"
 	"reflect"
 	"strings"
@@ -213,6 +214,11 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.RemoteRunsc = "runsc" }, "--remote-runsc"},
 		{func(c *Config) { c.RemoteRunsc, c.Runsc = "/usr/bin/runsc", "/bin/runsc" }, "exclude"},
 		{func(c *Config) { c.SSH.Options = []string{"-F/dev/null"} }, "--ssh-option"},
+		{func(c *Config) { c.MeshAddress = "10.0.0.300" }, "--mesh-address"},
+		{func(c *Config) { c.MeshAddress = "fe80::1%eth0" }, "--mesh-address"},
+		{func(c *Config) { c.NoMesh, c.MeshConfig = true, "/etc/sam/node.yaml" }, "--no-mesh"},
+		// The sam-node socket's path must fit a sockaddr_un.
+		{func(c *Config) { c.RemoteDir = "/" + strings.Repeat("d", 90) }, "unix socket"},
 	} {
 		cfg := ok
 		c.mod(&cfg)
@@ -220,7 +226,136 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%+v: %v; want an error saying %q", cfg, err, c.want)
 		}
 	}
+	long := ok
+	long.RemoteDir, long.NoMesh = "/"+strings.Repeat("d", 90), true
+	if err := long.Validate(); err != nil {
+		t.Errorf("a long --remote-dir with --no-mesh (no socket there): %v", err)
+	}
 	if err := (Config{Nodes: 10}).Validate(); err == nil {
 		t.Error("--nodes 10: no error")
+	}
+}
+
+// TestMeshAddresses: each host reaches the control plane and the router
+// at the address it sees this machine at, if that is this machine's; the
+// listeners are those addresses, each once; --mesh-address overrides; a
+// NAT or jump host between (an address not this machine's), an empty
+// SSH_CONNECTION and a link-local address are errors saying what to do.
+func TestMeshAddresses(t *testing.T) {
+	hs, _ := ParseHosts([]string{"root@10.191.1.2", "root@10.191.2.2", "root@10.191.3.2"})
+	local := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.191.1.1"), netip.MustParseAddr("10.191.2.1"),
+		netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fe80::1%eth0")}
+	str := func(as []netip.Addr) []string {
+		var out []string
+		for _, a := range as {
+			out = append(out, a.String())
+		}
+		return out
+	}
+	// Hosts on two networks: each its own; the listeners each once, in
+	// host order.
+	per, listen, err := MeshAddresses(hs, []string{"10.191.1.1", "10.191.2.1", "10.191.1.1"}, local, "")
+	if err != nil || !reflect.DeepEqual(str(per), []string{"10.191.1.1", "10.191.2.1", "10.191.1.1"}) || !reflect.DeepEqual(str(listen), []string{"10.191.1.1", "10.191.2.1"}) {
+		t.Errorf("two networks: %v %v %v", per, listen, err)
+	}
+	// IPv4-mapped (a dual-stack sshd) and IPv6.
+	per, listen, err = MeshAddresses(hs[:2], []string{"::ffff:10.191.1.1", "fd00::1"}, local, "")
+	if err != nil || !reflect.DeepEqual(str(per), []string{"10.191.1.1", "fd00::1"}) || len(listen) != 2 {
+		t.Errorf("mapped and v6: %v %v %v", per, listen, err)
+	}
+	// The override serves every host, whatever they saw.
+	per, listen, err = MeshAddresses(hs, []string{"203.0.113.9", "", "10.191.2.1"}, local, "10.191.2.1")
+	if err != nil || !reflect.DeepEqual(str(per), []string{"10.191.2.1", "10.191.2.1", "10.191.2.1"}) || !reflect.DeepEqual(str(listen), []string{"10.191.2.1"}) {
+		t.Errorf("--mesh-address: %v %v %v", per, listen, err)
+	}
+	for _, c := range []struct {
+		sees     []string
+		override string
+		want     string
+	}{
+		{[]string{"10.191.1.1", "203.0.113.9", "10.191.1.1"}, "", "root@10.191.2.2 sees this machine as 203.0.113.9"},
+		{[]string{"10.191.1.1", "203.0.113.9", "10.191.1.1"}, "", "--mesh-address"},
+		{[]string{"10.191.1.1", "", "10.191.1.1"}, "", "SSH_CONNECTION is empty"},
+		{[]string{"fe80::1", "10.191.1.1", "10.191.1.1"}, "", "link-local"},
+		{[]string{"10.191.1.1", "10.191.1.1", "10.191.1.1"}, "192.0.2.1", "not an address of this machine"},
+		{[]string{"10.191.1.1", "10.191.1.1", "10.191.1.1"}, "nonsense", "--mesh-address"},
+	} {
+		if _, _, err := MeshAddresses(hs, c.sees, local, c.override); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("sees %v, override %q: %v; want an error saying %q", c.sees, c.override, err, c.want)
+		}
+	}
+}
+
+func TestMeshDialStrings(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.191.1.1"), netip.MustParseAddr("fd00::1")
+	if got := hostPort(v4, 7600); got != "10.191.1.1:7600" {
+		t.Error(got)
+	}
+	if got := hostPort(v6, 7600); got != "[fd00::1]:7600" {
+		t.Error(got)
+	}
+	if got := tcpMultiaddr(v4, 7700); got != "/ip4/10.191.1.1/tcp/7700" {
+		t.Error(got)
+	}
+	if got := tcpMultiaddr(v6, 7700); got != "/ip6/fd00::1/tcp/7700" {
+		t.Error(got)
+	}
+	l := layout{Dir: "/var/lib/sf", Node: "web1"}
+	if d, m := l.dest("sam-node"); d != "/var/lib/sf/bin/sam-node" || m != "755" {
+		t.Errorf("sam-node goes to %s mode %s", d, m)
+	}
+	if d, m := l.dest(meshConfigName); d != "/var/lib/sf/web1-sam-node.yaml" || m != "600" {
+		t.Errorf("the sam-node config goes to %s mode %s", d, m)
+	}
+}
+
+// TestMeshJoinNeeded: a host's sam-node joins unless its mesh dir holds
+// a member of this control plane (by its CA's sha256); a member of
+// another is an error that says how to clear it.
+func TestMeshJoinNeeded(t *testing.T) {
+	h, _ := ParseHost("root@10.0.0.5")
+	l := layout{Dir: "/var/lib/sf", Node: "10-0-0-5"}
+	const url = "https://10.0.0.1:7600"
+	if j, err := meshJoinNeeded(map[string]string{"mesh_ca": ""}, "abc", url, h, l); !j || err != nil {
+		t.Errorf("nothing there: %v %v", j, err)
+	}
+	// A CA left by a failed join, no credential: join again.
+	if j, err := meshJoinNeeded(map[string]string{"mesh_ca": "abc"}, "abc", url, h, l); !j || err != nil {
+		t.Errorf("a CA and no member: %v %v", j, err)
+	}
+	if j, err := meshJoinNeeded(map[string]string{"mesh_member": "1", "mesh_ca": "abc", "mesh_url": url}, "abc", url, h, l); j || err != nil {
+		t.Errorf("a member of this control plane: %v %v", j, err)
+	}
+	if _, err := meshJoinNeeded(map[string]string{"mesh_member": "1", "mesh_ca": "def", "mesh_url": url}, "abc", url, h, l); err == nil || !strings.Contains(err.Error(), "another mesh") || !strings.Contains(err.Error(), "/var/lib/sf/10-0-0-5-mesh") {
+		t.Errorf("a member of another control plane: %v", err)
+	}
+	if _, err := meshJoinNeeded(map[string]string{"mesh_member": "1", "mesh_ca": "abc", "mesh_url": "https://10.9.9.9:7600"}, "abc", url, h, l); err == nil || !strings.Contains(err.Error(), "--mesh-address") {
+		t.Errorf("a member enrolled at another address of this control plane: %v", err)
+	}
+}
+
+// TestRemoteUnits: fleet down stops each host's sam-node with its node,
+// and one whose node never started (fleet up failed between) on its own.
+func TestRemoteUnits(t *testing.T) {
+	st := State{
+		Nodes: []NodeState{{Name: "a", Host: "root@a"}, {Name: "node-1", Netns: "sf-1"}, {Name: "b", Host: "root@b"}},
+		Mesh:  &MeshState{Nodes: []MeshNode{{Name: "b", Host: "root@b"}, {Name: "c", Host: "root@c"}, {Name: "node-1", Netns: "sf-1"}}},
+	}
+	var got []string
+	for _, u := range remoteUnits(st) {
+		s := ""
+		if u.node != nil {
+			s += "node " + u.node.Name
+		}
+		if u.mesh != nil {
+			s += "+mesh " + u.mesh.Name
+		}
+		got = append(got, s)
+	}
+	if want := []string{"node a", "node b+mesh b", "+mesh c"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("remote units: %q, want %q", got, want)
+	}
+	if procs := meshProcs(st.Mesh); len(procs) != 3 {
+		t.Errorf("the mesh's processes here: %+v (want node-1's sam-node, the router and the control plane)", procs)
 	}
 }

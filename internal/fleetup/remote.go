@@ -44,6 +44,10 @@ type hostPlan struct {
 	nodes    []*remoteNode
 	files    []localFile // what each host's bin/ must hold
 	nodePort int
+	// meshListen are the addresses the control plane and the router
+	// listen on here: where the hosts reach this machine (MeshAddresses);
+	// none without the mesh.
+	meshListen []netip.Addr
 }
 
 // remoteNode is one host and the node fleet up runs on it.
@@ -54,6 +58,13 @@ type remoteNode struct {
 	addr   string // where its node listens: the host's address sshd answered on
 	sudo   bool   // its root steps go through sudo -n
 	l      layout
+	// sees is the address it sees this machine at (its SSH_CONNECTION's
+	// first field); meshAddr the one its sam-node reaches the control
+	// plane and router at (MeshAddresses).
+	sees     string
+	meshAddr netip.Addr
+	// meshJoin: its sam-node is not a member yet (meshJoinNeeded).
+	meshJoin bool
 }
 
 // envdName is envd's binary, which a node looks for beside its sandstormd.
@@ -110,6 +121,14 @@ func planHosts(ctx context.Context, cfg Config, say func(string, ...any)) (*host
 	} else {
 		say("note: no %s beside %s (make build puts it there): the nodes will serve no commands and files (sandbox exec/cp, the E2B API)", envdName, cfg.Bin)
 	}
+	if !cfg.NoMesh {
+		// The node's sam-node runs beside it (mesh.go); meshBinaries has
+		// checked it is there.
+		files = append(files, localFile{name: "sam-node", path: filepath.Join(filepath.Dir(cfg.Bin), "sam-node")})
+		if cfg.MeshConfig != "" {
+			files = append(files, localFile{name: meshConfigName, path: cfg.MeshConfig})
+		}
+	}
 	for i := range files {
 		sum, size, err := fileSum(files[i].path)
 		if err != nil {
@@ -118,8 +137,51 @@ func planHosts(ctx context.Context, cfg Config, say func(string, ...any)) (*host
 		files[i].sum, files[i].size = sum, size
 	}
 	p.files = files
-	err := each(len(p.nodes), func(i int) error { return p.preflight(ctx, p.nodes[i], say) })
-	return p, err
+	if err := each(len(p.nodes), func(i int) error { return p.preflight(ctx, p.nodes[i], say) }); err != nil {
+		return p, err
+	}
+	if cfg.NoMesh {
+		return p, nil
+	}
+	local, err := localAddrs()
+	if err != nil {
+		return p, err
+	}
+	sees := make([]string, len(p.nodes))
+	for i, n := range p.nodes {
+		sees[i] = n.sees
+	}
+	per, listen, err := MeshAddresses(hosts, sees, local, cfg.MeshAddress)
+	if err != nil {
+		return p, err
+	}
+	for i, n := range p.nodes {
+		n.meshAddr = per[i]
+	}
+	p.meshListen = listen
+	var ls []string
+	for _, a := range listen {
+		ls = append(ls, a.String())
+	}
+	say("mesh: the control plane and the router will listen on %s (where the hosts reach this machine): the hosts must reach it there on TCP %d and %d", strings.Join(ls, ", "), controlPlanePort, routerPort)
+	return p, nil
+}
+
+// localAddrs are this machine's addresses.
+func localAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("this machine's addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
 }
 
 // checkHosts is every check of the --hosts flags that needs no host.
@@ -146,6 +208,19 @@ func (cfg Config) checkHosts() error {
 	if cfg.RemoteRunsc != "" && cfg.Runsc != "" {
 		return errors.New("--runsc (a runsc to copy) and --remote-runsc (one on the hosts already) exclude each other")
 	}
+	if !cfg.NoMesh {
+		if cfg.MeshAddress != "" {
+			if a, err := netip.ParseAddr(cfg.MeshAddress); err != nil || a.Zone() != "" {
+				return fmt.Errorf("--mesh-address %q: want an IP address of this machine", cfg.MeshAddress)
+			}
+		}
+		names, _ := NodeNames(hosts)
+		for _, n := range names {
+			if s := (layout{Dir: cfg.RemoteDir, Node: n}).meshSocket(); len(s) > maxSocketPath {
+				return fmt.Errorf("--remote-dir %s: node %s's sam-node socket would be %s, longer than a unix socket path may be (%d bytes): use a shorter --remote-dir", cfg.RemoteDir, n, s, maxSocketPath)
+			}
+		}
+	}
 	for _, o := range cfg.SSH.Options {
 		if strings.HasPrefix(o, "-") || o == "" {
 			return fmt.Errorf("--ssh-option %q: give the option itself, as for ssh -o (e.g. --ssh-option StrictHostKeyChecking=accept-new)", o)
@@ -157,6 +232,9 @@ func (cfg Config) checkHosts() error {
 // Validate checks cfg's flags as given, before anything runs: what it
 // says is a mistake in how fleet up was called.
 func (cfg Config) Validate() error {
+	if cfg.NoMesh && (cfg.MeshAddress != "" || cfg.MeshConfig != "" || cfg.MeshPolicy != "") {
+		return errors.New("--mesh-address, --mesh-config and --mesh-policy are for the mesh, which --no-mesh leaves out")
+	}
 	if len(cfg.Hosts) > 0 {
 		return cfg.checkHosts()
 	}
@@ -216,6 +294,7 @@ func (p *hostPlan) preflight(ctx context.Context, n *remoteNode, say func(string
 		if a, err := netip.ParseAddr(f[2]); err == nil {
 			n.addr = a.WithZone("").String()
 		}
+		n.sees = f[0]
 	}
 	if n.addr == "" {
 		if a, err := netip.ParseAddr(n.host.Addr); err == nil {
@@ -237,23 +316,30 @@ func (n *remoteNode) listen(p *hostPlan) string {
 	return net.JoinHostPort(n.addr, strconv.Itoa(p.nodePort))
 }
 
-// start brings node n up on its host: binaries checked and copied if
-// they differ, then the node started detached. It returns its state once
-// it has a PID.
-func (p *hostPlan) start(ctx context.Context, cfg Config, n *remoteNode, say func(string, ...any)) (NodeState, error) {
-	st := NodeState{Name: n.name, Address: n.listen(p), Host: n.host.Spec, PIDFile: n.l.pidFile(), Sudo: n.sudo,
-		Proc: Proc{DataDir: n.l.dataDir(), Log: n.l.log()}}
+// prepare readies n's host: what is there inspected (a node or sam-node
+// of this name still running is an error), the binaries (and the
+// sam-node config) checked and copied if they differ, and, with the mesh
+// (cp), whether its sam-node must enrol.
+func (p *hostPlan) prepare(ctx context.Context, n *remoteNode, cp *meshCP, say func(string, ...any)) error {
 	out, err := p.ssh.run(ctx, n.host, "inspect "+p.ssh.RemoteDir, inspectScript(n.l, p.ssh.RemoteRunsc), n.sudo)
 	if err != nil {
-		return st, err
+		return err
 	}
 	kv := keyValues(out)
 	if pid := kv["running"]; pid != "" {
-		return st, fmt.Errorf("%s: a node %s already runs there (PID %s, %s): take its fleet down first (sandstormd fleet down --root … on the machine that brought it up), or use another --remote-dir", n.host.Spec, n.name, pid, n.l.pidFile())
+		return fmt.Errorf("%s: a node %s already runs there (PID %s, %s): take its fleet down first (sandstormd fleet down --root … on the machine that brought it up), or use another --remote-dir", n.host.Spec, n.name, pid, n.l.pidFile())
+	}
+	if cp != nil {
+		if pid := kv["mesh_running"]; pid != "" {
+			return fmt.Errorf("%s: a sam-node of node %s already runs there (PID %s, %s): take its fleet down first, or use another --remote-dir", n.host.Spec, n.name, pid, n.l.meshPIDFile())
+		}
+		if n.meshJoin, err = meshJoinNeeded(kv, cp.caSum, meshURL(n.meshAddr), n.host, n.l); err != nil {
+			return err
+		}
 	}
 	if p.ssh.RemoteRunsc != "" {
 		if kv["runsc_missing"] != "" {
-			return st, fmt.Errorf("%s: no runsc at %s (--remote-runsc); leave the flag out and fleet up copies the pinned one", n.host.Spec, p.ssh.RemoteRunsc)
+			return fmt.Errorf("%s: no runsc at %s (--remote-runsc); leave the flag out and fleet up copies the pinned one", n.host.Spec, p.ssh.RemoteRunsc)
 		}
 		if v := strings.TrimPrefix(kv["runsc_version"], "runsc version "); v != gvisor.PinnedVersion {
 			say("host %s: note: runsc there is %q, not the pinned %s", n.host.Spec, v, gvisor.PinnedVersion)
@@ -268,17 +354,29 @@ func (p *hostPlan) start(ctx context.Context, cfg Config, n *remoteNode, say fun
 		}
 	}
 	if len(need) > 0 {
-		if err := p.install(ctx, n, need, say); err != nil {
-			return st, err
-		}
+		return p.install(ctx, n, need, say)
 	}
+	return nil
+}
+
+// start starts node n on its host, detached (prepare has readied the
+// host), its boundaries on its sam-node's policy with the mesh. It
+// returns its state once it has a PID.
+func (p *hostPlan) start(ctx context.Context, cfg Config, n *remoteNode, mesh bool, say func(string, ...any)) (NodeState, error) {
+	st := NodeState{Name: n.name, Address: n.listen(p), Host: n.host.Spec, PIDFile: n.l.pidFile(), Sudo: n.sudo,
+		Proc: Proc{DataDir: n.l.dataDir(), Log: n.l.log()}}
 	args := []string{n.l.bin(), "serve", "--node", "--node-name", n.name, "--node-listen", n.listen(p),
 		"--data-dir", n.l.dataDir(), "--subnet", n.subnet, "--gateway-listen", n.addr}
 	if p.ssh.RemoteRunsc != "" {
 		args = append(args, "--runsc", p.ssh.RemoteRunsc)
 	}
 	args = append(args, cfg.NodeArgs...)
-	out, err = p.ssh.run(ctx, n.host, "start the node", startScript(n.l, args), n.sudo)
+	if mesh {
+		// After --node-arg, as for a fleet here: the mesh's policy is
+		// the fleet's one policy.
+		args = append(args, "--sam-node", "unix://"+n.l.meshSocket(), "--policy", "sam-node")
+	}
+	out, err := p.ssh.run(ctx, n.host, "start the node", startScript(n.l, args), n.sudo)
 	if err != nil {
 		return st, err
 	}
@@ -287,6 +385,50 @@ func (p *hostPlan) start(ctx context.Context, cfg Config, n *remoteNode, say fun
 	}
 	say("node %s: PID %d on %s, listening on %s, sandboxes in %s; log %s:%s", n.name, st.PID, n.host.Spec, st.Address, n.subnet, n.host.Spec, st.Log)
 	return st, nil
+}
+
+// startSamNode enrols n's sam-node with token (unless it is a member
+// already) and starts it detached on its host: a member listening on the
+// host's address, dialling the router at the address the host reaches
+// this machine at, its agent socket for the node's boundaries. It
+// returns its state once it has a PID, and where in its log this start
+// begins.
+func (p *hostPlan) startSamNode(ctx context.Context, cfg Config, n *remoteNode, cp *meshCP, token string, say func(string, ...any)) (MeshNode, int64, error) {
+	mn := MeshNode{Name: n.name, Host: n.host.Spec, PIDFile: n.l.meshPIDFile(), Sudo: n.sudo, Socket: n.l.meshSocket(),
+		Proc: Proc{DataDir: n.l.meshDir(), Log: n.l.meshLog()}}
+	addr, err := netip.ParseAddr(n.addr)
+	if err != nil {
+		return mn, 0, fmt.Errorf("%s: its address %q: %w", n.host.Spec, n.addr, err)
+	}
+	var join *meshJoin
+	if n.meshJoin {
+		join = &meshJoin{URL: meshURL(n.meshAddr), Name: n.name, Token: token, CA: cp.ca,
+			Hint: fmt.Sprintf("(%s must reach this fleet's control plane at %s, TCP %d: a firewall between?)", n.host.Spec, n.meshAddr, controlPlanePort)}
+	}
+	args := []string{n.l.samNode(), "--mesh-dir", n.l.meshDir(), "--router", cp.routerFor(n.meshAddr),
+		"--p2p-listen", tcpMultiaddr(addr, memberPort), "--listen", "unix://" + n.l.meshSocket(), "--admin-addr", meshAdminAddr}
+	if cfg.MeshConfig != "" {
+		args = append(args, "--config", n.l.meshConfig())
+	}
+	script, err := samNodeScript(n.l, join, args)
+	if err != nil {
+		return mn, 0, err
+	}
+	out, err := p.ssh.run(ctx, n.host, "start node "+n.name+"'s sam-node", script, n.sudo)
+	if err != nil {
+		return mn, 0, err
+	}
+	kv := keyValues(out)
+	off, _ := strconv.ParseInt(kv["log_offset"], 10, 64)
+	if mn.PID, err = strconv.Atoi(kv["pid"]); err != nil || mn.PID <= 0 {
+		return mn, 0, fmt.Errorf("%s: starting the sam-node printed %q, not its PID", n.host.Spec, strings.TrimSpace(out))
+	}
+	how := "enrolled now"
+	if join == nil {
+		how = "a member already (its mesh dir kept from an earlier fleet up)"
+	}
+	say("sam-node of %s: PID %d on %s, %s, listening on %s; log %s:%s", n.name, mn.PID, n.host.Spec, how, tcpMultiaddr(addr, memberPort), n.host.Spec, mn.Log)
+	return mn, off, nil
 }
 
 // install copies files to a stage on n's host with scp and moves them
@@ -352,57 +494,140 @@ func pairingCode(ctx context.Context, s SSHState, n NodeState) (string, error) {
 	}
 }
 
-// stopRemote stops node n on its host by PID (and with purge removes its
-// files there), saying what it did.
-func stopRemote(s SSHState, n NodeState, purge bool, out io.Writer) error {
-	h, err := ParseHost(n.Host)
+// stopRemote stops, on one host, a node's sam-node (mn) and then the
+// node (n) by PID — either may be nil, when fleet up failed before it
+// started — and with purge removes their files there, saying what it did.
+func stopRemote(s SSHState, n *NodeState, mn *MeshNode, purge bool, out io.Writer) error {
+	name, spec, sudo := "", "", false
+	if n != nil {
+		name, spec, sudo = n.Name, n.Host, n.Sudo
+	} else {
+		name, spec, sudo = mn.Name, mn.Host, mn.Sudo
+	}
+	h, err := ParseHost(spec)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l := layout{Dir: s.RemoteDir, Node: n.Name}
-	res, err := s.run(ctx, h, "stop node "+n.Name, stopScript(l, n.PID, purge, s.RemoteRunsc == ""), n.Sudo)
-	if err != nil {
-		return err
+	l := layout{Dir: s.RemoteDir, Node: name}
+	script := ""
+	if mn != nil {
+		script += stopMeshScript(l, mn.PID, purge)
 	}
+	if n != nil {
+		script += stopScript(l, n.PID, purge, s.RemoteRunsc == "")
+	}
+	res, err := s.run(ctx, h, "stop node "+name, script, sudo)
 	kv := map[string]bool{}
 	for _, w := range strings.Fields(res) {
 		kv[w] = true
 	}
 	switch {
+	case kv["mesh_stopped"]:
+		fmt.Fprintf(out, "sam-node of %s on %s: stopped PID %d\n", name, spec, mn.PID)
+	case kv["mesh_gone"]:
+		fmt.Fprintf(out, "sam-node of %s on %s: PID %d had already exited\n", name, spec, mn.PID)
+	}
+	if kv["mesh_purged"] {
+		fmt.Fprintf(out, "sam-node of %s on %s: removed %s, its log and config\n", name, spec, mn.DataDir)
+	}
+	if err != nil {
+		return err
+	}
+	switch {
 	case kv["stopped"]:
-		fmt.Fprintf(out, "node %s on %s: stopped PID %d\n", n.Name, n.Host, n.PID)
+		fmt.Fprintf(out, "node %s on %s: stopped PID %d\n", name, spec, n.PID)
 	case kv["gone"]:
-		fmt.Fprintf(out, "node %s on %s: PID %d had already exited\n", n.Name, n.Host, n.PID)
+		fmt.Fprintf(out, "node %s on %s: PID %d had already exited\n", name, spec, n.PID)
 	}
 	if kv["purged"] {
-		fmt.Fprintf(out, "node %s on %s: removed %s and its log\n", n.Name, n.Host, n.DataDir)
+		fmt.Fprintf(out, "node %s on %s: removed %s and its log\n", name, spec, n.DataDir)
 	}
 	return nil
 }
 
-// startHosts starts every host's node at once, recording each in st (and
-// fleet.json) as soon as it has a PID, in --hosts order.
-func startHosts(ctx context.Context, cfg Config, p *hostPlan, st *State, say func(string, ...any)) error {
+// startHosts brings every host up at once: each readied (prepare); then,
+// with the mesh (cp), one bootstrap token for exactly the sam-nodes that
+// enrol now, made only once every copy is done so that it lives minutes,
+// not as long as the slowest copy; then on each host its sam-node and its
+// node, each recorded in st (and fleet.json) as soon as it has a PID, in
+// --hosts order; and last, every sam-node waited for until it has joined
+// the mesh.
+func startHosts(ctx context.Context, cfg Config, p *hostPlan, st *State, cp *meshCP, say func(string, ...any)) error {
 	st.SSH = &p.ssh
 	save(cfg.Root, *st)
+	if err := each(len(p.nodes), func(i int) error { return p.prepare(ctx, p.nodes[i], cp, say) }); err != nil {
+		return err
+	}
+	var token string
+	if cp != nil {
+		joins := 0
+		for _, n := range p.nodes {
+			if n.meshJoin {
+				joins++
+			}
+		}
+		if joins > 0 {
+			var err error
+			if token, err = cp.token(ctx, joins); err != nil {
+				return err
+			}
+			say("mesh: a bootstrap token for exactly %d enrolment(s), good for %v, fed to each sam-node join on its stdin", joins, meshTokenTTL)
+		}
+	}
 	var mu sync.Mutex
 	started := make([]*NodeState, len(p.nodes))
-	return each(len(p.nodes), func(i int) error {
-		n, err := p.start(ctx, cfg, p.nodes[i], say)
+	meshStarted := make([]*MeshNode, len(p.nodes))
+	offsets := make([]int64, len(p.nodes))
+	record := func() {
+		st.Nodes = st.Nodes[:0]
+		for _, s := range started {
+			if s != nil {
+				st.Nodes = append(st.Nodes, *s)
+			}
+		}
+		if cp != nil {
+			st.Mesh.Nodes = st.Mesh.Nodes[:0]
+			for _, s := range meshStarted {
+				if s != nil {
+					st.Mesh.Nodes = append(st.Mesh.Nodes, *s)
+				}
+			}
+		}
+		save(cfg.Root, *st)
+	}
+	err := each(len(p.nodes), func(i int) error {
+		if cp != nil {
+			mn, off, err := p.startSamNode(ctx, cfg, p.nodes[i], cp, token, say)
+			if mn.PID > 0 {
+				mu.Lock()
+				meshStarted[i], offsets[i] = &mn, off
+				record()
+				mu.Unlock()
+			}
+			if err != nil {
+				return err
+			}
+		}
+		n, err := p.start(ctx, cfg, p.nodes[i], cp != nil, say)
 		if n.PID > 0 {
 			mu.Lock()
 			started[i] = &n
-			st.Nodes = st.Nodes[:0]
-			for _, s := range started {
-				if s != nil {
-					st.Nodes = append(st.Nodes, *s)
-				}
-			}
-			save(cfg.Root, *st)
+			record()
 			mu.Unlock()
 		}
 		return err
+	})
+	if err != nil || cp == nil {
+		return err
+	}
+	return each(len(p.nodes), func(i int) error {
+		n, mn := p.nodes[i], meshStarted[i]
+		if _, err := p.ssh.run(ctx, n.host, "wait for node "+n.name+"'s sam-node to join the mesh", meshWaitScript(n.l, mn.PID, offsets[i]), n.sudo); err != nil {
+			return err
+		}
+		say("sam-node of %s on %s: a member of the mesh", n.name, n.host.Spec)
+		return nil
 	})
 }

@@ -13,8 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"path"
 	"strconv"
 	"strings"
+
+	"sandstorm/internal/membership"
 )
 
 // SSH is how fleet up reaches its hosts; fleet.json keeps it, so fleet
@@ -165,8 +168,12 @@ echo "conn=$SSH_CONNECTION"
 // alive is a shell function: is PID $1 the node of this data dir? By its
 // command line, not a name, so a PID reused by another process is never
 // taken for it (and a zombie, whose cmdline is empty, is not alive).
-func aliveFunc(l layout) string {
-	return `alive() { [ -n "$1" ] && [ -r "/proc/$1/cmdline" ] && tr '\0' '\n' < "/proc/$1/cmdline" | grep -qxF -- ` + shQuote(l.dataDir()) + `; }
+func aliveFunc(l layout) string { return aliveFor(l.dataDir()) }
+
+// aliveFor is alive for the process with marker as one argument of its
+// command line: a node's data dir, a sam-node's mesh dir.
+func aliveFor(marker string) string {
+	return `alive() { [ -n "$1" ] && [ -r "/proc/$1/cmdline" ] && tr '\0' '\n' < "/proc/$1/cmdline" | grep -qxF -- ` + shQuote(marker) + `; }
 `
 }
 
@@ -175,13 +182,23 @@ const sumFunc = `sum() { if [ -f "$1" ] && command -v sha256sum >/dev/null 2>&1;
 
 // inspectScript (as root) makes the remote dir and says what is there: a
 // node of this name still running, and the sha256 of the binaries in
-// bin/ (or, with remoteRunsc, that runsc's version).
+// bin/ (or, with remoteRunsc, that runsc's version); of the node's
+// sam-node: one still running, a member in its mesh dir, the sha256 of
+// the control plane's CA it was enrolled with and that control plane's
+// URL (meshJoinNeeded), and the sha256 of its config.
 func inspectScript(l layout, remoteRunsc string) string {
 	s := "umask 077\nmkdir -p " + shQuote(l.Dir) + "\n" + aliveFunc(l) + sumFunc +
 		`pid=$(cat ` + shQuote(l.pidFile()) + ` 2>/dev/null)
 if alive "$pid"; then echo "running=$pid"; fi
 echo "sandstormd=$(sum ` + shQuote(l.bin()) + `)"
 echo "` + envdName + `=$(sum ` + shQuote(l.envd()) + `)"
+echo "sam-node=$(sum ` + shQuote(l.samNode()) + `)"
+echo "` + meshConfigName + `=$(sum ` + shQuote(l.meshConfig()) + `)"
+` + aliveFor(l.meshDir()) + `pid=$(cat ` + shQuote(l.meshPIDFile()) + ` 2>/dev/null)
+if alive "$pid"; then echo "mesh_running=$pid"; fi
+if [ -f ` + shQuote(l.meshDir()+"/"+membership.CredentialFile) + ` ]; then echo mesh_member=1; fi
+echo "mesh_ca=$(sum ` + shQuote(l.meshDir()+"/"+membership.CAFile) + `)"
+echo "mesh_url=$(sed -n 's/.*"control_plane_url":"\([^"]*\)".*/\1/p' ` + shQuote(l.meshDir()+"/"+membership.MemberFile) + ` 2>/dev/null)"
 `
 	if remoteRunsc == "" {
 		s += `echo "runsc=$(sum ` + shQuote(l.runsc()) + `)"
@@ -207,23 +224,25 @@ func stageScript(l layout, sudo bool) string {
 // sha256 is still what this machine's is.
 type staged struct{ Name, Sum string }
 
-// installScript (as root) moves the staged files into bin/: each is
-// checked, made root's and executable, and renamed over the old one (a
-// rename, so a node running the old binary is not disturbed); the stage
-// is removed whatever happens.
+// installScript (as root) moves the staged files into place (l.dest:
+// binaries into bin/, executable; the sam-node config beside the node's
+// files, 0600): each is checked, made root's, and renamed over the old
+// one (a rename, so a node running the old binary is not disturbed); the
+// stage is removed whatever happens.
 func installScript(l layout, stage string, files []staged) string {
 	s := "set -e\nstage=" + shQuote(stage) + "\ntrap 'rm -rf \"$stage\"' EXIT\n" + sumFunc +
 		"mkdir -p -m 755 " + shQuote(l.Dir+"/bin") + "\n"
 	for _, f := range files {
-		tmp := shQuote(l.Dir + "/bin/." + f.Name + ".new")
+		dest, mode := l.dest(f.Name)
+		tmp := shQuote(path.Dir(dest) + "/." + f.Name + ".new")
 		s += "mv -f " + shQuote(stage+"/"+f.Name) + " " + tmp + "\n" +
 			// root's, whoever copied it: a file root runs must not be
 			// another user's to change (a stage under sudo is the login
 			// user's).
-			"chown 0:0 " + tmp + "\nchmod 755 " + tmp + "\n" +
+			"chown 0:0 " + tmp + "\nchmod " + mode + " " + tmp + "\n" +
 			`if command -v sha256sum >/dev/null 2>&1 && [ "$(sum ` + tmp + `)" != ` + shQuote(f.Sum) + ` ]; then rm -f ` + tmp +
 			`; echo "the copy of ` + f.Name + ` differs from the local one (sha256); run fleet up again" >&2; exit 5; fi` + "\n" +
-			"mv -f " + tmp + " " + shQuote(l.Dir+"/bin/"+f.Name) + "\n"
+			"mv -f " + tmp + " " + shQuote(dest) + "\n"
 	}
 	return s
 }
@@ -234,18 +253,124 @@ func installScript(l layout, stage string, files []staged) string {
 // written by the shell that then becomes it (exec), so the PID file holds
 // the node's PID whether or not setsid had to fork.
 func startScript(l layout, args []string) string {
-	return "umask 077\ncd /\n" + aliveFunc(l) +
-		`pid=$(cat ` + shQuote(l.pidFile()) + ` 2>/dev/null)
-if alive "$pid"; then echo "a node already runs here: PID $pid (` + l.pidFile() + `)" >&2; exit 3; fi
-rm -f ` + shQuote(l.pidFile()) + `
-setsid nohup sh -c 'echo $$ >"$0" && exec "$@"' ` + shQuote(l.pidFile()) + " " + shJoin(args) + ` </dev/null >>` + shQuote(l.log()) + ` 2>&1 &
+	return "umask 077\ncd /\n" + notRunning("a node", l.pidFile(), l.dataDir()) + launch("the node", l.pidFile(), l.log(), args) +
+		"cat " + shQuote(l.pidFile()) + "\n"
+}
+
+// notRunning fails the script (exit 3) if the process of pidFile is
+// still the one whose command line names marker (aliveFor).
+func notRunning(what, pidFile, marker string) string {
+	return aliveFor(marker) + `pid=$(cat ` + shQuote(pidFile) + ` 2>/dev/null)
+if alive "$pid"; then echo "` + what + ` already runs here: PID $pid (` + pidFile + `)" >&2; exit 3; fi
+`
+}
+
+// launch starts args detached (startScript says how) and waits until its
+// PID file is written.
+func launch(what, pidFile, logFile string, args []string) string {
+	return `rm -f ` + shQuote(pidFile) + `
+setsid nohup sh -c 'echo $$ >"$0" && exec "$@"' ` + shQuote(pidFile) + " " + shJoin(args) + ` </dev/null >>` + shQuote(logFile) + ` 2>&1 &
 i=0
-while [ ! -s ` + shQuote(l.pidFile()) + ` ]; do
+while [ ! -s ` + shQuote(pidFile) + ` ]; do
 	i=$((i+1))
-	if [ $i -gt 200 ]; then echo "the node did not start within 10 s; the end of ` + l.log() + `:" >&2; tail -n 20 ` + shQuote(l.log()) + ` >&2; exit 4; fi
+	if [ $i -gt 200 ]; then echo "` + what + ` did not start within 10 s; the end of ` + logFile + `:" >&2; tail -n 20 ` + shQuote(logFile) + ` >&2; exit 4; fi
 	sleep 0.05
 done
-cat ` + shQuote(l.pidFile()) + "\n"
+`
+}
+
+// meshJoin is what a host's sam-node enrols with, fed to it on stdin in
+// the script (never on a command line, where any user of the host could
+// read the token in ps).
+type meshJoin struct {
+	URL, Name, Token string
+	CA               []byte // the control plane's CA (PEM)
+	// Hint is said when the join fails: what the host must reach.
+	Hint string
+}
+
+// Heredoc delimiters of samNodeScript: the token and the CA are checked
+// not to hold them.
+const tokenEOF, caEOF = "SANDSTORM_FLEET_TOKEN", "SANDSTORM_FLEET_CA"
+
+// samNodeScript (as root) enrols the node's sam-node into the mesh if
+// join is not nil — the control plane's CA written into its mesh dir,
+// the token on sam-node join's stdin (--token-file -) from a here-document
+// of this script, which ssh brought on its stdin — and starts it detached
+// as startScript starts the node. It prints "log_offset=" (the size of
+// the sam-node's log before it started: meshWaitScript reads from there)
+// and "pid=".
+func samNodeScript(l layout, join *meshJoin, args []string) (string, error) {
+	s := "umask 077\ncd /\n" + notRunning("a sam-node", l.meshPIDFile(), l.meshDir())
+	if join != nil {
+		// A token is base64url; anything else could end the
+		// here-document or be read as more than a token.
+		for _, r := range join.Token {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+				return "", fmt.Errorf("the bootstrap token has a %q in it: not a token the control plane makes", r)
+			}
+		}
+		if join.Token == "" {
+			return "", errors.New("an empty bootstrap token")
+		}
+		for _, line := range strings.Split(string(join.CA), "\n") {
+			if strings.TrimSpace(line) == caEOF {
+				return "", errors.New("the control plane's CA holds the here-document's delimiter")
+			}
+		}
+		ca := l.meshDir() + "/" + membership.CAFile
+		s += "mkdir -p -m 700 " + shQuote(l.meshDir()) + "\ncat >" + shQuote(ca) + " <<'" + caEOF + "'\n" +
+			strings.TrimRight(string(join.CA), "\n") + "\n" + caEOF + "\n" +
+			"if ! " + shJoin([]string{l.samNode(), "join", "--control-plane", join.URL, "--ca", ca, "--name", join.Name, "--mesh-dir", l.meshDir(), "--token-file", "-"}) +
+			" <<'" + tokenEOF + "' >&2\n" + join.Token + "\n" + tokenEOF + "\nthen echo " + shQuote(join.Hint) + " >&2; exit 7; fi\n"
+	}
+	s += `off=$(wc -c < ` + shQuote(l.meshLog()) + ` 2>/dev/null || echo 0)
+echo "log_offset=$off"
+` + launch("the sam-node", l.meshPIDFile(), l.meshLog(), args) + `echo "pid=$(cat ` + shQuote(l.meshPIDFile()) + `)"
+`
+	return s, nil
+}
+
+// meshWaitScript (as root) waits until the sam-node (PID pid) has joined
+// the mesh — its log says so after offset, where this start of it began
+// — and says at once, with its log's end, if it exits meanwhile.
+func meshWaitScript(l layout, pid int, offset int64) string {
+	log := shQuote(l.meshLog())
+	return aliveFor(l.meshDir()) + "pid=" + strconv.Itoa(pid) + `
+i=0
+while ! tail -c +` + strconv.FormatInt(offset+1, 10) + ` ` + log + ` 2>/dev/null | grep -qF 'joined the mesh'; do
+	if ! alive "$pid"; then echo "the sam-node (PID $pid) exited; the end of ` + l.meshLog() + `:" >&2; tail -n 20 ` + log + ` >&2; exit 4; fi
+	i=$((i+1))
+	if [ $i -gt 1200 ]; then echo "the sam-node did not join the mesh within 60 s (can it reach the router?); the end of ` + l.meshLog() + `:" >&2; tail -n 20 ` + log + ` >&2; exit 3; fi
+	sleep 0.05
+done
+`
+}
+
+// stopMeshScript (as root) stops the node's sam-node by its PID, as
+// stopScript stops the node, and with purge removes its mesh dir (its
+// identity and credential), log and config. Run before stopScript: its
+// PID file gone, the node's purge may remove bin/.
+func stopMeshScript(l layout, pid int, purge bool) string {
+	s := aliveFor(l.meshDir()) + "pid=" + strconv.Itoa(pid) + `
+if alive "$pid"; then
+	kill -TERM "$pid"
+	i=0
+	while alive "$pid"; do
+		i=$((i+1))
+		if [ $i -gt 600 ]; then echo "the sam-node (PID $pid) did not stop within 30 s; it still runs (its log: ` + l.meshLog() + `)" >&2; exit 3; fi
+		sleep 0.05
+	done
+	echo mesh_stopped
+else
+	echo mesh_gone
+fi
+if [ "$(cat ` + shQuote(l.meshPIDFile()) + ` 2>/dev/null)" = "$pid" ]; then rm -f ` + shQuote(l.meshPIDFile()) + `; fi
+`
+	if purge {
+		s += "rm -rf -- " + shJoin([]string{l.meshDir(), l.meshLog(), l.meshConfig()}) + "\necho mesh_purged\n"
+	}
+	return s
 }
 
 // codeScript (as root) waits until the node has written its pairing code
@@ -295,7 +420,7 @@ if [ "$(cat ` + shQuote(l.pidFile()) + ` 2>/dev/null)" = "$pid" ]; then rm -f ` 
 	if !purge {
 		return s
 	}
-	bins := shQuote(l.bin()) + " " + shQuote(l.envd())
+	bins := shQuote(l.bin()) + " " + shQuote(l.envd()) + " " + shQuote(l.samNode())
 	if ownRunsc {
 		bins += " " + shQuote(l.runsc())
 	}

@@ -87,6 +87,7 @@ func TestStartStopScripts(t *testing.T) {
 	os.WriteFile(l.bin(), []byte("x"), 0o755)
 	os.WriteFile(l.envd(), []byte("x"), 0o755)
 	os.WriteFile(l.runsc(), []byte("x"), 0o755)
+	os.WriteFile(l.samNode(), []byte("x"), 0o755)
 	os.MkdirAll(l.dataDir(), 0o700)
 	other := filepath.Join(l.Dir, "other.pid")
 	os.WriteFile(other, []byte("1\n"), 0o600)
@@ -115,6 +116,9 @@ func TestStartStopScripts(t *testing.T) {
 	}
 	if _, err := os.Stat(l.envd()); err == nil {
 		t.Error("purge with no PID file left kept bin/sandstorm-envd")
+	}
+	if _, err := os.Stat(l.samNode()); err == nil {
+		t.Error("purge with no PID file left kept bin/sam-node")
 	}
 	if _, err := os.Stat(l.runsc()); err != nil {
 		t.Error("purge removed a runsc fleet up had not put there")
@@ -239,5 +243,198 @@ func TestInspectRemoteRunsc(t *testing.T) {
 	out, _, _ = runScript(t, inspectScript(l, runsc+"-not-there"))
 	if kv := keyValues(out); kv["runsc_missing"] != "1" {
 		t.Errorf("inspect with no runsc there: %q", out)
+	}
+}
+
+// fakeSamNode puts in l's bin/ a sam-node that, as "join", writes its
+// arguments and what it read on stdin beside bin/ and makes a credential
+// (or fails, with fail), and otherwise says it joined the mesh and runs
+// until stopped.
+func fakeSamNode(t *testing.T, l layout, fail bool) {
+	t.Helper()
+	os.MkdirAll(filepath.Join(l.Dir, "bin"), 0o755)
+	join := `printf '%s\n' "$@" >"$out/join-args"; cat >"$out/join-stdin"; mkdir -p "$dir"; echo '{}' >"$dir/credential.json"; printf '{"name":"x","control_plane_url":"%s","control_plane_name":"sam"}' "$3" >"$dir/member.json"; echo "joined the mesh as x"`
+	if fail {
+		join = `cat >/dev/null; echo "enrol x with https://10.0.0.1:7600: dial tcp 10.0.0.1:7600: i/o timeout" >&2; exit 1`
+	}
+	script := "#!/bin/sh\nout=" + shQuote(l.Dir) + "\ndir=" + shQuote(l.meshDir()) + "\n" +
+		"if [ \"$1\" = join ]; then " + join + "; exit 0; fi\n" +
+		"echo 'sam-node: joined the mesh'\ntrap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n"
+	if err := os.WriteFile(l.samNode(), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSamNodeScript: the script enrols the sam-node with the token on
+// sam-node join's stdin — never in its arguments, nor in what the script
+// prints — and the control plane's CA in its mesh dir, then starts it
+// detached and prints its PID and where its log began; inspect then sees
+// it running and a member of the control plane of that CA; stop stops it
+// and, with purge, removes its files. A second start while it runs is
+// refused; a failed join says what the host must reach.
+func TestSamNodeScript(t *testing.T) {
+	l := testLayout(t)
+	if _, errs, err := runScript(t, inspectScript(l, "")); err != nil {
+		t.Fatalf("inspect: %v %s", err, errs)
+	}
+	fakeSamNode(t, l, false)
+	os.WriteFile(l.meshLog(), []byte("an earlier run: sam-node: joined the mesh\n"), 0o600)
+	ca := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+	const token = "samb_AbC-12_xyz"
+	join := &meshJoin{URL: "https://10.0.0.1:7600", Name: "10-0-0-5", Token: token, CA: ca, Hint: "(reach 10.0.0.1 on 7600)"}
+	args := []string{l.samNode(), "--mesh-dir", l.meshDir(), "--listen", "unix://" + l.meshSocket()}
+	script, err := samNodeScript(l, join, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errs, err := runScript(t, script)
+	if err != nil {
+		t.Fatalf("start: %v %q %s", err, out, errs)
+	}
+	kv := keyValues(out)
+	pid, err := strconv.Atoi(kv["pid"])
+	if err != nil {
+		t.Fatalf("start printed %q", out)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if strings.Contains(out, token) || strings.Contains(errs, token) {
+		t.Errorf("the script printed the token: %q %q", out, errs)
+	}
+	jargs, _ := os.ReadFile(filepath.Join(l.Dir, "join-args"))
+	stdin, _ := os.ReadFile(filepath.Join(l.Dir, "join-stdin"))
+	if strings.Contains(string(jargs), token) || !strings.Contains(string(jargs), "--token-file\n-\n") || !strings.Contains(string(jargs), "--control-plane\nhttps://10.0.0.1:7600\n") {
+		t.Errorf("join's arguments: %q", jargs)
+	}
+	if string(stdin) != token+"\n" {
+		t.Errorf("join read %q on stdin, want the token", stdin)
+	}
+	if b, err := os.ReadFile(l.meshDir() + "/control-plane-ca.pem"); err != nil || string(b) != string(ca) {
+		t.Errorf("the CA in the mesh dir: %q %v", b, err)
+	}
+	if fi, err := os.Stat(l.meshDir()); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the mesh dir: %v %v", fi, err)
+	}
+	if off, _ := strconv.Atoi(kv["log_offset"]); off != len("an earlier run: sam-node: joined the mesh\n") {
+		t.Errorf("log_offset %q, want the log's size before the start", kv["log_offset"])
+	}
+	cl, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if !strings.Contains(string(cl), l.meshDir()) {
+		t.Fatalf("PID %d is %q, not the sam-node started", pid, cl)
+	}
+	if _, errs, err := runScript(t, meshWaitScript(l, pid, int64(len("an earlier run: sam-node: joined the mesh\n")))); err != nil {
+		t.Errorf("wait for the join: %v %s", err, errs)
+	}
+	sum := sha256.Sum256(ca)
+	out, _, _ = runScript(t, inspectScript(l, ""))
+	kv = keyValues(out)
+	if kv["mesh_running"] != strconv.Itoa(pid) || kv["mesh_member"] != "1" || kv["mesh_ca"] != hex.EncodeToString(sum[:]) || kv["mesh_url"] != "https://10.0.0.1:7600" {
+		t.Errorf("inspect with the sam-node running: %q", out)
+	}
+	if j, err := meshJoinNeeded(kv, hex.EncodeToString(sum[:]), "https://10.0.0.1:7600", Host{Spec: "h"}, l); j || err != nil {
+		t.Errorf("after the join, join again? %v %v", j, err)
+	}
+	// Running: a second start is refused before any join.
+	os.Remove(filepath.Join(l.Dir, "join-args"))
+	script, _ = samNodeScript(l, join, args)
+	if _, errs, err := runScript(t, script); err == nil || !strings.Contains(errs, "already runs") {
+		t.Errorf("a second start: %v %s", err, errs)
+	}
+	if _, err := os.Stat(filepath.Join(l.Dir, "join-args")); err == nil {
+		t.Error("a second start joined before it saw the sam-node running")
+	}
+
+	// Stopped, its files kept; then purged.
+	out, errs, err = runScript(t, stopMeshScript(l, pid, false))
+	if err != nil || !strings.Contains(out, "mesh_stopped") || strings.Contains(out, "purged") {
+		t.Fatalf("stop: %v %q %s", err, out, errs)
+	}
+	if alive(pid) {
+		t.Errorf("PID %d still runs after stop", pid)
+	}
+	if _, err := os.Stat(l.meshPIDFile()); err == nil {
+		t.Error("the PID file is left after stop")
+	}
+	if _, err := os.Stat(l.meshDir() + "/credential.json"); err != nil {
+		t.Errorf("stop without purge removed the member: %v", err)
+	}
+	os.WriteFile(l.meshConfig(), []byte("mcp_servers: []\n"), 0o600)
+	out, _, err = runScript(t, stopMeshScript(l, pid, true))
+	if err != nil || !strings.Contains(out, "mesh_gone") || !strings.Contains(out, "mesh_purged") {
+		t.Errorf("purge: %v %q", err, out)
+	}
+	for _, p := range []string{l.meshDir(), l.meshLog(), l.meshConfig()} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s left after purge", p)
+		}
+	}
+
+	// A join that fails: the script stops there, saying what to reach.
+	fakeSamNode(t, l, true)
+	script, _ = samNodeScript(l, join, args)
+	out, errs, err = runScript(t, script)
+	if err == nil || !strings.Contains(errs, "i/o timeout") || !strings.Contains(errs, "(reach 10.0.0.1 on 7600)") || strings.Contains(out, "pid=") {
+		t.Errorf("a failed join: %v %q %s", err, out, errs)
+	}
+	// Without a join (a member already), it only starts.
+	fakeSamNode(t, l, false)
+	os.Remove(filepath.Join(l.Dir, "join-args"))
+	script, _ = samNodeScript(l, nil, args)
+	out, errs, err = runScript(t, script)
+	if err != nil || keyValues(out)["pid"] == "" {
+		t.Fatalf("start of a member: %v %q %s", err, out, errs)
+	}
+	p2, _ := strconv.Atoi(keyValues(out)["pid"])
+	t.Cleanup(func() { syscall.Kill(p2, syscall.SIGKILL) })
+	if _, err := os.Stat(filepath.Join(l.Dir, "join-args")); err == nil {
+		t.Error("a member already joined again")
+	}
+	runScript(t, stopMeshScript(l, p2, true))
+}
+
+// TestSamNodeScriptRefusesWhatCouldEscape: a token or CA that could end
+// the here-document (or be more than a token) never makes a script.
+func TestSamNodeScriptRefusesWhatCouldEscape(t *testing.T) {
+	l := layout{Dir: "/var/lib/sf", Node: "n"}
+	for _, j := range []meshJoin{
+		{Token: "samb_x\nSANDSTORM_FLEET_TOKEN\nreboot", CA: []byte("pem")},
+		{Token: "samb_x y", CA: []byte("pem")},
+		{Token: "", CA: []byte("pem")},
+		{Token: "samb_x", CA: []byte("pem\nSANDSTORM_FLEET_CA\nreboot\n")},
+	} {
+		if _, err := samNodeScript(l, &j, []string{"x"}); err == nil {
+			t.Errorf("token %q, CA %q: a script", j.Token, j.CA)
+		}
+	}
+}
+
+// TestMeshWaitScript: the wait reads the log from where this start of
+// the sam-node began — an earlier run's "joined the mesh" does not count
+// — and says at once when the sam-node has exited.
+func TestMeshWaitScript(t *testing.T) {
+	l := testLayout(t)
+	os.MkdirAll(l.Dir, 0o700)
+	old := "sam-node: joined the mesh (an earlier run)\n"
+	os.WriteFile(l.meshLog(), []byte(old+"boom: the last words\n"), 0o600)
+	cmd := exec.Command("sh", "-c", "while :; do sleep 0.05; done", l.meshDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	done := make(chan error, 1)
+	var errs string
+	go func() {
+		var err error
+		_, errs, err = runScript(t, meshWaitScript(l, cmd.Process.Pid, int64(len(old))))
+		done <- err
+	}()
+	cmd.Process.Kill()
+	cmd.Wait()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(errs, "exited") || !strings.Contains(errs, "boom: the last words") {
+			t.Errorf("wait on a sam-node that exited before joining: %v %s", err, errs)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the wait did not notice the sam-node exit")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,6 +86,8 @@ func startSSHHost(t *testing.T, k int, keys, remoteDir string) *sshHost {
 			t.Logf("sshd %s's log:\n%s", h.ns, lastBytes(b, 3000))
 			b, _ = os.ReadFile(filepath.Join(h.dir, "10-191-"+strconv.Itoa(k)+"-2.log"))
 			t.Logf("node on %s, its log:\n%s", h.addr, lastBytes(b, 6000))
+			b, _ = os.ReadFile(filepath.Join(h.dir, "10-191-"+strconv.Itoa(k)+"-2-sam-node.log"))
+			t.Logf("sam-node on %s, its log:\n%s", h.addr, lastBytes(b, 4000))
 		}
 		os.RemoveAll(h.dir)
 	})
@@ -195,6 +198,16 @@ func netnsInode(path string) uint64 {
 // fails before anything starts, saying what to check; nodes that cannot
 // start fail fleet up with their logs' last words and are taken down;
 // --nodes with --hosts is a usage error.
+//
+// The fleet is one mesh, with nothing configured by hand but the policy
+// and the sam-node config given to fleet up: a control plane and a router
+// here, listening where each host sees this machine (the two hosts see it
+// at different addresses, one per link), and a sam-node on each host,
+// enrolled with a token fleet up makes for exactly them. An agent in a
+// sandbox on each host reaches the MCP tool the control plane's policy
+// grants, through its boundary, and is refused the one it does not; a
+// policy change reaches both hosts' boundaries and sam-nodes; fleet down
+// stops every mesh process here and on the hosts by PID.
 func TestFleetUpHosts(t *testing.T) {
 	for _, tool := range []string{"/usr/sbin/sshd", "ssh", "scp", "ssh-keygen", "unshare"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -283,8 +296,19 @@ func TestFleetUpHosts(t *testing.T) {
 		}
 		os.RemoveAll(root)
 	})
+	// The mesh's policy and its sam-nodes' config, given once: the
+	// config is copied to each host, where node and server-everything
+	// are at the same paths as here (the hosts share this filesystem but
+	// the remote dir).
+	nodeJS, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	everything, _ := filepath.Abs("../../testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+	meshConfig := writeTemp(t, "sam-node.yaml", fmt.Sprintf("mcp_servers:\n  - {name: everything, command: [%q, %q, stdio]}\n", nodeJS, everything))
+	meshPolicy := writeTemp(t, "policy.yaml", "roles:\n  - {name: a, services: [\"mcp://everything/echo\"]}\nbindings:\n  - {principal: agent-a, roles: [a]}\n")
 	upArgs := append([]string{"up", "--hosts", "root@" + hosts[0].addr + ",root@" + hosts[1].addr, "--root", root, "--listen", listen,
-		"--remote-dir", remoteDir, "--node-subnet", "10.191.101.0/24"}, sshFlags...)
+		"--remote-dir", remoteDir, "--node-subnet", "10.191.101.0/24", "--mesh-policy", meshPolicy, "--mesh-config", meshConfig}, sshFlags...)
 
 	// Nodes that cannot start: fleet up copies the binaries, says why the
 	// nodes died (the end of their logs, read over ssh) and takes down
@@ -294,7 +318,13 @@ func TestFleetUpHosts(t *testing.T) {
 		t.Errorf("nodes that cannot start: exit %d:\n%s", code, out)
 	}
 	t.Logf("nodes that cannot start:\n%s", out)
-	for _, want := range []string{"host root@10.191.1.2: copying sandstormd", "host root@10.191.2.2: copying runsc"} {
+	for _, want := range []string{"host root@10.191.1.2: copying sandstormd", "host root@10.191.2.2: copying runsc", "host root@10.191.1.2: copying sam-node",
+		// Each host sees this machine at its own link's address.
+		"the control plane and the router will listen on 10.191.1.1, 10.191.2.1",
+		// The sam-nodes enrol with one token for exactly them.
+		"mesh: a bootstrap token for exactly 2 enrolment(s)", "sam-node of 10-191-1-2: PID", "enrolled now",
+		"sam-node of 10-191-2-2 on root@10.191.2.2: a member of the mesh",
+		"sam-node of 10-191-1-2 on root@10.191.1.2: stopped PID"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the failed fleet up did not say %q", want)
 		}
@@ -304,6 +334,9 @@ func TestFleetUpHosts(t *testing.T) {
 	}
 	if ps := processesMentioning(root + "/"); len(ps) > 0 {
 		t.Errorf("a failed fleet up left processes: %v", ps)
+	}
+	if ps := processesMentioning(remoteDir + "/"); len(ps) > 0 {
+		t.Errorf("a failed fleet up left processes on the hosts: %v", ps)
 	}
 
 	start := time.Now()
@@ -319,6 +352,11 @@ func TestFleetUpHosts(t *testing.T) {
 		"node 10-191-1-2: PID ", "listening on 10.191.2.2:7443, sandboxes in 10.191.102.0/24",
 		"paired 10-191-1-2", "paired 10-191-2-2", "on 10-191-1-2 answers", "on 10-191-2-2 answers",
 		"fleet is up: 2 node(s)", "fleet down --root " + root,
+		"control plane: PID", "API https://10.191.1.1:7600 https://10.191.2.1:7600", "router: PID", "/ip4/10.191.2.1/tcp/7700/p2p/",
+		// Enrolled by the failed run, which kept their mesh dirs: no
+		// token now.
+		"sam-node of 10-191-1-2: PID", "a member already", "sam-node of 10-191-2-2 on root@10.191.2.2: a member of the mesh",
+		"sam-node.yaml is up to date", "policy set FILE",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("fleet up did not say %q", want)
@@ -363,6 +401,62 @@ func TestFleetUpHosts(t *testing.T) {
 	if ents, _ := os.ReadDir(remoteDir); len(ents) > 0 {
 		t.Errorf("fleet up wrote into this machine's %s (the hosts' remote dir): %v", remoteDir, ents)
 	}
+	if strings.Contains(out, "a bootstrap token for") {
+		t.Errorf("fleet up made a token with every sam-node a member already:\n%s", out)
+	}
+
+	// The mesh, in fleet.json: the control plane and the router here,
+	// a sam-node on each host, in the host's namespace, at the host's
+	// address, its files where the layout says.
+	if st.Mesh == nil || len(st.Mesh.Nodes) != 2 || st.Mesh.ControlPlane.PID <= 0 || st.Mesh.Router.PID <= 0 || len(st.Mesh.RouterAddrs) != 2 {
+		t.Fatalf("fleet.json's mesh: %+v", st.Mesh)
+	}
+	for i, mn := range st.Mesh.Nodes {
+		h := hosts[i]
+		if mn.Host != "root@"+h.addr || mn.Name != st.Nodes[i].Name || mn.DataDir != filepath.Join(remoteDir, mn.Name+"-mesh") {
+			t.Errorf("sam-node %d in fleet.json: %+v", i, mn)
+		}
+		cl, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", mn.PID))
+		for _, want := range []string{"--mesh-dir\x00" + mn.DataDir, "--p2p-listen\x00/ip4/" + h.addr + "/tcp/7701",
+			// Each dials the router where its host sees this machine.
+			fmt.Sprintf("--router\x00/ip4/10.191.%d.1/tcp/7700/p2p/", i+1)} {
+			if !strings.Contains(string(cl), want) {
+				t.Errorf("sam-node PID %d on %s: %q lacks %q", mn.PID, h.addr, cl, want)
+			}
+		}
+		if strings.Contains(string(cl), "samb_") {
+			t.Errorf("a token on sam-node's command line: %q", cl)
+		}
+		if got, want := netnsInode(fmt.Sprintf("/proc/%d/ns/net", mn.PID)), netnsInode("/run/netns/"+h.ns); got == 0 || got != want {
+			t.Errorf("sam-node %s is not in netns %s", mn.Name, h.ns)
+		}
+		// Its node's boundaries take their policy from it.
+		ncl, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", st.Nodes[i].PID))
+		if !strings.Contains(string(ncl), "--sam-node\x00unix://"+mn.Socket+"\x00--policy\x00sam-node") {
+			t.Errorf("node %s's command line: %q", st.Nodes[i].Name, ncl)
+		}
+		if fileSHA(t, filepath.Join(h.dir, "bin", "sam-node")) != fileSHA(t, samNodeBin) {
+			t.Errorf("the sam-node on %s is not this machine's", h.addr)
+		}
+		cfgPath := filepath.Join(h.dir, mn.Name+"-sam-node.yaml")
+		if fi, err := os.Stat(cfgPath); err != nil || fi.Mode().Perm() != 0o600 || fileSHA(t, cfgPath) != fileSHA(t, meshConfig) {
+			t.Errorf("the sam-node config on %s: %v %v", h.addr, fi, err)
+		}
+	}
+	operator := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(samControlPlaneBin, append([]string{"--data-dir", st.Mesh.ControlPlane.DataDir, "--api", st.Mesh.API}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("sam-control-plane %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	members := operator("members")
+	for _, m := range []string{"router", "10-191-1-2", "10-191-2-2"} {
+		if !strings.Contains(members, m) {
+			t.Errorf("the control plane's members lack %s:\n%s", m, members)
+		}
+	}
 
 	c, err := client.ForDataDir(st.API, st.Master.DataDir)
 	if err != nil {
@@ -406,6 +500,63 @@ func TestFleetUpHosts(t *testing.T) {
 		}
 	}
 
+	// An agent on each host reaches the mesh through its boundary, with
+	// the control plane's policy: echo granted, get-sum not.
+	tpl := agentTemplate("agent")
+	tpl.Principal = "agent-a"
+	if _, err := c.CreateTemplate(ctxT(t), tpl); err != nil {
+		t.Fatal(err)
+	}
+	agents := map[string]api.Sandbox{}
+	for i := 0; len(agents) < 2 && i < 4; i++ {
+		sb, err := c.CreateSandbox(ctxT(t), api.SandboxRequest{Template: "agent", Name: fmt.Sprintf("agent-%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := agents[sb.Node]; !ok {
+			agents[sb.Node] = sb
+		}
+	}
+	if len(agents) != 2 {
+		t.Fatalf("4 agent sandboxes went to %d host(s)", len(agents))
+	}
+	run := func(sb api.Sandbox) agentResult {
+		var r agentResult
+		agentGET(t, sb, "/run", url.Values{"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from ` + sb.Node + `"}`}, "denied_tool": {"everything__get-sum"}}, &r)
+		return r
+	}
+	for node, sb := range agents {
+		var r agentResult
+		testenv.WaitFor(t, 60*time.Second, "the agent on "+node+" reaches the mesh with the control plane's policy", func() bool {
+			r = run(sb)
+			return strings.Contains(r.ToolResult, "hi from "+node)
+		})
+		if strings.Join(r.Tools, ",") != "everything__echo" || !r.DeniedToolIs {
+			t.Errorf("the agent on %s: tools %q, denied tool %q (error %v)", node, r.Tools, r.DeniedTool, r.DeniedToolIs)
+		}
+		// The boundary's own decision: a mesh service's name resolves
+		// only if the policy grants something of it.
+		if p := probeFrom(t, sb, "kind", "dns", "name", "everything.mcp.sam.alt"); len(p.Addrs) == 0 {
+			t.Errorf("the boundary on %s does not resolve a granted server's name: %+v", node, p)
+		}
+	}
+	// A policy change on the control plane reaches both hosts: their
+	// sam-nodes list no tool, and their boundaries no longer resolve the
+	// server's name.
+	operator("policy", "set", writeTemp(t, "policy-2.yaml", "roles:\n  - {name: a, services: [\"inference://none\"]}\nbindings:\n  - {principal: agent-a, roles: [a]}\n"))
+	changed := time.Now()
+	for node, sb := range agents {
+		testenv.WaitFor(t, 30*time.Second, "the policy change reaches "+node, func() bool {
+			r := run(sb)
+			p := probeFrom(t, sb, "kind", "dns", "name", "everything.mcp.sam.alt")
+			return len(r.Tools) == 0 && !strings.Contains(r.ToolResult, "hi from") && len(p.Addrs) == 0
+		})
+	}
+	t.Logf("the policy change reached both hosts' boundaries and sam-nodes %v after it was set", time.Since(changed).Round(time.Millisecond))
+	if sbs, err = c.Sandboxes(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+
 	// fleet down reaches the hosts as fleet up did (fleet.json), with no
 	// ssh flags given again. Without --purge the nodes stop and their
 	// files stay; up again, each is back with the master that kept it.
@@ -413,9 +564,19 @@ func TestFleetUpHosts(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("fleet down: exit %d\n%s", code, out)
 	}
+	if !strings.Contains(out, fmt.Sprintf("deleted %d sandbox(es)", len(sbs))) {
+		t.Errorf("fleet down did not delete the %d sandboxes:\n%s", len(sbs), out)
+	}
+	meshGone(t, st)
 	for i, n := range st.Nodes {
 		if !strings.Contains(out, fmt.Sprintf("node %s on %s: stopped PID %d", n.Name, n.Host, n.PID)) || strings.Contains(out, "removed") {
 			t.Errorf("fleet down without --purge did not say it stopped %s (and only that):\n%s", n.Name, out)
+		}
+		if mn := st.Mesh.Nodes[i]; !strings.Contains(out, fmt.Sprintf("sam-node of %s on %s: stopped PID %d", mn.Name, mn.Host, mn.PID)) {
+			t.Errorf("fleet down did not say it stopped %s's sam-node:\n%s", n.Name, out)
+		}
+		if !exists(filepath.Join(hosts[i].dir, n.Name+"-mesh", "credential.json")) || exists(filepath.Join(hosts[i].dir, n.Name+"-sam-node.pid")) {
+			t.Errorf("after fleet down without --purge on %s: the sam-node's member kept? its PID file gone?", hosts[i].addr)
 		}
 		if cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n.PID)); err == nil && strings.Contains(string(cl), n.DataDir) {
 			t.Errorf("node %s's PID %d still runs", n.Name, n.PID)
@@ -429,7 +590,8 @@ func TestFleetUpHosts(t *testing.T) {
 		t.Fatalf("fleet up again: exit %d\n%s", code, out)
 	}
 	t.Logf("fleet up again:\n%s", out)
-	for _, want := range []string{"node 10-191-1-2: paired already", "node 10-191-2-2: paired already", "on 10-191-1-2 answers", "on 10-191-2-2 answers"} {
+	for _, want := range []string{"node 10-191-1-2: paired already", "node 10-191-2-2: paired already", "on 10-191-1-2 answers", "on 10-191-2-2 answers",
+		"sam-node of 10-191-2-2 on root@10.191.2.2: a member of the mesh"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("fleet up again did not say %q", want)
 		}
@@ -447,6 +609,8 @@ func TestFleetUpHosts(t *testing.T) {
 	for _, want := range []string{fmt.Sprintf("deleted %d sandbox(es)", len(sbs)),
 		fmt.Sprintf("node 10-191-1-2 on root@10.191.1.2: stopped PID %d", st.Nodes[0].PID),
 		fmt.Sprintf("node 10-191-2-2 on root@10.191.2.2: stopped PID %d", st.Nodes[1].PID),
+		fmt.Sprintf("sam-node of 10-191-1-2 on root@10.191.1.2: stopped PID %d", st.Mesh.Nodes[0].PID),
+		"sam-node of 10-191-2-2 on root@10.191.2.2: removed",
 		"fleet is down"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("fleet down did not say %q", want)
@@ -457,6 +621,7 @@ func TestFleetUpHosts(t *testing.T) {
 			t.Errorf("node %s's PID %d still runs", n.Name, n.PID)
 		}
 	}
+	meshGone(t, st)
 	if ps := processesMentioning(remoteDir + "/"); len(ps) > 0 {
 		t.Errorf("processes left on the hosts: %v", ps)
 	}
@@ -480,6 +645,23 @@ func TestFleetUpHosts(t *testing.T) {
 	for _, sb := range sbs {
 		if exists(netnsPath(sb.ID)) {
 			t.Errorf("netns of sandbox %s left", sb.Name)
+		}
+	}
+}
+
+// meshGone: none of the mesh's processes fleet.json names still runs (by
+// PID and the dir on its command line, so a reused PID is not taken for
+// one): the control plane and the router here, the sam-nodes on the
+// hosts.
+func meshGone(t *testing.T, st fleetup.State) {
+	t.Helper()
+	procs := []fleetup.Proc{st.Mesh.ControlPlane, st.Mesh.Router}
+	for _, mn := range st.Mesh.Nodes {
+		procs = append(procs, mn.Proc)
+	}
+	for _, p := range procs {
+		if cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID)); err == nil && strings.Contains(string(cl), p.DataDir) {
+			t.Errorf("after fleet down, PID %d (%s) still runs", p.PID, p.DataDir)
 		}
 	}
 }

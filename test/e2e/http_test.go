@@ -42,7 +42,7 @@ func mustLocal(raw string) error {
 	}
 	// The fleet's machines: network namespaces the test made itself
 	// (fleetMachine), at 10.188.<k>.2.
-	if a, err := netip.ParseAddr(u.Hostname()); err == nil && (fleetNet.Contains(a) || fleetUpNet.Contains(a) || meshGatewayNet.Contains(a)) {
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil && (fleetNet.Contains(a) || fleetUpNet.Contains(a) || meshGatewayNet.Contains(a) || sshHostNet.Contains(a)) {
 		return nil
 	}
 	return fmt.Errorf("refusing to send a request to %s: tests only talk to 127.0.0.1 and to their own network namespaces", raw)
@@ -74,6 +74,9 @@ var fleetNet = netip.MustParsePrefix("10.188.0.0/16")
 var (
 	fleetUpNet     = netip.MustParsePrefix("10.186.0.0/16")
 	meshGatewayNet = netip.MustParsePrefix("10.199.78.0/24")
+	// sshHostNet: the links of TestFleetUpHosts's hosts (10.191.<k>.0/24,
+	// startSSHHost) and the sandbox pools of their nodes.
+	sshHostNet = netip.MustParsePrefix("10.191.0.0/16")
 )
 
 // call sends one request on a connection of its own (no keep-alive, so no

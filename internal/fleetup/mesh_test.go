@@ -1,0 +1,35 @@
+package fleetup
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sandstorm/internal/membership"
+)
+
+// TestMemberOf: a mesh dir kept by a fleet down without --purge (a
+// credential and this control plane's CA) is a member already, and fleet
+// up starts it without a token; an empty or half-joined one joins; one of
+// another control plane is an error that says what to do.
+func TestMemberOf(t *testing.T) {
+	c := &meshCP{ca: []byte("-----BEGIN CERTIFICATE-----\nthis one\n-----END CERTIFICATE-----\n")}
+	dir := t.TempDir()
+	if ok, err := c.memberOf(filepath.Join(dir, "none")); ok || err != nil {
+		t.Errorf("no dir: %v %v", ok, err)
+	}
+	// A failed join leaves the CA, not a credential.
+	os.WriteFile(filepath.Join(dir, membership.CAFile), c.ca, 0o600)
+	if ok, err := c.memberOf(dir); ok || err != nil {
+		t.Errorf("a CA and no credential: %v %v", ok, err)
+	}
+	os.WriteFile(filepath.Join(dir, membership.CredentialFile), []byte("{}"), 0o600)
+	if ok, err := c.memberOf(dir); !ok || err != nil {
+		t.Errorf("a member of this control plane: %v %v", ok, err)
+	}
+	os.WriteFile(filepath.Join(dir, membership.CAFile), []byte("another CA"), 0o600)
+	if _, err := c.memberOf(dir); err == nil || !strings.Contains(err.Error(), "another mesh") || !strings.Contains(err.Error(), dir) {
+		t.Errorf("a member of another control plane: %v", err)
+	}
+}
