@@ -82,6 +82,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$$((500000 * $(FUZZSCALE)))x ./internal/policy/
 	$(GO) test -run='^$$' -fuzz=FuzzSOCKS5Handshake -fuzztime=$$((60000 * $(FUZZSCALE)))x ./internal/boundary/
 	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$$((500000 * $(FUZZSCALE)))x ./internal/dialguard/
+	$(GO) test -run='^$$' -fuzz=FuzzTableReportPassesCheck -fuzztime=$$((300000 * $(FUZZSCALE)))x ./internal/refusals/
 
 bench: deps build
 	$(GO) run ./bench/tiers --start --sandstormd $(BIN)

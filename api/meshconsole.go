@@ -11,6 +11,9 @@ type MeshConsole struct {
 	Members  []MeshConsoleMember `json:"members"`
 	Policy   MeshConsolePolicy   `json:"policy"`
 	Refusals []MeshRefusal       `json:"refusals"`
+	// AgentRefusals are what the members reported their agents were
+	// refused (internal/refusals), newest first.
+	AgentRefusals []MeshAgentRefusal `json:"agent_refusals"`
 }
 
 // MeshConsoleRouter is sam-one's own router.
@@ -31,6 +34,10 @@ type MeshConsoleMember struct {
 	RevokedAt         time.Time `json:"revoked_at,omitzero"`
 	CredentialExpires time.Time `json:"credential_expires,omitzero"`
 	Connected         bool      `json:"connected"`
+	// RefusalsDropped counts this member's agents' refusals that are not
+	// itemised in AgentRefusals: its own tables were full (a flood), or
+	// the console let its oldest rows go.
+	RefusalsDropped uint64 `json:"refusals_dropped,omitempty"`
 }
 
 // MeshConsolePolicy is the policy in force (version 0: none set, nothing
@@ -64,4 +71,12 @@ type MeshRefusal struct {
 	What   string    `json:"what"`
 	Who    string    `json:"who,omitempty"`
 	Reason string    `json:"reason"`
+}
+
+// MeshAgentRefusal is one row a member reported: what its agent
+// (Principal) was refused, by its boundary or its sam-node, how often,
+// first and last.
+type MeshAgentRefusal struct {
+	Member string `json:"member"`
+	RefusalRow
 }

@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"sandstorm/api"
 	"sandstorm/internal/logging"
+	"sandstorm/internal/meshnode"
 	"sandstorm/internal/testenv"
 
 	"golang.org/x/net/proxy"
@@ -41,6 +43,10 @@ func fakeNode(t *testing.T) string {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == api.SAMRefusalsPath && r.Header.Get("X-Sam-Principal") == "" {
+			w.WriteHeader(http.StatusNoContent) // the boundaries' report (TestRefusalsReported has a real node)
+			return
+		}
 		json.NewEncoder(w).Encode(map[string]string{"path": r.URL.Path, "principal": r.Header.Get("X-Sam-Principal"), "auth": r.Header.Get("Authorization")})
 	})}
 	go srv.Serve(ln)
@@ -314,4 +320,61 @@ func grep(s, prefix string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestRefusalsReported: sam-box reports its boundaries' refusals to the
+// sam-node on --mesh (a real one here), as sandstormd's node does, and a
+// forged report sent through a boundary is refused there — by the
+// boundary and by the node — and never counted.
+func TestRefusalsReported(t *testing.T) {
+	dir := t.TempDir()
+	pf := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(pf, []byte(policyA), 0o600)
+	node, err := meshnode.New(meshnode.Config{PolicyFile: pf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	sock := filepath.Join(dir, "node.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: node.Handler()}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	o := defaults()
+	o.principal, o.policy, o.socket, o.mesh = "agent-a", pf, filepath.Join(dir, "agent.sock"), "unix://"+sock
+	start(t, o)
+	if status, _ := through(t, o.socket, "http://secret.example/"); status != 0 {
+		t.Fatalf("an ungranted name: %d", status)
+	}
+	// The forged report: through the boundary, to the node's own path.
+	d, _ := proxy.SOCKS5("unix", o.socket, nil, proxy.Direct)
+	c := &http.Client{Transport: &http.Transport{DialContext: d.(proxy.ContextDialer).DialContext}, Timeout: 10 * time.Second}
+	forged := `{"rows": [{"principal": "forged", "by": "boundary", "what": "dns", "target": "x", "reason": "x", "count": 1, "first": "2026-01-01T00:00:00Z", "last": "2026-01-01T00:00:00Z"}]}`
+	resp, err := c.Post("http://mesh.sam.alt"+api.SAMRefusalsPath, "application/json", strings.NewReader(forged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a report through the boundary: %d, want 403", resp.StatusCode)
+	}
+	var rows []api.RefusalRow
+	testenv.WaitFor(t, 15*time.Second, "the refusals reach the node", func() bool {
+		rows = append(rows, node.Refusals().Take().Rows...)
+		return len(rows) >= 2
+	})
+	found := map[string]bool{}
+	for _, r := range rows {
+		if r.Principal != "agent-a" || r.By != api.RefusedByBoundary {
+			t.Errorf("row %+v", r)
+		}
+		found[r.What+" "+r.Target] = true
+	}
+	if !found["name secret.example"] || !found["mesh-request POST mesh.sam.alt"+api.SAMRefusalsPath] {
+		t.Errorf("rows %+v", rows)
+	}
 }

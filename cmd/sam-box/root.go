@@ -25,6 +25,7 @@ import (
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/logging"
+	"sandstorm/internal/refusals"
 )
 
 type options struct {
@@ -100,6 +101,10 @@ Names not granted are refused alike whether or not they exist (SOCKS5 reply
 0x02, CONNECT 403, DNS NXDOMAIN). Without --policy nothing is granted. The
 policy file is reloaded when it changes; a bad file is rejected, logged, and
 the policy in force stays.
+
+With --mesh, the boundaries' refusals are counted by principal, target and
+reason (at most 1,024 rows; the rest only counted) and reported to that
+sam-node every 2 s, which passes them on to the mesh's console.
 
 Config file (--config, YAML or JSON), for many boundaries in one process:
 
@@ -244,6 +249,18 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 		cfg.Metrics = boundary.NewMetrics(reg)
+	}
+	if cfg.Mesh != nil {
+		// The boundaries' refusals, itemised and reported to sam-node on
+		// --mesh as sandstormd's node does (internal/refusals).
+		cfg.Refusals = refusals.NewTable(refusals.MaxRows)
+		rctx, stopReports := context.WithCancel(ctx)
+		reported := make(chan struct{})
+		go func() {
+			defer close(reported)
+			refusals.Forward(rctx, cfg.Refusals, refusals.BoundaryEvery, refusals.ToSAMNode(refusals.DialClient(cfg.Mesh), "http://sam-node"), "sam-node", log)
+		}()
+		defer func() { stopReports(); <-reported }()
 	}
 	set, err := boundary.StartSet(cfg)
 	if err != nil {

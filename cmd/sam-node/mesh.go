@@ -11,6 +11,7 @@ import (
 	"sandstorm/internal/membership"
 	"sandstorm/internal/meshnode"
 	"sandstorm/internal/meshpeer"
+	"sandstorm/internal/refusals"
 )
 
 // meshOptions are sam-node's flags for the mesh beyond this machine.
@@ -39,6 +40,13 @@ func openMember(ctx context.Context, o meshOptions, log *slog.Logger) (*membersh
 	}
 	go m.Run(ctx)
 	return m, routers, nil
+}
+
+// reportRefusals sends the control plane what the node and its machine's
+// boundaries refused its agents (internal/refusals), every
+// refusals.NodeEvery, until ctx ends.
+func reportRefusals(ctx context.Context, m *membership.Member, node *meshnode.Node, log *slog.Logger) {
+	refusals.Forward(ctx, node.Refusals(), refusals.NodeEvery, m.ReportRefusals, "the control plane", log)
 }
 
 // joinMesh joins the routers in the background, retrying until one takes

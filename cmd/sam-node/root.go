@@ -102,6 +102,10 @@ is decided here on the agent's principal and again on the member that
 serves the call; without --policy it is the mesh's one policy, from the
 control plane. Calls from other members are served with this node's own
 providers and servers only. The agent listener stays for boundaries only.
+What the node and the boundaries of its machine (sandstormd, sam-box,
+which report on the agent listener) refuse its agents is counted by
+principal, target and reason and sent to the control plane every 5 s,
+for sam-one's console.
 
 SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
 --shutdown-timeout), stops the stdio MCP servers and exits 0.`,
@@ -188,6 +192,7 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 			defer close(meshDone)
 			joinMesh(mctx, member, routers, o.mesh.listen, node, mesh, log)
 		}()
+		go reportRefusals(mctx, member, node, log)
 	} else {
 		close(meshDone)
 	}

@@ -58,8 +58,10 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"sandstorm/api"
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/policy"
+	"sandstorm/internal/refusals"
 )
 
 // Defaults of Config.
@@ -140,6 +142,11 @@ type Config struct {
 	DialTimeout time.Duration
 	// Metrics is shared by all boundaries of a process; nil: none.
 	Metrics *Metrics
+	// Refusals, if set, counts every refusal by principal, target and
+	// reason (shared by the boundaries of a process, like Metrics, and
+	// reported to sam-node: internal/refusals); nil: counted only in
+	// Stats and Metrics.
+	Refusals *refusals.Table
 	// Log; nil is slog.Default().
 	Log *slog.Logger
 }
@@ -397,6 +404,13 @@ func (b *Boundary) fromPeer(a net.Addr) bool {
 func (b *Boundary) foreign(from net.Addr) {
 	b.st.foreign.Add(1)
 	b.m.foreign()
+	if b.cfg.Refusals != nil {
+		src := from.String()
+		if h, _, err := net.SplitHostPort(src); err == nil {
+			src = h // by source address: its ports would make a row per connection
+		}
+		b.refused(api.RefusedForeign, src, "not this boundary's sandbox ("+b.cfg.Peer.String()+")")
+	}
 	b.log.Debug("boundary refused a source other than its sandbox", "principal", b.cfg.Principal, "remote", from, "peer", b.cfg.Peer)
 }
 
@@ -673,6 +687,12 @@ func (b *Boundary) countFlow(r route, o outcome) {
 func (b *Boundary) refusal() {
 	b.st.refusals.Add(1)
 	b.m.refusal()
+}
+
+// refused itemises a refusal for the console (Config.Refusals): what was
+// asked for (api.Refused*), which one, and why.
+func (b *Boundary) refused(what, target, reason string) {
+	b.cfg.Refusals.Add(refusals.Refusal{Principal: b.cfg.Principal, By: api.RefusedByBoundary, What: what, Target: target, Reason: reason})
 }
 
 func (b *Boundary) handshakeError(c net.Conn, err error) {

@@ -1,17 +1,20 @@
 package boundary
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"hash/fnv"
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/miekg/dns"
 
+	"sandstorm/api"
 	"sandstorm/internal/policy"
 )
 
@@ -146,10 +149,11 @@ func (b *Boundary) answerDNS(req *dns.Msg) *dns.Msg {
 		b.countDNS(dnsRefused)
 		return m
 	}
-	name, ok := b.granted(q.Name)
-	if !ok {
+	name, why := b.granted(q.Name)
+	if why != "" {
 		m.Rcode = dns.RcodeNameError
 		b.countDNS(dnsNXDomain)
+		b.refused(api.RefusedDNS, strings.TrimSuffix(q.Name, "."), why)
 		return m
 	}
 	if q.Qtype == dns.TypeA {
@@ -169,17 +173,20 @@ func (b *Boundary) answerDNS(req *dns.Msg) *dns.Msg {
 	return m
 }
 
-// granted returns the normalised name if the principal may reach it. IP
-// literals are never names here.
-func (b *Boundary) granted(qname string) (string, bool) {
+// granted returns the normalised name if the principal may reach it,
+// else why not. IP literals are never names here.
+func (b *Boundary) granted(qname string) (name, why string) {
 	d, err := policy.Classify(qname)
-	if err != nil || d.IsIP {
-		return "", false
+	switch {
+	case err != nil:
+		return "", err.Error()
+	case d.IsIP:
+		return "", "an address is not a name to resolve"
 	}
-	if ok, _ := b.policy().Decide(b.cfg.Principal, d); !ok {
-		return "", false
+	if ok, reason := b.policy().Decide(b.cfg.Principal, d); !ok {
+		return "", cmp.Or(reason, "not granted")
 	}
-	return d.Host, true
+	return d.Host, ""
 }
 
 // synthPool hands out synthetic addresses: the name's FNV-1a hash picks its

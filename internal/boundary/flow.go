@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"sandstorm/api"
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/policy"
 )
@@ -173,6 +174,12 @@ func (b *Boundary) admit(f *flow, host string, port uint16) admission {
 	b.m.observeAdmission(d)
 	b.countFlow(a.route, a.out)
 	if a.out == outDenied {
+		// An address the guard refused is itemised where it was refused
+		// (addressRefused), with its class.
+		var gr *dialguard.Refusal
+		if !errors.As(a.err, &gr) {
+			b.refused(api.RefusedName, host, a.err.Error())
+		}
 		// A person asking why a program got "not allowed" finds the
 		// answer here: who, what, and the rule that refused it.
 		b.logRefusal.Do(func() {
@@ -349,6 +356,7 @@ func (b *Boundary) addressRefused(host string, r *dialguard.Refusal) {
 		b.st.addrRefusals[r.Class].Add(1)
 	}
 	b.m.addrRefusal(r.Class)
+	b.refused(api.RefusedAddress, host, r.Error())
 	b.logRefusal.Do(func() {
 		b.log.Warn("boundary refused an address", "principal", b.cfg.Principal, "name", host, "addr", r.Addr, "class", r.Class.String(), "reason", r.Error())
 	})
@@ -479,6 +487,9 @@ func (b *Boundary) serveTransparent(c net.Conn) {
 	}
 	if !ok {
 		b.countFlow(routeTransparentUnknown, outRefused)
+		if err == nil {
+			b.refused(api.RefusedUnknownAddress, dst.Addr().String(), "no name was answered with this address")
+		}
 		b.log.Debug("boundary transparent flow to an unknown address refused", "principal", b.cfg.Principal, "dst", dst, "err", err)
 		f.abort()
 		return

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"sandstorm/api"
 	"sandstorm/internal/policy"
 )
 
@@ -334,19 +335,19 @@ func (h *meshHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Mesh names are served here; anything else wants CONNECT.
 		d, err := policy.Classify(hostOnly(r.URL.Host))
 		if err != nil || d.Kind == policy.KindExternal {
-			h.refuse(w, http.StatusMethodNotAllowed, "method_not_allowed", "plain HTTP is served for mesh names only; use CONNECT")
+			h.refuse(w, r, http.StatusMethodNotAllowed, "method_not_allowed", "plain HTTP is served for mesh names only; use CONNECT")
 			return
 		}
 		dest = d
 	}
 	if r.Method == http.MethodConnect {
-		h.refuse(w, http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not served on the mesh")
+		h.refuse(w, r, http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not served on the mesh")
 		return
 	}
 	// The policy in force decides every request: it may have changed since
 	// the flow was admitted.
 	if ok, _ := b.policy().Decide(b.cfg.Principal, dest); !ok {
-		h.refuse(w, http.StatusForbidden, "destination_not_allowed", "destination not allowed for this sandbox")
+		h.refuse(w, r, http.StatusForbidden, "destination_not_allowed", "destination not allowed for this sandbox")
 		return
 	}
 	target, ok := "", false
@@ -354,7 +355,7 @@ func (h *meshHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		target, ok = meshTarget(dest, r.URL.Path)
 	}
 	if !ok {
-		h.refuse(w, http.StatusForbidden, "path_not_allowed", "path not available to agents: "+r.URL.Path)
+		h.refuse(w, r, http.StatusForbidden, "path_not_allowed", "path not available to agents: "+r.URL.Path)
 		return
 	}
 	if stripIdentity(r.Header) {
@@ -397,10 +398,18 @@ func (b *Boundary) proxyError(w http.ResponseWriter, r *http.Request, err error)
 	writeJSONError(w, http.StatusBadGateway, "mesh_unreachable", "the mesh could not be reached")
 }
 
-func (h *meshHandler) refuse(w http.ResponseWriter, status int, code, msg string) {
+func (h *meshHandler) refuse(w http.ResponseWriter, r *http.Request, status int, code, msg string) {
 	h.b.st.meshRefused.Add(1)
 	h.b.m.meshRequest(meshRefused)
 	h.b.refusal()
+	if h.b.cfg.Refusals != nil {
+		host := r.URL.Host // absolute form: the host the agent named
+		if host == "" {
+			host = r.Host
+		}
+		reason, _, _ := strings.Cut(msg, ":") // the path is the target already
+		h.b.refused(api.RefusedMeshRequest, r.Method+" "+host+r.URL.Path, reason)
+	}
 	writeJSONError(w, status, code, msg)
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/policy"
+	"sandstorm/internal/refusals"
 )
 
 // A Set is many boundaries served by one process (sam-box --config, and
@@ -52,7 +53,9 @@ type SetConfig struct {
 	HandshakeTimeout time.Duration
 	DialTimeout      time.Duration
 	Metrics          *Metrics
-	Log              *slog.Logger
+	// Refusals, if set, itemises every boundary's refusals (Config).
+	Refusals *refusals.Table
+	Log      *slog.Logger
 }
 
 // Set is the running boundaries of a SetConfig.
@@ -142,6 +145,7 @@ func (s *Set) start(cfg SetConfig, i int, bc SetSpec, seen map[string]bool) (*Bo
 		HandshakeTimeout: cfg.HandshakeTimeout,
 		DialTimeout:      cfg.DialTimeout,
 		Metrics:          cfg.Metrics,
+		Refusals:         cfg.Refusals,
 		Log:              s.log,
 	})
 	if err == nil {

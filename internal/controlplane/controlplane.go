@@ -81,8 +81,12 @@ type Config struct {
 	// request's goroutine and must not block.
 	Refused func(Refusal)
 	Issued  func(member string, expires time.Time)
-	Now     func() time.Time
-	Log     *slog.Logger
+	// Reported, if set, is given every member's report of its agents'
+	// refusals, checked (refusals.go); it is called on the request's
+	// goroutine and must not block. nil: reports are taken and dropped.
+	Reported func(member string, rep api.RefusalReport)
+	Now      func() time.Time
+	Log      *slog.Logger
 }
 
 // Refusal is one request the control plane refused, and why.
@@ -115,6 +119,7 @@ type Server struct {
 	// rotating serialises rotations: each starts from the keys the last
 	// one saved.
 	rotating sync.Mutex
+	reports  reportLimits
 }
 
 // New returns a control plane.
@@ -158,6 +163,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/keys/rotate", s.admin(s.rotate))
 	mux.HandleFunc("PUT /v1/policy", s.admin(s.putPolicy))
 	mux.HandleFunc("GET /v1/policy", s.getPolicy)
+	mux.HandleFunc("POST "+api.RefusalsPath, s.postRefusals)
 	return mux
 }
 

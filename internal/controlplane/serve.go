@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"sandstorm/api"
 	"sandstorm/internal/meshcred"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/secretfile"
@@ -45,9 +46,11 @@ type Options struct {
 	OIDC       OIDCConfig
 	OIDCCAFile string
 	Log        *slog.Logger
-	// Refused and Issued, if set, are Config's hooks (sam-one's console).
-	Refused func(Refusal)
-	Issued  func(member string, expires time.Time)
+	// Refused, Issued and Reported, if set, are Config's hooks (sam-one's
+	// console).
+	Refused  func(Refusal)
+	Issued   func(member string, expires time.Time)
+	Reported func(member string, rep api.RefusalReport)
 }
 
 // The files in a control plane's data dir.
@@ -130,7 +133,7 @@ func Open(o Options) (op *Opened, err error) {
 	}
 	cfg := Config{Name: o.Name, Store: st, Issuer: iss, AdminToken: admin, Log: o.Log,
 		SaveKeys: func(b []byte) error { return secretfile.Write(filepath.Join(o.DataDir, IssuerKeysFile), b) },
-		Refused:  o.Refused, Issued: o.Issued}
+		Refused:  o.Refused, Issued: o.Issued, Reported: o.Reported}
 	if o.OIDC.Issuer != "" {
 		oc, err := oidcConfig(o)
 		if err != nil {

@@ -41,6 +41,7 @@ import (
 	"sandstorm/internal/pki"
 	"sandstorm/internal/policy"
 	"sandstorm/internal/reclaim"
+	"sandstorm/internal/refusals"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/sandbox/gvisor"
@@ -725,6 +726,16 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", path)
 		}
+		// The boundaries' refusals, itemised and reported to sam-node,
+		// which passes them on to the mesh's console (internal/refusals).
+		sam.Refusals = refusals.NewTable(refusals.MaxRows)
+		fctx, stopForward := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			refusals.Forward(fctx, sam.Refusals, refusals.BoundaryEvery, refusals.ToSAMNode(refusals.UnixClient(path), "http://sam-node"), "sam-node", log)
+		}()
+		stops = append(stops, func() { stopForward(); <-done })
 	}
 	reg := prometheus.NewRegistry()
 	sam.Metrics = boundary.NewMetrics(reg)

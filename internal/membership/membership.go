@@ -231,6 +231,13 @@ func (m *Member) Credential() string {
 	return m.cred.Credential
 }
 
+// ReportRefusals sends the control plane a report of this member's
+// agents' refusals (internal/refusals) with its credential; ctx bounds
+// the call. It fits refusals.Forward.
+func (m *Member) ReportRefusals(ctx context.Context, rep api.RefusalReport) error {
+	return m.cfg.ControlPlane.ReportRefusals(ctx, m.Credential(), rep)
+}
+
 // Verify checks another member's credential against the last good keys
 // and revocations. A credential signed by a key it does not know is
 // refused, and makes Run fetch the keys now (or a quarter poll after its

@@ -2,7 +2,9 @@
 // is in the mesh (members, their credentials' expiry, revoked or not,
 // connected to the router now or not), the principals of the policy in
 // force and what each may use, and the recent refusals with their
-// reasons, from the control plane and from the router.
+// reasons: the control plane's and the router's (Ring), and those the
+// members report of their agents — by their boundaries and sam-nodes,
+// with principal, target, reason and count (Agents; internal/refusals).
 //
 // It follows the master's console (internal/console): one page of plain
 // HTML, CSS and JavaScript embedded in the binary (no build step); the

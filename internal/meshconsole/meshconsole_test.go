@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/policy"
@@ -73,5 +74,56 @@ bindings:
 	}
 	if _, err := Principals("roles: [{name: x, services: [\"ftp://nope\"]}]\nbindings: []\n"); err == nil {
 		t.Error("a policy members refuse was shown")
+	}
+}
+
+func agentRow(principal, target string, count uint64, last time.Time) api.RefusalRow {
+	return api.RefusalRow{Principal: principal, By: api.RefusedByBoundary, What: api.RefusedName, Target: target, Reason: "destination not granted",
+		Count: count, First: last.Add(-time.Second), Last: last}
+}
+
+// TestAgents: members' reports are summed by row across reports and
+// listed newest first; a member flooding rows keeps at most its share
+// and cannot push another member's rows out; what is let go, and what a
+// member could not itemise, is counted as dropped for that member.
+func TestAgents(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	a := NewAgents(10, 4)
+	a.Add("node-a", api.RefusalReport{Rows: []api.RefusalRow{agentRow("agent-a", "example.com", 3, t0)}, Dropped: 7})
+	a.Add("node-a", api.RefusalReport{Rows: []api.RefusalRow{agentRow("agent-a", "example.com", 2, t0.Add(time.Minute))}})
+	a.Add("node-b", api.RefusalReport{Rows: []api.RefusalRow{agentRow("agent-b", "example.com", 1, t0.Add(time.Second))}})
+	l := a.List()
+	if len(l) != 2 || l[0].Member != "node-a" || l[0].Count != 5 || !l[0].First.Equal(t0.Add(-time.Second)) || !l[0].Last.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("list: %+v", l)
+	}
+	if a.Dropped("node-a") != 7 || a.Dropped("node-b") != 0 {
+		t.Errorf("dropped: %d %d", a.Dropped("node-a"), a.Dropped("node-b"))
+	}
+	// node-c floods: 100 rows in one report, newer than everything.
+	var flood []api.RefusalRow
+	for i := 0; i < 100; i++ {
+		flood = append(flood, agentRow("attacker", fmt.Sprintf("n%d.example", i), 1, t0.Add(time.Hour+time.Duration(i)*time.Second)))
+	}
+	a.Add("node-c", api.RefusalReport{Rows: flood})
+	l = a.List()
+	per := map[string]int{}
+	for _, r := range l {
+		per[r.Member]++
+	}
+	if per["node-c"] != 4 || per["node-a"] != 1 || per["node-b"] != 1 || len(l) != 6 {
+		t.Errorf("after a flood: %v", per)
+	}
+	if l[0].Target != "n99.example" || a.Dropped("node-c") != 96 {
+		t.Errorf("the flood kept %q first, dropped %d; want its newest kept and 96 dropped", l[0].Target, a.Dropped("node-c"))
+	}
+	// Many members: the whole table holds its size; the oldest go.
+	for m := 0; m < 5; m++ {
+		a.Add(fmt.Sprintf("node-m%d", m), api.RefusalReport{Rows: []api.RefusalRow{agentRow("x", "a", 1, t0.Add(2*time.Hour)), agentRow("x", "b", 1, t0.Add(2*time.Hour))}})
+	}
+	if l := a.List(); len(l) != 10 {
+		t.Errorf("%d rows, want 10", len(l))
+	}
+	if a.Dropped("node-a") != 7+5 || a.Dropped("node-b") != 1 || a.Dropped("node-c") != 100 {
+		t.Errorf("the six oldest rows were not the ones let go: dropped %d, %d, %d", a.Dropped("node-a"), a.Dropped("node-b"), a.Dropped("node-c"))
 	}
 }

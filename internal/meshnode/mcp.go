@@ -1,6 +1,7 @@
 package meshnode
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"sandstorm/api"
 	"sandstorm/internal/policy"
 )
 
@@ -123,10 +125,12 @@ func (h *mcpHub) notConnected() []string {
 func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string, svc service, scope string) {
 	switch {
 	case svc.kind == "inference":
+		h.n.refused(r, principal, api.RefusedMCPServer, cmp.Or(scope, "/mcp"), "asked of the endpoint of model "+svc.name)
 		writeError(w, http.StatusForbidden, "permission_error", "wrong_service",
 			fmt.Sprintf("this endpoint is the model %q; it serves no MCP tools", svc.name))
 		return
 	case svc.kind == "mcp" && scope != "" && scope != svc.name:
+		h.n.refused(r, principal, api.RefusedMCPServer, scope, "asked of the endpoint of MCP server "+svc.name)
 		writeError(w, http.StatusForbidden, "permission_error", "wrong_service",
 			fmt.Sprintf("this endpoint is the MCP server %q, not %q", svc.name, scope))
 		return
@@ -137,6 +141,7 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 		// Refuse a server that is not granted before looking it up, so that
 		// the answer is the same whether or not it exists.
 		if !h.n.policy.Current().For(principal).MCPServer(scope) {
+			h.n.refused(r, principal, api.RefusedMCPServer, scope, whyNotGranted)
 			writeError(w, http.StatusForbidden, "permission_error", "server_not_granted",
 				fmt.Sprintf("MCP server %q is not granted to principal %q", scope, principal))
 			return
@@ -401,6 +406,11 @@ func (v *view) refuseUngranted(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 			v.hub.n.m.toolCalls.WithLabelValues(server, "denied").Inc()
 			v.hub.n.log.Debug("meshnode: tool call refused", "principal", v.key.principal, "server", server)
+			target := ctr.Params.Name
+			if v.key.scope != "" {
+				target = v.key.scope + ToolSeparator + target
+			}
+			v.hub.n.refused(nil, v.key.principal, api.RefusedTool, target, whyNotGranted)
 			return denied(ctr.Params.Name, v.key.principal), nil
 		}
 		return next(ctx, method, req)
@@ -420,6 +430,7 @@ func toolError(msg string) *mcp.CallToolResult {
 func (h *mcpHub) call(ctx context.Context, principal, server, tool, exposedName string, args json.RawMessage) *mcp.CallToolResult {
 	if !h.n.policy.Current().For(principal).MCPTool(server, tool) {
 		h.n.m.toolCalls.WithLabelValues(server, "denied").Inc()
+		h.n.refused(nil, principal, api.RefusedTool, server+ToolSeparator+tool, whyNotGranted)
 		return denied(exposedName, principal)
 	}
 	u := h.byName[server]

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"sandstorm/internal/policy"
+	"sandstorm/internal/refusals"
 )
 
 // Headers a boundary sets on every request it forwards to the node.
@@ -51,6 +52,7 @@ type Node struct {
 	hub       *mcpHub
 	remote    *remote // nil: no mesh beyond this node
 	sv        served  // what this machine's sandboxes serve (served.go)
+	refusals  *refusals.Table
 	member    string
 	agent     http.Handler
 	admin     http.Handler
@@ -82,11 +84,12 @@ func New(cfg Config) (*Node, error) {
 		log = slog.Default()
 	}
 	n := &Node{
-		log:     log,
-		maxBody: cfg.MaxBodyBytes,
-		byModel: map[string][]*provider{},
-		m:       newMetrics(),
-		member:  cfg.Member,
+		log:      log,
+		maxBody:  cfg.MaxBodyBytes,
+		byModel:  map[string][]*provider{},
+		m:        newMetrics(),
+		member:   cfg.Member,
+		refusals: refusals.NewTable(refusals.MaxRows),
 	}
 	if n.maxBody <= 0 {
 		n.maxBody = DefaultMaxBodyBytes
@@ -339,7 +342,17 @@ func (n *Node) serveAgent(w http.ResponseWriter, r *http.Request) {
 		case ServedPath:
 			n.serveServed(sw, r)
 			return
+		case RefusalsPath:
+			n.serveRefusals(sw, r)
+			return
 		}
+	} else if strings.HasPrefix(path, "/sam/") {
+		// The node's own channel with its machine (the policy, what the
+		// sandboxes serve, the boundaries' refusals) is never an agent's,
+		// whatever a boundary would let through.
+		writeError(sw, http.StatusForbidden, "permission_error", "not_for_agents",
+			"this path is for the node's own machine, on its socket; it is never served to an agent")
+		return
 	}
 	if !validPrincipal(principal) {
 		msg := "no principal: requests reach the mesh node only through a sandbox boundary, which names the agent in " + HeaderPrincipal

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"sandstorm/api"
 )
 
 // model is the OpenAI model object.
@@ -103,7 +105,10 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal str
 		n.remote.wait(r.Context())
 	}
 	if name, one := strings.CutPrefix(r.URL.Path, "/v1/models/"); one {
-		if code, msg := n.modelAllowed(principal, svc, name, n.remote != nil); code != 0 {
+		if code, msg, why := n.modelAllowed(principal, svc, name, n.remote != nil); code != 0 {
+			if why != "" {
+				n.refused(r, principal, api.RefusedModel, name, why)
+			}
 			writeError(w, code, errType(code), errCode(code), msg)
 			return
 		}
@@ -123,21 +128,26 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal str
 // modelAllowed decides on a model before anything is dialled. A model
 // that is not granted is refused the same way whether or not it exists.
 // With mesh, a model no local provider serves may be served elsewhere in
-// the mesh: that is for the lookup that follows to say.
-func (n *Node) modelAllowed(principal string, svc service, name string, mesh bool) (int, string) {
+// the mesh: that is for the lookup that follows to say. why is the
+// refusal's reason in a few words when the principal was refused (403),
+// for the console (refused).
+func (n *Node) modelAllowed(principal string, svc service, name string, mesh bool) (code int, msg, why string) {
 	switch {
 	case name == "":
-		return http.StatusBadRequest, "no model: the request body must name a model (GET /v1/models lists the ones you may use)"
+		return http.StatusBadRequest, "no model: the request body must name a model (GET /v1/models lists the ones you may use)", ""
 	case svc.kind == "mcp":
-		return http.StatusForbidden, fmt.Sprintf("this endpoint is the MCP server %q; it serves no models", svc.name)
+		return http.StatusForbidden, fmt.Sprintf("this endpoint is the MCP server %q; it serves no models", svc.name),
+			"asked of the endpoint of MCP server " + svc.name
 	case svc.kind == "inference" && name != svc.name:
-		return http.StatusForbidden, fmt.Sprintf("this endpoint serves only the model %q, not %q", svc.name, name)
+		return http.StatusForbidden, fmt.Sprintf("this endpoint serves only the model %q, not %q", svc.name, name),
+			"asked of the endpoint of model " + svc.name
 	case !n.policy.Current().For(principal).Model(name):
-		return http.StatusForbidden, fmt.Sprintf("model %q is not granted to principal %q; GET /v1/models lists the models you may use", name, principal)
+		return http.StatusForbidden, fmt.Sprintf("model %q is not granted to principal %q; GET /v1/models lists the models you may use", name, principal),
+			whyNotGranted
 	case len(n.localProviders(name)) == 0 && !mesh:
-		return http.StatusNotFound, fmt.Sprintf("model %q is not served by any provider of this mesh node; GET /v1/models lists the models you may use", name)
+		return http.StatusNotFound, fmt.Sprintf("model %q is not served by any provider of this mesh node; GET /v1/models lists the models you may use", name), ""
 	}
-	return 0, ""
+	return 0, "", ""
 }
 
 func errType(code int) string {
@@ -194,9 +204,12 @@ func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal 
 	// A call from another member is served by this node's own providers
 	// only: never sent on, so it cannot loop or be amplified.
 	mesh := n.remote != nil && !fromMesh(r)
-	if code, msg := n.modelAllowed(principal, svc, head.Model, mesh); code != 0 {
+	if code, msg, why := n.modelAllowed(principal, svc, head.Model, mesh); code != 0 {
 		if code == http.StatusForbidden && n.byModel[head.Model] != nil {
 			n.m.modelRequests.WithLabelValues(head.Model, "denied").Inc()
+		}
+		if why != "" {
+			n.refused(r, principal, api.RefusedModel, head.Model, why)
 		}
 		n.log.Debug("meshnode: inference refused", "principal", principal, "status", code)
 		writeError(w, code, errType(code), errCode(code), msg)

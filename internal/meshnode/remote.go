@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"sandstorm/api"
 )
 
 // Mesh is the rest of the mesh as this node reaches it. internal/meshpeer
@@ -342,6 +344,7 @@ func (n *Node) serveMesh(w http.ResponseWriter, r *http.Request) {
 			}
 			n.m.toolCalls.WithLabelValues(label, "denied").Inc()
 			n.log.Info("meshnode: mesh tool call refused", "member", member, "principal", principal, "server", c.Server, "tool", c.Tool)
+			n.refused(r, principal, api.RefusedTool, c.Server+ToolSeparator+c.Tool, "not granted by this member's policy")
 			writeJSON(w, http.StatusOK, denied(c.Server+ToolSeparator+c.Tool, principal))
 			return
 		}

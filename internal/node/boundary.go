@@ -12,6 +12,7 @@ import (
 	"sandstorm/internal/dialguard"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/policy"
+	"sandstorm/internal/refusals"
 	"sandstorm/internal/store"
 )
 
@@ -27,6 +28,9 @@ type SAM struct {
 	Mesh func(ctx context.Context) (net.Conn, error)
 	// Metrics is shared by every boundary; nil: none.
 	Metrics *boundary.Metrics
+	// Refusals, if set, itemises every boundary's refusals (shared, like
+	// Metrics), for the daemon to report to sam-node; nil: not itemised.
+	Refusals *refusals.Table
 	// Guard checks every address an allowed external name resolves to
 	// before a boundary dials it; nil is a guard that knows no sandbox
 	// subnet (still refusing loopback, link-local, private, the node's
@@ -72,6 +76,7 @@ func (n *Node) boundaryUp(sb store.Sandbox) error {
 		TransparentPort: fw.TransparentPort,
 		Synthetic:       fw.Synthetic,
 		Metrics:         n.cfg.SAM.Metrics,
+		Refusals:        n.cfg.SAM.Refusals,
 		Resolve:         n.cfg.SAM.Resolve,
 		Guard:           guard,
 		Log:             n.log.With("sandbox", sb.ID), // its lines name the principal themselves

@@ -13,7 +13,10 @@
 // life as a member's is (internal/membership). The router checks members'
 // credentials against the control plane itself (VerifyCredential), so a
 // revocation applies at its next question, not at a 2 s poll. The console
-// (internal/meshconsole) is served on the API's own HTTPS listener, at /.
+// (internal/meshconsole) is served on the API's own HTTPS listener, at /;
+// it shows the members' reports of their agents' refusals
+// (controlplane.Config.Reported) beside the control plane's and the
+// router's own.
 package samone
 
 import (
@@ -75,6 +78,7 @@ type One struct {
 	cp        *controlplane.Opened
 	Router    *meshrouter.Router
 	ring      *meshconsole.Ring
+	agents    *meshconsole.Agents
 	log       *slog.Logger
 	name      string // the router's member name
 	priv      ed25519.PrivateKey
@@ -94,8 +98,8 @@ func Start(ctx context.Context, o Options) (_ *One, err error) {
 	if o.RouterName == "" {
 		o.RouterName = "router"
 	}
-	one := &One{ring: meshconsole.NewRing(meshconsole.DefaultRingSize), log: o.Log, name: o.RouterName, exp: map[string]time.Time{},
-		tokenFile: filepath.Join(o.DataDir, controlplane.AdminTokenFile)}
+	one := &One{ring: meshconsole.NewRing(meshconsole.DefaultRingSize), agents: meshconsole.NewAgents(meshconsole.DefaultAgentRows, meshconsole.DefaultAgentPerMember),
+		log: o.Log, name: o.RouterName, exp: map[string]time.Time{}, tokenFile: filepath.Join(o.DataDir, controlplane.AdminTokenFile)}
 	cp, err := controlplane.Open(controlplane.Options{DataDir: o.DataDir, Store: o.Store, Listen: o.Listen, Name: o.Name, Log: o.Log,
 		Refused: func(r controlplane.Refusal) {
 			one.ring.Add(api.MeshRefusal{At: r.At, By: "control-plane", What: r.What, Who: r.Name, Reason: r.Reason})
@@ -104,7 +108,10 @@ func Start(ctx context.Context, o Options) (_ *One, err error) {
 			one.credMu.Lock()
 			one.exp[m] = exp
 			one.credMu.Unlock()
-		}})
+		},
+		// Members' reports of their agents' refusals: checked, bounded
+		// and rate-limited per member by the control plane.
+		Reported: one.agents.Add})
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +233,7 @@ func (one *One) renew(ctx context.Context, exp time.Time) {
 
 // State is what the console shows (GET /v1/console).
 func (one *One) State(ctx context.Context) (api.MeshConsole, error) {
-	out := api.MeshConsole{Members: []api.MeshConsoleMember{}, Refusals: one.ring.List(),
+	out := api.MeshConsole{Members: []api.MeshConsoleMember{}, Refusals: one.ring.List(), AgentRefusals: one.agents.List(),
 		Router: api.MeshConsoleRouter{Member: one.name, PeerID: one.Router.Host.ID().String(), Addrs: one.RouterAddrs()}}
 	ms, err := one.cp.Store.ListMeshMembers(ctx)
 	if err != nil {
@@ -237,7 +244,8 @@ func (one *One) State(ctx context.Context) (api.MeshConsole, error) {
 	exp := maps.Clone(one.exp)
 	one.credMu.Unlock()
 	for _, m := range ms {
-		row := api.MeshConsoleMember{Name: m.Name, EnrolledAt: m.EnrolledAt, RevokedAt: m.RevokedAt, CredentialExpires: exp[m.Name]}
+		row := api.MeshConsoleMember{Name: m.Name, EnrolledAt: m.EnrolledAt, RevokedAt: m.RevokedAt, CredentialExpires: exp[m.Name],
+			RefusalsDropped: one.agents.Dropped(m.Name)}
 		if id, err := peerOf(m.PublicKey); err == nil {
 			row.PeerID = id.String()
 			// Connected as this member: connected now, and the credential

@@ -313,3 +313,53 @@ func TestRouterKeyKept(t *testing.T) {
 		t.Errorf("the router's peer ID changed across a restart: %v", ids)
 	}
 }
+
+// TestAgentRefusalsReported: what a member reports its agents were
+// refused, with its credential, is in the console's state under that
+// member, with the principal, target, reason and count, and what it
+// could not itemise counted on its row of members; a report without a
+// member's credential is refused and shows nowhere but as a refusal.
+func TestAgentRefusalsReported(t *testing.T) {
+	r := start(t)
+	ctx := context.Background()
+	tok, err := r.admin.CreateToken(ctx, api.MeshTokenRequest{MaxUses: 1, TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	member := &controlplane.Client{Base: r.base, Name: "sam", HTTP: r.http}
+	cred, err := member.Enrol(ctx, tok.Token, "node-a", priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	rep := api.RefusalReport{Dropped: 41, Rows: []api.RefusalRow{{Principal: "agent-a", By: api.RefusedByBoundary, What: api.RefusedDNS,
+		Target: "example.com", Reason: "destination not granted", Count: 12, First: now, Last: now}}}
+	if err := member.ReportRefusals(ctx, cred.Credential, rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := member.ReportRefusals(ctx, "not-a-credential", rep); err == nil {
+		t.Fatal("a report without a credential was taken")
+	}
+	s := r.state(t)
+	if len(s.AgentRefusals) != 1 {
+		t.Fatalf("agent refusals: %+v", s.AgentRefusals)
+	}
+	got := s.AgentRefusals[0]
+	if got.Member != "node-a" || got.Principal != "agent-a" || got.Target != "example.com" || got.Reason != "destination not granted" || got.Count != 12 {
+		t.Errorf("row %+v", got)
+	}
+	for _, m := range s.Members {
+		if m.Name == "node-a" && m.RefusalsDropped != 41 {
+			t.Errorf("node-a's dropped: %d", m.RefusalsDropped)
+		}
+	}
+	if refusalWith(s, "control-plane", "") == nil {
+		t.Error("the refused report is not among the control plane's refusals")
+	}
+	// The console's JSON carries them, flat.
+	b, _ := json.Marshal(s)
+	if !strings.Contains(string(b), `"agent_refusals":[{"member":"node-a","principal":"agent-a","by":"boundary","what":"dns","target":"example.com"`) {
+		t.Errorf("GET /v1/console's JSON: %s", b)
+	}
+}

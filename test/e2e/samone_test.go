@@ -6,6 +6,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +18,9 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"golang.org/x/net/proxy"
 
+	"sandstorm/api"
 	"sandstorm/internal/testenv"
 )
 
@@ -25,11 +30,17 @@ var consoleURLRE = regexp.MustCompile(`console=(https://127\.0\.0\.1:[0-9]+)/`)
 // console in one process); its data dir serves sam-control-plane's
 // operator commands (token create, policy set); a sam-node joins it with
 // a token and runs with --router at the address sam-one printed; a join
-// with a made-up token is refused. Then the console in headless Chromium:
-// the login, the member connected to the router, the principal with its
-// services, the policy's version and the refusal with its reason; the
-// page's session cannot write (a POST /v1/tokens from the page is 401)
-// and after logging out it cannot read. A screenshot is kept (logged).
+// with a made-up token is refused. A sandstormd takes the mesh's policy
+// from that sam-node, and an agent in a real sandbox, through its
+// boundary, is refused a model (by sam-node) and a name (by the
+// boundary), and tries to forge a report of refusals through it. Then
+// the console in headless Chromium: the login, the member connected to
+// the router, the principal with its services, the policy's version,
+// the control plane's refusal with its reason, and the agent's refusals
+// with member, principal, target, reason and count — searchable, and
+// without the forged one; the page's session cannot write (a POST
+// /v1/tokens from the page is 401) and after logging out it cannot read.
+// A screenshot is kept (logged).
 func TestSamOneConsole(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
@@ -38,21 +49,21 @@ func TestSamOneConsole(t *testing.T) {
 	dir := t.TempDir()
 	one := startProc(t, "sam-one", exec.Command(samOneBin, "serve", "--data-dir", dir, "--listen", "127.0.0.1:0",
 		"--router-listen", "/ip4/127.0.0.1/tcp/0"))
-	var api, routerAddr string
+	var apiURL, routerAddr string
 	testenv.WaitFor(t, 30*time.Second, "sam-one prints its router's address and its console", func() bool {
 		routerAddr = firstLineWith(one.log, "/ip4/127.0.0.1/tcp/")
 		b, _ := os.ReadFile(one.log)
 		if m := consoleURLRE.FindSubmatch(b); m != nil {
-			api = string(m[1])
+			apiURL = string(m[1])
 		}
-		return routerAddr != "" && api != ""
+		return routerAddr != "" && apiURL != ""
 	})
 	if !strings.Contains(routerAddr, "/p2p/12D3Koo") {
 		t.Fatalf("the router's address %q has no peer ID", routerAddr)
 	}
 	caFile := filepath.Join(dir, "pki", "ca.pem")
 	operator := func(args ...string) (string, error) {
-		return runIn(t, exec.Command(samControlPlaneBin, append([]string{"--data-dir", dir, "--api", api}, args...)...))
+		return runIn(t, exec.Command(samControlPlaneBin, append([]string{"--data-dir", dir, "--api", apiURL}, args...)...))
 	}
 	out, err := operator("token", "create", "--max-uses", "1")
 	tok := tokenRE.FindString(out)
@@ -70,7 +81,7 @@ bindings:
 	}
 	meshDir := filepath.Join(t.TempDir(), "mesh")
 	join := func(name, token string) (string, error) {
-		return runIn(t, exec.Command(samNodeBin, "join", "--control-plane", api, "--ca", caFile, "--name", name, "--token", token, "--mesh-dir", meshDir))
+		return runIn(t, exec.Command(samNodeBin, "join", "--control-plane", apiURL, "--ca", caFile, "--name", name, "--token", token, "--mesh-dir", meshDir))
 	}
 	if out, err := join("node-bad", "samb_made-up"); err == nil {
 		t.Fatalf("a join with a made-up token: %s", out)
@@ -78,14 +89,52 @@ bindings:
 	if out, err := join("node-one", tok); err != nil {
 		t.Fatalf("join: %v: %s", err, out)
 	}
+	nodeSock := filepath.Join(t.TempDir(), "n.sock")
 	node := startProc(t, "sam-one-node", exec.Command(samNodeBin, "--mesh-dir", meshDir, "--router", routerAddr,
-		"--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--listen", "unix://"+filepath.Join(t.TempDir(), "n.sock"), "--admin-addr", ""))
+		"--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--listen", "unix://"+nodeSock, "--admin-addr", ""))
 	waitLog(t, node.log, "joined the mesh", 60*time.Second)
+
+	// An agent in a real sandbox behind that sam-node, its boundary on
+	// the mesh's policy.
+	d := startDaemon(t, "--policy", "sam-node", "--sam-node", "unix://"+nodeSock)
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs, Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
+		t.Fatal(err)
+	}
+	sb := d.create(t, "agent", "agent-one")
+	var res agentResult
+	testenv.WaitFor(t, 30*time.Second, "the boundary has the mesh's policy (the agent reaches the mesh)", func() bool {
+		res = agentResult{}
+		agentGET(t, sb, "/run", url.Values{}, &res)
+		return len(res.Errors) == 0
+	})
+	agentGET(t, sb, "/run", url.Values{"denied_model": {"gpt-secret"}}, &res)
+	if !strings.HasPrefix(res.DeniedModel, "403") {
+		t.Fatalf("the ungranted model: %q, want a 403", res.DeniedModel)
+	}
+	for i := 0; i < 3; i++ {
+		if p := probeFrom(t, sb, "kind", "dns", "name", "example.com"); p.OK {
+			t.Fatalf("example.com resolved in the sandbox: %+v", p)
+		}
+	}
+	// A report of refusals forged through the boundary (its host-side
+	// socket): the boundary does not pass the path on, and sam-node would
+	// refuse it from a boundary anyway.
+	socks, err := proxy.SOCKS5("unix", sb.Boundary, nil, proxy.Direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: socks.(proxy.ContextDialer).DialContext}}
+	forged := `{"rows": [{"principal": "forged-principal", "by": "boundary", "what": "dns", "target": "forged.example", "reason": "forged", "count": 99, "first": "2026-01-01T00:00:00Z", "last": "2026-01-01T00:00:00Z"}]}`
+	if resp, err := hc.Post("http://mesh.sam.alt"+api.SAMRefusalsPath, "application/json", strings.NewReader(forged)); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a report through a boundary: %s, want 403", resp.Status)
+	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium),
 		// Exactly the key sam-one serves (checked against its CA first).
-		chromedp.Flag("ignore-certificate-errors-spki-list", spkiOf(t, caFile, strings.TrimPrefix(api, "https://"))),
+		chromedp.Flag("ignore-certificate-errors-spki-list", spkiOf(t, caFile, strings.TrimPrefix(apiURL, "https://"))),
 		chromedp.NoSandbox, // the tests run as root
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1300, 900),
@@ -131,7 +180,7 @@ bindings:
 		return n
 	}
 
-	run("open the console", chromedp.Navigate(api+"/"), chromedp.WaitVisible(chromedp.ID("token")))
+	run("open the console", chromedp.Navigate(apiURL+"/"), chromedp.WaitVisible(chromedp.ID("token")))
 	if n := status(`fetch("/v1/console").then(r => r.status)`); n != 401 {
 		t.Errorf("GET /v1/console without a session: %d, want 401", n)
 	}
@@ -147,6 +196,25 @@ bindings:
 	})()`)
 	until("the policy's version shows", `document.getElementById("policy").textContent.includes("policy version 1")`)
 	until("the refused join shows with its reason", `[...document.querySelectorAll("#refusals tr")].some(r => r.innerText.includes("node-bad") && r.innerText.includes("bootstrap token unknown, spent or expired"))`)
+	// The agent's refusals, from node-one: sam-node's and its boundary's.
+	agentRow := func(what, target, reason string) string {
+		return fmt.Sprintf(`[...document.querySelectorAll("#agent-refusals tr")].find(r => r.querySelector(".member").textContent === "node-one"
+			&& r.querySelector(".principal").textContent === "agent-one" && r.querySelector(".what").textContent === %q
+			&& r.querySelector(".target").textContent === %q && r.querySelector(".why").textContent === %q)`, what, target, reason)
+	}
+	until("the refused model shows (by sam-node)", agentRow("model", "gpt-secret", "not granted")+`?.querySelector(".by").textContent === "sam-node"`)
+	// Three lookups, each an A and an AAAA question (Go's resolver asks both).
+	until("the refused name shows (by the boundary) with its count", agentRow("dns", "example.com", "destination not granted")+`?.querySelector(".count").textContent === "6"`)
+	until("the forged report's request shows as refused", agentRow("mesh-request", "POST mesh.sam.alt"+api.SAMRefusalsPath, "path not available to agents")+` !== undefined`)
+	if page := text(`document.getElementById("agent-refusals").innerText`); strings.Contains(page, "forged") {
+		t.Errorf("the forged report reached the console:\n%s", page)
+	}
+	// Searchable: only the rows that match stay.
+	run("search", chromedp.SendKeys(chromedp.ID("search"), "gpt-secret"))
+	until("only the model's refusal shows", `(() => { const rs = [...document.querySelectorAll("#agent-refusals tr")];
+		return rs.length === 1 && rs[0].innerText.includes("gpt-secret") && document.querySelectorAll('[data-member="node-one"]').length === 0; })()`)
+	run("clear the search", chromedp.Evaluate[chromedp.Void](`(() => { const s = document.getElementById("search"); s.value = ""; s.dispatchEvent(new Event("input")); })()`))
+	until("every row is back", `document.querySelectorAll("#agent-refusals tr").length >= 3 && !!document.querySelector('[data-member="node-one"] .conn')`)
 	if exp := text(`document.querySelector('[data-member="node-one"] .exp').textContent`); !strings.Contains(exp, "min") {
 		t.Errorf("node-one's credential expiry reads %q", exp)
 	}

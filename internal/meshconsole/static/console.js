@@ -73,14 +73,22 @@ function until(iso) {
   return when(iso) + " (" + rel + ")";
 }
 
+// matches says whether a row's words contain the search, as the master
+// console's search does: any of them, case aside.
+function matches(words, q) {
+  return !q || words.some((w) => String(w || "").toLowerCase().includes(q));
+}
+
 function render(s) {
   state.last = s;
+  const q = $("search").value.trim().toLowerCase();
   const rt = s.router || {};
   $("router").textContent = rt.peer_id ? "router (member " + rt.member + "): " + rt.peer_id : "";
 
   const members = s.members || [];
-  $("member-count").textContent = "(" + members.length + ")";
-  $("members").replaceChildren(...members.map((m) => {
+  const shownMembers = members.filter((m) => matches([m.name, m.peer_id], q));
+  $("member-count").textContent = "(" + (q ? shownMembers.length + " of " : "") + members.length + ")";
+  $("members").replaceChildren(...shownMembers.map((m) => {
     const tr = document.createElement("tr");
     tr.dataset.member = m.name;
     if (m.revoked_at) tr.className = "revoked";
@@ -94,7 +102,8 @@ function render(s) {
   const p = s.policy || {};
   $("policy").textContent = p.version ? "(policy version " + p.version + ", set " + when(p.set_at) + ")" : "(no policy set: nothing is granted)";
   $("policy-error").textContent = p.error || "";
-  $("principals").replaceChildren(...(p.principals || []).map((pr) => {
+  const principals = (p.principals || []).filter((pr) => matches([pr.name, ...(pr.roles || []), ...(pr.services || []), ...(pr.egress || []), ...(pr.egress_private || [])], q));
+  $("principals").replaceChildren(...principals.map((pr) => {
     const tr = document.createElement("tr");
     tr.dataset.principal = pr.name;
     const eg = (pr.egress || []).concat((pr.egress_private || []).map((x) => "private " + x));
@@ -104,7 +113,23 @@ function render(s) {
 
   // A router refusal names a peer ID: a member's, if it is one.
   const byPeer = new Map(members.map((m) => [m.peer_id, m.name]));
-  const rs = s.refusals || [];
+  const ars = s.agent_refusals || [];
+  const shownAgents = ars.filter((r) => matches([r.member, r.principal, r.by, r.what, r.target, r.reason, r.from], q));
+  $("agent-refusal-count").textContent = "(" + (q ? shownAgents.length + " of " : "") + ars.length + " rows, newest first)";
+  $("agent-refusals").replaceChildren(...shownAgents.map((r) => {
+    const tr = document.createElement("tr");
+    tr.dataset.agentMember = r.member;
+    tr.dataset.agent = r.principal;
+    // A call from another member was refused by this member's policy.
+    const principal = r.from ? r.principal + " (of " + r.from + ")" : r.principal;
+    tr.append(td(when(r.last)), td(r.member, "member"), td(principal, "principal"), td(r.by, "by"), td(r.what, "what"),
+      td(r.target, "target mono"), td(r.reason, "why"), td(Number(r.count).toLocaleString(), "count"), td(when(r.first)));
+    return tr;
+  }));
+  const dropped = members.filter((m) => m.refusals_dropped > 0).map((m) => m.name + " " + Number(m.refusals_dropped).toLocaleString());
+  $("agent-dropped").textContent = dropped.length ? "Counted but not itemised (a member's table was full, or the oldest rows went): " + dropped.join(", ") : "";
+
+  const rs = (s.refusals || []).filter((r) => matches([r.by, r.what, r.who, byPeer.get(r.who), r.reason], q));
   $("refusal-count").textContent = "(" + rs.length + ", newest first)";
   $("refusals").replaceChildren(...rs.map((r) => {
     const tr = document.createElement("tr");
@@ -115,5 +140,6 @@ function render(s) {
 }
 
 $("login-form").addEventListener("submit", login);
+$("search").addEventListener("input", () => { if (state.last) render(state.last); });
 $("logout").addEventListener("click", logout);
 start();
