@@ -385,15 +385,13 @@ func fill(ctx context.Context, cfg AgentsConfig, cl *client.Client, names []stri
 			if err != nil {
 				continue
 			}
-			down := 0
-			for tier, n := range st.Sandboxes {
-				if tier != api.TierHot {
-					down += n
-				}
+			sbs, err := cl.Sandboxes(fctx)
+			if err != nil {
+				continue
 			}
-			if down > 0 {
-				stop(fmt.Sprintf("the node pushed %d sandbox(es) off memory to make room (tiers %v; MemAvailable %d MiB, reserve %d MiB, promised %d MiB)",
-					down, st.Sandboxes, st.MemAvailableMiB, st.MemReserveMiB, st.PromisedMiB))
+			if down, which := pushedOff(sbs); down > 0 {
+				stop(fmt.Sprintf("the node pushed %d sandbox(es) off memory to make room (%s; tiers %v; MemAvailable %d MiB, reserve %d MiB, promised %d MiB)",
+					down, which, st.Sandboxes, st.MemAvailableMiB, st.MemReserveMiB, st.PromisedMiB))
 				return
 			}
 			if n := hostTasks(); taskLimit > 0 && n > taskLimit-cfg.TaskMargin {
@@ -445,6 +443,25 @@ func fill(ctx context.Context, cfg AgentsConfig, cl *client.Client, names []stri
 	}
 	because(fmt.Sprintf("--max %d reached", cfg.Max))
 	return stoppedBy
+}
+
+// pushedOff counts the sandboxes that are leaving memory or have left it:
+// with every idle timer off, only the node's memory guard moves one
+// (internal/node/memory.go, pushDown). A sandbox still being created is
+// listed as detached on its way to hot, and is not counted. It also names
+// the first, with its tier.
+func pushedOff(sbs []api.Sandbox) (n int, first string) {
+	for _, sb := range sbs {
+		leaving := sb.Transition != "" && sb.Transition != api.TierHot
+		left := sb.Tier != api.TierHot && sb.Transition != api.TierHot
+		if leaving || left {
+			if n == 0 {
+				first = fmt.Sprintf("%s %s→%s", sb.Name, sb.Tier, sb.Transition)
+			}
+			n++
+		}
+	}
+	return n, strings.TrimSuffix(first, "→")
 }
 
 // settle waits (at most a minute) until no sandbox is still starting: no

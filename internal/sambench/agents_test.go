@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandstorm/api"
 )
 
 func TestPercentilesNearestRank(t *testing.T) {
@@ -271,5 +273,28 @@ func TestPushThroughABoundary(t *testing.T) {
 	}
 	if len(rows) != 1+3*perAgent || rows[0][0] != "agent" || rows[1][0] != "via-boundary-1" || rows[len(rows)-1][6] != KindOK {
 		t.Errorf("%d rows; first %v, last %v", len(rows), rows[:2], rows[len(rows)-1])
+	}
+}
+
+func TestPushedOff(t *testing.T) {
+	sb := func(name string, tier, transition api.Tier) api.Sandbox {
+		return api.Sandbox{Name: name, Tier: tier, Transition: transition}
+	}
+	// Hot, and being created (detached on its way to hot): none pushed.
+	if n, _ := pushedOff([]api.Sandbox{sb("a", api.TierHot, ""), sb("b", api.TierDetached, api.TierHot)}); n != 0 {
+		t.Errorf("a fill in progress counted %d pushed off", n)
+	}
+	n, first := pushedOff([]api.Sandbox{
+		sb("a", api.TierHot, ""),
+		sb("b", api.TierHot, api.TierSnapshot), // being checkpointed
+		sb("c", api.TierSnapshot, ""),          // on disk
+		sb("d", api.TierDetached, ""),          // detached under pressure
+		sb("e", api.TierDetached, api.TierHot), // still being created
+	})
+	if n != 3 || first != "b hot→snapshot" {
+		t.Errorf("%d pushed off, first %q; want 3, b hot→snapshot", n, first)
+	}
+	if _, first := pushedOff([]api.Sandbox{sb("c", api.TierSnapshot, "")}); first != "c snapshot" {
+		t.Errorf("first %q", first)
 	}
 }
