@@ -112,6 +112,8 @@ Needs root.`,
 	f.StringVar(&cfg.GatewayPorts, "gateway-ports", "27000-29999", "sandstormd --gateway-ports: one per sandbox, below the ephemeral range, unused")
 	f.IntVar(&cfg.TaskMargin, "task-margin", 4096, "stop the fill when the host's tasks come within this many of pid_max")
 	f.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "per-request timeout, body included")
+	f.DurationVar(&cfg.Quiet, "settle-quiet", 15*time.Second, "after the fill, wait until no sandbox has left memory for this long before choosing the pushers")
+	f.DurationVar(&cfg.IdleFor, "idle-cpu", 10*time.Second, "how long the machine's CPU is read with no push, before the fill and with the population resident")
 	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
 	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit, and the binaries built from it)")
 	return cmd

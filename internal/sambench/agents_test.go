@@ -168,7 +168,7 @@ func TestHostReadings(t *testing.T) {
 
 func TestAgentsConfigValidate(t *testing.T) {
 	good := AgentsConfig{NodeBin: "sam-node", Max: 3, Pushers: 2, Requests: 20, InFlight: 2, Rounds: 1, MemoryMiB: 64, Parallel: 4,
-		FillFor: time.Minute, Timeout: time.Second}
+		FillFor: time.Minute, Timeout: time.Second, IdleFor: time.Second}
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -296,5 +296,12 @@ func TestPushedOff(t *testing.T) {
 	}
 	if _, first := pushedOff([]api.Sandbox{sb("c", api.TierSnapshot, "")}); first != "c snapshot" {
 		t.Errorf("first %q", first)
+	}
+}
+
+func TestReachedBoundary(t *testing.T) {
+	p := Push{Requests: 400, Failures: map[string]int{"proxy dial: no such socket": 102, "connection reset": 2, "proxy dial: connection refused": 1}}
+	if n := p.reachedBoundary(); n != 297 {
+		t.Errorf("reached %d, want 297 (400 less the 103 never dialled)", n)
 	}
 }

@@ -154,6 +154,20 @@ func summarizePush(route string, round int, names []string, calls [][]Call) (Pus
 	return p, agents
 }
 
+// reachedBoundary is how many of the push's requests reached a boundary:
+// all but those whose boundary's socket could not be dialled (a sandbox
+// pushed off memory has its boundary closed; classify names those
+// "proxy dial: …").
+func (p Push) reachedBoundary() int {
+	n := p.Requests
+	for k, c := range p.Failures {
+		if strings.HasPrefix(k, "proxy dial: ") {
+			n -= c
+		}
+	}
+	return n
+}
+
 // CounterCheck is one server counter's change over a push beside what the
 // client counted for it.
 type CounterCheck struct {
@@ -190,7 +204,7 @@ var seedPush = []string{"seed (boundary, 1,000 resident)", "1", "200", "40000", 
 // pushTables renders the pushes: the seed's figures, each push's, the
 // boundary against the baseline of the same round, the servers' counters
 // against the client's count, and where the CPU went.
-func pushTables(pushes []Push) []*bench.Table {
+func pushTables(pushes, idle []Push, rates map[string][]AgentRate) []*bench.Table {
 	if len(pushes) == 0 {
 		return nil
 	}
@@ -202,7 +216,7 @@ func pushTables(pushes []Push) []*bench.Table {
 			"TTFB: the client's time to the first response byte, over every served request, nearest rank.",
 		Columns: []string{"route", "round", "agents", "requests", "failed", "wall s", "req/s", "per agent req/s p50 / min / max", "starved", "TTFB ms p50 / p95 / p99 / max"},
 		Rows:    append([][]string{seedPush}, pushRows(pushes)...),
-		Data:    pushes,
+		Data:    map[string]any{"pushes": pushes, "agent_rates": rates},
 	}
 	ratio := &bench.Table{
 		Title:       "Through the boundaries against the baseline, same round",
@@ -233,14 +247,19 @@ func pushTables(pushes []Push) []*bench.Table {
 	counters := &bench.Table{
 		Title: "The servers' own counters against the client's count",
 		Description: "Δ over each push (scraped after the warmup, before the push, and after it): sam-node's admin /metrics, and sandstormd's --metrics-addr (its boundaries). " +
+			"The client's count beside sam-node's is its served requests; beside the boundaries' forwarded requests, its requests that reached a boundary (all but those whose agent.sock could not be dialled). " +
 			"sam_box_flows_total{route=\"mesh\",outcome=\"allowed\"} counts flows opened: 0 means every request rode the flows the warmup opened.",
 		Columns: []string{"route", "round", "series", "server Δ", "client", "agree"},
 	}
 	cpu := &bench.Table{
 		Title: "Where the CPU went during each push",
 		Description: "CPU-seconds from /proc (utime+stime; the client's from getrusage); rest = the machine's busy time less the three, " +
-			"mostly the sandboxes and the kernel; busy = the machine's busy share of cores × wall.",
+			"mostly the sandboxes and the kernel; busy = the machine's busy share of cores × wall. The idle rows are --idle-cpu (10 s by default) with no push: " +
+			"what the machine spends with no traffic (with the population resident: its idle sandboxes' own CPU, gVisor's and their servers' timers).",
 		Columns: []string{"route", "round", "wall s", "client", "sandstormd", "sam-node", "rest", "busy"},
+	}
+	for _, p := range idle {
+		cpu.Rows = append(cpu.Rows, cpuRow(p))
 	}
 	for _, p := range pushes {
 		for _, c := range p.Counters {
@@ -253,16 +272,26 @@ func pushTables(pushes []Push) []*bench.Table {
 			}
 			counters.Rows = append(counters.Rows, []string{p.Route, fmt.Sprint(p.Round), c.Series, fmt.Sprintf("%.0f", c.Delta), fmt.Sprint(c.Client), agree})
 		}
-		c := p.CPU
-		rest := c["machine busy"] - c["client"] - c["sandstormd"] - c["sam-node"]
-		busy := "—"
-		if c["machine capacity"] > 0 {
-			busy = fmt.Sprintf("%.0f %%", 100*c["machine busy"]/c["machine capacity"])
-		}
-		cpu.Rows = append(cpu.Rows, []string{p.Route, fmt.Sprint(p.Round), fmt.Sprintf("%.2f", p.WallSeconds),
-			fmt.Sprintf("%.2f", c["client"]), fmt.Sprintf("%.2f", c["sandstormd"]), fmt.Sprintf("%.2f", c["sam-node"]), fmt.Sprintf("%.2f", rest), busy})
+		cpu.Rows = append(cpu.Rows, cpuRow(p))
 	}
 	return []*bench.Table{main, ratio, counters, cpu}
+}
+
+// cpuRow is a push's (or an idle reading's) CPU: per process, the rest of
+// the machine's busy time, and its busy share.
+func cpuRow(p Push) []string {
+	c := p.CPU
+	rest := c["machine busy"] - c["client"] - c["sandstormd"] - c["sam-node"]
+	busy := "—"
+	if c["machine capacity"] > 0 {
+		busy = fmt.Sprintf("%.0f %%", 100*c["machine busy"]/c["machine capacity"])
+	}
+	round := ""
+	if p.Round > 0 {
+		round = fmt.Sprint(p.Round)
+	}
+	return []string{p.Route, round, fmt.Sprintf("%.2f", p.WallSeconds),
+		fmt.Sprintf("%.2f", c["client"]), fmt.Sprintf("%.2f", c["sandstormd"]), fmt.Sprintf("%.2f", c["sam-node"]), fmt.Sprintf("%.2f", rest), busy}
 }
 
 // populationTable renders the readings of the node and its population.

@@ -34,7 +34,8 @@ func TestSamBenchAgents(t *testing.T) {
 	const pushers, requests = 2, 20
 	cmd := exec.Command(samBench, "agents", "--max", "3", "--pushers", "2", "--requests", "20", "--rounds", "1",
 		"--sandstormd", sandstormdBin, "--node-bin", samNodeBin, "--runsc", runscBin, "--repo", repo, "--out", out,
-		"--subnet", pickSubnet(t), "--gateway-ports", pickGatewayPorts(t, 10), "--memory-reserve", "0", "--fill-for", "2m")
+		"--subnet", pickSubnet(t), "--gateway-ports", pickGatewayPorts(t, 10), "--memory-reserve", "0", "--fill-for", "2m",
+		"--settle-quiet", "1s", "--idle-cpu", "1s")
 	start := time.Now()
 	logs, err := cmd.CombinedOutput()
 	t.Logf("sam-bench agents took %v:\n%s", time.Since(start).Round(time.Millisecond), logs)
