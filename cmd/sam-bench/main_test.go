@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"sandstorm/internal/cli"
 	"sandstorm/internal/sambench"
 )
 
@@ -130,6 +132,23 @@ func TestRunFlagErrors(t *testing.T) {
 	} {
 		if _, _, err := execute(t, args...); err == nil {
 			t.Errorf("%v: no error", args)
+		}
+	}
+}
+
+// TestAgentsUsageErrors: a bad shape is a usage error (exit status 2),
+// found before anything is built or started.
+func TestAgentsUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"agents", "--max", "3", "--pushers", "4"},
+		{"agents", "--in-flight", "0"},
+		{"agents", "--memory-mib", "8"},
+		{"agents", "--fill-for", "0s"},
+	} {
+		_, _, err := execute(t, args...)
+		var u cli.UsageError
+		if !errors.As(err, &u) {
+			t.Errorf("%v: %v, want a usage error", args, err)
 		}
 	}
 }

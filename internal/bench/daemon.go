@@ -39,6 +39,10 @@ func StartSandstormd(ctx context.Context, bin, dataDir, logPath string, args ...
 	full := append([]string{"serve", "--master", "--node", "--data-dir", dataDir, "--listen", api}, args...)
 	cmd := exec.Command(bin, full...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// A process group of its own: a Ctrl-C at the terminal reaches the
+	// benchmark, which deletes its sandboxes through this daemon before it
+	// stops it, rather than the daemon at once, leaving them running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
