@@ -13,6 +13,7 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/gateway"
+	"sandstorm/internal/metrics"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -110,8 +111,10 @@ func (n *Node) Wake(ctx context.Context, id string) error {
 	return w.err
 }
 
-func (n *Node) wake(ctx context.Context, e *entry) error {
+func (n *Node) wake(ctx context.Context, e *entry) (err error) {
 	if err := e.acquire(ctx); err != nil {
+		n.cfg.Metrics.Wake(string(e.getTier()), metrics.Refused, 0)
+		n.cfg.Metrics.Refusal(reasonBusy, "wake")
 		return fmt.Errorf("%w: sandbox %s is busy with another transition", gateway.ErrRefused, e.id)
 	}
 	defer e.release()
@@ -119,6 +122,8 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 	if from == api.TierHot {
 		return nil
 	}
+	var took time.Duration
+	defer func() { n.countTransition(from, api.TierHot, took, err) }()
 	select {
 	case n.wakes <- struct{}{}:
 		defer func() { <-n.wakes }()
@@ -172,7 +177,8 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 		n.settleAfterFailure(sb, from, fmt.Sprintf("wake from %s failed: %v", from, err))
 		return fmt.Errorf("wake sandbox %s from %s: %w", e.id, from, err)
 	}
-	ms := float64(time.Since(start).Microseconds()) / 1000
+	took = time.Since(start)
+	ms := float64(took.Microseconds()) / 1000
 	e.lastActive.Store(time.Now().UnixMilli())
 	n.protect(sb)
 	_, err = n.commit(e.id, api.TierHot, func(s *store.Sandbox) {
@@ -496,6 +502,7 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 	}
 	start := time.Now()
 	if err := op(sb, from); err != nil {
+		n.countTransition(from, to, 0, err)
 		// Clear the transition unless op settled the sandbox itself.
 		n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error {
 			s.Transition = ""
@@ -505,6 +512,7 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 		n.entry(sb.ID).setTier(cur.Tier)
 		return cur, err
 	}
+	n.countTransition(from, to, time.Since(start), nil)
 	n.log.Info("sandbox transition", "id", sb.ID, "from", from, "to", to, "ms", time.Since(start).Milliseconds())
 	n.cfg.Events.Publish(events.Event{Kind: events.Transition, ID: sb.ID, From: string(from), To: string(to),
 		Ms: float64(time.Since(start).Microseconds()) / 1000, Node: n.cfg.Name})
