@@ -32,6 +32,10 @@ one boundary, pinned to --box-cpu with GOMAXPROCS=--box-gomaxprocs, and runs
     clock and by sam-box's own CPU time (/proc), so the rate per core does
     not depend on the client keeping up; the boundary's refusal counter is
     read before and after;
+  - names refused by DNS: --dns-sockets UDP sockets for --refusal-time, each
+    with --dns-window queries in flight for a name the policy does not grant
+    (the boundary's DNS, listening on loopback as on a sandbox's veth, answers
+    NXDOMAIN), timed by sam-box's own CPU time as above;
   - latency: --pairs requests of GET /v1/models straight to the node's socket
     (kept connection: the baseline; and a new connection), and through the
     boundary with a new flow per request (golang.org/x/net/proxy's SOCKS5
@@ -45,6 +49,9 @@ Run it under taskset (e.g. taskset -c 1) to keep the client off sam-box's CPU.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.NodeBin == "" || cfg.BoxBin == "" {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--node-bin and --box-bin are required")}
+			}
+			if cfg.DNSSockets < 0 || (cfg.DNSSockets > 0 && cfg.DNSWindow < 1) {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--dns-sockets must be 0 or more, and --dns-window positive")}
 			}
 			if cfg.Rounds < 1 || cfg.RefusalConns < 1 || cfg.RefusalTime <= 0 || cfg.Pairs < 1 {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--rounds, --refusal-conns, --refusal-time and --pairs must be positive")}
@@ -78,6 +85,8 @@ Run it under taskset (e.g. taskset -c 1) to keep the client off sam-box's CPU.`,
 	f.IntVar(&cfg.RefusalConns, "refusal-conns", 32, "connections in parallel in a refusal phase")
 	f.DurationVar(&cfg.RefusalTime, "refusal-time", 3*time.Second, "how long a refusal phase lasts")
 	f.IntVar(&cfg.Pairs, "pairs", 300, "requests of each route per round")
+	f.IntVar(&cfg.DNSSockets, "dns-sockets", 4, "UDP sockets asking the boundary's DNS for a name not granted, per round, for --refusal-time (0: no DNS phase)")
+	f.IntVar(&cfg.DNSWindow, "dns-window", 32, "queries each DNS socket keeps in flight (sent and read in batches)")
 	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
 	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit)")
 	f.StringArrayVar(&notes, "note", nil, "a note recorded with the results (e.g. which commit --box-bin was built from), repeatable")

@@ -239,3 +239,28 @@ func BenchmarkMeshNewFlow(b *testing.B) {
 		resp.Body.Close()
 	}
 }
+
+// BenchmarkSOCKSRefusal is a refused flow end to end, as sam-bench
+// boundary's refusal phase drives it: connect to the boundary's socket,
+// greeting and a CONNECT to a name not granted in one write, both replies
+// read, close. With -cpuprofile, the boundary's share is the serveProxy
+// subtree (the rest is this client).
+func BenchmarkSOCKSRefusal(b *testing.B) {
+	e := newEnv(b, "agent-a", netip.Addr{}, nil)
+	host := "denied.example"
+	msg := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
+	msg = append(append(msg, host...), 0, 80)
+	addr := &net.UnixAddr{Name: e.sock, Net: "unix"}
+	var rep [12]byte
+	for b.Loop() {
+		c, err := net.DialUnix("unix", nil, addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Write(msg)
+		if _, err := io.ReadFull(c, rep[:]); err != nil || rep[3] != 0x02 {
+			b.Fatalf("% x %v", rep, err)
+		}
+		c.Close()
+	}
+}

@@ -14,7 +14,8 @@
 //   - reserve a relay slot, and be the source or the destination of a
 //     relayed connection (the relay's ACL, Gate);
 //   - be in the DHT's routing table, and be asked by it (its routing
-//     table and query filters);
+//     table and query filters), and be answered by it (Guard on its
+//     stream handlers): a peer in its grace reads and writes no record;
 //   - stay connected: a peer that has presented no good credential
 //     within Grace of connecting is disconnected.
 //
@@ -176,6 +177,20 @@ func (g *Gate) AllowConnect(src peer.ID, _ ma.Multiaddr, dst peer.ID) bool {
 		return true
 	}
 	return false
+}
+
+// Guard wraps handler so that it serves members only: a stream from a
+// peer that is not a member now (no credential presented yet, or one
+// revoked since) is reset unread, and the refusal told (OnRefusal).
+func (g *Gate) Guard(pid protocol.ID, handler network.StreamHandler) network.StreamHandler {
+	return func(s network.Stream) {
+		if p := s.Conn().RemotePeer(); !g.Admitted(p) {
+			s.Reset()
+			g.refuse(p, fmt.Sprintf("%s stream refused: not a member (no good credential presented)", pid))
+			return
+		}
+		handler(s)
+	}
 }
 
 // Serve takes credentials on h (CredentialProtocol), answering a good

@@ -4,17 +4,20 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"sandstorm/internal/discovery"
 	"sandstorm/internal/meshcred"
 	"sandstorm/internal/testenv"
 )
@@ -158,5 +161,78 @@ func TestRelayForMembersOnly(t *testing.T) {
 	})
 	if m.router.Host.Network().Connectedness(c.ID()) != network.Connected {
 		t.Error("the router hung up on a member")
+	}
+}
+
+// TestDHTAnswersMembersOnly: a peer connected to the router but with no
+// credential (inside its grace, when the routing-table filter has not
+// yet had a reason to drop it) can neither read the provider records
+// members published nor write one of its own; a member can do both, and
+// finds only the members' records.
+func TestDHTAnswersMembersOnly(t *testing.T) {
+	m := newMesh(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, credA := m.member(t, "node-a")
+	b, credB := m.member(t, "node-b")
+	thief, _ := m.member(t, "thief")
+	var refused []string
+	var mu sync.Mutex
+	m.router.Gate.OnRefusal(func(p peer.ID, why string) {
+		mu.Lock()
+		refused = append(refused, p.String()+": "+why)
+		mu.Unlock()
+	})
+	client := func(h host.Host, cred string) *dht.IpfsDHT {
+		t.Helper()
+		if err := h.Connect(ctx, m.info()); err != nil {
+			t.Fatal(err)
+		}
+		if cred != "" {
+			if _, err := Present(ctx, h, m.router.Host.ID(), cred); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := dht.New(h, dht.Mode(dht.ModeClient), dht.ProtocolPrefix(discovery.ProtocolPrefix), dht.BootstrapPeers(m.info()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		d.RoutingTable().TryAddPeer(m.router.Host.ID(), true, false)
+		return d
+	}
+	da, db, dt := client(a, credA), client(b, credB), client(thief, "")
+	key := discovery.Key("notes")
+	if err := da.Provide(ctx, key, true); err != nil {
+		t.Fatalf("a member's provide: %v", err)
+	}
+	// The thief's own record goes nowhere: the router resets its
+	// ADD_PROVIDER stream (Provide may still report success, as a
+	// provide to no peer does).
+	dt.Provide(ctx, key, true)
+	var got []peer.ID
+	for ai := range db.FindProvidersAsync(ctx, key, 0) {
+		got = append(got, ai.ID)
+	}
+	if len(got) != 1 || got[0] != a.ID() {
+		t.Errorf("a member found providers %v, want only node-a %s (thief %s)", got, a.ID(), thief.ID())
+	}
+	// (Its own record is in its own provider store, which a lookup
+	// reads first: only a member's would have come from the router.)
+	for ai := range dt.FindProvidersAsync(ctx, key, 0) {
+		if ai.ID != thief.ID() {
+			t.Errorf("a peer with no credential read a member's provider record: %s", ai.ID)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	found := false
+	for _, r := range refused {
+		if strings.HasPrefix(r, thief.ID().String()) && strings.Contains(r, "/sam/kad/") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no refusal of the thief's DHT stream was told; told: %q", refused)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	dht "github.com/libp2p/go-libp2p-kad-dht"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 
 	"sandstorm/internal/discovery"
@@ -43,7 +45,12 @@ func New(key crypto.PrivKey, listen []string, verify Verify, own func() string) 
 		return nil, err
 	}
 	members := func(_ any, p peer.ID) bool { return r.Gate.Admitted(p) }
-	r.DHT, err = dht.New(h, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(discovery.ProtocolPrefix),
+	// The DHT is given a host whose stream handlers answer members only:
+	// its routing-table and query filters decide whom it asks and keeps,
+	// not whom it answers, so without this a peer in its grace (or one
+	// that never presents) could read every provider record and write
+	// ADD_PROVIDER records of its own for members to try.
+	r.DHT, err = dht.New(membersOnly{h, r.Gate}, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(discovery.ProtocolPrefix),
 		dht.RoutingTableFilter(members),
 		dht.QueryFilter(func(d any, ai peer.AddrInfo) bool { return members(d, ai.ID) }))
 	if err != nil {
@@ -52,6 +59,22 @@ func New(key crypto.PrivKey, listen []string, verify Verify, own func() string) 
 		return nil, err
 	}
 	return r, nil
+}
+
+// membersOnly is the router's host as its DHT sees it: every stream
+// handler the DHT sets (go-libp2p-kad-dht sets one per protocol, on
+// server mode) resets a stream from a peer that is not a member now.
+type membersOnly struct {
+	host.Host
+	gate *Gate
+}
+
+func (h membersOnly) SetStreamHandler(pid protocol.ID, handler network.StreamHandler) {
+	h.Host.SetStreamHandler(pid, h.gate.Guard(pid, handler))
+}
+
+func (h membersOnly) SetStreamHandlerMatch(pid protocol.ID, match func(protocol.ID) bool, handler network.StreamHandler) {
+	h.Host.SetStreamHandlerMatch(pid, match, h.gate.Guard(pid, handler))
 }
 
 // Close stops the router.

@@ -41,6 +41,11 @@ type BoundaryConfig struct {
 	RefusalConns int           `json:"refusal_conns"`
 	RefusalTime  time.Duration `json:"refusal_time_ns"`
 	Pairs        int           `json:"pairs"`
+	// DNSSockets UDP sockets, each with DNSWindow queries in flight, ask
+	// the boundary's DNS for a name not granted for RefusalTime per round
+	// (dnsRefuse); 0 sockets: no DNS phase.
+	DNSSockets int `json:"dns_sockets"`
+	DNSWindow  int `json:"dns_window"`
 	// FloorCmd, if set, starts the floor server (FloorServe) on the socket
 	// appended to it, pinned like sam-box: the least CPU a Go server on this
 	// machine spends to accept a connection, read, answer and close it.
@@ -119,6 +124,8 @@ func Boundary(ctx context.Context, cfg BoundaryConfig, res *bench.Results, logf 
 	baseNew := res.AddSeries("baseline-new-conn", "the same request straight to the node's socket on a new connection each time", "")
 	piped := res.AddSeries("new-flow-pipelined", "the same new flow from a client that does not wait for the SOCKS5 replies: greeting, CONNECT and the HTTP request in one write (raw bytes), to the end of the body", "")
 	over := res.AddSeries("overhead", "each new-flow sample minus the baseline sample taken just before it", "+9–157 µs (p50)")
+	dnsCPU := res.AddSeries("dns-refusal/box-cpu", "sam-box's CPU time per name refused by its DNS (NXDOMAIN: a name the principal is not granted, never dialled) over a round", "")
+	dnsWall := res.AddSeries("dns-refusal/wall", "a DNS refusal round's wall time per answer: 1/this is names refused per second", "")
 	adm := res.AddSeries("admission", "the boundary's own mean admission (classify, decide, open) over a round's new flows: Δsum/Δcount of sam_box_admission_seconds", "18–20 µs")
 
 	sc := &runner{scraper: &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 10 * time.Second}}
@@ -170,6 +177,26 @@ func Boundary(ctx context.Context, cfg BoundaryConfig, res *bench.Results, logf 
 			f1, _ := procCPU(rig.floor.Process.Pid)
 			if fn > 0 {
 				floorCPU.Add(float64((f1 - f0).Nanoseconds()) / 1e6 / float64(fn))
+			}
+		}
+
+		if cfg.DNSSockets > 0 {
+			d0, err := procCPU(rig.box.Process.Pid)
+			if err != nil {
+				return err
+			}
+			dn, lost, dtook := dnsRefuse(ctx, rig.dns, cfg.DNSSockets, cfg.DNSWindow, cfg.RefusalTime)
+			d1, _ := procCPU(rig.box.Process.Pid)
+			if dn == 0 {
+				dnsWall.Fail("round %d: no name refused (%d queries lost)", round, lost)
+			} else {
+				dnsCPU.Add(float64((d1 - d0).Nanoseconds()) / 1e6 / float64(dn))
+				dnsWall.Add(float64(dtook.Nanoseconds()) / 1e6 / float64(dn))
+				if lost > 0 {
+					dnsWall.Note("round %d: %d queries got no answer within 200 ms (datagrams dropped by a full socket buffer) and were sent again", round, lost)
+				}
+				logf("round %d: %d names refused by DNS in %v (%.0f/s); sam-box CPU %v (%.0f per CPU-second); %d lost", round, dn, dtook.Round(time.Millisecond),
+					float64(dn)/dtook.Seconds(), d1-d0, float64(dn)/(d1-d0).Seconds(), lost)
 			}
 		}
 
@@ -229,6 +256,9 @@ func boundaryTable(res *bench.Results) *bench.Table {
 	if v, _, ok := p("refusal/box-cpu"); ok && v > 0 {
 		row("refusals per CPU-second of sam-box (per core)", fmt.Sprintf("%.0f/s (%.1f µs each)", 1000/v, v*1000), "", "≥ 100,000/s")
 	}
+	if v, _, ok := p("dns-refusal/box-cpu"); ok && v > 0 {
+		row("names refused by the boundary's DNS per CPU-second of sam-box (per core)", fmt.Sprintf("%.0f/s (%.1f µs each)", 1000/v, v*1000), "", "≥ 100,000/s")
+	}
 	if v, _, ok := p("refusal/floor-cpu"); ok && v > 0 {
 		row("the floor server, per CPU-second", fmt.Sprintf("%.0f/s (%.1f µs each)", 1000/v, v*1000), "", "")
 	}
@@ -247,18 +277,30 @@ type rig struct {
 	nodeSock, agentSock string
 	floorSock           string
 	metrics             string
+	dns                 string // the boundary's DNS (udp), on loopback
 	base, baseNew       *http.Client
 	flow                *http.Client
 }
 
 func startRig(ctx context.Context, cfg BoundaryConfig, dir string) (*rig, error) {
 	r := &rig{nodeSock: filepath.Join(dir, "node.sock"), agentSock: filepath.Join(dir, "agent-1.sock")}
+	// The boundary also listens as on a sandbox's veth, with loopback for
+	// both ends (its only peer is 127.0.0.1), for its DNS.
+	var ports [3]int
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
+	}
+	r.dns = fmt.Sprintf("127.0.0.1:%d", ports[1])
 	files := map[string]string{
 		"policy.yaml": "roles: [{name: r, services: [\"inference://*\"]}]\nbindings:\n  - {principal: agent-1, roles: [r]}\n",
 		// No provider is contacted: /v1/models is answered from the config.
 		"node.yaml": "providers:\n  - {name: none, url: \"http://127.0.0.1:9/v1\", models: [model-a, model-b]}\n",
-		"box.yaml": fmt.Sprintf("mesh: unix://%s\npolicy: %s\nboundaries:\n  - {principal: agent-1, socket: %s}\n",
-			r.nodeSock, filepath.Join(dir, "policy.yaml"), r.agentSock),
+		"box.yaml": fmt.Sprintf("mesh: unix://%s\npolicy: %s\nboundaries:\n  - {principal: agent-1, socket: %s, listen: 127.0.0.1, peer: 127.0.0.1, proxy_port: %d, dns_port: %d, transparent_port: %d}\n",
+			r.nodeSock, filepath.Join(dir, "policy.yaml"), r.agentSock, ports[0], ports[1], ports[2]),
 	}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
