@@ -790,7 +790,7 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		counts[sb.Tier]++
 	}
 	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
-		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes(), PromisedMiB: n.promisedMiB(), State: "ready"}, nil
+		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes(), PromisedMiB: n.promisedMiB(), State: "ready", Transitions: n.transitionsTo()}, nil
 }
 
 // SetIdle gives sandbox id idle timers of its own (over the node's; nil:
