@@ -99,12 +99,12 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	}
 
 	want := map[[3]string]float64{
-		{"hot", "frozen", "ok"}:          2,
-		{"frozen", "hot", "ok"}:          1,
-		{"frozen", "hot", "failed"}:      1,
-		{"frozen", "hot", "refused"}:     1,
-		{"frozen", "snapshot", "ok"}:     1,
-		{"snapshot", "hot", "failed"}:    1,
+		{"hot", "frozen", "ok"}:       2,
+		{"frozen", "hot", "ok"}:       1,
+		{"frozen", "hot", "failed"}:   1,
+		{"frozen", "hot", "refused"}:  1,
+		{"frozen", "snapshot", "ok"}:  1,
+		{"snapshot", "hot", "failed"}: 1,
 	}
 	for _, mv := range metrics.Moves {
 		for _, o := range []string{metrics.OK, metrics.Failed, metrics.Refused} {
