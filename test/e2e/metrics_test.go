@@ -205,7 +205,10 @@ func TestMetricsThroughEveryTier(t *testing.T) {
 	}
 
 	// The gateway's gauges follow a connection: silent (open, in flight),
-	// answered and idle (open, not in flight), closed (neither).
+	// then answered — the demo's Python server speaks HTTP/1.0 and closes
+	// after each answer, so the gateway closes the client's side too —
+	// (neither). An idle keep-alive connection (open, not in flight) is
+	// gateway.TestStats's.
 	gauges := func(conns, inFlight float64) func() bool {
 		return func() bool {
 			s := scrapeMetrics(t, maddr)
@@ -217,16 +220,20 @@ func TestMetricsThroughEveryTier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer c.Close()
 	testenv.WaitFor(t, 10*time.Second, "a silent connection: open and in flight", gauges(1, 1))
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: walk\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	io.ReadAll(resp.Body)
 	resp.Body.Close()
-	testenv.WaitFor(t, 10*time.Second, "an idle keep-alive connection: open, not in flight", gauges(1, 0))
-	c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after an HTTP/1.0 answer the gateway kept the connection: %v", err)
+	}
 	testenv.WaitFor(t, 10*time.Second, "the connection closed", gauges(0, 0))
 
 	// Memory and disk, read as the node reads them, against the kernel's
