@@ -330,6 +330,11 @@ type NodeStatus struct {
 	// PromisedMiB is what sandboxes admitted but still starting have yet
 	// to take: placement counts it as used.
 	PromisedMiB int64 `json:"promised_mib"`
+	// Transitions is how many transitions have ended in each tier on the
+	// node since it started, those that reached it ("hot": wakes): its
+	// sandstorm_transitions_total{outcome="ok"} summed by "to" (the
+	// console charts their rates).
+	Transitions map[Tier]uint64 `json:"transitions,omitempty"`
 	// State is "ready", or "lost" when the master cannot reach the node
 	// (GET /v1/nodes); Address is a paired node's seam address.
 	State   string `json:"state,omitempty"`

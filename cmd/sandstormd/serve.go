@@ -118,7 +118,7 @@ transitions that were cut short.`,
 	f.StringVar(&o.Policy, "policy", "", "SAM policy file (YAML/JSON roles and bindings) every sandbox's boundary decides by; reloaded on change. \"sam-node\": the mesh's policy, from the control plane through --sam-node (nothing is granted until it arrives; the last good one stays while sam-node cannot be reached). Without it every sandbox can reach nothing")
 	f.StringVar(&o.SAMNode, "sam-node", "", "the local sam-node's agent socket, unix:///run/sam-node.sock: where flows to mesh.sam.alt go")
 	f.StringVar(&o.Resolver, "resolver", "", "DNS server (IP:port) the boundaries resolve allowed external names with (default: the system's resolver). Whatever it answers, an address on this node, in a sandbox, loopback, link-local or private (unless the policy's egress_private names it) is never dialled")
-	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve the boundaries' Prometheus metrics here, e.g. 127.0.0.1:9600 (off unless set)")
+	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics: the node's (tiers, transitions, wakes, refusals, headroom, runsc, gateway), the master's (its nodes, API requests) and the boundaries' (sam_box_*); e.g. 127.0.0.1:9600. Off unless set; plain HTTP with no token, so give a loopback or management address (no sandbox reaches it on any address)")
 	logFlags.Register(f)
 	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball upload, in bytes (413 beyond)")
 	return cmd

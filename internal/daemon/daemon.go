@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/console"
@@ -34,6 +33,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/master"
 	"sandstorm/internal/memguard"
+	"sandstorm/internal/metrics"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
@@ -84,7 +84,9 @@ type Options struct {
 	// Policy is the SAM policy file every boundary decides by ("" = deny
 	// everything); SAMNode the local sam-node's agent socket
 	// ("unix:///run/sam-node.sock"; "" = no mesh); MetricsAddr serves the
-	// boundaries' Prometheus metrics ("" = off).
+	// process's Prometheus metrics — the node's, the master's and the
+	// boundaries' (internal/metrics) — on http://MetricsAddr/metrics
+	// ("" = off).
 	Policy, SAMNode, MetricsAddr string
 	// Resolver is the DNS server ("host:port") boundaries resolve allowed
 	// external names with; "" is the system's resolver.
@@ -104,6 +106,11 @@ type Options struct {
 	// JoinToken what admits it the first time.
 	Join, CAFingerprint, JoinToken string
 	Log                            *slog.Logger
+
+	// reg is the process's one metrics registry (Serve makes it): the
+	// node's, the master's and the boundaries' metrics, counted whether
+	// or not MetricsAddr serves them (the console charts the node's).
+	reg *prometheus.Registry
 }
 
 // EnsureToken returns the API token in <dataDir>/pki/api-token, creating it
@@ -339,6 +346,15 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		return err
 	}
 	defer st.Close()
+	o.reg = metrics.NewRegistry()
+	if o.MetricsAddr != "" {
+		srv, addr, err := metrics.Listen(o.MetricsAddr, o.reg)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		log.Info("metrics", "url", "http://"+addr.String()+"/metrics")
+	}
 	if !o.Master {
 		return serveNode(ctx, o, st, log)
 	}
@@ -427,6 +443,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 	if err != nil {
 		return err
 	}
+	o.reg.MustRegister(metrics.NodeHealthCollector(func() []metrics.NodeHealth { return nodeHealth(fl) }))
 	go fl.Run(ctx) // hears its nodes' reports; renews their certificates
 	ln := apiLn
 	if ln == nil {
@@ -443,6 +460,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
 		E2B:            svc.API(),
 		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,
+		Metrics: metrics.NewMaster(o.reg),
 	})
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
@@ -590,7 +608,9 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 	if err != nil {
 		return nil, stop, err
 	}
+	nm := metrics.NewNode(o.reg)
 	if gb, ok := be.(*gvisor.Backend); ok {
+		gb.Observe = nm.Runsc
 		gb.Log = log // it logs the sandboxes it had to kill by pid
 		stops = append(stops, func() { gb.Close() })
 		v, _ := gvisor.Version(ctx, gb.Runsc)
@@ -647,11 +667,12 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 		Name: o.NodeName, DataDir: o.DataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
 		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, MaxStarts: o.MaxStarts, Admission: o.Admission, Ready: o.Ready,
-		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub, Envd: envdBin,
+		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub, Envd: envdBin, Metrics: nm,
 	})
 	if err != nil {
 		return nil, stop, err
 	}
+	o.reg.MustRegister(metrics.NodeCollector(nd.MetricsState))
 	plan, err := nd.BeginReconcile(ctx)
 	if err != nil {
 		return nil, stop, err // ErrFirewall: fail closed, no sandbox runs without its firewall
@@ -676,8 +697,9 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 }
 
 // samConfig builds what the node's boundaries need: the policy (reloaded on
-// change; none = deny everything), the dial to sam-node, and metrics served
-// only when asked for — a listener is one more thing a sandbox might reach.
+// change; none = deny everything), the dial to sam-node, and their metrics
+// (on the process's registry, served by Serve only when asked for: a
+// listener is one more thing a sandbox might reach).
 func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), error) {
 	sam := node.SAM{Firewall: netns.DefaultFirewall(node.VethPrefix)}
 	// Every address an allowed name resolves to is checked before it is
@@ -737,18 +759,7 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 		}()
 		stops = append(stops, func() { stopForward(); <-done })
 	}
-	reg := prometheus.NewRegistry()
-	sam.Metrics = boundary.NewMetrics(reg)
-	if o.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", o.MetricsAddr)
-		if err != nil {
-			return sam, stop, fmt.Errorf("--metrics-addr: %w", err)
-		}
-		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
-		stops = append(stops, func() { srv.Close() })
-		log.Info("boundary metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	}
+	sam.Metrics = boundary.NewMetrics(o.reg)
 	return sam, stop, nil
 }
 
@@ -812,4 +823,15 @@ func envdBinary(flag string) (string, error) {
 		return "", fmt.Errorf("--envd %s: %w (build it with make build, or --envd none for no commands and files)", flag, err)
 	}
 	return flag, nil
+}
+
+// nodeHealth is the fleet's view of its nodes as the master's metrics
+// take it.
+func nodeHealth(fl *fleet.Fleet) []metrics.NodeHealth {
+	hs := fl.Health()
+	out := make([]metrics.NodeHealth, len(hs))
+	for i, h := range hs {
+		out[i] = metrics.NodeHealth{Name: h.Name, Lost: h.Lost, LastReport: h.LastReport}
+	}
+	return out
 }

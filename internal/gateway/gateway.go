@@ -245,6 +245,27 @@ func (g *Gateway) Active(id string) int {
 	return n
 }
 
+// Stats is what the gateway holds now, across its sandboxes: client
+// connections open (admitted, and not yet closed), and those in flight —
+// being set up (the sandbox woken, dialled, its first bytes not yet seen)
+// or forwarding an HTTP request: what a checkpoint's Drain waits for. The
+// node's metrics read it at each scrape (internal/metrics).
+func (g *Gateway) Stats() (conns, inFlight int) {
+	g.mu.Lock()
+	gates := make([]*sandboxGate, 0, len(g.sands))
+	for _, sg := range g.sands {
+		gates = append(gates, sg)
+	}
+	g.mu.Unlock()
+	for _, sg := range gates {
+		sg.mu.Lock()
+		conns += len(sg.conns)
+		inFlight += sg.busy
+		sg.mu.Unlock()
+	}
+	return conns, inFlight
+}
+
 // block stops new connections and requests (under mu).
 func (sg *sandboxGate) block() {
 	if !sg.blocked {

@@ -471,3 +471,49 @@ func TestBodyTouches(t *testing.T) {
 		t.Errorf("%d touches for a 1 MiB upload", n)
 	}
 }
+
+// TestStats: the gateway's count of open connections and of those in
+// flight (the node's sandstorm_gateway_connections and
+// sandstorm_gateway_requests_in_flight) follow a connection through its
+// life: silent (in flight: waiting for its first bytes), a request being
+// answered (in flight), idle between requests (open, not in flight), and
+// closed (neither).
+func TestStats(t *testing.T) {
+	entered, finish := make(chan struct{}, 1), make(chan struct{})
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			<-finish
+		}
+		io.WriteString(w, "ok")
+	}), 0)
+	g, addr := newGateway(t, &fakeWaker{hot: true}, up.addr, Config{})
+	stats := func(conns, inFlight int) func() bool {
+		return func() bool { c, f := g.Stats(); return c == conns && f == inFlight }
+	}
+	if c, f := g.Stats(); c != 0 || f != 0 {
+		t.Fatalf("Stats with nothing open = %d, %d", c, f)
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testenv.WaitFor(t, 10*time.Second, "a silent connection: open and in flight", stats(1, 1))
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: sb\r\n\r\n")
+	<-entered
+	if cn, f := g.Stats(); cn != 1 || f != 1 {
+		t.Errorf("with a request being answered Stats = %d, %d; want 1, 1", cn, f)
+	}
+	close(finish)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	testenv.WaitFor(t, 10*time.Second, "idle between requests: open, not in flight", stats(1, 0))
+	c.Close()
+	testenv.WaitFor(t, 10*time.Second, "closed: neither", stats(0, 0))
+}

@@ -27,6 +27,7 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/httpjson"
+	"sandstorm/internal/metrics"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/rootfs"
@@ -62,6 +63,8 @@ type Config struct {
 	SandboxTraffic http.Handler
 	// SandboxDomain is the domain of sandbox hosts (<port>-<id>.<domain>).
 	SandboxDomain string
+	// Metrics counts the API's requests by route and status (nil: none).
+	Metrics *metrics.Master
 }
 
 // maxJSON bounds every JSON request body (1 MiB; 413 beyond).
@@ -126,7 +129,24 @@ func Handler(cfg Config) http.Handler {
 	open.HandleFunc("GET /v1/ca", s.caCert)
 	open.HandleFunc("POST /v1/nodes/join", s.joinNode)
 	open.HandleFunc("GET /v1/nodes/tunnel", func(w http.ResponseWriter, r *http.Request) { s.cfg.Fleet.Tunnel(w, r) })
-	return s.auth(mux, open)
+	return cfg.Metrics.Instrument(s.auth(mux, open), s.route(mux, open))
+}
+
+// route names the pattern that serves a request, for the API's metrics
+// (a path holds IDs; its pattern does not): the E2B SDK's sandbox
+// traffic, an open route, or the API's, whether or not the request is
+// let through.
+func (s *server) route(mux, open *http.ServeMux) func(*http.Request) string {
+	return func(r *http.Request) string {
+		if s.cfg.SandboxTraffic != nil && s.isSandboxTraffic(r) {
+			return "sandbox traffic"
+		}
+		if _, p := open.Handler(r); p != "" {
+			return p
+		}
+		_, p := mux.Handler(r)
+		return p
+	}
 }
 
 // auth lets through requests with the API token, and GETs with a console

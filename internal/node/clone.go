@@ -118,6 +118,7 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 		child, err := n.create(ctx, t, name, p, parent.MemoryMiB, gen, nil, func(sb store.Sandbox) error {
 			return n.restoreChild(sb, ct, parent, stage)
 		})
+		n.countCreate("clone", err)
 		if err != nil {
 			res.Parent, _ = n.st.GetSandbox(context.Background(), parent.ID)
 			return res, fmt.Errorf("clone %s: child %d of %d (%s): %w", parent.Name, len(res.Children)+1, count, name, err)

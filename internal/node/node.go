@@ -33,6 +33,7 @@ import (
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/logstamp"
 	"sandstorm/internal/memguard"
+	"sandstorm/internal/metrics"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -94,6 +95,8 @@ type Config struct {
 	// CI's load 174 of them passed runsc run's 30 s deadline (TestConcurrentCreates).
 	// A pooled create starts nothing and never queues; wakes have MaxWakes.
 	MaxStarts int
+	// Metrics are the node's Prometheus metrics (nil: none).
+	Metrics *metrics.Node
 	// Ready bounds how long the gateway retries the dial into a starting
 	// sandbox (default 30 s).
 	Ready  time.Duration
@@ -411,6 +414,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 		}
 		return n.coldStart(context.Background(), sb, t, false)
 	})
+	n.countCreate(how, err)
 	if err == nil {
 		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "start", how)
 		n.cfg.Events.Publish(events.Event{Kind: events.Create, ID: sb.ID, Name: sb.Name, Template: t.Name, To: string(api.TierHot), Ms: sb.LastWakeMs, Node: n.cfg.Name, Reason: how})
@@ -718,6 +722,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	n.forget(sb.ID)
 	n.releasePromise(sb.ID)
 	n.log.Info("sandbox deleted", "id", sb.ID)
+	n.cfg.Metrics.Delete()
 	n.cfg.Events.Publish(events.Event{Kind: events.Delete, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
 	return nil
 }
@@ -785,7 +790,7 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		counts[sb.Tier]++
 	}
 	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
-		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes(), PromisedMiB: n.promisedMiB(), State: "ready"}, nil
+		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes(), PromisedMiB: n.promisedMiB(), State: "ready", Transitions: n.transitionsTo()}, nil
 }
 
 // SetIdle gives sandbox id idle timers of its own (over the node's; nil:

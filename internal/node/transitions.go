@@ -110,15 +110,23 @@ func (n *Node) Wake(ctx context.Context, id string) error {
 	return w.err
 }
 
-func (n *Node) wake(ctx context.Context, e *entry) error {
+func (n *Node) wake(ctx context.Context, e *entry) (err error) {
 	if err := e.acquire(ctx); err != nil {
-		return fmt.Errorf("%w: sandbox %s is busy with another transition", gateway.ErrRefused, e.id)
+		err = fmt.Errorf("%w: sandbox %s is busy with another transition", gateway.ErrRefused, e.id)
+		n.countTransition(e.getTier(), api.TierHot, 0, err, false)
+		return err
 	}
 	defer e.release()
 	from := e.getTier()
 	if from == api.TierHot {
 		return nil
 	}
+	// Counted as it ends, however it ends; a restore that fell back to a
+	// cold start is a failed wake from snapshot (its memory is lost),
+	// even though the sandbox is hot.
+	var took time.Duration
+	var fellBack bool
+	defer func() { n.countTransition(from, api.TierHot, took, err, fellBack) }()
 	select {
 	case n.wakes <- struct{}{}:
 		defer func() { <-n.wakes }()
@@ -161,6 +169,7 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 		err = n.be.Resume(bg, n.spec(sb))
 	case api.TierSnapshot:
 		if err = n.restore(bg, sb, t); err != nil {
+			fellBack = true
 			return n.recoverFailedRestore(e, sb, err, start)
 		}
 	default:
@@ -172,7 +181,8 @@ func (n *Node) wake(ctx context.Context, e *entry) error {
 		n.settleAfterFailure(sb, from, fmt.Sprintf("wake from %s failed: %v", from, err))
 		return fmt.Errorf("wake sandbox %s from %s: %w", e.id, from, err)
 	}
-	ms := float64(time.Since(start).Microseconds()) / 1000
+	took = time.Since(start)
+	ms := float64(took.Microseconds()) / 1000
 	e.lastActive.Store(time.Now().UnixMilli())
 	n.protect(sb)
 	_, err = n.commit(e.id, api.TierHot, func(s *store.Sandbox) {
@@ -496,6 +506,7 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 	}
 	start := time.Now()
 	if err := op(sb, from); err != nil {
+		n.countTransition(from, to, 0, err, false)
 		// Clear the transition unless op settled the sandbox itself.
 		n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error {
 			s.Transition = ""
@@ -505,6 +516,7 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 		n.entry(sb.ID).setTier(cur.Tier)
 		return cur, err
 	}
+	n.countTransition(from, to, time.Since(start), nil, false)
 	n.log.Info("sandbox transition", "id", sb.ID, "from", from, "to", to, "ms", time.Since(start).Milliseconds())
 	n.cfg.Events.Publish(events.Event{Kind: events.Transition, ID: sb.ID, From: string(from), To: string(to),
 		Ms: float64(time.Since(start).Microseconds()) / 1000, Node: n.cfg.Name})

@@ -19,6 +19,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
+	"sandstorm/internal/testenv"
 )
 
 // TestConsoleInChromium: the console at / in a real browser (Debian's
@@ -30,8 +31,9 @@ import (
 // appears among the recent wakes with its latency; the search narrows the
 // table; thousands of rows put only a screenful in the page; a node paired
 // while the page is open shows, and its sandbox's freeze and wake show
-// live, as that node reports them. A screenshot is kept (the path is
-// logged).
+// live, as that node reports them; the chart of transitions is drawn from
+// the nodes' own counters, each bar's worth equal to what their
+// --metrics-addr scrapes say. A screenshot is kept (the path is logged).
 func TestConsoleInChromium(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
@@ -39,7 +41,8 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	// A reserve of 1 GiB, so that the node paired later, with none, has
 	// the most headroom and takes the next sandbox.
-	d := startDaemon(t, "--memory-reserve", "1024")
+	maddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	d := startDaemon(t, "--memory-reserve", "1024", "--metrics-addr", maddr)
 	d.registerWeb(t, "web")
 	var sbs []api.Sandbox
 	for i := 0; i < 3; i++ {
@@ -141,7 +144,8 @@ func TestConsoleInChromium(t *testing.T) {
 	// A fleet: a node paired now (in a network namespace of its own)
 	// shows with its headroom; a sandbox placed on it shows, and what
 	// happens on it — reported by the node to the master — shows live.
-	far := fleetMachine(t, 7, "--memory-reserve", "0")
+	farMetrics := "10.188.7.2:9600"
+	far := fleetMachine(t, 7, "--memory-reserve", "0", "--metrics-addr", farMetrics)
 	if r := d.raw(t, "POST", "/v1/nodes", d.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": %q}`, far.listen, far.code()))); r.Status != http.StatusCreated {
 		t.Fatalf("pair %s: HTTP %d %s", far.name, r.Status, r.Body)
 	}
@@ -178,6 +182,37 @@ func TestConsoleInChromium(t *testing.T) {
 				if (Math.abs(d[i]-r) < 8 && Math.abs(d[i+1]-gr) < 8 && Math.abs(d[i+2]-b) < 8 && d[i+3] > 200) seen[k] = true;
 		return seen.frozen && seen.hot;
 	})()`)
+	// And what it charts is what the counters say: both nodes' successful
+	// transitions into each tier since the page opened (when neither had
+	// made one), as their own metrics listeners count them.
+	counted := func() map[string]int {
+		out := map[string]int{}
+		for _, tier := range []string{"hot", "frozen", "snapshot", "detached"} {
+			for _, addr := range []string{maddr, farMetrics} {
+				out[tier] += int(scrapeMetrics(t, addr).must(t, "sandstorm_transitions_total", "to", tier, "outcome", "ok"))
+			}
+		}
+		return out
+	}
+	var perTier, charted map[string]int
+	testenv.WaitFor(t, 20*time.Second, "the chart's totals to be the nodes' counters", func() bool {
+		perTier = counted()
+		var err error
+		charted, err = chromedp.Run(ctx, chromedp.Evaluate[map[string]int](`({hot: 0, frozen: 0, snapshot: 0, detached: 0, ...state.charted})`))
+		if err != nil {
+			t.Fatalf("read the chart's totals: %v", err)
+		}
+		for k, v := range perTier {
+			if charted[k] != v {
+				return false
+			}
+		}
+		return true
+	})
+	if perTier["frozen"] < 2 || perTier["hot"] < 2 {
+		t.Errorf("the nodes counted %v; the test made two freezes and two wakes", perTier)
+	}
+	t.Logf("charted %v, counted %v", charted, perTier)
 
 	// Search narrows the table, by name and by label.
 	run("search by label", chromedp.SendKeys(chromedp.ID("search"), "app=billing"))

@@ -11,7 +11,12 @@ const $ = (id) => document.getElementById(id);
 // listSeq is the last event the list reflects (the API says so); pending
 // holds the tier changes of later events, applied again on top of each new
 // list, so that a list fetched while a change happened cannot undo it.
-const state = { boxes: new Map(), shown: [], listSeq: 0, pending: [], points: [], source: null };
+// The chart is drawn from the nodes' own counters, not from events (which
+// a slow page can miss): counters is each node's last reading of its
+// transitions by tier (GET /v1/nodes' "transitions", the node's
+// sandstorm_transitions_total{outcome="ok"}), points the increases seen
+// between readings, charted the total of every increase per tier.
+const state = { boxes: new Map(), shown: [], listSeq: 0, pending: [], points: [], counters: new Map(), charted: {}, source: null };
 
 async function get(path) {
   const r = await fetch(path, { headers: { Accept: "application/json" } });
@@ -59,6 +64,30 @@ async function refreshNodes() {
   const nodes = (await get("/v1/nodes")).items || [];
   const box = $("nodes");
   box.replaceChildren(...nodes.map(nodeCard));
+  sample(nodes, Date.now());
+}
+
+// sample takes each node's counters and adds what they rose by since the
+// last reading to the chart, as a rate over counters does: a counter
+// lower than before means the node restarted (counted from 0 again), so
+// all of it is new. A node's first reading is only its starting point,
+// and a lost node (no counters) keeps its last one.
+function sample(nodes, at) {
+  for (const n of nodes) {
+    const cur = n.transitions;
+    if (!cur) continue;
+    const prev = state.counters.get(n.name);
+    state.counters.set(n.name, cur);
+    if (!prev) continue;
+    for (const [k] of SERIES) {
+      const c = cur[k] || 0, p = prev[k] || 0;
+      const d = c >= p ? c - p : c;
+      if (d > 0) {
+        state.points.push({ series: k, at, n: d });
+        state.charted[k] = (state.charted[k] || 0) + d;
+      }
+    }
+  }
 }
 
 function nodeCard(n) {
@@ -171,8 +200,8 @@ function follow() {
     get("/v1/nodes").catch((e) => { if (e.status === 401) showLogin("Your session ended; log in again."); });
   };
   const on = (kind, f) => es.addEventListener(kind, (m) => f(JSON.parse(m.data)));
-  on("transition", (e) => { point(e.to, e); update(e, e.to); });
-  on("wake", (e) => { point("hot", e); update(e, "hot", e); recent(e); });
+  on("transition", (e) => update(e, e.to));
+  on("wake", (e) => { update(e, "hot", e); recent(e); });
   on("refusal", (e) => recent(e));
   on("create", () => refreshListSoon());
   on("delete", (e) => { if (e.seq > state.listSeq && state.boxes.delete(e.id)) render(); });
@@ -192,10 +221,6 @@ function apply(p) {
   if (!s) return;
   s.tier = p.tier; s.transition = "";
   if (p.wake) { s.last_wake_ms = p.wake.ms; s.last_wake_from = p.wake.from; }
-}
-
-function point(series, e) {
-  state.points.push({ series, at: Date.parse(e.at) });
 }
 
 function nameOf(e) {
@@ -225,7 +250,7 @@ function chart() {
   const counts = Object.fromEntries(SERIES.map(([k]) => [k, new Array(n).fill(0)]));
   for (const p of state.points) {
     const i = n - 1 - Math.floor((now - p.at) / BUCKET);
-    if (i >= 0 && counts[p.series]) counts[p.series][i]++;
+    if (i >= 0 && counts[p.series]) counts[p.series][i] += p.n;
   }
   const max = Math.max(1, ...Object.values(counts).flat());
   g.clearRect(0, 0, c.width, c.height);
@@ -258,6 +283,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("viewport").addEventListener("scroll", draw, { passive: true });
   legend();
   setInterval(chart, 1000);
+  // Every 2 s: the nodes' headroom, and their counters for the chart.
   setInterval(() => { if (!$("app").hidden) refreshNodes().catch(() => {}); }, 2000);
   setInterval(() => { if (!$("app").hidden) refreshList().catch(() => {}); }, 30000);
   start();

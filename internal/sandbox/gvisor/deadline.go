@@ -130,6 +130,10 @@ type command struct {
 	stderr io.Writer
 	// wait is the exec.Cmd's WaitDelay.
 	wait time.Duration
+	// verb is runsc's subcommand ("run", "checkpoint", …), and observe,
+	// when set, hears how each run went (Backend.Observe).
+	verb    string
+	observe Observer
 }
 
 // run runs c, killing it (SIGKILL) when its deadline passes or ctx ends. On
@@ -143,6 +147,9 @@ func (c command) run(ctx context.Context) error {
 	cmd.Stdout, cmd.Stderr = c.stdout, c.stderr
 	cmd.WaitDelay = c.wait
 	err := cmd.Run()
+	if c.observe != nil {
+		c.observe(c.verb, time.Since(start), err)
+	}
 	if err == nil {
 		return nil
 	}

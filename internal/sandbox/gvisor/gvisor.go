@@ -64,6 +64,12 @@ type Backend struct {
 	// whose disk is slow or small). Clone and warm images are never
 	// compressed.
 	Compression string
+	// Observe, when set, hears every runsc command this backend runs: its
+	// subcommand, how long it took and its error (nil, an exit status, a
+	// *TimeoutError). It is how the node's metrics time runsc by verb
+	// (internal/metrics) without this package knowing of them; it is
+	// called on the command's goroutine, so it must not block.
+	Observe Observer
 	// BackgroundMin is the image size from which restores use
 	// -background (BackgroundRestoreMin; see Restore).
 	BackgroundMin int64
@@ -158,6 +164,7 @@ func (b *Backend) runsc(ctx context.Context, limit time.Duration, args ...string
 		what:  "runsc " + args[0] + " " + args[len(args)-1],
 		limit: limit, name: b.Runsc, args: append(b.flags(), args...),
 		stdout: &out, stderr: &out, wait: b.dl().waitDelay,
+		verb: args[0], observe: b.Observe,
 	}
 	if err := c.run(ctx); err != nil {
 		if cutShort(err) {
@@ -227,6 +234,7 @@ func (b *Backend) launch(ctx context.Context, limit time.Duration, spec sandbox.
 		what:  "runsc " + sub[0] + " " + spec.ID,
 		limit: limit, name: name, args: args,
 		stdout: logf, stderr: logf, wait: b.dl().waitDelay,
+		verb: sub[0], observe: b.Observe,
 	}
 	err = c.run(ctx)
 	if err == nil {

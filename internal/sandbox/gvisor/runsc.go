@@ -112,6 +112,11 @@ func checkPlatform(p string) error {
 // versionTimeout bounds `runsc --version` (a few ms).
 const versionTimeout = 5 * time.Second
 
+// Observer hears one runsc command: its verb (runsc's subcommand: run,
+// restore, checkpoint, pause, resume, state, delete, kill, exec), how long
+// it ran, and how it ended (nil: exit 0).
+type Observer func(verb string, took time.Duration, err error)
+
 // ExecTimeout bounds a command run inside a sandbox by Exec.
 const ExecTimeout = 30 * time.Second
 
@@ -123,6 +128,7 @@ func (b *Backend) Signal(ctx context.Context, spec sandbox.Spec, sig syscall.Sig
 		what:  "runsc kill " + spec.ID,
 		limit: b.dl().control, name: b.Runsc, args: append(b.flags(), "kill", spec.ID, strconv.Itoa(int(sig))),
 		stdout: &out, stderr: &out, wait: b.dl().waitDelay,
+		verb: "kill", observe: b.Observe,
 	}
 	if err := c.run(ctx); err != nil {
 		if cutShort(err) {
@@ -142,6 +148,7 @@ func (b *Backend) Exec(ctx context.Context, spec sandbox.Spec, args []string) ([
 		what:  "runsc exec " + spec.ID,
 		limit: ExecTimeout, name: b.Runsc, args: append(append(b.flags(), "exec", spec.ID), args...),
 		stdout: &out, stderr: &out, wait: b.dl().waitDelay,
+		verb: "exec", observe: b.Observe,
 	}
 	if err := c.run(ctx); err != nil {
 		if cutShort(err) {
