@@ -263,6 +263,9 @@ type Sandbox struct {
 	// was stopped, its principal cleared, and it is kept detached only
 	// for the files in its volume; delete it by its ID.
 	LeftBehind bool `json:"left_behind,omitempty"`
+	// Runsc is the runsc build its memory belongs to (RunscBuild.Key):
+	// the one it runs on, or that wrote its snapshot; "" when detached.
+	Runsc string `json:"runsc,omitempty"`
 }
 
 // List is the envelope of every list response: {"items": [...]}.
@@ -327,6 +330,11 @@ type NodeStatus struct {
 	// WarmPool is how many sandboxes each warm template's pool holds
 	// (restored and paused ahead of demand; not in Sandboxes).
 	WarmPool map[string]int `json:"warm_pool"`
+	// Runsc is every runsc build the node keeps, and why: the current
+	// one, and each older one that sandboxes still run on or that wrote
+	// snapshots still on disk (an image restores only on the build that
+	// wrote it).
+	Runsc []RunscBuild `json:"runsc,omitempty"`
 	// PromisedMiB is what sandboxes admitted but still starting have yet
 	// to take: placement counts it as used.
 	PromisedMiB int64 `json:"promised_mib"`
@@ -341,6 +349,27 @@ type NodeStatus struct {
 	Address string `json:"address,omitempty"`
 	// Error says why a lost node is lost.
 	Error string `json:"error,omitempty"`
+}
+
+// RunscBuild is a runsc build a node keeps (NodeStatus.Runsc).
+type RunscBuild struct {
+	// Key is "<version>-<first 16 hex digits of its SHA-256>": two builds
+	// that claim one version are two keys.
+	Key     string `json:"key"`
+	Version string `json:"version,omitempty"`
+	SHA256  string `json:"sha256,omitempty"`
+	// Current: new sandboxes and cold starts run on it.
+	Current bool `json:"current,omitempty"`
+	// Running is how many sandboxes run on it (hot or frozen), Images how
+	// many of their snapshots it wrote (only it restores them).
+	Running int `json:"running"`
+	Images  int `json:"images"`
+	// Why says in words why it is kept.
+	Why string `json:"why"`
+	// Missing: sandboxes need it but the node does not have it (removed
+	// by hand, or refused because its bytes changed since it was kept):
+	// they are started cold instead.
+	Missing bool `json:"missing,omitempty"`
 }
 
 // APIKeyRequest is the body of POST /v1/api-keys.

@@ -88,6 +88,7 @@ var checks = []struct {
 	{"root", checkTimeout, checkRoot},
 	{"runsc", checkTimeout, checkRunsc},
 	{"runsc-run", runscTimeout, checkRunscRun},
+	{"runsc-kept", runscTimeout, checkRunscKept},
 	{"envd", checkTimeout, checkEnvd},
 	{"cgroup-v2", checkTimeout, checkCgroup2},
 	{"cgroup-v1-freezer", checkTimeout, checkV1Freezer},

@@ -92,6 +92,7 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 	rand.Read(suffix[:])
 	stage := filepath.Join(string(n.dir(parent.ID)), "clone-"+hex.EncodeToString(suffix[:]))
 	defer os.RemoveAll(stage)
+	defer n.unpinRunsc(stage)
 	pause, err := n.forkImage(ctx, parent, cl, stage)
 	if err != nil {
 		return res, err
@@ -221,6 +222,7 @@ func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.C
 	if err := os.MkdirAll(stage, 0o700); err != nil {
 		return 0, err
 	}
+	n.freshRunsc(&parent) // its build as it runs now, under its lock
 	spec := n.spec(parent)
 	bg := context.WithoutCancel(ctx)
 	began := time.Now()
@@ -237,6 +239,10 @@ func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.C
 	if err := cl.CheckpointRunning(bg, spec, filepath.Join(stage, "image")); err != nil {
 		return 0, errors.Join(fmt.Errorf("checkpoint %s: %w", parent.Name, err), resume())
 	}
+	// The children restore this image with the parent's build: kept
+	// until the clone ends, whatever happens to the parent meanwhile.
+	n.pinRunsc(stage, parent.Runsc)
+	n.stampImage(filepath.Join(stage, "image"), parent.Runsc)
 	// After the checkpoint, which flushes what the sentry had cached of
 	// its files: the volume and the memory are from the same moment.
 	if err := copyTree(bg, n.dir(parent.ID).upper(), filepath.Join(stage, "upper")); err != nil {
@@ -254,6 +260,9 @@ func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.C
 func (n *Node) restoreChild(sb store.Sandbox, t store.Template, parent store.Sandbox, stage string) error {
 	bg := context.Background()
 	d := n.dir(sb.ID)
+	if err := n.restoreRunsc(&sb, filepath.Join(stage, "image")); err != nil {
+		return err
+	}
 	if err := copyTree(bg, filepath.Join(stage, "upper"), d.upper()); err != nil {
 		return err
 	}

@@ -161,6 +161,10 @@ type Node struct {
 	renewMu     sync.Mutex
 	renewed     map[string]bool
 
+	// kept is the runsc builds the node keeps, and which sandbox needs
+	// which (runsc.go).
+	kept runscKeep
+
 	bmu        sync.Mutex
 	boundaries map[string]*boundary.Boundary
 	// meshPool is the connections to sam-node every boundary shares (nil:
@@ -305,6 +309,9 @@ func New(cfg Config) (*Node, error) {
 	if err := n.installEnvd(); err != nil {
 		return nil, err
 	}
+	if err := n.installRunsc(); err != nil {
+		return nil, err
+	}
 	if st, err := logstamp.New(); err == nil {
 		n.stamps = st
 	} else {
@@ -350,7 +357,8 @@ const (
 
 func (n *Node) spec(sb store.Sandbox) sandbox.Spec {
 	d := n.dir(sb.ID)
-	return sandbox.Spec{ID: sb.ID, Bundle: d.bundle(), Netns: filepath.Join(netns.Dir, netnsPrefix+sb.ID), LogPath: d.log()}
+	return sandbox.Spec{ID: sb.ID, Bundle: d.bundle(), Netns: filepath.Join(netns.Dir, netnsPrefix+sb.ID), LogPath: d.log(),
+		Runtime: n.runscPath(sb.Runsc)}
 }
 
 func (n *Node) entry(id string) *entry {
@@ -490,7 +498,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	now := time.Now()
 	sb = store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
 		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now, Principal: principal,
-		MemoryMiB: int(limit), Slot: slot, Generation: gen}
+		MemoryMiB: int(limit), Slot: slot, Generation: gen, Runsc: n.runscKey()}
 	// Allocate and record in one step so two creates never share a slot,
 	// and none slips in behind a fence (Fence holds the same lock).
 	n.allocMu.Lock()
@@ -576,8 +584,13 @@ func (n *Node) listen(sb store.Sandbox) error {
 // transition) and applies extra changes to the row in the same write.
 func (n *Node) commit(id string, to api.Tier, extra func(*store.Sandbox)) (store.Sandbox, error) {
 	e := n.entry(id)
+	var released string
 	sb, err := n.st.UpdateSandbox(context.Background(), id, func(s *store.Sandbox) error {
 		s.Tier, s.Transition = to, ""
+		if to == api.TierDetached {
+			// Its memory is gone, and with it the need for its runsc build.
+			released, s.Runsc = s.Runsc, ""
+		}
 		if la := e.lastActive.Load(); la > s.LastActive.UnixMilli() {
 			s.LastActive = time.UnixMilli(la)
 		}
@@ -589,6 +602,7 @@ func (n *Node) commit(id string, to api.Tier, extra func(*store.Sandbox)) (store
 	if err == nil {
 		e.setTier(to)
 		e.flushed.Store(sb.LastActive.UnixMilli())
+		n.runscChanged(released)
 	}
 	return sb, err
 }
@@ -721,6 +735,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	}
 	n.forget(sb.ID)
 	n.releasePromise(sb.ID)
+	n.runscChanged(sb.Runsc)
 	n.log.Info("sandbox deleted", "id", sb.ID)
 	n.cfg.Metrics.Delete()
 	n.cfg.Events.Publish(events.Event{Kind: events.Delete, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})

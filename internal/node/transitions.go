@@ -31,6 +31,9 @@ func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template
 	} else {
 		n.dir(sb.ID).mark("started from template %s (created)", t.Name)
 	}
+	if err := n.onCurrentRunsc(&sb); err != nil {
+		return err
+	}
 	return n.be.Start(ctx, n.spec(sb))
 }
 
@@ -209,6 +212,9 @@ func (n *Node) coldStartFromStore(ctx context.Context, sb store.Sandbox) error {
 func (n *Node) restore(ctx context.Context, sb store.Sandbox, t store.Template) error {
 	d := n.dir(sb.ID)
 	steps := newStepTimer()
+	if err := n.restoreRunsc(&sb, d.snapshot()); err != nil {
+		return err
+	}
 	if err := n.layOut(sb, t, n.envdDirFor(d)); err != nil {
 		return err
 	}
@@ -427,6 +433,7 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) error {
 		os.RemoveAll(d.snapTmp())
 		return n.recoverFailedCheckpoint(sb, err)
 	}
+	n.stampImage(d.snapTmp(), sb.Runsc)
 	if err := os.Rename(d.snapTmp(), d.snapshot()); err != nil {
 		return err
 	}

@@ -71,6 +71,11 @@ func (n *Node) warmSlot() int { return n.cfg.Pool.Size() - 1 }
 // cannot say).
 func (n *Node) runtimeVersion() string {
 	if v, ok := n.be.(interface{ RuntimeVersion() string }); ok {
+		// With the build's key: two builds can claim one version, and
+		// an image restores safely only on the build that wrote it.
+		if k := n.runscKey(); k != "" {
+			return v.RuntimeVersion() + " " + k
+		}
 		return v.RuntimeVersion()
 	}
 	return ""

@@ -152,6 +152,9 @@ func (l *Local) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) 
 // Status implements nodeapi.Node.
 func (l *Local) Status(ctx context.Context) (api.NodeStatus, error) {
 	st, err := l.N.Status(ctx)
+	if err == nil {
+		st.Runsc = l.N.RunscBuilds(ctx)
+	}
 	return st, err
 }
 
@@ -247,6 +250,7 @@ func (l *Local) wire(sb store.Sandbox) api.Sandbox {
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
 		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, LeftBehind: sb.LeftBehind, Idle: sb.Idle,
+		Runsc: sb.Runsc,
 	}
 }
 

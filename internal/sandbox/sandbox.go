@@ -41,6 +41,10 @@ type Spec struct {
 	Netns string
 	// LogPath is a file that receives the container's stdout and stderr.
 	LogPath string
+	// Runtime, when set, is the runtime binary every command for this
+	// container runs (gvisor: the runsc build its memory belongs to,
+	// internal/runtimes); "" is the backend's own.
+	Runtime string
 }
 
 // Capabilities says which tiers a backend can implement on this machine.
@@ -99,4 +103,19 @@ type Reclaimer interface {
 // changing.
 type InFlightWaiter interface {
 	WaitInFlight(ctx context.Context) error
+}
+
+// BinaryRuntime is implemented by backends whose runtime is a binary that
+// checkpoint images are tied to (gvisor: runsc, whose image restores only
+// on the build that wrote it). The node keeps a copy of every build it
+// has used (internal/runtimes), runs the backend from the current one's
+// copy (UseBinary), and each container with the build its memory belongs
+// to (Spec.Runtime).
+type BinaryRuntime interface {
+	// Binary is the runtime binary the backend was configured with.
+	Binary() string
+	// UseBinary makes path, a copy of Binary, the one the backend runs.
+	UseBinary(path string)
+	// VersionOf is the version the binary at path says it is.
+	VersionOf(ctx context.Context, path string) (string, error)
 }

@@ -97,6 +97,11 @@ type Sandbox struct {
 	// a move). It never runs again: stopped, principal cleared, kept
 	// detached for the data in its volume until someone deletes it.
 	LeftBehind bool
+	// Runsc is the runsc build its memory belongs to (a
+	// runtimes.Key): the one it runs on while hot or frozen, the one that
+	// wrote its snapshot. "" when it has no memory (detached), and in rows
+	// from before builds were kept.
+	Runsc string
 }
 
 // schema is the store's tables, for both databases: written in types both
@@ -141,6 +146,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	generation     BIGINT NOT NULL DEFAULT 0,
 	left_behind    INTEGER NOT NULL DEFAULT 0,
 	idle           TEXT NOT NULL DEFAULT '',
+	runsc          TEXT NOT NULL DEFAULT '',
 	UNIQUE (node, slot)
 );
 CREATE TABLE IF NOT EXISTS nodes (
@@ -234,6 +240,8 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandboxes", "generation", `ALTER TABLE sandboxes ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
 	{"sandboxes", "left_behind", `ALTER TABLE sandboxes ADD COLUMN left_behind INTEGER NOT NULL DEFAULT 0`},
 	{"sandboxes", "idle", `ALTER TABLE sandboxes ADD COLUMN idle TEXT NOT NULL DEFAULT ''`},
+	// Issue 18: the runsc build each sandbox's memory belongs to.
+	{"sandboxes", "runsc", `ALTER TABLE sandboxes ADD COLUMN runsc TEXT NOT NULL DEFAULT ''`},
 	{"placements", "generation", `ALTER TABLE placements ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
 	{"placements", "state", `ALTER TABLE placements ADD COLUMN state TEXT NOT NULL DEFAULT ''`},
 }
@@ -438,7 +446,7 @@ func scanTemplate(r scanner) (Template, error) {
 	return t, nil
 }
 
-const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle`
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle, runsc`
 
 // CreateSandbox inserts sb; errdefs.ErrExists if its ID, name or slot is taken;
 // errdefs.ErrNotFound if its template does not exist.
@@ -446,7 +454,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, errdefs.ErrExists)
 	}
@@ -456,7 +464,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 func sandboxArgs(sb Sandbox) []any {
 	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
 		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal, sb.MemoryMiB,
-		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle)}
+		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle), sb.Runsc}
 }
 
 func idleText(t *api.IdleTimers) string {
@@ -514,7 +522,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	}
 	sb.ID = id
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=? WHERE id=?`),
+	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=?, runsc=? WHERE id=?`),
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -556,7 +564,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var last, created int64
 	var left int
 	var idle string
-	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle)
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle, &sb.Runsc)
 	if err != nil {
 		return sb, err
 	}

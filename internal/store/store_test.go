@@ -102,7 +102,7 @@ func testTemplatesAndSandboxesSurviveReopen(t *testing.T, path string) {
 	now := time.Now().Truncate(time.Millisecond)
 	sb := Sandbox{ID: "abc", Name: "one", Template: "web", Node: "local", Backend: "gvisor", Tier: api.TierHot,
 		Slot: 3, HostPorts: map[int]int{8000: 20001, 9000: 20002}, LastActive: now, CreatedAt: now,
-		LastWakeMs: 123.456, Principal: "agent.one", MemoryMiB: 512}
+		LastWakeMs: 123.456, Principal: "agent.one", MemoryMiB: 512, Runsc: "v1-0123456789abcdef"}
 	if err := s.CreateSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func testTemplatesAndSandboxesSurviveReopen(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	if got.ID != "abc" || got.Tier != api.TierSnapshot || got.Note != "checked" || got.HostPorts[9000] != 20002 || !got.LastActive.Equal(now) ||
-		got.LastWakeMs != 123.456 || got.Principal != "agent.one" || got.MemoryMiB != 512 {
+		got.LastWakeMs != 123.456 || got.Principal != "agent.one" || got.MemoryMiB != 512 || got.Runsc != "v1-0123456789abcdef" {
 		t.Fatalf("after reopen: %+v", got)
 	}
 	tg, err := s2.GetTemplate(ctx, "web")
@@ -462,10 +462,10 @@ func testOldDatabaseMigrates(t *testing.T, where string) {
 	db.Close()
 	st := openAt(t, where)
 	sb, err := st.GetSandbox(ctx, "one")
-	if err != nil || sb.ID != "a1" || sb.Principal != "" || sb.Generation != 0 || sb.LeftBehind {
+	if err != nil || sb.ID != "a1" || sb.Principal != "" || sb.Generation != 0 || sb.LeftBehind || sb.Runsc != "" {
 		t.Fatalf("an old sandbox row: %+v %v", sb, err)
 	}
-	if _, err := st.UpdateSandbox(ctx, "a1", func(s *Sandbox) error { s.Generation, s.Principal = 5, "p"; return nil }); err != nil {
+	if _, err := st.UpdateSandbox(ctx, "a1", func(s *Sandbox) error { s.Generation, s.Principal, s.Runsc = 5, "p", "v-0123456789abcdef"; return nil }); err != nil {
 		t.Fatalf("writing the new columns of an old row: %v", err)
 	}
 	if p, err := st.GetPlacement(ctx, "two"); err != nil || p.Node != "far" || p.State != "" {

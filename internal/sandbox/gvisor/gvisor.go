@@ -304,6 +304,7 @@ func lastRunscError(s string) string {
 // Remove of a leftover with the same ID before it, and of the half-started
 // sandbox when it is cut short.
 func (b *Backend) Start(ctx context.Context, spec sandbox.Spec) error {
+	b = b.on(spec)
 	if err := b.cleanup(ctx, spec); err != nil {
 		return err
 	}
@@ -364,12 +365,14 @@ func (b *Backend) has(id string) bool {
 // pause that timed out leaves the sandbox's state unknown (the error wraps
 // context.DeadlineExceeded), for the caller to settle.
 func (b *Backend) Pause(ctx context.Context, spec sandbox.Spec) error {
+	b = b.on(spec)
 	_, err := b.runsc(ctx, b.dl().control, "pause", spec.ID)
 	return err
 }
 
 // Resume implements sandbox.Backend, like Pause.
 func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
+	b = b.on(spec)
 	_, err := b.runsc(ctx, b.dl().control, "resume", spec.ID)
 	return err
 }
@@ -382,6 +385,7 @@ func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
 // runs out the error wraps context.DeadlineExceeded and the sandbox is left
 // as it is (possibly still saving, or hung) for the caller to settle.
 func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir string) error {
+	b = b.on(spec)
 	d := b.dl()
 	limit := d.sized(d.checkpointBase, b.memoryBytes(spec.ID))
 	args := []string{"checkpoint", "--image-path=" + imageDir, spec.ID}
@@ -403,6 +407,7 @@ func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir st
 // can pause the parent, checkpoint it, copy its volume and resume it, all
 // from one consistent moment. Deadlines as for Checkpoint.
 func (b *Backend) CheckpointRunning(ctx context.Context, spec sandbox.Spec, imageDir string) error {
+	b = b.on(spec)
 	d := b.dl()
 	limit := d.sized(d.checkpointBase, b.memoryBytes(spec.ID))
 	_, err := b.runsc(ctx, limit, "checkpoint", "--leave-running", "--image-path="+imageDir, spec.ID)
@@ -434,6 +439,7 @@ const BackgroundRestoreMin = 32 << 20
 // Restore implements sandbox.Backend. runsc restore gets RestoreBase plus
 // the image's size at CheckpointRate; add Removes as for Start.
 func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir string) error {
+	b = b.on(spec)
 	if err := b.cleanup(ctx, spec); err != nil {
 		return err
 	}
@@ -494,6 +500,7 @@ func dirSize(dir string) int64 {
 // removed by hand — only ever after the processes were seen dead — so the
 // ID can be dropped or reused.
 func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
+	b = b.on(spec)
 	ctx = context.WithoutCancel(ctx)
 	// runsc leaves its lock file behind when a create is cut short; once
 	// the state is gone, nothing else uses it.
@@ -523,6 +530,7 @@ func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
 // that wraps context.DeadlineExceeded — its state is unknown, which is not
 // the same as stopped.
 func (b *Backend) State(ctx context.Context, spec sandbox.Spec) (sandbox.State, error) {
+	b = b.on(spec)
 	if !b.has(spec.ID) {
 		return sandbox.StateAbsent, nil
 	}
@@ -572,6 +580,7 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 // Reclaim implements sandbox.Reclaimer: it pushes the memory of a paused
 // sandbox's cgroup out to swap (see package reclaim).
 func (b *Backend) Reclaim(ctx context.Context, spec sandbox.Spec) (before, after int64, err error) {
+	b = b.on(spec)
 	out, err := b.runsc(ctx, b.dl().control, "state", spec.ID)
 	if err != nil {
 		return 0, 0, err

@@ -123,6 +123,7 @@ const ExecTimeout = 30 * time.Second
 // Signal implements sandbox.Signaller: runsc kill sends sig to the
 // container's init process.
 func (b *Backend) Signal(ctx context.Context, spec sandbox.Spec, sig syscall.Signal) error {
+	b = b.on(spec)
 	var out bytes.Buffer
 	c := command{
 		what:  "runsc kill " + spec.ID,
@@ -143,6 +144,7 @@ func (b *Backend) Signal(ctx context.Context, spec sandbox.Spec, sig syscall.Sig
 // container, bounded by ExecTimeout; a command that exits non-zero is an
 // error carrying its last line of output.
 func (b *Backend) Exec(ctx context.Context, spec sandbox.Spec, args []string) ([]byte, error) {
+	b = b.on(spec)
 	var out bytes.Buffer
 	c := command{
 		what:  "runsc exec " + spec.ID,
@@ -157,4 +159,35 @@ func (b *Backend) Exec(ctx context.Context, spec sandbox.Spec, args []string) ([
 		return out.Bytes(), fmt.Errorf("runsc exec %s %s: %w: %s", spec.ID, args[0], err, lastLine(out.String()))
 	}
 	return out.Bytes(), nil
+}
+
+// on is the backend for the container of spec: this one, running the
+// runsc build spec.Runtime names when it names one. A sandbox started or
+// restored by one build is driven by that build's CLI for its whole life
+// (pause, resume, checkpoint, exec, kill, state, delete): its sentry is
+// that build, and the control messages of runsc are that build's Go types
+// (runsc/boot/controller.go), so another build is not sure to speak to it.
+// Its checkpoint is then that build's image, which only it restores
+// (internal/runtimes). Every build shares --root: their state files and
+// control sockets are per container.
+func (b *Backend) on(spec sandbox.Spec) *Backend {
+	if spec.Runtime == "" || spec.Runtime == b.Runsc {
+		return b
+	}
+	c := *b
+	c.Runsc = spec.Runtime
+	return &c
+}
+
+// Binary is the runsc build this backend runs for containers whose spec
+// names none (sandbox.Spec.Runtime).
+func (b *Backend) Binary() string { return b.Runsc }
+
+// UseBinary makes the runsc at path (a kept copy of Binary: the same
+// bytes, so the same version) the one this backend runs.
+func (b *Backend) UseBinary(path string) { b.Runsc = path }
+
+// VersionOf implements sandbox.BinaryRuntime: Version.
+func (b *Backend) VersionOf(ctx context.Context, path string) (string, error) {
+	return Version(ctx, path)
 }
