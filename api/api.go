@@ -266,9 +266,8 @@ type Sandbox struct {
 	// Moving is set while a live move of it is under way: "leaving" on the
 	// node it is leaving (it is not served there meanwhile), "arriving" on
 	// the one it goes to (not served until the master confirms it); the
-	// master's list shows its placement's side, with MovingTo.
-	Moving   string `json:"moving,omitempty"`
-	MovingTo string `json:"moving_to,omitempty"`
+	// master's list shows the side its placement is on.
+	Moving string `json:"moving,omitempty"`
 }
 
 // Moving values of a Sandbox.
