@@ -268,6 +268,9 @@ type Sandbox struct {
 	// the one it goes to (not served until the master confirms it); the
 	// master's list shows the side its placement is on.
 	Moving string `json:"moving,omitempty"`
+	// MoveGeneration is, while it is leaving, the generation of the move
+	// taking it.
+	MoveGeneration int64 `json:"move_generation,omitempty"`
 }
 
 // Moving values of a Sandbox.

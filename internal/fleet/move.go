@@ -193,9 +193,10 @@ func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.No
 		// Phase 1 failed: given up on both. T's copy, if it made one and
 		// its answer was lost, has no way in or out and is dropped (here,
 		// or by T itself); S's is served again.
-		st.AbortMove(bg, p.ID, gen)
-		f.abortOn(bg, t, p.ID, gen)
-		f.abortOn(bg, src, p.ID, gen)
+		if err := st.AbortMove(bg, p.ID, gen); err == nil {
+			f.abortOn(bg, t, p.ID, gen)
+			f.abortOn(bg, src, p.ID, gen)
+		}
 		why := inErr
 		if outErr != nil && !errors.Is(inErr, errdefs.ErrBadInput) {
 			why = fmt.Errorf("%w (its node %s: %v)", inErr, p.Node, outErr)
@@ -213,9 +214,10 @@ func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.No
 			// Not committed (or not known: then the move stays
 			// "moving", which settleMove gives up once this one has
 			// landed).
-			st.AbortMove(bg, p.ID, gen)
-			f.abortOn(bg, t, p.ID, gen)
-			f.abortOn(bg, src, p.ID, gen)
+			if st.AbortMove(bg, p.ID, gen) == nil {
+				f.abortOn(bg, t, p.ID, gen)
+				f.abortOn(bg, src, p.ID, gen)
+			}
 			return api.Sandbox{}, fmt.Errorf("move of %s to %s: recording it: %w; it stays on %s", p.Name, t.Name(), err, p.Node)
 		}
 	}
@@ -285,7 +287,9 @@ func (f *Fleet) settleMove(ctx context.Context, p store.Placement) {
 	}
 	switch p.State {
 	case store.PlacementMoving:
-		// Node p.Node, move of generation p.MoveGen to p.MoveNode.
+		// Node p.Node, move of generation p.MoveGen to p.MoveNode. Only
+		// if this write gives it up (p may be stale: the move may have
+		// been committed since it was read) are its nodes told so.
 		if err := f.cfg.Store.AbortMove(ctx, p.ID, p.MoveGen); err != nil {
 			return
 		}
@@ -382,21 +386,22 @@ func (f *Fleet) Undrain(ctx context.Context, name string) error {
 }
 
 // unstick lets sandbox id stay on node when the node reports it leaving
-// but no move of it is under way: its mark was set after its move had
-// been given up (the node's MoveOut started after the master's call had
-// already ended). The placement is on node and settled, so no other
-// node can be confirmed with it: the copy here is the sandbox.
-func (f *Fleet) unstick(ctx context.Context, node, id string) {
+// by move gen but no move of it is under way: its mark was set after its
+// move had been given up (the node's MoveOut started after the master's
+// call had already ended). The placement is on node and settled, so no
+// other node can be confirmed with it: the copy here is the sandbox. The
+// abort names gen, so it cannot clear the mark of a later move.
+func (f *Fleet) unstick(ctx context.Context, node, id string, gen int64) {
 	p, err := f.cfg.Store.GetPlacement(ctx, id)
-	if err != nil || p.Node != node || p.State != "" {
+	if err != nil || p.Node != node || p.State != "" || gen <= 0 || f.inFlight()[gen] {
 		return
 	}
 	n := f.paired(node)
 	if n == nil {
 		return
 	}
-	f.cfg.Log.Warn("move: a sandbox its node holds as leaving has no move under way; it stays", "node", node, "id", id)
-	f.abortOn(context.WithoutCancel(ctx), n, id, 0)
+	f.cfg.Log.Warn("move: a sandbox its node holds as leaving has no move under way; it stays", "node", node, "id", id, "generation", gen)
+	f.abortOn(context.WithoutCancel(ctx), n, id, gen)
 }
 
 // Answers reports whether sandboxes on node can be moved live: the

@@ -149,7 +149,7 @@ func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Repor
 				sb.Node = name
 				own = append(own, sb)
 				if sb.Moving == api.MovingOut {
-					go f.unstick(ctx, name, sb.ID)
+					go f.unstick(ctx, name, sb.ID, sb.MoveGeneration)
 				}
 			}
 		}
@@ -169,7 +169,7 @@ func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Repor
 			return err
 		}
 		if r.Sandbox.Moving == api.MovingOut {
-			go f.unstick(ctx, name, r.Sandbox.ID)
+			go f.unstick(ctx, name, r.Sandbox.ID, r.Sandbox.MoveGeneration)
 		}
 	case r.Gone != "":
 		if err := st.DeleteReported(ctx, name, r.Gone); err != nil {

@@ -662,10 +662,7 @@ func (n *Node) MoveCommit(ctx context.Context, id string, gen int64) (store.Sand
 
 // MoveAbort gives up the move of generation gen of sandbox id on this
 // node: the copy leaving it stays (unmarked, served again), the copy
-// arriving goes. Not an error if there is no such move here. Generation
-// 0 lets a leaving copy stay whatever move marked it: the master's word
-// that it has no move of it under way (a mark set after its move was
-// given up, fleet.unstick).
+// arriving goes. Not an error if there is no such move here.
 func (n *Node) MoveAbort(ctx context.Context, id string, gen int64) error {
 	sb, err := n.st.GetSandbox(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -675,7 +672,7 @@ func (n *Node) MoveAbort(ctx context.Context, id string, gen int64) error {
 		return err
 	}
 	switch {
-	case sb.MoveOut != 0 && (sb.MoveOut == gen || gen == 0):
+	case sb.MoveOut != 0 && sb.MoveOut == gen:
 		e := n.entry(sb.ID)
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()

@@ -180,9 +180,6 @@ func Server(n Node) http.Handler {
 	})
 	h("POST /node/v1/sandboxes/{id}/move-abort", func(w http.ResponseWriter, r *http.Request) error {
 		gen, err := generation(r)
-		if r.URL.Query().Get("generation") == "0" {
-			gen, err = 0, nil // any move leaving (node.MoveAbort)
-		}
 		if err != nil {
 			return err
 		}

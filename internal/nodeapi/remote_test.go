@@ -569,9 +569,8 @@ func TestEnvdIsForwarded(t *testing.T) {
 // TestRemoteMove: a move stream goes through the seam whole, both ways
 // (2 MB out of one node, into another), its generation with it; a node's
 // refusal before its first byte comes back as its error; a commit the
-// node has no copy for is not found; an abort with generation 0 (any
-// leaving move) is carried, and a move call without a generation is
-// refused.
+// node has no copy for is not found; an abort is carried with its
+// generation, and a move call without one is refused.
 func TestRemoteMove(t *testing.T) {
 	ctx := context.Background()
 	src, dst := newFake(), newFake()
@@ -593,10 +592,10 @@ func TestRemoteMove(t *testing.T) {
 	if sb, err := cd.MoveCommit(ctx, "x1", 7); err != nil || sb.Generation != 7 {
 		t.Fatalf("commit: %+v %v", sb, err)
 	}
-	if err := cs.MoveAbort(ctx, "x1", 0); err != nil {
+	if err := cs.MoveAbort(ctx, "x1", 7); err != nil {
 		t.Fatal(err)
 	}
-	if got := src.boxes["aborted-x1"]; got.Generation != 0 || got.ID != "x1" {
+	if got := src.boxes["aborted-x1"]; got.Generation != 7 || got.ID != "x1" {
 		t.Fatalf("abort: %+v", got)
 	}
 	if err := cs.do(ctx, http.MethodPost, "/node/v1/sandboxes/x1/move-abort", nil, nil, http.StatusNoContent); !errors.Is(err, errdefs.ErrBadInput) {

@@ -247,7 +247,7 @@ func (l *Local) wire(sb store.Sandbox) api.Sandbox {
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
 		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, LeftBehind: sb.LeftBehind, Idle: sb.Idle,
-		Moving: moving(sb),
+		Moving: moving(sb), MoveGeneration: sb.MoveOut,
 	}
 }
 

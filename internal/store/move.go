@@ -44,10 +44,12 @@ func (s *Store) CommitMove(ctx context.Context, id string, gen int64) error {
 }
 
 // AbortMove gives up the move of id of generation gen before its commit
-// point: the placement is as it was. Not an error if it is not under way.
+// point: the placement is as it was. errdefs.ErrConflict if that move is
+// not under way (it was committed, or given up already): then its nodes
+// must not be told to give it up.
 func (s *Store) AbortMove(ctx context.Context, id string, gen int64) error {
-	_, err := s.db.ExecContext(ctx, s.q(`UPDATE placements SET state='', move_node='', move_gen=0 WHERE id=? AND state=? AND move_gen=?`), id, PlacementMoving, gen)
-	return err
+	return s.casPlacement(ctx, id, "no such move under way",
+		`UPDATE placements SET state='', move_node='', move_gen=0 WHERE id=? AND state=? AND move_gen=?`, id, PlacementMoving, gen)
 }
 
 // FinishMove ends the committed move of id whose new generation is gen:

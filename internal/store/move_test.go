@@ -61,8 +61,8 @@ func testMoveStates(t *testing.T, where string) {
 	if p := get(); p.State != PlacementMoved || p.Node != "t" || p.Generation != 2 || p.MoveNode != "s" || p.MoveGen != 1 {
 		t.Fatalf("moved: %+v", p)
 	}
-	if err := s.AbortMove(ctx, "x", 2); err != nil {
-		t.Fatal(err)
+	if err := s.AbortMove(ctx, "x", 2); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("an abort after the commit point: %v", err)
 	}
 	if p := get(); p.State != PlacementMoved {
 		t.Fatalf("an abort after the commit point changed it: %+v", p)
