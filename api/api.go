@@ -266,6 +266,45 @@ type Sandbox struct {
 	// Runsc is the runsc build its memory belongs to (RunscBuild.Key):
 	// the one it runs on, or that wrote its snapshot; "" when detached.
 	Runsc string `json:"runsc,omitempty"`
+	// Moving is set while a live move of it is under way: "leaving" on the
+	// node it is leaving (it is not served there meanwhile), "arriving" on
+	// the one it goes to (not served until the master confirms it); the
+	// master's list shows the side its placement is on.
+	Moving string `json:"moving,omitempty"`
+	// MoveGeneration is, while it is leaving, the generation of the move
+	// taking it.
+	MoveGeneration int64 `json:"move_generation,omitempty"`
+}
+
+// Moving values of a Sandbox.
+const (
+	MovingOut = "leaving"
+	MovingIn  = "arriving"
+)
+
+// MoveRequest is the body of POST /v1/sandboxes/{id}/move (optional): To
+// names the node it goes to (default: the one placement picks).
+type MoveRequest struct {
+	To string `json:"to,omitempty"`
+}
+
+// DrainEvent is one line of POST /v1/nodes/{name}/drain's answer (JSON
+// lines): a sandbox moved (or not, with Error), then a last line with
+// Done set.
+type DrainEvent struct {
+	Sandbox string  `json:"sandbox,omitempty"`
+	ID      string  `json:"id,omitempty"`
+	From    string  `json:"from,omitempty"`
+	To      string  `json:"to,omitempty"`
+	Tier    Tier    `json:"tier,omitempty"`
+	Ms      float64 `json:"ms,omitempty"`
+	Error   string  `json:"error,omitempty"`
+	// Done ends the answer: Moved and Failed count its lines, Left what
+	// is still on the node.
+	Done   bool `json:"done,omitempty"`
+	Moved  int  `json:"moved,omitempty"`
+	Failed int  `json:"failed,omitempty"`
+	Left   int  `json:"left,omitempty"`
 }
 
 // List is the envelope of every list response: {"items": [...]}.
@@ -349,6 +388,9 @@ type NodeStatus struct {
 	Address string `json:"address,omitempty"`
 	// Error says why a lost node is lost.
 	Error string `json:"error,omitempty"`
+	// Draining: the master places nothing new on it (node drain); it is
+	// drained once it holds no sandbox the master placed.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // RunscBuild is a runsc build a node keeps (NodeStatus.Runsc).

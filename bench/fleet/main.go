@@ -14,10 +14,15 @@
 //     --traffic-for: refused % (503) and p99 per rate (seed: 1.1 %, 0.1 %,
 //     0.2 %, 2.5 % refused at 1, 2, 4, 8/s; p99 about 2 s).
 //
+//   - move, drain: a sandbox moved live with its memory, by image size,
+//     against checkpoint + copy + restore measured apart in the same run;
+//     the drain of a node holding --drain-count in mixed tiers (move.go).
+//
 // Run it as:
 //
 //	sudo go run ./bench/fleet                          # both parts
 //	sudo go run ./bench/fleet --part fill --count 300 --calls 100
+//	sudo go run ./bench/fleet --part move,drain      # issue 18: live moves and a drain
 //
 // Results (machine, commit, raw samples) go to bench/results/fleet-<date>-<commit>.
 // Everything it made is taken down at the end (fleet down), Ctrl-C included.
@@ -55,13 +60,16 @@ type config struct {
 	freeze, snapshot, detach            time.Duration
 	out, repo, sandstormd, root, listen string
 	sandboxMiB                          int
+	moveRounds, drainCount              int
 }
 
 func main() {
 	var c config
 	var rates string
 	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
-	fs.StringVar(&c.part, "part", "fill,traffic", "what to run: fill, traffic, envd (the master's hop on a call to a sandbox's envd), comma-separated")
+	fs.StringVar(&c.part, "part", "fill,traffic", "what to run: fill, traffic, envd (the master's hop on a call to a sandbox's envd), move (a live move against checkpoint + copy + restore), drain (a node of --drain-count in mixed tiers), comma-separated")
+	fs.IntVar(&c.moveRounds, "move-rounds", 12, "move: moves of the web and 64 MiB sandboxes (a third as many of the 1 GiB one), each followed by its baseline")
+	fs.IntVar(&c.drainCount, "drain-count", 100, "drain: sandboxes on the node drained")
 	fs.IntVar(&c.nodes, "nodes", 3, "nodes in the fleet")
 	fs.IntVar(&c.count, "count", 3000, "fill: sandboxes to create at most")
 	fs.IntVar(&c.calls, "calls", 1200, "fill: sandboxes picked at random and called")
@@ -124,7 +132,8 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	res.Params = map[string]any{"nodes": c.nodes, "part": c.part, "count": c.count, "calls": c.calls, "parallel": c.parallel,
 		"per_node": c.perNode, "awake": c.awake, "rates": c.rates, "traffic_for": c.trafficFor.String(), "fill_for": c.fillFor.String(),
-		"freeze_after": c.freeze.String(), "snapshot_after": c.snapshot.String(), "detach_after": c.detach.String(), "sandbox_memory_mib": c.sandboxMiB, "sandstormd": b}
+		"freeze_after": c.freeze.String(), "snapshot_after": c.snapshot.String(), "detach_after": c.detach.String(), "sandbox_memory_mib": c.sandboxMiB, "sandstormd": b,
+		"move_rounds": c.moveRounds, "drain_count": c.drainCount}
 	if strings.Contains(c.part, "fill") {
 		if err := fill(ctx, c, bin, res); err != nil {
 			res.Note("fill stopped: %v", err)
@@ -136,6 +145,20 @@ func run(ctx context.Context, c config) (string, error) {
 		if err := envdHop(ctx, c, bin, res); err != nil {
 			res.Note("envd hop stopped: %v", err)
 			fmt.Fprintln(os.Stderr, "envd hop:", err)
+		}
+		write(dir, res)
+	}
+	if strings.Contains(c.part, "move") && ctx.Err() == nil {
+		if err := moveBench(ctx, c, bin, res); err != nil {
+			res.Note("move stopped: %v", err)
+			fmt.Fprintln(os.Stderr, "move:", err)
+		}
+		write(dir, res)
+	}
+	if strings.Contains(c.part, "drain") && ctx.Err() == nil {
+		if err := drainBench(ctx, c, bin, res); err != nil {
+			res.Note("drain stopped: %v", err)
+			fmt.Fprintln(os.Stderr, "drain:", err)
 		}
 		write(dir, res)
 	}

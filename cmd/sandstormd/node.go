@@ -36,6 +36,13 @@ func nodeCmd() *cobra.Command {
 				if state == "" {
 					state = "ready"
 				}
+				if n.Draining && state != "lost" {
+					// Drained once the master has nothing of its own there.
+					state = "draining"
+					if n.Sandboxes[api.TierHot]+n.Sandboxes[api.TierFrozen]+n.Sandboxes[api.TierSnapshot]+n.Sandboxes[api.TierDetached] == 0 {
+						state = "drained"
+					}
+				}
 				if addr == "" {
 					addr = "(in the master's process)"
 				}
@@ -114,6 +121,62 @@ func nodeCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	cmd.AddCommand(ls, pair, rm, jt)
+	drain := &cobra.Command{
+		Use:   "drain NAME",
+		Short: "Take a paired node out of service: it takes no new sandboxes, and each of its own moves to another node with its memory",
+		Long: `drain stops the master placing new sandboxes (creates, clones) on node
+NAME, then moves each sandbox it holds to another paired node with what it
+holds: a running or frozen one is checkpointed, its image and volume are
+streamed over the master's mutual-TLS connections to the node with the most
+headroom, and it is restored there in its tier with that node's address,
+boundary and gateway ports (its ID, name, principal, labels and lifetime
+stay; its endpoint URLs change: 'sandbox ls' lists the new ones). A
+snapshotted one is streamed as it is, a detached one's volume alone.
+
+Two moves run at a time, and each line says where one went and how long it
+took. A move that fails leaves its sandbox whole on NAME (as a snapshot, if
+it was running: its next request wakes it there with its memory); drain
+NAME again to retry what is left. The node stays draining until
+'node undrain NAME'. The master's own node (serve --master --node) is not
+drained: only paired nodes' sandboxes move live.`,
+		Example: "  sandstormd node drain node-2\n  sandstormd node ls          # node-2 drained\n  sandstormd node undrain node-2",
+		Args:    cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
+			asJSON, _ := cmd.Flags().GetBool("json")
+			sum, err := c.Drain(cmd.Context(), args[0], func(ev api.DrainEvent) {
+				if asJSON {
+					printJSON(ev)
+					return
+				}
+				if ev.Error != "" {
+					fmt.Printf("%s (%s): not moved after %.0f ms: %s\n", ev.Sandbox, ev.ID, ev.Ms, ev.Error)
+					return
+				}
+				fmt.Printf("%s (%s, %s): %s → %s in %.0f ms\n", ev.Sandbox, ev.ID, ev.Tier, ev.From, ev.To, ev.Ms)
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(sum)
+			}
+			fmt.Printf("%s draining: %d moved, %d not moved, %d left on it\n", args[0], sum.Moved, sum.Failed, sum.Left)
+			if sum.Error != "" || sum.Left > 0 {
+				return fmt.Errorf("%s is not drained yet (%d sandboxes left on it%s): run node drain %s again", args[0], sum.Left, map[bool]string{true: ": " + sum.Error}[sum.Error != ""], args[0])
+			}
+			return nil
+		}),
+	}
+	undrain := &cobra.Command{
+		Use: "undrain NAME", Short: "Let a drained node take new sandboxes again", Args: cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
+			if err := c.Undrain(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Println(args[0], "takes new sandboxes again")
+			return nil
+		}),
+	}
+	cmd.AddCommand(ls, pair, rm, jt, drain, undrain)
 	return cmd
 }

@@ -256,34 +256,45 @@ node refuses a clone with none.`,
 
 // sandboxMoveCmd is "sandbox move".
 func sandboxMoveCmd() *cobra.Command {
+	var to string
 	move := &cobra.Command{
-		Use:   "move ID|NAME",
-		Short: "Start a sandbox whose node is lost again, cold, on another node",
-		Long: `Start a sandbox whose node is lost (it does not report to the master)
-again on another node: same name, template, principal and memory limit, a
-new ID, a cold start. Its memory and its volume stay on the lost node.
+		Use:   "move ID|NAME [--to NODE]",
+		Short: "Move a sandbox to another node: with its memory while its node answers, cold when its node is lost",
+		Long: `While its node answers, a sandbox moves to another paired node with what
+it holds (a live move): a running or frozen one is checkpointed, its image
+and volume streamed through the master to the other node (--to, or the one
+with the most headroom), and restored there in its tier; a snapshotted one
+is streamed as it is, a detached one's volume alone. It keeps its ID,
+name, principal, labels and lifetime; its endpoint URLs are the new
+node's. It is not served while it moves (about a checkpoint, a copy and a
+restore), and a move that fails leaves it whole on its node. Only
+sandboxes of paired nodes move live.
 
-A move while the node is lost is a risk: the old copy may still be running
-there and answering whoever can reach it, as the same principal, until
-the node hears the master again. From that moment it is stopped and never
-runs again (kept detached, with a principal that is no one's, only if its
-volume holds files; delete it by its ID). A sandbox whose node answers is
-not moved.`,
-		Args: cobra.ExactArgs(1),
+When its node is lost (it does not report to the master), it is started
+again on another node instead: same name, template, principal and memory
+limit, a new ID, a cold start. Its memory and its volume stay on the lost
+node. That is a risk: the old copy may still be running there and
+answering whoever can reach it, as the same principal, until the node
+hears the master again. From that moment it is stopped and never runs
+again (kept detached, with a principal that is no one's, only if its
+volume holds files; delete it by its ID).`,
+		Example: "  sandstormd sandbox move web-1\n  sandstormd sandbox move web-1 --to node-3",
+		Args:    cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
-			sb, err := c.Move(cmd.Context(), args[0])
+			sb, err := c.MoveTo(cmd.Context(), args[0], to)
 			if err != nil {
 				return err
 			}
 			if err := printSandbox(cmd, sb); err != nil {
 				return err
 			}
-			if j, _ := cmd.Flags().GetBool("json"); !j {
+			if j, _ := cmd.Flags().GetBool("json"); !j && sb.Note != "" {
 				fmt.Println("note:", sb.Note)
 			}
 			return nil
 		}),
 	}
+	move.Flags().StringVar(&to, "to", "", "the node to move it to (a live move only; default: the one with the most headroom)")
 	return move
 }
 

@@ -285,9 +285,62 @@ func (c *Client) Transition(ctx context.Context, ref, op string) (api.Sandbox, e
 // Move starts a sandbox whose node is lost again, cold, on another node
 // (POST /v1/sandboxes/{id}/move); its note says what stayed behind.
 func (c *Client) Move(ctx context.Context, ref string) (api.Sandbox, error) {
+	return c.MoveTo(ctx, ref, "")
+}
+
+// MoveTo moves sandbox ref: with its memory to node to ("": the one the
+// master picks) while its node answers, cold while it is lost.
+func (c *Client) MoveTo(ctx context.Context, ref, to string) (api.Sandbox, error) {
 	var sb api.Sandbox
-	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/move", nil, &sb)
+	var body any
+	if to != "" {
+		body = api.MoveRequest{To: to}
+	}
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/move", body, &sb)
 	return sb, err
+}
+
+// Drain drains node name (POST /v1/nodes/{name}/drain): each is called
+// with every sandbox moved (or not) as it happens; the sum is returned.
+func (c *Client) Drain(ctx context.Context, name string, each func(api.DrainEvent)) (api.DrainEvent, error) {
+	hc := *c.HTTP
+	hc.Timeout = 0 // as long as the drain takes: each move has its own deadlines on the master
+	cc := *c
+	cc.HTTP = &hc
+	pr, pw := io.Pipe()
+	errc := make(chan error, 1)
+	go func() {
+		err := cc.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(name)+"/drain", nil, pw)
+		pw.CloseWithError(err)
+		errc <- err
+	}()
+	dec := json.NewDecoder(pr)
+	var sum api.DrainEvent
+	for {
+		var ev api.DrainEvent
+		if err := dec.Decode(&ev); err != nil {
+			pr.CloseWithError(err)
+			if werr := <-errc; werr != nil {
+				return sum, werr
+			}
+			if errors.Is(err, io.EOF) && sum.Done {
+				return sum, nil
+			}
+			return sum, fmt.Errorf("drain of %s: its answer ended early: %w", name, err)
+		}
+		if ev.Done {
+			sum = ev
+			continue
+		}
+		if each != nil {
+			each(ev)
+		}
+	}
+}
+
+// Undrain makes node name take new sandboxes again.
+func (c *Client) Undrain(ctx context.Context, name string) error {
+	return c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(name)+"/undrain", nil, nil)
 }
 
 // Clone makes children of a running sandbox from its memory.

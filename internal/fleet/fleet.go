@@ -58,6 +58,7 @@ type Fleet struct {
 
 	fly       inflight               // place.go
 	resolving map[string]*sync.Mutex // place.go, under mu
+	drain     map[string]bool        // move.go: nodes draining, under mu
 }
 
 // New loads the paired nodes from the store.
@@ -77,6 +78,9 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	for _, n := range ns {
 		if err := f.add(n.Name, n.Address); err != nil {
 			return nil, err
+		}
+		if n.Draining {
+			f.setDraining(n.Name, true)
 		}
 	}
 	// An attempt on the node in this process, or one that never got as far
@@ -338,7 +342,7 @@ func leftBehind(node string, sb api.Sandbox) api.Sandbox {
 // Move creates sandbox ref again, cold, on another node, when its own
 // node is lost: same name, template, principal and memory; a new ID, and
 // a note saying what stayed behind (its memory, its volume). A sandbox
-// whose node answers is not moved.
+// whose node answers is moved with its memory instead (LiveMove, move.go).
 func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 	p, err := f.cfg.Store.GetPlacement(ctx, ref)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -352,6 +356,8 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is a create its node %s has not answered yet, which is not moved: wait for the node, or give the create up (DELETE /v1/sandboxes/%s: while the node is lost, what it made may still run there until it hears this master, as with a move)", p.Name, p.Node, p.ID))
 	case store.PlacementDeleting:
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being deleted; it is not moved", p.Name))
+	case store.PlacementMoving, store.PlacementMoved:
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being moved live between nodes %s and %s; that move is settled when both answer", p.Name, p.Node, p.MoveNode))
 	}
 	// Lost is what its reports say (or, with none heard, whether it
 	// answers a status now).
@@ -362,7 +368,7 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 		answers = f.liveStatus(ctx, n).State != "lost"
 	}
 	if answers {
-		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s's node %s answers: only a sandbox whose node is lost is moved (a move starts it cold elsewhere and leaves its memory and volume behind)", p.Name, p.Node))
+		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s's node %s answers: it is moved live (LiveMove), not cold", p.Name, p.Node))
 	}
 	t, err := f.cfg.Store.GetTemplate(ctx, p.Template)
 	if err != nil {
@@ -418,12 +424,13 @@ func (f *Fleet) Statuses(ctx context.Context) []api.NodeStatus {
 		f.mu.RLock()
 		addr := f.addrs[name]
 		f.mu.RUnlock()
+		draining := f.isDraining(name)
 		if l, ok := f.linkOf(name); ok && !l.young(now) {
 			st := l.status
 			if l.lost(now) {
 				st = api.NodeStatus{State: "lost", Error: lostNote(name, l)}
 			}
-			st.Name, st.Address = name, addr
+			st.Name, st.Address, st.Draining = name, addr, draining
 			out[i] = st
 			continue
 		}
@@ -431,7 +438,7 @@ func (f *Fleet) Statuses(ctx context.Context) []api.NodeStatus {
 		go func() {
 			defer wg.Done()
 			out[i] = f.liveStatus(ctx, n)
-			out[i].Address = addr
+			out[i].Address, out[i].Draining = addr, draining
 		}()
 	}
 	wg.Wait()

@@ -154,13 +154,15 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 		if st.State == "lost" {
 			lost = append(lost, st.Name)
 		}
-		cands = append(cands, placement.Candidate{Name: st.Name, AvailableMiB: st.MemAvailableMiB, ReserveMiB: st.MemReserveMiB, PromisedMiB: st.PromisedMiB, Lost: st.State == "lost"})
+		cands = append(cands, placement.Candidate{Name: st.Name, AvailableMiB: st.MemAvailableMiB, ReserveMiB: st.MemReserveMiB, PromisedMiB: st.PromisedMiB, Lost: st.State == "lost", Draining: f.isDraining(st.Name)})
 	}
 	order := placement.Order(cands)
 	if len(order) == 0 {
 		why := "this master has no node: pair one (POST /v1/nodes), or run --node with --master"
 		if len(lost) > 0 {
 			why = "no node answers (lost: " + strings.Join(lost, ", ") + ")"
+		} else if len(cands) > 0 {
+			why = "every node is draining (node undrain NAME takes new work again)"
 		}
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrNoRoom, errors.New(why))
 	}
@@ -207,6 +209,9 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 // placement; a paired node's children become placements when it answers,
 // or, if it does not, when it reports them (resolve).
 func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, req api.CloneRequest) (api.CloneResult, error) {
+	if f.isDraining(n.Name()) {
+		return api.CloneResult{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s is draining: its sandboxes are not cloned there (undrain it, or clone once %s has moved)", n.Name(), parent.Name))
+	}
 	if !f.isRemote(n.Name()) {
 		return n.Clone(ctx, parent.ID, nodeapi.CloneRequest{CloneRequest: req})
 	}
@@ -265,6 +270,9 @@ func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) erro
 		// no one).
 		return f.cfg.Store.ResolveAttempt(ctx, p.Generation, nil)
 	}
+	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && (p.State == store.PlacementMoving || p.State == store.PlacementMoved) {
+		return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being moved between nodes %s and %s; delete it once the move is settled", p.Name, p.Node, p.MoveNode))
+	}
 	remote := f.isRemote(n.Name())
 	placed := false
 	if remote {
@@ -305,6 +313,9 @@ func (f *Fleet) resolveDue(ctx context.Context) {
 	for _, p := range ps {
 		if p.State == store.PlacementDeleting || p.State == store.PlacementCreating && !fly[p.Generation] {
 			due[p.Node] = true
+		}
+		if (p.State == store.PlacementMoving || p.State == store.PlacementMoved) && !fly[p.Generation] && !fly[p.MoveGen] {
+			due[p.Node], due[p.MoveNode] = true, true
 		}
 	}
 	now := time.Now()
@@ -350,12 +361,36 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 	// The order matters: the generation and what is in flight first, the
 	// placements after, so every placement at or below gen is either in
 	// the list or still in flight.
+	// Moves with an end here that no call has under way are settled
+	// first (move.go): what they leave decides what is kept below.
+	for _, list := range []func(context.Context, string) ([]store.Placement, error){st.ListPlacements, st.ListMovesTo} {
+		ms, err := list(ctx, node)
+		if err != nil {
+			return err
+		}
+		for _, p := range ms {
+			if p.State == store.PlacementMoving || p.State == store.PlacementMoved {
+				f.settleMove(ctx, p)
+			}
+		}
+	}
 	gen, fly, err := f.flying(ctx)
 	if err != nil {
 		return err
 	}
 	ps, err := st.ListPlacements(ctx, node)
 	if err != nil {
+		return err
+	}
+	// The copy a committed move left here is kept until its new node has
+	// confirmed it (it never runs: it is marked leaving).
+	if away, err := st.ListMovesTo(ctx, node); err == nil {
+		for _, p := range away {
+			if p.State == store.PlacementMoved {
+				ps = append(ps, store.Placement{ID: p.ID, Name: p.Name, Node: node, Generation: p.MoveGen})
+			}
+		}
+	} else {
 		return err
 	}
 	rs, err := st.ListReportedOf(ctx, node)

@@ -148,6 +148,9 @@ func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Repor
 			if !elsewhere[sb.ID] {
 				sb.Node = name
 				own = append(own, sb)
+				if sb.Moving == api.MovingOut {
+					go f.unstick(ctx, name, sb.ID, sb.MoveGeneration)
+				}
 			}
 		}
 		if err := st.ReplaceReported(ctx, name, own); err != nil {
@@ -155,12 +158,18 @@ func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Repor
 		}
 	case r.Sandbox != nil:
 		if p, err := st.GetPlacement(ctx, r.Sandbox.ID); err == nil && p.Node != name && p.ID == r.Sandbox.ID {
-			f.cfg.Log.Warn("a node reported a sandbox placed on another node; ignored", "node", name, "id", r.Sandbox.ID, "placed_on", p.Node)
+			if p.MoveNode != name {
+				// (The other end of a move has its copy of it: not news.)
+				f.cfg.Log.Warn("a node reported a sandbox placed on another node; ignored", "node", name, "id", r.Sandbox.ID, "placed_on", p.Node)
+			}
 			break
 		}
 		r.Sandbox.Node = name
 		if err := st.PutReported(ctx, name, *r.Sandbox); err != nil {
 			return err
+		}
+		if r.Sandbox.Moving == api.MovingOut {
+			go f.unstick(ctx, name, r.Sandbox.ID, r.Sandbox.MoveGeneration)
 		}
 	case r.Gone != "":
 		if err := st.DeleteReported(ctx, name, r.Gone); err != nil {
@@ -443,4 +452,45 @@ func (r recorder) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.
 	}
 	res, err := r.Node.Fence(cctx, req)
 	return res, done(err)
+}
+
+func (r recorder) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.MoveDeadline(r.f.memOf(ctx, id)))
+	if err != nil {
+		return err
+	}
+	return done(r.Node.MoveOut(cctx, id, gen, w))
+}
+
+// MoveIn is not recorded: the arrived copy is not the sandbox's until
+// the master commits the move (move.go), and the reported row of its ID
+// is the copy it came from until then.
+func (r recorder) MoveIn(ctx context.Context, gen int64, rd io.Reader) (api.Sandbox, error) {
+	// The memory is the stream's to say; the deadline is the largest.
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.MoveDeadline(0))
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := r.Node.MoveIn(cctx, gen, rd)
+	return sb, done(err)
+}
+
+func (r recorder) MoveCommit(ctx context.Context, id string, gen int64) (api.Sandbox, error) {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TransitionDeadline(r.f.memOf(ctx, id)))
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := r.Node.MoveCommit(cctx, id, gen)
+	if err = done(err); err == nil {
+		r.f.record(ctx, r.Name(), sb)
+	}
+	return sb, err
+}
+
+func (r recorder) MoveAbort(ctx context.Context, id string, gen int64) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TransitionDeadline(r.f.memOf(ctx, id)))
+	if err != nil {
+		return err
+	}
+	return done(r.Node.MoveAbort(cctx, id, gen))
 }

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"sandstorm/api"
@@ -101,6 +102,8 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
 	mux.HandleFunc("POST /v1/nodes", s.pairNode)
 	mux.HandleFunc("DELETE /v1/nodes/{name}", s.forgetNode)
+	mux.HandleFunc("POST /v1/nodes/{name}/drain", s.drainNode)
+	mux.HandleFunc("POST /v1/nodes/{name}/undrain", s.undrainNode)
 	mux.HandleFunc("POST /v1/nodes/join-tokens", s.joinToken)
 	mux.HandleFunc("GET /v1/api-keys", s.listKeys)
 	mux.HandleFunc("POST /v1/api-keys", s.createKey)
@@ -611,12 +614,36 @@ func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, sb)
 }
 
-// move serves POST /v1/sandboxes/{id}/move: a sandbox whose node is lost
-// is created again, cold, on another node (fleet.Move).
+// move serves POST /v1/sandboxes/{id}/move [{"to": NODE}]: a sandbox
+// whose node answers moves to another node with its memory and volume,
+// keeping its ID (fleet.LiveMove; 200); one whose node is lost is created
+// again, cold, on another node, with a new ID (fleet.Move; 201).
 func (s *server) move(w http.ResponseWriter, r *http.Request) {
+	var req api.MoveRequest
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
 	_, old, err := s.cfg.Fleet.Find(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if s.cfg.Fleet.Answers(old.Node) {
+		// The moves a drain makes, one by one; its caller going away
+		// does not cut it short (it settles either way: fleet/move.go).
+		sb, err := s.cfg.Fleet.LiveMove(context.WithoutCancel(r.Context()), old.ID, req.To)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, s.decorate(r.Context(), []api.Sandbox{sb})[0])
+		return
+	}
+	if req.To != "" {
+		s.fail(w, r, errdefs.New(errdefs.ErrBadInput, "sandbox %s's node %s is lost: a cold move goes where placement puts it (no \"to\")", old.Name, old.Node))
 		return
 	}
 	sb, err := s.cfg.Fleet.Move(r.Context(), old.ID)
@@ -805,6 +832,52 @@ func (s *server) joinNode(w http.ResponseWriter, r *http.Request) {
 // sandboxes on it.
 func (s *server) forgetNode(w http.ResponseWriter, r *http.Request) {
 	if err := s.cfg.Fleet.Forget(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// drainNode serves POST /v1/nodes/{name}/drain: the node takes no new
+// sandboxes, and each of its own moves to another node with its memory
+// (fleet.Drain). The answer is JSON lines, one api.DrainEvent per
+// sandbox as it is moved, then the sum (done: true). The drain runs to
+// its end even if its caller goes away.
+func (s *server) drainNode(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	ctx := context.WithoutCancel(r.Context())
+	var mu sync.Mutex
+	started := false
+	enc := json.NewEncoder(w)
+	fl, _ := w.(http.Flusher)
+	send := func(ev api.DrainEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+		}
+		enc.Encode(ev)
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	sum, err := s.cfg.Fleet.Drain(ctx, name, send)
+	if err != nil && !started {
+		s.fail(w, r, err)
+		return
+	}
+	if err != nil {
+		sum.Error = err.Error()
+	}
+	send(sum)
+}
+
+// undrainNode serves POST /v1/nodes/{name}/undrain: the node takes new
+// sandboxes again.
+func (s *server) undrainNode(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Fleet.Undrain(r.Context(), r.PathValue("name")); err != nil {
 		s.fail(w, r, err)
 		return
 	}

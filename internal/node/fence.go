@@ -86,9 +86,17 @@ func (n *Node) Fence(ctx context.Context, gen int64, keep []string, inFlight []i
 	}
 	n.fence.inFlight = flying
 	all, err := n.st.ListSandboxes(ctx, n.cfg.Name)
-	var retired []store.Sandbox
+	var retired, moved []store.Sandbox
 	for _, sb := range all {
 		if err != nil || sb.LeftBehind || sb.Generation > gen || kept[sb.ID] || flying[sb.Generation] {
+			continue
+		}
+		if sb.MoveIn || sb.MoveOut != 0 {
+			// One end of a live move its master no longer has under way
+			// (move.go): an arrived copy never confirmed, or the copy a
+			// finished move left. Either is a copy of a sandbox that is
+			// whole elsewhere: removed, volume and all, never kept.
+			moved = append(moved, sb)
 			continue
 		}
 		var m store.Sandbox
@@ -105,7 +113,18 @@ func (n *Node) Fence(ctx context.Context, gen int64, keep []string, inFlight []i
 		}
 	}
 	n.allocMu.Unlock()
-	ids := make([]string, 0, len(retired))
+	ids := make([]string, 0, len(retired)+len(moved))
+	for _, sb := range moved {
+		ids = append(ids, sb.ID)
+		n.gw.Close(sb.ID)
+		n.boundaryDown(sb.ID)
+		n.log.Warn("fenced: one end of a move its master no longer has is removed", "id", sb.ID, "name", sb.Name, "generation", sb.Generation, "move_out", sb.MoveOut, "fence", gen)
+		go func() {
+			if err := n.dropMoveIn(context.Background(), sb, "fenced", false); err != nil {
+				n.log.Error("fenced move copy not removed; the next fence retries", "id", sb.ID, "err", err)
+			}
+		}()
+	}
 	for _, sb := range retired {
 		n.gw.Close(sb.ID)
 		n.boundaryDown(sb.ID)

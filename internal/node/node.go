@@ -215,6 +215,11 @@ type entry struct {
 
 	// timers are its own idle timers (nil: the node's).
 	timers atomic.Pointer[tier.Timers]
+
+	// moving: it is leaving by a move, or arrived by one not yet
+	// confirmed (move.go): busy to the idle timers, the memory guard
+	// and the disk reserve, whatever its tier.
+	moving atomic.Bool
 }
 
 type wakeCall struct {
@@ -894,7 +899,7 @@ func (n *Node) views() []tier.View {
 		// Open but quiet connections do not keep a sandbox hot: freezing
 		// keeps them, and their next byte thaws it (gateway.copy).
 		// A call forwarded to envd (a command someone waits on) does.
-		busy := len(e.lock) > 0 || e.envdCalls.Load() > 0
+		busy := len(e.lock) > 0 || e.envdCalls.Load() > 0 || e.moving.Load()
 		out = append(out, tier.View{
 			ID: e.id, Tier: e.getTier(), Busy: busy, Timers: e.timers.Load(),
 			LastActive: time.UnixMilli(e.lastActive.Load()),

@@ -162,6 +162,15 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 	if sb.LeftBehind {
 		return n.ensureRetired(ctx, sb)
 	}
+	if sb.MoveIn {
+		// A move's copy its master had not confirmed when the node
+		// stopped: never adopted (move.go). The master still has the
+		// sandbox where it came from, and settles the move from there.
+		return n.dropMoveIn(ctx, sb, "the node restarted before its master confirmed the move", true)
+	}
+	if sb.MoveOut != 0 {
+		n.entry(sb.ID).moving.Store(true)
+	}
 	st, err := n.be.State(ctx, spec)
 	if err != nil {
 		n.log.Warn("reconcile: state unknown, treating as stopped", "id", sb.ID, "err", err)
@@ -226,6 +235,11 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		if n.cfg.Events != nil {
 			n.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
 		}
+	}
+	if sb.MoveOut != 0 {
+		// Leaving by a move its master has not settled: nothing reaches
+		// it until the master says it stays (MoveAbort) or has gone.
+		return nil
 	}
 	if to == api.TierHot || to == api.TierFrozen {
 		if err := n.boundaryUp(sb); err != nil {

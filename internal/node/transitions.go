@@ -143,6 +143,9 @@ func (n *Node) wake(ctx context.Context, e *entry) (err error) {
 	if sb.LeftBehind {
 		return refuseLeftBehind(sb)
 	}
+	if err := refuseMoving(sb); err != nil {
+		return err
+	}
 	// The rows are read once, here, and passed down (issue 15: a wake read
 	// each twice).
 	var t store.Template
@@ -504,6 +507,11 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 		return sb, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", errdefs.ErrConflict, sb.Name, sb.ID)
 	}
 	defer e.release()
+	if cur, err := n.st.GetSandbox(ctx, sb.ID); err == nil {
+		if err := refuseMoving(cur); err != nil {
+			return cur, err
+		}
+	}
 	from := e.getTier()
 	if from == to {
 		return n.st.GetSandbox(ctx, sb.ID)

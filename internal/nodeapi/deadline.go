@@ -65,3 +65,16 @@ func DeleteDeadline(memMiB int) time.Duration {
 func CloneDeadline(memMiB, count int) time.Duration {
 	return admission + memoryTime(memMiB) + time.Duration(max(count, 1))*(memoryTime(memMiB)+callMargin) + callMargin
 }
+
+// MoveVolumeAllowance is what a live move allows for its volume on top
+// of its image: a volume's size is not known until the stream says it.
+const MoveVolumeAllowance = 5 * time.Minute
+
+// MoveDeadline bounds each stream of a live move of a memMiB sandbox
+// (MoveOut on the node it leaves, MoveIn on the one it goes to): a wait
+// for its lock or for memory, its checkpoint, its image copied and its
+// restore (each at the runsc rate of memoryTime), a run's worth of
+// margin, and MoveVolumeAllowance for its volume.
+func MoveDeadline(memMiB int) time.Duration {
+	return admission + 3*memoryTime(memMiB) + gvisor.RunTimeout + MoveVolumeAllowance + callMargin
+}

@@ -64,6 +64,24 @@ type Node interface {
 	// Fence tells the node which of its sandboxes are its master's
 	// (node.Fence: the rule is there); it returns those it retired.
 	Fence(ctx context.Context, req FenceRequest) (FenceResult, error)
+
+	// A live move (node.MoveOut and the rest: the rule is there). The
+	// master streams what MoveOut writes on the node a sandbox leaves
+	// into MoveIn on the node it goes to, records the move done, then
+	// confirms it there (MoveCommit) and deletes the copy it left; or
+	// gives it up on both (MoveAbort).
+
+	// MoveOut writes sandbox id to w as the move stream of move gen
+	// (checkpointing it first if it runs).
+	MoveOut(ctx context.Context, id string, gen int64, w io.Writer) error
+	// MoveIn takes the sandbox a move stream brings as move gen: restored
+	// (if it ran) but not served until MoveCommit.
+	MoveIn(ctx context.Context, gen int64, r io.Reader) (api.Sandbox, error)
+	// MoveCommit makes the arrived copy of move gen of sandbox id live.
+	MoveCommit(ctx context.Context, id string, gen int64) (api.Sandbox, error)
+	// MoveAbort gives move gen of sandbox id up on the node: a copy
+	// leaving stays, a copy arriving goes.
+	MoveAbort(ctx context.Context, id string, gen int64) error
 }
 
 // FenceRequest is a master's fence: Generation is the highest placement

@@ -146,6 +146,49 @@ func Server(n Node) http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	})
+	h("GET /node/v1/sandboxes/{id}/move-out", func(w http.ResponseWriter, r *http.Request) error {
+		gen, err := generation(r)
+		if err != nil {
+			return err
+		}
+		// The status goes with the first byte: an error before any (a
+		// sandbox that cannot leave) is an error answer; one after cuts
+		// the stream, which the other end then finds incomplete.
+		lw := &lazyWriter{w: w, contentType: "application/x-tar"}
+		if err := n.MoveOut(r.Context(), r.PathValue("id"), gen, lw); err != nil && !lw.started {
+			return err
+		}
+		return nil
+	})
+	h("PUT /node/v1/move-in", func(w http.ResponseWriter, r *http.Request) error {
+		gen, err := generation(r)
+		if err != nil {
+			return err
+		}
+		// The body is the move stream: its bounds are its manifest's,
+		// checked as it is written (node.MoveIn), not maxBody.
+		sb, err := n.MoveIn(r.Context(), gen, r.Body)
+		return reply(w, http.StatusCreated, sb, err)
+	})
+	h("POST /node/v1/sandboxes/{id}/move-commit", func(w http.ResponseWriter, r *http.Request) error {
+		gen, err := generation(r)
+		if err != nil {
+			return err
+		}
+		sb, err := n.MoveCommit(r.Context(), r.PathValue("id"), gen)
+		return reply(w, http.StatusOK, sb, err)
+	})
+	h("POST /node/v1/sandboxes/{id}/move-abort", func(w http.ResponseWriter, r *http.Request) error {
+		gen, err := generation(r)
+		if err != nil {
+			return err
+		}
+		if err := n.MoveAbort(r.Context(), r.PathValue("id"), gen); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
 	h("DELETE /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
 		if err := n.DropTemplate(r.Context(), r.PathValue("name")); err != nil {
 			return err
@@ -194,28 +237,42 @@ func wireError(err error) api.Error {
 
 func writeError(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }
 
+// generation is a move call's ?generation=, a positive number.
+func generation(r *http.Request) (int64, error) {
+	g, err := strconv.ParseInt(r.URL.Query().Get("generation"), 10, 64)
+	if err != nil || g <= 0 {
+		return 0, errdefs.New(errdefs.ErrBadInput, "a move call needs ?generation=<its move's generation>")
+	}
+	return g, nil
+}
+
 // lazyWriter writes the 200 and its header with the first byte, and
 // flushes after every write.
 type lazyWriter struct {
-	w       http.ResponseWriter
-	started bool
+	w           http.ResponseWriter
+	started     bool
+	contentType string // "": text
+}
+
+func (l *lazyWriter) start() {
+	if !l.started {
+		l.started = true
+		ct := l.contentType
+		if ct == "" {
+			ct = "text/plain; charset=utf-8"
+		}
+		l.w.Header().Set("Content-Type", ct)
+		l.w.WriteHeader(http.StatusOK)
+	}
 }
 
 func (l *lazyWriter) Write(b []byte) (int, error) {
-	if !l.started {
-		l.started = true
-		l.w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		l.w.WriteHeader(http.StatusOK)
-	}
+	l.start()
 	return l.w.Write(b)
 }
 
 func (l *lazyWriter) Flush() {
-	if !l.started {
-		l.started = true
-		l.w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		l.w.WriteHeader(http.StatusOK)
-	}
+	l.start()
 	if f, ok := l.w.(http.Flusher); ok {
 		f.Flush()
 	}
@@ -326,6 +383,12 @@ func pastDeadline(r *http.Request) error {
 // dial or the TLS handshake failed, or no tunnel): then the node cannot
 // have acted on it, and a create may be tried elsewhere (fleet).
 func (c *Client) send(req *http.Request) (*http.Response, error) {
+	return c.sendWith(c.HTTP, req)
+}
+
+// sendWith is send over hc (c.stream() for a call that lasts as long as
+// its deadline allows, not c.HTTP's time limit).
+func (c *Client) sendWith(hc *http.Client, req *http.Request) (*http.Response, error) {
 	if dl, ok := req.Context().Deadline(); ok {
 		req.Header.Set(DeadlineHeader, strconv.FormatInt(dl.UnixMilli(), 10))
 	}
@@ -333,7 +396,7 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		WroteHeaderField: func(string, []string) { wrote.Store(true) },
 	}))
-	resp, err := c.HTTP.Do(req)
+	resp, err := hc.Do(req)
 	if err == nil {
 		return resp, nil
 	}
@@ -528,4 +591,55 @@ func (c *Client) Fence(ctx context.Context, req FenceRequest) (FenceResult, erro
 // DropTemplate implements Node.
 func (c *Client) DropTemplate(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/node/v1/templates/"+url.PathEscape(name), nil, nil, http.StatusNoContent)
+}
+
+// MoveOut implements Node: the node's move stream, copied to w as it
+// comes.
+func (c *Client) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/node/v1/sandboxes/"+url.PathEscape(id)+"/move-out?generation="+strconv.FormatInt(gen, 10), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.sendWith(c.stream(), req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return readError(resp)
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: move stream of %s cut off: %w", c.NodeName, id, err))
+	}
+	return nil
+}
+
+// MoveIn implements Node: r is streamed as the body.
+func (c *Client) MoveIn(ctx context.Context, gen int64, r io.Reader) (api.Sandbox, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.Base+"/node/v1/move-in?generation="+strconv.FormatInt(gen, 10), r)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.sendWith(c.stream(), req)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return api.Sandbox{}, readError(resp)
+	}
+	var sb api.Sandbox
+	return sb, json.NewDecoder(resp.Body).Decode(&sb)
+}
+
+// MoveCommit implements Node.
+func (c *Client) MoveCommit(ctx context.Context, id string, gen int64) (api.Sandbox, error) {
+	var sb api.Sandbox
+	return sb, c.do(ctx, http.MethodPost, "/node/v1/sandboxes/"+url.PathEscape(id)+"/move-commit?generation="+strconv.FormatInt(gen, 10), nil, &sb, http.StatusOK)
+}
+
+// MoveAbort implements Node.
+func (c *Client) MoveAbort(ctx context.Context, id string, gen int64) error {
+	return c.do(ctx, http.MethodPost, "/node/v1/sandboxes/"+url.PathEscape(id)+"/move-abort?generation="+strconv.FormatInt(gen, 10), nil, nil, http.StatusNoContent)
 }

@@ -205,6 +205,33 @@ func (f *fake) Fence(_ context.Context, req FenceRequest) (FenceResult, error) {
 	f.mu.Unlock()
 	return FenceResult{Retired: []string{}}, nil
 }
+func (f *fake) MoveOut(_ context.Context, id string, gen int64, w io.Writer) error {
+	if id == "busy" {
+		return errdefs.New(errdefs.ErrConflict, "busy")
+	}
+	_, err := io.Copy(w, strings.NewReader(strings.Repeat(fmt.Sprintf("%s@%d;", id, gen), 100000)))
+	return err
+}
+func (f *fake) MoveIn(_ context.Context, gen int64, r io.Reader) (api.Sandbox, error) {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	id, _, _ := strings.Cut(string(b), "@")
+	return api.Sandbox{ID: id, Generation: gen, Note: fmt.Sprint(len(b)), Moving: api.MovingIn}, nil
+}
+func (f *fake) MoveCommit(_ context.Context, id string, gen int64) (api.Sandbox, error) {
+	if id == "gone" {
+		return api.Sandbox{}, errdefs.New(errdefs.ErrNotFound, "no copy of move %d", gen)
+	}
+	return api.Sandbox{ID: id, Generation: gen}, nil
+}
+func (f *fake) MoveAbort(_ context.Context, id string, gen int64) error {
+	f.mu.Lock()
+	f.boxes["aborted-"+id] = api.Sandbox{ID: id, Generation: gen}
+	f.mu.Unlock()
+	return nil
+}
 func (f *fake) DropTemplate(_ context.Context, name string) error {
 	f.mu.Lock()
 	delete(f.templates, name)
@@ -536,5 +563,42 @@ func TestEnvdIsForwarded(t *testing.T) {
 	var e api.Error
 	if json.Unmarshal(rec.Body.Bytes(), &e); rec.Code != http.StatusNotFound || e.Code != api.CodeNotFound {
 		t.Errorf("unknown sandbox: %d %s, want 404 not_found", rec.Code, rec.Body.String())
+	}
+}
+
+// TestRemoteMove: a move stream goes through the seam whole, both ways
+// (2 MB out of one node, into another), its generation with it; a node's
+// refusal before its first byte comes back as its error; a commit the
+// node has no copy for is not found; an abort is carried with its
+// generation, and a move call without one is refused.
+func TestRemoteMove(t *testing.T) {
+	ctx := context.Background()
+	src, dst := newFake(), newFake()
+	cs, _, _ := pair(t, src)
+	cd, _, _ := pair(t, dst)
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(cs.MoveOut(ctx, "x1", 7, pw)) }()
+	sb, err := cd.MoveIn(ctx, 7, pr)
+	want := len(strings.Repeat("x1@7;", 100000))
+	if err != nil || sb.ID != "x1" || sb.Generation != 7 || sb.Note != fmt.Sprint(want) || sb.Moving != api.MovingIn {
+		t.Fatalf("move in: %+v %v", sb, err)
+	}
+	if err := cs.MoveOut(ctx, "busy", 8, io.Discard); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("a refused move out: %v", err)
+	}
+	if _, err := cd.MoveCommit(ctx, "gone", 7); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("commit of no copy: %v", err)
+	}
+	if sb, err := cd.MoveCommit(ctx, "x1", 7); err != nil || sb.Generation != 7 {
+		t.Fatalf("commit: %+v %v", sb, err)
+	}
+	if err := cs.MoveAbort(ctx, "x1", 7); err != nil {
+		t.Fatal(err)
+	}
+	if got := src.boxes["aborted-x1"]; got.Generation != 7 || got.ID != "x1" {
+		t.Fatalf("abort: %+v", got)
+	}
+	if err := cs.do(ctx, http.MethodPost, "/node/v1/sandboxes/x1/move-abort", nil, nil, http.StatusNoContent); !errors.Is(err, errdefs.ErrBadInput) {
+		t.Fatalf("a move call without a generation: %v", err)
 	}
 }

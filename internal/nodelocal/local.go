@@ -250,8 +250,47 @@ func (l *Local) wire(sb store.Sandbox) api.Sandbox {
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
 		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, LeftBehind: sb.LeftBehind, Idle: sb.Idle,
-		Runsc: sb.Runsc,
+		Runsc:  sb.Runsc,
+		Moving: moving(sb), MoveGeneration: sb.MoveOut,
 	}
+}
+
+func moving(sb store.Sandbox) string {
+	switch {
+	case sb.MoveOut != 0:
+		return api.MovingOut
+	case sb.MoveIn:
+		return api.MovingIn
+	}
+	return ""
+}
+
+// MoveOut implements nodeapi.Node.
+func (l *Local) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) error {
+	return l.N.MoveOut(ctx, id, gen, w)
+}
+
+// MoveIn implements nodeapi.Node.
+func (l *Local) MoveIn(ctx context.Context, gen int64, r io.Reader) (api.Sandbox, error) {
+	sb, err := l.N.MoveIn(ctx, gen, r)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	return l.wire(sb), nil
+}
+
+// MoveCommit implements nodeapi.Node.
+func (l *Local) MoveCommit(ctx context.Context, id string, gen int64) (api.Sandbox, error) {
+	sb, err := l.N.MoveCommit(ctx, id, gen)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	return l.wire(sb), nil
+}
+
+// MoveAbort implements nodeapi.Node.
+func (l *Local) MoveAbort(ctx context.Context, id string, gen int64) error {
+	return l.N.MoveAbort(ctx, id, gen)
 }
 
 // ServeEnvd implements nodeapi.Node.

@@ -18,6 +18,9 @@ type Candidate struct {
 	AvailableMiB, ReserveMiB, PromisedMiB int64
 	// Lost: the node did not answer; nothing goes there.
 	Lost bool
+	// Draining: the node is being emptied (node drain); nothing new goes
+	// there.
+	Draining bool
 }
 
 // Headroom is what the node can still give a new sandbox.
@@ -27,11 +30,11 @@ func (c Candidate) Headroom() int64 { return c.AvailableMiB - c.ReserveMiB - c.P
 // the order is stable). Nodes without headroom stay in, last: each node
 // decides for itself whether it can take work (it may push idle
 // sandboxes to disk to make room), and a refusal moves on to the next.
-// Lost nodes are left out.
+// Lost and draining nodes are left out.
 func Order(cs []Candidate) []Candidate {
 	out := make([]Candidate, 0, len(cs))
 	for _, c := range cs {
-		if !c.Lost {
+		if !c.Lost && !c.Draining {
 			out = append(out, c)
 		}
 	}
@@ -42,4 +45,19 @@ func Order(cs []Candidate) []Candidate {
 		return cmp.Compare(a.Name, b.Name)
 	})
 	return out
+}
+
+// ForMove is the nodes to try for a sandbox leaving node from (a live
+// move, or a drain of from): Order of the others. Most headroom first
+// puts the nodes where a running sandbox fits before those where its
+// restore would first push others off memory; a node without room
+// refuses, and the move tries the next.
+func ForMove(cs []Candidate, from string) []Candidate {
+	others := make([]Candidate, 0, len(cs))
+	for _, c := range cs {
+		if c.Name != from {
+			others = append(others, c)
+		}
+	}
+	return Order(others)
 }

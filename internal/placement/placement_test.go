@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -74,6 +75,34 @@ func TestOrderExhaustive(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// TestForMove: a sandbox leaving a node never goes back to it, nor to a
+// lost or draining node; the rest by headroom.
+func TestForMove(t *testing.T) {
+	cs := []Candidate{
+		{Name: "a", AvailableMiB: 9000},
+		{Name: "b", AvailableMiB: 4000, ReserveMiB: 1000},
+		{Name: "c", AvailableMiB: 8000, Draining: true},
+		{Name: "d", AvailableMiB: 7000, Lost: true},
+		{Name: "e", AvailableMiB: 5000, PromisedMiB: 500},
+	}
+	var got []string
+	for _, c := range ForMove(cs, "a") {
+		got = append(got, c.Name)
+	}
+	if want := []string{"e", "b"}; !slices.Equal(got, want) {
+		t.Fatalf("ForMove from a: %v, want %v", got, want)
+	}
+	if got := ForMove(cs[:1], "a"); len(got) != 0 {
+		t.Fatalf("a fleet of one has nowhere to move to: %v", got)
+	}
+	// Draining is left out of Order too: a drained node takes no creates.
+	for _, c := range Order(cs) {
+		if c.Name == "c" {
+			t.Fatal("Order placed on a draining node")
 		}
 	}
 }

@@ -177,6 +177,9 @@ type extractor struct {
 	// times are applied once all entries are written.
 	dirs     map[string]*tar.Header
 	dirOrder []string
+	// overlay: the tree is an overlayfs upper dir (a sandbox's volume,
+	// volume.go): its whiteouts and opaque directories are kept.
+	overlay bool
 }
 
 func (x *extractor) run(r io.Reader) error {
@@ -245,7 +248,7 @@ func cleanName(name string) (string, error) {
 	return path.Clean(name), nil
 }
 
-func (x *extractor) entry(hdr *tar.Header, tr *tar.Reader) error {
+func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return nil
 	}
@@ -269,7 +272,12 @@ func (x *extractor) entry(hdr *tar.Header, tr *tar.Reader) error {
 		return x.symlink(name, hdr)
 	case tar.TypeLink:
 		return x.hardlink(name, hdr)
-	case tar.TypeChar, tar.TypeBlock:
+	case tar.TypeChar:
+		if x.overlay && hdr.Devmajor == 0 && hdr.Devminor == 0 {
+			return x.whiteout(name, hdr)
+		}
+		return x.unsafe("device node")
+	case tar.TypeBlock:
 		return x.unsafe("device node")
 	case tar.TypeFifo:
 		return x.unsafe("fifo")
@@ -431,7 +439,7 @@ func (x *extractor) newEntry(name string) (pfd int, leaf string, err error) {
 	return pfd, leaf, nil
 }
 
-func (x *extractor) file(name string, hdr *tar.Header, tr *tar.Reader) error {
+func (x *extractor) file(name string, hdr *tar.Header, tr io.Reader) error {
 	pfd, leaf, err := x.newEntry(name)
 	if err != nil {
 		return err
@@ -569,6 +577,9 @@ func (x *extractor) finishDirs() error {
 				return fmt.Errorf("rootfs: entry %q: reopen directory: %w", x.cur, err)
 			}
 			err = x.setOwnerMode(fd, hdr)
+			if err == nil && x.overlay {
+				err = setOpaque(fd, hdr)
+			}
 			unix.Close(fd)
 			if err != nil {
 				return fmt.Errorf("rootfs: entry %q: directory mode: %w", x.cur, err)

@@ -102,6 +102,14 @@ type Sandbox struct {
 	// wrote its snapshot. "" when it has no memory (detached), and in rows
 	// from before builds were kept.
 	Runsc string
+	// MoveOut, when not 0, is the generation of a move taking it to
+	// another node (move.go): until the master settles that move it is
+	// neither woken nor served, nor tiered.
+	MoveOut int64
+	// MoveIn: it arrived by a move its master has not yet settled
+	// (move.go): it has no boundary or gateway until the master
+	// confirms it, and is dropped if it does not.
+	MoveIn bool
 }
 
 // schema is the store's tables, for both databases: written in types both
@@ -147,12 +155,15 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	left_behind    INTEGER NOT NULL DEFAULT 0,
 	idle           TEXT NOT NULL DEFAULT '',
 	runsc          TEXT NOT NULL DEFAULT '',
+	move_out       BIGINT NOT NULL DEFAULT 0,
+	move_in        INTEGER NOT NULL DEFAULT 0,
 	UNIQUE (node, slot)
 );
 CREATE TABLE IF NOT EXISTS nodes (
 	name      TEXT PRIMARY KEY,
 	address   TEXT NOT NULL UNIQUE,
-	paired_at BIGINT NOT NULL
+	paired_at BIGINT NOT NULL,
+	draining  INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS join_tokens (
 	hash       TEXT PRIMARY KEY,
@@ -166,7 +177,9 @@ CREATE TABLE IF NOT EXISTS placements (
 	principal  TEXT NOT NULL DEFAULT '',
 	memory_mib INTEGER NOT NULL DEFAULT 0,
 	generation BIGINT NOT NULL DEFAULT 0,
-	state      TEXT NOT NULL DEFAULT ''
+	state      TEXT NOT NULL DEFAULT '',
+	move_node  TEXT NOT NULL DEFAULT '',
+	move_gen   BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS revocations (
 	node TEXT PRIMARY KEY,
@@ -244,6 +257,12 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandboxes", "runsc", `ALTER TABLE sandboxes ADD COLUMN runsc TEXT NOT NULL DEFAULT ''`},
 	{"placements", "generation", `ALTER TABLE placements ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
 	{"placements", "state", `ALTER TABLE placements ADD COLUMN state TEXT NOT NULL DEFAULT ''`},
+	// Issue 18: a sandbox moved with its memory (move.go); a node drained.
+	{"sandboxes", "move_out", `ALTER TABLE sandboxes ADD COLUMN move_out BIGINT NOT NULL DEFAULT 0`},
+	{"sandboxes", "move_in", `ALTER TABLE sandboxes ADD COLUMN move_in INTEGER NOT NULL DEFAULT 0`},
+	{"placements", "move_node", `ALTER TABLE placements ADD COLUMN move_node TEXT NOT NULL DEFAULT ''`},
+	{"placements", "move_gen", `ALTER TABLE placements ADD COLUMN move_gen BIGINT NOT NULL DEFAULT 0`},
+	{"nodes", "draining", `ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0`},
 }
 
 // execer is a *sql.DB or a *sql.Tx.
@@ -446,7 +465,7 @@ func scanTemplate(r scanner) (Template, error) {
 	return t, nil
 }
 
-const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle, runsc`
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle, runsc, move_out, move_in`
 
 // CreateSandbox inserts sb; errdefs.ErrExists if its ID, name or slot is taken;
 // errdefs.ErrNotFound if its template does not exist.
@@ -454,7 +473,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, errdefs.ErrExists)
 	}
@@ -464,7 +483,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 func sandboxArgs(sb Sandbox) []any {
 	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
 		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal, sb.MemoryMiB,
-		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle), sb.Runsc}
+		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle), sb.Runsc, sb.MoveOut, boolInt(sb.MoveIn)}
 }
 
 func idleText(t *api.IdleTimers) string {
@@ -522,7 +541,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	}
 	sb.ID = id
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=?, runsc=? WHERE id=?`),
+	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=?, runsc=?, move_out=?, move_in=? WHERE id=?`),
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -562,9 +581,9 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
 	var tier, trans, hostPorts, wakeFrom string
 	var last, created int64
-	var left int
+	var left, moveIn int
 	var idle string
-	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle, &sb.Runsc)
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle, &sb.Runsc, &sb.MoveOut, &moveIn)
 	if err != nil {
 		return sb, err
 	}
@@ -575,6 +594,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 		}
 	}
 	sb.LeftBehind = left != 0
+	sb.MoveIn = moveIn != 0
 	sb.Tier, sb.Transition, sb.LastWakeFrom = api.Tier(tier), api.Tier(trans), api.Tier(wakeFrom)
 	sb.LastActive, sb.CreatedAt = fromMs(last), fromMs(created)
 	if err := json.Unmarshal([]byte(hostPorts), &sb.HostPorts); err != nil {
@@ -606,6 +626,9 @@ type Node struct {
 	Name     string
 	Address  string // host:port of its seam (nodeapi.Server)
 	PairedAt time.Time
+	// Draining: it takes no new sandboxes (its own are being moved off:
+	// node drain).
+	Draining bool
 }
 
 // PutNode records a paired node; errdefs.ErrExists if its name or address is
@@ -620,7 +643,7 @@ func (s *Store) PutNode(ctx context.Context, n Node) error {
 
 // ListNodes returns the paired nodes, by name.
 func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, address, paired_at FROM nodes ORDER BY name`))
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, address, paired_at, draining FROM nodes ORDER BY name`))
 	if err != nil {
 		return nil, err
 	}
@@ -629,10 +652,11 @@ func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 	for rows.Next() {
 		var n Node
 		var at int64
-		if err := rows.Scan(&n.Name, &n.Address, &at); err != nil {
+		var draining int
+		if err := rows.Scan(&n.Name, &n.Address, &at, &draining); err != nil {
 			return nil, err
 		}
-		n.PairedAt = fromMs(at)
+		n.PairedAt, n.Draining = fromMs(at), draining != 0
 		out = append(out, n)
 	}
 	return out, rows.Err()
@@ -666,8 +690,15 @@ type Placement struct {
 	Generation int64
 	// State is "" (placed: the node made it), PlacementCreating (an
 	// attempt: ID and Name may be PendingID until the node answers) or
-	// PlacementDeleting (desired gone; the node has not said it is).
+	// PlacementDeleting (desired gone; the node has not said it is),
+	// PlacementMoving or PlacementMoved (move.go).
 	State string
+	// MoveNode and MoveGen are the other end of a move in progress: the
+	// node it is going to and the generation it will have there
+	// (PlacementMoving), or the node it left and the generation it had
+	// there (PlacementMoved).
+	MoveNode string
+	MoveGen  int64
 }
 
 // Placement states.
@@ -680,12 +711,12 @@ const (
 // says which sandbox it made.
 func PendingID(gen int64) string { return fmt.Sprintf("pending-%d", gen) }
 
-const placementCols = `id, name, node, template, principal, memory_mib, generation, state`
+const placementCols = `id, name, node, template, principal, memory_mib, generation, state, move_node, move_gen`
 
 // PutPlacement records where a sandbox went (or an attempt to put it
 // there); errdefs.ErrExists if its name is taken.
 func (s *Store) PutPlacement(ctx context.Context, p Placement) error {
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?)`), p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, p.State)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?,?,?)`), p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, p.State, p.MoveNode, p.MoveGen)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", p.Name, errdefs.ErrExists)
 	}
@@ -749,8 +780,8 @@ func (s *Store) ResolveAttempt(ctx context.Context, gen int64, ps []Placement) e
 		return nil
 	}
 	for _, p := range ps {
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`),
-			p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, ""); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`),
+			p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, "", "", 0); err != nil {
 			if isConstraint(err) {
 				return fmt.Errorf("sandbox %q: %w", p.Name, errdefs.ErrExists)
 			}
@@ -781,7 +812,7 @@ func (s *Store) placements(ctx context.Context, q string, args ...any) ([]Placem
 	var out []Placement
 	for rows.Next() {
 		var p Placement
-		if err := rows.Scan(&p.ID, &p.Name, &p.Node, &p.Template, &p.Principal, &p.MemoryMiB, &p.Generation, &p.State); err != nil {
+		if err := rows.Scan(&p.ID, &p.Name, &p.Node, &p.Template, &p.Principal, &p.MemoryMiB, &p.Generation, &p.State, &p.MoveNode, &p.MoveGen); err != nil {
 			return nil, err
 		}
 		out = append(out, p)

@@ -290,7 +290,7 @@ func TestFleet(t *testing.T) {
 		t.Errorf("with its node down, %d of its 3 sandboxes are listed as lost: %+v", lost, all)
 	}
 	// Moved while its node is lost: cold on the other node, same name,
-	// saying what stayed behind. One whose node answers is not moved.
+	// saying what stayed behind.
 	var moved api.Sandbox
 	r = m.raw(t, "POST", "/v1/sandboxes/f-2/move", m.Token, "", nil)
 	if r.Status != http.StatusCreated || json.Unmarshal([]byte(r.Body), &moved) != nil {
@@ -302,8 +302,15 @@ func TestFleet(t *testing.T) {
 	if c := getCount(t, endpoint(t, moved)); c != 1 {
 		t.Errorf("a moved sandbox is a cold start: counted %d", c)
 	}
-	if r := m.raw(t, "POST", "/v1/sandboxes/f-2/move", m.Token, "", nil); r.Status != http.StatusConflict || !strings.Contains(r.Body, "answers") {
+	// Moved again, now that its node answers: live, with its memory, to
+	// the only other node that answers (issue 18).
+	var live api.Sandbox
+	if r := m.raw(t, "POST", "/v1/sandboxes/f-2/move", m.Token, "", nil); r.Status != http.StatusOK || json.Unmarshal([]byte(r.Body), &live) != nil {
 		t.Errorf("moving a sandbox whose node answers: HTTP %d %s", r.Status, r.Body)
+	} else if live.ID != moved.ID || live.Node != tight.name {
+		t.Errorf("moved live: %+v", live)
+	} else if c := getCount(t, endpoint(t, live)); c != 2 {
+		t.Errorf("a sandbox moved live counted %d, want 2: its memory did not come with it", c)
 	}
 
 	roomy.start()

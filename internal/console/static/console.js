@@ -108,6 +108,11 @@ function nodeCard(n) {
     return el;
   }
   name.textContent = n.name + " · " + n.backend + (n.address ? " · " + n.address : "") + (n.reconciling ? " · repairing " + n.reconciling : "");
+  if (n.draining) {
+    // node drain: it takes no new sandboxes; drained once none is left.
+    const left = ["hot", "frozen", "snapshot", "detached"].reduce((a, k) => a + ((n.sandboxes || {})[k] || 0), 0);
+    name.textContent += left ? " · draining" : " · drained";
+  }
   const mem = document.createElement("div"); mem.className = "headroom";
   mem.textContent = `headroom ${head} MiB (available ${avail}, reserve ${reserve})`;
   const bar = document.createElement("div"); bar.className = "bar";
