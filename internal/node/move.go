@@ -62,6 +62,12 @@ type MoveManifest struct {
 	// Runtime is the runsc version and platform that wrote the image
 	// (gvisor.Backend.RuntimeVersion): it restores only on the same.
 	Runtime string `json:"runtime,omitempty"`
+	// Runsc is the key of the runsc build that wrote it (its stamp, else
+	// the sandbox's row: runtimes.ForImage), when the node keeps builds:
+	// the node it goes to must keep that very build, or its wake after
+	// the master committed the move would find no runsc to restore it
+	// with and start it cold (its memory lost).
+	Runsc string `json:"runsc,omitempty"`
 	// Envd is the envd build (its directory's name) the image maps.
 	Envd string `json:"envd,omitempty"`
 	// ImageBytes and VolumeBytes bound what follows.
@@ -188,9 +194,7 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 		From: n.cfg.Name, UsageMiB: e.lastUsageMiB.Load()}
 	var image []string
 	if d.hasSnapshot() {
-		if rv, ok := n.be.(interface{ RuntimeVersion() string }); ok {
-			m.Runtime = rv.RuntimeVersion()
-		}
+		m.Runtime, m.Runsc = n.imageBuild(sb, d.snapshot())
 		if src := d.envdSource(); src != "" {
 			m.Envd = filepath.Base(src)
 		}
@@ -373,7 +377,7 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 	}
 	sb := store.Sandbox{ID: m.ID, Name: m.Name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
 		Tier: api.TierDetached, Transition: m.Tier, LastActive: m.LastActive, CreatedAt: m.CreatedAt, Principal: m.Principal,
-		MemoryMiB: m.MemoryMiB, Slot: -1, Generation: gen, Idle: m.Idle, MoveIn: true,
+		MemoryMiB: m.MemoryMiB, Slot: -1, Generation: gen, Idle: m.Idle, MoveIn: true, Runsc: m.Runsc,
 		Note: fmt.Sprintf("moved from node %s with its memory and volume", m.From)}
 	if m.Tier == api.TierDetached {
 		sb.Note = fmt.Sprintf("moved from node %s (it was detached: its volume came with it)", m.From)
@@ -482,11 +486,14 @@ func (n *Node) checkManifest(ctx context.Context, m MoveManifest, gen int64) (st
 		if lim := int64(m.MemoryMiB)<<20 + maxImageOver; m.ImageBytes > lim {
 			return bad("an image of %d bytes for a sandbox of %d MiB", m.ImageBytes, m.MemoryMiB)
 		}
+		if err := n.canRestore(m); err != nil {
+			return store.Template{}, err
+		}
 		rv := ""
 		if b, ok := n.be.(interface{ RuntimeVersion() string }); ok {
 			rv = b.RuntimeVersion()
 		}
-		if m.Runtime != rv {
+		if m.Runsc == "" && m.Runtime != rv {
 			return store.Template{}, fmt.Errorf("%w: move of %s: its image was written by runsc %q and this node runs %q; it restores only on the runsc that wrote it", errdefs.ErrPrecondition, m.Name, m.Runtime, rv)
 		}
 		if m.Envd != "" {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -378,4 +380,53 @@ func (n *Node) RunscBuilds(ctx context.Context) []api.RunscBuild {
 	n.kept.statusMu.Lock()
 	defer n.kept.statusMu.Unlock()
 	return n.kept.status
+}
+
+// imageBuild is what a move's manifest says of the runsc that wrote the
+// image in imageDir for sb: its version and platform (as
+// gvisor.Backend.RuntimeVersion says them of the current build) and,
+// when this node keeps builds, its key. The sandbox may run on an older
+// build than the current one (kept for it after an upgrade), and its
+// checkpoint is then that build's (the sentry writes the image).
+func (n *Node) imageBuild(sb store.Sandbox, imageDir string) (version, key string) {
+	rv := ""
+	if b, ok := n.be.(interface{ RuntimeVersion() string }); ok {
+		rv = b.RuntimeVersion()
+	}
+	set := n.kept.set
+	if set == nil {
+		return rv, ""
+	}
+	stamp, _ := runtimes.ReadStamp(imageDir)
+	k := runtimes.ForImage(stamp, runtimes.Key(sb.Runsc), set.Current().Key)
+	b, err := set.Get(k)
+	if err != nil {
+		return rv, string(k)
+	}
+	platform := strings.TrimPrefix(rv, set.Current().Version)
+	return b.Version + platform, string(k)
+}
+
+// canRestore refuses a move whose image this node has no runsc for:
+// with kept builds, the very build that wrote it (by key: version and
+// content) on this node's platform. Refused before anything is received,
+// so the sandbox stays whole on the node it was leaving.
+func (n *Node) canRestore(m MoveManifest) error {
+	set := n.kept.set
+	if m.Runsc == "" || set == nil {
+		return nil
+	}
+	b, err := set.Get(runtimes.Key(m.Runsc))
+	if err != nil {
+		return fmt.Errorf("%w: move of %s: its image was written by runsc build %s, which node %s does not keep (%v); it restores only on that build: move it to a node that still has it, or let it start cold where it is", errdefs.ErrPrecondition, m.Name, m.Runsc, n.cfg.Name, err)
+	}
+	rv := ""
+	if be, ok := n.be.(interface{ RuntimeVersion() string }); ok {
+		rv = be.RuntimeVersion()
+	}
+	platform := strings.TrimPrefix(rv, set.Current().Version)
+	if want := b.Version + platform; m.Runtime != want {
+		return fmt.Errorf("%w: move of %s: its image was written by runsc %q and this node runs that build as %q (another platform); it restores only on the same", errdefs.ErrPrecondition, m.Name, m.Runtime, want)
+	}
+	return nil
 }

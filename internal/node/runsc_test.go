@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/store"
@@ -225,5 +227,43 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	}
 	if !missing {
 		t.Errorf("build A not reported missing: %+v", nB.RunscBuilds(ctx))
+	}
+}
+
+// TestMoveNeedsTheImagesBuild: a node takes a moved image only if it
+// keeps the very runsc build that wrote it (by key: version and
+// content), refused before anything is received; the sending node names
+// the build from the image's stamp, so a sandbox still on an older build
+// than its node's current one is sent as that build's.
+func TestMoveNeedsTheImagesBuild(t *testing.T) {
+	dataDir := t.TempDir()
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	fb := newFakeBackend()
+	n, _ := startBuildNode(t, dataDir, st, fb, fakeBuild(t, "v-a"))
+	a := n.kept.set.Current()
+	if err := n.canRestore(MoveManifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version}); err != nil {
+		t.Errorf("an image of the build it keeps: %v", err)
+	}
+	other := MoveManifest{Name: "mv", Runsc: "v-b-0123456789abcdef", Runtime: "v-b"}
+	if err := n.canRestore(other); !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Errorf("an image of a build it does not keep: %v, want a precondition refusal", err)
+	}
+	same := MoveManifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version + " ptrace"}
+	if err := n.canRestore(same); !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Errorf("the same build on another platform: %v, want a precondition refusal", err)
+	}
+
+	// The sending side: the stamp names the build, whatever the row says.
+	img := filepath.Join(t.TempDir(), "image")
+	os.MkdirAll(img, 0o700)
+	if err := runtimes.WriteStamp(img, a); err != nil {
+		t.Fatal(err)
+	}
+	if v, k := n.imageBuild(store.Sandbox{Runsc: "v-z-0123456789abcdef"}, img); k != string(a.Key) || v != a.Version {
+		t.Errorf("imageBuild of a stamped image: %q %q, want %q %q", v, k, a.Version, a.Key)
 	}
 }
