@@ -147,6 +147,9 @@ type Config struct {
 	// reported to sam-node: internal/refusals); nil: counted only in
 	// Stats and Metrics.
 	Refusals *refusals.Table
+	// Activity, if set, is told of the sandbox's use of its way out
+	// (activity.go); nil: nobody is (sam-box, which has no tiers).
+	Activity Activity
 	// Log; nil is slog.Default().
 	Log *slog.Logger
 }

@@ -169,6 +169,9 @@ func (b *Boundary) admit(f *flow, host string, port uint16) admission {
 		}
 	}
 	d := time.Since(start)
+	if a.out == outAllowed {
+		b.touch()
+	}
 	b.st.admissions.Add(1)
 	b.st.admissionNanos.Add(int64(d))
 	b.m.observeAdmission(d)
@@ -392,7 +395,7 @@ func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, err := io.Copy(far, f.c) // sandbox → far (splice(2) where both are sockets)
+		_, err := b.copyOut(far, f.c) // sandbox → far
 		if err != nil {
 			f.abort()
 			return
@@ -401,7 +404,7 @@ func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) {
 			cw.CloseWrite()
 		}
 	}()
-	io.Copy(f.c, far) // far → sandbox
+	b.copyIn(f.c, far) // far → sandbox
 	f.end()
 	<-done
 }

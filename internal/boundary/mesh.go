@@ -185,7 +185,7 @@ func (b *Boundary) newMeshProxy(pool *MeshPool) *httputil.ReverseProxy {
 // opened one, is a new mesh connection for the first request; else the
 // transport has one open already.
 func (b *Boundary) serveMesh(f *flow, a *admission, prefix []byte) {
-	mc := &meshConn{Conn: f.c, f: f, closed: make(chan struct{})}
+	mc := &meshConn{Conn: f.c, f: f, b: b, closed: make(chan struct{})}
 	if len(prefix) > 0 {
 		mc.r = io.MultiReader(bytes.NewReader(prefix), f.c)
 	}
@@ -214,6 +214,7 @@ type meshConn struct {
 	net.Conn
 	r      io.Reader // bytes read before the server took over, then Conn
 	f      *flow
+	b      *Boundary
 	once   sync.Once
 	closed chan struct{}
 }
@@ -223,6 +224,25 @@ func (c *meshConn) Read(p []byte) (int, error) {
 		return c.r.Read(p)
 	}
 	return c.Conn.Read(p)
+}
+
+// subscription reports whether r asks for a stream of events rather than
+// an answer: a GET that accepts text/event-stream, as an MCP client's
+// standalone stream (MCP Streamable HTTP: the GET a client keeps open for
+// the server's notifications) is. An agent waits on an answer, and is
+// busy to its node meanwhile (activity.go); it does not wait on a
+// subscription it keeps open for its whole session, which would keep it
+// hot for ever — what comes on one touches and thaws it like any answer.
+// A POST whose answer is streamed (a chat completion with "stream": true,
+// an MCP call answered as events) is an answer.
+func subscription(r *http.Request) bool {
+	return r.Method == http.MethodGet && strings.Contains(r.Header.Get("Accept"), "text/event-stream")
+}
+
+// Write thaws the sandbox first if it was frozen while its answer was on
+// its way (activity.go).
+func (c *meshConn) Write(p []byte) (int, error) {
+	return intoSandbox{c.b, c.Conn}.Write(p)
 }
 
 func (c *meshConn) Close() error {
@@ -363,6 +383,9 @@ func (h *meshHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	b.st.meshForwarded.Add(1)
 	b.m.meshRequest(meshForwarded)
+	if !subscription(r) {
+		defer b.busy()()
+	}
 	b.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), meshReqKey{}, meshReq{target: target, dest: dest})))
 }
 

@@ -30,6 +30,7 @@ import (
 	"net/netip"
 	"sandstorm/internal/errdefs"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -121,6 +122,9 @@ type sandboxGate struct {
 	busy int
 	// idle is signalled (under mu) whenever busy drops.
 	idle *sync.Cond
+	// answering counts the HTTP exchanges under way: a request sent into
+	// the sandbox whose answer has not been relayed to its end (Busy).
+	answering atomic.Int32
 }
 
 func newGate(id string) *sandboxGate {
@@ -264,6 +268,22 @@ func (g *Gateway) Stats() (conns, inFlight int) {
 		sg.mu.Unlock()
 	}
 	return conns, inFlight
+}
+
+// Busy reports whether sandbox id is answering an HTTP request: one sent
+// into it whose answer has not been relayed to its end (a streamed answer
+// included). Someone is waiting on it, so the node's idle timers and
+// memory guard leave it alone, as they leave one running a command: a
+// request that took longer than --freeze-after to answer was frozen under
+// itself, and answered only once another byte came in to thaw it. A
+// connection that is open but quiet (between requests, a raw stream, one
+// whose first bytes have not come) is not busy: freezing keeps it, and
+// its next byte thaws the sandbox.
+func (g *Gateway) Busy(id string) bool {
+	g.mu.Lock()
+	sg := g.sands[id]
+	g.mu.Unlock()
+	return sg != nil && sg.answering.Load() > 0
 }
 
 // block stops new connections and requests (under mu).

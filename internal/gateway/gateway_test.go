@@ -500,11 +500,17 @@ func TestStats(t *testing.T) {
 	}
 	defer c.Close()
 	testenv.WaitFor(t, 10*time.Second, "a silent connection: open and in flight", stats(1, 1))
+	if g.Busy("sb") {
+		t.Error("a silent connection makes its sandbox Busy (it would keep it hot for as long as it stays open)")
+	}
 	br := bufio.NewReader(c)
 	io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: sb\r\n\r\n")
 	<-entered
 	if cn, f := g.Stats(); cn != 1 || f != 1 {
 		t.Errorf("with a request being answered Stats = %d, %d; want 1, 1", cn, f)
+	}
+	if !g.Busy("sb") {
+		t.Error("a sandbox answering a request is not Busy")
 	}
 	close(finish)
 	resp, err := http.ReadResponse(br, nil)
@@ -514,6 +520,9 @@ func TestStats(t *testing.T) {
 	io.ReadAll(resp.Body)
 	resp.Body.Close()
 	testenv.WaitFor(t, 10*time.Second, "idle between requests: open, not in flight", stats(1, 0))
+	if g.Busy("sb") {
+		t.Error("a sandbox with an idle kept connection is Busy")
+	}
 	c.Close()
 	testenv.WaitFor(t, 10*time.Second, "closed: neither", stats(0, 0))
 }

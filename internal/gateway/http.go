@@ -188,6 +188,15 @@ func (b *budget) Read(p []byte) (int, error) {
 // The request is written while the answer is read: a client that sent
 // "Expect: 100-continue" sends its body only once the 100 is relayed.
 func (g *Gateway) exchange(sg *sandboxGate, req *http.Request, client, up net.Conn, ur *bufio.Reader) (keep, upgraded bool) {
+	// A client waits on an answer (Busy); one that asks for a stream of
+	// events (a GET accepting text/event-stream: an EventSource, an MCP
+	// client's standalone stream) subscribes, maybe for hours, and that
+	// does not keep the sandbox hot: what comes on it touches and thaws
+	// it as any byte does.
+	if !(req.Method == http.MethodGet && strings.Contains(req.Header.Get("Accept"), "text/event-stream")) {
+		sg.answering.Add(1)
+		defer sg.answering.Add(-1)
+	}
 	if _, ok := req.Header["User-Agent"]; !ok {
 		// Request.Write would add Go's own.
 		req.Header["User-Agent"] = []string{""}

@@ -77,6 +77,7 @@ func (n *Node) boundaryUp(sb store.Sandbox) error {
 		Synthetic:       fw.Synthetic,
 		Metrics:         n.cfg.SAM.Metrics,
 		Refusals:        n.cfg.SAM.Refusals,
+		Activity:        egress{n, sb.ID},
 		Resolve:         n.cfg.SAM.Resolve,
 		Guard:           guard,
 		Log:             n.log.With("sandbox", sb.ID), // its lines name the principal themselves

@@ -209,6 +209,9 @@ type entry struct {
 	// connections are kept in envdTr until a cut (envd.go).
 	envdStart sync.Mutex
 	envdCalls atomic.Int32
+	// egressCalls are its mesh requests in flight through its boundary:
+	// an agent waiting on a model's answer is busy (egress.go).
+	egressCalls atomic.Int32
 	envdCuts  sync.Map   // *int → context.CancelFunc
 	envdMu    sync.Mutex // guards envdTr
 	envdTr    *envdTransport
@@ -898,8 +901,11 @@ func (n *Node) views() []tier.View {
 	for _, e := range es {
 		// Open but quiet connections do not keep a sandbox hot: freezing
 		// keeps them, and their next byte thaws it (gateway.copy).
-		// A call forwarded to envd (a command someone waits on) does.
-		busy := len(e.lock) > 0 || e.envdCalls.Load() > 0 || e.moving.Load()
+		// A call forwarded to envd (a command someone waits on) does,
+		// and so does a mesh request its agent waits on (egress.go).
+		// An HTTP request in flight through the gateway (a client waiting
+		// on an answer being worked out) does too.
+		busy := len(e.lock) > 0 || e.envdCalls.Load() > 0 || e.egressCalls.Load() > 0 || e.moving.Load() || n.gw.Busy(e.id)
 		out = append(out, tier.View{
 			ID: e.id, Tier: e.getTier(), Busy: busy, Timers: e.timers.Load(),
 			LastActive: time.UnixMilli(e.lastActive.Load()),

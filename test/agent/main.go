@@ -5,6 +5,8 @@
 // the sandbox's gateway:
 //
 //	GET /run?model=M&denied_model=D&tool=T&tool_args={"message":"hi"}&denied_tool=U
+//	GET /run?…&background=1                (answered at once; the work goes on alone)
+//	GET /last                              ({"done", "result"} of the last background run)
 //	GET /probe?kind=tcp&addr=host:port     (a TCP connect, 2 s timeout)
 //	GET /probe?kind=dns&name=N             (resolve through the sandbox's resolver)
 //	GET /probe?kind=udpdns&server=IP:53&name=N (a DNS query sent to a server of its choosing)
@@ -30,6 +32,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -63,6 +66,10 @@ func main() {
 	// without a handler it would end the program.
 	signal.Ignore(syscall.SIGUSR1)
 	http.HandleFunc("/run", run)
+	http.HandleFunc("/last", func(w http.ResponseWriter, _ *http.Request) {
+		res := last.Load()
+		reply(w, map[string]any{"done": res != nil, "result": res})
+	})
 	http.HandleFunc("/probe", probe)
 	http.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	http.HandleFunc("/file", file)
@@ -79,10 +86,31 @@ func reply(w http.ResponseWriter, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
+// last is the result of the last /run?background=1, nil while it runs.
+var last atomic.Pointer[result]
+
 func run(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if q.Get("background") != "" {
+		// The agent at work with nobody waiting on it: the request that
+		// started it is answered at once, and the work calls out alone.
+		last.Store(nil)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			res := work(ctx, q)
+			last.Store(&res)
+		}()
+		reply(w, map[string]bool{"started": true})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
 	defer cancel()
+	reply(w, work(ctx, q))
+}
+
+// work is what /run does: the OpenAI and MCP SDKs through the mesh.
+func work(ctx context.Context, q url.Values) result {
 	var res result
 	fail := func(what string, err error) { res.Errors = append(res.Errors, what+": "+err.Error()) }
 
@@ -144,8 +172,7 @@ func run(w http.ResponseWriter, r *http.Request) {
 	sess, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: mesh + "/mcp", HTTPClient: hc}, nil)
 	if err != nil {
 		fail("mcp connect", err)
-		reply(w, res)
-		return
+		return res
 	}
 	defer sess.Close()
 	tools, err := sess.ListTools(ctx, nil)
@@ -174,7 +201,7 @@ func run(w http.ResponseWriter, r *http.Request) {
 			res.DeniedTool, res.DeniedToolIs = text(out), out.IsError
 		}
 	}
-	reply(w, res)
+	return res
 }
 
 func text(r *mcp.CallToolResult) string {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -359,6 +360,54 @@ func TestAgentThroughBoundary(t *testing.T) {
 			t.Fatalf("failed snapshot: %v; tier %s, note %q", err, got.Tier, got.Note)
 		}
 		checkA(t, runA(t))
+	})
+
+	t.Run("at_work_calling_out", func(t *testing.T) {
+		// An agent at work calls out with nobody calling in: started by a
+		// request answered at once, it waits on a model's streamed answer
+		// that the provider holds after its first chunk for three times
+		// the sandbox's freeze-after. Its boundary tells the node a mesh
+		// request is in flight, so it is not frozen under its own call
+		// (before, it was: nothing came in through the gateway).
+		sb, err := d.C.CreateSandbox(ctxT(t), api.SandboxRequest{Template: "agent", Name: "agent-w", Principal: "agent-a",
+			Idle: &api.IdleTimers{FreezeAfter: "1s"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.track(sb.ID)
+		endpoint(t, sb)
+		pace := make(chan struct{})
+		var release sync.Once
+		llm.SetPace(pace)
+		// Released on every way out: a stream left held would hold the
+		// provider's Close for ever.
+		defer func() { release.Do(func() { close(pace) }); llm.SetPace(nil) }()
+		var started map[string]bool
+		agentGET(t, sb, "/run", url.Values{"model": {"gpt-small"}, "background": {"1"}}, &started)
+		if !started["started"] {
+			t.Fatalf("background run: %v", started)
+		}
+		held := time.Now()
+		for time.Since(held) < 3*time.Second {
+			if tier := d.get(t, sb.ID).Tier; tier != api.TierHot {
+				t.Fatalf("the sandbox went %s %v into its agent's call (freeze-after 1s)", tier, time.Since(held).Round(time.Millisecond))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		release.Do(func() { close(pace) })
+		var last struct {
+			Done   bool        `json:"done"`
+			Result agentResult `json:"result"`
+		}
+		testenv.WaitFor(t, 30*time.Second, "the background run ends", func() bool {
+			agentGET(t, sb, "/last", nil, &last)
+			return last.Done
+		})
+		if len(last.Result.Errors) > 0 || last.Result.StreamChunks < 2 || !strings.Contains(last.Result.Stream, "stream please") {
+			t.Fatalf("the held call: %+v", last.Result)
+		}
+		// Once it has nothing in flight, the same sandbox is idle again.
+		testenv.WaitFor(t, 15*time.Second, "the idle agent frozen", func() bool { return d.get(t, sb.ID).Tier == api.TierFrozen })
 	})
 
 	t.Run("python_egress_across_snapshot", func(t *testing.T) {
