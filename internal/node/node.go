@@ -212,9 +212,9 @@ type entry struct {
 	// egressCalls are its mesh requests in flight through its boundary:
 	// an agent waiting on a model's answer is busy (egress.go).
 	egressCalls atomic.Int32
-	envdCuts  sync.Map   // *int → context.CancelFunc
-	envdMu    sync.Mutex // guards envdTr
-	envdTr    *envdTransport
+	envdCuts    sync.Map   // *int → context.CancelFunc
+	envdMu      sync.Mutex // guards envdTr
+	envdTr      *envdTransport
 
 	// timers are its own idle timers (nil: the node's).
 	timers atomic.Pointer[tier.Timers]
