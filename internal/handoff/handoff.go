@@ -33,6 +33,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -298,10 +299,12 @@ func (r *Registry) CloseUnclaimed() int {
 
 // Pause stops every accept loop while keeping every socket listening: it
 // keeps a duplicate of each live descriptor for the next process, then
-// closes the Go side (a Unix listener without removing its path). From
-// here connections wait in their listeners' backlogs, and datagrams in
-// their sockets' receive queues, until the next process serves them. It
-// returns how many descriptors it holds.
+// closes the Go side of each listener (a Unix listener without removing
+// its path) and stops reads on each datagram socket (a read deadline in
+// the past; its owner's loop sees timeouts until the exec). From here
+// connections wait in their listeners' backlogs, and datagrams in their
+// sockets' receive queues, until the next process serves them. It returns
+// how many descriptors it holds.
 func (r *Registry) Pause() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -332,12 +335,19 @@ func hold(k key, v any) (heldFD, bool) {
 		if err != nil {
 			return heldFD{}, false // closed by its owner
 		}
-		if ul, ok := v.(*net.UnixListener); ok {
+		switch v := v.(type) {
+		case net.PacketConn:
+			// Not closed: a datagram its reader took just now must still
+			// get its answer out (UDP has no backlog to leave it in). A
+			// read deadline in the past stops the reading; what arrives
+			// from here stays queued for the next process.
+			v.SetReadDeadline(time.Unix(1, 0))
+		case *net.UnixListener:
 			// The path must stay: the next process serves it.
-			ul.SetUnlinkOnClose(false)
-		}
-		if c, ok := v.(interface{ Close() error }); ok {
-			c.Close()
+			v.SetUnlinkOnClose(false)
+			v.Close()
+		case interface{ Close() error }:
+			v.Close()
 		}
 		return heldFD{Entry{FD: int(f.Fd()), Kind: k.kind, Network: k.network, Address: k.address}, f}, true
 	}

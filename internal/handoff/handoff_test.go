@@ -93,6 +93,10 @@ func helperMain() {
 		buf := make([]byte, 512)
 		for {
 			_, from, err := pc.ReadFrom(buf)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				time.Sleep(5 * time.Millisecond) // paused: the exec comes
+				continue
+			}
 			if err != nil {
 				return
 			}

@@ -113,6 +113,12 @@ type Config struct {
 	// Envd is the envd binary (cmd/sandstorm-envd, static) put in every
 	// sandbox for the commands and files API (envd.go); "" disables it.
 	Envd string
+	// Listen and ListenPacket, if set, open every listener of the node —
+	// gateway, Host-routed listener, boundaries — and may return one
+	// handed over by the process this one replaced (handover.go). Nil:
+	// net.Listen, net.ListenPacket.
+	Listen       func(network, address string, open func() (net.Listener, error)) (net.Listener, error)
+	ListenPacket func(network, address string, open func() (net.PacketConn, error)) (net.PacketConn, error)
 }
 
 // DefaultMaxStarts is MaxStarts when unset. 200 creates at once on this
@@ -307,7 +313,7 @@ func New(cfg Config) (*Node, error) {
 	} else {
 		cfg.Log.Warn("console log lines get no times", "err", err)
 	}
-	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark}, n, cfg.Log)
+	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark, Listen: cfg.Listen}, n, cfg.Log)
 	if err := n.serveHosts(); err != nil {
 		if n.stamps != nil {
 			n.stamps.Close()
@@ -643,7 +649,14 @@ func (n *Node) serveHosts() error {
 	if n.cfg.HostDomain == "" {
 		n.cfg.HostDomain = "sandbox.localhost"
 	}
-	ln, err := net.Listen("tcp", n.cfg.HostListen)
+	open := func() (net.Listener, error) { return net.Listen("tcp", n.cfg.HostListen) }
+	var ln net.Listener
+	var err error
+	if n.cfg.Listen != nil {
+		ln, err = n.cfg.Listen("tcp", n.cfg.HostListen, open)
+	} else {
+		ln, err = open()
+	}
 	if err != nil {
 		return fmt.Errorf("gateway host listener: %w", err)
 	}
