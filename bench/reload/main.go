@@ -39,6 +39,7 @@ import (
 
 type config struct {
 	sandboxes, rounds, clients int
+	restarts                   int
 	out, repo, sandstormd      string
 	runsc                      string
 }
@@ -49,6 +50,7 @@ func main() {
 	fs.IntVar(&c.sandboxes, "sandboxes", 20, "hot sandboxes (each is called once per reload, during it)")
 	fs.IntVar(&c.rounds, "rounds", 20, "reloads")
 	fs.IntVar(&c.clients, "clients", 4, "steady clients calling the hot sandboxes throughout, a new connection per request")
+	fs.IntVar(&c.restarts, "restarts", 5, "then as many stops and starts (what systemctl restart does), for comparison")
 	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
 	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, and to build sandstormd from)")
 	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
@@ -104,7 +106,7 @@ func run(ctx context.Context, c config) (string, error) {
 	for _, k := range []string{"net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog", "net.core.rmem_default", "net.unix.max_dgram_qlen"} {
 		backlog[k] = sysctl(k)
 	}
-	res.Params = map[string]any{"sandboxes": c.sandboxes, "rounds": c.rounds, "clients": c.clients, "sysctl": backlog}
+	res.Params = map[string]any{"sandboxes": c.sandboxes, "rounds": c.rounds, "clients": c.clients, "restarts": c.restarts, "sysctl": backlog}
 	logPath := filepath.Join(r.Dir.Path, "sandstormd.log")
 	data := filepath.Join(r.Work, "data")
 	args := []string{"--runsc", r.Runsc, "--subnet", "10.187.0.0/16", "--gateway-ports", "32000-32999", "--memory-reserve", "0",
@@ -265,26 +267,58 @@ func run(ctx context.Context, c config) (string, error) {
 		time.Sleep(300 * time.Millisecond)
 	}
 	fmt.Fprintln(os.Stderr)
+
+	// For comparison: a stop and a start, as systemctl restart does them
+	// (the sandboxes run on; the listeners are closed with the process).
+	restartS := res.AddSeries("restart/gap", "a stop (SIGTERM) and a start: from the SIGTERM to the new process serving with every sandbox repaired", "")
+	var restartWindows [][2]time.Time
+	for i := range c.restarts {
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		sd.Stop()
+		next, err := bench.StartSandstormd(ctx, r.Binary.Path, data, filepath.Join(r.Dir.Path, fmt.Sprintf("sandstormd-restart-%d.log", i+1)), args...)
+		if err != nil {
+			return "", fmt.Errorf("restart %d: %w", i+1, err)
+		}
+		sd, cl = next, next.Client
+		restartS.AddDuration(time.Since(t0))
+		restartWindows = append(restartWindows, [2]time.Time{t0, time.Now()})
+		fmt.Fprintf(os.Stderr, "\rrestart %d/%d", i+1, c.restarts)
+		time.Sleep(time.Second)
+	}
+	fmt.Fprintln(os.Stderr)
 	close(stop)
 	wg.Wait()
 	stop = make(chan struct{}) // for the deferred close
 
 	during := res.AddSeries("steady/during", "steady clients' requests to hot sandboxes that overlapped a reload (from `sandstormd reload` started to its end)", "")
-	outside := res.AddSeries("steady/outside", "the same clients' requests that did not", "")
-	refused := 0
-	for _, s := range steady {
-		in := false
-		for _, w := range windows {
+	duringRestart := res.AddSeries("steady/during-restart", "the same clients' requests that overlapped a stop and start", "")
+	outside := res.AddSeries("steady/outside", "the same clients' requests that overlapped neither", "")
+	overlaps := func(s sample, ws [][2]time.Time) bool {
+		for _, w := range ws {
 			if s.start.Before(w[1]) && s.start.Add(s.took).After(w[0]) {
-				in = true
+				return true
 			}
 		}
+		return false
+	}
+	refused, refusedRestart := 0, 0
+	for _, s := range steady {
 		series := outside
-		if in {
+		switch {
+		case overlaps(s, windows):
 			series = during
+		case overlaps(s, restartWindows):
+			series = duringRestart
 		}
 		if s.err != nil {
-			refused++
+			if series == duringRestart {
+				refusedRestart++
+			} else {
+				refused++
+			}
 			series.Fail("%v after %v", s.err, s.took)
 			continue
 		}
@@ -303,6 +337,8 @@ func run(ctx context.Context, c config) (string, error) {
 	res.Params["failed_requests"] = refused + len(probeHot.Failures) + len(probeFrozen.Failures) + len(probeSnap.Failures)
 	res.Note("%d reloads with %d hot sandboxes and %d steady clients: %d requests failed (refused, reset or unanswered); the longest a request to a hot sandbox waited across a reload was %.1f ms",
 		len(windows), c.sandboxes, c.clients, res.Params["failed_requests"], longest)
+	res.Params["failed_requests_during_restarts"] = refusedRestart
+	res.Note("%d stops and starts (systemctl restart) for comparison: %d of the steady clients' requests that overlapped them failed", len(restartWindows), refusedRestart)
 	res.Note("a connection waits in its listener's accept backlog while the daemon is replaced: Go listens with backlog net.core.somaxconn = %s here (net/sock_linux.go, maxListenerBacklog), so %s connections per listener can wait; beyond that a TCP SYN is dropped and sent again by the client after its retransmission timeout (1 s, RFC 6298), and a connect to a Unix socket fails with EAGAIN", backlog["net.core.somaxconn"], backlog["net.core.somaxconn"])
 	res.Finished = time.Now().UTC()
 	if err := r.Dir.Write(res); err != nil {

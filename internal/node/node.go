@@ -148,8 +148,10 @@ type Node struct {
 	pool     map[string][]pooled
 	poolKick chan struct{}
 	warmMu   sync.Mutex // one warm image build at a time (they share a slot)
-	// hostLn is the Host-routed gateway listener (nil: none).
-	hostLn net.Listener
+	// hostLn is the Host-routed gateway listener (nil: none), served
+	// from the start-up repair on (hostOnce).
+	hostLn   net.Listener
+	hostOnce sync.Once
 	// stamps times the lines of running sandboxes' console logs (nil if
 	// inotify is not available: logs then have no times).
 	stamps *logstamp.Stamper
@@ -661,14 +663,42 @@ func (n *Node) serveHosts() error {
 		return fmt.Errorf("gateway host listener: %w", err)
 	}
 	n.hostLn = ln
-	go n.gw.ServeHosts(ln, n.cfg.HostDomain, func(ref string) (string, bool) {
+	return nil
+}
+
+// serveHostsLoop starts the Host-routed listener's accept loop (if there is
+// one), once: from planReconcile, when every known sandbox is marked as
+// being repaired, so that a request for one waits for its repair (below)
+// instead of finding no such sandbox. Until then connections wait in the
+// listener's backlog (one handed over by a reload included).
+func (n *Node) serveHostsLoop() {
+	if n.hostLn == nil {
+		return
+	}
+	n.hostOnce.Do(func() { go n.serveHostsAccept(n.hostLn) })
+}
+
+func (n *Node) serveHostsAccept(ln net.Listener) {
+	n.gw.ServeHosts(ln, n.cfg.HostDomain, func(ref string) (string, bool) {
 		sb, err := n.st.GetSandbox(context.Background(), ref)
 		if err != nil || sb.Node != n.cfg.Name {
 			return "", false
 		}
+		// After a start or a reload the gateway knows a sandbox once it is
+		// repaired (reconcileOne opens its listeners under its lock): a
+		// request for it waits for that, as one to its own port waits in
+		// the listener's backlog, rather than being told 404.
+		if n.Reconciling() > 0 {
+			if e, ok := n.lookup(sb.ID); ok {
+				ctx, cancel := context.WithTimeout(context.Background(), reconcileEach)
+				if e.acquire(ctx) == nil {
+					e.release()
+				}
+				cancel()
+			}
+		}
 		return sb.ID, true
 	})
-	return nil
 }
 
 func mustAddr(host string) netip.Addr {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,8 +25,8 @@ import (
 // it sends a DNS query over UDP to its boundary (the resolver in its
 // /etc/resolv.conf) and opens a TCP connection to the boundary's SOCKS5
 // port and reads the method selection, logging each outcome and how long
-// it took to /tmp/egress.log (in the sandbox's volume, so the test reads
-// it from the host). A connect that is refused or times out is "refused";
+// it took to /srv/egress.log (in the sandbox's volume, so the test reads
+// it from the host; /tmp is a tmpfs). A connect that is refused or times out is "refused";
 // one accepted and then reset is "reset" (a flow open across a reload is
 // cut, as documented); a query with no answer in 30 s is "timeout".
 const egressProbe = `
@@ -33,7 +34,7 @@ import errno, os, runpy, socket, struct, threading, time
 def probe():
     ns = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]
     q = struct.pack('>HHHHHH', 0x5353, 0x0100, 1, 0, 0, 0) + b'\x05probe\x07example\x00' + struct.pack('>HH', 1, 1)
-    out = open('/tmp/egress.log', 'a', buffering=1)
+    out = open('/srv/egress.log', 'a', buffering=1)
     while True:
         t = time.monotonic()
         try:
@@ -61,7 +62,12 @@ def probe():
         c.close()
         out.write('socks %.2f %s\n' % ((time.monotonic() - t) * 1000, r))
         time.sleep(0.02)
-threading.Thread(target=probe, daemon=True).start()
+def guarded():
+    try:
+        probe()
+    except Exception:
+        import traceback; traceback.print_exc()
+threading.Thread(target=guarded, daemon=True).start()
 runpy.run_path('/srv/app.py', run_name='__main__')
 `
 
@@ -135,7 +141,11 @@ func (tr *traffic) record(took time.Duration, err error) {
 // exit status and, for HTTP, the status code.
 func curlOnce(args []string, wantExit int, wantCode string) (time.Duration, error) {
 	start := time.Now()
-	cmd := exec.Command("curl", append([]string{"-sS", "--noproxy", "*", "--max-time", "60", "-o", "/dev/null", "-w", "%{http_code}"}, args...)...)
+	base := []string{"-sS", "--max-time", "60", "-o", "/dev/null", "-w", "%{http_code}"}
+	if !slices.Contains(args, "--proxy") {
+		base = append(base, "--noproxy", "*") // no proxy from the environment
+	}
+	cmd := exec.Command("curl", append(base, args...)...)
 	out, err := cmd.Output()
 	took := time.Since(start)
 	exit := 0
@@ -210,7 +220,7 @@ func TestReloadUnderTraffic(t *testing.T) {
 		// The boundary answers SOCKS5 and refuses the name by policy:
 		// curl exit 97. A refused connect to the socket would be exit 7.
 		{&traffic{name: "curl through a boundary's agent.sock"}, func() (time.Duration, error) {
-			return curlOnce([]string{"--proxy", "socks5h://localhost" + sock, "http://denied.example/"}, 97, "")
+			return curlOnce([]string{"--proxy", "socks5h://localhost" + sock, "http://example.com/"}, 97, "")
 		}},
 	}
 	// A keep-alive client: Go's transport, as most HTTP clients, sends a
@@ -340,7 +350,11 @@ func TestReloadUnderTraffic(t *testing.T) {
 	// The sandbox's own egress: every query answered and every connection
 	// to its boundary accepted; only a flow open at the moment of a reload
 	// may be reset.
-	log := readFileString(t, filepath.Join(d.sandboxDir(eg.ID), "upper", "tmp", "egress.log"))
+	logPath := filepath.Join(d.sandboxDir(eg.ID), "upper", "srv", "egress.log")
+	if _, err := os.Stat(logPath); err != nil {
+		t.Fatalf("the egress probe wrote nothing (%v); its console:\n%s", err, d.logs(t, eg.ID))
+	}
+	log := readFileString(t, logPath)
 	outcomes := map[string]int{}
 	var longest float64
 	for _, l := range strings.Split(strings.TrimSpace(log), "\n") {

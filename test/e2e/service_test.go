@@ -395,8 +395,16 @@ func stopAsUnit(t *testing.T, d *Daemon, u systemdUnit, c *unitCgroup, mode stri
 	switch mode {
 	case "mixed":
 		// The main process is gone: the rest of the cgroup gets SIGKILL
-		// (systemd's final SIGKILL step).
+		// (systemd's final SIGKILL step), and systemd waits for the
+		// cgroup to empty.
 		c.killAll(syscall.SIGKILL)
+		for len(procsUnder(c.unified)) > 0 {
+			select {
+			case <-deadline:
+				t.Fatalf("KillMode=mixed: processes %v outlived SIGKILL", procsUnder(c.unified))
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
 	case "control-group":
 		// Wait for the cgroup to empty, then SIGKILL what is left.
 		for len(procsUnder(c.unified)) > 0 && !timedOut {
@@ -438,6 +446,21 @@ func runscProcs(d *Daemon, id string) map[int]string {
 		}
 	}
 	return out
+}
+
+// reaped waits until the killed processes are reaped, as systemd (PID 1)
+// reaps at once the orphans it inherits; the init here reaps about once a
+// second, and runsc takes a zombie sandbox process for a running one.
+func reaped(t *testing.T, procs map[int]string) {
+	t.Helper()
+	testenv.WaitFor(t, time.Minute, "the killed sandbox processes reaped", func() bool {
+		for pid := range procs {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // running reports whether pid runs (not gone, not a zombie).
@@ -594,6 +617,7 @@ func TestServiceKillMode(t *testing.T) {
 		}
 	}
 	t.Logf("stop with KillMode=control-group took %v and killed every sandbox process", took.Round(time.Millisecond))
+	reaped(t, procs)
 	d.Start(t)
 	if got := d.get(t, hot.ID); got.Tier != api.TierDetached || !strings.Contains(got.Note, "processes were gone") {
 		t.Fatalf("after KillMode=control-group, hot is %s (%q), want detached: its processes were killed", got.Tier, got.Note)
@@ -609,6 +633,7 @@ func TestServiceKillMode(t *testing.T) {
 			t.Fatalf("after a stop with KillMode=mixed, hot2's %s (pid %d) still runs", name, pid)
 		}
 	}
+	reaped(t, procs2)
 	d.Start(t)
 	if got := d.get(t, hot2.ID); got.Tier != api.TierDetached {
 		t.Fatalf("after KillMode=mixed, hot2 is %s, want detached", got.Tier)
