@@ -397,4 +397,3 @@ func logTime(line string) (time.Time, bool) {
 	t, err := time.Parse(time.RFC3339Nano, v)
 	return t, err == nil
 }
-
