@@ -109,7 +109,7 @@ func run(ctx context.Context, c config) (string, error) {
 	res.Params = map[string]any{"sandboxes": c.sandboxes, "rounds": c.rounds, "clients": c.clients, "restarts": c.restarts, "sysctl": backlog}
 	logPath := filepath.Join(r.Dir.Path, "sandstormd.log")
 	data := filepath.Join(r.Work, "data")
-	args := []string{"--runsc", r.Runsc, "--subnet", "10.187.0.0/16", "--gateway-ports", "32000-32999", "--memory-reserve", "0",
+	args := []string{"--runsc", r.Runsc, "--subnet", "10.187.0.0/16", "--gateway-ports", "30500-30999", "--memory-reserve", "0",
 		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
 	res.Params["sandstormd_args"] = args
 	sd, err := bench.StartSandstormd(ctx, r.Binary.Path, data, logPath, args...)
