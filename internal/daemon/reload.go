@@ -245,6 +245,12 @@ func Reload(ctx context.Context, dataDir string) (before, after Ready, err error
 	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
 		return before, after, fmt.Errorf("signal sandstormd (PID %d): %w", pid, err)
 	}
+	// During execve(2) the PID may show as a zombie for a moment: when a
+	// thread other than the leader execs, the leader is a zombie until the
+	// exec'ing thread takes its PID over (de_thread). Only a process seen
+	// gone for a second has exited. (Seen in CI: a reload that went
+	// through, reported as an exit.)
+	var goneSince time.Time
 	for {
 		if r, err := ReadReady(dataDir); err == nil && r.PID == pid {
 			if r.Exec != before.Exec {
@@ -254,7 +260,12 @@ func Reload(ctx context.Context, dataDir string) (before, after Ready, err error
 				return before, r, fmt.Errorf("sandstormd (PID %d) refused the reload and serves on as before: %s", pid, r.Refused)
 			}
 		}
-		if !alive(pid) {
+		switch {
+		case alive(pid):
+			goneSince = time.Time{}
+		case goneSince.IsZero():
+			goneSince = time.Now()
+		case time.Since(goneSince) > time.Second:
 			return before, after, fmt.Errorf("sandstormd (PID %d) exited during the reload; its sandboxes keep running: see its log, and start it again", pid)
 		}
 		select {
