@@ -419,7 +419,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 			return err
 		}
 		apiSw = &switchHandler{}
-		standbySrv = &http.Server{Handler: streams.wrap(apiSw), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()}
+		standbySrv = drainable(&http.Server{Handler: streams.wrap(apiSw), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()})
 		go func() { standbyErr <- standbySrv.Serve(apiLn) }()
 		defer shutdown(standbySrv)
 		lease, err := standBy(ctx, st, o, apiSw, token, log)
@@ -490,7 +490,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 	if apiSw != nil {
 		apiSw.set(api) // the standby's server goes on serving, as the master now
 	} else {
-		srv = &http.Server{Handler: streams.wrap(api), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()}
+		srv = drainable(&http.Server{Handler: streams.wrap(api), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()})
 		go func() { errc <- srv.Serve(ln) }()
 	}
 	closeUnclaimedWhenReconciled(o)
@@ -629,7 +629,7 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 		return fmt.Errorf("--node-listen: %w", err)
 	}
 	streams := newStreamSet()
-	srv := &http.Server{Handler: streams.wrap(ep.Handler()), ReadHeaderTimeout: 10 * time.Second}
+	srv := drainable(&http.Server{Handler: streams.wrap(ep.Handler()), ReadHeaderTimeout: 10 * time.Second})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(tls.NewListener(raw, ep.TLSConfig())) }()
 	if ep.Paired() {

@@ -186,9 +186,7 @@ func handover(ctx context.Context, o Options, log *slog.Logger, servers []*http.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if srv.Shutdown(dctx) != nil {
-				srv.Close() // what is left after the drain is cut
-			}
+			drainServer(dctx, srv)
 		}()
 	}
 	var nres node.HandoverResult
@@ -288,6 +286,90 @@ func alive(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// drainServer answers what srv's connections, accepted before the pause,
+// ask, then shuts it down; what is left when ctx ends is cut. Shutdown
+// alone would drop a request read after it began, answering nothing
+// (net/http's conn.serve: seen as curl's "empty reply" in
+// TestReloadUnderTraffic), so it is called only once every connection has
+// had its request answered. Meanwhile keep-alives are off: each answer
+// says Connection: close, and idle connections are closed.
+func drainServer(ctx context.Context, srv *http.Server) {
+	srv.SetKeepAlivesEnabled(false)
+	if t, ok := conns.Load(srv); ok {
+		t.(*connTracker).waitAnswered(ctx)
+	}
+	if srv.Shutdown(ctx) != nil {
+		srv.Close()
+	}
+}
+
+// conns holds the connTracker of each server made drainable.
+var conns sync.Map // *http.Server → *connTracker
+
+// drainable tracks srv's connections (http.Server.ConnState) for a reload
+// to wait on, and returns srv.
+func drainable(srv *http.Server) *http.Server {
+	t := &connTracker{fresh: map[net.Conn]time.Time{}}
+	prev := srv.ConnState
+	srv.ConnState = func(c net.Conn, st http.ConnState) {
+		t.set(c, st)
+		if prev != nil {
+			prev(c, st)
+		}
+	}
+	conns.Store(srv, t)
+	return srv
+}
+
+// connTracker knows which connections have not yet had a request read
+// (StateNew) or have one being answered (StateActive).
+type connTracker struct {
+	mu    sync.Mutex
+	fresh map[net.Conn]time.Time // since when new; zero: active
+}
+
+func (t *connTracker) set(c net.Conn, st http.ConnState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch st {
+	case http.StateNew:
+		t.fresh[c] = time.Now()
+	case http.StateActive:
+		t.fresh[c] = time.Time{}
+	default:
+		delete(t.fresh, c)
+	}
+}
+
+// newConnWait is how long a connection that has sent nothing yet is
+// waited for: a client sends its request right after it connects; one
+// silent for longer is taken for idle (as Shutdown takes one silent for
+// 5 s), so a stray open connection does not hold a reload up.
+const newConnWait = time.Second
+
+// waitAnswered waits until no connection is new (for less than
+// newConnWait) or active, or ctx ends.
+func (t *connTracker) waitAnswered(ctx context.Context) {
+	for {
+		t.mu.Lock()
+		n := 0
+		for _, since := range t.fresh {
+			if since.IsZero() || time.Since(since) < newConnWait {
+				n++
+			}
+		}
+		t.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 // streamSet ends streaming responses at a reload. A response whose handler

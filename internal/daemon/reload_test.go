@@ -159,3 +159,52 @@ func TestReloadRefusals(t *testing.T) {
 		t.Fatalf("no readiness file: %v", err)
 	}
 }
+
+// TestDrainAnswersARequestThatComesLate: a connection accepted before a
+// reload whose request arrives after the drain began is answered (with
+// Connection: close), not dropped as http.Server.Shutdown alone drops it.
+func TestDrainAnswersARequestThatComesLate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := drainable(&http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "answer") })})
+	go srv.Serve(ln)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The server has the connection (StateNew) before the drain begins.
+	tr, _ := conns.Load(srv)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		tr.(*connTracker).mu.Lock()
+		n := len(tr.(*connTracker).fresh)
+		tr.(*connTracker).mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server never saw the connection")
+		}
+	}
+	ln.Close() // as the pause does
+	drained := make(chan struct{})
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		drainServer(ctx, srv)
+		close(drained)
+	}()
+	time.Sleep(50 * time.Millisecond) // the request comes late: after the drain began
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the late request got no answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != "answer" || !resp.Close {
+		t.Fatalf("late answer %q, Connection: close %v", b, resp.Close)
+	}
+	<-drained
+}
