@@ -9,7 +9,7 @@ PKGS     := $(shell grep -v '^\#' deps/debian-packages.txt)
 # sandstormd; Debian's runsc is from 2022 and is not used.
 RUNSC_VERSION := $(shell sed -n 's/^[[:space:]]*gvisor\.dev\/gvisor \(v[^ ]*\).*/\1/p' tools/runsc/go.mod)
 
-.PHONY: all build deps runsc postgres demo test test-unit test-e2e fuzz bench clean
+.PHONY: all build deps runsc postgres demo test test-unit test-e2e fuzz bench clean install uninstall
 
 all: build
 
@@ -89,3 +89,40 @@ bench: deps build
 
 clean:
 	rm -rf bin
+
+# `make install` puts sandstormd, the pinned runsc and sandstorm-envd in
+# $(LIBDIR) (runsc and envd must sit beside sandstormd, where it looks for
+# them; kept off PATH so that `runsc` still means whatever it meant), a
+# link to sandstormd and the mesh's binaries in $(BINDIR), and the systemd
+# unit (deploy/systemd/sandstormd.service, @BINDIR@ filled in) in
+# $(UNITDIR). DESTDIR stages it all under another root (packaging); the
+# installed paths name PREFIX only. install(1) unlinks a file before it
+# writes it, so installing over a running sandstormd is safe, and
+# `sandstormd reload` (or systemctl reload sandstormd) then runs the new
+# binary with no connection refused.
+PREFIX  ?= /usr/local
+BINDIR  ?= $(PREFIX)/bin
+LIBDIR  ?= $(PREFIX)/lib/sandstorm
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+INSTALLED_BINS := sam-node sam-box sam-control-plane sam-router sam-one
+
+install: build runsc
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(UNITDIR)
+	install -m 0755 bin/sandstormd bin/runsc bin/sandstorm-envd $(DESTDIR)$(LIBDIR)/
+	ln -sfn $(LIBDIR)/sandstormd $(DESTDIR)$(BINDIR)/sandstormd
+	install -m 0755 $(addprefix bin/,$(INSTALLED_BINS)) $(DESTDIR)$(BINDIR)/
+	sed 's|@BINDIR@|$(BINDIR)|g' deploy/systemd/sandstormd.service > $(DESTDIR)$(UNITDIR)/.sandstormd.service.tmp
+	install -m 0644 $(DESTDIR)$(UNITDIR)/.sandstormd.service.tmp $(DESTDIR)$(UNITDIR)/sandstormd.service
+	rm -f $(DESTDIR)$(UNITDIR)/.sandstormd.service.tmp
+	@echo "installed under $(DESTDIR)$(PREFIX); the unit is $(DESTDIR)$(UNITDIR)/sandstormd.service"
+	@echo "start it: systemctl daemon-reload && systemctl enable --now sandstormd   (check it: sandstormd doctor)"
+	@echo "after an upgrade: systemctl reload sandstormd (the new binary takes over, no connection refused)"
+	@case "$(UNITDIR)" in /etc/systemd/system|/usr/local/lib/systemd/system|/usr/lib/systemd/system|/lib/systemd/system) ;; \
+		*) echo "note: systemd does not look in $(UNITDIR): systemctl link $(UNITDIR)/sandstormd.service";; esac
+
+# Removes what install put there; the data dir (/var/lib/sandstorm) stays.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/sandstormd $(addprefix $(DESTDIR)$(BINDIR)/,$(INSTALLED_BINS)) \
+		$(DESTDIR)$(LIBDIR)/sandstormd $(DESTDIR)$(LIBDIR)/runsc $(DESTDIR)$(LIBDIR)/sandstorm-envd \
+		$(DESTDIR)$(UNITDIR)/sandstormd.service
+	-rmdir $(DESTDIR)$(LIBDIR)

@@ -21,7 +21,7 @@ import (
 func doctorCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "doctor",
-		Short: "Say what this machine supports (runsc, cgroup v2, netns, KVM, memory, disk) and whether sandstormd answers",
+		Short: "Say what this machine supports (runsc, cgroup v2, netns, KVM, memory, disk), whether its systemd unit is right, and whether sandstormd answers",
 		Long: `Check what this machine supports for Sandstorm and whether a sandstormd
 answers at --api with the token from --data-dir (or SANDSTORM_TOKEN).
 
@@ -35,7 +35,8 @@ if any check is ✗, 0 otherwise.`,
 			defer cancel()
 			runsc, _ := cmd.Flags().GetString("runsc")
 			platform, _ := cmd.Flags().GetString("platform")
-			checks := append(doctor.Run(ctx, doctor.Config{DataDir: dd, Runsc: runsc, Platform: platform}), daemonCheck(ctx, cmd, dd))
+			unitDirs, _ := cmd.Flags().GetStringSlice("unit-dir")
+			checks := append(doctor.Run(ctx, doctor.Config{DataDir: dd, Runsc: runsc, Platform: platform, UnitDirs: unitDirs}), daemonCheck(ctx, cmd, dd))
 			if j, _ := cmd.Flags().GetBool("json"); j {
 				return printJSON(checks)
 			}
@@ -56,6 +57,7 @@ if any check is ✗, 0 otherwise.`,
 	addAPIFlag(cmd)
 	cmd.Flags().String("runsc", "", "runsc binary to check (default: the pinned one next to sandstormd)")
 	cmd.Flags().String("platform", gvisor.DefaultPlatform, "runsc platform to smoke-test: systrap or ptrace")
+	cmd.Flags().StringSlice("unit-dir", nil, "look for sandstormd.service in these directories instead of systemd's (/etc/systemd/system, /usr/local/lib/systemd/system, …), e.g. an install's UNITDIR")
 	return cmd
 }
 

@@ -33,6 +33,7 @@ template and sandbox commands (or the HTTP API, docs/API.md).`,
 	}
 	root.PersistentFlags().String("data-dir", envOr("SANDSTORM_DATA_DIR", "/var/lib/sandstorm"), "where sandstormd keeps its state, API token and sandboxes (env SANDSTORM_DATA_DIR)")
 	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd(), apiKeyCmd(), nodeCmd(), fleetCmd())
+	root.AddCommand(reloadCmd(), handoffVersionCmd(), storeCmd())
 	return root
 }
 
@@ -66,7 +67,13 @@ certificate is from it) and the API token (<data-dir>/pki/api-token, mode
 
 Stopping or killing sandstormd leaves sandboxes as they are; the next start
 adopts running ones, keeps snapshots restorable and finishes or rolls back
-transitions that were cut short.`,
+transitions that were cut short.
+
+SIGHUP (sandstormd reload, systemctl reload sandstormd) re-executes the
+binary at sandstormd's path in the same process and hands it every
+listening socket: a connection that arrives meanwhile waits and is served
+by the new binary instead of being refused (--reload-drain bounds the wait
+for requests in flight).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !o.Master && !o.Node {
@@ -81,6 +88,16 @@ transitions that were cut short.`,
 			o.Log = log
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			// SIGHUP is a reload (without this it would end the process).
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			reload := make(chan struct{})
+			go func() {
+				for range hup {
+					reload <- struct{}{}
+				}
+			}()
+			o.Reload = reload
 			return daemon.Serve(ctx, o)
 		},
 	}
@@ -121,5 +138,6 @@ transitions that were cut short.`,
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics: the node's (tiers, transitions, wakes, refusals, headroom, runsc, gateway), the master's (its nodes, API requests) and the boundaries' (sam_box_*); e.g. 127.0.0.1:9600. Off unless set; plain HTTP with no token, so give a loopback or management address (no sandbox reaches it on any address)")
 	logFlags.Register(f)
 	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball upload, in bytes (413 beyond)")
+	f.DurationVar(&o.ReloadDrain, "reload-drain", daemon.DefaultReloadDrain, "how long a reload (SIGHUP) waits for requests in flight to be answered before it cuts them; new connections wait in the listeners' backlogs meanwhile")
 	return cmd
 }

@@ -152,6 +152,11 @@ type Config struct {
 	Activity Activity
 	// Log; nil is slog.Default().
 	Log *slog.Logger
+	// Listen and ListenPacket, if set, open the boundary's listeners: each
+	// may return one it already has (a socket handed over by the process
+	// this one replaced, internal/handoff), else calls open. Nil: open.
+	Listen       func(network, address string, open func() (net.Listener, error)) (net.Listener, error)
+	ListenPacket func(network, address string, open func() (net.PacketConn, error)) (net.PacketConn, error)
 }
 
 // Boundary is the boundary of one principal.
@@ -302,17 +307,19 @@ func (b *Boundary) Start() error {
 	}
 	var loops []loop
 	if b.cfg.SocketPath != "" {
-		if fi, err := os.Lstat(b.cfg.SocketPath); err == nil {
-			if fi.Mode()&os.ModeSocket == 0 {
-				return fail(fmt.Errorf("socket listener %s: a file that is not a socket is in the way", b.cfg.SocketPath))
+		ln, err := b.listen("unix", b.cfg.SocketPath, func() (net.Listener, error) {
+			if fi, err := os.Lstat(b.cfg.SocketPath); err == nil {
+				if fi.Mode()&os.ModeSocket == 0 {
+					return nil, fmt.Errorf("%s: a file that is not a socket is in the way", b.cfg.SocketPath)
+				}
+				if c, err := net.DialTimeout("unix", b.cfg.SocketPath, time.Second); err == nil {
+					c.Close()
+					return nil, fmt.Errorf("%s: another process is serving on it", b.cfg.SocketPath)
+				}
+				os.Remove(b.cfg.SocketPath) // stale socket of an earlier run
 			}
-			if c, err := net.DialTimeout("unix", b.cfg.SocketPath, time.Second); err == nil {
-				c.Close()
-				return fail(fmt.Errorf("socket listener %s: another process is serving on it", b.cfg.SocketPath))
-			}
-			os.Remove(b.cfg.SocketPath) // stale socket of an earlier run
-		}
-		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: b.cfg.SocketPath, Net: "unix"})
+			return net.ListenUnix("unix", &net.UnixAddr{Name: b.cfg.SocketPath, Net: "unix"})
+		})
 		if err != nil {
 			return fail(fmt.Errorf("socket listener: %w", err))
 		}
@@ -322,26 +329,26 @@ func (b *Boundary) Start() error {
 	}
 	var udp *net.UDPConn
 	if a := b.cfg.ListenAddr; a.IsValid() {
-		ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.ProxyPort))))
+		ln, err := b.listenTCP(netip.AddrPortFrom(a, uint16(b.cfg.ProxyPort)))
 		if err != nil {
 			return fail(fmt.Errorf("proxy listener: %w", err))
 		}
 		b.closers = append(b.closers, ln)
 		loops = append(loops, loop{ln, b.serveProxy, true})
 
-		udp, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.DNSPort))))
+		udp, err = b.listenUDP(netip.AddrPortFrom(a, uint16(b.cfg.DNSPort)))
 		if err != nil {
 			return fail(fmt.Errorf("DNS listener (UDP): %w", err))
 		}
 		b.closers = append(b.closers, udp)
-		dl, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.DNSPort))))
+		dl, err := b.listenTCP(netip.AddrPortFrom(a, uint16(b.cfg.DNSPort)))
 		if err != nil {
 			return fail(fmt.Errorf("DNS listener (TCP): %w", err))
 		}
 		b.closers = append(b.closers, dl)
 		loops = append(loops, loop{dl, b.serveDNSTCP, true})
 
-		tl, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(b.cfg.TransparentPort))))
+		tl, err := b.listenTCP(netip.AddrPortFrom(a, uint16(b.cfg.TransparentPort)))
 		if err != nil {
 			return fail(fmt.Errorf("transparent listener: %w", err))
 		}
@@ -358,6 +365,42 @@ func (b *Boundary) Start() error {
 	}
 	b.log.Debug("boundary listening", "principal", b.cfg.Principal, "socket", b.cfg.SocketPath, "addr", b.cfg.ListenAddr)
 	return nil
+}
+
+// listen opens a stream listener through cfg.Listen, if set.
+func (b *Boundary) listen(network, address string, open func() (net.Listener, error)) (net.Listener, error) {
+	if b.cfg.Listen == nil {
+		return open()
+	}
+	return b.cfg.Listen(network, address, open)
+}
+
+func (b *Boundary) listenTCP(ap netip.AddrPort) (net.Listener, error) {
+	return b.listen("tcp", ap.String(), func() (net.Listener, error) {
+		return net.ListenTCP("tcp", net.TCPAddrFromAddrPort(ap))
+	})
+}
+
+// listenUDP opens the DNS socket through cfg.ListenPacket, if set.
+func (b *Boundary) listenUDP(ap netip.AddrPort) (*net.UDPConn, error) {
+	open := func() (net.PacketConn, error) { return net.ListenUDP("udp", net.UDPAddrFromAddrPort(ap)) }
+	if b.cfg.ListenPacket == nil {
+		pc, err := open()
+		if err != nil {
+			return nil, err
+		}
+		return pc.(*net.UDPConn), nil
+	}
+	pc, err := b.cfg.ListenPacket("udp", ap.String(), open)
+	if err != nil {
+		return nil, err
+	}
+	udp, ok := pc.(*net.UDPConn)
+	if !ok {
+		pc.Close()
+		return nil, fmt.Errorf("%s: not a UDP socket (%T)", ap, pc)
+	}
+	return udp, nil
 }
 
 func (b *Boundary) acceptLoop(ln net.Listener, serve func(net.Conn), peerOnly bool) {

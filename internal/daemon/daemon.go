@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	sdnotify "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sandstorm/internal/boundary"
@@ -31,6 +32,7 @@ import (
 	"sandstorm/internal/enrol"
 	"sandstorm/internal/events"
 	"sandstorm/internal/fleet"
+	"sandstorm/internal/handoff"
 	"sandstorm/internal/master"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/metrics"
@@ -107,10 +109,22 @@ type Options struct {
 	Join, CAFingerprint, JoinToken string
 	Log                            *slog.Logger
 
-	// reg is the process's one metrics registry (Serve makes it): the
+	// mreg is the process's one metrics registry (Serve makes it): the
 	// node's, the master's and the boundaries' metrics, counted whether
 	// or not MetricsAddr serves them (the console charts the node's).
-	reg *prometheus.Registry
+	mreg *prometheus.Registry
+
+	// Reload delivers reload requests (SIGHUP): the binary at this
+	// process's path is executed in its place and takes every listening
+	// socket over (reload.go); nil: none. ReloadDrain bounds a reload's
+	// wait for requests in flight (0: DefaultReloadDrain).
+	Reload      <-chan struct{}
+	ReloadDrain time.Duration
+
+	// reg holds every listener, for a reload to hand over (set by Serve);
+	// reconciled is closed when the node's start-up repair is done.
+	reg        *handoff.Registry
+	reconciled chan struct{}
 }
 
 // EnsureToken returns the API token in <dataDir>/pki/api-token, creating it
@@ -178,8 +192,16 @@ func ensureCA(ctx context.Context, st *store.Store, dataDir string) (*pki.CA, er
 }
 
 // lockDataDir takes an exclusive lock on <dataDir>/lock so two daemons never
-// manage the same sandboxes. The lock goes with the process, kill -9 too.
-func lockDataDir(dataDir string) (*os.File, error) {
+// manage the same sandboxes. The lock goes with the process, kill -9 too;
+// across a reload it is handed over (reg), never let go.
+func lockDataDir(dataDir string, reg *handoff.Registry) (*os.File, error) {
+	if reg == nil {
+		reg = handoff.New(nil)
+	}
+	return reg.File(filepath.Join(dataDir, "lock"), func() (*os.File, error) { return takeLock(dataDir) })
+}
+
+func takeLock(dataDir string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(dataDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
@@ -315,6 +337,17 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 	if o.NodeName == "" {
 		o.NodeName = "local"
 	}
+	// First, before any child process is started: the sockets a reload
+	// handed this process are made close-on-exec here (handoff.Adopt).
+	reg, err := handoff.Adopt(log)
+	if err != nil {
+		return fmt.Errorf("reload: %w; start sandstormd again (a fresh start takes the sandboxes over as after a stop)", err)
+	}
+	o.reg = reg
+	if o.ReloadDrain <= 0 {
+		o.ReloadDrain = DefaultReloadDrain
+	}
+	o.reconciled = make(chan struct{})
 	if os.Geteuid() != 0 {
 		return errors.New("sandstormd serve needs root: it creates network namespaces, veths, mounts and runsc sandboxes")
 	}
@@ -329,11 +362,15 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		// score still puts them first.
 		log.Info("sandstormd's OOM score stays as it is (lowering it needs CAP_SYS_RESOURCE); sandboxes still go first, their score is raised", "err", err)
 	}
-	lock, err := lockDataDir(o.DataDir)
+	lock, err := lockDataDir(o.DataDir, reg)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
+	// A stop (not a reload, which never returns here) takes the readiness
+	// file away and tells systemd.
+	defer os.Remove(filepath.Join(o.DataDir, readyFile))
+	defer sdnotify.SdNotify(false, sdnotify.SdNotifyStopping)
 	// <data-dir>/sandstormd.pid: how a person or a script stops this daemon
 	// (kill PID), rather than by its name.
 	pidFile := filepath.Join(o.DataDir, "sandstormd.pid")
@@ -346,9 +383,11 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		return err
 	}
 	defer st.Close()
-	o.reg = metrics.NewRegistry()
+	o.mreg = metrics.NewRegistry()
 	if o.MetricsAddr != "" {
-		srv, addr, err := metrics.Listen(o.MetricsAddr, o.reg)
+		srv, addr, err := metrics.Listen(o.MetricsAddr, o.mreg, func(network, addr string) (net.Listener, error) {
+			return o.reg.Listen(network, addr, nil)
+		})
 		if err != nil {
 			return err
 		}
@@ -379,26 +418,29 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		return err
 	}
 	listen := func() (net.Listener, error) {
-		ln, err := net.Listen("tcp", o.Listen)
+		ln, err := o.reg.Listen("tcp", o.Listen, nil)
 		if err != nil {
 			return nil, fmt.Errorf("API listen: %w", err)
 		}
 		return tls.NewListener(ln, tlsCfg), nil
 	}
+	streams := newStreamSet()
 	// A master sharing a PostgreSQL store answers on its API address from
 	// the start, standing by until it leads (standby.go); the same
 	// listener and server then serve the master's API.
 	var (
-		apiLn net.Listener
-		apiSw *switchHandler
+		apiLn      net.Listener
+		apiSw      *switchHandler
+		standbySrv *http.Server
+		standbyErr = make(chan error, 1)
 	)
 	if st.Dialect() == "postgres" {
 		if apiLn, err = listen(); err != nil {
 			return err
 		}
 		apiSw = &switchHandler{}
-		standbySrv := &http.Server{Handler: apiSw, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()}
-		go standbySrv.Serve(apiLn)
+		standbySrv = drainable(&http.Server{Handler: streams.wrap(apiSw), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()})
+		go func() { standbyErr <- standbySrv.Serve(apiLn) }()
 		defer shutdown(standbySrv)
 		lease, err := standBy(ctx, st, o, apiSw, token, log)
 		if err != nil {
@@ -429,8 +471,10 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 	// What happens to sandboxes, for the console's live view.
 	hub := events.New(0)
 	var local nodeapi.Node // nil unless this process runs a node (not a nil *Local)
+	var nd *node.Node
 	if o.Node {
-		nd, stopNode, err := startNode(ctx, o, st, hub, log)
+		var stopNode func()
+		nd, stopNode, err = startNode(ctx, o, st, hub, log)
 		if err != nil {
 			return err
 		}
@@ -443,7 +487,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	o.reg.MustRegister(metrics.NodeHealthCollector(func() []metrics.NodeHealth { return nodeHealth(fl) }))
+	o.mreg.MustRegister(metrics.NodeHealthCollector(func() []metrics.NodeHealth { return nodeHealth(fl) }))
 	go fl.Run(ctx) // hears its nodes' reports; renews their certificates
 	ln := apiLn
 	if ln == nil {
@@ -460,18 +504,50 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
 		E2B:            svc.API(),
 		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,
-		Metrics: metrics.NewMaster(o.reg),
+		Metrics: metrics.NewMaster(o.mreg),
 	})
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
+	srv, errc := standbySrv, standbyErr
 	if apiSw != nil {
 		apiSw.set(api) // the standby's server goes on serving, as the master now
-		<-ctx.Done()
-	} else if err := serveUntilDone(ctx, ln, api); err != nil {
-		return err
+	} else {
+		srv = drainable(&http.Server{Handler: streams.wrap(api), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()})
+		go func() { errc <- srv.Serve(ln) }()
 	}
-	log.Info("sandstormd stopped; sandboxes keep running and are adopted at the next start")
-	return nil
+	closeUnclaimedWhenReconciled(o)
+	serving(o, log)
+	for {
+		select {
+		case <-ctx.Done():
+			shutdown(srv)
+			log.Info("sandstormd stopped; sandboxes keep running and are adopted at the next start")
+			return nil
+		case err := <-errc:
+			return err
+		case <-o.Reload:
+			if err := handover(ctx, o, log, []*http.Server{srv}, streams, nd); !errors.Is(err, errReloadRefused) {
+				return err
+			}
+		}
+	}
+}
+
+// closeUnclaimedWhenReconciled closes the sockets handed over by a reload
+// that nothing asked for, once the node (if any) has repaired its
+// sandboxes and so opened every gateway listener and boundary it will.
+func closeUnclaimedWhenReconciled(o Options) {
+	if o.reg.From().Nonce == "" {
+		return
+	}
+	if !o.Node {
+		o.reg.CloseUnclaimed()
+		return
+	}
+	go func() {
+		<-o.reconciled
+		o.reg.CloseUnclaimed()
+	}()
 }
 
 // apiToken is the master's API token: shared through the store by the
@@ -516,21 +592,6 @@ func apiTLS(ca *pki.CA, listen, sandboxDomain string) (*tls.Config, error) {
 	return tlsCfg, nil
 }
 
-// serveUntilDone serves h on ln until ctx ends (then shuts down, giving
-// requests in flight 5 s) or the server fails.
-func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		return err
-	}
-	shutdown(srv)
-	return nil
-}
-
 // shutdown stops srv, giving requests in flight 5 s.
 func shutdown(srv *http.Server) {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -560,19 +621,37 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 			return err
 		}
 		log.Info("sandstormd node dialling its master", "pid", os.Getpid(), "node", o.NodeName, "master", o.Join)
-		j.Run(ctx)
-		log.Info("sandstormd node stopped; sandboxes keep running and are adopted at the next start")
-		return nil
+		jctx, stopJoin := context.WithCancel(ctx)
+		joined := make(chan struct{})
+		go func() { j.Run(jctx); close(joined) }()
+		closeUnclaimedWhenReconciled(o)
+		serving(o, log)
+		for {
+			select {
+			case <-joined:
+				stopJoin()
+				log.Info("sandstormd node stopped; sandboxes keep running and are adopted at the next start")
+				return nil
+			case <-o.Reload:
+				// The tunnel to the master is cut by the exec; the next
+				// binary dials again.
+				if err := handover(ctx, o, log, nil, nil, nd); !errors.Is(err, errReloadRefused) {
+					stopJoin()
+					return err
+				}
+			}
+		}
 	}
 	ep, err := enrol.NewEndpoint(o.NodeName, filepath.Join(o.DataDir, "pki"), local, log)
 	if err != nil {
 		return err
 	}
-	raw, err := net.Listen("tcp", o.NodeListen)
+	raw, err := o.reg.Listen("tcp", o.NodeListen, nil)
 	if err != nil {
 		return fmt.Errorf("--node-listen: %w", err)
 	}
-	srv := &http.Server{Handler: ep.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	streams := newStreamSet()
+	srv := drainable(&http.Server{Handler: streams.wrap(ep.Handler()), ReadHeaderTimeout: 10 * time.Second})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(tls.NewListener(raw, ep.TLSConfig())) }()
 	if ep.Paired() {
@@ -581,16 +660,22 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 		log.Info("sandstormd node waiting to be paired: give its master this address and the code in the pairing-code file", "pid", os.Getpid(), "node", o.NodeName,
 			"listen", raw.Addr().String(), "pairing_code_file", ep.CodePath())
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		return err
+	closeUnclaimedWhenReconciled(o)
+	serving(o, log)
+	for {
+		select {
+		case <-ctx.Done():
+			shutdown(srv)
+			log.Info("sandstormd node stopped; sandboxes keep running and are adopted at the next start")
+			return nil
+		case err := <-errc:
+			return err
+		case <-o.Reload:
+			if err := handover(ctx, o, log, []*http.Server{srv}, streams, nd); !errors.Is(err, errReloadRefused) {
+				return err
+			}
+		}
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	srv.Shutdown(sctx)
-	log.Info("sandstormd node stopped; sandboxes keep running and are adopted at the next start")
-	return nil
 }
 
 // startNode brings up the node of this machine over store st: backend,
@@ -608,7 +693,7 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 	if err != nil {
 		return nil, stop, err
 	}
-	nm := metrics.NewNode(o.reg)
+	nm := metrics.NewNode(o.mreg)
 	if gb, ok := be.(*gvisor.Backend); ok {
 		gb.Observe = nm.Runsc
 		gb.Log = log // it logs the sandboxes it had to kill by pid
@@ -668,11 +753,12 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 		GatewayBind: bind, PortMin: pmin, PortMax: pmax, HostListen: o.HostListen, HostDomain: o.HostDomain,
 		MemReserveMiB: o.MemReserve, DefaultMemoryMiB: o.SandboxMemory, DiskReserveMiB: o.DiskReserve, MaxWakes: o.MaxWakes, MaxStarts: o.MaxStarts, Admission: o.Admission, Ready: o.Ready,
 		Timers: o.Timers, Zswap: o.Zswap, SAM: sam, Log: log, Events: hub, Envd: envdBin, Metrics: nm,
+		Listen: o.reg.Listen, ListenPacket: o.reg.ListenPacket,
 	})
 	if err != nil {
 		return nil, stop, err
 	}
-	o.reg.MustRegister(metrics.NodeCollector(nd.MetricsState))
+	o.mreg.MustRegister(metrics.NodeCollector(nd.MetricsState))
 	plan, err := nd.BeginReconcile(ctx)
 	if err != nil {
 		return nil, stop, err // ErrFirewall: fail closed, no sandbox runs without its firewall
@@ -686,6 +772,9 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 		if err := nd.FinishReconcile(ctx, plan); err != nil {
 			// Per-sandbox problems are reported, not fatal: the rest serve.
 			log.Error("reconcile", "err", err)
+		}
+		if o.reconciled != nil {
+			close(o.reconciled)
 		}
 	}()
 	nd.Run()
@@ -759,7 +848,7 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 		}()
 		stops = append(stops, func() { stopForward(); <-done })
 	}
-	sam.Metrics = boundary.NewMetrics(o.reg)
+	sam.Metrics = boundary.NewMetrics(o.mreg)
 	return sam, stop, nil
 }
 

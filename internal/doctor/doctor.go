@@ -75,6 +75,9 @@ type Config struct {
 	// Envd is the envd binary sandstormd would mount in sandboxes (""
 	// is sandstorm-envd next to this executable, as for sandstormd).
 	Envd string
+	// UnitDirs are where the service check looks for sandstormd.service
+	// (nil: systemd's, UnitDirs).
+	UnitDirs []string
 }
 
 type checkFunc func(ctx context.Context, c Config) Check
@@ -99,6 +102,7 @@ var checks = []struct {
 	{"memory", checkTimeout, checkMemory},
 	{"swap", checkTimeout, checkSwap},
 	{"disk", checkTimeout, checkDisk},
+	{"service", checkTimeout, checkService},
 }
 
 // Names returns the name of every check Run performs, in report order.

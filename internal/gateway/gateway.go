@@ -76,6 +76,10 @@ type Config struct {
 	// DrainWait bounds how long Drain waits for requests in flight to be
 	// answered before it resets what is left. Default 5 s.
 	DrainWait time.Duration
+	// Listen, if set, opens every listener of the gateway: it may return
+	// one it has already (a listener handed over by the process this one
+	// replaced, internal/handoff), else calls open. Nil: open.
+	Listen func(network, address string, open func() (net.Listener, error)) (net.Listener, error)
 }
 
 // Gateway holds the listeners of every sandbox on this node.
@@ -86,6 +90,13 @@ type Gateway struct {
 
 	mu    sync.Mutex
 	sands map[string]*sandboxGate
+
+	// handover is set by Handover: the process is about to be replaced
+	// (handover.go).
+	handover atomic.Bool
+	// active counts accept loops and the connections they handed on
+	// (handover.go), so Handover knows when all are done.
+	active activity
 }
 
 // New returns a gateway that wakes sandboxes through w.
@@ -158,7 +169,7 @@ func (g *Gateway) Listen(id string, bind netip.Addr, target netip.Addr, ports ma
 		sg.targets[sport] = netip.AddrPortFrom(target, uint16(sport))
 	}
 	for sport, hport := range ports {
-		ln, err := net.Listen("tcp", netip.AddrPortFrom(bind, uint16(hport)).String())
+		ln, err := g.listen("tcp", netip.AddrPortFrom(bind, uint16(hport)).String())
 		if err != nil {
 			for _, l := range sg.listeners {
 				l.Close()
@@ -439,6 +450,8 @@ func resetClose(c net.Conn) {
 }
 
 func (g *Gateway) serve(sg *sandboxGate, ln net.Listener, target netip.AddrPort) {
+	g.active.add(1)
+	defer g.active.add(-1)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -449,7 +462,11 @@ func (g *Gateway) serve(sg *sandboxGate, ln net.Listener, target netip.AddrPort)
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		go g.handle(sg, c, target)
+		g.active.add(1)
+		go func() {
+			defer g.active.add(-1)
+			g.handle(sg, c, target)
+		}()
 	}
 }
 
@@ -511,6 +528,9 @@ func (g *Gateway) handle(sg *sandboxGate, client net.Conn, target netip.AddrPort
 		return
 	}
 	sg.done(p) // a raw pair is not waited for: Drain resets it
+	if g.handover.Load() {
+		return // nor by Handover: cut
+	}
 	g.forwardRaw(sg, p, up, first)
 }
 

@@ -33,6 +33,8 @@ const hostHeaderWait = 30 * time.Second
 // is closed.
 func (g *Gateway) ServeHosts(ln net.Listener, domain string, resolve func(ref string) (string, bool)) error {
 	domain = strings.ToLower(strings.Trim(domain, "."))
+	g.active.add(1)
+	defer g.active.add(-1)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -43,7 +45,11 @@ func (g *Gateway) ServeHosts(ln net.Listener, domain string, resolve func(ref st
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		go g.serveHost(c, domain, resolve)
+		g.active.add(1)
+		go func() {
+			defer g.active.add(-1)
+			g.serveHost(c, domain, resolve)
+		}()
 	}
 }
 

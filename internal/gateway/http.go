@@ -45,6 +45,9 @@ func (g *Gateway) httpLoop(sg *sandboxGate, p *pair, target netip.AddrPort, src 
 	for {
 		if !first {
 			sg.done(p)
+			if g.handover.Load() {
+				return // the process is being replaced: no next request here
+			}
 		}
 		var req *http.Request
 		var err error
@@ -223,6 +226,12 @@ func (g *Gateway) exchange(sg *sandboxGate, req *http.Request, client, up net.Co
 		}
 		if resp.Body != nil {
 			resp.Body = touchReader{resp.Body, g, sg.id}
+		}
+		if g.handover.Load() && resp.StatusCode != http.StatusSwitchingProtocols {
+			// This is the connection's last answer (handover.go): say so,
+			// so that the client's next request opens a new connection
+			// (RFC 9112 §9.6) rather than meeting a closed one.
+			resp.Close = true
 		}
 		err = resp.Write(client)
 		resp.Body.Close()

@@ -251,7 +251,7 @@ sandstorm_master_node_up{node="n3"} 0
 func TestListenServesOnlyMetrics(t *testing.T) {
 	reg := NewRegistry()
 	NewNode(reg).Create("cold", OK)
-	srv, addr, err := Listen("127.0.0.1:0", reg)
+	srv, addr, err := Listen("127.0.0.1:0", reg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestListenServesOnlyMetrics(t *testing.T) {
 			t.Errorf("%s: HTTP %d, want 404", p, code)
 		}
 	}
-	if _, _, err := Listen(addr.String(), reg); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+	if _, _, err := Listen(addr.String(), reg, nil); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Errorf("a second listener on the same address: %v", err)
 	}
 }

@@ -27,8 +27,14 @@ func NewRegistry() *prometheus.Registry {
 // reaches it on any address: the node's firewall drops every packet from a
 // sandbox to the host but those to its own boundary (netns.Firewall;
 // TestMetricsUnreachableFromSandbox binds it on 0.0.0.0 and tries).
-func Listen(addr string, g prometheus.Gatherer) (srv *http.Server, bound net.Addr, err error) {
-	ln, err := net.Listen("tcp", addr)
+//
+// listen opens the socket (nil: net.Listen): sandstormd's hands it over to
+// the next process at a reload (internal/handoff).
+func Listen(addr string, g prometheus.Gatherer, listen func(network, addr string) (net.Listener, error)) (srv *http.Server, bound net.Addr, err error) {
+	if listen == nil {
+		listen = net.Listen
+	}
+	ln, err := listen("tcp", addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
 	}

@@ -81,6 +81,8 @@ func (n *Node) boundaryUp(sb store.Sandbox) error {
 		Resolve:         n.cfg.SAM.Resolve,
 		Guard:           guard,
 		Log:             n.log.With("sandbox", sb.ID), // its lines name the principal themselves
+		Listen:          n.cfg.Listen,
+		ListenPacket:    n.cfg.ListenPacket,
 	})
 	if err != nil {
 		return fmt.Errorf("boundary of %s: %w", sb.ID, err)

@@ -116,6 +116,12 @@ type Config struct {
 	// Envd is the envd binary (cmd/sandstorm-envd, static) put in every
 	// sandbox for the commands and files API (envd.go); "" disables it.
 	Envd string
+	// Listen and ListenPacket, if set, open every listener of the node —
+	// gateway, Host-routed listener, boundaries — and may return one
+	// handed over by the process this one replaced (handover.go). Nil:
+	// net.Listen, net.ListenPacket.
+	Listen       func(network, address string, open func() (net.Listener, error)) (net.Listener, error)
+	ListenPacket func(network, address string, open func() (net.PacketConn, error)) (net.PacketConn, error)
 }
 
 // DefaultMaxStarts is MaxStarts when unset. 200 creates at once on this
@@ -145,8 +151,10 @@ type Node struct {
 	pool     map[string][]pooled
 	poolKick chan struct{}
 	warmMu   sync.Mutex // one warm image build at a time (they share a slot)
-	// hostLn is the Host-routed gateway listener (nil: none).
-	hostLn net.Listener
+	// hostLn is the Host-routed gateway listener (nil: none), served
+	// from the start-up repair on (hostOnce).
+	hostLn   net.Listener
+	hostOnce sync.Once
 	// stamps times the lines of running sandboxes' console logs (nil if
 	// inotify is not available: logs then have no times).
 	stamps *logstamp.Stamper
@@ -325,7 +333,7 @@ func New(cfg Config) (*Node, error) {
 	} else {
 		cfg.Log.Warn("console log lines get no times", "err", err)
 	}
-	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark}, n, cfg.Log)
+	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark, Listen: cfg.Listen}, n, cfg.Log)
 	if err := n.serveHosts(); err != nil {
 		if n.stamps != nil {
 			n.stamps.Close()
@@ -669,19 +677,54 @@ func (n *Node) serveHosts() error {
 	if n.cfg.HostDomain == "" {
 		n.cfg.HostDomain = "sandbox.localhost"
 	}
-	ln, err := net.Listen("tcp", n.cfg.HostListen)
+	open := func() (net.Listener, error) { return net.Listen("tcp", n.cfg.HostListen) }
+	var ln net.Listener
+	var err error
+	if n.cfg.Listen != nil {
+		ln, err = n.cfg.Listen("tcp", n.cfg.HostListen, open)
+	} else {
+		ln, err = open()
+	}
 	if err != nil {
 		return fmt.Errorf("gateway host listener: %w", err)
 	}
 	n.hostLn = ln
-	go n.gw.ServeHosts(ln, n.cfg.HostDomain, func(ref string) (string, bool) {
+	return nil
+}
+
+// serveHostsLoop starts the Host-routed listener's accept loop (if there is
+// one), once: from planReconcile, when every known sandbox is marked as
+// being repaired, so that a request for one waits for its repair (below)
+// instead of finding no such sandbox. Until then connections wait in the
+// listener's backlog (one handed over by a reload included).
+func (n *Node) serveHostsLoop() {
+	if n.hostLn == nil {
+		return
+	}
+	n.hostOnce.Do(func() { go n.serveHostsAccept(n.hostLn) })
+}
+
+func (n *Node) serveHostsAccept(ln net.Listener) {
+	n.gw.ServeHosts(ln, n.cfg.HostDomain, func(ref string) (string, bool) {
 		sb, err := n.st.GetSandbox(context.Background(), ref)
 		if err != nil || sb.Node != n.cfg.Name {
 			return "", false
 		}
+		// After a start or a reload the gateway knows a sandbox once it is
+		// repaired (reconcileOne opens its listeners under its lock): a
+		// request for it waits for that, as one to its own port waits in
+		// the listener's backlog, rather than being told 404.
+		if n.Reconciling() > 0 {
+			if e, ok := n.lookup(sb.ID); ok {
+				ctx, cancel := context.WithTimeout(context.Background(), reconcileEach)
+				if e.acquire(ctx) == nil {
+					e.release()
+				}
+				cancel()
+			}
+		}
 		return sb.ID, true
 	})
-	return nil
 }
 
 func mustAddr(host string) netip.Addr {

@@ -77,6 +77,7 @@ func (n *Node) planReconcile(ctx context.Context) (ReconcilePlan, error) {
 	// One more for the orphan sweep at the end, so that Reconciling is 0
 	// only when everything is done.
 	n.reconciling.Store(int64(len(all)) + 1)
+	n.serveHostsLoop()
 	return ReconcilePlan{sandboxes: all}, nil
 }
 

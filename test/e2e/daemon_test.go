@@ -40,6 +40,12 @@ type Daemon struct {
 	C       *client.Client
 
 	base []string // serve flags of every start; a start's extra flags come after and win
+	// bin is the sandstormd binary it runs ("": sandstormdBin); set by a
+	// "<binary>PATH" among startDaemon's extra flags.
+	bin string
+	// wrap, if set, rewrites the command of each start (a test that runs
+	// sandstormd as a systemd unit would: service_test.go).
+	wrap func(*exec.Cmd)
 	// masterOnly: serve --master without a node of its own.
 	masterOnly bool
 	// noWaitReconcile: Start returns as soon as the API answers, without
@@ -68,6 +74,10 @@ var (
 // of its own (serve --master).
 const masterOnly = "<master only>"
 
+// binaryFlag+PATH, among startDaemon's extra flags, runs the sandstormd at
+// PATH instead of the one TestMain built.
+const binaryFlag = "<binary>"
+
 // listenAll, among startDaemon's extra flags, has the API listen on every
 // address of the test's namespace, not only loopback.
 const listenAll = "<listen on all>"
@@ -77,6 +87,15 @@ const listenAll = "<listen on all>"
 // them. At the end of the test it deletes every sandbox through the API,
 // checks that each left nothing behind, and stops the daemon.
 func startDaemon(t *testing.T, extra ...string) *Daemon {
+	t.Helper()
+	d := newDaemon(t, extra...)
+	d.Start(t)
+	return d
+}
+
+// newDaemon is startDaemon without the start: the caller may set up how
+// it starts (wrap) first.
+func newDaemon(t *testing.T, extra ...string) *Daemon {
 	t.Helper()
 	allocMu.Lock()
 	daemonSeq++
@@ -105,6 +124,13 @@ func startDaemon(t *testing.T, extra ...string) *Daemon {
 		listen = fmt.Sprintf("0.0.0.0:%d", port)
 		extra = slices.DeleteFunc(slices.Clone(extra), func(s string) bool { return s == listenAll })
 	}
+	extra = slices.DeleteFunc(slices.Clone(extra), func(s string) bool {
+		p, ok := strings.CutPrefix(s, binaryFlag)
+		if ok {
+			d.bin = p
+		}
+		return ok
+	})
 	roles := []string{"--master", "--node"}
 	if slices.Contains(extra, masterOnly) {
 		// A master with no node of its own: readiness is GET /v1/nodes.
@@ -120,7 +146,6 @@ func startDaemon(t *testing.T, extra ...string) *Daemon {
 	)
 	d.base = append(d.base, extra...)
 	t.Cleanup(d.cleanup)
-	d.Start(t)
 	return d
 }
 
@@ -144,8 +169,15 @@ func (d *Daemon) start(extra ...string) error {
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "=== e2e %s: sandstormd %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
-	cmd := exec.Command(sandstormdBin, args...)
+	bin := sandstormdBin
+	if d.bin != "" {
+		bin = d.bin
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if d.wrap != nil {
+		d.wrap(cmd)
+	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,9 +28,18 @@ import (
 // /proc/<pid>/stat (argv[0] says runsc-sandbox, but a zombie has no argv).
 // The commands this daemon runs through os/exec (nsenter, runsc, ip, nft,
 // sh) never carry that name, so os/exec never has a child taken from it.
+//
+// A child this process already has when StartReaper runs was not started
+// by it: it was started by the binary this one replaced in the same PID (a
+// reload, internal/handoff) — a runsc sandbox re-parented to it, or a
+// runsc command it had in flight. Nothing here waits for those, so each
+// is reaped when it exits, whatever its name.
 func StartReaper() error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return err
+	}
+	for _, pid := range children() {
+		inherited.Store(pid, true)
 	}
 	sig := make(chan os.Signal, 16)
 	signal.Notify(sig, syscall.SIGCHLD)
@@ -50,6 +60,25 @@ func StartReaper() error {
 // reapRunsc waits for every zombie child named "exe" (runsc's sandbox
 // and gofer processes).
 func reapRunsc() {
+	for _, pid := range children() {
+		comm, state := procStat(pid)
+		_, adopted := inherited.Load(pid)
+		if state == 'Z' && (comm == "exe" || adopted) {
+			var ws unix.WaitStatus
+			if n, _ := unix.Wait4(pid, &ws, unix.WNOHANG, nil); n == pid {
+				// Its PID may be given to a child os/exec starts next.
+				inherited.Delete(pid)
+			}
+		}
+	}
+}
+
+// inherited holds the PIDs of children StartReaper found (int → true).
+var inherited sync.Map
+
+// children lists this process's children (every thread's).
+func children() []int {
+	var out []int
 	tasks, _ := filepath.Glob("/proc/self/task/*/children")
 	for _, t := range tasks {
 		data, err := os.ReadFile(t)
@@ -57,16 +86,12 @@ func reapRunsc() {
 			continue
 		}
 		for _, f := range strings.Fields(string(data)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				continue
-			}
-			if comm, state := procStat(pid); state == 'Z' && comm == "exe" {
-				var ws unix.WaitStatus
-				unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			if pid, err := strconv.Atoi(f); err == nil {
+				out = append(out, pid)
 			}
 		}
 	}
+	return out
 }
 
 // procStat returns the command name and state letter of pid from

@@ -1,0 +1,399 @@
+// Command reload measures what a reload of sandstormd (SIGHUP, `sandstormd
+// reload`, `systemctl reload sandstormd`: the binary re-executed in the same
+// process with its listening sockets handed over) costs the clients of its
+// sandboxes: how long a connection that arrives during the reload waits
+// before it is answered, by the tier of the sandbox it is for, against
+// the same requests outside reloads (issue 18 item 3: "measure the
+// longest wait"). Every request is a new TCP connection, so each one
+// either waits in a listener's backlog or is refused; the run counts the
+// refused (expected: none).
+//
+//	sudo go run ./bench/reload                          # 20 hot sandboxes, 20 reloads
+//	sudo go run ./bench/reload --sandboxes 50 --rounds 10
+//
+// Each round: the snapshotted and frozen sandboxes are put back in their
+// tiers, steady clients call the hot ones, `sandstormd reload` runs, and as
+// soon as the daemon's log says its listeners are paused one request is
+// sent to every sandbox at once. The daemon's own log times the steps
+// (paused → exec → serving → every sandbox adopted). It starts its own
+// sandstormd on a temporary data dir and removes everything it made.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/bench"
+)
+
+type config struct {
+	sandboxes, rounds, clients int
+	restarts                   int
+	out, repo, sandstormd      string
+	runsc                      string
+}
+
+func main() {
+	var c config
+	fs := flag.NewFlagSet("reload", flag.ContinueOnError)
+	fs.IntVar(&c.sandboxes, "sandboxes", 20, "hot sandboxes (each is called once per reload, during it)")
+	fs.IntVar(&c.rounds, "rounds", 20, "reloads")
+	fs.IntVar(&c.clients, "clients", 4, "steady clients calling the hot sandboxes throughout, a new connection per request")
+	fs.IntVar(&c.restarts, "restarts", 5, "then as many stops and starts (what systemctl restart does), for comparison")
+	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
+	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, and to build sandstormd from)")
+	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
+	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc for sandstormd (the pinned one `make runsc` builds)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if fs.NArg() > 0 || c.sandboxes < 1 || c.rounds < 1 || c.clients < 0 {
+		fmt.Fprintln(os.Stderr, "reload: bad arguments; see --help")
+		os.Exit(2)
+	}
+	bench.Main("reload", func(ctx context.Context) (string, error) { return run(ctx, c) })
+}
+
+// sample is one request: when it started, how long it took, how it ended.
+type sample struct {
+	start time.Time
+	took  time.Duration
+	err   error
+}
+
+func get(hc *http.Client, url string) sample {
+	s := sample{start: time.Now()}
+	resp, err := hc.Get(url)
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode != 200 {
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+	}
+	s.took, s.err = time.Since(s.start), err
+	return s
+}
+
+func sysctl(name string) string {
+	b, err := os.ReadFile("/proc/sys/" + strings.ReplaceAll(name, ".", "/"))
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func run(ctx context.Context, c config) (string, error) {
+	r, err := bench.Begin(ctx, bench.Plan{Tool: "bench/reload", Title: "Reload of sandstormd under traffic: how long a connection waits",
+		Out: c.out, Repo: c.repo, Prefix: "reload-", Runsc: c.runsc, Demo: "web", Sandstormd: c.sandstormd})
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	res := r.Results
+	backlog := map[string]string{}
+	for _, k := range []string{"net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog", "net.core.rmem_default", "net.unix.max_dgram_qlen"} {
+		backlog[k] = sysctl(k)
+	}
+	res.Params = map[string]any{"sandboxes": c.sandboxes, "rounds": c.rounds, "clients": c.clients, "restarts": c.restarts, "sysctl": backlog}
+	logPath := filepath.Join(r.Dir.Path, "sandstormd.log")
+	data := filepath.Join(r.Work, "data")
+	args := []string{"--runsc", r.Runsc, "--subnet", "10.187.0.0/16", "--gateway-ports", "30500-30999", "--memory-reserve", "0",
+		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
+	res.Params["sandstormd_args"] = args
+	sd, err := bench.StartSandstormd(ctx, r.Binary.Path, data, logPath, args...)
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		sd.Stop()
+		exec.Command("ip", "route", "del", "unreachable", "10.187.0.0/16").Run()
+	}()
+	cl := sd.Client
+	if _, err := cl.CreateTemplate(ctx, api.TemplateRequest{Name: "web", RootfsDir: r.Rootfs,
+		Process: api.Process{Args: r.Demo.Args, Env: r.Demo.Env}, Ports: r.Demo.Ports}); err != nil {
+		return "", err
+	}
+	var hot []api.Sandbox
+	for i := range c.sandboxes {
+		sb, err := cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: fmt.Sprintf("hot-%02d", i)})
+		if err != nil {
+			return "", err
+		}
+		hot = append(hot, sb)
+	}
+	snap, err := cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: "snap"})
+	if err != nil {
+		return "", err
+	}
+	frozen, err := cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: "frozen"})
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		for _, sb := range append(hot, snap, frozen) {
+			cl.DeleteSandbox(context.Background(), sb.ID)
+		}
+	}()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}, Timeout: 2 * time.Minute}
+	for _, sb := range append(hot, snap, frozen) {
+		if s := get(hc, sb.Endpoints["8000"]+"/"); s.err != nil {
+			return "", fmt.Errorf("%s: %w", sb.Name, s.err)
+		}
+	}
+
+	// Steady clients on the hot sandboxes, throughout.
+	var mu sync.Mutex
+	var steady []sample
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for k := range c.clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := k; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s := get(hc, hot[i%len(hot)].Endpoints["8000"]+"/")
+				mu.Lock()
+				steady = append(steady, s)
+				mu.Unlock()
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	cli := res.AddSeries("reload_command", "`sandstormd reload`: SIGHUP to the new binary serving (the CLI's own time)", "")
+	probeHot := res.AddSeries("during/hot", "a request to a hot sandbox sent as soon as the log says the listeners are paused: connect to answer (one per hot sandbox per reload)", "")
+	probeFrozen := res.AddSeries("during/frozen", "the same to a frozen sandbox (its wake included)", "")
+	probeSnap := res.AddSeries("during/snapshot", "the same to a snapshotted sandbox (its restore included)", "")
+	outsideFrozen := res.AddSeries("outside/frozen", "a request to the frozen sandbox with no reload: the wake alone, for comparison", "")
+	outsideSnap := res.AddSeries("outside/snapshot", "a request to the snapshotted sandbox with no reload: the restore alone, for comparison", "")
+	drainS := res.AddSeries("daemon/paused_to_exec", "the daemon's log: listeners paused to execve (requests in flight answered)", "")
+	startS := res.AddSeries("daemon/exec_to_serving", "the daemon's log: execve to the new binary serving (API and inherited listeners open)", "")
+	adoptS := res.AddSeries("daemon/exec_to_adopted", "the daemon's log: execve to every sandbox repaired and its listeners adopted", "")
+	var windows [][2]time.Time
+	for round := range c.rounds {
+		if ctx.Err() != nil {
+			break
+		}
+		// Outside a reload: the wake and the restore alone.
+		for _, p := range []struct {
+			sb api.Sandbox
+			op string
+			s  *bench.Series
+		}{{frozen, "freeze", outsideFrozen}, {snap, "snapshot", outsideSnap}} {
+			if _, err := cl.Transition(ctx, p.sb.ID, p.op); err != nil {
+				return "", err
+			}
+			if s := get(hc, p.sb.Endpoints["8000"]+"/"); s.err != nil {
+				p.s.Fail("round %d: %v", round, s.err)
+			} else {
+				p.s.AddDuration(s.took)
+			}
+		}
+		for _, p := range []struct {
+			sb api.Sandbox
+			op string
+		}{{frozen, "freeze"}, {snap, "snapshot"}} {
+			if _, err := cl.Transition(ctx, p.sb.ID, p.op); err != nil {
+				return "", err
+			}
+		}
+		time.Sleep(300 * time.Millisecond) // steady traffic before the reload
+		paused := count(logPath, "reload: listeners paused")
+		t0 := time.Now()
+		done := make(chan error, 1)
+		go func() {
+			out, err := exec.CommandContext(ctx, r.Binary.Path, "reload", "--data-dir", data).CombinedOutput()
+			if err != nil {
+				err = fmt.Errorf("%v: %s", err, out)
+			}
+			done <- err
+		}()
+		for count(logPath, "reload: listeners paused") == paused {
+			time.Sleep(time.Millisecond)
+		}
+		var pw sync.WaitGroup
+		var pmu sync.Mutex
+		fire := func(sb api.Sandbox, s *bench.Series) {
+			pw.Add(1)
+			go func() {
+				defer pw.Done()
+				x := get(hc, sb.Endpoints["8000"]+"/")
+				pmu.Lock()
+				defer pmu.Unlock()
+				if x.err != nil {
+					s.Fail("round %d, %s: %v after %v", round, sb.Name, x.err, x.took)
+				} else {
+					s.AddDuration(x.took)
+				}
+			}()
+		}
+		for _, sb := range hot {
+			fire(sb, probeHot)
+		}
+		fire(frozen, probeFrozen)
+		fire(snap, probeSnap)
+		err := <-done
+		cli.AddDuration(time.Since(t0))
+		pw.Wait()
+		windows = append(windows, [2]time.Time{t0, time.Now()})
+		if err != nil {
+			return "", fmt.Errorf("round %d: %w", round, err)
+		}
+		// Wait for the repair to end before the next round.
+		for ctx.Err() == nil {
+			if st, err := cl.Node(ctx); err == nil && st.Reconciling == 0 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		fmt.Fprintf(os.Stderr, "\rreload %d/%d", round+1, c.rounds)
+		time.Sleep(300 * time.Millisecond)
+	}
+	fmt.Fprintln(os.Stderr)
+
+	// For comparison: a stop and a start, as systemctl restart does them
+	// (the sandboxes run on; the listeners are closed with the process).
+	restartS := res.AddSeries("restart/gap", "a stop (SIGTERM) and a start: from the SIGTERM to the new process serving with every sandbox repaired", "")
+	var restartWindows [][2]time.Time
+	for i := range c.restarts {
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		sd.Stop()
+		next, err := bench.StartSandstormd(ctx, r.Binary.Path, data, filepath.Join(r.Dir.Path, fmt.Sprintf("sandstormd-restart-%d.log", i+1)), args...)
+		if err != nil {
+			return "", fmt.Errorf("restart %d: %w", i+1, err)
+		}
+		sd, cl = next, next.Client
+		restartS.AddDuration(time.Since(t0))
+		restartWindows = append(restartWindows, [2]time.Time{t0, time.Now()})
+		fmt.Fprintf(os.Stderr, "\rrestart %d/%d", i+1, c.restarts)
+		time.Sleep(time.Second)
+	}
+	fmt.Fprintln(os.Stderr)
+	close(stop)
+	wg.Wait()
+	stop = make(chan struct{}) // for the deferred close
+
+	during := res.AddSeries("steady/during", "steady clients' requests to hot sandboxes that overlapped a reload (from `sandstormd reload` started to its end)", "")
+	duringRestart := res.AddSeries("steady/during-restart", "the same clients' requests that overlapped a stop and start", "")
+	outside := res.AddSeries("steady/outside", "the same clients' requests that overlapped neither", "")
+	overlaps := func(s sample, ws [][2]time.Time) bool {
+		for _, w := range ws {
+			if s.start.Before(w[1]) && s.start.Add(s.took).After(w[0]) {
+				return true
+			}
+		}
+		return false
+	}
+	refused, refusedRestart := 0, 0
+	for _, s := range steady {
+		series := outside
+		switch {
+		case overlaps(s, windows):
+			series = during
+		case overlaps(s, restartWindows):
+			series = duringRestart
+		}
+		if s.err != nil {
+			if series == duringRestart {
+				refusedRestart++
+			} else {
+				refused++
+			}
+			series.Fail("%v after %v", s.err, s.took)
+			continue
+		}
+		series.AddDuration(s.took)
+	}
+	if err := steps(logPath, drainS, startS, adoptS); err != nil {
+		res.Note("could not read the daemon's steps from its log: %v", err)
+	}
+	res.Summarize()
+	longest := 0.0
+	for _, s := range []*bench.Series{probeHot, during} {
+		if s.Summary != nil {
+			longest = max(longest, s.Summary.MaxMs)
+		}
+	}
+	res.Params["failed_requests"] = refused + len(probeHot.Failures) + len(probeFrozen.Failures) + len(probeSnap.Failures)
+	res.Note("%d reloads with %d hot sandboxes and %d steady clients: %d requests failed (refused, reset or unanswered); the longest a request to a hot sandbox waited across a reload was %.1f ms",
+		len(windows), c.sandboxes, c.clients, res.Params["failed_requests"], longest)
+	res.Params["failed_requests_during_restarts"] = refusedRestart
+	res.Note("%d stops and starts (systemctl restart) for comparison: %d of the steady clients' requests that overlapped them failed", len(restartWindows), refusedRestart)
+	res.Note("a connection waits in its listener's accept backlog while the daemon is replaced: Go listens with backlog net.core.somaxconn = %s here (net/sock_linux.go, maxListenerBacklog), so %s connections per listener can wait; beyond that a TCP SYN is dropped and sent again by the client after its retransmission timeout (1 s, RFC 6298), and a connect to a Unix socket fails with EAGAIN", backlog["net.core.somaxconn"], backlog["net.core.somaxconn"])
+	res.Finished = time.Now().UTC()
+	if err := r.Dir.Write(res); err != nil {
+		return r.Dir.Path, err
+	}
+	return r.Dir.Finish()
+}
+
+// count counts the lines of path containing s.
+func count(path, s string) int {
+	b, _ := os.ReadFile(path)
+	return strings.Count(string(b), s)
+}
+
+// steps reads the daemon's log: for each reload, the time from "listeners
+// paused" to "executing the new binary", from there to "serving as the new
+// binary", and to the "reconcile done" after it.
+func steps(path string, drain, start, adopt *bench.Series) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var paused, execed time.Time
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		ts, ok := logTime(line)
+		if !ok {
+			continue
+		}
+		switch {
+		case strings.Contains(line, "reload: listeners paused"):
+			paused = ts
+		case strings.Contains(line, "reload: executing the new binary") && !paused.IsZero():
+			execed = ts
+			drain.AddDuration(ts.Sub(paused))
+		case strings.Contains(line, "reload: serving as the new binary") && !execed.IsZero():
+			start.AddDuration(ts.Sub(execed))
+		case strings.Contains(line, "msg=\"reconcile done\"") && !execed.IsZero():
+			adopt.AddDuration(ts.Sub(execed))
+			paused, execed = time.Time{}, time.Time{}
+		}
+	}
+	return sc.Err()
+}
+
+// logTime is the time= of a text log line.
+func logTime(line string) (time.Time, bool) {
+	v, ok := strings.CutPrefix(line, "time=")
+	if !ok {
+		return time.Time{}, false
+	}
+	v, _, _ = strings.Cut(v, " ")
+	t, err := time.Parse(time.RFC3339Nano, v)
+	return t, err == nil
+}
