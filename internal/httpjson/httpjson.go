@@ -1,13 +1,14 @@
 // Package httpjson reads and writes the JSON bodies of the project's
 // HTTP APIs (the master's, the control plane's) the same way: a body is
 // one JSON value of bounded size with no unknown field, and a bad one is
-// an errdefs.ErrBadInput (400) or an *http.MaxBytesError (413), never a
-// half-read request acted on.
+// an errdefs.ErrBadInput (400) or an errdefs.ErrTooLarge (413) that still
+// unwraps to its *http.MaxBytesError, never a half-read request acted on.
 package httpjson
 
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 
 	"sandstorm/internal/errdefs"
@@ -22,7 +23,10 @@ func Decode(w http.ResponseWriter, r *http.Request, v any, max int64) error {
 	if err := dec.Decode(v); err != nil {
 		var maxErr *http.MaxBytesError
 		if errors.As(err, &maxErr) {
-			return err
+			// Marked here, so that every API answers 413 for it (the
+			// control plane's enrol, refresh and token calls answered
+			// 500: only the master's fail knew the bare error).
+			return errdefs.Mark(errdefs.ErrTooLarge, fmt.Errorf("a body of at most %d bytes, please: %w", max, err))
 		}
 		return errdefs.New(errdefs.ErrBadInput, "malformed JSON body: %v", err)
 	}
