@@ -275,7 +275,13 @@ func screenshot(t *testing.T, ctx context.Context) string {
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
 	}
-	path := filepath.Join(dir, "console.png")
+	// One file per test (TestConsoleInChromium's is the README's
+	// docs/console.png; TestSamOneConsole's is sam-one's console).
+	name := "console.png"
+	if t.Name() != "TestConsoleInChromium" {
+		name = strings.ToLower(strings.TrimPrefix(t.Name(), "Test")) + ".png"
+	}
+	path := filepath.Join(dir, name)
 	if err := os.WriteFile(path, png, 0o644); err != nil {
 		t.Fatal(err)
 	}
