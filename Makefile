@@ -9,7 +9,7 @@ PKGS     := $(shell grep -v '^\#' deps/debian-packages.txt)
 # sandstormd; Debian's runsc is from 2022 and is not used.
 RUNSC_VERSION := $(shell sed -n 's/^[[:space:]]*gvisor\.dev\/gvisor \(v[^ ]*\).*/\1/p' tools/runsc/go.mod)
 
-.PHONY: all build deps runsc postgres demo test test-unit test-e2e fuzz bench clean install uninstall
+.PHONY: all build deps deps-debian runsc postgres demo test test-unit test-e2e fuzz bench clean install uninstall
 
 all: build
 
@@ -34,20 +34,23 @@ runsc:
 	fi
 
 # Installs the Debian packages listed in deps/debian-packages.txt, and the
-# pinned runsc.
-deps: runsc
+# pinned runsc: what the daemon and the demo need.
+deps-debian: runsc
 	@missing=$$(for p in $(PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
-	@# Debian 12's nodejs comes without npm (a package of its own); the test
-	@# MCP server is installed with it.
+
+# deps-debian, and what only the tests use from npm: the MCP server they
+# run as a real upstream and the E2B SDK they drive the E2B API with
+# (Debian 12's nodejs comes without npm, a package of its own).
+deps: deps-debian
 	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
 	@[ -d testdata/mcp/node_modules ] || npm ci --prefix testdata/mcp --no-audit --no-fund
 	@[ -d testdata/e2b/node_modules ] || npm ci --prefix testdata/e2b --no-audit --no-fund
 
-demo: deps build
+demo: deps-debian build
 	./scripts/demo.sh
 
 # Starts Debian's PostgreSQL (a deps package) with a role for the invoking

@@ -47,7 +47,9 @@ func apiClient(cmd *cobra.Command) (*client.Client, error) {
 }
 
 func addAPIFlag(cmd *cobra.Command) {
-	cmd.PersistentFlags().String("api", envOr("SANDSTORM_API", "https://127.0.0.1:8080"), "sandstormd API URL (env SANDSTORM_API); the token comes from SANDSTORM_TOKEN or <data-dir>/pki/api-token")
+	// SANDSTORM_LISTEN is what serve listens on when it is set (a daemon
+	// started with it is found without also setting SANDSTORM_API).
+	cmd.PersistentFlags().String("api", envOr("SANDSTORM_API", "https://"+envOr("SANDSTORM_LISTEN", "127.0.0.1:8080")), "sandstormd API URL (env SANDSTORM_API; else https:// and SANDSTORM_LISTEN, as serve listens); the token comes from SANDSTORM_TOKEN or <data-dir>/pki/api-token")
 	cmd.PersistentFlags().String("ca", os.Getenv("SANDSTORM_CA"), "CA certificate the API's HTTPS is checked against (env SANDSTORM_CA; default <data-dir>/pki/ca.pem, the master's own CA)")
 	cmd.PersistentFlags().Bool("json", false, "print JSON instead of a table")
 }

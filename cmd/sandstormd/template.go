@@ -8,6 +8,7 @@ import (
 	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -129,7 +130,12 @@ func templateDemoCmd() *cobra.Command {
          sandbox kept ready per node) unless --cold. Build it as root.
 The rootfs goes to <data-dir>/demo/NAME unless --dir says otherwise. Needed
 packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
-		Args: cobra.ExactArgs(1),
+		Args: cobra.MatchAll(cobra.ExactArgs(1), func(_ *cobra.Command, args []string) error {
+			if !slices.Contains(demo.Names(), args[0]) {
+				return fmt.Errorf("no demo %q: one of %s", args[0], strings.Join(demo.Names(), ", "))
+			}
+			return nil
+		}),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			name := args[0]
 			if ts, err := c.Templates(cmd.Context()); err == nil {

@@ -420,7 +420,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 	listen := func() (net.Listener, error) {
 		ln, err := o.reg.Listen("tcp", o.Listen, nil)
 		if err != nil {
-			return nil, fmt.Errorf("API listen: %w", err)
+			return nil, fmt.Errorf("API listen: %w (another sandstormd there? give this one another --listen, or stop that one)", err)
 		}
 		return tls.NewListener(ln, tlsCfg), nil
 	}

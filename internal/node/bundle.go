@@ -157,6 +157,19 @@ func (l layout) envdSource() string {
 	return ""
 }
 
+// hostname is the hostname l's spec gives its sandbox ("" without one).
+func (l layout) hostname() string {
+	data, err := os.ReadFile(filepath.Join(l.bundle(), "config.json"))
+	if err != nil {
+		return ""
+	}
+	var s specs.Spec
+	if json.Unmarshal(data, &s) != nil {
+		return ""
+	}
+	return s.Hostname
+}
+
 // writeSpec writes bundle/config.json: the OCI runtime spec of template t,
 // joining the sandbox's network namespace at netnsPath, with a memory
 // limit of limitMiB (runsc sets it on the sandbox's cgroup and reports it

@@ -63,7 +63,7 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 		reseed = &t.Warm.Reseed
 	}
 	if reseed == nil || (reseed.Signal == "" && len(reseed.Command) == 0) {
-		return res, fmt.Errorf("%w: say how to reseed the children (reseed.signal, e.g. SIGUSR1, or reseed.command): each starts from %s's memory, random state included, and template %s has no warm reseed", errdefs.ErrBadInput, parent.Name, t.Name)
+		return res, fmt.Errorf("%w: say how to reseed the children (reseed.signal, e.g. SIGUSR1, or reseed.command; on the CLI --reseed-signal or --reseed-command): each starts from %s's memory, random state included, and template %s has no warm reseed", errdefs.ErrBadInput, parent.Name, t.Name)
 	}
 	if reseed.Signal != "" {
 		if _, ok := api.ReseedSignal(reseed.Signal); !ok {

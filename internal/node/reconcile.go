@@ -277,12 +277,21 @@ func (n *Node) removeOrphans(ctx context.Context) {
 	for _, sb := range rows {
 		known[sb.ID] = true
 	}
+	pooledIDs := map[string]bool{}
 	for _, id := range ids {
 		ours[id] = true
 		if known[id] {
 			continue
 		}
-		n.log.Warn("reconcile: removing orphaned container", "id", id)
+		if n.dir(id).hostname() == poolName(id) {
+			// A warm pool's sandbox has no row until a create takes it:
+			// one from before a restart or a reload is expected here,
+			// and its pool is made again (warmpool.go).
+			pooledIDs[id] = true
+			n.log.Info("reconcile: removing a warm pool's sandbox from before the restart; the pool is made again", "id", id)
+		} else {
+			n.log.Warn("reconcile: removing orphaned container", "id", id)
+		}
 		spec := sandbox.Spec{ID: id, Netns: filepath.Join(netns.Dir, netnsPrefix+id)}
 		if err := n.be.Remove(ctx, spec); err != nil {
 			n.log.Error("reconcile: remove orphaned container", "id", id, "err", err)
@@ -296,7 +305,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 			continue
 		}
 		nw := netns.Net{Name: netnsPrefix + id, HostIf: VethPrefix + id}
-		if nw.Exists() {
+		if nw.Exists() && !pooledIDs[id] {
 			n.log.Warn("reconcile: removing orphaned network namespace", "netns", nw.Name)
 		}
 		if err := netns.Delete(nw); err != nil {
@@ -304,7 +313,9 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		}
 		d := n.dir(id)
 		if _, err := os.Stat(string(d)); err == nil {
-			n.log.Warn("reconcile: removing orphaned sandbox directory", "dir", string(d))
+			if !pooledIDs[id] && d.hostname() != poolName(id) {
+				n.log.Warn("reconcile: removing orphaned sandbox directory", "dir", string(d))
+			}
 			d.unmountRootfs()
 			os.RemoveAll(string(d))
 		}

@@ -57,6 +57,11 @@ func Backup(ctx context.Context, src, dst string) (Summary, error) {
 			return Summary{}, fmt.Errorf("%s is the store itself", dst)
 		}
 	}
+	if d := filepath.Dir(dst); d != "" {
+		if di, err := os.Stat(d); err != nil || !di.IsDir() {
+			return Summary{}, fmt.Errorf("no directory %s to write %s into: create it first (mkdir -p %s)", d, filepath.Base(dst), d)
+		}
+	}
 	for _, side := range []string{"-wal", "-shm"} {
 		if strings.HasSuffix(filepath.Clean(dst), filepath.Base(src)+side) {
 			return Summary{}, fmt.Errorf("%s would replace the store's own %s file", dst, side)

@@ -120,6 +120,7 @@ func TestBackupRefuses(t *testing.T) {
 		{"onto the store", src, src, "the store itself"},
 		{"onto its WAL", src, src + "-wal", "-wal"},
 		{"onto a directory", src, dir, "is a directory"},
+		{"into a directory that is not there", src, filepath.Join(dir, "absent", "state.db"), "create it first"},
 		{"no store", filepath.Join(dir, "none.db"), filepath.Join(dir, "b1"), "no store"},
 		{"not a store", notStore, filepath.Join(dir, "b2"), "not a sandstormd store"},
 	} {
