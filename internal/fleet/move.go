@@ -170,7 +170,15 @@ func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.No
 	if err != nil {
 		return api.Sandbox{}, err
 	}
-	defer f.landed(gen)
+	// The move is in flight (settleMove leaves it alone) until it has
+	// landed: answered, or — once confirmed — its old copy deleted too,
+	// which happens after the answer (cleanup, below).
+	landed := true
+	defer func() {
+		if landed {
+			f.landed(gen)
+		}
+	}()
 	if err := st.BeginMove(ctx, p.ID, t.Name(), gen); err != nil {
 		return api.Sandbox{}, err
 	}
@@ -222,12 +230,22 @@ func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.No
 		}
 	}
 	// Committed: the sandbox is T's from here on.
-	live, err := f.finishMove(bg, p.ID, p.Name, t, src, gen)
+	live, err := f.confirmMove(bg, p.ID, p.Name, t, src, gen)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
 	f.cfg.Log.Info("move: done", "name", p.Name, "id", p.ID, "from", p.Node, "to", t.Name(), "tier", sb.Tier,
 		"generation", gen, "ms", time.Since(began).Milliseconds(), "stream_ms", moved.Milliseconds())
+	// The old copy is deleted after the answer: it has been marked
+	// leaving since its MoveOut (never woken, served or tiered) and is
+	// fenced, and deleting it — runsc delete, its image and volume gone —
+	// was on every move's path for nothing the caller waits on. A master
+	// that dies first leaves the move "moved", which settleMove finishes.
+	landed = false
+	go func() {
+		defer f.landed(gen)
+		f.cleanupMove(bg, p.ID, t, src, gen, live)
+	}()
 	return live, nil
 }
 
@@ -236,6 +254,17 @@ func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.No
 // longer has its copy (it dropped it before the confirmation came), the
 // move is undone and the sandbox stays on src.
 func (f *Fleet) finishMove(ctx context.Context, id, name string, t, src nodeapi.Node, gen int64) (api.Sandbox, error) {
+	live, err := f.confirmMove(ctx, id, name, t, src, gen)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	f.cleanupMove(ctx, id, t, src, gen, live)
+	return live, nil
+}
+
+// confirmMove makes the copy on t live (MoveCommit), or undoes the move
+// if t no longer has it.
+func (f *Fleet) confirmMove(ctx context.Context, id, name string, t, src nodeapi.Node, gen int64) (api.Sandbox, error) {
 	st := f.cfg.Store
 	cctx, cancel := context.WithTimeout(ctx, moveMargin)
 	live, err := t.MoveCommit(cctx, id, gen)
@@ -251,8 +280,16 @@ func (f *Fleet) finishMove(ctx context.Context, id, name string, t, src nodeapi.
 	case err != nil:
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("sandbox %s moved to %s, which did not answer its confirmation (%v): it is confirmed once %s answers, and its copy on %s kept until then", name, t.Name(), err, t.Name(), src.Name()))
 	}
+	return live, nil
+}
+
+// cleanupMove deletes the copy a confirmed move left on src and records
+// the move finished; a copy not deleted now (src does not answer) is
+// deleted when settleMove finds the move still unfinished.
+func (f *Fleet) cleanupMove(ctx context.Context, id string, t, src nodeapi.Node, gen int64, live api.Sandbox) {
+	st := f.cfg.Store
 	dctx, cancel := context.WithTimeout(ctx, moveMargin)
-	err = src.Delete(dctx, id)
+	err := src.Delete(dctx, id)
 	cancel()
 	if err == nil || errors.Is(err, errdefs.ErrNotFound) {
 		if err := st.FinishMove(ctx, id, gen); err != nil {
@@ -264,7 +301,6 @@ func (f *Fleet) finishMove(ctx context.Context, id, name string, t, src nodeapi.
 	} else {
 		f.cfg.Log.Warn("move: the copy left behind was not deleted yet (it never runs); deleted once its node answers", "id", id, "node", src.Name(), "err", err)
 	}
-	return live, nil
 }
 
 // abortOn gives move gen of id up on node n, best effort (settleMove and
