@@ -71,10 +71,10 @@ type config struct {
 // measurement runs right after the sandstormd one it is compared with, so
 // that the two share the machine's load as closely as a serial run can;
 // warm-start runs right before the cold start it is compared with.
-var allSeries = []string{"warm-start", "start", "raw-start", "hot", "frozen", "raw-pause", "snapshot", "raw-restore", "detached", "clone"}
+var allSeries = []string{"warm-start", "start", "raw-start", "hot", "raw-hot", "frozen", "raw-pause", "snapshot", "raw-restore", "detached", "clone"}
 
 // rawSeries are the measurements of raw runsc, outside sandstormd.
-var rawSeries = []string{"raw-start", "raw-pause", "raw-restore"}
+var rawSeries = []string{"raw-start", "raw-hot", "raw-pause", "raw-restore"}
 
 const usageText = `Usage: go run ./bench/tiers [flags]
 
@@ -106,6 +106,7 @@ node's OCI spec and rootfs overlay), the same runsc and flags, in a network
 namespace of the benchmark's own, polled with the same client:
 
   raw-start    runsc run -detach to the first 200 from the sandbox's address
+  raw-hot      GET / to a raw sandbox's own address, a new TCP connection each
   raw-pause    runsc pause, then runsc resume to the first answer
   raw-restore  runsc checkpoint, then runsc restore -detach to the first answer
 

@@ -15,6 +15,9 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/bench"
 	"sandstorm/internal/client"
+	"sandstorm/internal/netns"
+	"sandstorm/internal/node"
+	"sandstorm/internal/sandbox/gvisor"
 )
 
 // seeds are the Sandstorm seed's published figures, shown beside ours. The
@@ -79,6 +82,8 @@ func (r *runner) measureAll(ctx context.Context) error {
 					err = r.measureHot(ctx, t)
 				case "raw-start":
 					err = r.measureRawStart(ctx, t)
+				case "raw-hot":
+					err = r.measureRawHot(ctx, t)
 				case "raw-pause":
 					err = r.measureRawWake(ctx, t, rawPause)
 				case "raw-restore":
@@ -94,8 +99,19 @@ func (r *runner) measureAll(ctx context.Context) error {
 				}
 			}
 		}
+		r.endRound()
 	}
 	return nil
+}
+
+// endRound marks the end of a round on every series.
+func (r *runner) endRound() {
+	for _, s := range r.res.Series {
+		s.EndRound()
+	}
+	for _, s := range r.mem.list {
+		s.RoundEnds = append(s.RoundEnds, len(s.SamplesMiB))
+	}
 }
 
 // upTo is how many samples a series of total samples has at the end of
@@ -230,6 +246,7 @@ func (r *runner) measureCreate(ctx context.Context, t string, k createKind) erro
 	cl := r.res.AddSeries(name+"/client", k.clientDesc, seeds[name+"/client"])
 	apiS := r.res.AddSeries(name+"/api", k.apiDesc, seeds[name+"/api"])
 	node := r.res.AddSeries(name+"/node", k.nodeDesc, seeds[name+"/node"])
+	cpu := r.res.AddSeries(name+"/sandbox-cpu", cpuDesc, "")
 	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.startN)}
 	polls := map[int]int{}
 	for !s.done() {
@@ -265,6 +282,7 @@ func (r *runner) measureCreate(ctx context.Context, t string, k createKind) erro
 			d, attempts, body, err = r.firstAnswer(ctx, url, t0)
 		}
 		if err == nil && r.nodeRunsc != nil {
+			r.readCPU(cpu, r.nodeRunsc, sb.ID)
 			r.mem.get(t, k.memory).read(ctx, r.nodeRunsc, sb.ID)
 		}
 		if err != nil {
@@ -363,6 +381,12 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 		fmt.Sprintf("the node's own time for that wake from %s (last_wake_ms afterwards)", op.tier), seeds[name+"/node"])
 	enter := r.res.AddSeries(op.op+"/"+t+"/api",
 		fmt.Sprintf("POST /v1/sandboxes/{id}/%s round trip, hot → %s (client)", op.op, op.tier), "")
+	var cpu, finish *bench.Series
+	if op.tier == api.TierSnapshot {
+		cpu = r.res.AddSeries(name+"/sandbox-cpu", restoreCPUDesc, "")
+		finish = r.res.AddSeries(op.op+"/"+t+"/finish",
+			"from the snapshot's answer until the node has removed the stopped container and the network namespace, which it does after answering (the wake is timed only after it; raw-checkpoint/…/delete is raw runsc's removal)", "")
+	}
 	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.wakeN)}
 	sb, err := r.ready(ctx, string(op.tier), t)
 	if err != nil {
@@ -433,6 +457,18 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 			}
 			continue
 		}
+		if finish != nil && r.nodeRunsc != nil {
+			// As raw runsc's restore starts from a removed container, the
+			// wake starts from a snapshot the node has finished.
+			fd, ferr := r.settled(ctx, sb.ID, t0.Add(enterD))
+			if ferr != nil {
+				if stop, serr := s.miss(ctx, "%v", ferr); stop {
+					return serr
+				}
+				continue
+			}
+			finish.AddDuration(fd)
+		}
 		if err := sleep(ctx, r.cfg.dwell); err != nil {
 			return err
 		}
@@ -461,6 +497,9 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 		s.ok()
 		cl.AddDuration(d)
 		node.Add(after.LastWakeMs)
+		if cpu != nil && r.nodeRunsc != nil {
+			r.readCPU(cpu, r.nodeRunsc, sb.ID)
+		}
 		enter.AddDuration(enterD)
 		count, ok := parseCount(body)
 		switch {
@@ -480,6 +519,40 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 			bench.FormatMs(bench.Ms(d)), bench.FormatMs(after.LastWakeMs), op.op, bench.FormatMs(bench.Ms(enterD)))
 	}
 	return nil
+}
+
+// cpuDesc and restoreCPUDesc describe the sandbox-cpu series.
+const (
+	cpuDesc        = "CPU time the sandbox used from its start to its first answer: its cgroup's (sentry, gofer, stubs; cpuacct.usage), read right after that answer"
+	restoreCPUDesc = "CPU time the restored sandbox used from its restore to its first answer: its cgroup's, read right after that answer"
+)
+
+// readCPU records the CPU time sandbox id (under be's root) has used, or
+// why it could not be read (a failure here never fails the time sample).
+func (r *runner) readCPU(s *bench.Series, be *gvisor.Backend, id string) {
+	d, err := be.CPU(id)
+	if err != nil {
+		s.Fail("read its CPU: %v", err)
+		return
+	}
+	s.AddDuration(d)
+}
+
+// settled waits until the node has removed snapshot sandbox id's stopped
+// container and its network namespace, and returns the time since
+// answered (the snapshot's answer).
+func (r *runner) settled(ctx context.Context, id string, answered time.Time) (time.Duration, error) {
+	nw := netns.Net{Name: node.NetnsPrefix + id, HostIf: node.VethPrefix + id}
+	deadline := time.Now().Add(r.cfg.timeout)
+	for r.nodeRunsc.Has(id) || nw.Exists() {
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("the node still had sandbox %s's stopped container (%v) or namespace (%v) %v after its snapshot", id, r.nodeRunsc.Has(id), nw.Exists(), r.cfg.timeout)
+		}
+		if err := sleep(ctx, time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(answered), nil
 }
 
 // sandboxName returns a unique, recognisable sandbox name for this run.

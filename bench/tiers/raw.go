@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"time"
@@ -71,6 +72,7 @@ func (r *runner) measureRawStart(ctx context.Context, t string) error {
 		"runsc run -detach started → first HTTP 200 from the sandbox's own address (polled every "+r.cfg.poll.String()+", same client as the gateway series; no sandstormd)", "")
 	cmdS := r.res.AddSeries(name+"/runsc",
 		"the runsc run -detach command alone (it returns once the container runs, before the app listens)", "")
+	cpu := r.res.AddSeries(name+"/sandbox-cpu", cpuDesc, "")
 	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.startN)}
 	e, err := r.ensureRaw(ctx)
 	if err != nil {
@@ -95,6 +97,7 @@ func (r *runner) measureRawStart(ctx context.Context, t string) error {
 			d, attempts, body, err = r.firstAnswer(ctx, url, t0)
 		}
 		if err == nil {
+			r.readCPU(cpu, e.Backend(), b.ID())
 			mem.read(ctx, e.Backend(), b.ID())
 		}
 		if b != nil {
@@ -116,6 +119,55 @@ func (r *runner) measureRawStart(ctx context.Context, t string) error {
 		}
 		r.progress(name, len(cl.SamplesMs), s.n, "first answer %s ms (runsc run %s ms, %d poll(s))",
 			bench.FormatMs(bench.Ms(d)), bench.FormatMs(bench.Ms(runD)), attempts)
+	}
+	return nil
+}
+
+// measureRawHot times GET / straight to a raw sandbox that stays hot, on
+// a new TCP connection each time: hot/T/client less this is what the
+// gateway's hop costs a request.
+func (r *runner) measureRawHot(ctx context.Context, t string) error {
+	name := "raw-hot/" + t
+	cl := r.res.AddSeries(name+"/client",
+		"GET / straight to a raw runsc sandbox's own address, new TCP connection each request (client; no sandstormd); compare hot/"+t+"/client", "")
+	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.hotN)}
+	e, err := r.ensureRaw(ctx)
+	if err != nil {
+		cl.Skipped = err.Error()
+		return nil
+	}
+	b, _, err := r.rawReady(ctx, e, "hot", t)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		cl.Skipped = err.Error()
+		return nil
+	}
+	defer e.Remove(ctx, b)
+	url := e.URL(r.cfg.port)
+	for range r.cfg.hotWarmup {
+		r.get(ctx, url)
+	}
+	for !s.done() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		status, body, d, err := r.get(ctx, url)
+		if err == nil && status != http.StatusOK {
+			err = fmt.Errorf("HTTP %d: %s", status, bench.OneLine(body))
+		}
+		if err != nil {
+			if stop, serr := s.miss(ctx, "GET /: %v", err); stop {
+				return serr
+			}
+			continue
+		}
+		s.ok()
+		cl.AddDuration(d)
+		if i := len(cl.SamplesMs); i%20 == 0 || i == s.n {
+			r.progress(name, i, s.n, "%s ms", bench.FormatMs(bench.Ms(d)))
+		}
 	}
 	return nil
 }
@@ -165,6 +217,10 @@ func (r *runner) measureRawWake(ctx context.Context, t string, w rawWake) error 
 		fmt.Sprintf("runsc %s started → first HTTP 200 from the sandbox's own address (polled every %s, same client as the gateway series; no sandstormd); compare wake-%s/%s/client", w.leave, r.cfg.poll, w.tier, t), "")
 	leave := r.res.AddSeries(leaveName+"/runsc", fmt.Sprintf("the runsc %s command alone", w.leave), "")
 	enter := r.res.AddSeries("raw-"+w.enter+"/"+t+"/runsc", fmt.Sprintf("the runsc %s command alone (hot → %s)", w.enter, w.tier), "")
+	var cpu *bench.Series
+	if w.leave == "restore" {
+		cpu = r.res.AddSeries(leaveName+"/sandbox-cpu", restoreCPUDesc, "")
+	}
 	s := &series{r: r, main: cl, name: leaveName, n: r.upTo(r.cfg.wakeN)}
 	e, err := r.ensureRaw(ctx)
 	if err != nil {
@@ -236,6 +292,9 @@ func (r *runner) measureRawWake(ctx context.Context, t string, w rawWake) error 
 		s.ok()
 		cl.AddDuration(d)
 		leave.AddDuration(leaveD)
+		if cpu != nil {
+			r.readCPU(cpu, e.Backend(), b.ID())
+		}
 		enter.AddDuration(enterD)
 		count, ok := parseCount(body)
 		switch {

@@ -58,6 +58,10 @@ type Series struct {
 	Notes []string `json:"notes,omitempty"`
 	// Skipped says why the series was not measured, or stopped early.
 	Skipped string `json:"skipped,omitempty"`
+	// RoundEnds, for a tool that measures in rounds (bench/tiers), is how
+	// many samples the series had at the end of each round: round k's
+	// samples are SamplesMs[RoundEnds[k-1]:RoundEnds[k]].
+	RoundEnds []int `json:"round_ends,omitempty"`
 }
 
 // NewResults returns empty results for tool, started now.
@@ -96,6 +100,26 @@ func (s *Series) Add(ms float64) { s.SamplesMs = append(s.SamplesMs, ms) }
 
 // AddDuration records one sample given as a duration.
 func (s *Series) AddDuration(d time.Duration) { s.Add(Ms(d)) }
+
+// EndRound marks the end of a round (RoundEnds).
+func (s *Series) EndRound() { s.RoundEnds = append(s.RoundEnds, len(s.SamplesMs)) }
+
+// Rounds splits samples into the rounds ends marks (RoundEnds): with no
+// ends, one round of all of them; samples after the last end (a round cut
+// short) are a round of their own.
+func Rounds(samples []float64, ends []int) [][]float64 {
+	var out [][]float64
+	from := 0
+	for _, e := range ends {
+		e = min(max(e, from), len(samples))
+		out = append(out, samples[from:e])
+		from = e
+	}
+	if from < len(samples) || len(ends) == 0 {
+		out = append(out, samples[from:])
+	}
+	return out
+}
 
 // Fail records an attempt that produced no sample.
 func (s *Series) Fail(format string, args ...any) {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,5 +138,33 @@ func TestCollectSource(t *testing.T) {
 	}
 	if s := CollectSource(ctx, t.TempDir()); s.Error == "" || s.Commit != "" {
 		t.Errorf("not a repository: %+v", s)
+	}
+}
+
+func TestRounds(t *testing.T) {
+	s := []float64{1, 2, 3, 4, 5}
+	for _, c := range []struct {
+		ends []int
+		want [][]float64
+	}{
+		{nil, [][]float64{{1, 2, 3, 4, 5}}},
+		{[]int{2, 5}, [][]float64{{1, 2}, {3, 4, 5}}},
+		{[]int{2, 2, 5}, [][]float64{{1, 2}, {}, {3, 4, 5}}},
+		{[]int{2}, [][]float64{{1, 2}, {3, 4, 5}}}, // a round cut short
+		{[]int{2, 9}, [][]float64{{1, 2}, {3, 4, 5}}},
+	} {
+		got := Rounds(s, c.ends)
+		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("Rounds(%v, %v) = %v, want %v", s, c.ends, got, c.want)
+		}
+	}
+	var sr Series
+	sr.Add(1)
+	sr.EndRound()
+	sr.Add(2)
+	sr.Add(3)
+	sr.EndRound()
+	if fmt.Sprint(sr.RoundEnds) != "[1 3]" {
+		t.Errorf("RoundEnds %v", sr.RoundEnds)
 	}
 }

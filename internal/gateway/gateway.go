@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"sandstorm/internal/errdefs"
@@ -535,15 +536,12 @@ func (g *Gateway) handle(sg *sandboxGate, client net.Conn, target netip.AddrPort
 }
 
 // dial connects to the sandbox, retrying while its process is starting
-// (connection refused) for up to cfg.Ready. The retries are 2 ms apart for
-// the first half second, so that a cold start's first answer is not held
-// back by a poll interval (issue 8: the gateway must not add one; a refused
-// connect to a sandbox costs tens of microseconds), then 20 ms apart.
-// Each retry touches the sandbox's idle timer: a client waiting for its
-// process to listen is activity, and a short freeze-after must not freeze
-// a cold start under the request that woke it (CI: TestDiskReserve, a
-// Python demo slower to listen than a 300 ms freeze-after, its request
-// reset by the freeze's drain).
+// (connection refused) for up to cfg.Ready, DialInterval apart. Each retry
+// touches the sandbox's idle timer: a client waiting for its process to
+// listen is activity, and a short freeze-after must not freeze a cold
+// start under the request that woke it (CI: TestDiskReserve, a Python demo
+// slower to listen than a 300 ms freeze-after, its request reset by the
+// freeze's drain).
 func (g *Gateway) dial(id string, target netip.AddrPort) (net.Conn, error) {
 	start := time.Now()
 	deadline := start.Add(g.cfg.Ready)
@@ -560,12 +558,40 @@ func (g *Gateway) dial(id string, target netip.AddrPort) (net.Conn, error) {
 			return nil, err
 		}
 		g.waker.Touch(id)
-		if time.Since(start) < 500*time.Millisecond {
-			time.Sleep(2 * time.Millisecond)
-		} else {
-			time.Sleep(20 * time.Millisecond)
-		}
+		time.Sleep(DialInterval(time.Since(start)))
 	}
+}
+
+// The dial's schedule. A refused connect is not free for the sandbox: its
+// sentry takes the SYN and answers the RST on the CPU the starting program
+// needs, about 0.75 ms of the sandbox's CPU time each (its cgroup's, read
+// at the first answer: with a retry every 2 ms a cold start of the web
+// demo took 369 ms of sandbox CPU against 292 with one every 20 ms, the
+// 64 MiB app 845 against 649, for ≈ 110 and 240 refused connects;
+// bench/results/2026-12-03-d946f31-systrap-cpu-dial2ms and …-dial20ms).
+// So a fixed short interval slowed every cold start by about a quarter,
+// and a fixed long one would hold a fast starter's first answer back by
+// up to that interval. DialInterval minimises the two together: for a
+// program that listens after t, retries i apart cost ≈ probeCost·t/i of
+// its CPU and answer ≈ i/2 late on average, a sum that is least at
+// i = √(2·probeCost·t). Not knowing t, the dial takes the time it has
+// already waited for it: 1 ms at first, 4 ms after 10 ms, 12 after 100,
+// 21 after 300, 32 after 700 (45 refused connects for a 700 ms start,
+// where a 2 ms retry made about 240), and never more than dialMax.
+const (
+	dialProbeCost = 750 * time.Microsecond
+	dialMin       = time.Millisecond
+	dialMax       = 40 * time.Millisecond
+)
+
+// DialInterval is how long the gateway waits before it dials a starting
+// sandbox again, elapsed after its first dial (see dialProbeCost).
+func DialInterval(elapsed time.Duration) time.Duration {
+	if elapsed <= 0 {
+		return dialMin
+	}
+	i := time.Duration(math.Sqrt(2 * float64(dialProbeCost) * float64(elapsed)))
+	return min(max(i, dialMin), dialMax)
 }
 
 // MarkSocket returns a dialer Control that sets SO_MARK to mark before the

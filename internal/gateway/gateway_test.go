@@ -526,3 +526,93 @@ func TestStats(t *testing.T) {
 	c.Close()
 	testenv.WaitFor(t, 10*time.Second, "closed: neither", stats(0, 0))
 }
+
+// TestDialInterval: the schedule of dials into a starting sandbox is fine
+// at first (a fast starter is not held back by a long poll), grows with
+// the wait (a slow one is not slowed by hundreds of refused connects), and
+// is bounded both ways.
+func TestDialInterval(t *testing.T) {
+	prev := time.Duration(0)
+	for ms := 0; ms <= 30000; ms++ {
+		el := time.Duration(ms) * time.Millisecond
+		i := DialInterval(el)
+		if i < dialMin || i > dialMax {
+			t.Fatalf("DialInterval(%v) = %v, outside [%v, %v]", el, i, dialMin, dialMax)
+		}
+		if i < prev {
+			t.Fatalf("DialInterval(%v) = %v, shorter than at the millisecond before (%v)", el, i, prev)
+		}
+		prev = i
+		// Never much later than the wait so far: a program that listens
+		// after t is answered within half of t from 10 ms, a fifth from
+		// 40 ms.
+		if el >= 10*time.Millisecond && i > el/2 || el >= 40*time.Millisecond && i > el/5 {
+			t.Fatalf("DialInterval(%v) = %v, too long for that wait", el, i)
+		}
+	}
+	// How many refused connects a start that listens after t costs.
+	attempts := func(t time.Duration) int {
+		n := 0
+		for el := time.Duration(0); el < t; el += DialInterval(el) {
+			n++
+		}
+		return n
+	}
+	for _, c := range []struct {
+		t   time.Duration
+		max int
+	}{{100 * time.Millisecond, 20}, {300 * time.Millisecond, 35}, {700 * time.Millisecond, 50}, {5 * time.Second, 160}} {
+		// A 2 ms retry made t/2 ms of them: 50, 150, 350, 2,500.
+		if n := attempts(c.t); n > c.max {
+			t.Errorf("a start of %v costs %d dials, want at most %d", c.t, n, c.max)
+		}
+	}
+}
+
+// TestDialWaitsForTheSandbox: a sandbox whose port listens only some time
+// after it is woken (a cold start) gets the request that woke it, after
+// dials spaced as DialInterval says (each one touches its idle timer).
+func TestDialWaitsForTheSandbox(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := netip.MustParseAddrPort(ln.Addr().String())
+	ln.Close() // refused until the "program" below listens
+	w := &fakeWaker{}
+	_, addr := newGateway(t, w, target, Config{})
+	listening := make(chan struct{})
+	go func() {
+		// Listen once the gateway has dialled a few times.
+		for w.touches.Load() < 5 {
+			time.Sleep(time.Millisecond)
+		}
+		ln, err := net.Listen("tcp", target.String())
+		if err != nil {
+			t.Errorf("listen on %s: %v", target, err)
+			close(listening)
+			return
+		}
+		h, _ := counter()
+		srv := &http.Server{Handler: h}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		close(listening)
+	}()
+	start := time.Now()
+	body, _ := get(t, &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, "http://"+addr+"/")
+	waited := time.Since(start)
+	<-listening
+	if body != "count=1\n" {
+		t.Fatalf("body %q, want count=1", body)
+	}
+	// Dials before the answer: one per touch. A schedule that did not grow
+	// would have made waited/dialMin of them.
+	want := 0
+	for el := time.Duration(0); el < waited; el += DialInterval(el) {
+		want++
+	}
+	if got := int(w.touches.Load()); got > want+2 {
+		t.Errorf("%d dials in %v, want at most %d (DialInterval's schedule)", got, waited, want+2)
+	}
+}

@@ -171,13 +171,15 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 		if err := n.begin(sb.ID, api.TierSnapshot); err != nil {
 			return stay(err)
 		}
-		if err := n.checkpoint(sb, from); err != nil {
+		finish, err := n.checkpoint(sb, from)
+		if err != nil {
 			// checkpoint settled it (kept running, or re-created cold),
 			// or failed before it ran and left it as it was.
 			cur, _ := n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error { s.Transition = ""; return nil })
 			e.setTier(cur.Tier)
 			return stay(fmt.Errorf("checkpoint %s to move it: %w", sb.Name, err))
 		}
+		finish()
 		if sb, err = n.commit(sb.ID, api.TierSnapshot, nil); err != nil {
 			return stay(err)
 		}

@@ -191,6 +191,9 @@ type Node struct {
 
 	stop chan struct{}
 	done sync.WaitGroup
+	// finishing counts transitions' work left for after their answer
+	// (transitionThen), each holding its sandbox's lock.
+	finishing sync.WaitGroup
 }
 
 // entry is the node's in-memory view of one sandbox. The store has the
@@ -359,21 +362,21 @@ func (n *Node) Net(id string, slot int) (netns.Net, error) {
 	if err != nil {
 		return netns.Net{}, err
 	}
-	return netns.Net{Name: netnsPrefix + id, HostIf: VethPrefix + id, Host: host, Sandbox: sb}, nil
+	return netns.Net{Name: NetnsPrefix + id, HostIf: VethPrefix + id, Host: host, Sandbox: sb}, nil
 }
 
 // Names of kernel objects: "ss-<id>" namespaces and "ssv<id>" host veths
 // (3 + 12 = 15 bytes, the limit for an interface name). VethPrefix also
 // tells the firewall and the boundaries' address guard what a sandbox's
-// link is.
+// link is; the benchmarks look for both.
 const (
-	netnsPrefix = "ss-"
+	NetnsPrefix = "ss-"
 	VethPrefix  = "ssv"
 )
 
 func (n *Node) spec(sb store.Sandbox) sandbox.Spec {
 	d := n.dir(sb.ID)
-	return sandbox.Spec{ID: sb.ID, Bundle: d.bundle(), Netns: filepath.Join(netns.Dir, netnsPrefix+sb.ID), LogPath: d.log(),
+	return sandbox.Spec{ID: sb.ID, Bundle: d.bundle(), Netns: filepath.Join(netns.Dir, NetnsPrefix+sb.ID), LogPath: d.log(),
 		Runtime: n.runscPath(sb.Runsc)}
 }
 
@@ -968,6 +971,7 @@ func (n *Node) Close() {
 		close(n.stop)
 	}
 	n.done.Wait()
+	n.finishing.Wait()
 	// Pooled sandboxes are not state: a restarted node refills its pools.
 	n.drainPool("")
 	if n.hostLn != nil {

@@ -198,6 +198,23 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
 			netns.Delete(nw)
 		}
+	case sb.Transition == api.TierSnapshot && d.hasSnapshot(), sb.Transition == "" && sb.Tier == api.TierSnapshot && d.hasSnapshot():
+		// An image renamed into place is complete (checkpoint), and its
+		// container only stopped, whatever runsc says: the node records a
+		// snapshot before it removes the container and the namespace
+		// (checkpoint's finish, after the answer), and the daemon ended in
+		// between, or before the record. Until it is removed, the stopped
+		// sandbox process lingers and says "running" for 1–2 s (measured),
+		// which the next case would take for a sandbox that runs.
+		os.RemoveAll(d.snapTmp())
+		to = api.TierSnapshot
+		if sb.Transition == api.TierSnapshot {
+			note = "its checkpoint finished while the node was down"
+		}
+		n.be.Remove(ctx, spec)
+		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
+			netns.Delete(nw)
+		}
 	case st == sandbox.StateRunning || st == sandbox.StatePaused:
 		to = api.TierHot
 		if st == sandbox.StatePaused {
@@ -292,7 +309,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		} else {
 			n.log.Warn("reconcile: removing orphaned container", "id", id)
 		}
-		spec := sandbox.Spec{ID: id, Netns: filepath.Join(netns.Dir, netnsPrefix+id)}
+		spec := sandbox.Spec{ID: id, Netns: filepath.Join(netns.Dir, NetnsPrefix+id)}
 		if err := n.be.Remove(ctx, spec); err != nil {
 			n.log.Error("reconcile: remove orphaned container", "id", id, "err", err)
 		}
@@ -304,7 +321,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		if known[id] {
 			continue
 		}
-		nw := netns.Net{Name: netnsPrefix + id, HostIf: VethPrefix + id}
+		nw := netns.Net{Name: NetnsPrefix + id, HostIf: VethPrefix + id}
 		if nw.Exists() && !pooledIDs[id] {
 			n.log.Warn("reconcile: removing orphaned network namespace", "netns", nw.Name)
 		}

@@ -71,6 +71,14 @@ func TestReconcile(t *testing.T) {
 		// image is finished and wins over the lingering "running".
 		{id: "finished", tier: api.TierHot, transition: api.TierSnapshot, state: sandbox.StateRunning, files: []string{partial},
 			want: api.TierSnapshot, wantNote: "its checkpoint finished while the node was down", present: []string{image}, absent: []string{"snapshot.tmp"}},
+		// A snapshot recorded, or its image renamed into place, before the
+		// daemon died and before the stopped container was removed
+		// (checkpoint's finish): a snapshot, though the stopped sandbox
+		// process still says "running".
+		{id: "recorded", tier: api.TierSnapshot, note: "earlier note", state: sandbox.StateRunning, files: []string{image},
+			want: api.TierSnapshot, wantNote: "earlier note", present: []string{image}},
+		{id: "renamed", tier: api.TierHot, transition: api.TierSnapshot, state: sandbox.StateRunning, files: []string{image},
+			want: api.TierSnapshot, wantNote: "its checkpoint finished while the node was down", present: []string{image}},
 		// A checkpoint that never wrote anything: the sandbox still runs.
 		{id: "halfway", tier: api.TierHot, transition: api.TierSnapshot, state: sandbox.StateRunning, files: []string{"snapshot.tmp/"},
 			want: api.TierHot, absent: []string{"snapshot.tmp"}},
@@ -122,8 +130,8 @@ func TestReconcile(t *testing.T) {
 	}
 	// Held until repaired: the rows plus the orphan sweep are counted,
 	// no sandbox is hot to the gateway, a wake has to wait.
-	if k, want := n.Reconciling(), len(plan.sandboxes)+1; k != want || want != 11 {
-		t.Errorf("Reconciling %d before the repair, want %d (10 rows + the sweep)", k, want)
+	if k, want := n.Reconciling(), len(plan.sandboxes)+1; k != want || want != 13 {
+		t.Errorf("Reconciling %d before the repair, want %d (12 rows + the sweep)", k, want)
 	}
 	// ("paused" is stored hot: only being held keeps it from being hot.)
 	if n.IsHot("paused") {
@@ -142,7 +150,7 @@ func TestReconcile(t *testing.T) {
 	}
 	// The containers left: the running, paused and pooled ones, and the
 	// checkpoint that never wrote; stopped and orphaned ones removed, and
-	// the one whose checkpoint finished.
+	// those whose checkpoint finished.
 	if ids, _ := be.List(ctx); !slices.Equal(ids, []string{"halfway", "paused", "pooled", "running"}) {
 		t.Errorf("containers after reconcile: %q", ids)
 	}

@@ -380,3 +380,78 @@ func checkpointingNode(t *testing.T, tier api.Tier) (*fakeBackend, *Node) {
 	}
 	return be, n
 }
+
+// TestSnapshotAnswersBeforeItsCleanup: a snapshot through the API is
+// recorded, and answered, as soon as its image is complete; the stopped
+// container and the namespace go after the answer, under the sandbox's
+// lock, so a wake that comes meanwhile waits for them and restores only
+// after the removal. The node's own push off memory (snapshotOrDetach)
+// returns only once the container is removed: its memory is freed only
+// then. Close waits for a removal in progress.
+func TestSnapshotAnswersBeforeItsCleanup(t *testing.T) {
+	be, n := checkpointingNode(t, api.TierHot)
+	ctx := context.Background()
+	removing, proceed := hold(be, "remove", nil)
+	answered := make(chan store.Sandbox, 1)
+	snapErr := inBackground(func() error {
+		sb, err := n.Snapshot(ctx, "s1")
+		be.record("snapshot answered")
+		answered <- sb
+		return err
+	})
+	var sb store.Sandbox
+	select {
+	case sb = <-answered:
+	case <-time.After(10 * time.Second):
+		close(proceed)
+		t.Fatalf("no answer while the stopped container's removal is held: the answer waits for it (%q)", be.log())
+	}
+	if err := <-snapErr; err != nil {
+		t.Fatal(err)
+	}
+	if sb.Tier != api.TierSnapshot || sb.Transition != "" || !n.dir("s1").hasSnapshot() {
+		t.Fatalf("answered with tier %s transition %q (image in place: %v), want snapshot", sb.Tier, sb.Transition, n.dir("s1").hasSnapshot())
+	}
+	<-removing
+	be.on("remove", nil) // the wake's own removals (below) go through
+	if i, j := be.logIndex("snapshot answered"), be.logIndex("remove s1"); i < 0 || j < i {
+		t.Errorf("the answer waited for the removal: %q", be.log())
+	}
+	woke := inBackground(func() error { err := n.Wake(ctx, "s1"); be.record("wake returned"); return err })
+	testenv.WaitFor(t, 5*time.Second, "the wake to wait for the removal", func() bool { return wakePending(n, "s1") })
+	closed := make(chan struct{})
+	go func() {
+		// Close must not return while the removal holds the sandbox.
+		n.finishing.Wait()
+		be.record("finishing done")
+		close(closed)
+	}()
+	if i := be.logIndex("wake returned"); i >= 0 {
+		t.Errorf("the wake went on before the removal: %q", be.log())
+	}
+	close(proceed)
+	<-woke
+	<-closed
+	rm, fin, wk := be.logIndex("remove s1"), be.logIndex("finishing done"), be.logIndex("wake returned")
+	if rm < 0 || fin < rm || wk < rm {
+		t.Errorf("want the removal, then the wake's end and the finishing count's: %q", be.log())
+	}
+	// (Its restore cannot mount the template's rootfs here: it ends
+	// detached, saying so. That a wake from snapshot restores is e2e's.)
+
+	// The node's own push waits for the removal.
+	be2, n2 := checkpointingNode(t, api.TierHot)
+	removing2, proceed2 := hold(be2, "remove", nil)
+	pushed := inBackground(func() error { _, err := n2.snapshotOrDetach(ctx, "s1"); be2.record("push returned"); return err })
+	<-removing2
+	if i := be2.logIndex("push returned"); i >= 0 {
+		t.Errorf("the push returned before the removal: %q", be2.log())
+	}
+	close(proceed2)
+	if err := <-pushed; err != nil {
+		t.Fatal(err)
+	}
+	if sb, _ := n2.st.GetSandbox(ctx, "s1"); sb.Tier != api.TierSnapshot || be2.stateOf("s1") != sandbox.StateAbsent {
+		t.Errorf("after the push: tier %s, container %s; want snapshot, removed", sb.Tier, be2.stateOf("s1"))
+	}
+}

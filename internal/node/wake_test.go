@@ -142,6 +142,22 @@ func (f *fakeBackend) Checkpoint(_ context.Context, s sandbox.Spec, imageDir str
 	f.set(s.ID, sandbox.StateStopped)
 	return nil
 }
+
+// CheckpointLeaving, like runsc checkpoint without the delete, writes an
+// image and stops the container, whose process lingers and says "running"
+// until it is removed (sandbox.CheckpointLeaver). It is logged and hooked
+// as "checkpoint".
+func (f *fakeBackend) CheckpointLeaving(_ context.Context, s sandbox.Spec, imageDir string) error {
+	if err := f.call("checkpoint", s); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(imageDir, "pages.img"), []byte("fake"), 0o600); err != nil {
+		return err
+	}
+	f.set(s.ID, sandbox.StateRunning)
+	return nil
+}
+
 func (f *fakeBackend) Restore(_ context.Context, s sandbox.Spec, _ string) error {
 	if err := f.call("restore", s); err != nil {
 		return err

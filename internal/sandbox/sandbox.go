@@ -88,6 +88,16 @@ type Backend interface {
 	List(ctx context.Context) ([]string, error)
 }
 
+// CheckpointLeaver is implemented by backends whose Checkpoint ends by
+// removing the container it stopped (gvisor: runsc delete, which waits for
+// the sandbox process to go: ≈ 30 ms here). CheckpointLeaving saves the
+// image exactly as Checkpoint does — complete when it returns nil — and
+// leaves the stopped container for the caller's Remove, so the node can
+// answer before that removal (internal/node: checkpoint).
+type CheckpointLeaver interface {
+	CheckpointLeaving(ctx context.Context, spec Spec, imageDir string) error
+}
+
 // Reclaimer is implemented by backends that can push a paused container's
 // memory out to swap (zswap when enabled): the seed's frozen tier "squeezes
 // its cold pages into zswap". Before and After are the container's memory

@@ -361,6 +361,10 @@ func (b *Backend) has(id string) bool {
 	return err == nil
 }
 
+// Has reports whether runsc under b's root has a record of container id
+// (its state file): from its start until it is deleted.
+func (b *Backend) Has(id string) bool { return b.has(id) }
+
 // Pause implements sandbox.Backend. It takes at most ControlTimeout; a
 // pause that timed out leaves the sandbox's state unknown (the error wraps
 // context.DeadlineExceeded), for the caller to settle.
@@ -385,6 +389,23 @@ func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
 // runs out the error wraps context.DeadlineExceeded and the sandbox is left
 // as it is (possibly still saving, or hung) for the caller to settle.
 func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir string) error {
+	if err := b.CheckpointLeaving(ctx, spec, imageDir); err != nil {
+		return err
+	}
+	// The container is stopped now. Deleting it frees the ID for restore;
+	// if that fails the image is still good, and Restore removes the
+	// leftover before it starts.
+	b = b.on(spec)
+	b.runsc(ctx, b.dl().delete, "delete", "-force", spec.ID)
+	return nil
+}
+
+// CheckpointLeaving implements sandbox.CheckpointLeaver: runsc checkpoint,
+// whose image is complete when it returns, without the runsc delete that
+// Checkpoint does after it. The stopped container's sandbox process
+// lingers for 1–2 s and still says "running" (see the node's reconcile),
+// until the caller's Remove.
+func (b *Backend) CheckpointLeaving(ctx context.Context, spec sandbox.Spec, imageDir string) error {
 	b = b.on(spec)
 	d := b.dl()
 	limit := d.sized(d.checkpointBase, b.memoryBytes(spec.ID))
@@ -392,14 +413,8 @@ func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir st
 	if b.Compression != "" {
 		args = append([]string{"checkpoint", "--compression=" + b.Compression}, args[1:]...)
 	}
-	if _, err := b.runsc(ctx, limit, args...); err != nil {
-		return err
-	}
-	// The container is stopped now. Deleting it frees the ID for restore;
-	// if that fails the image is still good, and Restore removes the
-	// leftover before it starts.
-	b.runsc(ctx, d.delete, "delete", "-force", spec.ID)
-	return nil
+	_, err := b.runsc(ctx, limit, args...)
+	return err
 }
 
 // CheckpointRunning implements sandbox.Cloner: runsc checkpoint
