@@ -445,7 +445,11 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 	if err == nil {
 		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "start", how)
 		n.cfg.Events.Publish(events.Event{Kind: events.Create, ID: sb.ID, Name: sb.Name, Template: t.Name, To: string(api.TierHot), Ms: sb.LastWakeMs, Node: n.cfg.Name, Reason: how})
-	} else if errors.Is(err, admission.ErrNoMemory) || errors.Is(err, ErrFull) {
+	} else if errors.Is(err, errdefs.ErrNoRoom) {
+		// Turned away for want of room (memory, disk, descriptors, address
+		// slots or ports, a start slot): the answer is a 503 the client
+		// sees, and the node's log says it too, with the same reason.
+		n.log.Warn("create refused", "name", name, "template", t.Name, "why", err.Error())
 		n.cfg.Events.Publish(events.Event{Kind: events.Refusal, Name: name, Template: t.Name, Node: n.cfg.Name, Reason: "create: " + err.Error()})
 	}
 	return sb, err

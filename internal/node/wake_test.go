@@ -231,6 +231,12 @@ const fakeDrainWait = 50 * time.Millisecond
 // and no sandbox.
 func newFakeNode(t *testing.T, be *fakeBackend) *Node {
 	t.Helper()
+	return newFakeNodeWith(t, be, nil)
+}
+
+// newFakeNodeWith is newFakeNode with its Config changed by adjust first.
+func newFakeNodeWith(t *testing.T, be *fakeBackend, adjust func(*Config)) *Node {
+	t.Helper()
 	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -249,9 +255,14 @@ func newFakeNode(t *testing.T, be *fakeBackend) *Node {
 	}
 	t.Cleanup(func() { os.RemoveAll(dataDir) })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	n, err := New(Config{Name: "n", DataDir: dataDir, Backend: be, Store: st, Pool: pool,
+	cfg := Config{Name: "n", DataDir: dataDir, Backend: be, Store: st, Pool: pool,
 		GatewayBind: netip.MustParseAddr("127.0.0.1"), PortMin: 31000, PortMax: 31010, SAM: SAM{Firewall: fakeFirewall},
-		MemAvailable: func() (int64, error) { return 100000, nil }, Log: log})
+		MemAvailable: func() (int64, error) { return 100000, nil }, Log: log}
+	if adjust != nil {
+		adjust(&cfg)
+		log = cfg.Log
+	}
+	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,6 +501,40 @@ func TestTransitionErrors(t *testing.T) {
 // TestQueuedCreateGivesUpCleanly: while every start slot is taken
 // (MaxStarts), a create waits; a caller that gives up while waiting is
 // refused (503, not 500) and leaves no row, promise or slot behind.
+// TestCreateRefusalIsLogged: a create the node turns away for want of
+// room is refused in the daemon's own log too, with the answer's reason,
+// not only in the answer (an operator reading why a fill stopped has the
+// log, not the client's 503s).
+func TestCreateRefusalIsLogged(t *testing.T) {
+	var logBuf testenv.SyncBuffer
+	be := newFakeBackend()
+	n := newFakeNodeWith(t, be, func(c *Config) {
+		// 100,000 MiB available, all of it reserved: no room, and nothing
+		// to push to disk.
+		c.MemReserveMiB = 100000
+		c.Admission = time.Millisecond
+		c.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
+	})
+	tpl, err := n.st.GetTemplate(context.Background(), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.Create(context.Background(), tpl, "refused", "", 0, 0)
+	if !errors.Is(err, errdefs.ErrNoRoom) {
+		t.Fatalf("create with no memory above the reserve: %v, want no room", err)
+	}
+	log := logBuf.String()
+	if !strings.Contains(log, "create refused") || !strings.Contains(log, "name=refused") || !strings.Contains(log, "not enough memory for sandbox") {
+		t.Errorf("the daemon's log does not say the create was refused, and why:\n%s", log)
+	}
+	// A create that fails for another reason is not a refusal.
+	before := len(logBuf.String())
+	_, err = n.Create(context.Background(), tpl, "-bad-", "", -1, 0)
+	if after := logBuf.String()[before:]; err == nil || errors.Is(err, errdefs.ErrNoRoom) || strings.Contains(after, "create refused") {
+		t.Errorf("a bad create (%v) was logged as a refusal: %s", err, after)
+	}
+}
+
 func TestQueuedCreateGivesUpCleanly(t *testing.T) {
 	be := newFakeBackend()
 	n := newFakeNode(t, be)
