@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"math"
 	"fmt"
+	"math"
 	"strings"
 
 	"sandstorm/internal/bench"
