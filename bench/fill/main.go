@@ -8,6 +8,14 @@
 //
 //	sudo go run ./bench/fill                      # 10,000 sandboxes, 1,000 calls
 //	sudo go run ./bench/fill --count 200 --calls 50
+//	sudo go run ./bench/fill --awake --warm=false --parallel 2
+//
+// With --awake it measures density with every sandbox hot (issue 19):
+// idle timers off, it creates until the node turns a create away or
+// pushes a sandbox off memory to make room, then calls every sandbox, and
+// reports how many there were, what each cost the host (MemAvailable's
+// drop per sandbox, and its memory cgroup), and the refusal that ended
+// it with the node's log line for it.
 //
 // It is bounded: creates stop at --count or after --fill-for, whichever
 // comes first. It starts its own sandstormd (built from the tree; runsc
@@ -35,11 +43,12 @@ import (
 	"sandstorm/internal/bench"
 	"sandstorm/internal/client"
 	"sandstorm/internal/memguard"
+	"sandstorm/internal/reclaim"
 )
 
 type config struct {
 	count, calls, parallel, callParallel int
-	warm                                 bool
+	warm, awake                          bool
 	fillFor, callTimeout, sample         time.Duration
 	freeze, snapshot, detach             time.Duration
 	out, repo, sandstormd, runsc         string
@@ -54,6 +63,7 @@ func main() {
 	fs.IntVar(&c.parallel, "parallel", 4, "creates at a time")
 	fs.IntVar(&c.callParallel, "call-parallel", 8, "calls at a time")
 	fs.BoolVar(&c.warm, "warm", true, "create from a warm template (a restore of one image); false: cold starts")
+	fs.BoolVar(&c.awake, "awake", false, "density with every sandbox hot: idle timers off, create until the node refuses one or pushes one off memory, then call every one (--count bounds it; --calls is ignored)")
 	fs.DurationVar(&c.fillFor, "fill-for", 45*time.Minute, "stop creating after this long")
 	fs.DurationVar(&c.callTimeout, "call-timeout", time.Minute, "a call that has no answer by then (503s retried as Retry-After says) did not answer")
 	fs.DurationVar(&c.sample, "sample", 10*time.Second, "timeline sampling interval")
@@ -73,6 +83,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "fill: bad arguments; see --help")
 		os.Exit(2)
 	}
+	if c.awake {
+		c.freeze, c.snapshot, c.detach = 0, 0, 0
+	}
 	bench.Main("fill", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
 
@@ -88,7 +101,11 @@ type sample struct {
 }
 
 func run(ctx context.Context, c config) (string, error) {
-	br, err := bench.Begin(ctx, bench.Plan{Tool: "bench/fill", Title: fmt.Sprintf("One node, %d tiered sandboxes: fill, then call %d at random", c.count, c.calls),
+	title := fmt.Sprintf("One node, %d tiered sandboxes: fill, then call %d at random", c.count, c.calls)
+	if c.awake {
+		title = "One node, every sandbox hot: fill until the node refuses, then call every one"
+	}
+	br, err := bench.Begin(ctx, bench.Plan{Tool: "bench/fill", Title: title,
 		Out: c.out, Repo: c.repo, Prefix: "fill-", Runsc: c.runsc, Demo: "web", Sandstormd: c.sandstormd})
 	if err != nil {
 		return "", err
@@ -99,7 +116,7 @@ func run(ctx context.Context, c config) (string, error) {
 	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
 		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}
 	res.Params = map[string]any{"count": c.count, "calls": c.calls, "parallel": c.parallel, "call_parallel": c.callParallel,
-		"warm": c.warm, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": b}
+		"warm": c.warm, "awake": c.awake, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": b}
 	sd, err := bench.StartSandstormd(ctx, b.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
 	if err != nil {
 		return "", err
@@ -148,11 +165,18 @@ func run(ctx context.Context, c config) (string, error) {
 		}
 	}()
 	failures := 0
-	(&bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count,
+	var ended string // with --awake: what ended the fill
+	filler := &bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count,
 		Request: bench.Named("web", "f%05d"),
 		Done: func(i int, a bench.Answer) bool {
 			mu.Lock()
 			defer mu.Unlock()
+			if c.awake && a.GaveUp {
+				if ended == "" {
+					ended = fmt.Sprintf("create %d refused: %v", i, a.Err)
+				}
+				return true
+			}
 			if a.Err != nil {
 				createS.Fail("f%05d: %v", i, a.Err)
 				failures++
@@ -162,7 +186,14 @@ func run(ctx context.Context, c config) (string, error) {
 			sbs = append(sbs, a.Sandbox)
 			created.Add(1)
 			return false
-		}}).Run(fillCtx)
+		}}
+	if c.awake {
+		// The node's answer to a create it has no room for is a 503;
+		// the first ends the fill.
+		filler.MaxRefusals = 1
+		go watchPushes(fillCtx, cl, fillDone, &mu, &ended, &created)
+	}
+	filler.Run(fillCtx)
 	fillTime := time.Since(start)
 	res.Params["fill_seconds"] = fillTime.Seconds()
 	res.Params["created"] = len(sbs)
@@ -170,8 +201,18 @@ func run(ctx context.Context, c config) (string, error) {
 		return finish(dir, res, timeline, stopSampler, samplerDone, &mu)
 	}
 	fmt.Fprintf(os.Stderr, "filled: %d sandboxes in %v\n", len(sbs), fillTime.Round(time.Second))
+	if c.awake {
+		mu.Lock()
+		res.Params["ended_by"] = ended
+		res.Note("the fill ended at %d sandboxes, all created hot: %s", len(sbs), ended)
+		mu.Unlock()
+		hostCost(res, base.AvailMiB, data, len(sbs))
+		nref, lastRef := countRefusals(filepath.Join(dir.Path, "sandstormd.log"))
+		res.Note("the node's log has %d \"create refused\" line(s); the last: %s", nref, lastRef)
+		c.calls = len(sbs)
+	}
 
-	// Call a random sample of them.
+	// Call a random sample of them (with --awake, every one).
 	callS := res.AddSeries("call", "GET / through the gateway of a sandbox picked at random (any tier: the call wakes it)", "1,198 of 1,200 answered; p50 1.3 s, p99 2.8–5.5 s (seed)")
 	tierAtCall := map[api.Tier]int{}
 	var answered atomic.Int64
@@ -364,4 +405,80 @@ func cleanup(cl *client.Client, sd *bench.Sandstormd, data, subnet string) {
 	for syscall.Unmount(filepath.Join(data, "runsc", "null-netns"), syscall.MNT_DETACH) == nil {
 	}
 	exec.Command("ip", "route", "del", "unreachable", subnet).Run()
+}
+
+// watchPushes ends an --awake fill (stop) the first time the node has a
+// sandbox that is not hot: it pushed one off memory to make room for a
+// create, so the node holds no more awake. A sandbox being created counts
+// as detached until it is hot, so only frozen and snapshot count.
+func watchPushes(ctx context.Context, cl *client.Client, stop func(), mu *sync.Mutex, ended *string, created *atomic.Int64) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st, err := cl.Node(ctx)
+		if err != nil {
+			continue
+		}
+		if pushed := st.Sandboxes[api.TierFrozen] + st.Sandboxes[api.TierSnapshot]; pushed > 0 {
+			mu.Lock()
+			if *ended == "" {
+				*ended = fmt.Sprintf("the node pushed %d sandbox(es) off memory to make room, at %d created (tiers %v)", pushed, created.Load(), st.Sandboxes)
+			}
+			mu.Unlock()
+			stop()
+			return
+		}
+	}
+}
+
+// hostCost notes what n hot sandboxes cost the host: MemAvailable's drop
+// per sandbox since before the fill, and each sandbox's memory cgroup
+// (found through its runsc-sandbox process, whose command line names the
+// data dir), median and p99 by nearest rank.
+func hostCost(res *bench.Results, baseAvail int64, data string, n int) {
+	if n == 0 {
+		return
+	}
+	avail, _ := memguard.AvailableMiB()
+	var usage []float64
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.HasPrefix(string(b), "runsc-sandbox\x00") || !strings.Contains(string(b), data) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err != nil {
+			continue
+		}
+		if cg, err := reclaim.CgroupOf(pid); err == nil {
+			usage = append(usage, float64(cg.Usage())/(1<<20))
+		}
+	}
+	s := res.AddSeries("sandbox-cgroup-mib", "each hot sandbox's memory cgroup after the fill, MiB (not ms)", "")
+	for _, u := range usage {
+		s.Add(u)
+	}
+	res.Params["memavailable_drop_mib_per_sandbox"] = float64(baseAvail-avail) / float64(n)
+	res.Note("host cost of %d hot web sandboxes: MemAvailable fell %d MiB, %.1f MiB per sandbox; %d sandbox cgroups read (series sandbox-cgroup-mib)",
+		n, baseAvail-avail, float64(baseAvail-avail)/float64(n), len(usage))
+}
+
+// countRefusals counts the node's "create refused" log lines and returns
+// the last one.
+func countRefusals(log string) (int, string) {
+	b, _ := os.ReadFile(log)
+	n, last := 0, ""
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "create refused") {
+			n++
+			last = l
+		}
+	}
+	return n, last
 }

@@ -8,11 +8,19 @@
 //
 // Memory (issue 7; the seed's "a node short on memory turns work away
 // instead of running out, and still answers ssh"): a sandbox that is
-// starting or waking is promised its expected size (its limit, or a margin
-// over what its template's sandboxes settled at: memguard.Expected) until
-// it has taken it or SettleWindow has passed, and admission counts those
-// promises, not only MemAvailable, which says nothing yet about a heap that
-// is still being filled.
+// starting or waking is promised its expected size until it has taken it
+// or SettleWindow has passed, and admission counts those promises, not
+// only MemAvailable, which says nothing yet about a heap that is still
+// being filled. A waking sandbox is promised what it held when it left
+// memory; a new one (Start) a margin over what its template's sandboxes
+// settled at (memguard.Expected), or its limit while none has yet — and
+// the moment one has, every start of that template still outstanding is
+// counted at the margin too (issue 19: a fill of the web demo, two creates
+// at a time, was turned away with 23 GiB free because the ≈ 20 sandboxes
+// of its first three seconds each counted at their 1,024 MiB limit though
+// they settle at ≈ 25 MiB). What was learned outlives the process
+// (Config.Settled, Config.Learned), so a restarted node does not count
+// its first burst at the limit again.
 package admission
 
 import (
@@ -68,6 +76,12 @@ type Config struct {
 	// FDs is how many descriptors the process has open and may (nil:
 	// not checked).
 	FDs func() (open int, limit uint64, err error)
+
+	// Settled is what sandboxes started from each key (a template's name
+	// and rootfs digest) were seen to settle at before (MiB), and Learned
+	// is told whenever that grows, to keep it (both may be nil).
+	Settled map[string]int64
+	Learned func(key string, mib int64)
 }
 
 // Admission is one node's admission and its memory ledger.
@@ -79,10 +93,14 @@ type Admission struct {
 }
 
 type promise struct {
-	template    string
+	key         string
 	expectedMiB int64
-	since       time.Time
-	lastHeld    int64 // MiB at the last settle look
+	// limitMiB is set for a start priced by its template (Start): it is
+	// repriced as the template's settled size is learned, and teaches it.
+	// A wake's promise (Memory) is what that sandbox held, and is kept.
+	limitMiB int64
+	since    time.Time
+	lastHeld int64 // MiB at the last settle look
 }
 
 // New is an admission over cfg with nothing promised.
@@ -90,14 +108,21 @@ func New(cfg Config) *Admission {
 	if cfg.Held == nil {
 		cfg.Held = func(string) (int64, bool) { return 0, false }
 	}
-	return &Admission{cfg: cfg, promises: map[string]promise{}, settled: map[string]int64{}}
+	settled := map[string]int64{}
+	for k, v := range cfg.Settled {
+		if v > 0 {
+			settled[k] = v
+		}
+	}
+	return &Admission{cfg: cfg, promises: map[string]promise{}, settled: settled}
 }
 
-// Expected is what a sandbox of template with limit limitMiB is admitted
-// at: its limit, or a margin over what the template's sandboxes settled at.
-func (a *Admission) Expected(template string, limitMiB int64) int64 {
+// Expected is what a new sandbox of key (a template's name and digest)
+// with limit limitMiB is admitted at: its limit, or a margin over what the
+// template's sandboxes settled at.
+func (a *Admission) Expected(key string, limitMiB int64) int64 {
 	a.mu.Lock()
-	s := a.settled[template]
+	s := a.settled[key]
 	a.mu.Unlock()
 	return memguard.Expected(limitMiB, s)
 }
@@ -112,13 +137,25 @@ func (a *Admission) outstanding() []memguard.Promise {
 	return out
 }
 
-// Memory admits sandbox id (of template), about to start or wake and take
+// Memory admits sandbox id, about to wake (or arrive by a move) and take
 // expectedMiB, if the headroom — available memory less the reserve less
 // what admitted sandboxes have yet to take — covers it: the promise is
 // recorded under one lock, so concurrent admissions see each other.
 // Otherwise it answers ErrNoMemory, in words that say how short, and the
 // caller makes room (or gives up) and asks again.
-func (a *Admission) Memory(id, template string, expectedMiB int64) error {
+func (a *Admission) Memory(id string, expectedMiB int64) error {
+	return a.admit(id, promise{expectedMiB: expectedMiB})
+}
+
+// Start is Memory for a new sandbox of key (its template's name and
+// digest) with limit limitMiB: it is promised Expected(key, limitMiB),
+// repriced when the template's settled size is learned, and its own
+// settling teaches that size.
+func (a *Admission) Start(id, key string, limitMiB int64) error {
+	return a.admit(id, promise{key: key, limitMiB: limitMiB, expectedMiB: a.Expected(key, limitMiB)})
+}
+
+func (a *Admission) admit(id string, p promise) error {
 	if a.cfg.MemReserveMiB <= 0 {
 		return nil
 	}
@@ -128,9 +165,17 @@ func (a *Admission) Memory(id, template string, expectedMiB int64) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	expectedMiB := p.expectedMiB
+	if p.limitMiB > 0 {
+		// Priced again under the lock: another start's settling may
+		// have taught the size since Start read it.
+		expectedMiB = memguard.Expected(p.limitMiB, a.settled[p.key])
+		p.expectedMiB = expectedMiB
+	}
 	ps := a.outstanding()
 	if memguard.Headroom(avail, a.cfg.MemReserveMiB, ps) >= expectedMiB {
-		a.promises[id] = promise{template: template, expectedMiB: expectedMiB, since: time.Now()}
+		p.since = time.Now()
+		a.promises[id] = p
 		return nil
 	}
 	return fmt.Errorf("%w: not enough memory for sandbox %s: it needs %d MiB; %d MiB available, %d MiB of it promised to sandboxes still starting, reserve %d MiB",
@@ -177,10 +222,21 @@ func (a *Admission) Starting() map[string]bool {
 // Settle ends the promises of sandboxes that have taken what they were
 // admitted at, or stopped growing after their first seconds, or whose
 // window has passed, and remembers what their template's sandboxes settle
-// at.
+// at — repricing the starts of that template still outstanding.
 func (a *Admission) Settle(now time.Time) {
+	learned := a.settle(now)
+	if a.cfg.Learned == nil {
+		return
+	}
+	for k, v := range learned {
+		a.cfg.Learned(k, v)
+	}
+}
+
+func (a *Admission) settle(now time.Time) map[string]int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	learned := map[string]int64{}
 	for id, p := range a.promises {
 		held, ok := a.cfg.Held(id)
 		age := now.Sub(p.since)
@@ -193,10 +249,18 @@ func (a *Admission) Settle(now time.Time) {
 			continue
 		}
 		delete(a.promises, id)
-		if ok && held > a.settled[p.template] {
-			a.settled[p.template] = held
+		if p.limitMiB > 0 && ok && held > 0 && held > a.settled[p.key] {
+			a.settled[p.key] = held
+			learned[p.key] = held
 		}
 	}
+	for id, p := range a.promises {
+		if s, ok := learned[p.key]; ok && p.limitMiB > 0 {
+			p.expectedMiB = memguard.Expected(p.limitMiB, s)
+			a.promises[id] = p
+		}
+	}
+	return learned
 }
 
 // Disk refuses new work (what, taking needMiB more) when the disk is, or

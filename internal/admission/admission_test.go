@@ -2,6 +2,7 @@ package admission
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -38,13 +39,13 @@ func newMem(avail int64) (*fakeMem, *Admission) {
 // numbers; a release gives the room back.
 func TestMemoryCountsPromises(t *testing.T) {
 	_, a := newMem(4000) // 3000 over the reserve
-	if err := a.Memory("a", "web", 1024); err != nil {
+	if err := a.Memory("a", 1024); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Memory("b", "web", 1024); err != nil {
+	if err := a.Memory("b", 1024); err != nil {
 		t.Fatal(err)
 	}
-	err := a.Memory("c", "web", 1024)
+	err := a.Memory("c", 1024)
 	if !errors.Is(err, ErrNoMemory) || !errors.Is(err, errdefs.ErrNoRoom) || !strings.Contains(err.Error(), "2048 MiB of it promised") {
 		t.Fatalf("a third 1 GiB with 3000 MiB over the reserve: %v", err)
 	}
@@ -52,7 +53,7 @@ func TestMemoryCountsPromises(t *testing.T) {
 		t.Errorf("promised %d, starting %v", a.Promised(), a.Starting())
 	}
 	a.Release("a")
-	if err := a.Memory("c", "web", 1024); err != nil {
+	if err := a.Memory("c", 1024); err != nil {
 		t.Errorf("after a release: %v", err)
 	}
 
@@ -64,7 +65,7 @@ func TestMemoryCountsPromises(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if b.Memory(string(rune('a'+i)), "web", 1024) == nil {
+			if b.Memory(string(rune('a'+i)), 1024) == nil {
 				mu.Lock()
 				admitted++
 				mu.Unlock()
@@ -83,10 +84,10 @@ func TestMemoryCountsPromises(t *testing.T) {
 func TestSettle(t *testing.T) {
 	m, a := newMem(100000)
 	now := time.Now()
-	a.Memory("full", "web", 100)
-	a.Memory("flat", "app", 1024)
-	a.Memory("young", "app", 1024)
-	a.Memory("silent", "app", 1024)
+	a.Start("full", "web", 100)
+	a.Start("flat", "app", 1024)
+	a.Start("young", "app", 1024)
+	a.Start("silent", "app", 1024)
 	m.set("full", 120)
 	m.set("flat", 60)
 	m.set("young", 60)
@@ -109,11 +110,79 @@ func TestSettle(t *testing.T) {
 	if st["full"] || st["flat"] || st["silent"] || !st["young"] {
 		t.Errorf("after settling: still starting %v, want only young", st)
 	}
+	if p := a.promises["young"]; p.expectedMiB >= 1024 || p.expectedMiB < 60 {
+		t.Errorf("app settled at 60 MiB; the start of it still outstanding counts %d MiB", p.expectedMiB)
+	}
 	if e := a.Expected("web", 1024); e >= 1024 || e < 120 {
 		t.Errorf("web settled at 120 MiB; its next is admitted at %d", e)
 	}
 	if e := a.Expected("other", 512); e != 512 {
 		t.Errorf("a template with nothing settled is admitted at its limit: %d", e)
+	}
+}
+
+// TestBurstOfStarts is issue 19's fill: starts of one template, many
+// at once before any has settled, each count at their limit until the
+// first settles; from then every one still outstanding counts at a
+// margin over the settled size, so the burst that follows is admitted.
+// A wake keeps its own size and teaches nothing. What was learned is
+// handed to Learned, and a new Admission given it (Settled) prices its
+// first start at the margin.
+func TestBurstOfStarts(t *testing.T) {
+	m := &fakeMem{avail: 23000, held: map[string]int64{}}
+	kept := map[string]int64{}
+	a := New(Config{MemReserveMiB: 1000, MemAvailable: m.available, Held: m.heldOf,
+		Learned: func(k string, v int64) { kept[k] = v }})
+	start := time.Now()
+	n := 0
+	for ; a.Start(fmt.Sprint("s", n), "web@d1", 1024) == nil; n++ {
+	}
+	if n != 21 { // 22000 MiB over the reserve, 1024 each
+		t.Fatalf("before anything settled: %d starts admitted, want 21", n)
+	}
+	if err := a.Memory("woken", 600); !errors.Is(err, ErrNoMemory) {
+		t.Fatalf("a wake with the node promised to the brim: %v", err)
+	}
+	for i := 0; i < n; i++ {
+		m.set(fmt.Sprint("s", i), 20)
+	}
+	a.Settle(start) // first look: they hold 20 MiB, not yet 3 s old
+	if a.Promised() != int64(n)*1004 {
+		t.Fatalf("nothing settled yet: promised %d", a.Promised())
+	}
+	// s0 is 5 s old and flat: settled at 20 MiB. The others still
+	// count, but at 25 MiB (20 + 25 %), 5 of which they have yet to take.
+	a.mu.Lock()
+	p := a.promises["s0"]
+	p.since = start.Add(-5 * time.Second)
+	a.promises["s0"] = p
+	a.mu.Unlock()
+	a.Settle(start)
+	if got, want := a.Promised(), int64(n-1)*5; got != want {
+		t.Errorf("after the first settled: promised %d MiB, want %d", got, want)
+	}
+	if kept["web@d1"] != 20 {
+		t.Errorf("learned %v", kept)
+	}
+	more := 0
+	for ; more < 200 && a.Start(fmt.Sprint("t", more), "web@d1", 1024) == nil; more++ {
+	}
+	if more != 200 {
+		t.Errorf("after the template settled: %d more starts admitted, want 200", more)
+	}
+	if err := a.Memory("woken", 300); err != nil {
+		t.Errorf("a wake with room: %v", err)
+	}
+	if a.promises["woken"].expectedMiB != 300 {
+		t.Errorf("a wake was repriced: %+v", a.promises["woken"])
+	}
+	if e := a.Expected("web@d2", 1024); e != 1024 {
+		t.Errorf("another build of the template learned nothing yet: %d", e)
+	}
+
+	b := New(Config{MemReserveMiB: 1000, MemAvailable: m.available, Held: m.heldOf, Settled: kept})
+	if err := b.Start("u", "web@d1", 1024); err != nil || b.Promised() != 25 {
+		t.Errorf("a restarted node's first start: %v, promised %d", err, b.Promised())
 	}
 }
 
@@ -139,7 +208,7 @@ func TestDiskAndFDs(t *testing.T) {
 		t.Errorf("800 of 1000 open: %v", err)
 	}
 	c := New(Config{FDs: func() (int, uint64, error) { return 0, 0, errors.New("no /proc") }})
-	if c.FDs() != nil || c.Disk("x", 1<<40) != nil || c.Memory("x", "t", 1<<40) != nil {
+	if c.FDs() != nil || c.Disk("x", 1<<40) != nil || c.Memory("x", 1<<40) != nil {
 		t.Error("checks that are off, or cannot read, refused")
 	}
 }

@@ -2,8 +2,13 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"sort"
 	"time"
 
@@ -77,9 +82,54 @@ func (n *Node) limitOf(sb store.Sandbox, t store.Template) int64 {
 	return n.LimitMiB(t, 0)
 }
 
-// expectedMiB is what a sandbox of template t with limit limit is admitted at.
-func (n *Node) expectedMiB(template string, limit int64) int64 {
-	return n.adm.Expected(template, limit)
+// expectedMiB is what a new sandbox of template t with limit limit is
+// admitted at.
+func (n *Node) expectedMiB(t store.Template, limit int64) int64 {
+	return n.adm.Expected(sizeKey(t), limit)
+}
+
+// sizeKey names what a template's sandboxes settle at: its name and its
+// rootfs's digest, so a template made again with another program learns
+// its size again instead of inheriting the old one's.
+func sizeKey(t store.Template) string { return t.Name + "@" + t.Digest }
+
+// settledFile keeps what each template's sandboxes settled at, for the
+// next run of the node (admission.Config.Settled): without it a restarted
+// node counts its first burst of creates at their limits again.
+func (n *Node) settledFile() string { return filepath.Join(n.cfg.DataDir, "settled-sizes.json") }
+
+func loadSettled(path string, log *slog.Logger) map[string]int64 {
+	out := map[string]int64{}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			log.Warn("read the templates' settled sizes; the first creates count at their limits", "path", path, "err", err)
+		}
+		return out
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		log.Warn("the templates' settled sizes are unreadable; the first creates count at their limits", "path", path, "err", err)
+		return map[string]int64{}
+	}
+	return out
+}
+
+// learned records what a template's sandboxes settled at
+// (admission.Config.Learned): written whole to a temporary file and
+// renamed, so a crash leaves the old file or the new one.
+func (n *Node) learned(key string, mib int64) {
+	n.settledMu.Lock()
+	defer n.settledMu.Unlock()
+	n.settledSizes[key] = mib
+	b, _ := json.Marshal(n.settledSizes)
+	tmp := n.settledFile() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err == nil {
+		err = os.Rename(tmp, n.settledFile())
+		if err != nil {
+			n.log.Warn("keep the templates' settled sizes", "err", err)
+		}
+	}
+	n.log.Info("template's sandboxes settle", "template", key, "settled_mib", mib, "admitted_at_mib", memguard.Expected(1<<30, mib))
 }
 
 // heldMiB is what sandbox id's memory cgroup holds (admission.Config.Held).
@@ -101,17 +151,17 @@ func (n *Node) usageMiB(id string) (int64, sandbox.MemStat, bool) {
 	return ms.UsageBytes >> 20, ms, true
 }
 
-// admitMemory admits a sandbox (id, of template) that is about to start or
-// wake and take expectedMiB: if the headroom — available memory less the
+// admitMemory admits sandbox id that is about to start or wake (ask is
+// the admission's question: Start or Memory): if the headroom — available memory less the
 // reserve less what admitted sandboxes have yet to take — covers it, the
 // promise is recorded (under one lock, so concurrent admissions see each
 // other) and it may go. Otherwise the sandboxes least in demand are pushed
 // to disk, one at a time, until it fits or the admission window ends:
 // then admission.ErrNoMemory (503 with Retry-After), in words that say it is memory.
-func (n *Node) admitMemory(ctx context.Context, id, template string, expectedMiB int64) error {
+func (n *Node) admitMemory(ctx context.Context, id string, ask func() error) error {
 	deadline := time.Now().Add(n.cfg.Admission)
 	for {
-		short := n.adm.Memory(id, template, expectedMiB)
+		short := ask()
 		if short == nil || !errors.Is(short, admission.ErrNoMemory) {
 			return short
 		}

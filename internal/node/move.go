@@ -359,9 +359,9 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 	if running {
 		need := m.UsageMiB
 		if need <= 0 {
-			need = n.expectedMiB(t.Name, int64(m.MemoryMiB))
+			need = n.expectedMiB(t, int64(m.MemoryMiB))
 		}
-		if err := n.admitMemory(ctx, m.ID, t.Name, need); err != nil {
+		if err := n.admitMemory(ctx, m.ID, func() error { return n.adm.Memory(m.ID, need) }); err != nil {
 			return store.Sandbox{}, err
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -189,6 +190,11 @@ type Node struct {
 	// repair.
 	reconciling atomic.Int64
 
+	// settledSizes is what each template build's sandboxes settled at, as
+	// kept in settledFile.
+	settledMu    sync.Mutex
+	settledSizes map[string]int64
+
 	stop chan struct{}
 	done sync.WaitGroup
 	// finishing counts transitions' work left for after their answer
@@ -316,9 +322,11 @@ func New(cfg Config) (*Node, error) {
 	if cfg.SAM.Mesh != nil {
 		n.meshPool = boundary.NewMeshPool(cfg.SAM.Mesh, 0)
 	}
+	n.settledSizes = loadSettled(n.settledFile(), n.log)
 	n.adm = admission.New(admission.Config{
 		MemReserveMiB: cfg.MemReserveMiB, MemAvailable: cfg.MemAvailable, Held: n.heldMiB,
 		DiskReserveMiB: cfg.DiskReserveMiB, DiskFree: n.diskFreeMiB, DataDir: cfg.DataDir, FDs: processFDs,
+		Settled: maps.Clone(n.settledSizes), Learned: n.learned,
 	})
 	fg, err := cfg.Store.Counter(context.Background(), fenceCounter)
 	if err != nil {
@@ -486,7 +494,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	}
 	limit := n.LimitMiB(t, memoryMiB)
 	if pre == nil {
-		if err := n.admitMemory(ctx, id, t.Name, n.expectedMiB(t.Name, limit)); err != nil {
+		if err := n.admitMemory(ctx, id, func() error { return n.adm.Start(id, sizeKey(t), limit) }); err != nil {
 			return store.Sandbox{}, err
 		}
 	}

@@ -158,9 +158,9 @@ func (n *Node) wake(ctx context.Context, e *entry) (err error) {
 		}
 		need := e.lastUsageMiB.Load() // what it held when it was checkpointed
 		if from != api.TierSnapshot || need <= 0 {
-			need = n.expectedMiB(sb.Template, n.limitOf(sb, t))
+			need = n.expectedMiB(t, n.limitOf(sb, t))
 		}
-		if err := n.admitMemory(ctx, e.id, sb.Template, need); err != nil {
+		if err := n.admitMemory(ctx, e.id, func() error { return n.adm.Memory(e.id, need) }); err != nil {
 			return err
 		}
 		if err := n.adm.FDs(); err != nil {

@@ -498,9 +498,6 @@ func TestTransitionErrors(t *testing.T) {
 	}
 }
 
-// TestQueuedCreateGivesUpCleanly: while every start slot is taken
-// (MaxStarts), a create waits; a caller that gives up while waiting is
-// refused (503, not 500) and leaves no row, promise or slot behind.
 // TestCreateRefusalIsLogged: a create the node turns away for want of
 // room is refused in the daemon's own log too, with the answer's reason,
 // not only in the answer (an operator reading why a fill stopped has the
@@ -535,6 +532,9 @@ func TestCreateRefusalIsLogged(t *testing.T) {
 	}
 }
 
+// TestQueuedCreateGivesUpCleanly: while every start slot is taken
+// (MaxStarts), a create waits; a caller that gives up while waiting is
+// refused (503, not 500) and leaves no row, promise or slot behind.
 func TestQueuedCreateGivesUpCleanly(t *testing.T) {
 	be := newFakeBackend()
 	n := newFakeNode(t, be)
@@ -559,5 +559,45 @@ func TestQueuedCreateGivesUpCleanly(t *testing.T) {
 	}
 	if len(be.log()) != 0 {
 		t.Errorf("backend was called: %v", be.log())
+	}
+}
+
+// TestSettledSizesOutliveTheNode: what a template build's sandboxes
+// settled at is kept in the data dir (0600) and priced into the next
+// node's first create there; a file that cannot be read is said in the
+// log and costs only that (starts count at their limit).
+func TestSettledSizesOutliveTheNode(t *testing.T) {
+	be := newFakeBackend()
+	n := newFakeNode(t, be)
+	tpl, err := n.st.GetTemplate(context.Background(), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := n.expectedMiB(tpl, 1024); e != 1024 {
+		t.Fatalf("nothing learned yet: a start counts %d MiB, want its limit", e)
+	}
+	n.learned(sizeKey(tpl), 24)
+	fi, err := os.Stat(n.settledFile())
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("settled sizes file: %v %v", fi, err)
+	}
+	m := newFakeNodeWith(t, be, func(c *Config) { c.DataDir = n.cfg.DataDir })
+	if e := m.expectedMiB(tpl, 1024); e != 30 {
+		t.Errorf("the next node on this data dir counts a start at %d MiB, want 30 (24 + 25 %%)", e)
+	}
+	other := tpl
+	other.Digest = "another-build"
+	if e := m.expectedMiB(other, 1024); e != 1024 {
+		t.Errorf("another build of the template counts %d MiB, want its limit", e)
+	}
+
+	var logBuf testenv.SyncBuffer
+	os.WriteFile(n.settledFile(), []byte("{not json"), 0o600)
+	k := newFakeNodeWith(t, be, func(c *Config) {
+		c.DataDir = n.cfg.DataDir
+		c.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
+	})
+	if e := k.expectedMiB(tpl, 1024); e != 1024 || !strings.Contains(logBuf.String(), "settled sizes are unreadable") {
+		t.Errorf("an unreadable file: a start counts %d MiB; log: %s", e, logBuf.String())
 	}
 }

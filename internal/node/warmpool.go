@@ -161,7 +161,7 @@ func (n *Node) poolRoom(t store.Template) string {
 		if err != nil {
 			return err.Error()
 		}
-		want := 2 * n.expectedMiB(t.Name, n.LimitMiB(t, 0))
+		want := 2 * n.expectedMiB(t, n.LimitMiB(t, 0))
 		if head < want {
 			return fmt.Sprintf("%d MiB of headroom, want %d", head, want)
 		}
