@@ -77,6 +77,9 @@ type Box struct {
 // ID is b's runsc container ID.
 func (b *Box) ID() string { return b.id }
 
+// Bundle is b's OCI bundle directory.
+func (b *Box) Bundle() string { return b.bundle }
+
 // Log is the file every runsc command for b writes to, and b's sandbox
 // its console output.
 func (b *Box) Log() string { return b.log }

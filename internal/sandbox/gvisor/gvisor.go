@@ -304,6 +304,7 @@ func lastRunscError(s string) string {
 // Remove of a leftover with the same ID before it, and of the half-started
 // sandbox when it is cut short.
 func (b *Backend) Start(ctx context.Context, spec sandbox.Spec) error {
+	liveCgroups.Delete(b.liveKey(spec.ID))
 	b = b.on(spec)
 	if err := b.cleanup(ctx, spec); err != nil {
 		return err
@@ -454,6 +455,7 @@ const BackgroundRestoreMin = 32 << 20
 // Restore implements sandbox.Backend. runsc restore gets RestoreBase plus
 // the image's size at CheckpointRate; add Removes as for Start.
 func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir string) error {
+	liveCgroups.Delete(b.liveKey(spec.ID))
 	b = b.on(spec)
 	if err := b.cleanup(ctx, spec); err != nil {
 		return err
@@ -515,6 +517,7 @@ func dirSize(dir string) int64 {
 // removed by hand — only ever after the processes were seen dead — so the
 // ID can be dropped or reused.
 func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
+	liveCgroups.Delete(b.liveKey(spec.ID))
 	b = b.on(spec)
 	ctx = context.WithoutCancel(ctx)
 	// runsc leaves its lock file behind when a create is cut short; once

@@ -1,0 +1,65 @@
+package gvisor
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestReapRunsc: a child named "exe" (as runsc's sandbox and gofer are)
+// is reaped once it exits, whether it was first seen running or already a
+// zombie, and forgotten when it is; a child os/exec started is left for
+// its own Wait, which still gets its exit status.
+func TestReapRunsc(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	exe := filepath.Join(t.TempDir(), "exe")
+	b, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exe, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := func(secs string) int {
+		pid, err := syscall.ForkExec(exe, []string{"exe", secs}, &syscall.ProcAttr{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	other := exec.Command(sleep, "0.2")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	running := start("0.3") // seen running first, then exits
+	reapRunsc()
+	if _, known := runscKids.Load(running); !known {
+		t.Fatalf("a running exe child is not known after a scan")
+	}
+	zombie := start("0") // exits before the next scan sees it
+	gone := func(pid int) bool {
+		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+		return os.IsNotExist(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !(gone(running) && gone(zombie)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("exe children not reaped: %d gone %v, %d gone %v", running, gone(running), zombie, gone(zombie))
+		}
+		reapRunsc()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, known := runscKids.Load(running); known {
+		t.Error("a reaped child is still remembered")
+	}
+	if err := other.Wait(); err != nil {
+		t.Errorf("os/exec's child: %v (the reaper took it)", err)
+	}
+}
