@@ -16,9 +16,9 @@ import (
 
 // The raw series time runsc itself, outside sandstormd, on what sandstormd
 // would run (internal/bench/raw: the node's bundle, runsc flags and
-// network), with the first answer polled with the same client and interval
-// as the sandstormd series (runner.firstAnswer); the ratio tables measure
-// what the node adds on top.
+// network), with the first answer polled with the same client as the
+// sandstormd series, on the gateway's dial schedule (runner.rawFirstAnswer);
+// the ratio tables measure what the node adds on top.
 
 // ensureRaw sets up the raw environment on first use.
 func (r *runner) ensureRaw(ctx context.Context) (*raw.Env, error) {
@@ -69,7 +69,7 @@ func (r *runner) rawBoxFor(e *raw.Env, purpose, t string) (*raw.Box, error) {
 func (r *runner) measureRawStart(ctx context.Context, t string) error {
 	name := "raw-start/" + t
 	cl := r.res.AddSeries(name+"/client",
-		"runsc run -detach started → first HTTP 200 from the sandbox's own address (polled every "+r.cfg.poll.String()+", same client as the gateway series; no sandstormd)", "")
+		"runsc run -detach started → first HTTP 200 from the sandbox's own address (polled on the gateway's dial schedule, gateway.DialInterval, same client as the gateway series; no sandstormd)", "")
 	cmdS := r.res.AddSeries(name+"/runsc",
 		"the runsc run -detach command alone (it returns once the container runs, before the app listens)", "")
 	cpu := r.res.AddSeries(name+"/sandbox-cpu", cpuDesc, "")
@@ -94,7 +94,7 @@ func (r *runner) measureRawStart(ctx context.Context, t string) error {
 			t0, runD, err = e.Run(ctx, b)
 		}
 		if err == nil {
-			d, attempts, body, err = r.firstAnswer(ctx, url, t0)
+			d, attempts, body, err = r.rawFirstAnswer(ctx, url, t0)
 		}
 		if err == nil {
 			r.readCPU(cpu, e.Backend(), b.ID())
@@ -214,7 +214,7 @@ var (
 func (r *runner) measureRawWake(ctx context.Context, t string, w rawWake) error {
 	leaveName := "raw-" + w.leave + "/" + t
 	cl := r.res.AddSeries(leaveName+"/client",
-		fmt.Sprintf("runsc %s started → first HTTP 200 from the sandbox's own address (polled every %s, same client as the gateway series; no sandstormd); compare wake-%s/%s/client", w.leave, r.cfg.poll, w.tier, t), "")
+		fmt.Sprintf("runsc %s started → first HTTP 200 from the sandbox's own address (polled on the gateway's dial schedule, gateway.DialInterval, same client as the gateway series; no sandstormd); compare wake-%s/%s/client", w.leave, w.tier, t), "")
 	leave := r.res.AddSeries(leaveName+"/runsc", fmt.Sprintf("the runsc %s command alone", w.leave), "")
 	enter := r.res.AddSeries("raw-"+w.enter+"/"+t+"/runsc", fmt.Sprintf("the runsc %s command alone (hot → %s)", w.enter, w.tier), "")
 	var cpu *bench.Series
@@ -268,7 +268,7 @@ func (r *runner) measureRawWake(ctx context.Context, t string, w rawWake) error 
 			}
 		}
 		if err == nil {
-			d, _, body, err = r.firstAnswer(ctx, url, t0)
+			d, _, body, err = r.rawFirstAnswer(ctx, url, t0)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
