@@ -203,6 +203,9 @@ func run(ctx context.Context, c config) (string, error) {
 	fmt.Fprintf(os.Stderr, "filled: %d sandboxes in %v\n", len(sbs), fillTime.Round(time.Second))
 	if c.awake {
 		mu.Lock()
+		if ended == "" {
+			ended = fmt.Sprintf("no refusal and no push: --count (%d) or --fill-for (%v) ended it", c.count, c.fillFor)
+		}
 		res.Params["ended_by"] = ended
 		res.Note("the fill ended at %d sandboxes, all created hot: %s", len(sbs), ended)
 		mu.Unlock()

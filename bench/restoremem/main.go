@@ -161,6 +161,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	res.Tables = tables(readings)
 	res.Params["readings"] = readings
+	res.Finished = time.Now().UTC()
 	if err := dir.Write(res); err != nil {
 		return dir.Path, err
 	}
