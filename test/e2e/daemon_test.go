@@ -544,7 +544,31 @@ func (d *Daemon) deleteSandbox(t *testing.T, id string) {
 // checkKernelObjects checks, for every sandbox this daemon has had, that
 // its network namespace and host veth exist exactly when the API says it
 // is hot or frozen (and not at all when the API no longer lists it).
+// A snapshot answers once its image is recorded and removes the stopped
+// container and the namespace just after (internal/node: checkpoint's
+// finish), so what it finds is looked at again for a few seconds before
+// it counts.
 func (d *Daemon) checkKernelObjects(t *testing.T) {
+	t.Helper()
+	for _, p := range settled(func() []string { return d.kernelObjectProblems(t) }) {
+		t.Error(p)
+	}
+}
+
+// settled calls check until it finds nothing or 5 s have passed, and
+// returns what it found last.
+func settled(check func() []string) []string {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		problems := check()
+		if len(problems) == 0 || time.Now().After(deadline) {
+			return problems
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (d *Daemon) kernelObjectProblems(t *testing.T) []string {
 	t.Helper()
 	sbs, err := d.C.Sandboxes(ctxT(t))
 	if err != nil {
@@ -555,17 +579,18 @@ func (d *Daemon) checkKernelObjects(t *testing.T) {
 		d.track(sb.ID)
 		tiers[sb.ID] = sb.Tier
 	}
+	var out []string
 	for _, id := range d.trackedIDs() {
 		tier, listed := tiers[id]
 		want := listed && (tier == api.TierHot || tier == api.TierFrozen)
 		if got := exists(netnsPath(id)); got != want {
-			t.Errorf("sandbox %s (listed %v, tier %q): network namespace present %v, want %v", id, listed, tier, got, want)
+			out = append(out, fmt.Sprintf("sandbox %s (listed %v, tier %q): network namespace present %v, want %v", id, listed, tier, got, want))
 		}
 		if got := linkExists(hostLink(id)); got != want {
-			t.Errorf("sandbox %s (listed %v, tier %q): host link %s present %v, want %v", id, listed, tier, hostLink(id), got, want)
+			out = append(out, fmt.Sprintf("sandbox %s (listed %v, tier %q): host link %s present %v, want %v", id, listed, tier, hostLink(id), got, want))
 		}
 		if got := len(d.runscState(id)) > 0; d.Backend == "gvisor" && got != want {
-			t.Errorf("sandbox %s (listed %v, tier %q): runsc state present %v, want %v", id, listed, tier, got, want)
+			out = append(out, fmt.Sprintf("sandbox %s (listed %v, tier %q): runsc state present %v, want %v", id, listed, tier, got, want))
 		}
 		// runsc's sandbox and gofer processes name the bundle; the process
 		// backend's program does not, so this is for gVisor only.
@@ -574,9 +599,10 @@ func (d *Daemon) checkKernelObjects(t *testing.T) {
 			for pid, cl := range procs {
 				cls = append(cls, fmt.Sprintf("%d: %.120s", pid, cl))
 			}
-			t.Errorf("sandbox %s (listed %v, tier %q): processes present %v, want %v: %q", id, listed, tier, len(procs) > 0, want, cls)
+			out = append(out, fmt.Sprintf("sandbox %s (listed %v, tier %q): processes present %v, want %v: %q", id, listed, tier, len(procs) > 0, want, cls))
 		}
 	}
+	return out
 }
 
 // cleanup runs at the end of the test: delete every sandbox through the API
