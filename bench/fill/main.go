@@ -25,6 +25,7 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
 	"flag"
 	"fmt"
 	"net/http"
@@ -41,14 +42,18 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
+	"sandstorm/internal/bench/raw"
 	"sandstorm/internal/client"
+	"sandstorm/internal/gateway"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/reclaim"
+	"sandstorm/internal/sandbox/gvisor"
 )
 
 type config struct {
 	count, calls, parallel, callParallel int
 	warm, awake                          bool
+	raw                                  int
 	fillFor, callTimeout, sample         time.Duration
 	freeze, snapshot, detach             time.Duration
 	out, repo, sandstormd, runsc         string
@@ -63,6 +68,7 @@ func main() {
 	fs.IntVar(&c.parallel, "parallel", 4, "creates at a time")
 	fs.IntVar(&c.callParallel, "call-parallel", 8, "calls at a time")
 	fs.BoolVar(&c.warm, "warm", true, "create from a warm template (a restore of one image); false: cold starts")
+	fs.IntVar(&c.raw, "raw", 0, "before the fill, this many raw runsc web sandboxes side by side (the node's bundle and network, no sandstormd), for the host's cost per idle hot sandbox next to the node's")
 	fs.BoolVar(&c.awake, "awake", false, "density with every sandbox hot: idle timers off, create until the node refuses one or pushes one off memory, then call every one (--count bounds it; --calls is ignored)")
 	fs.DurationVar(&c.fillFor, "fill-for", 45*time.Minute, "stop creating after this long")
 	fs.DurationVar(&c.callTimeout, "call-timeout", time.Minute, "a call that has no answer by then (503s retried as Retry-After says) did not answer")
@@ -116,7 +122,7 @@ func run(ctx context.Context, c config) (string, error) {
 	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
 		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}
 	res.Params = map[string]any{"count": c.count, "calls": c.calls, "parallel": c.parallel, "call_parallel": c.callParallel,
-		"warm": c.warm, "awake": c.awake, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": b}
+		"warm": c.warm, "awake": c.awake, "raw": c.raw, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": b}
 	sd, err := bench.StartSandstormd(ctx, b.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
 	if err != nil {
 		return "", err
@@ -131,6 +137,11 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	if _, err := cl.CreateTemplate(ctx, treq); err != nil {
 		return "", err
+	}
+	if c.raw > 0 {
+		if err := rawCost(ctx, res, absRunsc, rootfs, api.Template{Name: "web", Rootfs: rootfs, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports}, c.raw, c.subnet); err != nil {
+			return "", fmt.Errorf("raw runsc sandboxes: %w", err)
+		}
 	}
 	base := sampleNow(ctx, cl, daemon.Process.Pid, data, 0, 0, nil)
 	fmt.Fprintf(os.Stderr, "machine: %s\nfilling to %d sandboxes, %d at a time (warm %v); MemAvailable %d MiB\n", res.Machine, c.count, c.parallel, c.warm, base.AvailMiB)
@@ -484,4 +495,97 @@ func countRefusals(log string) (int, string) {
 		}
 	}
 	return n, last
+}
+
+// rawCost starts n raw runsc sandboxes of t side by side (each in its own
+// namespace and address slot of one subnet, on the node's bundle and
+// flags: internal/bench/raw), waits for each one's first answer and 10 s
+// more, and notes what they cost the host — MemAvailable's drop per
+// sandbox and each one's memory cgroup (series raw-sandbox-cgroup-mib) —
+// before removing them all: the baseline for hostCost's figures.
+func rawCost(ctx context.Context, res *bench.Results, runsc, rootfs string, t api.Template, n int, avoid string) error {
+	var avoidP []netip.Prefix
+	if p, err := netip.ParsePrefix(avoid); err == nil {
+		avoidP = append(avoidP, p)
+	}
+	subnet, err := raw.PickSubnet(avoidP)
+	if err != nil {
+		return err
+	}
+	var tag [2]byte
+	crand.Read(tag[:])
+	before, _ := memguard.AvailableMiB()
+	var envs []*raw.Env
+	defer func() {
+		for _, e := range envs {
+			e.Cleanup(context.WithoutCancel(ctx))
+		}
+	}()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+	st := raw.Template(t)
+	var boxes []*raw.Box
+	fmt.Fprintf(os.Stderr, "raw: %d runsc sandboxes side by side in %v\n", n, subnet)
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		e, err := raw.NewAt(ctx, runsc, gvisor.DefaultPlatform, fmt.Sprintf("%x%03x", tag, i), subnet, i+1, time.Minute)
+		if err != nil {
+			return err
+		}
+		envs = append(envs, e)
+		b, err := e.NewBox("web", st, raw.NodeDefaultMemoryMiB, "")
+		if err != nil {
+			return err
+		}
+		if _, _, err := e.Run(ctx, b); err != nil {
+			return err
+		}
+		if err := firstAnswer(ctx, hc, e.URL(t.Ports[0]), time.Now().Add(time.Minute)); err != nil {
+			return fmt.Errorf("raw sandbox %d: %w", i, err)
+		}
+		boxes = append(boxes, b)
+		if (i+1)%50 == 0 {
+			fmt.Fprintf(os.Stderr, "raw: %d running\n", i+1)
+		}
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(10 * time.Second):
+	}
+	after, _ := memguard.AvailableMiB()
+	s := res.AddSeries("raw-sandbox-cgroup-mib", "each raw runsc sandbox's memory cgroup, 10 s after the last first answer, MiB (not ms)", "")
+	for i, b := range boxes {
+		if mib, err := raw.MemoryMiB(ctx, envs[i].Backend(), b.ID()); err == nil {
+			s.Add(mib)
+		}
+	}
+	res.Params["raw_memavailable_drop_mib_per_sandbox"] = float64(before-after) / float64(len(boxes))
+	res.Note("host cost of %d raw runsc web sandboxes side by side: MemAvailable fell %d MiB, %.1f MiB per sandbox (series raw-sandbox-cgroup-mib)",
+		len(boxes), before-after, float64(before-after)/float64(len(boxes)))
+	return nil
+}
+
+// firstAnswer GETs url until it answers 200 or the deadline passes,
+// polling on the gateway's dial schedule (a refused connect costs a
+// starting sandbox CPU: gateway.DialInterval).
+func firstAnswer(ctx context.Context, hc *http.Client, url string, deadline time.Time) error {
+	start := time.Now()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no answer from %s: %w", url, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(gateway.DialInterval(time.Since(start))):
+		}
+	}
 }

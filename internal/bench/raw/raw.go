@@ -190,18 +190,47 @@ func New(ctx context.Context, runsc, platform, runID string, avoid []netip.Prefi
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	used, err := prefixesInUse()
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("list this machine's addresses and routes: %w", err)
-	}
-	subnet, err := pickSubnet(candidates(), append(used, avoid...))
+	subnet, err := PickSubnet(avoid)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	host, sb, err := netns.Pool{Prefix: subnet}.Addrs(0)
+	return newEnv(be, dir, runID, subnet, 0, timeout)
+}
+
+// PickSubnet is the first raw candidate /16 that no address or route of
+// this network namespace uses, nor avoid.
+func PickSubnet(avoid []netip.Prefix) (netip.Prefix, error) {
+	used, err := prefixesInUse()
 	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("list this machine's addresses and routes: %w", err)
+	}
+	return pickSubnet(candidates(), append(used, avoid...))
+}
+
+// NewAt is New on address slot slot of subnet (from PickSubnet): several
+// Envs on one subnet, each in its own slot, run raw sandboxes side by
+// side, as the node's sandboxes share its subnet.
+func NewAt(ctx context.Context, runsc, platform, runID string, subnet netip.Prefix, slot int, timeout time.Duration) (*Env, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the raw runsc series need root (network namespaces, mounts, runsc)")
+	}
+	dir, err := os.MkdirTemp("/tmp", "ssraw-")
+	if err != nil {
+		return nil, err
+	}
+	be, err := gvisor.New(root(dir), runsc, platform)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return newEnv(be, dir, runID, subnet, slot, timeout)
+}
+
+func newEnv(be *gvisor.Backend, dir, runID string, subnet netip.Prefix, slot int, timeout time.Duration) (*Env, error) {
+	host, sb, err := netns.Pool{Prefix: subnet}.Addrs(slot)
+	if err != nil {
+		be.Close()
 		os.RemoveAll(dir)
 		return nil, err
 	}
