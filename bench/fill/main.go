@@ -69,7 +69,7 @@ func main() {
 	fs.IntVar(&c.callParallel, "call-parallel", 8, "calls at a time")
 	fs.BoolVar(&c.warm, "warm", true, "create from a warm template (a restore of one image); false: cold starts")
 	fs.IntVar(&c.raw, "raw", 0, "before the fill, this many raw runsc web sandboxes side by side (the node's bundle and network, no sandstormd), for the host's cost per idle hot sandbox next to the node's")
-	fs.BoolVar(&c.awake, "awake", false, "density with every sandbox hot: idle timers off, create until the node refuses one or pushes one off memory, then call every one (--count bounds it; --calls is ignored)")
+	fs.BoolVar(&c.awake, "awake", false, "density with every sandbox hot: idle timers off, create until the node refuses one twice running (a 503 is retried once) or pushes one off memory, then call every one (--count bounds it; --calls is ignored)")
 	fs.DurationVar(&c.fillFor, "fill-for", 45*time.Minute, "stop creating after this long")
 	fs.DurationVar(&c.callTimeout, "call-timeout", time.Minute, "a call that has no answer by then (503s retried as Retry-After says) did not answer")
 	fs.DurationVar(&c.sample, "sample", 10*time.Second, "timeline sampling interval")
@@ -177,6 +177,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}()
 	failures := 0
 	var ended string // with --awake: what ended the fill
+	refusedOnce := 0 // with --awake: 503s answered to creates (each retried once)
 	filler := &bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count,
 		Request: bench.Named("web", "f%05d"),
 		Done: func(i int, a bench.Answer) bool {
@@ -199,9 +200,12 @@ func run(ctx context.Context, c config) (string, error) {
 			return false
 		}}
 	if c.awake {
-		// The node's answer to a create it has no room for is a 503;
-		// the first ends the fill.
+		// The node's answer to a create it has no room for is a 503. One
+		// is retried after its Retry-After (a burst of a template's first
+		// starts is counted at their limits until one has settled:
+		// internal/admission); a create refused again ends the fill.
 		filler.MaxRefusals = 1
+		filler.Refused = func(i int, _ time.Duration) { refusedOnce++ }
 		go watchPushes(fillCtx, cl, fillDone, &mu, &ended, &created)
 	}
 	filler.Run(fillCtx)
@@ -218,7 +222,8 @@ func run(ctx context.Context, c config) (string, error) {
 			ended = fmt.Sprintf("no refusal and no push: --count (%d) or --fill-for (%v) ended it", c.count, c.fillFor)
 		}
 		res.Params["ended_by"] = ended
-		res.Note("the fill ended at %d sandboxes, all created hot: %s", len(sbs), ended)
+		res.Params["refusals"] = refusedOnce
+		res.Note("the fill ended at %d sandboxes, all created hot: %s; %d create(s) were answered 503 on the way (each retried once after its Retry-After)", len(sbs), ended, refusedOnce)
 		mu.Unlock()
 		hostCost(res, base.AvailMiB, data, len(sbs))
 		nref, lastRef := countRefusals(filepath.Join(dir.Path, "sandstormd.log"))
