@@ -515,22 +515,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		srv = drainable(&http.Server{Handler: streams.wrap(api), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()})
 		go func() { errc <- srv.Serve(ln) }()
 	}
-	closeUnclaimedWhenReconciled(o)
-	serving(o, log)
-	for {
-		select {
-		case <-ctx.Done():
-			shutdown(srv)
-			log.Info("sandstormd stopped; sandboxes keep running and are adopted at the next start")
-			return nil
-		case err := <-errc:
-			return err
-		case <-o.Reload:
-			if err := handover(ctx, o, log, []*http.Server{srv}, streams, nd); !errors.Is(err, errReloadRefused) {
-				return err
-			}
-		}
-	}
+	return serveUntilDone(ctx, o, log, srv, errc, streams, nd, "sandstormd stopped")
 }
 
 // closeUnclaimedWhenReconciled closes the sockets handed over by a reload
@@ -660,13 +645,21 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 		log.Info("sandstormd node waiting to be paired: give its master this address and the code in the pairing-code file", "pid", os.Getpid(), "node", o.NodeName,
 			"listen", raw.Addr().String(), "pairing_code_file", ep.CodePath())
 	}
+	return serveUntilDone(ctx, o, log, srv, errc, streams, nd, "sandstormd node stopped")
+}
+
+// serveUntilDone is the end of a master's or a node's start: it says the
+// daemon is serving, then serves srv until ctx ends (a shutdown; the
+// sandboxes keep running), srv fails (errc), or a reload hands everything
+// to the next binary (one refused leaves this one serving).
+func serveUntilDone(ctx context.Context, o Options, log *slog.Logger, srv *http.Server, errc <-chan error, streams *streamSet, nd *node.Node, stopped string) error {
 	closeUnclaimedWhenReconciled(o)
 	serving(o, log)
 	for {
 		select {
 		case <-ctx.Done():
 			shutdown(srv)
-			log.Info("sandstormd node stopped; sandboxes keep running and are adopted at the next start")
+			log.Info(stopped + "; sandboxes keep running and are adopted at the next start")
 			return nil
 		case err := <-errc:
 			return err
