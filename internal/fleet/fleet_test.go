@@ -191,6 +191,17 @@ func (n *node) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 // is remote, served over the seam's mutual TLS on loopback.
 func fleetOf(t *testing.T, local, remote *node) *Fleet {
 	t.Helper()
+	f, _ := runningFleet(t, local, remote)
+	return f
+}
+
+// runningFleet is fleetOf with the function that stops the fleet: a
+// test that starts a server of its own after the fleet must stop the
+// fleet before it closes that server, because httptest.Server.Close
+// waits for every request in flight, and a watcher's report stream is
+// one until the fleet stops (CI at 1b8c387 hung 25 minutes there).
+func runningFleet(t *testing.T, local, remote *node) (*Fleet, context.CancelFunc) {
+	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +227,7 @@ func fleetOf(t *testing.T, local, remote *node) *Fleet {
 	go f.Run(ctx)
 	testenv.WaitFor(t, 10*time.Second, remote.name+" reports", func() bool { l, ok := f.linkOf(remote.name); return ok && l.full })
 	testenv.WaitFor(t, 10*time.Second, remote.name+" is fenced", func() bool { _, n := remote.lastFence(); return n > 0 })
-	return f
+	return f, cancel
 }
 
 // TestCreatePlacesByHeadroomAndRetries: a sandbox goes to the node with
@@ -401,7 +412,7 @@ func TestReadsNeverWaitOnANode(t *testing.T) {
 func TestForgottenNodeIsRevoked(t *testing.T) {
 	ctx := context.Background()
 	remote := &node{name: "far", availMiB: 9000}
-	f := fleetOf(t, &node{name: "local"}, remote)
+	f, stop := runningFleet(t, &node{name: "local"}, remote)
 	addr := remote.srv.Listener.Addr().String()
 	issued := time.Now()
 	// Revocation is to the second: let the second of the issue pass.
@@ -435,13 +446,20 @@ func TestForgottenNodeIsRevoked(t *testing.T) {
 	fresh.Config.ErrorLog = log.New(io.Discard, "", 0)
 	fresh.Listener = tls.NewListener(fresh.Listener, scfg)
 	fresh.Start()
+	// The fleet's watcher may open its report stream to fresh: stop the
+	// fleet first, or fresh.Close waits on that stream for ever.
 	defer fresh.Close()
+	defer stop()
 	f.cfg.Store.DeleteNode(ctx, "far")
 	f.cfg.Store.PutNode(ctx, store.Node{Name: "far", Address: fresh.Listener.Addr().String()})
 	f.add("far", fresh.Listener.Addr().String())
 	if _, err := f.paired("far").Status(ctx); err != nil {
 		t.Errorf("a certificate issued after the forgetting: %v", err)
 	}
+	// And its reports are heard again (which opens the stream that
+	// fresh.Close, deferred above, must not wait on).
+	f.kickWatch("far")
+	testenv.WaitFor(t, 10*time.Second, "far's reports heard again", func() bool { l, ok := f.linkOf("far"); return ok && l.up })
 	// Another node's certificate, at the address the master has for
 	// "near": refused by name.
 	f.cfg.Store.PutNode(ctx, store.Node{Name: "near", Address: fresh.Listener.Addr().String() + "0"})
