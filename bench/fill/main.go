@@ -52,6 +52,7 @@ import (
 
 type config struct {
 	count, calls, parallel, callParallel int
+	nodeMiB                              int64
 	warm, awake                          bool
 	raw                                  int
 	fillFor, callTimeout, sample         time.Duration
@@ -70,6 +71,7 @@ func main() {
 	fs.BoolVar(&c.warm, "warm", true, "create from a warm template (a restore of one image); false: cold starts")
 	fs.IntVar(&c.raw, "raw", 0, "before the fill, this many raw runsc web sandboxes side by side (the node's bundle and network, no sandstormd), for the host's cost per idle hot sandbox next to the node's")
 	fs.BoolVar(&c.awake, "awake", false, "density with every sandbox hot: idle timers off, create until the node refuses one twice running (a 503 is retried once) or pushes one off memory, then call every one (--count bounds it; --calls is ignored)")
+	fs.Int64Var(&c.nodeMiB, "node-mib", 0, "give the node only this many MiB for sandboxes: sandstormd's --memory-reserve is set to MemAvailable at the start less this, so a fill reaches the node's memory bound before this machine's two cores are the limit (0: the whole machine, reserve 256 MiB)")
 	fs.DurationVar(&c.fillFor, "fill-for", 45*time.Minute, "stop creating after this long")
 	fs.DurationVar(&c.callTimeout, "call-timeout", time.Minute, "a call that has no answer by then (503s retried as Retry-After says) did not answer")
 	fs.DurationVar(&c.sample, "sample", 10*time.Second, "timeline sampling interval")
@@ -85,7 +87,7 @@ func main() {
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
-	if fs.NArg() > 0 || c.count < 1 || c.calls < 0 || c.parallel < 1 || c.callParallel < 1 {
+	if fs.NArg() > 0 || c.count < 1 || c.calls < 0 || c.parallel < 1 || c.callParallel < 1 || c.nodeMiB < 0 {
 		fmt.Fprintln(os.Stderr, "fill: bad arguments; see --help")
 		os.Exit(2)
 	}
@@ -121,8 +123,18 @@ func run(ctx context.Context, c config) (string, error) {
 	data := filepath.Join(work, "d")
 	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
 		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}
+	if c.nodeMiB > 0 {
+		avail, err := memguard.AvailableMiB()
+		if err != nil {
+			return "", err
+		}
+		if avail-c.nodeMiB < 256 {
+			return "", fmt.Errorf("--node-mib %d leaves less than sandstormd's default 256 MiB reserve of the %d MiB available", c.nodeMiB, avail)
+		}
+		args = append(args, "--memory-reserve", strconv.FormatInt(avail-c.nodeMiB, 10))
+	}
 	res.Params = map[string]any{"count": c.count, "calls": c.calls, "parallel": c.parallel, "call_parallel": c.callParallel,
-		"warm": c.warm, "awake": c.awake, "raw": c.raw, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": b}
+		"warm": c.warm, "awake": c.awake, "node_mib": c.nodeMiB, "raw": c.raw, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": b}
 	sd, err := bench.StartSandstormd(ctx, b.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
 	if err != nil {
 		return "", err
