@@ -11,8 +11,8 @@
 //	sudo go run ./bench/fill --awake --warm=false --parallel 2
 //
 // With --awake it measures density with every sandbox hot (issue 19):
-// idle timers off, it creates until the node turns a create away or
-// pushes a sandbox off memory to make room, then calls every sandbox, and
+// idle timers off, it creates until the node turns a create away with
+// nothing else starting, or pushes a sandbox off memory to make room, then calls every sandbox, and
 // reports how many there were, what each cost the host (MemAvailable's
 // drop per sandbox, and its memory cgroup), and the refusal that ended
 // it with the node's log line for it.
@@ -70,7 +70,7 @@ func main() {
 	fs.IntVar(&c.callParallel, "call-parallel", 8, "calls at a time")
 	fs.BoolVar(&c.warm, "warm", true, "create from a warm template (a restore of one image); false: cold starts")
 	fs.IntVar(&c.raw, "raw", 0, "before the fill, this many raw runsc web sandboxes side by side (the node's bundle and network, no sandstormd), for the host's cost per idle hot sandbox next to the node's")
-	fs.BoolVar(&c.awake, "awake", false, "density with every sandbox hot: idle timers off, create until the node refuses one twice running (a 503 is retried once) or pushes one off memory, then call every one (--count bounds it; --calls is ignored)")
+	fs.BoolVar(&c.awake, "awake", false, "density with every sandbox hot: idle timers off, create until the node refuses one with nothing else starting (a 503 while others start is retried, at most 50 times) or pushes one off memory, then call every one (--count bounds it; --calls is ignored)")
 	fs.Int64Var(&c.nodeMiB, "node-mib", 0, "give the node only this many MiB for sandboxes: sandstormd's --memory-reserve is set to MemAvailable at the start less this, so a fill reaches the node's memory bound before this machine's two cores are the limit (0: the whole machine, reserve 256 MiB)")
 	fs.DurationVar(&c.fillFor, "fill-for", 45*time.Minute, "stop creating after this long")
 	fs.DurationVar(&c.callTimeout, "call-timeout", time.Minute, "a call that has no answer by then (503s retried as Retry-After says) did not answer")
@@ -189,7 +189,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}()
 	failures := 0
 	var ended string // with --awake: what ended the fill
-	refusedOnce := 0 // with --awake: 503s answered to creates (each retried once)
+	refusedOnce := 0 // with --awake: 503s answered to creates
 	filler := &bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count,
 		Request: bench.Named("web", "f%05d"),
 		Done: func(i int, a bench.Answer) bool {
@@ -212,12 +212,18 @@ func run(ctx context.Context, c config) (string, error) {
 			return false
 		}}
 	if c.awake {
-		// The node's answer to a create it has no room for is a 503. One
-		// is retried after its Retry-After (a burst of a template's first
-		// starts is counted at their limits until one has settled:
-		// internal/admission); a create refused again ends the fill.
-		filler.MaxRefusals = 1
+		// The node's answer to a create it has no room for is a 503. While
+		// sandboxes are still starting on it (its promised MiB), the room
+		// may be theirs only until they settle — a template's first starts
+		// are counted at their limit until one has (internal/admission) —
+		// so the create is tried again after its Retry-After; a 503 with
+		// nothing starting is the node full, and ends the fill.
+		filler.MaxRefusals = 50
 		filler.Refused = func(i int, _ time.Duration) { refusedOnce++ }
+		filler.Again = func(int, bench.Answer) bool {
+			st, err := cl.Node(fillCtx)
+			return err == nil && st.PromisedMiB > 0
+		}
 		go watchPushes(fillCtx, cl, fillDone, &mu, &ended, &created)
 	}
 	filler.Run(fillCtx)
@@ -235,7 +241,7 @@ func run(ctx context.Context, c config) (string, error) {
 		}
 		res.Params["ended_by"] = ended
 		res.Params["refusals"] = refusedOnce
-		res.Note("the fill ended at %d sandboxes, all created hot: %s; %d create(s) were answered 503 on the way (each retried once after its Retry-After)", len(sbs), ended, refusedOnce)
+		res.Note("the fill ended at %d sandboxes, all created hot: %s; %d create(s) were answered 503 on the way (retried after its Retry-After while other sandboxes were still starting)", len(sbs), ended, refusedOnce)
 		mu.Unlock()
 		hostCost(res, base.AvailMiB, data, len(sbs))
 		nref, lastRef := countRefusals(filepath.Join(dir.Path, "sandstormd.log"))

@@ -29,6 +29,9 @@ type Filler struct {
 	RetryFor    time.Duration
 	// Refused, if set, is told of every 503 as it comes (how long it took).
 	Refused func(i int, took time.Duration)
+	// Again, if set, is asked after each 503 whether to try create i
+	// again (within MaxRefusals and RetryFor): false gives it up.
+	Again func(i int, a Answer) bool
 	// Done is told how each create ended; it returns true to stop the whole
 	// fill (the creates under way still end and are told).
 	Done func(i int, a Answer) (stop bool)
@@ -109,7 +112,8 @@ func (f *Filler) create(ctx context.Context, i int, mu *sync.Mutex) Answer {
 			f.Refused(i, a.Took)
 			mu.Unlock()
 		}
-		if f.MaxRefusals > 0 && a.Refusals > f.MaxRefusals || !giveUp.IsZero() && time.Now().Add(wait).After(giveUp) {
+		if f.MaxRefusals > 0 && a.Refusals > f.MaxRefusals || !giveUp.IsZero() && time.Now().Add(wait).After(giveUp) ||
+			f.Again != nil && !f.Again(i, a) {
 			a.GaveUp = true
 			return a
 		}

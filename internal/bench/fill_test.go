@@ -102,3 +102,22 @@ func TestFillerGivesUp(t *testing.T) {
 		}
 	}
 }
+
+// TestFillerAgainDecides: Again is asked after each 503 and its false
+// gives the create up at once, before MaxRefusals; its true tries again.
+func TestFillerAgainDecides(t *testing.T) {
+	c, tries := fakeMaster(t, 100, "0")
+	asked := 0
+	var got Answer
+	f := &Filler{Client: c, Parallel: 1, Count: 1, MaxRefusals: 50,
+		Request: func(i int) api.SandboxRequest { return api.SandboxRequest{Template: "web", Name: "a"} },
+		Again: func(_ int, a Answer) bool {
+			asked++
+			return a.Refusals < 3 // something still starting twice, then not
+		},
+		Done: func(_ int, a Answer) bool { got = a; return false }}
+	f.Run(context.Background())
+	if !got.GaveUp || got.Refusals != 3 || asked != 3 || len(tries("a")) != 3 {
+		t.Errorf("given up after %d refusals, Again asked %d times, %d tries: %+v", got.Refusals, asked, len(tries("a")), got)
+	}
+}
