@@ -39,6 +39,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,9 @@ type config struct {
 	out, repo, sandstormd, root, listen string
 	sandboxMiB                          int
 	moveRounds, drainCount              int
+	logLevel                            string
+	logs                                string // where each fleet's logs are kept (set by run)
+	fleets                              *int   // fleets brought up so far (their logs' directory names)
 }
 
 func main() {
@@ -84,6 +88,7 @@ func main() {
 	fs.DurationVar(&c.snapshot, "snapshot-after", 5*time.Second, "nodes' --snapshot-after")
 	fs.DurationVar(&c.detach, "detach-after", time.Minute, "nodes' --detach-after")
 	fs.IntVar(&c.sandboxMiB, "sandbox-memory", 128, "nodes' --sandbox-memory: each web server's limit, and what a start is admitted at")
+	fs.StringVar(&c.logLevel, "log-level", "warn", "the nodes' --log-level (info logs each move's steps); the master's and nodes' logs are kept in the results directory, logs/<k>/ for the k-th fleet brought up")
 	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
 	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit)")
 	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary, with runsc beside it (default: built from --repo, with bin/runsc linked beside it: make runsc)")
@@ -130,7 +135,8 @@ func run(ctx context.Context, c config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	res.Params = map[string]any{"nodes": c.nodes, "part": c.part, "count": c.count, "calls": c.calls, "parallel": c.parallel,
+	c.logs, c.fleets = filepath.Join(dir.Path, "logs"), new(int)
+	res.Params = map[string]any{"log_level": c.logLevel, "nodes": c.nodes, "part": c.part, "count": c.count, "calls": c.calls, "parallel": c.parallel,
 		"per_node": c.perNode, "awake": c.awake, "rates": c.rates, "traffic_for": c.trafficFor.String(), "fill_for": c.fillFor.String(),
 		"freeze_after": c.freeze.String(), "snapshot_after": c.snapshot.String(), "detach_after": c.detach.String(), "sandbox_memory_mib": c.sandboxMiB, "sandstormd": b,
 		"move_rounds": c.moveRounds, "drain_count": c.drainCount}
@@ -179,7 +185,7 @@ func write(dir *bench.Dir, res *bench.Results) {
 }
 
 func timers(c config, extra ...string) []string {
-	return append([]string{"--log-level", "warn", "--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(),
+	return append([]string{"--log-level", c.logLevel, "--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(),
 		"--detach-after", c.detach.String(), "--sandbox-memory", fmt.Sprint(c.sandboxMiB)}, extra...)
 }
 
@@ -187,8 +193,11 @@ func timers(c config, extra ...string) []string {
 func up(ctx context.Context, c config, bin string, nodeArgs []string) (*client.Client, fleetup.State, func(), error) {
 	fleetup.Down(c.root, true, io.Discard) // a run cut short
 	st, err := fleetup.Up(ctx, fleetup.Config{Nodes: c.nodes, Root: c.root, Listen: c.listen, Bin: bin, Template: "web", NodeArgs: nodeArgs, Out: os.Stderr, NoMesh: true})
+	*c.fleets++
+	logs := filepath.Join(c.logs, strconv.Itoa(*c.fleets))
 	down := func() {
 		fmt.Fprintln(os.Stderr, "taking the fleet down…")
+		keepLogs(st, logs) // before Down removes them with the root
 		fleetup.Down(c.root, true, os.Stderr)
 	}
 	if err != nil {
@@ -406,4 +415,25 @@ func ours(ep string) bool {
 	}
 	ap, err := netip.ParseAddrPort(rest)
 	return err == nil && fleetNet.Contains(ap.Addr())
+}
+
+// keepLogs copies the master's and the nodes' logs of fleet st into dir
+// (fleetup.Down removes them with the fleet's root).
+func keepLogs(st fleetup.State, dir string) {
+	procs := []fleetup.Proc{st.Master}
+	for _, n := range st.Nodes {
+		procs = append(procs, n.Proc)
+	}
+	for _, p := range procs {
+		if p.Log == "" {
+			continue
+		}
+		b, err := os.ReadFile(p.Log)
+		if err != nil {
+			continue
+		}
+		if os.MkdirAll(dir, 0o755) == nil {
+			os.WriteFile(filepath.Join(dir, filepath.Base(p.Log)), b, 0o644)
+		}
+	}
 }

@@ -164,6 +164,8 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 		n.clearMoveOut(sb.ID)
 		return cause
 	}
+	began := time.Now()
+	var checkpointed time.Duration
 	if from == api.TierHot || from == api.TierFrozen {
 		if err := n.adm.Disk("its snapshot, to move it", n.imageMiB(sb.ID)); err != nil {
 			return stay(err)
@@ -184,6 +186,7 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 			return stay(err)
 		}
 		n.log.Info("sandbox transition", "id", sb.ID, "from", from, "to", api.TierSnapshot, "why", "move")
+		checkpointed = time.Since(began)
 	}
 	// No way in while it is leaving: its endpoints are the new node's
 	// once the move is done, and here again if it is given up.
@@ -235,7 +238,8 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 	if err := tw.Close(); err != nil {
 		return err
 	}
-	n.log.Info("move: sandbox sent", "id", sb.ID, "name", sb.Name, "tier", from, "image_bytes", m.ImageBytes, "volume_bytes", m.VolumeBytes, "generation", gen)
+	n.log.Info("move: sandbox sent", "id", sb.ID, "name", sb.Name, "tier", from, "image_bytes", m.ImageBytes, "volume_bytes", m.VolumeBytes, "generation", gen,
+		"checkpoint_ms", checkpointed.Milliseconds(), "total_ms", time.Since(began).Milliseconds())
 	return nil
 }
 
@@ -420,15 +424,18 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 		envdDir = filepath.Join(n.cfg.DataDir, "envd", m.Envd)
 	}
 	to := m.Tier
+	steps := newStepTimer()
 	switch {
 	case running:
 		if err := n.layOut(sb, t, envdDir); err != nil {
 			return fail(err)
 		}
+		steps.mark("layout")
 		d.mark("restoring here after a move from node %s (memory kept)", m.From)
 		if err := n.be.Restore(context.Background(), n.spec(sb), d.snapshot()); err != nil {
 			return fail(fmt.Errorf("restore the moved image: %w", err))
 		}
+		steps.mark("restore")
 		os.RemoveAll(d.snapshot())
 		if m.Tier == api.TierFrozen {
 			if err := n.be.Pause(context.Background(), n.spec(sb)); err != nil {
@@ -448,8 +455,8 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 	if err != nil {
 		return fail(err)
 	}
-	n.log.Info("move: sandbox arrived; waiting for its master to confirm it", "id", sb.ID, "name", sb.Name, "tier", to, "from", m.From,
-		"receive_ms", received.Milliseconds(), "total_ms", time.Since(began).Milliseconds(), "generation", gen)
+	n.log.Info("move: sandbox arrived; waiting for its master to confirm it", append([]any{"id", sb.ID, "name", sb.Name, "tier", to, "from", m.From,
+		"receive_ms", received.Milliseconds(), "total_ms", time.Since(began).Milliseconds(), "generation", gen}, steps.attrs()...)...)
 	time.AfterFunc(moveInHold, func() {
 		cur, err := n.st.GetSandbox(context.Background(), sb.ID)
 		if err == nil && cur.MoveIn && cur.Generation == gen {
@@ -651,20 +658,24 @@ func (n *Node) MoveCommit(ctx context.Context, id string, gen int64) (store.Sand
 	if sb.Generation != gen || !sb.MoveIn {
 		return sb, nil
 	}
+	steps := newStepTimer()
 	if tier := e.getTier(); tier == api.TierHot || tier == api.TierFrozen {
 		if err := n.boundaryUp(sb); err != nil {
 			return store.Sandbox{}, err
 		}
 	}
+	steps.mark("boundary")
 	if sb, err = n.st.UpdateSandbox(ctx, id, func(s *store.Sandbox) error { s.MoveIn = false; return nil }); err != nil {
 		return store.Sandbox{}, err
 	}
+	steps.mark("store")
 	e.moving.Store(false)
 	e.lastActive.Store(time.Now().UnixMilli())
 	if err := n.listen(sb); err != nil {
 		return store.Sandbox{}, err
 	}
-	n.log.Info("move: sandbox confirmed here", "id", sb.ID, "name", sb.Name, "tier", sb.Tier, "generation", gen)
+	steps.mark("listen")
+	n.log.Info("move: sandbox confirmed here", append([]any{"id", sb.ID, "name", sb.Name, "tier", sb.Tier, "generation", gen}, steps.attrs()...)...)
 	n.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
 	return sb, nil
 }
