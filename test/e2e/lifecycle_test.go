@@ -42,6 +42,17 @@ func TestLifecycle(t *testing.T) {
 	if got.Tier != api.TierHot || got.LastWakeFrom != api.TierFrozen {
 		t.Fatalf("after a call to the frozen sandbox: tier %q last_wake_from %q, want hot from frozen", got.Tier, got.LastWakeFrom)
 	}
+	// A frozen wake does not rescore its processes (node.wake): they keep
+	// the high OOM score they got when they started.
+	procs := processesMentioning(d.sandboxDir(id) + "/")
+	if len(procs) == 0 {
+		t.Errorf("no process mentions %s", d.sandboxDir(id))
+	}
+	for pid := range procs {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid)); err == nil && strings.TrimSpace(string(b)) != "800" {
+			t.Errorf("after a frozen wake, sandbox process %d has oom_score_adj %s, want 800", pid, strings.TrimSpace(string(b)))
+		}
+	}
 
 	// The gateway is the only way in: a host process dialling the
 	// sandbox's address directly is reset at once (such a connection would
