@@ -192,6 +192,13 @@ func timers(c config, extra ...string) []string {
 // up brings a fleet up and returns a client of its master and a teardown.
 func up(ctx context.Context, c config, bin string, nodeArgs []string) (*client.Client, fleetup.State, func(), error) {
 	fleetup.Down(c.root, true, io.Discard) // a run cut short
+	// fleetup appends to its logs, and Down leaves them: start this
+	// fleet's afresh, so that what keepLogs keeps is this fleet's alone.
+	if old, _ := filepath.Glob(filepath.Join(c.root, "*.log")); len(old) > 0 {
+		for _, f := range old {
+			os.Remove(f)
+		}
+	}
 	st, err := fleetup.Up(ctx, fleetup.Config{Nodes: c.nodes, Root: c.root, Listen: c.listen, Bin: bin, Template: "web", NodeArgs: nodeArgs, Out: os.Stderr, NoMesh: true})
 	*c.fleets++
 	logs := filepath.Join(c.logs, strconv.Itoa(*c.fleets))

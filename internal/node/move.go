@@ -166,6 +166,7 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 	}
 	began := time.Now()
 	var checkpointed time.Duration
+	var lockTo func() // what is left of the checkpoint, run with the lock once the stream may start
 	if from == api.TierHot || from == api.TierFrozen {
 		if err := n.adm.Disk("its snapshot, to move it", n.imageMiB(sb.ID)); err != nil {
 			return stay(err)
@@ -181,17 +182,31 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 			e.setTier(cur.Tier)
 			return stay(fmt.Errorf("checkpoint %s to move it: %w", sb.Name, err))
 		}
-		finish()
 		if sb, err = n.commit(sb.ID, api.TierSnapshot, nil); err != nil {
+			finish()
 			return stay(err)
 		}
 		n.log.Info("sandbox transition", "id", sb.ID, "from", from, "to", api.TierSnapshot, "why", "move")
 		checkpointed = time.Since(began)
+		// The image is whole: the stopped container's delete and its
+		// namespace's removal (≈ 44 ms, as after a snapshot's answer:
+		// transitionThen) run beside the stream, under the sandbox's lock,
+		// not before its first byte.
+		lockTo = finish
 	}
 	// No way in while it is leaving: its endpoints are the new node's
 	// once the move is done, and here again if it is given up.
 	n.gw.Close(sb.ID)
-	e.release()
+	if lockTo != nil {
+		n.finishing.Add(1)
+		go func() {
+			defer n.finishing.Done()
+			defer e.release()
+			lockTo()
+		}()
+	} else {
+		e.release()
+	}
 	held = false
 	d := n.dir(sb.ID)
 	m := MoveManifest{ID: sb.ID, Name: sb.Name, Template: sb.Template, Digest: t.Digest, Principal: sb.Principal,
