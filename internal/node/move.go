@@ -191,17 +191,24 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 		// The image is whole: the stopped container's delete and its
 		// namespace's removal (≈ 44 ms, as after a snapshot's answer:
 		// transitionThen) run beside the stream, under the sandbox's lock,
-		// not before its first byte.
+		// not before its first byte — but before its end marker: the node
+		// it goes to lays the sandbox out (namespace ss-<id>, cgroup,
+		// runsc restore under the same ID) only once the stream has ended,
+		// and nodes on one machine (fleet up --nodes, the e2e fleets) share
+		// those names, so this node's teardown must be over by then.
 		lockTo = finish
 	}
 	// No way in while it is leaving: its endpoints are the new node's
 	// once the move is done, and here again if it is given up.
 	n.gw.Close(sb.ID)
+	var tornDown chan struct{}
 	if lockTo != nil {
+		tornDown = make(chan struct{})
 		n.finishing.Add(1)
 		go func() {
 			defer n.finishing.Done()
 			defer e.release()
+			defer close(tornDown)
 			lockTo()
 		}()
 	} else {
@@ -246,6 +253,9 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 	}
 	if _, err := rootfs.PackVolume(d.upper(), tw, moveVolume); err != nil {
 		return err
+	}
+	if tornDown != nil {
+		<-tornDown // see lockTo above
 	}
 	if err := tw.WriteHeader(&tar.Header{Name: moveEnd, Mode: 0o600, Typeflag: tar.TypeReg}); err != nil {
 		return err
