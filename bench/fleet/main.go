@@ -204,7 +204,7 @@ func up(ctx context.Context, c config, bin string, nodeArgs []string) (*client.C
 	logs := filepath.Join(c.logs, strconv.Itoa(*c.fleets))
 	down := func() {
 		fmt.Fprintln(os.Stderr, "taking the fleet down…")
-		keepLogs(st, logs) // before Down removes them with the root
+		keepLogs(st, logs) // while the fleet still runs: its last lines are its shutdown
 		fleetup.Down(c.root, true, os.Stderr)
 	}
 	if err != nil {
@@ -424,8 +424,8 @@ func ours(ep string) bool {
 	return err == nil && fleetNet.Contains(ap.Addr())
 }
 
-// keepLogs copies the master's and the nodes' logs of fleet st into dir
-// (fleetup.Down removes them with the fleet's root).
+// keepLogs copies the master's and the nodes' logs of fleet st into dir:
+// the fleet's root is the next run's, and its logs with it.
 func keepLogs(st fleetup.State, dir string) {
 	procs := []fleetup.Proc{st.Master}
 	for _, n := range st.Nodes {
