@@ -8,7 +8,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandstorm/api"
-	"sandstorm/internal/store"
 )
 
 // Disk (issue 7, item 5): snapshots and volumes live on the node's disk
@@ -68,12 +67,11 @@ func (n *Node) diskStep() {
 			return
 		}
 		n.log.Warn("disk reserve: detaching a snapshot sandbox", "id", id, "free_mib", free, "reserve_mib", n.cfg.DiskReserveMiB)
-		if _, err := n.Detach(context.Background(), id); err != nil {
+		note := fmt.Sprintf("detached: the node's disk was below its reserve (%d MiB free, reserve %d MiB); its snapshot, and so its memory state, was dropped, its volume kept", free, n.cfg.DiskReserveMiB)
+		if _, err := n.detach(context.Background(), id, note); err != nil {
 			n.log.Error("disk reserve: detach failed", "id", id, "err", err)
 			continue
 		}
-		note := fmt.Sprintf("detached: the node's disk was below its reserve (%d MiB free, reserve %d MiB); its snapshot, and so its memory state, was dropped, its volume kept", free, n.cfg.DiskReserveMiB)
-		n.st.UpdateSandbox(context.Background(), id, func(s *store.Sandbox) error { s.Note = note; return nil })
 		free, _ = n.diskFreeMiB()
 	}
 }

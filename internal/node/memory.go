@@ -207,11 +207,10 @@ func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
 		if !n.be.Capabilities().Checkpoint || avail < checkpointRoomMiB(held) {
 			n.log.Warn("memory: detaching sandbox (too little memory to checkpoint it safely)", "id", v.ID, "available_mib", avail, "reserve_mib", n.cfg.MemReserveMiB, "why", why)
 			note := fmt.Sprintf("detached under memory pressure (%d MiB available, reserve %d MiB): its memory state was lost, its volume kept; the next request cold-starts it", avail, n.cfg.MemReserveMiB)
-			if _, err := n.Detach(ctx, v.ID); err != nil {
+			if _, err := n.detach(ctx, v.ID, note); err != nil {
 				n.log.Error("memory: detach failed", "id", v.ID, "err", err)
 				continue
 			}
-			n.st.UpdateSandbox(context.Background(), v.ID, func(s *store.Sandbox) error { s.Note = note; return nil })
 			return true
 		}
 		n.log.Warn("memory: pushing sandbox to disk", "id", v.ID, "available_mib", avail, "reserve_mib", n.cfg.MemReserveMiB, "why", why)

@@ -414,14 +414,7 @@ func (n *Node) snapshotOrDetach(ctx context.Context, id string) (store.Sandbox, 
 		return sb, err
 	}
 	n.log.Warn("disk reserve: detaching instead of snapshotting", "id", id, "err", err)
-	note := "detached instead of snapshot (" + err.Error() + "): its memory state was lost, its volume kept"
-	if sb, err = n.Detach(ctx, id); err != nil {
-		return sb, err
-	}
-	return n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error {
-		s.Note = note
-		return nil
-	})
+	return n.detach(ctx, id, "detached instead of snapshot ("+err.Error()+"): its memory state was lost, its volume kept")
 }
 
 // checkpoint saves a hot or frozen sandbox's image into its snapshot
@@ -556,19 +549,31 @@ func (n *Node) recoverFailedCheckpoint(sb store.Sandbox, cause error) error {
 // Detach removes a sandbox's processes, namespace and snapshot; only its
 // volume (the overlay's upper dir) stays. A wake is a cold start.
 func (n *Node) Detach(ctx context.Context, id string) (store.Sandbox, error) {
-	return n.transition(ctx, id, api.TierDetached, func(sb store.Sandbox, from api.Tier) error {
-		if from == api.TierDetached {
-			return nil
-		}
-		release := n.gw.Drain(sb.ID)
-		defer release()
-		n.cutEnvd(sb.ID)
-		if err := n.teardown(context.Background(), sb, false); err != nil {
-			return err
-		}
-		n.dir(sb.ID).mark("detached: its processes stopped, its volume kept")
-		return os.RemoveAll(n.dir(sb.ID).snapshot())
+	return n.detach(ctx, id, "")
+}
+
+// detach is Detach recording note as the sandbox's note in the same write
+// as its new tier, so that nobody reads it detached without the reason
+// (TestDiskReserve once did, between two writes).
+func (n *Node) detach(ctx context.Context, id, note string) (store.Sandbox, error) {
+	return n.transitionNoted(ctx, id, api.TierDetached, note, func(sb store.Sandbox, from api.Tier) (func(), error) {
+		return nil, n.detachOp(sb, from)
 	})
+}
+
+// detachOp stops sb's processes and drops its image, keeping its volume.
+func (n *Node) detachOp(sb store.Sandbox, from api.Tier) error {
+	if from == api.TierDetached {
+		return nil
+	}
+	release := n.gw.Drain(sb.ID)
+	defer release()
+	n.cutEnvd(sb.ID)
+	if err := n.teardown(context.Background(), sb, false); err != nil {
+		return err
+	}
+	n.dir(sb.ID).mark("detached: its processes stopped, its volume kept")
+	return os.RemoveAll(n.dir(sb.ID).snapshot())
 }
 
 // transition runs op under the sandbox's lock, recording the transition
@@ -586,6 +591,12 @@ func (n *Node) transition(ctx context.Context, id string, to api.Tier, op func(s
 // whatever comes next for the sandbox (a wake, a delete, a move) waits for
 // it. Close waits for it too.
 func (n *Node) transitionThen(ctx context.Context, id string, to api.Tier, op func(store.Sandbox, api.Tier) (then func(), err error)) (store.Sandbox, error) {
+	return n.transitionNoted(ctx, id, to, "", op)
+}
+
+// transitionNoted is transitionThen that records note (empty: none) with
+// the new tier.
+func (n *Node) transitionNoted(ctx context.Context, id string, to api.Tier, note string, op func(store.Sandbox, api.Tier) (then func(), err error)) (store.Sandbox, error) {
 	steps := newStepTimer()
 	sb, err := n.st.GetSandbox(ctx, id)
 	if err != nil {
@@ -646,7 +657,7 @@ func (n *Node) transitionThen(ctx context.Context, id string, to api.Tier, op fu
 	n.cfg.Events.Publish(events.Event{Kind: events.Transition, ID: sb.ID, From: string(from), To: string(to),
 		Ms: float64(time.Since(start).Microseconds()) / 1000, Node: n.cfg.Name})
 	steps.mark("log_events")
-	out, err := n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = "" })
+	out, err := n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = note })
 	steps.mark("commit")
 	then = after
 	n.log.Debug("transition steps", append([]any{"id", sb.ID, "to", to}, steps.attrs()...)...)
