@@ -9,6 +9,7 @@
 //	sudo go run ./bench/fill                      # 10,000 sandboxes, 1,000 calls
 //	sudo go run ./bench/fill --count 200 --calls 50
 //	sudo go run ./bench/fill --awake --warm=false --parallel 2
+//	sudo go run ./bench/fill --awake --warm=false --parallel 2 --node-mib 1812
 //
 // With --awake it measures density with every sandbox hot (issue 19):
 // idle timers off, it creates until the node turns a create away with
