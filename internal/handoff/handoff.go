@@ -340,7 +340,11 @@ func hold(k key, v any) (heldFD, bool) {
 			// Not closed: a datagram its reader took just now must still
 			// get its answer out (UDP has no backlog to leave it in). A
 			// read deadline in the past stops the reading; what arrives
-			// from here stays queued for the next process.
+			// from here stays queued for the next process — all but one
+			// that arrives as the deadline passes, which a reader woken
+			// for it may still take and answer (Go's poller lets
+			// readiness win): answered by this process, or lost if the
+			// exec comes first, as a datagram may be.
 			v.SetReadDeadline(time.Unix(1, 0))
 		case *net.UnixListener:
 			// The path must stay: the next process serves it.
@@ -349,9 +353,32 @@ func hold(k key, v any) (heldFD, bool) {
 		case interface{ Close() error }:
 			v.Close()
 		}
-		return heldFD{Entry{FD: int(f.Fd()), Kind: k.kind, Network: k.network, Address: k.address}, f}, true
+		fd, err := rawFD(f)
+		if err != nil {
+			f.Close()
+			return heldFD{}, false
+		}
+		return heldFD{Entry{FD: fd, Kind: k.kind, Network: k.network, Address: k.address}, f}, true
 	}
 	return heldFD{}, false
+}
+
+// rawFD is f's descriptor number, read without f.Fd(): Fd puts the
+// descriptor in blocking mode, and a dup shares that flag with the socket
+// it came from (one open file description). A paused UDP socket's reader
+// would then block in recvfrom past its read deadline and take a
+// datagram meant for the next process (TestHandoverAcrossExec saw the
+// old process answer one, run with -count=3).
+func rawFD(f *os.File) (int, error) {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	fd := -1
+	if err := sc.Control(func(u uintptr) { fd = int(u) }); err != nil {
+		return 0, err
+	}
+	return fd, nil
 }
 
 // Held is the entries Pause kept, in descriptor order.

@@ -263,7 +263,11 @@ func TestHandoverAcrossExec(t *testing.T) {
 	if got := readAll(t, waitUnix); got != want {
 		t.Fatalf("the Unix connection made while paused got %q, want %q", got, want)
 	}
-	if got := readAll(t, udpConn{udp}); got != want {
+	// The datagram is answered, by the next process as a rule; the old one
+	// may still take it if its reader was woken for it at the instant the
+	// read deadline passed (Go's poller lets readiness win that race; seen
+	// once in a few dozen runs of the package with -count=3).
+	if got := readAll(t, udpConn{udp}); got != want && got != "gen=1 pid="+pid+"\n" {
 		t.Fatalf("the datagram sent while paused got %q, want %q", got, want)
 	}
 	if !lockBusy() {
