@@ -440,7 +440,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		}
 		apiSw = &switchHandler{}
 		standbySrv = drainable(&http.Server{Handler: streams.wrap(apiSw), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()})
-		go func() { standbyErr <- standbySrv.Serve(apiLn) }()
+		go func() { standbyErr <- serveDrainable(standbySrv, apiLn) }()
 		defer shutdown(standbySrv)
 		lease, err := standBy(ctx, st, o, apiSw, token, log)
 		if err != nil {
@@ -513,7 +513,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		apiSw.set(api) // the standby's server goes on serving, as the master now
 	} else {
 		srv = drainable(&http.Server{Handler: streams.wrap(api), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()})
-		go func() { errc <- srv.Serve(ln) }()
+		go func() { errc <- serveDrainable(srv, ln) }()
 	}
 	return serveUntilDone(ctx, o, log, srv, errc, streams, nd, "sandstormd stopped")
 }
@@ -638,7 +638,7 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	streams := newStreamSet()
 	srv := drainable(&http.Server{Handler: streams.wrap(ep.Handler()), ReadHeaderTimeout: 10 * time.Second})
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(tls.NewListener(raw, ep.TLSConfig())) }()
+	go func() { errc <- serveDrainable(srv, tls.NewListener(raw, ep.TLSConfig())) }()
 	if ep.Paired() {
 		log.Info("sandstormd node serving its master", "pid", os.Getpid(), "node", o.NodeName, "listen", raw.Addr().String(), "data_dir", o.DataDir)
 	} else {

@@ -11,8 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"sandstorm/internal/testenv"
 )
 
 // TestStreamsEndAtAReload: a response that has flushed (a stream) is ended
@@ -207,4 +210,67 @@ func TestDrainAnswersARequestThatComesLate(t *testing.T) {
 		t.Fatalf("late answer %q, Connection: close %v", b, resp.Close)
 	}
 	<-drained
+}
+
+// lateListener hands Serve a connection it accepted only after its Close
+// has been called: a connection accepted just before the pause closed the
+// listener, which Serve has not yet told ConnState of.
+type lateListener struct {
+	net.Listener
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (l *lateListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	<-l.closed // held until the pause: Serve cannot track it before
+	return c, nil
+}
+
+func (l *lateListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// TestDrainWaitsForServeToTrackItsLastConnection: a connection Serve
+// accepted as the pause closed its listener, not yet tracked when the
+// drain begins, still has its request answered (serveDrainable; without
+// it the drain saw no connection, Shutdown began, and the request read
+// after was dropped unanswered: curl's empty reply).
+func TestDrainWaitsForServeToTrackItsLastConnection(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &lateListener{Listener: raw, closed: make(chan struct{})}
+	srv := drainable(&http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "answer") })})
+	served := make(chan struct{})
+	go func() { serveDrainable(srv, ln); close(served) }()
+	c, err := net.Dial("tcp", raw.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The request is on its way before the pause; the server has not
+	// seen the connection yet (lateListener holds it in Accept).
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	tr, _ := conns.Load(srv)
+	testenv.WaitFor(t, 10*time.Second, "Serve running", func() bool { return tr.(*connTracker).serving.Load() == 1 })
+	ln.Close() // as the pause does: Accept hands the connection over now
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	drainServer(ctx, srv)
+	<-served
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the connection accepted as the listener closed got no answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != "answer" {
+		t.Fatalf("answer %q", b)
+	}
 }
