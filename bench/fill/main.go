@@ -45,7 +45,6 @@ import (
 	"sandstorm/internal/bench"
 	"sandstorm/internal/bench/raw"
 	"sandstorm/internal/client"
-	"sandstorm/internal/gateway"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox/gvisor"
@@ -562,7 +561,7 @@ func rawCost(ctx context.Context, res *bench.Results, runsc, rootfs string, t ap
 		if _, _, err := e.Run(ctx, b); err != nil {
 			return err
 		}
-		if err := firstAnswer(ctx, hc, e.URL(t.Ports[0]), time.Now().Add(time.Minute)); err != nil {
+		if err := bench.FirstAnswer(ctx, hc, e.URL(t.Ports[0]), time.Now().Add(time.Minute)); err != nil {
 			return fmt.Errorf("raw sandbox %d: %w", i, err)
 		}
 		boxes = append(boxes, b)
@@ -586,30 +585,4 @@ func rawCost(ctx context.Context, res *bench.Results, runsc, rootfs string, t ap
 	res.Note("host cost of %d raw runsc web sandboxes side by side: MemAvailable fell %d MiB, %.1f MiB per sandbox (series raw-sandbox-cgroup-mib)",
 		len(boxes), before-after, float64(before-after)/float64(len(boxes)))
 	return nil
-}
-
-// firstAnswer GETs url until it answers 200 or the deadline passes,
-// polling on the gateway's dial schedule (a refused connect costs a
-// starting sandbox CPU: gateway.DialInterval).
-func firstAnswer(ctx context.Context, hc *http.Client, url string, deadline time.Time) error {
-	start := time.Now()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := hc.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("HTTP %d", resp.StatusCode)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer from %s: %w", url, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(gateway.DialInterval(time.Since(start))):
-		}
-	}
 }

@@ -21,7 +21,6 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"sort"
@@ -119,7 +118,7 @@ func run(ctx context.Context, c config) (string, error) {
 		return nil
 	}
 	both := func(i int, kind string, b *raw.Box, t0 time.Time) error {
-		if err := firstAnswer(ctx, hc, url, t0.Add(c.timeout)); err != nil {
+		if err := bench.FirstAnswer(ctx, hc, url, t0.Add(c.timeout)); err != nil {
 			return err
 		}
 		if err := read(i, kind, "first-answer", b); err != nil {
@@ -171,29 +170,6 @@ func run(ctx context.Context, c config) (string, error) {
 		fmt.Fprint(os.Stderr, "\n"+tb.Markdown())
 	}
 	return path, err
-}
-
-func firstAnswer(ctx context.Context, hc *http.Client, url string, deadline time.Time) error {
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := hc.Do(req)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("HTTP %d", resp.StatusCode)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer from %s: %w", url, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
 }
 
 // tables are the medians of each reading's parts, cold against restored:

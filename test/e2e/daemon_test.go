@@ -490,6 +490,22 @@ func processesMentioning(s string) map[int]string {
 	return out
 }
 
+// checkOOMScores checks that sandbox id has processes and that every one
+// carries the node's sandbox OOM score (800: node.SandboxOOMScoreAdj),
+// when saying at what point.
+func (d *Daemon) checkOOMScores(t *testing.T, id, when string) {
+	t.Helper()
+	procs := processesMentioning(d.sandboxDir(id) + "/")
+	if len(procs) == 0 {
+		t.Errorf("%s: no process mentions %s", when, d.sandboxDir(id))
+	}
+	for pid := range procs {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid)); err == nil && strings.TrimSpace(string(b)) != "800" {
+			t.Errorf("%s, sandbox process %d has oom_score_adj %s, want 800", when, pid, strings.TrimSpace(string(b)))
+		}
+	}
+}
+
 // leftovers lists what is still on the machine for a sandbox that should
 // be entirely gone: network namespace, host veth, runsc state, mounts,
 // directory, processes, process-backend record and cgroup.

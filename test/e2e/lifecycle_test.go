@@ -44,15 +44,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	// A frozen wake does not rescore its processes (node.wake): they keep
 	// the high OOM score they got when they started.
-	procs := processesMentioning(d.sandboxDir(id) + "/")
-	if len(procs) == 0 {
-		t.Errorf("no process mentions %s", d.sandboxDir(id))
-	}
-	for pid := range procs {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid)); err == nil && strings.TrimSpace(string(b)) != "800" {
-			t.Errorf("after a frozen wake, sandbox process %d has oom_score_adj %s, want 800", pid, strings.TrimSpace(string(b)))
-		}
-	}
+	d.checkOOMScores(t, id, "after a frozen wake")
 
 	// The gateway is the only way in: a host process dialling the
 	// sandbox's address directly is reset at once (such a connection would

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -103,12 +102,7 @@ func TestMemoryFlood(t *testing.T) {
 	}
 	// If the kernel must kill, it takes a sandbox: every process of one
 	// carries a high OOM score.
-	for pid := range processesMentioning(d.sandboxDir(accepted[0].ID) + "/") {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
-		if err == nil && strings.TrimSpace(string(b)) != "800" {
-			t.Errorf("sandbox process %d has oom_score_adj %s, want 800", pid, strings.TrimSpace(string(b)))
-		}
-	}
+	d.checkOOMScores(t, accepted[0].ID, "after its start")
 	// A second wave, once the first has filled its heaps: the node makes
 	// room by pushing the sandboxes least in demand to disk. A 503 says
 	// when to retry; the client does.

@@ -177,25 +177,11 @@ func netFor(runID string) netns.Net {
 // has 15 bytes, of which "sbraw" takes 5). Every runsc command is
 // bounded by timeout.
 func New(ctx context.Context, runsc, platform, runID string, avoid []netip.Prefix, timeout time.Duration) (*Env, error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("the raw runsc series need root (network namespaces, mounts, runsc)")
-	}
-	// /tmp rather than $TMPDIR: the root must be short (see root).
-	dir, err := os.MkdirTemp("/tmp", "ssraw-")
-	if err != nil {
-		return nil, err
-	}
-	be, err := gvisor.New(root(dir), runsc, platform)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
 	subnet, err := PickSubnet(avoid)
 	if err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
-	return newEnv(be, dir, runID, subnet, 0, timeout)
+	return NewAt(ctx, runsc, platform, runID, subnet, 0, timeout)
 }
 
 // PickSubnet is the first raw candidate /16 that no address or route of
@@ -215,6 +201,7 @@ func NewAt(ctx context.Context, runsc, platform, runID string, subnet netip.Pref
 	if os.Geteuid() != 0 {
 		return nil, errors.New("the raw runsc series need root (network namespaces, mounts, runsc)")
 	}
+	// /tmp rather than $TMPDIR: the root must be short (see root).
 	dir, err := os.MkdirTemp("/tmp", "ssraw-")
 	if err != nil {
 		return nil, err
