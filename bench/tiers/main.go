@@ -55,6 +55,7 @@ type config struct {
 	hotWarmup              int
 	cloneN, cloneRounds    int
 	rounds                 int
+	interleave             int
 	warmProbe              string // HTTP path of the warm copies' probe
 	reseedSignal           string // how warm sandboxes and clone children are reseeded
 	poll                   time.Duration
@@ -163,6 +164,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.port, "port", demo.Port, "template port whose gateway endpoint is measured")
 	fs.IntVar(&c.n, "n", 50, "samples per series")
 	fs.IntVar(&c.rounds, "rounds", 5, "split every series into this many rounds, each running all series in turn, so that what is compared is measured close together in time")
+	fs.IntVar(&c.interleave, "interleave", 4, "measure each round in this many passes over the series, template by template with each series beside its raw baseline, so that the two alternate every few samples")
 	fs.IntVar(&c.startN, "start-n", 0, "samples of start to first answer (0: -n)")
 	fs.IntVar(&c.hotN, "hot-n", 0, "samples of hot requests (0: 4 × -n; they are cheap)")
 	fs.IntVar(&c.wakeN, "wake-n", 0, "samples of each tier's wake (0: -n)")
@@ -199,6 +201,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.rounds < 1 {
 		return c, fmt.Errorf("--rounds %d: want at least 1", c.rounds)
+	}
+	if c.interleave < 1 {
+		return c, fmt.Errorf("--interleave %d: want at least 1", c.interleave)
 	}
 	if c.n < 1 {
 		return c, fmt.Errorf("-n %d: want at least 1", c.n)

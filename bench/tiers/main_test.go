@@ -66,6 +66,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{"--series", "warm"},
 		{"--templates", ","},
 		{"--poll", "0s"},
+		{"--interleave", "0"},
 		{"extra"},
 	} {
 		if _, err := parseFlags(args); err == nil {
@@ -104,5 +105,29 @@ func TestArgv0(t *testing.T) {
 	}
 	if got := argv0(nil); got == "runsc-sandbox" {
 		t.Errorf("argv0(nil) = %q", got)
+	}
+}
+
+// TestUpToShares checks the samples a series has at the end of each pass:
+// never fewer than before, every pass's share within one of the others'
+// (so a series and its baseline alternate evenly), and all of total at
+// the last pass, for shares smaller and larger than one sample.
+func TestUpToShares(t *testing.T) {
+	for _, c := range []struct{ total, steps int }{{100, 20}, {100, 100}, {15, 20}, {7, 3}, {1, 4}} {
+		prev, lo, hi := 0, c.total, 0
+		for step := 1; step <= c.steps; step++ {
+			n := upTo(c.total, step, c.steps)
+			if n < prev {
+				t.Fatalf("total %d, %d steps: step %d has %d, fewer than step %d's %d", c.total, c.steps, step, n, step-1, prev)
+			}
+			lo, hi = min(lo, n-prev), max(hi, n-prev)
+			prev = n
+		}
+		if prev != c.total {
+			t.Errorf("total %d, %d steps: ends at %d", c.total, c.steps, prev)
+		}
+		if hi-lo > 1 {
+			t.Errorf("total %d, %d steps: shares from %d to %d", c.total, c.steps, lo, hi)
+		}
 	}
 }

@@ -59,50 +59,65 @@ var tierOps = map[string]tierOp{
 // a series and the raw baseline it is compared with are measured close
 // together in time all through the run: this machine's speed drifts over
 // minutes (the web start ratio moved between 0.79 and 1.27 across runs
-// that measured each series in one block).
+// that measured each series in one block). Within a round, --interleave
+// passes each take a share again, template by template with every series
+// next to its raw baseline (allSeries lists them so), so that a series
+// and its baseline alternate every few samples: in 1369389's run, where
+// they were measured in blocks of 20, the 64 MiB app's start ratio moved
+// from 0.95 to 1.18 between rounds while its speed drifted by 1.37 ×.
 func (r *runner) measureAll(ctx context.Context) error {
 	for r.round = 1; r.round <= r.cfg.rounds; r.round++ {
 		if r.cfg.rounds > 1 {
 			fmt.Fprintf(os.Stderr, "round %d of %d\n", r.round, r.cfg.rounds)
 		}
-		for _, m := range allSeries {
-			if !r.cfg.wants(m) {
-				continue
-			}
+		for r.pass = 1; r.pass <= r.cfg.interleave; r.pass++ {
 			for _, t := range r.cfg.templates {
-				r.res.Note("load average before %s/%s (round %d): %s", m, t, r.round, loadavg())
-				var err error
-				switch m {
-				case "warm-start":
-					err = r.measureWarmStart(ctx, t)
-				case "start":
-					err = r.measureStart(ctx, t)
-				case "clone":
-					err = r.measureClone(ctx, t)
-				case "hot":
-					err = r.measureHot(ctx, t)
-				case "raw-start":
-					err = r.measureRawStart(ctx, t)
-				case "raw-hot":
-					err = r.measureRawHot(ctx, t)
-				case "raw-pause":
-					err = r.measureRawWake(ctx, t, rawPause)
-				case "raw-restore":
-					err = r.measureRawWake(ctx, t, rawRestore)
-				default:
-					err = r.measureWake(ctx, t, tierOps[m])
-				}
-				if werr := r.write(); werr != nil {
-					return werr
-				}
-				if err != nil {
-					return err
+				for _, m := range allSeries {
+					if !r.cfg.wants(m) {
+						continue
+					}
+					if r.pass == 1 {
+						r.res.Note("load average before %s/%s (round %d): %s", m, t, r.round, loadavg())
+					}
+					if err := r.measureOne(ctx, m, t); err != nil {
+						return err
+					}
 				}
 			}
 		}
 		r.endRound()
 	}
 	return nil
+}
+
+// measureOne runs this pass's share of series m of template t, and writes
+// the results so far.
+func (r *runner) measureOne(ctx context.Context, m, t string) error {
+	var err error
+	switch m {
+	case "warm-start":
+		err = r.measureWarmStart(ctx, t)
+	case "start":
+		err = r.measureStart(ctx, t)
+	case "clone":
+		err = r.measureClone(ctx, t)
+	case "hot":
+		err = r.measureHot(ctx, t)
+	case "raw-start":
+		err = r.measureRawStart(ctx, t)
+	case "raw-hot":
+		err = r.measureRawHot(ctx, t)
+	case "raw-pause":
+		err = r.measureRawWake(ctx, t, rawPause)
+	case "raw-restore":
+		err = r.measureRawWake(ctx, t, rawRestore)
+	default:
+		err = r.measureWake(ctx, t, tierOps[m])
+	}
+	if werr := r.write(); werr != nil {
+		return werr
+	}
+	return err
 }
 
 // endRound marks the end of a round on every series.
@@ -118,7 +133,13 @@ func (r *runner) endRound() {
 // upTo is how many samples a series of total samples has at the end of
 // the current round: its share so far, rounded up.
 func (r *runner) upTo(total int) int {
-	return (total*r.round + r.cfg.rounds - 1) / r.cfg.rounds
+	return upTo(total, (r.round-1)*r.cfg.interleave+r.pass, r.cfg.rounds*r.cfg.interleave)
+}
+
+// upTo is total's share of samples at the end of step of steps (passes
+// over all rounds), rounded up, so that the last step ends at total.
+func upTo(total, step, steps int) int {
+	return (total*step + steps - 1) / steps
 }
 
 // series is one measurement's bookkeeping of failed attempts.
@@ -248,7 +269,11 @@ func (r *runner) measureCreate(ctx context.Context, t string, k createKind) erro
 	apiS := r.res.AddSeries(name+"/api", k.apiDesc, seeds[name+"/api"])
 	node := r.res.AddSeries(name+"/node", k.nodeDesc, seeds[name+"/node"])
 	cpu := r.res.AddSeries(name+"/sandbox-cpu", cpuDesc, "")
+	dcpu := r.daemonCPUSeries(name)
 	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.startN)}
+	if s.done() {
+		return nil // this pass has no share of it
+	}
 	polls := map[int]int{}
 	for !s.done() {
 		if err := ctx.Err(); err != nil {
@@ -264,6 +289,7 @@ func (r *runner) measureCreate(ctx context.Context, t string, k createKind) erro
 			}
 			req.Name = "" // only an unnamed create takes from the pool
 		}
+		dc0, dcOK := r.daemonCPU()
 		t0 := time.Now()
 		sb, err := r.c.CreateSandbox(ctx, req)
 		apiD := time.Since(t0)
@@ -281,6 +307,9 @@ func (r *runner) measureCreate(ctx context.Context, t string, k createKind) erro
 		var body string
 		if err == nil {
 			d, attempts, body, err = r.firstAnswer(ctx, url, t0)
+		}
+		if err == nil {
+			r.addDaemonCPU(dcpu, dc0, dcOK)
 		}
 		if err == nil && r.nodeRunsc != nil {
 			r.readCPU(cpu, r.nodeRunsc, sb.ID)
@@ -330,6 +359,9 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 	cl := r.res.AddSeries(name+"/client",
 		"GET / through the gateway to a hot sandbox, new TCP connection each request (client)", seeds[name+"/client"])
 	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.hotN)}
+	if s.done() {
+		return nil // this pass has no share of it
+	}
 	sb, err := r.ready(ctx, "hot", t)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -388,7 +420,11 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 		finish = r.res.AddSeries(op.op+"/"+t+"/finish",
 			"from the snapshot's answer until the node has removed the stopped container and the network namespace, which it does after answering (the wake is timed only after it; raw-checkpoint/…/delete is raw runsc's removal)", "")
 	}
+	dcpu := r.daemonCPUSeries(name)
 	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.wakeN)}
+	if s.done() {
+		return nil // this pass has no share of it
+	}
 	sb, err := r.ready(ctx, string(op.tier), t)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -473,9 +509,13 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 		if err := sleep(ctx, r.cfg.dwell); err != nil {
 			return err
 		}
+		dc0, dcOK := r.daemonCPU()
 		status, body, d, err := r.get(ctx, url)
 		if err == nil && status != http.StatusOK {
 			err = fmt.Errorf("HTTP %d: %s", status, bench.OneLine(body))
+		}
+		if err == nil {
+			r.addDaemonCPU(dcpu, dc0, dcOK)
 		}
 		if err != nil {
 			prev = -1
@@ -521,6 +561,42 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 	}
 	return nil
 }
+
+// daemonCPUSeries is series name's daemon-cpu companion, nil when the run
+// does not know the daemon's process (it did not --start it).
+func (r *runner) daemonCPUSeries(name string) *bench.Series {
+	if r.daemonPID == 0 {
+		return nil
+	}
+	return r.res.AddSeries(name+"/daemon-cpu", daemonCPUDesc, "")
+}
+
+// daemonCPU is sandstormd's own CPU so far; ok is false without a daemon
+// process to read.
+func (r *runner) daemonCPU() (d time.Duration, ok bool) {
+	if r.daemonPID == 0 {
+		return 0, false
+	}
+	d, err := bench.ProcessCPU(r.daemonPID)
+	return d, err == nil
+}
+
+// addDaemonCPU records on s what sandstormd ran since reading before.
+func (r *runner) addDaemonCPU(s *bench.Series, before time.Duration, ok bool) {
+	if s == nil {
+		return
+	}
+	now, nowOK := r.daemonCPU()
+	if !ok || !nowOK {
+		s.Fail("sandstormd's CPU (pid %d) could not be read", r.daemonPID)
+		return
+	}
+	s.AddDuration(now - before)
+}
+
+// daemonCPUDesc describes the daemon-cpu series: what the node itself
+// spends beside a sandbox's start or wake, on the same two cores.
+const daemonCPUDesc = "CPU time sandstormd's own process (every thread: API, store, gateway, boundary, logs; not the runsc commands it runs) used over the same interval as the client series, from /proc/<pid>/task/*/schedstat"
 
 // cpuDesc and restoreCPUDesc describe the sandbox-cpu series.
 const (

@@ -32,6 +32,7 @@ type runner struct {
 
 	started bool // the daemon is ours (--start)
 	round   int  // the round being measured, 1 to cfg.rounds
+	pass    int  // the pass within it, 1 to cfg.interleave
 	// warmReg is each template's warm copy as registered ("" if that
 	// failed), made in the first round.
 	warmReg map[string]string
@@ -55,6 +56,7 @@ type runner struct {
 	// data dir is unknown).
 	nodeRunsc *gvisor.Backend
 	raw       *raw.Env // the raw series' runsc root and network (nil until needed)
+	daemonPID int      // the sandstormd this run started (0: one it did not)
 	mem       memory
 }
 
@@ -115,6 +117,7 @@ func run(ctx context.Context, cfg config) (string, error) {
 			return dir.Path, err
 		}
 		r.workDir = d.dataDir
+		r.daemonPID = d.cmd.Process.Pid
 		if cfg.backend == "gvisor" {
 			r.nodeRunsc = &gvisor.Backend{Root: filepath.Join(d.dataDir, "data", "runsc")}
 		}
@@ -228,6 +231,8 @@ func (r *runner) recordParams(isolated bool) {
 	p["hot_warmup"] = c.hotWarmup
 	p["clone_children"] = c.cloneN
 	p["clone_rounds"] = c.cloneRounds
+	p["rounds"] = c.rounds
+	p["interleave"] = c.interleave
 	p["reseed_signal"] = c.reseedSignal
 	p["warm_probe"] = c.warmProbe
 	p["poll_interval"] = c.poll.String()

@@ -117,6 +117,9 @@ func (r *runner) measureClone(ctx context.Context, t string) error {
 	first := r.res.AddSeries(name+"/child-first-answer",
 		"GET / through the gateway to each child once the clone call has returned, polled every "+r.cfg.poll.String()+" (client; children one after another, each timed on its own)", "")
 	s := &series{r: r, main: call, name: name, n: r.upTo(r.cfg.cloneRounds)}
+	if s.done() {
+		return nil // this pass has no share of it
+	}
 	mem := r.mem.get(t, "clone-child")
 	reseed := &api.Reseed{Signal: r.cfg.reseedSignal}
 	for !s.done() {
