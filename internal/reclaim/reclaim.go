@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"sandstorm/internal/cgroup"
 )
 
 // Result says how much memory the cgroup held before and after, in bytes.
@@ -93,51 +95,15 @@ func Process(pid int) (Result, error) {
 	return r, nil
 }
 
-// memoryCgroup finds the directory of pid's memory cgroup.
+// memoryCgroup finds the directory of pid's memory cgroup: the v1 memory
+// hierarchy if there is one, else the v2 cgroup with memory.reclaim. The
+// root cgroup is refused: that would squeeze the whole machine.
 func memoryCgroup(pid int) (dir string, v2 bool, err error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return "", false, err
+	dir, v2, err = cgroup.Of(pid, "memory", "memory.reclaim")
+	if errors.Is(err, cgroup.ErrRoot) {
+		return "", false, fmt.Errorf("%w; refusing to reclaim the whole machine", err)
 	}
-	return parseCgroup(string(data), func(p string) bool {
-		_, err := os.Stat(p)
-		return err == nil
-	})
-}
-
-// parseCgroup picks the memory cgroup out of a /proc/<pid>/cgroup text: the
-// v1 memory hierarchy if there is one, else the unified (v2) one, where
-// exists says which has memory.reclaim. The root cgroup is refused: that
-// would squeeze the whole machine.
-func parseCgroup(text string, exists func(string) bool) (dir string, v2 bool, err error) {
-	var unified string
-	for _, line := range strings.Split(text, "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if c == "memory" {
-				if parts[2] == "/" {
-					return "", false, errors.New("the process is in the root memory cgroup; refusing to reclaim the whole machine")
-				}
-				return filepath.Join("/sys/fs/cgroup/memory", parts[2]), false, nil
-			}
-		}
-		if parts[0] == "0" {
-			unified = parts[2]
-		}
-	}
-	if unified == "" || unified == "/" {
-		return "", false, errors.New("the process has no memory cgroup of its own")
-	}
-	for _, root := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
-		d := filepath.Join(root, unified)
-		if exists(filepath.Join(d, "memory.reclaim")) {
-			return d, true, nil
-		}
-	}
-	return "", false, errors.New("the process's cgroup has no memory.reclaim (memory controller not enabled)")
+	return dir, v2, err
 }
 
 func readInt(path string) int64 {

@@ -104,28 +104,3 @@ sys.stdin.read()
 		t.Fatalf("limit changed: %s -> %s", limitBefore, limitAfter)
 	}
 }
-
-func TestParseCgroup(t *testing.T) {
-	none := func(string) bool { return false }
-	all := func(string) bool { return true }
-	cases := []struct {
-		text   string
-		exists func(string) bool
-		dir    string
-		v2     bool
-		ok     bool
-	}{
-		{"4:memory:/abc\n0::/\n", none, "/sys/fs/cgroup/memory/abc", false, true},
-		{"4:cpu,memory:/x/y\n", none, "/sys/fs/cgroup/memory/x/y", false, true},
-		{"4:memory:/\n0::/\n", all, "", false, false}, // root: refused
-		{"0::/sandbox/a\n", all, "/sys/fs/cgroup/unified/sandbox/a", true, true},
-		{"0::/sandbox/a\n", none, "", false, false}, // no memory.reclaim
-		{"0::/\n", all, "", false, false},
-	}
-	for _, c := range cases {
-		dir, v2, err := parseCgroup(c.text, c.exists)
-		if (err == nil) != c.ok || dir != c.dir || v2 != c.v2 {
-			t.Errorf("parseCgroup(%q) = %q, %v, %v; want %q, %v, ok=%v", c.text, dir, v2, err, c.dir, c.v2, c.ok)
-		}
-	}
-}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"sandstorm/internal/cgroup"
 )
 
 // CPU is the CPU time the sandbox of container id has used since it
@@ -23,56 +25,21 @@ func (b *Backend) CPU(id string) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	// cpuacct.usage (ns) of the v1 cpuacct hierarchy if there is one, else
+	// cpu.stat (usage_usec) of the unified one.
+	dir, v2, err := cgroup.Of(pid, "cpuacct", "cpu.stat")
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("the CPU cgroup of sandbox %s: %w", id, err)
 	}
-	file, v2, err := cpuCgroupFile(string(data))
-	if err != nil {
-		return 0, err
+	file := filepath.Join(dir, "cpuacct.usage")
+	if v2 {
+		file = filepath.Join(dir, "cpu.stat")
 	}
 	raw, err := os.ReadFile(file)
 	if err != nil {
 		return 0, err
 	}
 	return parseCPUUsage(raw, v2)
-}
-
-// cpuCgroupFile is the file holding the CPU usage of the cgroup a
-// /proc/<pid>/cgroup text names: cpuacct.usage (ns) of the v1 cpuacct
-// hierarchy if there is one, else cpu.stat (usage_usec) of the unified
-// one. The root cgroup is refused: it would be the whole machine's.
-func cpuCgroupFile(text string) (file string, v2 bool, err error) {
-	var unified string
-	for _, line := range strings.Split(text, "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if c == "cpuacct" {
-				if parts[2] == "/" {
-					return "", false, errors.New("the sandbox is in the root cpuacct cgroup")
-				}
-				// cpu and cpuacct are often mounted together, as
-				// "cpu,cpuacct"; the mount point has the controllers' names.
-				return filepath.Join("/sys/fs/cgroup", parts[1], parts[2], "cpuacct.usage"), false, nil
-			}
-		}
-		if parts[0] == "0" {
-			unified = parts[2]
-		}
-	}
-	if unified == "" || unified == "/" {
-		return "", false, errors.New("the sandbox has no cpu cgroup of its own")
-	}
-	for _, root := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
-		f := filepath.Join(root, unified, "cpu.stat")
-		if _, err := os.Stat(f); err == nil {
-			return f, true, nil
-		}
-	}
-	return "", false, errors.New("the sandbox's cgroup has no cpu.stat")
 }
 
 // parseCPUUsage reads cpuacct.usage (nanoseconds) or, v2, the usage_usec

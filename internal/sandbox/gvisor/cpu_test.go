@@ -1,33 +1,17 @@
 package gvisor
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
-)
 
-func TestCPUCgroupFile(t *testing.T) {
-	cases := []struct {
-		name, text, want string
-		v2, fails        bool
-	}{
-		{name: "v1, cpuacct apart", text: "4:memory:/abc\n2:cpuacct:/abc\n1:cpu:/abc\n0::/\n", want: "/sys/fs/cgroup/cpuacct/abc/cpuacct.usage"},
-		{name: "v1, cpu and cpuacct together", text: "3:cpu,cpuacct:/abc\n0::/\n", want: "/sys/fs/cgroup/cpu,cpuacct/abc/cpuacct.usage"},
-		{name: "v1, root cgroup refused", text: "2:cpuacct:/\n0::/\n", fails: true},
-		{name: "no cgroup of its own", text: "0::/\n", fails: true},
-	}
-	for _, c := range cases {
-		got, v2, err := cpuCgroupFile(c.text)
-		if c.fails {
-			if err == nil {
-				t.Errorf("%s: got %q, want an error", c.name, got)
-			}
-			continue
-		}
-		if err != nil || got != c.want || v2 != c.v2 {
-			t.Errorf("%s: got %q v2=%v err=%v, want %q v2=%v", c.name, got, v2, err, c.want, c.v2)
-		}
-	}
-}
+	"sandstorm/internal/cgroup"
+)
 
 func TestParseCPUUsage(t *testing.T) {
 	if d, err := parseCPUUsage([]byte("123456789\n"), false); err != nil || d != 123456789*time.Nanosecond {
@@ -41,5 +25,55 @@ func TestParseCPUUsage(t *testing.T) {
 	}
 	if _, err := parseCPUUsage([]byte("x"), false); err == nil {
 		t.Error("v1 garbage: want an error")
+	}
+}
+
+// TestCPUReadsTheSandboxCgroup: CPU finds the cgroup of the process that
+// runsc's state names and reads what it has used. The "sandbox" is a busy
+// shell loop in a v1 cpuacct cgroup of its own (this machine's hybrid
+// layout, the one runsc uses here).
+func TestCPUReadsTheSandboxCgroup(t *testing.T) {
+	dir := "/sys/fs/cgroup/cpuacct/sstest-cpu-" + strconv.Itoa(os.Getpid())
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("a cpuacct cgroup for the test (needs root and the v1 cpuacct hierarchy): %v", err)
+	}
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.Remove(dir)
+	})
+	b := &Backend{Root: t.TempDir()}
+	state := fmt.Sprintf(`{"sandbox":{"pid":%d}}`, cmd.Process.Pid)
+	if err := os.WriteFile(b.stateFile("c1"), []byte(state), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Still in the test's own cgroup: where that is the root one (as on
+	// this project's machines), CPU must refuse it.
+	if _, _, err := cgroup.Of(os.Getpid(), "cpuacct", "cpu.stat"); errors.Is(err, cgroup.ErrRoot) {
+		if d, err := b.CPU("c1"); err == nil {
+			t.Errorf("a process in the root cpuacct cgroup: read %v, want an error", d)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The loop runs from now on in the new cgroup: wait until it has been
+	// charged 20 ms there, as CPU reads it.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		d, err := b.CPU("c1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d >= 20*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s of a busy loop its cgroup reads %v", d)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
