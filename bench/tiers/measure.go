@@ -131,7 +131,7 @@ func (r *runner) endRound() {
 }
 
 // upTo is how many samples a series of total samples has at the end of
-// the current round: its share so far, rounded up.
+// the current pass of the current round: its share so far, rounded up.
 func (r *runner) upTo(total int) int {
 	return upTo(total, (r.round-1)*r.cfg.interleave+r.pass, r.cfg.rounds*r.cfg.interleave)
 }
