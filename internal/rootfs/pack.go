@@ -52,7 +52,42 @@ func ValidDigest(d string) bool {
 func Pack(dir string, w io.Writer) error {
 	bw := bufio.NewWriterSize(w, 1<<20)
 	tw := tar.NewWriter(bw)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	err := walkEntries(dir, func(p, rel string, fi fs.FileInfo) error {
+		link := ""
+		switch t := fi.Mode().Type(); {
+		case t == fs.ModeSymlink:
+			var err error
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case t == 0, t == fs.ModeDir:
+		default:
+			return nil
+		}
+		hdr, err := entryHeader(fi, link, filepath.ToSlash(rel))
+		if err != nil {
+			return err
+		}
+		hdr.ModTime = hdr.ModTime.Truncate(time.Second)
+		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
+		hdr.PAXRecords = nil
+		_, err = writeEntry(tw, p, hdr)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("rootfs: pack %s: %w", dir, err)
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// walkEntries calls entry for every entry below dir (not dir itself), in
+// lexical order (filepath.WalkDir), with its path, its name relative to
+// dir and what lstat says of it.
+func walkEntries(dir string, entry func(p, rel string, fi fs.FileInfo) error) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -64,56 +99,51 @@ func Pack(dir string, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		link := ""
-		switch t := fi.Mode().Type(); {
-		case t == fs.ModeSymlink:
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		case t == 0, t == fs.ModeDir:
-		default:
-			return nil
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.ModTime = hdr.ModTime.Truncate(time.Second)
-		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-		hdr.Format = tar.FormatPAX
-		hdr.PAXRecords = nil
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		// A file that grew or shrank while being read would make a tar
-		// that does not match its header: say so rather than send it.
-		if n, err := io.Copy(tw, io.LimitReader(f, hdr.Size+1)); err != nil {
-			return err
-		} else if n != hdr.Size {
-			return fmt.Errorf("rootfs: %s changed size while it was packed", p)
-		}
-		return nil
+		return entry(p, rel, fi)
 	})
+}
+
+// entryHeader is the PAX header of fi named name (a directory's with a
+// trailing slash), with numeric owners only: user and group names differ
+// between machines.
+func entryHeader(fi fs.FileInfo, link, name string) (*tar.Header, error) {
+	hdr, err := tar.FileInfoHeader(fi, link)
 	if err != nil {
-		return fmt.Errorf("rootfs: pack %s: %w", dir, err)
+		return nil, err
 	}
-	if err := tw.Close(); err != nil {
-		return err
+	hdr.Name = name
+	if fi.IsDir() {
+		hdr.Name += "/"
 	}
-	return bw.Flush()
+	hdr.Uname, hdr.Gname = "", ""
+	hdr.Format = tar.FormatPAX
+	return hdr, nil
+}
+
+// writeEntry writes hdr and, for a regular file, the content of p, and
+// returns the bytes of content written. A file that grew or shrank while
+// being read would make a tar that does not match its header: that is an
+// error rather than a tarball sent.
+func writeEntry(tw *tar.Writer, p string, hdr *tar.Header) (int64, error) {
+	if err := tw.WriteHeader(hdr); err != nil {
+		return 0, err
+	}
+	if hdr.Typeflag != tar.TypeReg {
+		return 0, nil
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n, err := io.Copy(tw, io.LimitReader(f, hdr.Size+1))
+	if err != nil {
+		return n, err
+	}
+	if n != hdr.Size {
+		return n, fmt.Errorf("rootfs: %s changed size while it was packed", p)
+	}
+	return n, nil
 }
 
 // Digest is the digest of dir: the SHA-256 of Pack's tarball of it.

@@ -146,22 +146,11 @@ func setOpaque(fd int, hdr *tar.Header) error {
 // does not survive a copy (a redirect or metacopy xattr) is refused.
 func PackVolume(dir string, tw *tar.Writer, prefix string) (int64, error) {
 	var total int64
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
+	err := walkEntries(dir, func(p, rel string, fi fs.FileInfo) error {
 		link := ""
-		t := fi.Mode().Type()
-		switch {
+		switch t := fi.Mode().Type(); {
 		case t == fs.ModeSymlink:
+			var err error
 			if link, err = os.Readlink(p); err != nil {
 				return err
 			}
@@ -179,39 +168,18 @@ func PackVolume(dir string, tw *tar.Writer, prefix string) (int64, error) {
 				return fmt.Errorf("rootfs: %s carries %s, which another machine's overlay cannot read", p, x)
 			}
 		}
-		hdr, err := tar.FileInfoHeader(fi, link)
+		hdr, err := entryHeader(fi, link, prefix+filepath.ToSlash(rel))
 		if err != nil {
 			return err
 		}
-		hdr.Name = prefix + filepath.ToSlash(rel)
 		if fi.IsDir() {
-			hdr.Name += "/"
 			if v, err := getXattr(p, opaqueXattr); err == nil && v == "y" {
 				hdr.PAXRecords = map[string]string{paxOpaque: v}
 			}
 		}
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.Format = tar.FormatPAX
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		n, err := io.Copy(tw, io.LimitReader(f, hdr.Size+1))
+		n, err := writeEntry(tw, p, hdr)
 		total += n
-		if err != nil {
-			return err
-		}
-		if n != hdr.Size {
-			return fmt.Errorf("rootfs: %s changed size while it was packed", p)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return total, fmt.Errorf("rootfs: pack volume %s: %w", dir, err)
