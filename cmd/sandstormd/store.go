@@ -19,8 +19,6 @@ func storeCmd() *cobra.Command {
 sandboxes, placements, paired nodes, API keys (as hashes). It is SQLite in
 <data-dir>/state.db unless --store names a PostgreSQL database, which
 pg_dump backs up instead (backup says what that covers).`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.PersistentFlags().String("store", os.Getenv("SANDSTORM_STORE"), "the daemon's --store (env SANDSTORM_STORE): empty is SQLite at <data-dir>/state.db")
 	cmd.AddCommand(storeBackupCmd(), storeRestoreCmd())

@@ -23,9 +23,11 @@ func (u UsageError) Error() string { return u.Err.Error() }
 func (u UsageError) Unwrap() error { return u.Err }
 
 // Strict makes every usage mistake below c an error cobra returns as a
-// UsageError: bad flags, wrong arguments, and an unknown subcommand of a
-// command group — which cobra would otherwise answer with its help and
-// exit status 0.
+// UsageError: bad flags, wrong arguments, and an unknown or missing
+// subcommand of a command group — which cobra would otherwise answer with
+// its help and exit status 0. A group named alone prints its help on
+// stderr, as `go` does with no command, and exits 2: a script that left
+// out the command should not read as a success.
 func Strict(c *cobra.Command) {
 	c.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return UsageError{cmd.CommandPath(), err}
@@ -36,7 +38,9 @@ func Strict(c *cobra.Command) {
 			if len(args) > 0 {
 				return UsageError{cmd.CommandPath(), fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
 			}
-			return cmd.Help()
+			cmd.SetOut(cmd.ErrOrStderr())
+			cmd.Help()
+			return UsageError{cmd.CommandPath(), fmt.Errorf("%s needs a command: one of those above", cmd.CommandPath())}
 		}
 	} else if orig := c.Args; orig != nil {
 		c.Args = func(cmd *cobra.Command, args []string) error {
@@ -57,6 +61,7 @@ func Strict(c *cobra.Command) {
 // as "<name>: <error>" on stderr.
 func Main(ctx context.Context, name string, root *cobra.Command, stderr io.Writer) int {
 	Strict(root)
+	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0

@@ -28,7 +28,8 @@ func TestMain(t *testing.T) {
 		want string
 	}{
 		{[]string{"group", "ok"}, 0, ""},
-		{[]string{"group"}, 0, ""}, // the group's help
+		{[]string{"group"}, 2, "tool group needs a command"}, // and its help, on stderr
+		{[]string{}, 2, "Available Commands"},
 		{[]string{"--help"}, 0, ""},
 		{[]string{"group", "fails"}, 1, "tool: it broke"},
 		{[]string{"bogus"}, 2, "Run 'tool --help'"},
