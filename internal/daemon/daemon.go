@@ -201,23 +201,50 @@ func lockDataDir(dataDir string, reg *handoff.Registry) (*os.File, error) {
 	return reg.File(filepath.Join(dataDir, "lock"), func() (*os.File, error) { return takeLock(dataDir) })
 }
 
+// takeLock takes <dataDir>/lock, or says who holds it. When the daemon
+// that wrote sandstormd.pid is gone but the lock is still held, it waits
+// up to lockHandback for it: a daemon killed (kill -9, a crash) while it
+// was starting a command leaves a child between fork and exec, which has
+// a copy of every descriptor until its exec closes the close-on-exec ones
+// — the lock's among them. Seen in CI (TestRunscUpgrade, at f016ec5): a
+// restart right after a kill -9 that landed as the node started `runsc
+// checkpoint` found the lock held by the dead daemon's PID, and free 50 ms
+// later. A holder that is alive is refused at once.
 func takeLock(dataDir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dataDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	path := filepath.Join(dataDir, "lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		who := "another sandstormd"
-		if b, err := os.ReadFile(filepath.Join(dataDir, "sandstormd.pid")); err == nil {
-			if pid := strings.TrimSpace(string(b)); pid != "" {
-				who = "another sandstormd (PID " + pid + "; stop it with: kill " + pid + ")"
+	try := func() bool { return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil }
+	if try() {
+		return f, nil
+	}
+	pid := 0
+	if b, err := os.ReadFile(filepath.Join(dataDir, "sandstormd.pid")); err == nil {
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	if pid > 1 && !alive(pid) {
+		for deadline := time.Now().Add(lockHandback); time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+			if try() {
+				return f, nil
 			}
 		}
-		return nil, fmt.Errorf("%s is using %s (lock held); or start this one with another --data-dir", who, dataDir)
+		f.Close()
+		return nil, fmt.Errorf("the sandstormd that used %s (PID %d) has exited, but after %v a process it started still holds %s: see which with `fuser -v %s`, and stop it by its PID", dataDir, pid, lockHandback, path, path)
 	}
-	return f, nil
+	f.Close()
+	who := "another sandstormd"
+	if pid > 1 {
+		who = fmt.Sprintf("another sandstormd (PID %d; stop it with: kill %d)", pid, pid)
+	}
+	return nil, fmt.Errorf("%s is using %s (lock held); or start this one with another --data-dir", who, dataDir)
 }
+
+// lockHandback bounds takeLock's wait for a lock its dead holder's child
+// still has: that child lets go at its exec, within milliseconds.
+var lockHandback = 5 * time.Second
 
 // NewBackend returns the backend o names, with its state under o.DataDir.
 func NewBackend(o Options) (sandbox.Backend, error) {
