@@ -293,8 +293,12 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 		if err != nil {
 			return nil, api.Sandbox{}, err
 		}
-		if len(rs) > 0 {
-			return n, f.view(p.Node, rs[0].Sandbox, now), nil
+		// The report of this ID: a name also finds a copy a move left
+		// behind on a node that came back (another ID).
+		for _, r := range rs {
+			if r.Sandbox.ID == p.ID {
+				return n, f.view(r.Node, r.Sandbox, now), nil
+			}
 		}
 		if l, ok := f.linkOf(p.Node); !ok || l.young(now) {
 			// The master has just started hearing the node and has not had its

@@ -491,3 +491,23 @@ func TestANodeReportsOnlyItsOwn(t *testing.T) {
 		t.Errorf("a node's own sandbox, claiming another node: %+v", rs)
 	}
 }
+
+// TestFindTakesThePlacedID: a name also finds the copy a move left
+// behind on a node that came back (another ID, reported first); a GET by
+// name shows the placed sandbox, not that copy.
+func TestFindTakesThePlacedID(t *testing.T) {
+	ctx := context.Background()
+	f := fleetOf(t, &node{name: "local"}, &node{name: "far", availMiB: 9000})
+	st := f.cfg.Store
+	st.PutReported(ctx, "old", api.Sandbox{ID: "m-0", Name: "moved", Node: "old", Tier: api.TierSnapshot})
+	if err := st.PutPlacement(ctx, store.Placement{ID: "m-1", Name: "moved", Node: "far"}); err != nil {
+		t.Fatal(err)
+	}
+	st.PutReported(ctx, "far", api.Sandbox{ID: "m-1", Name: "moved", Node: "far", Tier: api.TierHot})
+	for _, ref := range []string{"m-1", "moved"} {
+		n, sb, err := f.Find(ctx, ref)
+		if err != nil || n.Name() != "far" || sb.ID != "m-1" || sb.Node != "far" || sb.Tier != api.TierHot {
+			t.Errorf("Find(%s) = node %s, %+v, %v; want far's m-1", ref, n.Name(), sb, err)
+		}
+	}
+}

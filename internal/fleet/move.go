@@ -244,7 +244,7 @@ func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.No
 	landed = false
 	go func() {
 		defer f.landed(gen)
-		f.cleanupMove(bg, p.ID, t, src, gen, live)
+		f.cleanupMove(bg, p.ID, src, gen)
 	}()
 	return live, nil
 }
@@ -258,7 +258,7 @@ func (f *Fleet) finishMove(ctx context.Context, id, name string, t, src nodeapi.
 	if err != nil {
 		return api.Sandbox{}, err
 	}
-	f.cleanupMove(ctx, id, t, src, gen, live)
+	f.cleanupMove(ctx, id, src, gen)
 	return live, nil
 }
 
@@ -280,13 +280,20 @@ func (f *Fleet) confirmMove(ctx context.Context, id, name string, t, src nodeapi
 	case err != nil:
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("sandbox %s moved to %s, which did not answer its confirmation (%v): it is confirmed once %s answers, and its copy on %s kept until then", name, t.Name(), err, t.Name(), src.Name()))
 	}
+	// The master's view is the new node's from the answer on. The
+	// reports are kept one per ID, and t's own report of it was not
+	// taken while the copy it left was still reported by src: without
+	// this a GET right after the move showed src (TestDrain at b16b66e).
+	if err := st.MoveReported(ctx, t.Name(), live); err != nil {
+		f.cfg.Log.Warn("move: done, but the master's view of it still shows its old node until its new node reports it", "id", id, "err", err)
+	}
 	return live, nil
 }
 
 // cleanupMove deletes the copy a confirmed move left on src and records
 // the move finished; a copy not deleted now (src does not answer) is
 // deleted when settleMove finds the move still unfinished.
-func (f *Fleet) cleanupMove(ctx context.Context, id string, t, src nodeapi.Node, gen int64, live api.Sandbox) {
+func (f *Fleet) cleanupMove(ctx context.Context, id string, src nodeapi.Node, gen int64) {
 	st := f.cfg.Store
 	dctx, cancel := context.WithTimeout(ctx, moveMargin)
 	err := src.Delete(dctx, id)
@@ -295,9 +302,6 @@ func (f *Fleet) cleanupMove(ctx context.Context, id string, t, src nodeapi.Node,
 		if err := st.FinishMove(ctx, id, gen); err != nil {
 			f.cfg.Log.Warn("move: done, but not recorded as finished; settled later", "id", id, "err", err)
 		}
-		// The copy that left is gone: the master's view of it is the
-		// new node's from now on.
-		f.cfg.Store.PutReported(ctx, t.Name(), live)
 	} else {
 		f.cfg.Log.Warn("move: the copy left behind was not deleted yet (it never runs); deleted once its node answers", "id", id, "node", src.Name(), "err", err)
 	}

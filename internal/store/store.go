@@ -890,6 +890,15 @@ func (s *Store) PutReported(ctx context.Context, node string, sb api.Sandbox) er
 	return err
 }
 
+// MoveReported records sb as node reports it after a move to node has
+// committed (fleet/move.go): the report of the copy it left, another
+// node's, gives way; one node already made stays (it is as new, or newer).
+func (s *Store) MoveReported(ctx context.Context, node string, sb api.Sandbox) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET node=excluded.node, name=excluded.name, body=excluded.body WHERE reported.node<>excluded.node`), sb.ID, node, sb.Name, mustJSON(sb))
+	return err
+}
+
 // DeleteReported forgets sandbox id's report, if node reported it.
 func (s *Store) DeleteReported(ctx context.Context, node, id string) error {
 	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM reported WHERE id=? AND node=?`), id, node)

@@ -343,7 +343,21 @@ func testReported(t *testing.T, where string) {
 	if got, _ := s.FindReported(ctx, "d"); len(got) != 1 || got[0].Node != "n2" || got[0].Sandbox.Name != "z" {
 		t.Errorf("n2's sandbox after n1 reported its ID: %+v", got)
 	}
+	// A move of d to n1 commits: n1's report takes the place of n2's
+	// (the master's, not n1's own word), n2's report of the copy it left
+	// and its deletion change nothing, and a second MoveReported leaves
+	// what n1 reported since.
+	if err := s.MoveReported(ctx, "n1", sb("d", "z", api.TierFrozen)); err != nil {
+		t.Fatal(err)
+	}
+	s.PutReported(ctx, "n1", sb("d", "z", api.TierHot))
+	s.PutReported(ctx, "n2", sb("d", "z", api.TierSnapshot))
 	s.DeleteReported(ctx, "n2", "d")
+	s.MoveReported(ctx, "n1", sb("d", "z", api.TierFrozen))
+	if got, _ := s.FindReported(ctx, "d"); len(got) != 1 || got[0].Node != "n1" || got[0].Sandbox.Tier != api.TierHot {
+		t.Errorf("d after its move to n1: %+v", got)
+	}
+	s.DeleteReported(ctx, "n1", "d")
 	if got, _ := s.FindReported(ctx, "z"); len(got) != 0 {
 		t.Errorf("deleted, still found: %+v", got)
 	}
