@@ -77,6 +77,15 @@ type Config struct {
 	// not checked).
 	FDs func() (open int, limit uint64, err error)
 
+	// Keep is memory kept free above the reserve (MiB; nil: none): room
+	// for the checkpoint that will push a sandbox to disk to make room
+	// next, which takes memory of its own while it runs. Admission that
+	// went down to the reserve itself left that checkpoint only the
+	// reserve to run in (issue 19's flood: MemAvailable fell 76 MiB as
+	// a 293 MiB sandbox's checkpoint began and 96 MiB more as it ended,
+	// and 146 MiB below the reserve in CI at b16b66e).
+	Keep func() int64
+
 	// Settled is what sandboxes started from each key (a template's name
 	// and rootfs digest) were seen to settle at before (MiB), and Learned
 	// is told whenever that grows, to keep it (both may be nil).
@@ -173,13 +182,22 @@ func (a *Admission) admit(id string, p promise) error {
 		p.expectedMiB = expectedMiB
 	}
 	ps := a.outstanding()
-	if memguard.Headroom(avail, a.cfg.MemReserveMiB, ps) >= expectedMiB {
+	keep := a.keep()
+	if memguard.Headroom(avail, a.cfg.MemReserveMiB+keep, ps) >= expectedMiB {
 		p.since = time.Now()
 		a.promises[id] = p
 		return nil
 	}
-	return fmt.Errorf("%w: not enough memory for sandbox %s: it needs %d MiB; %d MiB available, %d MiB of it promised to sandboxes still starting, reserve %d MiB",
-		ErrNoMemory, id, expectedMiB, avail, memguard.Outstanding(ps), a.cfg.MemReserveMiB)
+	return fmt.Errorf("%w: not enough memory for sandbox %s: it needs %d MiB; %d MiB available, %d MiB of it promised to sandboxes still starting, reserve %d MiB and %d MiB above it kept for a checkpoint",
+		ErrNoMemory, id, expectedMiB, avail, memguard.Outstanding(ps), a.cfg.MemReserveMiB, keep)
+}
+
+// keep is Config.Keep's answer, or 0.
+func (a *Admission) keep() int64 {
+	if a.cfg.Keep == nil {
+		return 0
+	}
+	return max(0, a.cfg.Keep())
 }
 
 // Headroom is what memory is left now for a sandbox not yet admitted.
@@ -188,9 +206,10 @@ func (a *Admission) Headroom() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	keep := a.keep()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return memguard.Headroom(avail, a.cfg.MemReserveMiB, a.outstanding()), nil
+	return memguard.Headroom(avail, a.cfg.MemReserveMiB+keep, a.outstanding()), nil
 }
 
 // Release drops sandbox id's promise (it failed to start, or is gone).

@@ -78,6 +78,28 @@ func TestMemoryCountsPromises(t *testing.T) {
 	}
 }
 
+// TestKeepsRoomForACheckpoint: what Keep asks for stays free above the
+// reserve, for the checkpoint that makes room next; the refusal says so.
+func TestKeepsRoomForACheckpoint(t *testing.T) {
+	m := &fakeMem{avail: 2000, held: map[string]int64{}}
+	keep := int64(150)
+	a := New(Config{MemReserveMiB: 1000, MemAvailable: m.available, Held: m.heldOf, Keep: func() int64 { return keep }})
+	if h, _ := a.Headroom(); h != 850 {
+		t.Errorf("headroom %d, want 1000 over the reserve less 150 kept", h)
+	}
+	err := a.Memory("a", 900)
+	if !errors.Is(err, ErrNoMemory) || !strings.Contains(err.Error(), "150 MiB above it kept for a checkpoint") {
+		t.Fatalf("900 MiB with 1000 over the reserve, 150 of it kept: %v", err)
+	}
+	if err := a.Memory("a", 850); err != nil {
+		t.Errorf("850 MiB: %v", err)
+	}
+	keep = -5 // nonsense counts as none
+	if h, _ := a.Headroom(); h != 150 {
+		t.Errorf("headroom %d after 850 promised and nothing kept, want 150", h)
+	}
+}
+
 // TestSettle: a promise ends when its sandbox took what it was promised,
 // or stopped growing after its first seconds, or its window passed; what
 // a template's sandboxes settle at is what its next ones are admitted at.

@@ -11,7 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -117,7 +117,9 @@ func ProtectSelf(adj int) error {
 // lowest reading: what a flood test or benchmark must hold above the
 // reserve at every moment, not only at the end.
 type LowWater struct {
-	min  atomic.Int64
+	mu   sync.Mutex
+	min  int64
+	at   time.Time // when min was read: to find it in a daemon's log
 	stop chan struct{}
 	done chan struct{}
 }
@@ -125,7 +127,7 @@ type LowWater struct {
 // WatchLow starts sampling; the first reading is taken at once.
 func WatchLow(interval time.Duration) *LowWater {
 	w := &LowWater{stop: make(chan struct{}), done: make(chan struct{})}
-	w.min.Store(math.MaxInt64)
+	w.min = math.MaxInt64
 	w.sample()
 	go func() {
 		defer close(w.done)
@@ -144,13 +146,31 @@ func WatchLow(interval time.Duration) *LowWater {
 }
 
 func (w *LowWater) sample() {
-	if m, err := AvailableMiB(); err == nil && m < w.min.Load() {
-		w.min.Store(m)
+	m, err := AvailableMiB()
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m < w.min {
+		w.min, w.at = m, now
 	}
 }
 
 // Min is the lowest MemAvailable seen so far, in MiB.
-func (w *LowWater) Min() int64 { return w.min.Load() }
+func (w *LowWater) Min() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.min
+}
+
+// At is when the lowest reading was taken (zero before the first).
+func (w *LowWater) At() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.at
+}
 
 // Stop ends the sampling (once) and returns the lowest reading.
 func (w *LowWater) Stop() int64 {

@@ -55,6 +55,9 @@ func TestWatchLow(t *testing.T) {
 	if first <= 0 || first == math.MaxInt64 {
 		t.Fatalf("no first reading: %d", first)
 	}
+	if w.At().IsZero() {
+		t.Fatal("no time for the first reading")
+	}
 	low := w.Stop()
 	if low > first || low <= 0 {
 		t.Fatalf("Stop returned %d after a first reading of %d", low, first)

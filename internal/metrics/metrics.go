@@ -263,7 +263,8 @@ type NodeState struct {
 	// /proc/meminfo), the reserves admission keeps free, Promised (what
 	// admitted sandboxes still starting have yet to take), Headroom (what
 	// a new sandbox may still be admitted into: available − reserve −
-	// promised), DiskFree (under the data dir).
+	// promised − the room kept above the reserve for a checkpoint),
+	// DiskFree (under the data dir).
 	MemAvailable, MemReserve, Promised, Headroom, DiskFree, DiskReserve int64
 	// Gateway connections open, and those in flight (gateway.Stats).
 	Conns, InFlight int

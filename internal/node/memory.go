@@ -132,10 +132,19 @@ func (n *Node) learned(key string, mib int64) {
 	n.log.Info("template's sandboxes settle", "template", key, "settled_mib", mib, "admitted_at_mib", memguard.Expected(1<<30, mib))
 }
 
-// heldMiB is what sandbox id's memory cgroup holds (admission.Config.Held).
+// heldMiB is what sandbox id takes from MemAvailable
+// (admission.Config.Held): its memory cgroup's usage less its page cache
+// (sandbox.MemoryReporter.Taken says why).
 func (n *Node) heldMiB(id string) (int64, bool) {
-	held, _, ok := n.usageMiB(id)
-	return held, ok
+	r, ok := n.be.(sandbox.MemoryReporter)
+	if !ok {
+		return 0, false
+	}
+	b, err := r.Taken(context.Background(), sandbox.Spec{ID: id})
+	if err != nil {
+		return 0, false
+	}
+	return b >> 20, true
 }
 
 // usageMiB reads sb's memory cgroup; 0 when the backend cannot say.
@@ -188,6 +197,17 @@ func (n *Node) releasePromise(id string) { n.adm.Release(id) }
 // drops a pooled sandbox, if there is one (warmpool.go). It reports whether
 // it moved one.
 func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
+	n.pushMu.Lock()
+	defer n.pushMu.Unlock()
+	return n.pushDownLocked(ctx, exclude, why)
+}
+
+// pushDownLocked is pushDown under pushMu: one push at a time, so that
+// admission's room for one checkpoint (keepMiB) is enough, and two
+// checkpoints do not share the two cores (each took 2 s instead of 0.4
+// in issue 19's flood, where the pressure loop and a wake's admission
+// pushed at once).
+func (n *Node) pushDownLocked(ctx context.Context, exclude, why string) bool {
 	if n.dropOnePooled(why) {
 		return true
 	}
@@ -223,6 +243,12 @@ func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
 	return false
 }
 
+// keepMiB is what admission keeps free above the reserve
+// (admission.Config.Keep): room for a checkpoint of the largest sandbox
+// that could be pushed to disk to make room next. Pushes run one at a
+// time (pushMu), so room for one is enough.
+func (n *Node) keepMiB() int64 { return checkpointRoomMiB(n.largestMiB.Load()) }
+
 // checkpointRoomMiB is the MemAvailable a checkpoint of a sandbox holding
 // heldMiB needs in order not to fail half-way: the sentry serialises its
 // state and compresses the image through buffers of its own (a checkpoint
@@ -248,8 +274,12 @@ func (n *Node) pressureLoop() {
 		if r := n.cfg.MemReserveMiB; r > 0 {
 			avail, err := n.cfg.MemAvailable()
 			psi := memguard.PressureSome10()
-			if err == nil && (avail < r+min(r/4, earlyMarginMiB) || psi >= pressurePSI) {
-				n.pushDown(context.Background(), "", fmt.Sprintf("%d MiB available (reserve %d MiB), memory pressure %.1f%%", avail, r, psi))
+			// Not while a push is under way (an admission's): its
+			// memory comes back when it ends, and the next tick looks
+			// again.
+			if err == nil && (avail < r+min(r/4, earlyMarginMiB) || psi >= pressurePSI) && n.pushMu.TryLock() {
+				n.pushDownLocked(context.Background(), "", fmt.Sprintf("%d MiB available (reserve %d MiB), memory pressure %.1f%%", avail, r, psi))
+				n.pushMu.Unlock()
 			}
 		}
 		if time.Since(lastBook) >= time.Second {
@@ -264,16 +294,29 @@ func (n *Node) pressureLoop() {
 // (its next request cold-starts it), with a note that says
 // "killed: out of memory" when the kernel's OOM killer ended it — never
 // left half-alive, never silently.
+//
+// On the way it notes the largest sandbox that could be pushed to disk
+// (hot or frozen): admission keeps room above the reserve for its
+// checkpoint (keepMiB).
 func (n *Node) findKilled() {
 	var hot []string
+	var largest int64
 	for _, v := range n.views() {
-		if v.Tier == api.TierHot && !v.Busy {
+		switch {
+		case v.Busy:
+		case v.Tier == api.TierHot:
 			hot = append(hot, v.ID)
+		case v.Tier == api.TierFrozen:
+			if held, _, ok := n.usageMiB(v.ID); ok {
+				largest = max(largest, held)
+			}
 		}
 	}
 	sort.Strings(hot)
+	defer func() { n.largestMiB.Store(largest) }()
 	for _, id := range hot {
-		_, ms, ok := n.usageMiB(id)
+		held, ms, ok := n.usageMiB(id)
+		largest = max(largest, held)
 		if !ok || !ms.Gone {
 			continue
 		}

@@ -98,6 +98,9 @@ func (n *Node) MetricsState() (metrics.NodeState, error) {
 	if avail, err := n.cfg.MemAvailable(); err == nil {
 		s.MemAvailable = avail << 20
 		s.Headroom = s.MemAvailable - s.MemReserve - s.Promised
+		if s.MemReserve > 0 {
+			s.Headroom -= n.keepMiB() << 20 // as admission counts it
+		}
 	} else {
 		errs = append(errs, err)
 	}

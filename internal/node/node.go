@@ -190,6 +190,13 @@ type Node struct {
 	// repair.
 	reconciling atomic.Int64
 
+	// pushMu: one push to disk for memory at a time (pushDown).
+	pushMu sync.Mutex
+	// largestMiB is the largest hot or frozen sandbox's memory cgroup at
+	// the last look (findKilled, once a second): admission keeps room
+	// for its checkpoint (keepMiB).
+	largestMiB atomic.Int64
+
 	// settledSizes is what each template build's sandboxes settled at, as
 	// kept in settledFile.
 	settledMu    sync.Mutex
@@ -214,8 +221,8 @@ type entry struct {
 	lastActive atomic.Int64 // unix ms
 	flushed    atomic.Int64 // lastActive last written to the store
 
-	// lastUsageMiB is what its memory cgroup held just before its last
-	// checkpoint: what its restore is admitted at.
+	// lastUsageMiB is what it took from MemAvailable just before its
+	// last checkpoint (heldMiB): what its restore is admitted at.
 	lastUsageMiB atomic.Int64
 
 	mu     sync.Mutex
@@ -326,7 +333,7 @@ func New(cfg Config) (*Node, error) {
 	n.adm = admission.New(admission.Config{
 		MemReserveMiB: cfg.MemReserveMiB, MemAvailable: cfg.MemAvailable, Held: n.heldMiB,
 		DiskReserveMiB: cfg.DiskReserveMiB, DiskFree: n.diskFreeMiB, DataDir: cfg.DataDir, FDs: processFDs,
-		Settled: maps.Clone(n.settledSizes), Learned: n.learned,
+		Settled: maps.Clone(n.settledSizes), Learned: n.learned, Keep: n.keepMiB,
 	})
 	fg, err := cfg.Store.Counter(context.Background(), fenceCounter)
 	if err != nil {

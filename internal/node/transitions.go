@@ -460,7 +460,7 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) (finish func(), err e
 			return keep(err)
 		}
 	}
-	if held, _, ok := n.usageMiB(sb.ID); ok {
+	if held, ok := n.heldMiB(sb.ID); ok {
 		// What it will need again when it is restored.
 		n.entry(sb.ID).lastUsageMiB.Store(held)
 	}

@@ -104,3 +104,17 @@ sys.stdin.read()
 		t.Fatalf("limit changed: %s -> %s", limitBefore, limitAfter)
 	}
 }
+
+func TestPageCache(t *testing.T) {
+	v1 := "cache 100\nactive_file 1\ninactive_file 2\ntotal_active_file 4096\ntotal_inactive_file 8192\ntotal_shmem 7\n"
+	v2 := "anon 10\nfile 12288\nactive_file 4096\ninactive_file 8192\nshmem 7\n"
+	if got := pageCache(v1, false); got != 12288 {
+		t.Errorf("v1: %d, want the hierarchical totals 12288", got)
+	}
+	if got := pageCache(v2, true); got != 12288 {
+		t.Errorf("v2: %d, want 12288", got)
+	}
+	if got := pageCache("garbage\n", true); got != 0 {
+		t.Errorf("unreadable: %d", got)
+	}
+}

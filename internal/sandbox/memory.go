@@ -20,6 +20,16 @@ type MemStat struct {
 // are still filling their memory and to notice one the kernel killed.
 type MemoryReporter interface {
 	Memory(ctx context.Context, spec Spec) (MemStat, error)
+	// Taken is what the sandbox takes from the node's MemAvailable, in
+	// bytes: its cgroup's usage less the page cache charged to it, which
+	// MemAvailable counts as available. Admission counts this, not the
+	// usage: a restore reads its image through the page cache of the
+	// sandbox's cgroup, so the usage reached what the sandbox had been
+	// promised while half its memory was still to come (issue 19's flood
+	// fell 146 MiB below its reserve so). Reading it costs a parse of
+	// memory.stat, so Memory, read for every hot sandbox each second,
+	// does not.
+	Taken(ctx context.Context, spec Spec) (int64, error)
 }
 
 // OOMScorer is implemented by backends that can set the kernel's OOM score

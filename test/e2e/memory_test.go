@@ -171,7 +171,7 @@ func TestMemoryFlood(t *testing.T) {
 		}
 	}
 	if m := minAvail.Min(); m < reserve {
-		t.Errorf("MemAvailable fell to %d MiB, below the reserve of %d MiB", m, reserve)
+		t.Errorf("MemAvailable fell to %d MiB at %s (the daemon log's clock), below the reserve of %d MiB", m, minAvail.At().UTC().Format("15:04:05.000"), reserve)
 	}
 	if n := oomLines(t) - oomBefore; n != 0 {
 		t.Errorf("%d OOM-killer lines in the kernel log during the flood", n)

@@ -81,6 +81,23 @@ func (b *Backend) Memory(ctx context.Context, spec sandbox.Spec) (sandbox.MemSta
 	return sandbox.MemStat{UsageBytes: u}, nil
 }
 
+// Taken implements sandbox.MemoryReporter: the cgroup's usage less its
+// page cache.
+func (b *Backend) Taken(ctx context.Context, spec sandbox.Spec) (int64, error) {
+	ms, err := b.Memory(ctx, spec)
+	if err != nil {
+		return 0, err
+	}
+	if ms.Gone {
+		return 0, fmt.Errorf("sandbox %s: its process is gone", spec.ID)
+	}
+	v, ok := liveCgroups.Load(b.liveKey(spec.ID))
+	if !ok {
+		return ms.UsageBytes, nil
+	}
+	return max(0, ms.UsageBytes-v.(liveCgroup).cg.PageCache()), nil
+}
+
 // liveCgroup is a running sandbox's process and memory cgroup, as Memory
 // found them (liveCgroups, by runsc root and container ID: a package
 // variable, because a Backend is copied for another runsc build). The node reads every hot

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/sandbox"
@@ -50,5 +53,61 @@ func TestMemoryKeepsTheCgroup(t *testing.T) {
 	}
 	if _, kept := liveCgroups.Load(b.liveKey("c1")); kept {
 		t.Error("a dead process's cgroup is still kept")
+	}
+}
+
+// TestTakenLeavesOutThePageCache: a process in a memory cgroup of its own
+// writes a 64 MiB file. The page cache is charged to its cgroup, so
+// Memory's usage counts it; Taken — what admission counts — does not,
+// since MemAvailable counts it as available (a restore's image is read so
+// into the sandbox's cgroup).
+func TestTakenLeavesOutThePageCache(t *testing.T) {
+	dir := "/sys/fs/cgroup/memory/sstest-mem-" + strconv.Itoa(os.Getpid())
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("a memory cgroup for the test (needs root and the v1 memory hierarchy): %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "cached")
+	cmd := exec.Command("sh", "-c", `read go && dd if=/dev/zero of="$0" bs=1M count=64 status=none && sleep 60`, file)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.Remove(file)
+		os.Remove(dir)
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &Backend{Root: t.TempDir()}
+	spec := sandbox.Spec{ID: "c1"}
+	if err := os.WriteFile(b.stateFile("c1"), []byte(fmt.Sprintf(`{"sandbox":{"pid":%d}}`, cmd.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(in, "go") // dd runs now, in the new cgroup
+	var usage, taken int64
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		ms, err := b.Memory(context.Background(), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if taken, err = b.Taken(context.Background(), spec); err != nil {
+			t.Fatal(err)
+		}
+		if usage = ms.UsageBytes; usage >= 64<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20 s its cgroup holds %d MiB, want the 64 MiB file it wrote", usage>>20)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if taken > usage-60<<20 {
+		t.Errorf("usage %d MiB, taken %d MiB: the 64 MiB of page cache was counted as taken", usage>>20, taken>>20)
 	}
 }
