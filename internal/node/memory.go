@@ -174,14 +174,41 @@ func (n *Node) admitMemory(ctx context.Context, id string, ask func() error) err
 		if short == nil || !errors.Is(short, admission.ErrNoMemory) {
 			return short
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if time.Now().After(deadline) || ctx.Err() != nil || !n.takePush(ctx, deadline) {
 			return fmt.Errorf("%w; nothing could be pushed to disk in time, retry later", short)
 		}
-		if !n.pushDown(ctx, id, "to make room for "+id) {
+		// Another push may have made the room while this one waited.
+		if short = ask(); short == nil || !errors.Is(short, admission.ErrNoMemory) {
+			n.releasePush()
+			return short
+		}
+		pushed := n.pushDown(ctx, id, "to make room for "+id)
+		n.releasePush()
+		if !pushed {
 			return fmt.Errorf("%w; nothing left to push to disk", short)
 		}
 	}
 }
+
+// takePush takes the node's one push slot (pushSlot), waiting no later
+// than deadline: pushes run one at a time, so that admission's room for
+// one checkpoint (keepMiB) is enough, and two checkpoints do not share the
+// two cores (each took 2 s instead of 0.4 in issue 19's flood, where the
+// pressure loop and a wake's admission pushed at once). It reports
+// whether it took it; releasePush gives it back.
+func (n *Node) takePush(ctx context.Context, deadline time.Time) bool {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case n.pushSlot <- struct{}{}:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+func (n *Node) releasePush() { <-n.pushSlot }
 
 // promisedMiB is what admitted sandboxes have yet to take.
 func (n *Node) promisedMiB() int64 { return n.adm.Promised() }
@@ -195,19 +222,8 @@ func (n *Node) releasePromise(id string) { n.adm.Release(id) }
 // saying so in its note — when the node is so short that a checkpoint
 // could fail half-way and take the sandbox with it. Before any of that it
 // drops a pooled sandbox, if there is one (warmpool.go). It reports whether
-// it moved one.
+// it moved one. The caller holds the push slot (takePush).
 func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
-	n.pushMu.Lock()
-	defer n.pushMu.Unlock()
-	return n.pushDownLocked(ctx, exclude, why)
-}
-
-// pushDownLocked is pushDown under pushMu: one push at a time, so that
-// admission's room for one checkpoint (keepMiB) is enough, and two
-// checkpoints do not share the two cores (each took 2 s instead of 0.4
-// in issue 19's flood, where the pressure loop and a wake's admission
-// pushed at once).
-func (n *Node) pushDownLocked(ctx context.Context, exclude, why string) bool {
 	if n.dropOnePooled(why) {
 		return true
 	}
@@ -246,7 +262,7 @@ func (n *Node) pushDownLocked(ctx context.Context, exclude, why string) bool {
 // keepMiB is what admission keeps free above the reserve
 // (admission.Config.Keep): room for a checkpoint of the largest sandbox
 // that could be pushed to disk to make room next. Pushes run one at a
-// time (pushMu), so room for one is enough.
+// time (takePush), so room for one is enough.
 func (n *Node) keepMiB() int64 { return checkpointRoomMiB(n.largestMiB.Load()) }
 
 // checkpointRoomMiB is the MemAvailable a checkpoint of a sandbox holding
@@ -277,9 +293,13 @@ func (n *Node) pressureLoop() {
 			// Not while a push is under way (an admission's): its
 			// memory comes back when it ends, and the next tick looks
 			// again.
-			if err == nil && (avail < r+min(r/4, earlyMarginMiB) || psi >= pressurePSI) && n.pushMu.TryLock() {
-				n.pushDownLocked(context.Background(), "", fmt.Sprintf("%d MiB available (reserve %d MiB), memory pressure %.1f%%", avail, r, psi))
-				n.pushMu.Unlock()
+			if err == nil && (avail < r+min(r/4, earlyMarginMiB) || psi >= pressurePSI) {
+				select {
+				case n.pushSlot <- struct{}{}:
+					n.pushDown(context.Background(), "", fmt.Sprintf("%d MiB available (reserve %d MiB), memory pressure %.1f%%", avail, r, psi))
+					n.releasePush()
+				default:
+				}
 			}
 		}
 		if time.Since(lastBook) >= time.Second {

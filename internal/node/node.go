@@ -190,8 +190,8 @@ type Node struct {
 	// repair.
 	reconciling atomic.Int64
 
-	// pushMu: one push to disk for memory at a time (pushDown).
-	pushMu sync.Mutex
+	// pushSlot: one push to disk for memory at a time (takePush).
+	pushSlot chan struct{}
 	// largestMiB is the largest hot or frozen sandbox's memory cgroup at
 	// the last look (findKilled, once a second): admission keeps room
 	// for its checkpoint (keepMiB).
@@ -318,6 +318,7 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg: cfg, st: cfg.Store, be: cfg.Backend, log: cfg.Log,
 		wakes:      make(chan struct{}, cfg.MaxWakes),
+		pushSlot:   make(chan struct{}, 1),
 		starts:     make(chan struct{}, cfg.MaxStarts),
 		entries:    map[string]*entry{},
 		reserved:   map[int]string{},
