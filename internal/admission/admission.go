@@ -182,7 +182,7 @@ func (a *Admission) admit(id string, p promise) error {
 		p.expectedMiB = expectedMiB
 	}
 	ps := a.outstanding()
-	keep := a.keep()
+	keep := a.Kept()
 	if memguard.Headroom(avail, a.cfg.MemReserveMiB+keep, ps) >= expectedMiB {
 		p.since = time.Now()
 		a.promises[id] = p
@@ -192,9 +192,11 @@ func (a *Admission) admit(id string, p promise) error {
 		ErrNoMemory, id, expectedMiB, avail, memguard.Outstanding(ps), a.cfg.MemReserveMiB, keep)
 }
 
-// keep is Config.Keep's answer, or 0.
-func (a *Admission) keep() int64 {
-	if a.cfg.Keep == nil {
+// Kept is what admission keeps free above the reserve now (MiB):
+// Config.Keep's answer, or 0 when there is no reserve (admission is off)
+// or no Keep.
+func (a *Admission) Kept() int64 {
+	if a.cfg.MemReserveMiB <= 0 || a.cfg.Keep == nil {
 		return 0
 	}
 	return max(0, a.cfg.Keep())
@@ -206,7 +208,7 @@ func (a *Admission) Headroom() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	keep := a.keep()
+	keep := a.Kept()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return memguard.Headroom(avail, a.cfg.MemReserveMiB+keep, a.outstanding()), nil

@@ -234,3 +234,16 @@ func TestDiskAndFDs(t *testing.T) {
 		t.Error("checks that are off, or cannot read, refused")
 	}
 }
+
+// TestNothingKeptWithoutAReserve: with no reserve admission is off, and
+// nothing is taken off the headroom for a checkpoint either.
+func TestNothingKeptWithoutAReserve(t *testing.T) {
+	m := &fakeMem{avail: 2000, held: map[string]int64{}}
+	a := New(Config{MemAvailable: m.available, Held: m.heldOf, Keep: func() int64 { return 150 }})
+	if k := a.Kept(); k != 0 {
+		t.Errorf("kept %d MiB without a reserve", k)
+	}
+	if h, _ := a.Headroom(); h != 2000 {
+		t.Errorf("headroom %d without a reserve, want all 2000 available", h)
+	}
+}

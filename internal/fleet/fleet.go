@@ -297,7 +297,7 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 		// behind on a node that came back (another ID).
 		for _, r := range rs {
 			if r.Sandbox.ID == p.ID {
-				return n, f.view(r.Node, r.Sandbox, now), nil
+				return n, f.view(p.Node, r.Sandbox, now), nil
 			}
 		}
 		if l, ok := f.linkOf(p.Node); !ok || l.young(now) {

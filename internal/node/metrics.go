@@ -97,10 +97,7 @@ func (n *Node) MetricsState() (metrics.NodeState, error) {
 	var errs []error
 	if avail, err := n.cfg.MemAvailable(); err == nil {
 		s.MemAvailable = avail << 20
-		s.Headroom = s.MemAvailable - s.MemReserve - s.Promised
-		if s.MemReserve > 0 {
-			s.Headroom -= n.keepMiB() << 20 // as admission counts it
-		}
+		s.Headroom = s.MemAvailable - s.MemReserve - s.Promised - n.adm.Kept()<<20
 	} else {
 		errs = append(errs, err)
 	}
