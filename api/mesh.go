@@ -125,3 +125,57 @@ type SAMServed struct {
 type SAMServedList struct {
 	Services []SAMServed `json:"services"`
 }
+
+// MemberStatus is a mesh member's own view of its place in the mesh
+// (sam-node's admin listener, GET /mesh): the routers it was given and
+// how it stands with each, and its control plane. It is what a member
+// "says" when something is down (issue 29): which router it cannot
+// reach and since when, and whether it runs on the last good keys and
+// policy.
+type MemberStatus struct {
+	Member string `json:"member"`
+	Peer   string `json:"peer"`
+	// Names are what it serves and publishes.
+	Names   []string       `json:"names"`
+	Routers []RouterStatus `json:"routers"`
+	// ControlPlane is reachable, or why not, with when the keys were
+	// last fetched (the member verifies others with those meanwhile).
+	ControlPlane ControlPlaneStatus `json:"control_plane"`
+}
+
+// RouterStatus is how a member stands with one router.
+type RouterStatus struct {
+	Addr string `json:"addr"`
+	// Joined: connected, credentials exchanged both ways, a relay slot
+	// held. Since is when it joined (or, while not joined, since when it
+	// has not been; zero before a first try).
+	Joined bool      `json:"joined"`
+	Since  time.Time `json:"since,omitzero"`
+	// Epoch names the router's run (a restart makes a new one);
+	// Published is true when this member's names were put on the router
+	// in this epoch, Verified when it last found them all there.
+	Epoch     string    `json:"epoch,omitempty"`
+	Published bool      `json:"published"`
+	Verified  time.Time `json:"verified,omitzero"`
+	// Rejoins counts the joins after the first; Republished the
+	// publishes after the first (a new epoch, a lost record, a change of
+	// names).
+	Rejoins     int    `json:"rejoins"`
+	Republished int    `json:"republished"`
+	Error       string `json:"error,omitempty"`
+}
+
+// ControlPlaneStatus is a member's view of its control plane. While it
+// is unreachable the member goes on with the last good keys (KeysAt) and
+// policy (PolicyVersion, PolicyStale), and its own credential while that
+// lasts (CredentialExpires; it renews once a third of its life is gone).
+type ControlPlaneStatus struct {
+	URL               string    `json:"url"`
+	Reachable         bool      `json:"reachable"`
+	UnreachableSince  time.Time `json:"unreachable_since,omitzero"`
+	KeysAt            time.Time `json:"keys_at,omitzero"`
+	PolicyVersion     int64     `json:"policy_version"`
+	PolicyStale       bool      `json:"policy_stale"`
+	CredentialExpires time.Time `json:"credential_expires,omitzero"`
+	Error             string    `json:"error,omitempty"`
+}

@@ -29,7 +29,7 @@ as one Markdown table.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCmd(), reportCmd(), discoveryCmd(), meshCmd(), boundaryCmd(), principalsCmd(), agentsCmd(), floorServerCmd())
+	root.AddCommand(runCmd(), reportCmd(), discoveryCmd(), meshCmd(), boundaryCmd(), principalsCmd(), agentsCmd(), healCmd(), floorServerCmd())
 	return root
 }
 

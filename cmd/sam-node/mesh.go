@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"sandstorm/api"
 	"sandstorm/internal/membership"
 	"sandstorm/internal/meshnode"
 	"sandstorm/internal/meshpeer"
@@ -81,4 +85,88 @@ func joinMesh(ctx context.Context, m *membership.Member, routers []peer.AddrInfo
 		p.Close()
 		return
 	}
+}
+
+// serveMeshStatus adds the member's view of the mesh to the node's admin
+// listener (never the agent listener: it names routers and members):
+//
+//	GET /mesh                   api.MemberStatus: each router joined or not
+//	                            and since when, its epoch, whether this
+//	                            member's names are published there; the
+//	                            control plane reachable or not, the keys
+//	                            and policy in use
+//	GET /mesh/providers?name=N  the members providing N, the routers asked
+//	                            now (past the discovery cache)
+//
+// and gauges of the same on /metrics.
+func serveMeshStatus(node *meshnode.Node, m *membership.Member, routers []peer.AddrInfo, mesh *meshpeer.Deferred) error {
+	status := func() api.MemberStatus {
+		var st api.MemberStatus
+		if p := mesh.Peer(); p != nil {
+			st = p.Status()
+		} else {
+			for _, r := range routers {
+				st.Routers = append(st.Routers, api.RouterStatus{Addr: r.String()})
+			}
+		}
+		st.Member, st.ControlPlane = m.Name(), m.ControlPlaneStatus()
+		return st
+	}
+	node.HandleAdmin("GET /mesh", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, status())
+	}))
+	node.HandleAdmin("GET /mesh/providers", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.URL.Query().Get("name")
+		p := mesh.Peer()
+		switch {
+		case name == "":
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "name a mesh name: ?name=inference://MODEL, mcp://SERVER or catalog"})
+			return
+		case p == nil:
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": meshpeer.ErrNotJoined.Error()})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		found, err := p.FindNow(ctx, name)
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+			return
+		}
+		out := []map[string]any{}
+		for _, ai := range found {
+			out = append(out, map[string]any{"peer": ai.ID.String(), "addrs": ai.Addrs})
+		}
+		writeJSON(w, http.StatusOK, out)
+	}))
+	joined := func() float64 {
+		n := 0
+		for _, r := range status().Routers {
+			if r.Joined {
+				n++
+			}
+		}
+		return float64(n)
+	}
+	return node.RegisterMetrics(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sam_node_mesh_routers",
+			Help: "Routers this member was given (--router)."}, func() float64 { return float64(len(routers)) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sam_node_mesh_routers_joined",
+			Help: "Routers this member is joined to now: connected, credentials exchanged, a relay slot held."}, joined),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sam_node_mesh_control_plane_reachable",
+			Help: "1 while the control plane answers; 0 while the member runs on its last good keys and policy."}, func() float64 {
+			if m.ControlPlaneStatus().Reachable {
+				return 1
+			}
+			return 0
+		}),
+	)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
 }

@@ -184,6 +184,11 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 		return err
 	}
 	defer node.Close()
+	if o.mesh.on() {
+		if err := serveMeshStatus(node, member, routers, mesh); err != nil {
+			return err
+		}
+	}
 	meshDone := make(chan struct{})
 	mctx, leave := context.WithCancel(ctx)
 	defer leave()

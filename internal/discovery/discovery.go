@@ -17,6 +17,11 @@
 //     once they are RefreshAfter old (20 s), so a caller on a warm path
 //     never pays a cold lookup: until TTL it gets the answer it has,
 //     while the new one is fetched.
+//   - An answer of no provider at all is kept only EmptyTTL (2 s): it is
+//     what a lookup finds in the moments after a router restarted and
+//     before the members published there again (issue 29), and kept for
+//     30 s it turned a restart of a second into half a minute of
+//     "no member serves it".
 //
 // Cache is free of the DHT: Lookup is any function, so the rules are
 // tested exhaustively with fakes (discovery_test.go) and the DHT adapter
@@ -34,11 +39,14 @@ import (
 type Lookup[T any] func(ctx context.Context, key string) ([]T, error)
 
 // Defaults, from the issue: answers cached 30 s and refreshed before they
-// expire; a lookup bounded by a timeout well above a walk's length.
+// expire; a lookup bounded by a timeout well above a walk's length; an
+// empty answer kept about as long as a member takes to publish again on a
+// router that came back (internal/meshpeer: retryMax, then one message).
 const (
 	DefaultTTL          = 30 * time.Second
 	DefaultRefreshAfter = 20 * time.Second
 	DefaultTimeout      = 10 * time.Second
+	DefaultEmptyTTL     = 2 * time.Second
 )
 
 // Config sets a Cache's times; zero fields take the defaults.
@@ -46,6 +54,9 @@ type Config struct {
 	TTL          time.Duration
 	RefreshAfter time.Duration
 	Timeout      time.Duration
+	// EmptyTTL is how long an answer with no provider is kept (at most
+	// TTL).
+	EmptyTTL time.Duration
 	// RetryAfter is how long after a failed refresh the next is tried
 	// (the last good answer is served meanwhile); default 2 s.
 	RetryAfter time.Duration
@@ -92,6 +103,9 @@ func New[T any](lookup Lookup[T], cfg Config) *Cache[T] {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	if cfg.EmptyTTL <= 0 || cfg.EmptyTTL > cfg.TTL {
+		cfg.EmptyTTL = min(DefaultEmptyTTL, cfg.TTL)
+	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 2 * time.Second
 	}
@@ -113,7 +127,11 @@ func (c *Cache[T]) Get(ctx context.Context, key string) ([]T, error) {
 		c.entries[key] = e
 	}
 	age := c.cfg.Now().Sub(e.at)
-	if !e.at.IsZero() && age < c.cfg.TTL {
+	ttl := c.cfg.TTL
+	if len(e.vals) == 0 {
+		ttl = c.cfg.EmptyTTL
+	}
+	if !e.at.IsZero() && age < ttl {
 		// A refresh that failed is not tried again at once by every
 		// caller that comes: at most once per RetryAfter.
 		if age >= c.cfg.RefreshAfter && e.run == nil && c.cfg.Now().Sub(e.failed) >= c.cfg.RetryAfter {

@@ -252,3 +252,30 @@ func TestForget(t *testing.T) {
 		t.Errorf("after Forget: %v", v)
 	}
 }
+
+// TestEmptyAnswerKeptBriefly: an answer with no provider is kept for
+// EmptyTTL only, so that a name published again after a router's restart
+// is found at the next lookup after it, not half a minute on; a
+// non-empty answer is kept its full TTL.
+func TestEmptyAnswerKeptBriefly(t *testing.T) {
+	src := newFake()
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(src.lookup, Config{TTL: 30 * time.Second, EmptyTTL: 2 * time.Second, Now: clk.now})
+	go func() { waitStarted(t, src, 1); src.release <- nil }()
+	if v, err := c.Get(context.Background(), "k"); err != nil || len(v) != 0 {
+		t.Fatalf("first: %v, %v", v, err)
+	}
+	clk.add(time.Second)
+	if v, _ := c.Get(context.Background(), "k"); len(v) != 0 || src.started() != 1 {
+		t.Fatalf("within EmptyTTL: %v, %d lookups; want the empty answer kept", v, src.started())
+	}
+	clk.add(1500 * time.Millisecond)
+	go func() { waitStarted(t, src, 2); src.release <- []string{"back"} }()
+	if v, _ := c.Get(context.Background(), "k"); len(v) != 1 || v[0] != "back" {
+		t.Fatalf("past EmptyTTL: %v, want a new lookup's answer", v)
+	}
+	clk.add(10 * time.Second)
+	if v, _ := c.Get(context.Background(), "k"); len(v) != 1 || src.started() != 2 {
+		t.Errorf("a provider found is kept past EmptyTTL: %v, %d lookups", v, src.started())
+	}
+}

@@ -147,6 +147,11 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 			return
 		}
 		if h.byName[scope] == nil && h.n.servedServer(scope) == nil && (h.n.remote == nil || !h.n.remote.hasServer(scope)) {
+			if h.n.remote != nil && h.n.remote.recently("mcp://"+scope) {
+				writeUnavailable(w, "server_unavailable",
+					fmt.Sprintf("MCP server %q is granted to principal %q, but no member of the mesh serves it right now", scope, principal))
+				return
+			}
 			writeError(w, http.StatusNotFound, "invalid_request_error", "server_not_found",
 				fmt.Sprintf("no MCP server %q on this mesh node", scope))
 			return
@@ -397,9 +402,12 @@ func (v *view) refuseUngranted(next mcp.MethodHandler) mcp.MethodHandler {
 		e := v.tools[ctr.Params.Name]
 		v.mu.Unlock()
 		if e == nil {
-			server := v.key.scope
+			server, tool := v.key.scope, ctr.Params.Name
 			if server == "" {
-				server, _, _ = strings.Cut(ctr.Params.Name, ToolSeparator)
+				server, tool, _ = strings.Cut(ctr.Params.Name, ToolSeparator)
+			}
+			if res := v.hub.awayTool(v.key.principal, server, tool); res != nil {
+				return res, nil
 			}
 			if v.hub.byName[server] == nil {
 				server = ""
@@ -415,6 +423,22 @@ func (v *view) refuseUngranted(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		return next(ctx, method, req)
 	}
+}
+
+// awayTool answers a call of a tool the principal is granted on a server
+// that the mesh listed lately and no member serves now (issue 29: such a
+// call was refused as "not granted", which sends the operator to the
+// policy): a tool error saying so and when to try again. nil: not that
+// case.
+func (h *mcpHub) awayTool(principal, server, tool string) *mcp.CallToolResult {
+	if h.n.remote == nil || !h.n.policy.Current().For(principal).MCPTool(server, tool) ||
+		h.byName[server] != nil || h.n.servedServer(server) != nil || h.n.remote.hasServer(server) ||
+		!h.n.remote.recently("mcp://"+server) {
+		return nil
+	}
+	h.n.m.toolCalls.WithLabelValues("", "unavailable").Inc()
+	return toolError(fmt.Sprintf("tool %q of MCP server %q is granted to principal %q, but no member of the mesh serves %q right now; %s",
+		tool, server, principal, server, unavailableRetry()))
 }
 
 func denied(name, principal string) *mcp.CallToolResult {

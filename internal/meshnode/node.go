@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/policy"
 	"sandstorm/internal/refusals"
 )
@@ -55,7 +57,7 @@ type Node struct {
 	refusals  *refusals.Table
 	member    string
 	agent     http.Handler
-	admin     http.Handler
+	admin     *http.ServeMux
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -239,9 +241,23 @@ func (s staticPolicy) Current() *policy.Policy { return s.p }
 // Handler is the agent API: what boundaries forward agents' requests to.
 func (n *Node) Handler() http.Handler { return n.agent }
 
-// AdminHandler serves /healthz, /readyz and /metrics. Serve it on a
-// listener no sandbox can reach.
+// AdminHandler serves /healthz, /readyz and /metrics, and what
+// HandleAdmin adds. Serve it on a listener no sandbox can reach.
 func (n *Node) AdminHandler() http.Handler { return n.admin }
+
+// HandleAdmin adds a route to the admin listener (sam-node's GET /mesh:
+// the member's view of the mesh, which this package does not know).
+func (n *Node) HandleAdmin(pattern string, h http.Handler) { n.admin.Handle(pattern, h) }
+
+// RegisterMetrics adds collectors to the node's registry (/metrics).
+func (n *Node) RegisterMetrics(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := n.m.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Ready reports whether every upstream MCP server is connected.
 func (n *Node) Ready() bool { return len(n.hub.notConnected()) == 0 }
@@ -392,6 +408,24 @@ type apiError struct {
 		Param   *string `json:"param"`
 		Code    string  `json:"code"`
 	} `json:"error"`
+}
+
+// writeUnavailable answers a request for something the principal is
+// granted but no member of the mesh serves right now (issue 29): 503 with
+// the Retry-After of errdefs' table for ErrUnavailable, the time the mesh
+// takes to heal, and a message naming the service. Not 403, which would
+// send the operator to the policy, nor 404, which says it does not exist.
+func writeUnavailable(w http.ResponseWriter, code, msg string) {
+	e, _ := errdefs.Lookup(errdefs.ErrUnavailable)
+	secs := int(e.Retry / time.Second)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeError(w, e.Status, "api_error", code, fmt.Sprintf("%s; try again in %d s", msg, secs))
+}
+
+// unavailableRetry is what a tool result says to wait, as writeUnavailable.
+func unavailableRetry() string {
+	e, _ := errdefs.Lookup(errdefs.ErrUnavailable)
+	return fmt.Sprintf("try again in %d s", int(e.Retry/time.Second))
 }
 
 func writeError(w http.ResponseWriter, status int, typ, code, msg string) {

@@ -114,8 +114,7 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal str
 		}
 		if len(n.localProviders(name)) == 0 {
 			if models, _ := n.remote.snapshot(); models[name] == "" {
-				writeError(w, http.StatusNotFound, errType(http.StatusNotFound), errCode(http.StatusNotFound),
-					fmt.Sprintf("model %q is not served anywhere in the mesh; GET /v1/models lists the models you may use", name))
+				n.modelNotServed(w, principal, name)
 				return
 			}
 		}
@@ -263,13 +262,12 @@ func (n *Node) serveFromMesh(w http.ResponseWriter, r *http.Request, principal, 
 	ids, err := n.meshTargets(r.Context(), "inference://"+model)
 	if err != nil && len(ids) == 0 {
 		n.m.modelRequests.WithLabelValues(model, "unavailable").Inc()
-		writeError(w, http.StatusBadGateway, "api_error", "upstream_unavailable",
-			fmt.Sprintf("the mesh could not be asked who serves model %q (%v); try again later", model, err))
+		writeUnavailable(w, "model_unavailable",
+			fmt.Sprintf("model %q is granted to principal %q, but the mesh cannot be asked who serves it right now (%v)", model, principal, err))
 		return
 	}
 	if len(ids) == 0 {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
-			fmt.Sprintf("model %q is not served anywhere in the mesh; GET /v1/models lists the models you may use", model))
+		n.modelNotServed(w, principal, model)
 		return
 	}
 	last := ""
@@ -302,8 +300,22 @@ func (n *Node) serveFromMesh(w http.ResponseWriter, r *http.Request, principal, 
 		return
 	}
 	n.m.modelRequests.WithLabelValues(model, "unavailable").Inc()
-	writeError(w, http.StatusBadGateway, "api_error", "upstream_unavailable",
-		fmt.Sprintf("no member serving model %q could take the request (last: %s); try again later", model, last))
+	writeUnavailable(w, "model_unavailable",
+		fmt.Sprintf("model %q is granted to principal %q, but no member serving it could take the request (last: %s)", model, principal, last))
+}
+
+// modelNotServed answers a granted model that no member serves: one the
+// mesh listed lately is away (503, try again), one it never did is not
+// found (404).
+func (n *Node) modelNotServed(w http.ResponseWriter, principal, model string) {
+	if n.remote.recently("inference://" + model) {
+		n.m.modelRequests.WithLabelValues("", "unavailable").Inc()
+		writeUnavailable(w, "model_unavailable",
+			fmt.Sprintf("model %q is granted to principal %q, but no member of the mesh serves it right now", model, principal))
+		return
+	}
+	writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
+		fmt.Sprintf("model %q is not served anywhere in the mesh; GET /v1/models lists the models you may use", model))
 }
 
 // attempt sends the request to one provider. Only the headers an

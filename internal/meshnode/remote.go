@@ -55,13 +55,16 @@ type Mesh interface {
 	Providers(ctx context.Context, name string) ([]string, error)
 	// Do sends req to member's MeshHandler; req.URL.Path is the
 	// handler's own path (/v1/...). The request's context bounds it. An
-	// error that wraps ErrNotSent means not one byte of req left: only
-	// then may the call go to another member without running twice.
+	// error that wraps ErrNotSent means no whole request reached the
+	// member (none left, or it was cut off as it was written): only then
+	// may the call go to another member without running twice.
 	Do(member string, req *http.Request) (*http.Response, error)
 }
 
-// ErrNotSent marks a mesh call that never reached the member (no
-// connection, or its credential refused before the request was written).
+// ErrNotSent marks a mesh call that never reached the member whole (no
+// connection, its credential refused before the request was written, or
+// the request cut off as it was written: the member's handlers read a
+// request's whole body before they act on it).
 var ErrNotSent = errors.New("the call was not sent")
 
 // HeaderMember names the member a mesh call came from. The mesh's
@@ -128,13 +131,32 @@ type remote struct {
 	models  map[string]string      // model → the first member listing it
 	servers map[string][]*mcp.Tool // server → its tools, from the first member listing it
 	seen    string                 // the last merged catalogue, encoded: a change bumps the hub's generation
+	// listed is when each mesh name ("inference://m", "mcp://s") was last
+	// in a member's catalogue: a granted name listed within recentlyListed
+	// and not now is one whose providers are away ("try again"), not one
+	// that does not exist.
+	listed map[string]time.Time
 
 	loaded     chan struct{}
 	loadedOnce sync.Once
 }
 
 func newRemote(n *Node, m Mesh) *remote {
-	return &remote{n: n, mesh: m, models: map[string]string{}, servers: map[string][]*mcp.Tool{}, loaded: make(chan struct{})}
+	return &remote{n: n, mesh: m, models: map[string]string{}, servers: map[string][]*mcp.Tool{}, listed: map[string]time.Time{},
+		loaded: make(chan struct{})}
+}
+
+// recentlyListed is how long a name that left every catalogue is taken
+// for away rather than gone.
+const recentlyListed = 10 * time.Minute
+
+// recently reports whether name ("inference://m", "mcp://s") was in the
+// mesh's catalogue within recentlyListed (or is now).
+func (r *remote) recently(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.listed[name]
+	return ok && time.Since(at) < recentlyListed
 }
 
 // run reads the catalogue now and every catalogInterval until ctx ends.
@@ -188,7 +210,19 @@ func (r *remote) refresh(ctx context.Context) {
 		}
 	}
 	enc, _ := json.Marshal(catalogue{Models: sortedKeys(models), Servers: servers})
+	now := time.Now()
 	r.mu.Lock()
+	for m := range models {
+		r.listed["inference://"+m] = now
+	}
+	for s := range servers {
+		r.listed["mcp://"+s] = now
+	}
+	for k, at := range r.listed {
+		if now.Sub(at) > recentlyListed {
+			delete(r.listed, k)
+		}
+	}
 	changed := string(enc) != r.seen
 	if changed {
 		r.models, r.servers, r.seen = models, servers, string(enc)
@@ -387,7 +421,8 @@ func (n *Node) callRemoteTool(ctx context.Context, principal, server, tool strin
 	ids, err := n.meshTargets(ctx, "mcp://"+server)
 	if err != nil || len(ids) == 0 {
 		n.m.toolCalls.WithLabelValues("", "unavailable").Inc()
-		return toolError(fmt.Sprintf("no member of the mesh serves the MCP server %q right now; try again shortly", server))
+		return toolError(fmt.Sprintf("tool %q of MCP server %q is granted to principal %q, but no member of the mesh serves %q right now; %s",
+			tool, server, principal, server, unavailableRetry()))
 	}
 	body, _ := json.Marshal(toolCall{Server: server, Tool: tool, Arguments: args})
 	last := ""
@@ -436,5 +471,5 @@ func (n *Node) callRemoteTool(ctx context.Context, principal, server, tool strin
 		return &res
 	}
 	n.m.toolCalls.WithLabelValues("", "unavailable").Inc()
-	return toolError(fmt.Sprintf("no member serving the MCP server %q could take the call (last: %s); try again shortly", server, last))
+	return toolError(fmt.Sprintf("no member serving the MCP server %q could take the call (last: %s); %s", server, last, unavailableRetry()))
 }

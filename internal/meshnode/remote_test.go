@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -275,5 +276,88 @@ func TestMeshToolCallNotRunTwice(t *testing.T) {
 	defer m.mu.Unlock()
 	if !res.IsError || len(m.sent) != 1 {
 		t.Errorf("sent to %v (result error %v), want to the first member only", m.sent, res.IsError)
+	}
+}
+
+func (m *memNet) remove(name string) {
+	m.mu.Lock()
+	delete(m.members, name)
+	m.mu.Unlock()
+}
+
+// TestGrantedButServedNowhereNow (issue 29): a model and an MCP server
+// that the mesh served a moment ago and no member serves now are
+// "granted, but no member serves it now" — 503 with Retry-After, naming
+// the service — not "not granted" (403), which sends the operator to the
+// policy, nor "not found". What was never served stays 404, and what is
+// not granted stays 403.
+func TestGrantedButServedNowhereNow(t *testing.T) {
+	llmB := fakellm.Start(t, "m-b")
+	log, _ := testLogger(t)
+	pf := policyFile(t, meshPolicy)
+	net := &memNet{members: map[string]*memMember{}}
+	b := net.add(t, "node-b", Config{
+		Providers:  []Provider{{Name: "llm-b", URL: llmB.BaseURL(), Models: []string{"m-b"}}},
+		MCPServers: []MCPServer{{Name: "everything", Command: everythingCommand(t)}},
+		PolicyFile: pf, Logger: log.With("node", "b"),
+	})
+	if err := b.WaitReady(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	a := net.add(t, "node-a", Config{PolicyFile: pf, Logger: log.With("node", "a")})
+	agent := httptest.NewServer(a.Handler())
+	t.Cleanup(agent.Close)
+	ca := agentOpenAI(agent.URL, "agent-a")
+	if _, err := ca.Chat.Completions.New(ctxT(t), chat("m-b", "while B serves")); err != nil {
+		t.Fatalf("m-b while B serves: %v", err)
+	}
+	s := agentMCP(t, agent.URL+"/mcp", "agent-a", nil)
+	if text, isErr := callText(t, s, "everything__echo", map[string]any{"message": "hi"}); isErr {
+		t.Fatalf("echo while B serves: %q", text)
+	}
+
+	net.remove("node-b")
+	a.remote.refresh(ctxT(t))
+
+	post := func(principal, model string) (*http.Response, string) {
+		body, _ := json.Marshal(map[string]any{"model": model, "messages": []any{map[string]string{"role": "user", "content": "x"}}})
+		req, _ := http.NewRequest(http.MethodPost, agent.URL+"/v1/chat/completions", bytes.NewReader(body))
+		resp, err := agentHTTP(principal).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return resp, string(data)
+	}
+	resp, body := post("agent-a", "m-b")
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+		!strings.Contains(body, `granted to principal \"agent-a\"`) || !strings.Contains(body, "m-b") || !strings.Contains(body, "right now") {
+		t.Errorf("m-b with B gone: %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if code, body := get(t, a.Handler(), "/v1/models/m-b", http.Header{HeaderPrincipal: {"agent-a"}}); code != http.StatusServiceUnavailable {
+		t.Errorf("GET /v1/models/m-b with B gone: %d %s", code, body)
+	}
+	if resp, body := post("agent-all", "m-nowhere"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("a model never served: %d %s, want 404", resp.StatusCode, body)
+	}
+	if resp, body := post("agent-a", "m-c"); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a model not granted: %d %s, want 403", resp.StatusCode, body)
+	}
+	text, isErr := callText(t, s, "everything__echo", map[string]any{"message": "hi"})
+	if !isErr || strings.Contains(text, "not granted") || !strings.Contains(text, "is granted") || !strings.Contains(text, `"everything"`) {
+		t.Errorf("echo with B gone: %q (error %v), want granted-but-away", text, isErr)
+	}
+	if text, isErr := callText(t, s, "everything__get-sum", map[string]any{"a": 1, "b": 2}); !isErr || !strings.Contains(text, "not granted") {
+		t.Errorf("get-sum, not granted, with B gone: %q", text)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/mcp/everything", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))
+	req.Header.Set(HeaderPrincipal, "agent-all")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	w := httptest.NewRecorder()
+	a.Handler().ServeHTTP(w, req)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+		t.Errorf("/mcp/everything with B gone: %d %s", w.Code, w.Body.String())
 	}
 }

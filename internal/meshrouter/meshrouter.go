@@ -30,6 +30,8 @@ import (
 	"bufio"
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"strings"
@@ -52,7 +54,12 @@ import (
 // not, and after "ok" the answering peer's own credential on a second
 // line (empty if it has none to give), so that one exchange proves each
 // side a member to the other (a member calling another checks whom it
-// calls as much as it is checked).
+// calls as much as it is checked), and its epoch on a third: a token
+// made anew each time the peer starts. A router's records live only in
+// its memory, so a member that finds a router's epoch changed knows the
+// router lost what the member published there (issue 29: a restart seen
+// only as a reconnection left a router with no names). A peer of an
+// older version sends no third line; its epoch is "".
 const CredentialProtocol protocol.ID = "/sam/credential/1.0.0"
 
 // Grace is how long a connected peer has to present a good credential.
@@ -72,6 +79,7 @@ type Verify func(credential string) (meshcred.Claims, error)
 type Gate struct {
 	verify Verify
 	grace  time.Duration // Grace; shorter in tests
+	epoch  string        // this process's: see CredentialProtocol
 	mu     sync.Mutex
 	creds  map[peer.ID]string
 	// refused, if set, is told of each peer refused (OnRefusal).
@@ -90,10 +98,17 @@ func (g *Gate) refuse(p peer.ID, why string) {
 	}
 }
 
-// NewGate returns a gate that checks credentials with verify.
+// NewGate returns a gate that checks credentials with verify, with an
+// epoch of its own (random: two starts never share one).
 func NewGate(verify Verify) *Gate {
-	return &Gate{verify: verify, grace: Grace, creds: map[peer.ID]string{}}
+	var b [8]byte
+	rand.Read(b[:])
+	return &Gate{verify: verify, grace: Grace, epoch: hex.EncodeToString(b[:]), creds: map[peer.ID]string{}}
 }
+
+// Epoch is the gate's epoch, which Serve gives every peer that presents
+// a good credential.
+func (g *Gate) Epoch() string { return g.epoch }
 
 // Admitted reports whether p is a member now: its credential, checked
 // again with the verifier's current keys and revocations.
@@ -220,7 +235,7 @@ func (g *Gate) Serve(h host.Host, own func() string) {
 		if own != nil {
 			mine = own()
 		}
-		io.WriteString(s, "ok\n"+mine+"\n")
+		io.WriteString(s, "ok\n"+mine+"\n"+g.epoch+"\n")
 	})
 	h.Network().Notify(&network.NotifyBundle{
 		ConnectedF: func(n network.Network, c network.Conn) {
@@ -242,31 +257,41 @@ func (g *Gate) Serve(h host.Host, own func() string) {
 	})
 }
 
+// Answer is what a peer gives back for a good credential.
+type Answer struct {
+	// Credential is the peer's own (empty if it has none to give), for
+	// the caller to Accept if it must know the peer a member.
+	Credential string
+	// Epoch names the peer's current run (Gate.Epoch); "" from a peer
+	// that sends none.
+	Epoch string
+}
+
 // Present gives p (a router, or any member that gates) this host's
-// credential, and returns p's answer as an error unless it is "ok";
-// with "ok", the credential p gave back (possibly empty), for the caller
-// to Accept if it must know p a member.
-func Present(ctx context.Context, h host.Host, p peer.ID, credential string) (string, error) {
+// credential, and returns p's answer as an error unless it is "ok".
+func Present(ctx context.Context, h host.Host, p peer.ID, credential string) (Answer, error) {
 	s, err := h.NewStream(network.WithAllowLimitedConn(ctx, "sam credential"), p, CredentialProtocol)
 	if err != nil {
-		return "", err
+		return Answer{}, err
 	}
 	defer s.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		s.SetDeadline(dl)
 	}
 	if _, err := io.WriteString(s, credential+"\n"); err != nil {
-		return "", err
+		return Answer{}, err
 	}
 	s.CloseWrite()
 	rd := bufio.NewReader(io.LimitReader(s, 12<<10))
 	line, err := rd.ReadString('\n')
 	if err != nil {
-		return "", fmt.Errorf("presenting the credential to %s: %w", p, err)
+		return Answer{}, fmt.Errorf("presenting the credential to %s: %w", p, err)
 	}
 	if line = strings.TrimSpace(line); line != "ok" {
-		return "", fmt.Errorf("%s: %s", p, line)
+		return Answer{}, fmt.Errorf("%s: %s", p, line)
 	}
-	theirs, _ := rd.ReadString('\n') // an old peer may give none
-	return strings.TrimSpace(theirs), nil
+	// An old peer may give no credential, or no epoch.
+	theirs, _ := rd.ReadString('\n')
+	epoch, _ := rd.ReadString('\n')
+	return Answer{Credential: strings.TrimSpace(theirs), Epoch: strings.TrimSpace(epoch)}, nil
 }

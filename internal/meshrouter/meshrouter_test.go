@@ -106,8 +106,13 @@ func TestRelayForMembersOnly(t *testing.T) {
 		h    host.Host
 		cred string
 	}{"a": {a, credA}, "c": {c, credC}} {
-		if _, err := Present(ctx, p.h, m.router.Host.ID(), p.cred); err != nil {
+		ans, err := Present(ctx, p.h, m.router.Host.ID(), p.cred)
+		if err != nil {
 			t.Fatalf("member %s presenting its credential: %v", name, err)
+		}
+		// The router's epoch, the same to every member of one run.
+		if ans.Epoch == "" || ans.Epoch != m.router.Gate.Epoch() {
+			t.Errorf("member %s got epoch %q, the router's is %q", name, ans.Epoch, m.router.Gate.Epoch())
 		}
 	}
 	if _, err := client.Reserve(ctx, a, m.info()); err != nil {

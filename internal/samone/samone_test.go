@@ -152,11 +152,11 @@ func TestSamOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := memberHost(t, r, priv)
-	theirs, err := meshrouter.Present(ctx, h, r.one.Router.Host.ID(), cred.Credential)
+	ans, err := meshrouter.Present(ctx, h, r.one.Router.Host.ID(), cred.Credential)
 	if err != nil {
 		t.Fatalf("present: %v", err)
 	}
-	if c, err := v.Verify(theirs, time.Now()); err != nil || c.Member != "router" {
+	if c, err := v.Verify(ans.Credential, time.Now()); err != nil || c.Member != "router" {
 		t.Errorf("the router answered with %v %+v, want its own credential", err, c)
 	}
 	s := r.state(t)
