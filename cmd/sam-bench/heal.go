@@ -13,12 +13,13 @@ import (
 	"sandstorm/internal/bench"
 	"sandstorm/internal/cli"
 	"sandstorm/internal/meshlab"
+	"sandstorm/internal/meshpeer"
 	"sandstorm/internal/sambench"
 )
 
 func healCmd() *cobra.Command {
 	cfg := sambench.HealConfig{Runs: 20, Sparse: time.Second, Dense: 100 * time.Millisecond, DenseFor: 15 * time.Second,
-		Watch: time.Minute, Spread: 2 * time.Second, RouterDown: time.Minute, MemberCut: 30 * time.Second,
+		Watch: time.Minute, Spread: meshpeer.CheckInterval, Stride: meshpeer.CheckInterval, RouterDown: time.Minute, MemberCut: 30 * time.Second,
 		ControlPlaneDown: 5 * time.Minute, Net: 202, Scenarios: sambench.HealScenarios}
 	var out, repoDir, binDir string
 	cmd := &cobra.Command{
@@ -32,8 +33,9 @@ serving a model from an OpenAI-protocol server on its own loopback and able
 to reach only the control plane and the routers, so members reach each
 other through the router's relay only.
 
-Each scenario runs once in every lab, all labs at once, the faults spread
-over --spread (the members' 2 s check interval):
+Each scenario runs once in every lab, all labs at once; lab k's fault falls
+k × (--stride + --spread/--runs) after the first, so the faults fall at
+--runs points spread over the members' check interval (2 s), yet apart:
 
   router-restart        the router killed -9 and started again at once
   router-down           killed -9, started again after --router-down
@@ -52,7 +54,7 @@ and goes on succeeding to the end of --watch; its time is from the fault's
 end to the last kind's first lasting success. Results (machine, commit,
 every run's time, what failed meanwhile, what the members said) go to
 --out/heal-<date>-<commit>; the labs' logs stay in --dir. Needs root.`,
-		Example: `  sam-bench heal                                   # every scenario, 20 runs each (≈ 15 min)
+		Example: `  sam-bench heal                                   # every scenario, 20 runs each (≈ 20 min)
   sam-bench heal --scenario router-restart --runs 5 --watch 30s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -90,7 +92,8 @@ every run's time, what failed meanwhile, what the members said) go to
 	f.DurationVar(&cfg.Dense, "dense", cfg.Dense, "probe interval around a fault")
 	f.DurationVar(&cfg.DenseFor, "dense-for", cfg.DenseFor, "how long after a fault's start and end probes are dense")
 	f.DurationVar(&cfg.Watch, "watch", cfg.Watch, "how long after a fault's end the probes must keep succeeding")
-	f.DurationVar(&cfg.Spread, "spread", cfg.Spread, "the span the labs' faults are spread over")
+	f.DurationVar(&cfg.Spread, "spread", cfg.Spread, "the span of the members' check interval the labs' faults are spread over")
+	f.DurationVar(&cfg.Stride, "stride", cfg.Stride, "the whole intervals between two labs' faults (so that not all probe densely at once)")
 	f.DurationVar(&cfg.RouterDown, "router-down", cfg.RouterDown, "router-down: how long the router stays down")
 	f.DurationVar(&cfg.MemberCut, "member-cut", cfg.MemberCut, "member-cut: how long the member is cut off")
 	f.DurationVar(&cfg.ControlPlaneDown, "control-plane-down", cfg.ControlPlaneDown, "control-plane-down: how long it stays down")

@@ -32,9 +32,10 @@ by PID.
 --nodes N (the default, 3): N nodes on this machine, each in a network
 namespace of its own (its own address 10.186.<k>.2, nftables table, routes
 and ports, joined to this namespace by a veth). The fleet is also one mesh:
-a control plane (https://10.186.1.1:7600) and a router start beside the
-master, and a sam-node on every node, enrolled with a token fleet up makes
-and spends; each node's boundaries reach the mesh through its sam-node and
+a control plane (https://10.186.1.1:7600) and a router (--routers N: N of
+them, on ports 7700, 7710, …) start beside the master, and a sam-node on
+every node, enrolled with a token fleet up makes and spends, joined to every
+router; each node's boundaries reach the mesh through its sam-node and
 take the mesh's one policy from it (--mesh-policy, or later
 sam-control-plane policy set). --no-mesh leaves all that out.
 
@@ -124,6 +125,7 @@ stops each sam-node by its PID over ssh, and --purge removes its files.`,
 	uf.IntVar(&cfg.NodePort, "node-port", 7443, "with --hosts: the port each node listens on for the master")
 	uf.StringVar(&cfg.NodeSubnet, "node-subnet", "10.161.0.0/16", "with --hosts: the first node's sandbox subnet; each next node gets the next block of that size (10.162.0.0/16, …)")
 	uf.StringVar(&cfg.Runsc, "runsc", "", "with --hosts: the runsc to copy to the hosts (default: the pinned one next to this sandstormd, from make runsc)")
+	uf.IntVar(&cfg.Routers, "routers", 1, "how many routers start beside the control plane (ports 7700, 7710, …); every sam-node joins each, so the mesh goes on when one is gone")
 	uf.BoolVar(&cfg.NoMesh, "no-mesh", false, "no mesh (by default a control plane and a router start beside the master and a sam-node on every node, enrolled; the nodes' boundaries take the mesh's policy from it)")
 	uf.StringVar(&cfg.MeshPolicy, "mesh-policy", "", "a policy file (roles, bindings) set on the mesh's control plane at once; without it nothing is granted until: sam-control-plane policy set FILE")
 	uf.StringVar(&cfg.MeshConfig, "mesh-config", "", "a sam-node config file (providers, mcp_servers) every node's sam-node serves; with --hosts it is copied to each host, and the paths in it (an MCP server's command, api_key_file) are the host's")

@@ -66,6 +66,10 @@ type Config struct {
 	// sam-node serves (over --hosts, copied to each host: the paths in it
 	// are the host's).
 	MeshPolicy, MeshConfig string
+	// Routers is how many routers start beside the control plane (each a
+	// process of its own on a port of its own, 7700, 7710, …; every
+	// member joins each); 0 is 1.
+	Routers int
 	// MeshAddress, with Hosts, is the address of this machine every host
 	// reaches the control plane and the router at; "": the one each host
 	// sees this machine at (MeshAddresses).
@@ -177,7 +181,7 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 			if cp, err = startControlPlane(ctx, cfg, &st, plan.meshListen, say); err != nil {
 				return st, err
 			}
-			if err := startRouter(ctx, cfg, &st, cp, plan.meshListen, say); err != nil {
+			if err := startRouters(ctx, cfg, &st, cp, plan.meshListen, say); err != nil {
 				return st, err
 			}
 		}

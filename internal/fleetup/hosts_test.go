@@ -217,6 +217,8 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.MeshAddress = "10.0.0.300" }, "--mesh-address"},
 		{func(c *Config) { c.MeshAddress = "fe80::1%eth0" }, "--mesh-address"},
 		{func(c *Config) { c.NoMesh, c.MeshConfig = true, "/etc/sam/node.yaml" }, "--no-mesh"},
+		{func(c *Config) { c.NoMesh, c.Routers = true, 2 }, "--no-mesh"},
+		{func(c *Config) { c.Routers = 6 }, "--routers"},
 		// The sam-node socket's path must fit a sockaddr_un.
 		{func(c *Config) { c.RemoteDir = "/" + strings.Repeat("d", 90) }, "unix socket"},
 	} {
@@ -339,7 +341,10 @@ func TestMeshJoinNeeded(t *testing.T) {
 func TestRemoteUnits(t *testing.T) {
 	st := State{
 		Nodes: []NodeState{{Name: "a", Host: "root@a"}, {Name: "node-1", Netns: "sf-1"}, {Name: "b", Host: "root@b"}},
-		Mesh:  &MeshState{Nodes: []MeshNode{{Name: "b", Host: "root@b"}, {Name: "c", Host: "root@c"}, {Name: "node-1", Netns: "sf-1"}}},
+		Mesh: &MeshState{Nodes: []MeshNode{{Name: "b", Host: "root@b"}, {Name: "c", Host: "root@c"}, {Name: "node-1", Netns: "sf-1"}},
+			Routers: []MeshRouter{{Name: "router", Proc: Proc{PID: 11}}, {Name: "router-2", Proc: Proc{PID: 12}}},
+			// A fleet.json from before --routers: its one router.
+			Router: Proc{PID: 10}},
 	}
 	var got []string
 	for _, u := range remoteUnits(st) {
@@ -355,7 +360,7 @@ func TestRemoteUnits(t *testing.T) {
 	if want := []string{"node a", "node b+mesh b", "+mesh c"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("remote units: %q, want %q", got, want)
 	}
-	if procs := meshProcs(st.Mesh); len(procs) != 3 {
-		t.Errorf("the mesh's processes here: %+v (want node-1's sam-node, the router and the control plane)", procs)
+	if procs := meshProcs(st.Mesh); len(procs) != 5 || procs[1].PID != 11 || procs[2].PID != 12 || procs[3].PID != 10 {
+		t.Errorf("the mesh's processes here: %+v (want node-1's sam-node, the routers and the control plane)", procs)
 	}
 }

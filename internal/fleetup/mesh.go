@@ -35,16 +35,28 @@ type MeshState struct {
 	// API is the control plane's URL; its CA is <ControlPlane.DataDir>/pki/ca.pem.
 	API          string `json:"api"`
 	ControlPlane Proc   `json:"control_plane"`
-	Router       Proc   `json:"router"`
-	// RouterAddr is the router's multiaddr with its peer ID;
-	// RouterAddrs are all of them, one per address it listens on (over
-	// --hosts, each host dials the one at the address it reaches this
-	// machine at).
-	RouterAddr  string   `json:"router_addr"`
-	RouterAddrs []string `json:"router_addrs,omitempty"`
+	// Routers are the routers (--routers), each a process of its own on a
+	// port of its own: every member joins every one, so one can go.
+	Routers []MeshRouter `json:"routers"`
+	// Router is the one router of a fleet.json written before there
+	// could be several; fleet down still stops it.
+	Router Proc `json:"router,omitzero"`
 	// Nodes are the sam-nodes, one per node, in the node's namespace or
 	// on its host; each Proc's DataDir is its mesh dir.
 	Nodes []MeshNode `json:"nodes"`
+}
+
+// MeshRouter is one router.
+type MeshRouter struct {
+	Proc
+	Name string `json:"name"`
+	// Addr is its multiaddr with its peer ID; Addrs are all of them, one
+	// per address it listens on (over --hosts, each host dials the one at
+	// the address it reaches this machine at).
+	Addr  string   `json:"addr"`
+	Addrs []string `json:"addrs,omitempty"`
+	port  int
+	peer  string
 }
 
 // MeshNode is one node's sam-node.
@@ -115,7 +127,6 @@ type meshCP struct {
 	m     *MeshState
 	ca    []byte // its CA (PEM), which members check its HTTPS against
 	caSum string // its sha256, as inspectScript reports a host's copy
-	peer  string // the router's peer ID, once it runs
 }
 
 // operator runs a sam-control-plane operator's command against it.
@@ -148,10 +159,27 @@ func (c *meshCP) token(ctx context.Context, uses int) (string, error) {
 // listens on.
 func meshURL(a netip.Addr) string { return "https://" + hostPort(a, controlPlanePort) }
 
-// routerFor is the router's multiaddr at a, one of the addresses it
-// listens on.
-func (c *meshCP) routerFor(a netip.Addr) string {
-	return tcpMultiaddr(a, routerPort) + "/p2p/" + c.peer
+// routersFor are the routers' multiaddrs at a, one of the addresses they
+// listen on: a sam-node's --router flags.
+func (c *meshCP) routersFor(a netip.Addr) []string {
+	var out []string
+	for _, r := range c.m.Routers {
+		out = append(out, "--router", tcpMultiaddr(a, r.port)+"/p2p/"+r.peer)
+	}
+	return out
+}
+
+// maxRouters is the most routers fleet up starts: each member holds a
+// connection, a relay slot and its records on every one.
+const maxRouters = 5
+
+// routerPorts are the ports of n routers: routerPort, then 10 apart.
+func routerPorts(n int) []int {
+	var out []int
+	for i := range n {
+		out = append(out, routerPort+10*i)
+	}
+	return out
 }
 
 // startControlPlane starts the control plane listening on addrs (port
@@ -221,12 +249,28 @@ func (c *meshCP) joinLocal(ctx context.Context, prefix []string, bin, name, dir,
 	return nil
 }
 
-// startRouter enrols the router (with a token of its own, for one use,
-// unless it is a member already) and starts it listening on addrs.
-func startRouter(ctx context.Context, cfg Config, st *State, c *meshCP, addrs []netip.Addr, say func(string, ...any)) error {
-	m := c.m
-	m.Router = Proc{DataDir: filepath.Join(cfg.Root, "router-mesh"), Log: filepath.Join(cfg.Root, "router.log")}
-	member, err := c.memberOf(m.Router.DataDir)
+// startRouters enrols cfg.Routers routers (each with a token of its own,
+// for one use, unless it is a member already) and starts them listening
+// on addrs, each on its own port.
+func startRouters(ctx context.Context, cfg Config, st *State, c *meshCP, addrs []netip.Addr, say func(string, ...any)) error {
+	for i, port := range routerPorts(max(cfg.Routers, 1)) {
+		// The first keeps the names of the one router fleet up started
+		// before there could be several (a root brought up again).
+		name, dir, log := "router", "router-mesh", "router.log"
+		if i > 0 {
+			name, dir, log = fmt.Sprintf("router-%d", i+1), fmt.Sprintf("router-%d-mesh", i+1), fmt.Sprintf("router-%d.log", i+1)
+		}
+		r := MeshRouter{Name: name, port: port, Proc: Proc{DataDir: filepath.Join(cfg.Root, dir), Log: filepath.Join(cfg.Root, log)}}
+		if err := startRouter(ctx, cfg, st, c, &r, addrs); err != nil {
+			return err
+		}
+		say("%s: PID %d, %s, log %s", r.Name, r.PID, strings.Join(r.Addrs, " "), r.Log)
+	}
+	return nil
+}
+
+func startRouter(ctx context.Context, cfg Config, st *State, c *meshCP, r *MeshRouter, addrs []netip.Addr) error {
+	member, err := c.memberOf(r.DataDir)
 	if err != nil {
 		return err
 	}
@@ -235,32 +279,33 @@ func startRouter(ctx context.Context, cfg Config, st *State, c *meshCP, addrs []
 		if err != nil {
 			return err
 		}
-		if err := c.joinLocal(ctx, nil, c.bins.router, "router", m.Router.DataDir, tok); err != nil {
+		if err := c.joinLocal(ctx, nil, c.bins.router, r.Name, r.DataDir, tok); err != nil {
 			return err
 		}
 	}
-	args := []string{"--mesh-dir", m.Router.DataDir}
+	args := []string{"--mesh-dir", r.DataDir}
 	for _, a := range addrs {
-		args = append(args, "--listen", tcpMultiaddr(a, routerPort))
+		args = append(args, "--listen", tcpMultiaddr(a, r.port))
 	}
 	// The router prints its addresses once it listens: from where its
 	// log ends now (a root brought up again appends to it).
-	off := fileSize(m.Router.Log)
-	if m.Router.PID, err = spawn(c.bins.router, m.Router.Log, nil, args...); err != nil {
+	off := fileSize(r.Log)
+	if r.PID, err = spawn(c.bins.router, r.Log, nil, args...); err != nil {
 		return err
 	}
+	c.m.Routers = append(c.m.Routers, *r)
 	save(cfg.Root, *st)
-	first := tcpMultiaddr(addrs[0], routerPort) + "/p2p/"
-	if err := waitFor(ctx, 30*time.Second, func() bool { m.RouterAddr = fieldWithAfter(m.Router.Log, off, first); return m.RouterAddr != "" }); err != nil {
-		return fmt.Errorf("the router did not print its address within 30 s (log %s): %w", m.Router.Log, err)
+	first := tcpMultiaddr(addrs[0], r.port) + "/p2p/"
+	if err := waitFor(ctx, 30*time.Second, func() bool { r.Addr = fieldWithAfter(r.Log, off, first); return r.Addr != "" }); err != nil {
+		return fmt.Errorf("%s did not print its address within 30 s (log %s): %w", r.Name, r.Log, err)
 	}
-	c.peer = strings.TrimPrefix(m.RouterAddr, first)
-	m.RouterAddrs = nil
+	r.peer = strings.TrimPrefix(r.Addr, first)
+	r.Addrs = nil
 	for _, a := range addrs {
-		m.RouterAddrs = append(m.RouterAddrs, c.routerFor(a))
+		r.Addrs = append(r.Addrs, tcpMultiaddr(a, r.port)+"/p2p/"+r.peer)
 	}
+	c.m.Routers[len(c.m.Routers)-1] = *r
 	save(cfg.Root, *st)
-	say("router: PID %d, %s, log %s", m.Router.PID, strings.Join(m.RouterAddrs, " "), m.Router.Log)
 	return nil
 }
 
@@ -275,7 +320,7 @@ func startMesh(ctx context.Context, cfg Config, st *State, say func(string, ...a
 	if err != nil {
 		return err
 	}
-	if err := startRouter(ctx, cfg, st, c, addrs, say); err != nil {
+	if err := startRouters(ctx, cfg, st, c, addrs, say); err != nil {
 		return err
 	}
 	m := c.m
@@ -317,8 +362,8 @@ func startMesh(ctx context.Context, cfg Config, st *State, say func(string, ...a
 				return err
 			}
 		}
-		args := append(ns[1:], c.bins.node, "--mesh-dir", mn.DataDir, "--router", m.RouterAddr,
-			"--p2p-listen", fmt.Sprintf("/ip4/%s/tcp/%d", addr, memberPort),
+		args := append(append(ns[1:], c.bins.node, "--mesh-dir", mn.DataDir), c.routersFor(host)...)
+		args = append(args, "--p2p-listen", fmt.Sprintf("/ip4/%s/tcp/%d", addr, memberPort),
 			"--listen", "unix://"+mn.Socket, "--admin-addr", meshAdminAddr)
 		if cfg.MeshConfig != "" {
 			args = append(args, "--config", cfg.MeshConfig)
@@ -351,7 +396,13 @@ func meshProcs(m *MeshState) []Proc {
 			out = append(out, n.Proc)
 		}
 	}
-	return append(out, m.Router, m.ControlPlane)
+	for _, r := range m.Routers {
+		out = append(out, r.Proc)
+	}
+	if m.Router.PID != 0 {
+		out = append(out, m.Router)
+	}
+	return append(out, m.ControlPlane)
 }
 
 // meshDirs are the mesh's data dirs on this machine (for --purge).

@@ -163,7 +163,11 @@ func planHosts(ctx context.Context, cfg Config, say func(string, ...any)) (*host
 	for _, a := range listen {
 		ls = append(ls, a.String())
 	}
-	say("mesh: the control plane and the router will listen on %s (where the hosts reach this machine): the hosts must reach it there on TCP %d and %d", strings.Join(ls, ", "), controlPlanePort, routerPort)
+	var ports []string
+	for _, port := range append([]int{controlPlanePort}, routerPorts(max(cfg.Routers, 1))...) {
+		ports = append(ports, strconv.Itoa(port))
+	}
+	say("mesh: the control plane and the routers will listen on %s (where the hosts reach this machine): the hosts must reach it there on TCP %s", strings.Join(ls, ", "), strings.Join(ports, ", "))
 	return p, nil
 }
 
@@ -232,8 +236,11 @@ func (cfg Config) checkHosts() error {
 // Validate checks cfg's flags as given, before anything runs: what it
 // says is a mistake in how fleet up was called.
 func (cfg Config) Validate() error {
-	if cfg.NoMesh && (cfg.MeshAddress != "" || cfg.MeshConfig != "" || cfg.MeshPolicy != "") {
-		return errors.New("--mesh-address, --mesh-config and --mesh-policy are for the mesh, which --no-mesh leaves out")
+	if cfg.NoMesh && (cfg.MeshAddress != "" || cfg.MeshConfig != "" || cfg.MeshPolicy != "" || cfg.Routers > 1) {
+		return errors.New("--mesh-address, --mesh-config, --mesh-policy and --routers are for the mesh, which --no-mesh leaves out")
+	}
+	if cfg.Routers < 0 || cfg.Routers > maxRouters {
+		return fmt.Errorf("--routers %d: 1 to %d", cfg.Routers, maxRouters)
 	}
 	if len(cfg.Hosts) > 0 {
 		return cfg.checkHosts()
@@ -405,8 +412,8 @@ func (p *hostPlan) startSamNode(ctx context.Context, cfg Config, n *remoteNode, 
 		join = &meshJoin{URL: meshURL(n.meshAddr), Name: n.name, Token: token, CA: cp.ca,
 			Hint: fmt.Sprintf("(%s must reach this fleet's control plane at %s, TCP %d: a firewall between?)", n.host.Spec, n.meshAddr, controlPlanePort)}
 	}
-	args := []string{n.l.samNode(), "--mesh-dir", n.l.meshDir(), "--router", cp.routerFor(n.meshAddr),
-		"--p2p-listen", tcpMultiaddr(addr, memberPort), "--listen", "unix://" + n.l.meshSocket(), "--admin-addr", meshAdminAddr}
+	args := append([]string{n.l.samNode(), "--mesh-dir", n.l.meshDir()}, cp.routersFor(n.meshAddr)...)
+	args = append(args, "--p2p-listen", tcpMultiaddr(addr, memberPort), "--listen", "unix://"+n.l.meshSocket(), "--admin-addr", meshAdminAddr)
 	if cfg.MeshConfig != "" {
 		args = append(args, "--config", n.l.meshConfig())
 	}

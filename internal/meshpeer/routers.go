@@ -3,7 +3,7 @@ package meshpeer
 // Keeping a member joined to its routers (issue 29). One loop per router,
 // so that a router that hangs never delays another's; each is woken at
 // once when its router's connection drops (the host's disconnect
-// notification), and otherwise looks at its router every tendInterval.
+// notification), and otherwise looks at its router every CheckInterval.
 //
 // A router keeps provider records in memory only, so the member publishes
 // its names there whenever the router may have lost them:
@@ -37,10 +37,11 @@ import (
 )
 
 const (
-	// tendInterval is how often a joined router is looked at when nothing
+	// CheckInterval is how often a joined router is looked at when nothing
 	// happened: pinged, its slot renewed when due, records checked when
-	// due.
-	tendInterval = 2 * time.Second
+	// due. (A router's restart is not waited for: its loop is woken when
+	// its connection drops.)
+	CheckInterval = 2 * time.Second
 	// verifyInterval is how often a member asks each router whether it
 	// still holds the member's records: a loss the epoch does not show is
 	// repaired within about this.
@@ -223,7 +224,7 @@ func (p *Peer) tend(ctx context.Context, r *router) time.Duration {
 	}
 	p.renewDue(ctx, r)
 	p.ping(ctx, r)
-	return tendInterval
+	return CheckInterval
 }
 
 // isJoined: connected, and current credentials exchanged on this
@@ -293,7 +294,7 @@ func (p *Peer) publishDue(ctx context.Context, r *router) error {
 			st.PubEpoch, st.Published, st.PubAt = s.Epoch, names, time.Now()
 			// Checked at the next look: the router files a record as it
 			// reads the message, which this side does not wait for.
-			st.Checked = time.Now().Add(tendInterval - verifyInterval)
+			st.Checked = time.Now().Add(CheckInterval - verifyInterval)
 		})
 		return nil
 	}
@@ -315,7 +316,7 @@ func (p *Peer) publishDue(ctx context.Context, r *router) error {
 	}
 	r.update(func(st *routerState) {
 		st.Republish++
-		st.Checked = time.Now().Add(tendInterval - verifyInterval)
+		st.Checked = time.Now().Add(CheckInterval - verifyInterval)
 	})
 	return nil
 }

@@ -16,9 +16,11 @@ import (
 )
 
 // The mesh's faults (issue 29, item 4), each run once in every lab, the
-// labs at once, the faults spread over Spread (the members' check
-// interval) so that each lab's falls at another moment of its members'
-// loops.
+// labs at once. Lab k's fault falls k × (Stride + Spread/Runs) after the
+// first: with Stride and Spread the members' check interval, at Runs
+// points spread over that interval, and a Stride apart so that not every
+// lab's probes run dense at once (on this machine's two cores twenty
+// labs probing every 100 ms together slowed the mesh they measured).
 const (
 	HealRouterRestart    = "router-restart"       // kill -9, started again at once, as a supervisor would
 	HealRouterDown       = "router-down"          // kill -9, started again after RouterDown
@@ -45,8 +47,9 @@ type HealConfig struct {
 	// Watch is how long after a fault's end the probes must go on
 	// succeeding.
 	Watch time.Duration
-	// Spread is the span the labs' faults are spread over.
-	Spread                                  time.Duration
+	// Spread is the span of the members' check interval the labs' faults
+	// are spread over; Stride the whole intervals between two labs'.
+	Spread, Stride                          time.Duration
 	RouterDown, MemberCut, ControlPlaneDown time.Duration
 	// Net is the first of the labs' /24s' second octet ("10.<Net>.k.0").
 	Net int
@@ -142,7 +145,7 @@ func closeLabs(labs []*meshlab.Lab) {
 // healScenario runs sc on every lab at once, each at its offset, probes
 // throughout, and records what the probes say.
 func healScenario(ctx context.Context, cfg HealConfig, labs []*meshlab.Lab, sc string, res *bench.Results, logf func(string, ...any)) error {
-	logf("%s: %d runs, faults spread over %v", sc, len(labs), cfg.Spread)
+	logf("%s: %d runs, faults %v apart (%v of the check interval apart)", sc, len(labs), cfg.Stride+cfg.Spread/time.Duration(len(labs)), cfg.Spread/time.Duration(len(labs)))
 	probers := make([]*meshlab.Prober, len(labs))
 	for i, l := range labs {
 		probers[i] = l.Probe(ctx, cfg.Sparse, cfg.Dense)
@@ -151,7 +154,7 @@ func healScenario(ctx context.Context, cfg HealConfig, labs []*meshlab.Lab, sc s
 	runs := make([]healRun, len(labs))
 	var wg sync.WaitGroup
 	for i, l := range labs {
-		runs[i] = healRun{lab: i, offset: cfg.Spread * time.Duration(i) / time.Duration(len(labs))}
+		runs[i] = healRun{lab: i, offset: time.Duration(i) * (cfg.Stride + cfg.Spread/time.Duration(len(labs)))}
 		wg.Go(func() {
 			at := start.Add(runs[i].offset)
 			if !sleepUntil(ctx, at.Add(-cfg.Sparse)) {
@@ -192,6 +195,11 @@ func healScenario(ctx context.Context, cfg HealConfig, labs []*meshlab.Lab, sc s
 		}
 	}
 	return nil
+}
+
+// phase is where in the check interval r's fault fell, from the first's.
+func phase(cfg HealConfig, r healRun) time.Duration {
+	return cfg.Spread * time.Duration(r.lab) / time.Duration(cfg.Runs)
 }
 
 // sleepUntil waits until t; false if ctx ended first.
@@ -276,14 +284,14 @@ func recordHeal(cfg HealConfig, sc string, runs []healRun, recs []map[string][]m
 		up = res.AddSeries(sc+"/heal-from-serving", "as heal, from the moment the restarted process said it serves", "")
 	}
 	tab := &bench.Table{Title: sc + ": each run",
-		Description: "offset: when in the spread the fault fell; calls failed: cross-node calls (both ways) that failed during the fault, then after its end; " +
+		Description: "phase: where in the members' check interval the fault fell (lab k's: k/runs of it); calls failed: cross-node calls (both ways) that failed during the fault, then after its end; " +
 			"relapses: a success followed by a failure after the end; longest outage: most failed probes in a row after the end",
-		Columns: []string{"lab", "offset ms", "heal ms", "calls failed during / after", "relapses", "longest outage", "unhealed", "members said"}}
+		Columns: []string{"lab", "phase ms", "heal ms", "calls failed during / after", "relapses", "longest outage", "unhealed", "members said"}}
 	var unhealed, failedDuring, failedAfter int
 	for i, r := range runs {
 		if r.err != nil {
 			heal.Fail("lab %d: %v", r.lab, r.err)
-			tab.Rows = append(tab.Rows, []string{fmt.Sprint(r.lab), fmt.Sprint(r.offset.Milliseconds()), "error: " + r.err.Error()})
+			tab.Rows = append(tab.Rows, []string{fmt.Sprint(r.lab), fmt.Sprint(phase(cfg, r).Milliseconds()), "error: " + r.err.Error()})
 			continue
 		}
 		h := meshlab.Measure(recs[i], r.end, r.end.Add(cfg.Watch))
@@ -300,7 +308,7 @@ func recordHeal(cfg HealConfig, sc string, runs []healRun, recs []map[string][]m
 				up.AddDuration(max(h.After-r.up.Sub(r.end), 0))
 			}
 		}
-		tab.Rows = append(tab.Rows, []string{fmt.Sprint(r.lab), fmt.Sprint(r.offset.Milliseconds()), fmt.Sprint(h.After.Milliseconds()),
+		tab.Rows = append(tab.Rows, []string{fmt.Sprint(r.lab), fmt.Sprint(phase(cfg, r).Milliseconds()), fmt.Sprint(h.After.Milliseconds()),
 			fmt.Sprintf("%d / %d", during.Failed, calls.Failed), fmt.Sprint(h.Relapses), fmt.Sprint(h.LongestOutage),
 			fmt.Sprint(h.Unhealed), r.said})
 	}

@@ -20,6 +20,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
+	"sandstorm/internal/fleetup"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/testenv"
@@ -407,13 +408,13 @@ func TestFleetUpDown(t *testing.T) {
 	everything, _ := filepath.Abs("../../testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 	meshConfig := writeTemp(t, "sam-node.yaml", fmt.Sprintf("mcp_servers:\n  - {name: everything, command: [node, %q, stdio]}\n", everything))
 	meshPolicy := writeTemp(t, "policy.yaml", "roles:\n  - {name: a, services: [\"mcp://everything/echo\"]}\nbindings:\n  - {principal: agent-a, roles: [a]}\n")
-	out, err := exec.Command(sandstormdBin, "fleet", "up", "--nodes", "3", "--root", root, "--listen", listen,
+	out, err := exec.Command(sandstormdBin, "fleet", "up", "--nodes", "3", "--routers", "2", "--root", root, "--listen", listen,
 		"--mesh-policy", meshPolicy, "--mesh-config", meshConfig).CombinedOutput()
 	if err != nil {
 		t.Fatalf("fleet up: %v\n%s", err, out)
 	}
 	for _, want := range []string{"paired node-1", "paired node-2", "paired node-3", "verify-0 on node-", "verify-1 on node-", "verify-2 on node-", "fleet is up: 3 node(s)", "fleet down --root " + root,
-		"control plane: PID", "router: PID", "sam-node on node-1: PID", "sam-node on node-2: PID", "sam-node on node-3: PID", "policy set FILE"} {
+		"control plane: PID", "router: PID", "router-2: PID", "sam-node on node-1: PID", "sam-node on node-2: PID", "sam-node on node-3: PID", "policy set FILE"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("fleet up did not say %q:\n%s", want, out)
 		}
@@ -441,10 +442,37 @@ func TestFleetUpDown(t *testing.T) {
 	// through its boundary with the policy the control plane gave.
 	cp := exec.Command(filepath.Join(workDir, "sam-control-plane"), "--data-dir", filepath.Join(root, "control-plane"), "--api", "https://10.186.1.1:7600", "members")
 	members, err := cp.CombinedOutput()
-	for _, m := range []string{"router", "node-1", "node-2", "node-3"} {
+	for _, m := range []string{"router", "router-2", "node-1", "node-2", "node-3"} {
 		if err != nil || !strings.Contains(string(members), m) {
 			t.Errorf("control plane members: %v\n%s", err, members)
 		}
+	}
+	// Every sam-node joined both routers; with one killed for good, each
+	// says which is gone and stays joined to the other.
+	var st fleetup.State
+	if b, err := os.ReadFile(filepath.Join(root, "fleet.json")); err != nil || json.Unmarshal(b, &st) != nil || st.Mesh == nil || len(st.Mesh.Routers) != 2 {
+		t.Fatalf("fleet.json's routers: %v %+v", err, st.Mesh)
+	}
+	joined := func(ns string) []bool {
+		var ms api.MemberStatus
+		resp, err := nsClient(t, ns).Get("http://127.0.0.1:9601/mesh")
+		if err != nil {
+			return nil
+		}
+		defer resp.Body.Close()
+		json.NewDecoder(resp.Body).Decode(&ms)
+		var out []bool
+		for _, r := range ms.Routers {
+			out = append(out, r.Joined && r.Published)
+		}
+		return out
+	}
+	for _, ns := range []string{"sf-1", "sf-2", "sf-3"} {
+		testenv.WaitFor(t, 10*time.Second, ns+"'s sam-node joined and published to both routers", func() bool { return slices.Equal(joined(ns), []bool{true, true}) })
+	}
+	syscall.Kill(st.Mesh.Routers[0].PID, syscall.SIGKILL)
+	for _, ns := range []string{"sf-1", "sf-2", "sf-3"} {
+		testenv.WaitFor(t, 10*time.Second, ns+"'s sam-node says router 1 is gone, router 2 joined", func() bool { return slices.Equal(joined(ns), []bool{false, true}) })
 	}
 	c, err := client.ForDataDir("https://"+listen, filepath.Join(root, "master"))
 	if err != nil {

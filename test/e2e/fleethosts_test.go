@@ -408,7 +408,7 @@ func TestFleetUpHosts(t *testing.T) {
 	// The mesh, in fleet.json: the control plane and the router here,
 	// a sam-node on each host, in the host's namespace, at the host's
 	// address, its files where the layout says.
-	if st.Mesh == nil || len(st.Mesh.Nodes) != 2 || st.Mesh.ControlPlane.PID <= 0 || st.Mesh.Router.PID <= 0 || len(st.Mesh.RouterAddrs) != 2 {
+	if st.Mesh == nil || len(st.Mesh.Nodes) != 2 || st.Mesh.ControlPlane.PID <= 0 || len(st.Mesh.Routers) != 1 || st.Mesh.Routers[0].PID <= 0 || len(st.Mesh.Routers[0].Addrs) != 2 {
 		t.Fatalf("fleet.json's mesh: %+v", st.Mesh)
 	}
 	for i, mn := range st.Mesh.Nodes {
@@ -655,7 +655,7 @@ func TestFleetUpHosts(t *testing.T) {
 // hosts.
 func meshGone(t *testing.T, st fleetup.State) {
 	t.Helper()
-	procs := []fleetup.Proc{st.Mesh.ControlPlane, st.Mesh.Router}
+	procs := []fleetup.Proc{st.Mesh.ControlPlane, st.Mesh.Routers[0].Proc}
 	for _, mn := range st.Mesh.Nodes {
 		procs = append(procs, mn.Proc)
 	}
