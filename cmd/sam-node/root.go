@@ -40,12 +40,7 @@ type options struct {
 	mesh            meshOptions
 }
 
-func rootCmd() *cobra.Command {
-	var o options
-	cmd := &cobra.Command{
-		Use:   "sam-node",
-		Short: "The mesh node next to the agents: models and MCP tools, per principal",
-		Long: `sam-node serves the agents of this machine, through their boundaries:
+const longHelp = `sam-node serves the agents of this machine, through their boundaries:
 
   GET  /v1/models             the models the agent's policy grants
   POST /v1/chat/completions   routed by model to an upstream provider (streaming too)
@@ -63,6 +58,10 @@ file changes (a bad file is rejected and the policy in force stays). Without
 Health (/healthz), readiness (/readyz: every MCP server connected) and
 Prometheus metrics (/metrics) are served on --admin-addr only, a TCP address
 sandboxes cannot reach; the agent listener answers those paths with 404.
+With --router it also serves GET /mesh (each router joined or not and since
+when, the member's names published there; the control plane reachable or
+not, and the keys and policy in use) and GET /mesh/providers?name=NAME (the
+members serving NAME, the routers asked now).
 
 Config file (--config, YAML or JSON):
 
@@ -97,7 +96,11 @@ The mesh beyond this machine: with --router (after "sam-node join"), the
 node joins the mesh's routers as the member enrolled in --mesh-dir,
 publishes the models and MCP servers it serves, and uses those that other
 members serve, by name, over authenticated libp2p streams: /v1/models and
-tools/list show what the principal may use anywhere in the mesh. The policy
+tools/list show what the principal may use anywhere in the mesh. Give every
+router (--router repeated): the node joins, publishes to and holds a relay
+slot on each, and a call goes through any that is up; a router that
+restarts is joined again as soon as it answers, and the node's names
+published there again. The policy
 is decided here on the agent's principal and again on the member that
 serves the call; without --policy it is the mesh's one policy, from the
 control plane. Calls from other members are served with this node's own
@@ -108,7 +111,14 @@ principal, target and reason and sent to the control plane every 5 s,
 for sam-one's console.
 
 SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
---shutdown-timeout), stops the stdio MCP servers and exits 0.`,
+--shutdown-timeout), stops the stdio MCP servers and exits 0.`
+
+func rootCmd() *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:   "sam-node",
+		Short: "The mesh node next to the agents: models and MCP tools, per principal",
+		Long:  longHelp,
 		Example: `  sam-node --config /etc/sam/node.yaml --policy /etc/sam/policy.yaml \
     --listen unix:///run/sam-node.sock --admin-addr 127.0.0.1:9601
 
@@ -133,7 +143,7 @@ SIGTERM or SIGINT stops accepting, lets requests in flight finish (up to
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long requests in flight may take to finish")
 	f.Int64Var(&o.maxBodyBytes, "max-body-bytes", meshnode.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	f.StringVar(&o.mesh.dir, "mesh-dir", defaultMeshDir, "the node's mesh identity, made by \"sam-node join\"; used with --router")
-	f.StringArrayVar(&o.mesh.routers, "router", nil, "a router to join, as sam-router prints it: /ip4/…/tcp/…/p2p/<peer ID> (repeatable); none: this machine alone")
+	f.StringArrayVar(&o.mesh.routers, "router", nil, "a router to join, as sam-router prints it: /ip4/…/tcp/…/p2p/<peer ID> (repeat it for every router of the mesh); none: this machine alone")
 	f.StringArrayVar(&o.mesh.listen, "p2p-listen", []string{"/ip4/0.0.0.0/tcp/7701"}, "libp2p address other members call this node on (repeatable); a member that serves anything must listen")
 	o.log.Register(f)
 	cmd.AddCommand(membership.JoinCommand("sam-node", defaultMeshDir))
@@ -153,18 +163,10 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	if err != nil || mode > 0o777 {
 		return fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", o.socketMode)
 	}
-	var cfg meshnode.Config
-	if o.config != "" {
-		if cfg, err = meshnode.LoadConfig(o.config); err != nil {
-			return err
-		}
-	} else {
-		log.Warn("sam-node: no --config: no providers and no MCP servers")
+	cfg, err := nodeConfig(o, log)
+	if err != nil {
+		return err
 	}
-	cfg.PolicyFile = o.policy
-	cfg.PolicyInterval = o.policyInterval
-	cfg.Logger = log
-	cfg.MaxBodyBytes = o.maxBodyBytes
 
 	var member *membership.Member
 	var routers []peer.AddrInfo
@@ -202,32 +204,11 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 		close(meshDone)
 	}
 
-	ln, err := listenAgent(o.listen, os.FileMode(mode))
+	servers, listeners, err := listen(o, node, os.FileMode(mode), log)
 	if err != nil {
 		return err
 	}
-	servers := []*http.Server{{
-		Handler:           node.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}}
-	listeners := []net.Listener{ln}
-	if o.adminAddr != "" {
-		aln, err := net.Listen("tcp", o.adminAddr)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("--admin-addr: %w", err)
-		}
-		if ap, ok := aln.Addr().(*net.TCPAddr); ok && !ap.IP.IsLoopback() {
-			log.Warn("sam-node: the admin listener is not on loopback; make sure no sandbox can reach it", "addr", aln.Addr().String())
-		}
-		servers = append(servers, &http.Server{
-			Handler:           node.AdminHandler(),
-			ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		})
-		listeners = append(listeners, aln)
-	}
+	ln := listeners[0]
 	errc := make(chan error, len(servers))
 	for i, s := range servers {
 		go func() {
@@ -249,7 +230,61 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	case serveErr = <-errc:
 		log.Error("sam-node: a listener failed; stopping", "err", serveErr)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	shutdown(servers, node, o.shutdownTimeout, log)
+	leave()
+	<-meshDone // the peer leaves the mesh
+	node.Close()
+	log.Info("sam-node: stopped")
+	return serveErr
+}
+
+// nodeConfig is the node's configuration from --config and the flags.
+func nodeConfig(o options, log *slog.Logger) (meshnode.Config, error) {
+	var cfg meshnode.Config
+	if o.config != "" {
+		var err error
+		if cfg, err = meshnode.LoadConfig(o.config); err != nil {
+			return cfg, err
+		}
+	} else {
+		log.Warn("sam-node: no --config: no providers and no MCP servers")
+	}
+	cfg.PolicyFile = o.policy
+	cfg.PolicyInterval = o.policyInterval
+	cfg.Logger = log
+	cfg.MaxBodyBytes = o.maxBodyBytes
+	return cfg, nil
+}
+
+// listen opens the agent listener and, with --admin-addr, the admin one,
+// and the servers for them, in that order.
+func listen(o options, node *meshnode.Node, mode os.FileMode, log *slog.Logger) ([]*http.Server, []net.Listener, error) {
+	ln, err := listenAgent(o.listen, mode)
+	if err != nil {
+		return nil, nil, err
+	}
+	server := func(h http.Handler) *http.Server {
+		return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	}
+	servers, listeners := []*http.Server{server(node.Handler())}, []net.Listener{ln}
+	if o.adminAddr != "" {
+		aln, err := net.Listen("tcp", o.adminAddr)
+		if err != nil {
+			ln.Close()
+			return nil, nil, fmt.Errorf("--admin-addr: %w", err)
+		}
+		if ap, ok := aln.Addr().(*net.TCPAddr); ok && !ap.IP.IsLoopback() {
+			log.Warn("sam-node: the admin listener is not on loopback; make sure no sandbox can reach it", "addr", aln.Addr().String())
+		}
+		servers, listeners = append(servers, server(node.AdminHandler())), append(listeners, aln)
+	}
+	return servers, listeners, nil
+}
+
+// shutdown stops accepting, lets requests in flight finish (up to
+// timeout) and closes the servers.
+func shutdown(servers []*http.Server, node *meshnode.Node, timeout time.Duration, log *slog.Logger) {
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	done := make(chan error, len(servers))
 	for _, s := range servers {
@@ -264,11 +299,6 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	for _, s := range servers {
 		s.Close()
 	}
-	leave()
-	<-meshDone // the peer leaves the mesh
-	node.Close()
-	log.Info("sam-node: stopped")
-	return serveErr
 }
 
 // listenAgent opens the agent listener: unix:///path (a stale socket left

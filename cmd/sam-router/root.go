@@ -29,7 +29,12 @@ own libp2p key; a peer that has not within 5 s of connecting is
 disconnected, and every reservation, relayed connection and routing-table
 entry checks the credential again. The router is a member itself: enrol it
 once with "sam-router join" (its key is its libp2p identity). It prints its
-addresses, with its peer ID, for members to dial.`,
+addresses, with its peer ID, for members to dial.
+
+A router keeps the mesh's provider records in memory only. Each run has an
+epoch of its own, which it gives every member in the credential exchange:
+a member that finds it changed publishes its names again at once. A mesh
+may have several routers; members join each (sam-node --router, repeated).`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -55,7 +60,7 @@ addresses, with its peer ID, for members to dial.`,
 			for _, a := range r.Host.Addrs() {
 				fmt.Printf("%s/p2p/%s\n", a, r.Host.ID())
 			}
-			l.Info("router serving", "member", m.Name(), "peer", r.Host.ID().String())
+			l.Info("router serving", "member", m.Name(), "peer", r.Host.ID().String(), "epoch", r.Gate.Epoch())
 			<-cmd.Context().Done()
 			return nil
 		},

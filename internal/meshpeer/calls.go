@@ -214,7 +214,7 @@ func (p *Peer) dial(ctx context.Context, id peer.ID) error {
 func (p *Peer) circuitRouters() []*router {
 	var out []*router
 	for _, r := range p.routers {
-		if p.isJoined(r) {
+		if p.usable(r) {
 			out = append(out, r)
 		}
 	}

@@ -31,7 +31,7 @@ const (
 func (p *Peer) lookup(ctx context.Context, name string) ([]peer.AddrInfo, error) {
 	var rs []*router
 	for _, r := range p.routers {
-		if p.isJoined(r) {
+		if p.usable(r) {
 			rs = append(rs, r)
 		}
 	}

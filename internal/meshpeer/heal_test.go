@@ -264,3 +264,37 @@ func TestRenewedCredentialsOnOneConnection(t *testing.T) {
 		t.Errorf("connections a→b: %d, then %d; want the same one all along", conns, n)
 	}
 }
+
+// TestRenewalKeepsRoutersUsable: the moment a member renews its
+// credential, before its loop has presented the new one to its router,
+// the router still serves its lookups (the credential it holds has two
+// thirds of its life left). A lookup there answered "joined to no
+// router" — a relapse in every mesh 3.3 min into its life.
+func TestRenewalKeepsRoutersUsable(t *testing.T) {
+	m := newTestMesh(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	var mu sync.Mutex
+	cred := m.cred("node-a", pub)
+	a, err := Join(ctx, Config{Key: priv, Credential: func() string { mu.Lock(); defer mu.Unlock(); return cred }, Verify: m.verify,
+		Routers: m.routers, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Names: func() []string { return []string{"mcp://files"} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.tend(ctx, a.routers[0])
+	mu.Lock()
+	cred = m.cred("node-a", pub) // renewed
+	mu.Unlock()
+	if got, err := a.FindNow(ctx, "mcp://files"); err != nil || len(got) != 1 {
+		t.Fatalf("a lookup right after a renewal: %v, %v", got, err)
+	}
+	if a.isJoined(a.routers[0]) {
+		t.Fatal("the loop does not see that the router holds an older credential")
+	}
+	a.tend(ctx, a.routers[0])
+	if !a.isJoined(a.routers[0]) || a.Status().Routers[0].Rejoins != 0 {
+		t.Errorf("after the loop's look: joined %v, status %+v (a new credential on the same connection is no rejoin)", a.isJoined(a.routers[0]), a.Status().Routers[0])
+	}
+}

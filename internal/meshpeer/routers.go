@@ -227,12 +227,22 @@ func (p *Peer) tend(ctx context.Context, r *router) time.Duration {
 	return CheckInterval
 }
 
-// isJoined: connected, and current credentials exchanged on this
-// connection (a renewal on either side is taken by joining again, on the
-// same connection).
-func (p *Peer) isJoined(r *router) bool {
+// usable: joined, still connected, and the router's credential as it
+// gave it still good here — what a lookup or a relayed call needs.
+func (p *Peer) usable(r *router) bool {
 	s := r.snapshot()
-	return s.Joined && p.Host.Network().Connectedness(r.info.ID) == network.Connected && p.current(r.info.ID)
+	return s.Joined && p.Host.Network().Connectedness(r.info.ID) == network.Connected && p.gate.Admitted(r.info.ID)
+}
+
+// isJoined: usable, and current credentials exchanged on this connection.
+// A renewal on either side is taken by joining again on the same
+// connection, while the router stays usable: the credentials given before
+// still have two thirds of their lives (a member renews at a third), so
+// a lookup made meanwhile must not find the member joined to no router
+// (it did, for the moment between a renewal and the loop's next look,
+// measured: a relapse 3.3 min into every mesh's life).
+func (p *Peer) isJoined(r *router) bool {
+	return p.usable(r) && p.current(r.info.ID)
 }
 
 // joinRouter connects to r, presents this member's credential and checks
@@ -259,10 +269,13 @@ func (p *Peer) joinRouter(ctx context.Context, r *router) error {
 			s.unknown++
 			epoch = fmt.Sprintf("unknown-%d", s.unknown)
 		}
-		if s.Ever && !s.Joined {
-			s.Rejoins++
+		if !s.Joined {
+			if s.Ever {
+				s.Rejoins++
+			}
+			s.Since = time.Now()
 		}
-		s.Joined, s.Ever, s.Since, s.Epoch = true, true, time.Now(), epoch
+		s.Joined, s.Ever, s.Epoch = true, true, epoch
 		s.Reserved, s.Misses, s.Fails, s.Err = res.Expiration, 0, 0, ""
 	})
 	// A drop between the dial and here was told to lost() before Joined
