@@ -17,11 +17,13 @@
 //     once they are RefreshAfter old (20 s), so a caller on a warm path
 //     never pays a cold lookup: until TTL it gets the answer it has,
 //     while the new one is fetched.
-//   - An answer of no provider at all is kept only EmptyTTL (2 s): it is
+//   - An answer of no provider at all is kept only EmptyTTL (0.5 s): it is
 //     what a lookup finds in the moments after a router restarted and
-//     before the members published there again (issue 29), and kept for
-//     30 s it turned a restart of a second into half a minute of
-//     "no member serves it".
+//     before the members published there again (issue 29). Kept for 30 s
+//     it turned a restart of a second into half a minute of "no member
+//     serves it"; kept 2 s it was still most of a heal's time (sam-bench
+//     heal's router-down). Half a second bounds the lookups a name nobody
+//     serves costs to two a second.
 //
 // Cache is free of the DHT: Lookup is any function, so the rules are
 // tested exhaustively with fakes (discovery_test.go) and the DHT adapter
@@ -40,13 +42,12 @@ type Lookup[T any] func(ctx context.Context, key string) ([]T, error)
 
 // Defaults, from the issue: answers cached 30 s and refreshed before they
 // expire; a lookup bounded by a timeout well above a walk's length; an
-// empty answer kept about as long as a member takes to publish again on a
-// router that came back (internal/meshpeer: retryMax, then one message).
+// empty answer kept briefly (see the package doc).
 const (
 	DefaultTTL          = 30 * time.Second
 	DefaultRefreshAfter = 20 * time.Second
 	DefaultTimeout      = 10 * time.Second
-	DefaultEmptyTTL     = 2 * time.Second
+	DefaultEmptyTTL     = 500 * time.Millisecond
 )
 
 // Config sets a Cache's times; zero fields take the defaults.
