@@ -320,7 +320,7 @@ func TestFleetUpHosts(t *testing.T) {
 	t.Logf("nodes that cannot start:\n%s", out)
 	for _, want := range []string{"host root@10.191.1.2: copying sandstormd", "host root@10.191.2.2: copying runsc", "host root@10.191.1.2: copying sam-node",
 		// Each host sees this machine at its own link's address.
-		"the control plane and the router will listen on 10.191.1.1, 10.191.2.1",
+		"the control plane and the routers will listen on 10.191.1.1, 10.191.2.1",
 		// The sam-nodes enrol with one token for exactly them.
 		"mesh: a bootstrap token for exactly 2 enrolment(s)", "sam-node of 10-191-1-2: PID", "enrolled now",
 		"sam-node of 10-191-2-2 on root@10.191.2.2: a member of the mesh",

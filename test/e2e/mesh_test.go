@@ -12,17 +12,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/vishvananda/netns"
 
 	"sandstorm/api"
 	"sandstorm/internal/fakellm"
+	"sandstorm/internal/meshlab"
 	"sandstorm/internal/testenv"
 )
 
@@ -44,47 +43,9 @@ func (h meshHost) cmd(bin string, args ...string) *exec.Cmd {
 	return exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.ns, "--", bin}, args...)...)
 }
 
-// inNS runs f on an OS thread inside ns: a socket made there stays there.
-func inNS(t *testing.T, ns string, f func() error) error {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	target, err := netns.GetFromName(ns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	ferr := f()
-	if err := netns.Set(orig); err != nil {
-		// The thread stays locked and dies with its goroutine rather
-		// than run anything else in the wrong namespace.
-		return fmt.Errorf("back from %s: %w", ns, err)
-	}
-	runtime.UnlockOSThread()
-	return ferr
-}
-
 // nsClient is an HTTP client whose connections are made inside ns.
 func nsClient(t *testing.T, ns string) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
-			err = inNS(t, ns, func() error {
-				var d net.Dialer
-				c, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return c, err
-		}}}
+	return meshlab.Host{NS: ns}.HTTPClient(10 * time.Second)
 }
 
 // meshLab makes the LAN and the hosts on it.
@@ -298,7 +259,7 @@ bindings:
 `)
 	// C's model: a real OpenAI-protocol server on C's own loopback.
 	var llm *fakellm.Server
-	if err := inNS(t, hc.ns, func() (err error) {
+	if err := meshlab.InNS(hc.ns, func() (err error) {
 		llm, err = fakellm.Listen("127.0.0.1:0", "m-c")
 		return err
 	}); err != nil {
