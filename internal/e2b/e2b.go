@@ -35,7 +35,6 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/apikey"
-	"sandstorm/internal/envd"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
@@ -291,7 +290,7 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) wire(sb api.Sandbox) sandbox {
 	d := s.cfg.Domain
-	return sandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: envd.Version, EnvdAccessToken: s.AccessToken(sb.ID), Domain: &d, Alias: sb.Template}
+	return sandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: api.EnvdVersion, EnvdAccessToken: s.AccessToken(sb.ID), Domain: &d, Alias: sb.Template}
 }
 
 // find is sandbox id if the caller may see it; another team's is not
@@ -333,7 +332,7 @@ func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool) de
 	}
 	d := detail{
 		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: ClientID, Alias: sb.Template,
-		StartedAt: m.StartedAt, EndAt: end, EnvdVersion: envd.Version,
+		StartedAt: m.StartedAt, EndAt: end, EnvdVersion: api.EnvdVersion,
 		CPUCount: 1, MemoryMB: sb.MemoryMiB, DiskSizeMB: 0, Metadata: m.Metadata, State: state,
 	}
 	if d.MemoryMB == 0 {

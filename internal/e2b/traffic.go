@@ -4,44 +4,15 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
-	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"sandstorm/api"
-	"sandstorm/internal/envd"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/store"
 )
-
-// SandboxHost splits a Host of <port>-<id>.<domain> (a :port after it is
-// dropped), the name the SDK gives a sandbox's port (js-sdk
-// connectionConfig.ts getHost).
-func SandboxHost(host, domain string) (port, id string, ok bool) {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if domain == "" {
-		return "", "", false
-	}
-	first, ok := strings.CutSuffix(host, "."+domain)
-	if !ok || strings.Contains(first, ".") {
-		return "", "", false
-	}
-	port, id, ok = strings.Cut(first, "-")
-	if !ok || port == "" || id == "" {
-		return "", "", false
-	}
-	for _, c := range port {
-		if c < '0' || c > '9' {
-			return "", "", false
-		}
-	}
-	return port, id, true
-}
 
 // Traffic serves what the SDK sends to a sandbox: its envd, addressed by
 // the E2b-Sandbox-Id and E2b-Sandbox-Port headers (E2B_SANDBOX_URL) or by
@@ -55,13 +26,13 @@ func (s *Service) Traffic() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, port := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
 		if id == "" {
-			port, id, _ = SandboxHost(r.Host, s.cfg.Domain)
+			port, id, _ = api.SandboxHost(r.Host, s.cfg.Domain)
 		}
 		if port == "" {
-			port = strconv.Itoa(envd.Port)
+			port = strconv.Itoa(api.EnvdPort)
 		}
-		if port != strconv.Itoa(envd.Port) {
-			fail(w, errdefs.New(errdefs.ErrNotSupported, "port %s of sandbox %s: only envd (port %d) is served here; a sandbox's own ports are at its endpoints (sandstormd sandbox get)", port, id, envd.Port))
+		if port != strconv.Itoa(api.EnvdPort) {
+			fail(w, errdefs.New(errdefs.ErrNotSupported, "port %s of sandbox %s: only envd (port %d) is served here; a sandbox's own ports are at its endpoints (sandstormd sandbox get)", port, id, api.EnvdPort))
 			return
 		}
 		got := r.Header.Get("X-Access-Token")
@@ -93,11 +64,11 @@ func (s *Service) Traffic() http.Handler {
 				return
 			}
 		}
-		for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", "X-Api-Key", envd.EnvHeader} {
+		for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", "X-Api-Key", api.EnvdEnvHeader} {
 			r.Header.Del(h)
 		}
 		if len(m.Env) > 0 {
-			r.Header.Set(envd.EnvHeader, envd.EncodeEnv(m.Env))
+			r.Header.Set(api.EnvdEnvHeader, api.EncodeEnv(m.Env))
 		}
 		if err := n.ServeEnvd(w, r, sb.ID, r.URL.Path); err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {

@@ -19,7 +19,6 @@
 package envd
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -27,20 +26,17 @@ import (
 
 	"connectrpc.com/connect"
 
+	"sandstorm/api"
 	"sandstorm/third_party/envd/filesystem/filesystemconnect"
 	"sandstorm/third_party/envd/process/processconnect"
 )
 
-// Version is the envd API version this package implements, as the SDK
-// reads it from the sandbox's envdVersion: it turns features on at 0.3.0
-// (stdin), 0.4.0 (a default user), 0.5.2, 0.5.7 (octet-stream uploads),
-// 0.6.2 (file metadata), 0.6.3 (entries in watch events) and 0.6.4
-// (watching network mounts) — packages/js-sdk/src/envd/versions.ts.
-const Version = "0.6.4"
-
-// Port is where envd listens inside a sandbox, the port the SDK addresses
-// (ConnectionConfig.envdPort).
-const Port = 49983
+// Version and Port are envd's API version and port (api.EnvdVersion,
+// api.EnvdPort: the servers in front of envd name them too).
+const (
+	Version = api.EnvdVersion
+	Port    = api.EnvdPort
+)
 
 // Config is what envd knows of its sandbox.
 type Config struct {
@@ -54,32 +50,11 @@ type Config struct {
 	Env map[string]string
 }
 
-// EnvHeader carries the sandbox's environment (E2B's envVars, given at
-// its create) on every call the master forwards, as EncodeEnv makes it:
-// envd keeps no copy, so a cold start loses nothing. The master sets it
-// and drops any a client sent.
-const EnvHeader = "X-Sandstorm-Env"
+// EnvHeader carries the sandbox's environment on every call
+// (api.EnvdEnvHeader).
+const EnvHeader = api.EnvdEnvHeader
 
-// EncodeEnv is env as EnvHeader carries it: JSON, base64 (a header value
-// cannot hold every byte a value may).
-func EncodeEnv(env map[string]string) string {
-	b, _ := json.Marshal(env)
-	return base64.StdEncoding.EncodeToString(b)
-}
-
-func decodeEnv(h http.Header) map[string]string {
-	v := h.Get(EnvHeader)
-	if v == "" {
-		return nil
-	}
-	b, err := base64.StdEncoding.DecodeString(v)
-	if err != nil {
-		return nil
-	}
-	var m map[string]string
-	json.Unmarshal(b, &m)
-	return m
-}
+func decodeEnv(h http.Header) map[string]string { return api.DecodeEnv(h.Get(EnvHeader)) }
 
 // Server serves the envd API.
 type Server struct {

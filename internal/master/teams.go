@@ -9,8 +9,6 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/apikey"
-	"sandstorm/internal/e2b"
-	"sandstorm/internal/envd"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -211,7 +209,7 @@ next:
 // withEnv puts sandbox id's environment (E2B's envVars) on an envd call,
 // replacing whatever the caller sent in that header.
 func (s *server) withEnv(r *http.Request, id string) error {
-	r.Header.Del(envd.EnvHeader)
+	r.Header.Del(api.EnvdEnvHeader)
 	m, err := s.cfg.Store.GetSandboxMeta(r.Context(), id)
 	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && len(m.Env) == 0) {
 		return nil
@@ -219,7 +217,7 @@ func (s *server) withEnv(r *http.Request, id string) error {
 	if err != nil {
 		return err
 	}
-	r.Header.Set(envd.EnvHeader, envd.EncodeEnv(m.Env))
+	r.Header.Set(api.EnvdEnvHeader, api.EncodeEnv(m.Env))
 	return nil
 }
 
@@ -230,7 +228,7 @@ func (s *server) isSandboxTraffic(r *http.Request) bool {
 	if r.Header.Get("E2b-Sandbox-Id") != "" {
 		return true
 	}
-	_, _, ok := e2b.SandboxHost(r.Host, s.cfg.SandboxDomain)
+	_, _, ok := api.SandboxHost(r.Host, s.cfg.SandboxDomain)
 	return ok
 }
 

@@ -3,14 +3,14 @@ package nodeapi
 import (
 	"time"
 
-	"sandstorm/internal/sandbox/gvisor"
+	"sandstorm/internal/sandbox"
 )
 
 // How long a master waits for a node to answer each kind of call (issue
 // 14: "every call to a node has a deadline of its kind"). Each is the
-// node's own bound on the work — the runsc deadlines of
-// internal/sandbox/gvisor/deadline.go, which the node enforces whatever
-// its caller does — plus callMargin for the node's own steps (its store,
+// node's own bound on the work — the runtime's deadlines
+// (internal/sandbox/deadline.go), which the node's backend enforces
+// whatever its caller does — plus callMargin for the node's own steps (its store,
 // the netns, the gateway) and the network. A call past its deadline is
 // not known to have failed: the node may still finish it, and its
 // report then says so (fleet). A node the master takes for lost fails
@@ -26,38 +26,39 @@ const (
 	TemplateDeadline = 10 * time.Minute
 	// callMargin is what each deadline allows on top of runsc's.
 	callMargin = 15 * time.Second
-	// admission is the longest a node holds a create or wake waiting for
-	// memory, a wake slot or the sandbox's lock (node.Config.Admission's
-	// default, and the 30 s a transition waits for another).
+	// admission is the longest a node holds a create or wake before its
+	// work starts: waiting for memory or a wake slot (node.Config.Admission,
+	// 2 s by default), for a start slot (MaxStarts), or for the sandbox's
+	// lock, which a transition under way holds up to 30 s.
 	admission = 30 * time.Second
 )
 
 // memoryTime is what a checkpoint or restore of memMiB may take
-// (gvisor.CheckpointBase + the memory at gvisor.CheckpointRate).
+// (sandbox.CheckpointBase + the memory at sandbox.CheckpointRate).
 func memoryTime(memMiB int) time.Duration {
 	if memMiB <= 0 {
-		memMiB = gvisor.FallbackMemory >> 20
+		memMiB = sandbox.FallbackMemory >> 20
 	}
-	return gvisor.CheckpointBase + time.Duration(int64(memMiB)<<20/gvisor.CheckpointRate)*time.Second
+	return sandbox.CheckpointBase + time.Duration(int64(memMiB)<<20/sandbox.CheckpointRate)*time.Second
 }
 
 // CreateDeadline bounds a create of a sandbox of memMiB: admission, a run
 // or a restore of a warm image, and the clean-up of one that failed.
 func CreateDeadline(memMiB int) time.Duration {
-	return admission + max(gvisor.RunTimeout, memoryTime(memMiB)) + gvisor.RemoveTimeout + callMargin
+	return admission + max(sandbox.RunTimeout, memoryTime(memMiB)) + sandbox.RemoveTimeout + callMargin
 }
 
 // TransitionDeadline bounds a freeze, snapshot, detach or wake: the wait
 // for the sandbox's lock, then a checkpoint, or a restore that fails and
 // is re-created cold.
 func TransitionDeadline(memMiB int) time.Duration {
-	return admission + memoryTime(memMiB) + gvisor.RunTimeout + gvisor.RemoveTimeout + callMargin
+	return admission + memoryTime(memMiB) + sandbox.RunTimeout + sandbox.RemoveTimeout + callMargin
 }
 
 // DeleteDeadline bounds a delete: a transition that holds the sandbox
 // finishes first, then the removal.
 func DeleteDeadline(memMiB int) time.Duration {
-	return TransitionDeadline(memMiB) + gvisor.RemoveTimeout
+	return TransitionDeadline(memMiB) + sandbox.RemoveTimeout
 }
 
 // CloneDeadline bounds a clone of count children of a memMiB parent: its
@@ -76,5 +77,5 @@ const MoveVolumeAllowance = 5 * time.Minute
 // restore (each at the runsc rate of memoryTime), a run's worth of
 // margin, and MoveVolumeAllowance for its volume.
 func MoveDeadline(memMiB int) time.Duration {
-	return admission + 3*memoryTime(memMiB) + gvisor.RunTimeout + MoveVolumeAllowance + callMargin
+	return admission + 3*memoryTime(memMiB) + sandbox.RunTimeout + MoveVolumeAllowance + callMargin
 }

@@ -307,7 +307,7 @@ func (e *Env) Runsc(ctx context.Context, b *Box, args ...string) (time.Time, tim
 	defer cancel()
 	cmd := exec.CommandContext(cctx, e.be.Runsc, append(e.be.Flags(), args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.WaitDelay = gvisor.WaitDelay
+	cmd.WaitDelay = sandbox.WaitDelay
 	t0 := time.Now()
 	err = cmd.Run()
 	d := time.Since(t0)

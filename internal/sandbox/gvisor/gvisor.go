@@ -227,7 +227,7 @@ func (b *Backend) launch(ctx context.Context, limit time.Duration, spec sandbox.
 	// Both must be files, not pipes: the detached sandbox inherits them
 	// and keeps them open for its whole life, so a pipe would never reach
 	// EOF and Run would never return. (With files, Wait has no copying to
-	// wait for; WaitDelay is set all the same.) runsc's own errors land in
+	// wait for; sandbox.WaitDelay is set all the same.) runsc's own errors land in
 	// the log too; the new part of it is read back on failure.
 	off, _ := logf.Seek(0, io.SeekEnd)
 	c := command{
@@ -300,7 +300,7 @@ func lastRunscError(s string) string {
 	return s
 }
 
-// Start implements sandbox.Backend. runsc run gets RunTimeout; add the
+// Start implements sandbox.Backend. runsc run gets sandbox.RunTimeout; add the
 // Remove of a leftover with the same ID before it, and of the half-started
 // sandbox when it is cut short.
 func (b *Backend) Start(ctx context.Context, spec sandbox.Spec) error {
@@ -366,7 +366,7 @@ func (b *Backend) has(id string) bool {
 // (its state file): from its start until it is deleted.
 func (b *Backend) Has(id string) bool { return b.has(id) }
 
-// Pause implements sandbox.Backend. It takes at most ControlTimeout; a
+// Pause implements sandbox.Backend. It takes at most sandbox.ControlTimeout; a
 // pause that timed out leaves the sandbox's state unknown (the error wraps
 // context.DeadlineExceeded), for the caller to settle.
 func (b *Backend) Pause(ctx context.Context, spec sandbox.Spec) error {
@@ -386,7 +386,7 @@ func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
 // stopped and imageDir holds its state. gVisor kills the sandbox when a save
 // fails (e.g. "endpoint cannot be saved in connected state" while a TCP
 // connection is established), so callers must re-check State. It takes at
-// most CheckpointBase plus the sandbox's memory at CheckpointRate; when that
+// most sandbox.CheckpointBase plus the sandbox's memory at sandbox.CheckpointRate; when that
 // runs out the error wraps context.DeadlineExceeded and the sandbox is left
 // as it is (possibly still saving, or hung) for the caller to settle.
 func (b *Backend) Checkpoint(ctx context.Context, spec sandbox.Spec, imageDir string) error {
@@ -432,28 +432,28 @@ func (b *Backend) CheckpointRunning(ctx context.Context, spec sandbox.Spec, imag
 
 // memoryBytes is what the sandbox of id holds in memory (its memory
 // cgroup's usage: gVisor's application memory is a memfd charged there),
-// FallbackMemory when that cannot be read.
+// sandbox.FallbackMemory when that cannot be read.
 func (b *Backend) memoryBytes(id string) int64 {
 	st, err := b.readState(id)
 	if err != nil || st.Sandbox == nil || st.Sandbox.Pid <= 0 {
-		return FallbackMemory
+		return sandbox.FallbackMemory
 	}
 	cg, err := reclaim.CgroupOf(st.Sandbox.Pid)
 	if err != nil {
-		return FallbackMemory
+		return sandbox.FallbackMemory
 	}
 	if n := cg.Usage(); n > 0 {
 		return n
 	}
-	return FallbackMemory
+	return sandbox.FallbackMemory
 }
 
 // BackgroundRestoreMin is the image size from which restores run with
 // -background by default (see Restore).
 const BackgroundRestoreMin = 32 << 20
 
-// Restore implements sandbox.Backend. runsc restore gets RestoreBase plus
-// the image's size at CheckpointRate; add Removes as for Start.
+// Restore implements sandbox.Backend. runsc restore gets sandbox.RestoreBase plus
+// the image's size at sandbox.CheckpointRate; add Removes as for Start.
 func (b *Backend) Restore(ctx context.Context, spec sandbox.Spec, imageDir string) error {
 	liveCgroups.Delete(b.liveKey(spec.ID))
 	b = b.on(spec)
@@ -505,7 +505,7 @@ func dirSize(dir string) int64 {
 
 // Remove implements sandbox.Backend. It runs to its end even when ctx is
 // cancelled — half a removal leaves a sandbox nobody owns — and is bounded
-// by its own deadlines instead: at most RemoveTimeout.
+// by its own deadlines instead: at most sandbox.RemoveTimeout.
 //
 // runsc delete -force is asked first, unless the sandbox or gofer process
 // is stopped (SIGSTOP: it would never answer) or the netns is gone (runsc
@@ -543,7 +543,7 @@ func (b *Backend) Remove(ctx context.Context, spec sandbox.Spec) error {
 	return b.forceRemove(ctx, spec, cause)
 }
 
-// State implements sandbox.Backend. It takes at most ControlTimeout: a
+// State implements sandbox.Backend. It takes at most sandbox.ControlTimeout: a
 // sandbox that does not answer in time (stopped, wedged) yields an error
 // that wraps context.DeadlineExceeded — its state is unknown, which is not
 // the same as stopped.
@@ -675,5 +675,5 @@ func (b *Backend) limitOf(args []string) time.Duration {
 			}
 		}
 	}
-	return d.sized(d.checkpointBase, FallbackMemory)
+	return d.sized(d.checkpointBase, sandbox.FallbackMemory)
 }

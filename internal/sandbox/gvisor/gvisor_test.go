@@ -315,8 +315,8 @@ func TestStoppedSandbox(t *testing.T) {
 	case te.Command != "runsc state "+spec.ID || !strings.Contains(err.Error(), "timed out after"):
 		t.Errorf("State error %q does not name the command and its deadline", err)
 	}
-	if took < ControlTimeout || took > ControlTimeout+WaitDelay+2*time.Second {
-		t.Errorf("State took %v; its deadline is %v", took, ControlTimeout)
+	if took < sandbox.ControlTimeout || took > sandbox.ControlTimeout+sandbox.WaitDelay+2*time.Second {
+		t.Errorf("State took %v; its deadline is %v", took, sandbox.ControlTimeout)
 	}
 
 	// Pause and Checkpoint, with shorter deadlines to keep the test short:
@@ -339,7 +339,7 @@ func TestStoppedSandbox(t *testing.T) {
 		if !errors.As(err, &te) || te.Command != c.what || !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("%s: error %v, want a timeout naming the command", c.what, err)
 		}
-		if took > c.limit+WaitDelay+2*time.Second {
+		if took > c.limit+sandbox.WaitDelay+2*time.Second {
 			t.Errorf("%s took %v; its deadline is %v", c.what, took, c.limit)
 		}
 	}
@@ -353,12 +353,12 @@ func TestStoppedSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Remove: %v", err)
 	}
-	if took > RemoveTimeout {
-		t.Errorf("Remove took %v, more than RemoveTimeout %v", took, RemoveTimeout)
+	if took > sandbox.RemoveTimeout {
+		t.Errorf("Remove took %v, more than sandbox.RemoveTimeout %v", took, sandbox.RemoveTimeout)
 	}
 	// It saw the stopped process and did not wait for a runsc delete
 	// that could never return.
-	if took > DeleteTimeout {
+	if took > sandbox.DeleteTimeout {
 		t.Errorf("Remove took %v: it waited for a runsc delete of a stopped sandbox", took)
 	}
 	if b.has(spec.ID) {
@@ -413,7 +413,7 @@ func TestFrozenSandboxIsNotDroppedAlive(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "still alive") {
 		t.Errorf("Remove of an unkillable sandbox = %v, want an error saying it is still alive", err)
 	}
-	if took > 4*time.Second+2*WaitDelay+2*time.Second {
+	if took > 4*time.Second+2*sandbox.WaitDelay+2*time.Second {
 		t.Errorf("State and Remove took %v", took)
 	}
 	if !b.has(spec.ID) {
@@ -490,7 +490,7 @@ func TestStartCutShort(t *testing.T) {
 		if !errors.As(err, &te) || te.Command != "runsc run "+spec.ID {
 			t.Errorf("Start: %v, want a timeout of runsc run", err)
 		}
-		if took > limit+KillTimeout+DeleteTimeout+2*WaitDelay {
+		if took > limit+sandbox.KillTimeout+sandbox.DeleteTimeout+2*sandbox.WaitDelay {
 			t.Errorf("Start took %v", took)
 		}
 		assertNothingLeft(t, b, spec.ID, nil)
@@ -645,7 +645,7 @@ func TestCommandDeadline(t *testing.T) {
 					t.Errorf("%s: deadline %v, want %v", op.what, te.Limit, op.limit)
 				}
 				if took < op.limit || took > op.limit+d.waitDelay+time.Second {
-					t.Errorf("%s returned after %v; deadline %v (+ WaitDelay %v)", op.what, took, op.limit, d.waitDelay)
+					t.Errorf("%s returned after %v; deadline %v (+ sandbox.WaitDelay %v)", op.what, took, op.limit, d.waitDelay)
 				}
 			}
 		})
@@ -805,12 +805,12 @@ func TestLimitOf(t *testing.T) {
 		args []string
 		want time.Duration
 	}{
-		{[]string{"runsc", "--root", "/r", "--platform=ptrace", "state", "x"}, ControlTimeout},
-		{[]string{"runsc", "--root=/r", "pause", "x"}, ControlTimeout},
-		{[]string{"runsc", "--root", "/r", "delete", "-force", "x"}, DeleteTimeout},
-		{[]string{"runsc", "--root", "/r", "run", "-detach", "-bundle", "/b", "x"}, RunTimeout},
-		{[]string{"runsc", "--root", "/r", "checkpoint", "--image-path=/i", "x"}, CheckpointBase + FallbackMemory/CheckpointRate*time.Second},
-		{[]string{"runsc", "--root", "/r", "restore", "-detach", "-image-path=" + img, "-bundle", "/b", "x"}, RestoreBase + 2*time.Second},
+		{[]string{"runsc", "--root", "/r", "--platform=ptrace", "state", "x"}, sandbox.ControlTimeout},
+		{[]string{"runsc", "--root=/r", "pause", "x"}, sandbox.ControlTimeout},
+		{[]string{"runsc", "--root", "/r", "delete", "-force", "x"}, sandbox.DeleteTimeout},
+		{[]string{"runsc", "--root", "/r", "run", "-detach", "-bundle", "/b", "x"}, sandbox.RunTimeout},
+		{[]string{"runsc", "--root", "/r", "checkpoint", "--image-path=/i", "x"}, sandbox.CheckpointBase + sandbox.FallbackMemory/sandbox.CheckpointRate*time.Second},
+		{[]string{"runsc", "--root", "/r", "restore", "-detach", "-image-path=" + img, "-bundle", "/b", "x"}, sandbox.RestoreBase + 2*time.Second},
 	} {
 		if got := b.limitOf(c.args); got != c.want {
 			t.Errorf("limitOf(%v) = %v, want %v", c.args, got, c.want)

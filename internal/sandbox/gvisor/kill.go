@@ -403,7 +403,7 @@ func cgroupsOf(id, bundle string, st *runscState) []string {
 // v2). rmdir removes only an empty cgroup, so nothing that still runs is
 // touched. The sandbox's ptrace stubs die after it (of its death signal),
 // so a cgroup can stay busy for a moment after the sandbox and gofer are
-// gone: EBUSY is retried for up to cgroupBusyWait.
+// gone: EBUSY is retried for up to sandbox.CgroupBusyWait.
 func removeCgroups(paths []string) {
 	var dirs []string
 	for _, p := range paths {
@@ -412,7 +412,7 @@ func removeCgroups(paths []string) {
 			dirs = append(append(dirs, d...), filepath.Join("/sys/fs/cgroup", name))
 		}
 	}
-	deadline := time.Now().Add(cgroupBusyWait)
+	deadline := time.Now().Add(sandbox.CgroupBusyWait)
 	for len(dirs) > 0 {
 		var busy []string
 		for _, d := range dirs {
@@ -426,10 +426,6 @@ func removeCgroups(paths []string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
-// cgroupBusyWait is how long removeCgroups waits for the last processes
-// of a killed sandbox to leave its cgroups.
-const cgroupBusyWait = 2 * time.Second
 
 // cleanCgroup returns a cgroup path from a state file, relative and without
 // "..", or "" for the root or anything odd.

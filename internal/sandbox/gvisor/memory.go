@@ -128,7 +128,7 @@ func oomKilledInLog(ctx context.Context, id string) bool {
 	ctx, cancel := context.WithTimeout(ctx, dmesgTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "dmesg")
-	cmd.WaitDelay = WaitDelay
+	cmd.WaitDelay = sandbox.WaitDelay
 	out, err := cmd.Output()
 	if err != nil {
 		return false

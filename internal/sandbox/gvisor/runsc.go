@@ -69,7 +69,7 @@ func Version(ctx context.Context, runsc string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, versionTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, runsc, "--version")
-	cmd.WaitDelay = WaitDelay
+	cmd.WaitDelay = sandbox.WaitDelay
 	out, err := cmd.Output()
 	if err != nil {
 		return "", fmt.Errorf("%s --version: %w", runsc, err)
