@@ -90,6 +90,15 @@ func TestRestartRepublishesWhoeverReconnects(t *testing.T) {
 	if code, _, err := call(t, a, b, "/v1/x"); err != nil || code != 200 {
 		t.Errorf("a → b after the restart: %d %v", code, err)
 	}
+
+	// Admitted again by the same run (the connection dropped, the router
+	// did not restart): b publishes again all the same.
+	before := b.Status().Routers[0].Republished
+	b.Host.Network().ClosePeer(m.router.Host.ID())
+	testenv.WaitFor(t, 10*time.Second, "b admitted again and publishing again", func() bool {
+		st := b.Status().Routers[0]
+		return st.Joined && st.Published && st.Rejoins == 2 && st.Republished > before && st.Epoch == m.router.Gate.Epoch()
+	})
 }
 
 // TestLostRecordIsFoundAndPublishedAgain: a router that holds none of a

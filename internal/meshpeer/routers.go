@@ -7,6 +7,7 @@ package meshpeer
 //
 // A router keeps provider records in memory only, so the member publishes
 // its names there whenever the router may have lost them:
+//   - the member was admitted again (its connection had dropped);
 //   - the router is a run the member has not published to (its epoch,
 //     given in the credential exchange, changed: it restarted) — however
 //     the member came to be connected again, by this loop or by a call's
@@ -274,6 +275,10 @@ func (p *Peer) joinRouter(ctx context.Context, r *router) error {
 				s.Rejoins++
 			}
 			s.Since = time.Now()
+			// Every admission publishes (issue 29: "on every
+			// (re)admission"): a router that kept its epoch may still
+			// have dropped what this member gave it while it was away.
+			s.PubEpoch = ""
 		}
 		s.Joined, s.Ever, s.Epoch = true, true, epoch
 		s.Reserved, s.Misses, s.Fails, s.Err = res.Expiration, 0, 0, ""
@@ -301,7 +306,7 @@ func (p *Peer) publishDue(ctx context.Context, r *router) error {
 			return err
 		}
 		r.update(func(st *routerState) {
-			if st.PubEpoch != "" {
+			if !st.PubAt.IsZero() {
 				st.Republish++
 			}
 			st.PubEpoch, st.Published, st.PubAt = s.Epoch, names, time.Now()
