@@ -428,3 +428,23 @@ type APIKey struct {
 	CreatedAt time.Time `json:"created_at"`
 	Key       string    `json:"key,omitempty"`
 }
+
+// Event is one thing that happened to a sandbox.
+type Event struct {
+	Seq  uint64    `json:"seq"`
+	At   time.Time `json:"at"`
+	Kind string    `json:"kind"`
+	ID   string    `json:"id,omitempty"`
+	Name string    `json:"name,omitempty"`
+	// From and To are tiers: a transition's, a wake's from ("to" hot); a
+	// create's To is hot.
+	From string `json:"from,omitempty"`
+	To   string `json:"to,omitempty"`
+	// Ms is how long it took, on the node.
+	Ms float64 `json:"ms,omitempty"`
+	// Node is where it happened; Template what it is of (creates).
+	Node     string `json:"node,omitempty"`
+	Template string `json:"template,omitempty"`
+	// Reason says why (a refusal, a note).
+	Reason string `json:"reason,omitempty"`
+}

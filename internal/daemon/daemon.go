@@ -39,7 +39,7 @@ import (
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
-	"sandstorm/internal/nodelocal"
+	"sandstorm/internal/nodeside"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/policy"
 	"sandstorm/internal/reclaim"
@@ -506,7 +506,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 			return err
 		}
 		defer stopNode()
-		l := &nodelocal.Local{N: nd, St: st}
+		l := &nodeside.Side{N: nd, St: st}
 		local = l
 		announce(ctx, o, l, st, log)
 	}
@@ -624,7 +624,7 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	}
 	// The trees of the templates its master gives it, by digest: fetched
 	// once, kept while a template uses them.
-	local := &nodelocal.Local{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")}, Events: hub}
+	local := &nodeside.Side{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")}, Events: hub}
 	announce(ctx, o, local, st, log)
 	if o.Join != "" {
 		j := &enrol.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,

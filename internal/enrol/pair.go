@@ -23,7 +23,9 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/httpjson"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/nodeapi/remote"
 	"sandstorm/internal/pki"
 )
 
@@ -197,13 +199,13 @@ func (e *Endpoint) TLSConfig() *tls.Config {
 
 // Handler serves the pairing calls and, once paired, the seam.
 func (e *Endpoint) Handler() http.Handler {
-	seam := nodeapi.Server(e.Node)
+	seam := remote.Server(e.Node)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/node/v1/pair":
 			if r.Method == http.MethodGet {
 				// Whether it is paired, and its name: nothing secret.
-				nodeapi.WriteJSON(w, http.StatusOK, map[string]any{"name": e.Name, "paired": e.Paired()})
+				httpjson.Write(w, http.StatusOK, map[string]any{"name": e.Name, "paired": e.Paired()})
 				return
 			}
 			e.hello(w, r)
@@ -215,7 +217,7 @@ func (e *Endpoint) Handler() http.Handler {
 		// Only a paired node's listener asks for client certificates, and
 		// only the master's pass its handshake.
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-			nodeapi.WriteJSON(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: "this node is not paired: pair it from its master (POST /v1/nodes with its address and the code in " + e.CodePath() + ")"})
+			httpjson.Write(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: "this node is not paired: pair it from its master (POST /v1/nodes with its address and the code in " + e.CodePath() + ")"})
 			return
 		}
 		switch r.URL.Path {
@@ -241,13 +243,13 @@ const (
 )
 
 func (e *Endpoint) refuse(w http.ResponseWriter, status int, msg string) {
-	nodeapi.WriteJSON(w, status, api.Error{Code: api.CodeForbidden, Message: msg})
+	httpjson.Write(w, status, api.Error{Code: api.CodeForbidden, Message: msg})
 }
 
 func (e *Endpoint) hello(w http.ResponseWriter, r *http.Request) {
 	var h pairHello
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&h); err != nil || len(h.Nonce) != 32 {
-		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
+		httpjson.Write(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
 		return
 	}
 	e.mu.Lock()
@@ -270,7 +272,7 @@ func (e *Endpoint) hello(w http.ResponseWriter, r *http.Request) {
 	}
 	block, _ := pem.Decode([]byte(h.CA))
 	if block == nil {
-		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request: no CA"})
+		httpjson.Write(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request: no CA"})
 		return
 	}
 	caSum := sha256.Sum256(block.Bytes)
@@ -283,17 +285,17 @@ func (e *Endpoint) hello(w http.ResponseWriter, r *http.Request) {
 	}
 	csr, keyPEM, err := pki.NewCSR("node " + e.Name)
 	if err != nil {
-		nodeapi.WriteJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		httpjson.Write(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
 		return
 	}
 	e.pending = &pendingPair{nonce: h.Nonce, ca: []byte(h.CA), keyPEM: keyPEM, csr: csr}
-	nodeapi.WriteJSON(w, http.StatusOK, pairReply{Name: e.Name, CSR: csr, Proof: pki.Proof(e.code, pki.ProofNode, h.Nonce, csr)})
+	httpjson.Write(w, http.StatusOK, pairReply{Name: e.Name, CSR: csr, Proof: pki.Proof(e.code, pki.ProofNode, h.Nonce, csr)})
 }
 
 func (e *Endpoint) finish(w http.ResponseWriter, r *http.Request) {
 	var f pairFinish
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {
-		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
+		httpjson.Write(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "malformed pairing request"})
 		return
 	}
 	e.mu.Lock()
@@ -309,23 +311,23 @@ func (e *Endpoint) finish(w http.ResponseWriter, r *http.Request) {
 	}
 	cert, err := x509.ParseCertificate(f.Cert)
 	if err != nil {
-		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the master's certificate for this node does not parse"})
+		httpjson.Write(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the master's certificate for this node does not parse"})
 		return
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(p.ca)
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		nodeapi.WriteJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not from the CA the master sent: " + err.Error()})
+		httpjson.Write(w, http.StatusBadRequest, api.Error{Code: api.CodeBadRequest, Message: "the certificate is not from the CA the master sent: " + err.Error()})
 		return
 	}
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.Cert})
 	if err := writePKI(e.PKIDir, pkiFile{nodeKeyFile, p.keyPEM, 0o600}, pkiFile{nodeCertFile, certPEM, 0o644}, pkiFile{nodeCAFile, p.ca, 0o644}); err != nil {
-		nodeapi.WriteJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		httpjson.Write(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
 		return
 	}
 	cfg, err := e.loadPaired()
 	if err != nil {
-		nodeapi.WriteJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		httpjson.Write(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
 		return
 	}
 	e.paired, e.pending = cfg, nil
@@ -366,13 +368,13 @@ func (e *Endpoint) unpair(w http.ResponseWriter, r *http.Request) {
 }
 
 // Unpair tells the paired node of c that its master forgets it.
-func Unpair(ctx context.Context, c *nodeapi.Client) error {
+func Unpair(ctx context.Context, c *remote.Client) error {
 	return c.Do(ctx, http.MethodPost, "/node/v1/unpair", struct{}{}, nil, http.StatusNoContent)
 }
 
 // Renew gives the paired node of c a new certificate from ca (a new key,
 // a new NodeCertLifetime); host is the name it is reached by.
-func Renew(ctx context.Context, c *nodeapi.Client, ca *pki.CA, host string) (time.Time, error) {
+func Renew(ctx context.Context, c *remote.Client, ca *pki.CA, host string) (time.Time, error) {
 	var reply pairReply
 	if err := c.Do(ctx, http.MethodPost, "/node/v1/renew", struct{}{}, &reply, http.StatusOK); err != nil {
 		return time.Time{}, err
@@ -546,12 +548,12 @@ func validNodeName(s string) bool {
 // with CA ca: its client certificate, trusting only a server certificate
 // ca signed for that node ("node <name>": another node's will not do),
 // and that check, if set, does not refuse (a revoked one).
-func Dial(name, address string, ca *pki.CA, check func(*x509.Certificate) error) (*nodeapi.Client, error) {
+func Dial(name, address string, ca *pki.CA, check func(*x509.Certificate) error) (*remote.Client, error) {
 	cfg, err := ca.PeerClientConfig(pki.MasterName)
 	if err != nil {
 		return nil, err
 	}
-	c := nodeapi.NewClient(name, "https://"+address, nil, false, time.Time{})
+	c := remote.NewClient(name, "https://"+address, nil, false, time.Time{})
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return errors.New("the node presented no certificate")

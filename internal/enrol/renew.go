@@ -12,7 +12,7 @@ import (
 	"sync"
 
 	"sandstorm/api"
-	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/httpjson"
 	"sandstorm/internal/pki"
 )
 
@@ -31,13 +31,13 @@ type renewal struct {
 func (rn *renewal) serveCSR(w http.ResponseWriter, name string) {
 	csr, keyPEM, err := pki.NewCSR("node " + name)
 	if err != nil {
-		nodeapi.WriteJSON(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
+		httpjson.Write(w, http.StatusInternalServerError, api.Error{Code: api.CodeInternal, Message: err.Error()})
 		return
 	}
 	rn.mu.Lock()
 	rn.key = keyPEM
 	rn.mu.Unlock()
-	nodeapi.WriteJSON(w, http.StatusOK, pairReply{Name: name, CSR: csr})
+	httpjson.Write(w, http.StatusOK, pairReply{Name: name, CSR: csr})
 }
 
 // serveCert answers PUT /node/v1/cert: it checks the certificate (for
@@ -46,7 +46,7 @@ func (rn *renewal) serveCSR(w http.ResponseWriter, name string) {
 // false. The caller answers 204 once it has put the pair to use.
 func (rn *renewal) serveCert(w http.ResponseWriter, r *http.Request, pkiDir string, usage x509.ExtKeyUsage) (pair tls.Certificate, leaf *x509.Certificate, ok bool) {
 	refuse := func(status int, code, msg string) {
-		nodeapi.WriteJSON(w, status, api.Error{Code: code, Message: msg})
+		httpjson.Write(w, status, api.Error{Code: code, Message: msg})
 	}
 	var f pairFinish
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&f); err != nil {

@@ -27,6 +27,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/nodeapi/remote"
 	"sandstorm/internal/pki"
 )
 
@@ -226,7 +227,7 @@ func (j *Joiner) tunnel(ctx context.Context) error {
 // renewal of its certificate (the master asks for a CSR, then sends the
 // certificate; the next tunnel presents it).
 func (j *Joiner) handler() http.Handler {
-	seam := nodeapi.Server(j.Node)
+	seam := remote.Server(j.Node)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/node/v1/renew":
@@ -267,11 +268,11 @@ func TunnelSession(conn net.Conn) (*yamux.Session, error) {
 
 // TunnelClient is a Client of the node behind sess, whose certificate
 // (the one its tunnel presented) ends at notAfter.
-func TunnelClient(name string, sess *yamux.Session, notAfter time.Time) *nodeapi.Client {
+func TunnelClient(name string, sess *yamux.Session, notAfter time.Time) *remote.Client {
 	tr := &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return sess.Open()
 	}, MaxIdleConnsPerHost: 16}
-	return nodeapi.NewClient(name, "http://"+name, &http.Client{Transport: tr, Timeout: 10 * time.Minute}, true, notAfter)
+	return remote.NewClient(name, "http://"+name, &http.Client{Transport: tr, Timeout: 10 * time.Minute}, true, notAfter)
 }
 
 // NewJoinToken is a random join token and the hash the master keeps of it.
@@ -290,11 +291,11 @@ func JoinTokenHash(token string) string {
 
 // NoTunnel is a Client of a node that dials in but has not yet: every
 // call fails as the node being down.
-func NoTunnel(name string) *nodeapi.Client {
+func NoTunnel(name string) *remote.Client {
 	tr := &http.Transport{Proxy: nil, DialContext: func(context.Context, string, string) (net.Conn, error) {
 		return nil, fmt.Errorf("node %s has no tunnel to this master (it dials in, and has not, or it dropped)", name)
 	}}
-	return &nodeapi.Client{NodeName: name, Base: "http://" + name, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+	return &remote.Client{NodeName: name, Base: "http://" + name, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
 }
 
 // TunnelNextProto is the http.Server.TLSNextProto entry for TunnelALPN:

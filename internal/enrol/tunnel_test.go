@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/nodeapi/remote"
 	"sandstorm/internal/pki"
 )
 
@@ -35,7 +35,7 @@ func TestTunnelRenew(t *testing.T) {
 	// The tunnel's streams carry plain HTTP (the TLS is the tunnel's).
 	srv := httptest.NewServer(j.handler())
 	defer srv.Close()
-	c := nodeapi.NewClient("j1", srv.URL, srv.Client(), true, time.Now().Add(time.Hour))
+	c := remote.NewClient("j1", srv.URL, srv.Client(), true, time.Now().Add(time.Hour))
 	until, err := Renew(context.Background(), c, ca, "")
 	if err != nil {
 		t.Fatalf("renew: %v", err)

@@ -8,6 +8,8 @@ package events
 import (
 	"sync"
 	"time"
+
+	"sandstorm/api"
 )
 
 // Kinds of event.
@@ -22,25 +24,9 @@ const (
 	Update = "update"
 )
 
-// Event is one thing that happened to a sandbox.
-type Event struct {
-	Seq  uint64    `json:"seq"`
-	At   time.Time `json:"at"`
-	Kind string    `json:"kind"`
-	ID   string    `json:"id,omitempty"`
-	Name string    `json:"name,omitempty"`
-	// From and To are tiers: a transition's, a wake's from ("to" hot); a
-	// create's To is hot.
-	From string `json:"from,omitempty"`
-	To   string `json:"to,omitempty"`
-	// Ms is how long it took, on the node.
-	Ms float64 `json:"ms,omitempty"`
-	// Node is where it happened; Template what it is of (creates).
-	Node     string `json:"node,omitempty"`
-	Template string `json:"template,omitempty"`
-	// Reason says why (a refusal, a note).
-	Reason string `json:"reason,omitempty"`
-}
+// Event is one thing that happened to a sandbox (api.Event, the wire
+// type: the console's event stream and the node's reports carry it).
+type Event = api.Event
 
 // Hub keeps the last Keep events and fans new ones out to subscribers.
 // The zero Hub is not usable; use New. A nil *Hub drops everything, so a

@@ -25,6 +25,7 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/nodeapi/remote"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
@@ -50,7 +51,7 @@ type Config struct {
 type Fleet struct {
 	cfg     Config
 	mu      sync.RWMutex
-	remote  map[string]*nodeapi.Client
+	remote  map[string]*remote.Client
 	addrs   map[string]string
 	links   map[string]*link // reports.go
 	revoked map[string]time.Time
@@ -66,7 +67,7 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	f := &Fleet{cfg: cfg, remote: map[string]*nodeapi.Client{}, addrs: map[string]string{}, links: map[string]*link{}}
+	f := &Fleet{cfg: cfg, remote: map[string]*remote.Client{}, addrs: map[string]string{}, links: map[string]*link{}}
 	var err error
 	if f.revoked, err = cfg.Store.Revocations(ctx); err != nil {
 		return nil, err
@@ -200,7 +201,7 @@ func (f *Fleet) Run(ctx context.Context) {
 func (f *Fleet) renewDue(ctx context.Context) {
 	f.mu.RLock()
 	type due struct {
-		c    *nodeapi.Client
+		c    *remote.Client
 		addr string
 	}
 	var ds []due

@@ -25,6 +25,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/nodeapi"
+	noderemote "sandstorm/internal/nodeapi/remote"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/store"
 )
@@ -209,7 +210,7 @@ func runningFleet(t *testing.T, local, remote *node) (*Fleet, context.CancelFunc
 	t.Cleanup(func() { st.Close() })
 	ca, _ := pki.EnsureCA(t.TempDir())
 	scfg, _ := ca.PeerServerConfig("node "+remote.name, []string{"127.0.0.1"}, pki.MasterName)
-	srv := httptest.NewUnstartedServer(nodeapi.Server(remote))
+	srv := httptest.NewUnstartedServer(noderemote.Server(remote))
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	srv.Listener = tls.NewListener(srv.Listener, scfg)
 	srv.Start()
@@ -442,7 +443,7 @@ func TestForgottenNodeIsRevoked(t *testing.T) {
 	}
 	// A certificate issued now is taken.
 	scfg, _ := f.cfg.CA.PeerServerConfig("node far", []string{"127.0.0.1"}, pki.MasterName)
-	fresh := httptest.NewUnstartedServer(nodeapi.Server(remote))
+	fresh := httptest.NewUnstartedServer(noderemote.Server(remote))
 	fresh.Config.ErrorLog = log.New(io.Discard, "", 0)
 	fresh.Listener = tls.NewListener(fresh.Listener, scfg)
 	fresh.Start()

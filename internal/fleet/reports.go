@@ -306,7 +306,7 @@ func (f *Fleet) bound(ctx context.Context, node string, d time.Duration) (contex
 	if lost {
 		return nil, nil, errdefs.Mark(nodeapi.ErrNotSent, errdefs.Mark(errdefs.ErrUnavailable, errors.New(why)))
 	}
-	// A deadline the node sees too (nodeapi.DeadlineHeader): a call held
+	// A deadline the node sees too (remote.DeadlineHeader): a call held
 	// up on the way is not done after the master gave up on it.
 	cctx, cancelDeadline := ctx, context.CancelFunc(func() {})
 	if d > 0 {

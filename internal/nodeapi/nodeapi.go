@@ -1,10 +1,13 @@
 // Package nodeapi is the seam between a master and its nodes (issue 9):
 // what a master may ask of a node, in wire types and IDs only — no store
-// rows, no paths of the node's own files. Two implementations meet here,
-// as containerd's runtime and its remote task service do: nodelocal.Local,
-// the node in the master's own process, and Client, a node reached over
-// the network (remote.go), whose other end is Server. Errors are the
-// errdefs kinds on both sides; the wire carries their codes
+// rows, no paths of the node's own files — and the deadlines of those
+// calls (deadline.go, built on the runtime's own in internal/sandbox).
+// Its implementations live apart, as containerd's runtime and its remote
+// task service do: nodeside.Side, the node's side (in the master's own
+// process, or behind remote.Server on a node of its own), and
+// remote.Client, a node reached over the network; fleettest.Node, one in
+// memory. nodeapitest runs one contract against all of them. Errors are
+// the errdefs kinds on both sides; the wire carries their codes
 // (errdefs.Table), so errors.Is works on the master's side as on the
 // node's.
 package nodeapi

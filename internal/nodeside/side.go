@@ -1,9 +1,11 @@
-// Package nodelocal is the node in this process as the seam's
+// Package nodeside is the node's side of the master↔node seam: a node as
 // nodeapi.Node (issue 15: the seam on its own, so that what imports the
-// interface does not import the node): store rows and node errors inside,
+// interface does not import the node), store rows and node errors inside,
 // wire types and errdefs kinds outside, and the node's report stream
-// (Watch) from its events hub.
-package nodelocal
+// (Watch) from its events hub. The master calls it in its own process
+// for the node it runs itself; a node apart from its master serves it
+// behind nodeapi/remote.Server.
+package nodeside
 
 import (
 	"bytes"
@@ -26,10 +28,9 @@ import (
 	"sandstorm/internal/tier"
 )
 
-// Local is the node in the master's own process. It speaks store rows and
-// node errors on its inside and wire types and the seam's errors on its
-// outside.
-type Local struct {
+// Side is a node's side of the seam. It speaks store rows and node errors
+// on its inside and wire types and the seam's errors on its outside.
+type Side struct {
 	N  *node.Node
 	St *store.Store // the node's store
 	// OwnTemplates: the node's store is its own (serve --node apart from
@@ -45,14 +46,14 @@ type Local struct {
 	Events *events.Hub
 }
 
-var _ nodeapi.Node = (*Local)(nil)
+var _ nodeapi.Node = (*Side)(nil)
 
 // Name implements nodeapi.Node.
-func (l *Local) Name() string { return l.N.Name() }
+func (l *Side) Name() string { return l.N.Name() }
 
 // Create implements nodeapi.Node. The template's definition is the node's own
 // store's copy of req.Template.Name.
-func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
+func (l *Side) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
 	t, err := l.St.GetTemplate(ctx, req.Template.Name)
 	if err != nil {
 		return api.Sandbox{}, err
@@ -83,7 +84,7 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sand
 }
 
 // Get implements nodeapi.Node.
-func (l *Local) Get(ctx context.Context, ref string) (api.Sandbox, error) {
+func (l *Side) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	sb, err := l.N.Get(ctx, ref)
 	if err != nil {
 		return api.Sandbox{}, err
@@ -92,7 +93,7 @@ func (l *Local) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 }
 
 // List implements nodeapi.Node.
-func (l *Local) List(ctx context.Context) ([]api.Sandbox, error) {
+func (l *Side) List(ctx context.Context) ([]api.Sandbox, error) {
 	all, err := l.N.List(ctx)
 	if err != nil {
 		return nil, err
@@ -105,12 +106,12 @@ func (l *Local) List(ctx context.Context) ([]api.Sandbox, error) {
 }
 
 // Delete implements nodeapi.Node.
-func (l *Local) Delete(ctx context.Context, id string) error {
+func (l *Side) Delete(ctx context.Context, id string) error {
 	return l.N.Delete(ctx, id)
 }
 
 // Transition implements nodeapi.Node.
-func (l *Local) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
+func (l *Side) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
 	var (
 		sb  store.Sandbox
 		err error
@@ -136,7 +137,7 @@ func (l *Local) Transition(ctx context.Context, id string, op nodeapi.Op) (api.S
 }
 
 // Clone implements nodeapi.Node.
-func (l *Local) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {
+func (l *Side) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {
 	res, err := l.N.Clone(ctx, id, req.Count, req.Principal, req.Reseed, req.Generation)
 	out := api.CloneResult{Children: []api.Sandbox{}, ParentPauseMs: ms(res.ParentPause)}
 	if res.Parent.ID != "" {
@@ -150,7 +151,7 @@ func (l *Local) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) 
 }
 
 // Status implements nodeapi.Node.
-func (l *Local) Status(ctx context.Context) (api.NodeStatus, error) {
+func (l *Side) Status(ctx context.Context) (api.NodeStatus, error) {
 	st, err := l.N.Status(ctx)
 	if err == nil {
 		st.Runsc = l.N.RunscBuilds(ctx)
@@ -164,7 +165,7 @@ func (l *Local) Status(ctx context.Context) (api.NodeStatus, error) {
 // has not got, and the master then sends it. The node in the master's
 // process shares the master's store, whose row already names the tree.
 // Then it makes a warm template's image.
-func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
+func (l *Side) PrepareTemplate(ctx context.Context, t api.Template) error {
 	if l.OwnTemplates {
 		if !rootfs.ValidDigest(t.Digest) {
 			return errdefs.Mark(errdefs.ErrBadInput, fmt.Errorf("template %s: digest %q is not sha256:<64 hex digits>", t.Name, t.Digest))
@@ -195,7 +196,7 @@ func (l *Local) PrepareTemplate(ctx context.Context, t api.Template) error {
 // PutRootfs implements Node: the tree goes into the node's cache if its
 // stream hashes to digest (rootfs.Cache.Put, which also refuses what
 // could escape the tree).
-func (l *Local) PutRootfs(ctx context.Context, digest string, tar io.Reader) error {
+func (l *Side) PutRootfs(ctx context.Context, digest string, tar io.Reader) error {
 	if !l.OwnTemplates {
 		// The master's own node reads the master's trees where they are.
 		return nil
@@ -214,7 +215,7 @@ func (l *Local) PutRootfs(ctx context.Context, digest string, tar io.Reader) err
 
 // DropTemplate implements nodeapi.Node. A rootfs no other template of the node
 // uses goes with it.
-func (l *Local) DropTemplate(ctx context.Context, name string) error {
+func (l *Side) DropTemplate(ctx context.Context, name string) error {
 	l.N.DropWarm(name)
 	if !l.OwnTemplates {
 		return nil
@@ -242,7 +243,7 @@ func (l *Local) DropTemplate(ctx context.Context, name string) error {
 }
 
 // wire is a sandbox row as the API shows it.
-func (l *Local) wire(sb store.Sandbox) api.Sandbox {
+func (l *Side) wire(sb store.Sandbox) api.Sandbox {
 	return api.Sandbox{
 		ID: sb.ID, Name: sb.Name, Template: sb.Template, Node: sb.Node, Backend: sb.Backend,
 		Tier: sb.Tier, Transition: sb.Transition, Address: l.N.Address(sb),
@@ -266,12 +267,12 @@ func moving(sb store.Sandbox) string {
 }
 
 // MoveOut implements nodeapi.Node.
-func (l *Local) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) error {
+func (l *Side) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) error {
 	return l.N.MoveOut(ctx, id, gen, w)
 }
 
 // MoveIn implements nodeapi.Node.
-func (l *Local) MoveIn(ctx context.Context, gen int64, r io.Reader) (api.Sandbox, error) {
+func (l *Side) MoveIn(ctx context.Context, gen int64, r io.Reader) (api.Sandbox, error) {
 	sb, err := l.N.MoveIn(ctx, gen, r)
 	if err != nil {
 		return api.Sandbox{}, err
@@ -280,7 +281,7 @@ func (l *Local) MoveIn(ctx context.Context, gen int64, r io.Reader) (api.Sandbox
 }
 
 // MoveCommit implements nodeapi.Node.
-func (l *Local) MoveCommit(ctx context.Context, id string, gen int64) (api.Sandbox, error) {
+func (l *Side) MoveCommit(ctx context.Context, id string, gen int64) (api.Sandbox, error) {
 	sb, err := l.N.MoveCommit(ctx, id, gen)
 	if err != nil {
 		return api.Sandbox{}, err
@@ -289,17 +290,17 @@ func (l *Local) MoveCommit(ctx context.Context, id string, gen int64) (api.Sandb
 }
 
 // MoveAbort implements nodeapi.Node.
-func (l *Local) MoveAbort(ctx context.Context, id string, gen int64) error {
+func (l *Side) MoveAbort(ctx context.Context, id string, gen int64) error {
 	return l.N.MoveAbort(ctx, id, gen)
 }
 
 // ServeEnvd implements nodeapi.Node.
-func (l *Local) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+func (l *Side) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
 	return l.N.ServeEnvd(w, r, id, path)
 }
 
 // Fence implements nodeapi.Node.
-func (l *Local) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
+func (l *Side) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
 	ids, err := l.N.Fence(ctx, req.Generation, req.Keep, req.InFlight)
 	return nodeapi.FenceResult{Retired: append([]string{}, ids...)}, err
 }
@@ -311,7 +312,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // where it was started, restored or stopped), then with Follow what is
 // appended, until ctx ends or the sandbox is deleted. w is flushed after
 // each write if it can be (http.Flusher).
-func (l *Local) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w io.Writer) error {
+func (l *Side) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w io.Writer) error {
 	sb, err := l.N.Get(ctx, id)
 	if err != nil {
 		return err
@@ -431,7 +432,7 @@ func lineStart(path string, off int64) int64 {
 // Watch implements Node: the node's events hub is what it reports; each
 // event is followed by the sandbox it concerns read afresh, so a report
 // is never older than the change it follows.
-func (l *Local) Watch(ctx context.Context, send func(nodeapi.Report) error) error {
+func (l *Side) Watch(ctx context.Context, send func(nodeapi.Report) error) error {
 	if l.Events == nil {
 		return errdefs.Mark(errdefs.ErrNotSupported, errors.New("this node keeps no event hub to report from"))
 	}

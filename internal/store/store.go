@@ -624,7 +624,7 @@ func isConstraint(err error) bool {
 // process has no row).
 type Node struct {
 	Name     string
-	Address  string // host:port of its seam (nodeapi.Server)
+	Address  string // host:port of its seam (nodeapi/remote.Server)
 	PairedAt time.Time
 	// Draining: it takes no new sandboxes (its own are being moved off:
 	// node drain).

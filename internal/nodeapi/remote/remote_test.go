@@ -1,4 +1,4 @@
-package nodeapi
+package remote
 
 import (
 	"bytes"
@@ -22,6 +22,7 @@ import (
 
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
+	"sandstorm/internal/nodeapi"
 
 	"sandstorm/api"
 	"sandstorm/internal/pki"
@@ -33,18 +34,18 @@ type fake struct {
 	mu        sync.Mutex
 	boxes     map[string]api.Sandbox
 	templates map[string]api.Template
-	logs      chan string      // what Logs writes, until closed
-	rootfs    map[string]int64 // digest → bytes received
-	reports   chan Report      // what Watch sends after its full report
-	fences    []FenceRequest   // what Fence was asked
+	logs      chan string            // what Logs writes, until closed
+	rootfs    map[string]int64       // digest → bytes received
+	reports   chan nodeapi.Report    // what Watch sends after its full report
+	fences    []nodeapi.FenceRequest // what Fence was asked
 }
 
 func newFake() *fake {
-	return &fake{boxes: map[string]api.Sandbox{}, templates: map[string]api.Template{}, logs: make(chan string, 8), rootfs: map[string]int64{}, reports: make(chan Report, 8)}
+	return &fake{boxes: map[string]api.Sandbox{}, templates: map[string]api.Template{}, logs: make(chan string, 8), rootfs: map[string]int64{}, reports: make(chan nodeapi.Report, 8)}
 }
 
 func (f *fake) Name() string { return "fake" }
-func (f *fake) Create(_ context.Context, req CreateRequest) (api.Sandbox, error) {
+func (f *fake) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.templates[req.Template.Name]; !ok {
@@ -89,21 +90,21 @@ func (f *fake) Delete(ctx context.Context, id string) error {
 	f.mu.Unlock()
 	return nil
 }
-func (f *fake) Transition(ctx context.Context, id string, op Op) (api.Sandbox, error) {
+func (f *fake) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
 	sb, err := f.Get(ctx, id)
 	if err != nil {
 		return sb, err
 	}
-	if op == Freeze && sb.Tier != api.TierHot {
+	if op == nodeapi.Freeze && sb.Tier != api.TierHot {
 		return sb, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("conflict: sandbox %s is %s", sb.Name, sb.Tier))
 	}
-	sb.Tier = map[Op]api.Tier{Freeze: api.TierFrozen, Snapshot: api.TierSnapshot, Detach: api.TierDetached, Wake: api.TierHot}[op]
+	sb.Tier = map[nodeapi.Op]api.Tier{nodeapi.Freeze: api.TierFrozen, nodeapi.Snapshot: api.TierSnapshot, nodeapi.Detach: api.TierDetached, nodeapi.Wake: api.TierHot}[op]
 	f.mu.Lock()
 	f.boxes[sb.Name] = sb
 	f.mu.Unlock()
 	return sb, nil
 }
-func (f *fake) Clone(ctx context.Context, id string, req CloneRequest) (api.CloneResult, error) {
+func (f *fake) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {
 	p, err := f.Get(ctx, id)
 	if err != nil {
 		return api.CloneResult{}, err
@@ -118,7 +119,7 @@ func (f *fake) Clone(ctx context.Context, id string, req CloneRequest) (api.Clon
 	}
 	return res, nil
 }
-func (f *fake) Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error {
+func (f *fake) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w io.Writer) error {
 	if _, err := f.Get(ctx, id); err != nil {
 		return err
 	}
@@ -183,9 +184,9 @@ func (f *fake) PutRootfs(_ context.Context, digest string, r io.Reader) error {
 	f.mu.Unlock()
 	return nil
 }
-func (f *fake) Watch(ctx context.Context, send func(Report) error) error {
+func (f *fake) Watch(ctx context.Context, send func(nodeapi.Report) error) error {
 	all, _ := f.List(ctx)
-	if err := send(Report{Full: true, Sandboxes: all}); err != nil {
+	if err := send(nodeapi.Report{Full: true, Sandboxes: all}); err != nil {
 		return err
 	}
 	for {
@@ -199,11 +200,11 @@ func (f *fake) Watch(ctx context.Context, send func(Report) error) error {
 		}
 	}
 }
-func (f *fake) Fence(_ context.Context, req FenceRequest) (FenceResult, error) {
+func (f *fake) Fence(_ context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
 	f.mu.Lock()
 	f.fences = append(f.fences, req)
 	f.mu.Unlock()
-	return FenceResult{Retired: []string{}}, nil
+	return nodeapi.FenceResult{Retired: []string{}}, nil
 }
 func (f *fake) MoveOut(_ context.Context, id string, gen int64, w io.Writer) error {
 	if id == "busy" {
@@ -241,7 +242,7 @@ func (f *fake) DropTemplate(_ context.Context, name string) error {
 
 // pair serves n over mutual TLS from a fresh CA and returns a Client of it
 // with the master's certificate, the CA and the server's address.
-func pair(t *testing.T, n Node) (*Client, *pki.CA, string) {
+func pair(t *testing.T, n nodeapi.Node) (*Client, *pki.CA, string) {
 	t.Helper()
 	ca, err := pki.EnsureCA(t.TempDir())
 	if err != nil {
@@ -282,7 +283,7 @@ func TestRemoteRoundTrip(t *testing.T) {
 	if err := c.PrepareTemplate(ctx, tmpl); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "one", Principal: "agent.one"})
+	sb, err := c.Create(ctx, nodeapi.CreateRequest{Template: tmpl, Name: "one", Principal: "agent.one"})
 	if err != nil || sb.ID != "id-one" || sb.Principal != "agent.one" || sb.Tier != api.TierHot {
 		t.Fatalf("create: %+v %v", sb, err)
 	}
@@ -293,12 +294,12 @@ func TestRemoteRoundTrip(t *testing.T) {
 		msg  string
 	}{
 		{"unknown template", func() error {
-			_, err := c.Create(ctx, CreateRequest{Template: api.Template{Name: "nope"}, Name: "x"})
+			_, err := c.Create(ctx, nodeapi.CreateRequest{Template: api.Template{Name: "nope"}, Name: "x"})
 			return err
 		}(), errdefs.ErrNotFound, `template "nope": not found`},
-		{"name taken", func() error { _, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "one"}); return err }(), errdefs.ErrExists, `sandbox "one": already exists`},
+		{"name taken", func() error { _, err := c.Create(ctx, nodeapi.CreateRequest{Template: tmpl, Name: "one"}); return err }(), errdefs.ErrExists, `sandbox "one": already exists`},
 		{"no memory", func() error {
-			_, err := c.Create(ctx, CreateRequest{Template: tmpl, Name: "big", MemoryMiB: 4096})
+			_, err := c.Create(ctx, nodeapi.CreateRequest{Template: tmpl, Name: "big", MemoryMiB: 4096})
 			return err
 		}(), errdefs.ErrNoRoom, "node short on memory"},
 		{"unknown sandbox", func() error { _, err := c.Get(ctx, "ghost"); return err }(), errdefs.ErrNotFound, `sandbox "ghost": not found`},
@@ -308,13 +309,13 @@ func TestRemoteRoundTrip(t *testing.T) {
 			t.Errorf("%s: err = %v, want %v saying %q", tc.what, tc.err, tc.kind, tc.msg)
 		}
 	}
-	if sb, err := c.Transition(ctx, "one", Freeze); err != nil || sb.Tier != api.TierFrozen {
+	if sb, err := c.Transition(ctx, "one", nodeapi.Freeze); err != nil || sb.Tier != api.TierFrozen {
 		t.Errorf("freeze: %+v %v", sb, err)
 	}
-	if _, err := c.Transition(ctx, "one", Freeze); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "is frozen") {
+	if _, err := c.Transition(ctx, "one", nodeapi.Freeze); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "is frozen") {
 		t.Errorf("freeze of a frozen one: %v", err)
 	}
-	if sb, err := c.Transition(ctx, "id-one", Wake); err != nil || sb.Tier != api.TierHot {
+	if sb, err := c.Transition(ctx, "id-one", nodeapi.Wake); err != nil || sb.Tier != api.TierHot {
 		t.Errorf("wake: %+v %v", sb, err)
 	}
 	if l, err := c.List(ctx); err != nil || len(l) != 1 || l[0].Name != "one" {
@@ -360,16 +361,16 @@ func TestRemoteClonePartial(t *testing.T) {
 	c, _, _ := pair(t, f)
 	ctx := context.Background()
 	f.templates["web"] = api.Template{Name: "web"}
-	c.Create(ctx, CreateRequest{Template: api.Template{Name: "web"}, Name: "p"})
-	res, err := c.Clone(ctx, "p", CloneRequest{CloneRequest: api.CloneRequest{Count: 2}})
+	c.Create(ctx, nodeapi.CreateRequest{Template: api.Template{Name: "web"}, Name: "p"})
+	res, err := c.Clone(ctx, "p", nodeapi.CloneRequest{CloneRequest: api.CloneRequest{Count: 2}})
 	if err != nil || len(res.Children) != 2 || res.ParentPauseMs != 50 || res.Parent.Name != "p" {
 		t.Fatalf("clone of 2: %+v %v", res, err)
 	}
-	res, err = c.Clone(ctx, "p", CloneRequest{CloneRequest: api.CloneRequest{Count: 5}})
+	res, err = c.Clone(ctx, "p", nodeapi.CloneRequest{CloneRequest: api.CloneRequest{Count: 5}})
 	if !errors.Is(err, errdefs.ErrNoRoom) || len(res.Children) != 2 || res.Children[1].Name != "p-2" {
 		t.Fatalf("clone stopped at 3: %+v %v", res, err)
 	}
-	if _, err := c.Clone(ctx, "ghost", CloneRequest{CloneRequest: api.CloneRequest{Count: 1}}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := c.Clone(ctx, "ghost", nodeapi.CloneRequest{CloneRequest: api.CloneRequest{Count: 1}}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("clone of an unknown sandbox: %v", err)
 	}
 }
@@ -405,11 +406,11 @@ func TestRemoteLogsFollow(t *testing.T) {
 	f := newFake()
 	c, _, _ := pair(t, f)
 	f.templates["web"] = api.Template{Name: "web"}
-	c.Create(context.Background(), CreateRequest{Template: api.Template{Name: "web"}, Name: "l"})
+	c.Create(context.Background(), nodeapi.CreateRequest{Template: api.Template{Name: "web"}, Name: "l"})
 	ctx, cancel := context.WithCancel(context.Background())
 	rec := &flushRecorder{got: make(chan struct{}, 1)}
 	done := make(chan error, 1)
-	go func() { done <- c.Logs(ctx, "l", LogOptions{Follow: true}, rec) }()
+	go func() { done <- c.Logs(ctx, "l", nodeapi.LogOptions{Follow: true}, rec) }()
 	f.logs <- "first line\n"
 	select {
 	case <-rec.got:
@@ -428,7 +429,7 @@ func TestRemoteLogsFollow(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a followed log did not end when its caller went away")
 	}
-	if err := c.Logs(context.Background(), "ghost", LogOptions{}, io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := c.Logs(context.Background(), "ghost", nodeapi.LogOptions{}, io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("logs of an unknown sandbox: %v", err)
 	}
 }
@@ -483,16 +484,16 @@ func TestRemoteWatch(t *testing.T) {
 	f.boxes["a"] = api.Sandbox{ID: "id-a", Name: "a", Tier: api.TierHot}
 	c, _, _ := pair(t, f)
 	c.Silence = 300 * time.Millisecond
-	got := make(chan Report, 8)
+	got := make(chan nodeapi.Report, 8)
 	done := make(chan error, 1)
 	go func() {
-		done <- c.Watch(context.Background(), func(r Report) error { got <- r; return nil })
+		done <- c.Watch(context.Background(), func(r nodeapi.Report) error { got <- r; return nil })
 	}()
 	if r := <-got; !r.Full || len(r.Sandboxes) != 1 || r.Sandboxes[0].ID != "id-a" {
 		t.Fatalf("first report: %+v", r)
 	}
 	frozen := api.Sandbox{ID: "id-a", Name: "a", Tier: api.TierFrozen}
-	f.reports <- Report{Event: &events.Event{Kind: events.Transition, ID: "id-a", To: "frozen"}, Sandbox: &frozen}
+	f.reports <- nodeapi.Report{Event: &events.Event{Kind: events.Transition, ID: "id-a", To: "frozen"}, Sandbox: &frozen}
 	if r := <-got; r.Event == nil || r.Event.Kind != events.Transition || r.Sandbox == nil || r.Sandbox.Tier != api.TierFrozen {
 		t.Fatalf("a change: %+v", r)
 	}
@@ -530,7 +531,7 @@ func TestLateCallIsRefused(t *testing.T) {
 	}
 	soon, cancel2 := context.WithTimeout(ctx, time.Minute)
 	defer cancel2()
-	if _, err := c.Create(soon, CreateRequest{Template: api.Template{Name: "t"}, Name: "ontime"}); err != nil {
+	if _, err := c.Create(soon, nodeapi.CreateRequest{Template: api.Template{Name: "t"}, Name: "ontime"}); err != nil {
 		t.Errorf("a create within its deadline: %v", err)
 	}
 }
@@ -542,7 +543,7 @@ func TestLateCallIsRefused(t *testing.T) {
 func TestEnvdIsForwarded(t *testing.T) {
 	f := newFake()
 	f.templates["web"] = api.Template{Name: "web"}
-	if _, err := f.Create(context.Background(), CreateRequest{Name: "a", Template: api.Template{Name: "web"}}); err != nil {
+	if _, err := f.Create(context.Background(), nodeapi.CreateRequest{Name: "a", Template: api.Template{Name: "web"}}); err != nil {
 		t.Fatal(err)
 	}
 	c, _, _ := pair(t, f)

@@ -1,6 +1,7 @@
-package nodeapi
+package remote
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,264 +20,8 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/nodeapi"
 )
-
-// The seam over the network: Server is a node's end (an http.Handler the
-// node serves to its master only: mutual TLS with certificates from the
-// master's CA, internal/pki), Client the master's. Requests and answers
-// are the wire types of Node, as JSON; errors are api.Error with the codes
-// of errdefs.Table, which Client turns back into their kinds.
-
-// maxBody bounds a request's JSON body on the node.
-const maxBody = 1 << 20
-
-// Server serves n to a master.
-func Server(n Node) http.Handler {
-	mux := http.NewServeMux()
-	h := func(pattern string, f func(w http.ResponseWriter, r *http.Request) error) {
-		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			if err := pastDeadline(r); err != nil {
-				writeError(w, err)
-				return
-			}
-			if err := f(w, r); err != nil {
-				writeError(w, err)
-			}
-		})
-	}
-	h("GET /node/v1/status", func(w http.ResponseWriter, r *http.Request) error {
-		st, err := n.Status(r.Context())
-		return reply(w, http.StatusOK, st, err)
-	})
-	h("POST /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
-		var req CreateRequest
-		if err := readJSON(r, &req); err != nil {
-			return err
-		}
-		sb, err := n.Create(r.Context(), req)
-		return reply(w, http.StatusCreated, sb, err)
-	})
-	h("GET /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
-		all, err := n.List(r.Context())
-		return reply(w, http.StatusOK, api.List[api.Sandbox]{Items: append([]api.Sandbox{}, all...)}, err)
-	})
-	h("GET /node/v1/sandboxes/{ref}", func(w http.ResponseWriter, r *http.Request) error {
-		sb, err := n.Get(r.Context(), r.PathValue("ref"))
-		return reply(w, http.StatusOK, sb, err)
-	})
-	h("DELETE /node/v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
-		if err := n.Delete(r.Context(), r.PathValue("id")); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	})
-	h("POST /node/v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) error {
-		if r.PathValue("op") == "clone" {
-			var req CloneRequest
-			if err := readJSON(r, &req); err != nil {
-				return err
-			}
-			res, err := n.Clone(r.Context(), r.PathValue("id"), req)
-			if err != nil && len(res.Children) > 0 {
-				return writeJSON(w, http.StatusMultiStatus, partialClone{Result: res, Error: wireError(err)})
-			}
-			return reply(w, http.StatusCreated, res, err)
-		}
-		op, ok := ParseOp(r.PathValue("op"))
-		if !ok {
-			return fmt.Errorf("%w: no transition %q", errdefs.ErrBadInput, r.PathValue("op"))
-		}
-		sb, err := n.Transition(r.Context(), r.PathValue("id"), op)
-		return reply(w, http.StatusOK, sb, err)
-	})
-	h("GET /node/v1/sandboxes/{id}/logs", func(w http.ResponseWriter, r *http.Request) error {
-		q := r.URL.Query()
-		opt := LogOptions{Follow: q.Get("follow") == "1", Timestamps: q.Get("timestamps") == "1"}
-		// Written through a writer that sends the status line with the
-		// first byte, so an error found before any (an unknown sandbox)
-		// is still an error answer.
-		lw := &lazyWriter{w: w}
-		err := n.Logs(r.Context(), r.PathValue("id"), opt, lw)
-		if err != nil && !lw.started {
-			return err
-		}
-		return nil
-	})
-	h("PUT /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
-		var t api.Template
-		if err := readJSON(r, &t); err != nil {
-			return err
-		}
-		if t.Name != r.PathValue("name") {
-			return fmt.Errorf("%w: template %q sent to /templates/%s", errdefs.ErrBadInput, t.Name, r.PathValue("name"))
-		}
-		if err := n.PrepareTemplate(r.Context(), t); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	})
-	h("POST /node/v1/fence", func(w http.ResponseWriter, r *http.Request) error {
-		var req FenceRequest
-		if err := readJSON(r, &req); err != nil {
-			return err
-		}
-		res, err := n.Fence(r.Context(), req)
-		return reply(w, http.StatusOK, res, err)
-	})
-	mux.HandleFunc("/node/v1/sandboxes/{id}/envd/{path...}", func(w http.ResponseWriter, r *http.Request) {
-		if err := pastDeadline(r); err != nil {
-			writeError(w, err)
-			return
-		}
-		if err := n.ServeEnvd(w, r, r.PathValue("id"), "/"+r.PathValue("path")); err != nil {
-			writeError(w, err)
-		}
-	})
-	h("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
-		return serveWatch(n, w, r)
-	})
-	h("PUT /node/v1/rootfs/{digest}", func(w http.ResponseWriter, r *http.Request) error {
-		// The body is the tarball, streamed: its bound is the rootfs
-		// extraction's own (rootfs.Limits), not maxBody.
-		if err := n.PutRootfs(r.Context(), r.PathValue("digest"), r.Body); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	})
-	h("GET /node/v1/sandboxes/{id}/move-out", func(w http.ResponseWriter, r *http.Request) error {
-		gen, err := generation(r)
-		if err != nil {
-			return err
-		}
-		// The status goes with the first byte: an error before any (a
-		// sandbox that cannot leave) is an error answer; one after cuts
-		// the stream, which the other end then finds incomplete.
-		lw := &lazyWriter{w: w, contentType: "application/x-tar"}
-		if err := n.MoveOut(r.Context(), r.PathValue("id"), gen, lw); err != nil && !lw.started {
-			return err
-		}
-		return nil
-	})
-	h("PUT /node/v1/move-in", func(w http.ResponseWriter, r *http.Request) error {
-		gen, err := generation(r)
-		if err != nil {
-			return err
-		}
-		// The body is the move stream: its bounds are its manifest's,
-		// checked as it is written (node.MoveIn), not maxBody.
-		sb, err := n.MoveIn(r.Context(), gen, r.Body)
-		return reply(w, http.StatusCreated, sb, err)
-	})
-	h("POST /node/v1/sandboxes/{id}/move-commit", func(w http.ResponseWriter, r *http.Request) error {
-		gen, err := generation(r)
-		if err != nil {
-			return err
-		}
-		sb, err := n.MoveCommit(r.Context(), r.PathValue("id"), gen)
-		return reply(w, http.StatusOK, sb, err)
-	})
-	h("POST /node/v1/sandboxes/{id}/move-abort", func(w http.ResponseWriter, r *http.Request) error {
-		gen, err := generation(r)
-		if err != nil {
-			return err
-		}
-		if err := n.MoveAbort(r.Context(), r.PathValue("id"), gen); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	})
-	h("DELETE /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
-		if err := n.DropTemplate(r.Context(), r.PathValue("name")); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	})
-	return mux
-}
-
-type partialClone struct {
-	Result api.CloneResult `json:"result"`
-	Error  api.Error       `json:"error"`
-}
-
-func readJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: malformed JSON body: %v", errdefs.ErrBadInput, err)
-	}
-	return nil
-}
-
-func reply(w http.ResponseWriter, status int, v any, err error) error {
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, status, v)
-}
-
-// WriteJSON answers v as JSON with status.
-func WriteJSON(w http.ResponseWriter, status int, v any) error { return writeJSON(w, status, v) }
-
-func writeJSON(w http.ResponseWriter, status int, v any) error {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	return json.NewEncoder(w).Encode(v)
-}
-
-// wireError is err as the seam's error body (errdefs.Table).
-func wireError(err error) api.Error {
-	_, e := errdefs.ToWire(err)
-	return e
-}
-
-func writeError(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }
-
-// generation is a move call's ?generation=, a positive number.
-func generation(r *http.Request) (int64, error) {
-	g, err := strconv.ParseInt(r.URL.Query().Get("generation"), 10, 64)
-	if err != nil || g <= 0 {
-		return 0, errdefs.New(errdefs.ErrBadInput, "a move call needs ?generation=<its move's generation>")
-	}
-	return g, nil
-}
-
-// lazyWriter writes the 200 and its header with the first byte, and
-// flushes after every write.
-type lazyWriter struct {
-	w           http.ResponseWriter
-	started     bool
-	contentType string // "": text
-}
-
-func (l *lazyWriter) start() {
-	if !l.started {
-		l.started = true
-		ct := l.contentType
-		if ct == "" {
-			ct = "text/plain; charset=utf-8"
-		}
-		l.w.Header().Set("Content-Type", ct)
-		l.w.WriteHeader(http.StatusOK)
-	}
-}
-
-func (l *lazyWriter) Write(b []byte) (int, error) {
-	l.start()
-	return l.w.Write(b)
-}
-
-func (l *lazyWriter) Flush() {
-	l.start()
-	if f, ok := l.w.(http.Flusher); ok {
-		f.Flush()
-	}
-}
 
 // Client is a node over the network.
 type Client struct {
@@ -287,7 +32,7 @@ type Client struct {
 	// HTTP carries the requests; its transport has the master's client
 	// certificate and trusts the CA the node's certificate is from.
 	HTTP *http.Client
-	// Silence is how long Watch waits for a report (0: SilenceLimit).
+	// Silence is how long Watch waits for a report (0: nodeapi.SilenceLimit).
 	Silence time.Duration
 
 	certMu   sync.Mutex
@@ -295,9 +40,9 @@ type Client struct {
 	tunnel   bool      // the node dials in: its certificate is a client one
 }
 
-var _ Node = (*Client)(nil)
+var _ nodeapi.Node = (*Client)(nil)
 
-// Name implements Node.
+// Name implements nodeapi.Node.
 func (c *Client) Name() string { return c.NodeName }
 
 // NewClient is a client of node name at base over hc; tunnel says the node
@@ -402,13 +147,10 @@ func (c *Client) sendWith(hc *http.Client, req *http.Request) (*http.Response, e
 	}
 	err = errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
 	if !wrote.Load() {
-		err = errdefs.Mark(ErrNotSent, err)
+		err = errdefs.Mark(nodeapi.ErrNotSent, err)
 	}
 	return nil, err
 }
-
-// ErrNotSent marks (with errdefs.ErrUnavailable) a call that never reached the node.
-var ErrNotSent = errors.New("not sent")
 
 // readError turns an error answer back into an error of its kind
 // (errdefs.FromWire), so errors.Is works on the master's side.
@@ -421,37 +163,37 @@ func readError(resp *http.Response) error {
 	return errdefs.FromWire(resp.StatusCode, e)
 }
 
-// Create implements Node.
-func (c *Client) Create(ctx context.Context, req CreateRequest) (api.Sandbox, error) {
+// Create implements nodeapi.Node.
+func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
 	var sb api.Sandbox
 	return sb, c.do(ctx, http.MethodPost, "/node/v1/sandboxes", req, &sb, http.StatusCreated)
 }
 
-// Get implements Node.
+// Get implements nodeapi.Node.
 func (c *Client) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	var sb api.Sandbox
 	return sb, c.do(ctx, http.MethodGet, "/node/v1/sandboxes/"+url.PathEscape(ref), nil, &sb, http.StatusOK)
 }
 
-// List implements Node.
+// List implements nodeapi.Node.
 func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
 	var l api.List[api.Sandbox]
 	return l.Items, c.do(ctx, http.MethodGet, "/node/v1/sandboxes", nil, &l, http.StatusOK)
 }
 
-// Delete implements Node.
+// Delete implements nodeapi.Node.
 func (c *Client) Delete(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/node/v1/sandboxes/"+url.PathEscape(id), nil, nil, http.StatusNoContent)
 }
 
-// Transition implements Node.
-func (c *Client) Transition(ctx context.Context, id string, op Op) (api.Sandbox, error) {
+// Transition implements nodeapi.Node.
+func (c *Client) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
 	var sb api.Sandbox
 	return sb, c.do(ctx, http.MethodPost, "/node/v1/sandboxes/"+url.PathEscape(id)+"/"+string(op), nil, &sb, http.StatusOK)
 }
 
-// Clone implements Node.
-func (c *Client) Clone(ctx context.Context, id string, req CloneRequest) (api.CloneResult, error) {
+// Clone implements nodeapi.Node.
+func (c *Client) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {
 	b, _ := json.Marshal(req)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+"/node/v1/sandboxes/"+url.PathEscape(id)+"/clone", bytes.NewReader(b))
 	if err != nil {
@@ -510,8 +252,8 @@ func (c *Client) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path stri
 	return nil
 }
 
-// Logs implements Node.
-func (c *Client) Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error {
+// Logs implements nodeapi.Node.
+func (c *Client) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w io.Writer) error {
 	q := url.Values{}
 	if opt.Follow {
 		q.Set("follow", "1")
@@ -553,13 +295,13 @@ func (c *Client) Logs(ctx context.Context, id string, opt LogOptions, w io.Write
 	}
 }
 
-// Status implements Node.
+// Status implements nodeapi.Node.
 func (c *Client) Status(ctx context.Context) (api.NodeStatus, error) {
 	var st api.NodeStatus
 	return st, c.do(ctx, http.MethodGet, "/node/v1/status", nil, &st, http.StatusOK)
 }
 
-// PrepareTemplate implements Node.
+// PrepareTemplate implements nodeapi.Node.
 func (c *Client) PrepareTemplate(ctx context.Context, t api.Template) error {
 	return c.do(ctx, http.MethodPut, "/node/v1/templates/"+url.PathEscape(t.Name), t, nil, http.StatusNoContent)
 }
@@ -582,13 +324,13 @@ func (c *Client) PutRootfs(ctx context.Context, digest string, tar io.Reader) er
 	return nil
 }
 
-// Fence implements Node.
-func (c *Client) Fence(ctx context.Context, req FenceRequest) (FenceResult, error) {
-	var res FenceResult
+// Fence implements nodeapi.Node.
+func (c *Client) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
+	var res nodeapi.FenceResult
 	return res, c.do(ctx, http.MethodPost, "/node/v1/fence", req, &res, http.StatusOK)
 }
 
-// DropTemplate implements Node.
+// DropTemplate implements nodeapi.Node.
 func (c *Client) DropTemplate(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/node/v1/templates/"+url.PathEscape(name), nil, nil, http.StatusNoContent)
 }
@@ -633,13 +375,71 @@ func (c *Client) MoveIn(ctx context.Context, gen int64, r io.Reader) (api.Sandbo
 	return sb, json.NewDecoder(resp.Body).Decode(&sb)
 }
 
-// MoveCommit implements Node.
+// MoveCommit implements nodeapi.Node.
 func (c *Client) MoveCommit(ctx context.Context, id string, gen int64) (api.Sandbox, error) {
 	var sb api.Sandbox
 	return sb, c.do(ctx, http.MethodPost, "/node/v1/sandboxes/"+url.PathEscape(id)+"/move-commit?generation="+strconv.FormatInt(gen, 10), nil, &sb, http.StatusOK)
 }
 
-// MoveAbort implements Node.
+// MoveAbort implements nodeapi.Node.
 func (c *Client) MoveAbort(ctx context.Context, id string, gen int64) error {
 	return c.do(ctx, http.MethodPost, "/node/v1/sandboxes/"+url.PathEscape(id)+"/move-abort?generation="+strconv.FormatInt(gen, 10), nil, nil, http.StatusNoContent)
+}
+
+// Watch implements nodeapi.Node over the network. It returns when ctx ends, the
+// stream breaks, or the node is silent for SilenceLimit (a partition
+// leaves a TCP connection open with nothing on it), with why.
+func (c *Client) Watch(ctx context.Context, send func(nodeapi.Report) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/node/v1/watch", nil)
+	if err != nil {
+		return err
+	}
+	limit := c.Silence
+	if limit <= 0 {
+		limit = nodeapi.SilenceLimit
+	}
+	silent := time.AfterFunc(limit, func() {
+		cancel(fmt.Errorf("no report for %v", limit))
+	})
+	defer silent.Stop()
+	resp, err := c.stream().Do(req)
+	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			err = cause
+		}
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return readError(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	// A full report of thousands of sandboxes is one line.
+	sc.Buffer(make([]byte, 64<<10), 256<<20)
+	for sc.Scan() {
+		silent.Reset(limit)
+		var rep nodeapi.Report
+		if err := json.Unmarshal(sc.Bytes(), &rep); err != nil {
+			return fmt.Errorf("node %s: a report that is not JSON: %w", c.NodeName, err)
+		}
+		if err := send(rep); err != nil {
+			return err
+		}
+	}
+	err = sc.Err()
+	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+		err = cause
+	}
+	if err == nil {
+		err = errors.New("the node ended its reports")
+	}
+	return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
+}
+
+// stream is c's HTTP client for a request that lasts as long as it is
+// wanted (reports, followed logs): the same connections, no time limit.
+func (c *Client) stream() *http.Client {
+	return &http.Client{Transport: c.HTTP.Transport}
 }

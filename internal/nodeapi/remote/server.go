@@ -1,0 +1,297 @@
+// Package remote is the master↔node seam (internal/nodeapi) over the
+// network: Server is a node's end (an
+// http.Handler the node serves to its master only: mutual TLS with
+// certificates from the master's CA, internal/pki), Client the master's
+// (client.go). Requests and answers are the wire types of nodeapi.Node, as
+// JSON; errors are api.Error with the codes of errdefs.Table, which Client
+// turns back into their kinds. Both ends of the report stream (Watch) are
+// here too.
+package remote
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"sandstorm/api"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/nodeapi"
+)
+
+// maxBody bounds a request's JSON body on the node.
+const maxBody = 1 << 20
+
+// Server serves n to a master.
+func Server(n nodeapi.Node) http.Handler {
+	mux := http.NewServeMux()
+	h := func(pattern string, f func(w http.ResponseWriter, r *http.Request) error) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if err := pastDeadline(r); err != nil {
+				writeError(w, err)
+				return
+			}
+			if err := f(w, r); err != nil {
+				writeError(w, err)
+			}
+		})
+	}
+	h("GET /node/v1/status", func(w http.ResponseWriter, r *http.Request) error {
+		st, err := n.Status(r.Context())
+		return reply(w, http.StatusOK, st, err)
+	})
+	h("POST /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
+		var req nodeapi.CreateRequest
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		sb, err := n.Create(r.Context(), req)
+		return reply(w, http.StatusCreated, sb, err)
+	})
+	h("GET /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
+		all, err := n.List(r.Context())
+		return reply(w, http.StatusOK, api.List[api.Sandbox]{Items: append([]api.Sandbox{}, all...)}, err)
+	})
+	h("GET /node/v1/sandboxes/{ref}", func(w http.ResponseWriter, r *http.Request) error {
+		sb, err := n.Get(r.Context(), r.PathValue("ref"))
+		return reply(w, http.StatusOK, sb, err)
+	})
+	h("DELETE /node/v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := n.Delete(r.Context(), r.PathValue("id")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	h("POST /node/v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) error {
+		if r.PathValue("op") == "clone" {
+			var req nodeapi.CloneRequest
+			if err := readJSON(r, &req); err != nil {
+				return err
+			}
+			res, err := n.Clone(r.Context(), r.PathValue("id"), req)
+			if err != nil && len(res.Children) > 0 {
+				return writeJSON(w, http.StatusMultiStatus, partialClone{Result: res, Error: wireError(err)})
+			}
+			return reply(w, http.StatusCreated, res, err)
+		}
+		op, ok := nodeapi.ParseOp(r.PathValue("op"))
+		if !ok {
+			return fmt.Errorf("%w: no transition %q", errdefs.ErrBadInput, r.PathValue("op"))
+		}
+		sb, err := n.Transition(r.Context(), r.PathValue("id"), op)
+		return reply(w, http.StatusOK, sb, err)
+	})
+	h("GET /node/v1/sandboxes/{id}/logs", func(w http.ResponseWriter, r *http.Request) error {
+		q := r.URL.Query()
+		opt := nodeapi.LogOptions{Follow: q.Get("follow") == "1", Timestamps: q.Get("timestamps") == "1"}
+		// Written through a writer that sends the status line with the
+		// first byte, so an error found before any (an unknown sandbox)
+		// is still an error answer.
+		lw := &lazyWriter{w: w}
+		err := n.Logs(r.Context(), r.PathValue("id"), opt, lw)
+		if err != nil && !lw.started {
+			return err
+		}
+		return nil
+	})
+	h("PUT /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		var t api.Template
+		if err := readJSON(r, &t); err != nil {
+			return err
+		}
+		if t.Name != r.PathValue("name") {
+			return fmt.Errorf("%w: template %q sent to /templates/%s", errdefs.ErrBadInput, t.Name, r.PathValue("name"))
+		}
+		if err := n.PrepareTemplate(r.Context(), t); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	h("POST /node/v1/fence", func(w http.ResponseWriter, r *http.Request) error {
+		var req nodeapi.FenceRequest
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		res, err := n.Fence(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
+	})
+	mux.HandleFunc("/node/v1/sandboxes/{id}/envd/{path...}", func(w http.ResponseWriter, r *http.Request) {
+		if err := pastDeadline(r); err != nil {
+			writeError(w, err)
+			return
+		}
+		if err := n.ServeEnvd(w, r, r.PathValue("id"), "/"+r.PathValue("path")); err != nil {
+			writeError(w, err)
+		}
+	})
+	h("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
+		return serveWatch(n, w, r)
+	})
+	h("PUT /node/v1/rootfs/{digest}", func(w http.ResponseWriter, r *http.Request) error {
+		// The body is the tarball, streamed: its bound is the rootfs
+		// extraction's own (rootfs.Limits), not maxBody.
+		if err := n.PutRootfs(r.Context(), r.PathValue("digest"), r.Body); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	h("GET /node/v1/sandboxes/{id}/move-out", func(w http.ResponseWriter, r *http.Request) error {
+		gen, err := generation(r)
+		if err != nil {
+			return err
+		}
+		// The status goes with the first byte: an error before any (a
+		// sandbox that cannot leave) is an error answer; one after cuts
+		// the stream, which the other end then finds incomplete.
+		lw := &lazyWriter{w: w, contentType: "application/x-tar"}
+		if err := n.MoveOut(r.Context(), r.PathValue("id"), gen, lw); err != nil && !lw.started {
+			return err
+		}
+		return nil
+	})
+	h("PUT /node/v1/move-in", func(w http.ResponseWriter, r *http.Request) error {
+		gen, err := generation(r)
+		if err != nil {
+			return err
+		}
+		// The body is the move stream: its bounds are its manifest's,
+		// checked as it is written (node.MoveIn), not maxBody.
+		sb, err := n.MoveIn(r.Context(), gen, r.Body)
+		return reply(w, http.StatusCreated, sb, err)
+	})
+	h("POST /node/v1/sandboxes/{id}/move-commit", func(w http.ResponseWriter, r *http.Request) error {
+		gen, err := generation(r)
+		if err != nil {
+			return err
+		}
+		sb, err := n.MoveCommit(r.Context(), r.PathValue("id"), gen)
+		return reply(w, http.StatusOK, sb, err)
+	})
+	h("POST /node/v1/sandboxes/{id}/move-abort", func(w http.ResponseWriter, r *http.Request) error {
+		gen, err := generation(r)
+		if err != nil {
+			return err
+		}
+		if err := n.MoveAbort(r.Context(), r.PathValue("id"), gen); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	h("DELETE /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		if err := n.DropTemplate(r.Context(), r.PathValue("name")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	return mux
+}
+
+type partialClone struct {
+	Result api.CloneResult `json:"result"`
+	Error  api.Error       `json:"error"`
+}
+
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: malformed JSON body: %v", errdefs.ErrBadInput, err)
+	}
+	return nil
+}
+
+func reply(w http.ResponseWriter, status int, v any, err error) error {
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, status, v)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}
+
+// wireError is err as the seam's error body (errdefs.Table).
+func wireError(err error) api.Error {
+	_, e := errdefs.ToWire(err)
+	return e
+}
+
+func writeError(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }
+
+// generation is a move call's ?generation=, a positive number.
+func generation(r *http.Request) (int64, error) {
+	g, err := strconv.ParseInt(r.URL.Query().Get("generation"), 10, 64)
+	if err != nil || g <= 0 {
+		return 0, errdefs.New(errdefs.ErrBadInput, "a move call needs ?generation=<its move's generation>")
+	}
+	return g, nil
+}
+
+// lazyWriter writes the 200 and its header with the first byte, and
+// flushes after every write.
+type lazyWriter struct {
+	w           http.ResponseWriter
+	started     bool
+	contentType string // "": text
+}
+
+func (l *lazyWriter) start() {
+	if !l.started {
+		l.started = true
+		ct := l.contentType
+		if ct == "" {
+			ct = "text/plain; charset=utf-8"
+		}
+		l.w.Header().Set("Content-Type", ct)
+		l.w.WriteHeader(http.StatusOK)
+	}
+}
+
+func (l *lazyWriter) Write(b []byte) (int, error) {
+	l.start()
+	return l.w.Write(b)
+}
+
+func (l *lazyWriter) Flush() {
+	l.start()
+	if f, ok := l.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// serveWatch is the node's end of Watch over the network: one JSON
+// nodeapi.Report per line, flushed as it is written.
+func serveWatch(n nodeapi.Node, w http.ResponseWriter, r *http.Request) error {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		return errors.New("watch: the connection cannot stream")
+	}
+	started := false
+	enc := json.NewEncoder(w)
+	err := n.Watch(r.Context(), func(rep nodeapi.Report) error {
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+		}
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+		fl.Flush()
+		return nil
+	})
+	if err != nil && !started {
+		return err
+	}
+	return nil
+}
