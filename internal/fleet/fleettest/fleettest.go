@@ -5,11 +5,14 @@ package fleettest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -37,10 +40,38 @@ type Node struct {
 	// Envd holds the envd calls it was sent, as they arrived.
 	Envd []*http.Request
 	n    int
+	// trees are the rootfs digests it was sent (PutRootfs).
+	trees map[string]bool
+	// fence is the last fence's generation and in-flight set.
+	fence    int64
+	inFlight map[int64]bool
+	// watchers are the Watch calls running.
+	watchers map[chan nodeapi.Report]bool
 }
 
 // NewNode is an empty Node.
-func NewNode() *Node { return &Node{Boxes: map[string]api.Sandbox{}} }
+func NewNode() *Node {
+	return &Node{Boxes: map[string]api.Sandbox{}, trees: map[string]bool{}, watchers: map[chan nodeapi.Report]bool{}}
+}
+
+// report sends r to every Watch (f.mu held).
+func (f *Node) report(r nodeapi.Report) {
+	for ch := range f.watchers {
+		select {
+		case ch <- r:
+		default: // a watcher that cannot keep up gets all again on its next Watch
+		}
+	}
+}
+
+// changed reports sandbox id as it is now, or gone (f.mu held).
+func (f *Node) changed(id string) {
+	if sb, ok := f.Boxes[id]; ok {
+		f.report(nodeapi.Report{Sandbox: &sb})
+		return
+	}
+	f.report(nodeapi.Report{Gone: id})
+}
 
 func (f *Node) call(what string) error {
 	f.mu.Lock()
@@ -69,8 +100,13 @@ func (f *Node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 			return api.Sandbox{}, errdefs.New(errdefs.ErrExists, "sandbox %q: already exists", name)
 		}
 	}
-	sb := api.Sandbox{ID: "id-" + name, Name: name, Template: req.Template.Name, Node: "local", Tier: api.TierHot, MemoryMiB: req.MemoryMiB, Principal: req.Principal, CreatedAt: time.Now()}
+	if g := req.Generation; g > 0 && g <= f.fence && !f.inFlight[g] {
+		return api.Sandbox{}, errdefs.New(errdefs.ErrConflict, "this create (generation %d) was given up by the master (fenced at %d)", g, f.fence)
+	}
+	sb := api.Sandbox{ID: "id-" + name, Name: name, Template: req.Template.Name, Node: "local", Tier: api.TierHot, MemoryMiB: req.MemoryMiB,
+		Principal: req.Principal, CreatedAt: time.Now(), Generation: req.Generation}
 	f.Boxes[sb.ID] = sb
+	f.changed(sb.ID)
 	return sb, nil
 }
 
@@ -104,7 +140,11 @@ func (f *Node) Delete(_ context.Context, id string) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if _, ok := f.Boxes[id]; !ok {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
+	}
 	delete(f.Boxes, id)
+	f.changed(id)
 	return nil
 }
 
@@ -119,19 +159,98 @@ func (f *Node) Transition(_ context.Context, id string, op nodeapi.Op) (api.Sand
 	if !ok {
 		return sb, errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
 	}
+	if sb.LeftBehind {
+		return sb, errdefs.New(errdefs.ErrConflict, "sandbox %s was left behind on this node and does not run again", id)
+	}
 	sb.Tier = map[nodeapi.Op]api.Tier{nodeapi.Freeze: api.TierFrozen, nodeapi.Snapshot: api.TierSnapshot, nodeapi.Detach: api.TierDetached, nodeapi.Wake: api.TierHot}[op]
 	f.Boxes[id] = sb
+	f.changed(id)
 	return sb, nil
 }
 
 // Status implements nodeapi.Node.
 func (f *Node) Status(context.Context) (api.NodeStatus, error) {
-	return api.NodeStatus{Name: "local", State: "ready", MemAvailableMiB: 1000}, f.call("status")
+	return api.NodeStatus{Name: f.Name(), State: "ready", MemAvailableMiB: 1000}, f.call("status")
 }
 
 // PrepareTemplate implements nodeapi.Node.
 func (f *Node) PrepareTemplate(_ context.Context, t api.Template) error {
 	return f.call("prepare " + t.Name)
+}
+
+// PutRootfs implements nodeapi.Node: a tree is kept (by its digest) only
+// if what arrived hashes to it.
+func (f *Node) PutRootfs(_ context.Context, digest string, tar io.Reader) error {
+	if err := f.call("rootfs " + digest); err != nil {
+		return err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, tar); err != nil {
+		return err
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
+		return errdefs.New(errdefs.ErrBadInput, "the tree sent hashes to %s, not %s", got, digest)
+	}
+	f.mu.Lock()
+	f.trees[digest] = true
+	f.mu.Unlock()
+	return nil
+}
+
+// Watch implements nodeapi.Node: everything, then each change.
+func (f *Node) Watch(ctx context.Context, send func(nodeapi.Report) error) error {
+	ch := make(chan nodeapi.Report, 256)
+	f.mu.Lock()
+	f.watchers[ch] = true
+	var all []api.Sandbox
+	for _, b := range f.Boxes {
+		all = append(all, b)
+	}
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.watchers, ch)
+		f.mu.Unlock()
+	}()
+	st, _ := f.Status(ctx)
+	if err := send(nodeapi.Report{Full: true, Sandboxes: all, Status: &st}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case r := <-ch:
+			if err := send(r); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Fence implements nodeapi.Node, as the node's fence does (node.Fence):
+// what the master did not keep, up to its generation and not in flight,
+// is retired (here: deleted), and a create it gave up is refused.
+func (f *Node) Fence(_ context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
+	if err := f.call("fence"); err != nil {
+		return nodeapi.FenceResult{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fence = max(f.fence, req.Generation)
+	f.inFlight = map[int64]bool{}
+	for _, g := range req.InFlight {
+		f.inFlight[g] = true
+	}
+	res := nodeapi.FenceResult{Retired: []string{}}
+	for id, b := range f.Boxes {
+		if b.Generation <= req.Generation && !slices.Contains(req.Keep, id) && !f.inFlight[b.Generation] {
+			delete(f.Boxes, id)
+			f.changed(id)
+			res.Retired = append(res.Retired, id)
+		}
+	}
+	return res, nil
 }
 
 // DropTemplate implements nodeapi.Node.

@@ -1,0 +1,23 @@
+package fleettest
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"testing"
+
+	"sandstorm/api"
+	"sandstorm/internal/nodeapi/nodeapitest"
+)
+
+// TestContract: the master's tests' node in memory keeps the seam's
+// contract, so what those tests see is what a real node would answer.
+func TestContract(t *testing.T) {
+	tree := []byte("a tree")
+	sum := sha256.Sum256(tree)
+	nodeapitest.Run(t, func(t *testing.T) nodeapitest.Subject {
+		return nodeapitest.Subject{Node: NewNode(), Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
+			Rootfs: func() io.Reader { return bytes.NewReader(tree) }, Snapshots: true}
+	})
+}

@@ -1,0 +1,261 @@
+// Package nodeapitest is the contract of the master↔node seam
+// (internal/nodeapi), as one suite every implementation runs (issue 30):
+// the node's side (nodeside.Side over a real node, in the master's
+// process or behind remote.Server), remote.Client over the network, and
+// the master's tests' node in memory (fleettest.Node). What the master
+// relies on is said here once, so that a fake cannot drift from the real
+// node, nor the wire from either.
+package nodeapitest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/testenv"
+)
+
+// Subject is one implementation under test.
+type Subject struct {
+	Node nodeapi.Node
+	// Template is one the node can run. Its Digest names its rootfs; a
+	// node that lacks it answers PrepareTemplate with
+	// errdefs.ErrPrecondition until it is sent (PutRootfs).
+	Template api.Template
+	// Rootfs gives the template's tree as rootfs.Pack's tarball.
+	Rootfs func() io.Reader
+	// Snapshots: the node's runtime checkpoints (else a snapshot answers
+	// errdefs.ErrNotSupported).
+	Snapshots bool
+}
+
+// Run runs the contract against the subjects newSubject makes (one per
+// part, each with a node of its own or one whose sandboxes the parts
+// clean up).
+func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
+	t.Run("unknown sandbox", func(t *testing.T) { unknown(t, newSubject(t)) })
+	t.Run("template by digest", func(t *testing.T) { template(t, newSubject(t)) })
+	t.Run("lifecycle", func(t *testing.T) { lifecycle(t, newSubject(t)) })
+	t.Run("reports", func(t *testing.T) { reports(t, newSubject(t)) })
+	t.Run("fence", func(t *testing.T) { fence(t, newSubject(t)) })
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantKind(t *testing.T, what string, err, kind error) {
+	t.Helper()
+	if !errors.Is(err, kind) {
+		t.Errorf("%s: %v, want an error of kind %q", what, err, kind)
+	}
+}
+
+// unknown: every call naming a sandbox the node does not have says so.
+func unknown(t *testing.T, s Subject) {
+	ctx := ctxT(t)
+	if s.Node.Name() == "" {
+		t.Error("the node has no name")
+	}
+	_, err := s.Node.Get(ctx, "no-such-sandbox")
+	wantKind(t, "Get", err, errdefs.ErrNotFound)
+	wantKind(t, "Delete", s.Node.Delete(ctx, "no-such-sandbox"), errdefs.ErrNotFound)
+	_, err = s.Node.Transition(ctx, "no-such-sandbox", nodeapi.Wake)
+	wantKind(t, "Transition", err, errdefs.ErrNotFound)
+	if st, err := s.Node.Status(ctx); err != nil || st.Name != s.Node.Name() {
+		t.Errorf("Status: %+v, %v; want the node's own name", st, err)
+	}
+}
+
+// ready makes the subject's template ready, sending its rootfs if asked.
+func ready(t *testing.T, s Subject) {
+	t.Helper()
+	ctx := ctxT(t)
+	err := s.Node.PrepareTemplate(ctx, s.Template)
+	if errors.Is(err, errdefs.ErrPrecondition) {
+		if err := s.Node.PutRootfs(ctx, s.Template.Digest, s.Rootfs()); err != nil {
+			t.Fatalf("PutRootfs: %v", err)
+		}
+		err = s.Node.PrepareTemplate(ctx, s.Template)
+	}
+	if err != nil {
+		t.Fatalf("PrepareTemplate: %v", err)
+	}
+}
+
+// template: a node without the template's tree asks for it, refuses a
+// tree that does not hash to its digest, and takes the right one.
+func template(t *testing.T, s Subject) {
+	ctx := ctxT(t)
+	err := s.Node.PrepareTemplate(ctx, s.Template)
+	if err == nil {
+		return // the node had the tree already (a node in memory keeps none)
+	}
+	wantKind(t, "PrepareTemplate without the tree", err, errdefs.ErrPrecondition)
+	if err := s.Node.PutRootfs(ctx, s.Template.Digest, strings.NewReader("not the tree")); err == nil {
+		t.Error("PutRootfs of bytes that do not hash to the digest was taken")
+	}
+	wantKind(t, "PrepareTemplate after a bad tree", s.Node.PrepareTemplate(ctx, s.Template), errdefs.ErrPrecondition)
+	ready(t, s)
+}
+
+// lifecycle: a sandbox created hot, found by ID and name, listed, moved
+// through every tier and back, deleted.
+func lifecycle(t *testing.T, s Subject) {
+	ctx := ctxT(t)
+	ready(t, s)
+	sb, err := s.Node.Create(ctx, nodeapi.CreateRequest{Template: s.Template, Name: "contract-1", Principal: "contract-1"})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { s.Node.Delete(context.Background(), sb.ID) })
+	if sb.ID == "" || sb.Name != "contract-1" || sb.Tier != api.TierHot || sb.Template != s.Template.Name {
+		t.Errorf("Create answered %+v", sb)
+	}
+	for _, ref := range []string{sb.ID, sb.Name} {
+		if got, err := s.Node.Get(ctx, ref); err != nil || got.ID != sb.ID {
+			t.Errorf("Get(%q): %+v, %v", ref, got, err)
+		}
+	}
+	if all, err := s.Node.List(ctx); err != nil || !slices.ContainsFunc(all, func(b api.Sandbox) bool { return b.ID == sb.ID }) {
+		t.Errorf("List: %d sandboxes, %v; want the new one among them", len(all), err)
+	}
+	_, err = s.Node.Create(ctx, nodeapi.CreateRequest{Template: s.Template, Name: "contract-1"})
+	wantKind(t, "a second Create of the same name", err, errdefs.ErrExists)
+
+	steps := []struct {
+		op   nodeapi.Op
+		want api.Tier
+	}{{nodeapi.Freeze, api.TierFrozen}, {nodeapi.Wake, api.TierHot}, {nodeapi.Snapshot, api.TierSnapshot}, {nodeapi.Wake, api.TierHot},
+		{nodeapi.Detach, api.TierDetached}, {nodeapi.Wake, api.TierHot}}
+	for _, st := range steps {
+		got, err := s.Node.Transition(ctx, sb.ID, st.op)
+		if st.op == nodeapi.Snapshot && !s.Snapshots {
+			wantKind(t, "a snapshot on a node that cannot checkpoint", err, errdefs.ErrNotSupported)
+			continue
+		}
+		if err != nil || got.Tier != st.want {
+			t.Fatalf("%s: %+v, %v; want %s", st.op, got.Tier, err, st.want)
+		}
+	}
+	if err := s.Node.Delete(ctx, sb.ID); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	_, err = s.Node.Get(ctx, sb.ID)
+	wantKind(t, "Get after Delete", err, errdefs.ErrNotFound)
+	if all, _ := s.Node.List(ctx); slices.ContainsFunc(all, func(b api.Sandbox) bool { return b.ID == sb.ID }) {
+		t.Error("a deleted sandbox is still listed")
+	}
+}
+
+// recorder keeps what Watch sent.
+type recorder struct {
+	mu   sync.Mutex
+	reps []nodeapi.Report
+}
+
+func (r *recorder) send(rep nodeapi.Report) error {
+	r.mu.Lock()
+	r.reps = append(r.reps, rep)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *recorder) has(f func(nodeapi.Report) bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.reps, f)
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	testenv.WaitFor(t, 30*time.Second, what, ok)
+}
+
+// reports: Watch sends everything first (Full, with the node's status),
+// then each change as the node commits it — a sandbox as it is after,
+// or its ID once it is gone — until its context ends.
+func reports(t *testing.T, s Subject) {
+	ready(t, s)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	rec := &recorder{}
+	done := make(chan error, 1)
+	go func() { done <- s.Node.Watch(ctx, rec.send) }()
+	waitFor(t, "a full report", func() bool {
+		return rec.has(func(r nodeapi.Report) bool { return r.Full && r.Status != nil })
+	})
+	sb, err := s.Node.Create(ctx, nodeapi.CreateRequest{Template: s.Template, Name: "contract-2"})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	waitFor(t, "a report of the new sandbox", func() bool {
+		return rec.has(func(r nodeapi.Report) bool { return r.Sandbox != nil && r.Sandbox.ID == sb.ID && r.Sandbox.Tier == api.TierHot })
+	})
+	if err := s.Node.Delete(ctx, sb.ID); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	waitFor(t, "a report of the sandbox gone", func() bool {
+		return rec.has(func(r nodeapi.Report) bool { return r.Gone == sb.ID })
+	})
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Watch did not return when its context ended")
+	}
+}
+
+// fence: a fence retires what its master did not keep, up to its
+// generation, and refuses a create the master gave up (generation ≤ the
+// fence's, not in flight); it keeps what was kept and what is in flight.
+func fence(t *testing.T, s Subject) {
+	ctx := ctxT(t)
+	ready(t, s)
+	create := func(name string, gen int64) (api.Sandbox, error) {
+		sb, err := s.Node.Create(ctx, nodeapi.CreateRequest{Template: s.Template, Name: name, Generation: gen})
+		if err == nil {
+			t.Cleanup(func() { s.Node.Delete(context.Background(), sb.ID) })
+		}
+		return sb, err
+	}
+	kept, err := create("contract-kept", 101)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := create("contract-dropped", 102)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Node.Fence(ctx, nodeapi.FenceRequest{Generation: 103, Keep: []string{kept.ID}, InFlight: []int64{104}})
+	if err != nil || !slices.Contains(res.Retired, dropped.ID) || slices.Contains(res.Retired, kept.ID) {
+		t.Fatalf("Fence: %+v, %v; want %s retired and %s kept", res, err, dropped.ID, kept.ID)
+	}
+	if got, err := s.Node.Get(ctx, kept.ID); err != nil || got.Tier != api.TierHot {
+		t.Errorf("the kept sandbox after the fence: %+v, %v", got, err)
+	}
+	// Retired: deleted, or — if its volume holds files the sandbox wrote —
+	// kept detached under a principal no policy binds, never to run again.
+	waitFor(t, "the retired sandbox stopped", func() bool {
+		got, err := s.Node.Get(ctx, dropped.ID)
+		return errors.Is(err, errdefs.ErrNotFound) || err == nil && got.Tier == api.TierDetached && strings.HasPrefix(got.Principal, "left-behind.")
+	})
+	if _, err := s.Node.Get(ctx, dropped.ID); err == nil {
+		_, err := s.Node.Transition(ctx, dropped.ID, nodeapi.Wake)
+		wantKind(t, "waking a retired sandbox", err, errdefs.ErrConflict)
+	}
+	_, err = create("contract-late", 103)
+	wantKind(t, "a create the fence gave up", err, errdefs.ErrConflict)
+	if _, err := create("contract-in-flight", 104); err != nil {
+		t.Errorf("a create in flight at the fence: %v", err)
+	}
+}
