@@ -70,7 +70,6 @@ const (
 	RemoveTimeout = 2*DeleteTimeout + KillTimeout + 2*WaitDelay + CgroupBusyWait
 )
 
-
 // CgroupBusyWait is how long removeCgroups waits for the last processes
 // of a killed sandbox to leave its cgroups.
 const CgroupBusyWait = 2 * time.Second

@@ -199,7 +199,9 @@ func reports(t *testing.T, s Subject) {
 		t.Fatalf("Create: %v", err)
 	}
 	waitFor(t, "a report of the new sandbox", func() bool {
-		return rec.has(func(r nodeapi.Report) bool { return r.Sandbox != nil && r.Sandbox.ID == sb.ID && r.Sandbox.Tier == api.TierHot })
+		return rec.has(func(r nodeapi.Report) bool {
+			return r.Sandbox != nil && r.Sandbox.ID == sb.ID && r.Sandbox.Tier == api.TierHot
+		})
 	})
 	if err := s.Node.Delete(ctx, sb.ID); err != nil {
 		t.Fatalf("Delete: %v", err)
