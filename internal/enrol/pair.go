@@ -403,6 +403,86 @@ func Renew(ctx context.Context, c *remote.Client, ca *pki.CA, host string) (time
 	return cert.NotAfter, nil
 }
 
+// pairSession is the master's end of one pairing: its HTTPS client, and
+// the node's certificate as it saw it. The node's pairing certificate
+// proves nothing by itself; what the master saw of it goes into its
+// proof, so the node can tell that no one sat in between. The same
+// certificate must serve every call.
+type pairSession struct {
+	ctx     context.Context
+	address string
+	hc      *http.Client
+	mu      sync.Mutex
+	seen    []byte
+}
+
+func newPairSession(ctx context.Context, address string) *pairSession {
+	ps := &pairSession{ctx: ctx, address: address}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		InsecureSkipVerify: true, // checked by the proofs (Pair)
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no certificate")
+			}
+			ps.mu.Lock()
+			defer ps.mu.Unlock()
+			der := cs.PeerCertificates[0].Raw
+			if ps.seen != nil && !bytes.Equal(ps.seen, der) {
+				return errors.New("the node's certificate changed during pairing")
+			}
+			ps.seen = der
+			return nil
+		},
+	}}
+	ps.hc = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	return ps
+}
+
+func (ps *pairSession) close() { ps.hc.Transport.(*http.Transport).CloseIdleConnections() }
+
+// certSum is the SHA-256 of the node's certificate as this side saw it.
+func (ps *pairSession) certSum() [32]byte {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return sha256.Sum256(ps.seen)
+}
+
+// call GETs path (body nil) or POSTs body to it, decoding a 2xx answer
+// into out; an error answer comes back as its status and api.Error.
+func (ps *pairSession) call(path string, body, out any) (int, api.Error, error) {
+	method, rd := http.MethodGet, io.Reader(nil)
+	if body != nil {
+		b, _ := json.Marshal(body)
+		method, rd = http.MethodPost, bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ps.ctx, method, "https://"+ps.address+path, rd)
+	if err != nil {
+		return 0, api.Error{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := ps.hc.Do(req)
+	// The node's TLS alert certificate_required (RFC 8446 §6.2; Go
+	// reports a received alert as a "remote error" with its text).
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "remote error" && strings.Contains(op.Err.Error(), "certificate required") {
+		return 0, api.Error{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node at %s is already paired with a master (it asks for its master's certificate); to pair it again, stop it and remove its pki/node directory except pairing-code", ps.address))
+	}
+	if err != nil {
+		return 0, api.Error{}, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node at %s: %w", ps.address, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		var e api.Error
+		json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e)
+		return resp.StatusCode, e, nil
+	}
+	if out != nil {
+		return resp.StatusCode, api.Error{}, json.NewDecoder(resp.Body).Decode(out)
+	}
+	return resp.StatusCode, api.Error{}, nil
+}
+
 // Pair pairs the node listening at address (host:port) with the master
 // whose CA is ca, proving knowledge of code, and returns the node's name.
 func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error) {
@@ -410,71 +490,15 @@ func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error)
 	if err != nil {
 		return "", fmt.Errorf("%w: node address %q: want host:port", errdefs.ErrBadInput, address)
 	}
-	// The node's pairing certificate proves nothing by itself; what the
-	// master saw of it goes into its proof, so the node can tell that no
-	// one sat in between. The same certificate must serve both calls.
-	var (
-		mu   sync.Mutex
-		seen []byte
-	)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{
-		MinVersion:         tls.VersionTLS13,
-		InsecureSkipVerify: true, // checked by the proofs, below
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("no certificate")
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			der := cs.PeerCertificates[0].Raw
-			if seen != nil && !bytes.Equal(seen, der) {
-				return errors.New("the node's certificate changed during pairing")
-			}
-			seen = der
-			return nil
-		},
-	}}
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-	post := func(path string, body, out any) (int, api.Error, error) {
-		method, rd := http.MethodGet, io.Reader(nil)
-		if body != nil {
-			b, _ := json.Marshal(body)
-			method, rd = http.MethodPost, bytes.NewReader(b)
-		}
-		req, err := http.NewRequestWithContext(ctx, method, "https://"+address+path, rd)
-		if err != nil {
-			return 0, api.Error{}, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := hc.Do(req)
-		// The node's TLS alert certificate_required (RFC 8446 §6.2; Go
-		// reports a received alert as a "remote error" with its text).
-		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "remote error" && strings.Contains(op.Err.Error(), "certificate required") {
-			return 0, api.Error{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node at %s is already paired with a master (it asks for its master's certificate); to pair it again, stop it and remove its pki/node directory except pairing-code", address))
-		}
-		if err != nil {
-			return 0, api.Error{}, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node at %s: %w", address, err))
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode >= 300 {
-			var e api.Error
-			json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e)
-			return resp.StatusCode, e, nil
-		}
-		if out != nil {
-			return resp.StatusCode, api.Error{}, json.NewDecoder(resp.Body).Decode(out)
-		}
-		return resp.StatusCode, api.Error{}, nil
-	}
+	ps := newPairSession(ctx, address)
+	defer ps.close()
 	// A first call, to see the node's certificate before proving, and
 	// whether it is free.
 	var st struct {
 		Name   string `json:"name"`
 		Paired bool   `json:"paired"`
 	}
-	if status, e, err := post("/node/v1/pair", nil, &st); err != nil {
+	if status, e, err := ps.call("/node/v1/pair", nil, &st); err != nil {
 		return "", err
 	} else if status != http.StatusOK {
 		return "", pairError(status, e)
@@ -482,14 +506,12 @@ func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error)
 	if st.Paired {
 		return "", errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s at %s is already paired with a master (this one or another); to pair it again, stop it and remove its pki/node directory except pairing-code", st.Name, address))
 	}
-	mu.Lock()
-	bootSum := sha256.Sum256(seen)
-	mu.Unlock()
+	bootSum := ps.certSum()
 	nonce := make([]byte, 32)
 	rand.Read(nonce)
 	caSum := sha256.Sum256(ca.Cert.Raw)
 	var reply pairReply
-	status, e, err := post("/node/v1/pair", pairHello{CA: string(ca.PEM), Nonce: nonce, Proof: pki.Proof(code, pki.ProofMaster, nonce, bootSum[:], caSum[:])}, &reply)
+	status, e, err := ps.call("/node/v1/pair", pairHello{CA: string(ca.PEM), Nonce: nonce, Proof: pki.Proof(code, pki.ProofMaster, nonce, bootSum[:], caSum[:])}, &reply)
 	if err != nil {
 		return "", err
 	}
@@ -506,7 +528,7 @@ func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error)
 	if err != nil {
 		return "", err
 	}
-	status, e, err = post("/node/v1/pair/finish", pairFinish{Cert: der, Proof: pki.Proof(code, pki.ProofFinish, nonce, der)}, nil)
+	status, e, err = ps.call("/node/v1/pair/finish", pairFinish{Cert: der, Proof: pki.Proof(code, pki.ProofFinish, nonce, der)}, nil)
 	if err != nil {
 		return "", err
 	}

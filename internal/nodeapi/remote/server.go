@@ -26,23 +26,61 @@ const maxBody = 1 << 20
 
 // Server serves n to a master.
 func Server(n nodeapi.Node) http.Handler {
-	mux := http.NewServeMux()
-	h := func(pattern string, f func(w http.ResponseWriter, r *http.Request) error) {
-		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			if err := pastDeadline(r); err != nil {
-				writeError(w, err)
-				return
-			}
-			if err := f(w, r); err != nil {
-				writeError(w, err)
-			}
-		})
-	}
-	h("GET /node/v1/status", func(w http.ResponseWriter, r *http.Request) error {
+	s := server{n: n, mux: http.NewServeMux()}
+	s.sandboxes()
+	s.templates()
+	s.moves()
+	s.handle("GET /node/v1/status", func(w http.ResponseWriter, r *http.Request) error {
 		st, err := n.Status(r.Context())
 		return reply(w, http.StatusOK, st, err)
 	})
-	h("POST /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("POST /node/v1/fence", func(w http.ResponseWriter, r *http.Request) error {
+		var req nodeapi.FenceRequest
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		res, err := n.Fence(r.Context(), req)
+		return reply(w, http.StatusOK, res, err)
+	})
+	s.handle("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
+		return serveWatch(n, w, r)
+	})
+	return s.mux
+}
+
+// server is Server's routes over one node.
+type server struct {
+	n   nodeapi.Node
+	mux *http.ServeMux
+}
+
+// handle serves pattern with f, refusing a call past its deadline and
+// answering f's error as the seam's error body.
+func (s server) handle(pattern string, f func(w http.ResponseWriter, r *http.Request) error) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if err := pastDeadline(r); err != nil {
+			writeError(w, err)
+			return
+		}
+		if err := f(w, r); err != nil {
+			writeError(w, err)
+		}
+	})
+}
+
+// noContent answers 204 unless err.
+func noContent(w http.ResponseWriter, err error) error {
+	if err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// sandboxes are the routes of one sandbox's calls.
+func (s server) sandboxes() {
+	n := s.n
+	s.handle("POST /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
 		var req nodeapi.CreateRequest
 		if err := readJSON(r, &req); err != nil {
 			return err
@@ -50,22 +88,18 @@ func Server(n nodeapi.Node) http.Handler {
 		sb, err := n.Create(r.Context(), req)
 		return reply(w, http.StatusCreated, sb, err)
 	})
-	h("GET /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("GET /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
 		all, err := n.List(r.Context())
 		return reply(w, http.StatusOK, api.List[api.Sandbox]{Items: append([]api.Sandbox{}, all...)}, err)
 	})
-	h("GET /node/v1/sandboxes/{ref}", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("GET /node/v1/sandboxes/{ref}", func(w http.ResponseWriter, r *http.Request) error {
 		sb, err := n.Get(r.Context(), r.PathValue("ref"))
 		return reply(w, http.StatusOK, sb, err)
 	})
-	h("DELETE /node/v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
-		if err := n.Delete(r.Context(), r.PathValue("id")); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
+	s.handle("DELETE /node/v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
+		return noContent(w, n.Delete(r.Context(), r.PathValue("id")))
 	})
-	h("POST /node/v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("POST /node/v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) error {
 		if r.PathValue("op") == "clone" {
 			var req nodeapi.CloneRequest
 			if err := readJSON(r, &req); err != nil {
@@ -84,7 +118,7 @@ func Server(n nodeapi.Node) http.Handler {
 		sb, err := n.Transition(r.Context(), r.PathValue("id"), op)
 		return reply(w, http.StatusOK, sb, err)
 	})
-	h("GET /node/v1/sandboxes/{id}/logs", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("GET /node/v1/sandboxes/{id}/logs", func(w http.ResponseWriter, r *http.Request) error {
 		q := r.URL.Query()
 		opt := nodeapi.LogOptions{Follow: q.Get("follow") == "1", Timestamps: q.Get("timestamps") == "1"}
 		// Written through a writer that sends the status line with the
@@ -97,29 +131,7 @@ func Server(n nodeapi.Node) http.Handler {
 		}
 		return nil
 	})
-	h("PUT /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
-		var t api.Template
-		if err := readJSON(r, &t); err != nil {
-			return err
-		}
-		if t.Name != r.PathValue("name") {
-			return fmt.Errorf("%w: template %q sent to /templates/%s", errdefs.ErrBadInput, t.Name, r.PathValue("name"))
-		}
-		if err := n.PrepareTemplate(r.Context(), t); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	})
-	h("POST /node/v1/fence", func(w http.ResponseWriter, r *http.Request) error {
-		var req nodeapi.FenceRequest
-		if err := readJSON(r, &req); err != nil {
-			return err
-		}
-		res, err := n.Fence(r.Context(), req)
-		return reply(w, http.StatusOK, res, err)
-	})
-	mux.HandleFunc("/node/v1/sandboxes/{id}/envd/{path...}", func(w http.ResponseWriter, r *http.Request) {
+	s.mux.HandleFunc("/node/v1/sandboxes/{id}/envd/{path...}", func(w http.ResponseWriter, r *http.Request) {
 		if err := pastDeadline(r); err != nil {
 			writeError(w, err)
 			return
@@ -128,19 +140,35 @@ func Server(n nodeapi.Node) http.Handler {
 			writeError(w, err)
 		}
 	})
-	h("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
-		return serveWatch(n, w, r)
-	})
-	h("PUT /node/v1/rootfs/{digest}", func(w http.ResponseWriter, r *http.Request) error {
-		// The body is the tarball, streamed: its bound is the rootfs
-		// extraction's own (rootfs.Limits), not maxBody.
-		if err := n.PutRootfs(r.Context(), r.PathValue("digest"), r.Body); err != nil {
+}
+
+// templates are the routes of templates and their trees.
+func (s server) templates() {
+	n := s.n
+	s.handle("PUT /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		var t api.Template
+		if err := readJSON(r, &t); err != nil {
 			return err
 		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
+		if t.Name != r.PathValue("name") {
+			return fmt.Errorf("%w: template %q sent to /templates/%s", errdefs.ErrBadInput, t.Name, r.PathValue("name"))
+		}
+		return noContent(w, n.PrepareTemplate(r.Context(), t))
 	})
-	h("GET /node/v1/sandboxes/{id}/move-out", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("DELETE /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		return noContent(w, n.DropTemplate(r.Context(), r.PathValue("name")))
+	})
+	s.handle("PUT /node/v1/rootfs/{digest}", func(w http.ResponseWriter, r *http.Request) error {
+		// The body is the tarball, streamed: its bound is the rootfs
+		// extraction's own (rootfs.Limits), not maxBody.
+		return noContent(w, n.PutRootfs(r.Context(), r.PathValue("digest"), r.Body))
+	})
+}
+
+// moves are the routes of a live move's four calls.
+func (s server) moves() {
+	n := s.n
+	s.handle("GET /node/v1/sandboxes/{id}/move-out", func(w http.ResponseWriter, r *http.Request) error {
 		gen, err := generation(r)
 		if err != nil {
 			return err
@@ -154,7 +182,7 @@ func Server(n nodeapi.Node) http.Handler {
 		}
 		return nil
 	})
-	h("PUT /node/v1/move-in", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("PUT /node/v1/move-in", func(w http.ResponseWriter, r *http.Request) error {
 		gen, err := generation(r)
 		if err != nil {
 			return err
@@ -164,7 +192,7 @@ func Server(n nodeapi.Node) http.Handler {
 		sb, err := n.MoveIn(r.Context(), gen, r.Body)
 		return reply(w, http.StatusCreated, sb, err)
 	})
-	h("POST /node/v1/sandboxes/{id}/move-commit", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("POST /node/v1/sandboxes/{id}/move-commit", func(w http.ResponseWriter, r *http.Request) error {
 		gen, err := generation(r)
 		if err != nil {
 			return err
@@ -172,25 +200,13 @@ func Server(n nodeapi.Node) http.Handler {
 		sb, err := n.MoveCommit(r.Context(), r.PathValue("id"), gen)
 		return reply(w, http.StatusOK, sb, err)
 	})
-	h("POST /node/v1/sandboxes/{id}/move-abort", func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("POST /node/v1/sandboxes/{id}/move-abort", func(w http.ResponseWriter, r *http.Request) error {
 		gen, err := generation(r)
 		if err != nil {
 			return err
 		}
-		if err := n.MoveAbort(r.Context(), r.PathValue("id"), gen); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
+		return noContent(w, n.MoveAbort(r.Context(), r.PathValue("id"), gen))
 	})
-	h("DELETE /node/v1/templates/{name}", func(w http.ResponseWriter, r *http.Request) error {
-		if err := n.DropTemplate(r.Context(), r.PathValue("name")); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	})
-	return mux
 }
 
 type partialClone struct {
