@@ -16,13 +16,7 @@ import (
 	"sandstorm/internal/sambench"
 )
 
-func agentsCmd() *cobra.Command {
-	cfg := sambench.AgentsConfig{}
-	var out, repoDir, sandstormd, runsc string
-	cmd := &cobra.Command{
-		Use:   "agents [flags]",
-		Short: "The seed's thousand-agent run on this machine: as many real sandboxes as fit, 200 of them pushing through their own boundaries",
-		Long: `sam-bench agents is the SAM seed's "A thousand agents on one host" → "What they can
+const agentsHelp = `sam-bench agents is the SAM seed's "A thousand agents on one host" → "What they can
 push", scaled to this machine. It starts a sam-node (--node-bin, else built from
 --repo) and a sandstormd (serve --master --node, built from --repo unless
 --sandstormd; idle timers off, the boundaries' policy granting every agent
@@ -43,7 +37,15 @@ counters agree with the client's count. Results (machine, commit, every request
 as gzip'd CSV, memory with the population resident, where the CPU went) go to
 --out/agents-<date>-<commit>. Everything it started is removed at the end,
 Ctrl-C included (sandboxes deleted, daemons stopped by PID, data removed).
-Needs root.`,
+Needs root.`
+
+func agentsCmd() *cobra.Command {
+	cfg := sambench.AgentsConfig{}
+	var out, repoDir, sandstormd, runsc string
+	cmd := &cobra.Command{
+		Use:   "agents [flags]",
+		Short: "The seed's thousand-agent run on this machine: as many real sandboxes as fit, 200 of them pushing through their own boundaries",
+		Long:  agentsHelp,
 		Example: `  sam-bench agents                              # fill up to 2,000, 200 pushing, 2 rounds
   sam-bench agents --max 3 --pushers 2 --requests 20 --rounds 1   # a smoke run`,
 		Args: cobra.NoArgs,

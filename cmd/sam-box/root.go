@@ -55,12 +55,7 @@ type options struct {
 	ready func(metricsAddr net.Addr)
 }
 
-func rootCmd() *cobra.Command {
-	var o options
-	cmd := &cobra.Command{
-		Use:   "sam-box",
-		Short: "SAM boundaries: each agent's only way out, deciding every flow by name",
-		Long: `sam-box runs the boundary of one agent (--principal), or of many agents
+const rootHelp = `sam-box runs the boundary of one agent (--principal), or of many agents
 served by one process (--config), as a host process. A boundary is the only
 way out of its sandbox; the principal is who the sandbox IS, and every flow
 is decided for it by the policy, on the destination's name, before anything
@@ -130,7 +125,14 @@ served on /metrics of --metrics-addr only when it is given: any listener
 sam-box opens is one more thing reachable from wherever it is bound.
 
 SIGTERM or SIGINT resets every flow, closes the listeners, removes the
-sockets and exits 0.`,
+sockets and exits 0.`
+
+func rootCmd() *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:   "sam-box",
+		Short: "SAM boundaries: each agent's only way out, deciding every flow by name",
+		Long:  rootHelp,
 		Example: `  sam-box --principal agent-a --policy /etc/sam/policy.yaml \
     --socket /run/agent.sock --mesh unix:///run/sam-node.sock
 

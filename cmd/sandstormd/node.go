@@ -19,7 +19,12 @@ import (
 func nodeCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Aliases: []string{"nodes"}, Short: "Manage the master's nodes (pair, list, forget; join tokens for nodes behind NAT)"}
 	addAPIFlag(cmd)
-	ls := &cobra.Command{
+	cmd.AddCommand(nodeLsCmd(), nodePairCmd(), nodeRmCmd(), nodeJoinTokenCmd(), nodeDrainCmd(), nodeUndrainCmd())
+	return cmd
+}
+
+func nodeLsCmd() *cobra.Command {
+	return &cobra.Command{
 		Use: "ls", Short: "List the nodes with their headroom and tier counts, or why one is lost", Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
 			var l api.List[api.NodeStatus]
@@ -56,6 +61,9 @@ func nodeCmd() *cobra.Command {
 			return tw.Flush()
 		}),
 	}
+}
+
+func nodePairCmd() *cobra.Command {
 	var codeFile string
 	pair := &cobra.Command{
 		Use:   "pair ADDRESS --code-file FILE",
@@ -97,7 +105,11 @@ func nodeCmd() *cobra.Command {
 		},
 	}
 	pair.Flags().StringVar(&codeFile, "code-file", "", "file holding the node's pairing code ('-': standard input)")
-	rm := &cobra.Command{
+	return pair
+}
+
+func nodeRmCmd() *cobra.Command {
+	return &cobra.Command{
 		Use: "rm NAME", Short: "Forget a node with no sandboxes left (its certificates are revoked)", Args: cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			if err := c.Do(cmd.Context(), "DELETE", "/v1/nodes/"+args[0], nil, nil); err != nil {
@@ -107,7 +119,10 @@ func nodeCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	jt := &cobra.Command{
+}
+
+func nodeJoinTokenCmd() *cobra.Command {
+	return &cobra.Command{
 		Use: "join-token", Short: "Make a one-time token (good for an hour) for a node behind NAT to join with", Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
 			var tok api.JoinToken
@@ -121,7 +136,10 @@ func nodeCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	drain := &cobra.Command{
+}
+
+func nodeDrainCmd() *cobra.Command {
+	return &cobra.Command{
 		Use:   "drain NAME",
 		Short: "Take a paired node out of service: it takes no new sandboxes, and each of its own moves to another node with its memory",
 		Long: `drain stops the master placing new sandboxes (creates, clones) on node
@@ -167,7 +185,10 @@ drained: only paired nodes' sandboxes move live.`,
 			return nil
 		}),
 	}
-	undrain := &cobra.Command{
+}
+
+func nodeUndrainCmd() *cobra.Command {
+	return &cobra.Command{
 		Use: "undrain NAME", Short: "Let a drained node take new sandboxes again", Args: cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			if err := c.Undrain(cmd.Context(), args[0]); err != nil {
@@ -177,6 +198,4 @@ drained: only paired nodes' sandboxes move live.`,
 			return nil
 		}),
 	}
-	cmd.AddCommand(ls, pair, rm, jt, drain, undrain)
-	return cmd
 }

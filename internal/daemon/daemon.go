@@ -510,29 +510,16 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		local = l
 		announce(ctx, o, l, st, log)
 	}
-	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub})
+	api, err := masterAPI(ctx, o, st, ca, token, local, hub, log)
 	if err != nil {
 		return err
 	}
-	o.mreg.MustRegister(metrics.NodeHealthCollector(func() []metrics.NodeHealth { return nodeHealth(fl) }))
-	go fl.Run(ctx) // hears its nodes' reports; renews their certificates
 	ln := apiLn
 	if ln == nil {
 		if ln, err = listen(); err != nil {
 			return err
 		}
 	}
-	// The E2B API; each sandbox's envd token is an HMAC of its ID keyed
-	// by the API token, which the masters of one database share.
-	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
-	go svc.Run(ctx) // ends sandboxes at their timeout
-	api := master.Handler(master.Config{
-		Store: st, Fleet: fl, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
-		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
-		E2B:            svc.API(),
-		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,
-		Metrics: metrics.NewMaster(o.mreg),
-	})
 	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
 	srv, errc := standbySrv, standbyErr
@@ -543,6 +530,29 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		go func() { errc <- serveDrainable(srv, ln) }()
 	}
 	return serveUntilDone(ctx, o, log, srv, errc, streams, nd, "sandstormd stopped")
+}
+
+// masterAPI starts the fleet over store st (local: the node in this
+// process, or nil) and the E2B service, and returns the master's API over
+// them; both run until ctx ends.
+func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, token string, local nodeapi.Node, hub *events.Hub, log *slog.Logger) (http.Handler, error) {
+	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub})
+	if err != nil {
+		return nil, err
+	}
+	o.mreg.MustRegister(metrics.NodeHealthCollector(func() []metrics.NodeHealth { return nodeHealth(fl) }))
+	go fl.Run(ctx) // hears its nodes' reports; renews their certificates
+	// The E2B API; each sandbox's envd token is an HMAC of its ID keyed
+	// by the API token, which the masters of one database share.
+	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
+	go svc.Run(ctx) // ends sandboxes at their timeout
+	return master.Handler(master.Config{
+		Store: st, Fleet: fl, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
+		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
+		E2B:            svc.API(),
+		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,
+		Metrics: metrics.NewMaster(o.mreg),
+	}), nil
 }
 
 // closeUnclaimedWhenReconciled closes the sockets handed over by a reload
@@ -709,38 +719,12 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 			stops[i]()
 		}
 	}
-	be, err := NewBackend(o)
+	nm := metrics.NewNode(o.mreg)
+	be, closeBackend, err := startBackend(ctx, o, nm, log)
 	if err != nil {
 		return nil, stop, err
 	}
-	nm := metrics.NewNode(o.mreg)
-	if gb, ok := be.(*gvisor.Backend); ok {
-		gb.Observe = nm.Runsc
-		gb.Log = log // it logs the sandboxes it had to kill by pid
-		stops = append(stops, func() { gb.Close() })
-		v, _ := gvisor.Version(ctx, gb.Runsc)
-		if v != gvisor.PinnedVersion {
-			log.Warn("runsc is not the version this sandstormd pins; snapshots only restore on the runsc that wrote them", "runsc", gb.Runsc, "version", v, "pinned", gvisor.PinnedVersion)
-		}
-		log.Info("runtime", "runsc", gb.Runsc, "version", v, "platform", gb.Platform)
-	}
-	if o.Backend == "gvisor" {
-		if err := gvisor.StartReaper(); err != nil {
-			log.Warn("cannot become subreaper of runsc sandboxes; deletes will wait for init to reap them", "err", err)
-		}
-	}
-	if o.Zswap {
-		if !reclaim.SwapActive() {
-			return nil, stop, errors.New("--zswap needs an active swap area to squeeze frozen sandboxes into, e.g.: fallocate -l 4G /swapfile && chmod 600 /swapfile && mkswap /swapfile && swapon /swapfile")
-		}
-		wasOn, err := reclaim.EnableZswap()
-		if err != nil {
-			return nil, stop, err
-		}
-		if !wasOn {
-			log.Info("zswap: enabled (/sys/module/zswap/parameters/enabled)")
-		}
-	}
+	stops = append(stops, closeBackend)
 	pool, err := netns.ParsePool(o.Subnet)
 	if err != nil {
 		return nil, stop, err
@@ -803,6 +787,44 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 		nd.Close()
 	})
 	return nd, stop, nil
+}
+
+// startBackend makes the node's runtime (runsc, unless --backend says
+// otherwise) and what it needs of this process: the subreaper, zswap.
+// closeBackend undoes it.
+func startBackend(ctx context.Context, o Options, nm *metrics.Node, log *slog.Logger) (be sandbox.Backend, closeBackend func(), err error) {
+	closeBackend = func() {}
+	if be, err = NewBackend(o); err != nil {
+		return nil, closeBackend, err
+	}
+	if gb, ok := be.(*gvisor.Backend); ok {
+		gb.Observe = nm.Runsc
+		gb.Log = log // it logs the sandboxes it had to kill by pid
+		closeBackend = func() { gb.Close() }
+		v, _ := gvisor.Version(ctx, gb.Runsc)
+		if v != gvisor.PinnedVersion {
+			log.Warn("runsc is not the version this sandstormd pins; snapshots only restore on the runsc that wrote them", "runsc", gb.Runsc, "version", v, "pinned", gvisor.PinnedVersion)
+		}
+		log.Info("runtime", "runsc", gb.Runsc, "version", v, "platform", gb.Platform)
+	}
+	if o.Backend == "gvisor" {
+		if err := gvisor.StartReaper(); err != nil {
+			log.Warn("cannot become subreaper of runsc sandboxes; deletes will wait for init to reap them", "err", err)
+		}
+	}
+	if o.Zswap {
+		if !reclaim.SwapActive() {
+			return nil, closeBackend, errors.New("--zswap needs an active swap area to squeeze frozen sandboxes into, e.g.: fallocate -l 4G /swapfile && chmod 600 /swapfile && mkswap /swapfile && swapon /swapfile")
+		}
+		wasOn, err := reclaim.EnableZswap()
+		if err != nil {
+			return nil, closeBackend, err
+		}
+		if !wasOn {
+			log.Info("zswap: enabled (/sys/module/zswap/parameters/enabled)")
+		}
+	}
+	return be, closeBackend, nil
 }
 
 // samConfig builds what the node's boundaries need: the policy (reloaded on

@@ -203,23 +203,9 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 	if err != nil {
 		return nil, nil, errBadInput(err)
 	}
-	dir, asked := c.GetCwd(), true
-	if dir == "" {
-		dir, asked = ps.s.cfg.DefaultWorkdir, false
-	}
-	if dir == "" {
-		dir = acct.home
-	}
-	if dir, err = acct.resolve(dir); err != nil {
-		return nil, nil, errBadInput(err)
-	}
-	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		if asked {
-			return nil, nil, errBadInput(fmt.Errorf("cwd '%s' does not exist or is not a directory", dir))
-		}
-		// A user whose home is not there (nobody's /nonexistent)
-		// starts in /, as login(1) does.
-		dir = "/"
+	dir, err := ps.workdir(acct, c.GetCwd())
+	if err != nil {
+		return nil, nil, err
 	}
 	cmd := exec.Command(path, c.GetArgs()...)
 	cmd.Args[0] = c.GetCmd()
@@ -230,64 +216,12 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 	first := p.subscribe()
 	var outs []*os.File
 	if req.Pty != nil {
-		size := &pty.Winsize{Rows: uint16(req.Pty.GetSize().GetRows()), Cols: uint16(req.Pty.GetSize().GetCols())}
-		// pty.StartWithAttrs makes the command a session leader with the
-		// pty as its controlling terminal (Setsid, Setctty).
-		var tty *os.File
-		err := started(func() (int, error) {
-			t, err := pty.StartWithAttrs(cmd, size, &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: cred})
-			if err != nil {
-				return 0, err
-			}
-			tty = t
-			return cmd.Process.Pid, nil
-		})
-		if err != nil {
-			return nil, nil, errBadInput(fmt.Errorf("start %s: %v", c.GetCmd(), err))
-		}
-		p.tty = tty
-		outs = []*os.File{tty}
+		outs, err = p.startTTY(req.Pty, cred)
 	} else {
-		// Its own process group, so that a signal reaches what it started
-		// too (bash -c "a | b").
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
-		outR, outW, err := os.Pipe()
-		if err != nil {
-			return nil, nil, errInternal(err)
-		}
-		errR, errW, err := os.Pipe()
-		if err != nil {
-			outR.Close()
-			outW.Close()
-			return nil, nil, errInternal(err)
-		}
-		cmd.Stdout, cmd.Stderr = outW, errW
-		if req.Stdin == nil || req.GetStdin() {
-			// Older SDKs send no stdin field and expect one (proto:
-			// "We default to true").
-			w, err := cmd.StdinPipe()
-			if err != nil {
-				for _, f := range []*os.File{outR, outW, errR, errW} {
-					f.Close()
-				}
-				return nil, nil, errInternal(err)
-			}
-			p.stdin = w
-		}
-		err = started(func() (int, error) {
-			if err := cmd.Start(); err != nil {
-				return 0, err
-			}
-			return cmd.Process.Pid, nil
-		})
-		outW.Close()
-		errW.Close()
-		if err != nil {
-			outR.Close()
-			errR.Close()
-			return nil, nil, errBadInput(fmt.Errorf("start %s: %v", c.GetCmd(), err))
-		}
-		outs = []*os.File{outR, errR}
+		outs, err = p.startPiped(req.Stdin == nil || req.GetStdin(), cred)
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	p.pid = uint32(cmd.Process.Pid)
 	ps.mu.Lock()
@@ -295,6 +229,98 @@ func (ps *processes) start(acct account, req *pb.StartRequest, sandboxEnv map[st
 	ps.mu.Unlock()
 	go ps.run(p, outs)
 	return p, first, nil
+}
+
+// workdir is where a command of acct starts: cwd if asked (it must be a
+// directory), else the default working directory or acct's home — or /,
+// as login(1) does, for a user whose home is not there (nobody's
+// /nonexistent).
+func (ps *processes) workdir(acct account, cwd string) (string, error) {
+	dir, asked := cwd, true
+	if dir == "" {
+		dir, asked = ps.s.cfg.DefaultWorkdir, false
+	}
+	if dir == "" {
+		dir = acct.home
+	}
+	dir, err := acct.resolve(dir)
+	if err != nil {
+		return "", errBadInput(err)
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		if asked {
+			return "", errBadInput(fmt.Errorf("cwd '%s' does not exist or is not a directory", dir))
+		}
+		dir = "/"
+	}
+	return dir, nil
+}
+
+// startTTY starts p's command on a new pty of the size asked for:
+// pty.StartWithAttrs makes it a session leader with the pty as its
+// controlling terminal (Setsid, Setctty). Its output is the pty.
+func (p *proc) startTTY(req *pb.PTY, cred *syscall.Credential) ([]*os.File, error) {
+	size := &pty.Winsize{Rows: uint16(req.GetSize().GetRows()), Cols: uint16(req.GetSize().GetCols())}
+	var tty *os.File
+	err := started(func() (int, error) {
+		t, err := pty.StartWithAttrs(p.cmd, size, &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: cred})
+		if err != nil {
+			return 0, err
+		}
+		tty = t
+		return p.cmd.Process.Pid, nil
+	})
+	if err != nil {
+		return nil, errBadInput(fmt.Errorf("start %s: %v", p.cfg.GetCmd(), err))
+	}
+	p.tty = tty
+	return []*os.File{tty}, nil
+}
+
+// startPiped starts p's command in a process group of its own (so that a
+// signal reaches what it started too: bash -c "a | b"), its stdout and
+// stderr on pipes, and a stdin pipe when asked for. Its outputs are the
+// pipes' read ends.
+func (p *proc) startPiped(stdin bool, cred *syscall.Credential) ([]*os.File, error) {
+	cmd := p.cmd
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, errInternal(err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, errInternal(err)
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	if stdin {
+		// Older SDKs send no stdin field and expect one (proto: "We
+		// default to true").
+		w, err := cmd.StdinPipe()
+		if err != nil {
+			for _, f := range []*os.File{outR, outW, errR, errW} {
+				f.Close()
+			}
+			return nil, errInternal(err)
+		}
+		p.stdin = w
+	}
+	err = started(func() (int, error) {
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	})
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return nil, errBadInput(fmt.Errorf("start %s: %v", p.cfg.GetCmd(), err))
+	}
+	return []*os.File{outR, errR}, nil
 }
 
 // run pumps p's output to its streams until it ends, then sends its end.

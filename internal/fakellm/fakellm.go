@@ -305,15 +305,33 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 
+	s.stream(w, r, completion{id: id, object: object, created: created, model: req.Model, reply: reply, usage: usage, chat: chat,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, delay: delay, pace: pace})
+}
+
+// completion is one answer as stream sends it.
+type completion struct {
+	id, object, model, reply string
+	created                  int64
+	usage                    map[string]int
+	chat, includeUsage       bool
+	delay                    time.Duration
+	pace                     chan struct{}
+}
+
+// stream sends c as server-sent events, the reply in Chunks pieces
+// (paced or delayed as the test set), as OpenAI's API streams.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, c completion) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	if chat {
+	object := c.object
+	if c.chat {
 		object = "chat.completion.chunk"
 	}
 	send := func(choices []any, extra map[string]any) bool {
-		ev := map[string]any{"id": id, "object": object, "created": created, "model": req.Model, "choices": choices, "system_fingerprint": "fakellm"}
+		ev := map[string]any{"id": c.id, "object": object, "created": c.created, "model": c.model, "choices": choices, "system_fingerprint": "fakellm"}
 		for k, v := range extra {
 			ev[k] = v
 		}
@@ -324,7 +342,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		return rc.Flush() == nil
 	}
 	piece := func(content string, finish any) []any {
-		if chat {
+		if c.chat {
 			delta := map[string]any{}
 			if content != "" || finish == nil {
 				delta["content"] = content
@@ -333,26 +351,14 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 		return []any{map[string]any{"index": 0, "text": content, "finish_reason": finish, "logprobs": nil}}
 	}
-	if chat {
+	if c.chat {
 		if !send([]any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "finish_reason": nil}}, nil) {
 			return
 		}
 	}
-	for i, p := range split(reply, Chunks) {
-		if i > 0 {
-			if pace != nil {
-				select {
-				case <-pace:
-				case <-r.Context().Done():
-					return
-				}
-			} else if delay > 0 {
-				select {
-				case <-time.After(delay):
-				case <-r.Context().Done():
-					return
-				}
-			}
+	for i, p := range split(c.reply, Chunks) {
+		if i > 0 && !c.wait(r) {
+			return
 		}
 		if !send(piece(p, nil), nil) {
 			return
@@ -361,13 +367,38 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	if !send(piece("", "stop"), nil) {
 		return
 	}
-	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
-		if !send([]any{}, map[string]any{"usage": usage}) {
+	if c.includeUsage {
+		if !send([]any{}, map[string]any{"usage": c.usage}) {
 			return
 		}
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	rc.Flush()
+}
+
+// wait holds the next piece for the test's pace or delay; false if the
+// request ended meanwhile.
+func (c completion) wait(r *http.Request) bool {
+	var next <-chan time.Time
+	switch {
+	case c.pace != nil:
+		select {
+		case <-c.pace:
+			return true
+		case <-r.Context().Done():
+			return false
+		}
+	case c.delay > 0:
+		next = time.After(c.delay)
+	default:
+		return true
+	}
+	select {
+	case <-next:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 // split cuts s into n pieces of nearly equal rune counts (fewer if s is

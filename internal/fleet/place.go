@@ -358,52 +358,25 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 	if n == nil {
 		return nil
 	}
+	// Moves with an end here that no call has under way are settled
+	// first (move.go): what they leave decides what is kept below.
+	if err := f.settleMoves(ctx, node); err != nil {
+		return err
+	}
 	// The order matters: the generation and what is in flight first, the
 	// placements after, so every placement at or below gen is either in
 	// the list or still in flight.
-	// Moves with an end here that no call has under way are settled
-	// first (move.go): what they leave decides what is kept below.
-	for _, list := range []func(context.Context, string) ([]store.Placement, error){st.ListPlacements, st.ListMovesTo} {
-		ms, err := list(ctx, node)
-		if err != nil {
-			return err
-		}
-		for _, p := range ms {
-			if p.State == store.PlacementMoving || p.State == store.PlacementMoved {
-				f.settleMove(ctx, p)
-			}
-		}
-	}
 	gen, fly, err := f.flying(ctx)
 	if err != nil {
 		return err
 	}
-	ps, err := st.ListPlacements(ctx, node)
+	ps, err := f.placedOn(ctx, node)
 	if err != nil {
 		return err
 	}
-	// The copy a committed move left here is kept until its new node has
-	// confirmed it (it never runs: it is marked leaving).
-	if away, err := st.ListMovesTo(ctx, node); err == nil {
-		for _, p := range away {
-			if p.State == store.PlacementMoved {
-				ps = append(ps, store.Placement{ID: p.ID, Name: p.Name, Node: node, Generation: p.MoveGen})
-			}
-		}
-	} else {
-		return err
-	}
-	rs, err := st.ListReportedOf(ctx, node)
+	byGen, reported, err := f.reportedOf(ctx, node)
 	if err != nil {
 		return err
-	}
-	byGen := map[int64][]api.Sandbox{}
-	reported := map[string]bool{}
-	for _, r := range rs {
-		reported[r.Sandbox.ID] = true
-		if r.Sandbox.Generation > 0 && !r.Sandbox.LeftBehind {
-			byGen[r.Sandbox.Generation] = append(byGen[r.Sandbox.Generation], r.Sandbox)
-		}
 	}
 	req := nodeapi.FenceRequest{Generation: gen, Keep: []string{}}
 	for g := range fly {
@@ -465,6 +438,62 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 		}
 	}
 	return nil
+}
+
+// settleMoves settles the moves with an end on node that no call has
+// under way (settleMove).
+func (f *Fleet) settleMoves(ctx context.Context, node string) error {
+	st := f.cfg.Store
+	for _, list := range []func(context.Context, string) ([]store.Placement, error){st.ListPlacements, st.ListMovesTo} {
+		ms, err := list(ctx, node)
+		if err != nil {
+			return err
+		}
+		for _, p := range ms {
+			if p.State == store.PlacementMoving || p.State == store.PlacementMoved {
+				f.settleMove(ctx, p)
+			}
+		}
+	}
+	return nil
+}
+
+// placedOn is node's placements, and the copies a committed move left
+// there: each is kept until its new node has confirmed it (it never runs:
+// it is marked leaving).
+func (f *Fleet) placedOn(ctx context.Context, node string) ([]store.Placement, error) {
+	ps, err := f.cfg.Store.ListPlacements(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	away, err := f.cfg.Store.ListMovesTo(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range away {
+		if p.State == store.PlacementMoved {
+			ps = append(ps, store.Placement{ID: p.ID, Name: p.Name, Node: node, Generation: p.MoveGen})
+		}
+	}
+	return ps, nil
+}
+
+// reportedOf is what node last reported: its sandboxes by the generation
+// that made them (not left behind), and every ID it has.
+func (f *Fleet) reportedOf(ctx context.Context, node string) (map[int64][]api.Sandbox, map[string]bool, error) {
+	rs, err := f.cfg.Store.ListReportedOf(ctx, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	byGen := map[int64][]api.Sandbox{}
+	reported := map[string]bool{}
+	for _, r := range rs {
+		reported[r.Sandbox.ID] = true
+		if r.Sandbox.Generation > 0 && !r.Sandbox.LeftBehind {
+			byGen[r.Sandbox.Generation] = append(byGen[r.Sandbox.Generation], r.Sandbox)
+		}
+	}
+	return byGen, reported, nil
 }
 
 // pending is an attempt as the list shows it while it is undecided.

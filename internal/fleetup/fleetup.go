@@ -189,19 +189,8 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 			return st, err
 		}
 	}
-	for k := 1; plan == nil && k <= cfg.Nodes; k++ {
-		n, err := startNode(cfg, k)
-		if n.Netns != "" {
-			st.Nodes = append(st.Nodes, n)
-			save(cfg.Root, st)
-		}
-		if err != nil {
-			return st, err
-		}
-		say("node %s: PID %d in netns %s, listening on %s", n.Name, n.PID, n.Netns, n.Address)
-	}
-	if !cfg.NoMesh && plan == nil {
-		if err := startMesh(ctx, cfg, &st, say); err != nil {
+	if plan == nil {
+		if err := startHere(ctx, cfg, &st, say); err != nil {
 			return st, err
 		}
 	}
@@ -210,47 +199,82 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 		return st, err
 	}
 	for _, n := range st.Nodes {
-		var code string
-		if n.Host != "" {
-			code, err = pairingCode(ctx, *st.SSH, n)
-		} else {
-			code, err = waitNode(ctx, n)
-		}
-		if err != nil {
+		if err := pair(ctx, c, st, n, say); err != nil {
 			return st, err
 		}
-		if ok, err := kept(ctx, c, n); err != nil {
-			return st, err
-		} else if ok {
-			say("node %s: paired already (this root's master kept it from an earlier fleet up), ready", n.Name)
-			continue
-		}
-		var ns api.NodeStatus
-		if err := c.Do(ctx, "POST", "/v1/nodes", api.NodeRequest{Address: n.Address, PairingCode: code}, &ns); err != nil {
-			if n.Host != "" && client.StatusOf(err) == http.StatusConflict {
-				// Paired already: a data dir an earlier fleet left there
-				// (fleet down without --purge, and this master is new).
-				return st, fmt.Errorf("pair %s: %w\n(its data dir %s on %s is an earlier fleet's: take that fleet down with --purge, remove the dir there, or use another --remote-dir)", n.Name, err, n.DataDir, n.Host)
-			}
-			return st, fmt.Errorf("pair %s: %w", n.Name, err)
-		}
-		say("paired %s: %d MiB available", n.Name, ns.MemAvailableMiB)
 	}
 	if cfg.Template != "" {
 		if err := seed(ctx, cfg, st, c); err != nil {
 			return st, err
 		}
 	}
-	// The commands as they can be pasted: this very binary (it is seldom
-	// on PATH), and where this master's CA and token are, which are not
-	// the default data dir's.
+	sayUp(cfg, st, say)
+	return st, nil
+}
+
+// sayUp says how to use the fleet, as commands that can be pasted: this
+// very binary (it is seldom on PATH), and where this master's CA and
+// token are, which are not the default data dir's.
+func sayUp(cfg Config, st State, say func(string, ...any)) {
+	dir := st.Master.DataDir
 	say("fleet is up: %d node(s). Stop it with: %s fleet down --root %s", len(st.Nodes), cfg.Bin, cfg.Root)
-	say("use it: SANDSTORM_API=%s SANDSTORM_DATA_DIR=%s %s sandbox ls   (or: node ls)", st.API, master.DataDir, cfg.Bin)
-	say("its CA is %s and its API token %s (console: %s/)", filepath.Join(master.DataDir, "pki", "ca.pem"), filepath.Join(master.DataDir, "pki", "api-token"), st.API)
+	say("use it: SANDSTORM_API=%s SANDSTORM_DATA_DIR=%s %s sandbox ls   (or: node ls)", st.API, dir, cfg.Bin)
+	say("its CA is %s and its API token %s (console: %s/)", filepath.Join(dir, "pki", "ca.pem"), filepath.Join(dir, "pki", "api-token"), st.API)
 	if st.Mesh != nil {
 		say("the mesh's policy: %s --data-dir %s --api %s policy set FILE", filepath.Join(filepath.Dir(cfg.Bin), "sam-control-plane"), st.Mesh.ControlPlane.DataDir, st.Mesh.API)
 	}
-	return st, nil
+}
+
+// startHere starts cfg.Nodes nodes on this machine, each in a network
+// namespace, and the mesh over them; st records each as it starts.
+func startHere(ctx context.Context, cfg Config, st *State, say func(string, ...any)) error {
+	for k := 1; k <= cfg.Nodes; k++ {
+		n, err := startNode(cfg, k)
+		if n.Netns != "" {
+			st.Nodes = append(st.Nodes, n)
+			save(cfg.Root, *st)
+		}
+		if err != nil {
+			return err
+		}
+		say("node %s: PID %d in netns %s, listening on %s", n.Name, n.PID, n.Netns, n.Address)
+	}
+	if cfg.NoMesh {
+		return nil
+	}
+	return startMesh(ctx, cfg, st, say)
+}
+
+// pair pairs node n with the master (c), unless the master kept it from
+// an earlier fleet up.
+func pair(ctx context.Context, c *client.Client, st State, n NodeState, say func(string, ...any)) error {
+	var code string
+	var err error
+	if n.Host != "" {
+		code, err = pairingCode(ctx, *st.SSH, n)
+	} else {
+		code, err = waitNode(ctx, n)
+	}
+	if err != nil {
+		return err
+	}
+	if ok, err := kept(ctx, c, n); err != nil {
+		return err
+	} else if ok {
+		say("node %s: paired already (this root's master kept it from an earlier fleet up), ready", n.Name)
+		return nil
+	}
+	var ns api.NodeStatus
+	if err := c.Do(ctx, "POST", "/v1/nodes", api.NodeRequest{Address: n.Address, PairingCode: code}, &ns); err != nil {
+		if n.Host != "" && client.StatusOf(err) == http.StatusConflict {
+			// Paired already: a data dir an earlier fleet left there
+			// (fleet down without --purge, and this master is new).
+			return fmt.Errorf("pair %s: %w\n(its data dir %s on %s is an earlier fleet's: take that fleet down with --purge, remove the dir there, or use another --remote-dir)", n.Name, err, n.DataDir, n.Host)
+		}
+		return fmt.Errorf("pair %s: %w", n.Name, err)
+	}
+	say("paired %s: %d MiB available", n.Name, ns.MemAvailableMiB)
+	return nil
 }
 
 // kept reports whether the master has node n paired already — a root

@@ -96,62 +96,12 @@ func New(cfg Config) (*Node, error) {
 	if n.maxBody <= 0 {
 		n.maxBody = DefaultMaxBodyBytes
 	}
-	for i, p := range cfg.Providers {
-		pr := &provider{Provider: p, order: i}
-		pr.URL = strings.TrimRight(p.URL, "/")
-		if p.APIKeyFile != "" {
-			key, err := readKeyFile(p.APIKeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("provider %q: api_key_file: %w", p.Name, err)
-			}
-			pr.key = key
-		}
-		n.providers = append(n.providers, pr)
-		seen := map[string]bool{}
-		for _, model := range p.Models {
-			if seen[model] {
-				continue
-			}
-			seen[model] = true
-			n.byModel[model] = append(n.byModel[model], pr)
-		}
+	if err := n.addProviders(cfg.Providers); err != nil {
+		return nil, err
 	}
-	for model, ps := range n.byModel {
-		sort.SliceStable(ps, func(i, j int) bool {
-			if ps[i].Rank != ps[j].Rank {
-				return ps[i].Rank < ps[j].Rank
-			}
-			return ps[i].order < ps[j].order
-		})
-		n.models = append(n.models, model)
-		for _, p := range ps {
-			// Pre-create the label sets so that a scrape shows every
-			// provider from the start.
-			n.m.providerAttempts.WithLabelValues(p.Name, "ok")
-		}
-	}
-	sort.Strings(n.models)
 
-	switch {
-	case cfg.Policy != nil:
-		n.policy = cfg.Policy
-	case cfg.PolicyFile != "":
-		w, err := policy.NewWatcher(cfg.PolicyFile, log)
-		if err != nil {
-			return nil, fmt.Errorf("policy: %w", err)
-		}
-		n.watcher = w
-		n.policy = w
-		accepted := prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "sam_node_policy_reloads_total", Help: "Policy file changes accepted.",
-		}, func() float64 { a, _ := w.Counts(); return float64(a) })
-		rejected := prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "sam_node_policy_rejected_total", Help: "Policy file changes rejected (the previous policy stayed in force).",
-		}, func() float64 { _, r := w.Counts(); return float64(r) })
-		n.m.reg.MustRegister(accepted, rejected)
-	default:
-		n.policy = staticPolicy{policy.Empty()}
-		log.Warn("meshnode: no policy: nothing is granted to anyone")
+	if err := n.setPolicy(cfg); err != nil {
+		return nil, err
 	}
 
 	n.upstream = &http.Client{Transport: &http.Transport{
@@ -188,6 +138,81 @@ func New(cfg Config) (*Node, error) {
 	}
 
 	n.agent = http.HandlerFunc(n.serveAgent)
+	n.admin = n.adminMux()
+	return n, nil
+}
+
+// addProviders takes the configured providers, each model's in order of
+// rank (then of the config), reading their API keys.
+func (n *Node) addProviders(providers []Provider) error {
+	for i, p := range providers {
+		pr := &provider{Provider: p, order: i}
+		pr.URL = strings.TrimRight(p.URL, "/")
+		if p.APIKeyFile != "" {
+			key, err := readKeyFile(p.APIKeyFile)
+			if err != nil {
+				return fmt.Errorf("provider %q: api_key_file: %w", p.Name, err)
+			}
+			pr.key = key
+		}
+		n.providers = append(n.providers, pr)
+		seen := map[string]bool{}
+		for _, model := range p.Models {
+			if seen[model] {
+				continue
+			}
+			seen[model] = true
+			n.byModel[model] = append(n.byModel[model], pr)
+		}
+	}
+	for model, ps := range n.byModel {
+		sort.SliceStable(ps, func(i, j int) bool {
+			if ps[i].Rank != ps[j].Rank {
+				return ps[i].Rank < ps[j].Rank
+			}
+			return ps[i].order < ps[j].order
+		})
+		n.models = append(n.models, model)
+		for _, p := range ps {
+			// Pre-create the label sets so that a scrape shows every
+			// provider from the start.
+			n.m.providerAttempts.WithLabelValues(p.Name, "ok")
+		}
+	}
+	sort.Strings(n.models)
+	return nil
+}
+
+// setPolicy is where the node's policy comes from: given (the mesh's),
+// a file watched for changes, or none (nothing granted).
+func (n *Node) setPolicy(cfg Config) error {
+	switch {
+	case cfg.Policy != nil:
+		n.policy = cfg.Policy
+	case cfg.PolicyFile != "":
+		w, err := policy.NewWatcher(cfg.PolicyFile, n.log)
+		if err != nil {
+			return fmt.Errorf("policy: %w", err)
+		}
+		n.watcher = w
+		n.policy = w
+		accepted := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sam_node_policy_reloads_total", Help: "Policy file changes accepted.",
+		}, func() float64 { a, _ := w.Counts(); return float64(a) })
+		rejected := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sam_node_policy_rejected_total", Help: "Policy file changes rejected (the previous policy stayed in force).",
+		}, func() float64 { _, r := w.Counts(); return float64(r) })
+		n.m.reg.MustRegister(accepted, rejected)
+	default:
+		n.policy = staticPolicy{policy.Empty()}
+		n.log.Warn("meshnode: no policy: nothing is granted to anyone")
+	}
+
+	return nil
+}
+
+// adminMux is the admin listener's routes: /healthz, /readyz, /metrics.
+func (n *Node) adminMux() *http.ServeMux {
 	admin := http.NewServeMux()
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -204,8 +229,7 @@ func New(cfg Config) (*Node, error) {
 		fmt.Fprintln(w, "ready")
 	})
 	admin.Handle("GET /metrics", promhttp.HandlerFor(n.m.reg, promhttp.HandlerOpts{}))
-	n.admin = admin
-	return n, nil
+	return admin
 }
 
 // servePolicy gives the policy document in force, for the boundaries of

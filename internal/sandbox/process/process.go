@@ -335,6 +335,34 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec) (err error) {
 			return fmt.Errorf("process backend: start %s: %w", spec.ID, err)
 		}
 	}
+	cmd := b.initCmd(spec, l, logf, cgfd)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("process backend: start %s: %w", spec.ID, err)
+	}
+	exited := make(chan error, 1)
+	// Reap it while this daemon lives; after a restart it is reparented
+	// to init, which reaps it.
+	go func() { exited <- cmd.Wait() }()
+
+	ps, err := readProcStat(cmd.Process.Pid)
+	if err != nil {
+		// It exited already; the wait below reports how.
+		ps = procStat{}
+	}
+	rec.Pid, rec.StartTime, rec.Started = cmd.Process.Pid, ps.StartTime, time.Now().UTC()
+	if err := b.writeRecord(rec); err != nil {
+		return fmt.Errorf("process backend: start %s: %w", spec.ID, err)
+	}
+	if err := b.waitExec(ctx, cmd.Process.Pid, l.rootfs, exited); err != nil {
+		return fmt.Errorf("process backend: start %s: %w%s", spec.ID, err, logTail(spec.LogPath, logStart))
+	}
+	return nil
+}
+
+// initCmd is the command that becomes the sandbox: the init script in
+// spec's network namespace, which mounts /proc and /dev, then unshare
+// chroots into the rootfs and execs the bundle's program as its user.
+func (b *Backend) initCmd(spec sandbox.Spec, l *launch, logf, cgfd *os.File) *exec.Cmd {
 	args := []string{b.nsenter, "--net=" + spec.Netns, "--", b.sh, "-c", initScript, "sandstorm-init", l.rootfs, b.devTemplate, l.hostname}
 	args = append(args, l.env...)
 	args = append(args, b.unshare, "--root="+l.rootfs, "--wd="+l.cwd)
@@ -343,7 +371,7 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec) (err error) {
 	}
 	args = append(args, "--")
 	args = append(args, l.args...)
-	cmd := &exec.Cmd{
+	return &exec.Cmd{
 		Path: b.nsenter,
 		Args: args,
 		Env:  []string{"PATH=" + hostPath},
@@ -371,27 +399,6 @@ func (b *Backend) Start(ctx context.Context, spec sandbox.Spec) (err error) {
 			CgroupFD:    int(cgfd.Fd()),
 		},
 	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("process backend: start %s: %w", spec.ID, err)
-	}
-	exited := make(chan error, 1)
-	// Reap it while this daemon lives; after a restart it is reparented
-	// to init, which reaps it.
-	go func() { exited <- cmd.Wait() }()
-
-	ps, err := readProcStat(cmd.Process.Pid)
-	if err != nil {
-		// It exited already; the wait below reports how.
-		ps = procStat{}
-	}
-	rec.Pid, rec.StartTime, rec.Started = cmd.Process.Pid, ps.StartTime, time.Now().UTC()
-	if err := b.writeRecord(rec); err != nil {
-		return fmt.Errorf("process backend: start %s: %w", spec.ID, err)
-	}
-	if err := b.waitExec(ctx, cmd.Process.Pid, l.rootfs, exited); err != nil {
-		return fmt.Errorf("process backend: start %s: %w%s", spec.ID, err, logTail(spec.LogPath, logStart))
-	}
-	return nil
 }
 
 // waitExec waits until pid has exec'd the bundle's program: its root is the
