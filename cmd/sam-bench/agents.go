@@ -13,7 +13,7 @@ import (
 
 	"sandstorm/internal/bench"
 	"sandstorm/internal/cli"
-	"sandstorm/internal/sambench"
+	"sandstorm/internal/sambench/agents"
 )
 
 const agentsHelp = `sam-bench agents is the SAM seed's "A thousand agents on one host" → "What they can
@@ -40,7 +40,7 @@ Ctrl-C included (sandboxes deleted, daemons stopped by PID, data removed).
 Needs root.`
 
 func agentsCmd() *cobra.Command {
-	cfg := sambench.AgentsConfig{}
+	cfg := agents.AgentsConfig{}
 	var out, repoDir, sandstormd, runsc string
 	cmd := &cobra.Command{
 		Use:   "agents [flags]",
@@ -80,7 +80,7 @@ func agentsCmd() *cobra.Command {
 			res, dir := br.Results, br.Dir
 			noteLoad(res, "before")
 			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
-			runErr := sambench.Agents(ctx, cfg, br, logf) // removes br.Work
+			runErr := agents.Agents(ctx, cfg, br, logf) // removes br.Work
 			if runErr != nil {
 				res.Note("stopped: %v", runErr)
 			}

@@ -14,13 +14,13 @@ import (
 	"sandstorm/internal/cli"
 	"sandstorm/internal/meshlab"
 	"sandstorm/internal/meshpeer"
-	"sandstorm/internal/sambench"
+	"sandstorm/internal/sambench/heal"
 )
 
 func healCmd() *cobra.Command {
-	cfg := sambench.HealConfig{Runs: 20, Sparse: time.Second, Dense: 100 * time.Millisecond, DenseFor: 15 * time.Second,
+	cfg := heal.Config{Runs: 20, Sparse: time.Second, Dense: 100 * time.Millisecond, DenseFor: 15 * time.Second,
 		Watch: time.Minute, Spread: meshpeer.CheckInterval, Stride: meshpeer.CheckInterval, RouterDown: time.Minute, MemberCut: 30 * time.Second,
-		ControlPlaneDown: 5 * time.Minute, Net: 202, Scenarios: sambench.HealScenarios}
+		ControlPlaneDown: 5 * time.Minute, Net: 202, Scenarios: heal.Scenarios}
 	var out, repoDir, binDir string
 	cmd := &cobra.Command{
 		Use:   "heal [flags]",
@@ -81,7 +81,7 @@ every run's time, what failed meanwhile, what the members said) go to
 			return record(cmd.Context(), out, repoDir, "heal", "sam-bench heal",
 				fmt.Sprintf("How fast the mesh heals: %s, %d runs each", strings.Join(cfg.Scenarios, ", "), cfg.Runs), nil,
 				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
-					return sambench.Heal(ctx, cfg, res, logf)
+					return heal.Run(ctx, cfg, res, logf)
 				})
 		},
 	}

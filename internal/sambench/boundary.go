@@ -115,110 +115,167 @@ func Boundary(ctx context.Context, cfg BoundaryConfig, res *bench.Results, logf 
 	res.Params["box_pid"] = rig.box.Process.Pid
 	res.Note("sam-box pinned to CPUs %q with GOMAXPROCS=%d; sam-node and this client unpinned unless sam-bench itself runs under taskset", cfg.BoxCPU, cfg.BoxProcs)
 
-	boxCPU := res.AddSeries("refusal/box-cpu", "sam-box's CPU time (utime+stime) per refused flow over a round: 1/this is refusals per CPU-second of sam-box", "")
-	wall := res.AddSeries("refusal/wall", "a refusal round's wall time per refused flow: 1/this is refusals per second", "24,000–28,000/s, i.e. 0.036–0.042 ms")
-	clientCPU := res.AddSeries("refusal/client-cpu", "this client's CPU time per refused flow (all its threads)", "")
-	floorCPU := res.AddSeries("refusal/floor-cpu", "the floor server's CPU time per connection under the same client (accept, one read, the 12 bytes of a refusal, close): the least a Go server spends here", "")
-	newFlow := res.AddSeries("new-flow", "GET /v1/models through the boundary, a new flow per request (x/net/proxy SOCKS5 then HTTP/1.1), client-side to the end of the body", "")
-	base := res.AddSeries("baseline", "the same request straight to the node's Unix socket on a kept connection, client-side", "1.39 ms")
-	baseNew := res.AddSeries("baseline-new-conn", "the same request straight to the node's socket on a new connection each time", "")
-	piped := res.AddSeries("new-flow-pipelined", "the same new flow from a client that does not wait for the SOCKS5 replies: greeting, CONNECT and the HTTP request in one write (raw bytes), to the end of the body", "")
-	over := res.AddSeries("overhead", "each new-flow sample minus the baseline sample taken just before it", "+9–157 µs (p50)")
-	dnsCPU := res.AddSeries("dns-refusal/box-cpu", "sam-box's CPU time per name refused by its DNS (NXDOMAIN: a name the principal is not granted, never dialled) over a round", "")
-	dnsWall := res.AddSeries("dns-refusal/wall", "a DNS refusal round's wall time per answer: 1/this is names refused per second", "")
-	adm := res.AddSeries("admission", "the boundary's own mean admission (classify, decide, open) over a round's new flows: Δsum/Δcount of sam_box_admission_seconds", "18–20 µs")
-
-	sc := &runner{scraper: &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 10 * time.Second}}
+	b := &boundaryRun{cfg: cfg, rig: rig, logf: logf, series: newBoundarySeries(res),
+		sc: &runner{scraper: &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 10 * time.Second}}}
 	for round := range cfg.Rounds {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		// Refusals.
-		s0, err := sc.scrapeBefore(ctx, rig.metrics)
-		if err != nil {
+		if err := b.round(ctx, round); err != nil {
 			return err
-		}
-		cpu0, err := procCPU(rig.box.Process.Pid)
-		if err != nil {
-			return err
-		}
-		self0 := selfCPU()
-		n, failed, took := refuse(ctx, rig.agentSock, cfg.RefusalConns, cfg.RefusalTime)
-		cpu1, _ := procCPU(rig.box.Process.Pid)
-		self1 := selfCPU()
-		sc.scrapeAfter(ctx, s0)
-		counted := derive([]*Scrape{s0}, "", DefaultRefusalMetric).BoundaryRefusals
-		if n == 0 {
-			wall.Fail("round %d: no refusal (%d failed)", round, failed)
-			continue
-		}
-		boxCPU.Add(float64((cpu1 - cpu0).Nanoseconds()) / 1e6 / float64(n))
-		wall.Add(float64(took.Nanoseconds()) / 1e6 / float64(n))
-		clientCPU.Add(float64((self1 - self0).Nanoseconds()) / 1e6 / float64(n))
-		if failed > 0 {
-			wall.Fail("round %d: %d flows were not refused as expected", round, failed)
-		}
-		if counted == nil || int64(*counted) != n {
-			c := -1.0
-			if counted != nil {
-				c = *counted
-			}
-			wall.Note("round %d: the client counted %d refusals, the boundary %v", round, n, c)
-		}
-		logf("round %d: %d refusals in %v (%.0f/s); sam-box CPU %v (%.0f per CPU-second)", round, n, took.Round(time.Millisecond),
-			float64(n)/took.Seconds(), cpu1-cpu0, float64(n)/(cpu1-cpu0).Seconds())
-
-		if rig.floor != nil {
-			f0, err := procCPU(rig.floor.Process.Pid)
-			if err != nil {
-				return err
-			}
-			fn, _, _ := refuse(ctx, rig.floorSock, cfg.RefusalConns, cfg.RefusalTime)
-			f1, _ := procCPU(rig.floor.Process.Pid)
-			if fn > 0 {
-				floorCPU.Add(float64((f1 - f0).Nanoseconds()) / 1e6 / float64(fn))
-			}
-		}
-
-		if cfg.DNSSockets > 0 {
-			d0, err := procCPU(rig.box.Process.Pid)
-			if err != nil {
-				return err
-			}
-			dn, lost, dtook := dnsRefuse(ctx, rig.dns, cfg.DNSSockets, cfg.DNSWindow, cfg.RefusalTime)
-			d1, _ := procCPU(rig.box.Process.Pid)
-			if dn == 0 {
-				dnsWall.Fail("round %d: no name refused (%d queries lost)", round, lost)
-			} else {
-				dnsCPU.Add(float64((d1 - d0).Nanoseconds()) / 1e6 / float64(dn))
-				dnsWall.Add(float64(dtook.Nanoseconds()) / 1e6 / float64(dn))
-				if lost > 0 {
-					dnsWall.Note("round %d: %d queries got no answer within 200 ms (datagrams dropped by a full socket buffer) and were sent again", round, lost)
-				}
-				logf("round %d: %d names refused by DNS in %v (%.0f/s); sam-box CPU %v (%.0f per CPU-second); %d lost", round, dn, dtook.Round(time.Millisecond),
-					float64(dn)/dtook.Seconds(), d1-d0, float64(dn)/(d1-d0).Seconds(), lost)
-			}
-		}
-
-		// Latency: baseline, baseline on a new connection and a new flow
-		// through the boundary, interleaved, one request at a time.
-		s1, err := sc.scrapeBefore(ctx, rig.metrics)
-		if err != nil {
-			return err
-		}
-		if err := rig.latency(ctx, cfg.Pairs, newFlow, piped, base, baseNew, over); err != nil {
-			return err
-		}
-		sc.scrapeAfter(ctx, s1)
-		if d := derive([]*Scrape{s1}, DefaultAdmissionMetric, ""); d.AdmissionMeanUs != nil {
-			adm.Add(*d.AdmissionMeanUs / 1000)
-		} else {
-			adm.Fail("round %d: the admission histogram did not move", round)
 		}
 	}
-	rss := readProcs([]int{rig.box.Process.Pid, rig.node.Process.Pid})
+	rss := ReadProcs([]int{rig.box.Process.Pid, rig.node.Process.Pid})
 	res.Params["processes_after"] = rss
 	res.Tables = append(res.Tables, boundaryTable(res))
+	return nil
+}
+
+// boundarySeries are Boundary's series.
+type boundarySeries struct {
+	boxCPU, wall, clientCPU, floorCPU   *bench.Series
+	newFlow, base, baseNew, piped, over *bench.Series
+	dnsCPU, dnsWall, adm                *bench.Series
+}
+
+func newBoundarySeries(res *bench.Results) boundarySeries {
+	return boundarySeries{
+		boxCPU:    res.AddSeries("refusal/box-cpu", "sam-box's CPU time (utime+stime) per refused flow over a round: 1/this is refusals per CPU-second of sam-box", ""),
+		wall:      res.AddSeries("refusal/wall", "a refusal round's wall time per refused flow: 1/this is refusals per second", "24,000–28,000/s, i.e. 0.036–0.042 ms"),
+		clientCPU: res.AddSeries("refusal/client-cpu", "this client's CPU time per refused flow (all its threads)", ""),
+		floorCPU:  res.AddSeries("refusal/floor-cpu", "the floor server's CPU time per connection under the same client (accept, one read, the 12 bytes of a refusal, close): the least a Go server spends here", ""),
+		newFlow:   res.AddSeries("new-flow", "GET /v1/models through the boundary, a new flow per request (x/net/proxy SOCKS5 then HTTP/1.1), client-side to the end of the body", ""),
+		base:      res.AddSeries("baseline", "the same request straight to the node's Unix socket on a kept connection, client-side", "1.39 ms"),
+		baseNew:   res.AddSeries("baseline-new-conn", "the same request straight to the node's socket on a new connection each time", ""),
+		piped:     res.AddSeries("new-flow-pipelined", "the same new flow from a client that does not wait for the SOCKS5 replies: greeting, CONNECT and the HTTP request in one write (raw bytes), to the end of the body", ""),
+		over:      res.AddSeries("overhead", "each new-flow sample minus the baseline sample taken just before it", "+9–157 µs (p50)"),
+		dnsCPU:    res.AddSeries("dns-refusal/box-cpu", "sam-box's CPU time per name refused by its DNS (NXDOMAIN: a name the principal is not granted, never dialled) over a round", ""),
+		dnsWall:   res.AddSeries("dns-refusal/wall", "a DNS refusal round's wall time per answer: 1/this is names refused per second", ""),
+		adm:       res.AddSeries("admission", "the boundary's own mean admission (Classify, decide, open) over a round's new flows: Δsum/Δcount of sam_box_admission_seconds", "18–20 µs"),
+	}
+}
+
+// boundaryRun is one run of Boundary over its rig.
+type boundaryRun struct {
+	cfg    BoundaryConfig
+	rig    *rig
+	sc     *runner
+	logf   func(string, ...any)
+	series boundarySeries
+}
+
+// round is one round: refusals (sam-box, then the floor server), DNS
+// refusals, then the latencies with the admission histogram around them.
+func (b *boundaryRun) round(ctx context.Context, round int) error {
+	if err := b.refusals(ctx, round); err != nil {
+		return err
+	}
+	if err := b.floor(ctx); err != nil {
+		return err
+	}
+	if err := b.dns(ctx, round); err != nil {
+		return err
+	}
+	// Latency: baseline, baseline on a new connection and a new flow
+	// through the boundary, interleaved, one request at a time.
+	s := b.series
+	s1, err := b.sc.scrapeBefore(ctx, b.rig.metrics)
+	if err != nil {
+		return err
+	}
+	if err := b.rig.latency(ctx, b.cfg.Pairs, s.newFlow, s.piped, s.base, s.baseNew, s.over); err != nil {
+		return err
+	}
+	b.sc.scrapeAfter(ctx, s1)
+	if d := derive([]*Scrape{s1}, DefaultAdmissionMetric, ""); d.AdmissionMeanUs != nil {
+		s.adm.Add(*d.AdmissionMeanUs / 1000)
+	} else {
+		s.adm.Fail("round %d: the admission histogram did not move", round)
+	}
+	return nil
+}
+
+// refusals is a round of flows sam-box refuses, its CPU and the client's
+// per refusal, its count checked against the boundary's counter.
+func (b *boundaryRun) refusals(ctx context.Context, round int) error {
+	s, rig := b.series, b.rig
+	s0, err := b.sc.scrapeBefore(ctx, rig.metrics)
+	if err != nil {
+		return err
+	}
+	cpu0, err := ProcCPU(rig.box.Process.Pid)
+	if err != nil {
+		return err
+	}
+	self0 := SelfCPU()
+	n, failed, took := refuse(ctx, rig.agentSock, b.cfg.RefusalConns, b.cfg.RefusalTime)
+	cpu1, _ := ProcCPU(rig.box.Process.Pid)
+	self1 := SelfCPU()
+	b.sc.scrapeAfter(ctx, s0)
+	counted := derive([]*Scrape{s0}, "", DefaultRefusalMetric).BoundaryRefusals
+	if n == 0 {
+		s.wall.Fail("round %d: no refusal (%d failed)", round, failed)
+		return nil
+	}
+	s.boxCPU.Add(float64((cpu1 - cpu0).Nanoseconds()) / 1e6 / float64(n))
+	s.wall.Add(float64(took.Nanoseconds()) / 1e6 / float64(n))
+	s.clientCPU.Add(float64((self1 - self0).Nanoseconds()) / 1e6 / float64(n))
+	if failed > 0 {
+		s.wall.Fail("round %d: %d flows were not refused as expected", round, failed)
+	}
+	if counted == nil || int64(*counted) != n {
+		c := -1.0
+		if counted != nil {
+			c = *counted
+		}
+		s.wall.Note("round %d: the client counted %d refusals, the boundary %v", round, n, c)
+	}
+	b.logf("round %d: %d refusals in %v (%.0f/s); sam-box CPU %v (%.0f per CPU-second)", round, n, took.Round(time.Millisecond),
+		float64(n)/took.Seconds(), cpu1-cpu0, float64(n)/(cpu1-cpu0).Seconds())
+	return nil
+}
+
+// floor is the same refusals against the floor server, if there is one.
+func (b *boundaryRun) floor(ctx context.Context) error {
+	rig := b.rig
+	if rig.floor == nil {
+		return nil
+	}
+	f0, err := ProcCPU(rig.floor.Process.Pid)
+	if err != nil {
+		return err
+	}
+	fn, _, _ := refuse(ctx, rig.floorSock, b.cfg.RefusalConns, b.cfg.RefusalTime)
+	f1, _ := ProcCPU(rig.floor.Process.Pid)
+	if fn > 0 {
+		b.series.floorCPU.Add(float64((f1 - f0).Nanoseconds()) / 1e6 / float64(fn))
+	}
+	return nil
+}
+
+// dns is a round of names sam-box's DNS refuses, if asked for.
+func (b *boundaryRun) dns(ctx context.Context, round int) error {
+	s, rig, cfg := b.series, b.rig, b.cfg
+	if cfg.DNSSockets <= 0 {
+		return nil
+	}
+	d0, err := ProcCPU(rig.box.Process.Pid)
+	if err != nil {
+		return err
+	}
+	dn, lost, dtook := dnsRefuse(ctx, rig.dns, cfg.DNSSockets, cfg.DNSWindow, cfg.RefusalTime)
+	d1, _ := ProcCPU(rig.box.Process.Pid)
+	if dn == 0 {
+		s.dnsWall.Fail("round %d: no name refused (%d queries lost)", round, lost)
+		return nil
+	}
+	s.dnsCPU.Add(float64((d1 - d0).Nanoseconds()) / 1e6 / float64(dn))
+	s.dnsWall.Add(float64(dtook.Nanoseconds()) / 1e6 / float64(dn))
+	if lost > 0 {
+		s.dnsWall.Note("round %d: %d queries got no answer within 200 ms (datagrams dropped by a full socket buffer) and were sent again", round, lost)
+	}
+	b.logf("round %d: %d names refused by DNS in %v (%.0f/s); sam-box CPU %v (%.0f per CPU-second); %d lost", round, dn, dtook.Round(time.Millisecond),
+		float64(dn)/dtook.Seconds(), d1-d0, float64(dn)/(d1-d0).Seconds(), lost)
 	return nil
 }
 
@@ -288,7 +345,7 @@ func startRig(ctx context.Context, cfg BoundaryConfig, dir string) (*rig, error)
 	// both ends (its only peer is 127.0.0.1), for its DNS.
 	var ports [3]int
 	for i := range ports {
-		p, err := freePort()
+		p, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -307,11 +364,11 @@ func startRig(ctx context.Context, cfg BoundaryConfig, dir string) (*rig, error)
 			return nil, err
 		}
 	}
-	admin, err := freePort()
+	admin, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	mport, err := freePort()
+	mport, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +380,7 @@ func startRig(ctx context.Context, cfg BoundaryConfig, dir string) (*rig, error)
 	if err := r.node.Start(); err != nil {
 		return nil, fmt.Errorf("sam-node: %w", err)
 	}
-	if err := waitSocket(ctx, r.nodeSock); err != nil {
+	if err := WaitSocket(ctx, r.nodeSock); err != nil {
 		r.stop()
 		return nil, fmt.Errorf("sam-node: %w (log: %s)", err, filepath.Join(dir, "sam-node.log"))
 	}
@@ -344,30 +401,50 @@ func startRig(ctx context.Context, cfg BoundaryConfig, dir string) (*rig, error)
 		r.stop()
 		return nil, fmt.Errorf("sam-box: %w", err)
 	}
-	if err := waitSocket(ctx, r.agentSock); err != nil {
+	if err := WaitSocket(ctx, r.agentSock); err != nil {
 		r.stop()
 		return nil, fmt.Errorf("sam-box: %w", err)
 	}
-	if len(cfg.FloorCmd) > 0 {
-		r.floorSock = filepath.Join(dir, "floor.sock")
-		fargs := append(append([]string(nil), cfg.FloorCmd...), r.floorSock)
-		fbin := fargs[0]
-		fargs = fargs[1:]
-		if cfg.BoxCPU != "" {
-			fargs = append([]string{"-c", cfg.BoxCPU, fbin}, fargs...)
-			fbin = "taskset"
-		}
-		r.floor = exec.CommandContext(ctx, fbin, fargs...)
-		r.floor.Env = r.box.Env
-		if err := r.floor.Start(); err != nil {
-			r.stop()
-			return nil, fmt.Errorf("floor server: %w", err)
-		}
-		if err := waitSocket(ctx, r.floorSock); err != nil {
-			r.stop()
-			return nil, fmt.Errorf("floor server: %w", err)
-		}
+	if err := r.startFloor(ctx, cfg, dir); err != nil {
+		r.stop()
+		return nil, err
 	}
+	if err := r.clients(); err != nil {
+		r.stop()
+		return nil, err
+	}
+	return r, nil
+}
+
+// startFloor starts the floor server beside sam-box, pinned alike, if
+// there is one.
+func (r *rig) startFloor(ctx context.Context, cfg BoundaryConfig, dir string) error {
+	if len(cfg.FloorCmd) == 0 {
+		return nil
+	}
+	r.floorSock = filepath.Join(dir, "floor.sock")
+	fargs := append(append([]string(nil), cfg.FloorCmd...), r.floorSock)
+	fbin := fargs[0]
+	fargs = fargs[1:]
+	if cfg.BoxCPU != "" {
+		fargs = append([]string{"-c", cfg.BoxCPU, fbin}, fargs...)
+		fbin = "taskset"
+	}
+	r.floor = exec.CommandContext(ctx, fbin, fargs...)
+	r.floor.Env = r.box.Env
+	if err := r.floor.Start(); err != nil {
+		return fmt.Errorf("floor server: %w", err)
+	}
+	if err := WaitSocket(ctx, r.floorSock); err != nil {
+		return fmt.Errorf("floor server: %w", err)
+	}
+	return nil
+}
+
+// clients are the rig's HTTP clients: straight to the node's socket (kept
+// and new connections), and through the boundary's SOCKS5, a new flow a
+// request.
+func (r *rig) clients() error {
 	unixTo := func(path string, keep bool) *http.Client {
 		var d net.Dialer
 		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: !keep,
@@ -376,13 +453,12 @@ func startRig(ctx context.Context, cfg BoundaryConfig, dir string) (*rig, error)
 	r.base, r.baseNew = unixTo(r.nodeSock, true), unixTo(r.nodeSock, false)
 	pd, err := proxy.SOCKS5("unix", r.agentSock, nil, nil)
 	if err != nil {
-		r.stop()
-		return nil, err
+		return err
 	}
 	cd := pd.(proxy.ContextDialer)
 	r.flow = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return cd.DialContext(ctx, "tcp", addr) }}}
-	return r, nil
+	return nil
 }
 
 func (r *rig) stop() {
@@ -549,8 +625,8 @@ func refuse(ctx context.Context, sock string, conns int, d time.Duration) (ok, f
 	return nOK.Load(), nFailed.Load(), time.Since(t0)
 }
 
-// procCPU is a process's user+system CPU time, from /proc/PID/stat.
-func procCPU(pid int) (time.Duration, error) {
+// ProcCPU is a process's user+system CPU time, from /proc/PID/stat.
+func ProcCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
@@ -573,8 +649,8 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * (time.Second / 100), nil
 }
 
-// selfCPU is this process's CPU time, all threads.
-func selfCPU() time.Duration {
+// SelfCPU is this process's CPU time, all threads.
+func SelfCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
@@ -582,7 +658,7 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func freePort() (int, error) {
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -591,8 +667,8 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// waitSocket waits (bounded) until a Unix socket accepts a connection.
-func waitSocket(ctx context.Context, path string) error {
+// WaitSocket waits (bounded) until a Unix socket accepts a connection.
+func WaitSocket(ctx context.Context, path string) error {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {

@@ -14,7 +14,7 @@ import (
 func TestRefuseAgainstTheFloorServer(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "floor.sock")
 	go FloorServe(sock)
-	if err := waitSocket(context.Background(), sock); err != nil {
+	if err := WaitSocket(context.Background(), sock); err != nil {
 		t.Fatal(err)
 	}
 	ok, failed, took := refuse(context.Background(), sock, 4, 200*time.Millisecond)
@@ -26,8 +26,8 @@ func TestRefuseAgainstTheFloorServer(t *testing.T) {
 	if ok != 0 || failed == 0 {
 		t.Errorf("no server: refused %d, failed %d", ok, failed)
 	}
-	cpu, err := procCPU(os.Getpid())
+	cpu, err := ProcCPU(os.Getpid())
 	if err != nil || cpu <= 0 {
-		t.Errorf("procCPU: %v %v", cpu, err)
+		t.Errorf("ProcCPU: %v %v", cpu, err)
 	}
 }

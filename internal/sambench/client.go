@@ -125,7 +125,7 @@ func (r *runner) one(ctx context.Context, i int, phaseStart time.Time) Sample {
 	resp, err := r.client.Do(req)
 	if err != nil {
 		s.TotalUs = time.Since(t0).Microseconds()
-		s.Kind, s.Error = classify(err), err.Error()
+		s.Kind, s.Error = Classify(err), err.Error()
 		s.OK = r.cfg.ExpectDeny && strings.HasPrefix(s.Kind, KindRefusedPrefix)
 		return s
 	}
@@ -136,7 +136,7 @@ func (r *runner) one(ctx context.Context, i int, phaseStart time.Time) Sample {
 	s.Status, s.Bytes = resp.StatusCode, n
 	switch {
 	case err != nil:
-		s.Kind, s.Error = "body: "+classify(err), err.Error()
+		s.Kind, s.Error = "body: "+Classify(err), err.Error()
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		s.Kind = KindOK
 		s.OK = !r.cfg.ExpectDeny
@@ -149,10 +149,10 @@ func (r *runner) one(ctx context.Context, i int, phaseStart time.Time) Sample {
 	return s
 }
 
-// classify names the class of a request's error: a closed set of short
+// Classify names the class of a request's error: a closed set of short
 // kinds, so that failures can be counted (the full text is kept in the
 // sample).
-func classify(err error) string {
+func Classify(err error) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return KindTimeout

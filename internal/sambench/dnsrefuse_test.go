@@ -13,6 +13,7 @@ import (
 
 	"sandstorm/internal/boundary"
 	"sandstorm/internal/policy"
+	"sandstorm/internal/sambench/sambenchtest"
 )
 
 // A real boundary's DNS on loopback answers the load generator's queries
@@ -20,13 +21,13 @@ import (
 // generator's count agrees with the boundary's own counter; nothing
 // answering counts as lost, not refused.
 func TestDNSRefuseAgainstABoundary(t *testing.T) {
-	pol, err := policy.Parse([]byte(testPolicy))
+	pol, err := policy.Parse([]byte(sambenchtest.TestPolicy))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ports := make([]int, 3)
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = FreePort(); err != nil {
 			t.Fatal(err)
 		}
 	}

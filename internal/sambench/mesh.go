@@ -32,6 +32,84 @@ type fixedPolicy struct{ p *policy.Policy }
 
 func (f fixedPolicy) Current() *policy.Policy { return f.p }
 
+// loopMesh is Mesh's mesh: a router and members A and B in this process
+// on loopback, B serving model "m" from fakellm.
+type loopMesh struct {
+	a, b    *meshnode.Node
+	llm     *fakellm.Server
+	closers []func()
+}
+
+func (lm *loopMesh) close() {
+	for i := len(lm.closers) - 1; i >= 0; i-- {
+		lm.closers[i]()
+	}
+}
+
+func startLoopMesh(ctx context.Context) (lm *loopMesh, err error) {
+	lm = &loopMesh{}
+	defer func() {
+		if err != nil {
+			lm.close()
+		}
+	}()
+	iss, err := meshcred.NewIssuer("bench")
+	if err != nil {
+		return nil, err
+	}
+	verify := func(c string) (meshcred.Claims, error) { return iss.KeySet(time.Now()).Verify(c, time.Now(), nil) }
+	cred := func(name string, pub ed25519.PublicKey) func() string {
+		c, _, err := iss.Issue(name, pub, time.Hour, time.Now())
+		if err != nil {
+			panic(err)
+		}
+		return func() string { return c }
+	}
+	rpub, rpriv, _ := ed25519.GenerateKey(rand.Reader)
+	rkey, _ := meshrouter.Identity(rpriv)
+	r, err := meshrouter.New(rkey, []string{"/ip4/127.0.0.1/tcp/0"}, verify, cred("router", rpub))
+	if err != nil {
+		return nil, err
+	}
+	lm.closers = append(lm.closers, func() { r.Close() })
+	routers := []peer.AddrInfo{{ID: r.Host.ID(), Addrs: r.Host.Addrs()}}
+	if lm.llm, err = fakellm.Listen("127.0.0.1:0", "m"); err != nil {
+		return nil, err
+	}
+	lm.closers = append(lm.closers, lm.llm.Close)
+	pol, err := policy.Parse([]byte("roles: [{name: r, services: [\"inference://m\"]}]\nbindings: [{principal: agent, roles: [r]}]\n"))
+	if err != nil {
+		return nil, err
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	member := func(name string, c meshnode.Config) (*meshnode.Node, error) {
+		pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+		d := &meshpeer.Deferred{}
+		c.Mesh, c.Member, c.Policy, c.Logger = d, name, fixedPolicy{pol}, quiet
+		n, err := meshnode.New(c)
+		if err != nil {
+			return nil, err
+		}
+		p, err := meshpeer.Join(ctx, meshpeer.Config{Key: priv, Credential: cred(name, pub), Verify: verify, Routers: routers,
+			Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Names: n.Names, Handler: n.MeshHandler(), Logger: quiet})
+		if err != nil {
+			n.Close()
+			return nil, err
+		}
+		lm.closers = append(lm.closers, func() { n.Close() }, func() { p.Close() })
+		d.Set(p)
+		go p.Run(ctx)
+		return n, nil
+	}
+	if lm.b, err = member("node-b", meshnode.Config{Providers: []meshnode.Provider{{Name: "llm", URL: lm.llm.BaseURL(), Models: []string{"m"}}}}); err != nil {
+		return nil, err
+	}
+	if lm.a, err = member("node-a", meshnode.Config{}); err != nil {
+		return nil, err
+	}
+	return lm, nil
+}
+
 // Mesh measures what a call to a model served by another member costs
 // over the same call served by the node itself (issue 17: "a cross-node
 // call's overhead over a local one"), on loopback, in one process: a
@@ -48,67 +126,12 @@ func Mesh(ctx context.Context, cfg MeshConfig, res *bench.Results, logf func(str
 		return fmt.Errorf("mesh: want at least one request")
 	}
 	res.Params["mesh"] = cfg
-	iss, err := meshcred.NewIssuer("bench")
+	lm, err := startLoopMesh(ctx)
 	if err != nil {
 		return err
 	}
-	verify := func(c string) (meshcred.Claims, error) { return iss.KeySet(time.Now()).Verify(c, time.Now(), nil) }
-	cred := func(name string, pub ed25519.PublicKey) func() string {
-		c, _, err := iss.Issue(name, pub, time.Hour, time.Now())
-		if err != nil {
-			panic(err)
-		}
-		return func() string { return c }
-	}
-	rpub, rpriv, _ := ed25519.GenerateKey(rand.Reader)
-	rkey, _ := meshrouter.Identity(rpriv)
-	r, err := meshrouter.New(rkey, []string{"/ip4/127.0.0.1/tcp/0"}, verify, cred("router", rpub))
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	routers := []peer.AddrInfo{{ID: r.Host.ID(), Addrs: r.Host.Addrs()}}
-
-	llm, err := fakellm.Listen("127.0.0.1:0", "m")
-	if err != nil {
-		return err
-	}
-	defer llm.Close()
-	pol, err := policy.Parse([]byte("roles: [{name: r, services: [\"inference://m\"]}]\nbindings: [{principal: agent, roles: [r]}]\n"))
-	if err != nil {
-		return err
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	member := func(name string, c meshnode.Config) (*meshnode.Node, *meshpeer.Peer, error) {
-		pub, priv, _ := ed25519.GenerateKey(rand.Reader)
-		d := &meshpeer.Deferred{}
-		c.Mesh, c.Member, c.Policy, c.Logger = d, name, fixedPolicy{pol}, quiet
-		n, err := meshnode.New(c)
-		if err != nil {
-			return nil, nil, err
-		}
-		p, err := meshpeer.Join(ctx, meshpeer.Config{Key: priv, Credential: cred(name, pub), Verify: verify, Routers: routers,
-			Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Names: n.Names, Handler: n.MeshHandler(), Logger: quiet})
-		if err != nil {
-			n.Close()
-			return nil, nil, err
-		}
-		d.Set(p)
-		go p.Run(ctx)
-		return n, p, nil
-	}
-	b, pb, err := member("node-b", meshnode.Config{Providers: []meshnode.Provider{{Name: "llm", URL: llm.BaseURL(), Models: []string{"m"}}}})
-	if err != nil {
-		return err
-	}
-	defer pb.Close()
-	defer b.Close()
-	a, pa, err := member("node-a", meshnode.Config{})
-	if err != nil {
-		return err
-	}
-	defer pa.Close()
-	defer a.Close()
+	defer lm.close()
+	a, b, llm := lm.a, lm.b, lm.llm
 	sa, sb := httptest.NewServer(a.Handler()), httptest.NewServer(b.Handler())
 	defer sa.Close()
 	defer sb.Close()

@@ -72,20 +72,10 @@ func Principals(ctx context.Context, cfg PrincipalsConfig, res *bench.Results, l
 		dir = d
 	}
 	nodeSock := filepath.Join(dir, "node.sock")
-	var pol strings.Builder
-	pol.WriteString("roles: [{name: agent, services: [\"inference://*\", \"mcp://everything\"]}]\nbindings:\n")
-	for i := 1; i <= cfg.Principals; i++ {
-		fmt.Fprintf(&pol, "  - {principal: agent-%d, roles: [agent]}\n", i)
+	if err := writePrincipalsConfigs(dir, cfg); err != nil {
+		return err
 	}
-	cmdJSON, _ := json.Marshal(cfg.MCPCommand)
-	nodeYAML := "providers:\n  - {name: none, url: \"http://127.0.0.1:9/v1\", models: [model-a, model-b]}\n" +
-		"mcp_servers:\n  - {name: everything, command: " + string(cmdJSON) + "}\n"
-	for name, body := range map[string]string{"policy.yaml": pol.String(), "node.yaml": nodeYAML} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
-			return err
-		}
-	}
-	admin, err := freePort()
+	admin, err := FreePort()
 	if err != nil {
 		return err
 	}
@@ -97,55 +87,34 @@ func Principals(ctx context.Context, cfg PrincipalsConfig, res *bench.Results, l
 	if err := node.Start(); err != nil {
 		return fmt.Errorf("sam-node: %w", err)
 	}
-	defer stopProc(node)
-	if err := waitReady(ctx, adminURL+"/readyz"); err != nil {
+	defer StopProc(node)
+	if err := WaitReady(ctx, adminURL+"/readyz"); err != nil {
 		return fmt.Errorf("sam-node: %w (log: %s)", err, filepath.Join(dir, "sam-node.log"))
 	}
 
 	// sam-box with one boundary, then with all of them.
-	startBox := func(n int) (*exec.Cmd, error) {
-		var b strings.Builder
-		fmt.Fprintf(&b, "mesh: unix://%s\npolicy: %s\nboundaries:\n", nodeSock, filepath.Join(dir, "policy.yaml"))
-		for i := 1; i <= n; i++ {
-			fmt.Fprintf(&b, "  - {principal: agent-%d, socket: %s}\n", i, filepath.Join(dir, fmt.Sprintf("a%d.sock", i)))
-		}
-		conf := filepath.Join(dir, fmt.Sprintf("box-%d.yaml", n))
-		if err := os.WriteFile(conf, []byte(b.String()), 0o600); err != nil {
-			return nil, err
-		}
-		logf, _ := os.Create(filepath.Join(dir, fmt.Sprintf("sam-box-%d.log", n)))
-		box := exec.CommandContext(ctx, cfg.BoxBin, "--config", conf)
-		box.Stdout, box.Stderr = logf, logf
-		if err := box.Start(); err != nil {
-			return nil, err
-		}
-		if err := waitSocket(ctx, filepath.Join(dir, fmt.Sprintf("a%d.sock", n))); err != nil {
-			stopProc(box)
-			return nil, err
-		}
-		return box, nil
-	}
+	startBox := func(n int) (*exec.Cmd, error) { return startPrincipalsBox(ctx, cfg, dir, nodeSock, n) }
 	box1, err := startBox(1)
 	if err != nil {
 		return fmt.Errorf("sam-box: %w", err)
 	}
 	time.Sleep(500 * time.Millisecond) // settle: the reading is of an idle process, not a start-up spike
-	one := readProcs([]int{box1.Process.Pid})[0]
-	stopProc(box1)
+	one := ReadProcs([]int{box1.Process.Pid})[0]
+	StopProc(box1)
 	box, err := startBox(cfg.Principals)
 	if err != nil {
 		return fmt.Errorf("sam-box: %w", err)
 	}
-	defer stopProc(box)
+	defer StopProc(box)
 
 	var nodeMem, boxMem []memPoint
 	read := func(n int, phase string) {
-		p := memPoint{Principals: n, Phase: phase, RSSKiB: readProcs([]int{node.Process.Pid})[0].RSSKiB}
+		p := memPoint{Principals: n, Phase: phase, RSSKiB: ReadProcs([]int{node.Process.Pid})[0].RSSKiB}
 		if m, err := scrapeGauges(ctx, adminURL+"/metrics", "go_memstats_heap_inuse_bytes", "go_goroutines"); err == nil {
 			p.HeapKiB, p.Goroutines = m["go_memstats_heap_inuse_bytes"]/1024, m["go_goroutines"]
 		}
 		nodeMem = append(nodeMem, p)
-		boxMem = append(boxMem, memPoint{Principals: n, Phase: phase, RSSKiB: readProcs([]int{box.Process.Pid})[0].RSSKiB})
+		boxMem = append(boxMem, memPoint{Principals: n, Phase: phase, RSSKiB: ReadProcs([]int{box.Process.Pid})[0].RSSKiB})
 	}
 	time.Sleep(500 * time.Millisecond)
 	read(0, "idle")
@@ -196,23 +165,7 @@ func Principals(ctx context.Context, cfg PrincipalsConfig, res *bench.Results, l
 	res.Params["box_memory"] = boxMem
 	res.Params["box_one_boundary"] = one
 
-	t := &bench.Table{
-		Title:       "Memory with many principals",
-		Description: fmt.Sprintf("sam-node serving %d principals that each listed models and MCP tools (%d tools) through their own boundary; sam-box holding their %d boundaries in one Set. RSS from /proc/PID/status, Go heap (in use) from sam-node's /metrics.", cfg.Principals, toolCount, cfg.Principals),
-		Columns:     []string{"principals", "phase", "sam-node RSS MiB", "sam-node Go heap MiB", "goroutines", "sam-box RSS MiB"},
-	}
-	for i, p := range nodeMem {
-		t.Rows = append(t.Rows, []string{fmt.Sprint(p.Principals), p.Phase, fmt.Sprintf("%.1f", float64(p.RSSKiB)/1024),
-			fmt.Sprintf("%.1f", p.HeapKiB/1024), fmt.Sprint(p.Goroutines), fmt.Sprintf("%.1f", float64(boxMem[i].RSSKiB)/1024)})
-	}
-	first, last := nodeMem[0], nodeMem[len(nodeMem)-2]
-	n := float64(cfg.Principals)
-	t.Rows = append(t.Rows, []string{"per principal", "sessions open",
-		fmt.Sprintf("%.1f KiB", float64(last.RSSKiB-first.RSSKiB)/n), fmt.Sprintf("%.1f KiB", (last.HeapKiB-first.HeapKiB)/n),
-		fmt.Sprintf("%.2f", (last.Goroutines-first.Goroutines)/n),
-		fmt.Sprintf("%.1f KiB", float64(boxMem[len(boxMem)-2].RSSKiB-one.RSSKiB)/(n-1))})
-	t.Rows = append(t.Rows, []string{"per boundary", "idle, before any flow", "", "", "",
-		fmt.Sprintf("%.1f KiB", float64(boxMem[0].RSSKiB-one.RSSKiB)/(n-1))})
+	t := principalsTable(cfg, toolCount, one, nodeMem, boxMem)
 	res.Tables = append(res.Tables, t)
 	res.Note("sam-box with one boundary, idle: RSS %d KiB; the per-principal sam-box figure is (RSS with all boundaries after their flows − that) / (principals − 1)", one.RSSKiB)
 	res.Note("each principal's HTTP client keeps its connection to its boundary open (keep-alive), so after the calls every boundary holds one idle mesh flow")
@@ -303,8 +256,8 @@ func scrapeGauges(ctx context.Context, url string, names ...string) (map[string]
 	return out, nil
 }
 
-// waitReady waits (bounded) for url to answer 200.
-func waitReady(ctx context.Context, url string) error {
+// WaitReady waits (bounded) for url to answer 200.
+func WaitReady(ctx context.Context, url string) error {
 	deadline := time.Now().Add(60 * time.Second)
 	c := &http.Client{Timeout: 2 * time.Second}
 	for {
@@ -325,7 +278,7 @@ func waitReady(ctx context.Context, url string) error {
 	}
 }
 
-func stopProc(c *exec.Cmd) {
+func StopProc(c *exec.Cmd) {
 	if c == nil || c.Process == nil {
 		return
 	}
@@ -338,4 +291,71 @@ func stopProc(c *exec.Cmd) {
 		c.Process.Kill()
 		<-done
 	}
+}
+
+// writePrincipalsConfigs writes the policy (every principal granted
+// inference://* and the MCP server) and sam-node's config into dir.
+func writePrincipalsConfigs(dir string, cfg PrincipalsConfig) error {
+	var pol strings.Builder
+	pol.WriteString("roles: [{name: agent, services: [\"inference://*\", \"mcp://everything\"]}]\nbindings:\n")
+	for i := 1; i <= cfg.Principals; i++ {
+		fmt.Fprintf(&pol, "  - {principal: agent-%d, roles: [agent]}\n", i)
+	}
+	cmdJSON, _ := json.Marshal(cfg.MCPCommand)
+	nodeYAML := "providers:\n  - {name: none, url: \"http://127.0.0.1:9/v1\", models: [model-a, model-b]}\n" +
+		"mcp_servers:\n  - {name: everything, command: " + string(cmdJSON) + "}\n"
+	for name, body := range map[string]string{"policy.yaml": pol.String(), "node.yaml": nodeYAML} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startPrincipalsBox starts a sam-box holding the boundaries of the first
+// n principals and waits for the last one's socket.
+func startPrincipalsBox(ctx context.Context, cfg PrincipalsConfig, dir, nodeSock string, n int) (*exec.Cmd, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "mesh: unix://%s\npolicy: %s\nboundaries:\n", nodeSock, filepath.Join(dir, "policy.yaml"))
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "  - {principal: agent-%d, socket: %s}\n", i, filepath.Join(dir, fmt.Sprintf("a%d.sock", i)))
+	}
+	conf := filepath.Join(dir, fmt.Sprintf("box-%d.yaml", n))
+	if err := os.WriteFile(conf, []byte(b.String()), 0o600); err != nil {
+		return nil, err
+	}
+	logf, _ := os.Create(filepath.Join(dir, fmt.Sprintf("sam-box-%d.log", n)))
+	box := exec.CommandContext(ctx, cfg.BoxBin, "--config", conf)
+	box.Stdout, box.Stderr = logf, logf
+	if err := box.Start(); err != nil {
+		return nil, err
+	}
+	if err := WaitSocket(ctx, filepath.Join(dir, fmt.Sprintf("a%d.sock", n))); err != nil {
+		StopProc(box)
+		return nil, err
+	}
+	return box, nil
+}
+
+// principalsTable is the memory readings as a table, with what each
+// principal and each boundary cost.
+func principalsTable(cfg PrincipalsConfig, toolCount int, one Proc, nodeMem, boxMem []memPoint) *bench.Table {
+	t := &bench.Table{
+		Title:       "Memory with many principals",
+		Description: fmt.Sprintf("sam-node serving %d principals that each listed models and MCP tools (%d tools) through their own boundary; sam-box holding their %d boundaries in one Set. RSS from /proc/PID/status, Go heap (in use) from sam-node's /metrics.", cfg.Principals, toolCount, cfg.Principals),
+		Columns:     []string{"principals", "phase", "sam-node RSS MiB", "sam-node Go heap MiB", "goroutines", "sam-box RSS MiB"},
+	}
+	for i, p := range nodeMem {
+		t.Rows = append(t.Rows, []string{fmt.Sprint(p.Principals), p.Phase, fmt.Sprintf("%.1f", float64(p.RSSKiB)/1024),
+			fmt.Sprintf("%.1f", p.HeapKiB/1024), fmt.Sprint(p.Goroutines), fmt.Sprintf("%.1f", float64(boxMem[i].RSSKiB)/1024)})
+	}
+	first, last := nodeMem[0], nodeMem[len(nodeMem)-2]
+	n := float64(cfg.Principals)
+	t.Rows = append(t.Rows, []string{"per principal", "sessions open",
+		fmt.Sprintf("%.1f KiB", float64(last.RSSKiB-first.RSSKiB)/n), fmt.Sprintf("%.1f KiB", (last.HeapKiB-first.HeapKiB)/n),
+		fmt.Sprintf("%.2f", (last.Goroutines-first.Goroutines)/n),
+		fmt.Sprintf("%.1f KiB", float64(boxMem[len(boxMem)-2].RSSKiB-one.RSSKiB)/(n-1))})
+	t.Rows = append(t.Rows, []string{"per boundary", "idle, before any flow", "", "", "",
+		fmt.Sprintf("%.1f KiB", float64(boxMem[0].RSSKiB-one.RSSKiB)/(n-1))})
+	return t
 }

@@ -68,17 +68,17 @@ func argv0(pid int) string {
 	return filepath.Base(a)
 }
 
-func readProcs(pids []int) []Proc {
+func ReadProcs(pids []int) []Proc {
 	var out []Proc
 	for _, pid := range pids {
-		out = append(out, readProc(pid))
+		out = append(out, ReadProc(pid))
 	}
 	return out
 }
 
-// readProc reads VmRSS and Threads of /proc/<pid>/status and counts
+// ReadProc reads VmRSS and Threads of /proc/<pid>/status and counts
 // /proc/<pid>/fd.
-func readProc(pid int) Proc {
+func ReadProc(pid int) Proc {
 	p := Proc{PID: pid, Name: procName(pid)}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

@@ -6,35 +6,37 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sandstorm/internal/sambench/sambenchtest"
 )
 
 func TestReportFromTwoRuns(t *testing.T) {
-	nd := startNode(t, "agent-a")
-	bx := startBoundary(t, nd.socket)
+	nd := sambenchtest.StartNode(t, "agent-a")
+	bx := sambenchtest.StartBoundary(t, nd.Socket)
 	dir := t.TempDir()
-	nd.mode.Store(modeFlaky)
+	nd.Mode.Store(sambenchtest.ModeFlaky)
 
 	// Through the boundary, new flows, with its counters scraped and this
 	// process standing in for the boundary's RSS.
 	a, err := Run(context.Background(), Config{
-		Socket: bx.socket, Target: meshURL, Requests: 20, Concurrency: 2, Warmup: 3, NewFlow: true,
-		Scrape: []string{bx.metricsURL}, RSSPids: []int{os.Getpid()}, Labels: map[string]string{"step": "16"},
+		Socket: bx.Socket, Target: meshURL, Requests: 20, Concurrency: 2, Warmup: 3, NewFlow: true,
+		Scrape: []string{bx.MetricsURL}, RSSPids: []int{os.Getpid()}, Labels: map[string]string{"step": "16"},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The baseline, and a deny run through the boundary.
-	nd.mode.Store(modeOK)
+	nd.Mode.Store(sambenchtest.ModeOK)
 	b, err := Run(context.Background(), Config{
-		TargetUnix: nd.socket, Target: "http://localhost/v1/models", Requests: 20, Concurrency: 2,
+		TargetUnix: nd.Socket, Target: "http://localhost/v1/models", Requests: 20, Concurrency: 2,
 		Headers: []Header{{"X-Sam-Principal", "agent-a"}}, Labels: map[string]string{"step": "2"},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := Run(context.Background(), Config{
-		Socket: bx.socket, Target: "http://elsewhere.example/", Requests: 20, Concurrency: 2, ExpectDeny: true,
-		Scrape: []string{bx.metricsURL}, Labels: map[string]string{"step": "2", "case": "deny"},
+		Socket: bx.Socket, Target: "http://elsewhere.example/", Requests: 20, Concurrency: 2, ExpectDeny: true,
+		Scrape: []string{bx.MetricsURL}, Labels: map[string]string{"step": "2", "case": "deny"},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -38,7 +38,7 @@ const Tool = "sam-bench"
 const FormatVersion = 1
 
 // Default names of the boundary's metrics (internal/boundary) that a run
-// derives figures from: its admission histogram (classify, decide, open),
+// derives figures from: its admission histogram (Classify, decide, open),
 // and its count of what it turned away (flows denied by policy, mesh
 // requests to paths agents may not use).
 const (
@@ -325,7 +325,7 @@ func Run(ctx context.Context, cfg Config, logf func(string, ...any)) (*Observati
 	if err != nil {
 		return nil, err
 	}
-	obs.ProcessesBefore = readProcs(procs)
+	obs.ProcessesBefore = ReadProcs(procs)
 
 	if cfg.Warmup > 0 {
 		logf("warmup: %d requests, concurrency %d", cfg.Warmup, cfg.Concurrency)
@@ -363,7 +363,7 @@ func Run(ctx context.Context, cfg Config, logf func(string, ...any)) (*Observati
 	}
 	obs.Scrapes = scrapes
 	obs.Derived = derive(scrapes, cfg.AdmissionMetric, cfg.RefusalMetric)
-	obs.Processes = readProcs(procs)
+	obs.Processes = ReadProcs(procs)
 	obs.Finished = time.Now().UTC()
 	return obs, nil
 }

@@ -6,14 +6,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sandstorm/internal/sambench/sambenchtest"
 )
 
 const (
 	meshURL = "http://mesh.sam.alt/v1/models"
-	// What the boundary counts of its mesh flows and refusals.
-	allowedMesh     = `sam_box_flows_total{outcome="allowed",route="mesh"}`
-	deniedExternal  = `sam_box_flows_total{outcome="denied",route="external"}`
-	forwardedToNode = `sam_box_mesh_requests_total{outcome="forwarded"}`
 )
 
 // checkPhase checks the invariants every phase keeps: counts add up, every
@@ -67,17 +65,17 @@ func checkPhase(t *testing.T, name string, p *Phase, n int) {
 func TestRunThroughBoundaryReusedFlows(t *testing.T) {
 	// The node answers only agent-a: the identity the boundary sets, not
 	// the one the client sends.
-	nd := startNode(t, "agent-a")
-	bx := startBoundary(t, nd.socket)
+	nd := sambenchtest.StartNode(t, "agent-a")
+	bx := sambenchtest.StartBoundary(t, nd.Socket)
 	const n, c, warm = 40, 3, 6
 	obs, err := Run(context.Background(), Config{
-		Socket:      bx.socket,
+		Socket:      bx.Socket,
 		Target:      meshURL,
 		Requests:    n,
 		Concurrency: c,
 		Warmup:      warm,
 		Headers:     []Header{{"X-Sam-Principal", "agent-b"}},
-		Scrape:      []string{bx.metricsURL},
+		Scrape:      []string{bx.MetricsURL},
 		RSSPids:     []int{os.Getpid()},
 		Labels:      map[string]string{"step": "1"},
 	}, t.Logf)
@@ -90,7 +88,7 @@ func TestRunThroughBoundaryReusedFlows(t *testing.T) {
 		t.Fatalf("ok: main %d/%d, warmup %d/%d; failures %v %v (%s)", obs.Main.OK, n, obs.Warmup.OK, warm,
 			obs.Main.Failures, obs.Warmup.Failures, obs.Main.Samples[0].Error)
 	}
-	if got := nd.hits.Load(); got != n+warm {
+	if got := nd.Hits.Load(); got != n+warm {
 		t.Errorf("node served %d requests, want %d", got, n+warm)
 	}
 	if obs.Route != RouteBoundary || obs.Flow != FlowReused || obs.Mode != ModeAllow || obs.Label != "step=1" {
@@ -109,13 +107,13 @@ func TestRunThroughBoundaryReusedFlows(t *testing.T) {
 		t.Fatalf("scrapes %+v", obs.Scrapes)
 	}
 	d := obs.Scrapes[0].Deltas
-	if got := d[allowedMesh]; got >= n/2 {
+	if got := d[sambenchtest.AllowedMesh]; got >= n/2 {
 		t.Errorf("reused flows: the boundary saw %v new flows for %d requests", got, n)
 	}
 	if obs.Main.Flows >= n/2 || obs.Warmup.Flows < 1 {
 		t.Errorf("reused flows: the client opened %d flows for %d requests (warmup %d)", obs.Main.Flows, n, obs.Warmup.Flows)
 	}
-	if got := d[forwardedToNode]; got != n {
+	if got := d[sambenchtest.ForwardedToNode]; got != n {
 		t.Errorf("the boundary forwarded %v requests, want %d", got, n)
 	}
 	for k := range d {
@@ -139,7 +137,7 @@ func TestRunThroughBoundaryReusedFlows(t *testing.T) {
 	if obs.Source.Commit == "" && obs.Source.Error == "" {
 		t.Errorf("source neither read nor explained: %+v", obs.Source)
 	}
-	if p := obs.Params; p.Requests != n || p.Concurrency != c || p.Warmup != warm || p.Socket != bx.socket || p.Target != meshURL || len(p.Scrape) != 1 {
+	if p := obs.Params; p.Requests != n || p.Concurrency != c || p.Warmup != warm || p.Socket != bx.Socket || p.Target != meshURL || len(p.Scrape) != 1 {
 		t.Errorf("params %+v", obs.Params)
 	}
 	if len(obs.Processes) != 1 || obs.Processes[0].RSSKiB <= 0 || obs.Processes[0].FDs <= 0 || obs.Processes[0].Threads <= 0 {
@@ -151,12 +149,12 @@ func TestRunThroughBoundaryReusedFlows(t *testing.T) {
 }
 
 func TestRunThroughBoundaryNewFlowPerRequest(t *testing.T) {
-	nd := startNode(t, "agent-a")
-	bx := startBoundary(t, nd.socket)
+	nd := sambenchtest.StartNode(t, "agent-a")
+	bx := sambenchtest.StartBoundary(t, nd.Socket)
 	const n = 30
 	obs, err := Run(context.Background(), Config{
-		Socket: bx.socket, Target: meshURL, Requests: n, Concurrency: 2, Warmup: 2, NewFlow: true,
-		Scrape: []string{bx.metricsURL},
+		Socket: bx.Socket, Target: meshURL, Requests: n, Concurrency: 2, Warmup: 2, NewFlow: true,
+		Scrape: []string{bx.MetricsURL},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +165,7 @@ func TestRunThroughBoundaryNewFlowPerRequest(t *testing.T) {
 	}
 	// One flow, one handshake, one admission per request: the boundary's
 	// counters agree with the client's exactly.
-	if got := obs.Scrapes[0].Deltas[allowedMesh]; got != n || obs.Main.Flows != n {
+	if got := obs.Scrapes[0].Deltas[sambenchtest.AllowedMesh]; got != n || obs.Main.Flows != n {
 		t.Errorf("new flows in the main phase: boundary %v, client %d, want %d", got, obs.Main.Flows, n)
 	}
 	dv := obs.Derived
@@ -177,10 +175,10 @@ func TestRunThroughBoundaryNewFlowPerRequest(t *testing.T) {
 }
 
 func TestRunBaselineUnixSocket(t *testing.T) {
-	nd := startNode(t, "agent-a")
+	nd := sambenchtest.StartNode(t, "agent-a")
 	const n = 25
 	obs, err := Run(context.Background(), Config{
-		TargetUnix: nd.socket, Target: "http://localhost/v1/models", Requests: n, Concurrency: 4, Warmup: 3,
+		TargetUnix: nd.Socket, Target: "http://localhost/v1/models", Requests: n, Concurrency: 4, Warmup: 3,
 		Headers: []Header{{"X-Sam-Principal", "agent-a"}, {"Authorization", "Bearer secret"}},
 	}, nil)
 	if err != nil {
@@ -191,7 +189,7 @@ func TestRunBaselineUnixSocket(t *testing.T) {
 	if obs.Main.OK != n || obs.Warmup.OK != 3 || obs.Route != RouteBaseline {
 		t.Errorf("ok %d route %s failures %v", obs.Main.OK, obs.Route, obs.Main.Failures)
 	}
-	if got := nd.hits.Load(); got != n+3 {
+	if got := nd.Hits.Load(); got != n+3 {
 		t.Errorf("node hits %d", got)
 	}
 	// Reused: far fewer connections than requests. Zero new ones is
@@ -204,7 +202,7 @@ func TestRunBaselineUnixSocket(t *testing.T) {
 	}
 	// Without the header the node refuses (403): failures, and nothing in
 	// the distribution.
-	obs, err = Run(context.Background(), Config{TargetUnix: nd.socket, Target: "http://localhost/v1/models", Requests: 5, Concurrency: 1}, nil)
+	obs, err = Run(context.Background(), Config{TargetUnix: nd.Socket, Target: "http://localhost/v1/models", Requests: 5, Concurrency: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,11 +213,11 @@ func TestRunBaselineUnixSocket(t *testing.T) {
 }
 
 func TestFailuresStayOutOfTheDistribution(t *testing.T) {
-	nd := startNode(t, "agent-a")
-	bx := startBoundary(t, nd.socket)
-	nd.mode.Store(modeFlaky)
+	nd := sambenchtest.StartNode(t, "agent-a")
+	bx := sambenchtest.StartBoundary(t, nd.Socket)
+	nd.Mode.Store(sambenchtest.ModeFlaky)
 	const n = 40
-	obs, err := Run(context.Background(), Config{Socket: bx.socket, Target: meshURL, Requests: n, Concurrency: 4}, nil)
+	obs, err := Run(context.Background(), Config{Socket: bx.Socket, Target: meshURL, Requests: n, Concurrency: 4}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,8 +231,8 @@ func TestFailuresStayOutOfTheDistribution(t *testing.T) {
 		}
 	}
 
-	nd.mode.Store(modeFail)
-	obs, err = Run(context.Background(), Config{Socket: bx.socket, Target: meshURL, Requests: 10, Concurrency: 2, Warmup: 2}, nil)
+	nd.Mode.Store(sambenchtest.ModeFail)
+	obs, err = Run(context.Background(), Config{Socket: bx.Socket, Target: meshURL, Requests: 10, Concurrency: 2, Warmup: 2}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +243,7 @@ func TestFailuresStayOutOfTheDistribution(t *testing.T) {
 
 	// Transport failures are counted by class: a flow policy refused, a
 	// boundary socket that is not there, a node socket that is not there.
-	obs, err = Run(context.Background(), Config{Socket: bx.socket, Target: "http://forbidden.example/", Requests: 5, Concurrency: 1}, nil)
+	obs, err = Run(context.Background(), Config{Socket: bx.Socket, Target: "http://forbidden.example/", Requests: 5, Concurrency: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +251,7 @@ func TestFailuresStayOutOfTheDistribution(t *testing.T) {
 	if obs.Main.Failures[KindRefusedPrefix+"socks "+socksNotAllowed] != 5 || obs.Main.Refused != 5 {
 		t.Errorf("refused flows in an allow run: %+v", obs.Main.Failures)
 	}
-	obs, err = Run(context.Background(), Config{Socket: filepath.Join(shortDir(t), "absent.sock"), Target: meshURL, Requests: 3, Concurrency: 1}, nil)
+	obs, err = Run(context.Background(), Config{Socket: filepath.Join(sambenchtest.ShortDir(t), "absent.sock"), Target: meshURL, Requests: 3, Concurrency: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +259,7 @@ func TestFailuresStayOutOfTheDistribution(t *testing.T) {
 	if obs.Main.Failures["proxy dial: no such socket"] != 3 {
 		t.Errorf("missing socket: %v (%s)", obs.Main.Failures, obs.Main.Samples[0].Error)
 	}
-	obs, err = Run(context.Background(), Config{TargetUnix: filepath.Join(shortDir(t), "absent.sock"), Target: meshURL, Requests: 2, Concurrency: 1}, nil)
+	obs, err = Run(context.Background(), Config{TargetUnix: filepath.Join(sambenchtest.ShortDir(t), "absent.sock"), Target: meshURL, Requests: 2, Concurrency: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,12 +269,12 @@ func TestFailuresStayOutOfTheDistribution(t *testing.T) {
 }
 
 func TestExpectDenyCountsRefusals(t *testing.T) {
-	nd := startNode(t, "agent-a")
-	bx := startBoundary(t, nd.socket)
+	nd := sambenchtest.StartNode(t, "agent-a")
+	bx := sambenchtest.StartBoundary(t, nd.Socket)
 	const n = 50
 	obs, err := Run(context.Background(), Config{
-		Socket: bx.socket, Target: "http://forbidden.example/", Requests: n, Concurrency: 4, Warmup: 5, ExpectDeny: true,
-		Scrape: []string{bx.metricsURL},
+		Socket: bx.Socket, Target: "http://forbidden.example/", Requests: n, Concurrency: 4, Warmup: 5, ExpectDeny: true,
+		Scrape: []string{bx.MetricsURL},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -297,15 +295,15 @@ func TestExpectDenyCountsRefusals(t *testing.T) {
 	if obs.Derived.BoundaryRefusals == nil || *obs.Derived.BoundaryRefusals != n {
 		t.Errorf("the boundary counted %v refusals, the client %d", obs.Derived.BoundaryRefusals, n)
 	}
-	if got := obs.Scrapes[0].Deltas[deniedExternal]; got != n {
+	if got := obs.Scrapes[0].Deltas[sambenchtest.DeniedExternal]; got != n {
 		t.Errorf("denied external flows %v, want %d", got, n)
 	}
 
 	// A path agents may not use, through the mesh entrypoint: a 403 from
 	// the boundary, counted as a refusal on both sides.
 	obs, err = Run(context.Background(), Config{
-		Socket: bx.socket, Target: "http://mesh.sam.alt/metrics", Requests: 10, Concurrency: 2,
-		ExpectDeny: true, Scrape: []string{bx.metricsURL},
+		Socket: bx.Socket, Target: "http://mesh.sam.alt/metrics", Requests: 10, Concurrency: 2,
+		ExpectDeny: true, Scrape: []string{bx.MetricsURL},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -317,12 +315,12 @@ func TestExpectDenyCountsRefusals(t *testing.T) {
 	if obs.Derived.BoundaryRefusals == nil || *obs.Derived.BoundaryRefusals != 10 {
 		t.Errorf("admin path: the boundary counted %v refusals", obs.Derived.BoundaryRefusals)
 	}
-	if got := nd.hits.Load(); got != 0 {
+	if got := nd.Hits.Load(); got != 0 {
 		t.Errorf("refused requests reached the node %d times", got)
 	}
 
 	// Expecting a refusal where policy allows: every request is a leak.
-	obs, err = Run(context.Background(), Config{Socket: bx.socket, Target: meshURL, Requests: 6, Concurrency: 2, ExpectDeny: true}, nil)
+	obs, err = Run(context.Background(), Config{Socket: bx.Socket, Target: meshURL, Requests: 6, Concurrency: 2, ExpectDeny: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,12 +348,12 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	}
 	// A metrics endpoint that cannot be read stops the run before it
 	// starts (port 1 on loopback: nothing listens there).
-	nd := startNode(t, "")
-	_, err := Run(context.Background(), Config{TargetUnix: nd.socket, Target: meshURL, Requests: 1, Concurrency: 1, Scrape: []string{"http://127.0.0.1:1/metrics"}}, nil)
+	nd := sambenchtest.StartNode(t, "")
+	_, err := Run(context.Background(), Config{TargetUnix: nd.Socket, Target: meshURL, Requests: 1, Concurrency: 1, Scrape: []string{"http://127.0.0.1:1/metrics"}}, nil)
 	if err == nil || !strings.Contains(err.Error(), "before the run") {
 		t.Errorf("unreachable scrape: %v", err)
 	}
-	if nd.hits.Load() != 0 {
+	if nd.Hits.Load() != 0 {
 		t.Errorf("requests issued despite the failed scrape")
 	}
 }
@@ -440,12 +438,12 @@ func TestProcs(t *testing.T) {
 	if rss != 18432 || threads != 9 {
 		t.Errorf("parseStatus = %d, %d", rss, threads)
 	}
-	p := readProc(os.Getpid())
+	p := ReadProc(os.Getpid())
 	if p.RSSKiB <= 0 || p.FDs <= 0 || p.Threads <= 0 || p.Error != "" {
-		t.Errorf("readProc(self) = %+v", p)
+		t.Errorf("ReadProc(self) = %+v", p)
 	}
-	if p := readProc(1 << 30); p.Error == "" {
-		t.Errorf("readProc of no process: %+v", p)
+	if p := ReadProc(1 << 30); p.Error == "" {
+		t.Errorf("ReadProc of no process: %+v", p)
 	}
 	if _, err := findProcs(nil, "no-such-process-name-here"); err == nil {
 		t.Errorf("findProcs found a process that does not exist")

@@ -253,3 +253,49 @@ func derive(scrapes []*Scrape, admission, refusal string) Derived {
 	}
 	return d
 }
+
+// Scraper reads Prometheus metrics around a measurement (the counters'
+// deltas): for the benchmarks in the packages below this one.
+type Scraper struct{ r *runner }
+
+// NewScraper scrapes with hc.
+func NewScraper(hc *http.Client) *Scraper { return &Scraper{r: &runner{scraper: hc}} }
+
+// Before reads url's metrics before a measurement.
+func (s *Scraper) Before(ctx context.Context, url string) (*Scrape, error) {
+	return s.r.scrapeBefore(ctx, url)
+}
+
+// After reads them again after it, into sc.
+func (s *Scraper) After(ctx context.Context, sc *Scrape) { s.r.scrapeAfter(ctx, sc) }
+
+// Notes are what went wrong with sc's reading (a scrape that failed, a
+// counter that went backwards).
+func (sc *Scrape) Notes() []string { return sc.notes }
+
+// Delta is how much the series sel names moved between the two readings
+// (found false: no such series).
+func (sc *Scrape) Delta(sel string) (float64, bool, error) {
+	s, err := parseSelector(sel)
+	if err != nil {
+		return 0, false, err
+	}
+	d, found := delta([]*Scrape{sc}, s)
+	return d, found, nil
+}
+
+// ScrapeOfText is a Scrape of two readings given as Prometheus text (after
+// "": the reading after failed), for tests of what reads scrapes.
+func ScrapeOfText(before, after string) (*Scrape, error) {
+	b, err := parseMetrics(strings.NewReader(before))
+	if err != nil {
+		return nil, err
+	}
+	sc := &Scrape{before: b}
+	if after != "" {
+		if sc.after, err = parseMetrics(strings.NewReader(after)); err != nil {
+			return nil, err
+		}
+	}
+	return sc, nil
+}

@@ -1,4 +1,4 @@
-package sambench
+package agents
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"sandstorm/internal/bench"
 	"sandstorm/internal/client"
 	"sandstorm/internal/memguard"
+	"sandstorm/internal/sambench"
 )
 
 // AgentsConfig is the shape of sam-bench agents: the SAM seed's
@@ -99,8 +100,8 @@ type population struct {
 	Tiers           map[api.Tier]int `json:"tiers"`
 	PromisedMiB     int64            `json:"promised_mib"`
 	MemAvailableMiB int64            `json:"mem_available_mib"`
-	Sandstormd      Proc             `json:"sandstormd"`
-	SamNode         Proc             `json:"sam_node"`
+	Sandstormd      sambench.Proc    `json:"sandstormd"`
+	SamNode         sambench.Proc    `json:"sam_node"`
 	// Tasks are the host's threads (/proc/loadavg), which pid_max bounds.
 	Tasks int `json:"tasks"`
 }
@@ -117,28 +118,74 @@ func Agents(ctx context.Context, cfg AgentsConfig, br *bench.Run, logf func(stri
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	res, dir, work := br.Results, br.Dir, br.Work
+	a := &agentsRun{cfg: cfg, br: br, res: br.Results, logf: logf, pids: map[string]int{}}
 	// Run last, after every daemon has stopped: what the cleanup left.
-	left, pids := 0, map[string]int{}
+	left := 0
 	defer func() {
 		if left > 0 {
-			res.Note("cleanup: %d sandbox(es) could not be deleted; %s is kept (sandstormd serve --data-dir %s/d, then sandbox rm)", left, work, work)
+			a.res.Note("cleanup: %d sandbox(es) could not be deleted; %s is kept (sandstormd serve --data-dir %s/d, then sandbox rm)", left, br.Work, br.Work)
 			return
 		}
 		br.Close()
-		res.Note("cleanup: every sandbox deleted, sandstormd (pid %d) and sam-node (pid %d) stopped, %s removed", pids["sandstormd"], pids["sam-node"], work)
+		a.res.Note("cleanup: every sandbox deleted, sandstormd (pid %d) and sam-node (pid %d) stopped, %s removed", a.pids["sandstormd"], a.pids["sam-node"], br.Work)
 	}()
-	res.Params["agents"] = cfg
-	res.Params["sandstormd"] = br.Binary
+	a.res.Params["agents"] = cfg
+	a.res.Params["sandstormd"] = br.Binary
 	if sum, err := bench.FileSHA256(cfg.NodeBin); err == nil {
-		res.Params["sam_node_sha256"] = sum
+		a.res.Params["sam_node_sha256"] = sum
 	}
+	names, policyPath, err := a.writeConfigs()
+	if err != nil {
+		return err
+	}
+	stopNode, err := a.startSamNode(ctx, policyPath)
+	if err != nil {
+		return err
+	}
+	defer stopNode()
+	err = a.startSandstormd(ctx, policyPath)
+	if a.sd != nil {
+		defer func() { left = cleanupAgents(a.cl, a.sd, a.data, cfg.Subnet, logf) }()
+	}
+	if err != nil {
+		return err
+	}
+	defer func() { a.res.Tables = append(a.res.Tables, populationTable(a.pop)) }()
+	a.read(ctx, "before the fill")
+	a.idleCPU(ctx, "idle, before the fill")
+	pushers, err := a.fillAndPick(ctx, names)
+	if err != nil {
+		return err
+	}
+	a.idleCPU(ctx, "idle, the population resident")
+	return a.pushes(ctx, pushers)
+}
 
-	names := make([]string, cfg.Max)
+// agentsRun is one run of Agents: what it started and what it read.
+type agentsRun struct {
+	cfg  AgentsConfig
+	br   *bench.Run
+	res  *bench.Results
+	logf func(string, ...any)
+	pids map[string]int
+	// sam-node's agent socket and admin URL; sandstormd's metrics URL,
+	// data dir, client and process.
+	nodeSock, adminURL, boxURL, data string
+	cl                               *client.Client
+	sd                               *bench.Sandstormd
+	pop                              []population
+	idle                             []Push
+}
+
+// writeConfigs writes the policy (every agent's principal granted
+// inference://*) and sam-node's config into the work dir.
+func (a *agentsRun) writeConfigs() (names []string, policyPath string, err error) {
+	work := a.br.Work
+	names = make([]string, a.cfg.Max)
 	for i := range names {
-		names[i] = fmt.Sprintf("agent-%0*d", len(strconv.Itoa(cfg.Max)), i+1)
+		names[i] = fmt.Sprintf("agent-%0*d", len(strconv.Itoa(a.cfg.Max)), i+1)
 	}
-	policyPath := filepath.Join(work, "policy.yaml")
+	policyPath = filepath.Join(work, "policy.yaml")
 	var pol strings.Builder
 	pol.WriteString("roles: [{name: agent, services: [\"inference://*\"]}]\nbindings:\n")
 	for _, n := range names {
@@ -148,109 +195,119 @@ func Agents(ctx context.Context, cfg AgentsConfig, br *bench.Run, logf func(stri
 	// called (its URL is loopback's discard port, for the config's sake).
 	nodeYAML := "providers:\n  - {name: none, url: \"http://127.0.0.1:9/v1\", models: [model-a, model-b]}\n"
 	if err := os.WriteFile(policyPath, []byte(pol.String()), 0o600); err != nil {
-		return err
+		return nil, "", err
 	}
-	if err := os.WriteFile(filepath.Join(work, "node.yaml"), []byte(nodeYAML), 0o600); err != nil {
-		return err
-	}
+	return names, policyPath, os.WriteFile(filepath.Join(work, "node.yaml"), []byte(nodeYAML), 0o600)
+}
 
-	// sam-node.
-	nodeSock := filepath.Join(work, "node.sock")
-	adminPort, err := freePort()
+// startSamNode starts sam-node and waits until it is ready; stop stops it.
+func (a *agentsRun) startSamNode(ctx context.Context, policyPath string) (stop func(), err error) {
+	stop = func() {}
+	a.nodeSock = filepath.Join(a.br.Work, "node.sock")
+	adminPort, err := sambench.FreePort()
 	if err != nil {
-		return err
+		return stop, err
 	}
-	adminURL := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
-	nodeLog, err := os.Create(filepath.Join(dir.Path, "sam-node.log"))
+	a.adminURL = fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	nodeLog, err := os.Create(filepath.Join(a.br.Dir.Path, "sam-node.log"))
 	if err != nil {
-		return err
+		return stop, err
 	}
-	defer nodeLog.Close()
-	node := exec.Command(cfg.NodeBin, "--config", filepath.Join(work, "node.yaml"), "--policy", policyPath,
-		"--listen", "unix://"+nodeSock, "--admin-addr", fmt.Sprintf("127.0.0.1:%d", adminPort), "--log-level", "warn")
+	node := exec.Command(a.cfg.NodeBin, "--config", filepath.Join(a.br.Work, "node.yaml"), "--policy", policyPath,
+		"--listen", "unix://"+a.nodeSock, "--admin-addr", fmt.Sprintf("127.0.0.1:%d", adminPort), "--log-level", "warn")
 	node.Stdout, node.Stderr = nodeLog, nodeLog
 	// A group of its own: a Ctrl-C at the terminal reaches this process,
 	// which then takes everything down in order, not every daemon at once.
 	node.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := node.Start(); err != nil {
-		return fmt.Errorf("sam-node: %w", err)
+		nodeLog.Close()
+		return stop, fmt.Errorf("sam-node: %w", err)
 	}
-	defer stopProc(node)
-	pids["sam-node"] = node.Process.Pid
-	if err := waitReady(ctx, adminURL+"/readyz"); err != nil {
-		return fmt.Errorf("sam-node: %w (log: %s)", err, nodeLog.Name())
+	stop = func() { sambench.StopProc(node); nodeLog.Close() }
+	a.pids["sam-node"] = node.Process.Pid
+	if err := sambench.WaitReady(ctx, a.adminURL+"/readyz"); err != nil {
+		return stop, fmt.Errorf("sam-node: %w (log: %s)", err, nodeLog.Name())
 	}
+	return stop, nil
+}
 
-	// sandstormd.
-	metricsPort, err := freePort()
+// startSandstormd starts sandstormd (master and node, idle timers off,
+// the boundaries' policy the one given) and its web template.
+func (a *agentsRun) startSandstormd(ctx context.Context, policyPath string) error {
+	metricsPort, err := sambench.FreePort()
 	if err != nil {
 		return err
 	}
-	data := filepath.Join(work, "d")
-	args := []string{"--runsc", br.Runsc, "--subnet", cfg.Subnet, "--gateway-ports", cfg.GatewayPorts, "--log-level", "warn",
+	a.boxURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	a.data = filepath.Join(a.br.Work, "d")
+	args := []string{"--runsc", a.br.Runsc, "--subnet", a.cfg.Subnet, "--gateway-ports", a.cfg.GatewayPorts, "--log-level", "warn",
 		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0",
-		"--memory-reserve", strconv.Itoa(cfg.MemoryReserveMiB),
-		"--policy", policyPath, "--sam-node", "unix://" + nodeSock,
+		"--memory-reserve", strconv.Itoa(a.cfg.MemoryReserveMiB),
+		"--policy", policyPath, "--sam-node", "unix://" + a.nodeSock,
 		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", metricsPort)}
-	res.Params["sandstormd_args"] = args
-	sd, err := bench.StartSandstormd(ctx, br.Binary.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
+	a.res.Params["sandstormd_args"] = args
+	sd, err := bench.StartSandstormd(ctx, a.br.Binary.Path, a.data, filepath.Join(a.br.Dir.Path, "sandstormd.log"), args...)
 	if err != nil {
 		return err
 	}
-	cl := sd.Client
-	defer func() { left = cleanupAgents(cl, sd, data, cfg.Subnet, logf) }()
-	d := br.Demo
-	if _, err := cl.CreateTemplate(ctx, api.TemplateRequest{Name: agentsTemplate, RootfsDir: br.Rootfs,
-		Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports, MemoryMiB: cfg.MemoryMiB}); err != nil {
+	a.sd, a.cl = sd, sd.Client
+	a.pids["sandstormd"] = sd.Cmd.Process.Pid
+	d := a.br.Demo
+	if _, err := a.cl.CreateTemplate(ctx, api.TemplateRequest{Name: agentsTemplate, RootfsDir: a.br.Rootfs,
+		Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports, MemoryMiB: a.cfg.MemoryMiB}); err != nil {
 		return fmt.Errorf("template: %w", err)
 	}
-	pids["sandstormd"] = sd.Cmd.Process.Pid
-	var pop []population
-	read := func(phase string) population {
-		p := population{Phase: phase, Sandstormd: readProc(pids["sandstormd"]), SamNode: readProc(pids["sam-node"]), Tasks: hostTasks()}
-		if st, err := cl.Node(context.WithoutCancel(ctx)); err == nil {
-			p.Tiers, p.PromisedMiB = st.Sandboxes, st.PromisedMiB
-			for _, n := range st.Sandboxes {
-				p.Sandboxes += n
-			}
-		}
-		p.MemAvailableMiB, _ = memguard.AvailableMiB()
-		pop = append(pop, p)
-		return p
-	}
-	defer func() { res.Tables = append(res.Tables, populationTable(pop)) }()
-	read("before the fill")
-	var idle []Push
-	idleCPU := func(what string) {
-		// What the machine spends with no push: the share of the two
-		// cores the pushes below cannot have.
-		c0 := readCPU(pids)
-		select {
-		case <-ctx.Done():
-		case <-time.After(cfg.IdleFor):
-		}
-		c1 := readCPU(pids)
-		idle = append(idle, Push{Route: what, WallSeconds: c1.at.Sub(c0.at).Seconds(), CPU: c1.since(c0)})
-	}
-	idleCPU("idle, before the fill")
+	return nil
+}
 
-	// Fill.
+// read records the population at phase: the node's tiers and promises,
+// both daemons' processes, the host's tasks and MemAvailable.
+func (a *agentsRun) read(ctx context.Context, phase string) population {
+	p := population{Phase: phase, Sandstormd: sambench.ReadProc(a.pids["sandstormd"]), SamNode: sambench.ReadProc(a.pids["sam-node"]), Tasks: hostTasks()}
+	if st, err := a.cl.Node(context.WithoutCancel(ctx)); err == nil {
+		p.Tiers, p.PromisedMiB = st.Sandboxes, st.PromisedMiB
+		for _, n := range st.Sandboxes {
+			p.Sandboxes += n
+		}
+	}
+	p.MemAvailableMiB, _ = memguard.AvailableMiB()
+	a.pop = append(a.pop, p)
+	return p
+}
+
+// idleCPU records what the machine spends with no push for IdleFor: the
+// share of the two cores the pushes cannot have.
+func (a *agentsRun) idleCPU(ctx context.Context, what string) {
+	c0 := readCPU(a.pids)
+	select {
+	case <-ctx.Done():
+	case <-time.After(a.cfg.IdleFor):
+	}
+	c1 := readCPU(a.pids)
+	a.idle = append(a.idle, Push{Route: what, WallSeconds: c1.at.Sub(c0.at).Seconds(), CPU: c1.since(c0)})
+}
+
+// fillAndPick fills the node, lets it settle, and picks Pushers of its
+// hot sandboxes, spread evenly over the population in the order it was
+// made.
+func (a *agentsRun) fillAndPick(ctx context.Context, names []string) ([]api.Sandbox, error) {
+	res := a.res
 	fillStart := time.Now()
-	stoppedBy := fill(ctx, cfg, cl, names, res, logf)
+	stoppedBy := fill(ctx, a.cfg, a.cl, names, res, a.logf)
 	fillTime := time.Since(fillStart)
 	res.Params["fill_seconds"] = fillTime.Seconds()
 	res.Params["fill_stopped_by"] = stoppedBy
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	// Let what started settle (promises kept or dropped), so the reading
 	// is of a resident population, not of starts in flight.
 	settleStart := time.Now()
-	res.Params["off_memory_after_settling"] = settle(ctx, cl, cfg.Quiet)
+	res.Params["off_memory_after_settling"] = settle(ctx, a.cl, a.cfg.Quiet)
 	res.Params["settle_seconds"] = time.Since(settleStart).Seconds()
-	sbs, err := cl.Sandboxes(ctx)
+	sbs, err := a.cl.Sandboxes(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var hot []api.Sandbox
 	for _, sb := range sbs {
@@ -259,107 +316,121 @@ func Agents(ctx context.Context, cfg AgentsConfig, br *bench.Run, logf func(stri
 		}
 	}
 	slices.SortFunc(hot, func(a, b api.Sandbox) int { return strings.Compare(a.Name, b.Name) })
-	full := read("filled, idle")
+	full := a.read(ctx, "filled, idle")
 	res.Params["fill_created"] = len(sbs)
 	res.Params["fill_hot"] = len(hot)
-	logf("filled: %d sandboxes (%d hot) in %.0fs, stopped by: %s; settled: MemAvailable %d MiB, tasks %d",
+	a.logf("filled: %d sandboxes (%d hot) in %.0fs, stopped by: %s; settled: MemAvailable %d MiB, tasks %d",
 		len(sbs), len(hot), fillTime.Seconds(), stoppedBy, full.MemAvailableMiB, full.Tasks)
-	if len(hot) < cfg.Pushers {
-		return fmt.Errorf("only %d hot sandboxes with a boundary, fewer than --pushers %d", len(hot), cfg.Pushers)
+	if len(hot) < a.cfg.Pushers {
+		return nil, fmt.Errorf("only %d hot sandboxes with a boundary, fewer than --pushers %d", len(hot), a.cfg.Pushers)
 	}
-	// Pushers spread evenly over the population, in the order it was made.
-	pushers := make([]api.Sandbox, cfg.Pushers)
+	pushers := make([]api.Sandbox, a.cfg.Pushers)
 	for i := range pushers {
-		pushers[i] = hot[i*len(hot)/cfg.Pushers]
+		pushers[i] = hot[i*len(hot)/a.cfg.Pushers]
 	}
+	return pushers, nil
+}
+
+// pushes runs Rounds rounds, each a push through the pushers' boundaries
+// and the same push straight to sam-node, in alternating order so that
+// drift does not favour one.
+func (a *agentsRun) pushes(ctx context.Context, pushers []api.Sandbox) error {
 	pnames := make([]string, len(pushers))
 	for i, sb := range pushers {
 		pnames[i] = sb.Name
 	}
-	res.Params["pushers"] = pnames
-	idleCPU("idle, the population resident")
-
-	// Pushes.
+	a.res.Params["pushers"] = pnames
 	scrapeTr := &http.Transport{Proxy: nil}
 	defer scrapeTr.CloseIdleConnections()
-	sc := &runner{scraper: &http.Client{Transport: scrapeTr, Timeout: 10 * time.Second}}
-	boxURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	sc := sambench.NewScraper(&http.Client{Transport: scrapeTr, Timeout: 10 * time.Second})
 	var pushes []Push
 	rates := map[string][]AgentRate{}
-	defer func() { res.Tables = append(res.Tables, pushTables(pushes, idle, rates)...) }()
-	for round := 1; round <= cfg.Rounds && ctx.Err() == nil; round++ {
-		routes := []string{RouteBoundary, RouteBaseline}
+	defer func() { a.res.Tables = append(a.res.Tables, pushTables(pushes, a.idle, rates)...) }()
+	for round := 1; round <= a.cfg.Rounds && ctx.Err() == nil; round++ {
+		routes := []string{sambench.RouteBoundary, sambench.RouteBaseline}
 		if round%2 == 0 {
-			routes = []string{RouteBaseline, RouteBoundary} // alternate, so drift does not favour one
+			routes = []string{sambench.RouteBaseline, sambench.RouteBoundary}
 		}
 		for _, route := range routes {
-			agents := make([]*pushAgent, len(pushers))
-			for i, sb := range pushers {
-				if route == RouteBoundary {
-					if agents[i], err = boundaryAgent(sb.Name, sb.Boundary, cfg.InFlight); err != nil {
-						return err
-					}
-				} else {
-					agents[i] = baselineAgent(sb.Principal, nodeSock, cfg.InFlight)
-				}
-			}
-			var sNode, sBox *Scrape
-			var cpu0 cpuReading
-			calls, warm := push(ctx, agents, cfg.Requests, cfg.InFlight, cfg.Timeout, func() {
-				var err error
-				if sNode, err = sc.scrapeBefore(ctx, adminURL+"/metrics"); err != nil {
-					res.Note("round %d %s: scrape of sam-node before: %v", round, route, err)
-				}
-				if route == RouteBoundary {
-					if sBox, err = sc.scrapeBefore(ctx, boxURL); err != nil {
-						res.Note("round %d %s: scrape of sandstormd before: %v", round, route, err)
-					}
-				}
-				cpu0 = readCPU(pids)
-			})
-			cpu1 := readCPU(pids)
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			for _, s := range []*Scrape{sNode, sBox} {
-				if s != nil {
-					sc.scrapeAfter(actx, s)
-					for _, n := range s.notes {
-						res.Note("round %d %s: %s", round, route, n)
-					}
-				}
-			}
-			cancel()
-			p, ar := summarizePush(route, round, pnames, calls)
-			p.CPU = cpu1.since(cpu0)
-			p.Counters = append(p.Counters, checkCounter(sNode, nodeModelsOK, p.OK))
-			if route == RouteBoundary {
-				p.Counters = append(p.Counters, checkCounter(sBox, boxForwarded, p.reachedBoundary()), checkCounter(sBox, boxNewMeshFlows, 0))
-			}
-			wp, _ := summarizePush(route, round, pnames, warm)
-			if wp.Failed > 0 {
-				res.Note("round %d %s: %d of %d warmup requests failed: %v", round, route, wp.Failed, wp.Requests, wp.Failures)
+			p, ar, err := a.push(ctx, sc, round, route, pushers, pnames)
+			if err != nil {
+				return err
 			}
 			pushes = append(pushes, p)
 			rates[fmt.Sprintf("%s-%d", route, round)] = ar
-			raw := filepath.Join(dir.Path, fmt.Sprintf("push-%d-%s.csv.gz", round, route))
-			if err := writeCalls(raw, pnames, calls); err != nil {
-				res.Note("raw samples of round %d %s not written: %v", round, route, err)
-			}
-			after := read(fmt.Sprintf("after round %d, %s", round, route))
-			logf("round %d %s: %d requests, %d failed in %.2fs (%.0f/s); per agent p50 %.0f min %.0f max %.0f req/s; TTFB ms p50 %.2f p95 %.2f p99 %.2f max %.1f; tiers %v",
-				round, route, p.Requests, p.Failed, p.WallSeconds, p.PerSecond, p.AgentMedian, p.AgentMin, p.AgentMax,
-				p.TTFB.P50, p.TTFB.P95, p.TTFB.P99, p.TTFB.Max, after.Tiers)
-			for _, c := range p.Counters {
-				if !c.Agree {
-					logf("round %d %s: %s moved by %g, the client counted %d", round, route, c.Series, c.Delta, c.Client)
-				}
-			}
 			if ctx.Err() != nil {
 				break
 			}
 		}
 	}
-	res.Params["pushes"] = pushes
+	a.res.Params["pushes"] = pushes
 	return ctx.Err()
+}
+
+// push is one round's push on one route, with the servers' counters
+// scraped around it and checked against the client's count.
+func (a *agentsRun) push(ctx context.Context, sc *sambench.Scraper, round int, route string, pushers []api.Sandbox, pnames []string) (Push, []AgentRate, error) {
+	res, cfg := a.res, a.cfg
+	agents := make([]*pushAgent, len(pushers))
+	for i, sb := range pushers {
+		if route == sambench.RouteBoundary {
+			var err error
+			if agents[i], err = boundaryAgent(sb.Name, sb.Boundary, cfg.InFlight); err != nil {
+				return Push{}, nil, err
+			}
+		} else {
+			agents[i] = baselineAgent(sb.Principal, a.nodeSock, cfg.InFlight)
+		}
+	}
+	var sNode, sBox *sambench.Scrape
+	var cpu0 cpuReading
+	calls, warm := push(ctx, agents, cfg.Requests, cfg.InFlight, cfg.Timeout, func() {
+		var err error
+		if sNode, err = sc.Before(ctx, a.adminURL+"/metrics"); err != nil {
+			res.Note("round %d %s: scrape of sam-node before: %v", round, route, err)
+		}
+		if route == sambench.RouteBoundary {
+			if sBox, err = sc.Before(ctx, a.boxURL); err != nil {
+				res.Note("round %d %s: scrape of sandstormd before: %v", round, route, err)
+			}
+		}
+		cpu0 = readCPU(a.pids)
+	})
+	cpu1 := readCPU(a.pids)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	for _, s := range []*sambench.Scrape{sNode, sBox} {
+		if s != nil {
+			sc.After(actx, s)
+			for _, n := range s.Notes() {
+				res.Note("round %d %s: %s", round, route, n)
+			}
+		}
+	}
+	cancel()
+	p, ar := summarizePush(route, round, pnames, calls)
+	p.CPU = cpu1.since(cpu0)
+	p.Counters = append(p.Counters, checkCounter(sNode, nodeModelsOK, p.OK))
+	if route == sambench.RouteBoundary {
+		p.Counters = append(p.Counters, checkCounter(sBox, boxForwarded, p.reachedBoundary()), checkCounter(sBox, boxNewMeshFlows, 0))
+	}
+	wp, _ := summarizePush(route, round, pnames, warm)
+	if wp.Failed > 0 {
+		res.Note("round %d %s: %d of %d warmup requests failed: %v", round, route, wp.Failed, wp.Requests, wp.Failures)
+	}
+	raw := filepath.Join(a.br.Dir.Path, fmt.Sprintf("push-%d-%s.csv.gz", round, route))
+	if err := writeCalls(raw, pnames, calls); err != nil {
+		res.Note("raw samples of round %d %s not written: %v", round, route, err)
+	}
+	after := a.read(ctx, fmt.Sprintf("after round %d, %s", round, route))
+	a.logf("round %d %s: %d requests, %d failed in %.2fs (%.0f/s); per agent p50 %.0f min %.0f max %.0f req/s; TTFB ms p50 %.2f p95 %.2f p99 %.2f max %.1f; tiers %v",
+		round, route, p.Requests, p.Failed, p.WallSeconds, p.PerSecond, p.AgentMedian, p.AgentMin, p.AgentMax,
+		p.TTFB.P50, p.TTFB.P95, p.TTFB.P99, p.TTFB.Max, after.Tiers)
+	for _, c := range p.Counters {
+		if !c.Agree {
+			a.logf("round %d %s: %s moved by %g, the client counted %d", round, route, c.Series, c.Delta, c.Client)
+		}
+	}
+	return p, ar, nil
 }
 
 // fill creates sandboxes of the web demo, cfg.Parallel at a time, until
@@ -610,9 +681,9 @@ type cpuReading struct {
 }
 
 func readCPU(pids map[string]int) cpuReading {
-	r := cpuReading{at: time.Now(), procs: map[string]time.Duration{}, self: selfCPU()}
+	r := cpuReading{at: time.Now(), procs: map[string]time.Duration{}, self: sambench.SelfCPU()}
 	for name, pid := range pids {
-		if d, err := procCPU(pid); err == nil {
+		if d, err := sambench.ProcCPU(pid); err == nil {
 			r.procs[name] = d
 		}
 	}

@@ -1,4 +1,7 @@
-package sambench
+// Package sambenchtest is what the mesh benchmarks' tests share: a stand-in
+// for sam-node's agent listener on a Unix socket, and the real boundary in
+// front of it with its metrics.
+package sambenchtest
 
 import (
 	"context"
@@ -21,9 +24,16 @@ import (
 	"sandstorm/internal/policy"
 )
 
-// shortDir is a temporary directory with a path short enough for Unix
+// What the boundary counts of its mesh flows and refusals.
+const (
+	AllowedMesh     = `sam_box_flows_total{outcome="allowed",route="mesh"}`
+	DeniedExternal  = `sam_box_flows_total{outcome="denied",route="external"}`
+	ForwardedToNode = `sam_box_mesh_requests_total{outcome="forwarded"}`
+)
+
+// ShortDir is a temporary directory with a path short enough for Unix
 // sockets (108 bytes).
-func shortDir(t *testing.T) string {
+func ShortDir(t *testing.T) string {
 	t.Helper()
 	d, err := os.MkdirTemp("", "sb")
 	if err != nil {
@@ -33,44 +43,44 @@ func shortDir(t *testing.T) string {
 	return d
 }
 
-// node is a real HTTP server on a Unix socket standing in for sam-node's
+// Node is a real HTTP server on a Unix socket standing in for sam-node's
 // agent listener: /v1/models answers a model list, or per mode fails.
-type node struct {
-	socket string
+type Node struct {
+	Socket string
 	// principal, if set, must be sent in X-Sam-Principal (else 403).
 	principal string
-	hits      atomic.Int64
-	mode      atomic.Int32 // modeOK, modeFlaky, modeFail
+	Hits      atomic.Int64
+	Mode      atomic.Int32 // ModeOK, ModeFlaky, ModeFail
 	n         atomic.Int64
 }
 
 const (
-	modeOK    = iota
-	modeFlaky // every second request answers 500
-	modeFail  // every request answers 500
+	ModeOK    = iota
+	ModeFlaky // every second request answers 500
+	ModeFail  // every request answers 500
 )
 
-func startNode(t *testing.T, principal string) *node {
+func StartNode(t *testing.T, principal string) *Node {
 	t.Helper()
-	n := &node{socket: filepath.Join(shortDir(t), "node.sock"), principal: principal}
-	ln, err := net.Listen("unix", n.socket)
+	n := &Node{Socket: filepath.Join(ShortDir(t), "node.sock"), principal: principal}
+	ln, err := net.Listen("unix", n.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) {
-		n.hits.Add(1)
+		n.Hits.Add(1)
 		if n.principal != "" && r.Header.Get("X-Sam-Principal") != n.principal {
 			http.Error(w, "who are you", http.StatusForbidden)
 			return
 		}
-		switch n.mode.Load() {
-		case modeFlaky:
+		switch n.Mode.Load() {
+		case ModeFlaky:
 			if n.n.Add(1)%2 == 0 {
 				http.Error(w, "flaky", http.StatusInternalServerError)
 				return
 			}
-		case modeFail:
+		case ModeFail:
 			http.Error(w, "broken", http.StatusInternalServerError)
 			return
 		}
@@ -86,7 +96,7 @@ func startNode(t *testing.T, principal string) *node {
 // The boundary under test is the real one (internal/boundary, as sam-box
 // runs it) with its real Prometheus metrics: agent-a may use the mesh and
 // nothing else, and the mesh is the test node's Unix socket.
-const testPolicy = `
+const TestPolicy = `
 roles:
   - name: models
     services: ["inference://*"]
@@ -95,19 +105,19 @@ bindings:
     roles: [models]
 `
 
-type box struct {
-	socket     string
-	metricsURL string
+type Box struct {
+	Socket     string
+	MetricsURL string
 }
 
-func startBoundary(t *testing.T, nodeSocket string) box {
+func StartBoundary(t *testing.T, nodeSocket string) Box {
 	t.Helper()
-	pol, err := policy.Parse([]byte(testPolicy))
+	pol, err := policy.Parse([]byte(TestPolicy))
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	socket := filepath.Join(shortDir(t), "agent.sock")
+	socket := filepath.Join(ShortDir(t), "agent.sock")
 	b, err := boundary.New(boundary.Config{
 		Principal: "agent-a",
 		Policy:    func() *policy.Policy { return pol },
@@ -138,5 +148,5 @@ func startBoundary(t *testing.T, nodeSocket string) box {
 	t.Cleanup(func() { b.Close() })
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	t.Cleanup(srv.Close)
-	return box{socket: socket, metricsURL: srv.URL + "/metrics"}
+	return Box{Socket: socket, MetricsURL: srv.URL + "/metrics"}
 }

@@ -1,4 +1,4 @@
-package sambench
+package agents
 
 import (
 	"compress/gzip"
@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"sandstorm/internal/sambench"
 
 	"golang.org/x/net/proxy"
 )
@@ -92,7 +94,7 @@ func (a *pushAgent) call(ctx context.Context, agent, seq int, start time.Time, t
 	resp, err := a.client.Do(req)
 	if err != nil {
 		c.TotalUs = time.Since(t0).Microseconds()
-		c.Kind = classify(err)
+		c.Kind = sambench.Classify(err)
 		return c
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
@@ -102,9 +104,9 @@ func (a *pushAgent) call(ctx context.Context, agent, seq int, start time.Time, t
 	c.Status = resp.StatusCode
 	switch {
 	case err != nil:
-		c.Kind = "body: " + classify(err)
+		c.Kind = "body: " + sambench.Classify(err)
 	case resp.StatusCode == http.StatusOK:
-		c.Kind = KindOK
+		c.Kind = sambench.KindOK
 	default:
 		c.Kind = "http " + strconv.Itoa(resp.StatusCode)
 	}

@@ -1,4 +1,4 @@
-package sambench
+package agents
 
 import (
 	"compress/gzip"
@@ -7,11 +7,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/sambench"
+	"sandstorm/internal/sambench/sambenchtest"
 )
 
 func TestPercentilesNearestRank(t *testing.T) {
@@ -36,7 +37,7 @@ func TestPercentilesNearestRank(t *testing.T) {
 
 func TestSummarizePush(t *testing.T) {
 	ok := func(agent, seq int, start, ttfb, total int64) Call {
-		return Call{Agent: agent, Seq: seq, StartUs: start, TTFBUs: ttfb, TotalUs: total, Status: 200, Kind: KindOK}
+		return Call{Agent: agent, Seq: seq, StartUs: start, TTFBUs: ttfb, TotalUs: total, Status: 200, Kind: sambench.KindOK}
 	}
 	names := []string{"a", "b", "c"}
 	calls := [][]Call{
@@ -48,8 +49,8 @@ func TestSummarizePush(t *testing.T) {
 		// c: one served, one failed; its last ends at 4,000 µs, the push's end.
 		{ok(2, 0, 0, 700, 1000), {Agent: 2, Seq: 1, StartUs: 1000, TotalUs: 3000, Kind: "http 503", Status: 503}},
 	}
-	p, rates := summarizePush(RouteBoundary, 2, names, calls)
-	if p.Route != RouteBoundary || p.Round != 2 || p.Agents != 3 || p.Requests != 8 || p.OK != 7 || p.Failed != 1 {
+	p, rates := summarizePush(sambench.RouteBoundary, 2, names, calls)
+	if p.Route != sambench.RouteBoundary || p.Round != 2 || p.Agents != 3 || p.Requests != 8 || p.OK != 7 || p.Failed != 1 {
 		t.Fatalf("counts: %+v", p)
 	}
 	if len(p.Failures) != 1 || p.Failures["http 503"] != 1 {
@@ -86,29 +87,25 @@ func TestSummarizePush(t *testing.T) {
 	}
 
 	// An agent that made no request at all has no rate and is starved.
-	p, rates = summarizePush(RouteBaseline, 1, []string{"a", "idle"}, [][]Call{calls[0], nil})
+	p, rates = summarizePush(sambench.RouteBaseline, 1, []string{"a", "idle"}, [][]Call{calls[0], nil})
 	if rates[1].PerSecond != 0 || p.AgentMin != 0 || p.Starved != 1 || p.Failures != nil {
 		t.Errorf("idle agent: %+v %+v", p, rates[1])
 	}
 }
 
 func TestCheckCounter(t *testing.T) {
-	before, err := parseMetrics(strings.NewReader(`# TYPE sam_node_requests_total counter
+	beforeText := `# TYPE sam_node_requests_total counter
 sam_node_requests_total{route="models",code="200"} 100
 sam_node_requests_total{route="models",code="403"} 1
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	after, err := parseMetrics(strings.NewReader(`# TYPE sam_node_requests_total counter
+`
+	s, err := sambench.ScrapeOfText(beforeText, `# TYPE sam_node_requests_total counter
 sam_node_requests_total{route="models",code="200"} 140
 sam_node_requests_total{route="models",code="403"} 2
 sam_node_requests_total{route="chat",code="200"} 5
-`))
+`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Scrape{before: before, after: after}
 	if c := checkCounter(s, nodeModelsOK, 40); !c.Agree || c.Delta != 40 || c.Missing {
 		t.Errorf("agreeing: %+v", c)
 	}
@@ -129,7 +126,11 @@ sam_node_requests_total{route="chat",code="200"} 5
 	if c := checkCounter(nil, nodeModelsOK, 0); c.Agree || !c.Missing {
 		t.Errorf("no scrape agreed: %+v", c)
 	}
-	if c := checkCounter(&Scrape{before: before}, nodeModelsOK, 0); c.Agree {
+	failed, err := sambench.ScrapeOfText(beforeText, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := checkCounter(failed, nodeModelsOK, 0); c.Agree {
 		t.Errorf("a scrape that failed after the push agreed: %+v", c)
 	}
 }
@@ -194,40 +195,40 @@ func TestAgentsConfigValidate(t *testing.T) {
 // every request forwarded, and no flow opened after the warmup (each agent
 // keeps its connections).
 func TestPushThroughABoundary(t *testing.T) {
-	nd := startNode(t, "agent-a")
-	bx := startBoundary(t, nd.socket)
+	nd := sambenchtest.StartNode(t, "agent-a")
+	bx := sambenchtest.StartBoundary(t, nd.Socket)
 	const perAgent, inFlight = 15, 2
 	var agents []*pushAgent
 	for range 2 {
-		a, err := boundaryAgent("agent-a", bx.socket, inFlight)
+		a, err := boundaryAgent("agent-a", bx.Socket, inFlight)
 		if err != nil {
 			t.Fatal(err)
 		}
 		agents = append(agents, a)
 	}
-	agents = append(agents, baselineAgent("agent-a", nd.socket, inFlight))
+	agents = append(agents, baselineAgent("agent-a", nd.Socket, inFlight))
 	names := []string{"via-boundary-1", "via-boundary-2", "baseline"}
 
-	sc := &runner{scraper: &http.Client{Timeout: 5 * time.Second}}
-	var before *Scrape
+	sc := sambench.NewScraper(&http.Client{Timeout: 5 * time.Second})
+	var before *sambench.Scrape
 	readyCalls := 0
 	calls, warm := push(context.Background(), agents, perAgent, inFlight, 5*time.Second, func() {
 		readyCalls++
 		var err error
-		if before, err = sc.scrapeBefore(context.Background(), bx.metricsURL); err != nil {
+		if before, err = sc.Before(context.Background(), bx.MetricsURL); err != nil {
 			t.Error(err)
 		}
 	})
 	if readyCalls != 1 || before == nil {
 		t.Fatalf("ready called %d times", readyCalls)
 	}
-	sc.scrapeAfter(context.Background(), before)
+	sc.After(context.Background(), before)
 
-	w, _ := summarizePush(RouteBoundary, 1, names, warm)
+	w, _ := summarizePush(sambench.RouteBoundary, 1, names, warm)
 	if w.Requests != 3*inFlight || w.OK != w.Requests {
 		t.Errorf("warmup: %+v", w)
 	}
-	p, rates := summarizePush(RouteBoundary, 1, names, calls)
+	p, rates := summarizePush(sambench.RouteBoundary, 1, names, calls)
 	if p.Requests != 3*perAgent || p.OK != p.Requests || p.Failed != 0 {
 		t.Fatalf("push: %+v", p)
 	}
@@ -243,13 +244,13 @@ func TestPushThroughABoundary(t *testing.T) {
 			t.Errorf("agent %d: %d distinct requests, rate %v", i, len(seen), rates[i].PerSecond)
 		}
 	}
-	if c := checkCounter(before, forwardedToNode, 2*perAgent); !c.Agree {
+	if c := checkCounter(before, boxForwarded, 2*perAgent); !c.Agree {
 		t.Errorf("the boundary forwarded %v, the two agents through it sent %d", c.Delta, 2*perAgent)
 	}
-	if c := checkCounter(before, allowedMesh, 0); !c.Agree {
+	if c := checkCounter(before, sambenchtest.AllowedMesh, 0); !c.Agree {
 		t.Errorf("%v mesh flows opened during the push: the agents did not keep theirs", c.Delta)
 	}
-	if got := nd.hits.Load(); got != int64(3*(perAgent+inFlight)) {
+	if got := nd.Hits.Load(); got != int64(3*(perAgent+inFlight)) {
 		t.Errorf("the node answered %d requests, want %d", got, 3*(perAgent+inFlight))
 	}
 
@@ -271,7 +272,7 @@ func TestPushThroughABoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 1+3*perAgent || rows[0][0] != "agent" || rows[1][0] != "via-boundary-1" || rows[len(rows)-1][6] != KindOK {
+	if len(rows) != 1+3*perAgent || rows[0][0] != "agent" || rows[1][0] != "via-boundary-1" || rows[len(rows)-1][6] != sambench.KindOK {
 		t.Errorf("%d rows; first %v, last %v", len(rows), rows[:2], rows[len(rows)-1])
 	}
 }

@@ -1,4 +1,6 @@
-package sambench
+// Package heal is sam-bench heal: how fast the mesh heals from each fault
+// of issue 29, measured on labs of internal/meshlab.
+package heal
 
 import (
 	"context"
@@ -22,19 +24,19 @@ import (
 // lab's probes run dense at once (on this machine's two cores twenty
 // labs probing every 100 ms together slowed the mesh they measured).
 const (
-	HealRouterRestart    = "router-restart"       // kill -9, started again at once, as a supervisor would
-	HealRouterDown       = "router-down"          // kill -9, started again after RouterDown
-	HealMemberCut        = "member-cut"           // one member's traffic to the router dropped for MemberCut
-	HealControlPlaneDown = "control-plane-down"   // kill -9, started again after ControlPlaneDown
-	HealMemberRestart    = "member-restart"       // one member killed -9 and started again at once
-	HealTwoRoutersOneGo  = "two-routers-one-gone" // two routers, one killed -9 for good
+	RouterRestart     = "router-restart"       // kill -9, started again at once, as a supervisor would
+	RouterDown        = "router-down"          // kill -9, started again after RouterDown
+	MemberCut         = "member-cut"           // one member's traffic to the router dropped for MemberCut
+	ControlPlaneDown  = "control-plane-down"   // kill -9, started again after ControlPlaneDown
+	MemberRestart     = "member-restart"       // one member killed -9 and started again at once
+	TwoRoutersOneGone = "two-routers-one-gone" // two routers, one killed -9 for good
 )
 
-// HealScenarios are the faults, in the order they run.
-var HealScenarios = []string{HealRouterRestart, HealRouterDown, HealMemberCut, HealControlPlaneDown, HealMemberRestart, HealTwoRoutersOneGo}
+// Scenarios are the faults, in the order they run.
+var Scenarios = []string{RouterRestart, RouterDown, MemberCut, ControlPlaneDown, MemberRestart, TwoRoutersOneGone}
 
-// HealConfig is sam-bench heal's shape.
-type HealConfig struct {
+// Config is sam-bench heal's shape.
+type Config struct {
 	Bins meshlab.Bins
 	// Dir holds the labs' data dirs and logs.
 	Dir string
@@ -69,21 +71,21 @@ type healRun struct {
 	err  error
 }
 
-// Heal runs each scenario on cfg.Runs labs and records, for each, how
+// Run runs each scenario on cfg.Runs labs and records, for each, how
 // long the mesh took from the fault's end until every member's names are
 // found again and a cross-node call answers each way, for good (the
 // probes succeeding to the end of Watch), and what failed meanwhile.
-func Heal(ctx context.Context, cfg HealConfig, res *bench.Results, logf func(string, ...any)) error {
+func Run(ctx context.Context, cfg Config, res *bench.Results, logf func(string, ...any)) error {
 	res.Params["heal"] = cfg
 	var one, two []string
 	for _, s := range cfg.Scenarios {
 		switch {
-		case s == HealTwoRoutersOneGo:
+		case s == TwoRoutersOneGone:
 			two = append(two, s)
-		case slices.Contains(HealScenarios, s):
+		case slices.Contains(Scenarios, s):
 			one = append(one, s)
 		default:
-			return fmt.Errorf("heal: no scenario %q (want one of %v)", s, HealScenarios)
+			return fmt.Errorf("heal: no scenario %q (want one of %v)", s, Scenarios)
 		}
 	}
 	for i, set := range [][]string{one, two} {
@@ -107,7 +109,7 @@ func Heal(ctx context.Context, cfg HealConfig, res *bench.Results, logf func(str
 
 // makeLabs starts cfg.Runs labs with routers routers each, a few at a
 // time (each start is a handful of processes enrolling at once).
-func makeLabs(ctx context.Context, cfg HealConfig, routers int, logf func(string, ...any)) ([]*meshlab.Lab, error) {
+func makeLabs(ctx context.Context, cfg Config, routers int, logf func(string, ...any)) ([]*meshlab.Lab, error) {
 	t0 := time.Now()
 	labs := make([]*meshlab.Lab, cfg.Runs)
 	errs := make([]error, cfg.Runs)
@@ -144,7 +146,7 @@ func closeLabs(labs []*meshlab.Lab) {
 
 // healScenario runs sc on every lab at once, each at its offset, probes
 // throughout, and records what the probes say.
-func healScenario(ctx context.Context, cfg HealConfig, labs []*meshlab.Lab, sc string, res *bench.Results, logf func(string, ...any)) error {
+func healScenario(ctx context.Context, cfg Config, labs []*meshlab.Lab, sc string, res *bench.Results, logf func(string, ...any)) error {
 	logf("%s: %d runs, faults %v apart (%v of the check interval apart)", sc, len(labs), cfg.Stride+cfg.Spread/time.Duration(len(labs)), cfg.Spread/time.Duration(len(labs)))
 	probers := make([]*meshlab.Prober, len(labs))
 	for i, l := range labs {
@@ -190,7 +192,7 @@ func healScenario(ctx context.Context, cfg HealConfig, labs []*meshlab.Lab, sc s
 	recordHeal(cfg, sc, runs, recs, res, logf)
 	// The next scenario starts from a whole mesh.
 	for _, l := range labs {
-		if err := l.WaitHealthy(ctx, 2*time.Minute); err != nil && sc != HealTwoRoutersOneGo {
+		if err := l.WaitHealthy(ctx, 2*time.Minute); err != nil && sc != TwoRoutersOneGone {
 			return fmt.Errorf("%s: a lab did not come back: %w", sc, err)
 		}
 	}
@@ -198,7 +200,7 @@ func healScenario(ctx context.Context, cfg HealConfig, labs []*meshlab.Lab, sc s
 }
 
 // phase is where in the check interval r's fault fell, from the first's.
-func phase(cfg HealConfig, r healRun) time.Duration {
+func phase(cfg Config, r healRun) time.Duration {
 	return cfg.Spread * time.Duration(r.lab) / time.Duration(cfg.Runs)
 }
 
@@ -220,7 +222,7 @@ func later(a, b time.Time) time.Time {
 }
 
 // fault does sc to l and fills in when it began and ended.
-func fault(ctx context.Context, cfg HealConfig, l *meshlab.Lab, sc string, r *healRun, p *meshlab.Prober) {
+func fault(ctx context.Context, cfg Config, l *meshlab.Lab, sc string, r *healRun, p *meshlab.Prober) {
 	// hold keeps the fault for d, the probes dense from a sparse interval
 	// before its end.
 	hold := func(d time.Duration) {
@@ -231,13 +233,13 @@ func fault(ctx context.Context, cfg HealConfig, l *meshlab.Lab, sc string, r *he
 	b := l.Members[len(l.Members)-1]
 	r.at = time.Now()
 	switch sc {
-	case HealRouterRestart, HealRouterDown:
+	case RouterRestart, RouterDown:
 		l.Routers[0].Proc.Kill()
-		if sc == HealRouterDown {
+		if sc == RouterDown {
 			hold(cfg.RouterDown)
 		}
 		r.end, r.up, r.err = l.RestartRouter(ctx, l.Routers[0])
-	case HealMemberCut:
+	case MemberCut:
 		r.err = l.Cut(b, l.Routers[0])
 		hold(cfg.MemberCut)
 		r.said = said(ctx, l, b)
@@ -246,15 +248,15 @@ func fault(ctx context.Context, cfg HealConfig, l *meshlab.Lab, sc string, r *he
 		}
 		r.end = time.Now()
 		r.up = r.end
-	case HealControlPlaneDown:
+	case ControlPlaneDown:
 		l.CP.Kill()
 		hold(cfg.ControlPlaneDown)
 		r.said = said(ctx, l, b)
 		r.end, r.up, r.err = l.RestartControlPlane(ctx)
-	case HealMemberRestart:
+	case MemberRestart:
 		b.Proc.Kill()
 		r.end, r.up, r.err = l.RestartMember(ctx, b)
-	case HealTwoRoutersOneGo:
+	case TwoRoutersOneGone:
 		l.Routers[0].Proc.Kill()
 		r.end, r.up = r.at, r.at
 	}
@@ -276,11 +278,11 @@ func said(ctx context.Context, l *meshlab.Lab, m *meshlab.Member) string {
 }
 
 // recordHeal adds sc's series, its table of runs and a note.
-func recordHeal(cfg HealConfig, sc string, runs []healRun, recs []map[string][]meshlab.Probe, res *bench.Results, logf func(string, ...any)) {
-	heal := res.AddSeries(sc+"/heal", "from the fault's end (the process asked to start again, the rule removed; for "+HealTwoRoutersOneGo+
+func recordHeal(cfg Config, sc string, runs []healRun, recs []map[string][]meshlab.Probe, res *bench.Results, logf func(string, ...any)) {
+	heal := res.AddSeries(sc+"/heal", "from the fault's end (the process asked to start again, the rule removed; for "+TwoRoutersOneGone+
 		": the kill) until every member's names were found again (a lookup past the cache) and a cross-node call answered, each way, for good", "≤ 5 s (issue 29)")
 	var up *bench.Series
-	if sc != HealMemberCut && sc != HealTwoRoutersOneGo {
+	if sc != MemberCut && sc != TwoRoutersOneGone {
 		up = res.AddSeries(sc+"/heal-from-serving", "as heal, from the moment the restarted process said it serves", "")
 	}
 	tab := &bench.Table{Title: sc + ": each run",

@@ -1,4 +1,4 @@
-package sambench
+package agents
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"sandstorm/internal/bench"
+	"sandstorm/internal/sambench"
 )
 
 // The pure half of sam-bench agents: what one push of many agents at once
@@ -25,7 +26,7 @@ type Call struct {
 	TTFBUs  int64  `json:"ttfb_us"`
 	TotalUs int64  `json:"total_us"`
 	Status  int    `json:"status,omitempty"`
-	Kind    string `json:"kind"` // KindOK, or the failure's class
+	Kind    string `json:"kind"` // sambench.KindOK, or the failure's class
 }
 
 // end is when the call's body was read, from the start of the push.
@@ -47,8 +48,8 @@ type AgentRate struct {
 
 // Push is what one push came to.
 type Push struct {
-	// Route is RouteBoundary (each agent through its own boundary's
-	// SOCKS5 socket) or RouteBaseline (straight to the node's socket).
+	// Route is sambench.RouteBoundary (each agent through its own boundary's
+	// SOCKS5 socket) or sambench.RouteBaseline (straight to the node's socket).
 	Route    string         `json:"route"`
 	Round    int            `json:"round"`
 	Agents   int            `json:"agents"`
@@ -114,7 +115,7 @@ func summarizePush(route string, round int, names []string, calls [][]Call) (Pus
 				first = c.StartUs
 			}
 			end = max(end, c.end())
-			if c.Kind != KindOK {
+			if c.Kind != sambench.KindOK {
 				a.Failed++
 				p.Failures[c.Kind]++
 				continue
@@ -156,7 +157,7 @@ func summarizePush(route string, round int, names []string, calls [][]Call) (Pus
 
 // reachedBoundary is how many of the push's requests reached a boundary:
 // all but those whose boundary's socket could not be dialled (a sandbox
-// pushed off memory has its boundary closed; classify names those
+// pushed off memory has its boundary closed; sambench.Classify names those
 // "proxy dial: …").
 func (p Push) reachedBoundary() int {
 	n := p.Requests
@@ -183,14 +184,17 @@ type CounterCheck struct {
 
 // checkCounter sums the change of the series sel picks over s and sets it
 // beside want, what the client counted.
-func checkCounter(s *Scrape, sel string, want int) CounterCheck {
+func checkCounter(s *sambench.Scrape, sel string, want int) CounterCheck {
 	c := CounterCheck{Series: sel, Client: want}
-	parsed, err := parseSelector(sel)
-	if err != nil || s == nil {
+	if s == nil {
 		c.Missing = true
 		return c
 	}
-	d, found := delta([]*Scrape{s}, parsed)
+	d, found, err := s.Delta(sel)
+	if err != nil {
+		c.Missing = true
+		return c
+	}
 	c.Delta, c.Missing = d, !found
 	c.Agree = found && d == float64(want)
 	return c
@@ -237,8 +241,8 @@ func pushTables(pushes, idle []Push, rates map[string][]AgentRate) []*bench.Tabl
 		return fmt.Sprintf("%.2f", a/b)
 	}
 	for _, r := range slices.Sorted(maps.Keys(byRound)) {
-		b, okB := byRound[r][RouteBoundary]
-		l, okL := byRound[r][RouteBaseline]
+		b, okB := byRound[r][sambench.RouteBoundary]
+		l, okL := byRound[r][sambench.RouteBaseline]
 		if okB && okL {
 			ratio.Rows = append(ratio.Rows, []string{fmt.Sprint(r), div(b.PerSecond, l.PerSecond), div(b.AgentMedian, l.AgentMedian),
 				div(b.TTFB.P50, l.TTFB.P50), div(b.TTFB.P99, l.TTFB.P99)})
