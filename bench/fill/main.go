@@ -119,82 +119,127 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", err
 	}
 	defer br.Close()
-	res, dir, work, absRunsc, rootfs, d, b := br.Results, br.Dir, br.Work, br.Runsc, br.Rootfs, br.Demo, br.Binary
-	data := filepath.Join(work, "d")
-	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
+	f := &fillRun{c: c, br: br, res: br.Results, data: filepath.Join(br.Work, "d")}
+	err = f.start(ctx)
+	if f.sd != nil {
+		defer cleanup(f.cl, f.sd, f.data, c.subnet)
+	}
+	if err != nil {
+		return "", err
+	}
+	f.base = sampleNow(ctx, f.cl, f.pid, f.data, 0, 0, nil)
+	fmt.Fprintf(os.Stderr, "machine: %s\nfilling to %d sandboxes, %d at a time (warm %v); MemAvailable %d MiB\n", f.res.Machine, c.count, c.parallel, c.warm, f.base.AvailMiB)
+	f.startSampler(ctx)
+	if err := f.fill(ctx); err != nil || ctx.Err() != nil {
+		return f.finish()
+	}
+	f.callSample(ctx)
+	return f.finish()
+}
+
+// fillRun is one run: the daemon, the sandboxes made, the timeline.
+type fillRun struct {
+	c    config
+	br   *bench.Run
+	res  *bench.Results
+	data string
+	sd   *bench.Sandstormd
+	cl   *client.Client
+	pid  int
+	base sample
+
+	mu          sync.Mutex
+	sbs         []api.Sandbox
+	timeline    []sample
+	created     atomic.Int64
+	start0      time.Time
+	stopSampler chan struct{}
+	samplerDone chan struct{}
+}
+
+// start starts the daemon (bounded to --node-mib if given), the web
+// template, and measures raw runsc's cost if asked.
+func (f *fillRun) start(ctx context.Context) error {
+	c, br := f.c, f.br
+	args := []string{"--runsc", br.Runsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
 		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}
 	if c.nodeMiB > 0 {
 		avail, err := memguard.AvailableMiB()
 		if err != nil {
-			return "", err
+			return err
 		}
 		if avail-c.nodeMiB < 256 {
-			return "", fmt.Errorf("--node-mib %d leaves less than sandstormd's default 256 MiB reserve of the %d MiB available", c.nodeMiB, avail)
+			return fmt.Errorf("--node-mib %d leaves less than sandstormd's default 256 MiB reserve of the %d MiB available", c.nodeMiB, avail)
 		}
 		args = append(args, "--memory-reserve", strconv.FormatInt(avail-c.nodeMiB, 10))
 	}
-	res.Params = map[string]any{"count": c.count, "calls": c.calls, "parallel": c.parallel, "call_parallel": c.callParallel,
-		"warm": c.warm, "awake": c.awake, "node_mib": c.nodeMiB, "raw": c.raw, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": b}
-	sd, err := bench.StartSandstormd(ctx, b.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
+	f.res.Params = map[string]any{"count": c.count, "calls": c.calls, "parallel": c.parallel, "call_parallel": c.callParallel,
+		"warm": c.warm, "awake": c.awake, "node_mib": c.nodeMiB, "raw": c.raw, "fill_for": c.fillFor.String(), "call_timeout": c.callTimeout.String(), "sandstormd_args": args, "sandstormd": br.Binary}
+	sd, err := bench.StartSandstormd(ctx, br.Binary.Path, f.data, filepath.Join(br.Dir.Path, "sandstormd.log"), args...)
 	if err != nil {
-		return "", err
+		return err
 	}
-	cl, daemon := sd.Client, sd.Cmd
-	defer func() {
-		cleanup(cl, sd, data, c.subnet)
-	}()
-	treq := api.TemplateRequest{Name: "web", RootfsDir: rootfs, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports}
+	f.sd, f.cl, f.pid = sd, sd.Client, sd.Cmd.Process.Pid
+	d := br.Demo
+	treq := api.TemplateRequest{Name: "web", RootfsDir: br.Rootfs, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports}
 	if c.warm {
 		treq.Warm = &api.Warm{Probe: api.Probe{Path: "/healthz"}, Reseed: api.Reseed{Signal: "SIGUSR1"}}
 	}
-	if _, err := cl.CreateTemplate(ctx, treq); err != nil {
-		return "", err
+	if _, err := f.cl.CreateTemplate(ctx, treq); err != nil {
+		return err
 	}
 	if c.raw > 0 {
-		if err := rawCost(ctx, res, absRunsc, rootfs, api.Template{Name: "web", Rootfs: rootfs, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports}, c.raw, c.subnet); err != nil {
-			return "", fmt.Errorf("raw runsc sandboxes: %w", err)
+		if err := rawCost(ctx, f.res, br.Runsc, br.Rootfs, api.Template{Name: "web", Rootfs: br.Rootfs, Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports}, c.raw, c.subnet); err != nil {
+			return fmt.Errorf("raw runsc sandboxes: %w", err)
 		}
 	}
-	base := sampleNow(ctx, cl, daemon.Process.Pid, data, 0, 0, nil)
-	fmt.Fprintf(os.Stderr, "machine: %s\nfilling to %d sandboxes, %d at a time (warm %v); MemAvailable %d MiB\n", res.Machine, c.count, c.parallel, c.warm, base.AvailMiB)
+	return nil
+}
 
-	// Fill.
-	createS := res.AddSeries("create", "POST /v1/sandboxes to 201 (503s retried as Retry-After says)", "")
-	var created atomic.Int64
-	var mu sync.Mutex
-	var sbs []api.Sandbox
-	var timeline []sample
-	start := time.Now()
-	fillCtx, fillDone := context.WithTimeout(ctx, c.fillFor)
-	defer fillDone()
-	samplerDone := make(chan struct{})
-	stopSampler := make(chan struct{})
+// startSampler samples the node every --sample into the timeline until
+// finish.
+func (f *fillRun) startSampler(ctx context.Context) {
+	f.start0 = time.Now()
+	f.samplerDone, f.stopSampler = make(chan struct{}), make(chan struct{})
 	go func() {
-		defer close(samplerDone)
-		t := time.NewTicker(c.sample)
+		defer close(f.samplerDone)
+		t := time.NewTicker(f.c.sample)
 		defer t.Stop()
 		for {
 			select {
-			case <-stopSampler:
+			case <-f.stopSampler:
 				return
 			case <-t.C:
 			}
-			s := sampleNow(ctx, cl, daemon.Process.Pid, data, time.Since(start), int(created.Load()), &base)
-			mu.Lock()
-			timeline = append(timeline, s)
-			mu.Unlock()
+			s := sampleNow(ctx, f.cl, f.pid, f.data, time.Since(f.start0), int(f.created.Load()), &f.base)
+			f.mu.Lock()
+			f.timeline = append(f.timeline, s)
+			f.mu.Unlock()
 			fmt.Fprintf(os.Stderr, "%6.0fs  %5d created  %v  avail %d MiB  disk +%d MiB  fds %d  rss %d MiB\n",
 				s.At.Seconds(), s.Created, s.Tiers, s.AvailMiB, s.DiskMiB, s.FDs, s.RSSMiB)
 		}
 	}()
+}
+
+func (f *fillRun) finish() (string, error) {
+	return finish(f.br.Dir, f.res, f.timeline, f.stopSampler, f.samplerDone, &f.mu)
+}
+
+// fill creates sandboxes until --count, --fill-for, or (with --awake) the
+// node refuses one with nothing else starting.
+func (f *fillRun) fill(ctx context.Context) error {
+	c, res, cl := f.c, f.res, f.cl
+	createS := res.AddSeries("create", "POST /v1/sandboxes to 201 (503s retried as Retry-After says)", "")
+	fillCtx, fillDone := context.WithTimeout(ctx, c.fillFor)
+	defer fillDone()
 	failures := 0
 	var ended string // with --awake: what ended the fill
 	refusedOnce := 0 // with --awake: 503s answered to creates
 	filler := &bench.Filler{Client: cl, Parallel: c.parallel, Count: c.count,
 		Request: bench.Named("web", "f%05d"),
 		Done: func(i int, a bench.Answer) bool {
-			mu.Lock()
-			defer mu.Unlock()
+			f.mu.Lock()
+			defer f.mu.Unlock()
 			if c.awake && a.GaveUp {
 				if ended == "" {
 					ended = fmt.Sprintf("create %d refused: %v", i, a.Err)
@@ -207,8 +252,8 @@ func run(ctx context.Context, c config) (string, error) {
 				return failures > 50 // something is wrong: stop, keep what was measured
 			}
 			createS.AddDuration(a.Took)
-			sbs = append(sbs, a.Sandbox)
-			created.Add(1)
+			f.sbs = append(f.sbs, a.Sandbox)
+			f.created.Add(1)
 			return false
 		}}
 	if c.awake {
@@ -224,41 +269,46 @@ func run(ctx context.Context, c config) (string, error) {
 			st, err := cl.Node(fillCtx)
 			return err == nil && st.PromisedMiB > 0
 		}
-		go watchPushes(fillCtx, cl, fillDone, &mu, &ended, &created)
+		go watchPushes(fillCtx, cl, fillDone, &f.mu, &ended, &f.created)
 	}
 	filler.Run(fillCtx)
-	fillTime := time.Since(start)
+	fillTime := time.Since(f.start0)
 	res.Params["fill_seconds"] = fillTime.Seconds()
-	res.Params["created"] = len(sbs)
+	res.Params["created"] = len(f.sbs)
 	if ctx.Err() != nil {
-		return finish(dir, res, timeline, stopSampler, samplerDone, &mu)
+		return ctx.Err()
 	}
-	fmt.Fprintf(os.Stderr, "filled: %d sandboxes in %v\n", len(sbs), fillTime.Round(time.Second))
+	fmt.Fprintf(os.Stderr, "filled: %d sandboxes in %v\n", len(f.sbs), fillTime.Round(time.Second))
 	if c.awake {
-		mu.Lock()
+		f.mu.Lock()
 		if ended == "" {
 			ended = fmt.Sprintf("no refusal and no push: --count (%d) or --fill-for (%v) ended it", c.count, c.fillFor)
 		}
 		res.Params["ended_by"] = ended
 		res.Params["refusals"] = refusedOnce
-		res.Note("the fill ended at %d sandboxes, all created hot: %s; %d create(s) were answered 503 on the way (retried after its Retry-After while other sandboxes were still starting)", len(sbs), ended, refusedOnce)
-		mu.Unlock()
-		hostCost(res, base.AvailMiB, data, len(sbs))
-		nref, lastRef := countRefusals(filepath.Join(dir.Path, "sandstormd.log"))
+		res.Note("the fill ended at %d sandboxes, all created hot: %s; %d create(s) were answered 503 on the way (retried after its Retry-After while other sandboxes were still starting)", len(f.sbs), ended, refusedOnce)
+		f.mu.Unlock()
+		hostCost(res, f.base.AvailMiB, f.data, len(f.sbs))
+		nref, lastRef := countRefusals(filepath.Join(f.br.Dir.Path, "sandstormd.log"))
 		res.Note("the node's log has %d \"create refused\" line(s); the last: %s", nref, lastRef)
-		c.calls = len(sbs)
+		f.c.calls = len(f.sbs)
 	}
+	return nil
+}
 
-	// Call a random sample of them (with --awake, every one).
+// callSample calls a random sample of the sandboxes (with --awake, every
+// one), each through its gateway, which wakes it from any tier.
+func (f *fillRun) callSample(ctx context.Context) {
+	c, res, cl := f.c, f.res, f.cl
 	callS := res.AddSeries("call", "GET / through the gateway of a sandbox picked at random (any tier: the call wakes it)", "1,198 of 1,200 answered; p50 1.3 s, p99 2.8–5.5 s (seed)")
 	tierAtCall := map[api.Tier]int{}
 	var answered atomic.Int64
 	hc := &http.Client{Timeout: c.callTimeout, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
-	called := bench.CallSample(ctx, sbs, c.calls, c.callParallel, func(ctx context.Context, sb api.Sandbox) (time.Duration, error) {
+	called := bench.CallSample(ctx, f.sbs, c.calls, c.callParallel, func(ctx context.Context, sb api.Sandbox) (time.Duration, error) {
 		if cur, err := cl.Sandbox(ctx, sb.ID); err == nil {
-			mu.Lock()
+			f.mu.Lock()
 			tierAtCall[cur.Tier]++
-			mu.Unlock()
+			f.mu.Unlock()
 		}
 		ep := sb.Endpoints["8000"]
 		if !local(ep) {
@@ -268,8 +318,8 @@ func run(ctx context.Context, c config) (string, error) {
 		err := callOnce(ctx, hc, ep, t0.Add(c.callTimeout))
 		return time.Since(t0), err
 	}, func(sb api.Sandbox, took time.Duration, err error) {
-		mu.Lock()
-		defer mu.Unlock()
+		f.mu.Lock()
+		defer f.mu.Unlock()
 		if err != nil {
 			callS.Fail("%s: %v", sb.Name, err)
 			return
@@ -281,13 +331,12 @@ func run(ctx context.Context, c config) (string, error) {
 	res.Params["answered"] = answered.Load()
 	res.Params["tier_when_called"] = tierAtCall
 	res.Note("%d of %d called answered within %v; the tiers they were in when picked: %v", answered.Load(), called, c.callTimeout, tierAtCall)
-	end := sampleNow(ctx, cl, daemon.Process.Pid, data, time.Since(start), len(sbs), &base)
-	if n := int64(len(sbs)); n > 0 {
+	end := sampleNow(ctx, cl, f.pid, f.data, time.Since(f.start0), len(f.sbs), &f.base)
+	if n := int64(len(f.sbs)); n > 0 {
 		res.Note("at the end: %v; MemAvailable %d MiB (was %d before the fill: %.2f MiB per sandbox, all tiers together); the daemon's RSS %d MiB (%.1f KiB per sandbox), %d fds",
-			end.Tiers, end.AvailMiB, base.AvailMiB, float64(base.AvailMiB-end.AvailMiB)/float64(n), end.RSSMiB, float64(end.RSSMiB<<10)/float64(n), end.FDs)
+			end.Tiers, end.AvailMiB, f.base.AvailMiB, float64(f.base.AvailMiB-end.AvailMiB)/float64(n), end.RSSMiB, float64(end.RSSMiB<<10)/float64(n), end.FDs)
 	}
-	snapshotSizes(res, data, sbs)
-	return finish(dir, res, timeline, stopSampler, samplerDone, &mu)
+	snapshotSizes(res, f.data, f.sbs)
 }
 
 // callOnce GETs / until it is answered 200 or the deadline passes,

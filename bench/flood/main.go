@@ -29,6 +29,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
+	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
 	"sandstorm/internal/memguard"
 )
@@ -157,72 +158,18 @@ func run(ctx context.Context, c config) (string, error) {
 	oomBefore := oomLines()
 	minAvail := memguard.WatchLow(20 * time.Millisecond)
 
-	createS := res.AddSeries("create_accepted", "POST /v1/sandboxes to 201, for the creates the node accepted", "")
-	refusedS := res.AddSeries("create_refused", "POST /v1/sandboxes to 503: each refusal, retried or not", "")
-	var accepted []api.Sandbox
-	refused, failed, gaveUp := 0, 0, 0
-	progress := func() {
-		fmt.Fprintf(os.Stderr, "\rcreates: %d accepted, %d refusals (503), %d failed", len(accepted), refused, failed)
-	}
-	// Each create's 503s are retried for c.retry, as their Retry-After says.
-	(&bench.Filler{Client: cl, Parallel: c.parallel, Count: c.n, RetryFor: c.retry,
-		Request: func(i int) api.SandboxRequest {
-			return api.SandboxRequest{Template: "heap", Name: fmt.Sprintf("flood-%03d", i-1)}
-		},
-		Refused: func(_ int, took time.Duration) {
-			refused++
-			refusedS.AddDuration(took)
-			progress()
-		},
-		Done: func(i int, a bench.Answer) bool {
-			switch {
-			case a.GaveUp:
-				gaveUp++
-			case a.Err != nil:
-				failed++
-				createS.Fail("create %d: %v", i-1, a.Err)
-			default:
-				accepted = append(accepted, a.Sandbox)
-				createS.AddDuration(a.Took)
-			}
-			progress()
-			return false
-		}}).Run(ctx)
-	fmt.Fprintln(os.Stderr)
+	fl := flood(ctx, c, cl, res)
+	accepted := fl.accepted
 	pushed := 0
 	for _, sb := range accepted {
 		if got, err := cl.Sandbox(ctx, sb.ID); err == nil && (got.Tier == api.TierSnapshot || got.Tier == api.TierDetached) {
 			pushed++
 		}
 	}
-
-	// Every accepted sandbox must answer; a 503 (the node making room) is
-	// retried as its Retry-After says.
-	callS := res.AddSeries("call_after_flood", "GET / through the gateway to each accepted sandbox after the flood, waking it if it was pushed to disk (503s retried)", "")
-	answered := 0
-	gw := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}, Timeout: time.Minute}
-	for _, sb := range accepted {
-		ep := sb.Endpoints["8000"]
-		t0 := time.Now()
-		for deadline := t0.Add(c.timeout); ctx.Err() == nil; {
-			resp, err := gw.Get(ep + "/")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == 200 {
-					answered++
-					callS.AddDuration(time.Since(t0))
-					break
-				}
-			}
-			if time.Now().After(deadline) || (err == nil && resp.StatusCode != http.StatusServiceUnavailable) {
-				callS.Fail("%s: %v", sb.Name, err)
-				break
-			}
-			time.Sleep(time.Second)
-		}
-	}
+	answered := callAll(ctx, res, accepted, c.timeout)
 	minAvail.Stop()
 	oom := oomLines() - oomBefore
+	refused, gaveUp, failed := fl.refused, fl.gaveUp, fl.failed
 	res.Params["accepted"], res.Params["refusals"], res.Params["gave_up"], res.Params["failed"] = len(accepted), refused, gaveUp, failed
 	res.Params["pushed_to_disk_after_flood"], res.Params["answered_after"] = pushed, answered
 	res.Params["min_mem_available_mib"], res.Params["oom_kill_lines"] = minAvail.Min(), oom
@@ -240,4 +187,76 @@ func run(ctx context.Context, c config) (string, error) {
 	out, err := dir.Finish()
 	fmt.Fprintln(os.Stderr, strings.Join(res.Notes, "\n"))
 	return out, err
+}
+
+// flooded is what the flood's creates came to.
+type flooded struct {
+	accepted                []api.Sandbox
+	refused, failed, gaveUp int
+}
+
+// flood creates c.n heap sandboxes, c.parallel at a time, each create's
+// 503s retried for c.retry as their Retry-After says.
+func flood(ctx context.Context, c config, cl *client.Client, res *bench.Results) flooded {
+	createS := res.AddSeries("create_accepted", "POST /v1/sandboxes to 201, for the creates the node accepted", "")
+	refusedS := res.AddSeries("create_refused", "POST /v1/sandboxes to 503: each refusal, retried or not", "")
+	var f flooded
+	progress := func() {
+		fmt.Fprintf(os.Stderr, "\rcreates: %d accepted, %d refusals (503), %d failed", len(f.accepted), f.refused, f.failed)
+	}
+	(&bench.Filler{Client: cl, Parallel: c.parallel, Count: c.n, RetryFor: c.retry,
+		Request: func(i int) api.SandboxRequest {
+			return api.SandboxRequest{Template: "heap", Name: fmt.Sprintf("flood-%03d", i-1)}
+		},
+		Refused: func(_ int, took time.Duration) {
+			f.refused++
+			refusedS.AddDuration(took)
+			progress()
+		},
+		Done: func(i int, a bench.Answer) bool {
+			switch {
+			case a.GaveUp:
+				f.gaveUp++
+			case a.Err != nil:
+				f.failed++
+				createS.Fail("create %d: %v", i-1, a.Err)
+			default:
+				f.accepted = append(f.accepted, a.Sandbox)
+				createS.AddDuration(a.Took)
+			}
+			progress()
+			return false
+		}}).Run(ctx)
+	fmt.Fprintln(os.Stderr)
+	return f
+}
+
+// callAll GETs / of every accepted sandbox through its gateway, waking it
+// if it was pushed to disk; a 503 (the node making room) is retried as
+// its Retry-After says, for up to timeout. It returns how many answered.
+func callAll(ctx context.Context, res *bench.Results, accepted []api.Sandbox, timeout time.Duration) int {
+	callS := res.AddSeries("call_after_flood", "GET / through the gateway to each accepted sandbox after the flood, waking it if it was pushed to disk (503s retried)", "")
+	answered := 0
+	gw := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}, Timeout: time.Minute}
+	for _, sb := range accepted {
+		ep := sb.Endpoints["8000"]
+		t0 := time.Now()
+		for deadline := t0.Add(timeout); ctx.Err() == nil; {
+			resp, err := gw.Get(ep + "/")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					answered++
+					callS.AddDuration(time.Since(t0))
+					break
+				}
+			}
+			if time.Now().After(deadline) || (err == nil && resp.StatusCode != http.StatusServiceUnavailable) {
+				callS.Fail("%s: %v", sb.Name, err)
+				break
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	return answered
 }

@@ -35,6 +35,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
+	"sandstorm/internal/client"
 )
 
 type config struct {
@@ -101,93 +102,167 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", err
 	}
 	defer r.Close()
-	res := r.Results
-	backlog := map[string]string{}
+	rr := &reloadRun{c: c, r: r, res: r.Results, backlog: map[string]string{}, stop: make(chan struct{}),
+		hc: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}, Timeout: 2 * time.Minute}}
 	for _, k := range []string{"net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog", "net.core.rmem_default", "net.unix.max_dgram_qlen"} {
-		backlog[k] = sysctl(k)
+		rr.backlog[k] = sysctl(k)
 	}
-	res.Params = map[string]any{"sandboxes": c.sandboxes, "rounds": c.rounds, "clients": c.clients, "restarts": c.restarts, "sysctl": backlog}
-	logPath := filepath.Join(r.Dir.Path, "sandstormd.log")
-	data := filepath.Join(r.Work, "data")
-	args := []string{"--runsc", r.Runsc, "--subnet", "10.187.0.0/16", "--gateway-ports", "30500-30999", "--memory-reserve", "0",
-		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
-	res.Params["sandstormd_args"] = args
-	sd, err := bench.StartSandstormd(ctx, r.Binary.Path, data, logPath, args...)
-	if err != nil {
+	rr.res.Params = map[string]any{"sandboxes": c.sandboxes, "rounds": c.rounds, "clients": c.clients, "restarts": c.restarts, "sysctl": rr.backlog}
+	if err := rr.start(ctx); err != nil {
 		return "", err
 	}
 	defer func() {
-		sd.Stop()
+		rr.sd.Stop()
 		exec.Command("ip", "route", "del", "unreachable", "10.187.0.0/16").Run()
 	}()
-	cl := sd.Client
-	if _, err := cl.CreateTemplate(ctx, api.TemplateRequest{Name: "web", RootfsDir: r.Rootfs,
-		Process: api.Process{Args: r.Demo.Args, Env: r.Demo.Env}, Ports: r.Demo.Ports}); err != nil {
+	defer rr.deleteAll()
+	if err := rr.sandboxes(ctx); err != nil {
 		return "", err
 	}
-	var hot []api.Sandbox
-	for i := range c.sandboxes {
-		sb, err := cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: fmt.Sprintf("hot-%02d", i)})
-		if err != nil {
-			return "", err
-		}
-		hot = append(hot, sb)
-	}
-	snap, err := cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: "snap"})
-	if err != nil {
+	rr.steadyClients()
+	defer rr.stopSteady()
+	if err := rr.reloads(ctx); err != nil {
 		return "", err
 	}
-	frozen, err := cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: "frozen"})
-	if err != nil {
+	if err := rr.restartsForComparison(ctx); err != nil {
 		return "", err
 	}
-	defer func() {
-		for _, sb := range append(hot, snap, frozen) {
-			cl.DeleteSandbox(context.Background(), sb.ID)
-		}
-	}()
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}, Timeout: 2 * time.Minute}
-	for _, sb := range append(hot, snap, frozen) {
-		if s := get(hc, sb.Endpoints["8000"]+"/"); s.err != nil {
-			return "", fmt.Errorf("%s: %w", sb.Name, s.err)
-		}
+	rr.stopSteady()
+	rr.sortSteady()
+	if err := steps(rr.logPath, rr.drainS, rr.startS, rr.adoptS); err != nil {
+		rr.res.Note("could not read the daemon's steps from its log: %v", err)
 	}
+	rr.notes()
+	rr.res.Finished = time.Now().UTC()
+	if err := r.Dir.Write(rr.res); err != nil {
+		return r.Dir.Path, err
+	}
+	return r.Dir.Finish()
+}
 
-	// Steady clients on the hot sandboxes, throughout.
-	var mu sync.Mutex
-	var steady []sample
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for k := range c.clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+// reloadRun is one run: the daemon, its sandboxes, the steady clients and
+// what they and the probes measured.
+type reloadRun struct {
+	c       config
+	r       *bench.Run
+	res     *bench.Results
+	backlog map[string]string
+	hc      *http.Client
+	logPath string
+	data    string
+	args    []string
+	sd      *bench.Sandstormd
+	cl      *client.Client
+
+	hot          []api.Sandbox
+	snap, frozen api.Sandbox
+
+	mu       sync.Mutex
+	steady   []sample
+	stop     chan struct{}
+	stopped  bool
+	wg       sync.WaitGroup
+	windows  [][2]time.Time // reloads
+	restarts [][2]time.Time // stops and starts
+
+	probeHot, probeFrozen, probeSnap *bench.Series
+	drainS, startS, adoptS           *bench.Series
+	refused, refusedRestart          int
+}
+
+// start starts the daemon and its web template.
+func (rr *reloadRun) start(ctx context.Context) error {
+	rr.logPath = filepath.Join(rr.r.Dir.Path, "sandstormd.log")
+	rr.data = filepath.Join(rr.r.Work, "data")
+	rr.args = []string{"--runsc", rr.r.Runsc, "--subnet", "10.187.0.0/16", "--gateway-ports", "30500-30999", "--memory-reserve", "0",
+		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
+	rr.res.Params["sandstormd_args"] = rr.args
+	sd, err := bench.StartSandstormd(ctx, rr.r.Binary.Path, rr.data, rr.logPath, rr.args...)
+	if err != nil {
+		return err
+	}
+	rr.sd, rr.cl = sd, sd.Client
+	d := rr.r.Demo
+	_, err = rr.cl.CreateTemplate(ctx, api.TemplateRequest{Name: "web", RootfsDir: rr.r.Rootfs,
+		Process: api.Process{Args: d.Args, Env: d.Env}, Ports: d.Ports})
+	return err
+}
+
+// sandboxes creates the hot ones, one to snapshot and one to freeze, and
+// has each answer once.
+func (rr *reloadRun) sandboxes(ctx context.Context) error {
+	for i := range rr.c.sandboxes {
+		sb, err := rr.cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: fmt.Sprintf("hot-%02d", i)})
+		if err != nil {
+			return err
+		}
+		rr.hot = append(rr.hot, sb)
+	}
+	var err error
+	if rr.snap, err = rr.cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: "snap"}); err != nil {
+		return err
+	}
+	if rr.frozen, err = rr.cl.CreateSandbox(ctx, api.SandboxRequest{Template: "web", Name: "frozen"}); err != nil {
+		return err
+	}
+	for _, sb := range append(rr.hot, rr.snap, rr.frozen) {
+		if s := get(rr.hc, sb.Endpoints["8000"]+"/"); s.err != nil {
+			return fmt.Errorf("%s: %w", sb.Name, s.err)
+		}
+	}
+	return nil
+}
+
+func (rr *reloadRun) deleteAll() {
+	for _, sb := range append(rr.hot, rr.snap, rr.frozen) {
+		if sb.ID != "" {
+			rr.cl.DeleteSandbox(context.Background(), sb.ID)
+		}
+	}
+}
+
+// steadyClients start the steady clients on the hot sandboxes, each
+// sending one request after another until stopSteady.
+func (rr *reloadRun) steadyClients() {
+	for k := range rr.c.clients {
+		rr.wg.Go(func() {
 			for i := k; ; i++ {
 				select {
-				case <-stop:
+				case <-rr.stop:
 					return
 				default:
 				}
-				s := get(hc, hot[i%len(hot)].Endpoints["8000"]+"/")
-				mu.Lock()
-				steady = append(steady, s)
-				mu.Unlock()
+				s := get(rr.hc, rr.hot[i%len(rr.hot)].Endpoints["8000"]+"/")
+				rr.mu.Lock()
+				rr.steady = append(rr.steady, s)
+				rr.mu.Unlock()
 			}
-		}()
+		})
 	}
-	defer func() { close(stop); wg.Wait() }()
+}
 
+func (rr *reloadRun) stopSteady() {
+	if !rr.stopped {
+		rr.stopped = true
+		close(rr.stop)
+		rr.wg.Wait()
+	}
+}
+
+// reloads runs the rounds: the wake and the restore alone, then a reload
+// with a probe to every sandbox sent as the listeners pause.
+func (rr *reloadRun) reloads(ctx context.Context) error {
+	res := rr.res
 	cli := res.AddSeries("reload_command", "`sandstormd reload`: SIGHUP to the new binary serving (the CLI's own time)", "")
-	probeHot := res.AddSeries("during/hot", "a request to a hot sandbox sent as soon as the log says the listeners are paused: connect to answer (one per hot sandbox per reload)", "")
-	probeFrozen := res.AddSeries("during/frozen", "the same to a frozen sandbox (its wake included)", "")
-	probeSnap := res.AddSeries("during/snapshot", "the same to a snapshotted sandbox (its restore included)", "")
+	rr.probeHot = res.AddSeries("during/hot", "a request to a hot sandbox sent as soon as the log says the listeners are paused: connect to answer (one per hot sandbox per reload)", "")
+	rr.probeFrozen = res.AddSeries("during/frozen", "the same to a frozen sandbox (its wake included)", "")
+	rr.probeSnap = res.AddSeries("during/snapshot", "the same to a snapshotted sandbox (its restore included)", "")
 	outsideFrozen := res.AddSeries("outside/frozen", "a request to the frozen sandbox with no reload: the wake alone, for comparison", "")
 	outsideSnap := res.AddSeries("outside/snapshot", "a request to the snapshotted sandbox with no reload: the restore alone, for comparison", "")
-	drainS := res.AddSeries("daemon/paused_to_exec", "the daemon's log: listeners paused to execve (requests in flight answered)", "")
-	startS := res.AddSeries("daemon/exec_to_serving", "the daemon's log: execve to the new binary serving (API and inherited listeners open)", "")
-	adoptS := res.AddSeries("daemon/exec_to_adopted", "the daemon's log: execve to every sandbox repaired and its listeners adopted", "")
-	var windows [][2]time.Time
-	for round := range c.rounds {
+	rr.drainS = res.AddSeries("daemon/paused_to_exec", "the daemon's log: listeners paused to execve (requests in flight answered)", "")
+	rr.startS = res.AddSeries("daemon/exec_to_serving", "the daemon's log: execve to the new binary serving (API and inherited listeners open)", "")
+	rr.adoptS = res.AddSeries("daemon/exec_to_adopted", "the daemon's log: execve to every sandbox repaired and its listeners adopted", "")
+	for round := range rr.c.rounds {
 		if ctx.Err() != nil {
 			break
 		}
@@ -196,11 +271,11 @@ func run(ctx context.Context, c config) (string, error) {
 			sb api.Sandbox
 			op string
 			s  *bench.Series
-		}{{frozen, "freeze", outsideFrozen}, {snap, "snapshot", outsideSnap}} {
-			if _, err := cl.Transition(ctx, p.sb.ID, p.op); err != nil {
-				return "", err
+		}{{rr.frozen, "freeze", outsideFrozen}, {rr.snap, "snapshot", outsideSnap}} {
+			if _, err := rr.cl.Transition(ctx, p.sb.ID, p.op); err != nil {
+				return err
 			}
-			if s := get(hc, p.sb.Endpoints["8000"]+"/"); s.err != nil {
+			if s := get(rr.hc, p.sb.Endpoints["8000"]+"/"); s.err != nil {
 				p.s.Fail("round %d: %v", round, s.err)
 			} else {
 				p.s.AddDuration(s.took)
@@ -209,90 +284,103 @@ func run(ctx context.Context, c config) (string, error) {
 		for _, p := range []struct {
 			sb api.Sandbox
 			op string
-		}{{frozen, "freeze"}, {snap, "snapshot"}} {
-			if _, err := cl.Transition(ctx, p.sb.ID, p.op); err != nil {
-				return "", err
+		}{{rr.frozen, "freeze"}, {rr.snap, "snapshot"}} {
+			if _, err := rr.cl.Transition(ctx, p.sb.ID, p.op); err != nil {
+				return err
 			}
 		}
 		time.Sleep(300 * time.Millisecond) // steady traffic before the reload
-		paused := count(logPath, "reload: listeners paused")
-		t0 := time.Now()
-		done := make(chan error, 1)
-		go func() {
-			out, err := exec.CommandContext(ctx, r.Binary.Path, "reload", "--data-dir", data).CombinedOutput()
-			if err != nil {
-				err = fmt.Errorf("%v: %s", err, out)
-			}
-			done <- err
-		}()
-		for count(logPath, "reload: listeners paused") == paused {
-			time.Sleep(time.Millisecond)
+		if err := rr.reload(ctx, round, cli); err != nil {
+			return err
 		}
-		var pw sync.WaitGroup
-		var pmu sync.Mutex
-		fire := func(sb api.Sandbox, s *bench.Series) {
-			pw.Add(1)
-			go func() {
-				defer pw.Done()
-				x := get(hc, sb.Endpoints["8000"]+"/")
-				pmu.Lock()
-				defer pmu.Unlock()
-				if x.err != nil {
-					s.Fail("round %d, %s: %v after %v", round, sb.Name, x.err, x.took)
-				} else {
-					s.AddDuration(x.took)
-				}
-			}()
-		}
-		for _, sb := range hot {
-			fire(sb, probeHot)
-		}
-		fire(frozen, probeFrozen)
-		fire(snap, probeSnap)
-		err := <-done
-		cli.AddDuration(time.Since(t0))
-		pw.Wait()
-		windows = append(windows, [2]time.Time{t0, time.Now()})
-		if err != nil {
-			return "", fmt.Errorf("round %d: %w", round, err)
-		}
-		// Wait for the repair to end before the next round.
-		for ctx.Err() == nil {
-			if st, err := cl.Node(ctx); err == nil && st.Reconciling == 0 {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		fmt.Fprintf(os.Stderr, "\rreload %d/%d", round+1, c.rounds)
+		fmt.Fprintf(os.Stderr, "\rreload %d/%d", round+1, rr.c.rounds)
 		time.Sleep(300 * time.Millisecond)
 	}
 	fmt.Fprintln(os.Stderr)
+	return nil
+}
 
-	// For comparison: a stop and a start, as systemctl restart does them
-	// (the sandboxes run on; the listeners are closed with the process).
-	restartS := res.AddSeries("restart/gap", "a stop (SIGTERM) and a start: from the SIGTERM to the new process serving with every sandbox repaired", "")
-	var restartWindows [][2]time.Time
-	for i := range c.restarts {
+// reload is one reload, probed as the listeners pause, and the wait for
+// the repair after it.
+func (rr *reloadRun) reload(ctx context.Context, round int, cli *bench.Series) error {
+	paused := count(rr.logPath, "reload: listeners paused")
+	t0 := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		out, err := exec.CommandContext(ctx, rr.r.Binary.Path, "reload", "--data-dir", rr.data).CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("%v: %s", err, out)
+		}
+		done <- err
+	}()
+	for count(rr.logPath, "reload: listeners paused") == paused {
+		time.Sleep(time.Millisecond)
+	}
+	var pw sync.WaitGroup
+	var pmu sync.Mutex
+	fire := func(sb api.Sandbox, s *bench.Series) {
+		pw.Go(func() {
+			x := get(rr.hc, sb.Endpoints["8000"]+"/")
+			pmu.Lock()
+			defer pmu.Unlock()
+			if x.err != nil {
+				s.Fail("round %d, %s: %v after %v", round, sb.Name, x.err, x.took)
+			} else {
+				s.AddDuration(x.took)
+			}
+		})
+	}
+	for _, sb := range rr.hot {
+		fire(sb, rr.probeHot)
+	}
+	fire(rr.frozen, rr.probeFrozen)
+	fire(rr.snap, rr.probeSnap)
+	err := <-done
+	cli.AddDuration(time.Since(t0))
+	pw.Wait()
+	rr.windows = append(rr.windows, [2]time.Time{t0, time.Now()})
+	if err != nil {
+		return fmt.Errorf("round %d: %w", round, err)
+	}
+	// Wait for the repair to end before the next round.
+	for ctx.Err() == nil {
+		if st, err := rr.cl.Node(ctx); err == nil && st.Reconciling == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// restartsForComparison stops and starts the daemon, as systemctl
+// restart does (the sandboxes run on; the listeners close with the
+// process).
+func (rr *reloadRun) restartsForComparison(ctx context.Context) error {
+	restartS := rr.res.AddSeries("restart/gap", "a stop (SIGTERM) and a start: from the SIGTERM to the new process serving with every sandbox repaired", "")
+	for i := range rr.c.restarts {
 		if ctx.Err() != nil {
 			break
 		}
 		t0 := time.Now()
-		sd.Stop()
-		next, err := bench.StartSandstormd(ctx, r.Binary.Path, data, filepath.Join(r.Dir.Path, fmt.Sprintf("sandstormd-restart-%d.log", i+1)), args...)
+		rr.sd.Stop()
+		next, err := bench.StartSandstormd(ctx, rr.r.Binary.Path, rr.data, filepath.Join(rr.r.Dir.Path, fmt.Sprintf("sandstormd-restart-%d.log", i+1)), rr.args...)
 		if err != nil {
-			return "", fmt.Errorf("restart %d: %w", i+1, err)
+			return fmt.Errorf("restart %d: %w", i+1, err)
 		}
-		sd, cl = next, next.Client
+		rr.sd, rr.cl = next, next.Client
 		restartS.AddDuration(time.Since(t0))
-		restartWindows = append(restartWindows, [2]time.Time{t0, time.Now()})
-		fmt.Fprintf(os.Stderr, "\rrestart %d/%d", i+1, c.restarts)
+		rr.restarts = append(rr.restarts, [2]time.Time{t0, time.Now()})
+		fmt.Fprintf(os.Stderr, "\rrestart %d/%d", i+1, rr.c.restarts)
 		time.Sleep(time.Second)
 	}
 	fmt.Fprintln(os.Stderr)
-	close(stop)
-	wg.Wait()
-	stop = make(chan struct{}) // for the deferred close
+	return nil
+}
 
+// sortSteady files each steady request under the window it overlapped: a
+// reload, a stop and start, or neither.
+func (rr *reloadRun) sortSteady() {
+	res := rr.res
 	during := res.AddSeries("steady/during", "steady clients' requests to hot sandboxes that overlapped a reload (from `sandstormd reload` started to its end)", "")
 	duringRestart := res.AddSeries("steady/during-restart", "the same clients' requests that overlapped a stop and start", "")
 	outside := res.AddSeries("steady/outside", "the same clients' requests that overlapped neither", "")
@@ -304,47 +392,45 @@ func run(ctx context.Context, c config) (string, error) {
 		}
 		return false
 	}
-	refused, refusedRestart := 0, 0
-	for _, s := range steady {
+	for _, s := range rr.steady {
 		series := outside
 		switch {
-		case overlaps(s, windows):
+		case overlaps(s, rr.windows):
 			series = during
-		case overlaps(s, restartWindows):
+		case overlaps(s, rr.restarts):
 			series = duringRestart
 		}
 		if s.err != nil {
 			if series == duringRestart {
-				refusedRestart++
+				rr.refusedRestart++
 			} else {
-				refused++
+				rr.refused++
 			}
 			series.Fail("%v after %v", s.err, s.took)
 			continue
 		}
 		series.AddDuration(s.took)
 	}
-	if err := steps(logPath, drainS, startS, adoptS); err != nil {
-		res.Note("could not read the daemon's steps from its log: %v", err)
-	}
+}
+
+// notes says what the run found, in words.
+func (rr *reloadRun) notes() {
+	res, c := rr.res, rr.c
 	res.Summarize()
 	longest := 0.0
-	for _, s := range []*bench.Series{probeHot, during} {
-		if s.Summary != nil {
-			longest = max(longest, s.Summary.MaxMs)
+	for _, name := range []string{"during/hot", "steady/during"} {
+		for _, s := range res.Series {
+			if s.Name == name && s.Summary != nil {
+				longest = max(longest, s.Summary.MaxMs)
+			}
 		}
 	}
-	res.Params["failed_requests"] = refused + len(probeHot.Failures) + len(probeFrozen.Failures) + len(probeSnap.Failures)
+	res.Params["failed_requests"] = rr.refused + len(rr.probeHot.Failures) + len(rr.probeFrozen.Failures) + len(rr.probeSnap.Failures)
 	res.Note("%d reloads with %d hot sandboxes and %d steady clients: %d requests failed (refused, reset or unanswered); the longest a request to a hot sandbox waited across a reload was %.1f ms",
-		len(windows), c.sandboxes, c.clients, res.Params["failed_requests"], longest)
-	res.Params["failed_requests_during_restarts"] = refusedRestart
-	res.Note("%d stops and starts (systemctl restart) for comparison: %d of the steady clients' requests that overlapped them failed", len(restartWindows), refusedRestart)
-	res.Note("a connection waits in its listener's accept backlog while the daemon is replaced: Go listens with backlog net.core.somaxconn = %s here (net/sock_linux.go, maxListenerBacklog), so %s connections per listener can wait; beyond that a TCP SYN is dropped and sent again by the client after its retransmission timeout (1 s, RFC 6298), and a connect to a Unix socket fails with EAGAIN", backlog["net.core.somaxconn"], backlog["net.core.somaxconn"])
-	res.Finished = time.Now().UTC()
-	if err := r.Dir.Write(res); err != nil {
-		return r.Dir.Path, err
-	}
-	return r.Dir.Finish()
+		len(rr.windows), c.sandboxes, c.clients, res.Params["failed_requests"], longest)
+	res.Params["failed_requests_during_restarts"] = rr.refusedRestart
+	res.Note("%d stops and starts (systemctl restart) for comparison: %d of the steady clients' requests that overlapped them failed", len(rr.restarts), rr.refusedRestart)
+	res.Note("a connection waits in its listener's accept backlog while the daemon is replaced: Go listens with backlog net.core.somaxconn = %s here (net/sock_linux.go, maxListenerBacklog), so %s connections per listener can wait; beyond that a TCP SYN is dropped and sent again by the client after its retransmission timeout (1 s, RFC 6298), and a connect to a Unix socket fails with EAGAIN", rr.backlog["net.core.somaxconn"], rr.backlog["net.core.somaxconn"])
 }
 
 // count counts the lines of path containing s.
