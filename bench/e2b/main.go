@@ -138,42 +138,16 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", fmt.Errorf("baseline server: %w", err)
 	}
 	defer stopBaseline()
-	cmd := exec.CommandContext(ctx, c.nodeBin, script)
-	cmd.Dir = filepath.Dir(script)
-	cmd.Env = append(os.Environ(), "N="+strconv.Itoa(c.n),
+	env := append(os.Environ(), "N="+strconv.Itoa(c.n),
 		"E2B_API_KEY="+key.Key, "E2B_API_URL="+apiURL+"/e2b", "E2B_SANDBOX_URL="+apiURL, "E2B_DOMAIN=sandbox.localhost",
 		"NODE_EXTRA_CA_CERTS="+filepath.Join(data, "pki", "ca.pem"),
 		"SANDSTORM_API="+apiURL, "SANDSTORM_TOKEN="+strings.TrimSpace(string(token)), "BASELINE_URL="+baseURL)
-	cmd.Stderr = os.Stderr
 	fmt.Fprintf(os.Stderr, "machine: %s\nrunning the SDK (e2b %s), n=%d…\n", res.Machine, pkg.Version, c.n)
-	out, err := cmd.Output()
+	samples, err := runScript(ctx, c.nodeBin, script, env)
 	if err != nil {
-		return "", fmt.Errorf("node %s: %w", script, err)
+		return "", err
 	}
-	var samples map[string][]float64
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &samples); err != nil {
-		return "", fmt.Errorf("the script's report: %w", err)
-	}
-	names := make([]string, 0, len(samples))
-	for name := range samples {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		desc := descriptions[name]
-		if desc == "" {
-			desc = describeConnect(name)
-		}
-		s := res.AddSeries(name, desc, "")
-		for _, ms := range samples[name] {
-			s.Add(ms)
-		}
-		if m := mibOf(name); m > 0 && len(s.SamplesMs) > 0 {
-			med := median(s.SamplesMs)
-			s.Note("median %.0f MB/s (%d MiB in %.1f ms)", float64(m)*1.048576/(med/1000), m, med)
-		}
-	}
+	addSeries(res, samples)
 	avoid, _ := netip.ParsePrefix(c.subnet)
 	if err := measureRawRestore(ctx, res, absRunsc, c.platform, envdBin, rootfs, proc, avoid, c.n); err != nil {
 		return "", fmt.Errorf("raw runsc restore: %w", err)
@@ -292,4 +266,45 @@ func nodeVersion(ctx context.Context, bin string) string {
 		return ""
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// runScript runs the SDK's script and reads its report: the last line of
+// its output, samples in ms by series name.
+func runScript(ctx context.Context, nodeBin, script string, env []string) (map[string][]float64, error) {
+	cmd := exec.CommandContext(ctx, nodeBin, script)
+	cmd.Dir, cmd.Env, cmd.Stderr = filepath.Dir(script), env, os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", script, err)
+	}
+	var samples map[string][]float64
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &samples); err != nil {
+		return nil, fmt.Errorf("the script's report: %w", err)
+	}
+	return samples, nil
+}
+
+// addSeries records the script's samples as series, in name order, with
+// each transfer's median throughput noted.
+func addSeries(res *bench.Results, samples map[string][]float64) {
+	names := make([]string, 0, len(samples))
+	for name := range samples {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		desc := descriptions[name]
+		if desc == "" {
+			desc = describeConnect(name)
+		}
+		s := res.AddSeries(name, desc, "")
+		for _, ms := range samples[name] {
+			s.Add(ms)
+		}
+		if m := mibOf(name); m > 0 && len(s.SamplesMs) > 0 {
+			med := median(s.SamplesMs)
+			s.Note("median %.0f MB/s (%d MiB in %.1f ms)", float64(m)*1.048576/(med/1000), m, med)
+		}
+	}
 }

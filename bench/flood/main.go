@@ -79,19 +79,9 @@ func oomLines() int {
 func run(ctx context.Context, c config) (string, error) {
 	res := bench.NewResults("bench/flood", "Memory flood: sandboxes filling their heaps at once against a memory reserve")
 	res.Machine = bench.CollectMachine(ctx)
-	// The daemon gets this runsc explicitly: one built into the temporary
-	// dir below finds none beside itself, and the machine must record the
-	// runsc the run used, not the one on PATH.
-	runsc := c.runsc
-	if runsc == "" {
-		runsc = filepath.Join(c.repo, "bin", "runsc")
-	}
-	runsc, err := filepath.Abs(runsc)
+	runsc, err := bench.FindRunsc(c.repo, c.runsc)
 	if err != nil {
 		return "", err
-	}
-	if _, err := os.Stat(runsc); err != nil {
-		return "", fmt.Errorf("runsc: %w (build the pinned one into bin/ with `make runsc`, or pass --runsc)", err)
 	}
 	res.Machine.UseRunsc(ctx, runsc)
 	absOut, _ := filepath.Abs(c.out)
@@ -105,40 +95,11 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(work)
-
-	bin := c.sandstormd
-	if bin == "" {
-		bin = filepath.Join(work, "sandstormd")
-		fmt.Fprintln(os.Stderr, "building sandstormd…")
-		b := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/sandstormd")
-		b.Dir, b.Stdout, b.Stderr = c.repo, os.Stderr, os.Stderr
-		if err := b.Run(); err != nil {
-			return "", fmt.Errorf("build sandstormd: %w", err)
-		}
-	}
-	rootfs := filepath.Join(work, "app64")
-	d, err := demo.Build("app64", rootfs)
+	bin, err := bench.SandstormdBinary(ctx, c.repo, c.sandstormd, work, runsc)
 	if err != nil {
 		return "", err
 	}
-	// Measured once the build is done (a Go build takes a few GiB for a
-	// while), so the reserve leaves room for --room sandboxes at the flood.
-	avail, err := memguard.AvailableMiB()
-	if err != nil {
-		return "", err
-	}
-	if c.reserveMiB == 0 {
-		c.reserveMiB = avail - int64(c.room*c.limitMiB)
-	}
-	res.Params = map[string]any{"sandboxes": c.n, "parallel": c.parallel, "heap_mib": c.heapMiB, "limit_mib": c.limitMiB,
-		"reserve_mib": c.reserveMiB, "mem_available_at_start_mib": avail, "retry_for": c.retry.String()}
-	fmt.Fprintf(os.Stderr, "machine: %s\n%d sandboxes of %d MiB (limit %d), %d at a time; MemAvailable %d MiB, reserve %d MiB; a 503 is retried for %v\n",
-		res.Machine, c.n, c.heapMiB, c.limitMiB, c.parallel, avail, c.reserveMiB, c.retry)
-	data := filepath.Join(work, "data")
-	args := []string{"--runsc", runsc, "--subnet", "10.189.0.0/16", "--gateway-ports", "31000-31999", "--memory-reserve", strconv.FormatInt(c.reserveMiB, 10),
-		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
-	res.Params["sandstormd_args"] = args
-	sd, err := bench.StartSandstormd(ctx, bin, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
+	sd, cl, err := startHeap(ctx, &c, res, dir, work, bin.Path, runsc)
 	if err != nil {
 		return "", err
 	}
@@ -148,13 +109,57 @@ func run(ctx context.Context, c config) (string, error) {
 		// refuses); this pool was the benchmark's own.
 		exec.Command("ip", "route", "del", "unreachable", "10.189.0.0/16").Run()
 	}()
-	cl := sd.Client
-	env := append(append([]string{}, d.Env...), fmt.Sprintf("HEAP_MIB=%d", c.heapMiB))
-	if _, err := cl.CreateTemplate(ctx, api.TemplateRequest{Name: "heap", RootfsDir: rootfs,
-		Process: api.Process{Args: d.Args, Env: env}, Ports: d.Ports, MemoryMiB: c.limitMiB}); err != nil {
-		return "", err
+	measure(ctx, c, cl, res)
+	res.Finished = time.Now().UTC()
+	if err := dir.Write(res); err != nil {
+		return dir.Path, err
 	}
+	out, err := dir.Finish()
+	fmt.Fprintln(os.Stderr, strings.Join(res.Notes, "\n"))
+	return out, err
+}
 
+// startHeap builds the heap-filling demo, sets the reserve from what is
+// available once the build is done (a Go build takes a few GiB for a
+// while, so the reserve leaves room for --room sandboxes at the flood),
+// starts sandstormd and registers the heap template.
+func startHeap(ctx context.Context, c *config, res *bench.Results, dir *bench.Dir, work, bin, runsc string) (*bench.Sandstormd, *client.Client, error) {
+	rootfs := filepath.Join(work, "app64")
+	d, err := demo.Build("app64", rootfs)
+	if err != nil {
+		return nil, nil, err
+	}
+	avail, err := memguard.AvailableMiB()
+	if err != nil {
+		return nil, nil, err
+	}
+	if c.reserveMiB == 0 {
+		c.reserveMiB = avail - int64(c.room*c.limitMiB)
+	}
+	res.Params = map[string]any{"sandboxes": c.n, "parallel": c.parallel, "heap_mib": c.heapMiB, "limit_mib": c.limitMiB,
+		"reserve_mib": c.reserveMiB, "mem_available_at_start_mib": avail, "retry_for": c.retry.String()}
+	fmt.Fprintf(os.Stderr, "machine: %s\n%d sandboxes of %d MiB (limit %d), %d at a time; MemAvailable %d MiB, reserve %d MiB; a 503 is retried for %v\n",
+		res.Machine, c.n, c.heapMiB, c.limitMiB, c.parallel, avail, c.reserveMiB, c.retry)
+	args := []string{"--runsc", runsc, "--subnet", "10.189.0.0/16", "--gateway-ports", "31000-31999", "--memory-reserve", strconv.FormatInt(c.reserveMiB, 10),
+		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
+	res.Params["sandstormd_args"] = args
+	sd, err := bench.StartSandstormd(ctx, bin, filepath.Join(work, "data"), filepath.Join(dir.Path, "sandstormd.log"), args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	env := append(append([]string{}, d.Env...), fmt.Sprintf("HEAP_MIB=%d", c.heapMiB))
+	if _, err := sd.Client.CreateTemplate(ctx, api.TemplateRequest{Name: "heap", RootfsDir: rootfs,
+		Process: api.Process{Args: d.Args, Env: env}, Ports: d.Ports, MemoryMiB: c.limitMiB}); err != nil {
+		sd.Stop()
+		return nil, nil, err
+	}
+	return sd, sd.Client, nil
+}
+
+// measure floods, counts what went to disk, calls every accepted sandbox
+// and notes the memory floor and the kernel's OOM kills.
+func measure(ctx context.Context, c config, cl *client.Client, res *bench.Results) {
+	avail := res.Params["mem_available_at_start_mib"]
 	oomBefore := oomLines()
 	minAvail := memguard.WatchLow(20 * time.Millisecond)
 
@@ -180,13 +185,6 @@ func run(ctx context.Context, c config) (string, error) {
 	for _, sb := range accepted {
 		cl.DeleteSandbox(context.Background(), sb.ID)
 	}
-	res.Finished = time.Now().UTC()
-	if err := dir.Write(res); err != nil {
-		return dir.Path, err
-	}
-	out, err := dir.Finish()
-	fmt.Fprintln(os.Stderr, strings.Join(res.Notes, "\n"))
-	return out, err
 }
 
 // flooded is what the flood's creates came to.

@@ -257,28 +257,7 @@ func (r *runner) measureRawWake(ctx context.Context, t string, w rawWake) error 
 		if err := sleep(ctx, r.cfg.settle); err != nil {
 			return err
 		}
-		var enterD, leaveD, d time.Duration
-		var t0 time.Time
-		var body string
-		var image string
-		if w.enter == "pause" {
-			_, enterD, err = e.Runsc(ctx, b, "pause", b.ID())
-		} else {
-			image, enterD, err = e.Checkpoint(ctx, b)
-		}
-		if err == nil {
-			err = sleep(ctx, r.cfg.dwell)
-		}
-		if err == nil {
-			if w.leave == "resume" {
-				t0, leaveD, err = e.Runsc(ctx, b, "resume", b.ID())
-			} else {
-				t0, leaveD, err = e.Restore(ctx, b, image)
-			}
-		}
-		if err == nil {
-			d, _, body, err = r.rawFirstAnswer(ctx, url, t0)
-		}
+		enterD, leaveD, d, body, err := r.rawCycle(ctx, e, b, w, url)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -305,20 +284,53 @@ func (r *runner) measureRawWake(ctx context.Context, t string, w rawWake) error 
 			r.readCPU(cpu, e.Backend(), b.ID())
 		}
 		enter.AddDuration(enterD)
-		count, ok := parseCount(body)
-		switch {
-		case !ok:
-			cl.Note("answer %q has no count=N", bench.OneLine(body))
-		case prev > 0 && count != prev+1:
-			cl.Note("memory state lost: the app's counter went %d → %d across the %s", prev, count, w.leave)
-		}
-		if ok {
-			prev = count
-		} else {
-			prev = -1
-		}
+		prev = checkCount(cl, body, prev, w.leave)
 		r.progress(leaveName, len(cl.SamplesMs), s.n, "first answer %s ms (runsc %s %s ms, %s %s ms)",
 			bench.FormatMs(bench.Ms(d)), w.leave, bench.FormatMs(bench.Ms(leaveD)), w.enter, bench.FormatMs(bench.Ms(enterD)))
 	}
 	return nil
+}
+
+// rawCycle puts the raw container into w's tier and brings it back: the
+// command into the tier, the command out of it, and the first answer
+// after it (polled from when the command out started).
+func (r *runner) rawCycle(ctx context.Context, e *raw.Env, b *raw.Box, w rawWake, url string) (enterD, leaveD, d time.Duration, body string, err error) {
+	var t0 time.Time
+	var image string
+	if w.enter == "pause" {
+		_, enterD, err = e.Runsc(ctx, b, "pause", b.ID())
+	} else {
+		image, enterD, err = e.Checkpoint(ctx, b)
+	}
+	if err == nil {
+		err = sleep(ctx, r.cfg.dwell)
+	}
+	if err == nil {
+		if w.leave == "resume" {
+			t0, leaveD, err = e.Runsc(ctx, b, "resume", b.ID())
+		} else {
+			t0, leaveD, err = e.Restore(ctx, b, image)
+		}
+	}
+	if err == nil {
+		d, _, body, err = r.rawFirstAnswer(ctx, url, t0)
+	}
+	return enterD, leaveD, d, body, err
+}
+
+// checkCount notes on cl an answer without the app's counter, or one
+// whose counter did not survive the wake (it must be prev+1); it returns
+// the counter now, -1 when unknown.
+func checkCount(cl *bench.Series, body string, prev int, across string) int {
+	count, ok := parseCount(body)
+	switch {
+	case !ok:
+		cl.Note("answer %q has no count=N", bench.OneLine(body))
+	case prev > 0 && count != prev+1:
+		cl.Note("memory state lost: the app's counter went %d → %d across the %s", prev, count, across)
+	}
+	if !ok {
+		return -1
+	}
+	return count
 }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -89,46 +88,18 @@ func run(ctx context.Context, cfg config) (string, error) {
 		os.RemoveAll(dir.Path)
 		return "", err
 	}
-	r := &runner{
-		cfg: cfg, runID: newRunID(), res: res, dir: dir, started: cfg.start,
-		tmpl: map[string]string{}, sandboxes: map[string]bool{}, warmReg: map[string]string{},
-		tmplDef: map[string]api.Template{}, limitMiB: map[string]int{},
-		gw: &http.Client{
-			Transport: &http.Transport{
-				Proxy:             nil,
-				DisableKeepAlives: true,
-				DialContext:       (&net.Dialer{Timeout: cfg.timeout}).DialContext,
-			},
-		},
-	}
+	r := newRunner(cfg, res, dir)
 	r.recordParams(isolated)
 	res.Note("load average at start: %s", loadavg())
 	if n := countProcs("runsc-sandbox"); n > 0 {
 		res.Note("%d runsc sandbox(es) of other programs were running on this machine when the run started: the figures share the CPUs with them", n)
 	}
 	fmt.Fprintf(os.Stderr, "machine: %s\nsource: %s\nresults: %s\n", res.Machine, res.Source, dir.Path)
-
-	var d *daemon
-	if cfg.start {
-		d, err = startDaemon(ctx, cfg, filepath.Join(dir.Path, "sandstormd.log"))
-		if err != nil {
-			res.Note("sandstormd did not start: %v", err)
-			dir.Write(res)
-			return dir.Path, err
-		}
-		r.workDir = d.dataDir
-		r.daemonPID = d.cmd.Process.Pid
-		if cfg.backend == "gvisor" {
-			r.nodeRunsc = &gvisor.Backend{Root: filepath.Join(d.dataDir, "data", "runsc")}
-		}
-		res.Params["sandstormd"] = map[string]any{"binary": d.bin, "built_from_tree": d.built, "sha256": d.binHash, "args": d.args}
-		r.c, err = d.client()
-	} else {
-		r.c, err = externalClient(cfg)
-		// Its runsc state, where `serve --data-dir` puts it; readable only
-		// when it runs on this machine (memory readings fail otherwise, and
-		// say so).
-		r.nodeRunsc = &gvisor.Backend{Root: filepath.Join(cfg.dataDir, "runsc")}
+	d, err := r.connect(ctx)
+	if d == nil && err != nil && cfg.start {
+		res.Note("sandstormd did not start: %v", err)
+		dir.Write(res)
+		return dir.Path, err
 	}
 	if err == nil {
 		err = r.describeNode(ctx)
@@ -165,6 +136,51 @@ func run(ctx context.Context, cfg config) (string, error) {
 	return final, errors.Join(cerr, ferr)
 }
 
+// newRunner is a runner for one run, with a gateway client that never
+// reuses a connection (a wake must be measured from the dial).
+func newRunner(cfg config, res *bench.Results, dir *bench.Dir) *runner {
+	return &runner{
+		cfg: cfg, runID: newRunID(), res: res, dir: dir, started: cfg.start,
+		tmpl: map[string]string{}, sandboxes: map[string]bool{}, warmReg: map[string]string{},
+		tmplDef: map[string]api.Template{}, limitMiB: map[string]int{},
+		gw: &http.Client{
+			Transport: &http.Transport{
+				Proxy:             nil,
+				DisableKeepAlives: true,
+				DialContext:       (&net.Dialer{Timeout: cfg.timeout}).DialContext,
+			},
+		},
+	}
+}
+
+// connect starts the run's own sandstormd (--start) or reaches the one
+// given, and finds the node's runsc state. With --start, a nil daemon and
+// an error mean it did not start.
+func (r *runner) connect(ctx context.Context) (*daemon, error) {
+	cfg := r.cfg
+	if !cfg.start {
+		// Its runsc state, where `serve --data-dir` puts it; readable only
+		// when it runs on this machine (memory readings fail otherwise, and
+		// say so).
+		r.nodeRunsc = &gvisor.Backend{Root: filepath.Join(cfg.dataDir, "runsc")}
+		var err error
+		r.c, err = externalClient(cfg)
+		return nil, err
+	}
+	d, err := startDaemon(ctx, cfg, filepath.Join(r.dir.Path, "sandstormd.log"))
+	if err != nil {
+		return nil, err
+	}
+	r.workDir = d.dataDir
+	r.daemonPID = d.cmd.Process.Pid
+	if cfg.backend == "gvisor" {
+		r.nodeRunsc = &gvisor.Backend{Root: filepath.Join(d.dataDir, "data", "runsc")}
+	}
+	r.res.Params["sandstormd"] = map[string]any{"binary": d.bin, "built_from_tree": d.built, "sha256": d.binHash, "args": d.args}
+	r.c, err = d.client()
+	return d, err
+}
+
 // resolveRunsc finds the runsc the run uses — --runsc, or the pinned
 // bin/runsc of --repo — when the raw series or a --start gvisor daemon need
 // one, and records its version in the parameters and as the machine's
@@ -174,16 +190,9 @@ func resolveRunsc(ctx context.Context, cfg config, res *bench.Results) (string, 
 	if !cfg.wantsRaw() && !(cfg.start && cfg.backend == "gvisor") {
 		return cfg.runsc, nil
 	}
-	path := cfg.runsc
-	if path == "" {
-		path = filepath.Join(cfg.repo, "bin", "runsc")
-	}
-	path, err := exec.LookPath(path)
-	if err == nil {
-		path, err = filepath.Abs(path)
-	}
+	path, err := bench.FindRunsc(cfg.repo, cfg.runsc)
 	if err != nil {
-		return "", fmt.Errorf("runsc: %w (build the pinned one into bin/ with `make runsc`, or pass --runsc)", err)
+		return "", err
 	}
 	v, err := gvisor.Version(ctx, path)
 	if err != nil {

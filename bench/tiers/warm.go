@@ -126,18 +126,7 @@ func (r *runner) measureClone(ctx context.Context, t string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		parent, err := r.ready(ctx, "clone", t)
-		var prev int
-		var url string
-		if err == nil {
-			url, _ = r.endpoint(parent)
-			if prev, err = r.calls(ctx, url, cloneCalls-1); err == nil && prev != cloneCalls {
-				err = fmt.Errorf("the parent counted %d requests, want %d", prev, cloneCalls)
-			}
-		}
-		if err == nil {
-			err = r.ensureHot(ctx, parent.ID)
-		}
+		parent, url, prev, err := r.cloneParent(ctx, t)
 		if err != nil {
 			if parent.ID != "" {
 				r.remove(ctx, parent.ID)
@@ -180,29 +169,9 @@ func (r *runner) measureClone(ctx context.Context, t string) error {
 		if len(res.Children) != k || len(res.ChildMs) != k {
 			call.Note("asked for %d children, got %d (and %d child times)", k, len(res.Children), len(res.ChildMs))
 		}
-		var firsts []string
-		for i, c := range res.Children {
-			curl, err := r.endpoint(c)
-			var d1 time.Duration
-			var body string
-			if err == nil {
-				d1, _, body, err = r.firstAnswer(ctx, curl, time.Now())
-			}
-			if err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				first.Fail("child %d (%s): %v", i+1, c.Name, err)
-				continue
-			}
-			first.AddDuration(d1)
-			firsts = append(firsts, bench.FormatMs(bench.Ms(d1)))
-			if r.nodeRunsc != nil {
-				mem.read(ctx, r.nodeRunsc, c.ID)
-			}
-			if n, ok := parseCount(body); !ok || n != prev+1 {
-				first.Note("a child's first answer was %q, want count=%d (the parent's memory, counting on)", bench.OneLine(body), prev+1)
-			}
+		firsts, err := r.childFirsts(ctx, res.Children, prev, first, mem)
+		if err != nil {
+			return err
 		}
 		// The parent keeps serving from its own memory, as if not cloned.
 		if status, body, _, err := r.get(ctx, url); err != nil || status != http.StatusOK {
@@ -226,6 +195,53 @@ func (r *runner) measureClone(ctx context.Context, t string) error {
 		}
 	}
 	return nil
+}
+
+// cloneParent is a hot parent of template t that has answered
+// cloneCalls requests, and its address; prev is its counter.
+func (r *runner) cloneParent(ctx context.Context, t string) (parent api.Sandbox, url string, prev int, err error) {
+	parent, err = r.ready(ctx, "clone", t)
+	if err == nil {
+		url, _ = r.endpoint(parent)
+		if prev, err = r.calls(ctx, url, cloneCalls-1); err == nil && prev != cloneCalls {
+			err = fmt.Errorf("the parent counted %d requests, want %d", prev, cloneCalls)
+		}
+	}
+	if err == nil {
+		err = r.ensureHot(ctx, parent.ID)
+	}
+	return parent, url, prev, err
+}
+
+// childFirsts times each child's first answer through the gateway, one
+// after another, and checks that it counts on from the parent's memory
+// (prev+1). It returns the times as text; an error only when ctx ends.
+func (r *runner) childFirsts(ctx context.Context, children []api.Sandbox, prev int, first *bench.Series, mem *memSeries) ([]string, error) {
+	var firsts []string
+	for i, c := range children {
+		curl, err := r.endpoint(c)
+		var d1 time.Duration
+		var body string
+		if err == nil {
+			d1, _, body, err = r.firstAnswer(ctx, curl, time.Now())
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return firsts, ctx.Err()
+			}
+			first.Fail("child %d (%s): %v", i+1, c.Name, err)
+			continue
+		}
+		first.AddDuration(d1)
+		firsts = append(firsts, bench.FormatMs(bench.Ms(d1)))
+		if r.nodeRunsc != nil {
+			mem.read(ctx, r.nodeRunsc, c.ID)
+		}
+		if n, ok := parseCount(body); !ok || n != prev+1 {
+			first.Note("a child's first answer was %q, want count=%d (the parent's memory, counting on)", bench.OneLine(body), prev+1)
+		}
+	}
+	return firsts, nil
 }
 
 // calls sends n GET / to url, each of which must answer 200 with the

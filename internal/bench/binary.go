@@ -79,3 +79,23 @@ func FileSHA256(path string) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// FindRunsc is the runsc a benchmark hands its daemon or runs itself:
+// given, else repo's bin/runsc (the pinned one `make runsc` builds), as an
+// absolute path. A daemon built into a temporary directory finds no runsc
+// beside itself, and the results must name the runsc the run used, not
+// the one on PATH.
+func FindRunsc(repo, given string) (string, error) {
+	path := given
+	if path == "" {
+		path = filepath.Join(repo, "bin", "runsc")
+	}
+	path, err := exec.LookPath(path)
+	if err == nil {
+		path, err = filepath.Abs(path)
+	}
+	if err != nil {
+		return "", fmt.Errorf("runsc: %w (build the pinned one into bin/ with `make runsc`, or pass --runsc)", err)
+	}
+	return path, nil
+}

@@ -382,7 +382,7 @@ func Serve(ctx context.Context, o Options) (retErr error) {
 		return err
 	}
 	// If the kernel must kill for memory, it kills a sandbox (their score
-	// is raised, node.SandboxOOMScoreAdj), never the daemon that can
+	// is raised, layout.SandboxOOMScoreAdj), never the daemon that can
 	// recover from it.
 	if err := memguard.ProtectSelf(node.DaemonOOMScoreAdj); err != nil {
 		// Lowering needs CAP_SYS_RESOURCE; without it the sandboxes' raised

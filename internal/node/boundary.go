@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 
 	"sandstorm/internal/boundary"
@@ -97,7 +96,7 @@ func (n *Node) boundaryUp(sb store.Sandbox) error {
 	// The boundary is up exactly while the sandbox's process may write
 	// its console log: that is when its lines get times (logstamp).
 	if n.stamps != nil {
-		if err := n.stamps.Watch(n.dir(sb.ID).log()); err != nil {
+		if err := n.stamps.Watch(n.dir(sb.ID).Log()); err != nil {
 			n.log.Warn("console log lines of this sandbox get no times", "id", sb.ID, "err", err)
 		}
 	}
@@ -116,23 +115,11 @@ func (n *Node) boundaryDown(id string) {
 		b.Close()
 	}
 	if n.stamps != nil {
-		n.stamps.Unwatch(n.dir(id).log())
+		n.stamps.Unwatch(n.dir(id).Log())
 	}
 }
 
 // BoundarySocket returns the host-side Unix socket of sandbox id's boundary.
 func (n *Node) BoundarySocket(id string) string {
-	return filepath.Join(string(n.dir(id)), "agent.sock")
-}
-
-// writeResolvConf points the sandbox's resolver at its boundary. It is
-// written into the overlay (the sandbox's volume), never the template.
-func (l layout) writeResolvConf(host netip.Addr) error {
-	etc := filepath.Join(l.rootfs(), "etc")
-	if err := os.MkdirAll(etc, 0o755); err != nil {
-		return err
-	}
-	path := filepath.Join(etc, "resolv.conf")
-	os.Remove(path) // a symlink in the template must not be written through
-	return os.WriteFile(path, []byte("nameserver "+host.String()+"\noptions ndots:0\n"), 0o644)
+	return n.dir(id).AgentSock()
 }

@@ -245,7 +245,7 @@ func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.C
 	n.stampImage(filepath.Join(stage, "image"), parent.Runsc)
 	// After the checkpoint, which flushes what the sentry had cached of
 	// its files: the volume and the memory are from the same moment.
-	if err := copyTree(bg, n.dir(parent.ID).upper(), filepath.Join(stage, "upper")); err != nil {
+	if err := copyTree(bg, n.dir(parent.ID).Upper(), filepath.Join(stage, "upper")); err != nil {
 		return 0, errors.Join(fmt.Errorf("copy the volume of %s: %w", parent.Name, err), resume())
 	}
 	if err := resume(); err != nil {
@@ -263,13 +263,13 @@ func (n *Node) restoreChild(sb store.Sandbox, t store.Template, parent store.San
 	if err := n.restoreRunsc(&sb, filepath.Join(stage, "image")); err != nil {
 		return err
 	}
-	if err := copyTree(bg, filepath.Join(stage, "upper"), d.upper()); err != nil {
+	if err := copyTree(bg, filepath.Join(stage, "upper"), d.Upper()); err != nil {
 		return err
 	}
 	if err := n.prepare(sb, t, n.envdDirFor(n.dir(parent.ID))); err != nil {
 		return err
 	}
-	d.mark("cloned from %s (%s): its memory and volume are the parent's at that moment, reseeded", parent.Name, parent.ID)
+	d.Mark("cloned from %s (%s): its memory and volume are the parent's at that moment, reseeded", parent.Name, parent.ID)
 	spec := n.spec(sb)
 	if err := n.be.Restore(bg, spec, filepath.Join(stage, "image")); err != nil {
 		return fmt.Errorf("restore the clone image: %w", err)

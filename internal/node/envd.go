@@ -16,10 +16,10 @@ import (
 	"strings"
 	"time"
 
-	"sandstorm/api"
 	"sandstorm/internal/envd"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/gateway"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/sandbox"
 )
 
@@ -36,12 +36,6 @@ import (
 //     on the gateway: the only way to envd from outside is through the
 //     API that checked the caller.
 
-// envdMount is where the envd binary's directory is inside a sandbox.
-const envdMount = "/.sandstorm"
-
-// envdBinary is the binary's name in that directory.
-const envdBinary = "sandstorm-envd"
-
 // The envd binary a sandbox mounts is fixed for the sandbox's life: its
 // checkpoint images hold envd's memory, mapped from that file, and gVisor
 // restores such a file only if it is the one that was saved (a warm image
@@ -52,19 +46,19 @@ const envdBinary = "sandstorm-envd"
 // names the one it started with, and a restore mounts the same one again.
 // A build no bundle names any more is removed when the node starts.
 
-// envdDir is the host directory mounted at envdMount in a sandbox started
+// envdDir is the host directory mounted at layout.EnvdMount in a sandbox started
 // now: the current build's. "" without envd.
 func (n *Node) envdDir() string { return n.envdCurrent }
 
 // envdDirFor is the envd directory for a restore of an image made in
 // layout l (the sandbox's own, its warm template's or its clone parent's):
 // the one l's spec mounted, if it is still there, else the current one.
-func (n *Node) envdDirFor(l layout) string {
+func (n *Node) envdDirFor(l layout.Dir) string {
 	if n.cfg.Envd == "" {
 		return ""
 	}
-	if src := l.envdSource(); src != "" {
-		if _, err := os.Stat(filepath.Join(src, envdBinary)); err == nil {
+	if src := l.EnvdSource(); src != "" {
+		if _, err := os.Stat(filepath.Join(src, layout.EnvdBinary)); err == nil {
 			return src
 		}
 	}
@@ -85,13 +79,13 @@ func (n *Node) installEnvd() error {
 	sum := sha256.Sum256(src)
 	root := filepath.Join(n.cfg.DataDir, "envd")
 	dir := filepath.Join(root, hex.EncodeToString(sum[:8]))
-	if _, err := os.Stat(filepath.Join(dir, envdBinary)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, layout.EnvdBinary)); err != nil {
 		tmp := dir + ".new"
 		os.RemoveAll(tmp)
 		if err := os.MkdirAll(tmp, 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(tmp, envdBinary), src, 0o755); err != nil {
+		if err := os.WriteFile(filepath.Join(tmp, layout.EnvdBinary), src, 0o755); err != nil {
 			return err
 		}
 		if err := os.Rename(tmp, dir); err != nil {
@@ -112,7 +106,7 @@ func (n *Node) removeUnusedEnvd(root string) {
 	for _, pattern := range []string{"sandboxes", "warm"} {
 		dirs, _ := filepath.Glob(filepath.Join(n.cfg.DataDir, pattern, "*"))
 		for _, d := range dirs {
-			if src := layout(d).envdSource(); src != "" {
+			if src := layout.Dir(d).EnvdSource(); src != "" {
 				used[src] = true
 			}
 		}
@@ -124,7 +118,7 @@ func (n *Node) removeUnusedEnvd(root string) {
 	for _, e := range entries {
 		p := filepath.Join(root, e.Name())
 		switch {
-		case e.Name() == envdBinary && !used[root]:
+		case e.Name() == layout.EnvdBinary && !used[root]:
 			os.Remove(p)
 		case e.IsDir() && !used[p]:
 			if err := os.RemoveAll(p); err == nil {
@@ -132,19 +126,6 @@ func (n *Node) removeUnusedEnvd(root string) {
 			}
 		}
 	}
-}
-
-// envdInitArgs is the command line of a sandbox whose init is envd: envd,
-// then the template's process after "--".
-func envdInitArgs(e api.Envd, args []string) []string {
-	out := []string{filepath.Join(envdMount, envdBinary), "--init", "--addr", ":" + strconv.Itoa(envd.Port)}
-	if e.User != "" {
-		out = append(out, "--user", e.User)
-	}
-	if e.Workdir != "" {
-		out = append(out, "--workdir", e.Workdir)
-	}
-	return append(append(out, "--"), args...)
 }
 
 // ErrNoEnvd is a call for envd on a node that has none.
@@ -319,7 +300,7 @@ func (n *Node) ensureEnvd(ctx context.Context, e *entry, spec sandbox.Spec, targ
 	// (gVisor ends exec'd processes at a restore) and may still hold the
 	// port for a moment: a few tries, each refused at once.
 	for try := 0; try < 5; try++ {
-		out, err = x.Exec(ctx, spec, []string{filepath.Join(envdMount, envdBinary), "--detach", "--addr", ":" + strconv.Itoa(envd.Port)})
+		out, err = x.Exec(ctx, spec, []string{filepath.Join(layout.EnvdMount, layout.EnvdBinary), "--detach", "--addr", ":" + strconv.Itoa(envd.Port)})
 		if err == nil || !strings.Contains(string(out), "address already in use") {
 			break
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"sandstorm/api"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/store"
 )
 
@@ -32,23 +33,23 @@ func TestEnvdBuilds(t *testing.T) {
 	// A data dir from before builds had directories: the flat binary.
 	root := filepath.Join(data, "envd")
 	os.MkdirAll(root, 0o755)
-	os.WriteFile(filepath.Join(root, envdBinary), []byte("v0"), 0o755)
-	legacy := layout(filepath.Join(data, "sandboxes", "old"))
+	os.WriteFile(filepath.Join(root, layout.EnvdBinary), []byte("v0"), 0o755)
+	legacy := layout.Dir(filepath.Join(data, "sandboxes", "old"))
 	tmpl := store.Template{Name: "t", Process: api.Process{Args: []string{"/bin/true"}}}
-	if err := legacy.writeSpec(tmpl, 0, "old", "/proc/1/ns/net", root); err != nil {
+	if err := legacy.WriteSpec(tmpl, 0, "old", "/proc/1/ns/net", root); err != nil {
 		t.Fatal(err)
 	}
 
 	n1 := install("v1")
 	v1 := n1.envdDir()
-	if b, err := os.ReadFile(filepath.Join(v1, envdBinary)); err != nil || string(b) != "v1" {
+	if b, err := os.ReadFile(filepath.Join(v1, layout.EnvdBinary)); err != nil || string(b) != "v1" {
 		t.Fatalf("build 1 at %s: %q, %v", v1, b, err)
 	}
 	if n1.envdDirFor(legacy) != root {
 		t.Errorf("a sandbox that mounts the old flat binary restores with %s, want %s", n1.envdDirFor(legacy), root)
 	}
-	sb := layout(filepath.Join(data, "sandboxes", "a"))
-	if err := sb.writeSpec(tmpl, 0, "a", "/proc/1/ns/net", v1); err != nil {
+	sb := layout.Dir(filepath.Join(data, "sandboxes", "a"))
+	if err := sb.WriteSpec(tmpl, 0, "a", "/proc/1/ns/net", v1); err != nil {
 		t.Fatal(err)
 	}
 	n2 := install("v2")
@@ -59,10 +60,10 @@ func TestEnvdBuilds(t *testing.T) {
 	if got := n2.envdDirFor(sb); got != v1 {
 		t.Errorf("after the upgrade, the sandbox's restore mounts %s, want its own build %s", got, v1)
 	}
-	if _, err := os.Stat(filepath.Join(v1, envdBinary)); err != nil {
+	if _, err := os.Stat(filepath.Join(v1, layout.EnvdBinary)); err != nil {
 		t.Errorf("build 1 removed while a bundle mounts it: %v", err)
 	}
-	if got := n2.envdDirFor(layout(t.TempDir())); got != v2 {
+	if got := n2.envdDirFor(layout.Dir(t.TempDir())); got != v2 {
 		t.Errorf("a layout with no spec restores with %s, want the current %s", got, v2)
 	}
 
@@ -74,13 +75,13 @@ func TestEnvdBuilds(t *testing.T) {
 	if _, err := os.Stat(v1); !os.IsNotExist(err) {
 		t.Errorf("build 1 kept with nothing mounting it: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(root, envdBinary)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(root, layout.EnvdBinary)); !os.IsNotExist(err) {
 		t.Errorf("the old flat binary kept with nothing mounting it: %v", err)
 	}
 	if n3.envdDir() != v2 {
 		t.Errorf("current build %s, want %s", n3.envdDir(), v2)
 	}
-	if _, err := os.Stat(filepath.Join(v2, envdBinary)); err != nil {
+	if _, err := os.Stat(filepath.Join(v2, layout.EnvdBinary)); err != nil {
 		t.Errorf("the current build removed: %v", err)
 	}
 }

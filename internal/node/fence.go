@@ -151,7 +151,7 @@ func (n *Node) Retire(ctx context.Context, id string) error {
 	if !sb.LeftBehind {
 		return fmt.Errorf("%w: sandbox %s is not left behind", errdefs.ErrConflict, id)
 	}
-	if !holdsData(n.dir(sb.ID).upper()) {
+	if !holdsData(n.dir(sb.ID).Upper()) {
 		err := n.Delete(ctx, sb.ID)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil
@@ -199,9 +199,9 @@ func refuseLeftBehind(sb store.Sandbox) error {
 // stopped (a fence whose Retire had not finished).
 func (n *Node) ensureRetired(ctx context.Context, sb store.Sandbox) error {
 	n.teardown(ctx, sb, false)
-	os.RemoveAll(n.dir(sb.ID).snapshot())
-	os.RemoveAll(n.dir(sb.ID).snapTmp())
-	if !holdsData(n.dir(sb.ID).upper()) {
+	os.RemoveAll(n.dir(sb.ID).Snapshot())
+	os.RemoveAll(n.dir(sb.ID).SnapTmp())
+	if !holdsData(n.dir(sb.ID).Upper()) {
 		n.teardown(ctx, sb, true)
 		n.forget(sb.ID)
 		return n.st.DeleteSandbox(ctx, sb.ID)

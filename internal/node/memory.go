@@ -15,6 +15,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/admission"
 	"sandstorm/internal/memguard"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -54,11 +55,10 @@ const (
 	// pressurePSI: or when tasks spent this share (%) of the last 10 s
 	// waiting for memory (PSI some avg10).
 	pressurePSI = 10
-	// SandboxOOMScoreAdj is every sandbox process's oom_score_adj, and
-	// DaemonOOMScoreAdj sandstormd's and sam-node's: the kernel's OOM
-	// killer takes the highest score first.
-	SandboxOOMScoreAdj = 800
-	DaemonOOMScoreAdj  = -900
+	// DaemonOOMScoreAdj is sandstormd's and sam-node's oom_score_adj:
+	// the kernel's OOM killer takes the highest score first, and every
+	// sandbox's is layout.SandboxOOMScoreAdj.
+	DaemonOOMScoreAdj = -900
 )
 
 // LimitMiB is the memory limit a new sandbox of t gets: override, else the
@@ -373,7 +373,7 @@ func (n *Node) findKilled() {
 // protect sets the OOM score of a sandbox that just started or woke.
 func (n *Node) protect(sb store.Sandbox) {
 	if s, ok := n.be.(sandbox.OOMScorer); ok {
-		if err := s.SetOOMScore(context.Background(), n.spec(sb), SandboxOOMScoreAdj); err != nil {
+		if err := s.SetOOMScore(context.Background(), n.spec(sb), layout.SandboxOOMScoreAdj); err != nil {
 			n.log.Warn("cannot set the OOM score of a sandbox", "id", sb.ID, "err", err)
 		}
 	}

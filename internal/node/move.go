@@ -18,6 +18,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/store"
 )
@@ -220,12 +221,12 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 		MemoryMiB: int(n.limitOf(sb, t)), Tier: from, Idle: sb.Idle, CreatedAt: sb.CreatedAt, LastActive: sb.LastActive,
 		From: n.cfg.Name, UsageMiB: e.lastUsageMiB.Load()}
 	var image []string
-	if d.hasSnapshot() {
-		m.Runtime, m.Runsc = n.imageBuild(sb, d.snapshot())
-		if src := d.envdSource(); src != "" {
+	if d.HasSnapshot() {
+		m.Runtime, m.Runsc = n.imageBuild(sb, d.Snapshot())
+		if src := d.EnvdSource(); src != "" {
 			m.Envd = filepath.Base(src)
 		}
-		if image, m.ImageBytes, err = imageFiles(d.snapshot()); err != nil {
+		if image, m.ImageBytes, err = imageFiles(d.Snapshot()); err != nil {
 			return stay(err)
 		}
 		if from == api.TierDetached {
@@ -234,7 +235,7 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 	} else if from != api.TierDetached {
 		return stay(fmt.Errorf("sandbox %s is %s but has no image to move", sb.Name, from))
 	}
-	if m.VolumeBytes, err = treeBytes(d.upper()); err != nil {
+	if m.VolumeBytes, err = treeBytes(d.Upper()); err != nil {
 		return stay(err)
 	}
 	tw := tar.NewWriter(w)
@@ -247,11 +248,11 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 		return err
 	}
 	for _, name := range image {
-		if err := sendFile(tw, filepath.Join(d.snapshot(), name), moveImage+name); err != nil {
+		if err := sendFile(tw, filepath.Join(d.Snapshot(), name), moveImage+name); err != nil {
 			return err
 		}
 	}
-	if _, err := rootfs.PackVolume(d.upper(), tw, moveVolume); err != nil {
+	if _, err := rootfs.PackVolume(d.Upper(), tw, moveVolume); err != nil {
 		return err
 	}
 	if tornDown != nil {
@@ -456,12 +457,12 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 			return fail(err)
 		}
 		steps.mark("layout")
-		d.mark("restoring here after a move from node %s (memory kept)", m.From)
-		if err := n.be.Restore(context.Background(), n.spec(sb), d.snapshot()); err != nil {
+		d.Mark("restoring here after a move from node %s (memory kept)", m.From)
+		if err := n.be.Restore(context.Background(), n.spec(sb), d.Snapshot()); err != nil {
 			return fail(fmt.Errorf("restore the moved image: %w", err))
 		}
 		steps.mark("restore")
-		os.RemoveAll(d.snapshot())
+		os.RemoveAll(d.Snapshot())
 		if m.Tier == api.TierFrozen {
 			if err := n.be.Pause(context.Background(), n.spec(sb)); err != nil {
 				return fail(fmt.Errorf("freeze the restored sandbox again: %w", err))
@@ -471,7 +472,7 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 	case m.Tier == api.TierSnapshot:
 		// Its spec names the envd build its image maps: what its wake
 		// restores with (envdDirFor).
-		if err := d.writeSpec(t, n.limitOf(sb, t), sb.Name, "", envdDir); err != nil {
+		if err := d.WriteSpec(t, n.limitOf(sb, t), sb.Name, "", envdDir); err != nil {
 			return fail(err)
 		}
 	}
@@ -531,7 +532,7 @@ func (n *Node) checkManifest(ctx context.Context, m MoveManifest, gen int64) (st
 			return store.Template{}, fmt.Errorf("%w: move of %s: its image was written by runsc %q and this node runs %q; it restores only on the runsc that wrote it", errdefs.ErrPrecondition, m.Name, m.Runtime, rv)
 		}
 		if m.Envd != "" {
-			if _, err := os.Stat(filepath.Join(n.cfg.DataDir, "envd", m.Envd, envdBinary)); err != nil {
+			if _, err := os.Stat(filepath.Join(n.cfg.DataDir, "envd", m.Envd, layout.EnvdBinary)); err != nil {
 				return store.Template{}, fmt.Errorf("%w: move of %s: its image maps envd build %s, which node %s has not got (it runs another sandstormd build)", errdefs.ErrPrecondition, m.Name, m.Envd, n.cfg.Name)
 			}
 		}
@@ -573,13 +574,13 @@ func validID(id string) bool {
 // stream's end entry: a stream cut short is never taken for whole.
 func (n *Node) receive(tr *tar.Reader, sb store.Sandbox, m MoveManifest) error {
 	d := n.dir(sb.ID)
-	if err := os.MkdirAll(d.snapshot(), 0o700); err != nil {
+	if err := os.MkdirAll(d.Snapshot(), 0o700); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(d.upper(), 0o755); err != nil {
+	if err := os.MkdirAll(d.Upper(), 0o755); err != nil {
 		return err
 	}
-	vol, err := rootfs.NewTree(d.upper(), rootfs.Limits{MaxBytes: max(m.VolumeBytes, 1)})
+	vol, err := rootfs.NewTree(d.Upper(), rootfs.Limits{MaxBytes: max(m.VolumeBytes, 1)})
 	if err != nil {
 		return err
 	}
@@ -601,7 +602,7 @@ func (n *Node) receive(tr *tar.Reader, sb store.Sandbox, m MoveManifest) error {
 				return err
 			}
 			finished = true
-			if !d.hasSnapshotFiles() && m.Tier != api.TierDetached {
+			if !d.HasSnapshotFiles() && m.Tier != api.TierDetached {
 				return fmt.Errorf("%w: move stream of %s brought no image", errdefs.ErrBadInput, m.Name)
 			}
 			return nil
@@ -613,7 +614,7 @@ func (n *Node) receive(tr *tar.Reader, sb store.Sandbox, m MoveManifest) error {
 			if imageBytes += hdr.Size; imageBytes > m.ImageBytes {
 				return fmt.Errorf("%w: move stream: image of more than the %d bytes its manifest said", rootfs.ErrTooLarge, m.ImageBytes)
 			}
-			if err := writeNew(filepath.Join(d.snapshot(), leaf), io.LimitReader(tr, hdr.Size), hdr.Size); err != nil {
+			if err := writeNew(filepath.Join(d.Snapshot(), leaf), io.LimitReader(tr, hdr.Size), hdr.Size); err != nil {
 				return err
 			}
 		case strings.HasPrefix(name, moveVolume):
@@ -634,7 +635,6 @@ func (n *Node) receive(tr *tar.Reader, sb store.Sandbox, m MoveManifest) error {
 }
 
 // hasSnapshotFiles reports whether the image directory holds anything.
-func (l layout) hasSnapshotFiles() bool { return nonEmpty(l.snapshot()) }
 
 // writeNew writes exactly size bytes of r to a new file at path (never
 // through a link, never over a file).

@@ -91,7 +91,7 @@ func TestMoveInRefuses(t *testing.T) {
 	if !sb.MoveIn || sb.Tier != api.TierSnapshot || sb.ID != "abc123" || sb.Generation != 7 {
 		t.Fatalf("arrived: %+v", sb)
 	}
-	if b, err := os.ReadFile(n.dir(sb.ID).upper() + "/f"); err != nil || string(b) != "vv" {
+	if b, err := os.ReadFile(n.dir(sb.ID).Upper() + "/f"); err != nil || string(b) != "vv" {
 		t.Errorf("its volume: %q %v", b, err)
 	}
 	if err := n.Wake(ctx, sb.ID); !errors.Is(err, ErrMoving) {

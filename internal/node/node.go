@@ -36,6 +36,7 @@ import (
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/metrics"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -368,8 +369,8 @@ func (n *Node) Name() string { return n.cfg.Name }
 // Backend is the node's sandbox backend.
 func (n *Node) Backend() sandbox.Backend { return n.be }
 
-func (n *Node) dir(id string) layout {
-	return layout(filepath.Join(n.cfg.DataDir, "sandboxes", id))
+func (n *Node) dir(id string) layout.Dir {
+	return layout.Dir(filepath.Join(n.cfg.DataDir, "sandboxes", id))
 }
 
 // Net returns the network of a sandbox in address slot slot.
@@ -392,7 +393,7 @@ const (
 
 func (n *Node) spec(sb store.Sandbox) sandbox.Spec {
 	d := n.dir(sb.ID)
-	return sandbox.Spec{ID: sb.ID, Bundle: d.bundle(), Netns: filepath.Join(netns.Dir, NetnsPrefix+sb.ID), LogPath: d.log(),
+	return sandbox.Spec{ID: sb.ID, Bundle: d.Bundle(), Netns: filepath.Join(netns.Dir, NetnsPrefix+sb.ID), LogPath: d.Log(),
 		Runtime: n.runscPath(sb.Runsc)}
 }
 
@@ -837,7 +838,7 @@ func (n *Node) teardown(ctx context.Context, sb store.Sandbox, all bool) error {
 		}
 	}
 	d := n.dir(sb.ID)
-	if err := d.unmountRootfs(); err != nil {
+	if err := d.UnmountRootfs(); err != nil {
 		errs = append(errs, err)
 	}
 	if all {
@@ -907,7 +908,7 @@ func (n *Node) useIdle(id string, idle *api.IdleTimers, own tier.Timers) {
 }
 
 // LogPath is the file holding sandbox id's console output.
-func (n *Node) LogPath(id string) string { return n.dir(id).log() }
+func (n *Node) LogPath(id string) string { return n.dir(id).Log() }
 
 // Touch implements gateway.Waker.
 func (n *Node) Touch(id string) {

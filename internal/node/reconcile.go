@@ -12,6 +12,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/events"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -180,7 +181,7 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 	var to api.Tier
 	note := sb.Note
 	switch {
-	case sb.Transition == api.TierSnapshot && nonEmpty(d.snapTmp()):
+	case sb.Transition == api.TierSnapshot && layout.NonEmpty(d.SnapTmp()):
 		// The checkpoint ran to its end after the daemon died (WaitInFlight
 		// waited for it): finish the transition. This comes before the
 		// running case: a current runsc's sandbox process lingers for 1–2 s
@@ -188,8 +189,8 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		// seen in TestCrashRestart), and a checkpoint that failed halfway
 		// kills the sandbox too. If the image turns out bad, the wake
 		// re-creates the sandbox cold and says so.
-		os.RemoveAll(d.snapshot())
-		if err := os.Rename(d.snapTmp(), d.snapshot()); err != nil {
+		os.RemoveAll(d.Snapshot())
+		if err := os.Rename(d.SnapTmp(), d.Snapshot()); err != nil {
 			return err
 		}
 		to = api.TierSnapshot
@@ -198,7 +199,7 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
 			netns.Delete(nw)
 		}
-	case sb.Transition == api.TierSnapshot && d.hasSnapshot(), sb.Transition == "" && sb.Tier == api.TierSnapshot && d.hasSnapshot():
+	case sb.Transition == api.TierSnapshot && d.HasSnapshot(), sb.Transition == "" && sb.Tier == api.TierSnapshot && d.HasSnapshot():
 		// An image renamed into place is complete (checkpoint), and its
 		// container only stopped, whatever runsc says: the node records a
 		// snapshot before it removes the container and the namespace
@@ -206,7 +207,7 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		// between, or before the record. Until it is removed, the stopped
 		// sandbox process lingers and says "running" for 1–2 s (measured),
 		// which the next case would take for a sandbox that runs.
-		os.RemoveAll(d.snapTmp())
+		os.RemoveAll(d.SnapTmp())
 		to = api.TierSnapshot
 		if sb.Transition == api.TierSnapshot {
 			note = "its checkpoint finished while the node was down"
@@ -221,17 +222,17 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 			to = api.TierFrozen
 		}
 		// A restore that finished after the daemon died leaves its image.
-		os.RemoveAll(d.snapshot())
-		os.RemoveAll(d.snapTmp())
-	case d.hasSnapshot():
-		os.RemoveAll(d.snapTmp())
+		os.RemoveAll(d.Snapshot())
+		os.RemoveAll(d.SnapTmp())
+	case d.HasSnapshot():
+		os.RemoveAll(d.SnapTmp())
 		to = api.TierSnapshot
 		n.be.Remove(ctx, spec)
 		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
 			netns.Delete(nw)
 		}
 	default:
-		os.RemoveAll(d.snapTmp())
+		os.RemoveAll(d.SnapTmp())
 		to = api.TierDetached
 		if sb.Tier != api.TierDetached {
 			note = fmt.Sprintf("its processes were gone when the node restarted (was %s); the next request cold-starts it", sb.Tier)
@@ -300,7 +301,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		if known[id] {
 			continue
 		}
-		if n.dir(id).hostname() == poolName(id) {
+		if n.dir(id).Hostname() == poolName(id) {
 			// A warm pool's sandbox has no row until a create takes it:
 			// one from before a restart or a reload is expected here,
 			// and its pool is made again (warmpool.go).
@@ -330,17 +331,11 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		}
 		d := n.dir(id)
 		if _, err := os.Stat(string(d)); err == nil {
-			if !pooledIDs[id] && d.hostname() != poolName(id) {
+			if !pooledIDs[id] && d.Hostname() != poolName(id) {
 				n.log.Warn("reconcile: removing orphaned sandbox directory", "dir", string(d))
 			}
-			d.unmountRootfs()
+			d.UnmountRootfs()
 			os.RemoveAll(string(d))
 		}
 	}
-}
-
-// nonEmpty reports whether dir exists and holds at least one file.
-func nonEmpty(dir string) bool {
-	ents, err := os.ReadDir(dir)
-	return err == nil && len(ents) > 0
 }

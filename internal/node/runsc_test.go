@@ -137,7 +137,7 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	if _, err := nA.Snapshot(ctx, "snap"); err != nil {
 		t.Fatal(err)
 	}
-	if k, err := runtimes.ReadStamp(nA.dir("snap").snapshot()); k != a || err != nil {
+	if k, err := runtimes.ReadStamp(nA.dir("snap").Snapshot()); k != a || err != nil {
 		t.Fatalf("snapshot stamp %q, %v; want %q", k, err, a)
 	}
 	nA.Close()
@@ -169,7 +169,7 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	// A restore of the snapshot runs A, whatever its row says.
 	snap := get("snap")
 	snap.Runsc = string(b)
-	if err := nB.restoreRunsc(&snap, nB.dir("snap").snapshot()); err != nil || snap.Runsc != string(a) || get("snap").Runsc != string(a) {
+	if err := nB.restoreRunsc(&snap, nB.dir("snap").Snapshot()); err != nil || snap.Runsc != string(a) || get("snap").Runsc != string(a) {
 		t.Fatalf("restore picks %q (row %q), %v; want A", snap.Runsc, get("snap").Runsc, err)
 	}
 
@@ -212,9 +212,9 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	// A snapshot of a build the node does not have fails before runsc
 	// runs, saying which build it needs.
 	row("orphan", 3, api.TierSnapshot, string(a))
-	os.MkdirAll(nB.dir("orphan").snapshot(), 0o700)
+	os.MkdirAll(nB.dir("orphan").Snapshot(), 0o700)
 	o := get("orphan")
-	if err := nB.restoreRunsc(&o, nB.dir("orphan").snapshot()); err == nil || !strings.Contains(err.Error(), string(a)) {
+	if err := nB.restoreRunsc(&o, nB.dir("orphan").Snapshot()); err == nil || !strings.Contains(err.Error(), string(a)) {
 		t.Fatalf("restore with a build that is gone: %v", err)
 	}
 	if got := nB.spec(o).Runtime; got != pathA {

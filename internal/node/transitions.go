@@ -27,9 +27,9 @@ func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template
 		return err
 	}
 	if wake {
-		n.dir(sb.ID).mark("started from template %s (a cold start: its memory is new, its volume kept)", t.Name)
+		n.dir(sb.ID).Mark("started from template %s (a cold start: its memory is new, its volume kept)", t.Name)
 	} else {
-		n.dir(sb.ID).mark("started from template %s (created)", t.Name)
+		n.dir(sb.ID).Mark("started from template %s (created)", t.Name)
 	}
 	if err := n.onCurrentRunsc(&sb); err != nil {
 		return err
@@ -55,7 +55,7 @@ func (n *Node) prepare(sb store.Sandbox, t store.Template, envdDir string) error
 // (envdDirFor).
 func (n *Node) layOut(sb store.Sandbox, t store.Template, envdDir string) error {
 	d := n.dir(sb.ID)
-	if err := d.mountRootfs(t.Rootfs); err != nil {
+	if err := d.MountRootfs(t.Rootfs); err != nil {
 		return err
 	}
 	nw, err := n.Net(sb.ID, sb.Slot)
@@ -65,10 +65,10 @@ func (n *Node) layOut(sb store.Sandbox, t store.Template, envdDir string) error 
 	if err := netns.Create(nw); err != nil {
 		return err
 	}
-	if err := d.writeResolvConf(nw.Host.Addr()); err != nil {
+	if err := d.WriteResolvConf(nw.Host.Addr()); err != nil {
 		return err
 	}
-	return d.writeSpec(t, n.limitOf(sb, t), sb.Name, nw.Path(), envdDir)
+	return d.WriteSpec(t, n.limitOf(sb, t), sb.Name, nw.Path(), envdDir)
 }
 
 // Wake brings sandbox id to hot from any tier (gateway.Waker). Concurrent
@@ -231,7 +231,7 @@ func (n *Node) coldStartFromStore(ctx context.Context, sb store.Sandbox) error {
 func (n *Node) restore(ctx context.Context, sb store.Sandbox, t store.Template) error {
 	d := n.dir(sb.ID)
 	steps := newStepTimer()
-	if err := n.restoreRunsc(&sb, d.snapshot()); err != nil {
+	if err := n.restoreRunsc(&sb, d.Snapshot()); err != nil {
 		return err
 	}
 	if err := n.layOut(sb, t, n.envdDirFor(d)); err != nil {
@@ -242,12 +242,12 @@ func (n *Node) restore(ctx context.Context, sb store.Sandbox, t store.Template) 
 		return err
 	}
 	steps.mark("boundary")
-	d.mark("restoring from its snapshot (memory kept)")
-	if err := n.be.Restore(ctx, n.spec(sb), d.snapshot()); err != nil {
+	d.Mark("restoring from its snapshot (memory kept)")
+	if err := n.be.Restore(ctx, n.spec(sb), d.Snapshot()); err != nil {
 		return err
 	}
 	steps.mark("runsc_restore")
-	err := os.RemoveAll(d.snapshot())
+	err := os.RemoveAll(d.Snapshot())
 	steps.mark("drop_image")
 	n.log.Debug("restore steps", append([]any{"id", sb.ID}, steps.attrs()...)...)
 	return err
@@ -279,7 +279,7 @@ func (n *Node) recoverFailedRestore(e *entry, sb store.Sandbox, cause error, sta
 	bg := context.Background()
 	n.log.Error("restore failed; re-creating the sandbox cold", "id", sb.ID, "err", cause)
 	n.be.Remove(bg, n.spec(sb))
-	os.RemoveAll(n.dir(sb.ID).snapshot())
+	os.RemoveAll(n.dir(sb.ID).Snapshot())
 	note := "restore failed: " + cause.Error()
 	if err := n.coldStartFromStore(bg, sb); err != nil {
 		n.teardown(bg, sb, false)
@@ -307,7 +307,7 @@ func (n *Node) settleAfterFailure(sb store.Sandbox, from api.Tier, note string) 
 		to = api.TierHot
 	case err == nil && st == sandbox.StatePaused:
 		to = api.TierFrozen
-	case n.dir(sb.ID).hasSnapshot():
+	case n.dir(sb.ID).HasSnapshot():
 		to = api.TierSnapshot
 		n.cutEnvd(sb.ID)
 		n.teardown(context.Background(), sb, false)
@@ -466,9 +466,9 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) (finish func(), err e
 	}
 	steps.mark("usage")
 	d := n.dir(sb.ID)
-	os.RemoveAll(d.snapTmp())
-	os.RemoveAll(d.snapshot())
-	if err := os.MkdirAll(d.snapTmp(), 0o700); err != nil {
+	os.RemoveAll(d.SnapTmp())
+	os.RemoveAll(d.Snapshot())
+	if err := os.MkdirAll(d.SnapTmp(), 0o700); err != nil {
 		if from == api.TierFrozen {
 			// Resumed above for the checkpoint: frozen again, as its
 			// tier says.
@@ -481,27 +481,27 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) (finish func(), err e
 	steps.mark("dirs")
 	leaver, leaves := n.be.(sandbox.CheckpointLeaver)
 	if leaves {
-		err = leaver.CheckpointLeaving(bg, spec, d.snapTmp())
+		err = leaver.CheckpointLeaving(bg, spec, d.SnapTmp())
 	} else {
-		err = n.be.Checkpoint(bg, spec, d.snapTmp())
+		err = n.be.Checkpoint(bg, spec, d.SnapTmp())
 	}
 	if err != nil {
-		os.RemoveAll(d.snapTmp())
+		os.RemoveAll(d.SnapTmp())
 		return nil, n.recoverFailedCheckpoint(sb, err)
 	}
 	steps.mark("runsc_checkpoint")
-	n.stampImage(d.snapTmp(), sb.Runsc)
+	n.stampImage(d.SnapTmp(), sb.Runsc)
 	steps.mark("stamp")
-	if err := os.Rename(d.snapTmp(), d.snapshot()); err != nil {
+	if err := os.Rename(d.SnapTmp(), d.Snapshot()); err != nil {
 		// Not a snapshot: the container stopped, the image not in place.
 		// As a checkpoint that failed, once the stopped container is gone
 		// (its lingering process would say "running"): re-created cold.
-		os.RemoveAll(d.snapTmp())
+		os.RemoveAll(d.SnapTmp())
 		n.be.Remove(bg, spec)
 		return nil, n.recoverFailedCheckpoint(sb, err)
 	}
 	steps.mark("rename")
-	d.mark("checkpointed to disk (snapshot tier)")
+	d.Mark("checkpointed to disk (snapshot tier)")
 	return func() {
 		steps := newStepTimer()
 		if leaves {
@@ -572,8 +572,8 @@ func (n *Node) detachOp(sb store.Sandbox, from api.Tier) error {
 	if err := n.teardown(context.Background(), sb, false); err != nil {
 		return err
 	}
-	n.dir(sb.ID).mark("detached: its processes stopped, its volume kept")
-	return os.RemoveAll(n.dir(sb.ID).snapshot())
+	n.dir(sb.ID).Mark("detached: its processes stopped, its volume kept")
+	return os.RemoveAll(n.dir(sb.ID).Snapshot())
 }
 
 // transition runs op under the sandbox's lock, recording the transition

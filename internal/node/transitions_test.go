@@ -241,7 +241,7 @@ func TestFailedCheckpointKeepsARunningSandboxHot(t *testing.T) {
 		t.Errorf("row: tier %s transition %q note %q, want hot, none, %q", row.Tier, row.Transition, row.Note, want)
 	}
 	d := n.dir("s1")
-	for _, p := range []string{d.snapshot(), d.snapTmp()} {
+	for _, p := range []string{d.Snapshot(), d.SnapTmp()} {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s left behind", p)
 		}
@@ -272,8 +272,8 @@ func TestFailedCheckpointThatKilledTheSandbox(t *testing.T) {
 	be, n := checkpointingNode(t, api.TierHot)
 	ctx := context.Background()
 	d := n.dir("s1")
-	kept := filepath.Join(d.upper(), "kept.txt")
-	if err := os.MkdirAll(d.upper(), 0o755); err != nil {
+	kept := filepath.Join(d.Upper(), "kept.txt")
+	if err := os.MkdirAll(d.Upper(), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(kept, []byte("x"), 0o644); err != nil {
@@ -298,7 +298,7 @@ func TestFailedCheckpointThatKilledTheSandbox(t *testing.T) {
 	if _, err := os.Stat(kept); err != nil {
 		t.Errorf("its volume was not kept: %v", err)
 	}
-	for _, p := range []string{d.snapshot(), d.snapTmp()} {
+	for _, p := range []string{d.Snapshot(), d.SnapTmp()} {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s left behind", p)
 		}
@@ -409,8 +409,8 @@ func TestSnapshotAnswersBeforeItsCleanup(t *testing.T) {
 	if err := <-snapErr; err != nil {
 		t.Fatal(err)
 	}
-	if sb.Tier != api.TierSnapshot || sb.Transition != "" || !n.dir("s1").hasSnapshot() {
-		t.Fatalf("answered with tier %s transition %q (image in place: %v), want snapshot", sb.Tier, sb.Transition, n.dir("s1").hasSnapshot())
+	if sb.Tier != api.TierSnapshot || sb.Transition != "" || !n.dir("s1").HasSnapshot() {
+		t.Fatalf("answered with tier %s transition %q (image in place: %v), want snapshot", sb.Tier, sb.Transition, n.dir("s1").HasSnapshot())
 	}
 	<-removing
 	be.on("remove", nil) // the wake's own removals (below) go through

@@ -19,6 +19,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -46,15 +47,9 @@ import (
 // should not write before it is ready.
 
 // warmLayout is the directory of template name's warm image build.
-func (n *Node) warmLayout(name string) layout {
-	return layout(filepath.Join(n.cfg.DataDir, "warm", name))
+func (n *Node) warmLayout(name string) layout.Dir {
+	return layout.Dir(filepath.Join(n.cfg.DataDir, "warm", name))
 }
-
-// warmImage is the checkpoint image in a warm layout; warmVersion the file
-// beside it naming the runsc version that wrote it (an image restores only
-// on that version).
-func (l layout) warmImage() string   { return filepath.Join(string(l), "image") }
-func (l layout) warmVersion() string { return filepath.Join(string(l), "runsc-version") }
 
 // warmID is the container ID of template name's build: "w" and 11 hex
 // digits of its name's SHA-256, 12 characters like a sandbox's ID (the
@@ -85,10 +80,10 @@ func (n *Node) runtimeVersion() string {
 // can restore.
 func (n *Node) warmReady(name string) bool {
 	l := n.warmLayout(name)
-	if _, err := os.Stat(l.warmImage()); err != nil {
+	if _, err := os.Stat(l.WarmImage()); err != nil {
 		return false
 	}
-	v, err := os.ReadFile(l.warmVersion())
+	v, err := os.ReadFile(l.WarmVersion())
 	return err == nil && string(v) == n.runtimeVersion()
 }
 
@@ -113,12 +108,12 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	if err != nil {
 		return err
 	}
-	spec := sandbox.Spec{ID: id, Bundle: l.bundle(), Netns: nw.Path(), LogPath: l.log()}
+	spec := sandbox.Spec{ID: id, Bundle: l.Bundle(), Netns: nw.Path(), LogPath: l.Log()}
 	bg := context.WithoutCancel(ctx)
 	cleanup := func() {
 		n.be.Remove(bg, spec)
 		netns.Delete(nw)
-		l.unmountRootfs()
+		l.UnmountRootfs()
 	}
 	cleanup() // a build cut short by a crash
 	ok := false
@@ -131,19 +126,19 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 		}
 	}()
 	defer cleanup()
-	tmp := l.warmImage() + ".tmp"
-	for _, p := range []string{tmp, l.upper(), l.work()} {
+	tmp := l.WarmImage() + ".tmp"
+	for _, p := range []string{tmp, l.Upper(), l.Work()} {
 		if err := os.RemoveAll(p); err != nil {
 			return err
 		}
 	}
-	if err := l.mountRootfs(t.Rootfs); err != nil {
+	if err := l.MountRootfs(t.Rootfs); err != nil {
 		return err
 	}
 	if err := netns.Create(nw); err != nil {
 		return err
 	}
-	if err := l.writeSpec(t, n.LimitMiB(t, 0), t.Name, nw.Path(), n.envdDir()); err != nil {
+	if err := l.WriteSpec(t, n.LimitMiB(t, 0), t.Name, nw.Path(), n.envdDir()); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -157,20 +152,20 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	target := netip.AddrPortFrom(nw.Sandbox.Addr(), uint16(port))
 	if err := n.probe(ctx, target, t.Warm.Probe.Path); err != nil {
 		return fmt.Errorf("%w: template %s: its probe (%s%s) did not succeed within %s (last: %v; its output: %s)",
-			errdefs.ErrBadInput, t.Name, target, t.Warm.Probe.Path, n.cfg.Ready, err, tail(l.log(), 400))
+			errdefs.ErrBadInput, t.Name, target, t.Warm.Probe.Path, n.cfg.Ready, err, tail(l.Log(), 400))
 	}
 	ready := time.Since(start)
 	if err := n.be.Checkpoint(bg, spec, tmp); err != nil {
 		return fmt.Errorf("checkpoint template %s: %w", t.Name, err)
 	}
-	if err := os.WriteFile(l.warmVersion()+".tmp", []byte(n.runtimeVersion()), 0o644); err != nil {
+	if err := os.WriteFile(l.WarmVersion()+".tmp", []byte(n.runtimeVersion()), 0o644); err != nil {
 		return err
 	}
-	os.RemoveAll(l.warmImage())
-	if err := os.Rename(tmp, l.warmImage()); err != nil {
+	os.RemoveAll(l.WarmImage())
+	if err := os.Rename(tmp, l.WarmImage()); err != nil {
 		return err
 	}
-	if err := os.Rename(l.warmVersion()+".tmp", l.warmVersion()); err != nil {
+	if err := os.Rename(l.WarmVersion()+".tmp", l.WarmVersion()); err != nil {
 		return err
 	}
 	n.log.Info("warm image made", "template", t.Name, "ready_ms", ready.Milliseconds(), "total_ms", time.Since(start).Milliseconds())
@@ -205,7 +200,7 @@ func (n *Node) DropWarm(name string) {
 	n.warmMu.Lock()
 	defer n.warmMu.Unlock()
 	l := n.warmLayout(name)
-	l.unmountRootfs()
+	l.UnmountRootfs()
 	os.RemoveAll(string(l))
 }
 
@@ -290,9 +285,9 @@ func (n *Node) warmStart(ctx context.Context, sb store.Sandbox, t store.Template
 		return true, err
 	}
 	d := n.dir(sb.ID)
-	d.mark("started from the warm image of template %s (its memory is the template's, reseeded; its volume new)", t.Name)
+	d.Mark("started from the warm image of template %s (its memory is the template's, reseeded; its volume new)", t.Name)
 	spec := n.spec(sb)
-	if err := n.be.Restore(ctx, spec, n.warmLayout(t.Name).warmImage()); err != nil {
+	if err := n.be.Restore(ctx, spec, n.warmLayout(t.Name).WarmImage()); err != nil {
 		return true, fmt.Errorf("restore the warm image of %s: %w", t.Name, err)
 	}
 	if err := n.reseed(ctx, spec, t); err != nil {

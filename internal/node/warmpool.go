@@ -120,7 +120,7 @@ func (n *Node) renewWarm(t store.Template) {
 		return
 	}
 	l := n.warmLayout(t.Name)
-	if _, err := os.Stat(l.warmImage()); err != nil {
+	if _, err := os.Stat(l.WarmImage()); err != nil {
 		return
 	}
 	why := ""
@@ -145,7 +145,7 @@ func (n *Node) renewWarm(t store.Template) {
 	n.log.Info("warm image made again", "template", t.Name, "why", why)
 	// Not ready while it is made (creates start cold meanwhile): a
 	// restore must not take the old image with the new build's spec.
-	os.Remove(l.warmVersion())
+	os.Remove(l.WarmVersion())
 	if err := n.PrepareWarm(context.Background(), t); err != nil {
 		n.log.Warn("warm image could not be made again; its sandboxes start cold", "template", t.Name, "err", err)
 	}
@@ -220,7 +220,7 @@ func (n *Node) addPooled(t store.Template) error {
 	bg := context.Background()
 	err = n.layOut(sb, t, n.envdDirFor(n.warmLayout(t.Name)))
 	if err == nil {
-		n.dir(sb.ID).mark("restored from the warm image of template %s ahead of demand (warm pool), paused until a create takes it", t.Name)
+		n.dir(sb.ID).Mark("restored from the warm image of template %s ahead of demand (warm pool), paused until a create takes it", t.Name)
 		spec := n.spec(sb)
 		// Reseeded here, right after its restore, not when a create takes
 		// it: what a reseed is for is the state every restore of the image
@@ -228,7 +228,7 @@ func (n *Node) addPooled(t store.Template) error {
 		// uses it. At the take it was on the create's path: 28–60 ms of a
 		// pooled create of base (a runsc exec, and the first run of
 		// anything after a restore), where the resume alone is ~26.
-		if err = n.be.Restore(bg, spec, n.warmLayout(t.Name).warmImage()); err == nil {
+		if err = n.be.Restore(bg, spec, n.warmLayout(t.Name).WarmImage()); err == nil {
 			if err = n.reseed(bg, spec, t); err != nil {
 				err = fmt.Errorf("reseed: %w", err)
 			}
@@ -284,7 +284,7 @@ func (n *Node) startPooled(sb store.Sandbox, t store.Template) error {
 		return err
 	}
 	steps.mark("boundary")
-	n.dir(sb.ID).mark("taken from the warm pool of template %s (its memory is the template's, reseeded at its restore; its volume new)", t.Name)
+	n.dir(sb.ID).Mark("taken from the warm pool of template %s (its memory is the template's, reseeded at its restore; its volume new)", t.Name)
 	spec := n.spec(sb)
 	if err := n.be.Resume(bg, spec); err != nil {
 		return fmt.Errorf("resume the pooled sandbox: %w", err)

@@ -75,22 +75,11 @@ func Principals(ctx context.Context, cfg PrincipalsConfig, res *bench.Results, l
 	if err := writePrincipalsConfigs(dir, cfg); err != nil {
 		return err
 	}
-	admin, err := FreePort()
+	node, adminURL, err := startPrincipalsNode(ctx, cfg, dir, nodeSock)
 	if err != nil {
 		return err
 	}
-	adminURL := fmt.Sprintf("http://127.0.0.1:%d", admin)
-	nodeLog, _ := os.Create(filepath.Join(dir, "sam-node.log"))
-	node := exec.CommandContext(ctx, cfg.NodeBin, "--config", filepath.Join(dir, "node.yaml"), "--policy", filepath.Join(dir, "policy.yaml"),
-		"--listen", "unix://"+nodeSock, "--admin-addr", fmt.Sprintf("127.0.0.1:%d", admin))
-	node.Stdout, node.Stderr = nodeLog, nodeLog
-	if err := node.Start(); err != nil {
-		return fmt.Errorf("sam-node: %w", err)
-	}
 	defer StopProc(node)
-	if err := WaitReady(ctx, adminURL+"/readyz"); err != nil {
-		return fmt.Errorf("sam-node: %w (log: %s)", err, filepath.Join(dir, "sam-node.log"))
-	}
 
 	// sam-box with one boundary, then with all of them.
 	startBox := func(n int) (*exec.Cmd, error) { return startPrincipalsBox(ctx, cfg, dir, nodeSock, n) }
@@ -121,6 +110,57 @@ func Principals(ctx context.Context, cfg PrincipalsConfig, res *bench.Results, l
 
 	models := res.AddSeries("principal/models", "GET /v1/models through the principal's own boundary (a new flow), to the end of the body", "")
 	tools := res.AddSeries("principal/mcp", "the go-sdk MCP client through the principal's own boundary: initialize and tools/list", "")
+	sessions, toolCount := runPrincipals(ctx, cfg, dir, models, tools, func(i int) {
+		read(i, "sessions open")
+		logf("%d principals: node RSS %d KiB, sam-box RSS %d KiB", i, nodeMem[len(nodeMem)-1].RSSKiB, boxMem[len(boxMem)-1].RSSKiB)
+	})
+	time.Sleep(500 * time.Millisecond)
+	read(cfg.Principals, "sessions open")
+	logf("%d principals, %d tools each: node RSS %d KiB, sam-box RSS %d KiB", cfg.Principals, toolCount, nodeMem[len(nodeMem)-1].RSSKiB, boxMem[len(boxMem)-1].RSSKiB)
+	for _, s := range sessions {
+		s.Close()
+	}
+	time.Sleep(500 * time.Millisecond)
+	read(cfg.Principals, "sessions closed")
+	res.Params["tools_per_principal"] = toolCount
+	res.Params["node_memory"] = nodeMem
+	res.Params["box_memory"] = boxMem
+	res.Params["box_one_boundary"] = one
+
+	t := principalsTable(cfg, toolCount, one, nodeMem, boxMem)
+	res.Tables = append(res.Tables, t)
+	res.Note("sam-box with one boundary, idle: RSS %d KiB; the per-principal sam-box figure is (RSS with all boundaries after their flows − that) / (principals − 1)", one.RSSKiB)
+	res.Note("each principal's HTTP client keeps its connection to its boundary open (keep-alive), so after the calls every boundary holds one idle mesh flow")
+	return nil
+}
+
+// startPrincipalsNode starts the sam-node of dir's configuration on
+// nodeSock with an admin listener of its own, and waits until it is ready.
+func startPrincipalsNode(ctx context.Context, cfg PrincipalsConfig, dir, nodeSock string) (*exec.Cmd, string, error) {
+	admin, err := FreePort()
+	if err != nil {
+		return nil, "", err
+	}
+	adminURL := fmt.Sprintf("http://127.0.0.1:%d", admin)
+	nodeLog, _ := os.Create(filepath.Join(dir, "sam-node.log"))
+	node := exec.CommandContext(ctx, cfg.NodeBin, "--config", filepath.Join(dir, "node.yaml"), "--policy", filepath.Join(dir, "policy.yaml"),
+		"--listen", "unix://"+nodeSock, "--admin-addr", fmt.Sprintf("127.0.0.1:%d", admin))
+	node.Stdout, node.Stderr = nodeLog, nodeLog
+	if err := node.Start(); err != nil {
+		return nil, "", fmt.Errorf("sam-node: %w", err)
+	}
+	if err := WaitReady(ctx, adminURL+"/readyz"); err != nil {
+		StopProc(node)
+		return nil, "", fmt.Errorf("sam-node: %w (log: %s)", err, filepath.Join(dir, "sam-node.log"))
+	}
+	return node, adminURL, nil
+}
+
+// runPrincipals has every principal, cfg.Concurrency at a time, call the
+// node through its boundary and keep its MCP session; between batches of
+// cfg.Every it lets the batch finish and calls between(i). It returns the
+// open sessions and the tools each saw.
+func runPrincipals(ctx context.Context, cfg PrincipalsConfig, dir string, models, tools *bench.Series, between func(int)) ([]*mcp.ClientSession, int) {
 	var mu sync.Mutex
 	var sessions []*mcp.ClientSession
 	var toolCount int
@@ -145,31 +185,13 @@ func Principals(ctx context.Context, cfg PrincipalsConfig, res *bench.Results, l
 			// Readings between batches: let the batch finish first.
 			close(work)
 			wg.Wait()
-			read(i, "sessions open")
-			logf("%d principals: node RSS %d KiB, sam-box RSS %d KiB", i, nodeMem[len(nodeMem)-1].RSSKiB, boxMem[len(boxMem)-1].RSSKiB)
+			between(i)
 			work = workers()
 		}
 	}
 	close(work)
 	wg.Wait()
-	time.Sleep(500 * time.Millisecond)
-	read(cfg.Principals, "sessions open")
-	logf("%d principals, %d tools each: node RSS %d KiB, sam-box RSS %d KiB", cfg.Principals, toolCount, nodeMem[len(nodeMem)-1].RSSKiB, boxMem[len(boxMem)-1].RSSKiB)
-	for _, s := range sessions {
-		s.Close()
-	}
-	time.Sleep(500 * time.Millisecond)
-	read(cfg.Principals, "sessions closed")
-	res.Params["tools_per_principal"] = toolCount
-	res.Params["node_memory"] = nodeMem
-	res.Params["box_memory"] = boxMem
-	res.Params["box_one_boundary"] = one
-
-	t := principalsTable(cfg, toolCount, one, nodeMem, boxMem)
-	res.Tables = append(res.Tables, t)
-	res.Note("sam-box with one boundary, idle: RSS %d KiB; the per-principal sam-box figure is (RSS with all boundaries after their flows − that) / (principals − 1)", one.RSSKiB)
-	res.Note("each principal's HTTP client keeps its connection to its boundary open (keep-alive), so after the calls every boundary holds one idle mesh flow")
-	return nil
+	return sessions, toolCount
 }
 
 func doPrincipal(ctx context.Context, dir string, i int, models, tools *bench.Series, mu *sync.Mutex, sessions *[]*mcp.ClientSession, toolCount *int) {

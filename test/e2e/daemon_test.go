@@ -491,7 +491,7 @@ func processesMentioning(s string) map[int]string {
 }
 
 // checkOOMScores checks that sandbox id has processes and that every one
-// carries the node's sandbox OOM score (800: node.SandboxOOMScoreAdj),
+// carries the node's sandbox OOM score (800: layout.SandboxOOMScoreAdj),
 // when saying at what point.
 func (d *Daemon) checkOOMScores(t *testing.T, id, when string) {
 	t.Helper()

@@ -1,6 +1,6 @@
 // Package raw runs runsc itself, outside sandstormd, on what sandstormd
 // would run, for the benchmarks that time raw runsc beside sandstormd
-// (bench/tiers): the node's bundle layout (node.PrepareBundle: the rootfs
+// (bench/tiers): the node's bundle layout (layout.PrepareBundle: the rootfs
 // overlay and the OCI spec writeSpec writes, with the memory limit the
 // caller gives, the daemon's for the template), the same runsc binary,
 // platform and top-level flags (gvisor's Backend.Flags), and a network
@@ -35,7 +35,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/bench"
 	"sandstorm/internal/netns"
-	"sandstorm/internal/node"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/store"
@@ -266,14 +266,14 @@ func (e *Env) FreshNet() error {
 }
 
 // Template is template t as the node's store holds it, which
-// node.PrepareBundle lays out.
+// layout.PrepareBundle lays out.
 func Template(t api.Template) store.Template {
 	return store.Template{Name: t.Name, Rootfs: t.Rootfs, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB}
 }
 
 // NewBox lays out a new container's directory from template t (node's
 // layout: bundle/rootfs overlay, bundle/config.json) with memory limit
-// limitMiB; name goes into its ID. envdDir is node.PrepareBundle's: the
+// limitMiB; name goes into its ID. envdDir is layout.PrepareBundle's: the
 // directory holding the sandstorm-envd binary, which a template whose
 // init is envd needs ("" for none). On error the box is returned all the
 // same, for the caller to Remove what was made of it.
@@ -284,7 +284,7 @@ func (e *Env) NewBox(name string, t store.Template, limitMiB int64, envdDir stri
 	b.log = filepath.Join(b.dir, "console.log")
 	e.boxes[id] = b // before the mount, so that Cleanup unmounts a half-made one
 	var err error
-	if b.bundle, err = node.PrepareBundle(b.dir, t, limitMiB, id, e.net.Path(), envdDir); err != nil {
+	if b.bundle, err = layout.PrepareBundle(b.dir, t, limitMiB, id, e.net.Path(), envdDir); err != nil {
 		return b, fmt.Errorf("lay out the raw bundle: %w", err)
 	}
 	return b, nil
@@ -395,7 +395,7 @@ func (e *Env) Remove(ctx context.Context, b *Box) error {
 	if err := e.be.Remove(ctx, b.spec(e)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := node.ReleaseBundle(b.dir); err != nil {
+	if err := layout.ReleaseBundle(b.dir); err != nil {
 		errs = append(errs, err)
 	} else if err := os.RemoveAll(b.dir); err != nil {
 		errs = append(errs, err)

@@ -1,16 +1,23 @@
-package node
+// Package layout is a Sandstorm node's directory of one sandbox (or one
+// warm template's build) on disk: the paths in it, the overlay of the
+// template's rootfs over the sandbox's volume, and the OCI runtime spec
+// the node writes for runsc. It holds no state: a Dir is a path.
+package layout
 
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"sandstorm/api"
 	"sandstorm/internal/envd"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/store"
@@ -24,22 +31,22 @@ import (
 //	snapshot/           checkpoint image of the last snapshot (complete)
 //	snapshot.tmp/       checkpoint being written (incomplete until renamed)
 //	console.log         the container's stdout and stderr
-type layout string
+type Dir string
 
-func (l layout) bundle() string   { return filepath.Join(string(l), "bundle") }
-func (l layout) rootfs() string   { return filepath.Join(string(l), "bundle", "rootfs") }
-func (l layout) upper() string    { return filepath.Join(string(l), "upper") }
-func (l layout) work() string     { return filepath.Join(string(l), "work") }
-func (l layout) snapshot() string { return filepath.Join(string(l), "snapshot") }
-func (l layout) snapTmp() string  { return filepath.Join(string(l), "snapshot.tmp") }
-func (l layout) log() string      { return filepath.Join(string(l), "console.log") }
+func (l Dir) Bundle() string   { return filepath.Join(string(l), "bundle") }
+func (l Dir) Rootfs() string   { return filepath.Join(string(l), "bundle", "rootfs") }
+func (l Dir) Upper() string    { return filepath.Join(string(l), "upper") }
+func (l Dir) Work() string     { return filepath.Join(string(l), "work") }
+func (l Dir) Snapshot() string { return filepath.Join(string(l), "snapshot") }
+func (l Dir) SnapTmp() string  { return filepath.Join(string(l), "snapshot.tmp") }
+func (l Dir) Log() string      { return filepath.Join(string(l), "console.log") }
 
 // mark appends a line of the node's own to the sandbox's console log, so a
 // person reading its logs sees when it was started, restored or stopped —
 // a restart (a cold start after detach) above all. Best effort: a log that
 // cannot be written loses only the line.
-func (l layout) mark(format string, args ...any) {
-	f, err := os.OpenFile(l.log(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+func (l Dir) Mark(format string, args ...any) {
+	f, err := os.OpenFile(l.Log(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return
 	}
@@ -50,44 +57,44 @@ func (l layout) mark(format string, args ...any) {
 // hasSnapshot reports whether a complete checkpoint image is on disk. An
 // image is renamed from snapshot.tmp only after runsc checkpoint succeeded,
 // so its presence means it is whole.
-func (l layout) hasSnapshot() bool {
-	_, err := os.Stat(l.snapshot())
+func (l Dir) HasSnapshot() bool {
+	_, err := os.Stat(l.Snapshot())
 	return err == nil
 }
 
 // mountRootfs mounts the overlay of the template's rootfs and the sandbox's
 // volume at bundle/rootfs, unless already mounted (after a restart). Each
 // sandbox writes only to its own upper dir, so the template stays pristine.
-func (l layout) mountRootfs(lower string) error {
-	for _, d := range []string{l.rootfs(), l.upper(), l.work()} {
+func (l Dir) MountRootfs(lower string) error {
+	for _, d := range []string{l.Rootfs(), l.Upper(), l.Work()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
-	if mounted(l.rootfs()) {
+	if mounted(l.Rootfs()) {
 		return nil
 	}
-	for _, p := range []string{lower, l.upper(), l.work()} {
+	for _, p := range []string{lower, l.Upper(), l.Work()} {
 		if strings.ContainsAny(p, ",:") {
 			return fmt.Errorf("path %q has a comma or colon, which overlayfs options cannot carry", p)
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, l.upper(), l.work())
-	if err := unix.Mount("overlay", l.rootfs(), "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mount overlay at %s: %w", l.rootfs(), err)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, l.Upper(), l.Work())
+	if err := unix.Mount("overlay", l.Rootfs(), "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay at %s: %w", l.Rootfs(), err)
 	}
 	return nil
 }
 
 // unmountRootfs undoes mountRootfs; not mounted is not an error.
-func (l layout) unmountRootfs() error {
-	if !mounted(l.rootfs()) {
+func (l Dir) UnmountRootfs() error {
+	if !mounted(l.Rootfs()) {
 		return nil
 	}
-	if err := unix.Unmount(l.rootfs(), 0); err != nil {
+	if err := unix.Unmount(l.Rootfs(), 0); err != nil {
 		// A runsc gofer that is still exiting can hold it for a moment.
-		if err := unix.Unmount(l.rootfs(), unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("unmount %s: %w", l.rootfs(), err)
+		if err := unix.Unmount(l.Rootfs(), unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount %s: %w", l.Rootfs(), err)
 		}
 	}
 	return nil
@@ -123,25 +130,25 @@ func unescapeMount(s string) string {
 // sandstormd runs; the node does more around it (network, resolver,
 // boundary). dir must be absolute; ReleaseBundle undoes the mount.
 func PrepareBundle(dir string, t store.Template, limitMiB int64, hostname, netnsPath, envdDir string) (string, error) {
-	l := layout(dir)
-	if err := l.mountRootfs(t.Rootfs); err != nil {
+	l := Dir(dir)
+	if err := l.MountRootfs(t.Rootfs); err != nil {
 		return "", err
 	}
-	if err := l.writeSpec(t, limitMiB, hostname, netnsPath, envdDir); err != nil {
-		l.unmountRootfs()
+	if err := l.WriteSpec(t, limitMiB, hostname, netnsPath, envdDir); err != nil {
+		l.UnmountRootfs()
 		return "", err
 	}
-	return l.bundle(), nil
+	return l.Bundle(), nil
 }
 
 // ReleaseBundle unmounts the rootfs PrepareBundle mounted in dir (not
 // mounted is not an error); removing dir is left to the caller.
-func ReleaseBundle(dir string) error { return layout(dir).unmountRootfs() }
+func ReleaseBundle(dir string) error { return Dir(dir).UnmountRootfs() }
 
-// envdSource is the host directory l's spec mounts at envdMount ("" if it
+// envdSource is the host directory l's spec mounts at EnvdMount ("" if it
 // has no spec, or mounts none).
-func (l layout) envdSource() string {
-	data, err := os.ReadFile(filepath.Join(l.bundle(), "config.json"))
+func (l Dir) EnvdSource() string {
+	data, err := os.ReadFile(filepath.Join(l.Bundle(), "config.json"))
 	if err != nil {
 		return ""
 	}
@@ -150,7 +157,7 @@ func (l layout) envdSource() string {
 		return ""
 	}
 	for _, m := range s.Mounts {
-		if m.Destination == envdMount {
+		if m.Destination == EnvdMount {
 			return m.Source
 		}
 	}
@@ -158,8 +165,8 @@ func (l layout) envdSource() string {
 }
 
 // hostname is the hostname l's spec gives its sandbox ("" without one).
-func (l layout) hostname() string {
-	data, err := os.ReadFile(filepath.Join(l.bundle(), "config.json"))
+func (l Dir) Hostname() string {
+	data, err := os.ReadFile(filepath.Join(l.Bundle(), "config.json"))
 	if err != nil {
 		return ""
 	}
@@ -177,7 +184,7 @@ func (l layout) hostname() string {
 // kernel's OOM killer takes a sandbox before anything of the node's. With
 // envdDir, that host directory (holding only the envd binary) is mounted
 // read-only at /.sandstorm (envd.go).
-func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath, envdDir string) error {
+func (l Dir) WriteSpec(t store.Template, limitMiB int64, hostname, netnsPath, envdDir string) error {
 	env := t.Process.Env
 	if !hasEnv(env, "PATH") {
 		env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
@@ -209,13 +216,13 @@ func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath,
 		},
 	}
 	if envdDir != "" {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: envdMount, Type: "bind", Source: envdDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: EnvdMount, Type: "bind", Source: envdDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 	if e := t.Process.Envd; e != nil {
 		if envdDir == "" {
 			return fmt.Errorf("template %s runs envd as its init (process.envd), and this node has no envd (--envd none, or no sandstorm-envd beside sandstormd)", t.Name)
 		}
-		s.Process.Args = envdInitArgs(*e, t.Process.Args)
+		s.Process.Args = EnvdInitArgs(*e, t.Process.Args)
 		// envd's own runtime lean; it gives its process the template's
 		// environment back (envd.LeanEnv).
 		s.Process.Env = envd.LeanEnv(s.Process.Env)
@@ -230,14 +237,14 @@ func (l layout) writeSpec(t store.Template, limitMiB int64, hostname, netnsPath,
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(l.bundle(), 0o755); err != nil {
+	if err := os.MkdirAll(l.Bundle(), 0o755); err != nil {
 		return err
 	}
-	tmp := filepath.Join(l.bundle(), "config.json.tmp")
+	tmp := filepath.Join(l.Bundle(), "config.json.tmp")
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
 		return err
 	}
-	return os.Rename(tmp, filepath.Join(l.bundle(), "config.json"))
+	return os.Rename(tmp, filepath.Join(l.Bundle(), "config.json"))
 }
 
 func hasEnv(env []string, key string) bool {
@@ -257,3 +264,61 @@ func defaultCaps() *specs.LinuxCapabilities {
 		"CAP_FOWNER", "CAP_FSETID", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_MKNOD"}
 	return &specs.LinuxCapabilities{Bounding: c, Effective: c, Permitted: c}
 }
+
+// Files beside a warm template's build: WarmImage is its checkpoint
+// image, WarmVersion the file naming the runtime that wrote it (an image
+// restores only on that runtime).
+func (l Dir) WarmImage() string   { return filepath.Join(string(l), "image") }
+func (l Dir) WarmVersion() string { return filepath.Join(string(l), "runsc-version") }
+
+// AgentSock is the host side of the sandbox's boundary: the Unix socket
+// its agent's traffic leaves by.
+func (l Dir) AgentSock() string { return filepath.Join(string(l), "agent.sock") }
+
+// HasSnapshotFiles reports whether the snapshot directory holds anything
+// (a move's image arrived in it).
+func (l Dir) HasSnapshotFiles() bool { return NonEmpty(l.Snapshot()) }
+
+// NonEmpty reports whether dir exists and holds an entry.
+func NonEmpty(dir string) bool {
+	ents, err := os.ReadDir(dir)
+	return err == nil && len(ents) > 0
+}
+
+// WriteResolvConf points the sandbox's resolver at its boundary. It is
+// written into the overlay (the sandbox's volume), never the template.
+func (l Dir) WriteResolvConf(host netip.Addr) error {
+	etc := filepath.Join(l.Rootfs(), "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(etc, "resolv.conf")
+	os.Remove(path) // a symlink in the template must not be written through
+	return os.WriteFile(path, []byte("nameserver "+host.String()+"\noptions ndots:0\n"), 0o644)
+}
+
+// The envd binary's place in a sandbox (docs/ARCHITECTURE.md, "envd"):
+// its build's host directory is mounted read-only at EnvdMount, holding
+// EnvdBinary.
+const (
+	EnvdMount  = "/.sandstorm"
+	EnvdBinary = "sandstorm-envd"
+)
+
+// EnvdInitArgs is the command line of a sandbox whose init is envd: envd,
+// then the template's process after "--".
+func EnvdInitArgs(e api.Envd, args []string) []string {
+	out := []string{filepath.Join(EnvdMount, EnvdBinary), "--init", "--addr", ":" + strconv.Itoa(api.EnvdPort)}
+	if e.User != "" {
+		out = append(out, "--user", e.User)
+	}
+	if e.Workdir != "" {
+		out = append(out, "--workdir", e.Workdir)
+	}
+	return append(append(out, "--"), args...)
+}
+
+// SandboxOOMScoreAdj is every sandbox process's oom_score_adj, written in
+// its spec: the kernel's OOM killer takes the highest score first, so a
+// sandbox goes before anything of the node's (node.DaemonOOMScoreAdj).
+const SandboxOOMScoreAdj = 800

@@ -1,4 +1,4 @@
-package node
+package layout
 
 import (
 	"encoding/json"
