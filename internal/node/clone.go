@@ -16,6 +16,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -92,7 +93,7 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 	rand.Read(suffix[:])
 	stage := filepath.Join(string(n.dir(parent.ID)), "clone-"+hex.EncodeToString(suffix[:]))
 	defer os.RemoveAll(stage)
-	defer n.unpinRunsc(stage)
+	defer n.kept.Unpin(stage)
 	pause, err := n.forkImage(ctx, parent, cl, stage)
 	if err != nil {
 		return res, err
@@ -241,8 +242,8 @@ func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.C
 	}
 	// The children restore this image with the parent's build: kept
 	// until the clone ends, whatever happens to the parent meanwhile.
-	n.pinRunsc(stage, parent.Runsc)
-	n.stampImage(filepath.Join(stage, "image"), parent.Runsc)
+	n.kept.Pin(stage, runtimes.Key(parent.Runsc))
+	n.kept.Stamp(filepath.Join(stage, "image"), runtimes.Key(parent.Runsc))
 	// After the checkpoint, which flushes what the sentry had cached of
 	// its files: the volume and the memory are from the same moment.
 	if err := copyTree(bg, n.dir(parent.ID).Upper(), filepath.Join(stage, "upper")); err != nil {

@@ -20,6 +20,7 @@ import (
 	"sandstorm/internal/events"
 	"sandstorm/internal/node/layout"
 	"sandstorm/internal/rootfs"
+	"sandstorm/internal/runtimes"
 	"sandstorm/internal/store"
 )
 
@@ -222,7 +223,9 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 		From: n.cfg.Name, UsageMiB: e.lastUsageMiB.Load()}
 	var image []string
 	if d.HasSnapshot() {
-		m.Runtime, m.Runsc = n.imageBuild(sb, d.Snapshot())
+		var key runtimes.Key
+		m.Runtime, key = n.kept.ImageBuild(runtimes.Key(sb.Runsc), d.Snapshot(), n.backendRuntime())
+		m.Runsc = string(key)
 		if src := d.EnvdSource(); src != "" {
 			m.Envd = filepath.Base(src)
 		}

@@ -37,6 +37,7 @@ import (
 	"sandstorm/internal/metrics"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node/layout"
+	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -172,8 +173,8 @@ type Node struct {
 	renewed     map[string]bool
 
 	// kept is the runsc builds the node keeps, and which sandbox needs
-	// which (runsc.go).
-	kept runscKeep
+	// which (runsc.go; nil: the backend runs no binary runtime).
+	kept *runtimes.Keeper
 
 	bmu        sync.Mutex
 	boundaries map[string]*boundary.Boundary
@@ -394,7 +395,7 @@ const (
 func (n *Node) spec(sb store.Sandbox) sandbox.Spec {
 	d := n.dir(sb.ID)
 	return sandbox.Spec{ID: sb.ID, Bundle: d.Bundle(), Netns: filepath.Join(netns.Dir, NetnsPrefix+sb.ID), LogPath: d.Log(),
-		Runtime: n.runscPath(sb.Runsc)}
+		Runtime: n.kept.PathOf(runtimes.Key(sb.Runsc))}
 }
 
 func (n *Node) entry(id string) *entry {
@@ -538,7 +539,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	now := time.Now()
 	sb = store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
 		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now, Principal: principal,
-		MemoryMiB: int(limit), Slot: slot, Generation: gen, Runsc: n.runscKey()}
+		MemoryMiB: int(limit), Slot: slot, Generation: gen, Runsc: string(n.kept.Current())}
 	// Allocate and record in one step so two creates never share a slot,
 	// and none slips in behind a fence (Fence holds the same lock).
 	n.allocMu.Lock()
@@ -642,7 +643,7 @@ func (n *Node) commit(id string, to api.Tier, extra func(*store.Sandbox)) (store
 	if err == nil {
 		e.setTier(to)
 		e.flushed.Store(sb.LastActive.UnixMilli())
-		n.runscChanged(released)
+		n.kept.Changed(runtimes.Key(released))
 	}
 	return sb, err
 }
@@ -810,7 +811,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	}
 	n.forget(sb.ID)
 	n.releasePromise(sb.ID)
-	n.runscChanged(sb.Runsc)
+	n.kept.Changed(runtimes.Key(sb.Runsc))
 	n.log.Info("sandbox deleted", "id", sb.ID)
 	n.cfg.Metrics.Delete()
 	n.cfg.Events.Publish(events.Event{Kind: events.Delete, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})

@@ -127,7 +127,7 @@ func (n *Node) FinishReconcile(ctx context.Context, plan ReconcilePlan) error {
 	wg.Wait()
 	n.removeOrphans(ctx)
 	n.removeOrphanWarm(ctx)
-	n.runscReconciled()
+	n.kept.Reconciled()
 	n.reconciling.Add(-1)
 	n.log.Info("reconcile done", "sandboxes", len(all), "failed", len(errs))
 	return errors.Join(errs...)

@@ -120,7 +120,7 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	row("gone", 1, api.TierDetached, "")
 	fb.set("legacy", "running")
 	nA, beA := startBuildNode(t, dataDir, st, fb, fakeBuild(t, "v-a"))
-	a := runtimes.Key(nA.runscKey())
+	a := nA.kept.Current()
 	if !strings.HasPrefix(string(a), "v-a-") || beA.used != filepath.Join(dataDir, "runsc-versions", string(a), "runsc") {
 		t.Fatalf("current build %q, backend runs %q", a, beA.used)
 	}
@@ -145,7 +145,7 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	// The upgrade: the node starts with build B.
 	nB, beB := startBuildNode(t, dataDir, st, fb, fakeBuild(t, "v-b"))
 	t.Cleanup(nB.Close)
-	b := runtimes.Key(nB.runscKey())
+	b := nB.kept.Current()
 	if b == a || beB.used != filepath.Join(dataDir, "runsc-versions", string(b), "runsc") {
 		t.Fatalf("after the upgrade: current %q (was %q), backend runs %q", b, a, beB.used)
 	}
@@ -184,7 +184,7 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 
 	// A clone of an A sandbox pins A while its children are made.
 	stage := filepath.Join(dataDir, "stage")
-	nB.pinRunsc(stage, string(a))
+	nB.kept.Pin(stage, a)
 	// The last sandbox on A goes (detached: its memory is gone) …
 	nB.entry("snap").setTier(api.TierSnapshot)
 	if _, err := nB.Detach(ctx, "snap"); err != nil {
@@ -193,12 +193,12 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	if got := get("snap").Runsc; got != "" {
 		t.Fatalf("a detached sandbox still names build %q", got)
 	}
-	nB.sweepRunsc()
+	nB.kept.Sweep()
 	if _, err := os.Stat(pathA); err != nil {
 		t.Fatalf("A removed while a clone needs it: %v", err)
 	}
 	// … and once the clone is done, nothing needs A: it is removed.
-	nB.unpinRunsc(stage)
+	nB.kept.Unpin(stage)
 	testenv.WaitFor(t, 10*time.Second, "build A removed", func() bool {
 		_, err := os.Stat(filepath.Dir(pathA))
 		return os.IsNotExist(err)
@@ -220,7 +220,7 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	if got := nB.spec(o).Runtime; got != pathA {
 		t.Fatalf("a sandbox of a removed build is driven by %q, want its old (absent) path", got)
 	}
-	nB.kept.stale.Store(true) // as a create or commit of the row would
+	nB.kept.Changed("") // as a create or commit of the row would
 	missing := false
 	for _, bl := range nB.RunscBuilds(ctx) {
 		missing = missing || bl.Key == string(a) && bl.Missing && bl.Images == 1
@@ -244,7 +244,7 @@ func TestMoveNeedsTheImagesBuild(t *testing.T) {
 	t.Cleanup(func() { st.Close() })
 	fb := newFakeBackend()
 	n, _ := startBuildNode(t, dataDir, st, fb, fakeBuild(t, "v-a"))
-	a := n.kept.set.Current()
+	a := n.kept.CurrentBuild()
 	if err := n.canRestore(MoveManifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version}); err != nil {
 		t.Errorf("an image of the build it keeps: %v", err)
 	}
@@ -263,7 +263,7 @@ func TestMoveNeedsTheImagesBuild(t *testing.T) {
 	if err := runtimes.WriteStamp(img, a); err != nil {
 		t.Fatal(err)
 	}
-	if v, k := n.imageBuild(store.Sandbox{Runsc: "v-z-0123456789abcdef"}, img); k != string(a.Key) || v != a.Version {
+	if v, k := n.kept.ImageBuild("v-z-0123456789abcdef", img, n.backendRuntime()); k != a.Key || v != a.Version {
 		t.Errorf("imageBuild of a stamped image: %q %q, want %q %q", v, k, a.Version, a.Key)
 	}
 }

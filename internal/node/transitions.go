@@ -14,6 +14,7 @@ import (
 	"sandstorm/internal/events"
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -490,7 +491,7 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) (finish func(), err e
 		return nil, n.recoverFailedCheckpoint(sb, err)
 	}
 	steps.mark("runsc_checkpoint")
-	n.stampImage(d.SnapTmp(), sb.Runsc)
+	n.kept.Stamp(d.SnapTmp(), runtimes.Key(sb.Runsc))
 	steps.mark("stamp")
 	if err := os.Rename(d.SnapTmp(), d.Snapshot()); err != nil {
 		// Not a snapshot: the container stopped, the image not in place.

@@ -68,8 +68,8 @@ func (n *Node) runtimeVersion() string {
 	if v, ok := n.be.(interface{ RuntimeVersion() string }); ok {
 		// With the build's key: two builds can claim one version, and
 		// an image restores safely only on the build that wrote it.
-		if k := n.runscKey(); k != "" {
-			return v.RuntimeVersion() + " " + k
+		if k := n.kept.Current(); k != "" {
+			return v.RuntimeVersion() + " " + string(k)
 		}
 		return v.RuntimeVersion()
 	}
