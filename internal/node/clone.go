@@ -267,7 +267,7 @@ func (n *Node) restoreChild(sb store.Sandbox, t store.Template, parent store.San
 	if err := copyTree(bg, filepath.Join(stage, "upper"), d.Upper()); err != nil {
 		return err
 	}
-	if err := n.prepare(sb, t, n.envdDirFor(n.dir(parent.ID))); err != nil {
+	if err := n.prepare(sb, t, n.envd.For(n.dir(parent.ID))); err != nil {
 		return err
 	}
 	d.Mark("cloned from %s (%s): its memory and volume are the parent's at that moment, reseeded", parent.Name, parent.ID)

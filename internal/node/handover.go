@@ -64,7 +64,7 @@ func (n *Node) Handover(ctx context.Context, wait time.Duration) HandoverResult 
 			res.Busy++
 			continue
 		}
-		e.dropEnvdTransport()
+		e.envd.Drop()
 		e.release()
 	}
 	n.flushActivity()

@@ -18,7 +18,6 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
-	"sandstorm/internal/node/layout"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/store"
@@ -450,7 +449,7 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 	d := n.dir(sb.ID)
 	envdDir := ""
 	if m.Envd != "" {
-		envdDir = filepath.Join(n.cfg.DataDir, "envd", m.Envd)
+		envdDir, _ = n.envd.Named(m.Envd) // checked in checkManifest
 	}
 	to := m.Tier
 	steps := newStepTimer()
@@ -535,7 +534,7 @@ func (n *Node) checkManifest(ctx context.Context, m MoveManifest, gen int64) (st
 			return store.Template{}, fmt.Errorf("%w: move of %s: its image was written by runsc %q and this node runs %q; it restores only on the runsc that wrote it", errdefs.ErrPrecondition, m.Name, m.Runtime, rv)
 		}
 		if m.Envd != "" {
-			if _, err := os.Stat(filepath.Join(n.cfg.DataDir, "envd", m.Envd, layout.EnvdBinary)); err != nil {
+			if _, err := n.envd.Named(m.Envd); err != nil {
 				return store.Template{}, fmt.Errorf("%w: move of %s: its image maps envd build %s, which node %s has not got (it runs another sandstormd build)", errdefs.ErrPrecondition, m.Name, m.Envd, n.cfg.Name)
 			}
 		}

@@ -36,6 +36,7 @@ import (
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/metrics"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/envdlink"
 	"sandstorm/internal/node/layout"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
@@ -165,12 +166,12 @@ type Node struct {
 	mu      sync.Mutex
 	entries map[string]*entry
 
-	// envdCurrent is the envd build sandboxes started now mount
-	// (envd.go); renewed the warm templates whose image this run made
-	// again (renewWarm).
-	envdCurrent string
-	renewMu     sync.Mutex
-	renewed     map[string]bool
+	// envd is the envd builds sandboxes mount (envd.go; nil: none);
+	// renewed the warm templates whose image this run made again
+	// (renewWarm).
+	envd    *envdlink.Builds
+	renewMu sync.Mutex
+	renewed map[string]bool
 
 	// kept is the runsc builds the node keeps, and which sandbox needs
 	// which (runsc.go; nil: the backend runs no binary runtime).
@@ -230,17 +231,12 @@ type entry struct {
 	mu     sync.Mutex
 	waking *wakeCall
 
-	// envd: its start is serialised, the calls forwarded to it are
-	// counted (they keep the sandbox busy) and can be cut, and its
-	// connections are kept in envdTr until a cut (envd.go).
-	envdStart sync.Mutex
-	envdCalls atomic.Int32
+	// envd is its link to the envd inside it: the calls in flight (they
+	// keep the sandbox busy), cut before it loses its processes.
+	envd envdlink.Link
 	// egressCalls are its mesh requests in flight through its boundary:
 	// an agent waiting on a model's answer is busy (egress.go).
 	egressCalls atomic.Int32
-	envdCuts    sync.Map   // *int → context.CancelFunc
-	envdMu      sync.Mutex // guards envdTr
-	envdTr      *envdTransport
 
 	// timers are its own idle timers (nil: the node's).
 	timers atomic.Pointer[tier.Timers]
@@ -268,7 +264,7 @@ func (e *entry) setTier(t api.Tier) {
 		// Its envd's connections died with its processes, however it
 		// got here (a transition cuts them first; a sandbox whose
 		// process exited is settled detached without one).
-		e.dropEnvdTransport()
+		e.envd.Drop()
 	}
 }
 
@@ -973,7 +969,7 @@ func (n *Node) views() []tier.View {
 		// and so does a mesh request its agent waits on (egress.go).
 		// An HTTP request in flight through the gateway (a client waiting
 		// on an answer being worked out) does too.
-		busy := len(e.lock) > 0 || e.envdCalls.Load() > 0 || e.egressCalls.Load() > 0 || e.moving.Load() || n.gw.Busy(e.id)
+		busy := len(e.lock) > 0 || e.envd.Busy() || e.egressCalls.Load() > 0 || e.moving.Load() || n.gw.Busy(e.id)
 		out = append(out, tier.View{
 			ID: e.id, Tier: e.getTier(), Busy: busy, Timers: e.timers.Load(),
 			LastActive: time.UnixMilli(e.lastActive.Load()),

@@ -24,7 +24,7 @@ import (
 // namespace and veth, container. It is also the wake from detached (wake
 // true), which its console log says: its memory is new, its volume kept.
 func (n *Node) coldStart(ctx context.Context, sb store.Sandbox, t store.Template, wake bool) error {
-	if err := n.prepare(sb, t, n.envdDir()); err != nil {
+	if err := n.prepare(sb, t, n.envd.Current()); err != nil {
 		return err
 	}
 	if wake {
@@ -235,7 +235,7 @@ func (n *Node) restore(ctx context.Context, sb store.Sandbox, t store.Template) 
 	if err := n.restoreRunsc(&sb, d.Snapshot()); err != nil {
 		return err
 	}
-	if err := n.layOut(sb, t, n.envdDirFor(d)); err != nil {
+	if err := n.layOut(sb, t, n.envd.For(d)); err != nil {
 		return err
 	}
 	steps.mark("network")

@@ -138,7 +138,7 @@ func (n *Node) PrepareWarm(ctx context.Context, t store.Template) error {
 	if err := netns.Create(nw); err != nil {
 		return err
 	}
-	if err := l.WriteSpec(t, n.LimitMiB(t, 0), t.Name, nw.Path(), n.envdDir()); err != nil {
+	if err := l.WriteSpec(t, n.LimitMiB(t, 0), t.Name, nw.Path(), n.envd.Current()); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -281,7 +281,7 @@ func (n *Node) warmStart(ctx context.Context, sb store.Sandbox, t store.Template
 	if t.Warm == nil || !n.warmReady(t.Name) {
 		return false, nil
 	}
-	if err := n.prepare(sb, t, n.envdDirFor(n.warmLayout(t.Name))); err != nil {
+	if err := n.prepare(sb, t, n.envd.For(n.warmLayout(t.Name))); err != nil {
 		return true, err
 	}
 	d := n.dir(sb.ID)

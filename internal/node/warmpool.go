@@ -127,7 +127,7 @@ func (n *Node) renewWarm(t store.Template) {
 	switch {
 	case !n.warmReady(t.Name):
 		why = "made by another runsc"
-	case n.envdDirFor(l) != n.envdDir():
+	case n.envd.For(l) != n.envd.Current():
 		why = "holds another envd build"
 	default:
 		return
@@ -218,7 +218,7 @@ func (n *Node) addPooled(t store.Template) error {
 	}
 	sb := store.Sandbox{ID: p.id, Name: poolName(p.id), Template: t.Name, Slot: p.slot, MemoryMiB: int(p.limitMiB)}
 	bg := context.Background()
-	err = n.layOut(sb, t, n.envdDirFor(n.warmLayout(t.Name)))
+	err = n.layOut(sb, t, n.envd.For(n.warmLayout(t.Name)))
 	if err == nil {
 		n.dir(sb.ID).Mark("restored from the warm image of template %s ahead of demand (warm pool), paused until a create takes it", t.Name)
 		spec := n.spec(sb)

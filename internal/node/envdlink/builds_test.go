@@ -1,4 +1,4 @@
-package node
+package envdlink
 
 import (
 	"log/slog"
@@ -19,16 +19,23 @@ import (
 func TestEnvdBuilds(t *testing.T) {
 	data := t.TempDir()
 	bin := filepath.Join(t.TempDir(), "sandstorm-envd")
-	install := func(content string) *Node {
+	install := func(content string) *Builds {
 		t.Helper()
 		if err := os.WriteFile(bin, []byte(content), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		n := &Node{cfg: Config{DataDir: data, Envd: bin}, log: slog.New(slog.DiscardHandler)}
-		if err := n.installEnvd(); err != nil {
+		var used []layout.Dir
+		for _, pattern := range []string{"sandboxes", "warm"} {
+			dirs, _ := filepath.Glob(filepath.Join(data, pattern, "*"))
+			for _, d := range dirs {
+				used = append(used, layout.Dir(d))
+			}
+		}
+		b, err := Install(data, bin, used, slog.New(slog.DiscardHandler))
+		if err != nil {
 			t.Fatal(err)
 		}
-		return n
+		return b
 	}
 	// A data dir from before builds had directories: the flat binary.
 	root := filepath.Join(data, "envd")
@@ -41,29 +48,29 @@ func TestEnvdBuilds(t *testing.T) {
 	}
 
 	n1 := install("v1")
-	v1 := n1.envdDir()
+	v1 := n1.Current()
 	if b, err := os.ReadFile(filepath.Join(v1, layout.EnvdBinary)); err != nil || string(b) != "v1" {
 		t.Fatalf("build 1 at %s: %q, %v", v1, b, err)
 	}
-	if n1.envdDirFor(legacy) != root {
-		t.Errorf("a sandbox that mounts the old flat binary restores with %s, want %s", n1.envdDirFor(legacy), root)
+	if n1.For(legacy) != root {
+		t.Errorf("a sandbox that mounts the old flat binary restores with %s, want %s", n1.For(legacy), root)
 	}
 	sb := layout.Dir(filepath.Join(data, "sandboxes", "a"))
 	if err := sb.WriteSpec(tmpl, 0, "a", "/proc/1/ns/net", v1); err != nil {
 		t.Fatal(err)
 	}
 	n2 := install("v2")
-	v2 := n2.envdDir()
+	v2 := n2.Current()
 	if v2 == v1 {
 		t.Fatal("two builds share a directory")
 	}
-	if got := n2.envdDirFor(sb); got != v1 {
+	if got := n2.For(sb); got != v1 {
 		t.Errorf("after the upgrade, the sandbox's restore mounts %s, want its own build %s", got, v1)
 	}
 	if _, err := os.Stat(filepath.Join(v1, layout.EnvdBinary)); err != nil {
 		t.Errorf("build 1 removed while a bundle mounts it: %v", err)
 	}
-	if got := n2.envdDirFor(layout.Dir(t.TempDir())); got != v2 {
+	if got := n2.For(layout.Dir(t.TempDir())); got != v2 {
 		t.Errorf("a layout with no spec restores with %s, want the current %s", got, v2)
 	}
 
@@ -78,8 +85,8 @@ func TestEnvdBuilds(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, layout.EnvdBinary)); !os.IsNotExist(err) {
 		t.Errorf("the old flat binary kept with nothing mounting it: %v", err)
 	}
-	if n3.envdDir() != v2 {
-		t.Errorf("current build %s, want %s", n3.envdDir(), v2)
+	if n3.Current() != v2 {
+		t.Errorf("current build %s, want %s", n3.Current(), v2)
 	}
 	if _, err := os.Stat(filepath.Join(v2, layout.EnvdBinary)); err != nil {
 		t.Errorf("the current build removed: %v", err)

@@ -1,0 +1,132 @@
+package envdlink
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sandstorm/internal/errdefs"
+)
+
+// freeAddr is a loopback address nothing listens on (yet).
+func freeAddr(t *testing.T) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.MustParseAddrPort(ln.Addr().String())
+	ln.Close()
+	return addr
+}
+
+// fakeEnvd serves h at addr, as an envd started in the sandbox would.
+func fakeEnvd(t *testing.T, addr netip.AddrPort, h http.Handler) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+var testCfg = Config{Ready: 2 * time.Second, Log: slog.New(slog.DiscardHandler)}
+
+// TestLinkStartsEnvdOnce: the first call finds nothing listening, starts
+// envd (Exec, once, with envd's detach command line) and is answered by
+// it; the next call reuses the kept connection without starting again.
+func TestLinkStartsEnvdOnce(t *testing.T) {
+	addr := freeAddr(t)
+	var execs atomic.Int32
+	sb := Sandbox{ID: "s1", Target: addr, Exec: func(ctx context.Context, args []string) ([]byte, error) {
+		execs.Add(1)
+		if !strings.HasSuffix(args[0], "/sandstorm-envd") || args[1] != "--detach" {
+			t.Errorf("envd started as %q", args)
+		}
+		fakeEnvd(t, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "envd at "+r.URL.Path)
+		}))
+		return nil, nil
+	}}
+	var l Link
+	for i := 0; i < 2; i++ {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/anything", nil)
+		if err := l.Serve(testCfg, rec, req, "/health", func(context.Context) (Sandbox, error) { return sb, nil }); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if got := rec.Body.String(); got != "envd at /health" {
+			t.Fatalf("call %d answered %q", i, got)
+		}
+	}
+	if n := execs.Load(); n != 1 {
+		t.Errorf("envd started %d times, want once", n)
+	}
+}
+
+// TestLinkInitThatNeverAnswers: an envd that is the sandbox's init is
+// waited for, never started, and one that does not answer in time is a
+// timeout (the API's 504), not a generic failure.
+func TestLinkInitThatNeverAnswers(t *testing.T) {
+	sb := Sandbox{ID: "s1", Target: freeAddr(t), Init: true, Exec: func(context.Context, []string) ([]byte, error) {
+		t.Error("an init envd was started by exec")
+		return nil, nil
+	}}
+	var l Link
+	cfg := testCfg
+	cfg.Ready = 100 * time.Millisecond
+	err := l.Serve(cfg, httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), "/health",
+		func(context.Context) (Sandbox, error) { return sb, nil })
+	if !errors.Is(err, errdefs.ErrTimeout) {
+		t.Errorf("got %v, want a timeout", err)
+	}
+}
+
+// TestLinkCutEndsCalls: a call in flight keeps the link busy, and a Cut
+// (before a snapshot, detach or delete) ends it and the link is idle.
+func TestLinkCutEndsCalls(t *testing.T) {
+	addr := freeAddr(t)
+	entered := make(chan struct{})
+	fakeEnvd(t, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		close(entered)
+		<-r.Context().Done() // a stream that never ends by itself
+	}))
+	sb := Sandbox{ID: "s1", Target: addr}
+	var l Link
+	done := make(chan error, 1)
+	go func() {
+		release := l.Hold()
+		defer release()
+		done <- l.Serve(testCfg, httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), "/stream",
+			func(context.Context) (Sandbox, error) { return sb, nil })
+	}()
+	<-entered
+	if !l.Busy() {
+		t.Error("a call in flight does not keep the link busy")
+	}
+	l.Cut()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("a cut call returned %v (nothing to report: the answer had started)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Cut did not end the call")
+	}
+	if l.Busy() {
+		t.Error("the link is still busy after its only call ended")
+	}
+}
