@@ -16,6 +16,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -178,9 +179,9 @@ func (n *Node) ready(ctx context.Context, sb store.Sandbox, t store.Template) er
 	target := netip.AddrPortFrom(nw.Sandbox.Addr(), uint16(port))
 	pctx, cancel := context.WithTimeout(ctx, n.cfg.Ready)
 	defer cancel()
-	d := n.markedDialer()
+	d := warm.MarkedDialer(n.cfg.SAM.Firewall.IngressMark)
 	for {
-		err := probeOnce(pctx, d, target, path)
+		err := warm.ProbeOnce(pctx, d, target, path)
 		if err == nil {
 			return nil
 		}
@@ -275,7 +276,7 @@ func (n *Node) restoreChild(sb store.Sandbox, t store.Template, parent store.San
 	if err := n.be.Restore(bg, spec, filepath.Join(stage, "image")); err != nil {
 		return fmt.Errorf("restore the clone image: %w", err)
 	}
-	return n.reseed(bg, spec, t)
+	return warm.Reseed(bg, n.be, spec, t)
 }
 
 // copyTree copies the directory src into dst (created), keeping modes,

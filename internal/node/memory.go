@@ -221,10 +221,10 @@ func (n *Node) releasePromise(id string) { n.adm.Release(id) }
 // which needs memory too (checkpointRoomMiB); detached — knowingly, and
 // saying so in its note — when the node is so short that a checkpoint
 // could fail half-way and take the sandbox with it. Before any of that it
-// drops a pooled sandbox, if there is one (warmpool.go). It reports whether
+// drops a pooled sandbox, if there is one (internal/node/warm). It reports whether
 // it moved one. The caller holds the push slot (takePush).
 func (n *Node) pushDown(ctx context.Context, exclude, why string) bool {
-	if n.dropOnePooled(why) {
+	if n.pool.DropOldest(why) {
 		return true
 	}
 	starting := n.adm.Starting()

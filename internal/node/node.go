@@ -38,6 +38,7 @@ import (
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node/envdlink"
 	"sandstorm/internal/node/layout"
+	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -150,11 +151,10 @@ type Node struct {
 	// reserved maps the address slots of pooled sandboxes (which have no
 	// row yet) to their IDs. Under allocMu.
 	reserved map[int]string
-	// pool holds each warm template's pooled sandboxes (warmpool.go).
-	poolMu   sync.Mutex
-	pool     map[string][]pooled
-	poolKick chan struct{}
-	warmMu   sync.Mutex // one warm image build at a time (they share a slot)
+	// warm is the warm templates' images, pool their pooled sandboxes
+	// (warm.go).
+	warm *warm.Images
+	pool *warm.Pool
 	// hostLn is the Host-routed gateway listener (nil: none), served
 	// from the start-up repair on (hostOnce).
 	hostLn   net.Listener
@@ -320,8 +320,6 @@ func New(cfg Config) (*Node, error) {
 		starts:     make(chan struct{}, cfg.MaxStarts),
 		entries:    map[string]*entry{},
 		reserved:   map[int]string{},
-		pool:       map[string][]pooled{},
-		poolKick:   make(chan struct{}, 1),
 		boundaries: map[string]*boundary.Boundary{},
 		stop:       make(chan struct{}),
 	}
@@ -345,6 +343,7 @@ func New(cfg Config) (*Node, error) {
 	if err := n.installRunsc(); err != nil {
 		return nil, err
 	}
+	n.newWarm()
 	if st, err := logstamp.New(); err == nil {
 		n.stamps = st
 	} else {
@@ -429,7 +428,7 @@ func newID() string {
 
 // Create starts a new sandbox from template t and returns it hot: taken
 // from the template's warm pool when it has a sandbox ready and the create
-// gives no name (warmpool.go), else restored from its warm image if it has
+// gives no name (internal/node/warm), else restored from its warm image if it has
 // one, else a cold start. On any failure everything it made is removed and
 // no row is left.
 //
@@ -438,9 +437,9 @@ func newID() string {
 // already fenced off (fence.go).
 func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64) (store.Sandbox, error) {
 	how := "cold"
-	var pre *pooled
+	var pre *warm.Pooled
 	if name == "" && memoryMiB >= 0 && t.Warm != nil && t.Warm.Pool > 0 {
-		if p, ok := n.takePooled(t, n.LimitMiB(t, memoryMiB)); ok {
+		if p, ok := n.pool.Take(t.Name, n.LimitMiB(t, memoryMiB)); ok {
 			pre, how = &p, "pooled"
 		}
 	}
@@ -476,13 +475,13 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 // to its end even if ctx is cancelled. With pre, the sandbox is that
 // pooled one: its ID, slot and name are the pool's, its memory is already
 // taken (no admission), and if create fails before start it is removed.
-func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64, pre *pooled, start func(store.Sandbox) error) (sb store.Sandbox, err error) {
+func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64, pre *warm.Pooled, start func(store.Sandbox) error) (sb store.Sandbox, err error) {
 	// A pooled sandbox is this create's to remove until its row is
 	// recorded; from then on a failure is cleaned up as any create's.
 	pooledOwned := pre != nil
 	defer func() {
 		if err != nil && pooledOwned {
-			n.discardPooled(*pre)
+			warmCore{n}.Discard(*pre)
 		}
 	}()
 	if memoryMiB < 0 {
@@ -496,7 +495,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	}
 	id, slot := newID(), -1
 	if pre != nil {
-		id, slot = pre.id, pre.slot
+		id, slot = pre.ID, pre.Slot
 	}
 	limit := n.LimitMiB(t, memoryMiB)
 	if pre == nil {
@@ -521,7 +520,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 		}
 	}
 	if name == "" {
-		name = poolName(id)
+		name = warm.PooledName(id)
 	}
 	if !api.ValidName(name) {
 		return store.Sandbox{}, fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errdefs.ErrBadInput, name)
@@ -547,7 +546,9 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 		err = n.st.CreateSandbox(ctx, sb)
 	}
 	if err == nil && pre != nil {
-		n.unreserve(pre.slot, pre.id)
+		if n.reserved[pre.Slot] == pre.ID {
+			delete(n.reserved, pre.Slot) // the row's from now on
+		}
 		pooledOwned = false
 	}
 	n.allocMu.Unlock()
@@ -877,7 +878,7 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		counts[sb.Tier]++
 	}
 	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
-		Reconciling: n.Reconciling(), WarmPool: n.PoolSizes(), PromisedMiB: n.promisedMiB(), State: "ready", Transitions: n.transitionsTo()}, nil
+		Reconciling: n.Reconciling(), WarmPool: n.pool.Sizes(), PromisedMiB: n.promisedMiB(), State: "ready", Transitions: n.transitionsTo()}, nil
 }
 
 // SetIdle gives sandbox id idle timers of its own (over the node's; nil:
@@ -991,7 +992,7 @@ func (n *Node) Close() {
 	n.done.Wait()
 	n.finishing.Wait()
 	// Pooled sandboxes are not state: a restarted node refills its pools.
-	n.drainPool("")
+	n.pool.Drain("")
 	if n.hostLn != nil {
 		n.hostLn.Close()
 	}

@@ -13,6 +13,7 @@ import (
 	"sandstorm/internal/events"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node/layout"
+	"sandstorm/internal/node/warm"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -301,7 +302,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		if known[id] {
 			continue
 		}
-		if n.dir(id).Hostname() == poolName(id) {
+		if n.dir(id).Hostname() == warm.PooledName(id) {
 			// A warm pool's sandbox has no row until a create takes it:
 			// one from before a restart or a reload is expected here,
 			// and its pool is made again (warmpool.go).
@@ -331,7 +332,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		}
 		d := n.dir(id)
 		if _, err := os.Stat(string(d)); err == nil {
-			if !pooledIDs[id] && d.Hostname() != poolName(id) {
+			if !pooledIDs[id] && d.Hostname() != warm.PooledName(id) {
 				n.log.Warn("reconcile: removing orphaned sandbox directory", "dir", string(d))
 			}
 			d.UnmountRootfs()

@@ -669,7 +669,10 @@ func (n *Node) transitionNoted(ctx context.Context, id string, to api.Tier, note
 func (n *Node) Run() {
 	n.done.Add(3)
 	go n.pressureLoop()
-	go n.poolLoop()
+	go func() {
+		defer n.done.Done()
+		n.pool.Loop(n.stop)
+	}()
 	go func() {
 		defer n.done.Done()
 		tick := time.NewTicker(500 * time.Millisecond)

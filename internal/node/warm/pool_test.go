@@ -1,0 +1,162 @@
+package warm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/store"
+	"sandstorm/internal/testenv"
+)
+
+// TestID: a warm build's container ID is 12 characters like a sandbox's
+// (its veth name, "ssv"+ID, must fit IFNAMSIZ), stable for a name,
+// distinct across names, and never a sandbox's (those are 12 hex digits;
+// "w" is not one).
+func TestID(t *testing.T) {
+	a, b := ID("web"), ID("app64")
+	if len(a) != 12 || a[0] != 'w' || a != ID("web") || a == b {
+		t.Errorf("ID: %q %q", a, b)
+	}
+	if len("ssv"+a) > 15 {
+		t.Errorf("veth name %q is over 15 bytes", "ssv"+a)
+	}
+}
+
+// fakeCore is a node that makes pooled sandboxes in memory.
+type fakeCore struct {
+	mu        sync.Mutex
+	templates []store.Template
+	ready     map[string]bool
+	room      string // Room's answer
+	failMake  bool
+	made      int
+	discarded []string
+}
+
+func (c *fakeCore) Templates() []store.Template { return c.templates }
+func (c *fakeCore) Ready(name string) bool      { return c.ready[name] }
+func (c *fakeCore) Room(store.Template) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.room
+}
+func (c *fakeCore) Make(t store.Template) (Pooled, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failMake {
+		return Pooled{}, errors.New("restore failed")
+	}
+	c.made++
+	return Pooled{ID: fmt.Sprintf("%s-%d", t.Name, c.made), Template: t.Name, LimitMiB: 512, Made: time.Now()}, nil
+}
+func (c *fakeCore) Discard(p Pooled) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.discarded = append(c.discarded, p.ID)
+}
+
+func warmTemplate(name string, pool int) store.Template {
+	return store.Template{Name: name, Warm: &api.Warm{Pool: pool}}
+}
+
+// TestFillTopsUpWhileThereIsRoom: each warm template with a restorable
+// image is filled to its pool size; a template without an image, or
+// with no pool, is not; no room, or a failed restore, stops the fill
+// without counting a sandbox.
+func TestFillTopsUpWhileThereIsRoom(t *testing.T) {
+	core := &fakeCore{
+		templates: []store.Template{warmTemplate("web", 2), warmTemplate("cold", 3), {Name: "plain"}},
+		ready:     map[string]bool{"web": true, "plain": true},
+	}
+	p := NewPool(core, slog.New(slog.DiscardHandler))
+	p.Fill(nil)
+	if got := p.Sizes(); len(got) != 1 || got["web"] != 2 {
+		t.Fatalf("sizes after a fill: %v, want web:2", got)
+	}
+	p.Fill(nil)
+	if core.made != 2 {
+		t.Errorf("a full pool was filled again: %d made", core.made)
+	}
+	p.Drain("")
+	core.room = "3 MiB of headroom, want 1024"
+	p.Fill(nil)
+	if p.Size() != 0 {
+		t.Errorf("filled with no room: %v", p.Sizes())
+	}
+	core.room, core.failMake = "", true
+	p.Fill(nil)
+	if p.Size() != 0 {
+		t.Errorf("a failed restore was pooled: %v", p.Sizes())
+	}
+}
+
+// TestTake: a take hands out a pooled sandbox of the template with the
+// memory limit asked for, each only once, and asks for a refill; a
+// template or limit the pool has none of gets nothing.
+func TestTake(t *testing.T) {
+	p := NewPool(&fakeCore{}, slog.New(slog.DiscardHandler))
+	p.pools["web"] = []Pooled{{ID: "a", Template: "web", LimitMiB: 512}, {ID: "b", Template: "web", LimitMiB: 1024}}
+	if _, ok := p.Take("other", 512); ok {
+		t.Fatal("took from another template's pool")
+	}
+	if _, ok := p.Take("web", 256); ok {
+		t.Fatal("took a sandbox with another memory limit")
+	}
+	s, ok := p.Take("web", 1024)
+	if !ok || s.ID != "b" {
+		t.Fatalf("take of limit 1024 = %+v, %v; want b", s, ok)
+	}
+	select {
+	case <-p.kick:
+	case <-time.After(10 * RefillAfter):
+		t.Error("a take did not ask for a refill")
+	}
+	if _, ok := p.Take("web", 1024); ok {
+		t.Error("the same pooled sandbox was handed out twice")
+	}
+	if p.Size() != 1 {
+		t.Errorf("pool holds %d, want 1", p.Size())
+	}
+}
+
+// TestDropOldestThenDrain: memory pressure gives up the oldest pooled
+// sandbox first, across templates; a drain of one template discards its
+// pool only, and a drain of all the rest.
+func TestDropOldestThenDrain(t *testing.T) {
+	core := &fakeCore{}
+	p := NewPool(core, slog.New(slog.DiscardHandler))
+	now := time.Now()
+	p.pools["web"] = []Pooled{{ID: "w1", Template: "web", Made: now.Add(-time.Minute)}, {ID: "w2", Template: "web", Made: now}}
+	p.pools["api"] = []Pooled{{ID: "a1", Template: "api", Made: now.Add(-time.Hour)}}
+	if !p.DropOldest("test") || !slices.Equal(core.discarded, []string{"a1"}) {
+		t.Fatalf("dropped %v, want the oldest, a1", core.discarded)
+	}
+	if n := p.Drain("web"); n != 2 || p.Size() != 0 {
+		t.Errorf("drain of web took %d, left %v", n, p.Sizes())
+	}
+	if p.DropOldest("test") {
+		t.Error("dropped from an empty pool")
+	}
+	if !slices.Equal(core.discarded, []string{"a1", "w1", "w2"}) && !slices.Equal(core.discarded, []string{"a1", "w2", "w1"}) {
+		t.Errorf("discarded %v", core.discarded)
+	}
+}
+
+// TestLoopStops: the loop fills on a kick and ends when stop closes.
+func TestLoopStops(t *testing.T) {
+	core := &fakeCore{templates: []store.Template{warmTemplate("web", 1)}, ready: map[string]bool{"web": true}}
+	p := NewPool(core, slog.New(slog.DiscardHandler))
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { p.Loop(stop); close(done) }()
+	p.Kick()
+	testenv.WaitFor(t, 10*time.Second, "a kick to fill the pool", func() bool { return p.Len("web") == 1 })
+	close(stop)
+	<-done
+}
