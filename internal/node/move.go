@@ -1,24 +1,18 @@
 package node
 
 import (
-	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
-	"sandstorm/internal/rootfs"
+	"sandstorm/internal/node/livemove"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/store"
 )
@@ -46,47 +40,7 @@ import (
 // So at any moment at most one copy can act as the principal, and the
 // master's one write (store.CommitMove) decides which.
 
-// MoveManifest is the first entry of a move stream: what the sandbox is,
-// for the node it goes to.
-type MoveManifest struct {
-	ID        string          `json:"id"`
-	Name      string          `json:"name"`
-	Template  string          `json:"template"`
-	Digest    string          `json:"digest"`
-	Principal string          `json:"principal,omitempty"`
-	MemoryMiB int             `json:"memory_mib"`
-	Tier      api.Tier        `json:"tier"`
-	Idle      *api.IdleTimers `json:"idle,omitempty"`
-	CreatedAt time.Time       `json:"created_at"`
-	// LastActive keeps its idle timers where they were.
-	LastActive time.Time `json:"last_active"`
-	// Runtime is the runsc version and platform that wrote the image
-	// (gvisor.Backend.RuntimeVersion): it restores only on the same.
-	Runtime string `json:"runtime,omitempty"`
-	// Runsc is the key of the runsc build that wrote it (its stamp, else
-	// the sandbox's row: runtimes.ForImage), when the node keeps builds:
-	// the node it goes to must keep that very build, or its wake after
-	// the master committed the move would find no runsc to restore it
-	// with and start it cold (its memory lost).
-	Runsc string `json:"runsc,omitempty"`
-	// Envd is the envd build (its directory's name) the image maps.
-	Envd string `json:"envd,omitempty"`
-	// ImageBytes and VolumeBytes bound what follows.
-	ImageBytes  int64 `json:"image_bytes"`
-	VolumeBytes int64 `json:"volume_bytes"`
-	// UsageMiB is what its memory held at the checkpoint.
-	UsageMiB int64  `json:"usage_mib,omitempty"`
-	From     string `json:"from"`
-}
-
-// Entries of a move stream, in this order: the manifest, the image's
-// files (flat, regular files only), the volume, the end.
-const (
-	moveManifest = "manifest.json"
-	moveImage    = "image/"
-	moveVolume   = "volume/"
-	moveEnd      = "end"
-)
+// The stream's format and its manifest's checks are internal/node/livemove's.
 
 // moveInHold is how long an arrived copy waits for its master's word
 // before it drops itself: time for a master that died after its commit
@@ -119,108 +73,175 @@ func refuseMoving(sb store.Sandbox) error {
 // snapshot, for its master to settle (MoveAbort: it stays; or a delete).
 // If it fails before anything was sent, it clears the mark itself.
 func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) error {
-	sb, err := n.st.GetSandbox(ctx, id)
+	l, err := n.leave(ctx, id, gen)
 	if err != nil {
 		return err
+	}
+	defer l.unlock()
+	if err := l.checkpoint(); err != nil {
+		return l.stay(err)
+	}
+	// No way in while it is leaving: its endpoints are the new node's
+	// once the move is done, and here again if it is given up.
+	n.gw.Close(l.sb.ID)
+	l.release()
+	m, image, err := l.manifest()
+	if err != nil {
+		return l.stay(err)
+	}
+	sw := livemove.NewWriter(w)
+	if err := l.send(sw, m, image); err != nil {
+		if !sw.Started() {
+			return l.stay(err)
+		}
+		return err // something may have left: the mark is the master's to clear
+	}
+	n.log.Info("move: sandbox sent", "id", l.sb.ID, "name", l.sb.Name, "tier", l.from, "image_bytes", m.ImageBytes, "volume_bytes", m.VolumeBytes, "generation", gen,
+		"checkpoint_ms", l.checkpointed.Milliseconds(), "total_ms", time.Since(l.began).Milliseconds())
+	return nil
+}
+
+// leaving is one sandbox leaving this node by a move (MoveOut).
+type leaving struct {
+	n    *Node
+	sb   store.Sandbox
+	t    store.Template
+	e    *entry
+	from api.Tier
+	// held: the sandbox's lock is this move's until release.
+	held bool
+	// lockTo is what is left of the checkpoint, run with the lock once
+	// the stream may start; tornDown is closed when it is done.
+	lockTo       func()
+	tornDown     chan struct{}
+	began        time.Time
+	checkpointed time.Duration
+}
+
+// leave takes sandbox id's lock and marks it leaving by the move of
+// generation gen; it refuses a sandbox left behind, arriving, already
+// leaving, or a move with no generation.
+func (n *Node) leave(ctx context.Context, id string, gen int64) (*leaving, error) {
+	sb, err := n.st.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
 	}
 	switch {
 	case sb.LeftBehind:
-		return refuseLeftBehind(sb)
+		return nil, refuseLeftBehind(sb)
 	case sb.MoveIn:
-		return refuseMoving(sb)
+		return nil, refuseMoving(sb)
 	case sb.MoveOut != 0:
-		return fmt.Errorf("%w: sandbox %s is already leaving by another move (generation %d)", errdefs.ErrConflict, sb.Name, sb.MoveOut)
+		return nil, fmt.Errorf("%w: sandbox %s is already leaving by another move (generation %d)", errdefs.ErrConflict, sb.Name, sb.MoveOut)
 	case gen <= 0:
-		return fmt.Errorf("%w: a move needs its master's generation", errdefs.ErrBadInput)
+		return nil, fmt.Errorf("%w: a move needs its master's generation", errdefs.ErrBadInput)
 	}
 	t, err := n.st.GetTemplate(ctx, sb.Template)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	e := n.entry(sb.ID)
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = e.acquire(actx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", errdefs.ErrConflict, sb.Name, sb.ID)
+		return nil, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", errdefs.ErrConflict, sb.Name, sb.ID)
 	}
-	held := true
-	defer func() {
-		if held {
-			e.release()
-		}
-	}()
-	from := e.getTier()
-	if (from == api.TierHot || from == api.TierFrozen) && !n.be.Capabilities().Checkpoint {
-		return fmt.Errorf("%w: the %s backend cannot checkpoint, so a running sandbox cannot move with its memory", errdefs.ErrNotSupported, n.be.Name())
+	l := &leaving{n: n, sb: sb, t: t, e: e, from: e.getTier(), held: true, began: time.Now()}
+	if (l.from == api.TierHot || l.from == api.TierFrozen) && !n.be.Capabilities().Checkpoint {
+		l.unlock()
+		return nil, fmt.Errorf("%w: the %s backend cannot checkpoint, so a running sandbox cannot move with its memory", errdefs.ErrNotSupported, n.be.Name())
 	}
-	if sb, err = n.st.UpdateSandbox(ctx, sb.ID, func(s *store.Sandbox) error { s.MoveOut = gen; return nil }); err != nil {
-		return err
+	if l.sb, err = n.st.UpdateSandbox(ctx, sb.ID, func(s *store.Sandbox) error { s.MoveOut = gen; return nil }); err != nil {
+		l.unlock()
+		return nil, err
 	}
 	e.moving.Store(true)
 	n.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
-	// Nothing has left yet: on a failure from here until the first byte
-	// is written, the sandbox stays here as it is.
-	stay := func(cause error) error {
-		n.clearMoveOut(sb.ID)
-		return cause
+	return l, nil
+}
+
+// unlock releases the sandbox's lock if the move still holds it.
+func (l *leaving) unlock() {
+	if l.held {
+		l.held = false
+		l.e.release()
 	}
-	began := time.Now()
-	var checkpointed time.Duration
-	var lockTo func() // what is left of the checkpoint, run with the lock once the stream may start
-	if from == api.TierHot || from == api.TierFrozen {
-		if err := n.adm.Disk("its snapshot, to move it", n.imageMiB(sb.ID)); err != nil {
-			return stay(err)
-		}
-		if err := n.begin(sb.ID, api.TierSnapshot); err != nil {
-			return stay(err)
-		}
-		finish, err := n.checkpoint(sb, from)
-		if err != nil {
-			// checkpoint settled it (kept running, or re-created cold),
-			// or failed before it ran and left it as it was.
-			cur, _ := n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error { s.Transition = ""; return nil })
-			e.setTier(cur.Tier)
-			return stay(fmt.Errorf("checkpoint %s to move it: %w", sb.Name, err))
-		}
-		if sb, err = n.commit(sb.ID, api.TierSnapshot, nil); err != nil {
-			finish()
-			return stay(err)
-		}
-		n.log.Info("sandbox transition", "id", sb.ID, "from", from, "to", api.TierSnapshot, "why", "move")
-		checkpointed = time.Since(began)
-		// The image is whole: the stopped container's delete and its
-		// namespace's removal (≈ 44 ms, as after a snapshot's answer:
-		// transitionThen) run beside the stream, under the sandbox's lock,
-		// not before its first byte — but before its end marker: the node
-		// it goes to lays the sandbox out (namespace ss-<id>, cgroup,
-		// runsc restore under the same ID) only once the stream has ended,
-		// and nodes on one machine (fleet up --nodes, the e2e fleets) share
-		// those names, so this node's teardown must be over by then.
-		lockTo = finish
+}
+
+// stay is a failure before anything has left: the sandbox stays here as
+// it is, unmarked.
+func (l *leaving) stay(cause error) error {
+	l.n.clearMoveOut(l.sb.ID)
+	return cause
+}
+
+// checkpoint takes a hot or frozen sandbox to a snapshot (the image the
+// move sends); a snapshotted or detached one has nothing to do.
+func (l *leaving) checkpoint() error {
+	n, sb := l.n, l.sb
+	if l.from != api.TierHot && l.from != api.TierFrozen {
+		return nil
 	}
-	// No way in while it is leaving: its endpoints are the new node's
-	// once the move is done, and here again if it is given up.
-	n.gw.Close(sb.ID)
-	var tornDown chan struct{}
-	if lockTo != nil {
-		tornDown = make(chan struct{})
-		n.finishing.Add(1)
-		go func() {
-			defer n.finishing.Done()
-			defer e.release()
-			defer close(tornDown)
-			lockTo()
-		}()
-	} else {
-		e.release()
+	if err := n.adm.Disk("its snapshot, to move it", n.imageMiB(sb.ID)); err != nil {
+		return err
 	}
-	held = false
+	if err := n.begin(sb.ID, api.TierSnapshot); err != nil {
+		return err
+	}
+	finish, err := n.checkpoint(sb, l.from)
+	if err != nil {
+		// checkpoint settled it (kept running, or re-created cold), or
+		// failed before it ran and left it as it was.
+		cur, _ := n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error { s.Transition = ""; return nil })
+		l.e.setTier(cur.Tier)
+		return fmt.Errorf("checkpoint %s to move it: %w", sb.Name, err)
+	}
+	if l.sb, err = n.commit(sb.ID, api.TierSnapshot, nil); err != nil {
+		finish()
+		return err
+	}
+	n.log.Info("sandbox transition", "id", sb.ID, "from", l.from, "to", api.TierSnapshot, "why", "move")
+	l.checkpointed = time.Since(l.began)
+	// The image is whole: the stopped container's delete and its
+	// namespace's removal (≈ 44 ms, as after a snapshot's answer:
+	// transitionThen) run beside the stream, under the sandbox's lock,
+	// not before its first byte — but before its end marker: the node
+	// it goes to lays the sandbox out (namespace ss-<id>, cgroup, runsc
+	// restore under the same ID) only once the stream has ended, and
+	// nodes on one machine (fleet up --nodes, the e2e fleets) share those
+	// names, so this node's teardown must be over by then.
+	l.lockTo = finish
+	return nil
+}
+
+// release lets go of the sandbox's lock: at once, or — when the
+// checkpoint left work — once that work is done, beside the stream.
+func (l *leaving) release() {
+	if l.lockTo == nil {
+		l.unlock()
+		return
+	}
+	l.held = false
+	l.tornDown = make(chan struct{})
+	l.n.finishing.Add(1)
+	go func() {
+		defer l.n.finishing.Done()
+		defer l.e.release()
+		defer close(l.tornDown)
+		l.lockTo()
+	}()
+}
+
+// manifest is what the stream says of the sandbox, and its image's files.
+func (l *leaving) manifest() (livemove.Manifest, []string, error) {
+	n, sb, t := l.n, l.sb, l.t
 	d := n.dir(sb.ID)
-	m := MoveManifest{ID: sb.ID, Name: sb.Name, Template: sb.Template, Digest: t.Digest, Principal: sb.Principal,
-		MemoryMiB: int(n.limitOf(sb, t)), Tier: from, Idle: sb.Idle, CreatedAt: sb.CreatedAt, LastActive: sb.LastActive,
-		From: n.cfg.Name, UsageMiB: e.lastUsageMiB.Load()}
+	m := livemove.Manifest{ID: sb.ID, Name: sb.Name, Template: sb.Template, Digest: t.Digest, Principal: sb.Principal,
+		MemoryMiB: int(n.limitOf(sb, t)), Tier: l.from, Idle: sb.Idle, CreatedAt: sb.CreatedAt, LastActive: sb.LastActive,
+		From: n.cfg.Name, UsageMiB: l.e.lastUsageMiB.Load()}
 	var image []string
+	var err error
 	if d.HasSnapshot() {
 		var key runtimes.Key
 		m.Runtime, key = n.kept.ImageBuild(runtimes.Key(sb.Runsc), d.Snapshot(), n.backendRuntime())
@@ -228,47 +249,36 @@ func (n *Node) MoveOut(ctx context.Context, id string, gen int64, w io.Writer) e
 		if src := d.EnvdSource(); src != "" {
 			m.Envd = filepath.Base(src)
 		}
-		if image, m.ImageBytes, err = imageFiles(d.Snapshot()); err != nil {
-			return stay(err)
+		if image, m.ImageBytes, err = livemove.ImageFiles(d.Snapshot()); err != nil {
+			return m, nil, err
 		}
-		if from == api.TierDetached {
-			return stay(fmt.Errorf("sandbox %s is detached but has an image", sb.Name))
+		if l.from == api.TierDetached {
+			return m, nil, fmt.Errorf("sandbox %s is detached but has an image", sb.Name)
 		}
-	} else if from != api.TierDetached {
-		return stay(fmt.Errorf("sandbox %s is %s but has no image to move", sb.Name, from))
+	} else if l.from != api.TierDetached {
+		return m, nil, fmt.Errorf("sandbox %s is %s but has no image to move", sb.Name, l.from)
 	}
-	if m.VolumeBytes, err = treeBytes(d.Upper()); err != nil {
-		return stay(err)
-	}
-	tw := tar.NewWriter(w)
-	mb, _ := json.Marshal(m)
-	if err := tw.WriteHeader(&tar.Header{Name: moveManifest, Mode: 0o600, Size: int64(len(mb)), Typeflag: tar.TypeReg}); err != nil {
-		return stay(err)
-	}
-	// From here something may have left: the mark is the master's to clear.
-	if _, err := tw.Write(mb); err != nil {
+	m.VolumeBytes, err = livemove.TreeBytes(d.Upper())
+	return m, image, err
+}
+
+// send writes the stream: manifest, image, volume, and — once this
+// node's teardown of the checkpointed container is over — its end.
+func (l *leaving) send(sw *livemove.Writer, m livemove.Manifest, image []string) error {
+	d := l.n.dir(l.sb.ID)
+	if err := sw.Manifest(m); err != nil {
 		return err
 	}
-	for _, name := range image {
-		if err := sendFile(tw, filepath.Join(d.Snapshot(), name), moveImage+name); err != nil {
-			return err
-		}
-	}
-	if _, err := rootfs.PackVolume(d.Upper(), tw, moveVolume); err != nil {
+	if err := sw.Image(d.Snapshot(), image); err != nil {
 		return err
 	}
-	if tornDown != nil {
-		<-tornDown // see lockTo above
-	}
-	if err := tw.WriteHeader(&tar.Header{Name: moveEnd, Mode: 0o600, Typeflag: tar.TypeReg}); err != nil {
+	if err := sw.Volume(d.Upper()); err != nil {
 		return err
 	}
-	if err := tw.Close(); err != nil {
-		return err
+	if l.tornDown != nil {
+		<-l.tornDown // see checkpoint
 	}
-	n.log.Info("move: sandbox sent", "id", sb.ID, "name", sb.Name, "tier", from, "image_bytes", m.ImageBytes, "volume_bytes", m.VolumeBytes, "generation", gen,
-		"checkpoint_ms", checkpointed.Milliseconds(), "total_ms", time.Since(began).Milliseconds())
-	return nil
+	return sw.End()
 }
 
 // clearMoveOut lets sandbox id stay: unmarked, served again in the tier
@@ -287,203 +297,46 @@ func (n *Node) clearMoveOut(id string) error {
 	return nil
 }
 
-// imageFiles lists a checkpoint image's files (runsc writes them flat)
-// and their total size.
-func imageFiles(dir string) ([]string, int64, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, 0, err
-	}
-	var names []string
-	var total int64
-	for _, de := range ents {
-		if !de.Type().IsRegular() {
-			return nil, 0, fmt.Errorf("checkpoint image %s holds %s, which is not a regular file", dir, de.Name())
-		}
-		fi, err := de.Info()
-		if err != nil {
-			return nil, 0, err
-		}
-		names = append(names, de.Name())
-		total += fi.Size()
-	}
-	return names, total, nil
-}
-
-// treeBytes is the size of the regular files under dir (0 if it is not
-// there).
-func treeBytes(dir string) (int64, error) {
-	var total int64
-	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.Type().IsRegular() {
-			fi, err := d.Info()
-			if err != nil {
-				return err
-			}
-			total += fi.Size()
-		}
-		return nil
-	})
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	return total, err
-}
-
-func sendFile(tw *tar.Writer, path, name string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: fi.Size(), Typeflag: tar.TypeReg, ModTime: fi.ModTime()}); err != nil {
-		return err
-	}
-	k, err := io.Copy(tw, f)
-	if err == nil && k != fi.Size() {
-		err = fmt.Errorf("%s changed size while it was sent", path)
-	}
-	return err
-}
-
-// maxManifest bounds a move stream's manifest.
-const maxManifest = 64 << 10
-
 // MoveIn takes a sandbox a move stream r brings (MoveOut's, through the
 // master) as the move of generation gen: its row (same ID, name and
 // principal; a slot, address and gateway ports of this node's), its
-// image and volume checked as they are written (sizes bounded by the
-// manifest and the disk reserve, names confined to the sandbox's
-// directory), then — for one that was hot or frozen — a restore into this
-// node's network namespace and bundle. It stays MoveIn, with no way in or
-// out, until MoveCommit. On any failure nothing of it is left.
+// image and volume checked as they are written (livemove.Reader.Receive),
+// then — for one that was hot or frozen — a restore into this node's
+// network namespace and bundle. It stays MoveIn, with no way in or out,
+// until MoveCommit. On any failure nothing of it is left.
 func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbox, error) {
-	tr := tar.NewReader(r)
-	hdr, err := tr.Next()
-	if err != nil {
-		return store.Sandbox{}, fmt.Errorf("%w: move stream: %v", errdefs.ErrBadInput, err)
-	}
-	if hdr.Name != moveManifest || hdr.Typeflag != tar.TypeReg || hdr.Size > maxManifest {
-		return store.Sandbox{}, fmt.Errorf("%w: move stream: it starts with %q, not its manifest", errdefs.ErrBadInput, hdr.Name)
-	}
-	var m MoveManifest
-	if err := json.NewDecoder(io.LimitReader(tr, maxManifest)).Decode(&m); err != nil {
-		return store.Sandbox{}, fmt.Errorf("%w: move manifest: %v", errdefs.ErrBadInput, err)
-	}
-	t, err := n.checkManifest(ctx, m, gen)
+	rd, m, err := livemove.ReadManifest(r)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	if err := n.adm.Disk("a moved sandbox", (m.ImageBytes+m.VolumeBytes)>>20); err != nil {
+	a := &arriving{n: n, m: m, gen: gen}
+	if a.t, err = n.checkManifest(ctx, m, gen); err != nil {
 		return store.Sandbox{}, err
 	}
-	if err := n.adm.FDs(); err != nil {
-		return store.Sandbox{}, err
-	}
-	running := m.Tier == api.TierHot || m.Tier == api.TierFrozen
-	if running {
-		need := m.UsageMiB
-		if need <= 0 {
-			need = n.expectedMiB(t, int64(m.MemoryMiB))
-		}
-		if err := n.admitMemory(ctx, m.ID, func() error { return n.adm.Memory(m.ID, need) }); err != nil {
-			return store.Sandbox{}, err
-		}
-	}
-	made := false
-	defer func() {
-		if !made {
-			n.releasePromise(m.ID)
-		}
-	}()
-	select {
-	case n.starts <- struct{}{}:
-		defer func() { <-n.starts }()
-	case <-ctx.Done():
-		return store.Sandbox{}, fmt.Errorf("%w: the master gave up while %d starts were running on this node: %v", ErrMoving, n.cfg.MaxStarts, context.Cause(ctx))
-	}
-	sb := store.Sandbox{ID: m.ID, Name: m.Name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
-		Tier: api.TierDetached, Transition: m.Tier, LastActive: m.LastActive, CreatedAt: m.CreatedAt, Principal: m.Principal,
-		MemoryMiB: m.MemoryMiB, Slot: -1, Generation: gen, Idle: m.Idle, MoveIn: true, Runsc: m.Runsc,
-		Note: fmt.Sprintf("moved from node %s with its memory and volume", m.From)}
-	if m.Tier == api.TierDetached {
-		sb.Note = fmt.Sprintf("moved from node %s (it was detached: its volume came with it)", m.From)
-	}
-	n.allocMu.Lock()
-	err = n.fenced(gen)
-	if err == nil {
-		err = n.allocate(ctx, &sb, t.Ports)
-	}
-	if err == nil {
-		err = n.st.CreateSandbox(ctx, sb)
-	}
-	n.allocMu.Unlock()
+	release, err := a.admit(ctx)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	e := n.entry(sb.ID)
-	e.moving.Store(true)
-	e.lastActive.Store(m.LastActive.UnixMilli())
-	e.lastUsageMiB.Store(m.UsageMiB)
-	e.lock <- struct{}{}
-	defer e.release()
-	fail := func(cause error) (store.Sandbox, error) {
-		bg := context.Background()
-		n.teardown(bg, sb, true)
-		n.st.DeleteSandbox(bg, sb.ID)
-		n.forget(sb.ID)
-		return store.Sandbox{}, cause
+	defer release()
+	if err := a.record(ctx); err != nil {
+		return store.Sandbox{}, err
 	}
+	defer a.e.release()
 	began := time.Now()
-	if err := n.receive(tr, sb, m); err != nil {
-		return fail(err)
+	if err := rd.Receive(n.dir(a.sb.ID), m); err != nil {
+		return a.fail(err)
 	}
 	received := time.Since(began)
-	d := n.dir(sb.ID)
-	envdDir := ""
-	if m.Envd != "" {
-		envdDir, _ = n.envd.Named(m.Envd) // checked in checkManifest
-	}
-	to := m.Tier
-	steps := newStepTimer()
-	switch {
-	case running:
-		if err := n.layOut(sb, t, envdDir); err != nil {
-			return fail(err)
-		}
-		steps.mark("layout")
-		d.Mark("restoring here after a move from node %s (memory kept)", m.From)
-		if err := n.be.Restore(context.Background(), n.spec(sb), d.Snapshot()); err != nil {
-			return fail(fmt.Errorf("restore the moved image: %w", err))
-		}
-		steps.mark("restore")
-		os.RemoveAll(d.Snapshot())
-		if m.Tier == api.TierFrozen {
-			if err := n.be.Pause(context.Background(), n.spec(sb)); err != nil {
-				return fail(fmt.Errorf("freeze the restored sandbox again: %w", err))
-			}
-		}
-		n.protect(sb)
-	case m.Tier == api.TierSnapshot:
-		// Its spec names the envd build its image maps: what its wake
-		// restores with (envdDirFor).
-		if err := d.WriteSpec(t, n.limitOf(sb, t), sb.Name, "", envdDir); err != nil {
-			return fail(err)
-		}
-	}
-	made = true
-	sb, err = n.commit(sb.ID, to, nil)
+	steps, err := a.restore()
 	if err != nil {
-		return fail(err)
+		return a.fail(err)
 	}
-	n.log.Info("move: sandbox arrived; waiting for its master to confirm it", append([]any{"id", sb.ID, "name", sb.Name, "tier", to, "from", m.From,
+	a.made = true
+	sb, err := n.commit(a.sb.ID, m.Tier, nil)
+	if err != nil {
+		return a.fail(err)
+	}
+	n.log.Info("move: sandbox arrived; waiting for its master to confirm it", append([]any{"id", sb.ID, "name", sb.Name, "tier", m.Tier, "from", m.From,
 		"receive_ms", received.Milliseconds(), "total_ms", time.Since(began).Milliseconds(), "generation", gen}, steps.attrs()...)...)
 	time.AfterFunc(moveInHold, func() {
 		cur, err := n.st.GetSandbox(context.Background(), sb.ID)
@@ -494,43 +347,146 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 	return sb, nil
 }
 
-// checkManifest refuses a move this node cannot take as it is, before
-// anything is made: a bad name, a template it has not got (or of
-// another rootfs), an image of another runsc, an envd build it has not
-// got, a sandbox it already has.
-func (n *Node) checkManifest(ctx context.Context, m MoveManifest, gen int64) (store.Template, error) {
-	bad := func(format string, args ...any) (store.Template, error) {
-		return store.Template{}, fmt.Errorf("%w: move of %s: %s", errdefs.ErrBadInput, m.Name, fmt.Sprintf(format, args...))
+// arriving is one sandbox arriving on this node by a move (MoveIn).
+type arriving struct {
+	n   *Node
+	m   livemove.Manifest
+	gen int64
+	t   store.Template
+	sb  store.Sandbox
+	e   *entry
+	// made: it is committed; its memory's promise is its own from now on.
+	made bool
+}
+
+// running reports whether it arrives with its memory to restore.
+func (a *arriving) running() bool { return a.m.Tier == api.TierHot || a.m.Tier == api.TierFrozen }
+
+// admit admits the arriving sandbox's disk, descriptors and memory, and
+// takes a start slot; release gives back what a failed arrival took.
+func (a *arriving) admit(ctx context.Context) (release func(), err error) {
+	n, m := a.n, a.m
+	if err := n.adm.Disk("a moved sandbox", (m.ImageBytes+m.VolumeBytes)>>20); err != nil {
+		return nil, err
 	}
-	switch {
-	case gen <= 0:
-		return bad("no generation")
-	case !api.ValidName(m.Name):
-		return bad("name %q is not valid", m.Name)
-	case !validID(m.ID):
-		return bad("ID %q is not valid", m.ID)
-	case m.Principal != "" && !api.ValidPrincipal(m.Principal):
-		return bad("principal %q is not valid", m.Principal)
-	case m.ImageBytes < 0 || m.VolumeBytes < 0 || m.MemoryMiB < 0:
-		return bad("negative sizes")
-	case m.Envd != "" && (len(m.Envd) != 16 || strings.Trim(m.Envd, "0123456789abcdef") != ""):
-		return bad("envd build %q is not 16 hex digits", m.Envd)
+	if err := n.adm.FDs(); err != nil {
+		return nil, err
 	}
-	switch m.Tier {
-	case api.TierHot, api.TierFrozen, api.TierSnapshot:
-		// An image holds the sandbox's memory and the runtime's own
-		// state: no more than its limit and a margin.
-		if lim := int64(m.MemoryMiB)<<20 + maxImageOver; m.ImageBytes > lim {
-			return bad("an image of %d bytes for a sandbox of %d MiB", m.ImageBytes, m.MemoryMiB)
+	if a.running() {
+		need := m.UsageMiB
+		if need <= 0 {
+			need = n.expectedMiB(a.t, int64(m.MemoryMiB))
 		}
+		if err := n.admitMemory(ctx, m.ID, func() error { return n.adm.Memory(m.ID, need) }); err != nil {
+			return nil, err
+		}
+	}
+	unpromise := func() {
+		if !a.made {
+			n.releasePromise(m.ID)
+		}
+	}
+	select {
+	case n.starts <- struct{}{}:
+		return func() { <-n.starts; unpromise() }, nil
+	case <-ctx.Done():
+		unpromise()
+		return nil, fmt.Errorf("%w: the master gave up while %d starts were running on this node: %v", ErrMoving, n.cfg.MaxStarts, context.Cause(ctx))
+	}
+}
+
+// record allocates the arriving sandbox's slot and ports and records its
+// row, marked MoveIn, behind no fence; it then holds its lock.
+func (a *arriving) record(ctx context.Context) error {
+	n, m := a.n, a.m
+	a.sb = store.Sandbox{ID: m.ID, Name: m.Name, Template: a.t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
+		Tier: api.TierDetached, Transition: m.Tier, LastActive: m.LastActive, CreatedAt: m.CreatedAt, Principal: m.Principal,
+		MemoryMiB: m.MemoryMiB, Slot: -1, Generation: a.gen, Idle: m.Idle, MoveIn: true, Runsc: m.Runsc,
+		Note: fmt.Sprintf("moved from node %s with its memory and volume", m.From)}
+	if m.Tier == api.TierDetached {
+		a.sb.Note = fmt.Sprintf("moved from node %s (it was detached: its volume came with it)", m.From)
+	}
+	n.allocMu.Lock()
+	err := n.fenced(a.gen)
+	if err == nil {
+		err = n.allocate(ctx, &a.sb, a.t.Ports)
+	}
+	if err == nil {
+		err = n.st.CreateSandbox(ctx, a.sb)
+	}
+	n.allocMu.Unlock()
+	if err != nil {
+		return err
+	}
+	a.e = n.entry(a.sb.ID)
+	a.e.moving.Store(true)
+	a.e.lastActive.Store(m.LastActive.UnixMilli())
+	a.e.lastUsageMiB.Store(m.UsageMiB)
+	a.e.lock <- struct{}{}
+	return nil
+}
+
+// fail removes all of the arriving sandbox.
+func (a *arriving) fail(cause error) (store.Sandbox, error) {
+	bg := context.Background()
+	a.n.teardown(bg, a.sb, true)
+	a.n.st.DeleteSandbox(bg, a.sb.ID)
+	a.n.forget(a.sb.ID)
+	return store.Sandbox{}, cause
+}
+
+// restore brings a sandbox that arrives running back into memory here
+// (frozen again if it was), with no boundary and no listeners yet; a
+// snapshot gets the spec its wake restores with.
+func (a *arriving) restore() (*stepTimer, error) {
+	n, m, sb, t := a.n, a.m, a.sb, a.t
+	d := n.dir(sb.ID)
+	envdDir := ""
+	if m.Envd != "" {
+		envdDir, _ = n.envd.Named(m.Envd) // checked in checkManifest
+	}
+	steps := newStepTimer()
+	switch {
+	case a.running():
+		if err := n.layOut(sb, t, envdDir); err != nil {
+			return steps, err
+		}
+		steps.mark("layout")
+		d.Mark("restoring here after a move from node %s (memory kept)", m.From)
+		if err := n.be.Restore(context.Background(), n.spec(sb), d.Snapshot()); err != nil {
+			return steps, fmt.Errorf("restore the moved image: %w", err)
+		}
+		steps.mark("restore")
+		os.RemoveAll(d.Snapshot())
+		if m.Tier == api.TierFrozen {
+			if err := n.be.Pause(context.Background(), n.spec(sb)); err != nil {
+				return steps, fmt.Errorf("freeze the restored sandbox again: %w", err)
+			}
+		}
+		n.protect(sb)
+	case m.Tier == api.TierSnapshot:
+		// Its spec names the envd build its image maps: what its wake
+		// restores with (envdlink.Builds.For).
+		if err := d.WriteSpec(t, n.limitOf(sb, t), sb.Name, "", envdDir); err != nil {
+			return steps, err
+		}
+	}
+	return steps, nil
+}
+
+// checkManifest refuses a move this node cannot take as it is, before
+// anything is made: what livemove.Check refuses of any node, and an image
+// of a runsc or envd build it has not got, a template it has not got (or
+// of another rootfs), a sandbox it already has.
+func (n *Node) checkManifest(ctx context.Context, m livemove.Manifest, gen int64) (store.Template, error) {
+	if err := livemove.Check(m, gen); err != nil {
+		return store.Template{}, err
+	}
+	if m.Tier != api.TierDetached {
 		if err := n.canRestore(m); err != nil {
 			return store.Template{}, err
 		}
-		rv := ""
-		if b, ok := n.be.(interface{ RuntimeVersion() string }); ok {
-			rv = b.RuntimeVersion()
-		}
-		if m.Runsc == "" && m.Runtime != rv {
+		if rv := n.backendRuntime(); m.Runsc == "" && m.Runtime != rv {
 			return store.Template{}, fmt.Errorf("%w: move of %s: its image was written by runsc %q and this node runs %q; it restores only on the runsc that wrote it", errdefs.ErrPrecondition, m.Name, m.Runtime, rv)
 		}
 		if m.Envd != "" {
@@ -538,12 +494,6 @@ func (n *Node) checkManifest(ctx context.Context, m MoveManifest, gen int64) (st
 				return store.Template{}, fmt.Errorf("%w: move of %s: its image maps envd build %s, which node %s has not got (it runs another sandstormd build)", errdefs.ErrPrecondition, m.Name, m.Envd, n.cfg.Name)
 			}
 		}
-	case api.TierDetached:
-		if m.ImageBytes != 0 {
-			return bad("a detached sandbox with an image")
-		}
-	default:
-		return bad("tier %q", m.Tier)
 	}
 	t, err := n.st.GetTemplate(ctx, m.Template)
 	if err != nil {
@@ -559,100 +509,6 @@ func (n *Node) checkManifest(ctx context.Context, m MoveManifest, gen int64) (st
 		return store.Template{}, fmt.Errorf("%w: a sandbox named %s is already on node %s", errdefs.ErrExists, m.Name, n.cfg.Name)
 	}
 	return t, nil
-}
-
-// maxImageOver is what an image may hold beyond its sandbox's memory
-// limit (the sentry's own state).
-const maxImageOver = 256 << 20
-
-// validID is a sandbox ID as the node makes them (newID: 12 hex digits),
-// or a pooled one's.
-func validID(id string) bool {
-	return len(id) >= 1 && len(id) <= 32 && strings.Trim(id, "0123456789abcdef") == ""
-}
-
-// receive writes the image and volume of a move stream into sb's
-// directory, each bounded by what the manifest declared, and requires the
-// stream's end entry: a stream cut short is never taken for whole.
-func (n *Node) receive(tr *tar.Reader, sb store.Sandbox, m MoveManifest) error {
-	d := n.dir(sb.ID)
-	if err := os.MkdirAll(d.Snapshot(), 0o700); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(d.Upper(), 0o755); err != nil {
-		return err
-	}
-	vol, err := rootfs.NewTree(d.Upper(), rootfs.Limits{MaxBytes: max(m.VolumeBytes, 1)})
-	if err != nil {
-		return err
-	}
-	finished := false
-	defer func() {
-		if !finished {
-			vol.Abort()
-		}
-	}()
-	var imageBytes int64
-	for {
-		hdr, err := tr.Next()
-		if err != nil {
-			return fmt.Errorf("%w: move stream cut short: %v", errdefs.ErrBadInput, err)
-		}
-		switch name := hdr.Name; {
-		case name == moveEnd:
-			if _, err := vol.Finish(); err != nil {
-				return err
-			}
-			finished = true
-			if !d.HasSnapshotFiles() && m.Tier != api.TierDetached {
-				return fmt.Errorf("%w: move stream of %s brought no image", errdefs.ErrBadInput, m.Name)
-			}
-			return nil
-		case strings.HasPrefix(name, moveImage):
-			leaf := strings.TrimPrefix(name, moveImage)
-			if m.Tier == api.TierDetached || hdr.Typeflag != tar.TypeReg || leaf == "" || strings.ContainsAny(leaf, "/\x00") || leaf == "." || leaf == ".." {
-				return fmt.Errorf("%w: move stream: image entry %q", rootfs.ErrUnsafe, name)
-			}
-			if imageBytes += hdr.Size; imageBytes > m.ImageBytes {
-				return fmt.Errorf("%w: move stream: image of more than the %d bytes its manifest said", rootfs.ErrTooLarge, m.ImageBytes)
-			}
-			if err := writeNew(filepath.Join(d.Snapshot(), leaf), io.LimitReader(tr, hdr.Size), hdr.Size); err != nil {
-				return err
-			}
-		case strings.HasPrefix(name, moveVolume):
-			if hdr.Typeflag == tar.TypeLink {
-				return fmt.Errorf("%w: move stream: hard link %q in a volume", rootfs.ErrUnsafe, name)
-			}
-			hdr.Name = strings.TrimPrefix(name, moveVolume)
-			if hdr.Name == "" {
-				continue
-			}
-			if err := vol.Add(hdr, tr); err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("%w: move stream: unexpected entry %q", rootfs.ErrUnsafe, name)
-		}
-	}
-}
-
-// hasSnapshotFiles reports whether the image directory holds anything.
-
-// writeNew writes exactly size bytes of r to a new file at path (never
-// through a link, never over a file).
-func writeNew(path string, r io.Reader, size int64) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	k, err := io.Copy(f, r)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil && k != size {
-		err = fmt.Errorf("%w: %s: %d of %d bytes", errdefs.ErrBadInput, path, k, size)
-	}
-	return err
 }
 
 // MoveCommit makes an arrived sandbox live: its master has recorded the

@@ -11,17 +11,18 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/node/livemove"
 	"sandstorm/internal/rootfs"
 )
 
 // moveStream is a move stream of manifest m with the given image files,
 // volume entries and, with end, its end entry.
-func moveStream(t *testing.T, m MoveManifest, image map[string]string, volume []tar.Header, end bool) *bytes.Buffer {
+func moveStream(t *testing.T, m livemove.Manifest, image map[string]string, volume []tar.Header, end bool) *bytes.Buffer {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	mb, _ := json.Marshal(m)
-	tw.WriteHeader(&tar.Header{Name: moveManifest, Mode: 0o600, Size: int64(len(mb)), Typeflag: tar.TypeReg})
+	tw.WriteHeader(&tar.Header{Name: "manifest.json", Mode: 0o600, Size: int64(len(mb)), Typeflag: tar.TypeReg})
 	tw.Write(mb)
 	for name, body := range image {
 		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(body)), Typeflag: tar.TypeReg})
@@ -34,7 +35,7 @@ func moveStream(t *testing.T, m MoveManifest, image map[string]string, volume []
 		}
 	}
 	if end {
-		tw.WriteHeader(&tar.Header{Name: moveEnd, Mode: 0o600, Typeflag: tar.TypeReg})
+		tw.WriteHeader(&tar.Header{Name: "end", Mode: 0o600, Typeflag: tar.TypeReg})
 	}
 	tw.Close()
 	return &buf
@@ -48,12 +49,12 @@ func moveStream(t *testing.T, m MoveManifest, image map[string]string, volume []
 func TestMoveInRefuses(t *testing.T) {
 	n := newFakeNode(t, newFakeBackend())
 	ctx := context.Background()
-	good := MoveManifest{ID: "abc123", Name: "mv", Template: "t", Tier: api.TierSnapshot, MemoryMiB: 64, ImageBytes: 4, VolumeBytes: 2}
+	good := livemove.Manifest{ID: "abc123", Name: "mv", Template: "t", Tier: api.TierSnapshot, MemoryMiB: 64, ImageBytes: 4, VolumeBytes: 2}
 	vol := []tar.Header{{Name: "volume/f", Mode: 0o644, Size: 2, Typeflag: tar.TypeReg}}
 	n.Fence(ctx, 5, nil, nil)
 	for _, c := range []struct {
 		name string
-		m    MoveManifest
+		m    livemove.Manifest
 		img  map[string]string
 		vol  []tar.Header
 		end  bool
@@ -65,7 +66,7 @@ func TestMoveInRefuses(t *testing.T) {
 		{"volume larger than declared", good, map[string]string{"image/a": "abcd"}, []tar.Header{{Name: "volume/f", Mode: 0o644, Size: 9, Typeflag: tar.TypeReg}}, true, 7, rootfs.ErrTooLarge},
 		{"a device in the volume", good, map[string]string{"image/a": "abcd"}, []tar.Header{{Name: "volume/d", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}}, true, 7, rootfs.ErrUnsafe},
 		{"cut short", good, map[string]string{"image/a": "abcd"}, vol, false, 7, errdefs.ErrBadInput},
-		{"no such template", MoveManifest{ID: "abc123", Name: "mv", Template: "nope", Tier: api.TierDetached}, nil, nil, true, 7, errdefs.ErrPrecondition},
+		{"no such template", livemove.Manifest{ID: "abc123", Name: "mv", Template: "nope", Tier: api.TierDetached}, nil, nil, true, 7, errdefs.ErrPrecondition},
 		{"fenced generation", good, map[string]string{"image/a": "abcd"}, vol, true, 4, errdefs.ErrConflict},
 	} {
 		t.Run(c.name, func(t *testing.T) {

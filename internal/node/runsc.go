@@ -7,6 +7,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/node/livemove"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
@@ -138,7 +139,7 @@ func (n *Node) backendRuntime() string {
 // with kept builds, the very build that wrote it on this node's platform.
 // Refused before anything is received, so the sandbox stays whole on the
 // node it was leaving.
-func (n *Node) canRestore(m MoveManifest) error {
+func (n *Node) canRestore(m livemove.Manifest) error {
 	if err := n.kept.CanRestore(runtimes.Key(m.Runsc), m.Runtime, n.backendRuntime()); err != nil {
 		return fmt.Errorf("%w: move of %s to node %s: %v; move it to a node that has that build, or let it start cold where it is", errdefs.ErrPrecondition, m.Name, n.cfg.Name, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/livemove"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/store"
 	"sandstorm/internal/testenv"
@@ -245,14 +246,14 @@ func TestMoveNeedsTheImagesBuild(t *testing.T) {
 	fb := newFakeBackend()
 	n, _ := startBuildNode(t, dataDir, st, fb, fakeBuild(t, "v-a"))
 	a := n.kept.CurrentBuild()
-	if err := n.canRestore(MoveManifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version}); err != nil {
+	if err := n.canRestore(livemove.Manifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version}); err != nil {
 		t.Errorf("an image of the build it keeps: %v", err)
 	}
-	other := MoveManifest{Name: "mv", Runsc: "v-b-0123456789abcdef", Runtime: "v-b"}
+	other := livemove.Manifest{Name: "mv", Runsc: "v-b-0123456789abcdef", Runtime: "v-b"}
 	if err := n.canRestore(other); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Errorf("an image of a build it does not keep: %v, want a precondition refusal", err)
 	}
-	same := MoveManifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version + " ptrace"}
+	same := livemove.Manifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version + " ptrace"}
 	if err := n.canRestore(same); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Errorf("the same build on another platform: %v, want a precondition refusal", err)
 	}
