@@ -117,7 +117,7 @@ func (n *Node) Fence(ctx context.Context, gen int64, keep []string, inFlight []i
 	for _, sb := range moved {
 		ids = append(ids, sb.ID)
 		n.gw.Close(sb.ID)
-		n.boundaryDown(sb.ID)
+		n.bounds.Down(sb.ID)
 		n.log.Warn("fenced: one end of a move its master no longer has is removed", "id", sb.ID, "name", sb.Name, "generation", sb.Generation, "move_out", sb.MoveOut, "fence", gen)
 		go func() {
 			if err := n.dropMoveIn(context.Background(), sb, "fenced", false); err != nil {
@@ -127,7 +127,7 @@ func (n *Node) Fence(ctx context.Context, gen int64, keep []string, inFlight []i
 	}
 	for _, sb := range retired {
 		n.gw.Close(sb.ID)
-		n.boundaryDown(sb.ID)
+		n.bounds.Down(sb.ID)
 		ids = append(ids, sb.ID)
 		n.log.Warn("fenced: a sandbox its master did not place here is stopped", "id", sb.ID, "name", sb.Name, "generation", sb.Generation, "fence", gen)
 		n.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})

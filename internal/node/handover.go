@@ -40,11 +40,7 @@ func (n *Node) Handover(ctx context.Context, wait time.Duration) HandoverResult 
 		n.hostLn.Close() // already closed by the pause; its accept loop ends
 	}
 	res.Gateway = n.gw.Handover(wait)
-	n.bmu.Lock()
-	for _, b := range n.boundaries {
-		res.Flows += b.CloseFlows()
-	}
-	n.bmu.Unlock()
+	res.Flows = n.bounds.CloseFlows()
 	// The loops return once their step in progress is done (a tick's
 	// transitions, a pool refill); they are bounded by ctx like the rest.
 	loops := make(chan struct{})

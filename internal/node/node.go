@@ -28,7 +28,6 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/admission"
-	"sandstorm/internal/boundary"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/gateway"
@@ -36,6 +35,7 @@ import (
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/metrics"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/boundaries"
 	"sandstorm/internal/node/envdlink"
 	"sandstorm/internal/node/layout"
 	"sandstorm/internal/node/warm"
@@ -177,11 +177,8 @@ type Node struct {
 	// which (runsc.go; nil: the backend runs no binary runtime).
 	kept *runtimes.Keeper
 
-	bmu        sync.Mutex
-	boundaries map[string]*boundary.Boundary
-	// meshPool is the connections to sam-node every boundary shares (nil:
-	// no mesh); a request on one carries its own boundary's principal.
-	meshPool *boundary.MeshPool
+	// bounds is its sandboxes' boundaries (boundary.go).
+	bounds *boundaries.Set
 
 	// adm is the node's admission: memory promises, disk, descriptors.
 	adm *admission.Admission
@@ -315,16 +312,12 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, st: cfg.Store, be: cfg.Backend, log: cfg.Log,
-		wakes:      make(chan struct{}, cfg.MaxWakes),
-		pushSlot:   make(chan struct{}, 1),
-		starts:     make(chan struct{}, cfg.MaxStarts),
-		entries:    map[string]*entry{},
-		reserved:   map[int]string{},
-		boundaries: map[string]*boundary.Boundary{},
-		stop:       make(chan struct{}),
-	}
-	if cfg.SAM.Mesh != nil {
-		n.meshPool = boundary.NewMeshPool(cfg.SAM.Mesh, 0)
+		wakes:    make(chan struct{}, cfg.MaxWakes),
+		pushSlot: make(chan struct{}, 1),
+		starts:   make(chan struct{}, cfg.MaxStarts),
+		entries:  map[string]*entry{},
+		reserved: map[int]string{},
+		stop:     make(chan struct{}),
 	}
 	n.settledSizes = loadSettled(n.settledFile(), n.log)
 	n.adm = admission.New(admission.Config{
@@ -344,6 +337,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.newWarm()
+	n.newBoundaries()
 	if st, err := logstamp.New(); err == nil {
 		n.stamps = st
 	} else {
@@ -826,7 +820,7 @@ const transitionDelete api.Tier = "deleted"
 // if an earlier one failed; the errors are joined.
 func (n *Node) teardown(ctx context.Context, sb store.Sandbox, all bool) error {
 	var errs []error
-	n.boundaryDown(sb.ID)
+	n.bounds.Down(sb.ID)
 	if err := n.be.Remove(ctx, n.spec(sb)); err != nil {
 		errs = append(errs, err)
 	}
@@ -1000,18 +994,7 @@ func (n *Node) Close() {
 	if n.stamps != nil {
 		defer n.stamps.Close()
 	}
-	n.bmu.Lock()
-	ids := make([]string, 0, len(n.boundaries))
-	for id := range n.boundaries {
-		ids = append(ids, id)
-	}
-	n.bmu.Unlock()
-	for _, id := range ids {
-		n.boundaryDown(id)
-	}
-	if n.meshPool != nil {
-		n.meshPool.Close()
-	}
+	n.bounds.Close()
 	n.flushActivity()
 }
 

@@ -443,7 +443,7 @@ func (n *Node) checkpoint(sb store.Sandbox, from api.Tier) (finish func(), err e
 	steps.mark("envd")
 	// Its outbound flows too: the boundary resets them and stops taking
 	// new ones until the sandbox runs again.
-	n.boundaryDown(sb.ID)
+	n.bounds.Down(sb.ID)
 	steps.mark("boundary")
 	// A failure before the checkpoint runs has saved nothing and left the
 	// sandbox's network as it was: the sandbox stays in its tier, and gets

@@ -395,9 +395,7 @@ func wakeSharers(n *Node, id string) int {
 
 // hasBoundary reports whether sandbox id's boundary is up.
 func hasBoundary(n *Node, id string) bool {
-	n.bmu.Lock()
-	defer n.bmu.Unlock()
-	return n.boundaries[id] != nil
+	return n.bounds.Has(id)
 }
 
 // TestWakeCoalesces: many requests for one frozen sandbox at once share
