@@ -91,7 +91,7 @@ func (n *Node) MetricsState() (metrics.NodeState, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s := metrics.NodeState{MemReserve: n.cfg.MemReserveMiB << 20, DiskReserve: n.cfg.DiskReserveMiB << 20,
-		Promised: n.promisedMiB() << 20, Pooled: n.pool.Sizes(),
+		Promised: n.adm.Promised() << 20, Pooled: n.pool.Sizes(),
 		Wakes: len(n.wakes), Starts: len(n.starts), MemAvailable: -1, DiskFree: -1}
 	s.Conns, s.InFlight = n.gw.Stats()
 	var errs []error
@@ -101,7 +101,7 @@ func (n *Node) MetricsState() (metrics.NodeState, error) {
 	} else {
 		errs = append(errs, err)
 	}
-	if free, err := n.diskFreeMiB(); err == nil {
+	if free, err := n.diskFree(); err == nil {
 		s.DiskFree = free << 20
 	} else {
 		errs = append(errs, err)

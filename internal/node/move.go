@@ -377,13 +377,13 @@ func (a *arriving) admit(ctx context.Context) (release func(), err error) {
 		if need <= 0 {
 			need = n.expectedMiB(a.t, int64(m.MemoryMiB))
 		}
-		if err := n.admitMemory(ctx, m.ID, func() error { return n.adm.Memory(m.ID, need) }); err != nil {
+		if err := n.guard.Admit(ctx, m.ID, func() error { return n.adm.Memory(m.ID, need) }); err != nil {
 			return nil, err
 		}
 	}
 	unpromise := func() {
 		if !a.made {
-			n.releasePromise(m.ID)
+			n.adm.Release(m.ID)
 		}
 	}
 	select {
@@ -602,7 +602,7 @@ func (n *Node) dropMoveIn(ctx context.Context, sb store.Sandbox, why string, loc
 	if locked {
 		n.teardown(ctx, sb, true)
 		n.forget(sb.ID)
-		n.releasePromise(sb.ID)
+		n.adm.Release(sb.ID)
 		err := n.st.DeleteSandbox(ctx, sb.ID)
 		n.cfg.Events.Publish(events.Event{Kind: events.Delete, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
 		if errors.Is(err, errdefs.ErrNotFound) {

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -38,6 +37,7 @@ import (
 	"sandstorm/internal/node/boundaries"
 	"sandstorm/internal/node/envdlink"
 	"sandstorm/internal/node/layout"
+	"sandstorm/internal/node/reserve"
 	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
@@ -190,17 +190,12 @@ type Node struct {
 	// repair.
 	reconciling atomic.Int64
 
-	// pushSlot: one push to disk for memory at a time (takePush).
-	pushSlot chan struct{}
-	// largestMiB is the largest hot or frozen sandbox's memory cgroup at
-	// the last look (findKilled, once a second): admission keeps room
-	// for its checkpoint (keepMiB).
-	largestMiB atomic.Int64
-
-	// settledSizes is what each template build's sandboxes settled at, as
-	// kept in settledFile.
-	settledMu    sync.Mutex
-	settledSizes map[string]int64
+	// guard keeps the memory and disk reserves (memory.go); settled is
+	// what each template build's sandboxes settled at; diskFree reads the
+	// data dir's free disk.
+	guard    *reserve.Guard
+	settled  *reserve.Settled
+	diskFree func() (int64, error)
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -313,18 +308,12 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg: cfg, st: cfg.Store, be: cfg.Backend, log: cfg.Log,
 		wakes:    make(chan struct{}, cfg.MaxWakes),
-		pushSlot: make(chan struct{}, 1),
 		starts:   make(chan struct{}, cfg.MaxStarts),
 		entries:  map[string]*entry{},
 		reserved: map[int]string{},
 		stop:     make(chan struct{}),
 	}
-	n.settledSizes = loadSettled(n.settledFile(), n.log)
-	n.adm = admission.New(admission.Config{
-		MemReserveMiB: cfg.MemReserveMiB, MemAvailable: cfg.MemAvailable, Held: n.heldMiB,
-		DiskReserveMiB: cfg.DiskReserveMiB, DiskFree: n.diskFreeMiB, DataDir: cfg.DataDir, FDs: processFDs,
-		Settled: maps.Clone(n.settledSizes), Learned: n.learned, Keep: n.keepMiB,
-	})
+	n.newReserves()
 	fg, err := cfg.Store.Counter(context.Background(), fenceCounter)
 	if err != nil {
 		return nil, err
@@ -493,14 +482,14 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	}
 	limit := n.LimitMiB(t, memoryMiB)
 	if pre == nil {
-		if err := n.admitMemory(ctx, id, func() error { return n.adm.Start(id, sizeKey(t), limit) }); err != nil {
+		if err := n.guard.Admit(ctx, id, func() error { return n.adm.Start(id, sizeKey(t), limit) }); err != nil {
 			return store.Sandbox{}, err
 		}
 	}
 	created := false
 	defer func() {
 		if !created {
-			n.releasePromise(id)
+			n.adm.Release(id)
 		}
 	}()
 	if pre == nil {
@@ -801,7 +790,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	n.forget(sb.ID)
-	n.releasePromise(sb.ID)
+	n.adm.Release(sb.ID)
 	n.kept.Changed(runtimes.Key(sb.Runsc))
 	n.log.Info("sandbox deleted", "id", sb.ID)
 	n.cfg.Metrics.Delete()
@@ -872,7 +861,7 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		counts[sb.Tier]++
 	}
 	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
-		Reconciling: n.Reconciling(), WarmPool: n.pool.Sizes(), PromisedMiB: n.promisedMiB(), State: "ready", Transitions: n.transitionsTo()}, nil
+		Reconciling: n.Reconciling(), WarmPool: n.pool.Sizes(), PromisedMiB: n.adm.Promised(), State: "ready", Transitions: n.transitionsTo()}, nil
 }
 
 // SetIdle gives sandbox id idle timers of its own (over the node's; nil:

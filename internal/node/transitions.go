@@ -161,7 +161,7 @@ func (n *Node) wake(ctx context.Context, e *entry) (err error) {
 		if from != api.TierSnapshot || need <= 0 {
 			need = n.expectedMiB(t, n.limitOf(sb, t))
 		}
-		if err := n.admitMemory(ctx, e.id, func() error { return n.adm.Memory(e.id, need) }); err != nil {
+		if err := n.guard.Admit(ctx, e.id, func() error { return n.adm.Memory(e.id, need) }); err != nil {
 			return err
 		}
 		if err := n.adm.FDs(); err != nil {
@@ -188,7 +188,7 @@ func (n *Node) wake(ctx context.Context, e *entry) (err error) {
 		err = n.coldStart(bg, sb, t, true)
 	}
 	if err != nil {
-		n.releasePromise(e.id)
+		n.adm.Release(e.id)
 		n.log.Error("wake failed", "id", e.id, "from", from, "err", err)
 		n.settleAfterFailure(sb, from, fmt.Sprintf("wake from %s failed: %v", from, err))
 		return fmt.Errorf("wake sandbox %s from %s: %w", e.id, from, err)
@@ -668,7 +668,10 @@ func (n *Node) transitionNoted(ctx context.Context, id string, to api.Tier, note
 // Run drives the idle timers and the memory guard until Close.
 func (n *Node) Run() {
 	n.done.Add(3)
-	go n.pressureLoop()
+	go func() {
+		defer n.done.Done()
+		n.guard.Loop(n.stop)
+	}()
 	go func() {
 		defer n.done.Done()
 		n.pool.Loop(n.stop)
@@ -685,7 +688,7 @@ func (n *Node) Run() {
 			case <-tick.C:
 			}
 			n.idleStep(time.Now())
-			n.diskStep()
+			n.guard.DiskStep()
 			if time.Since(lastFlush) > 5*time.Second {
 				n.flushActivity()
 				lastFlush = time.Now()

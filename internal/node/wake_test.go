@@ -574,8 +574,8 @@ func TestSettledSizesOutliveTheNode(t *testing.T) {
 	if e := n.expectedMiB(tpl, 1024); e != 1024 {
 		t.Fatalf("nothing learned yet: a start counts %d MiB, want its limit", e)
 	}
-	n.learned(sizeKey(tpl), 24)
-	fi, err := os.Stat(n.settledFile())
+	n.settled.Learned(sizeKey(tpl), 24)
+	fi, err := os.Stat(filepath.Join(n.cfg.DataDir, "settled-sizes.json"))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("settled sizes file: %v %v", fi, err)
 	}
@@ -590,7 +590,7 @@ func TestSettledSizesOutliveTheNode(t *testing.T) {
 	}
 
 	var logBuf testenv.SyncBuffer
-	os.WriteFile(n.settledFile(), []byte("{not json"), 0o600)
+	os.WriteFile(filepath.Join(n.cfg.DataDir, "settled-sizes.json"), []byte("{not json"), 0o600)
 	k := newFakeNodeWith(t, be, func(c *Config) {
 		c.DataDir = n.cfg.DataDir
 		c.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
