@@ -6,7 +6,7 @@
 // gateway's own answers, a standby master) — and back again (FromWire),
 // so that errors.Is works across the wire.
 //
-// A package may refine a kind (gateway.ErrRefused is a no-room refusal,
+// A package may refine a kind (node.ErrRefused is a no-room refusal,
 // admission.ErrNoMemory another): it defines its error by wrapping the kind,
 // never by defining a second "not found".
 package errdefs

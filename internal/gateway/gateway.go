@@ -38,10 +38,10 @@ import (
 
 // Waker is what the gateway needs from the node.
 type Waker interface {
-	// Wake brings the sandbox to hot, sharing a wake in progress. It
-	// returns an errdefs.ErrNoRoom — ErrRefused when the wake cannot start
-	// within the admission deadline, admission.ErrNoMemory when it is
-	// short on memory — which the gateway answers with 503.
+	// Wake brings the sandbox to hot, sharing a wake in progress. A wake
+	// the node turns away (no wake slot, the sandbox busy, no memory in
+	// time) is an errdefs.ErrNoRoom — the node's own refinement of it —
+	// which the gateway answers with 503 and Retry-After.
 	Wake(ctx context.Context, id string) error
 	// IsHot is a cheap check made before every write into the sandbox, so
 	// that bytes on an open connection to a frozen sandbox thaw it.
@@ -54,10 +54,9 @@ type Waker interface {
 	Unreachable(id string)
 }
 
-// ErrRefused marks a wake the node turned away (no wake slot, the sandbox
-// busy, no memory in time); the gateway answers it with 503 and
-// Retry-After.
-var ErrRefused = errdefs.Refine(errdefs.ErrNoRoom, "wake refused")
+// errGateBusy is the gateway's own refusal: a connection whose sandbox
+// stayed busy with a transition past the admission deadline (503).
+var errGateBusy = errdefs.Refine(errdefs.ErrNoRoom, "wake refused")
 
 // Config sets the gateway's timeouts.
 type Config struct {
@@ -483,7 +482,7 @@ func (g *Gateway) wakeAndAdmit(sg *sandboxGate, p *pair) error {
 		}
 		if !sg.admit(ctx, p) {
 			if ctx.Err() != nil {
-				return fmt.Errorf("%w: sandbox busy with a transition", ErrRefused)
+				return fmt.Errorf("%w: sandbox busy with a transition", errGateBusy)
 			}
 			return net.ErrClosed
 		}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/testenv"
 )
 
@@ -409,7 +410,7 @@ func TestUpgrade(t *testing.T) {
 func TestRefusedWake(t *testing.T) {
 	h, _ := counter()
 	up := newUpstream(t, h, 0)
-	w := &fakeWaker{wakeErr: fmt.Errorf("%w: short of memory", ErrRefused)}
+	w := &fakeWaker{wakeErr: fmt.Errorf("%w: short of memory", errdefs.Refine(errdefs.ErrNoRoom, "wake refused"))}
 	_, addr := newGateway(t, w, up.addr, Config{RetryAfter: 3})
 	resp, err := http.Get("http://" + addr + "/")
 	if err != nil {

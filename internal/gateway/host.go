@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -136,4 +137,65 @@ func ParseHost(host, domain string) (port int, ref string, ok bool) {
 		return 0, "", false
 	}
 	return n, ref, true
+}
+
+// HostListener is a node's one Host-routed listener: opened when the node
+// starts, served from its start-up repair on (Serve, once), so that a
+// connection that comes before waits in the listener's backlog (one
+// handed over by a reload included) instead of finding no such sandbox.
+type HostListener struct {
+	ln     net.Listener
+	domain string
+	once   sync.Once
+}
+
+// OpenHostListener opens the Host-routed listener on addr for names under
+// domain (default sandbox.localhost); listen, if set, opens it (and may
+// return one handed over by the process this one replaced).
+func OpenHostListener(addr, domain string, listen func(network, address string, open func() (net.Listener, error)) (net.Listener, error)) (*HostListener, error) {
+	if domain == "" {
+		domain = "sandbox.localhost"
+	}
+	open := func() (net.Listener, error) { return net.Listen("tcp", addr) }
+	var ln net.Listener
+	var err error
+	if listen != nil {
+		ln, err = listen("tcp", addr, open)
+	} else {
+		ln, err = open()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gateway host listener: %w", err)
+	}
+	return &HostListener{ln: ln, domain: domain}, nil
+}
+
+// Serve starts the listener's accept loop on g, once; resolve is
+// ServeHosts's.
+func (h *HostListener) Serve(g *Gateway, resolve func(ref string) (string, bool)) {
+	if h == nil {
+		return
+	}
+	h.once.Do(func() { go g.ServeHosts(h.ln, h.domain, resolve) })
+}
+
+// Endpoints maps each of ports to its URL on the listener:
+// http://<port>-<name>.<domain>:<listener's port>/ (nil without one).
+func (h *HostListener) Endpoints(name string, ports map[int]int) map[string]string {
+	if h == nil {
+		return nil
+	}
+	_, lport, _ := net.SplitHostPort(h.ln.Addr().String())
+	out := map[string]string{}
+	for sport := range ports {
+		out[strconv.Itoa(sport)] = "http://" + strconv.Itoa(sport) + "-" + name + "." + h.domain + ":" + lport
+	}
+	return out
+}
+
+// Close closes the listener; its accept loop ends.
+func (h *HostListener) Close() {
+	if h != nil {
+		h.ln.Close()
+	}
 }

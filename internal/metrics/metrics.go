@@ -73,7 +73,7 @@ const (
 	ReasonDisk   = "disk"   // below --disk-reserve (admission.ErrNoDisk)
 	ReasonFDs    = "fds"    // near the descriptor limit (admission.ErrNoFDs)
 	ReasonFull   = "full"   // no address slot or gateway port (node.ErrFull)
-	ReasonBusy   = "busy"   // no wake or start slot in time, or the sandbox held by another transition (gateway.ErrRefused)
+	ReasonBusy   = "busy"   // no wake or start slot in time, or the sandbox held by another transition (node.ErrRefused)
 )
 
 var (

@@ -46,115 +46,150 @@ type CloneResult struct {
 // gen is the master's number for the clone (0: none): every child carries
 // it, as a create's sandbox does.
 func (n *Node) Clone(ctx context.Context, ref string, count int, principal string, reseed *api.Reseed, gen int64) (CloneResult, error) {
-	var res CloneResult
-	if count < 1 || count > api.MaxClone {
-		return res, fmt.Errorf("%w: count %d: clone 1 to %d at a time", errdefs.ErrBadInput, count, api.MaxClone)
-	}
-	if principal != "" && !api.ValidPrincipal(principal) {
-		return res, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errdefs.ErrBadInput, principal)
-	}
-	parent, err := n.Get(ctx, ref)
+	c := &cloning{n: n, count: count, principal: principal, gen: gen}
+	cl, err := c.check(ctx, ref, reseed)
 	if err != nil {
-		return res, err
+		return c.res, err
 	}
-	t, err := n.st.GetTemplate(ctx, parent.Template)
-	if err != nil {
-		return res, err
-	}
-	if reseed == nil && t.Warm != nil {
-		reseed = &t.Warm.Reseed
-	}
-	if reseed == nil || (reseed.Signal == "" && len(reseed.Command) == 0) {
-		return res, fmt.Errorf("%w: say how to reseed the children (reseed.signal, e.g. SIGUSR1, or reseed.command; on the CLI --reseed-signal or --reseed-command): each starts from %s's memory, random state included, and template %s has no warm reseed", errdefs.ErrBadInput, parent.Name, t.Name)
-	}
-	if reseed.Signal != "" {
-		if _, ok := api.ReseedSignal(reseed.Signal); !ok {
-			return res, fmt.Errorf("%w: reseed signal %q: use one of %v", errdefs.ErrBadInput, reseed.Signal, api.ReseedSignals())
-		}
-	}
-	cl, ok := n.be.(sandbox.Cloner)
-	if !ok || !n.be.Capabilities().Checkpoint {
-		return res, fmt.Errorf("%w: the %s backend cannot checkpoint a running sandbox", errdefs.ErrNotSupported, n.be.Name())
-	}
-	if err := n.adm.Disk("a clone's image", n.imageMiB(parent.ID)); err != nil {
-		return res, err
-	}
-	if err := n.Wake(ctx, parent.ID); err != nil {
-		return res, err
+	if err := n.Wake(ctx, c.parent.ID); err != nil {
+		return c.res, err
 	}
 	// A parent that has not finished starting has not installed what its
 	// reseed needs (a handler for the signal: without one, its default
 	// action kills every child — issue 15, found cloning a sandbox right
 	// after its create). Ready is what the template says: its warm probe,
 	// else its first port accepting.
-	if err := n.ready(ctx, parent, t); err != nil {
-		return res, fmt.Errorf("%w: sandbox %s is not ready to clone (%v): clone it once it serves", errdefs.ErrConflict, parent.Name, err)
+	if err := c.ready(ctx, c.parent); err != nil {
+		return c.res, fmt.Errorf("%w: sandbox %s is not ready to clone (%v): clone it once it serves", errdefs.ErrConflict, c.parent.Name, err)
 	}
 	var suffix [4]byte
 	rand.Read(suffix[:])
-	stage := filepath.Join(string(n.dir(parent.ID)), "clone-"+hex.EncodeToString(suffix[:]))
-	defer os.RemoveAll(stage)
-	defer n.kept.Unpin(stage)
-	pause, err := n.forkImage(ctx, parent, cl, stage)
+	c.stage = filepath.Join(string(n.h.Dir(c.parent.ID)), "clone-"+hex.EncodeToString(suffix[:]))
+	defer os.RemoveAll(c.stage)
+	defer n.kept.Unpin(c.stage)
+	pause, err := c.fork(ctx, cl)
 	if err != nil {
-		return res, err
+		return c.res, err
 	}
-	res.ParentPause = pause
-	n.log.Info("clone: parent checkpointed", "id", parent.ID, "pause_ms", pause.Milliseconds(), "count", count)
+	c.res.ParentPause = pause
+	n.log.Info("clone: parent checkpointed", "id", c.parent.ID, "pause_ms", pause.Milliseconds(), "count", count)
+	if err := c.children(ctx); err != nil {
+		return c.res, err
+	}
+	c.res.Parent, _ = n.st.GetSandbox(ctx, c.parent.ID)
+	// A child is made once it serves as its parent did: one whose process
+	// died after its reseed (a signal it does not handle, say) is a
+	// failure of the clone, said in its answer, not a success.
+	var dead []string
+	for _, child := range c.res.Children {
+		if err := c.ready(ctx, child); err != nil {
+			dead = append(dead, fmt.Sprintf("%s (%v)", child.Name, err))
+		}
+	}
+	if len(dead) > 0 {
+		return c.res, fmt.Errorf("clone %s: %d of %d children do not serve after their reseed: %s", c.parent.Name, len(dead), count, strings.Join(dead, "; "))
+	}
+	return c.res, nil
+}
 
-	rs := *reseed
-	ct := t
-	ct.Warm = &api.Warm{Reseed: rs}
+// cloning is one clone of a sandbox (Clone).
+type cloning struct {
+	n         *Node
+	count     int
+	principal string
+	gen       int64
+	parent    store.Sandbox
+	t         store.Template
+	reseed    api.Reseed
+	// stage holds the clone's image and the parent's volume's copy.
+	stage string
+	res   CloneResult
+}
+
+// check refuses a clone that cannot be made as asked: a bad count or
+// principal, no way to reseed, a backend that cannot checkpoint a
+// running sandbox, no disk for the image. It reads the parent and its
+// template.
+func (c *cloning) check(ctx context.Context, ref string, reseed *api.Reseed) (sandbox.Cloner, error) {
+	n := c.n
+	if c.count < 1 || c.count > api.MaxClone {
+		return nil, fmt.Errorf("%w: count %d: clone 1 to %d at a time", errdefs.ErrBadInput, c.count, api.MaxClone)
+	}
+	if c.principal != "" && !api.ValidPrincipal(c.principal) {
+		return nil, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errdefs.ErrBadInput, c.principal)
+	}
+	var err error
+	if c.parent, err = n.Get(ctx, ref); err != nil {
+		return nil, err
+	}
+	if c.t, err = n.st.GetTemplate(ctx, c.parent.Template); err != nil {
+		return nil, err
+	}
+	if reseed == nil && c.t.Warm != nil {
+		reseed = &c.t.Warm.Reseed
+	}
+	if reseed == nil || (reseed.Signal == "" && len(reseed.Command) == 0) {
+		return nil, fmt.Errorf("%w: say how to reseed the children (reseed.signal, e.g. SIGUSR1, or reseed.command; on the CLI --reseed-signal or --reseed-command): each starts from %s's memory, random state included, and template %s has no warm reseed", errdefs.ErrBadInput, c.parent.Name, c.t.Name)
+	}
+	if reseed.Signal != "" {
+		if _, ok := api.ReseedSignal(reseed.Signal); !ok {
+			return nil, fmt.Errorf("%w: reseed signal %q: use one of %v", errdefs.ErrBadInput, reseed.Signal, api.ReseedSignals())
+		}
+	}
+	c.reseed = *reseed
+	cl, ok := n.be.(sandbox.Cloner)
+	if !ok || !n.be.Capabilities().Checkpoint {
+		return nil, fmt.Errorf("%w: the %s backend cannot checkpoint a running sandbox", errdefs.ErrNotSupported, n.be.Name())
+	}
+	if err := n.adm.Disk("a clone's image", n.h.ImageMiB(c.parent.ID)); err != nil {
+		return nil, err
+	}
+	return cl, nil
+}
+
+// children makes the clone's children one after another, each created
+// from the image as a new sandbox; one that fails ends the clone, and
+// those made so far stay.
+func (c *cloning) children(ctx context.Context) error {
+	n, parent := c.n, c.parent
+	ct := c.t
+	ct.Warm = &api.Warm{Reseed: c.reseed}
 	parentPrincipal := PrincipalOf(parent)
-	k := 0
-	for len(res.Children) < count {
-		k++
+	for k := 1; len(c.res.Children) < c.count; k++ {
 		name := childName(parent.Name, k)
 		if _, err := n.st.GetSandbox(ctx, name); err == nil {
 			continue // taken, by an earlier clone
 		}
-		p := principal
+		p := c.principal
 		if p == "" {
 			p = parentPrincipal + "." + strconv.Itoa(k)
 		}
 		began := time.Now()
-		child, err := n.create(ctx, t, name, p, parent.MemoryMiB, gen, nil, func(sb store.Sandbox) error {
-			return n.restoreChild(sb, ct, parent, stage)
+		child, err := n.create(ctx, c.t, name, p, parent.MemoryMiB, c.gen, nil, func(sb store.Sandbox) error {
+			return c.restoreChild(sb, ct)
 		})
-		n.countCreate("clone", err)
+		n.tiers.CountCreate("clone", err)
 		if err != nil {
-			res.Parent, _ = n.st.GetSandbox(context.Background(), parent.ID)
-			return res, fmt.Errorf("clone %s: child %d of %d (%s): %w", parent.Name, len(res.Children)+1, count, name, err)
+			c.res.Parent, _ = n.st.GetSandbox(context.Background(), parent.ID)
+			return fmt.Errorf("clone %s: child %d of %d (%s): %w", parent.Name, len(c.res.Children)+1, c.count, name, err)
 		}
 		child, _ = n.st.UpdateSandbox(context.Background(), child.ID, func(s *store.Sandbox) error {
 			s.Note = fmt.Sprintf("cloned from %s (%s)", parent.Name, parent.ID)
 			return nil
 		})
-		res.Children = append(res.Children, child)
-		res.ChildTimes = append(res.ChildTimes, time.Since(began))
+		c.res.Children = append(c.res.Children, child)
+		c.res.ChildTimes = append(c.res.ChildTimes, time.Since(began))
 		n.log.Info("clone: child made", "parent", parent.ID, "id", child.ID, "name", name, "ms", time.Since(began).Milliseconds())
 	}
-	res.Parent, _ = n.st.GetSandbox(ctx, parent.ID)
-	// A child is made once it serves as its parent did: one whose process
-	// died after its reseed (a signal it does not handle, say) is a
-	// failure of the clone, said in its answer, not a success.
-	var dead []string
-	for _, c := range res.Children {
-		if err := n.ready(ctx, c, t); err != nil {
-			dead = append(dead, fmt.Sprintf("%s (%v)", c.Name, err))
-		}
-	}
-	if len(dead) > 0 {
-		return res, fmt.Errorf("clone %s: %d of %d children do not serve after their reseed: %s", parent.Name, len(dead), count, strings.Join(dead, "; "))
-	}
-	return res, nil
+	return nil
 }
 
-// ready waits, within the node's ready timeout, until sandbox sb of
-// template t serves: its warm probe answers, else its first port accepts a
-// connection. A sandbox with no port is taken as ready while its process
-// runs. It gives up at once if the process is gone.
-func (n *Node) ready(ctx context.Context, sb store.Sandbox, t store.Template) error {
+// ready waits, within the node's ready timeout, until sandbox sb of the
+// clone's template serves: its warm probe answers, else its first port
+// accepts a connection. A sandbox with no port is taken as ready while
+// its process runs. It gives up at once if the process is gone.
+func (c *cloning) ready(ctx context.Context, sb store.Sandbox) error {
+	n, t := c.n, c.t
 	port, path := 0, ""
 	if t.Warm != nil {
 		port, path = t.Warm.Probe.Port, t.Warm.Probe.Path
@@ -162,7 +197,7 @@ func (n *Node) ready(ctx context.Context, sb store.Sandbox, t store.Template) er
 	if port == 0 && len(t.Ports) > 0 {
 		port = t.Ports[0]
 	}
-	spec := n.spec(sb)
+	spec := n.h.Spec(sb)
 	alive := func() error {
 		if st, err := n.be.State(ctx, spec); err == nil && st != sandbox.StateRunning {
 			return fmt.Errorf("its process is gone (%s)", st)
@@ -205,27 +240,28 @@ func childName(parent string, k int) string {
 	return parent + s
 }
 
-// forkImage pauses parent, checkpoints it into stage/image leaving it
+// fork pauses the parent, checkpoints it into stage/image leaving it
 // paused, copies its volume to stage/upper, and resumes it, under its
 // transition lock (no tier change can happen meanwhile). It returns how
 // long the parent was paused. A parent that was frozen is left hot (Wake
 // ran before).
-func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.Cloner, stage string) (time.Duration, error) {
-	e := n.entry(parent.ID)
+func (c *cloning) fork(ctx context.Context, cl sandbox.Cloner) (time.Duration, error) {
+	n, parent, stage := c.n, c.parent, c.stage
+	e := n.tiers.Entry(parent.ID)
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := e.acquire(actx); err != nil {
+	if err := e.Acquire(actx); err != nil {
 		return 0, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", errdefs.ErrConflict, parent.Name, parent.ID)
 	}
-	defer e.release()
-	if tier := e.getTier(); tier != api.TierHot {
+	defer e.Release()
+	if tier := e.Tier(); tier != api.TierHot {
 		return 0, fmt.Errorf("%w: sandbox %s (%s) went %s before it could be cloned; try again", errdefs.ErrConflict, parent.Name, parent.ID, tier)
 	}
 	if err := os.MkdirAll(stage, 0o700); err != nil {
 		return 0, err
 	}
-	n.freshRunsc(&parent) // its build as it runs now, under its lock
-	spec := n.spec(parent)
+	n.tiers.FreshRunsc(&parent) // its build as it runs now, under its lock
+	spec := n.h.Spec(parent)
 	bg := context.WithoutCancel(ctx)
 	began := time.Now()
 	if err := n.be.Pause(bg, spec); err != nil {
@@ -247,7 +283,7 @@ func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.C
 	n.kept.Stamp(filepath.Join(stage, "image"), runtimes.Key(parent.Runsc))
 	// After the checkpoint, which flushes what the sentry had cached of
 	// its files: the volume and the memory are from the same moment.
-	if err := copyTree(bg, n.dir(parent.ID).Upper(), filepath.Join(stage, "upper")); err != nil {
+	if err := copyTree(bg, n.h.Dir(parent.ID).Upper(), filepath.Join(stage, "upper")); err != nil {
 		return 0, errors.Join(fmt.Errorf("copy the volume of %s: %w", parent.Name, err), resume())
 	}
 	if err := resume(); err != nil {
@@ -259,20 +295,21 @@ func (n *Node) forkImage(ctx context.Context, parent store.Sandbox, cl sandbox.C
 // restoreChild brings up a clone's child sb: a copy of the parent's volume
 // under its own overlay, its own network, boundary and bundle, then a
 // restore of the clone image and the reseed (t.Warm.Reseed).
-func (n *Node) restoreChild(sb store.Sandbox, t store.Template, parent store.Sandbox, stage string) error {
+func (c *cloning) restoreChild(sb store.Sandbox, t store.Template) error {
+	n, parent, stage := c.n, c.parent, c.stage
 	bg := context.Background()
-	d := n.dir(sb.ID)
-	if err := n.restoreRunsc(&sb, filepath.Join(stage, "image")); err != nil {
+	d := n.h.Dir(sb.ID)
+	if err := n.tiers.RestoreRunsc(&sb, filepath.Join(stage, "image")); err != nil {
 		return err
 	}
 	if err := copyTree(bg, filepath.Join(stage, "upper"), d.Upper()); err != nil {
 		return err
 	}
-	if err := n.prepare(sb, t, n.envd.For(n.dir(parent.ID))); err != nil {
+	if err := n.h.Prepare(sb, t, n.envd.For(n.h.Dir(parent.ID))); err != nil {
 		return err
 	}
 	d.Mark("cloned from %s (%s): its memory and volume are the parent's at that moment, reseeded", parent.Name, parent.ID)
-	spec := n.spec(sb)
+	spec := n.h.Spec(sb)
 	if err := n.be.Restore(bg, spec, filepath.Join(stage, "image")); err != nil {
 		return fmt.Errorf("restore the clone image: %w", err)
 	}

@@ -19,9 +19,9 @@ func TestEgressKeepsASandboxAtWork(t *testing.T) {
 	be := newFakeBackend()
 	n := newFakeNode(t, be)
 	addFakeSandbox(t, n, be, "a1", 0, api.TierHot)
-	a := egress{n, "a1"}
+	a := n.tiers.Egress("a1")
 	view := func() tier.View {
-		for _, v := range n.views() {
+		for _, v := range n.tiers.Views() {
 			if v.ID == "a1" {
 				return v
 			}
@@ -45,10 +45,10 @@ func TestEgressKeepsASandboxAtWork(t *testing.T) {
 		t.Fatal("an idle sandbox is not moved by the idle timers (the test proves nothing)")
 	}
 
-	e, _ := n.lookup("a1")
-	e.lastActive.Store(0)
+	e, _ := n.tiers.Lookup("a1")
+	e.SetLastActive(0)
 	a.Touch()
-	if got := time.UnixMilli(e.lastActive.Load()); time.Since(got) > time.Minute {
+	if got := time.UnixMilli(e.LastActive()); time.Since(got) > time.Minute {
 		t.Errorf("a touch left its last activity at %v", got)
 	}
 
@@ -59,14 +59,14 @@ func TestEgressKeepsASandboxAtWork(t *testing.T) {
 	if err := a.Thaw(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if e.getTier() != api.TierHot {
-		t.Errorf("after a thaw of a frozen sandbox it is %s", e.getTier())
+	if e.Tier() != api.TierHot {
+		t.Errorf("after a thaw of a frozen sandbox it is %s", e.Tier())
 	}
 	addFakeSandbox(t, n, be, "s1", 1, api.TierSnapshot)
-	if err := (egress{n, "s1"}).Thaw(context.Background()); err != nil {
+	if err := n.tiers.Egress("s1").Thaw(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := n.lookup("s1"); s.getTier() != api.TierSnapshot {
-		t.Errorf("a thaw moved a snapshotted sandbox to %s", s.getTier())
+	if s, _ := n.tiers.Lookup("s1"); s.Tier() != api.TierSnapshot {
+		t.Errorf("a thaw moved a snapshotted sandbox to %s", s.Tier())
 	}
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"path/filepath"
@@ -20,17 +21,15 @@ import (
 
 // installEnvd installs the configured envd build (envdlink.Install) and
 // removes the builds no sandbox's or warm template's bundle mounts.
-func (n *Node) installEnvd() error {
+func installEnvd(dataDir, binary string, log *slog.Logger) (*envdlink.Builds, error) {
 	var used []layout.Dir
 	for _, pattern := range []string{"sandboxes", "warm"} {
-		dirs, _ := filepath.Glob(filepath.Join(n.cfg.DataDir, pattern, "*"))
+		dirs, _ := filepath.Glob(filepath.Join(dataDir, pattern, "*"))
 		for _, d := range dirs {
 			used = append(used, layout.Dir(d))
 		}
 	}
-	b, err := envdlink.Install(n.cfg.DataDir, n.cfg.Envd, used, n.log)
-	n.envd = b
-	return err
+	return envdlink.Install(dataDir, binary, used, log)
 }
 
 // ErrNoEnvd is a call for envd on a node that has none.
@@ -41,24 +40,24 @@ var ErrNoEnvd = errdefs.Refine(errdefs.ErrNotSupported, "this node serves no com
 // is woken from whatever tier it is in first, as traffic wakes it, and
 // envd is started in it if it is not running. While the call lasts the
 // sandbox counts as busy (a command someone waits on keeps it hot); a
-// snapshot, detach or delete cuts the call (cutEnvd). An error is
+// snapshot, detach or delete cuts the call (tiering.Machine.CutEnvd). An error is
 // returned only when nothing was written.
 func (n *Node) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
 	if n.envd == nil {
 		return ErrNoEnvd
 	}
-	e, ok := n.lookup(id)
+	e, ok := n.tiers.Lookup(id)
 	if !ok {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found on node %s", id, n.cfg.Name)
 	}
-	defer e.envd.Hold()()
-	defer n.Touch(id)
-	n.Touch(id)
+	defer e.Envd.Hold()()
+	defer n.tiers.Touch(id)
+	n.tiers.Touch(id)
 	if err := n.Wake(r.Context(), id); err != nil {
 		return err
 	}
 	cfg := envdlink.Config{Mark: n.cfg.SAM.Firewall.IngressMark, Ready: n.cfg.Ready, Log: n.log}
-	return e.envd.Serve(cfg, w, r, path, func(ctx context.Context) (envdlink.Sandbox, error) { return n.envdSandbox(ctx, id) })
+	return e.Envd.Serve(cfg, w, r, path, func(ctx context.Context) (envdlink.Sandbox, error) { return n.envdSandbox(ctx, id) })
 }
 
 // envdSandbox is how to reach sandbox id's envd: its own address, whether
@@ -76,7 +75,7 @@ func (n *Node) envdSandbox(ctx context.Context, id string) (envdlink.Sandbox, er
 	if err != nil {
 		return envdlink.Sandbox{}, err
 	}
-	spec := n.spec(sb)
+	spec := n.h.Spec(sb)
 	return envdlink.Sandbox{
 		ID:     id,
 		Target: netip.AddrPortFrom(nw.Sandbox.Addr(), api.EnvdPort),
@@ -89,12 +88,4 @@ func (n *Node) envdSandbox(ctx context.Context, id string) (envdlink.Sandbox, er
 			return x.Exec(ctx, spec, args)
 		},
 	}, nil
-}
-
-// cutEnvd ends the calls forwarded to sandbox id's envd and closes the
-// connections kept to it (envdlink.Link.Cut).
-func (n *Node) cutEnvd(id string) {
-	if e, ok := n.lookup(id); ok {
-		e.envd.Cut()
-	}
 }

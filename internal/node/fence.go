@@ -151,7 +151,7 @@ func (n *Node) Retire(ctx context.Context, id string) error {
 	if !sb.LeftBehind {
 		return fmt.Errorf("%w: sandbox %s is not left behind", errdefs.ErrConflict, id)
 	}
-	if !holdsData(n.dir(sb.ID).Upper()) {
+	if !holdsData(n.h.Dir(sb.ID).Upper()) {
 		err := n.Delete(ctx, sb.ID)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil
@@ -189,23 +189,18 @@ func holdsData(upper string) bool {
 	return found
 }
 
-// refuseLeftBehind is the error for anything that would run sb again.
-func refuseLeftBehind(sb store.Sandbox) error {
-	return fmt.Errorf("%w: sandbox %s (%s) was left behind on this node and does not run again; delete it by its ID", errdefs.ErrConflict, sb.Name, sb.ID)
-}
-
 // ensureRetired is what a restart does with a left-behind sandbox: it
 // never comes back up, whatever its processes were doing when the node
 // stopped (a fence whose Retire had not finished).
 func (n *Node) ensureRetired(ctx context.Context, sb store.Sandbox) error {
-	n.teardown(ctx, sb, false)
-	os.RemoveAll(n.dir(sb.ID).Snapshot())
-	os.RemoveAll(n.dir(sb.ID).SnapTmp())
-	if !holdsData(n.dir(sb.ID).Upper()) {
-		n.teardown(ctx, sb, true)
-		n.forget(sb.ID)
+	n.h.Teardown(ctx, sb, false)
+	os.RemoveAll(n.h.Dir(sb.ID).Snapshot())
+	os.RemoveAll(n.h.Dir(sb.ID).SnapTmp())
+	if !holdsData(n.h.Dir(sb.ID).Upper()) {
+		n.h.Teardown(ctx, sb, true)
+		n.tiers.Forget(sb.ID)
 		return n.st.DeleteSandbox(ctx, sb.ID)
 	}
-	_, err := n.commit(sb.ID, api.TierDetached, nil)
+	_, err := n.tiers.Commit(sb.ID, api.TierDetached, nil)
 	return err
 }

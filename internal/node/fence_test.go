@@ -43,17 +43,17 @@ func TestFence(t *testing.T) {
 		setGen(t, n, c.id, c.gen)
 	}
 	// "old" predates generations: placed here, so kept by its ID.
-	if err := os.MkdirAll(filepath.Join(string(n.dir("data")), "upper", "home"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(string(n.h.Dir("data")), "upper", "home"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(string(n.dir("data")), "upper", "home", "notes.txt"), []byte("mine"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(string(n.h.Dir("data")), "upper", "home", "notes.txt"), []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// The node's own resolver file is not data.
-	if err := os.MkdirAll(filepath.Join(string(n.dir("stray")), "upper", "etc"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(string(n.h.Dir("stray")), "upper", "etc"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(string(n.dir("stray")), "upper", "etc", "resolv.conf"), []byte("nameserver 10.0.0.1\n"), 0o644)
+	os.WriteFile(filepath.Join(string(n.h.Dir("stray")), "upper", "etc", "resolv.conf"), []byte("nameserver 10.0.0.1\n"), 0o644)
 
 	retired, err := n.Fence(ctx, 8, []string{"kept", "old"}, []int64{5})
 	if err != nil {
@@ -78,7 +78,7 @@ func TestFence(t *testing.T) {
 	if !data.LeftBehind || data.Principal != "left-behind.data" || !strings.Contains(data.Note, "left behind") || !strings.Contains(data.Note, "delete it by its ID") {
 		t.Errorf("the retired copy with data: %+v", data)
 	}
-	if _, err := os.Stat(filepath.Join(string(n.dir("data")), "upper", "home", "notes.txt")); err != nil {
+	if _, err := os.Stat(filepath.Join(string(n.h.Dir("data")), "upper", "home", "notes.txt")); err != nil {
 		t.Errorf("its files went: %v", err)
 	}
 	if err := n.Wake(ctx, "data"); !errors.Is(err, errdefs.ErrConflict) {

@@ -36,9 +36,7 @@ func (n *Node) Handover(ctx context.Context, wait time.Duration) HandoverResult 
 	default:
 		close(n.stop)
 	}
-	if n.hostLn != nil {
-		n.hostLn.Close() // already closed by the pause; its accept loop ends
-	}
+	n.hosts.Close() // already closed by the pause; its accept loop ends
 	res.Gateway = n.gw.Handover(wait)
 	res.Flows = n.bounds.CloseFlows()
 	// The loops return once their step in progress is done (a tick's
@@ -49,20 +47,14 @@ func (n *Node) Handover(ctx context.Context, wait time.Duration) HandoverResult 
 	case <-loops:
 	case <-ctx.Done():
 	}
-	n.mu.Lock()
-	es := make([]*entry, 0, len(n.entries))
-	for _, e := range n.entries {
-		es = append(es, e)
-	}
-	n.mu.Unlock()
-	for _, e := range es {
-		if e.acquire(ctx) != nil {
+	for _, e := range n.tiers.Entries() {
+		if e.Acquire(ctx) != nil {
 			res.Busy++
 			continue
 		}
-		e.envd.Drop()
-		e.release()
+		e.Envd.Drop()
+		e.Release()
 	}
-	n.flushActivity()
+	n.tiers.FlushActivity()
 	return res
 }

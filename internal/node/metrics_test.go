@@ -23,12 +23,12 @@ import (
 func TestMetricsCountWhatHappened(t *testing.T) {
 	be := newFakeBackend()
 	be.canCheckpoint = true
-	n := fakeNode(t, be, api.TierHot)
 	reg := prometheus.NewRegistry()
-	n.cfg.Metrics = metrics.NewNode(reg)
+	n := newFakeNodeWith(t, be, func(c *Config) { c.Metrics = metrics.NewNode(reg) })
+	addFakeSandbox(t, n, be, "s1", 0, api.TierHot)
 	ctx := context.Background()
 	sb, _ := n.st.GetSandbox(ctx, "s1")
-	if err := n.boundaryUp(sb); err != nil {
+	if err := n.h.BoundaryUp(sb); err != nil {
 		t.Fatal(err)
 	}
 
@@ -52,21 +52,18 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	}
 	be.on("resume", nil)
 	// The failed resume left it as the backend says: still paused, frozen.
-	if e, _ := n.lookup("s1"); e.getTier() != api.TierFrozen {
-		t.Fatalf("after the failed wake it is %s", e.getTier())
+	if e, _ := n.tiers.Lookup("s1"); e.Tier() != api.TierFrozen {
+		t.Fatalf("after the failed wake it is %s", e.Tier())
 	}
-	// Every wake slot taken: a wake is refused (busy).
-	for range cap(n.wakes) {
-		n.wakes <- struct{}{}
-	}
+	// The sandbox held by another transition: a wake is refused (busy).
+	held, _ := n.tiers.Lookup("s1")
+	held.Hold()
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	err = n.Wake(wctx, "s1")
 	cancel()
-	for range cap(n.wakes) {
-		<-n.wakes
-	}
-	if refusalReason(err) != metrics.ReasonBusy {
-		t.Fatalf("wake with every slot taken: %v", err)
+	held.Release()
+	if !errors.Is(err, ErrRefused) {
+		t.Fatalf("wake of a sandbox held by another transition: %v", err)
 	}
 	_, err = n.Snapshot(ctx, "s1")
 	must("snapshot", err)
@@ -91,7 +88,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	for range cap(n.starts) {
 		<-n.starts
 	}
-	if refusalReason(err) != metrics.ReasonBusy {
+	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("queued create: %v", err)
 	}
 	if _, err := n.Create(ctx, tpl, "Not A Name", "", 0, 0); err == nil {

@@ -13,6 +13,8 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/node/livemove"
+	"sandstorm/internal/node/reserve"
+	"sandstorm/internal/node/tiering"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/store"
 )
@@ -48,22 +50,6 @@ import (
 // If it is dropped meanwhile, the master finds it gone and puts the
 // sandbox back where it came from, which kept its copy until now.
 const moveInHold = 2 * time.Minute
-
-// ErrMoving is the refusal of anything that would run or change a
-// sandbox while a move of it is under way: 503, try again (it is then
-// wherever the move left it).
-var ErrMoving = errdefs.Refine(errdefs.ErrNoRoom, "sandbox being moved")
-
-// refuseMoving is ErrMoving for a sandbox that is leaving or arriving.
-func refuseMoving(sb store.Sandbox) error {
-	switch {
-	case sb.MoveOut != 0:
-		return fmt.Errorf("%w: %s (%s) is leaving this node; try again in a moment, where its master then has it", ErrMoving, sb.Name, sb.ID)
-	case sb.MoveIn:
-		return fmt.Errorf("%w: %s (%s) is arriving on this node and not yet confirmed by its master", ErrMoving, sb.Name, sb.ID)
-	}
-	return nil
-}
 
 // MoveOut sends sandbox id to w as a move stream for the move of
 // generation gen (the generation the sandbox is to have where it goes): a
@@ -106,7 +92,7 @@ type leaving struct {
 	n    *Node
 	sb   store.Sandbox
 	t    store.Template
-	e    *entry
+	e    *tiering.Entry
 	from api.Tier
 	// held: the sandbox's lock is this move's until release.
 	held bool
@@ -128,9 +114,9 @@ func (n *Node) leave(ctx context.Context, id string, gen int64) (*leaving, error
 	}
 	switch {
 	case sb.LeftBehind:
-		return nil, refuseLeftBehind(sb)
+		return nil, tiering.RefuseLeftBehind(sb)
 	case sb.MoveIn:
-		return nil, refuseMoving(sb)
+		return nil, tiering.RefuseMoving(sb)
 	case sb.MoveOut != 0:
 		return nil, fmt.Errorf("%w: sandbox %s is already leaving by another move (generation %d)", errdefs.ErrConflict, sb.Name, sb.MoveOut)
 	case gen <= 0:
@@ -140,14 +126,14 @@ func (n *Node) leave(ctx context.Context, id string, gen int64) (*leaving, error
 	if err != nil {
 		return nil, err
 	}
-	e := n.entry(sb.ID)
+	e := n.tiers.Entry(sb.ID)
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = e.acquire(actx)
+	err = e.Acquire(actx)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", errdefs.ErrConflict, sb.Name, sb.ID)
 	}
-	l := &leaving{n: n, sb: sb, t: t, e: e, from: e.getTier(), held: true, began: time.Now()}
+	l := &leaving{n: n, sb: sb, t: t, e: e, from: e.Tier(), held: true, began: time.Now()}
 	if (l.from == api.TierHot || l.from == api.TierFrozen) && !n.be.Capabilities().Checkpoint {
 		l.unlock()
 		return nil, fmt.Errorf("%w: the %s backend cannot checkpoint, so a running sandbox cannot move with its memory", errdefs.ErrNotSupported, n.be.Name())
@@ -156,7 +142,7 @@ func (n *Node) leave(ctx context.Context, id string, gen int64) (*leaving, error
 		l.unlock()
 		return nil, err
 	}
-	e.moving.Store(true)
+	e.SetMoving(true)
 	n.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
 	return l, nil
 }
@@ -165,7 +151,7 @@ func (n *Node) leave(ctx context.Context, id string, gen int64) (*leaving, error
 func (l *leaving) unlock() {
 	if l.held {
 		l.held = false
-		l.e.release()
+		l.e.Release()
 	}
 }
 
@@ -183,21 +169,21 @@ func (l *leaving) checkpoint() error {
 	if l.from != api.TierHot && l.from != api.TierFrozen {
 		return nil
 	}
-	if err := n.adm.Disk("its snapshot, to move it", n.imageMiB(sb.ID)); err != nil {
+	if err := n.adm.Disk("its snapshot, to move it", n.h.ImageMiB(sb.ID)); err != nil {
 		return err
 	}
-	if err := n.begin(sb.ID, api.TierSnapshot); err != nil {
+	if err := n.tiers.Begin(sb.ID, api.TierSnapshot); err != nil {
 		return err
 	}
-	finish, err := n.checkpoint(sb, l.from)
+	finish, err := n.tiers.Checkpoint(sb, l.from)
 	if err != nil {
 		// checkpoint settled it (kept running, or re-created cold), or
 		// failed before it ran and left it as it was.
 		cur, _ := n.st.UpdateSandbox(context.Background(), sb.ID, func(s *store.Sandbox) error { s.Transition = ""; return nil })
-		l.e.setTier(cur.Tier)
+		l.e.SetTier(cur.Tier)
 		return fmt.Errorf("checkpoint %s to move it: %w", sb.Name, err)
 	}
-	if l.sb, err = n.commit(sb.ID, api.TierSnapshot, nil); err != nil {
+	if l.sb, err = n.tiers.Commit(sb.ID, api.TierSnapshot, nil); err != nil {
 		finish()
 		return err
 	}
@@ -224,10 +210,10 @@ func (l *leaving) release() {
 	}
 	l.held = false
 	l.tornDown = make(chan struct{})
-	l.n.finishing.Add(1)
+	l.n.tiers.Finishing().Add(1)
 	go func() {
-		defer l.n.finishing.Done()
-		defer l.e.release()
+		defer l.n.tiers.Finishing().Done()
+		defer l.e.Release()
 		defer close(l.tornDown)
 		l.lockTo()
 	}()
@@ -236,15 +222,15 @@ func (l *leaving) release() {
 // manifest is what the stream says of the sandbox, and its image's files.
 func (l *leaving) manifest() (livemove.Manifest, []string, error) {
 	n, sb, t := l.n, l.sb, l.t
-	d := n.dir(sb.ID)
+	d := n.h.Dir(sb.ID)
 	m := livemove.Manifest{ID: sb.ID, Name: sb.Name, Template: sb.Template, Digest: t.Digest, Principal: sb.Principal,
-		MemoryMiB: int(n.limitOf(sb, t)), Tier: l.from, Idle: sb.Idle, CreatedAt: sb.CreatedAt, LastActive: sb.LastActive,
-		From: n.cfg.Name, UsageMiB: l.e.lastUsageMiB.Load()}
+		MemoryMiB: int(n.h.LimitOf(sb, t)), Tier: l.from, Idle: sb.Idle, CreatedAt: sb.CreatedAt, LastActive: sb.LastActive,
+		From: n.cfg.Name, UsageMiB: l.e.LastUsageMiB()}
 	var image []string
 	var err error
 	if d.HasSnapshot() {
 		var key runtimes.Key
-		m.Runtime, key = n.kept.ImageBuild(runtimes.Key(sb.Runsc), d.Snapshot(), n.backendRuntime())
+		m.Runtime, key = n.kept.ImageBuild(runtimes.Key(sb.Runsc), d.Snapshot(), runtimeOf(n.be))
 		m.Runsc = string(key)
 		if src := d.EnvdSource(); src != "" {
 			m.Envd = filepath.Base(src)
@@ -265,7 +251,7 @@ func (l *leaving) manifest() (livemove.Manifest, []string, error) {
 // send writes the stream: manifest, image, volume, and — once this
 // node's teardown of the checkpointed container is over — its end.
 func (l *leaving) send(sw *livemove.Writer, m livemove.Manifest, image []string) error {
-	d := l.n.dir(l.sb.ID)
+	d := l.n.h.Dir(l.sb.ID)
 	if err := sw.Manifest(m); err != nil {
 		return err
 	}
@@ -289,7 +275,7 @@ func (n *Node) clearMoveOut(id string) error {
 	if err != nil {
 		return err
 	}
-	n.entry(id).moving.Store(false)
+	n.tiers.Entry(id).SetMoving(false)
 	if err := n.listen(sb); err != nil {
 		return err
 	}
@@ -321,9 +307,9 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 	if err := a.record(ctx); err != nil {
 		return store.Sandbox{}, err
 	}
-	defer a.e.release()
+	defer a.e.Release()
 	began := time.Now()
-	if err := rd.Receive(n.dir(a.sb.ID), m); err != nil {
+	if err := rd.Receive(n.h.Dir(a.sb.ID), m); err != nil {
 		return a.fail(err)
 	}
 	received := time.Since(began)
@@ -332,12 +318,12 @@ func (n *Node) MoveIn(ctx context.Context, gen int64, r io.Reader) (store.Sandbo
 		return a.fail(err)
 	}
 	a.made = true
-	sb, err := n.commit(a.sb.ID, m.Tier, nil)
+	sb, err := n.tiers.Commit(a.sb.ID, m.Tier, nil)
 	if err != nil {
 		return a.fail(err)
 	}
 	n.log.Info("move: sandbox arrived; waiting for its master to confirm it", append([]any{"id", sb.ID, "name", sb.Name, "tier", m.Tier, "from", m.From,
-		"receive_ms", received.Milliseconds(), "total_ms", time.Since(began).Milliseconds(), "generation", gen}, steps.attrs()...)...)
+		"receive_ms", received.Milliseconds(), "total_ms", time.Since(began).Milliseconds(), "generation", gen}, steps.Attrs()...)...)
 	time.AfterFunc(moveInHold, func() {
 		cur, err := n.st.GetSandbox(context.Background(), sb.ID)
 		if err == nil && cur.MoveIn && cur.Generation == gen {
@@ -354,7 +340,7 @@ type arriving struct {
 	gen int64
 	t   store.Template
 	sb  store.Sandbox
-	e   *entry
+	e   *tiering.Entry
 	// made: it is committed; its memory's promise is its own from now on.
 	made bool
 }
@@ -375,7 +361,7 @@ func (a *arriving) admit(ctx context.Context) (release func(), err error) {
 	if a.running() {
 		need := m.UsageMiB
 		if need <= 0 {
-			need = n.expectedMiB(a.t, int64(m.MemoryMiB))
+			need = n.adm.Expected(reserve.SizeKey(a.t), int64(m.MemoryMiB))
 		}
 		if err := n.guard.Admit(ctx, m.ID, func() error { return n.adm.Memory(m.ID, need) }); err != nil {
 			return nil, err
@@ -418,56 +404,56 @@ func (a *arriving) record(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.e = n.entry(a.sb.ID)
-	a.e.moving.Store(true)
-	a.e.lastActive.Store(m.LastActive.UnixMilli())
-	a.e.lastUsageMiB.Store(m.UsageMiB)
-	a.e.lock <- struct{}{}
+	a.e = n.tiers.Entry(a.sb.ID)
+	a.e.SetMoving(true)
+	a.e.SetLastActive(m.LastActive.UnixMilli())
+	a.e.SetLastUsageMiB(m.UsageMiB)
+	a.e.Hold()
 	return nil
 }
 
 // fail removes all of the arriving sandbox.
 func (a *arriving) fail(cause error) (store.Sandbox, error) {
 	bg := context.Background()
-	a.n.teardown(bg, a.sb, true)
+	a.n.h.Teardown(bg, a.sb, true)
 	a.n.st.DeleteSandbox(bg, a.sb.ID)
-	a.n.forget(a.sb.ID)
+	a.n.tiers.Forget(a.sb.ID)
 	return store.Sandbox{}, cause
 }
 
 // restore brings a sandbox that arrives running back into memory here
 // (frozen again if it was), with no boundary and no listeners yet; a
 // snapshot gets the spec its wake restores with.
-func (a *arriving) restore() (*stepTimer, error) {
+func (a *arriving) restore() (*tiering.Steps, error) {
 	n, m, sb, t := a.n, a.m, a.sb, a.t
-	d := n.dir(sb.ID)
+	d := n.h.Dir(sb.ID)
 	envdDir := ""
 	if m.Envd != "" {
 		envdDir, _ = n.envd.Named(m.Envd) // checked in checkManifest
 	}
-	steps := newStepTimer()
+	steps := tiering.NewSteps()
 	switch {
 	case a.running():
-		if err := n.layOut(sb, t, envdDir); err != nil {
+		if err := n.h.LayOut(sb, t, envdDir); err != nil {
 			return steps, err
 		}
-		steps.mark("layout")
+		steps.Mark("layout")
 		d.Mark("restoring here after a move from node %s (memory kept)", m.From)
-		if err := n.be.Restore(context.Background(), n.spec(sb), d.Snapshot()); err != nil {
+		if err := n.be.Restore(context.Background(), n.h.Spec(sb), d.Snapshot()); err != nil {
 			return steps, fmt.Errorf("restore the moved image: %w", err)
 		}
-		steps.mark("restore")
+		steps.Mark("restore")
 		os.RemoveAll(d.Snapshot())
 		if m.Tier == api.TierFrozen {
-			if err := n.be.Pause(context.Background(), n.spec(sb)); err != nil {
+			if err := n.be.Pause(context.Background(), n.h.Spec(sb)); err != nil {
 				return steps, fmt.Errorf("freeze the restored sandbox again: %w", err)
 			}
 		}
-		n.protect(sb)
+		n.h.Protect(sb)
 	case m.Tier == api.TierSnapshot:
 		// Its spec names the envd build its image maps: what its wake
 		// restores with (envdlink.Builds.For).
-		if err := d.WriteSpec(t, n.limitOf(sb, t), sb.Name, "", envdDir); err != nil {
+		if err := d.WriteSpec(t, n.h.LimitOf(sb, t), sb.Name, "", envdDir); err != nil {
 			return steps, err
 		}
 	}
@@ -483,10 +469,10 @@ func (n *Node) checkManifest(ctx context.Context, m livemove.Manifest, gen int64
 		return store.Template{}, err
 	}
 	if m.Tier != api.TierDetached {
-		if err := n.canRestore(m); err != nil {
+		if err := canRestore(n.kept, n.be, n.cfg.Name, m); err != nil {
 			return store.Template{}, err
 		}
-		if rv := n.backendRuntime(); m.Runsc == "" && m.Runtime != rv {
+		if rv := runtimeOf(n.be); m.Runsc == "" && m.Runtime != rv {
 			return store.Template{}, fmt.Errorf("%w: move of %s: its image was written by runsc %q and this node runs %q; it restores only on the runsc that wrote it", errdefs.ErrPrecondition, m.Name, m.Runtime, rv)
 		}
 		if m.Envd != "" {
@@ -527,13 +513,13 @@ func (n *Node) MoveCommit(ctx context.Context, id string, gen int64) (store.Sand
 	if !sb.MoveIn {
 		return sb, nil
 	}
-	e := n.entry(sb.ID)
+	e := n.tiers.Entry(sb.ID)
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := e.acquire(actx); err != nil {
+	if err := e.Acquire(actx); err != nil {
 		return store.Sandbox{}, fmt.Errorf("%w: sandbox %s is busy", errdefs.ErrConflict, id)
 	}
-	defer e.release()
+	defer e.Release()
 	// Again under its lock: its hold may have run out meanwhile.
 	if sb, err = n.st.GetSandbox(ctx, id); err != nil {
 		return store.Sandbox{}, err
@@ -541,24 +527,24 @@ func (n *Node) MoveCommit(ctx context.Context, id string, gen int64) (store.Sand
 	if sb.Generation != gen || !sb.MoveIn {
 		return sb, nil
 	}
-	steps := newStepTimer()
-	if tier := e.getTier(); tier == api.TierHot || tier == api.TierFrozen {
-		if err := n.boundaryUp(sb); err != nil {
+	steps := tiering.NewSteps()
+	if tier := e.Tier(); tier == api.TierHot || tier == api.TierFrozen {
+		if err := n.h.BoundaryUp(sb); err != nil {
 			return store.Sandbox{}, err
 		}
 	}
-	steps.mark("boundary")
+	steps.Mark("boundary")
 	if sb, err = n.st.UpdateSandbox(ctx, id, func(s *store.Sandbox) error { s.MoveIn = false; return nil }); err != nil {
 		return store.Sandbox{}, err
 	}
-	steps.mark("store")
-	e.moving.Store(false)
-	e.lastActive.Store(time.Now().UnixMilli())
+	steps.Mark("store")
+	e.SetMoving(false)
+	e.SetLastActive(time.Now().UnixMilli())
 	if err := n.listen(sb); err != nil {
 		return store.Sandbox{}, err
 	}
-	steps.mark("listen")
-	n.log.Info("move: sandbox confirmed here", append([]any{"id", sb.ID, "name", sb.Name, "tier", sb.Tier, "generation", gen}, steps.attrs()...)...)
+	steps.Mark("listen")
+	n.log.Info("move: sandbox confirmed here", append([]any{"id", sb.ID, "name", sb.Name, "tier", sb.Tier, "generation", gen}, steps.Attrs()...)...)
 	n.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
 	return sb, nil
 }
@@ -576,13 +562,13 @@ func (n *Node) MoveAbort(ctx context.Context, id string, gen int64) error {
 	}
 	switch {
 	case sb.MoveOut != 0 && sb.MoveOut == gen:
-		e := n.entry(sb.ID)
+		e := n.tiers.Entry(sb.ID)
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		if err := e.acquire(actx); err != nil {
+		if err := e.Acquire(actx); err != nil {
 			return fmt.Errorf("%w: sandbox %s is busy", errdefs.ErrConflict, id)
 		}
-		defer e.release()
+		defer e.Release()
 		if err := n.clearMoveOut(sb.ID); err != nil {
 			return err
 		}
@@ -600,8 +586,8 @@ func (n *Node) MoveAbort(ctx context.Context, id string, gen int64) error {
 func (n *Node) dropMoveIn(ctx context.Context, sb store.Sandbox, why string, locked bool) error {
 	n.log.Warn("move: an arrived copy is dropped", "id", sb.ID, "name", sb.Name, "generation", sb.Generation, "why", why)
 	if locked {
-		n.teardown(ctx, sb, true)
-		n.forget(sb.ID)
+		n.h.Teardown(ctx, sb, true)
+		n.tiers.Forget(sb.ID)
 		n.adm.Release(sb.ID)
 		err := n.st.DeleteSandbox(ctx, sb.ID)
 		n.cfg.Events.Publish(events.Event{Kind: events.Delete, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})

@@ -77,7 +77,7 @@ func TestMoveInRefuses(t *testing.T) {
 			if _, err := n.st.GetSandbox(ctx, "abc123"); !errors.Is(err, errdefs.ErrNotFound) {
 				t.Errorf("a row is left: %v", err)
 			}
-			if _, err := os.Stat(string(n.dir("abc123"))); !os.IsNotExist(err) {
+			if _, err := os.Stat(string(n.h.Dir("abc123"))); !os.IsNotExist(err) {
 				t.Errorf("its directory is left: %v", err)
 			}
 		})
@@ -92,7 +92,7 @@ func TestMoveInRefuses(t *testing.T) {
 	if !sb.MoveIn || sb.Tier != api.TierSnapshot || sb.ID != "abc123" || sb.Generation != 7 {
 		t.Fatalf("arrived: %+v", sb)
 	}
-	if b, err := os.ReadFile(n.dir(sb.ID).Upper() + "/f"); err != nil || string(b) != "vv" {
+	if b, err := os.ReadFile(n.h.Dir(sb.ID).Upper() + "/f"); err != nil || string(b) != "vv" {
 		t.Errorf("its volume: %q %v", b, err)
 	}
 	if err := n.Wake(ctx, sb.ID); !errors.Is(err, ErrMoving) {

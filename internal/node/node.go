@@ -1,11 +1,20 @@
-// Package node is a Sandstorm node: it runs sandboxes with a backend, gives
-// each its network namespace, moves them between tiers (transitions.go),
-// wakes them on traffic through the gateway, protects itself from running
-// out of memory, and reconciles with what is really there after a restart.
+// Package node is a Sandstorm node: the lifecycle of the sandboxes of one
+// machine — create, list, delete, clone, live moves in and out, the
+// master's fence, the start-up repair and a reload's handover — over its
+// parts, each a package of its own with its own lock:
 //
-// The master talks to a node only through its exported methods, so the two
-// can later live in different processes (the fleet issue) without the node
-// changing.
+//   - tiering: each sandbox's in-memory state and its transitions between
+//     tiers, the wakes and the idle timers;
+//   - host: a sandbox's directory, network namespace, spec and boundary on
+//     this machine (layout: the directory and the OCI spec; boundaries:
+//     the sandboxes' ways out);
+//   - reserve: the memory and disk reserves (admission's waits, pushes to
+//     disk, the killed);
+//   - warm: warm templates' images and pools; envdlink: envd in sandboxes;
+//     livemove: a move's stream; internal/runtimes: the runsc builds kept.
+//
+// Its master reaches it through internal/nodeapi: in the same process or
+// over mutual TLS, internal/nodeside is the node's side of that seam.
 package node
 
 import (
@@ -19,7 +28,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,6 +35,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/admission"
+	"sandstorm/internal/boundary"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/gateway"
@@ -36,8 +45,9 @@ import (
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node/boundaries"
 	"sandstorm/internal/node/envdlink"
-	"sandstorm/internal/node/layout"
+	"sandstorm/internal/node/host"
 	"sandstorm/internal/node/reserve"
+	"sandstorm/internal/node/tiering"
 	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
@@ -47,11 +57,16 @@ import (
 
 // The node's own cases of the errdefs kinds (the API's statuses come from
 // errdefs.Table); a transition that does not apply is errdefs.ErrConflict,
-// one the backend cannot do errdefs.ErrNotSupported, a wake that could not
-// start in time gateway.ErrRefused.
+// one the backend cannot do errdefs.ErrNotSupported.
 var (
 	// ErrFull: no address slot or gateway port left.
-	ErrFull = errdefs.Refine(errdefs.ErrNoRoom, "node full")
+	ErrFull = host.ErrFull
+	// ErrRefused: a wake or start that could not begin in time (no wake
+	// or start slot, the sandbox busy with another transition).
+	ErrRefused = tiering.ErrRefused
+	// ErrMoving: anything that would run or change a sandbox while a move
+	// of it is under way: 503, try again.
+	ErrMoving = tiering.ErrMoving
 	// ErrFirewall: the node's nftables table could not be installed; the
 	// node must not run sandboxes without it (fail closed).
 	ErrFirewall = errors.New("firewall not installed")
@@ -137,140 +152,64 @@ type Config struct {
 // a lone create from waiting behind a long queue of one-at-a-time starts.
 const DefaultMaxStarts = 4
 
-// Node runs the sandboxes of one machine.
+// Node runs the sandboxes of one machine: their lifecycle (create, list,
+// delete, moves, clones, the fence and the start-up repair) over its tier
+// machine (internal/node/tiering) and its host (internal/node/host).
 type Node struct {
 	cfg    Config
 	st     *store.Store
 	be     sandbox.Backend
 	gw     *gateway.Gateway
 	log    *slog.Logger
-	wakes  chan struct{} // semaphore of MaxWakes
 	starts chan struct{} // semaphore of MaxStarts
+
+	// h lays sandboxes out on this machine; tiers holds them and moves
+	// them between tiers.
+	h     *host.Host
+	tiers *tiering.Machine
 
 	allocMu sync.Mutex // serialises slot and port allocation
 	// reserved maps the address slots of pooled sandboxes (which have no
 	// row yet) to their IDs. Under allocMu.
 	reserved map[int]string
+	// fence is the last fence the master set (fence.go). Under allocMu.
+	fence fenceMark
+
 	// warm is the warm templates' images, pool their pooled sandboxes
 	// (warm.go).
 	warm *warm.Images
 	pool *warm.Pool
-	// hostLn is the Host-routed gateway listener (nil: none), served
-	// from the start-up repair on (hostOnce).
-	hostLn   net.Listener
-	hostOnce sync.Once
+	// hosts is the Host-routed gateway listener (nil: none), served from
+	// the start-up repair on.
+	hosts *gateway.HostListener
 	// stamps times the lines of running sandboxes' console logs (nil if
 	// inotify is not available: logs then have no times).
 	stamps *logstamp.Stamper
 
-	mu      sync.Mutex
-	entries map[string]*entry
-
-	// envd is the envd builds sandboxes mount (envd.go; nil: none);
-	// renewed the warm templates whose image this run made again
-	// (renewWarm).
-	envd    *envdlink.Builds
-	renewMu sync.Mutex
-	renewed map[string]bool
-
+	// envd is the envd builds sandboxes mount (envd.go; nil: none).
+	envd *envdlink.Builds
 	// kept is the runsc builds the node keeps, and which sandbox needs
 	// which (runsc.go; nil: the backend runs no binary runtime).
 	kept *runtimes.Keeper
-
 	// bounds is its sandboxes' boundaries (boundary.go).
 	bounds *boundaries.Set
 
-	// adm is the node's admission: memory promises, disk, descriptors.
-	adm *admission.Admission
-
-	// fence is the last fence the master set (fence.go). Under allocMu.
-	fence fenceMark
+	// adm is the node's admission: memory promises, disk, descriptors;
+	// guard keeps the memory and disk reserves (memory.go); settled is
+	// what each template build's sandboxes settled at; diskFree reads the
+	// data dir's free disk.
+	adm      *admission.Admission
+	guard    *reserve.Guard
+	settled  *reserve.Settled
+	diskFree func() (int64, error)
 
 	// reconciling counts the sandboxes the start-up reconcile has yet to
 	// repair.
 	reconciling atomic.Int64
 
-	// guard keeps the memory and disk reserves (memory.go); settled is
-	// what each template build's sandboxes settled at; diskFree reads the
-	// data dir's free disk.
-	guard    *reserve.Guard
-	settled  *reserve.Settled
-	diskFree func() (int64, error)
-
 	stop chan struct{}
 	done sync.WaitGroup
-	// finishing counts transitions' work left for after their answer
-	// (transitionThen), each holding its sandbox's lock.
-	finishing sync.WaitGroup
 }
-
-// entry is the node's in-memory view of one sandbox. The store has the
-// durable copy; the entry adds what changes too often to write (activity)
-// and the locks that serialise transitions.
-type entry struct {
-	id   string
-	lock chan struct{} // held by a transition; a chan so waits can time out
-
-	tier       atomic.Value // api.Tier
-	tierSince  atomic.Int64 // unix ms
-	lastActive atomic.Int64 // unix ms
-	flushed    atomic.Int64 // lastActive last written to the store
-
-	// lastUsageMiB is what it took from MemAvailable just before its
-	// last checkpoint (heldMiB): what its restore is admitted at.
-	lastUsageMiB atomic.Int64
-
-	mu     sync.Mutex
-	waking *wakeCall
-
-	// envd is its link to the envd inside it: the calls in flight (they
-	// keep the sandbox busy), cut before it loses its processes.
-	envd envdlink.Link
-	// egressCalls are its mesh requests in flight through its boundary:
-	// an agent waiting on a model's answer is busy (egress.go).
-	egressCalls atomic.Int32
-
-	// timers are its own idle timers (nil: the node's).
-	timers atomic.Pointer[tier.Timers]
-
-	// moving: it is leaving by a move, or arrived by one not yet
-	// confirmed (move.go): busy to the idle timers, the memory guard
-	// and the disk reserve, whatever its tier.
-	moving atomic.Bool
-}
-
-type wakeCall struct {
-	done chan struct{}
-	err  error
-	// shared counts the callers waiting on it besides the one running
-	// it (under the entry's mu): what the node's tests wait for.
-	shared int
-}
-
-func (e *entry) getTier() api.Tier { t, _ := e.tier.Load().(api.Tier); return t }
-
-func (e *entry) setTier(t api.Tier) {
-	e.tier.Store(t)
-	e.tierSince.Store(time.Now().UnixMilli())
-	if t == api.TierSnapshot || t == api.TierDetached {
-		// Its envd's connections died with its processes, however it
-		// got here (a transition cuts them first; a sandbox whose
-		// process exited is settled detached without one).
-		e.envd.Drop()
-	}
-}
-
-// acquire takes the transition lock, giving up when ctx ends.
-func (e *entry) acquire(ctx context.Context) error {
-	select {
-	case e.lock <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (e *entry) release() { <-e.lock }
 
 // New makes a node. Call BeginReconcile before serving (FinishReconcile may run behind the API), and Run for the idle and
 // memory loops.
@@ -307,37 +246,42 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, st: cfg.Store, be: cfg.Backend, log: cfg.Log,
-		wakes:    make(chan struct{}, cfg.MaxWakes),
 		starts:   make(chan struct{}, cfg.MaxStarts),
-		entries:  map[string]*entry{},
 		reserved: map[int]string{},
 		stop:     make(chan struct{}),
 	}
-	n.newReserves()
 	fg, err := cfg.Store.Counter(context.Background(), fenceCounter)
 	if err != nil {
 		return nil, err
 	}
 	n.fence.gen = fg
-	if err := n.installEnvd(); err != nil {
+	if n.envd, err = installEnvd(cfg.DataDir, cfg.Envd, cfg.Log); err != nil {
 		return nil, err
 	}
 	if err := n.installRunsc(); err != nil {
 		return nil, err
 	}
-	n.newWarm()
-	n.newBoundaries()
 	if st, err := logstamp.New(); err == nil {
 		n.stamps = st
 	} else {
 		cfg.Log.Warn("console log lines get no times", "err", err)
 	}
-	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark, Listen: cfg.Listen}, n, cfg.Log)
-	if err := n.serveHosts(); err != nil {
-		if n.stamps != nil {
-			n.stamps.Close()
+	n.newBoundaries()
+	n.h = host.New(host.Config{DataDir: cfg.DataDir, Backend: cfg.Backend, Pool: cfg.Pool, Kept: n.kept, Bounds: n.bounds,
+		Activity: func(id string) boundary.Activity { return n.tiers.Egress(id) }, DefaultMemoryMiB: cfg.DefaultMemoryMiB, Log: cfg.Log})
+	n.newReserves()
+	n.newWarm()
+	n.tiers = tiering.New(tiering.Config{Node: cfg.Name, Store: cfg.Store, Backend: cfg.Backend, Host: n.h, Kept: n.kept, Envd: n.envd,
+		Guard: n.guard, Adm: n.adm, Events: cfg.Events, Metrics: cfg.Metrics, Timers: cfg.Timers, Zswap: cfg.Zswap, MaxWakes: cfg.MaxWakes, Log: cfg.Log})
+	n.gw = gateway.New(gateway.Config{Admission: cfg.Admission, Ready: cfg.Ready, Mark: cfg.SAM.Firewall.IngressMark, Listen: cfg.Listen}, n.tiers, cfg.Log)
+	n.tiers.SetGateway(n.gw)
+	if cfg.HostListen != "" {
+		if n.hosts, err = gateway.OpenHostListener(cfg.HostListen, cfg.HostDomain, cfg.Listen); err != nil {
+			if n.stamps != nil {
+				n.stamps.Close()
+			}
+			return nil, err
 		}
-		return nil, err
 	}
 	return n, nil
 }
@@ -347,59 +291,6 @@ func (n *Node) Name() string { return n.cfg.Name }
 
 // Backend is the node's sandbox backend.
 func (n *Node) Backend() sandbox.Backend { return n.be }
-
-func (n *Node) dir(id string) layout.Dir {
-	return layout.Dir(filepath.Join(n.cfg.DataDir, "sandboxes", id))
-}
-
-// Net returns the network of a sandbox in address slot slot.
-func (n *Node) Net(id string, slot int) (netns.Net, error) {
-	host, sb, err := n.cfg.Pool.Addrs(slot)
-	if err != nil {
-		return netns.Net{}, err
-	}
-	return netns.Net{Name: NetnsPrefix + id, HostIf: VethPrefix + id, Host: host, Sandbox: sb}, nil
-}
-
-// Names of kernel objects: "ss-<id>" namespaces and "ssv<id>" host veths
-// (3 + 12 = 15 bytes, the limit for an interface name). VethPrefix also
-// tells the firewall and the boundaries' address guard what a sandbox's
-// link is; the benchmarks look for both.
-const (
-	NetnsPrefix = "ss-"
-	VethPrefix  = "ssv"
-)
-
-func (n *Node) spec(sb store.Sandbox) sandbox.Spec {
-	d := n.dir(sb.ID)
-	return sandbox.Spec{ID: sb.ID, Bundle: d.Bundle(), Netns: filepath.Join(netns.Dir, NetnsPrefix+sb.ID), LogPath: d.Log(),
-		Runtime: n.kept.PathOf(runtimes.Key(sb.Runsc))}
-}
-
-func (n *Node) entry(id string) *entry {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	e := n.entries[id]
-	if e == nil {
-		e = &entry{id: id, lock: make(chan struct{}, 1)}
-		e.setTier(api.TierDetached)
-		n.entries[id] = e
-	}
-	return e
-}
-
-func (n *Node) lookup(id string) (*entry, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	e, ok := n.entries[id]
-	return e, ok
-}
-
-func (n *Node) forget(id string) {
-	n.mu.Lock()
-	delete(n.entries, id)
-	n.mu.Unlock()
-}
 
 func newID() string {
 	var b [6]byte
@@ -435,9 +326,9 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 			how = "warm"
 			return err
 		}
-		return n.coldStart(context.Background(), sb, t, false)
+		return n.tiers.ColdStart(context.Background(), sb, t, false)
 	})
-	n.countCreate(how, err)
+	n.tiers.CountCreate(how, err)
 	if err == nil {
 		n.log.Info("sandbox created", "id", sb.ID, "name", sb.Name, "template", t.Name, "ms", sb.LastWakeMs, "memory_mib", sb.MemoryMiB, "start", how)
 		n.cfg.Events.Publish(events.Event{Kind: events.Create, ID: sb.ID, Name: sb.Name, Template: t.Name, To: string(api.TierHot), Ms: sb.LastWakeMs, Node: n.cfg.Name, Reason: how})
@@ -482,7 +373,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	}
 	limit := n.LimitMiB(t, memoryMiB)
 	if pre == nil {
-		if err := n.guard.Admit(ctx, id, func() error { return n.adm.Start(id, sizeKey(t), limit) }); err != nil {
+		if err := n.guard.Admit(ctx, id, func() error { return n.adm.Start(id, reserve.SizeKey(t), limit) }); err != nil {
 			return store.Sandbox{}, err
 		}
 	}
@@ -499,20 +390,11 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 		case n.starts <- struct{}{}:
 			defer func() { <-n.starts }()
 		case <-ctx.Done():
-			return store.Sandbox{}, fmt.Errorf("%w: the caller gave up while %d starts were running on this node and more were queued: %v", gateway.ErrRefused, n.cfg.MaxStarts, context.Cause(ctx))
+			return store.Sandbox{}, fmt.Errorf("%w: the caller gave up while %d starts were running on this node and more were queued: %v", ErrRefused, n.cfg.MaxStarts, context.Cause(ctx))
 		}
 	}
-	if name == "" {
-		name = warm.PooledName(id)
-	}
-	if !api.ValidName(name) {
-		return store.Sandbox{}, fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errdefs.ErrBadInput, name)
-	}
-	if principal == "" {
-		principal = t.Principal
-	}
-	if principal != "" && !api.ValidPrincipal(principal) {
-		return store.Sandbox{}, fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errdefs.ErrBadInput, principal)
+	if name, principal, err = namesOf(id, name, principal, t); err != nil {
+		return store.Sandbox{}, err
 	}
 	now := time.Now()
 	sb = store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
@@ -538,29 +420,47 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	e := n.entry(id)
-	e.lastActive.Store(now.UnixMilli())
-	e.lock <- struct{}{}
-	defer e.release()
+	e := n.tiers.Entry(id)
+	e.SetLastActive(now.UnixMilli())
+	e.Hold()
+	defer e.Release()
 	began := time.Now()
 	// From here the start runs to the end even if the caller goes away: a
 	// runsc run killed half-way leaves more to clean than it saves.
 	if err := start(sb); err != nil {
-		n.teardown(context.Background(), sb, true)
+		n.h.Teardown(context.Background(), sb, true)
 		n.st.DeleteSandbox(context.Background(), id)
-		n.forget(id)
+		n.tiers.Forget(id)
 		return store.Sandbox{}, fmt.Errorf("start sandbox: %w", err)
 	}
 	if err := n.listen(sb); err != nil {
-		n.teardown(context.Background(), sb, true)
+		n.h.Teardown(context.Background(), sb, true)
 		n.st.DeleteSandbox(context.Background(), id)
-		n.forget(id)
+		n.tiers.Forget(id)
 		return store.Sandbox{}, err
 	}
 	ms := float64(time.Since(began).Microseconds()) / 1000
-	n.protect(sb)
+	n.h.Protect(sb)
 	created = true
-	return n.commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
+	return n.tiers.Commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
+}
+
+// namesOf is a new sandbox's name (its own, else sb-<id>) and principal
+// (its own, else its template's), or why one is not valid.
+func namesOf(id, name, principal string, t store.Template) (string, string, error) {
+	if name == "" {
+		name = warm.PooledName(id)
+	}
+	if !api.ValidName(name) {
+		return "", "", fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errdefs.ErrBadInput, name)
+	}
+	if principal == "" {
+		principal = t.Principal
+	}
+	if principal != "" && !api.ValidPrincipal(principal) {
+		return "", "", fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errdefs.ErrBadInput, principal)
+	}
+	return name, principal, nil
 }
 
 // allocate picks a free address slot (unless sb has one: a pooled
@@ -601,50 +501,14 @@ func (n *Node) listen(sb store.Sandbox) error {
 	return n.gw.Listen(sb.ID, n.cfg.GatewayBind, nw.Sandbox.Addr(), sb.HostPorts)
 }
 
-// commit records that sandbox id is now in tier to (clearing its
-// transition) and applies extra changes to the row in the same write.
-func (n *Node) commit(id string, to api.Tier, extra func(*store.Sandbox)) (store.Sandbox, error) {
-	e := n.entry(id)
-	var released string
-	sb, err := n.st.UpdateSandbox(context.Background(), id, func(s *store.Sandbox) error {
-		s.Tier, s.Transition = to, ""
-		if to == api.TierDetached {
-			// Its memory is gone, and with it the need for its runsc build.
-			released, s.Runsc = s.Runsc, ""
-		}
-		if la := e.lastActive.Load(); la > s.LastActive.UnixMilli() {
-			s.LastActive = time.UnixMilli(la)
-		}
-		if extra != nil {
-			extra(s)
-		}
-		return nil
-	})
-	if err == nil {
-		e.setTier(to)
-		e.flushed.Store(sb.LastActive.UnixMilli())
-		n.kept.Changed(runtimes.Key(released))
-	}
-	return sb, err
-}
-
-// begin records that a transition of id towards to has started.
-func (n *Node) begin(id string, to api.Tier) error {
-	_, err := n.st.UpdateSandbox(context.Background(), id, func(s *store.Sandbox) error {
-		s.Transition = to
-		return nil
-	})
-	return err
-}
-
 // Get returns the sandbox id (or name) as the API shows it.
 func (n *Node) Get(ctx context.Context, ref string) (store.Sandbox, error) {
 	sb, err := n.st.GetSandbox(ctx, ref)
 	if err != nil {
 		return sb, err
 	}
-	if e, ok := n.lookup(sb.ID); ok {
-		if la := e.lastActive.Load(); la > sb.LastActive.UnixMilli() {
+	if e, ok := n.tiers.Lookup(sb.ID); ok {
+		if la := e.LastActive(); la > sb.LastActive.UnixMilli() {
 			sb.LastActive = time.UnixMilli(la).UTC()
 		}
 	}
@@ -663,73 +527,7 @@ func (n *Node) Endpoints(sb store.Sandbox) map[string]string {
 // HostEndpoints returns, per sandbox port, its URL on the Host-routed
 // listener (nil when there is none).
 func (n *Node) HostEndpoints(sb store.Sandbox) map[string]string {
-	if n.hostLn == nil {
-		return nil
-	}
-	_, lport, _ := net.SplitHostPort(n.hostLn.Addr().String())
-	out := map[string]string{}
-	for sport := range sb.HostPorts {
-		out[strconv.Itoa(sport)] = "http://" + strconv.Itoa(sport) + "-" + sb.Name + "." + n.cfg.HostDomain + ":" + lport
-	}
-	return out
-}
-
-// serveHosts opens the Host-routed listener, if configured.
-func (n *Node) serveHosts() error {
-	if n.cfg.HostListen == "" {
-		return nil
-	}
-	if n.cfg.HostDomain == "" {
-		n.cfg.HostDomain = "sandbox.localhost"
-	}
-	open := func() (net.Listener, error) { return net.Listen("tcp", n.cfg.HostListen) }
-	var ln net.Listener
-	var err error
-	if n.cfg.Listen != nil {
-		ln, err = n.cfg.Listen("tcp", n.cfg.HostListen, open)
-	} else {
-		ln, err = open()
-	}
-	if err != nil {
-		return fmt.Errorf("gateway host listener: %w", err)
-	}
-	n.hostLn = ln
-	return nil
-}
-
-// serveHostsLoop starts the Host-routed listener's accept loop (if there is
-// one), once: from planReconcile, when every known sandbox is marked as
-// being repaired, so that a request for one waits for its repair (below)
-// instead of finding no such sandbox. Until then connections wait in the
-// listener's backlog (one handed over by a reload included).
-func (n *Node) serveHostsLoop() {
-	if n.hostLn == nil {
-		return
-	}
-	n.hostOnce.Do(func() { go n.serveHostsAccept(n.hostLn) })
-}
-
-func (n *Node) serveHostsAccept(ln net.Listener) {
-	n.gw.ServeHosts(ln, n.cfg.HostDomain, func(ref string) (string, bool) {
-		sb, err := n.st.GetSandbox(context.Background(), ref)
-		if err != nil || sb.Node != n.cfg.Name {
-			return "", false
-		}
-		// After a start or a reload the gateway knows a sandbox once it is
-		// repaired (reconcileOne opens its listeners under its lock): a
-		// request for it waits for that, as one to its own port waits in
-		// the listener's backlog, rather than being told 404.
-		if n.Reconciling() > 0 {
-			if e, ok := n.lookup(sb.ID); ok {
-				ctx, cancel := context.WithTimeout(context.Background(), reconcileEach)
-				if e.acquire(ctx) == nil {
-					e.release()
-				}
-				cancel()
-			}
-		}
-		return sb.ID, true
-	})
+	return n.hosts.Endpoints(sb.Name, sb.HostPorts)
 }
 
 func mustAddr(host string) netip.Addr {
@@ -738,15 +536,6 @@ func mustAddr(host string) netip.Addr {
 		return netip.IPv4Unspecified()
 	}
 	return a
-}
-
-// Address returns the sandbox's own address.
-func (n *Node) Address(sb store.Sandbox) string {
-	nw, err := n.Net(sb.ID, sb.Slot)
-	if err != nil {
-		return ""
-	}
-	return nw.Sandbox.Addr().String()
 }
 
 // Delete removes sandbox id and everything it had: container, namespace,
@@ -761,35 +550,35 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	// Recorded first, so a crash part-way is finished by Reconcile.
-	if err := n.begin(sb.ID, transitionDelete); err != nil {
+	if err := n.tiers.Begin(sb.ID, transitionDelete); err != nil {
 		return err
 	}
-	n.cutEnvd(sb.ID)
+	n.tiers.CutEnvd(sb.ID)
 	n.gw.Close(sb.ID)
-	e := n.entry(sb.ID)
+	e := n.tiers.Entry(sb.ID)
 	// A transition holding the lock (a checkpoint, a wake) finishes first;
 	// each of those is bounded by the backend's deadlines.
 	bg, cancel := context.WithTimeout(context.Background(), deleteWait)
 	defer cancel()
-	if err := e.acquire(bg); err != nil {
+	if err := e.Acquire(bg); err != nil {
 		return fmt.Errorf("%w: sandbox %s: another transition held it for %v; the delete is recorded and finishes at the next start", errdefs.ErrConflict, sb.ID, deleteWait)
 	}
-	defer e.release()
+	defer e.Release()
 	if _, err := n.st.GetSandbox(bg, sb.ID); errors.Is(err, errdefs.ErrNotFound) {
 		return nil // a concurrent delete finished it
 	}
 	// Again under the lock: a transition that held it cleared the mark
 	// when it committed.
-	if err := n.begin(sb.ID, transitionDelete); err != nil {
+	if err := n.tiers.Begin(sb.ID, transitionDelete); err != nil {
 		return err
 	}
-	if err := n.teardown(bg, sb, true); err != nil {
+	if err := n.h.Teardown(bg, sb, true); err != nil {
 		return err
 	}
 	if err := n.st.DeleteSandbox(bg, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
-	n.forget(sb.ID)
+	n.tiers.Forget(sb.ID)
 	n.adm.Release(sb.ID)
 	n.kept.Changed(runtimes.Key(sb.Runsc))
 	n.log.Info("sandbox deleted", "id", sb.ID)
@@ -804,32 +593,6 @@ const deleteWait = 5 * time.Minute
 // transitionDelete is stored in Transition while a delete is in progress.
 const transitionDelete api.Tier = "deleted"
 
-// teardown removes the container, namespace, veth and rootfs mount of sb;
-// with all, also its directory (volume and snapshot). Each step runs even
-// if an earlier one failed; the errors are joined.
-func (n *Node) teardown(ctx context.Context, sb store.Sandbox, all bool) error {
-	var errs []error
-	n.bounds.Down(sb.ID)
-	if err := n.be.Remove(ctx, n.spec(sb)); err != nil {
-		errs = append(errs, err)
-	}
-	if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
-		if err := netns.Delete(nw); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	d := n.dir(sb.ID)
-	if err := d.UnmountRootfs(); err != nil {
-		errs = append(errs, err)
-	}
-	if all {
-		if err := os.RemoveAll(string(d)); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // List returns every sandbox on this node.
 func (n *Node) List(ctx context.Context) ([]store.Sandbox, error) {
 	all, err := n.st.ListSandboxes(ctx, n.cfg.Name)
@@ -837,8 +600,8 @@ func (n *Node) List(ctx context.Context) ([]store.Sandbox, error) {
 		return nil, err
 	}
 	for i := range all {
-		if e, ok := n.lookup(all[i].ID); ok {
-			if la := e.lastActive.Load(); la > all[i].LastActive.UnixMilli() {
+		if e, ok := n.tiers.Lookup(all[i].ID); ok {
+			if la := e.LastActive(); la > all[i].LastActive.UnixMilli() {
 				all[i].LastActive = time.UnixMilli(la).UTC()
 			}
 		}
@@ -861,108 +624,11 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		counts[sb.Tier]++
 	}
 	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
-		Reconciling: n.Reconciling(), WarmPool: n.pool.Sizes(), PromisedMiB: n.adm.Promised(), State: "ready", Transitions: n.transitionsTo()}, nil
-}
-
-// SetIdle gives sandbox id idle timers of its own (over the node's; nil:
-// the node's again), kept with it across restarts.
-func (n *Node) SetIdle(ctx context.Context, id string, idle *api.IdleTimers) error {
-	own, err := n.cfg.Timers.With(idle)
-	if err != nil {
-		return errdefs.Mark(errdefs.ErrBadInput, err)
-	}
-	if _, err := n.st.UpdateSandbox(ctx, id, func(sb *store.Sandbox) error { sb.Idle = idle; return nil }); err != nil {
-		return err
-	}
-	n.useIdle(id, idle, own)
-	return nil
-}
-
-func (n *Node) useIdle(id string, idle *api.IdleTimers, own tier.Timers) {
-	if e, ok := n.lookup(id); ok {
-		if idle == nil {
-			e.timers.Store(nil)
-		} else {
-			e.timers.Store(&own)
-		}
-	}
+		Reconciling: n.Reconciling(), WarmPool: n.pool.Sizes(), PromisedMiB: n.adm.Promised(), State: "ready", Transitions: transitionsTo(n.cfg.Metrics)}, nil
 }
 
 // LogPath is the file holding sandbox id's console output.
-func (n *Node) LogPath(id string) string { return n.dir(id).Log() }
-
-// Touch implements gateway.Waker.
-func (n *Node) Touch(id string) {
-	if e, ok := n.lookup(id); ok {
-		e.lastActive.Store(time.Now().UnixMilli())
-	}
-}
-
-// Unreachable implements gateway.Waker: if the sandbox's container is no
-// longer running (its process exited), it is settled as detached with a note,
-// so the next request cold-starts it instead of timing out again.
-func (n *Node) Unreachable(id string) {
-	e, ok := n.lookup(id)
-	if !ok {
-		return
-	}
-	select {
-	case e.lock <- struct{}{}:
-	default:
-		return // a transition is running; it will settle the tier
-	}
-	defer e.release()
-	if e.getTier() != api.TierHot {
-		return
-	}
-	sb, err := n.st.GetSandbox(context.Background(), id)
-	if err != nil {
-		return
-	}
-	if st, err := n.be.State(context.Background(), n.spec(sb)); err == nil && st != sandbox.StateRunning && st != sandbox.StatePaused {
-		n.log.Warn("sandbox process is gone; detaching it so the next request cold-starts it", "id", id, "state", st)
-		n.settleAfterFailure(sb, api.TierHot, "its process exited (see its logs); the next request cold-starts it")
-	}
-}
-
-// IsHot implements gateway.Waker.
-//
-// A sandbox in the middle of a transition is not hot, even while its
-// stored tier still says so: a snapshot lets the gateway's held requests
-// go once its checkpoint is done, before it records the new tier, and a
-// request let through then must wake the sandbox, not dial a network
-// namespace that is already gone.
-func (n *Node) IsHot(id string) bool {
-	e, ok := n.lookup(id)
-	return ok && e.getTier() == api.TierHot && !e.busy()
-}
-
-// views returns the tier policy's view of every sandbox.
-func (n *Node) views() []tier.View {
-	n.mu.Lock()
-	es := make([]*entry, 0, len(n.entries))
-	for _, e := range n.entries {
-		es = append(es, e)
-	}
-	n.mu.Unlock()
-	out := make([]tier.View, 0, len(es))
-	for _, e := range es {
-		// Open but quiet connections do not keep a sandbox hot: freezing
-		// keeps them, and their next byte thaws it (gateway.copy).
-		// A call forwarded to envd (a command someone waits on) does,
-		// and so does a mesh request its agent waits on (egress.go).
-		// An HTTP request in flight through the gateway (a client waiting
-		// on an answer being worked out) does too.
-		busy := len(e.lock) > 0 || e.envd.Busy() || e.egressCalls.Load() > 0 || e.moving.Load() || n.gw.Busy(e.id)
-		out = append(out, tier.View{
-			ID: e.id, Tier: e.getTier(), Busy: busy, Timers: e.timers.Load(),
-			LastActive: time.UnixMilli(e.lastActive.Load()),
-			TierSince:  time.UnixMilli(e.tierSince.Load()),
-		})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
+func (n *Node) LogPath(id string) string { return n.h.Dir(id).Log() }
 
 // Close stops the loops and the gateway. Sandboxes keep running: a
 // restarted daemon adopts them.
@@ -973,20 +639,59 @@ func (n *Node) Close() {
 		close(n.stop)
 	}
 	n.done.Wait()
-	n.finishing.Wait()
+	n.tiers.Finishing().Wait()
 	// Pooled sandboxes are not state: a restarted node refills its pools.
 	n.pool.Drain("")
-	if n.hostLn != nil {
-		n.hostLn.Close()
-	}
+	n.hosts.Close()
 	n.gw.CloseAll()
 	if n.stamps != nil {
 		defer n.stamps.Close()
 	}
 	n.bounds.Close()
-	n.flushActivity()
+	n.tiers.FlushActivity()
 }
 
-// busy reports whether a transition (or a start-up repair) holds the
-// sandbox's lock.
-func (e *entry) busy() bool { return len(e.lock) > 0 }
+// The sandbox's network and tiers, as the seam (internal/nodeside) and the
+// gateway ask for them: the host's and the tier machine's.
+
+// Names of kernel objects (host.NetnsPrefix, host.VethPrefix).
+const (
+	NetnsPrefix = host.NetnsPrefix
+	VethPrefix  = host.VethPrefix
+)
+
+// PrincipalOf is who sb is: its own principal, else its name.
+func PrincipalOf(sb store.Sandbox) string { return host.PrincipalOf(sb) }
+
+// Net returns the network of a sandbox in address slot slot.
+func (n *Node) Net(id string, slot int) (netns.Net, error) { return n.h.Net(id, slot) }
+
+// Address returns the sandbox's own address.
+func (n *Node) Address(sb store.Sandbox) string { return n.h.Address(sb) }
+
+// LimitMiB is the memory limit a new sandbox of t gets (host.LimitMiB).
+func (n *Node) LimitMiB(t store.Template, override int) int64 { return n.h.LimitMiB(t, override) }
+
+// Wake brings sandbox id to hot from any tier (tiering.Machine.Wake).
+func (n *Node) Wake(ctx context.Context, id string) error { return n.tiers.Wake(ctx, id) }
+
+// Freeze pauses a hot sandbox in place.
+func (n *Node) Freeze(ctx context.Context, id string) (store.Sandbox, error) {
+	return n.tiers.Freeze(ctx, id)
+}
+
+// Snapshot checkpoints a hot or frozen sandbox to the node's disk.
+func (n *Node) Snapshot(ctx context.Context, id string) (store.Sandbox, error) {
+	return n.tiers.Snapshot(ctx, id)
+}
+
+// Detach removes a sandbox's processes, namespace and snapshot, keeping
+// its volume.
+func (n *Node) Detach(ctx context.Context, id string) (store.Sandbox, error) {
+	return n.tiers.Detach(ctx, id)
+}
+
+// SetIdle gives sandbox id idle timers of its own (nil: the node's).
+func (n *Node) SetIdle(ctx context.Context, id string, idle *api.IdleTimers) error {
+	return n.tiers.SetIdle(ctx, id, idle)
+}

@@ -12,6 +12,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/events"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/host"
 	"sandstorm/internal/node/layout"
 	"sandstorm/internal/node/warm"
 	"sandstorm/internal/sandbox"
@@ -72,14 +73,17 @@ func (n *Node) planReconcile(ctx context.Context) (ReconcilePlan, error) {
 		return ReconcilePlan{}, err
 	}
 	for _, sb := range all {
-		e := n.entry(sb.ID)
-		e.lock <- struct{}{} // nothing else runs before Reconcile: this never waits
-		e.setTier(sb.Tier)
+		e := n.tiers.Entry(sb.ID)
+		e.Hold() // nothing else runs before Reconcile: this never waits
+		e.SetTier(sb.Tier)
 	}
 	// One more for the orphan sweep at the end, so that Reconciling is 0
 	// only when everything is done.
 	n.reconciling.Store(int64(len(all)) + 1)
-	n.serveHostsLoop()
+	// The Host-routed listener is served from here, when every known
+	// sandbox is marked as being repaired, so that a request for one
+	// waits for its repair instead of finding no such sandbox.
+	n.hosts.Serve(n.gw, n.hostRoute)
 	return ReconcilePlan{sandboxes: all}, nil
 }
 
@@ -109,8 +113,8 @@ func (n *Node) FinishReconcile(ctx context.Context, plan ReconcilePlan) error {
 			defer wg.Done()
 			defer func() { <-sem }()
 			defer n.reconciling.Add(-1)
-			e := n.entry(sb.ID)
-			defer e.release()
+			e := n.tiers.Entry(sb.ID)
+			defer e.Release()
 			rctx, cancel := context.WithTimeout(ctx, reconcileEach)
 			defer cancel()
 			if err := n.reconcileOne(rctx, sb); err != nil {
@@ -149,17 +153,16 @@ const (
 )
 
 func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
-	spec := n.spec(sb)
-	d := n.dir(sb.ID)
-	e := n.entry(sb.ID)
-	e.lastActive.Store(sb.LastActive.UnixMilli())
-	e.flushed.Store(sb.LastActive.UnixMilli())
+	spec := n.h.Spec(sb)
+	e := n.tiers.Entry(sb.ID)
+	e.SetLastActive(sb.LastActive.UnixMilli())
+	e.Flushed(sb.LastActive.UnixMilli())
 	if own, err := n.cfg.Timers.With(sb.Idle); err == nil && sb.Idle != nil {
-		e.timers.Store(&own)
+		e.UseTimers(&own)
 	}
 	if sb.Transition == transitionDelete {
-		n.teardown(ctx, sb, true)
-		n.forget(sb.ID)
+		n.h.Teardown(ctx, sb, true)
+		n.tiers.Forget(sb.ID)
 		return n.st.DeleteSandbox(ctx, sb.ID)
 	}
 	if sb.LeftBehind {
@@ -172,78 +175,21 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		return n.dropMoveIn(ctx, sb, "the node restarted before its master confirmed the move", true)
 	}
 	if sb.MoveOut != 0 {
-		n.entry(sb.ID).moving.Store(true)
+		n.tiers.Entry(sb.ID).SetMoving(true)
 	}
 	st, err := n.be.State(ctx, spec)
 	if err != nil {
 		n.log.Warn("reconcile: state unknown, treating as stopped", "id", sb.ID, "err", err)
 		st = sandbox.StateStopped
 	}
-	var to api.Tier
-	note := sb.Note
-	switch {
-	case sb.Transition == api.TierSnapshot && layout.NonEmpty(d.SnapTmp()):
-		// The checkpoint ran to its end after the daemon died (WaitInFlight
-		// waited for it): finish the transition. This comes before the
-		// running case: a current runsc's sandbox process lingers for 1–2 s
-		// after a checkpoint and still says "running" meanwhile (measured;
-		// seen in TestCrashRestart), and a checkpoint that failed halfway
-		// kills the sandbox too. If the image turns out bad, the wake
-		// re-creates the sandbox cold and says so.
-		os.RemoveAll(d.Snapshot())
-		if err := os.Rename(d.SnapTmp(), d.Snapshot()); err != nil {
-			return err
-		}
-		to = api.TierSnapshot
-		note = "its checkpoint finished while the node was down"
-		n.be.Remove(ctx, spec)
-		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
-			netns.Delete(nw)
-		}
-	case sb.Transition == api.TierSnapshot && d.HasSnapshot(), sb.Transition == "" && sb.Tier == api.TierSnapshot && d.HasSnapshot():
-		// An image renamed into place is complete (checkpoint), and its
-		// container only stopped, whatever runsc says: the node records a
-		// snapshot before it removes the container and the namespace
-		// (checkpoint's finish, after the answer), and the daemon ended in
-		// between, or before the record. Until it is removed, the stopped
-		// sandbox process lingers and says "running" for 1–2 s (measured),
-		// which the next case would take for a sandbox that runs.
-		os.RemoveAll(d.SnapTmp())
-		to = api.TierSnapshot
-		if sb.Transition == api.TierSnapshot {
-			note = "its checkpoint finished while the node was down"
-		}
-		n.be.Remove(ctx, spec)
-		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
-			netns.Delete(nw)
-		}
-	case st == sandbox.StateRunning || st == sandbox.StatePaused:
-		to = api.TierHot
-		if st == sandbox.StatePaused {
-			to = api.TierFrozen
-		}
-		// A restore that finished after the daemon died leaves its image.
-		os.RemoveAll(d.Snapshot())
-		os.RemoveAll(d.SnapTmp())
-	case d.HasSnapshot():
-		os.RemoveAll(d.SnapTmp())
-		to = api.TierSnapshot
-		n.be.Remove(ctx, spec)
-		if nw, err := n.Net(sb.ID, sb.Slot); err == nil {
-			netns.Delete(nw)
-		}
-	default:
-		os.RemoveAll(d.SnapTmp())
-		to = api.TierDetached
-		if sb.Tier != api.TierDetached {
-			note = fmt.Sprintf("its processes were gone when the node restarted (was %s); the next request cold-starts it", sb.Tier)
-		}
-		n.teardown(ctx, sb, false)
+	to, note, err := found(ctx, n.be, n.h, sb, st)
+	if err != nil {
+		return err
 	}
 	if to != sb.Tier || sb.Transition != "" {
 		n.log.Info("reconcile", "id", sb.ID, "stored", sb.Tier, "transition", sb.Transition, "found", to)
 	}
-	if _, err := n.commit(sb.ID, to, func(s *store.Sandbox) { s.Note = note }); err != nil {
+	if _, err := n.tiers.Commit(sb.ID, to, func(s *store.Sandbox) { s.Note = note }); err != nil {
 		return err
 	}
 	if to != sb.Tier || sb.Transition != "" || note != sb.Note {
@@ -262,7 +208,7 @@ func (n *Node) reconcileOne(ctx context.Context, sb store.Sandbox) error {
 		return nil
 	}
 	if to == api.TierHot || to == api.TierFrozen {
-		if err := n.boundaryUp(sb); err != nil {
+		if err := n.h.BoundaryUp(sb); err != nil {
 			return err
 		}
 	}
@@ -302,7 +248,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		if known[id] {
 			continue
 		}
-		if n.dir(id).Hostname() == warm.PooledName(id) {
+		if n.h.Dir(id).Hostname() == warm.PooledName(id) {
 			// A warm pool's sandbox has no row until a create takes it:
 			// one from before a restart or a reload is expected here,
 			// and its pool is made again (warmpool.go).
@@ -330,7 +276,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		if err := netns.Delete(nw); err != nil {
 			n.log.Error("reconcile: remove orphaned network namespace", "netns", nw.Name, "err", err)
 		}
-		d := n.dir(id)
+		d := n.h.Dir(id)
 		if _, err := os.Stat(string(d)); err == nil {
 			if !pooledIDs[id] && d.Hostname() != warm.PooledName(id) {
 				n.log.Warn("reconcile: removing orphaned sandbox directory", "dir", string(d))
@@ -338,5 +284,95 @@ func (n *Node) removeOrphans(ctx context.Context) {
 			d.UnmountRootfs()
 			os.RemoveAll(string(d))
 		}
+	}
+}
+
+// hostRoute resolves the <sandbox> part of a Host-routed request to a
+// sandbox of this node's. After a start or a reload the gateway knows a
+// sandbox once it is repaired (reconcileOne opens its listeners under its
+// lock): a request for it waits for that, as one to its own port waits
+// in the listener's backlog, rather than being told 404.
+func (n *Node) hostRoute(ref string) (string, bool) {
+	sb, err := n.st.GetSandbox(context.Background(), ref)
+	if err != nil || sb.Node != n.cfg.Name {
+		return "", false
+	}
+	if n.Reconciling() > 0 {
+		if e, ok := n.tiers.Lookup(sb.ID); ok {
+			ctx, cancel := context.WithTimeout(context.Background(), reconcileEach)
+			if e.Acquire(ctx) == nil {
+				e.Release()
+			}
+			cancel()
+		}
+	}
+	return sb.ID, true
+}
+
+// found is the tier sandbox sb is really in, as the start-up repair finds
+// it (its runsc state st, its snapshot directories), with the note that
+// says what happened, once what a transition cut short left is finished
+// or removed.
+func found(ctx context.Context, be sandbox.Backend, h *host.Host, sb store.Sandbox, st sandbox.State) (to api.Tier, note string, err error) {
+	d := h.Dir(sb.ID)
+	note = sb.Note
+	switch {
+	case sb.Transition == api.TierSnapshot && layout.NonEmpty(d.SnapTmp()):
+		// The checkpoint ran to its end after the daemon died (WaitInFlight
+		// waited for it): finish the transition. This comes before the
+		// running case: a current runsc's sandbox process lingers for 1–2 s
+		// after a checkpoint and still says "running" meanwhile (measured;
+		// seen in TestCrashRestart), and a checkpoint that failed halfway
+		// kills the sandbox too. If the image turns out bad, the wake
+		// re-creates the sandbox cold and says so.
+		os.RemoveAll(d.Snapshot())
+		if err := os.Rename(d.SnapTmp(), d.Snapshot()); err != nil {
+			return "", "", err
+		}
+		to = api.TierSnapshot
+		note = "its checkpoint finished while the node was down"
+		stopped(ctx, be, h, sb)
+	case sb.Transition == api.TierSnapshot && d.HasSnapshot(), sb.Transition == "" && sb.Tier == api.TierSnapshot && d.HasSnapshot():
+		// An image renamed into place is complete (checkpoint), and its
+		// container only stopped, whatever runsc says: the node records a
+		// snapshot before it removes the container and the namespace
+		// (checkpoint's finish, after the answer), and the daemon ended in
+		// between, or before the record. Until it is removed, the stopped
+		// sandbox process lingers and says "running" for 1–2 s (measured),
+		// which the next case would take for a sandbox that runs.
+		os.RemoveAll(d.SnapTmp())
+		to = api.TierSnapshot
+		if sb.Transition == api.TierSnapshot {
+			note = "its checkpoint finished while the node was down"
+		}
+		stopped(ctx, be, h, sb)
+	case st == sandbox.StateRunning || st == sandbox.StatePaused:
+		to = api.TierHot
+		if st == sandbox.StatePaused {
+			to = api.TierFrozen
+		}
+		// A restore that finished after the daemon died leaves its image.
+		os.RemoveAll(d.Snapshot())
+		os.RemoveAll(d.SnapTmp())
+	case d.HasSnapshot():
+		os.RemoveAll(d.SnapTmp())
+		to = api.TierSnapshot
+		stopped(ctx, be, h, sb)
+	default:
+		os.RemoveAll(d.SnapTmp())
+		to = api.TierDetached
+		if sb.Tier != api.TierDetached {
+			note = fmt.Sprintf("its processes were gone when the node restarted (was %s); the next request cold-starts it", sb.Tier)
+		}
+		h.Teardown(ctx, sb, false)
+	}
+	return to, note, nil
+}
+
+// stopped removes sb's stopped container and its network namespace.
+func stopped(ctx context.Context, be sandbox.Backend, h *host.Host, sb store.Sandbox) {
+	be.Remove(ctx, h.Spec(sb))
+	if nw, err := h.Net(sb.ID, sb.Slot); err == nil {
+		netns.Delete(nw)
 	}
 }

@@ -10,7 +10,6 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
-	"sandstorm/internal/gateway"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -111,15 +110,15 @@ func TestReconcile(t *testing.T) {
 		if c.stateErr != nil {
 			be.stateErr[c.id] = c.stateErr
 		}
-		mkFiles(t, string(n.dir(c.id)), c.files)
+		mkFiles(t, string(n.h.Dir(c.id)), c.files)
 	}
 	// Of no sandbox: a container, and a directory with a volume.
 	be.set("orphan-ctr", sandbox.StateRunning)
-	mkFiles(t, string(n.dir("orphan-dir")), []string{volume})
+	mkFiles(t, string(n.h.Dir("orphan-dir")), []string{volume})
 	// A pooled sandbox has a container and a directory, its slot
 	// reserved, and no row.
 	be.set("pooled", sandbox.StatePaused)
-	mkFiles(t, string(n.dir("pooled")), []string{volume})
+	mkFiles(t, string(n.h.Dir("pooled")), []string{volume})
 	n.allocMu.Lock()
 	n.reserved[40] = "pooled"
 	n.allocMu.Unlock()
@@ -134,12 +133,12 @@ func TestReconcile(t *testing.T) {
 		t.Errorf("Reconciling %d before the repair, want %d (12 rows + the sweep)", k, want)
 	}
 	// ("paused" is stored hot: only being held keeps it from being hot.)
-	if n.IsHot("paused") {
+	if n.tiers.IsHot("paused") {
 		t.Error("a sandbox is hot to the gateway before its repair")
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := n.Wake(cancelled, "paused"); !errors.Is(err, gateway.ErrRefused) {
+	if err := n.Wake(cancelled, "paused"); !errors.Is(err, ErrRefused) {
 		t.Errorf("a wake with no time to wait for the repair: %v, want it refused", err)
 	}
 	if err := n.FinishReconcile(ctx, plan); err != nil {
@@ -160,10 +159,10 @@ func TestReconcile(t *testing.T) {
 			if !errors.Is(err, errdefs.ErrNotFound) {
 				t.Errorf("%s: row %+v (%v), want it deleted", c.id, row, err)
 			}
-			if _, err := os.Stat(string(n.dir(c.id))); err == nil {
+			if _, err := os.Stat(string(n.h.Dir(c.id))); err == nil {
 				t.Errorf("%s: its directory is left", c.id)
 			}
-			if _, ok := n.lookup(c.id); ok {
+			if _, ok := n.tiers.Lookup(c.id); ok {
 				t.Errorf("%s: the node still has it", c.id)
 			}
 			continue
@@ -174,30 +173,30 @@ func TestReconcile(t *testing.T) {
 		if row.Tier != c.want || row.Transition != "" || row.Note != c.wantNote {
 			t.Errorf("%s: tier %s transition %q note %q; want %s, none, %q", c.id, row.Tier, row.Transition, row.Note, c.want, c.wantNote)
 		}
-		if e, ok := n.lookup(c.id); !ok || e.getTier() != c.want {
+		if e, ok := n.tiers.Lookup(c.id); !ok || e.Tier() != c.want {
 			t.Errorf("%s: the node's own view is not %s", c.id, c.want)
 		}
-		if hot := n.IsHot(c.id); hot != (c.want == api.TierHot) {
+		if hot := n.tiers.IsHot(c.id); hot != (c.want == api.TierHot) {
 			t.Errorf("%s: hot to the gateway: %v", c.id, hot)
 		}
 		if up, want := hasBoundary(n, c.id), c.want == api.TierHot || c.want == api.TierFrozen; up != want {
 			t.Errorf("%s: boundary up %v, want %v", c.id, up, want)
 		}
 		for _, p := range c.present {
-			if _, err := os.Stat(filepath.Join(string(n.dir(c.id)), p)); err != nil {
+			if _, err := os.Stat(filepath.Join(string(n.h.Dir(c.id)), p)); err != nil {
 				t.Errorf("%s: %s is gone", c.id, p)
 			}
 		}
 		for _, p := range c.absent {
-			if _, err := os.Stat(filepath.Join(string(n.dir(c.id)), p)); err == nil {
+			if _, err := os.Stat(filepath.Join(string(n.h.Dir(c.id)), p)); err == nil {
 				t.Errorf("%s: %s is left", c.id, p)
 			}
 		}
 	}
-	if _, err := os.Stat(string(n.dir("orphan-dir"))); err == nil {
+	if _, err := os.Stat(string(n.h.Dir("orphan-dir"))); err == nil {
 		t.Error("the orphaned sandbox directory is left")
 	}
-	if _, err := os.Stat(filepath.Join(string(n.dir("pooled")), volume)); err != nil {
+	if _, err := os.Stat(filepath.Join(string(n.h.Dir("pooled")), volume)); err != nil {
 		t.Error("the pooled sandbox's directory was removed as an orphan")
 	}
 }

@@ -134,11 +134,11 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	// A snapshot under A: its image is stamped with A.
 	row("snap", 2, api.TierHot, string(a))
 	fb.set("snap", "running")
-	nA.entry("snap").setTier(api.TierHot)
+	nA.tiers.Entry("snap").SetTier(api.TierHot)
 	if _, err := nA.Snapshot(ctx, "snap"); err != nil {
 		t.Fatal(err)
 	}
-	if k, err := runtimes.ReadStamp(nA.dir("snap").Snapshot()); k != a || err != nil {
+	if k, err := runtimes.ReadStamp(nA.h.Dir("snap").Snapshot()); k != a || err != nil {
 		t.Fatalf("snapshot stamp %q, %v; want %q", k, err, a)
 	}
 	nA.Close()
@@ -151,7 +151,7 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 		t.Fatalf("after the upgrade: current %q (was %q), backend runs %q", b, a, beB.used)
 	}
 	pathA := filepath.Join(dataDir, "runsc-versions", string(a), "runsc")
-	if got := nB.spec(get("legacy")).Runtime; got != pathA {
+	if got := nB.h.Spec(get("legacy")).Runtime; got != pathA {
 		t.Fatalf("a sandbox running on A is driven by %q, want A's copy %s", got, pathA)
 	}
 	builds := nB.RunscBuilds(ctx)
@@ -170,16 +170,16 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	// A restore of the snapshot runs A, whatever its row says.
 	snap := get("snap")
 	snap.Runsc = string(b)
-	if err := nB.restoreRunsc(&snap, nB.dir("snap").Snapshot()); err != nil || snap.Runsc != string(a) || get("snap").Runsc != string(a) {
+	if err := nB.tiers.RestoreRunsc(&snap, nB.h.Dir("snap").Snapshot()); err != nil || snap.Runsc != string(a) || get("snap").Runsc != string(a) {
 		t.Fatalf("restore picks %q (row %q), %v; want A", snap.Runsc, get("snap").Runsc, err)
 	}
 
 	// A new sandbox, and a cold start of an old one, run on B.
 	fresh := get("legacy")
-	if err := nB.onCurrentRunsc(&fresh); err != nil || fresh.Runsc != string(b) || get("legacy").Runsc != string(b) {
+	if err := nB.tiers.OnCurrentRunsc(&fresh); err != nil || fresh.Runsc != string(b) || get("legacy").Runsc != string(b) {
 		t.Fatalf("a cold start stays on %q, %v", get("legacy").Runsc, err)
 	}
-	if got := nB.spec(fresh).Runtime; got != "" && got != beB.used {
+	if got := nB.h.Spec(fresh).Runtime; got != "" && got != beB.used {
 		t.Fatalf("a sandbox on B is driven by %q", got)
 	}
 
@@ -187,7 +187,7 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	stage := filepath.Join(dataDir, "stage")
 	nB.kept.Pin(stage, a)
 	// The last sandbox on A goes (detached: its memory is gone) …
-	nB.entry("snap").setTier(api.TierSnapshot)
+	nB.tiers.Entry("snap").SetTier(api.TierSnapshot)
 	if _, err := nB.Detach(ctx, "snap"); err != nil {
 		t.Fatal(err)
 	}
@@ -213,12 +213,12 @@ func TestRunscUpgradeKeepsBuilds(t *testing.T) {
 	// A snapshot of a build the node does not have fails before runsc
 	// runs, saying which build it needs.
 	row("orphan", 3, api.TierSnapshot, string(a))
-	os.MkdirAll(nB.dir("orphan").Snapshot(), 0o700)
+	os.MkdirAll(nB.h.Dir("orphan").Snapshot(), 0o700)
 	o := get("orphan")
-	if err := nB.restoreRunsc(&o, nB.dir("orphan").Snapshot()); err == nil || !strings.Contains(err.Error(), string(a)) {
+	if err := nB.tiers.RestoreRunsc(&o, nB.h.Dir("orphan").Snapshot()); err == nil || !strings.Contains(err.Error(), string(a)) {
 		t.Fatalf("restore with a build that is gone: %v", err)
 	}
-	if got := nB.spec(o).Runtime; got != pathA {
+	if got := nB.h.Spec(o).Runtime; got != pathA {
 		t.Fatalf("a sandbox of a removed build is driven by %q, want its old (absent) path", got)
 	}
 	nB.kept.Changed("") // as a create or commit of the row would
@@ -246,15 +246,15 @@ func TestMoveNeedsTheImagesBuild(t *testing.T) {
 	fb := newFakeBackend()
 	n, _ := startBuildNode(t, dataDir, st, fb, fakeBuild(t, "v-a"))
 	a := n.kept.CurrentBuild()
-	if err := n.canRestore(livemove.Manifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version}); err != nil {
+	if err := canRestore(n.kept, n.be, n.cfg.Name, livemove.Manifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version}); err != nil {
 		t.Errorf("an image of the build it keeps: %v", err)
 	}
 	other := livemove.Manifest{Name: "mv", Runsc: "v-b-0123456789abcdef", Runtime: "v-b"}
-	if err := n.canRestore(other); !errors.Is(err, errdefs.ErrPrecondition) {
+	if err := canRestore(n.kept, n.be, n.cfg.Name, other); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Errorf("an image of a build it does not keep: %v, want a precondition refusal", err)
 	}
 	same := livemove.Manifest{Name: "mv", Runsc: string(a.Key), Runtime: a.Version + " ptrace"}
-	if err := n.canRestore(same); !errors.Is(err, errdefs.ErrPrecondition) {
+	if err := canRestore(n.kept, n.be, n.cfg.Name, same); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Errorf("the same build on another platform: %v, want a precondition refusal", err)
 	}
 
@@ -264,7 +264,7 @@ func TestMoveNeedsTheImagesBuild(t *testing.T) {
 	if err := runtimes.WriteStamp(img, a); err != nil {
 		t.Fatal(err)
 	}
-	if v, k := n.kept.ImageBuild("v-z-0123456789abcdef", img, n.backendRuntime()); k != a.Key || v != a.Version {
+	if v, k := n.kept.ImageBuild("v-z-0123456789abcdef", img, runtimeOf(n.be)); k != a.Key || v != a.Version {
 		t.Errorf("imageBuild of a stamped image: %q %q, want %q %q", v, k, a.Version, a.Key)
 	}
 }

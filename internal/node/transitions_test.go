@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"sandstorm/api"
-	"sandstorm/internal/gateway"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 	"sandstorm/internal/testenv"
@@ -69,7 +68,7 @@ func TestDrainBeforeCheckpoint(t *testing.T) {
 				// Frozen with the request in flight (frozen by its
 				// idle timer in the middle of a long request).
 				be.set("s1", sandbox.StatePaused)
-				n.entry("s1").setTier(api.TierFrozen)
+				n.tiers.Entry("s1").SetTier(api.TierFrozen)
 				n.st.UpdateSandbox(ctx, "s1", func(s *store.Sandbox) error { s.Tier = api.TierFrozen; return nil })
 			}
 			for _, m := range c.calls {
@@ -133,12 +132,12 @@ func TestWakeDuringSnapshotWaitsForIt(t *testing.T) {
 	if sb, _ := n.st.GetSandbox(ctx, "s1"); sb.Tier != api.TierHot || sb.Transition != api.TierSnapshot {
 		t.Fatalf("during the checkpoint the row says tier %s transition %q, want hot towards snapshot", sb.Tier, sb.Transition)
 	}
-	if n.IsHot("s1") {
+	if n.tiers.IsHot("s1") {
 		t.Error("IsHot during its checkpoint: the gateway would dial it")
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := n.Wake(cancelled, "s1"); !errors.Is(err, gateway.ErrRefused) {
+	if err := n.Wake(cancelled, "s1"); !errors.Is(err, ErrRefused) {
 		t.Errorf("a wake with no time to wait for the checkpoint: %v, want it refused", err)
 	}
 	woke := make(chan error, 1)
@@ -240,7 +239,7 @@ func TestFailedCheckpointKeepsARunningSandboxHot(t *testing.T) {
 	if want := "checkpoint failed: " + boom.Error() + "; sandbox kept running"; row.Tier != api.TierHot || row.Transition != "" || row.Note != want {
 		t.Errorf("row: tier %s transition %q note %q, want hot, none, %q", row.Tier, row.Transition, row.Note, want)
 	}
-	d := n.dir("s1")
+	d := n.h.Dir("s1")
 	for _, p := range []string{d.Snapshot(), d.SnapTmp()} {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s left behind", p)
@@ -254,7 +253,7 @@ func TestFailedCheckpointKeepsARunningSandboxHot(t *testing.T) {
 	}
 	// (Asked only now: the waiting wake holds the lock for a moment
 	// after the snapshot returns.)
-	if !n.IsHot("s1") {
+	if !n.tiers.IsHot("s1") {
 		t.Error("not hot to the gateway")
 	}
 	if c, s := be.logIndex("checkpoint s1"), be.logIndex("sandbox: /during"); s < c || !strings.HasSuffix(be.log()[s], "(it is running)") {
@@ -271,7 +270,7 @@ func TestFailedCheckpointKeepsARunningSandboxHot(t *testing.T) {
 func TestFailedCheckpointThatKilledTheSandbox(t *testing.T) {
 	be, n := checkpointingNode(t, api.TierHot)
 	ctx := context.Background()
-	d := n.dir("s1")
+	d := n.h.Dir("s1")
 	kept := filepath.Join(d.Upper(), "kept.txt")
 	if err := os.MkdirAll(d.Upper(), 0o755); err != nil {
 		t.Fatal(err)
@@ -292,8 +291,8 @@ func TestFailedCheckpointThatKilledTheSandbox(t *testing.T) {
 	if prefix := "checkpoint failed: " + boom.Error() + "; cold start failed too: "; row.Tier != api.TierDetached || row.Transition != "" || !strings.HasPrefix(row.Note, prefix) {
 		t.Errorf("row: tier %s transition %q note %q, want detached, none, %q…", row.Tier, row.Transition, row.Note, prefix)
 	}
-	if e, _ := n.lookup("s1"); e.getTier() != api.TierDetached || n.IsHot("s1") {
-		t.Errorf("the node sees it %s (hot to the gateway: %v), want detached", e.getTier(), n.IsHot("s1"))
+	if e, _ := n.tiers.Lookup("s1"); e.Tier() != api.TierDetached || n.tiers.IsHot("s1") {
+		t.Errorf("the node sees it %s (hot to the gateway: %v), want detached", e.Tier(), n.tiers.IsHot("s1"))
 	}
 	if _, err := os.Stat(kept); err != nil {
 		t.Errorf("its volume was not kept: %v", err)
@@ -375,7 +374,7 @@ func checkpointingNode(t *testing.T, tier api.Tier) (*fakeBackend, *Node) {
 	be.canCheckpoint = true
 	n := fakeNode(t, be, tier)
 	sb, _ := n.st.GetSandbox(context.Background(), "s1")
-	if err := n.boundaryUp(sb); err != nil {
+	if err := n.h.BoundaryUp(sb); err != nil {
 		t.Fatal(err)
 	}
 	return be, n
@@ -409,8 +408,8 @@ func TestSnapshotAnswersBeforeItsCleanup(t *testing.T) {
 	if err := <-snapErr; err != nil {
 		t.Fatal(err)
 	}
-	if sb.Tier != api.TierSnapshot || sb.Transition != "" || !n.dir("s1").HasSnapshot() {
-		t.Fatalf("answered with tier %s transition %q (image in place: %v), want snapshot", sb.Tier, sb.Transition, n.dir("s1").HasSnapshot())
+	if sb.Tier != api.TierSnapshot || sb.Transition != "" || !n.h.Dir("s1").HasSnapshot() {
+		t.Fatalf("answered with tier %s transition %q (image in place: %v), want snapshot", sb.Tier, sb.Transition, n.h.Dir("s1").HasSnapshot())
 	}
 	<-removing
 	be.on("remove", nil) // the wake's own removals (below) go through
@@ -422,7 +421,7 @@ func TestSnapshotAnswersBeforeItsCleanup(t *testing.T) {
 	closed := make(chan struct{})
 	go func() {
 		// Close must not return while the removal holds the sandbox.
-		n.finishing.Wait()
+		n.tiers.Finishing().Wait()
 		be.record("finishing done")
 		close(closed)
 	}()
@@ -442,7 +441,7 @@ func TestSnapshotAnswersBeforeItsCleanup(t *testing.T) {
 	// The node's own push waits for the removal.
 	be2, n2 := checkpointingNode(t, api.TierHot)
 	removing2, proceed2 := hold(be2, "remove", nil)
-	pushed := inBackground(func() error { _, err := n2.snapshotOrDetach(ctx, "s1"); be2.record("push returned"); return err })
+	pushed := inBackground(func() error { _, err := n2.tiers.SnapshotOrDetach(ctx, "s1"); be2.record("push returned"); return err })
 	<-removing2
 	if i := be2.logIndex("push returned"); i >= 0 {
 		t.Errorf("the push returned before the removal: %q", be2.log())

@@ -22,6 +22,7 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/reserve"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 	"sandstorm/internal/testenv"
@@ -267,7 +268,8 @@ func newFakeNodeWith(t *testing.T, be *fakeBackend, adjust func(*Config)) *Node 
 		t.Fatal(err)
 	}
 	// The same gateway, with timeouts a test can wait out.
-	n.gw = gateway.New(gateway.Config{Admission: 2 * time.Second, Ready: time.Second, DrainWait: fakeDrainWait}, n, log)
+	n.gw = gateway.New(gateway.Config{Admission: 2 * time.Second, Ready: time.Second, DrainWait: fakeDrainWait}, n.tiers, log)
+	n.tiers.SetGateway(n.gw)
 	t.Cleanup(n.Close)
 	// The template's rootfs does not exist, so a cold start or a restore
 	// fails at its overlay mount, with or without root (with root, a real
@@ -288,10 +290,10 @@ func addFakeSandbox(t *testing.T, n *Node, be *fakeBackend, id string, slot int,
 	if err := n.st.CreateSandbox(context.Background(), sb); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(string(n.dir(id)), 0o700); err != nil {
+	if err := os.MkdirAll(string(n.h.Dir(id)), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	n.entry(id).setTier(tier)
+	n.tiers.Entry(id).SetTier(tier)
 	switch tier {
 	case api.TierHot:
 		be.set(id, sandbox.StateRunning)
@@ -369,28 +371,26 @@ func get(c *http.Client, url string) string {
 // wakePending reports whether a wake of id has begun and not ended: with a
 // transition holding the sandbox's lock, one that waits for it.
 func wakePending(n *Node, id string) bool {
-	e, ok := n.lookup(id)
+	e, ok := n.tiers.Lookup(id)
 	if !ok {
 		return false
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.waking != nil
+	waking, _ := e.Waking()
+	return waking
 }
 
 // wakeSharers is how many callers wait on the wake of id in progress
 // besides the one running it (-1: none in progress).
 func wakeSharers(n *Node, id string) int {
-	e, ok := n.lookup(id)
+	e, ok := n.tiers.Lookup(id)
 	if !ok {
 		return -1
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.waking == nil {
+	waking, shared := e.Waking()
+	if !waking {
 		return -1
 	}
-	return e.waking.shared
+	return shared
 }
 
 // hasBoundary reports whether sandbox id's boundary is up.
@@ -433,7 +433,7 @@ func TestWakeCoalesces(t *testing.T) {
 	if sb.Tier != api.TierHot || sb.LastWakeFrom != api.TierFrozen || sb.Transition != "" {
 		t.Errorf("after the wake: tier %s from %s transition %q", sb.Tier, sb.LastWakeFrom, sb.Transition)
 	}
-	if !n.IsHot("s1") {
+	if !n.tiers.IsHot("s1") {
 		t.Error("the gateway does not see it hot")
 	}
 }
@@ -546,7 +546,7 @@ func TestQueuedCreateGivesUpCleanly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	_, err = n.Create(ctx, tpl, "queued", "", 0, 0)
-	if !errors.Is(err, gateway.ErrRefused) {
+	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("create while every start slot is taken, caller gone: %v, want ErrRefused", err)
 	}
 	if sbs, _ := n.st.ListSandboxes(context.Background(), ""); len(sbs) != 0 {
@@ -571,21 +571,21 @@ func TestSettledSizesOutliveTheNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := n.expectedMiB(tpl, 1024); e != 1024 {
+	if e := n.adm.Expected(reserve.SizeKey(tpl), 1024); e != 1024 {
 		t.Fatalf("nothing learned yet: a start counts %d MiB, want its limit", e)
 	}
-	n.settled.Learned(sizeKey(tpl), 24)
+	n.settled.Learned(reserve.SizeKey(tpl), 24)
 	fi, err := os.Stat(filepath.Join(n.cfg.DataDir, "settled-sizes.json"))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("settled sizes file: %v %v", fi, err)
 	}
 	m := newFakeNodeWith(t, be, func(c *Config) { c.DataDir = n.cfg.DataDir })
-	if e := m.expectedMiB(tpl, 1024); e != 30 {
+	if e := m.adm.Expected(reserve.SizeKey(tpl), 1024); e != 30 {
 		t.Errorf("the next node on this data dir counts a start at %d MiB, want 30 (24 + 25 %%)", e)
 	}
 	other := tpl
 	other.Digest = "another-build"
-	if e := m.expectedMiB(other, 1024); e != 1024 {
+	if e := m.adm.Expected(reserve.SizeKey(other), 1024); e != 1024 {
 		t.Errorf("another build of the template counts %d MiB, want its limit", e)
 	}
 
@@ -595,7 +595,7 @@ func TestSettledSizesOutliveTheNode(t *testing.T) {
 		c.DataDir = n.cfg.DataDir
 		c.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
 	})
-	if e := k.expectedMiB(tpl, 1024); e != 1024 || !strings.Contains(logBuf.String(), "settled sizes are unreadable") {
+	if e := k.adm.Expected(reserve.SizeKey(tpl), 1024); e != 1024 || !strings.Contains(logBuf.String(), "settled sizes are unreadable") {
 		t.Errorf("an unreadable file: a start counts %d MiB; log: %s", e, logBuf.String())
 	}
 }

@@ -8,7 +8,11 @@ import (
 
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/netns"
+	"sandstorm/internal/node/reserve"
+	"sandstorm/internal/node/tiering"
 	"sandstorm/internal/node/warm"
+	"sandstorm/internal/runtimes"
+	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
 
@@ -21,21 +25,18 @@ import (
 func (n *Node) newWarm() {
 	n.warm = warm.NewImages(warm.ImagesConfig{
 		DataDir: n.cfg.DataDir, Backend: n.be, Mark: n.cfg.SAM.Firewall.IngressMark, Ready: n.cfg.Ready,
-		Net:     func(id string) (netns.Net, error) { return n.Net(id, n.warmSlot()) },
-		Runtime: n.runtimeVersion, Log: n.log,
+		Net:     func(id string) (netns.Net, error) { return n.h.Net(id, n.cfg.Pool.Size()-1) },
+		Runtime: func() string { return imageRuntime(n.be, n.kept) }, Log: n.log,
 	})
 	n.pool = warm.NewPool(warmCore{n}, n.log)
 }
 
-// warmSlot is the address slot warm builds use.
-func (n *Node) warmSlot() int { return n.cfg.Pool.Size() - 1 }
-
-// runtimeVersion names the runtime images are made with ("" if the backend
-// cannot say): with the build's key, as two builds can claim one version,
-// and an image restores safely only on the build that wrote it.
-func (n *Node) runtimeVersion() string {
-	v := n.backendRuntime()
-	if k := n.kept.Current(); v != "" && k != "" {
+// imageRuntime names the runtime images are made with ("" if the
+// backend cannot say): with the build's key, as two builds can claim one
+// version, and an image restores safely only on the build that wrote it.
+func imageRuntime(be sandbox.Backend, kept *runtimes.Keeper) string {
+	v := runtimeOf(be)
+	if k := kept.Current(); v != "" && k != "" {
 		return v + " " + string(k)
 	}
 	return v
@@ -89,12 +90,12 @@ func (n *Node) warmStart(ctx context.Context, sb store.Sandbox, t store.Template
 	if t.Warm == nil || !n.warm.Ready(t.Name) {
 		return false, nil
 	}
-	if err := n.prepare(sb, t, n.envd.For(n.warm.Dir(t.Name))); err != nil {
+	if err := n.h.Prepare(sb, t, n.envd.For(n.warm.Dir(t.Name))); err != nil {
 		return true, err
 	}
-	d := n.dir(sb.ID)
+	d := n.h.Dir(sb.ID)
 	d.Mark("started from the warm image of template %s (its memory is the template's, reseeded; its volume new)", t.Name)
-	spec := n.spec(sb)
+	spec := n.h.Spec(sb)
 	if err := n.be.Restore(ctx, spec, n.warm.Dir(t.Name).WarmImage()); err != nil {
 		return true, fmt.Errorf("restore the warm image of %s: %w", t.Name, err)
 	}
@@ -108,17 +109,17 @@ func (n *Node) warmStart(ctx context.Context, sb store.Sandbox, t store.Template
 // (its principal is known now) and a resume; it was reseeded when it was
 // restored (warmCore.Make).
 func (n *Node) startPooled(sb store.Sandbox, t store.Template) error {
-	steps := newStepTimer()
-	if err := n.boundaryUp(sb); err != nil {
+	steps := tiering.NewSteps()
+	if err := n.h.BoundaryUp(sb); err != nil {
 		return err
 	}
-	steps.mark("boundary")
-	n.dir(sb.ID).Mark("taken from the warm pool of template %s (its memory is the template's, reseeded at its restore; its volume new)", t.Name)
-	if err := n.be.Resume(context.Background(), n.spec(sb)); err != nil {
+	steps.Mark("boundary")
+	n.h.Dir(sb.ID).Mark("taken from the warm pool of template %s (its memory is the template's, reseeded at its restore; its volume new)", t.Name)
+	if err := n.be.Resume(context.Background(), n.h.Spec(sb)); err != nil {
 		return fmt.Errorf("resume the pooled sandbox: %w", err)
 	}
-	steps.mark("runsc_resume")
-	n.log.Debug("pooled start steps", append([]any{"id", sb.ID}, steps.attrs()...)...)
+	steps.Mark("runsc_resume")
+	n.log.Debug("pooled start steps", append([]any{"id", sb.ID}, steps.Attrs()...)...)
 	return nil
 }
 
@@ -129,12 +130,13 @@ func (n *Node) freeSlot(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for i := 0; i < n.warmSlot(); i++ { // the last slot is warm builds'
+	warmSlot := n.cfg.Pool.Size() - 1 // the last slot is warm builds'
+	for i := 0; i < warmSlot; i++ {
 		if _, pooled := n.reserved[i]; !slots[i] && !pooled {
 			return i, nil
 		}
 	}
-	return 0, fmt.Errorf("%w: all %d address slots of %s are taken", ErrFull, n.warmSlot(), n.cfg.Pool.Prefix)
+	return 0, fmt.Errorf("%w: all %d address slots of %s are taken", ErrFull, warmSlot, n.cfg.Pool.Prefix)
 }
 
 // warmCore is the node as its warm pool's core (warm.Core).
@@ -176,7 +178,7 @@ func (c warmCore) Room(t store.Template) string {
 		if err != nil {
 			return err.Error()
 		}
-		want := 2 * n.expectedMiB(t, n.LimitMiB(t, 0))
+		want := 2 * n.adm.Expected(reserve.SizeKey(t), n.LimitMiB(t, 0))
 		if head < want {
 			return fmt.Sprintf("%d MiB of headroom, want %d", head, want)
 		}
@@ -207,10 +209,10 @@ func (c warmCore) Make(t store.Template) (warm.Pooled, error) {
 	}
 	sb := store.Sandbox{ID: p.ID, Name: warm.PooledName(p.ID), Template: t.Name, Slot: p.Slot, MemoryMiB: int(p.LimitMiB)}
 	bg := context.Background()
-	err = n.layOut(sb, t, n.envd.For(n.warm.Dir(t.Name)))
+	err = n.h.LayOut(sb, t, n.envd.For(n.warm.Dir(t.Name)))
 	if err == nil {
-		n.dir(sb.ID).Mark("restored from the warm image of template %s ahead of demand (warm pool), paused until a create takes it", t.Name)
-		spec := n.spec(sb)
+		n.h.Dir(sb.ID).Mark("restored from the warm image of template %s ahead of demand (warm pool), paused until a create takes it", t.Name)
+		spec := n.h.Spec(sb)
 		// Reseeded here, right after its restore, not when a create takes
 		// it: what a reseed is for is the state every restore of the image
 		// shares, and this sandbox has its own from now on, before anyone
@@ -238,7 +240,7 @@ func (c warmCore) Make(t store.Template) (warm.Pooled, error) {
 // made it there) and frees its slot.
 func (c warmCore) Discard(p warm.Pooled) {
 	n := c.n
-	err := n.teardown(context.Background(), store.Sandbox{ID: p.ID, Slot: p.Slot}, true)
+	err := n.h.Teardown(context.Background(), store.Sandbox{ID: p.ID, Slot: p.Slot}, true)
 	n.allocMu.Lock()
 	if n.reserved[p.Slot] == p.ID {
 		delete(n.reserved, p.Slot)

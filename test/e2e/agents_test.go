@@ -11,6 +11,7 @@ import (
 
 	"sandstorm/internal/bench"
 	"sandstorm/internal/sambench"
+	"sandstorm/internal/sambench/agents"
 )
 
 // TestSamBenchAgents is a small run of sam-bench agents (issue 17's
@@ -56,7 +57,7 @@ func TestSamBenchAgents(t *testing.T) {
 	if got := res.Params["fill_stopped_by"]; got != "--max 3 reached" {
 		t.Errorf("fill stopped by %q", got)
 	}
-	var pushes []sambench.Push
+	var pushes []agents.Push
 	b, _ := json.Marshal(res.Params["pushes"])
 	if err := json.Unmarshal(b, &pushes); err != nil {
 		t.Fatal(err)

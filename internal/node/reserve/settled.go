@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"sandstorm/internal/memguard"
+	"sandstorm/internal/store"
 )
 
 // Settled keeps what each template's sandboxes settled at, for the next
@@ -65,3 +66,8 @@ func (s *Settled) Learned(key string, mib int64) {
 	}
 	s.log.Info("template's sandboxes settle", "template", key, "settled_mib", mib, "admitted_at_mib", memguard.Expected(1<<30, mib))
 }
+
+// SizeKey names what a template's sandboxes settle at: its name and its
+// rootfs's digest, so a template made again with another program learns
+// its size again instead of inheriting the old one's.
+func SizeKey(t store.Template) string { return t.Name + "@" + t.Digest }

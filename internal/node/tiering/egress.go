@@ -1,9 +1,10 @@
-package node
+package tiering
 
 import (
 	"context"
 
 	"sandstorm/api"
+	"sandstorm/internal/boundary"
 )
 
 // egress is what a sandbox's boundary tells the node of its way out
@@ -11,14 +12,17 @@ import (
 // and the memory guard must not take an agent that is calling out, with
 // nothing coming in, for an idle one.
 type egress struct {
-	n  *Node
+	m  *Machine
 	id string
 }
 
-func (a egress) Touch() { a.n.Touch(a.id) }
+// Egress is what sandbox id's boundary tells the node (boundary.Activity).
+func (m *Machine) Egress(id string) boundary.Activity { return egress{m, id} }
+
+func (a egress) Touch() { a.m.Touch(a.id) }
 
 func (a egress) Busy(delta int) {
-	if e, ok := a.n.lookup(a.id); ok {
+	if e, ok := a.m.Lookup(a.id); ok {
 		e.egressCalls.Add(int32(delta))
 	}
 }
@@ -27,9 +31,9 @@ func (a egress) Busy(delta int) {
 // way into it); any other tier is left as it is: a sandbox on disk or
 // detached had its boundary's flows reset, so nothing is waiting in it.
 func (a egress) Thaw(ctx context.Context) error {
-	e, ok := a.n.lookup(a.id)
-	if !ok || e.getTier() != api.TierFrozen {
+	e, ok := a.m.Lookup(a.id)
+	if !ok || e.Tier() != api.TierFrozen {
 		return nil
 	}
-	return a.n.Wake(ctx, a.id)
+	return a.m.Wake(ctx, a.id)
 }
