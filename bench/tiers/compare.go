@@ -60,34 +60,6 @@ func (s *memSeries) read(ctx context.Context, be *gvisor.Backend, id string) {
 	s.SamplesMiB = append(s.SamplesMiB, mib)
 }
 
-// goal is what a comparison's series must stay within, against its
-// baseline: at most Ratio times it, or (PlusMs > 0) at most PlusMs
-// milliseconds over it.
-type goal struct {
-	Ratio  float64 `json:"ratio,omitempty"`
-	PlusMs float64 `json:"plus_ms,omitempty"`
-}
-
-func (g goal) set() bool { return g.Ratio > 0 || g.PlusMs > 0 }
-
-func (g goal) String() string {
-	switch {
-	case g.PlusMs > 0:
-		return fmt.Sprintf("≤ +%g ms", g.PlusMs)
-	case g.Ratio > 0:
-		return fmt.Sprintf("≤ %g", g.Ratio)
-	}
-	return ""
-}
-
-// met says whether v against baseline b meets g.
-func (g goal) met(v, b float64) bool {
-	if g.PlusMs > 0 {
-		return v-b <= g.PlusMs
-	}
-	return v/b <= g.Ratio
-}
-
 // comparison is one row kind of the ratio table: a series over the
 // baseline it is compared with (%s is the template) — sandstormd over raw
 // runsc, or a warm start over the cold one.
@@ -95,7 +67,7 @@ type comparison struct {
 	what     string
 	series   string
 	baseline string
-	goal     goal
+	goal     bench.Goal
 }
 
 // comparisons are the ratios the README quotes. The goals are issue 19's
@@ -107,22 +79,22 @@ type comparison struct {
 // first answer + 2 ms; and the warm template's: a warm start within 0.5 ×
 // the cold start of the same app.
 var comparisons = []comparison{
-	{"start → first answer, ms", "start/%s/client", "raw-start/%s/client", goal{Ratio: 1.05}},
-	{"wake from snapshot → answer, ms", "wake-snapshot/%s/client", "raw-restore/%s/client", goal{Ratio: 1.05}},
-	{"into snapshot: API round trip / runsc checkpoint alone, ms", "snapshot/%s/api", "raw-checkpoint/%s/runsc", goal{Ratio: 1.3}},
-	{"wake from frozen → answer, ms", "wake-frozen/%s/client", "raw-resume/%s/client", goal{PlusMs: 2}},
-	{"hot request, gateway / straight to the sandbox, ms", "hot/%s/client", "raw-hot/%s/client", goal{}},
-	{"create: node's own time / runsc run alone, ms", "start/%s/node", "raw-start/%s/runsc", goal{}},
-	{"restore: node's own time / runsc restore alone, ms", "wake-snapshot/%s/node", "raw-restore/%s/runsc", goal{}},
-	{"into frozen: API round trip / runsc pause alone, ms", "freeze/%s/api", "raw-pause/%s/runsc", goal{}},
-	{"sandbox CPU, start → first answer, ms", "start/%s/sandbox-cpu", "raw-start/%s/sandbox-cpu", goal{}},
-	{"sandbox CPU, restore → first answer, ms", "wake-snapshot/%s/sandbox-cpu", "raw-restore/%s/sandbox-cpu", goal{}},
-	{"hot memory at first answer, MiB", "mem-hot/%s/sandstormd", "mem-hot/%s/raw", goal{}},
-	{"warm start → first answer / cold start, ms", "warm-start/%s/client", "start/%s/client", goal{Ratio: 0.5}},
-	{"warm create: node's own time / cold create's, ms", "warm-start/%s/node", "start/%s/node", goal{}},
-	{"pooled warm start → first answer / cold start, ms", "warm-pool/%s/client", "start/%s/client", goal{Ratio: 0.5}},
-	{"hot memory at first answer: warm / cold, MiB", "mem-hot/%s/warm", "mem-hot/%s/sandstormd", goal{}},
-	{"hot memory at first answer: clone child / cold, MiB", "mem-hot/%s/clone-child", "mem-hot/%s/sandstormd", goal{}},
+	{"start → first answer, ms", "start/%s/client", "raw-start/%s/client", bench.Goal{Ratio: 1.05}},
+	{"wake from snapshot → answer, ms", "wake-snapshot/%s/client", "raw-restore/%s/client", bench.Goal{Ratio: 1.05}},
+	{"into snapshot: API round trip / runsc checkpoint alone, ms", "snapshot/%s/api", "raw-checkpoint/%s/runsc", bench.Goal{Ratio: 1.3}},
+	{"wake from frozen → answer, ms", "wake-frozen/%s/client", "raw-resume/%s/client", bench.Goal{PlusMs: 2}},
+	{"hot request, gateway / straight to the sandbox, ms", "hot/%s/client", "raw-hot/%s/client", bench.Goal{}},
+	{"create: node's own time / runsc run alone, ms", "start/%s/node", "raw-start/%s/runsc", bench.Goal{}},
+	{"restore: node's own time / runsc restore alone, ms", "wake-snapshot/%s/node", "raw-restore/%s/runsc", bench.Goal{}},
+	{"into frozen: API round trip / runsc pause alone, ms", "freeze/%s/api", "raw-pause/%s/runsc", bench.Goal{}},
+	{"sandbox CPU, start → first answer, ms", "start/%s/sandbox-cpu", "raw-start/%s/sandbox-cpu", bench.Goal{}},
+	{"sandbox CPU, restore → first answer, ms", "wake-snapshot/%s/sandbox-cpu", "raw-restore/%s/sandbox-cpu", bench.Goal{}},
+	{"hot memory at first answer, MiB", "mem-hot/%s/sandstormd", "mem-hot/%s/raw", bench.Goal{}},
+	{"warm start → first answer / cold start, ms", "warm-start/%s/client", "start/%s/client", bench.Goal{Ratio: 0.5}},
+	{"warm create: node's own time / cold create's, ms", "warm-start/%s/node", "start/%s/node", bench.Goal{}},
+	{"pooled warm start → first answer / cold start, ms", "warm-pool/%s/client", "start/%s/client", bench.Goal{Ratio: 0.5}},
+	{"hot memory at first answer: warm / cold, MiB", "mem-hot/%s/warm", "mem-hot/%s/sandstormd", bench.Goal{}},
+	{"hot memory at first answer: clone child / cold, MiB", "mem-hot/%s/clone-child", "mem-hot/%s/sandstormd", bench.Goal{}},
 }
 
 // ratioRow is one computed row, for results.json: Series over Baseline,
@@ -140,7 +112,7 @@ type ratioRow struct {
 	P99         float64 `json:"p99"`
 	BaselineP99 float64 `json:"baseline_p99"`
 	RatioP99    float64 `json:"ratio_p99"`
-	Goal        *goal   `json:"goal,omitempty"`
+	Goal        *bench.Goal   `json:"goal,omitempty"`
 	MeetsP50    *bool   `json:"meets_p50,omitempty"`
 	MeetsP99    *bool   `json:"meets_p99,omitempty"`
 	// Rounds are the same figures within each round of the run (both
@@ -190,10 +162,10 @@ func ratioRows(m map[string]measured, templates []string) []ratioRow {
 				P50: sd.P50, BaselineP50: bd.P50, RatioP50: sd.P50 / bd.P50,
 				P99: sd.P99, BaselineP99: bd.P99, RatioP99: sd.P99 / bd.P99,
 			}
-			if c.goal.set() {
+			if c.goal.Set() {
 				g := c.goal
 				row.Goal = &g
-				row.MeetsP50, row.MeetsP99 = meets(g, sd.P50, bd.P50), meets(g, sd.P99, bd.P99)
+				row.MeetsP50, row.MeetsP99 = g.Meets(sd.P50, bd.P50), g.Meets(sd.P99, bd.P99)
 			}
 			sr, br := bench.Rounds(m[sName].samples, m[sName].ends), bench.Rounds(m[bName].samples, m[bName].ends)
 			if len(sr) > 1 || len(br) > 1 {
@@ -207,7 +179,7 @@ func ratioRows(m map[string]measured, templates []string) []ratioRow {
 						P50: sd.P50, BaselineP50: bd.P50, RatioP50: sd.P50 / bd.P50,
 						P99: sd.P99, BaselineP99: bd.P99, RatioP99: sd.P99 / bd.P99}
 					if row.Goal != nil {
-						rr.MeetsP50, rr.MeetsP99 = meets(*row.Goal, sd.P50, bd.P50), meets(*row.Goal, sd.P99, bd.P99)
+						rr.MeetsP50, rr.MeetsP99 = row.Goal.Meets(sd.P50, bd.P50), row.Goal.Meets(sd.P99, bd.P99)
 					}
 					row.Rounds = append(row.Rounds, rr)
 				}
@@ -218,27 +190,7 @@ func ratioRows(m map[string]measured, templates []string) []ratioRow {
 	return out
 }
 
-func meets(g goal, v, b float64) *bool {
-	m := g.met(v, b)
-	return &m
-}
 
-// verdict says whether a goal is met over the run (overall), and how many
-// of the rounds met it (met of rounds): a goal met over the run but
-// missed in some round, or the other way round, straddles it.
-func verdict(overall *bool, met, rounds int) string {
-	if overall == nil {
-		return "—"
-	}
-	v := "not met"
-	if *overall {
-		v = "met"
-	}
-	if rounds > 1 && met != 0 && met != rounds {
-		v += fmt.Sprintf(" (straddles: %d of %d rounds)", met, rounds)
-	}
-	return v
-}
 
 // roundsMet counts the rounds of r that meet its goal at p50 (p99 false)
 // or p99.
@@ -285,14 +237,6 @@ func formatValue(what string, v float64) string {
 	return bench.FormatMs(v)
 }
 
-// formatRatio is a ratio cell: the ratio, and for a goal in milliseconds
-// over the baseline, the difference first.
-func formatRatio(g *goal, v, b float64) string {
-	if g != nil && g.PlusMs > 0 {
-		return fmt.Sprintf("%+.1f ms (%.2f)", v-b, v/b)
-	}
-	return fmt.Sprintf("%.2f", v/b)
-}
 
 // ratioTable renders rows as a bench.Table.
 func ratioTable(rows []ratioRow) *bench.Table {
@@ -310,9 +254,9 @@ func ratioTable(rows []ratioRow) *bench.Table {
 		if r.Goal != nil {
 			goalS = r.Goal.String()
 			met, n := roundsMet(r, false)
-			m50 = verdict(r.MeetsP50, met, n)
+			m50 = bench.Verdict(r.MeetsP50, met, n)
 			met, n = roundsMet(r, true)
-			m99 = verdict(r.MeetsP99, met, n)
+			m99 = bench.Verdict(r.MeetsP99, met, n)
 		}
 		withSpread := func(cell, sp string) string {
 			if sp == "" {
@@ -321,8 +265,8 @@ func ratioTable(rows []ratioRow) *bench.Table {
 			return cell + " [" + sp + "]"
 		}
 		t.Rows = append(t.Rows, []string{r.What, r.Template,
-			formatValue(r.What, r.P50) + " / " + formatValue(r.What, r.BaselineP50), withSpread(formatRatio(r.Goal, r.P50, r.BaselineP50), spread(r, false)),
-			formatValue(r.What, r.P99) + " / " + formatValue(r.What, r.BaselineP99), withSpread(formatRatio(r.Goal, r.P99, r.BaselineP99), spread(r, true)),
+			formatValue(r.What, r.P50) + " / " + formatValue(r.What, r.BaselineP50), withSpread(r.Goal.Format(r.P50, r.BaselineP50), spread(r, false)),
+			formatValue(r.What, r.P99) + " / " + formatValue(r.What, r.BaselineP99), withSpread(r.Goal.Format(r.P99, r.BaselineP99), spread(r, true)),
 			fmt.Sprintf("%d/%d", r.N, r.BaselineN), goalS, m50, m99})
 	}
 	return t
