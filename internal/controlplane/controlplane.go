@@ -204,7 +204,7 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 	}
 	// The name is checked before the token is spent, so a name taken by
 	// another key costs the operator's token nothing.
-	if m, err := s.cfg.Store.GetMeshMember(r.Context(), req.Name); err == nil {
+	if m, err := s.cfg.Store.Mesh().GetMeshMember(r.Context(), req.Name); err == nil {
 		if m.PublicKey == req.PublicKey && m.RevokedAt.IsZero() {
 			s.refuse(w, "enrol", req.Name, errdefs.New(errdefs.ErrConflict, "member %s is enrolled already with this key: renew its credential with POST /v1/refresh", req.Name))
 		} else {
@@ -221,7 +221,7 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 		// Checked in full before it is spent: a refused one costs nothing.
 		who, exp, err := s.oidc.identity(r.Context(), req.OIDCToken)
 		if err == nil {
-			err = s.cfg.Store.SpendMeshIDToken(r.Context(), hashIDToken(req.OIDCToken), exp, now)
+			err = s.cfg.Store.Mesh().SpendMeshIDToken(r.Context(), hashIDToken(req.OIDCToken), exp, now)
 			if errors.Is(err, errdefs.ErrExists) {
 				err = errdefs.New(errdefs.ErrUnauthorized, "this ID token has enrolled a member already: sign in again for another")
 			}
@@ -231,7 +231,7 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		by = "oidc " + who
-	} else if err := s.cfg.Store.SpendMeshToken(r.Context(), hashToken(req.Token), now); err != nil {
+	} else if err := s.cfg.Store.Mesh().SpendMeshToken(r.Context(), hashToken(req.Token), now); err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			s.refuse(w, "enrol", req.Name, errdefs.New(errdefs.ErrUnauthorized, "bootstrap token unknown, spent or expired: ask the operator for another (sam-control-plane token create)"))
 			return
@@ -239,7 +239,7 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 		errdefs.WriteHTTP(w, err)
 		return
 	}
-	if err := s.cfg.Store.PutMeshMember(r.Context(), store.MeshMember{Name: req.Name, PublicKey: req.PublicKey, EnrolledAt: now}); err != nil {
+	if err := s.cfg.Store.Mesh().PutMeshMember(r.Context(), store.MeshMember{Name: req.Name, PublicKey: req.PublicKey, EnrolledAt: now}); err != nil {
 		errdefs.WriteHTTP(w, err)
 		return
 	}
@@ -253,7 +253,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		errdefs.WriteHTTP(w, err)
 		return
 	}
-	m, err := s.cfg.Store.GetMeshMember(r.Context(), req.Name)
+	m, err := s.cfg.Store.Mesh().GetMeshMember(r.Context(), req.Name)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		s.refuse(w, "refresh", req.Name, errdefs.New(errdefs.ErrUnauthorized, "no member %q: enrol first (POST /v1/enrol with a bootstrap token)", req.Name))
 		return
@@ -324,7 +324,7 @@ func (s *Server) meshKeys(r *http.Request) (api.MeshKeys, error) {
 	if err != nil {
 		return api.MeshKeys{}, err
 	}
-	ms, err := s.cfg.Store.ListMeshMembers(r.Context())
+	ms, err := s.cfg.Store.Mesh().ListMeshMembers(r.Context())
 	if err != nil {
 		return api.MeshKeys{}, err
 	}
@@ -398,7 +398,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	tok := "samb_" + hex.EncodeToString(b)
 	now := s.cfg.Now()
 	exp := now.Add(ttl)
-	if err := s.cfg.Store.PutMeshToken(r.Context(), hashToken(tok), req.MaxUses, exp, now); err != nil {
+	if err := s.cfg.Store.Mesh().PutMeshToken(r.Context(), hashToken(tok), req.MaxUses, exp, now); err != nil {
 		errdefs.WriteHTTP(w, err)
 		return
 	}
@@ -407,7 +407,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) members(w http.ResponseWriter, r *http.Request) {
-	ms, err := s.cfg.Store.ListMeshMembers(r.Context())
+	ms, err := s.cfg.Store.Mesh().ListMeshMembers(r.Context())
 	if err != nil {
 		errdefs.WriteHTTP(w, err)
 		return
@@ -421,7 +421,7 @@ func (s *Server) members(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) revoke(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if err := s.cfg.Store.RevokeMeshMember(r.Context(), name, s.cfg.Now()); err != nil {
+	if err := s.cfg.Store.Mesh().RevokeMeshMember(r.Context(), name, s.cfg.Now()); err != nil {
 		errdefs.WriteHTTP(w, err)
 		return
 	}

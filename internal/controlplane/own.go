@@ -22,10 +22,10 @@ func (s *Server) IssueOwn(ctx context.Context, name string, pub ed25519.PublicKe
 		return "", meshcred.Claims{}, errdefs.New(errdefs.ErrBadInput, "name %q: lower-case letters, digits, '.' and '-', at most 63", name)
 	}
 	key := base64.StdEncoding.EncodeToString(pub)
-	m, err := s.cfg.Store.GetMeshMember(ctx, name)
+	m, err := s.cfg.Store.Mesh().GetMeshMember(ctx, name)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
-		if err := s.cfg.Store.PutMeshMember(ctx, store.MeshMember{Name: name, PublicKey: key, EnrolledAt: s.cfg.Now()}); err != nil {
+		if err := s.cfg.Store.Mesh().PutMeshMember(ctx, store.MeshMember{Name: name, PublicKey: key, EnrolledAt: s.cfg.Now()}); err != nil {
 			return "", meshcred.Claims{}, err
 		}
 		s.cfg.Log.Info("member enrolled", "name", name, "by", "the control plane's own process")

@@ -49,7 +49,7 @@ func TestIssueOwn(t *testing.T) {
 	if _, _, err := s.IssueOwn(ctx, "router", other); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("another key under the name: %v, want a conflict", err)
 	}
-	if err := st.RevokeMeshMember(ctx, "router", time.Now()); err != nil {
+	if err := st.Mesh().RevokeMeshMember(ctx, "router", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.IssueOwn(ctx, "router", pub); !errors.Is(err, errdefs.ErrForbidden) {

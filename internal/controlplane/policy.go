@@ -50,7 +50,7 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := s.cfg.Now()
-	v, err := s.cfg.Store.PutMeshPolicy(r.Context(), string(b), now)
+	v, err := s.cfg.Store.Mesh().PutMeshPolicy(r.Context(), string(b), now)
 	if err != nil {
 		errdefs.WriteHTTP(w, err)
 		return
@@ -73,7 +73,7 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	p, err := s.cfg.Store.GetMeshPolicy(r.Context())
+	p, err := s.cfg.Store.Mesh().GetMeshPolicy(r.Context())
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// None set yet: version 0, which grants nothing.
 		httpjson.Write(w, http.StatusOK, api.MeshPolicy{})
@@ -114,7 +114,7 @@ func (s *Server) VerifyCredential(ctx context.Context, tok string) (meshcred.Cla
 	var storeErr error
 	now := s.cfg.Now()
 	c, err := s.iss.Load().KeySet(now).Verify(tok, now, func(c meshcred.Claims) bool {
-		m, err := s.cfg.Store.GetMeshMember(ctx, c.Member)
+		m, err := s.cfg.Store.Mesh().GetMeshMember(ctx, c.Member)
 		if err != nil {
 			if !errors.Is(err, errdefs.ErrNotFound) {
 				storeErr = err

@@ -276,7 +276,7 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	meta := store.SandboxMeta{ID: sb.ID, Team: apikey.From(r.Context()).Team, Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause}
-	if err := s.cfg.Store.PutSandboxMeta(r.Context(), meta); err != nil {
+	if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), meta); err != nil {
 		// Not owned, it would be nobody's: do not leave it running.
 		if n, got, ferr := s.cfg.Fleet.Find(r.Context(), sb.ID); ferr == nil {
 			s.cfg.Fleet.Delete(context.WithoutCancel(r.Context()), n, got)
@@ -305,7 +305,7 @@ func (s *Service) find(r *http.Request) (nodeapi.Node, api.Sandbox, store.Sandbo
 		// Its node lost is not its end: 503, Retry-After.
 		return nil, sb, store.SandboxMeta{}, err
 	}
-	m, err := s.cfg.Store.GetSandboxMeta(r.Context(), sb.ID)
+	m, err := s.cfg.Store.Teams().GetSandboxMeta(r.Context(), sb.ID)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		m = store.SandboxMeta{ID: sb.ID, StartedAt: sb.CreatedAt} // the operator's, made by /v1
 	} else if err != nil {
@@ -369,7 +369,7 @@ func (s *Service) kill(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	if err := s.cfg.Store.DeleteSandboxMeta(r.Context(), sb.ID); err != nil {
+	if err := s.cfg.Store.Teams().DeleteSandboxMeta(r.Context(), sb.ID); err != nil {
 		s.cfg.Log.Warn("e2b: forget a killed sandbox's metadata", "id", sb.ID, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -392,7 +392,7 @@ func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	m.Paused = true
-	if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+	if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), m); err != nil {
 		fail(w, err)
 		return
 	}
@@ -456,7 +456,7 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 	if end := time.Now().Add(d); end.After(m.EndAt) || resumed {
 		m.EndAt = end
 	}
-	if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+	if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), m); err != nil {
 		fail(w, err)
 		return
 	}
@@ -484,7 +484,7 @@ func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m.EndAt = time.Now().Add(d)
-	if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+	if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), m); err != nil {
 		fail(w, err)
 		return
 	}
@@ -514,7 +514,7 @@ func (s *Service) listed(r *http.Request) ([]detail, error) {
 	if err != nil {
 		return nil, err
 	}
-	metas, err := s.cfg.Store.SandboxMetas(r.Context())
+	metas, err := s.cfg.Store.Teams().SandboxMetas(r.Context())
 	if err != nil {
 		return nil, err
 	}

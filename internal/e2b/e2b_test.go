@@ -108,7 +108,7 @@ func TestCreateAnswersWhatTheSDKRequires(t *testing.T) {
 	if sb.EnvdAccessToken != e.svc.AccessToken(sb.SandboxID) || len(sb.EnvdAccessToken) != 64 {
 		t.Errorf("access token %q", sb.EnvdAccessToken)
 	}
-	m, err := e.st.GetSandboxMeta(context.Background(), sb.SandboxID)
+	m, err := e.st.Teams().GetSandboxMeta(context.Background(), sb.SandboxID)
 	if err != nil || m.Team != "red" || m.Metadata["app"] != "x" || m.Env["K"] != "V" {
 		t.Errorf("kept %+v %v", m, err)
 	}
@@ -258,8 +258,8 @@ func TestLifetimes(t *testing.T) {
 	defer cancel()
 	go e.svc.Run(ctx)
 	testenv.WaitFor(t, 10*time.Second, "both ended", func() bool {
-		_, err := e.st.GetSandboxMeta(ctx, kill.SandboxID)
-		m, _ := e.st.GetSandboxMeta(ctx, pause.SandboxID)
+		_, err := e.st.Teams().GetSandboxMeta(ctx, kill.SandboxID)
+		m, _ := e.st.Teams().GetSandboxMeta(ctx, pause.SandboxID)
 		return err != nil && m.Paused
 	})
 	if _, err := e.node.Get(ctx, kill.SandboxID); err == nil {
@@ -316,7 +316,7 @@ func TestTraffic(t *testing.T) {
 	if st, _ := call(sb.SandboxID, sb.EnvdAccessToken, nil); st != http.StatusOK {
 		t.Errorf("traffic to a paused sandbox: %d", st)
 	}
-	if m, _ := e.st.GetSandboxMeta(context.Background(), sb.SandboxID); m.Paused || time.Until(m.EndAt) < DefaultTimeout-time.Second {
+	if m, _ := e.st.Teams().GetSandboxMeta(context.Background(), sb.SandboxID); m.Paused || time.Until(m.EndAt) < DefaultTimeout-time.Second {
 		t.Errorf("after traffic to a paused sandbox: paused %v, ends in %v", m.Paused, time.Until(m.EndAt))
 	}
 	e.call(t, "red", "DELETE", "/sandboxes/"+sb.SandboxID, "")

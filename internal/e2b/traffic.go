@@ -49,7 +49,7 @@ func (s *Service) Traffic() http.Handler {
 			fail(w, err) // its node lost: 503, Retry-After
 			return
 		}
-		m, err := s.cfg.Store.GetSandboxMeta(r.Context(), sb.ID)
+		m, err := s.cfg.Store.Teams().GetSandboxMeta(r.Context(), sb.ID)
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			fail(w, err)
 			return
@@ -59,7 +59,7 @@ func (s *Service) Traffic() http.Handler {
 			// autoResume): it is running again, with E2B's default
 			// lifetime from now, as a connect without one gives.
 			m.Paused, m.EndAt = false, time.Now().Add(DefaultTimeout)
-			if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+			if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), m); err != nil {
 				fail(w, err)
 				return
 			}
@@ -99,7 +99,7 @@ func (s *Service) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			due, err := s.cfg.Store.DueSandboxMetas(ctx, now)
+			due, err := s.cfg.Store.Teams().DueSandboxMetas(ctx, now)
 			if err != nil {
 				continue
 			}
@@ -121,7 +121,7 @@ func (s *Service) Run(ctx context.Context) {
 func (s *Service) end(ctx context.Context, m store.SandboxMeta) error {
 	n, sb, err := s.cfg.Fleet.Find(ctx, m.ID)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return s.cfg.Store.DeleteSandboxMeta(ctx, m.ID)
+		return s.cfg.Store.Teams().DeleteSandboxMeta(ctx, m.ID)
 	}
 	if err != nil {
 		return err
@@ -134,11 +134,11 @@ func (s *Service) end(ctx context.Context, m store.SandboxMeta) error {
 		}
 		m.Paused, m.EndAt = true, time.Time{}
 		s.cfg.Log.Info("e2b sandbox paused at its timeout", "id", sb.ID)
-		return s.cfg.Store.PutSandboxMeta(ctx, m)
+		return s.cfg.Store.Teams().PutSandboxMeta(ctx, m)
 	}
 	if err := s.cfg.Fleet.Delete(ctx, n, sb); err != nil {
 		return err
 	}
 	s.cfg.Log.Info("e2b sandbox killed at its timeout", "id", sb.ID)
-	return s.cfg.Store.DeleteSandboxMeta(ctx, m.ID)
+	return s.cfg.Store.Teams().DeleteSandboxMeta(ctx, m.ID)
 }

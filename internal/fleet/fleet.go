@@ -69,7 +69,7 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	}
 	f := &Fleet{cfg: cfg, remote: map[string]*remote.Client{}, addrs: map[string]string{}, links: map[string]*link{}}
 	var err error
-	if f.revoked, err = cfg.Store.Revocations(ctx); err != nil {
+	if f.revoked, err = cfg.Store.Enrol().Revocations(ctx); err != nil {
 		return nil, err
 	}
 	ns, err := cfg.Store.ListNodes(ctx)
@@ -625,7 +625,7 @@ func (f *Fleet) Forget(ctx context.Context, name string) error {
 	}
 	cancel()
 	now := time.Now()
-	if err := f.cfg.Store.Revoke(ctx, name, now); err != nil {
+	if err := f.cfg.Store.Enrol().Revoke(ctx, name, now); err != nil {
 		return err
 	}
 	if err := f.cfg.Store.DeleteNode(ctx, name); err != nil {
@@ -706,13 +706,13 @@ const JoinTokenLifetime = time.Hour
 func (f *Fleet) NewJoinToken(ctx context.Context) (string, time.Time, error) {
 	tok, hash := enrol.NewJoinToken()
 	until := time.Now().Add(JoinTokenLifetime)
-	return tok, until, f.cfg.Store.PutJoinToken(ctx, hash, until)
+	return tok, until, f.cfg.Store.Enrol().PutJoinToken(ctx, hash, until)
 }
 
 // Join admits a node that dials in with a join token: it signs the
 // node's key and records the node, which is lost until its tunnel is up.
 func (f *Fleet) Join(ctx context.Context, req enrol.JoinRequest) (enrol.JoinReply, error) {
-	ok, err := f.cfg.Store.UseJoinToken(ctx, enrol.JoinTokenHash(req.Token), time.Now())
+	ok, err := f.cfg.Store.Enrol().UseJoinToken(ctx, enrol.JoinTokenHash(req.Token), time.Now())
 	if err != nil {
 		return enrol.JoinReply{}, err
 	}

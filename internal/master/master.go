@@ -589,7 +589,7 @@ func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.cfg.Store.DeleteSandboxMeta(r.Context(), sb.ID); err != nil {
+	if err := s.cfg.Store.Teams().DeleteSandboxMeta(r.Context(), sb.ID); err != nil {
 		s.cfg.Log.Warn("forget a deleted sandbox's labels and team", "id", sb.ID, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -653,13 +653,13 @@ func (s *server) move(w http.ResponseWriter, r *http.Request) {
 	}
 	// The new sandbox is the old one's for its team, labels, env and
 	// lifetime (its ID is new).
-	if m, err := s.cfg.Store.GetSandboxMeta(r.Context(), old.ID); err == nil {
+	if m, err := s.cfg.Store.Teams().GetSandboxMeta(r.Context(), old.ID); err == nil {
 		m.ID = sb.ID
-		if err := s.cfg.Store.PutSandboxMeta(r.Context(), m); err != nil {
+		if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), m); err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		s.cfg.Store.DeleteSandboxMeta(r.Context(), old.ID)
+		s.cfg.Store.Teams().DeleteSandboxMeta(r.Context(), old.ID)
 	}
 	writeJSON(w, http.StatusCreated, s.decorate(r.Context(), []api.Sandbox{sb})[0])
 }
@@ -687,11 +687,11 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 	}
 	// Each child is its parent's team's, with its labels and env (and no
 	// lifetime of its own: none was asked).
-	pm, _ := s.cfg.Store.GetSandboxMeta(r.Context(), parent.ID)
+	pm, _ := s.cfg.Store.Teams().GetSandboxMeta(r.Context(), parent.ID)
 	for _, c := range out.Children {
 		cm := pm
 		cm.ID, cm.StartedAt, cm.EndAt, cm.AutoPause, cm.Paused = c.ID, time.Now(), time.Time{}, false, false
-		if perr := s.cfg.Store.PutSandboxMeta(r.Context(), cm); perr != nil {
+		if perr := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), cm); perr != nil {
 			s.cfg.Log.Error("clone: record the child's team", "child", c.ID, "err", perr)
 		}
 	}

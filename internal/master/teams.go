@@ -36,7 +36,7 @@ func (s *server) teamOf(r *http.Request, key string) (apikey.Caller, error) {
 	if !apikey.Valid(key) {
 		return apikey.Caller{}, errdefs.New(errdefs.ErrUnauthorized, "API key: not the shape of one (e2b_ and 40 hex digits)")
 	}
-	k, err := s.cfg.Store.APIKeyByHash(r.Context(), apikey.Hash(key))
+	k, err := s.cfg.Store.Teams().APIKeyByHash(r.Context(), apikey.Hash(key))
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return apikey.Caller{}, errdefs.New(errdefs.ErrUnauthorized, "API key: unknown or revoked")
 	}
@@ -66,7 +66,7 @@ func (s *server) owns(ctx context.Context, id string) bool {
 	if c.Operator {
 		return true
 	}
-	m, err := s.cfg.Store.GetSandboxMeta(ctx, id)
+	m, err := s.cfg.Store.Teams().GetSandboxMeta(ctx, id)
 	return err == nil && c.Sees(m.Team)
 }
 
@@ -80,7 +80,7 @@ func (s *server) visible(ctx context.Context, all []api.Sandbox) []api.Sandbox {
 	if c.Operator {
 		return all
 	}
-	metas, err := s.cfg.Store.SandboxMetas(ctx)
+	metas, err := s.cfg.Store.Teams().SandboxMetas(ctx)
 	if err != nil {
 		return nil
 	}
@@ -144,7 +144,7 @@ func settings(req api.SandboxRequest) (store.SandboxMeta, error) {
 // create asked.
 func (s *server) own(ctx context.Context, id string, m store.SandboxMeta) error {
 	m.ID, m.Team, m.StartedAt = id, apikey.From(ctx).Team, time.Now()
-	return s.cfg.Store.PutSandboxMeta(ctx, m)
+	return s.cfg.Store.Teams().PutSandboxMeta(ctx, m)
 }
 
 // decorate adds what the master keeps of each sandbox (labels, lifetime,
@@ -153,10 +153,10 @@ func (s *server) decorate(ctx context.Context, sbs []api.Sandbox) []api.Sandbox 
 	byID := map[string]store.SandboxMeta{}
 	if len(sbs) == 1 {
 		// One sandbox (a get, a create): its own row, not every row.
-		if m, err := s.cfg.Store.GetSandboxMeta(ctx, sbs[0].ID); err == nil {
+		if m, err := s.cfg.Store.Teams().GetSandboxMeta(ctx, sbs[0].ID); err == nil {
 			byID[m.ID] = m
 		}
-	} else if metas, err := s.cfg.Store.SandboxMetas(ctx); err == nil {
+	} else if metas, err := s.cfg.Store.Teams().SandboxMetas(ctx); err == nil {
 		for _, m := range metas {
 			byID[m.ID] = m
 		}
@@ -210,7 +210,7 @@ next:
 // replacing whatever the caller sent in that header.
 func (s *server) withEnv(r *http.Request, id string) error {
 	r.Header.Del(api.EnvdEnvHeader)
-	m, err := s.cfg.Store.GetSandboxMeta(r.Context(), id)
+	m, err := s.cfg.Store.Teams().GetSandboxMeta(r.Context(), id)
 	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && len(m.Env) == 0) {
 		return nil
 	}
@@ -245,7 +245,7 @@ func (s *server) createKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, row := apikey.New(req.Team, time.Now())
-	if err := s.cfg.Store.PutAPIKey(r.Context(), row); err != nil {
+	if err := s.cfg.Store.Teams().PutAPIKey(r.Context(), row); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -256,7 +256,7 @@ func (s *server) createKey(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) listKeys(w http.ResponseWriter, r *http.Request) {
-	rows, err := s.cfg.Store.APIKeys(r.Context())
+	rows, err := s.cfg.Store.Teams().APIKeys(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -269,7 +269,7 @@ func (s *server) listKeys(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) deleteKey(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Store.DeleteAPIKey(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.cfg.Store.Teams().DeleteAPIKey(r.Context(), r.PathValue("id")); err != nil {
 		s.fail(w, r, err)
 		return
 	}

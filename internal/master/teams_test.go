@@ -20,8 +20,8 @@ func TestTeamsSeeOnlyTheirOwn(t *testing.T) {
 	ctx := context.Background()
 	keyA, rowA := apikey.New("red", time.Now())
 	keyB, rowB := apikey.New("blue", time.Now())
-	st.PutAPIKey(ctx, rowA)
-	st.PutAPIKey(ctx, rowB)
+	st.Teams().PutAPIKey(ctx, rowA)
+	st.Teams().PutAPIKey(ctx, rowB)
 	a, b := "Bearer "+keyA, "Bearer "+keyB
 
 	if r := doAs(t, srv, "POST", "/v1/sandboxes", `{"template": "web", "name": "mine"}`, a); r.status != http.StatusCreated {
@@ -84,7 +84,7 @@ func TestTeamsSeeOnlyTheirOwn(t *testing.T) {
 			t.Errorf("a %s key: %d, want 401", what, r.status)
 		}
 	}
-	st.DeleteAPIKey(ctx, rowA.ID)
+	st.Teams().DeleteAPIKey(ctx, rowA.ID)
 	if r := doAs(t, srv, "GET", "/v1/sandboxes/mine", "", a); r.status != http.StatusUnauthorized || !strings.Contains(r.err.Message, "revoked") {
 		t.Errorf("a revoked key: %d %s", r.status, r.body)
 	}
@@ -129,7 +129,7 @@ func TestCreateSettings(t *testing.T) {
 		t.Fatalf("create: %d %s", r.status, r.body)
 	}
 	do(t, srv, "POST", "/v1/sandboxes", `{"template": "web", "name": "b", "labels": {"app": "y"}}`)
-	m, _ := st.GetSandboxMeta(context.Background(), "id-a")
+	m, _ := st.Teams().GetSandboxMeta(context.Background(), "id-a")
 	if m.Env["K"] != "V" || !m.AutoPause || time.Until(m.EndAt) < 80*time.Second {
 		t.Errorf("kept %+v", m)
 	}
@@ -169,7 +169,7 @@ func TestTeamsCannotChoosePrincipals(t *testing.T) {
 	n := newFakeNode()
 	srv, st := newAPI(t, n)
 	key, row := apikey.New("red", time.Now())
-	st.PutAPIKey(context.Background(), row)
+	st.Teams().PutAPIKey(context.Background(), row)
 	a := "Bearer " + key
 	if r := doAs(t, srv, "POST", "/v1/sandboxes", `{"template": "web", "name": "x", "principal": "admin"}`, a); r.status != http.StatusForbidden {
 		t.Errorf("a team naming a principal: %d, want 403", r.status)

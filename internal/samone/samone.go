@@ -235,7 +235,7 @@ func (one *One) renew(ctx context.Context, exp time.Time) {
 func (one *One) State(ctx context.Context) (api.MeshConsole, error) {
 	out := api.MeshConsole{Members: []api.MeshConsoleMember{}, Refusals: one.ring.List(), AgentRefusals: one.agents.List(),
 		Router: api.MeshConsoleRouter{Member: one.name, PeerID: one.Router.Host.ID().String(), Addrs: one.RouterAddrs()}}
-	ms, err := one.cp.Store.ListMeshMembers(ctx)
+	ms, err := one.cp.Store.Mesh().ListMeshMembers(ctx)
 	if err != nil {
 		return out, err
 	}
@@ -260,7 +260,7 @@ func (one *One) State(ctx context.Context) (api.MeshConsole, error) {
 		}
 		out.Members = append(out.Members, row)
 	}
-	p, err := one.cp.Store.GetMeshPolicy(ctx)
+	p, err := one.cp.Store.Mesh().GetMeshPolicy(ctx)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
 		out.Policy.Principals = []api.MeshConsolePrincipal{}

@@ -9,6 +9,14 @@ import (
 	"sandstorm/internal/errdefs"
 )
 
+// TeamRows are the API's rows of its teams: their API keys, and which
+// team owns each sandbox with its settings (the E2B surface's metadata
+// and timeouts). The master's and the E2B API's handlers write them.
+type TeamRows struct{ s *Store }
+
+// Teams is the API's view of the store.
+func (s *Store) Teams() TeamRows { return TeamRows{s} }
+
 // APIKey is one team's API key, as kept: its SHA-256 only (internal/apikey
 // makes and checks keys), and its last four characters to tell keys apart
 // in a list.
@@ -21,7 +29,8 @@ type APIKey struct {
 }
 
 // PutAPIKey stores k.
-func (s *Store) PutAPIKey(ctx context.Context, k APIKey) error {
+func (v TeamRows) PutAPIKey(ctx context.Context, k APIKey) error {
+	s := v.s
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO api_keys(id, team, hash, last4, created_at) VALUES(?,?,?,?,?)`), k.ID, k.Team, k.Hash, k.Last4, ms(k.CreatedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrExists)
@@ -30,8 +39,8 @@ func (s *Store) PutAPIKey(ctx context.Context, k APIKey) error {
 }
 
 // APIKeyByHash is the key whose hash is hash, or errdefs.ErrNotFound.
-func (s *Store) APIKeyByHash(ctx context.Context, hash string) (APIKey, error) {
-	ks, err := s.apiKeys(ctx, `SELECT id, team, hash, last4, created_at FROM api_keys WHERE hash=?`, hash)
+func (v TeamRows) APIKeyByHash(ctx context.Context, hash string) (APIKey, error) {
+	ks, err := v.apiKeys(ctx, `SELECT id, team, hash, last4, created_at FROM api_keys WHERE hash=?`, hash)
 	if err != nil {
 		return APIKey{}, err
 	}
@@ -42,12 +51,13 @@ func (s *Store) APIKeyByHash(ctx context.Context, hash string) (APIKey, error) {
 }
 
 // APIKeys lists every key, oldest first.
-func (s *Store) APIKeys(ctx context.Context) ([]APIKey, error) {
-	return s.apiKeys(ctx, `SELECT id, team, hash, last4, created_at FROM api_keys ORDER BY created_at, id`)
+func (v TeamRows) APIKeys(ctx context.Context) ([]APIKey, error) {
+	return v.apiKeys(ctx, `SELECT id, team, hash, last4, created_at FROM api_keys ORDER BY created_at, id`)
 }
 
 // DeleteAPIKey revokes key id: errdefs.ErrNotFound if there is none.
-func (s *Store) DeleteAPIKey(ctx context.Context, id string) error {
+func (v TeamRows) DeleteAPIKey(ctx context.Context, id string) error {
+	s := v.s
 	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM api_keys WHERE id=?`), id)
 	if err != nil {
 		return err
@@ -58,7 +68,8 @@ func (s *Store) DeleteAPIKey(ctx context.Context, id string) error {
 	return nil
 }
 
-func (s *Store) apiKeys(ctx context.Context, q string, args ...any) ([]APIKey, error) {
+func (v TeamRows) apiKeys(ctx context.Context, q string, args ...any) ([]APIKey, error) {
+	s := v.s
 	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
 	if err != nil {
 		return nil, err
@@ -95,7 +106,8 @@ type SandboxMeta struct {
 }
 
 // PutSandboxMeta stores m, replacing what was kept of sandbox m.ID.
-func (s *Store) PutSandboxMeta(ctx context.Context, m SandboxMeta) error {
+func (v TeamRows) PutSandboxMeta(ctx context.Context, m SandboxMeta) error {
+	s := v.s
 	var end int64
 	if !m.EndAt.IsZero() {
 		end = ms(m.EndAt)
@@ -116,8 +128,8 @@ func orEmpty(m map[string]string) map[string]string {
 }
 
 // GetSandboxMeta is what is kept of sandbox id, or errdefs.ErrNotFound.
-func (s *Store) GetSandboxMeta(ctx context.Context, id string) (SandboxMeta, error) {
-	ms, err := s.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta WHERE id=?`, id)
+func (v TeamRows) GetSandboxMeta(ctx context.Context, id string) (SandboxMeta, error) {
+	ms, err := v.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta WHERE id=?`, id)
 	if err != nil {
 		return SandboxMeta{}, err
 	}
@@ -128,24 +140,26 @@ func (s *Store) GetSandboxMeta(ctx context.Context, id string) (SandboxMeta, err
 }
 
 // SandboxMetas lists what is kept of every sandbox.
-func (s *Store) SandboxMetas(ctx context.Context) ([]SandboxMeta, error) {
-	return s.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta ORDER BY started_at, id`)
+func (v TeamRows) SandboxMetas(ctx context.Context) ([]SandboxMeta, error) {
+	return v.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta ORDER BY started_at, id`)
 }
 
 // DueSandboxMetas lists the sandboxes whose lifetime ended by now and
 // that are not paused: what the lifetime loop acts on, four times a
 // second, without reading every row.
-func (s *Store) DueSandboxMetas(ctx context.Context, now time.Time) ([]SandboxMeta, error) {
-	return s.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta WHERE end_at > 0 AND end_at <= ? AND paused = 0 ORDER BY end_at, id`, ms(now))
+func (v TeamRows) DueSandboxMetas(ctx context.Context, now time.Time) ([]SandboxMeta, error) {
+	return v.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta WHERE end_at > 0 AND end_at <= ? AND paused = 0 ORDER BY end_at, id`, ms(now))
 }
 
 // DeleteSandboxMeta forgets sandbox id.
-func (s *Store) DeleteSandboxMeta(ctx context.Context, id string) error {
+func (v TeamRows) DeleteSandboxMeta(ctx context.Context, id string) error {
+	s := v.s
 	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM sandbox_meta WHERE id=?`), id)
 	return err
 }
 
-func (s *Store) sandboxMetas(ctx context.Context, q string, args ...any) ([]SandboxMeta, error) {
+func (v TeamRows) sandboxMetas(ctx context.Context, q string, args ...any) ([]SandboxMeta, error) {
+	s := v.s
 	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
 	if err != nil {
 		return nil, err

@@ -19,28 +19,28 @@ func testAPIKeys(t *testing.T, where string) {
 	s := openAt(t, where)
 	now := time.UnixMilli(time.Now().UnixMilli()).UTC()
 	k := APIKey{ID: "k1", Team: "red", Hash: "h1", Last4: "abcd", CreatedAt: now}
-	if err := s.PutAPIKey(ctx, k); err != nil {
+	if err := s.Teams().PutAPIKey(ctx, k); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutAPIKey(ctx, APIKey{ID: "k2", Team: "blue", Hash: "h1", CreatedAt: now}); !errors.Is(err, errdefs.ErrExists) {
+	if err := s.Teams().PutAPIKey(ctx, APIKey{ID: "k2", Team: "blue", Hash: "h1", CreatedAt: now}); !errors.Is(err, errdefs.ErrExists) {
 		t.Errorf("a second key with the same hash: %v, want exists", err)
 	}
-	if got, err := s.APIKeyByHash(ctx, "h1"); err != nil || got != k {
+	if got, err := s.Teams().APIKeyByHash(ctx, "h1"); err != nil || got != k {
 		t.Errorf("by hash: %+v %v, want %+v", got, err, k)
 	}
-	if _, err := s.APIKeyByHash(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Teams().APIKeyByHash(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("unknown hash: %v", err)
 	}
-	if all, _ := s.APIKeys(ctx); len(all) != 1 {
+	if all, _ := s.Teams().APIKeys(ctx); len(all) != 1 {
 		t.Errorf("list: %v", all)
 	}
-	if err := s.DeleteAPIKey(ctx, "k1"); err != nil {
+	if err := s.Teams().DeleteAPIKey(ctx, "k1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.APIKeyByHash(ctx, "h1"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Teams().APIKeyByHash(ctx, "h1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("a revoked key still found: %v", err)
 	}
-	if err := s.DeleteAPIKey(ctx, "k1"); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.Teams().DeleteAPIKey(ctx, "k1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("revoking twice: %v", err)
 	}
 }
@@ -54,30 +54,30 @@ func testSandboxMeta(t *testing.T, where string) {
 	s := openAt(t, where)
 	now := time.UnixMilli(time.Now().UnixMilli()).UTC()
 	m := SandboxMeta{ID: "s1", Team: "red", Metadata: map[string]string{"app": "x"}, Env: map[string]string{"K": "V"}, StartedAt: now, EndAt: now.Add(time.Minute), AutoPause: true, Paused: true}
-	if err := s.PutSandboxMeta(ctx, m); err != nil {
+	if err := s.Teams().PutSandboxMeta(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.GetSandboxMeta(ctx, "s1"); err != nil || !reflect.DeepEqual(got, m) {
+	if got, err := s.Teams().GetSandboxMeta(ctx, "s1"); err != nil || !reflect.DeepEqual(got, m) {
 		t.Errorf("got %+v %v, want %+v", got, err, m)
 	}
 	m.EndAt, m.AutoPause, m.Metadata = time.Time{}, false, nil
-	s.PutSandboxMeta(ctx, m)
-	got, _ := s.GetSandboxMeta(ctx, "s1")
+	s.Teams().PutSandboxMeta(ctx, m)
+	got, _ := s.Teams().GetSandboxMeta(ctx, "s1")
 	if !got.EndAt.IsZero() || got.AutoPause || len(got.Metadata) != 0 {
 		t.Errorf("after a replace: %+v", got)
 	}
-	s.PutSandboxMeta(ctx, SandboxMeta{ID: "s2", StartedAt: now})
-	if all, _ := s.SandboxMetas(ctx); len(all) != 2 {
+	s.Teams().PutSandboxMeta(ctx, SandboxMeta{ID: "s2", StartedAt: now})
+	if all, _ := s.Teams().SandboxMetas(ctx); len(all) != 2 {
 		t.Errorf("list: %v", all)
 	}
-	s.PutSandboxMeta(ctx, SandboxMeta{ID: "due", StartedAt: now, EndAt: now.Add(-time.Second)})
-	s.PutSandboxMeta(ctx, SandboxMeta{ID: "paused", StartedAt: now, EndAt: now.Add(-time.Second), Paused: true})
-	s.PutSandboxMeta(ctx, SandboxMeta{ID: "later", StartedAt: now, EndAt: now.Add(time.Hour)})
-	if due, err := s.DueSandboxMetas(ctx, now); err != nil || len(due) != 1 || due[0].ID != "due" {
+	s.Teams().PutSandboxMeta(ctx, SandboxMeta{ID: "due", StartedAt: now, EndAt: now.Add(-time.Second)})
+	s.Teams().PutSandboxMeta(ctx, SandboxMeta{ID: "paused", StartedAt: now, EndAt: now.Add(-time.Second), Paused: true})
+	s.Teams().PutSandboxMeta(ctx, SandboxMeta{ID: "later", StartedAt: now, EndAt: now.Add(time.Hour)})
+	if due, err := s.Teams().DueSandboxMetas(ctx, now); err != nil || len(due) != 1 || due[0].ID != "due" {
 		t.Errorf("due: %v %v, want only the one past its end and not paused", due, err)
 	}
-	s.DeleteSandboxMeta(ctx, "s1")
-	if _, err := s.GetSandboxMeta(ctx, "s1"); !errors.Is(err, errdefs.ErrNotFound) {
+	s.Teams().DeleteSandboxMeta(ctx, "s1")
+	if _, err := s.Teams().GetSandboxMeta(ctx, "s1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("after delete: %v", err)
 	}
 }

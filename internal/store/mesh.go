@@ -10,12 +10,22 @@ import (
 	"sandstorm/internal/errdefs"
 )
 
+// MeshRows are the mesh control plane's rows (sam-control-plane, or the
+// one built into sam-node): its members, their one-time join and ID
+// tokens, and the policy it serves. Only internal/controlplane writes
+// them.
+type MeshRows struct{ s *Store }
+
+// Mesh is the control plane's view of the store.
+func (s *Store) Mesh() MeshRows { return MeshRows{s} }
+
 // The control plane's rows (sam-control-plane, internal/controlplane):
 // its bootstrap tokens, by their hash only, and its members.
 
 // PutMeshToken records a bootstrap token by its hash: good for maxUses
 // enrolments until expires.
-func (s *Store) PutMeshToken(ctx context.Context, hash string, maxUses int, expires, now time.Time) error {
+func (v MeshRows) PutMeshToken(ctx context.Context, hash string, maxUses int, expires, now time.Time) error {
+	s := v.s
 	if maxUses < 1 {
 		return fmt.Errorf("%w: a bootstrap token needs at least one use", errdefs.ErrBadInput)
 	}
@@ -31,7 +41,8 @@ func (s *Store) PutMeshToken(ctx context.Context, hash string, maxUses int, expi
 // not expired, so two enrolments racing for the last use cannot both
 // have it. errdefs.ErrNotFound for a token unknown, spent or expired (one
 // answer for all three: a guess learns nothing).
-func (s *Store) SpendMeshToken(ctx context.Context, hash string, now time.Time) error {
+func (v MeshRows) SpendMeshToken(ctx context.Context, hash string, now time.Time) error {
+	s := v.s
 	res, err := s.db.ExecContext(ctx, s.q(`UPDATE mesh_tokens SET uses=uses+1 WHERE hash=? AND uses<max_uses AND expires_at>?`), hash, ms(now))
 	if err != nil {
 		return err
@@ -53,7 +64,8 @@ type MeshMember struct {
 
 // PutMeshMember records m; errdefs.ErrExists if its name or its key is
 // another member's.
-func (s *Store) PutMeshMember(ctx context.Context, m MeshMember) error {
+func (v MeshRows) PutMeshMember(ctx context.Context, m MeshMember) error {
+	s := v.s
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO mesh_members(name, public_key, enrolled_at, revoked_at) VALUES(?,?,?,0)`), m.Name, m.PublicKey, ms(m.EnrolledAt))
 	if isConstraint(err) {
 		return fmt.Errorf("member %q (or its key): %w", m.Name, errdefs.ErrExists)
@@ -62,7 +74,8 @@ func (s *Store) PutMeshMember(ctx context.Context, m MeshMember) error {
 }
 
 // GetMeshMember returns the member called name, or errdefs.ErrNotFound.
-func (s *Store) GetMeshMember(ctx context.Context, name string) (MeshMember, error) {
+func (v MeshRows) GetMeshMember(ctx context.Context, name string) (MeshMember, error) {
+	s := v.s
 	m, err := scanMember(s.db.QueryRowContext(ctx, s.q(`SELECT name, public_key, enrolled_at, revoked_at FROM mesh_members WHERE name=?`), name))
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return m, fmt.Errorf("no member %q: %w", name, errdefs.ErrNotFound)
@@ -71,7 +84,8 @@ func (s *Store) GetMeshMember(ctx context.Context, name string) (MeshMember, err
 }
 
 // ListMeshMembers lists every member, revoked ones too, by name.
-func (s *Store) ListMeshMembers(ctx context.Context) ([]MeshMember, error) {
+func (v MeshRows) ListMeshMembers(ctx context.Context) ([]MeshMember, error) {
+	s := v.s
 	rows, err := s.db.QueryContext(ctx, `SELECT name, public_key, enrolled_at, revoked_at FROM mesh_members ORDER BY name`)
 	if err != nil {
 		return nil, err
@@ -90,7 +104,8 @@ func (s *Store) ListMeshMembers(ctx context.Context) ([]MeshMember, error) {
 
 // RevokeMeshMember marks the member revoked at now (a second revoke keeps
 // the first time); errdefs.ErrNotFound if there is none of that name.
-func (s *Store) RevokeMeshMember(ctx context.Context, name string, now time.Time) error {
+func (v MeshRows) RevokeMeshMember(ctx context.Context, name string, now time.Time) error {
+	s := v.s
 	res, err := s.db.ExecContext(ctx, s.q(`UPDATE mesh_members SET revoked_at=? WHERE name=? AND revoked_at=0`), ms(now), name)
 	if err != nil {
 		return err
@@ -98,7 +113,7 @@ func (s *Store) RevokeMeshMember(ctx context.Context, name string, now time.Time
 	if n, _ := res.RowsAffected(); n == 1 {
 		return nil
 	}
-	_, err = s.GetMeshMember(ctx, name)
+	_, err = v.GetMeshMember(ctx, name)
 	return err
 }
 
@@ -135,7 +150,8 @@ type MeshPolicy struct {
 // and the losers' inserts hit the primary key and are retried with the
 // next, so n racing writers need at most n-1 retries (an operator's
 // writes: a few at most; 32 is room to spare).
-func (s *Store) PutMeshPolicy(ctx context.Context, doc string, now time.Time) (int64, error) {
+func (v MeshRows) PutMeshPolicy(ctx context.Context, doc string, now time.Time) (int64, error) {
+	s := v.s
 	for range 32 {
 		var v int64
 		err := s.db.QueryRowContext(ctx, s.q(`INSERT INTO mesh_policy(version, document, set_at) SELECT COALESCE(MAX(version), 0) + 1, ?, ? FROM mesh_policy RETURNING version`), doc, ms(now)).Scan(&v)
@@ -149,7 +165,8 @@ func (s *Store) PutMeshPolicy(ctx context.Context, doc string, now time.Time) (i
 
 // GetMeshPolicy returns the newest policy, or errdefs.ErrNotFound if none
 // was ever set.
-func (s *Store) GetMeshPolicy(ctx context.Context) (MeshPolicy, error) {
+func (v MeshRows) GetMeshPolicy(ctx context.Context) (MeshPolicy, error) {
+	s := v.s
 	var p MeshPolicy
 	var at int64
 	err := s.db.QueryRowContext(ctx, `SELECT version, document, set_at FROM mesh_policy ORDER BY version DESC LIMIT 1`).Scan(&p.Version, &p.Document, &at)
@@ -164,7 +181,8 @@ func (s *Store) GetMeshPolicy(ctx context.Context) (MeshPolicy, error) {
 // has enrolled a member, once: errdefs.ErrExists if it did before. The
 // row is kept until the token expires (it is refused after that anyway),
 // and expired rows are dropped on the way.
-func (s *Store) SpendMeshIDToken(ctx context.Context, hash string, expires, now time.Time) error {
+func (v MeshRows) SpendMeshIDToken(ctx context.Context, hash string, expires, now time.Time) error {
+	s := v.s
 	if _, err := s.db.ExecContext(ctx, s.q(`DELETE FROM mesh_id_tokens WHERE expires_at<?`), ms(now)); err != nil {
 		return err
 	}

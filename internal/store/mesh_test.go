@@ -21,7 +21,7 @@ func testMeshTokens(t *testing.T, where string) {
 	s := openAt(t, where)
 	ctx := context.Background()
 	now := time.Now()
-	if err := s.PutMeshToken(ctx, "h3", 3, now.Add(time.Hour), now); err != nil {
+	if err := s.Mesh().PutMeshToken(ctx, "h3", 3, now.Add(time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
 	var won atomic.Int32
@@ -30,7 +30,7 @@ func testMeshTokens(t *testing.T, where string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.SpendMeshToken(ctx, "h3", now); err == nil {
+			if err := s.Mesh().SpendMeshToken(ctx, "h3", now); err == nil {
 				won.Add(1)
 			} else if !errors.Is(err, errdefs.ErrNotFound) {
 				t.Error(err)
@@ -41,14 +41,14 @@ func testMeshTokens(t *testing.T, where string) {
 	if won.Load() != 3 {
 		t.Errorf("20 racing enrolments spent %d uses of a 3-use token", won.Load())
 	}
-	s.PutMeshToken(ctx, "old", 5, now.Add(time.Minute), now)
-	if err := s.SpendMeshToken(ctx, "old", now.Add(2*time.Minute)); !errors.Is(err, errdefs.ErrNotFound) {
+	s.Mesh().PutMeshToken(ctx, "old", 5, now.Add(time.Minute), now)
+	if err := s.Mesh().SpendMeshToken(ctx, "old", now.Add(2*time.Minute)); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("an expired token: %v", err)
 	}
-	if err := s.SpendMeshToken(ctx, "nope", now); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.Mesh().SpendMeshToken(ctx, "nope", now); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("an unknown token: %v", err)
 	}
-	if err := s.PutMeshToken(ctx, "zero", 0, now.Add(time.Hour), now); !errors.Is(err, errdefs.ErrBadInput) {
+	if err := s.Mesh().PutMeshToken(ctx, "zero", 0, now.Add(time.Hour), now); !errors.Is(err, errdefs.ErrBadInput) {
 		t.Errorf("a token of no use: %v", err)
 	}
 }
@@ -61,26 +61,26 @@ func testMeshMembers(t *testing.T, where string) {
 	s := openAt(t, where)
 	ctx := context.Background()
 	now := time.Now().Truncate(time.Millisecond).UTC()
-	if err := s.PutMeshMember(ctx, MeshMember{Name: "a", PublicKey: "ka", EnrolledAt: now}); err != nil {
+	if err := s.Mesh().PutMeshMember(ctx, MeshMember{Name: "a", PublicKey: "ka", EnrolledAt: now}); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range []MeshMember{{Name: "a", PublicKey: "kb"}, {Name: "b", PublicKey: "ka"}} {
-		if err := s.PutMeshMember(ctx, m); !errors.Is(err, errdefs.ErrExists) {
+		if err := s.Mesh().PutMeshMember(ctx, m); !errors.Is(err, errdefs.ErrExists) {
 			t.Errorf("%+v: %v, want ErrExists", m, err)
 		}
 	}
-	if err := s.RevokeMeshMember(ctx, "a", now.Add(time.Minute)); err != nil {
+	if err := s.Mesh().RevokeMeshMember(ctx, "a", now.Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	s.RevokeMeshMember(ctx, "a", now.Add(time.Hour))
-	m, err := s.GetMeshMember(ctx, "a")
+	s.Mesh().RevokeMeshMember(ctx, "a", now.Add(time.Hour))
+	m, err := s.Mesh().GetMeshMember(ctx, "a")
 	if err != nil || !m.RevokedAt.Equal(now.Add(time.Minute)) || !m.EnrolledAt.Equal(now) {
 		t.Errorf("after two revokes: %+v, %v", m, err)
 	}
-	if err := s.RevokeMeshMember(ctx, "ghost", now); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.Mesh().RevokeMeshMember(ctx, "ghost", now); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("revoke of no member: %v", err)
 	}
-	ms, _ := s.ListMeshMembers(ctx)
+	ms, _ := s.Mesh().ListMeshMembers(ctx)
 	if fmt.Sprint(len(ms)) != "1" {
 		t.Errorf("members: %+v", ms)
 	}
@@ -95,18 +95,18 @@ func testMeshPolicy(t *testing.T, where string) {
 	s := openAt(t, where)
 	ctx := context.Background()
 	now := time.Now().Truncate(time.Millisecond).UTC()
-	if _, err := s.GetMeshPolicy(ctx); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Mesh().GetMeshPolicy(ctx); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("no policy yet: %v, want not found", err)
 	}
 	for i, doc := range []string{"roles: []", "bindings: []"} {
-		v, err := s.PutMeshPolicy(ctx, doc, now)
+		v, err := s.Mesh().PutMeshPolicy(ctx, doc, now)
 		if err != nil || v != int64(i+1) {
 			t.Fatalf("put %d: version %d, %v", i, v, err)
 		}
 	}
 	s.Close()
 	s = openAt(t, where)
-	p, err := s.GetMeshPolicy(ctx)
+	p, err := s.Mesh().GetMeshPolicy(ctx)
 	if err != nil || p.Version != 2 || p.Document != "bindings: []" || !p.SetAt.Equal(now) {
 		t.Fatalf("after a reopen: %+v, %v", p, err)
 	}
@@ -117,7 +117,7 @@ func testMeshPolicy(t *testing.T, where string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			v, err := s.PutMeshPolicy(ctx, fmt.Sprint("# ", i), now)
+			v, err := s.Mesh().PutMeshPolicy(ctx, fmt.Sprint("# ", i), now)
 			if err != nil {
 				t.Error(err)
 				return
@@ -131,7 +131,7 @@ func testMeshPolicy(t *testing.T, where string) {
 	if len(seen) != 10 {
 		t.Errorf("ten racing puts got %d distinct versions: %v", len(seen), seen)
 	}
-	if p, _ := s.GetMeshPolicy(ctx); p.Version != 12 {
+	if p, _ := s.Mesh().GetMeshPolicy(ctx); p.Version != 12 {
 		t.Errorf("newest version %d, want 12", p.Version)
 	}
 }
@@ -150,7 +150,7 @@ func testMeshIDTokens(t *testing.T, where string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.SpendMeshIDToken(ctx, "h", now.Add(time.Hour), now); err == nil {
+			if err := s.Mesh().SpendMeshIDToken(ctx, "h", now.Add(time.Hour), now); err == nil {
 				won.Add(1)
 			} else if !errors.Is(err, errdefs.ErrExists) {
 				t.Error(err)
@@ -162,7 +162,7 @@ func testMeshIDTokens(t *testing.T, where string) {
 		t.Errorf("an ID token spent %d times", won.Load())
 	}
 	// Once expired, its row is dropped (the verifier refuses it by then).
-	if err := s.SpendMeshIDToken(ctx, "h", now.Add(3*time.Hour), now.Add(2*time.Hour)); err != nil {
+	if err := s.Mesh().SpendMeshIDToken(ctx, "h", now.Add(3*time.Hour), now.Add(2*time.Hour)); err != nil {
 		t.Errorf("after the first expired: %v", err)
 	}
 }

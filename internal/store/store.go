@@ -25,6 +25,14 @@ import (
 	"sandstorm/internal/errdefs"
 )
 
+// EnrolRows are the fleet's enrolment rows: one-time join tokens and the
+// nodes whose certificates are revoked. Only the master's enrolment
+// (internal/enrol, through the fleet) writes them.
+type EnrolRows struct{ s *Store }
+
+// Enrol is the fleet enrolment's view of the store.
+func (s *Store) Enrol() EnrolRows { return EnrolRows{s} }
+
 // Errors are errdefs kinds: errdefs.ErrNotFound when no row matches, errdefs.ErrExists
 // when a name or ID is taken, ErrConflict when something still used
 // cannot be removed.
@@ -960,13 +968,15 @@ func (s *Store) ListAllPlacements(ctx context.Context) ([]Placement, error) {
 
 // Revoke records that every certificate issued to node before at is
 // revoked (it was forgotten then; fleet.Fleet checks).
-func (s *Store) Revoke(ctx context.Context, node string, at time.Time) error {
+func (v EnrolRows) Revoke(ctx context.Context, node string, at time.Time) error {
+	s := v.s
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO revocations(node, at) VALUES(?,?) ON CONFLICT(node) DO UPDATE SET at=excluded.at`), node, ms(at))
 	return err
 }
 
 // Revocations is when each revoked node's certificates were revoked.
-func (s *Store) Revocations(ctx context.Context) (map[string]time.Time, error) {
+func (v EnrolRows) Revocations(ctx context.Context) (map[string]time.Time, error) {
+	s := v.s
 	rows, err := s.db.QueryContext(ctx, `SELECT node, at FROM revocations`)
 	if err != nil {
 		return nil, err
@@ -985,14 +995,16 @@ func (s *Store) Revocations(ctx context.Context) (map[string]time.Time, error) {
 }
 
 // PutJoinToken records a join token (by its hash) until expires.
-func (s *Store) PutJoinToken(ctx context.Context, hash string, expires time.Time) error {
+func (v EnrolRows) PutJoinToken(ctx context.Context, hash string, expires time.Time) error {
+	s := v.s
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO join_tokens(hash, expires_at) VALUES(?,?)`), hash, ms(expires))
 	return err
 }
 
 // UseJoinToken consumes the join token with hash: true if it was there
 // and not expired. A token is good once.
-func (s *Store) UseJoinToken(ctx context.Context, hash string, now time.Time) (bool, error) {
+func (v EnrolRows) UseJoinToken(ctx context.Context, hash string, now time.Time) (bool, error) {
+	s := v.s
 	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM join_tokens WHERE hash=? AND expires_at>?`), hash, ms(now))
 	if err != nil {
 		return false, err

@@ -286,18 +286,18 @@ func testJoinTokens(t *testing.T, where string) {
 	ctx := context.Background()
 	s := openAt(t, where)
 	now := time.Now()
-	s.PutJoinToken(ctx, "h1", now.Add(time.Hour))
-	s.PutJoinToken(ctx, "h2", now.Add(-time.Second))
-	if ok, err := s.UseJoinToken(ctx, "h1", now); !ok || err != nil {
+	s.Enrol().PutJoinToken(ctx, "h1", now.Add(time.Hour))
+	s.Enrol().PutJoinToken(ctx, "h2", now.Add(-time.Second))
+	if ok, err := s.Enrol().UseJoinToken(ctx, "h1", now); !ok || err != nil {
 		t.Errorf("a fresh token: %v %v", ok, err)
 	}
-	if ok, _ := s.UseJoinToken(ctx, "h1", now); ok {
+	if ok, _ := s.Enrol().UseJoinToken(ctx, "h1", now); ok {
 		t.Error("a token was good twice")
 	}
-	if ok, _ := s.UseJoinToken(ctx, "h2", now); ok {
+	if ok, _ := s.Enrol().UseJoinToken(ctx, "h2", now); ok {
 		t.Error("an expired token was good")
 	}
-	if ok, _ := s.UseJoinToken(ctx, "nope", now); ok {
+	if ok, _ := s.Enrol().UseJoinToken(ctx, "nope", now); ok {
 		t.Error("an unknown token was good")
 	}
 }
