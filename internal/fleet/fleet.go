@@ -59,7 +59,7 @@ type Fleet struct {
 
 	fly       inflight               // place.go
 	resolving map[string]*sync.Mutex // place.go, under mu
-	drain     map[string]bool        // move.go: nodes draining, under mu
+	draining  draining               // move.go
 }
 
 // New loads the paired nodes from the store.
@@ -81,7 +81,7 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 			return nil, err
 		}
 		if n.Draining {
-			f.setDraining(n.Name, true)
+			f.draining.set(n.Name, true)
 		}
 	}
 	// An attempt on the node in this process, or one that never got as far
@@ -407,7 +407,7 @@ func principalOr(p store.Placement) string {
 func (f *Fleet) taken(ctx context.Context, name string) error {
 	p, err := f.cfg.Store.GetPlacement(ctx, name)
 	if err == nil && p.State == store.PlacementCreating {
-		if !f.inFlight()[p.Generation] {
+		if !f.fly.all()[p.Generation] {
 			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("a create of sandbox %q on node %s is not settled: the node did not answer it, and the master learns whether it was made when the node reports again; retry in a few seconds", name, p.Node))
 		}
 	}
@@ -429,7 +429,7 @@ func (f *Fleet) Statuses(ctx context.Context) []api.NodeStatus {
 		f.mu.RLock()
 		addr := f.addrs[name]
 		f.mu.RUnlock()
-		draining := f.isDraining(name)
+		draining := f.draining.has(name)
 		if l, ok := f.linkOf(name); ok && !l.young(now) {
 			st := l.status
 			if l.lost(now) {
@@ -543,7 +543,7 @@ func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
 		seen[sb.ID] = true
 		out = append(out, sb)
 	}
-	fly := f.inFlight()
+	fly := f.fly.all()
 	for _, p := range ps {
 		switch {
 		case p.State == store.PlacementCreating && (fly[p.Generation] || attempts[attempt{p.Node, p.Generation}]):

@@ -47,21 +47,25 @@ import (
 // up: they are best effort, and settleMove finishes what they do not.
 const moveMargin = 30 * time.Second
 
-// draining is which paired nodes are being drained (nodes.draining),
-// under Fleet.mu.
-func (f *Fleet) isDraining(name string) bool {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.drain[name]
+// draining is the paired nodes being drained: they take no sandboxes.
+type draining struct {
+	mu    sync.Mutex
+	nodes map[string]bool
 }
 
-func (f *Fleet) setDraining(name string, on bool) {
-	f.mu.Lock()
-	if f.drain == nil {
-		f.drain = map[string]bool{}
+func (d *draining) has(name string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.nodes[name]
+}
+
+func (d *draining) set(name string, on bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.nodes == nil {
+		d.nodes = map[string]bool{}
 	}
-	f.drain[name] = on
-	f.mu.Unlock()
+	d.nodes[name] = on
 }
 
 // LiveMove moves sandbox ref, placed on a paired node that answers, to
@@ -137,7 +141,7 @@ func (f *Fleet) moveTargets(ctx context.Context, from, to string) ([]nodeapi.Nod
 			return nil, errdefs.New(errdefs.ErrBadInput, "sandbox is on node %s already", to)
 		case n == nil:
 			return nil, errdefs.New(errdefs.ErrNotFound, "node %q: not a paired node of this master (a live move goes between paired nodes)", to)
-		case f.isDraining(to):
+		case f.draining.has(to):
 			return nil, errdefs.New(errdefs.ErrConflict, "node %s is draining: it takes no sandboxes", to)
 		}
 		return []nodeapi.Node{n}, nil
@@ -148,7 +152,7 @@ func (f *Fleet) moveTargets(ctx context.Context, from, to string) ([]nodeapi.Nod
 			continue
 		}
 		cands = append(cands, placement.Candidate{Name: st.Name, AvailableMiB: st.MemAvailableMiB, ReserveMiB: st.MemReserveMiB,
-			PromisedMiB: st.PromisedMiB, Lost: st.State == "lost", Draining: f.isDraining(st.Name)})
+			PromisedMiB: st.PromisedMiB, Lost: st.State == "lost", Draining: f.draining.has(st.Name)})
 	}
 	var out []nodeapi.Node
 	for _, c := range placement.ForMove(cands, from) {
@@ -166,7 +170,7 @@ func (f *Fleet) moveTargets(ctx context.Context, from, to string) ([]nodeapi.Nod
 func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.Node) (api.Sandbox, error) {
 	st := f.cfg.Store
 	bg := context.WithoutCancel(ctx)
-	gen, err := f.begin(ctx)
+	gen, err := f.fly.begin(ctx, f.cfg.Store)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -176,7 +180,7 @@ func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.No
 	landed := true
 	defer func() {
 		if landed {
-			f.landed(gen)
+			f.fly.landed(gen)
 		}
 	}()
 	if err := st.BeginMove(ctx, p.ID, t.Name(), gen); err != nil {
@@ -243,7 +247,7 @@ func (f *Fleet) moveTo(ctx context.Context, p store.Placement, src, t nodeapi.No
 	// that dies first leaves the move "moved", which settleMove finishes.
 	landed = false
 	go func() {
-		defer f.landed(gen)
+		defer f.fly.landed(gen)
 		f.cleanupMove(bg, p.ID, src, gen)
 	}()
 	return live, nil
@@ -322,7 +326,7 @@ func (f *Fleet) abortOn(ctx context.Context, n nodeapi.Node, id string, gen int6
 // move before its commit point is given up, one after it is finished or,
 // if its new node has lost its copy, undone.
 func (f *Fleet) settleMove(ctx context.Context, p store.Placement) {
-	if f.inFlight()[p.Generation] || f.inFlight()[p.MoveGen] {
+	if f.fly.all()[p.Generation] || f.fly.all()[p.MoveGen] {
 		return
 	}
 	switch p.State {
@@ -366,7 +370,7 @@ func (f *Fleet) Drain(ctx context.Context, name string, each func(api.DrainEvent
 	if err := f.cfg.Store.SetDraining(ctx, name, true); err != nil {
 		return api.DrainEvent{}, err
 	}
-	f.setDraining(name, true)
+	f.draining.set(name, true)
 	f.cfg.Log.Info("node draining: it takes no new sandboxes, and its own are moved off", "node", name)
 	ps, err := f.cfg.Store.ListPlacements(ctx, name)
 	if err != nil {
@@ -420,7 +424,7 @@ func (f *Fleet) Undrain(ctx context.Context, name string) error {
 	if err := f.cfg.Store.SetDraining(ctx, name, false); err != nil {
 		return err
 	}
-	f.setDraining(name, false)
+	f.draining.set(name, false)
 	f.cfg.Log.Info("node undrained: it takes new sandboxes again", "node", name)
 	return nil
 }
@@ -433,7 +437,7 @@ func (f *Fleet) Undrain(ctx context.Context, name string) error {
 // abort names gen, so it cannot clear the mark of a later move.
 func (f *Fleet) unstick(ctx context.Context, node, id string, gen int64) {
 	p, err := f.cfg.Store.GetPlacement(ctx, id)
-	if err != nil || p.Node != node || p.State != "" || gen <= 0 || f.inFlight()[gen] {
+	if err != nil || p.Node != node || p.State != "" || gen <= 0 || f.fly.all()[gen] {
 		return
 	}
 	n := f.paired(node)

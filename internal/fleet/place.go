@@ -48,46 +48,46 @@ type inflight struct {
 // begin takes the next generation and marks it in flight, in one step
 // under mu: a fence that reads the store's generation under the same lock
 // sees every generation at or below it either in flight or done.
-func (f *Fleet) begin(ctx context.Context) (int64, error) {
-	f.fly.mu.Lock()
-	defer f.fly.mu.Unlock()
-	gen, err := f.cfg.Store.NextGeneration(ctx)
+func (fl *inflight) begin(ctx context.Context, st *store.Store) (int64, error) {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	gen, err := st.NextGeneration(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if f.fly.gens == nil {
-		f.fly.gens = map[int64]bool{}
+	if fl.gens == nil {
+		fl.gens = map[int64]bool{}
 	}
-	f.fly.gens[gen] = true
+	fl.gens[gen] = true
 	return gen, nil
 }
 
-func (f *Fleet) landed(gen int64) {
-	f.fly.mu.Lock()
-	delete(f.fly.gens, gen)
-	f.fly.mu.Unlock()
+func (fl *inflight) landed(gen int64) {
+	fl.mu.Lock()
+	delete(fl.gens, gen)
+	fl.mu.Unlock()
 }
 
 // flying is the store's generation now and the generations in flight,
 // read together under the lock begin takes (what a fence needs).
-func (f *Fleet) flying(ctx context.Context) (int64, map[int64]bool, error) {
-	f.fly.mu.Lock()
-	defer f.fly.mu.Unlock()
-	g, err := f.cfg.Store.Generation(ctx)
-	return g, f.inFlightLocked(), err
+func (fl *inflight) flying(ctx context.Context, st *store.Store) (int64, map[int64]bool, error) {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	g, err := st.Generation(ctx)
+	return g, fl.locked(), err
 }
 
 // inFlight is the generations in flight now (no store read: a list or a
 // name check needs only these).
-func (f *Fleet) inFlight() map[int64]bool {
-	f.fly.mu.Lock()
-	defer f.fly.mu.Unlock()
-	return f.inFlightLocked()
+func (fl *inflight) all() map[int64]bool {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return fl.locked()
 }
 
-func (f *Fleet) inFlightLocked() map[int64]bool {
-	out := make(map[int64]bool, len(f.fly.gens))
-	for k := range f.fly.gens {
+func (fl *inflight) locked() map[int64]bool {
+	out := make(map[int64]bool, len(fl.gens))
+	for k := range fl.gens {
 		out[k] = true
 	}
 	return out
@@ -109,11 +109,11 @@ func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sand
 		// itself whether it has room, and its own store holds the name.
 		return f.cfg.Local.Create(ctx, req)
 	}
-	gen, err := f.begin(ctx)
+	gen, err := f.fly.begin(ctx, f.cfg.Store)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
-	defer f.landed(gen)
+	defer f.fly.landed(gen)
 	req.Generation = gen
 	att := store.Placement{ID: store.PendingID(gen), Name: req.Name, Template: req.Template.Name, Principal: req.Principal,
 		MemoryMiB: req.MemoryMiB, Generation: gen, State: store.PlacementCreating}
@@ -154,7 +154,7 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 		if st.State == "lost" {
 			lost = append(lost, st.Name)
 		}
-		cands = append(cands, placement.Candidate{Name: st.Name, AvailableMiB: st.MemAvailableMiB, ReserveMiB: st.MemReserveMiB, PromisedMiB: st.PromisedMiB, Lost: st.State == "lost", Draining: f.isDraining(st.Name)})
+		cands = append(cands, placement.Candidate{Name: st.Name, AvailableMiB: st.MemAvailableMiB, ReserveMiB: st.MemReserveMiB, PromisedMiB: st.PromisedMiB, Lost: st.State == "lost", Draining: f.draining.has(st.Name)})
 	}
 	order := placement.Order(cands)
 	if len(order) == 0 {
@@ -209,17 +209,17 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 // placement; a paired node's children become placements when it answers,
 // or, if it does not, when it reports them (resolve).
 func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, req api.CloneRequest) (api.CloneResult, error) {
-	if f.isDraining(n.Name()) {
+	if f.draining.has(n.Name()) {
 		return api.CloneResult{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s is draining: its sandboxes are not cloned there (undrain it, or clone once %s has moved)", n.Name(), parent.Name))
 	}
 	if !f.isRemote(n.Name()) {
 		return n.Clone(ctx, parent.ID, nodeapi.CloneRequest{CloneRequest: req})
 	}
-	gen, err := f.begin(ctx)
+	gen, err := f.fly.begin(ctx, f.cfg.Store)
 	if err != nil {
 		return api.CloneResult{}, err
 	}
-	defer f.landed(gen)
+	defer f.fly.landed(gen)
 	att := store.Placement{ID: store.PendingID(gen), Name: store.PendingID(gen), Node: n.Name(), Template: parent.Template,
 		Generation: gen, State: store.PlacementCreating}
 	if err := f.cfg.Store.PutPlacement(ctx, att); err != nil {
@@ -248,7 +248,7 @@ func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, r
 func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) error {
 	bg := context.WithoutCancel(ctx)
 	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.State == store.PlacementCreating {
-		if f.inFlight()[p.Generation] {
+		if f.fly.all()[p.Generation] {
 			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being created now; delete it once the create has answered", p.Name))
 		}
 		if l, ok := f.linkOf(p.Node); ok && l.full && !l.lost(time.Now()) {
@@ -308,7 +308,7 @@ func (f *Fleet) resolveDue(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	fly := f.inFlight()
+	fly := f.fly.all()
 	due := map[string]bool{}
 	for _, p := range ps {
 		if p.State == store.PlacementDeleting || p.State == store.PlacementCreating && !fly[p.Generation] {
@@ -366,7 +366,7 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 	// The order matters: the generation and what is in flight first, the
 	// placements after, so every placement at or below gen is either in
 	// the list or still in flight.
-	gen, fly, err := f.flying(ctx)
+	gen, fly, err := f.fly.flying(ctx, f.cfg.Store)
 	if err != nil {
 		return err
 	}
