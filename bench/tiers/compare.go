@@ -100,21 +100,21 @@ var comparisons = []comparison{
 // ratioRow is one computed row, for results.json: Series over Baseline,
 // over the whole run and round by round.
 type ratioRow struct {
-	What        string  `json:"what"`
-	Template    string  `json:"template"`
-	Series      string  `json:"series"`
-	Baseline    string  `json:"baseline"`
-	N           int     `json:"n"`
-	BaselineN   int     `json:"baseline_n"`
-	P50         float64 `json:"p50"`
-	BaselineP50 float64 `json:"baseline_p50"`
-	RatioP50    float64 `json:"ratio_p50"`
-	P99         float64 `json:"p99"`
-	BaselineP99 float64 `json:"baseline_p99"`
-	RatioP99    float64 `json:"ratio_p99"`
-	Goal        *bench.Goal   `json:"goal,omitempty"`
-	MeetsP50    *bool   `json:"meets_p50,omitempty"`
-	MeetsP99    *bool   `json:"meets_p99,omitempty"`
+	What        string      `json:"what"`
+	Template    string      `json:"template"`
+	Series      string      `json:"series"`
+	Baseline    string      `json:"baseline"`
+	N           int         `json:"n"`
+	BaselineN   int         `json:"baseline_n"`
+	P50         float64     `json:"p50"`
+	BaselineP50 float64     `json:"baseline_p50"`
+	RatioP50    float64     `json:"ratio_p50"`
+	P99         float64     `json:"p99"`
+	BaselineP99 float64     `json:"baseline_p99"`
+	RatioP99    float64     `json:"ratio_p99"`
+	Goal        *bench.Goal `json:"goal,omitempty"`
+	MeetsP50    *bool       `json:"meets_p50,omitempty"`
+	MeetsP99    *bool       `json:"meets_p99,omitempty"`
 	// Rounds are the same figures within each round of the run (both
 	// series measured close together in time): how far a ratio moves
 	// between rounds, and whether it straddles its goal.
@@ -190,8 +190,6 @@ func ratioRows(m map[string]measured, templates []string) []ratioRow {
 	return out
 }
 
-
-
 // roundsMet counts the rounds of r that meet its goal at p50 (p99 false)
 // or p99.
 func roundsMet(r ratioRow, p99 bool) (met, n int) {
@@ -236,7 +234,6 @@ func formatValue(what string, v float64) string {
 	}
 	return bench.FormatMs(v)
 }
-
 
 // ratioTable renders rows as a bench.Table.
 func ratioTable(rows []ratioRow) *bench.Table {

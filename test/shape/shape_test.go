@@ -56,8 +56,8 @@ func sources(t *testing.T) []string {
 
 func TestSizes(t *testing.T) {
 	fset := token.NewFileSet()
-	methods := map[string]int{}   // package dir + type → methods
-	pkgLines := map[string]int{}  // package dir → non-test lines
+	methods := map[string]int{}  // package dir + type → methods
+	pkgLines := map[string]int{} // package dir → non-test lines
 	var long []string
 	for _, p := range sources(t) {
 		f, err := parser.ParseFile(fset, p, nil, parser.SkipObjectResolution)
