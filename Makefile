@@ -82,10 +82,10 @@ test-e2e: postgres
 FUZZSCALE ?= 1
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzExtract -fuzztime=$$((20000 * $(FUZZSCALE)))x ./internal/rootfs/
-	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$$((500000 * $(FUZZSCALE)))x ./internal/policy/
-	$(GO) test -run='^$$' -fuzz=FuzzSOCKS5Handshake -fuzztime=$$((60000 * $(FUZZSCALE)))x ./internal/boundary/
-	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$$((500000 * $(FUZZSCALE)))x ./internal/dialguard/
-	$(GO) test -run='^$$' -fuzz=FuzzTableReportPassesCheck -fuzztime=$$((300000 * $(FUZZSCALE)))x ./internal/refusals/
+	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$$((500000 * $(FUZZSCALE)))x ./internal/sam/policy/
+	$(GO) test -run='^$$' -fuzz=FuzzSOCKS5Handshake -fuzztime=$$((60000 * $(FUZZSCALE)))x ./internal/sam/boundary/
+	$(GO) test -run='^$$' -fuzz=FuzzClassify -fuzztime=$$((500000 * $(FUZZSCALE)))x ./internal/sam/dialguard/
+	$(GO) test -run='^$$' -fuzz=FuzzTableReportPassesCheck -fuzztime=$$((300000 * $(FUZZSCALE)))x ./internal/sam/refusals/
 
 bench: deps build
 	$(GO) run ./bench/tiers --start --sandstormd $(BIN)

@@ -258,6 +258,9 @@ type Sandbox struct {
 	// Generation is the number of the master's placement that made it
 	// (docs/ARCHITECTURE.md, "One place"): its node fences by it.
 	Generation int64 `json:"generation,omitempty"`
+	// Revision counts the changes its node made to it: of two accounts
+	// of one sandbox from one node, the higher is the newer.
+	Revision int64 `json:"revision,omitempty"`
 	// LeftBehind: its master had not placed it on its node (a create cut
 	// short, a move while the node was lost). It never runs again: it
 	// was stopped, its principal cleared, and it is kept detached only

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The control plane's API (sam-control-plane, internal/controlplane):
+// The control plane's API (sam-control-plane, internal/sam/controlplane):
 // enrolment and refresh of mesh members, the keys their credentials are
 // checked with, and the operator's bootstrap tokens and members.
 
@@ -79,7 +79,7 @@ type MeshMember struct {
 }
 
 // MeshPolicy is GET /v1/policy: the mesh's policy (roles, bindings,
-// egress; the YAML or JSON internal/policy parses) as the operator last
+// egress; the YAML or JSON internal/sam/policy parses) as the operator last
 // set it with PUT /v1/policy, under its version (1, 2, …; 0 and an empty
 // document: none set yet, which grants nothing). The answer's ETag is the
 // version, so a member polling with If-None-Match gets a 304 while it is

@@ -2,7 +2,7 @@ package api
 
 import "time"
 
-// sam-one's console (internal/meshconsole): GET /v1/console, what the page
+// sam-one's console (internal/sam/meshconsole): GET /v1/console, what the page
 // shows, read with the console's session cookie or the admin token.
 
 // MeshConsole is GET /v1/console's answer.
@@ -12,7 +12,7 @@ type MeshConsole struct {
 	Policy   MeshConsolePolicy   `json:"policy"`
 	Refusals []MeshRefusal       `json:"refusals"`
 	// AgentRefusals are what the members reported their agents were
-	// refused (internal/refusals), newest first.
+	// refused (internal/sam/refusals), newest first.
 	AgentRefusals []MeshAgentRefusal `json:"agent_refusals"`
 }
 

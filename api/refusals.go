@@ -3,7 +3,7 @@ package api
 import "time"
 
 // Agents' refusals on their way to sam-one's console (issue 17, item 7;
-// internal/refusals): counted where they are decided — a boundary, a
+// internal/sam/refusals): counted where they are decided — a boundary, a
 // sam-node — into bounded tables of (principal, what, target, reason),
 // and passed on as a RefusalReport: sandstormd's (or sam-box's)
 // boundaries to their sam-node on its agent socket (POST
@@ -66,7 +66,7 @@ const (
 	// RefusedDNS: a DNS question for such a name (NXDOMAIN).
 	RefusedDNS = "dns"
 	// RefusedAddress: an address a granted name resolved to that a
-	// sandbox may never reach (internal/dialguard; the reason names its
+	// sandbox may never reach (internal/sam/dialguard; the reason names its
 	// class).
 	RefusedAddress = "address"
 	// RefusedUnknownAddress: a transparent flow to an address the

@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/bench"
+	"sandstorm/internal/bench/sambench/agents"
 	"sandstorm/internal/cli"
-	"sandstorm/internal/sambench/agents"
 )
 
 const agentsHelp = `sam-bench agents is the SAM seed's "A thousand agents on one host" → "What they can

@@ -9,8 +9,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/bench"
+	"sandstorm/internal/bench/sambench"
 	"sandstorm/internal/cli"
-	"sandstorm/internal/sambench"
 )
 
 func boundaryCmd() *cobra.Command {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"sandstorm/internal/sambench"
+	"sandstorm/internal/bench/sambench"
 )
 
 func rootCmd() *cobra.Command {

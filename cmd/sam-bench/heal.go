@@ -11,10 +11,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/bench"
+	"sandstorm/internal/bench/sambench/heal"
 	"sandstorm/internal/cli"
-	"sandstorm/internal/meshlab"
-	"sandstorm/internal/meshpeer"
-	"sandstorm/internal/sambench/heal"
+	"sandstorm/internal/sam/meshlab"
+	"sandstorm/internal/sam/meshpeer"
 )
 
 func healCmd() *cobra.Command {

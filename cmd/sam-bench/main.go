@@ -10,18 +10,6 @@
 //	sam-bench report results/*.json > table.md
 package main
 
-import (
-	"context"
-	"os"
-	"os/signal"
-	"syscall"
+import "sandstorm/internal/cli"
 
-	"sandstorm/internal/cli"
-)
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, "sam-bench", rootCmd(), os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.ExitOnSignal("sam-bench", rootCmd()) }

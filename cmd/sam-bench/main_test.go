@@ -15,8 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"sandstorm/internal/bench/sambench"
 	"sandstorm/internal/cli"
-	"sandstorm/internal/sambench"
 )
 
 // startNode serves /v1/models on a Unix socket to callers that name

@@ -9,8 +9,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/bench"
+	"sandstorm/internal/bench/sambench"
 	"sandstorm/internal/cli"
-	"sandstorm/internal/sambench"
 )
 
 // everythingServer is the test MCP server make deps installs.

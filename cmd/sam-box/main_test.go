@@ -17,7 +17,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/logging"
-	"sandstorm/internal/meshnode"
+	"sandstorm/internal/sam/meshnode"
 	"sandstorm/internal/testenv"
 
 	"golang.org/x/net/proxy"

@@ -22,10 +22,10 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"sandstorm/internal/boundary"
-	"sandstorm/internal/dialguard"
 	"sandstorm/internal/logging"
-	"sandstorm/internal/refusals"
+	"sandstorm/internal/sam/boundary"
+	"sandstorm/internal/sam/dialguard"
+	"sandstorm/internal/sam/refusals"
 )
 
 type options struct {
@@ -254,7 +254,7 @@ func run(ctx context.Context, o options, stderr io.Writer) error {
 	}
 	if cfg.Mesh != nil {
 		// The boundaries' refusals, itemised and reported to sam-node on
-		// --mesh as sandstormd's node does (internal/refusals).
+		// --mesh as sandstormd's node does (internal/sam/refusals).
 		cfg.Refusals = refusals.NewTable(refusals.MaxRows)
 		rctx, stopReports := context.WithCancel(ctx)
 		reported := make(chan struct{})

@@ -2,7 +2,7 @@
 // with bootstrap tokens (or OpenID Connect ID tokens) and a signed
 // challenge, issues the short-lived credentials bound to their keys that
 // every member checks offline, and serves the mesh's policy. See package
-// internal/controlplane.
+// internal/sam/controlplane.
 //
 //	sam-control-plane serve --data-dir /var/lib/sam-control-plane --listen 10.0.0.1:7600
 //	sam-control-plane token create --max-uses 3 --ttl 1h
@@ -12,18 +12,6 @@
 //	sam-control-plane keys rotate --grace 20m
 package main
 
-import (
-	"context"
-	"os"
-	"os/signal"
-	"syscall"
+import "sandstorm/internal/cli"
 
-	"sandstorm/internal/cli"
-)
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, "sam-control-plane", rootCmd(), os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.ExitOnSignal("sam-control-plane", rootCmd()) }

@@ -17,10 +17,10 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/cli"
-	"sandstorm/internal/controlplane"
 	"sandstorm/internal/logging"
 	"sandstorm/internal/pki"
-	"sandstorm/internal/policy"
+	"sandstorm/internal/sam/controlplane"
+	"sandstorm/internal/sam/policy"
 )
 
 func rootCmd() *cobra.Command {
@@ -199,7 +199,7 @@ func policyCmd(client func() (*controlplane.Client, error)) *cobra.Command {
 		Use:   "set FILE",
 		Short: "Set the mesh's policy from FILE (YAML or JSON; - for stdin): validated first, a bad one changes nothing",
 		Long: `policy set sends FILE to the control plane, which validates it as every
-member will parse it (internal/policy: roles, bindings, egress) and, if it
+member will parse it (internal/sam/policy: roles, bindings, egress) and, if it
 is good, stores it as the next version. Members take it within seconds
 (they poll every 2 s). A policy refused is reported with what is wrong,
 and the one in force stays.`,

@@ -1,6 +1,6 @@
 // Command sam-node is the mesh's node next to the agents: the
 // OpenAI-compatible facade and MCP aggregator that sandbox boundaries
-// forward agents' requests to. See package internal/meshnode.
+// forward agents' requests to. See package internal/sam/meshnode.
 //
 //	sam-node --config node.yaml --policy policy.yaml \
 //	  --listen unix:///run/sam-node.sock --admin-addr 127.0.0.1:9601

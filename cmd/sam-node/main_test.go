@@ -18,7 +18,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"sandstorm/internal/fakellm"
+	"sandstorm/internal/sam/fakellm"
 	"sandstorm/internal/testenv"
 )
 

@@ -12,10 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sandstorm/api"
-	"sandstorm/internal/membership"
-	"sandstorm/internal/meshnode"
-	"sandstorm/internal/meshpeer"
-	"sandstorm/internal/refusals"
+	"sandstorm/internal/sam/membership"
+	"sandstorm/internal/sam/meshnode"
+	"sandstorm/internal/sam/meshpeer"
+	"sandstorm/internal/sam/refusals"
 )
 
 // meshOptions are sam-node's flags for the mesh beyond this machine.
@@ -47,7 +47,7 @@ func openMember(ctx context.Context, o meshOptions, log *slog.Logger) (*membersh
 }
 
 // reportRefusals sends the control plane what the node and its machine's
-// boundaries refused its agents (internal/refusals), every
+// boundaries refused its agents (internal/sam/refusals), every
 // refusals.NodeEvery, until ctx ends.
 func reportRefusals(ctx context.Context, m *membership.Member, node *meshnode.Node, log *slog.Logger) {
 	refusals.Forward(ctx, node.Refusals(), refusals.NodeEvery, m.ReportRefusals, "the control plane", log)

@@ -18,9 +18,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/logging"
-	"sandstorm/internal/membership"
-	"sandstorm/internal/meshnode"
-	"sandstorm/internal/meshpeer"
+	"sandstorm/internal/sam/membership"
+	"sandstorm/internal/sam/meshnode"
+	"sandstorm/internal/sam/meshpeer"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 )

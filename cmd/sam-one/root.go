@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/logging"
-	"sandstorm/internal/samone"
+	"sandstorm/internal/sam/samone"
 )
 
 func rootCmd() *cobra.Command {

@@ -7,8 +7,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/logging"
-	"sandstorm/internal/membership"
-	"sandstorm/internal/meshrouter"
+	"sandstorm/internal/sam/membership"
+	"sandstorm/internal/sam/meshrouter"
 )
 
 const defaultMeshDir = "/var/lib/sam-router/mesh"

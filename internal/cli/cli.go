@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -88,4 +90,13 @@ func (e ExitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)
 // Exit is Main for a main function.
 func Exit(ctx context.Context, name string, root *cobra.Command) {
 	os.Exit(Main(ctx, name, root, os.Stderr))
+}
+
+// ExitOnSignal is Exit for a long-running command: its context ends at
+// SIGINT or SIGTERM, so a server shuts down cleanly instead of dying.
+func ExitOnSignal(name string, root *cobra.Command) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := Main(ctx, name, root, os.Stderr)
+	stop()
+	os.Exit(code)
 }

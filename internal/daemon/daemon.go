@@ -25,9 +25,7 @@ import (
 	sdnotify "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"sandstorm/internal/boundary"
 	"sandstorm/internal/console"
-	"sandstorm/internal/dialguard"
 	"sandstorm/internal/e2b"
 	"sandstorm/internal/enrol"
 	"sandstorm/internal/events"
@@ -41,10 +39,12 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/nodeside"
 	"sandstorm/internal/pki"
-	"sandstorm/internal/policy"
 	"sandstorm/internal/reclaim"
-	"sandstorm/internal/refusals"
 	"sandstorm/internal/rootfs"
+	"sandstorm/internal/sam/boundary"
+	"sandstorm/internal/sam/dialguard"
+	"sandstorm/internal/sam/policy"
+	"sandstorm/internal/sam/refusals"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/sandbox/process"
@@ -880,7 +880,7 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 			return d.DialContext(ctx, "unix", path)
 		}
 		// The boundaries' refusals, itemised and reported to sam-node,
-		// which passes them on to the mesh's console (internal/refusals).
+		// which passes them on to the mesh's console (internal/sam/refusals).
 		sam.Refusals = refusals.NewTable(refusals.MaxRows)
 		fctx, stopForward := context.WithCancel(context.Background())
 		done := make(chan struct{})

@@ -260,9 +260,10 @@ func (f *Fleet) unreported(p store.Placement, now time.Time) api.Sandbox {
 }
 
 // record keeps what a call to node answered, at once: the caller's next
-// GET sees its own change. The node's report of the change follows and
-// overwrites it; so does a later one, so a change the node made between
-// its answer and this record is not lost, only late by one report.
+// GET sees its own change. A report the node read before its answer may
+// still arrive after it, over another stream: it carries a lower
+// Revision and is dropped (store.PutReported). The node's report of the
+// change, and any later one, replace it.
 func (f *Fleet) record(ctx context.Context, node string, sbs ...api.Sandbox) {
 	for _, sb := range sbs {
 		if sb.ID == "" {

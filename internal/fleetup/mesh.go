@@ -26,8 +26,8 @@ import (
 	"strings"
 	"time"
 
-	"sandstorm/internal/membership"
 	"sandstorm/internal/pki"
+	"sandstorm/internal/sam/membership"
 )
 
 // MeshState is the mesh fleet up started (fleet.json's "mesh").

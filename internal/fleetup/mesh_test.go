@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"sandstorm/internal/membership"
+	"sandstorm/internal/sam/membership"
 )
 
 // TestMemberOf: a mesh dir kept by a fleet down without --purge (a

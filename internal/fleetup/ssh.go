@@ -17,7 +17,7 @@ import (
 	"strconv"
 	"strings"
 
-	"sandstorm/internal/membership"
+	"sandstorm/internal/sam/membership"
 )
 
 // SSH is how fleet up reaches its hosts; fleet.json keeps it, so fleet

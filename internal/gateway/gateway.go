@@ -597,7 +597,7 @@ func DialInterval(elapsed time.Duration) time.Duration {
 // socket connects. A host process dialling a sandbox's address directly
 // would leave an established endpoint the gateway cannot reset, and gVisor's
 // checkpoint fails on it; the firewall therefore admits only marked ones:
-// the gateway's, and the node's calls to envd (internal/node/envd.go).
+// the gateway's, and the node's calls to envd (internal/node/envdlink).
 func MarkSocket(mark int) func(_, _ string, rc syscall.RawConn) error {
 	return func(_, _ string, rc syscall.RawConn) error {
 		var serr error

@@ -13,8 +13,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"sandstorm/internal/boundary"
 	"sandstorm/internal/metrics"
+	"sandstorm/internal/sam/boundary"
 )
 
 // dashboardFile is the Grafana dashboard the README points at.

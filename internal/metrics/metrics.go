@@ -1,7 +1,7 @@
 // Package metrics is sandstormd's own Prometheus metrics: the node's (its
 // sandboxes and their tiers, transitions, wakes, refusals, headroom, runsc
 // and the gateway) and the master's (its nodes and its API, master.go).
-// The boundaries' metrics are internal/boundary's (sam_box_*), on the same
+// The boundaries' metrics are internal/sam/boundary's (sam_box_*), on the same
 // registry and listener (Serve).
 //
 // Names and labels follow the Prometheus conventions

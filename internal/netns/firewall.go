@@ -32,7 +32,7 @@ type Firewall struct {
 //     kernel would not route back out of the veth it came in by: reverse
 //     path filtering, RFC 3704 §2.2, done with fib) is dropped, and
 //     counted: a sandbox cannot speak with another's address, so its
-//     boundary's source check (internal/boundary) means what it says;
+//     boundary's source check (internal/sam/boundary) means what it says;
 //   - TCP to a synthetic address is redirected to its boundary's
 //     transparent listener;
 //   - anything addressed elsewhere than its own host address (another

@@ -11,7 +11,7 @@ import (
 
 // The node's Prometheus metrics (internal/metrics, issue 18) are counted
 // here, where each thing happens: a transition or a wake as it ends
-// (transitions.go), a create and a delete (node.go, clone.go). Not from
+// (internal/node/tiering), a create and a delete (node.go, clone.go). Not from
 // the events hub, which drops events for a watcher that falls behind.
 
 // MetricsState is what a scrape of the node's metrics reads now

@@ -35,7 +35,6 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/admission"
-	"sandstorm/internal/boundary"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
 	"sandstorm/internal/gateway"
@@ -50,6 +49,7 @@ import (
 	"sandstorm/internal/node/tiering"
 	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
+	"sandstorm/internal/sam/boundary"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -89,18 +89,19 @@ type Config struct {
 	// routing by Host (http://<port>-<sandbox>.<HostDomain>:<its port>/),
 	// beside the per-sandbox ports.
 	HostListen, HostDomain string
-	// GatewayPorts is the inclusive range of gateway ports.
+	// PortMin and PortMax bound the gateway ports, inclusive (serve's
+	// --gateway-ports).
 	PortMin, PortMax int
 	// MemReserveMiB: the node keeps this much MemAvailable (MiB) free: it
 	// admits a create or a wake only if what is promised to starting
 	// sandboxes still leaves it, and pushes the least-used sandboxes to
-	// disk as it is approached (memory.go).
+	// disk as it is approached (internal/node/reserve).
 	MemReserveMiB int64
 	// DefaultMemoryMiB is the memory limit of a sandbox whose template and
 	// request set none (default 1024).
 	DefaultMemoryMiB int64
 	// DiskReserveMiB: the node keeps this much of its data dir's disk free
-	// (disk.go); 0 disables. DiskFree overrides how it is read (tests).
+	// (internal/node/reserve); 0 disables. DiskFree overrides how it is read (tests).
 	DiskReserveMiB int64
 	DiskFree       func() (int64, error)
 	// MaxWakes bounds wakes (cold starts, restores) running at once; the
@@ -134,7 +135,7 @@ type Config struct {
 	// console's live view); nil: nobody watches.
 	Events *events.Hub
 	// Envd is the envd binary (cmd/sandstorm-envd, static) put in every
-	// sandbox for the commands and files API (envd.go); "" disables it.
+	// sandbox for the commands and files API (internal/node/envdlink); "" disables it.
 	Envd string
 	// Listen and ListenPacket, if set, open every listener of the node —
 	// gateway, Host-routed listener, boundaries — and may return one

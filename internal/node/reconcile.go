@@ -251,7 +251,7 @@ func (n *Node) removeOrphans(ctx context.Context) {
 		if n.h.Dir(id).Hostname() == warm.PooledName(id) {
 			// A warm pool's sandbox has no row until a create takes it:
 			// one from before a restart or a reload is expected here,
-			// and its pool is made again (warmpool.go).
+			// and its pool is made again (internal/node/warm).
 			pooledIDs[id] = true
 			n.log.Info("reconcile: removing a warm pool's sandbox from before the restart; the pool is made again", "id", id)
 		} else {

@@ -250,7 +250,7 @@ func (l *Side) wire(sb store.Sandbox) api.Sandbox {
 		Endpoints: l.N.Endpoints(sb), HostEndpoints: l.N.HostEndpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
-		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, LeftBehind: sb.LeftBehind, Idle: sb.Idle,
+		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, Revision: sb.Rev, LeftBehind: sb.LeftBehind, Idle: sb.Idle,
 		Runsc:  sb.Runsc,
 		Moving: moving(sb), MoveGeneration: sb.MoveOut,
 	}

@@ -12,14 +12,14 @@ import (
 
 // MeshRows are the mesh control plane's rows (sam-control-plane, or the
 // one built into sam-node): its members, their one-time join and ID
-// tokens, and the policy it serves. Only internal/controlplane writes
+// tokens, and the policy it serves. Only internal/sam/controlplane writes
 // them.
 type MeshRows struct{ s *Store }
 
 // Mesh is the control plane's view of the store.
 func (s *Store) Mesh() MeshRows { return MeshRows{s} }
 
-// The control plane's rows (sam-control-plane, internal/controlplane):
+// The control plane's rows (sam-control-plane, internal/sam/controlplane):
 // its bootstrap tokens, by their hash only, and its members.
 
 // PutMeshToken records a bootstrap token by its hash: good for maxUses
@@ -135,7 +135,7 @@ func scanMember(r scanner) (MeshMember, error) {
 }
 
 // MeshPolicy is one version of the mesh's policy (roles, bindings,
-// egress; internal/policy's format), as the operator set it: the control
+// egress; internal/sam/policy's format), as the operator set it: the control
 // plane serves the newest to its members.
 type MeshPolicy struct {
 	Version  int64

@@ -118,6 +118,10 @@ type Sandbox struct {
 	// (move.go): it has no boundary or gateway until the master
 	// confirms it, and is dropped if it does not.
 	MoveIn bool
+	// Rev counts the row's writes (1 when created): what the node says
+	// of the sandbox carries it, so the master keeps the newest of two
+	// accounts that reach it out of order (PutReported).
+	Rev int64
 }
 
 // schema is the store's tables, for both databases: written in types both
@@ -165,6 +169,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	runsc          TEXT NOT NULL DEFAULT '',
 	move_out       BIGINT NOT NULL DEFAULT 0,
 	move_in        INTEGER NOT NULL DEFAULT 0,
+	rev            BIGINT NOT NULL DEFAULT 0,
 	UNIQUE (node, slot)
 );
 CREATE TABLE IF NOT EXISTS nodes (
@@ -197,7 +202,8 @@ CREATE TABLE IF NOT EXISTS reported (
 	id   TEXT PRIMARY KEY,
 	node TEXT NOT NULL,
 	name TEXT NOT NULL,
-	body TEXT NOT NULL
+	body TEXT NOT NULL,
+	rev  BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS reported_node ON reported(node);
 CREATE INDEX IF NOT EXISTS reported_name ON reported(name);
@@ -271,6 +277,11 @@ var migrations = []struct{ table, column, ddl string }{
 	{"placements", "move_node", `ALTER TABLE placements ADD COLUMN move_node TEXT NOT NULL DEFAULT ''`},
 	{"placements", "move_gen", `ALTER TABLE placements ADD COLUMN move_gen BIGINT NOT NULL DEFAULT 0`},
 	{"nodes", "draining", `ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0`},
+	// A node's account of a sandbox is ordered by the row's writes: an
+	// older report that reaches the master after a newer answer does not
+	// undo it (fleet.record).
+	{"sandboxes", "rev", `ALTER TABLE sandboxes ADD COLUMN rev BIGINT NOT NULL DEFAULT 0`},
+	{"reported", "rev", `ALTER TABLE reported ADD COLUMN rev BIGINT NOT NULL DEFAULT 0`},
 }
 
 // execer is a *sql.DB or a *sql.Tx.
@@ -473,15 +484,16 @@ func scanTemplate(r scanner) (Template, error) {
 	return t, nil
 }
 
-const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle, runsc, move_out, move_in`
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle, runsc, move_out, move_in, rev`
 
 // CreateSandbox inserts sb; errdefs.ErrExists if its ID, name or slot is taken;
 // errdefs.ErrNotFound if its template does not exist.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
+	sb.Rev = max(sb.Rev, 1)
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, errdefs.ErrExists)
 	}
@@ -491,7 +503,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 func sandboxArgs(sb Sandbox) []any {
 	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
 		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal, sb.MemoryMiB,
-		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle), sb.Runsc, sb.MoveOut, boolInt(sb.MoveIn)}
+		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle), sb.Runsc, sb.MoveOut, boolInt(sb.MoveIn), sb.Rev}
 }
 
 func idleText(t *api.IdleTimers) string {
@@ -548,8 +560,9 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 		return sb, err
 	}
 	sb.ID = id
+	sb.Rev++
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=?, runsc=?, move_out=?, move_in=? WHERE id=?`),
+	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=?, runsc=?, move_out=?, move_in=?, rev=? WHERE id=?`),
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -591,7 +604,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var last, created int64
 	var left, moveIn int
 	var idle string
-	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle, &sb.Runsc, &sb.MoveOut, &moveIn)
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle, &sb.Runsc, &sb.MoveOut, &moveIn, &sb.Rev)
 	if err != nil {
 		return sb, err
 	}
@@ -883,7 +896,7 @@ func (s *Store) ReplaceReported(ctx context.Context, node string, sbs []api.Sand
 		return err
 	}
 	for _, sb := range sbs {
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?) ON CONFLICT(id) DO NOTHING`), sb.ID, node, sb.Name, mustJSON(sb)); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body, rev) VALUES(?,?,?,?,?) ON CONFLICT(id) DO NOTHING`), sb.ID, node, sb.Name, mustJSON(sb), sb.Revision); err != nil {
 			return err
 		}
 	}
@@ -891,10 +904,14 @@ func (s *Store) ReplaceReported(ctx context.Context, node string, sbs []api.Sand
 }
 
 // PutReported records sandbox sb as node reported it; a sandbox another
-// node reported stays that node's.
+// node reported stays that node's. An account older than the one kept
+// (a lower Revision: a report read before a call's answer, arriving
+// after it) is dropped; an equal one replaces it, for what the row does
+// not count (its last activity).
 func (s *Store) PutReported(ctx context.Context, node string, sb api.Sandbox) error {
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?)
-		ON CONFLICT(id) DO UPDATE SET name=excluded.name, body=excluded.body WHERE reported.node=excluded.node`), sb.ID, node, sb.Name, mustJSON(sb))
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body, rev) VALUES(?,?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET name=excluded.name, body=excluded.body, rev=excluded.rev
+		WHERE reported.node=excluded.node AND excluded.rev >= reported.rev`), sb.ID, node, sb.Name, mustJSON(sb), sb.Revision)
 	return err
 }
 
@@ -902,8 +919,8 @@ func (s *Store) PutReported(ctx context.Context, node string, sb api.Sandbox) er
 // committed (fleet/move.go): the report of the copy it left, another
 // node's, gives way; one node already made stays (it is as new, or newer).
 func (s *Store) MoveReported(ctx context.Context, node string, sb api.Sandbox) error {
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body) VALUES(?,?,?,?)
-		ON CONFLICT(id) DO UPDATE SET node=excluded.node, name=excluded.name, body=excluded.body WHERE reported.node<>excluded.node`), sb.ID, node, sb.Name, mustJSON(sb))
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO reported(id, node, name, body, rev) VALUES(?,?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET node=excluded.node, name=excluded.name, body=excluded.body, rev=excluded.rev WHERE reported.node<>excluded.node`), sb.ID, node, sb.Name, mustJSON(sb), sb.Revision)
 	return err
 }
 

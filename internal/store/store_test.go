@@ -235,6 +235,10 @@ func testConcurrentUpdates(t *testing.T, where string) {
 	if got.LastWakeMs != n {
 		t.Errorf("after %d concurrent increments the row says %v", n, got.LastWakeMs)
 	}
+	// Every write counted once: created at 1, then one per update.
+	if got.Rev != n+1 {
+		t.Errorf("after its create and %d updates the row's revision is %d, want %d", n, got.Rev, n+1)
+	}
 }
 
 // TestNodesAndPlacements: paired nodes and where sandboxes went survive,
@@ -356,6 +360,25 @@ func testReported(t *testing.T, where string) {
 	s.MoveReported(ctx, "n1", sb("d", "z", api.TierFrozen))
 	if got, _ := s.FindReported(ctx, "d"); len(got) != 1 || got[0].Node != "n1" || got[0].Sandbox.Tier != api.TierHot {
 		t.Errorf("d after its move to n1: %+v", got)
+	}
+	// Accounts out of order: a report read before an answer (a lower
+	// revision) arrives after it and is dropped; the same revision again
+	// replaces it (its last activity), a higher one too.
+	at := func(tier api.Tier, rev int64) api.Sandbox {
+		v := sb("d", "z", tier)
+		v.Revision = rev
+		return v
+	}
+	for _, step := range []struct {
+		put  api.Sandbox
+		want api.Tier
+	}{{at(api.TierSnapshot, 7), api.TierSnapshot}, {at(api.TierHot, 6), api.TierSnapshot}, {at(api.TierSnapshot, 7), api.TierSnapshot}, {at(api.TierFrozen, 8), api.TierFrozen}} {
+		if err := s.PutReported(ctx, "n1", step.put); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.FindReported(ctx, "d"); len(got) != 1 || got[0].Sandbox.Tier != step.want {
+			t.Errorf("after %s at revision %d: %+v, want %s", step.put.Tier, step.put.Revision, got, step.want)
+		}
 	}
 	s.DeleteReported(ctx, "n1", "d")
 	if got, _ := s.FindReported(ctx, "z"); len(got) != 0 {

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"sandstorm/internal/bench"
-	"sandstorm/internal/sambench"
-	"sandstorm/internal/sambench/agents"
+	"sandstorm/internal/bench/sambench"
+	"sandstorm/internal/bench/sambench/agents"
 )
 
 // TestSamBenchAgents is a small run of sam-bench agents (issue 17's

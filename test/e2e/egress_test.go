@@ -24,7 +24,7 @@ import (
 	"golang.org/x/net/proxy"
 
 	"sandstorm/api"
-	"sandstorm/internal/fakellm"
+	"sandstorm/internal/sam/fakellm"
 	"sandstorm/internal/testenv"
 )
 

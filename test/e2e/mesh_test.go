@@ -20,8 +20,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"sandstorm/api"
-	"sandstorm/internal/fakellm"
-	"sandstorm/internal/meshlab"
+	"sandstorm/internal/sam/fakellm"
+	"sandstorm/internal/sam/meshlab"
 	"sandstorm/internal/testenv"
 )
 

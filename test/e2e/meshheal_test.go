@@ -16,12 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"sandstorm/internal/meshlab"
-	"sandstorm/internal/meshpeer"
+	"sandstorm/internal/sam/meshlab"
+	"sandstorm/internal/sam/meshpeer"
 )
 
 // The mesh heals itself (issue 29). Each lab is a mesh of machines on
-// this one (internal/meshlab): a control plane, a router and two
+// this one (internal/sam/meshlab): a control plane, a router and two
 // members, each machine a network namespace, the members able to reach
 // only the control plane and the router — so they reach each other
 // through the router's relay only, as fleet up's nodes do — each serving

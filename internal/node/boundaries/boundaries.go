@@ -1,5 +1,5 @@
 // Package boundaries is the boundaries of a Sandstorm node's sandboxes:
-// each sandbox's only way out (internal/boundary), one per sandbox, on
+// each sandbox's only way out (internal/sam/boundary), one per sandbox, on
 // the host end of its veth, deciding every flow for the sandbox's
 // principal under the mesh's policy. All of a node's boundaries live in
 // its process, so a sandbox costs its listeners and maps, not a process.
@@ -16,11 +16,11 @@ import (
 	"net/netip"
 	"sync"
 
-	"sandstorm/internal/boundary"
-	"sandstorm/internal/dialguard"
 	"sandstorm/internal/netns"
-	"sandstorm/internal/policy"
-	"sandstorm/internal/refusals"
+	"sandstorm/internal/sam/boundary"
+	"sandstorm/internal/sam/dialguard"
+	"sandstorm/internal/sam/policy"
+	"sandstorm/internal/sam/refusals"
 )
 
 // SAM is how a node's sandboxes reach the world: each gets a boundary of

@@ -13,12 +13,12 @@ import (
 	"os"
 	"path/filepath"
 
-	"sandstorm/internal/boundary"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node/boundaries"
 	"sandstorm/internal/node/layout"
 	"sandstorm/internal/runtimes"
+	"sandstorm/internal/sam/boundary"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )

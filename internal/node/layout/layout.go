@@ -183,7 +183,7 @@ func (l Dir) Hostname() string {
 // to the sandbox as its total memory) and a high OOM score, so that the
 // kernel's OOM killer takes a sandbox before anything of the node's. With
 // envdDir, that host directory (holding only the envd binary) is mounted
-// read-only at /.sandstorm (envd.go).
+// read-only at /.sandstorm (internal/node/envdlink).
 func (l Dir) WriteSpec(t store.Template, limitMiB int64, hostname, netnsPath, envdDir string) error {
 	env := t.Process.Env
 	if !hasEnv(env, "PATH") {

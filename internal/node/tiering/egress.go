@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"sandstorm/api"
-	"sandstorm/internal/boundary"
+	"sandstorm/internal/sam/boundary"
 )
 
 // egress is what a sandbox's boundary tells the node of its way out

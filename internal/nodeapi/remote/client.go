@@ -227,7 +227,7 @@ func (c *Client) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path stri
 	if err != nil {
 		return err
 	}
-	// Full duplex, as the node's own forwarding (internal/node/envd.go):
+	// Full duplex, as the node's own forwarding (internal/node/envdlink):
 	// the body may still be on its way when the answer starts.
 	http.NewResponseController(w).EnableFullDuplex()
 	var failed error

@@ -1,0 +1,506 @@
+package boundary
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"sandstorm/api"
+	"sandstorm/internal/sam/dialguard"
+	"sandstorm/internal/sam/policy"
+)
+
+var noDeadline time.Time
+
+// serveProxy takes a connection on the socket or the proxy port and sniffs
+// its first byte: 0x05 is SOCKS5, anything else HTTP.
+func (b *Boundary) serveProxy(c net.Conn) {
+	f := b.track(c, true)
+	if f == nil {
+		return
+	}
+	defer b.untrack(f)
+	c.SetDeadline(time.Now().Add(b.cfg.HandshakeTimeout))
+	hs := &handshakeConn{c: c}
+	first, err := hs.peek()
+	if err != nil {
+		if err != io.EOF { // connected and left without a byte: a probe
+			b.handshakeError(c, err)
+		}
+		f.abort()
+		return
+	}
+	if first == socksVersion {
+		b.serveSOCKS(f, hs)
+	} else {
+		b.serveHTTP(f, hs)
+	}
+}
+
+// handshakeConn is the sandbox's side during a handshake: reads are
+// buffered (a SOCKS5 greeting and request arrive in one read when the
+// client sends them together, instead of a read(2) per field), and writes
+// are held until the handshake must wait for the client, or Flush, so a
+// method selection and the reply that follows it leave in one write(2)
+// when the client did not wait for the first (strace of sam-box: six reads
+// and two writes per refused flow before). What is buffered past the
+// handshake is the flow's first bytes (rest), passed on, never dropped.
+type handshakeConn struct {
+	c       net.Conn
+	buf     [512]byte
+	r, w    int
+	pending []byte
+	werr    error
+}
+
+func (h *handshakeConn) peek() (byte, error) {
+	if h.r == h.w {
+		if err := h.fill(); err != nil {
+			return 0, err
+		}
+	}
+	return h.buf[h.r], nil
+}
+
+// fill waits for more from the client, sending what it has been written
+// first: the client may be waiting for it.
+func (h *handshakeConn) fill() error {
+	if err := h.Flush(); err != nil {
+		return err
+	}
+	if h.r == h.w {
+		h.r, h.w = 0, 0
+	}
+	n, err := h.c.Read(h.buf[h.w:])
+	h.w += n
+	if n > 0 {
+		return nil
+	}
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	return err
+}
+
+func (h *handshakeConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if h.r == h.w {
+		if err := h.fill(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, h.buf[h.r:h.w])
+	h.r += n
+	return n, nil
+}
+
+func (h *handshakeConn) Write(p []byte) (int, error) {
+	if h.werr != nil {
+		return 0, h.werr
+	}
+	h.pending = append(h.pending, p...)
+	return len(p), nil
+}
+
+// Flush sends what was written.
+func (h *handshakeConn) Flush() error {
+	if h.werr != nil || len(h.pending) == 0 {
+		return h.werr
+	}
+	_, h.werr = h.c.Write(h.pending)
+	h.pending = h.pending[:0]
+	return h.werr
+}
+
+// rest is what the client sent past the handshake, already read.
+func (h *handshakeConn) rest() []byte {
+	if h.r == h.w {
+		return nil
+	}
+	return append([]byte(nil), h.buf[h.r:h.w]...)
+}
+
+// admission is the verdict on a flow and, when allowed, its open upstream.
+type admission struct {
+	dest           policy.Dest
+	route          route
+	out            outcome
+	err            error
+	far            net.Conn // the upstream (the mesh for mesh names)
+	timeout        bool
+	netUnreachable bool
+	// private: the private prefixes the principal's policy opts into,
+	// from the same policy the verdict came from.
+	private []netip.Prefix
+}
+
+var (
+	errMeshUnreachable = errors.New("mesh unreachable: no sam-node configured")
+	errFlowClosed      = errors.New("flow closed")
+)
+
+// admit classifies host, decides it for the principal under the policy in
+// force and, only if allowed, opens the upstream: the mesh for mesh names,
+// the resolved destination for external ones. The time from classification
+// to an open upstream (or a verdict) is the admission time.
+func (b *Boundary) admit(f *flow, host string, port uint16) admission {
+	start := time.Now()
+	a := b.decide(host)
+	if a.out == outAllowed {
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
+		if a.dest.Kind == policy.KindExternal {
+			b.dialExternal(ctx, &a, port)
+		} else {
+			b.dialMesh(ctx, &a)
+		}
+		cancel()
+		if a.far != nil && !f.addFar(a.far) {
+			a.far = nil
+			a.out, a.err = outError, errFlowClosed
+		}
+	}
+	d := time.Since(start)
+	if a.out == outAllowed {
+		b.touch()
+	}
+	b.st.admissions.Add(1)
+	b.st.admissionNanos.Add(int64(d))
+	b.m.observeAdmission(d)
+	b.countFlow(a.route, a.out)
+	if a.out == outDenied {
+		// An address the guard refused is itemised where it was refused
+		// (addressRefused), with its class.
+		var gr *dialguard.Refusal
+		if !errors.As(a.err, &gr) {
+			b.refused(api.RefusedName, host, a.err.Error())
+		}
+		// A person asking why a program got "not allowed" finds the
+		// answer here: who, what, and the rule that refused it.
+		b.logRefusal.Do(func() {
+			b.log.Info("boundary refused a flow", "principal", b.cfg.Principal, "route", routeNames[a.route], "host", host, "port", port, "reason", a.err)
+		})
+	} else if a.out != outAllowed {
+		b.log.Debug("boundary flow not admitted", "principal", b.cfg.Principal, "route", routeNames[a.route], "outcome", outcomeNames[a.out], "host", host, "port", port, "err", a.err)
+	}
+	return a
+}
+
+// decide is the verdict alone: no I/O.
+func (b *Boundary) decide(host string) admission {
+	a := admission{route: routeExternal}
+	d, err := policy.Classify(host)
+	if err == nil && d.IsIP {
+		// A synthetic address the agent resolved through this boundary
+		// (a SOCKS client resolving locally) stands for its name.
+		if ip, perr := netip.ParseAddr(d.Host); perr == nil {
+			if name, ok := b.synth.lookup(ip); ok {
+				d, err = policy.Classify(name)
+			}
+		}
+	}
+	if err != nil {
+		a.out, a.err = outDenied, err
+		return a
+	}
+	a.dest = d
+	a.route = routeOf(d.Kind)
+	p := b.policy()
+	if ok, reason := p.Decide(b.cfg.Principal, d); !ok {
+		a.out, a.err = outDenied, errors.New(reason)
+		return a
+	}
+	a.out = outAllowed
+	a.private = p.For(b.cfg.Principal).PrivateNets()
+	return a
+}
+
+func routeOf(k policy.Kind) route {
+	switch k {
+	case policy.KindMesh:
+		return routeMesh
+	case policy.KindService:
+		return routeService
+	default:
+		return routeExternal
+	}
+}
+
+// dialMesh opens the mesh for an allowed flow: nothing to dial while the
+// boundary's pool holds an open connection to the node (a keep-alive one
+// its transport will reuse, or one in use), else a new connection, which
+// also tells a flow at once that the node is down (SOCKS5 0x04, 502). A
+// node that goes away while a connection looks open fails the flow's
+// request instead (502), as a node dying mid-flow always did.
+func (b *Boundary) dialMesh(ctx context.Context, a *admission) {
+	if b.pool == nil {
+		a.out, a.err = outUnreachable, errMeshUnreachable
+		return
+	}
+	if b.pool.live.Load() > 0 {
+		return
+	}
+	c, err := b.pool.open(ctx)
+	if err != nil {
+		a.out, a.err = outUnreachable, fmt.Errorf("mesh unreachable: %w", err)
+		a.timeout = errors.Is(err, context.DeadlineExceeded)
+		return
+	}
+	a.far = c
+}
+
+// dialExternal resolves an allowed name (an IP literal is its own address)
+// and dials its addresses in turn — only those the guard allows. This is the
+// one place every external flow goes through (SOCKS5, CONNECT, transparent),
+// so the address check cannot be missed by one of them. The check runs
+// twice: here, on each resolved address, so a refusal is known and counted
+// before anything is dialled; and on the socket itself (the dialer's
+// Control hook), on the address it is about to connect to, so a Dial that
+// resolves again cannot connect somewhere this check did not see.
+func (b *Boundary) dialExternal(ctx context.Context, a *admission, port uint16) {
+	var addrs []netip.Addr
+	if a.dest.IsIP {
+		ip, err := netip.ParseAddr(a.dest.Host)
+		if err != nil {
+			a.out, a.err = outError, err
+			return
+		}
+		addrs = []netip.Addr{ip}
+	} else {
+		var err error
+		addrs, err = b.cfg.Resolve(ctx, a.dest.Host)
+		if err != nil || len(addrs) == 0 {
+			if err == nil {
+				err = fmt.Errorf("%s has no address", a.dest.Host)
+			}
+			a.out, a.err = outUnreachable, err
+			a.timeout = errors.Is(err, context.DeadlineExceeded)
+			return
+		}
+	}
+	if port == 0 {
+		a.out, a.err = outUnreachable, errors.New("port 0")
+		return
+	}
+	dial := b.cfg.Dial
+	if dial == nil {
+		dial = (&net.Dialer{Control: dialguard.Control(b.cfg.Guard, a.private)}).DialContext
+	}
+	var last, refused error
+	tried := 0
+	for _, ip := range addrs {
+		if tried == 4 {
+			break
+		}
+		ip = ip.Unmap()
+		if err := b.cfg.Guard.Check(ip, a.private); err != nil {
+			var r *dialguard.Refusal
+			if errors.As(err, &r) {
+				b.addressRefused(a.dest.Host, r)
+				refused = err
+				continue
+			}
+			last = err // the route lookup failed: not dialled either
+			continue
+		}
+		tried++
+		c, err := dial(ctx, "tcp", netip.AddrPortFrom(ip, port).String())
+		if err == nil {
+			a.far = c
+			return
+		}
+		var r *dialguard.Refusal
+		if errors.As(err, &r) {
+			// The socket's own check refused what the first one allowed:
+			// the route changed in between.
+			b.addressRefused(a.dest.Host, r)
+			refused = err
+			continue
+		}
+		last = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if last == nil && refused != nil {
+		// Every address the name had is one a sandbox may never reach: a
+		// policy refusal, exactly like a denied name.
+		a.out, a.err = outDenied, refused
+		return
+	}
+	a.err = last
+	switch {
+	case errors.Is(last, syscall.ECONNREFUSED):
+		a.out = outRefused
+	case errors.Is(last, syscall.ENETUNREACH):
+		a.out, a.netUnreachable = outUnreachable, true
+	case errors.Is(last, syscall.EHOSTUNREACH):
+		a.out = outUnreachable
+	case errors.Is(last, context.DeadlineExceeded) || isTimeout(last):
+		a.out, a.timeout = outUnreachable, true
+	default:
+		a.out = outError
+	}
+}
+
+// addressRefused counts and logs an address the guard would not dial. It
+// is logged at warning level: an allowed name that resolves into the node
+// is DNS rebinding or a policy mistake, and someone should look.
+func (b *Boundary) addressRefused(host string, r *dialguard.Refusal) {
+	if r.Class >= 0 && r.Class < dialguard.NumClasses {
+		b.st.addrRefusals[r.Class].Add(1)
+	}
+	b.m.addrRefusal(r.Class)
+	b.refused(api.RefusedAddress, host, r.Error())
+	b.logRefusal.Do(func() {
+		b.log.Warn("boundary refused an address", "principal", b.cfg.Principal, "name", host, "addr", r.Addr, "class", r.Class.String(), "reason", r.Error())
+	})
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// run carries an admitted flow: mesh names are served as HTTP by the
+// boundary, external destinations are spliced. prefix holds bytes the
+// agent sent after its handshake that were already read.
+func (b *Boundary) run(f *flow, a *admission, prefix []byte) {
+	if a.dest.Kind == policy.KindExternal {
+		b.splice(f, a.far, prefix)
+		return
+	}
+	b.serveMesh(f, a, prefix)
+}
+
+// splice copies both ways until the far side is done, then resets the
+// sandbox's side once it has everything. A half-close from the sandbox is
+// passed on to the far side; a half-close from the far side is not passed
+// to the sandbox (that would be a FIN).
+func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) {
+	if len(prefix) > 0 {
+		if _, err := far.Write(prefix); err != nil {
+			f.abort()
+			return
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := b.copyOut(far, f.c) // sandbox → far
+		if err != nil {
+			f.abort()
+			return
+		}
+		if cw, ok := far.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+	}()
+	b.copyIn(f.c, far) // far → sandbox
+	f.end()
+	<-done
+}
+
+// resetClose closes c; a TCP connection with RST (SO_LINGER 0), so the
+// sandbox's endpoint goes straight to CLOSED.
+func resetClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// waitSent waits, at most max, until the peer has acknowledged every byte
+// written to c (SIOCOUTQ is 0), so that a reset does not throw them away.
+func waitSent(c net.Conn, max time.Duration) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return
+	}
+	deadline := time.Now().Add(max)
+	pause := 200 * time.Microsecond
+	for {
+		n, ierr := 0, error(nil)
+		if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil {
+			return
+		}
+		if ierr != nil || n == 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(pause)
+		if pause < 20*time.Millisecond {
+			pause *= 2
+		}
+	}
+}
+
+// soOriginalDst is SO_ORIGINAL_DST from <linux/netfilter_ipv4.h>.
+const soOriginalDst = 80
+
+// originalDst returns where a redirected connection was addressed before
+// nftables redirected it to the transparent listener.
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, errors.New("not a TCP connection")
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var m *unix.IPv6Mreq
+	var gerr error
+	// The usual trick: IPv6Mreq is large enough to hold the sockaddr_in
+	// the kernel writes.
+	if err := rc.Control(func(fd uintptr) { m, gerr = unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, soOriginalDst) }); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if gerr != nil {
+		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", gerr)
+	}
+	raw := m.Multiaddr
+	port := uint16(raw[2])<<8 | uint16(raw[3])
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{raw[4], raw[5], raw[6], raw[7]}), port), nil
+}
+
+// serveTransparent takes a connection the node redirected from a synthetic
+// address: the synthetic address names the destination.
+func (b *Boundary) serveTransparent(c net.Conn) {
+	f := b.track(c, true)
+	if f == nil {
+		return
+	}
+	defer b.untrack(f)
+	dst, err := originalDst(c)
+	name, ok := "", false
+	if err == nil {
+		name, ok = b.synth.lookup(dst.Addr())
+	}
+	if !ok {
+		b.countFlow(routeTransparentUnknown, outRefused)
+		if err == nil {
+			b.refused(api.RefusedUnknownAddress, dst.Addr().String(), "no name was answered with this address")
+		}
+		b.log.Debug("boundary transparent flow to an unknown address refused", "principal", b.cfg.Principal, "dst", dst, "err", err)
+		f.abort()
+		return
+	}
+	a := b.admit(f, name, dst.Port())
+	if a.out != outAllowed {
+		f.abort()
+		return
+	}
+	b.run(f, &a, nil)
+}

@@ -1,0 +1,255 @@
+package meshnode
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"sandstorm/internal/sam/policy"
+)
+
+// Config is what a Node serves. Providers and MCPServers come from the
+// config file (LoadConfig); the rest is set by the caller.
+type Config struct {
+	Providers  []Provider  `json:"providers,omitempty"`
+	MCPServers []MCPServer `json:"mcp_servers,omitempty"`
+
+	// PolicyFile is watched and reloaded on change (a bad file is rejected
+	// and the policy in force stays). Ignored if Policy is set. With
+	// neither, nothing is granted to anyone.
+	PolicyFile string `json:"-"`
+	// PolicyInterval is how often PolicyFile is checked; default 2s.
+	PolicyInterval time.Duration `json:"-"`
+	// Policy, if set, is the source of the policy in force (e.g. a
+	// *policy.Watcher shared with the boundaries of the same process).
+	Policy PolicySource `json:"-"`
+	// Logger; default slog.Default().
+	Logger *slog.Logger `json:"-"`
+	// MaxBodyBytes bounds request bodies (413 beyond); default 8 MiB.
+	MaxBodyBytes int64 `json:"-"`
+	// Mesh, if set, is the rest of the mesh: models and MCP servers that
+	// other members serve are used by name (remote.go). nil: this node
+	// alone.
+	Mesh Mesh `json:"-"`
+	// Member is this node's name in the mesh, in its catalogue.
+	Member string `json:"-"`
+}
+
+// PolicySource gives the policy in force; *policy.Watcher is one.
+type PolicySource interface {
+	Current() *policy.Policy
+}
+
+// PolicyDocument is a PolicySource that can also give the document the
+// policy in force was compiled from, and its version: the mesh's policy
+// from the control plane (internal/sam/membership), which the node passes on
+// to the boundaries of its machine (GET PolicyPath), so that a machine has
+// one policy and no file to copy. ok is false while there is none.
+type PolicyDocument interface {
+	Document() (version int64, doc []byte, ok bool)
+}
+
+// PolicyPath is where the agent listener gives the boundaries the policy
+// document (PolicyDocument), to a request that names no principal: an
+// agent's request always carries one, set by its boundary, and a boundary
+// forwards agents' requests to agent paths only, so no agent reaches it.
+const PolicyPath = policy.DocumentPath
+
+// Provider is an upstream OpenAI-compatible API serving some models.
+type Provider struct {
+	// Name identifies the provider in logs and metrics.
+	Name string `json:"name"`
+	// URL is the base URL, as an OpenAI client takes it
+	// ("http://127.0.0.1:8000/v1"); request paths are appended to it.
+	URL string `json:"url"`
+	// Models this provider serves, by the names agents use.
+	Models []string `json:"models"`
+	// Rank orders the providers of a model: lower is tried first.
+	Rank int `json:"rank,omitempty"`
+	// APIKeyFile, if set, holds the key sent upstream as a bearer token.
+	// Its mode must be 0600 or stricter.
+	APIKeyFile string `json:"api_key_file,omitempty"`
+}
+
+// MCPServer is an upstream MCP server: a command speaking MCP over stdio,
+// or a Streamable HTTP URL.
+type MCPServer struct {
+	// Name is a DNS label (a-z, 0-9, '-'): the <server> of mcp://<server>
+	// grants, of /mcp/<server>, and of tool names "<server>__<tool>".
+	Name string `json:"name"`
+	// Command is argv of a stdio server.
+	Command []string `json:"command,omitempty"`
+	// Env is added to the node's environment for Command ("KEY=value").
+	Env []string `json:"env,omitempty"`
+	// URL is the endpoint of a Streamable HTTP server.
+	URL string `json:"url,omitempty"`
+}
+
+// LoadConfig reads a config file (YAML or JSON). Unknown fields are errors,
+// so a misspelt key is not silently ignored.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses a config from YAML or JSON and validates it.
+func ParseConfig(data []byte) (Config, error) {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("not YAML or JSON: %w", err)
+	}
+	var cfg Config
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		return Config{}, fmt.Errorf("malformed config: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// Validate checks the providers and MCP servers, naming every problem.
+func (c *Config) Validate() error {
+	var errs []error
+	names := map[string]bool{}
+	for i, p := range c.Providers {
+		where := fmt.Sprintf("providers[%d]", i)
+		if p.Name != "" {
+			where = fmt.Sprintf("provider %q", p.Name)
+		}
+		switch {
+		case p.Name == "":
+			errs = append(errs, fmt.Errorf("%s: no name", where))
+		case names[p.Name]:
+			errs = append(errs, fmt.Errorf("%s: defined twice", where))
+		}
+		names[p.Name] = true
+		if err := checkHTTPURL(p.URL); err != nil {
+			errs = append(errs, fmt.Errorf("%s: url: %w", where, err))
+		}
+		if len(p.Models) == 0 {
+			errs = append(errs, fmt.Errorf("%s: serves no models", where))
+		}
+		for _, m := range p.Models {
+			if strings.TrimSpace(m) == "" || m == "*" {
+				errs = append(errs, fmt.Errorf("%s: model %q: want a model name", where, m))
+			}
+		}
+	}
+	servers := map[string]bool{}
+	for i, s := range c.MCPServers {
+		where := fmt.Sprintf("mcp_servers[%d]", i)
+		if s.Name != "" {
+			where = fmt.Sprintf("mcp server %q", s.Name)
+		}
+		switch {
+		case !validLabel(s.Name):
+			errs = append(errs, fmt.Errorf("%s: name must be a DNS label (a-z, 0-9, '-')", where))
+		case servers[s.Name]:
+			errs = append(errs, fmt.Errorf("%s: defined twice", where))
+		}
+		servers[s.Name] = true
+		switch {
+		case len(s.Command) > 0 && s.URL != "":
+			errs = append(errs, fmt.Errorf("%s: give either command or url, not both", where))
+		case len(s.Command) == 0 && s.URL == "":
+			errs = append(errs, fmt.Errorf("%s: give a command (stdio) or a url (Streamable HTTP)", where))
+		case s.URL != "":
+			if err := checkHTTPURL(s.URL); err != nil {
+				errs = append(errs, fmt.Errorf("%s: url: %w", where, err))
+			}
+			if len(s.Env) > 0 {
+				errs = append(errs, fmt.Errorf("%s: env applies only to a command", where))
+			}
+		case s.Command[0] == "":
+			errs = append(errs, fmt.Errorf("%s: empty command", where))
+		}
+		for _, e := range s.Env {
+			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+				errs = append(errs, fmt.Errorf("%s: env %q: want KEY=value", where, e))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkHTTPURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: want http:// or https://", s)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q: no host", s)
+	}
+	if u.User != nil {
+		return fmt.Errorf("%q: credentials do not belong in a URL (use api_key_file)", redactURL(u))
+	}
+	return nil
+}
+
+func redactURL(u *url.URL) string {
+	c := *u
+	if c.User != nil {
+		c.User = url.User("REDACTED")
+	}
+	return c.String()
+}
+
+// readKeyFile reads a provider's API key, refusing a file that group or
+// others could read or write.
+func readKeyFile(path string) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	if !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("%s: not a regular file", path)
+	}
+	if perm := fi.Mode().Perm(); perm&^0o600 != 0 {
+		return "", fmt.Errorf("%s: mode %04o is too open: an API key file must be 0600 or stricter (chmod 600 %s)", path, perm, path)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	key := strings.TrimSpace(string(data))
+	if key == "" {
+		return "", fmt.Errorf("%s: empty", path)
+	}
+	if strings.ContainsAny(key, "\r\n") {
+		return "", fmt.Errorf("%s: holds more than one line", path)
+	}
+	return key, nil
+}
+
+func validLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
