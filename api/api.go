@@ -337,6 +337,8 @@ const (
 	CodeExists       = "exists"        // 409: the name or ID is taken
 	CodeTimeout      = "timeout"       // 504: it did not finish in time, and did not happen
 	CodePrecondition = "precondition"  // 412: the callee lacks what the call needs first (a node without a rootfs)
+	CodeMethod       = "method_not_allowed" // 405: the path is served, not with this method
+	CodeUpstream     = "upstream"           // 502: what the server called for the caller failed
 )
 
 // TierLost marks, in a list, a sandbox whose node does not answer: what

@@ -59,6 +59,11 @@ var (
 	// ErrPrecondition: the callee lacks what the call needs first (a node
 	// without a template's rootfs: send it, then ask again).
 	ErrPrecondition = errors.New("precondition failed")
+	// ErrMethod: the path is served, not with this method.
+	ErrMethod = errors.New("method not allowed")
+	// ErrUpstream: what this server calls on the caller's behalf (a model
+	// provider, a sandbox's own server) answered wrongly or not at all.
+	ErrUpstream = errors.New("upstream failed")
 )
 
 // Entry is one row of the table: a kind, its HTTP status and api code,
@@ -90,6 +95,8 @@ var Table = []Entry{
 	{ErrUnauthorized, http.StatusUnauthorized, api.CodeUnauthorized, 0},
 	{ErrTimeout, http.StatusGatewayTimeout, api.CodeTimeout, 0},
 	{ErrPrecondition, http.StatusPreconditionFailed, api.CodePrecondition, 0},
+	{ErrMethod, http.StatusMethodNotAllowed, api.CodeMethod, 0},
+	{ErrUpstream, http.StatusBadGateway, api.CodeUpstream, 0},
 }
 
 // Refine is a package's own error that is a case of kind: its words are

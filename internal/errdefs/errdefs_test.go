@@ -35,6 +35,8 @@ func TestTable(t *testing.T) {
 		{ErrUnauthorized, 401, "unauthorized"},
 		{ErrTimeout, 504, "timeout"},
 		{ErrPrecondition, 412, "precondition"},
+		{ErrMethod, 405, "method_not_allowed"},
+		{ErrUpstream, 502, "upstream"},
 	}
 	if len(want) != len(Table) {
 		t.Fatalf("the table has %d kinds, this test %d: pin the new one here", len(Table), len(want))

@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"sandstorm/internal/errdefs"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"sandstorm/api"
@@ -126,12 +128,12 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 	switch {
 	case svc.kind == "inference":
 		h.n.refused(r, principal, api.RefusedMCPServer, cmp.Or(scope, "/mcp"), "asked of the endpoint of model "+svc.name)
-		writeError(w, http.StatusForbidden, "permission_error", "wrong_service",
+		refuse(w, errdefs.ErrForbidden, "wrong_service",
 			fmt.Sprintf("this endpoint is the model %q; it serves no MCP tools", svc.name))
 		return
 	case svc.kind == "mcp" && scope != "" && scope != svc.name:
 		h.n.refused(r, principal, api.RefusedMCPServer, scope, "asked of the endpoint of MCP server "+svc.name)
-		writeError(w, http.StatusForbidden, "permission_error", "wrong_service",
+		refuse(w, errdefs.ErrForbidden, "wrong_service",
 			fmt.Sprintf("this endpoint is the MCP server %q, not %q", svc.name, scope))
 		return
 	case svc.kind == "mcp":
@@ -142,7 +144,7 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 		// the answer is the same whether or not it exists.
 		if !h.n.policy.Current().For(principal).MCPServer(scope) {
 			h.n.refused(r, principal, api.RefusedMCPServer, scope, whyNotGranted)
-			writeError(w, http.StatusForbidden, "permission_error", "server_not_granted",
+			refuse(w, errdefs.ErrForbidden, "server_not_granted",
 				fmt.Sprintf("MCP server %q is not granted to principal %q", scope, principal))
 			return
 		}
@@ -152,7 +154,7 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 					fmt.Sprintf("MCP server %q is granted to principal %q, but no member of the mesh serves it right now", scope, principal))
 				return
 			}
-			writeError(w, http.StatusNotFound, "invalid_request_error", "server_not_found",
+			refuse(w, errdefs.ErrNotFound, "server_not_found",
 				fmt.Sprintf("no MCP server %q on this mesh node", scope))
 			return
 		}
@@ -160,7 +162,9 @@ func (h *mcpHub) serve(w http.ResponseWriter, r *http.Request, principal string,
 	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" && !h.validSession(sid, principal, scope) {
 		// What the SDK answers for a session it does not know: the client
 		// starts a new one.
-		http.Error(w, "session not found", http.StatusNotFound)
+		// MCP's Streamable HTTP transport: a 404 tells the client to
+		// start a new session.
+		refuse(w, errdefs.ErrNotFound, "session_not_found", "session not found: initialize a new one")
 		return
 	}
 	ctx := context.WithValue(r.Context(), viewCtxKey{}, viewKey{principal, scope})

@@ -238,13 +238,13 @@ func (n *Node) adminMux() *http.ServeMux {
 func (n *Node) servePolicy(w http.ResponseWriter, r *http.Request) {
 	pd, ok := n.policy.(PolicyDocument)
 	if !ok {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "no_policy_document",
+		refuse(w, errdefs.ErrNotFound, "no_policy_document",
 			"this sam-node's policy is a file (--policy): give sandstormd --policy the same file")
 		return
 	}
 	version, doc, ok := pd.Document()
 	if !ok {
-		writeError(w, http.StatusServiceUnavailable, "api_error", "no_policy_yet",
+		refuse(w, errdefs.ErrUnavailable, "no_policy_yet",
 			"no policy from the control plane yet; try again shortly")
 		return
 	}
@@ -390,7 +390,7 @@ func (n *Node) serveAgent(w http.ResponseWriter, r *http.Request) {
 		// The node's own channel with its machine (the policy, what the
 		// sandboxes serve, the boundaries' refusals) is never an agent's,
 		// whatever a boundary would let through.
-		writeError(sw, http.StatusForbidden, "permission_error", "not_for_agents",
+		refuse(sw, errdefs.ErrForbidden, "not_for_agents",
 			"this path is for the node's own machine, on its socket; it is never served to an agent")
 		return
 	}
@@ -399,12 +399,12 @@ func (n *Node) serveAgent(w http.ResponseWriter, r *http.Request) {
 		if principal != "" {
 			msg = "malformed " + HeaderPrincipal + " header"
 		}
-		writeError(sw, http.StatusForbidden, "permission_error", "no_principal", msg)
+		refuse(sw, errdefs.ErrForbidden, "no_principal", msg)
 		return
 	}
 	svc, err := parseService(r.Header.Get(HeaderService))
 	if err != nil {
-		writeError(sw, http.StatusBadRequest, "invalid_request_error", "bad_service", err.Error())
+		refuse(sw, errdefs.ErrBadInput, "bad_service", err.Error())
 		return
 	}
 
@@ -419,7 +419,7 @@ func (n *Node) serveAgent(w http.ResponseWriter, r *http.Request) {
 		scope := strings.TrimPrefix(strings.TrimPrefix(path, "/mcp"), "/")
 		n.hub.serve(sw, r, principal, svc, scope)
 	default:
-		writeError(sw, http.StatusNotFound, "invalid_request_error", "not_found",
+		refuse(sw, errdefs.ErrNotFound, "not_found",
 			fmt.Sprintf("no such endpoint %q: the mesh serves /v1/models, /v1/chat/completions, /v1/completions and /mcp", path))
 	}
 }
@@ -440,10 +440,7 @@ type apiError struct {
 // takes to heal, and a message naming the service. Not 403, which would
 // send the operator to the policy, nor 404, which says it does not exist.
 func writeUnavailable(w http.ResponseWriter, code, msg string) {
-	e, _ := errdefs.Lookup(errdefs.ErrUnavailable)
-	secs := int(e.Retry / time.Second)
-	w.Header().Set("Retry-After", strconv.Itoa(secs))
-	writeError(w, e.Status, "api_error", code, fmt.Sprintf("%s; try again in %d s", msg, secs))
+	refuse(w, errdefs.ErrUnavailable, code, msg+"; "+unavailableRetry())
 }
 
 // unavailableRetry is what a tool result says to wait, as writeUnavailable.
@@ -452,10 +449,37 @@ func unavailableRetry() string {
 	return fmt.Sprintf("try again in %d s", int(e.Retry/time.Second))
 }
 
-func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+// refuse answers an error of kind in the OpenAI error object: the body is
+// the protocol's (its type follows from the status, as OpenAI's API does;
+// code says what exactly), the status and a 503's Retry-After are ours,
+// from errdefs.Table, as on sandstormd's API.
+func refuse(w http.ResponseWriter, kind error, code, msg string) {
+	status := http.StatusInternalServerError
+	if e, ok := errdefs.Lookup(kind); ok {
+		status = e.Status
+		if e.Retry > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(e.Retry/time.Second)))
+		}
+	}
 	var e apiError
-	e.Error.Message, e.Error.Type, e.Error.Code = msg, typ, code
+	e.Error.Message, e.Error.Type, e.Error.Code = msg, openAIType(status), code
 	writeJSON(w, status, e)
+}
+
+// openAIType is the OpenAI error type of an HTTP status
+// (https://platform.openai.com/docs/guides/error-codes).
+func openAIType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusRequestEntityTooLarge:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	}
+	return "api_error"
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 
+	"sandstorm/internal/errdefs"
+
 	"sandstorm/api"
 )
 
@@ -93,11 +95,11 @@ func (n *Node) ownedBy(name string) string {
 func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal string, svc service) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET")
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use GET")
+		refuse(w, errdefs.ErrMethod, "method_not_allowed", "use GET")
 		return
 	}
 	if svc.kind == "mcp" {
-		writeError(w, http.StatusForbidden, "permission_error", "wrong_service",
+		refuse(w, errdefs.ErrForbidden, "wrong_service",
 			fmt.Sprintf("this endpoint is the MCP server %q; it serves no models", svc.name))
 		return
 	}
@@ -105,11 +107,11 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal str
 		n.remote.wait(r.Context())
 	}
 	if name, one := strings.CutPrefix(r.URL.Path, "/v1/models/"); one {
-		if code, msg, why := n.modelAllowed(principal, svc, name, n.remote != nil); code != 0 {
+		if kind, code, msg, why := n.modelAllowed(principal, svc, name, n.remote != nil); kind != nil {
 			if why != "" {
 				n.refused(r, principal, api.RefusedModel, name, why)
 			}
-			writeError(w, code, errType(code), errCode(code), msg)
+			refuse(w, kind, code, msg)
 			return
 		}
 		if len(n.localProviders(name)) == 0 {
@@ -127,50 +129,27 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request, principal str
 // modelAllowed decides on a model before anything is dialled. A model
 // that is not granted is refused the same way whether or not it exists.
 // With mesh, a model no local provider serves may be served elsewhere in
-// the mesh: that is for the lookup that follows to say. why is the
-// refusal's reason in a few words when the principal was refused (403),
-// for the console (refused).
-func (n *Node) modelAllowed(principal string, svc service, name string, mesh bool) (code int, msg, why string) {
+// the mesh: that is for the lookup that follows to say. kind is the
+// refusal's errdefs kind (nil: allowed), code its OpenAI error code; why
+// is its reason in a few words when the principal was refused, for the
+// console (refused).
+func (n *Node) modelAllowed(principal string, svc service, name string, mesh bool) (kind error, code, msg, why string) {
 	switch {
 	case name == "":
-		return http.StatusBadRequest, "no model: the request body must name a model (GET /v1/models lists the ones you may use)", ""
+		return errdefs.ErrBadInput, "invalid_request", "no model: the request body must name a model (GET /v1/models lists the ones you may use)", ""
 	case svc.kind == "mcp":
-		return http.StatusForbidden, fmt.Sprintf("this endpoint is the MCP server %q; it serves no models", svc.name),
+		return errdefs.ErrForbidden, "model_not_granted", fmt.Sprintf("this endpoint is the MCP server %q; it serves no models", svc.name),
 			"asked of the endpoint of MCP server " + svc.name
 	case svc.kind == "inference" && name != svc.name:
-		return http.StatusForbidden, fmt.Sprintf("this endpoint serves only the model %q, not %q", svc.name, name),
+		return errdefs.ErrForbidden, "model_not_granted", fmt.Sprintf("this endpoint serves only the model %q, not %q", svc.name, name),
 			"asked of the endpoint of model " + svc.name
 	case !n.policy.Current().For(principal).Model(name):
-		return http.StatusForbidden, fmt.Sprintf("model %q is not granted to principal %q; GET /v1/models lists the models you may use", name, principal),
+		return errdefs.ErrForbidden, "model_not_granted", fmt.Sprintf("model %q is not granted to principal %q; GET /v1/models lists the models you may use", name, principal),
 			whyNotGranted
 	case len(n.localProviders(name)) == 0 && !mesh:
-		return http.StatusNotFound, fmt.Sprintf("model %q is not served by any provider of this mesh node; GET /v1/models lists the models you may use", name), ""
+		return errdefs.ErrNotFound, "model_not_found", fmt.Sprintf("model %q is not served by any provider of this mesh node; GET /v1/models lists the models you may use", name), ""
 	}
-	return 0, "", ""
-}
-
-func errType(code int) string {
-	switch code {
-	case http.StatusForbidden:
-		return "permission_error"
-	case http.StatusNotFound, http.StatusBadRequest:
-		return "invalid_request_error"
-	default:
-		return "api_error"
-	}
-}
-
-func errCode(code int) string {
-	switch code {
-	case http.StatusForbidden:
-		return "model_not_granted"
-	case http.StatusNotFound:
-		return "model_not_found"
-	case http.StatusBadRequest:
-		return "invalid_request"
-	default:
-		return "error"
-	}
+	return nil, "", "", ""
 }
 
 // serveInference routes a completion request by its model to the first
@@ -178,18 +157,18 @@ func errCode(code int) string {
 func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal string, svc service, path string) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", "POST")
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST")
+		refuse(w, errdefs.ErrMethod, "method_not_allowed", "use POST")
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, n.maxBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+			refuse(w, errdefs.ErrTooLarge, "request_too_large",
 				fmt.Sprintf("request body exceeds %d bytes", mbe.Limit))
 			return
 		}
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "could not read the request body")
+		refuse(w, errdefs.ErrBadInput, "invalid_request", "could not read the request body")
 		return
 	}
 	var head struct {
@@ -197,21 +176,21 @@ func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal 
 		Stream bool   `json:"stream"`
 	}
 	if err := json.Unmarshal(body, &head); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "the request body is not a JSON object with a string \"model\": "+err.Error())
+		refuse(w, errdefs.ErrBadInput, "invalid_request", "the request body is not a JSON object with a string \"model\": "+err.Error())
 		return
 	}
 	// A call from another member is served by this node's own providers
 	// only: never sent on, so it cannot loop or be amplified.
 	mesh := n.remote != nil && !fromMesh(r)
-	if code, msg, why := n.modelAllowed(principal, svc, head.Model, mesh); code != 0 {
-		if code == http.StatusForbidden && n.byModel[head.Model] != nil {
+	if kind, code, msg, why := n.modelAllowed(principal, svc, head.Model, mesh); kind != nil {
+		if kind == errdefs.ErrForbidden && n.byModel[head.Model] != nil {
 			n.m.modelRequests.WithLabelValues(head.Model, "denied").Inc()
 		}
 		if why != "" {
 			n.refused(r, principal, api.RefusedModel, head.Model, why)
 		}
-		n.log.Debug("meshnode: inference refused", "principal", principal, "status", code)
-		writeError(w, code, errType(code), errCode(code), msg)
+		n.log.Debug("meshnode: inference refused", "principal", principal, "code", code)
+		refuse(w, kind, code, msg)
 		return
 	}
 
@@ -251,7 +230,7 @@ func (n *Node) serveInference(w http.ResponseWriter, r *http.Request, principal 
 		return
 	}
 	n.m.modelRequests.WithLabelValues(head.Model, "unavailable").Inc()
-	writeError(w, http.StatusBadGateway, "api_error", "upstream_unavailable",
+	refuse(w, errdefs.ErrUpstream, "upstream_unavailable",
 		fmt.Sprintf("no provider of model %q could serve the request (last: %s); try again later", head.Model, last))
 }
 
@@ -314,7 +293,7 @@ func (n *Node) modelNotServed(w http.ResponseWriter, principal, model string) {
 			fmt.Sprintf("model %q is granted to principal %q, but no member of the mesh serves it right now", model, principal))
 		return
 	}
-	writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
+	refuse(w, errdefs.ErrNotFound, "model_not_found",
 		fmt.Sprintf("model %q is not served anywhere in the mesh; GET /v1/models lists the models you may use", model))
 }
 

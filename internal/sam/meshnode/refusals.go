@@ -14,6 +14,8 @@ import (
 	"errors"
 	"net/http"
 
+	"sandstorm/internal/errdefs"
+
 	"sandstorm/api"
 	"sandstorm/internal/sam/refusals"
 )
@@ -47,7 +49,7 @@ func (n *Node) refused(r *http.Request, principal, what, target, reason string) 
 func (n *Node) serveRefusals(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", "POST")
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST")
+		refuse(w, errdefs.ErrMethod, "method_not_allowed", "use POST")
 		return
 	}
 	var rep api.RefusalReport
@@ -57,17 +59,17 @@ func (n *Node) serveRefusals(w http.ResponseWriter, r *http.Request) {
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
-		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "a report of at most 1 MiB, please")
+		refuse(w, errdefs.ErrTooLarge, "request_too_large", "a report of at most 1 MiB, please")
 		return
 	case err != nil:
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "want {\"rows\": [{\"principal\", \"by\", \"what\", \"target\", \"reason\", \"count\", \"first\", \"last\"}], \"dropped\"}: "+err.Error())
+		refuse(w, errdefs.ErrBadInput, "invalid_request", "want {\"rows\": [{\"principal\", \"by\", \"what\", \"target\", \"reason\", \"count\", \"first\", \"last\"}], \"dropped\"}: "+err.Error())
 		return
 	case dec.More():
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "one report per request")
+		refuse(w, errdefs.ErrBadInput, "invalid_request", "one report per request")
 		return
 	}
 	if err := refusals.Check(rep); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+		refuse(w, errdefs.ErrBadInput, "invalid_request", err.Error())
 		return
 	}
 	n.refusals.Merge(rep)

@@ -41,6 +41,8 @@ import (
 	"sync"
 	"time"
 
+	"sandstorm/internal/errdefs"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"sandstorm/api"
@@ -322,12 +324,12 @@ type toolCall struct {
 func (n *Node) serveMesh(w http.ResponseWriter, r *http.Request) {
 	member := r.Header.Get(HeaderMember)
 	if member == "" {
-		writeError(w, http.StatusForbidden, "permission_error", "not_a_member", "mesh calls are answered for members only")
+		refuse(w, errdefs.ErrForbidden, "not_a_member", "mesh calls are answered for members only")
 		return
 	}
 	if r.URL.Path == "/v1/catalog" {
 		if r.Method != http.MethodGet {
-			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use GET")
+			refuse(w, errdefs.ErrMethod, "method_not_allowed", "use GET")
 			return
 		}
 		models, servers := n.servedNames()
@@ -347,7 +349,7 @@ func (n *Node) serveMesh(w http.ResponseWriter, r *http.Request) {
 	}
 	principal := r.Header.Get(HeaderPrincipal)
 	if !validPrincipal(principal) {
-		writeError(w, http.StatusForbidden, "permission_error", "no_principal", "a mesh call must name the principal it is made for in "+HeaderPrincipal)
+		refuse(w, errdefs.ErrForbidden, "no_principal", "a mesh call must name the principal it is made for in "+HeaderPrincipal)
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), fromMeshKey{}, member))
@@ -359,14 +361,14 @@ func (n *Node) serveMesh(w http.ResponseWriter, r *http.Request) {
 		n.serveInference(w, r, principal, service{}, "/completions")
 	case "/v1/tools/call":
 		if r.Method != http.MethodPost {
-			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST")
+			refuse(w, errdefs.ErrMethod, "method_not_allowed", "use POST")
 			return
 		}
 		var c toolCall
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, n.maxBody))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&c); err != nil || c.Server == "" || c.Tool == "" {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "want {\"server\", \"tool\", \"arguments\"}")
+			refuse(w, errdefs.ErrBadInput, "invalid_request", "want {\"server\", \"tool\", \"arguments\"}")
 			return
 		}
 		// Decided here again, on this node's policy, before the server
@@ -383,12 +385,12 @@ func (n *Node) serveMesh(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if n.hub.byName[c.Server] == nil && n.servedServer(c.Server) == nil {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "server_not_found", fmt.Sprintf("no MCP server %q on this member", c.Server))
+			refuse(w, errdefs.ErrNotFound, "server_not_found", fmt.Sprintf("no MCP server %q on this member", c.Server))
 			return
 		}
 		writeJSON(w, http.StatusOK, n.hub.call(r.Context(), principal, c.Server, c.Tool, c.Server+ToolSeparator+c.Tool, c.Arguments))
 	default:
-		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no such mesh endpoint %q", r.URL.Path))
+		refuse(w, errdefs.ErrNotFound, "not_found", fmt.Sprintf("no such mesh endpoint %q", r.URL.Path))
 	}
 }
 

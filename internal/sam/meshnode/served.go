@@ -28,6 +28,8 @@ import (
 	"sync"
 	"time"
 
+	"sandstorm/internal/errdefs"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"sandstorm/api"
@@ -119,25 +121,25 @@ func validServed(s ServedService) error {
 func (n *Node) serveServed(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPut {
 		w.Header().Set("Allow", "PUT")
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use PUT")
+		refuse(w, errdefs.ErrMethod, "method_not_allowed", "use PUT")
 		return
 	}
 	var l ServedList
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&l); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "want {\"services\": [{\"kind\", \"name\", \"url\"}]}: "+err.Error())
+		refuse(w, errdefs.ErrBadInput, "invalid_request", "want {\"services\": [{\"kind\", \"name\", \"url\"}]}: "+err.Error())
 		return
 	}
 	if len(l.Services) > maxServed {
-		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "too_many", fmt.Sprintf("at most %d services", maxServed))
+		refuse(w, errdefs.ErrTooLarge, "too_many", fmt.Sprintf("at most %d services", maxServed))
 		return
 	}
 	models := map[string][]*provider{}
 	servers := map[string]*sbServer{}
 	for _, s := range l.Services {
 		if err := validServed(s); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+			refuse(w, errdefs.ErrBadInput, "invalid_request", err.Error())
 			return
 		}
 		switch s.Kind {
