@@ -75,34 +75,13 @@ func (c *Console) Page() http.Handler {
 // it, and a watcher applies later ones on top.
 const EventSeqHeader = "X-Sandstorm-Event-Seq"
 
-// maxLogin bounds POST /v1/session's body.
-const maxLogin = 4 << 10
-
-// Login serves POST /v1/session {"token": "..."}: 204 with the session
-// cookie, or 401.
-func (c *Console) Login(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Token string `json:"token"`
+// TokenAt is where the console's login token is kept, for a person who
+// pasted the wrong one.
+func (c *Console) TokenAt() string {
+	if c.TokenFile == "" {
+		return "<data-dir>/pki/api-token"
 	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxLogin)).Decode(&req); err != nil {
-		writeErr(w, http.StatusBadRequest, api.CodeBadRequest, `want {"token": "<the API token>"}`)
-		return
-	}
-	if !c.Sessions.Login(w, r, req.Token) {
-		where := c.TokenFile
-		if where == "" {
-			where = "<data-dir>/pki/api-token"
-		}
-		writeErr(w, http.StatusUnauthorized, api.CodeUnauthorized, "wrong API token (this master's is in "+where+")")
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// Logout serves DELETE /v1/session.
-func (c *Console) Logout(w http.ResponseWriter, r *http.Request) {
-	c.Sessions.Logout(w, r)
-	w.WriteHeader(http.StatusNoContent)
+	return c.TokenFile
 }
 
 // Stream serves GET /v1/events: the kept recent events, then each new one,

@@ -88,7 +88,7 @@ func TestPageNamesThisMastersTokenFile(t *testing.T) {
 		t.Errorf("the login does not name this master's token file:\n%s", body)
 	}
 	rec = httptest.NewRecorder()
-	c.Login(rec, httptest.NewRequest("POST", "/v1/session", strings.NewReader(`{"token":"nope"}`)))
+	c.Sessions.ServeLogin(c.TokenAt())(rec, httptest.NewRequest("POST", "/v1/session", strings.NewReader(`{"token":"nope"}`)))
 	if rec.Code != 401 || !strings.Contains(rec.Body.String(), `/var/lib/fleet \u003cm\u003e/pki/api-token`) {
 		t.Errorf("a wrong token: %d %s", rec.Code, rec.Body.String())
 	}

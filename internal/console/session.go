@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/httpjson"
 )
 
 // The console's login: a person pastes the API token once, and the master
@@ -94,4 +97,33 @@ func (s *Sessions) Reads(r *http.Request) bool {
 	exp, ok := s.ids[c.Value]
 	s.mu.Unlock()
 	return ok && s.now().Before(exp)
+}
+
+// maxLogin bounds POST /v1/session's body.
+const maxLogin = 4 << 10
+
+// ServeLogin is POST /v1/session {"token": "..."} on both consoles (the
+// master's and the mesh's): 204 with the session cookie, or 401 naming
+// where the token is kept (tokenAt), so the person knows what to paste.
+func (s *Sessions) ServeLogin(tokenAt string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Token string `json:"token"`
+		}
+		if err := httpjson.Decode(w, r, &req, maxLogin); err != nil {
+			errdefs.WriteHTTP(w, err)
+			return
+		}
+		if !s.Login(w, r, req.Token) {
+			errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "wrong token: paste the one in %s", tokenAt))
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// ServeLogout is DELETE /v1/session: 204, the session ended.
+func (s *Sessions) ServeLogout(w http.ResponseWriter, r *http.Request) {
+	s.Logout(w, r)
+	w.WriteHeader(http.StatusNoContent)
 }

@@ -120,8 +120,8 @@ func Handler(cfg Config) http.Handler {
 		open = http.NewServeMux()
 		open.Handle("GET /{$}", c.Page())
 		open.Handle("GET /console/", c.Page())
-		open.HandleFunc("POST /v1/session", c.Login)
-		open.HandleFunc("DELETE /v1/session", c.Logout)
+		open.HandleFunc("POST /v1/session", c.Sessions.ServeLogin(c.TokenAt()))
+		open.HandleFunc("DELETE /v1/session", c.Sessions.ServeLogout)
 	}
 	if open == nil {
 		open = http.NewServeMux()

@@ -54,8 +54,8 @@ type Console struct {
 func (c *Console) Register(mux *http.ServeMux) {
 	mux.Handle("GET /{$}", c.page())
 	mux.Handle("GET /console/", c.page())
-	mux.HandleFunc("POST /v1/session", c.login)
-	mux.HandleFunc("DELETE /v1/session", c.logout)
+	mux.HandleFunc("POST /v1/session", c.Sessions.ServeLogin(c.TokenFile))
+	mux.HandleFunc("DELETE /v1/session", c.Sessions.ServeLogout)
 	mux.HandleFunc("GET /v1/console", c.state)
 }
 
@@ -81,29 +81,6 @@ func (c *Console) page() http.Handler {
 		}
 		files.ServeHTTP(w, r)
 	})
-}
-
-// maxLogin bounds POST /v1/session's body.
-const maxLogin = 4 << 10
-
-func (c *Console) login(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Token string `json:"token"`
-	}
-	if err := httpjson.Decode(w, r, &req, maxLogin); err != nil {
-		errdefs.WriteHTTP(w, err)
-		return
-	}
-	if !c.Sessions.Login(w, r, req.Token) {
-		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "not the admin token (it is in %s)", c.TokenFile))
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
-	c.Sessions.Logout(w, r)
-	w.WriteHeader(http.StatusNoContent)
 }
 
 func (c *Console) state(w http.ResponseWriter, r *http.Request) {
