@@ -22,6 +22,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/httpjson"
 )
 
 // Client talks to one sandstormd.
@@ -169,24 +170,15 @@ func (c *Client) send(req *http.Request, out any) error {
 		} else if resp.StatusCode == http.StatusServiceUnavailable {
 			e.RetryAfter = time.Second // a 503 that does not say: a second
 		}
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(data, &e.Body) != nil || e.Body.Code == "" {
-			e.Body.Code, e.Body.Message = "http", strings.TrimSpace(string(data))
+		if e.Body = httpjson.ErrorBody(resp); e.Body.Code == "" {
+			e.Body.Code = "http"
 		}
 		if resp.StatusCode == http.StatusUnauthorized && c.TokenFrom != "" {
 			e.Body.Message += fmt.Sprintf("; this client's token came from %s and %s does not accept it: point --data-dir (or SANDSTORM_DATA_DIR) at that daemon's data dir, or set SANDSTORM_TOKEN to the contents of its pki/api-token", c.TokenFrom, c.Base)
 		}
 		return e
 	}
-	if out == nil {
-		io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	if w, ok := out.(io.Writer); ok {
-		_, err := io.Copy(w, resp.Body)
-		return err
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	return httpjson.ReadAnswer(resp, out, 0)
 }
 
 // CreateTemplate registers a template from a directory on the node.

@@ -3,6 +3,8 @@
 // one JSON value of bounded size with no unknown field, and a bad one is
 // an errdefs.ErrBadInput (400) or an errdefs.ErrTooLarge (413) that still
 // unwraps to its *http.MaxBytesError, never a half-read request acted on.
+// Its client half (client.go) reads the answers for the three clients of
+// those APIs alike.
 package httpjson
 
 import (

@@ -13,13 +13,13 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/httpjson"
 	"sandstorm/internal/nodeapi"
 )
 
@@ -91,11 +91,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any, okS
 	if resp.StatusCode != okStatus {
 		return readError(resp)
 	}
-	if out == nil {
-		io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	return httpjson.ReadAnswer(resp, out, 0)
 }
 
 // DeadlineHeader carries a call's deadline from the master to the node,
@@ -155,10 +151,9 @@ func (c *Client) sendWith(hc *http.Client, req *http.Request) (*http.Response, e
 // readError turns an error answer back into an error of its kind
 // (errdefs.FromWire), so errors.Is works on the master's side.
 func readError(resp *http.Response) error {
-	var e api.Error
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if json.Unmarshal(b, &e) != nil || e.Message == "" {
-		e.Message = fmt.Sprintf("HTTP %d from the node: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	e := httpjson.ErrorBody(resp)
+	if e.Code == "" {
+		e.Message = fmt.Sprintf("HTTP %d from the node: %s", resp.StatusCode, e.Message)
 	}
 	return errdefs.FromWire(resp.StatusCode, e)
 }

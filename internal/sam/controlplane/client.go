@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/httpjson"
 	"sandstorm/internal/sam/meshcred"
 )
 
@@ -79,18 +79,10 @@ func (c *Client) send(req *http.Request, out any) (int, error) {
 		return resp.StatusCode, nil
 	}
 	if resp.StatusCode/100 != 2 {
-		var e api.Error
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		if json.Unmarshal(b, &e) != nil || e.Message == "" {
-			e.Message = strings.TrimSpace(string(b))
-		}
-		return resp.StatusCode, errdefs.FromWire(resp.StatusCode, e)
-	}
-	if out == nil {
-		return resp.StatusCode, nil
+		return resp.StatusCode, errdefs.FromWire(resp.StatusCode, httpjson.ErrorBody(resp))
 	}
 	// A policy document may be up to a MiB, and JSON-escaped a little more.
-	return resp.StatusCode, json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(out)
+	return resp.StatusCode, httpjson.ReadAnswer(resp, out, 4<<20)
 }
 
 // signed asks for a challenge and signs it with priv for this control
