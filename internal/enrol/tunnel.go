@@ -198,7 +198,7 @@ func (j *Joiner) tunnel(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "GET /v1/nodes/tunnel HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: %s\r\nX-Sandstorm-Node: %s\r\n\r\n", u.Host, TunnelUpgrade, j.Name)
+	fmt.Fprintf(conn, "GET /v1/nodes/tunnel HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: %s\r\n%s: %s\r\n\r\n", u.Host, TunnelUpgrade, NodeHeader, j.Name)
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {

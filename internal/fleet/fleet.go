@@ -735,65 +735,42 @@ func (f *Fleet) Join(ctx context.Context, req enrol.JoinRequest) (enrol.JoinRepl
 	return enrol.JoinReply{Cert: der}, nil
 }
 
-// Tunnel serves a joined node's GET /v1/nodes/tunnel: its certificate
-// (checked by the API's TLS against the CA) must name a node that joined;
-// the connection becomes the session its calls ride. Templates are given
-// to it each time it connects.
-func (f *Fleet) Tunnel(w http.ResponseWriter, r *http.Request) {
-	name := r.Header.Get("X-Sandstorm-Node")
-	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || r.TLS.VerifiedChains[0][0].Subject.CommonName != "node "+name {
-		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrForbidden, "a tunnel needs the certificate of a node that joined this master"))
-		return
-	}
-	if err := f.checkCert(name, r.TLS.VerifiedChains[0][0]); err != nil {
-		f.cfg.Log.Warn("tunnel refused: revoked certificate", "node", name, "from", r.RemoteAddr)
-		errdefs.WriteHTTP(w, errdefs.Mark(errdefs.ErrForbidden, err))
-		return
+// Tunnel serves a joined node's GET /v1/nodes/tunnel (enrol.AcceptTunnel):
+// the fleet lets in a node that joined and was not forgotten, with a
+// certificate not revoked; its tunnel becomes the node's client, and the
+// templates are given to it each time it connects.
+func (f *Fleet) Tunnel() http.HandlerFunc { return enrol.AcceptTunnel(f.admitTunnel, f.tunnelUp) }
+
+func (f *Fleet) admitTunnel(name string, cert *x509.Certificate) error {
+	if err := f.checkCert(name, cert); err != nil {
+		f.cfg.Log.Warn("tunnel refused: revoked certificate", "node", name)
+		return err
 	}
 	f.mu.RLock()
 	addr := f.addrs[name]
 	f.mu.RUnlock()
 	if addr != tunnelAddress(name) {
-		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrForbidden, "this node has not joined this master (or was forgotten)"))
-		return
+		return errors.New("this node has not joined this master (or was forgotten)")
 	}
-	if !strings.EqualFold(r.Header.Get("Upgrade"), enrol.TunnelUpgrade) {
-		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrBadInput, "Upgrade: %s expected", enrol.TunnelUpgrade))
-		return
-	}
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		errdefs.WriteHTTP(w, errors.New("the connection cannot be taken over for a tunnel"))
-		return
-	}
-	conn, bw, err := hj.Hijack()
-	if err != nil {
-		return
-	}
-	bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + enrol.TunnelUpgrade + "\r\n\r\n")
-	bw.Flush()
-	conn.SetDeadline(time.Time{})
-	sess, err := enrol.TunnelSession(conn)
-	if err != nil {
-		conn.Close()
-		return
-	}
-	c := enrol.TunnelClient(name, sess, r.TLS.VerifiedChains[0][0].NotAfter)
+	return nil
+}
+
+func (f *Fleet) tunnelUp(t enrol.Tunnel) {
 	f.mu.Lock()
-	f.remote[name] = c
+	f.remote[t.Node] = t.Client
 	f.mu.Unlock()
-	f.kickWatch(name)
-	f.cfg.Log.Info("tunnel from a node up", "node", name, "from", r.RemoteAddr)
+	f.kickWatch(t.Node)
+	f.cfg.Log.Info("tunnel from a node up", "node", t.Node, "from", t.From)
 	go func() {
 		ts, err := f.cfg.Store.ListTemplates(context.Background())
 		if err == nil {
-			for _, t := range ts {
-				if err := f.prepare(context.Background(), c, t); err != nil {
-					f.cfg.Log.Warn("a node that dialled in did not take a template", "node", name, "template", t.Name, "err", err)
+			for _, tp := range ts {
+				if err := f.prepare(context.Background(), t.Client, tp); err != nil {
+					f.cfg.Log.Warn("a node that dialled in did not take a template", "node", t.Node, "template", tp.Name, "err", err)
 				}
 			}
 		}
-		<-sess.CloseChan()
-		f.cfg.Log.Warn("tunnel from a node down; it is lost until it dials again", "node", name)
+		<-t.Session.CloseChan()
+		f.cfg.Log.Warn("tunnel from a node down; it is lost until it dials again", "node", t.Node)
 	}()
 }

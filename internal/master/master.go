@@ -131,7 +131,7 @@ func Handler(cfg Config) http.Handler {
 	// and the tunnel (by its certificate).
 	open.HandleFunc("GET /v1/ca", s.caCert)
 	open.HandleFunc("POST /v1/nodes/join", s.joinNode)
-	open.HandleFunc("GET /v1/nodes/tunnel", func(w http.ResponseWriter, r *http.Request) { s.cfg.Fleet.Tunnel(w, r) })
+	open.HandleFunc("GET /v1/nodes/tunnel", s.cfg.Fleet.Tunnel())
 	return cfg.Metrics.Instrument(s.auth(mux, open), s.route(mux, open))
 }
 
