@@ -18,7 +18,6 @@
 package e2b
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -34,10 +33,10 @@ import (
 	"time"
 
 	"sandstorm/api"
-	"sandstorm/internal/apikey"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 )
 
@@ -62,6 +61,7 @@ type Config struct {
 // Service is the E2B API.
 type Service struct {
 	cfg Config
+	sbx *sandboxes.Service // shared with /v1: creates, owners, who sees what
 }
 
 // New returns the service for cfg.
@@ -72,7 +72,7 @@ func New(cfg Config) *Service {
 	if cfg.DefaultTemplate == "" {
 		cfg.DefaultTemplate = "base"
 	}
-	return &Service{cfg: cfg}
+	return &Service{cfg: cfg, sbx: &sandboxes.Service{Store: cfg.Store, Fleet: cfg.Fleet}}
 }
 
 // ClientID is what E2B's required, deprecated clientID says.
@@ -254,33 +254,14 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		}
 		timeout = time.Duration(*req.Timeout) * time.Second
 	}
-	for k := range req.EnvVars {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			fail(w, errdefs.New(errdefs.ErrBadInput, "envVars: %q is not a variable name", k))
-			return
-		}
-	}
 	name := req.TemplateID
 	if name == "" {
 		name = s.cfg.DefaultTemplate
 	}
-	t, err := s.cfg.Store.GetTemplate(r.Context(), name)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: fleet.Wire(t)})
-	if err != nil {
-		fail(w, err)
-		return
-	}
 	now := time.Now()
-	meta := store.SandboxMeta{ID: sb.ID, Team: apikey.From(r.Context()).Team, Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause}
-	if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), meta); err != nil {
-		// Not owned, it would be nobody's: do not leave it running.
-		if n, got, ferr := s.cfg.Fleet.Find(r.Context(), sb.ID); ferr == nil {
-			s.cfg.Fleet.Delete(context.WithoutCancel(r.Context()), n, got)
-		}
+	sb, meta, err := s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: name,
+		Meta: store.SandboxMeta{Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause}})
+	if err != nil {
 		fail(w, err)
 		return
 	}
@@ -296,29 +277,7 @@ func (s *Service) wire(sb api.Sandbox) sandbox {
 // find is sandbox id if the caller may see it; another team's is not
 // found, exactly as a missing one (IDs do not leak).
 func (s *Service) find(r *http.Request) (nodeapi.Node, api.Sandbox, store.SandboxMeta, error) {
-	id := r.PathValue("id")
-	n, sb, err := s.cfg.Fleet.Find(r.Context(), id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil, sb, store.SandboxMeta{}, notFound(id)
-	}
-	if err != nil {
-		// Its node lost is not its end: 503, Retry-After.
-		return nil, sb, store.SandboxMeta{}, err
-	}
-	m, err := s.cfg.Store.Teams().GetSandboxMeta(r.Context(), sb.ID)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		m = store.SandboxMeta{ID: sb.ID, StartedAt: sb.CreatedAt} // the operator's, made by /v1
-	} else if err != nil {
-		return nil, sb, m, err
-	}
-	if !apikey.From(r.Context()).Sees(m.Team) {
-		return nil, api.Sandbox{}, store.SandboxMeta{}, notFound(id)
-	}
-	return n, sb, m, nil
-}
-
-func notFound(id string) error {
-	return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	return s.sbx.Find(r.Context(), r.PathValue("id"))
 }
 
 func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool) detail {
@@ -510,28 +469,13 @@ func (s *Service) metrics(w http.ResponseWriter, r *http.Request) {
 // listed is every sandbox the caller may see, with what is kept of it,
 // oldest first.
 func (s *Service) listed(r *http.Request) ([]detail, error) {
-	all, err := s.cfg.Fleet.List(r.Context())
+	vis, err := s.sbx.List(r.Context())
 	if err != nil {
 		return nil, err
 	}
-	metas, err := s.cfg.Store.Teams().SandboxMetas(r.Context())
-	if err != nil {
-		return nil, err
-	}
-	byID := map[string]store.SandboxMeta{}
-	for _, m := range metas {
-		byID[m.ID] = m
-	}
-	c := apikey.From(r.Context())
-	var out []detail
-	for _, sb := range all {
-		m, ok := byID[sb.ID]
-		if !ok {
-			m = store.SandboxMeta{ID: sb.ID, StartedAt: sb.CreatedAt}
-		}
-		if c.Sees(m.Team) {
-			out = append(out, s.detail(sb, m, false))
-		}
+	out := make([]detail, 0, len(vis))
+	for _, v := range vis {
+		out = append(out, s.detail(v.Sandbox, v.Meta, false))
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].StartedAt.Equal(out[j].StartedAt) {

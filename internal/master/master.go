@@ -32,6 +32,7 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/rootfs"
+	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 )
 
@@ -73,6 +74,9 @@ const maxJSON = 1 << 20
 
 type server struct {
 	cfg Config
+	// sbx is the sandbox service /v1 shares with /e2b: creates, owners,
+	// who sees what.
+	sbx *sandboxes.Service
 }
 
 // Handler returns the API's HTTP handler.
@@ -83,7 +87,7 @@ func Handler(cfg Config) http.Handler {
 	if cfg.MaxUpload <= 0 {
 		cfg.MaxUpload = 4 << 30
 	}
-	s := &server{cfg: cfg}
+	s := &server{cfg: cfg, sbx: &sandboxes.Service{Store: cfg.Store, Fleet: cfg.Fleet}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/templates", s.listTemplates)
 	mux.HandleFunc("POST /v1/templates", s.createTemplate)
@@ -495,12 +499,15 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		// so a watcher applies only later ones on top (console.js).
 		w.Header().Set(console.EventSeqHeader, strconv.FormatUint(c.Events.Seq(), 10))
 	}
-	all, err := s.cfg.Fleet.List(r.Context())
+	vis, err := s.sbx.List(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	all = s.decorate(r.Context(), s.visible(r.Context(), all))
+	all := make([]api.Sandbox, 0, len(vis))
+	for _, v := range vis {
+		all = append(all, withMeta(v.Sandbox, v.Meta))
+	}
 	if labels := r.URL.Query()["label"]; len(labels) > 0 {
 		if all, err = byLabels(all, labels); err != nil {
 			s.fail(w, r, err)
@@ -525,49 +532,19 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if req.Principal != "" && !apikey.From(r.Context()).Operator {
-		// A principal is a name the policy grants to: a team naming one
-		// would take whatever the policy gives it.
-		s.fail(w, r, errdefs.New(errdefs.ErrForbidden, "principal: only the operator names a sandbox's principal (a team's sandbox is the template's principal, else its name)"))
-		return
-	}
-	t, err := s.cfg.Store.GetTemplate(r.Context(), req.Template)
+	sb, _, err := s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: req.Template, Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Meta: meta})
 	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if c := apikey.From(r.Context()); !c.Operator && req.Name != "" && t.Principal == "" {
-		// A sandbox's principal is its name by default, and a name is the
-		// team's to choose: a team's named sandbox is <team>.<name>, so
-		// that no team takes a principal the policy grants to another.
-		req.Principal = c.Team + "." + req.Name
-	}
-	sb, err := s.cfg.Fleet.Create(r.Context(), nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle})
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if err := s.own(r.Context(), sb.ID, meta); err != nil {
-		// Owned by nobody it would be lost to its team: do not keep it.
-		if n, got, ferr := s.cfg.Fleet.Find(r.Context(), sb.ID); ferr == nil {
-			s.cfg.Fleet.Delete(context.WithoutCancel(r.Context()), n, got)
-		}
 		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, s.decorate(r.Context(), []api.Sandbox{sb})[0])
 }
 
-// sandbox finds the sandbox of the request's {id} and its node.
+// sandbox finds the sandbox of the request's {id} and its node, if the
+// caller may see it (sandboxes.Service.Find).
 func (s *server) sandbox(r *http.Request) (nodeapi.Node, api.Sandbox, error) {
-	n, sb, err := s.cfg.Fleet.Find(r.Context(), r.PathValue("id"))
-	if err != nil {
-		return nil, sb, err
-	}
-	if !s.owns(r.Context(), sb.ID) {
-		return nil, api.Sandbox{}, notYours(r.PathValue("id"))
-	}
-	return n, sb, nil
+	n, sb, _, err := s.sbx.Find(r.Context(), r.PathValue("id"))
+	return n, sb, err
 }
 
 func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {

@@ -10,6 +10,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/apikey"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
 )
@@ -58,65 +59,12 @@ func teamMay(r *http.Request) bool {
 	return false
 }
 
-// owns reports whether the caller may see sandbox id: the operator sees
-// all; a team the sandboxes it made (a sandbox no team made is the
-// operator's).
-func (s *server) owns(ctx context.Context, id string) bool {
-	c := apikey.From(ctx)
-	if c.Operator {
-		return true
-	}
-	m, err := s.cfg.Store.Teams().GetSandboxMeta(ctx, id)
-	return err == nil && c.Sees(m.Team)
-}
-
-func notYours(ref string) error {
-	return errdefs.New(errdefs.ErrNotFound, "sandbox %q: not found", ref)
-}
-
-// visible is what of all the caller may see.
-func (s *server) visible(ctx context.Context, all []api.Sandbox) []api.Sandbox {
-	c := apikey.From(ctx)
-	if c.Operator {
-		return all
-	}
-	metas, err := s.cfg.Store.Teams().SandboxMetas(ctx)
-	if err != nil {
-		return nil
-	}
-	mine := map[string]bool{}
-	for _, m := range metas {
-		if c.Sees(m.Team) {
-			mine[m.ID] = true
-		}
-	}
-	var out []api.Sandbox
-	for _, sb := range all {
-		if mine[sb.ID] {
-			out = append(out, sb)
-		}
-	}
-	return out
-}
-
 // settings checks what a create asks beyond its template (env, labels, a
 // lifetime) and is what the master keeps of it, for sandbox id once made.
 func settings(req api.SandboxRequest) (store.SandboxMeta, error) {
 	m := store.SandboxMeta{Env: req.Env, Metadata: req.Labels}
-	for k := range req.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return m, badRequest("env: %q is not a variable name", k)
-		}
-	}
-	size := 0
-	for k, v := range req.Labels {
-		if k == "" || strings.ContainsAny(k, "=&\x00") || strings.ContainsRune(v, 0) {
-			return m, badRequest("labels: %q: a key must be non-empty, without '=', '&' or NUL", k)
-		}
-		size += len(k) + len(v)
-	}
-	if size > 16<<10 {
-		return m, badRequest("labels: %d bytes, at most 16 KiB", size)
+	if err := sandboxes.CheckSettings(req.Env, req.Labels); err != nil {
+		return m, err
 	}
 	if _, err := (tier.Timers{}).With(req.Idle); err != nil {
 		return m, badRequest("%v", err)
@@ -140,13 +88,6 @@ func settings(req api.SandboxRequest) (store.SandboxMeta, error) {
 	return m, nil
 }
 
-// own records that the caller's team owns new sandbox id, with what its
-// create asked.
-func (s *server) own(ctx context.Context, id string, m store.SandboxMeta) error {
-	m.ID, m.Team, m.StartedAt = id, apikey.From(ctx).Team, time.Now()
-	return s.cfg.Store.Teams().PutSandboxMeta(ctx, m)
-}
-
 // decorate adds what the master keeps of each sandbox (labels, lifetime,
 // team) to what its node reports.
 func (s *server) decorate(ctx context.Context, sbs []api.Sandbox) []api.Sandbox {
@@ -162,21 +103,8 @@ func (s *server) decorate(ctx context.Context, sbs []api.Sandbox) []api.Sandbox 
 		}
 	}
 	for i := range sbs {
-		m, ok := byID[sbs[i].ID]
-		if !ok {
-			continue
-		}
-		sbs[i].Labels, sbs[i].Team = m.Metadata, m.Team
-		if len(sbs[i].Labels) == 0 {
-			sbs[i].Labels = nil
-		}
-		if !m.EndAt.IsZero() {
-			end := m.EndAt
-			sbs[i].EndsAt = &end
-			sbs[i].OnTimeout = "delete"
-			if m.AutoPause {
-				sbs[i].OnTimeout = "snapshot"
-			}
+		if m, ok := byID[sbs[i].ID]; ok {
+			sbs[i] = withMeta(sbs[i], m)
 		}
 	}
 	return sbs
@@ -279,4 +207,22 @@ func (s *server) deleteKey(w http.ResponseWriter, r *http.Request) {
 
 func wireKey(k store.APIKey) api.APIKey {
 	return api.APIKey{ID: k.ID, Team: k.Team, Last4: k.Last4, CreatedAt: k.CreatedAt}
+}
+
+// withMeta is sb with what the master keeps of it (labels, team, its end)
+// as /v1 shows them.
+func withMeta(sb api.Sandbox, m store.SandboxMeta) api.Sandbox {
+	sb.Labels, sb.Team = m.Metadata, m.Team
+	if len(sb.Labels) == 0 {
+		sb.Labels = nil
+	}
+	if !m.EndAt.IsZero() {
+		end := m.EndAt
+		sb.EndsAt = &end
+		sb.OnTimeout = "delete"
+		if m.AutoPause {
+			sb.OnTimeout = "snapshot"
+		}
+	}
+	return sb
 }
