@@ -274,10 +274,53 @@ func TestFilesystem(t *testing.T) {
 	}
 	download(t, e.url, moved, http.StatusNotFound)
 	download(t, e.url, e.dir, http.StatusBadRequest)
-	// A symlink is described, not followed.
+	// A symlink is described, not followed; its target is absolute, as
+	// E2B's envd gives it, also when the link's is relative.
 	os.Symlink("/etc", filepath.Join(e.dir, "link"))
 	if st, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: filepath.Join(e.dir, "link")})); err != nil || st.Msg.Entry.Type != fspb.FileType_FILE_TYPE_SYMLINK || st.Msg.Entry.GetSymlinkTarget() != "/etc" {
 		t.Errorf("stat of a symlink: %v %v", st, err)
+	}
+	os.Symlink("m.txt", filepath.Join(e.dir, "rel"))
+	if st, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: filepath.Join(e.dir, "rel")})); err != nil || st.Msg.Entry.GetSymlinkTarget() != filepath.Join(e.dir, "m.txt") {
+		t.Errorf("stat of a relative symlink: %v %v, want target %s", st, err, filepath.Join(e.dir, "m.txt"))
+	}
+	// Removing what is not there is not an error (os.RemoveAll's rule,
+	// E2B's envd's).
+	if _, err := e.fs.Remove(ctx, connect.NewRequest(&fspb.RemoveRequest{Path: filepath.Join(e.dir, "never-was")})); err != nil {
+		t.Errorf("remove of a missing path: %v", err)
+	}
+}
+
+// TestUploadManyAtTheirPaths: files.write([...]) sends one part per
+// file, named by its destination — absolute, or relative to the home —
+// and no ?path=; each lands at its path (parents made) and the answer
+// lists them in order.
+func TestUploadManyAtTheirPaths(t *testing.T) {
+	e := newEnv(t)
+	abs := filepath.Join(e.dir, "0", "deep", "f0.txt")
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	for name, data := range map[string]string{abs: "zero"} {
+		w, _ := mw.CreateFormFile("file", name)
+		w.Write([]byte(data))
+	}
+	w, _ := mw.CreateFormFile("file", "rel/f1.txt")
+	w.Write([]byte("one"))
+	mw.Close()
+	resp, err := http.Post(e.url+"/files", mw.FormDataContentType(), &body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out []map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 || len(out) != 2 {
+		t.Fatalf("upload of two parts: %d %v %v", resp.StatusCode, out, err)
+	}
+	if out[0]["path"] != abs || out[1]["name"] != "f1.txt" || !strings.HasSuffix(out[1]["path"], "/rel/f1.txt") {
+		t.Errorf("answer %v", out)
+	}
+	if got := download(t, e.url, abs, http.StatusOK); got != "zero" {
+		t.Errorf("%s holds %q", abs, got)
 	}
 }
 
@@ -475,6 +518,81 @@ func TestLeanEnv(t *testing.T) {
 		}
 		if _, ok := os.LookupEnv(savedProcs); ok {
 			t.Errorf("%q: %s left after RestoreEnv", tc.env, savedProcs)
+		}
+	}
+}
+
+// TestWatchSeesAnUploadAsE2BDoes: an upload is written beside its target
+// and renamed over it, yet a watcher is told what E2B's envd, which
+// writes in place, tells: a new file's CREATE and WRITE, an overwrite's
+// WRITE alone, never the temporary name (the SDK's watch test waits for
+// the WRITE of the target's name).
+func TestWatchSeesAnUploadAsE2BDoes(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws, err := e.fs.WatchDir(ctx, connect.NewRequest(&fspb.WatchDirRequest{Path: e.dir, IncludeEntry: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if !ws.Receive() || ws.Msg().GetStart() == nil {
+		t.Fatalf("first event %v (%v), want start", ws.Msg(), ws.Err())
+	}
+	// told is what the watcher says until the marker file appears.
+	told := func(marker string) []string {
+		var out []string
+		for ws.Receive() {
+			ev := ws.Msg().GetFilesystem()
+			if ev == nil {
+				continue
+			}
+			if ev.Name == marker {
+				return out
+			}
+			s := strings.TrimPrefix(ev.Type.String(), "EVENT_TYPE_") + " " + ev.Name
+			if ev.Type == fspb.EventType_EVENT_TYPE_WRITE && ev.GetEntry().GetPath() != filepath.Join(e.dir, ev.Name) {
+				s += " (entry " + ev.GetEntry().GetPath() + ")"
+			}
+			if len(out) == 0 || out[len(out)-1] != s {
+				out = append(out, s)
+			}
+		}
+		t.Fatalf("the watch ended: %v", ws.Err())
+		return nil
+	}
+	f := filepath.Join(e.dir, "f.txt")
+	upload(t, e.url, f, "octet", []byte("one"))
+	os.WriteFile(filepath.Join(e.dir, "mark1"), nil, 0o644)
+	if got := strings.Join(told("mark1"), ", "); got != "CREATE f.txt, WRITE f.txt" {
+		t.Errorf("a new file's upload is told as %q, want CREATE then WRITE of f.txt", got)
+	}
+	upload(t, e.url, f, "multipart", []byte("two"))
+	os.WriteFile(filepath.Join(e.dir, "mark2"), nil, 0o644)
+	if got := strings.Join(told("mark2"), ", "); got != "WRITE f.txt" {
+		t.Errorf("an overwrite is told as %q, want WRITE f.txt", got)
+	}
+}
+
+func TestUploadTarget(t *testing.T) {
+	for p, want := range map[string]string{
+		"/h/.f.txt.upload-123":         "/h/f.txt",
+		"/h/.f.txt.upload-new-123":     "/h/f.txt new",
+		"/h/..x.upload-9":              "/h/.x",
+		"/h/.f.txt.upload-":            "",
+		"/h/.f.txt.upload-new-":        "",
+		"/h/.f.txt.upload-12a":         "",
+		"/h/f.txt.upload-1":            "",
+		"/h/.upload-1":                 "",
+		"/h/.a.upload-1.upload-new-22": "/h/a.upload-1 new",
+	} {
+		target, isNew, ok := uploadTarget(p)
+		got := target
+		if isNew {
+			got += " new"
+		}
+		if ok != (want != "") || got != want {
+			t.Errorf("uploadTarget(%q) = %q %v, want %q", p, got, ok, want)
 		}
 	}
 }

@@ -138,7 +138,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			}
 			name := target
 			if name == "" {
-				name = part.FileName()
+				name = partPath(part)
 			}
 			if name == "" {
 				httpError(w, http.StatusBadRequest, "a file part with no filename and no ?path=")
@@ -162,6 +162,26 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, out)
 }
 
+// partPath is where a multipart upload's part goes: its filename as the
+// SDK sent it, a path relative to the user's home or absolute
+// (files.write([...]) sends one part per file so). Not Part.FileName,
+// which keeps only the last element (filepath.Base) and so wrote
+// "/0/f.txt" to ~/f.txt.
+func partPath(part *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
+}
+
+// uploadSuffix marks an upload's temporary file: ".<base>.upload-<n>"
+// (watchers tell its events as the target's: filesystem.go).
+const uploadSuffix = ".upload-"
+
+// uploadNew follows uploadSuffix when the target did not exist.
+const uploadNew = "new-"
+
 // uploadBuffer is the size of the writes an upload makes.
 const uploadBuffer = 1 << 20
 
@@ -173,7 +193,13 @@ func writeFileAs(p string, body io.Reader, acct account, md map[string]string) e
 	if err := mkdirAllAs(dir, acct); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(p)+".upload-*")
+	// The temporary name says whether the target is new, for watchers,
+	// which see its events later (filesystem.go, uploadTarget).
+	mark := uploadSuffix
+	if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+		mark += uploadNew
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(p)+mark+"*")
 	if err != nil {
 		return err
 	}

@@ -173,9 +173,8 @@ func (f *filesystem) Remove(_ context.Context, req *connect.Request[pb.RemoveReq
 	if p == "/" {
 		return nil, errBadInput(errors.New("will not remove /"))
 	}
-	if _, err := os.Lstat(p); err != nil {
-		return nil, fsError(err)
-	}
+	// A missing path is not an error: E2B's envd removes as os.RemoveAll
+	// does, and the SDK's own test removes a file that is not there.
 	if err := os.RemoveAll(p); err != nil {
 		return nil, fsError(err)
 	}
@@ -202,6 +201,13 @@ func entry(p string) (*pb.EntryInfo, error) {
 	case st.Mode()&fs.ModeSymlink != 0:
 		e.Type = pb.FileType_FILE_TYPE_SYMLINK
 		if t, err := os.Readlink(p); err == nil {
+			// The target as E2B's envd gives it: absolute, resolved
+			// against the link's directory (ln -s f.txt l gives
+			// /home/user/f.txt), cleaned.
+			if !filepath.IsAbs(t) {
+				t = filepath.Join(filepath.Dir(p), t)
+			}
+			t = filepath.Clean(t)
 			e.SymlinkTarget = &t
 		}
 	case st.IsDir():
@@ -262,6 +268,11 @@ type watcher struct {
 
 	mu     sync.Mutex
 	events []*pb.FilesystemEvent // for GetWatcherEvents
+
+	// movingIn: targets of uploads whose temporary file was renamed
+	// onto them, until the rename's Create is seen (event's goroutine
+	// only).
+	movingIn map[string]bool
 }
 
 func (f *filesystem) newWatcher(root string, recursive, entries bool) (*watcher, error) {
@@ -276,7 +287,7 @@ func (f *filesystem) newWatcher(root string, recursive, entries bool) (*watcher,
 	if err != nil {
 		return nil, errInternal(err)
 	}
-	w := &watcher{w: fw, root: root, recursive: recursive, entries: entries}
+	w := &watcher{w: fw, root: root, recursive: recursive, entries: entries, movingIn: map[string]bool{}}
 	if err := w.add(root); err != nil {
 		fw.Close()
 		return nil, fsError(err)
@@ -301,7 +312,67 @@ func (w *watcher) add(dir string) error {
 
 // event turns an fsnotify event into E2B's: the name relative to the
 // watched directory, one type per event.
+//
+// An upload (files.go, writeFileAs) writes a temporary file beside its
+// target and renames it over the target, so that no reader sees half a
+// file; E2B's envd writes the target in place, and the SDK waits for a
+// WRITE of the target's name. Its events are told as E2B's would be: the
+// temporary file's creation is the target's (when the target is new),
+// its writes are the target's writes, the rest of it is not told.
 func (w *watcher) event(ev fsnotify.Event) *pb.FilesystemEvent {
+	name := ev.Name
+	if target, isNew, ok := uploadTarget(ev.Name); ok {
+		switch {
+		case ev.Has(fsnotify.Create):
+			if !isNew {
+				return nil // an overwrite: its writes say it
+			}
+			ev = fsnotify.Event{Name: target, Op: fsnotify.Create}
+		case ev.Has(fsnotify.Write):
+			name, ev = ev.Name, fsnotify.Event{Name: target, Op: fsnotify.Write}
+		case ev.Has(fsnotify.Rename):
+			w.movingIn[target] = true
+			return nil
+		default:
+			return nil
+		}
+	} else if ev.Has(fsnotify.Create) && w.movingIn[ev.Name] {
+		delete(w.movingIn, ev.Name)
+		return nil
+	}
+	e := w.told(ev)
+	if e != nil && w.entries && name != ev.Name {
+		// The temporary file's entry, under the target's name; once it
+		// is renamed, the target's.
+		if tmp, err := entry(name); err == nil {
+			tmp.Name, tmp.Path = filepath.Base(ev.Name), ev.Name
+			e.Entry = tmp
+		} else if t, err := entry(ev.Name); err == nil {
+			e.Entry = t
+		}
+	}
+	return e
+}
+
+// uploadTarget is the path an upload's temporary file p becomes
+// (".<base>.upload-[new-]<digits>", os.CreateTemp's), if p is one, and
+// whether that path was new when the upload began.
+func uploadTarget(p string) (target string, isNew, ok bool) {
+	base := filepath.Base(p)
+	i := strings.LastIndex(base, uploadSuffix)
+	if !strings.HasPrefix(base, ".") || i < 2 {
+		return "", false, false
+	}
+	digits := base[i+len(uploadSuffix):]
+	digits, isNew = strings.CutPrefix(digits, uploadNew)
+	if digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return "", false, false
+	}
+	return filepath.Join(filepath.Dir(p), base[1:i]), isNew, true
+}
+
+// told is an fsnotify event as E2B tells it.
+func (w *watcher) told(ev fsnotify.Event) *pb.FilesystemEvent {
 	rel, err := filepath.Rel(w.root, ev.Name)
 	if err != nil {
 		rel = ev.Name
