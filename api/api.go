@@ -323,20 +323,20 @@ type Error struct {
 
 // Error codes, one per HTTP status family the API returns.
 const (
-	CodeBadRequest   = "bad_request"   // 400
-	CodeUnauthorized = "unauthorized"  // 401
-	CodeForbidden    = "forbidden"     // 403: e.g. a pairing with a wrong code
-	CodeNotFound     = "not_found"     // 404
-	CodeConflict     = "conflict"      // 409
-	CodeTooLarge     = "too_large"     // 413
-	CodeUnavailable  = "unavailable"   // 503
-	CodeStandby      = "standby"       // 503: this master stands by; another leads
-	CodeInternal     = "internal"      // 500
-	CodeNodeDown     = "node_down"     // 503 with Retry-After: the sandbox's node does not answer (or stopped answering mid-call)
-	CodeNotSupported = "not_supported" // 409: the backend lacks the tier
-	CodeExists       = "exists"        // 409: the name or ID is taken
-	CodeTimeout      = "timeout"       // 504: it did not finish in time, and did not happen
-	CodePrecondition = "precondition"  // 412: the callee lacks what the call needs first (a node without a rootfs)
+	CodeBadRequest   = "bad_request"        // 400
+	CodeUnauthorized = "unauthorized"       // 401
+	CodeForbidden    = "forbidden"          // 403: e.g. a pairing with a wrong code
+	CodeNotFound     = "not_found"          // 404
+	CodeConflict     = "conflict"           // 409
+	CodeTooLarge     = "too_large"          // 413
+	CodeUnavailable  = "unavailable"        // 503
+	CodeStandby      = "standby"            // 503: this master stands by; another leads
+	CodeInternal     = "internal"           // 500
+	CodeNodeDown     = "node_down"          // 503 with Retry-After: the sandbox's node does not answer (or stopped answering mid-call)
+	CodeNotSupported = "not_supported"      // 409: the backend lacks the tier
+	CodeExists       = "exists"             // 409: the name or ID is taken
+	CodeTimeout      = "timeout"            // 504: it did not finish in time, and did not happen
+	CodePrecondition = "precondition"       // 412: the callee lacks what the call needs first (a node without a rootfs)
 	CodeMethod       = "method_not_allowed" // 405: the path is served, not with this method
 	CodeUpstream     = "upstream"           // 502: what the server called for the caller failed
 )

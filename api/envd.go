@@ -50,6 +50,22 @@ func DecodeEnv(v string) map[string]string {
 	return m
 }
 
+// APIHostDomain reports whether host is api.<domain> (with or without a
+// :port), the name E2B's SDK gives the API by default
+// (https://api.<E2B_DOMAIN>; js-sdk connectionConfig.ts), and if so the
+// domain as the client wrote it, with its port: what it must be told its
+// sandboxes' names end in.
+func APIHostDomain(host, domain string) (string, bool) {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	if domain == "" || !strings.EqualFold(name, "api."+domain) {
+		return "", false
+	}
+	return host[len("api."):], true
+}
+
 // SandboxHost splits a Host of <port>-<id>.<domain> (a :port after it is
 // dropped), the name the E2B SDK gives a sandbox's port (js-sdk
 // connectionConfig.ts getHost).

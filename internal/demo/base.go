@@ -42,6 +42,11 @@ var basePackages = []string{
 	// session), and libpam opens its modules (pam_unix.so, pam_limits.so)
 	// with dlopen: no ELF file names them, so only the package brings them.
 	"libpam-modules",
+	// What E2B's base image has and the SDK's own tests use: python
+	// (not only python3), tput and the terminfo it reads (the pty
+	// tests), git with its daemon (the git tests serve a repository on
+	// the sandbox's loopback).
+	"python-is-python3", "ncurses-bin", "ncurses-base", "git",
 }
 
 var baseDemo = demoSpec{

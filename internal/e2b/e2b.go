@@ -266,11 +266,21 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.cfg.Log.Info("e2b sandbox created", "id", sb.ID, "template", name, "team", meta.Team, "timeout_s", timeout.Seconds(), "auto_pause", req.AutoPause)
-	writeJSON(w, http.StatusCreated, s.wire(sb))
+	writeJSON(w, http.StatusCreated, s.wire(sb, s.domainFor(r)))
 }
 
-func (s *Service) wire(sb api.Sandbox) sandbox {
-	d := s.cfg.Domain
+// domainFor is the sandboxes' domain as the client of r is told it: the
+// one it reached the API by, port and all, when it came by
+// api.<domain> (E2B's own layout, the SDK's default URL); else the
+// configured one.
+func (s *Service) domainFor(r *http.Request) string {
+	if d, ok := api.APIHostDomain(r.Host, s.cfg.Domain); ok {
+		return d
+	}
+	return s.cfg.Domain
+}
+
+func (s *Service) wire(sb api.Sandbox, d string) sandbox {
 	return sandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: api.EnvdVersion, EnvdAccessToken: s.AccessToken(sb.ID), Domain: &d, Alias: sb.Template}
 }
 
@@ -280,7 +290,7 @@ func (s *Service) find(r *http.Request) (nodeapi.Node, api.Sandbox, store.Sandbo
 	return s.sbx.Find(r.Context(), r.PathValue("id"))
 }
 
-func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool) detail {
+func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool, dom string) detail {
 	state := "running"
 	if m.Paused {
 		state = "paused"
@@ -298,7 +308,6 @@ func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool) de
 		d.MemoryMB = 1024
 	}
 	if withToken {
-		dom := s.cfg.Domain
 		d.EnvdAccessToken, d.Domain = s.AccessToken(sb.ID), &dom
 		on := "kill"
 		if m.AutoPause {
@@ -315,7 +324,7 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.detail(sb, m, true))
+	writeJSON(w, http.StatusOK, s.detail(sb, m, true, s.domainFor(r)))
 }
 
 func (s *Service) kill(w http.ResponseWriter, r *http.Request) {
@@ -423,7 +432,7 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 	if resumed {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, s.wire(sb))
+	writeJSON(w, status, s.wire(sb, s.domainFor(r)))
 }
 
 func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
@@ -459,6 +468,26 @@ func (s *Service) metrics(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now()
+	// start and end (Unix seconds, both optional) bound the samples; the
+	// one sample here is of now.
+	for _, bound := range []struct {
+		name  string
+		after bool
+	}{{"start", false}, {"end", true}} {
+		v := r.URL.Query().Get(bound.name)
+		if v == "" {
+			continue
+		}
+		at, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			fail(w, errdefs.New(errdefs.ErrBadInput, "%s %q: want Unix seconds", bound.name, v))
+			return
+		}
+		if bound.after && now.Unix() > at || !bound.after && now.Unix() < at {
+			writeJSON(w, http.StatusOK, []map[string]any{})
+			return
+		}
+	}
 	mem := int64(sb.MemoryMiB) << 20
 	writeJSON(w, http.StatusOK, []map[string]any{{
 		"timestamp": now.UTC(), "timestampUnix": now.Unix(), "cpuCount": 1, "cpuUsedPct": 0,
@@ -475,7 +504,7 @@ func (s *Service) listed(r *http.Request) ([]detail, error) {
 	}
 	out := make([]detail, 0, len(vis))
 	for _, v := range vis {
-		out = append(out, s.detail(v.Sandbox, v.Meta, false))
+		out = append(out, s.detail(v.Sandbox, v.Meta, false, s.domainFor(r)))
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].StartedAt.Equal(out[j].StartedAt) {
@@ -510,8 +539,9 @@ func (s *Service) listV1(w http.ResponseWriter, r *http.Request) {
 }
 
 // listV2 is GET /v2/sandboxes: filters metadata, state, template and
-// startedAfter; limit; paging by an opaque nextToken, answered in the
-// x-next-token header (the SDK's paginator reads it there).
+// startedAfter; order by start (desc unless asc); limit; paging by an
+// opaque nextToken, answered in the x-next-token header (the SDK's
+// paginator reads it there) only when another page exists.
 func (s *Service) listV2(w http.ResponseWriter, r *http.Request) {
 	all, err := s.listed(r)
 	if err != nil {
@@ -531,28 +561,47 @@ func (s *Service) listV2(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// The token is the last sandbox of the page before: its start time
-	// and ID, the order of the list.
-	after := q.Get("nextToken")
-	out := []detail{}
-	next := ""
-	for _, d := range all {
-		if !f.match(d) {
-			continue
-		}
-		if after != "" && pageKey(d) <= after {
-			continue
-		}
-		if len(out) == limit {
-			next = pageKey(out[len(out)-1])
-			break
-		}
-		out = append(out, d)
+	desc := true // E2B's default
+	switch o := q.Get("order"); o {
+	case "", "desc":
+	case "asc":
+		desc = false
+	default:
+		fail(w, errdefs.New(errdefs.ErrBadInput, "order %q: want asc or desc", o))
+		return
 	}
+	out, next := page(all, f, desc, limit, q.Get("nextToken"))
 	if next != "" {
 		w.Header().Set("x-next-token", next)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// page is one page of the sandboxes all (oldest first) that f keeps, in
+// the order asked, after the token of the page before, and the token of
+// the next page if there is one. The token is the page's last sandbox's
+// start time and ID, the list's order: a sandbox made or deleted between
+// two pages neither moves another across the cut nor is listed twice.
+func page(all []detail, f filter, desc bool, limit int, after string) ([]detail, string) {
+	beyond := func(d detail) bool { return after == "" || pageKey(d) > after }
+	if desc {
+		beyond = func(d detail) bool { return after == "" || pageKey(d) < after }
+	}
+	out := []detail{}
+	for i := range all {
+		d := all[i]
+		if desc {
+			d = all[len(all)-1-i]
+		}
+		if !f.match(d) || !beyond(d) {
+			continue
+		}
+		if len(out) == limit {
+			return out, pageKey(out[len(out)-1])
+		}
+		out = append(out, d)
+	}
+	return out, ""
 }
 
 func pageKey(d detail) string {
@@ -577,8 +626,15 @@ func parseFilter(q url.Values) (filter, error) {
 		if err != nil {
 			return f, errdefs.New(errdefs.ErrBadInput, "metadata %q: want key=value pairs joined by &: %v", v, err)
 		}
+		// The SDK encodes each key and value before it joins them, and
+		// the whole once more as the query's value: one more unescape.
 		for k := range md {
-			f.metadata[k] = md.Get(k)
+			key, kerr := url.QueryUnescape(k)
+			val, verr := url.QueryUnescape(md.Get(k))
+			if kerr != nil || verr != nil {
+				return f, errdefs.New(errdefs.ErrBadInput, "metadata %q: %q is not URL-encoded", v, k)
+			}
+			f.metadata[key] = val
 		}
 	}
 	for _, v := range q["state"] {
@@ -615,5 +671,6 @@ func (f filter) match(d detail) bool {
 	if f.template != "" && d.TemplateID != f.template {
 		return false
 	}
-	return f.startedAfter.IsZero() || d.StartedAt.After(f.startedAfter)
+	// Inclusive, as E2B's.
+	return !d.StartedAt.Before(f.startedAfter)
 }

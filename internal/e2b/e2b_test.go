@@ -7,7 +7,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +161,32 @@ func TestTeamsAndNotFound(t *testing.T) {
 	}
 }
 
+// TestMetricsRange: start and end bound the samples (Unix seconds): a
+// range before the sandbox, or after now, has none; a bad bound is 400.
+func TestMetricsRange(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "", `{}`)
+	now := time.Now().Unix()
+	for q, want := range map[string]string{
+		"": "1",
+		fmt.Sprintf("?start=%d&end=%d", now-5, now+5):       "1",
+		fmt.Sprintf("?start=%d&end=%d", now-7200, now-3600): "0",
+		fmt.Sprintf("?start=%d", now+3600):                  "0",
+		"?start=yesterday":                                  "400",
+	} {
+		a := e.call(t, "", "GET", "/sandboxes/"+sb.SandboxID+"/metrics"+q, "")
+		var samples []map[string]any
+		json.Unmarshal([]byte(a.body), &samples)
+		got := fmt.Sprint(len(samples))
+		if a.status != http.StatusOK {
+			got = fmt.Sprint(a.status)
+		}
+		if got != want {
+			t.Errorf("metrics%s: %s (%s), want %s", q, got, a.body, want)
+		}
+	}
+}
+
 // TestPauseConnect: a pause is a snapshot and lists paused; a second
 // pause is a 409; a connect wakes it (201, it resumed it) and lists it
 // running; a connect to a running one is 200; traffic to a paused one
@@ -197,40 +225,51 @@ func TestPauseConnect(t *testing.T) {
 
 // TestListFiltersAndPages: metadata (a query string in one parameter),
 // state and template filter; limit pages, with the next page's token in
-// x-next-token, each sandbox exactly once.
+// x-next-token, each sandbox exactly once, in either order.
 func TestListFiltersAndPages(t *testing.T) {
 	e := newEnv(t)
-	var ids []string
 	for i := range 5 {
-		sb := e.create(t, "", fmt.Sprintf(`{"metadata": {"suite": "a", "i": "%d"}}`, i))
-		ids = append(ids, sb.SandboxID)
-		time.Sleep(2 * time.Millisecond) // distinct start times: the list's order
+		e.create(t, "", fmt.Sprintf(`{"metadata": {"suite": "a", "i": "%d"}}`, i))
 	}
 	e.create(t, "", `{"metadata": {"suite": "b"}}`)
-	var got []string
-	token := ""
-	for pages := 0; pages < 10; pages++ {
-		path := "/v2/sandboxes?limit=2&metadata=" + "suite%3Da"
-		if token != "" {
-			path += "&nextToken=" + token
-		}
-		a := e.call(t, "", "GET", path, "")
+	list := func(q string) ([]string, string) {
+		a := e.call(t, "", "GET", "/v2/sandboxes?metadata=suite%3Da&"+q, "")
 		var page []detail
 		if err := json.Unmarshal([]byte(a.body), &page); err != nil {
-			t.Fatalf("%s: %s", path, a.body)
+			t.Fatalf("%s: %s", q, a.body)
 		}
+		var ids []string
 		for _, d := range page {
-			got = append(got, d.SandboxID)
+			ids = append(ids, d.SandboxID)
 			if d.State != "running" || d.EnvdVersion == "" || d.StartedAt.IsZero() || d.EndAt.IsZero() || d.MemoryMB == 0 || d.CPUCount == 0 {
 				t.Errorf("listed %+v: a field the SDK requires is empty", d)
 			}
 		}
-		if token = a.header.Get("x-next-token"); token == "" {
-			break
+		return ids, a.header.Get("x-next-token")
+	}
+	for _, order := range []string{"asc", "desc"} {
+		all, none := list("order=" + order)
+		if len(all) != 5 || none != "" {
+			t.Fatalf("order=%s, one page: %v, token %q", order, all, none)
+		}
+		var got []string
+		token := ""
+		for pages := 0; pages < 10; pages++ {
+			ids, next := list("order=" + order + "&limit=2&nextToken=" + token)
+			got = append(got, ids...)
+			if token = next; token == "" {
+				break
+			}
+		}
+		if strings.Join(got, ",") != strings.Join(all, ",") {
+			t.Errorf("order=%s paged %v, want %v", order, got, all)
 		}
 	}
-	if strings.Join(got, ",") != strings.Join(ids, ",") {
-		t.Errorf("paged %v, want %v", got, ids)
+	asc, _ := list("order=asc")
+	desc, _ := list("")
+	slices.Reverse(desc)
+	if strings.Join(asc, ",") != strings.Join(desc, ",") {
+		t.Errorf("the default order is not the reverse of asc: %v, %v", asc, desc)
 	}
 	for q, want := range map[string]int{
 		"metadata=suite%3Da%26i%3D3": 1, "state=paused": 0, "state=running,paused": 6, "template=base": 6, "template=other": 0,
@@ -322,5 +361,49 @@ func TestTraffic(t *testing.T) {
 	e.call(t, "red", "DELETE", "/sandboxes/"+sb.SandboxID, "")
 	if st, _ := call(sb.SandboxID, sb.EnvdAccessToken, nil); st != http.StatusBadGateway {
 		t.Errorf("a killed sandbox: %d, want 502 (the SDK's 'not found')", st)
+	}
+}
+
+// TestPage: E2B's list paging, without a server: a token is given only
+// when a page follows; a sandbox made or deleted between two pages moves
+// nothing across the cut; startedAfter is inclusive; metadata is decoded
+// once more than a query is (the SDK encodes each pair, then the whole).
+func TestPage(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var all []detail
+	for i := range 4 {
+		all = append(all, detail{SandboxID: fmt.Sprint("s", i), StartedAt: t0.Add(time.Duration(i) * time.Second), State: "running"})
+	}
+	ids := func(ds []detail) string {
+		var out []string
+		for _, d := range ds {
+			out = append(out, d.SandboxID)
+		}
+		return strings.Join(out, ",")
+	}
+	p1, tok := page(all, filter{}, true, 2, "")
+	if ids(p1) != "s3,s2" || tok == "" {
+		t.Fatalf("desc page 1: %s, token %q", ids(p1), tok)
+	}
+	// s2 is deleted and s4 made before page 2 is asked.
+	later := append([]detail{all[0], all[1], all[3]}, detail{SandboxID: "s4", StartedAt: t0.Add(9 * time.Second), State: "running"})
+	if p2, tok2 := page(later, filter{}, true, 2, tok); ids(p2) != "s1,s0" || tok2 != "" {
+		t.Errorf("desc page 2: %s, token %q, want s1,s0 and no token", ids(p2), tok2)
+	}
+	if p, tok := page(all, filter{}, false, 4, ""); ids(p) != "s0,s1,s2,s3" || tok != "" {
+		t.Errorf("asc, one exact page: %s, token %q", ids(p), tok)
+	}
+	q, _ := url.ParseQuery("startedAfter=" + url.QueryEscape(t0.Add(2*time.Second).Format(time.RFC3339Nano)) +
+		"&metadata=" + url.QueryEscape("k="+url.QueryEscape("a b")+"&"+url.QueryEscape("x&y")+"="+url.QueryEscape("v=1")))
+	f, err := parseFilter(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.metadata["k"] != "a b" || f.metadata["x&y"] != "v=1" {
+		t.Errorf("metadata decoded as %q", f.metadata)
+	}
+	f.metadata = nil
+	if p, _ := page(all, f, false, 10, ""); ids(p) != "s2,s3" {
+		t.Errorf("startedAfter s2's start: %s, want s2,s3 (inclusive)", ids(p))
 	}
 }

@@ -36,7 +36,14 @@ func (s *Service) Traffic() http.Handler {
 			return
 		}
 		got := r.Header.Get("X-Access-Token")
-		if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.AccessToken(id))) != 1 {
+		switch {
+		case got == "" && r.URL.Query().Has("signature"):
+			// A signed URL (signature.go): its signature is its authority.
+			if why := signedFor(r.Method, r.URL.Path, r.URL.Query(), s.AccessToken(id), time.Now()); why != "" {
+				writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": why})
+				return
+			}
+		case got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.AccessToken(id))) != 1:
 			fail(w, errdefs.New(errdefs.ErrUnauthorized, "sandbox %s: missing or wrong X-Access-Token (the envdAccessToken its create or connect answered)", id))
 			return
 		}

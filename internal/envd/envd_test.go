@@ -436,6 +436,7 @@ func TestInstantExitHasItsEnd(t *testing.T) {
 func TestUploadMetadataAndGzip(t *testing.T) {
 	e := newEnv(t)
 	p := filepath.Join(e.dir, "m.txt")
+	var answer []uploaded
 	post := func(body io.Reader, headers map[string]string) int {
 		req, _ := http.NewRequest("POST", e.url+"/files?path="+p, body)
 		req.Header.Set("Content-Type", "application/octet-stream")
@@ -446,11 +447,16 @@ func TestUploadMetadataAndGzip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
+		defer resp.Body.Close()
+		answer = nil
+		json.NewDecoder(resp.Body).Decode(&answer)
 		return resp.StatusCode
 	}
 	if st := post(strings.NewReader("x"), map[string]string{"X-Metadata-Owner": "team-a", "X-Metadata-Run": "7"}); st != http.StatusOK {
 		t.Fatalf("upload with metadata: %d", st)
+	}
+	if len(answer) != 1 || answer[0].Metadata["owner"] != "team-a" || answer[0].Metadata["run"] != "7" {
+		t.Errorf("the upload's answer does not give its metadata: %+v", answer)
 	}
 	st, err := e.fs.Stat(context.Background(), connect.NewRequest(&fspb.StatRequest{Path: p}))
 	if err != nil || st.Msg.Entry.Metadata["owner"] != "team-a" || st.Msg.Entry.Metadata["run"] != "7" {

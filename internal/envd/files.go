@@ -54,6 +54,9 @@ type uploaded struct {
 	Path string `json:"path"`
 	Name string `json:"name"`
 	Type string `json:"type"`
+	// Metadata is what the upload set (X-Metadata-*), absent when none:
+	// the SDK's signing test compares an answer without it whole.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // upload is POST /files: a multipart form whose "file" parts are written
@@ -102,7 +105,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			fileError(w, p, err)
 			return false
 		}
-		out = append(out, uploaded{Path: p, Name: filepath.Base(p), Type: "file"})
+		u := uploaded{Path: p, Name: filepath.Base(p), Type: "file"}
+		if len(md) > 0 {
+			u.Metadata = md
+		}
+		out = append(out, u)
 		return true
 	}
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))

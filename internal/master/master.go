@@ -136,7 +136,28 @@ func Handler(cfg Config) http.Handler {
 	open.HandleFunc("GET /v1/ca", s.caCert)
 	open.HandleFunc("POST /v1/nodes/join", s.joinNode)
 	open.HandleFunc("GET /v1/nodes/tunnel", s.cfg.Fleet.Tunnel())
-	return cfg.Metrics.Instrument(s.auth(mux, open), s.route(mux, open))
+	return s.e2bByHost(cfg.Metrics.Instrument(s.auth(mux, open), s.route(mux, open)))
+}
+
+// e2bByHost serves the E2B API at the root of api.<domain>, where E2B's
+// SDK looks for it unless told otherwise (https://api.<E2B_DOMAIN>), as
+// it is served under /e2b/ on every other name of the API.
+func (s *server) e2bByHost(next http.Handler) http.Handler {
+	if s.cfg.E2B == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := api.APIHostDomain(r.Host, s.cfg.SandboxDomain); ok && r.Header.Get("E2b-Sandbox-Id") == "" {
+			r2 := r.Clone(r.Context())
+			r2.URL.Path = "/e2b" + r.URL.Path
+			if r.URL.RawPath != "" {
+				r2.URL.RawPath = "/e2b" + r.URL.RawPath
+			}
+			next.ServeHTTP(w, r2)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // route names the pattern that serves a request, for the API's metrics
