@@ -130,35 +130,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		// (measured on this node). A large buffer under it makes those
 		// reads from memory.
 		mr := multipart.NewReader(bufio.NewReaderSize(body, uploadBuffer), params["boundary"])
-		for {
-			part, err := mr.NextPart()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				httpError(w, http.StatusBadRequest, "multipart body: "+err.Error())
-				return
-			}
-			if part.FormName() != "file" {
-				part.Close()
-				continue
-			}
-			name := target
-			if name == "" {
-				name = partPath(part)
-			}
-			if name == "" {
-				httpError(w, http.StatusBadRequest, "a file part with no filename and no ?path=")
-				return
-			}
-			ok := write(name, part)
-			part.Close()
-			if !ok {
-				return
-			}
-		}
-		if len(out) == 0 {
-			httpError(w, http.StatusBadRequest, `no "file" part in the multipart body`)
+		if !writeParts(w, mr, target, write) {
 			return
 		}
 	default:
@@ -167,6 +139,46 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	writeJSON(w, out)
+}
+
+// writeParts writes each "file" part of mr with write: to target, or
+// when there is none to the part's own path. It reports whether all
+// were written; if not, it has answered why.
+func writeParts(w http.ResponseWriter, mr *multipart.Reader, target string, write func(string, io.Reader) bool) bool {
+	n := 0
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			httpError(w, http.StatusBadRequest, "multipart body: "+err.Error())
+			return false
+		}
+		if part.FormName() != "file" {
+			part.Close()
+			continue
+		}
+		name := target
+		if name == "" {
+			name = partPath(part)
+		}
+		if name == "" {
+			httpError(w, http.StatusBadRequest, "a file part with no filename and no ?path=")
+			return false
+		}
+		ok := write(name, part)
+		part.Close()
+		if !ok {
+			return false
+		}
+		n++
+	}
+	if n == 0 {
+		httpError(w, http.StatusBadRequest, `no "file" part in the multipart body`)
+		return false
+	}
+	return true
 }
 
 // partPath is where a multipart upload's part goes: its filename as the

@@ -739,9 +739,16 @@ func (f *Fleet) Join(ctx context.Context, req enrol.JoinRequest) (enrol.JoinRepl
 // the fleet lets in a node that joined and was not forgotten, with a
 // certificate not revoked; its tunnel becomes the node's client, and the
 // templates are given to it each time it connects.
-func (f *Fleet) Tunnel() http.HandlerFunc { return enrol.AcceptTunnel(f.admitTunnel, f.tunnelUp) }
+func (f *Fleet) Tunnel() http.HandlerFunc {
+	d := dialIns{f}
+	return enrol.AcceptTunnel(d.admit, d.up)
+}
 
-func (f *Fleet) admitTunnel(name string, cert *x509.Certificate) error {
+// dialIns is the fleet's side of the nodes that dial in.
+type dialIns struct{ f *Fleet }
+
+func (d dialIns) admit(name string, cert *x509.Certificate) error {
+	f := d.f
 	if err := f.checkCert(name, cert); err != nil {
 		f.cfg.Log.Warn("tunnel refused: revoked certificate", "node", name)
 		return err
@@ -755,7 +762,8 @@ func (f *Fleet) admitTunnel(name string, cert *x509.Certificate) error {
 	return nil
 }
 
-func (f *Fleet) tunnelUp(t enrol.Tunnel) {
+func (d dialIns) up(t enrol.Tunnel) {
+	f := d.f
 	f.mu.Lock()
 	f.remote[t.Node] = t.Client
 	f.mu.Unlock()
