@@ -24,12 +24,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"sandstorm/api"
@@ -62,6 +64,28 @@ type Config struct {
 type Service struct {
 	cfg Config
 	sbx *sandboxes.Service // shared with /v1: creates, owners, who sees what
+	// calls are the locks that make the calls changing one sandbox's
+	// state (kill, pause, connect, timeout, its lifetime's end) one at a
+	// time: a pause and a connect racing each answer a state E2B defines,
+	// and what is kept of it is the last one's (issue 31, item 7).
+	calls [64]sync.Mutex
+}
+
+// lock takes sandbox id's lock (one of calls, by a hash of id).
+func (s *Service) lock(id string) func() {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	mu := &s.calls[h.Sum32()%uint32(len(s.calls))]
+	mu.Lock()
+	return mu.Unlock
+}
+
+// one serves h holding the lock of the request's sandbox.
+func (s *Service) one(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		defer s.lock(r.PathValue("id"))()
+		h(w, r)
+	}
 }
 
 // New returns the service for cfg.
@@ -92,6 +116,16 @@ func (s *Service) AccessToken(id string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
+// TrafficToken is sandbox id's traffic access token, which its own ports
+// ask for when it was made with allowPublicTraffic false: an HMAC as
+// AccessToken's, of another purpose, so neither token opens the other's
+// door.
+func (s *Service) TrafficToken(id string) string {
+	m := hmac.New(sha256.New, s.cfg.TokenKey)
+	m.Write([]byte("traffic-access-token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
 // API is the REST API, under the master's authentication: the caller
 // (operator or team) is in the request's context.
 func (s *Service) API() http.Handler {
@@ -101,12 +135,12 @@ func (s *Service) API() http.Handler {
 	mux.HandleFunc("GET /sandboxes", s.listV1)
 	mux.HandleFunc("GET /v2/sandboxes", s.listV2)
 	mux.HandleFunc("GET /sandboxes/{id}", s.get)
-	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
-	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
-	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
-	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect) // the SDK from 2.50 on
-	mux.HandleFunc("POST /sandboxes/{id}/resume", s.connect)
-	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
+	mux.HandleFunc("DELETE /sandboxes/{id}", s.one(s.kill))
+	mux.HandleFunc("POST /sandboxes/{id}/pause", s.one(s.pause))
+	mux.HandleFunc("POST /sandboxes/{id}/connect", s.one(s.connect))
+	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.one(s.connect)) // the SDK from 2.50 on
+	mux.HandleFunc("POST /sandboxes/{id}/resume", s.one(s.connect))
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.one(s.setTimeout))
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, errdefs.New(errdefs.ErrNotFound, "%s %s: not part of the E2B API served here", r.Method, r.URL.Path))
@@ -178,6 +212,8 @@ type sandbox struct {
 	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
 	Domain          *string `json:"domain"`
 	Alias           string  `json:"alias,omitempty"`
+	// TrafficAccessToken opens a private sandbox's own ports.
+	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
 }
 
 // detail is E2B's SandboxDetail and, without the token and domain, its
@@ -220,7 +256,6 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	}{
 		{"mcp", req.MCP, "a sandbox reaches the mesh's tools through its boundary"},
 		{"volumeMounts", req.VolumeMounts, "a sandbox's filesystem is its volume"},
-		{"network", req.Network, "what a sandbox may reach is its boundary's policy (sandstormd serve --policy)"},
 		{"iam", req.IAM, "credentials come from the mesh's policy"},
 	} {
 		if set(f.raw) {
@@ -228,16 +263,18 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	ingress, err := parseNetwork(req.Network)
+	if err != nil {
+		fail(w, err)
+		return
+	}
 	// allow_internet_access true is the SDK's default (2.45 sends it):
 	// no restriction beyond the policy, which is what is done. false asks
 	// for one this API cannot make per sandbox, and is refused.
-	// Traffic always wakes a sandbox here, and a pause keeps its memory:
-	// asking otherwise is refused. (secure: false is not: every sandbox
-	// has its envd access token, which asks more of a caller, not less.)
-	if req.AutoResume != nil && req.AutoResume.Enabled != nil && !*req.AutoResume.Enabled {
-		fail(w, errdefs.New(errdefs.ErrNotSupported, "autoResume enabled false: not supported here; any call to a sandbox wakes it"))
-		return
-	}
+	// A pause keeps its memory: asking otherwise is refused. (secure:
+	// false is not: every sandbox has its envd access token, which asks
+	// more of a caller, not less.)
+	autoResume := req.AutoResume != nil && req.AutoResume.Enabled != nil && *req.AutoResume.Enabled
 	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
 		fail(w, errdefs.New(errdefs.ErrNotSupported, "autoPauseMemory false: not supported here; a pause at the timeout keeps the memory (a snapshot)"))
 		return
@@ -260,13 +297,62 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	sb, meta, err := s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: name,
-		Meta: store.SandboxMeta{Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause}})
+		Meta: store.SandboxMeta{Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause,
+			Private: ingress.private, MaskHost: ingress.maskHost, AutoResume: autoResume}})
 	if err != nil {
 		fail(w, err)
 		return
 	}
 	s.cfg.Log.Info("e2b sandbox created", "id", sb.ID, "template", name, "team", meta.Team, "timeout_s", timeout.Seconds(), "auto_pause", req.AutoPause)
-	writeJSON(w, http.StatusCreated, s.wire(sb, s.domainFor(r)))
+	writeJSON(w, http.StatusCreated, s.wireOf(sb, meta, s.domainFor(r)))
+}
+
+// ingress is what of E2B's network settings this API honours: who may
+// reach a sandbox's own ports, and the Host they see.
+type ingress struct {
+	private  bool
+	maskHost string
+}
+
+// parseNetwork reads a create's network: allowPublicTraffic and
+// maskRequestHost are honoured; an egress rule (allowOut, denyOut, an
+// egress proxy, a transform) is refused, not ignored — what a sandbox
+// may reach is its boundary's policy (sandstormd serve --policy).
+func parseNetwork(raw json.RawMessage) (ingress, error) {
+	var in ingress
+	if !set(raw) {
+		return in, nil
+	}
+	var n map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return in, errdefs.New(errdefs.ErrBadInput, "network: %v", err)
+	}
+	for k, v := range n {
+		switch k {
+		case "allowPublicTraffic":
+			var public *bool
+			if err := json.Unmarshal(v, &public); err != nil {
+				return in, errdefs.New(errdefs.ErrBadInput, "network.allowPublicTraffic: %v", err)
+			}
+			in.private = public != nil && !*public
+		case "maskRequestHost":
+			var mask *string
+			if err := json.Unmarshal(v, &mask); err != nil {
+				return in, errdefs.New(errdefs.ErrBadInput, "network.maskRequestHost: %v", err)
+			}
+			if mask != nil {
+				in.maskHost = *mask
+			}
+		default:
+			if set(v) {
+				return in, errdefs.New(errdefs.ErrNotSupported, "network.%s: not supported here; what a sandbox may reach is its boundary's policy (sandstormd serve --policy)", k)
+			}
+		}
+	}
+	if strings.ContainsAny(in.maskHost, " /\r\n\x00") {
+		return in, errdefs.New(errdefs.ErrBadInput, "network.maskRequestHost %q: want a host[:port], ${PORT} for the port", in.maskHost)
+	}
+	return in, nil
 }
 
 // domainFor is the sandboxes' domain as the client of r is told it: the
@@ -280,8 +366,14 @@ func (s *Service) domainFor(r *http.Request) string {
 	return s.cfg.Domain
 }
 
-func (s *Service) wire(sb api.Sandbox, d string) sandbox {
-	return sandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: api.EnvdVersion, EnvdAccessToken: s.AccessToken(sb.ID), Domain: &d, Alias: sb.Template}
+// wireOf is sb as create and connect answer it; a private sandbox's
+// answer holds its traffic access token.
+func (s *Service) wireOf(sb api.Sandbox, m store.SandboxMeta, d string) sandbox {
+	out := sandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: api.EnvdVersion, EnvdAccessToken: s.AccessToken(sb.ID), Domain: &d, Alias: sb.Template}
+	if m.Private {
+		out.TrafficAccessToken = s.TrafficToken(sb.ID)
+	}
+	return out
 }
 
 // find is sandbox id if the caller may see it; another team's is not
@@ -313,7 +405,7 @@ func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool, do
 		if m.AutoPause {
 			on = "pause"
 		}
-		d.Lifecycle = &lifecycle{AutoResume: true, OnTimeout: on}
+		d.Lifecycle = &lifecycle{AutoResume: m.AutoResume, OnTimeout: on}
 	}
 	return d
 }
@@ -432,7 +524,7 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 	if resumed {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, s.wire(sb, s.domainFor(r)))
+	writeJSON(w, status, s.wireOf(sb, m, s.domainFor(r)))
 }
 
 func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {

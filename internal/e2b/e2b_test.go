@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,7 +125,6 @@ func TestCreateAnswersWhatTheSDKRequires(t *testing.T) {
 		`{"templateID": "base", "mcp": {"x": {}}}`,
 		`{"templateID": "base", "allow_internet_access": false}`,
 		`{"templateID": "base", "envVars": {"A=B": "c"}}`,
-		`{"templateID": "base", "autoResume": {"enabled": false}}`,
 		`{"templateID": "base", "autoPauseMemory": false}`,
 		`{not json`,
 	} {
@@ -350,13 +350,24 @@ func TestTraffic(t *testing.T) {
 	if got.Header.Get("X-Access-Token") != "" || got.Header.Get(api.EnvdEnvHeader) != api.EncodeEnv(map[string]string{"K": "V"}) {
 		t.Errorf("forwarded headers %v: the token must go, the sandbox's env (only) come", got.Header)
 	}
-	// Traffic to a paused sandbox resumes it, with a lifetime from now.
+	// Paused is the user's state: traffic is told so (502, what the
+	// SDK's isRunning reads as not running) and it stays paused...
 	e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/pause", "")
-	if st, _ := call(sb.SandboxID, sb.EnvdAccessToken, nil); st != http.StatusOK {
-		t.Errorf("traffic to a paused sandbox: %d", st)
+	if st, body := call(sb.SandboxID, sb.EnvdAccessToken, nil); st != http.StatusBadGateway || !strings.Contains(body, "paused") {
+		t.Errorf("traffic to a paused sandbox: %d %s, want 502", st, body)
 	}
-	if m, _ := e.st.Teams().GetSandboxMeta(context.Background(), sb.SandboxID); m.Paused || time.Until(m.EndAt) < DefaultTimeout-time.Second {
-		t.Errorf("after traffic to a paused sandbox: paused %v, ends in %v", m.Paused, time.Until(m.EndAt))
+	if m, _ := e.st.Teams().GetSandboxMeta(context.Background(), sb.SandboxID); !m.Paused || e.node.Tier(sb.SandboxID) != api.TierSnapshot {
+		t.Errorf("after traffic to a paused sandbox: paused %v, tier %s", m.Paused, e.node.Tier(sb.SandboxID))
+	}
+	// ...unless it was made with autoResume: then traffic resumes it,
+	// with a lifetime from now.
+	ar := e.create(t, "red", `{"autoResume": {"enabled": true}}`)
+	e.call(t, "red", "POST", "/sandboxes/"+ar.SandboxID+"/pause", "")
+	if st, _ := call(ar.SandboxID, ar.EnvdAccessToken, nil); st != http.StatusOK {
+		t.Errorf("traffic to a paused autoResume sandbox: %d", st)
+	}
+	if m, _ := e.st.Teams().GetSandboxMeta(context.Background(), ar.SandboxID); m.Paused || time.Until(m.EndAt) < DefaultTimeout-time.Second {
+		t.Errorf("after traffic to a paused autoResume sandbox: paused %v, ends in %v", m.Paused, time.Until(m.EndAt))
 	}
 	e.call(t, "red", "DELETE", "/sandboxes/"+sb.SandboxID, "")
 	if st, _ := call(sb.SandboxID, sb.EnvdAccessToken, nil); st != http.StatusBadGateway {
@@ -405,5 +416,106 @@ func TestPage(t *testing.T) {
 	f.metadata = nil
 	if p, _ := page(all, f, false, 10, ""); ids(p) != "s2,s3" {
 		t.Errorf("startedAfter s2's start: %s, want s2,s3 (inclusive)", ids(p))
+	}
+}
+
+// TestPorts: a sandbox's own port is reached by the SDK's getHost name
+// (<port>-<id>.<domain>) or its headers, with no token while its traffic
+// is public; a private one's (allowPublicTraffic false) asks its traffic
+// token, which its create answered and which is not forwarded; the Host
+// the sandbox sees is maskRequestHost's when set; a gone sandbox is
+// E2B's 502; an egress rule is refused, not ignored.
+func TestPorts(t *testing.T) {
+	e := newEnv(t)
+	get := func(id, port string, h map[string]string) (int, string) {
+		req, _ := http.NewRequest("GET", e.traf.URL+"/page?x=1", nil)
+		req.Host = port + "-" + id + ".sandbox.test"
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	pub := e.create(t, "red", `{}`)
+	if st, body := get(pub.SandboxID, "8000", nil); st != 200 || body != "port 8000 of "+pub.SandboxID+" /page, host 8000-"+pub.SandboxID+".sandbox.test" {
+		t.Errorf("a public sandbox's port: %d %q", st, body)
+	}
+	if pub.TrafficAccessToken != "" {
+		t.Errorf("a public sandbox was given a traffic token")
+	}
+	priv := e.create(t, "red", `{"network": {"allowPublicTraffic": false, "maskRequestHost": "inner.example:${PORT}"}}`)
+	if priv.TrafficAccessToken == "" || priv.TrafficAccessToken == priv.EnvdAccessToken {
+		t.Fatalf("a private sandbox's traffic token: %q", priv.TrafficAccessToken)
+	}
+	for name, h := range map[string]map[string]string{
+		"no token":          nil,
+		"its envd token":    {"E2b-Traffic-Access-Token": priv.EnvdAccessToken},
+		"another's token":   {"E2b-Traffic-Access-Token": e.svc.TrafficToken(pub.SandboxID)},
+		"as X-Access-Token": {"X-Access-Token": priv.TrafficAccessToken},
+	} {
+		if st, _ := get(priv.SandboxID, "8000", h); st != http.StatusForbidden {
+			t.Errorf("a private sandbox's port, %s: %d, want 403", name, st)
+		}
+	}
+	st, body := get(priv.SandboxID, "8000", map[string]string{"E2b-Traffic-Access-Token": priv.TrafficAccessToken})
+	if st != 200 || !strings.HasSuffix(body, "host inner.example:8000") {
+		t.Errorf("a private sandbox's port with its token: %d %q", st, body)
+	}
+	if r := e.node.Envd; len(r) > 0 {
+		t.Errorf("a port call went to envd: %v", r)
+	}
+	if st, body := get("nosuch", "8000", nil); st != http.StatusBadGateway || !strings.Contains(body, `"sandboxId":"nosuch"`) {
+		t.Errorf("a gone sandbox's port: %d %s", st, body)
+	}
+	if st, _ := get(pub.SandboxID, "99999", nil); st != http.StatusBadRequest {
+		t.Errorf("port 99999: %d", st)
+	}
+	if a := e.call(t, "red", "POST", "/sandboxes", `{"network": {"allowOut": ["1.1.1.1"]}}`); a.status != http.StatusConflict {
+		t.Errorf("an egress rule: %d %s, want 409", a.status, a.body)
+	}
+}
+
+// TestPauseConnectRace: pauses and connects on one sandbox from many
+// clients at once each answer a state E2B defines (pause 204 or 409,
+// connect 200 or 201), never a 5xx, and what is kept agrees with the
+// node at the end: paused exactly when the node has it snapshotted.
+func TestPauseConnectRace(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{"timeout": 60}`)
+	var wg sync.WaitGroup
+	bad := make(chan string, 64)
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			op, ok := "pause", map[int]bool{204: true, 409: true}
+			if i%2 == 1 {
+				op, ok = "connect", map[int]bool{200: true, 201: true}
+			}
+			body := ""
+			if op == "connect" {
+				body = `{"timeout": 60}`
+			}
+			if a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/"+op, body); !ok[a.status] {
+				bad <- fmt.Sprintf("%s: %d %s", op, a.status, a.body)
+			}
+		}()
+	}
+	wg.Wait()
+	close(bad)
+	for b := range bad {
+		t.Error(b)
+	}
+	m, err := e.st.Teams().GetSandboxMeta(context.Background(), sb.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap := e.node.Tier(sb.SandboxID) == api.TierSnapshot; m.Paused && !snap {
+		t.Errorf("kept as paused, but the node has it %s", e.node.Tier(sb.SandboxID))
 	}
 }

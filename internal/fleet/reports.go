@@ -422,6 +422,15 @@ func (r recorder) ServeEnvd(w http.ResponseWriter, req *http.Request, id, path s
 	return done(r.Node.ServeEnvd(w, req.WithContext(cctx), id, path))
 }
 
+// ServePort is a stream as ServeEnvd is.
+func (r recorder) ServePort(w http.ResponseWriter, req *http.Request, id string, port int) error {
+	cctx, done, err := r.f.bound(req.Context(), r.Name(), 0)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.ServePort(w, req.WithContext(cctx), id, port))
+}
+
 func (r recorder) PrepareTemplate(ctx context.Context, t api.Template) error {
 	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TemplateDeadline)
 	if err != nil {

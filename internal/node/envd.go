@@ -35,16 +35,21 @@ func installEnvd(dataDir, binary string, log *slog.Logger) (*envdlink.Builds, er
 // ErrNoEnvd is a call for envd on a node that has none.
 var ErrNoEnvd = errdefs.Refine(errdefs.ErrNotSupported, "this node serves no commands and files (started with --envd none, or with no sandstorm-envd beside sandstormd: make build puts it there)")
 
-// ServeEnvd forwards r to the envd of sandbox id as a call of path (e.g.
-// /process.Process/Start, /files), streaming the answer back. The sandbox
-// is woken from whatever tier it is in first, as traffic wakes it, and
-// envd is started in it if it is not running. While the call lasts the
-// sandbox counts as busy (a command someone waits on keeps it hot); a
-// snapshot, detach or delete cuts the call (tiering.Machine.CutEnvd). An error is
-// returned only when nothing was written.
-func (n *Node) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
-	if n.envd == nil {
+// Serve forwards r to port of sandbox id, streaming the answer back: to
+// its envd as a call of path (e.g. /process.Process/Start, /files) when
+// port is envd's, started in it if it is not running; else to the
+// sandbox's own port as r came (E2B's https://<port>-<id>.<domain>). The
+// sandbox is woken from whatever tier it is in first, as traffic wakes
+// it. While the call lasts the sandbox counts as busy (a command someone
+// waits on keeps it hot); a snapshot, detach or delete cuts the call
+// (tiering.Machine.CutEnvd). An error is returned only when nothing was
+// written.
+func (n *Node) Serve(w http.ResponseWriter, r *http.Request, id string, port int, path string) error {
+	if n.envd == nil && port == api.EnvdPort {
 		return ErrNoEnvd
+	}
+	if port < 1 || port > 65535 {
+		return errdefs.New(errdefs.ErrBadInput, "port %d: want 1-65535", port)
 	}
 	e, ok := n.tiers.Lookup(id)
 	if !ok {
@@ -57,6 +62,13 @@ func (n *Node) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string
 		return err
 	}
 	cfg := envdlink.Config{Mark: n.cfg.SAM.Firewall.IngressMark, Ready: n.cfg.Ready, Log: n.log}
+	if port != api.EnvdPort {
+		sb, err := n.envdSandbox(r.Context(), id)
+		if err != nil {
+			return err
+		}
+		return e.Envd.ServePort(cfg, w, r, netip.AddrPortFrom(sb.Target.Addr(), uint16(port)))
+	}
 	return e.Envd.Serve(cfg, w, r, path, func(ctx context.Context) (envdlink.Sandbox, error) { return n.envdSandbox(ctx, id) })
 }
 

@@ -64,6 +64,11 @@ type Node interface {
 	// first, and streams the answer to w. It returns an error only when it
 	// wrote nothing, for the caller to answer with.
 	ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error
+	// ServePort forwards r, as it came (path, query, an upgrade), to the
+	// sandbox's own port (E2B's https://<port>-<id>.<domain>), waking
+	// the sandbox first, and streams the answer to w; an error only when
+	// it wrote nothing.
+	ServePort(w http.ResponseWriter, r *http.Request, id string, port int) error
 	// Fence tells the node which of its sandboxes are its master's
 	// (node.Fence: the rule is there); it returns those it retired.
 	Fence(ctx context.Context, req FenceRequest) (FenceResult, error)

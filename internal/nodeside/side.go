@@ -296,7 +296,12 @@ func (l *Side) MoveAbort(ctx context.Context, id string, gen int64) error {
 
 // ServeEnvd implements nodeapi.Node.
 func (l *Side) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
-	return l.N.ServeEnvd(w, r, id, path)
+	return l.N.Serve(w, r, id, api.EnvdPort, path)
+}
+
+// ServePort implements nodeapi.Node.
+func (l *Side) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) error {
+	return l.N.Serve(w, r, id, port, r.URL.Path)
 }
 
 // Fence implements nodeapi.Node.

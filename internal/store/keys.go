@@ -103,7 +103,18 @@ type SandboxMeta struct {
 	// Paused: paused by a client (E2B's pause), not by idleness: E2B
 	// lists it "paused" until a connect.
 	Paused bool
+	// Private: its own ports answer only a request with its traffic
+	// access token (E2B's allowPublicTraffic: false).
+	Private bool
+	// MaskHost is the Host its own ports are asked with, ${PORT} their
+	// port ("": the name the client used; E2B's maskRequestHost).
+	MaskHost string
+	// AutoResume: traffic resumes it when Paused (E2B's autoResume);
+	// otherwise only a connect does, and traffic is told it is paused.
+	AutoResume bool
 }
+
+const metaCols = `id, team, metadata, env, started_at, end_at, auto_pause, paused, private_traffic, mask_host, auto_resume`
 
 // PutSandboxMeta stores m, replacing what was kept of sandbox m.ID.
 func (v TeamRows) PutSandboxMeta(ctx context.Context, m SandboxMeta) error {
@@ -112,11 +123,12 @@ func (v TeamRows) PutSandboxMeta(ctx context.Context, m SandboxMeta) error {
 	if !m.EndAt.IsZero() {
 		end = ms(m.EndAt)
 	}
-	if _, err := s.db.ExecContext(ctx, s.q(`DELETE FROM sandbox_meta WHERE id=?`), m.ID); err != nil {
-		return err
-	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandbox_meta(id, team, metadata, env, started_at, end_at, auto_pause, paused) VALUES(?,?,?,?,?,?,?,?)`),
-		m.ID, m.Team, mustJSON(orEmpty(m.Metadata)), mustJSON(orEmpty(m.Env)), ms(m.StartedAt), end, boolInt(m.AutoPause), boolInt(m.Paused))
+	// One statement: two puts at once (a pause and a connect) each
+	// replace the row, never meet on its key (issue 31, item 7).
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandbox_meta(`+metaCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET team=excluded.team, metadata=excluded.metadata, env=excluded.env, started_at=excluded.started_at,
+		end_at=excluded.end_at, auto_pause=excluded.auto_pause, paused=excluded.paused, private_traffic=excluded.private_traffic, mask_host=excluded.mask_host, auto_resume=excluded.auto_resume`),
+		m.ID, m.Team, mustJSON(orEmpty(m.Metadata)), mustJSON(orEmpty(m.Env)), ms(m.StartedAt), end, boolInt(m.AutoPause), boolInt(m.Paused), boolInt(m.Private), m.MaskHost, boolInt(m.AutoResume))
 	return err
 }
 
@@ -129,7 +141,7 @@ func orEmpty(m map[string]string) map[string]string {
 
 // GetSandboxMeta is what is kept of sandbox id, or errdefs.ErrNotFound.
 func (v TeamRows) GetSandboxMeta(ctx context.Context, id string) (SandboxMeta, error) {
-	ms, err := v.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta WHERE id=?`, id)
+	ms, err := v.sandboxMetas(ctx, `SELECT `+metaCols+` FROM sandbox_meta WHERE id=?`, id)
 	if err != nil {
 		return SandboxMeta{}, err
 	}
@@ -141,14 +153,14 @@ func (v TeamRows) GetSandboxMeta(ctx context.Context, id string) (SandboxMeta, e
 
 // SandboxMetas lists what is kept of every sandbox.
 func (v TeamRows) SandboxMetas(ctx context.Context) ([]SandboxMeta, error) {
-	return v.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta ORDER BY started_at, id`)
+	return v.sandboxMetas(ctx, `SELECT `+metaCols+` FROM sandbox_meta ORDER BY started_at, id`)
 }
 
 // DueSandboxMetas lists the sandboxes whose lifetime ended by now and
 // that are not paused: what the lifetime loop acts on, four times a
 // second, without reading every row.
 func (v TeamRows) DueSandboxMetas(ctx context.Context, now time.Time) ([]SandboxMeta, error) {
-	return v.sandboxMetas(ctx, `SELECT id, team, metadata, env, started_at, end_at, auto_pause, paused FROM sandbox_meta WHERE end_at > 0 AND end_at <= ? AND paused = 0 ORDER BY end_at, id`, ms(now))
+	return v.sandboxMetas(ctx, `SELECT `+metaCols+` FROM sandbox_meta WHERE end_at > 0 AND end_at <= ? AND paused = 0 ORDER BY end_at, id`, ms(now))
 }
 
 // DeleteSandboxMeta forgets sandbox id.
@@ -170,8 +182,8 @@ func (v TeamRows) sandboxMetas(ctx context.Context, q string, args ...any) ([]Sa
 		var m SandboxMeta
 		var md, env string
 		var started, end int64
-		var auto, paused bool
-		if err := rows.Scan(&m.ID, &m.Team, &md, &env, &started, &end, &auto, &paused); err != nil {
+		var auto, paused, private, resume bool
+		if err := rows.Scan(&m.ID, &m.Team, &md, &env, &started, &end, &auto, &paused, &private, &m.MaskHost, &resume); err != nil {
 			return nil, err
 		}
 		if err := json.Unmarshal([]byte(md), &m.Metadata); err != nil {
@@ -184,7 +196,7 @@ func (v TeamRows) sandboxMetas(ctx context.Context, q string, args ...any) ([]Sa
 		if end != 0 {
 			m.EndAt = fromMs(end)
 		}
-		m.AutoPause, m.Paused = auto, paused
+		m.AutoPause, m.Paused, m.Private, m.AutoResume = auto, paused, private, resume
 		out = append(out, m)
 	}
 	return out, rows.Err()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,7 +54,7 @@ func testSandboxMeta(t *testing.T, where string) {
 	ctx := context.Background()
 	s := openAt(t, where)
 	now := time.UnixMilli(time.Now().UnixMilli()).UTC()
-	m := SandboxMeta{ID: "s1", Team: "red", Metadata: map[string]string{"app": "x"}, Env: map[string]string{"K": "V"}, StartedAt: now, EndAt: now.Add(time.Minute), AutoPause: true, Paused: true}
+	m := SandboxMeta{ID: "s1", Team: "red", Metadata: map[string]string{"app": "x"}, Env: map[string]string{"K": "V"}, StartedAt: now, EndAt: now.Add(time.Minute), AutoPause: true, Paused: true, Private: true, MaskHost: "h:${PORT}", AutoResume: true}
 	if err := s.Teams().PutSandboxMeta(ctx, m); err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +76,24 @@ func testSandboxMeta(t *testing.T, where string) {
 	s.Teams().PutSandboxMeta(ctx, SandboxMeta{ID: "later", StartedAt: now, EndAt: now.Add(time.Hour)})
 	if due, err := s.Teams().DueSandboxMetas(ctx, now); err != nil || len(due) != 1 || due[0].ID != "due" {
 		t.Errorf("due: %v %v, want only the one past its end and not paused", due, err)
+	}
+	// Puts at once on one sandbox (a pause and a connect) each replace
+	// the row: none fails on its key.
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- s.Teams().PutSandboxMeta(ctx, SandboxMeta{ID: "race", StartedAt: now, Paused: i%2 == 0})
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a put at the same time as others: %v", err)
+		}
 	}
 	s.Teams().DeleteSandboxMeta(ctx, "s1")
 	if _, err := s.Teams().GetSandboxMeta(ctx, "s1"); !errors.Is(err, errdefs.ErrNotFound) {

@@ -226,7 +226,10 @@ CREATE TABLE IF NOT EXISTS sandbox_meta (
 	started_at BIGINT NOT NULL,
 	end_at     BIGINT NOT NULL DEFAULT 0,
 	auto_pause INTEGER NOT NULL DEFAULT 0,
-	paused     INTEGER NOT NULL DEFAULT 0
+	paused     INTEGER NOT NULL DEFAULT 0,
+	private_traffic INTEGER NOT NULL DEFAULT 0,
+	mask_host  TEXT NOT NULL DEFAULT '',
+	auto_resume INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sandbox_meta_team ON sandbox_meta(team);
 CREATE TABLE IF NOT EXISTS mesh_tokens (
@@ -282,6 +285,10 @@ var migrations = []struct{ table, column, ddl string }{
 	// undo it (fleet.record).
 	{"sandboxes", "rev", `ALTER TABLE sandboxes ADD COLUMN rev BIGINT NOT NULL DEFAULT 0`},
 	{"reported", "rev", `ALTER TABLE reported ADD COLUMN rev BIGINT NOT NULL DEFAULT 0`},
+	// Issue 31: a sandbox whose ports answer only its traffic token.
+	{"sandbox_meta", "private_traffic", `ALTER TABLE sandbox_meta ADD COLUMN private_traffic INTEGER NOT NULL DEFAULT 0`},
+	{"sandbox_meta", "mask_host", `ALTER TABLE sandbox_meta ADD COLUMN mask_host TEXT NOT NULL DEFAULT ''`},
+	{"sandbox_meta", "auto_resume", `ALTER TABLE sandbox_meta ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0`},
 }
 
 // execer is a *sql.DB or a *sql.Tx.

@@ -259,6 +259,22 @@ func (f *Node) DropTemplate(_ context.Context, name string) error {
 	return nil
 }
 
+// ServePort implements nodeapi.Node: it answers "port <port> of <id>
+// <path>" for a sandbox it has.
+func (f *Node) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) error {
+	if err := f.call(fmt.Sprintf("port %s %d", id, port)); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	_, ok := f.Boxes[id]
+	f.mu.Unlock()
+	if !ok {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
+	}
+	fmt.Fprintf(w, "port %d of %s %s, host %s", port, id, r.URL.Path, r.Host)
+	return nil
+}
+
 // ServeEnvd implements nodeapi.Node.
 func (f *Node) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
 	if err := f.call("envd " + id + " " + path); err != nil {

@@ -144,6 +144,45 @@ func (l *Link) Serve(cfg Config, w http.ResponseWriter, r *http.Request, path st
 	return nil
 }
 
+// ServePort forwards r, as it came, to target, a port of the sandbox
+// other than envd's, streaming both ways (an upgrade too); the caller has
+// woken the sandbox and holds the call (Hold). A Cut cuts it, as envd's
+// calls: no connection into the sandbox outlives a checkpoint. Each call
+// has its own connection: what listens there is the sandbox's, and may
+// not keep one. An error is returned only when nothing was written.
+func (l *Link) ServePort(cfg Config, w http.ResponseWriter, r *http.Request, target netip.AddrPort) error {
+	ctx, cancel := context.WithCancel(r.Context())
+	key := new(int)
+	l.cuts.Store(key, cancel)
+	defer func() {
+		l.cuts.Delete(key)
+		cancel()
+	}()
+	http.NewResponseController(w).EnableFullDuplex()
+	d := dialer(cfg.Mark, 5*time.Second)
+	var failed error
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = target.String()
+			pr.Out.Host = r.Host // the name it was asked by, as E2B's proxy passes it
+		},
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return d.DialContext(ctx, "tcp", target.String())
+			},
+			DisableKeepAlives: true,
+		},
+		FlushInterval: -1,
+		ErrorHandler:  func(_ http.ResponseWriter, _ *http.Request, err error) { failed = err },
+	}
+	proxy.ServeHTTP(w, r.WithContext(ctx))
+	if failed != nil && !errors.Is(ctx.Err(), context.Canceled) {
+		return errdefs.Mark(errdefs.ErrUpstream, fmt.Errorf("port %d of the sandbox did not answer: %w", target.Port(), failed))
+	}
+	return nil
+}
+
 // transport is the way to one sandbox's envd: HTTP/1.1 on its own
 // address, no proxy from the environment, connections kept between calls
 // and closed by Cut before the sandbox is checkpointed, detached or

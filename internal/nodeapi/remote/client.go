@@ -214,10 +214,23 @@ func (c *Client) Clone(ctx context.Context, id string, req nodeapi.CloneRequest)
 	return api.CloneResult{}, readError(resp)
 }
 
+// ServePort implements Node: the call is forwarded to the node's
+// /node/v1/sandboxes/{id}/ports/{port}/{path}, as ServeEnvd's is.
+func (c *Client) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) error {
+	return c.forward(w, r, "/node/v1/sandboxes/"+url.PathEscape(id)+"/ports/"+strconv.Itoa(port)+r.URL.Path)
+}
+
 // ServeEnvd implements Node: the call is forwarded to the node's
 // /node/v1/sandboxes/{id}/envd/{path}, streamed both ways, on the
 // connection the node's calls ride (mutual TLS, or its tunnel).
 func (c *Client) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	return c.forward(w, r, "/node/v1/sandboxes/"+url.PathEscape(id)+"/envd"+path)
+}
+
+// forward sends r to the node's path, streamed both ways, with r's query
+// and the Host it was asked by (X-Forwarded-Host: a sandbox's own port
+// may serve by name).
+func (c *Client) forward(w http.ResponseWriter, r *http.Request, path string) error {
 	base, err := url.Parse(c.Base)
 	if err != nil {
 		return err
@@ -230,9 +243,10 @@ func (c *Client) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path stri
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = base.Scheme
 			pr.Out.URL.Host = base.Host
-			pr.Out.URL.Path = "/node/v1/sandboxes/" + url.PathEscape(id) + "/envd" + path
+			pr.Out.URL.Path = path
 			pr.Out.URL.RawPath = ""
 			pr.Out.Host = base.Host
+			pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
 		},
 		Transport:     c.stream().Transport,
 		FlushInterval: -1,

@@ -155,6 +155,15 @@ func (f *fake) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string
 	fmt.Fprintf(w, "%s\n", body)
 	return nil
 }
+// ServePort answers with what the sandbox's port would see: the method,
+// path with query, and the Host it was asked by.
+func (f *fake) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) error {
+	if _, err := f.Get(r.Context(), id); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%d %s %s %s", port, r.Method, r.URL.RequestURI(), r.Host)
+	return nil
+}
 func (f *fake) Status(context.Context) (api.NodeStatus, error) {
 	return api.NodeStatus{Name: "fake", Backend: "gvisor", MemAvailableMiB: 1234, MemReserveMiB: 256, Sandboxes: map[api.Tier]int{api.TierHot: len(f.boxes)}}, nil
 }
@@ -564,6 +573,31 @@ func TestEnvdIsForwarded(t *testing.T) {
 	var e api.Error
 	if json.Unmarshal(rec.Body.Bytes(), &e); rec.Code != http.StatusNotFound || e.Code != api.CodeNotFound {
 		t.Errorf("unknown sandbox: %d %s, want 404 not_found", rec.Code, rec.Body.String())
+	}
+}
+
+// TestPortIsForwarded: a call for a sandbox's own port reaches the node
+// as the client made it — its path, query and the name it was asked by —
+// and a sandbox the node does not have is a 404.
+func TestPortIsForwarded(t *testing.T) {
+	f := newFake()
+	f.templates["web"] = api.Template{Name: "web"}
+	if _, err := f.Create(context.Background(), nodeapi.CreateRequest{Name: "a", Template: api.Template{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	c, _, _ := pair(t, f)
+	req := httptest.NewRequest(http.MethodGet, "https://8000-id-a.sandbox.test/some/page?q=1", nil)
+	rec := httptest.NewRecorder()
+	if err := c.ServePort(rec, req, "id-a", 8000); err != nil {
+		t.Fatal(err)
+	}
+	if want := "8000 GET /some/page?q=1 8000-id-a.sandbox.test"; rec.Body.String() != want {
+		t.Errorf("forwarded: %q, want %q", rec.Body.String(), want)
+	}
+	rec = httptest.NewRecorder()
+	c.ServePort(rec, httptest.NewRequest(http.MethodGet, "https://8000-id-nope.sandbox.test/", nil), "id-nope", 8000)
+	if rec.Code != http.StatusNotFound {
+		t.Errorf("unknown sandbox: %d %s", rec.Code, rec.Body.String())
 	}
 }
 

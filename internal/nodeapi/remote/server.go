@@ -140,6 +140,29 @@ func (s server) sandboxes() {
 			writeError(w, err)
 		}
 	})
+	s.mux.HandleFunc("/node/v1/sandboxes/{id}/ports/{port}/{path...}", func(w http.ResponseWriter, r *http.Request) {
+		if err := pastDeadline(r); err != nil {
+			writeError(w, err)
+			return
+		}
+		port, err := strconv.Atoi(r.PathValue("port"))
+		if err != nil {
+			writeError(w, errdefs.New(errdefs.ErrBadInput, "port %q: want a number", r.PathValue("port")))
+			return
+		}
+		// The request as the sandbox is to see it: its own path and the
+		// name it was asked by.
+		r2 := r.Clone(r.Context())
+		r2.URL.Path, r2.URL.RawPath = "/"+r.PathValue("path"), ""
+		if h := r.Header.Get("X-Forwarded-Host"); h != "" {
+			r2.Host = h
+		}
+		r2.Header.Del("X-Forwarded-Host")
+		r2.Header.Del(DeadlineHeader)
+		if err := n.ServePort(w, r2, r.PathValue("id"), port); err != nil {
+			writeError(w, err)
+		}
+	})
 }
 
 // templates are the routes of templates and their trees.
