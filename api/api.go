@@ -197,6 +197,13 @@ type CloneRequest struct {
 	Reseed *Reseed `json:"reseed,omitempty"`
 }
 
+// PauseRequest is POST /v1/sandboxes/{id}/pause's body (optional).
+type PauseRequest struct {
+	// Memory false keeps its files only (the detached tier): a resume
+	// cold-boots it. Default true: the snapshot tier, processes and all.
+	Memory *bool `json:"memory,omitempty"`
+}
+
 // CloneResult is what a clone made.
 type CloneResult struct {
 	Parent   Sandbox   `json:"parent"`
@@ -258,6 +265,9 @@ type Sandbox struct {
 	// Generation is the number of the master's placement that made it
 	// (docs/ARCHITECTURE.md, "One place"): its node fences by it.
 	Generation int64 `json:"generation,omitempty"`
+	// Paused: someone paused it (POST .../pause, E2B's pause): it stays
+	// in its tier until a resume, not only until traffic comes.
+	Paused bool `json:"paused,omitempty"`
 	// Revision counts the changes its node made to it: of two accounts
 	// of one sandbox from one node, the higher is the newer.
 	Revision int64 `json:"revision,omitempty"`

@@ -67,6 +67,9 @@ func tierText(sb api.Sandbox) string {
 	if sb.Transition != "" {
 		return string(sb.Tier) + "→" + string(sb.Transition)
 	}
+	if sb.Paused {
+		return string(sb.Tier) + " (paused)"
+	}
 	return string(sb.Tier)
 }
 

@@ -21,6 +21,7 @@ func sandboxCmd() *cobra.Command {
 	addAPIFlag(cmd)
 	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxExecCmd(), sandboxCpCmd(), sandboxCloneCmd(), sandboxMoveCmd())
 	cmd.AddCommand(transitionCmds()...)
+	cmd.AddCommand(pauseCmd(), resumeCmd())
 	return cmd
 }
 
@@ -296,6 +297,51 @@ volume holds files; delete it by its ID).`,
 	}
 	move.Flags().StringVar(&to, "to", "", "the node to move it to (a live move only; default: the one with the most headroom)")
 	return move
+}
+
+// pauseCmd is "sandbox pause": E2B's pause, on our own API.
+func pauseCmd() *cobra.Command {
+	var noMemory bool
+	cmd := &cobra.Command{
+		Use:   "pause ID|NAME",
+		Short: "Pause a sandbox until 'sandbox resume' (traffic does not wake it, unlike an idle tier)",
+		Long: "Pause a sandbox: it stays in the snapshot tier, processes and all (with --no-memory, the detached tier: its files only, " +
+			"and the resume cold-boots it) until 'sandbox resume ID|NAME' or an E2B connect. Traffic through the master is answered 502 meanwhile. " +
+			"'sandbox snapshot' instead is an idle tier: any call wakes it.",
+		Args: cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
+			sb, err := c.Pause(cmd.Context(), args[0], !noMemory)
+			if err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(sb)
+			}
+			fmt.Printf("%s: paused, %s; 'sandstormd sandbox resume %s' brings it back\n", sb.Name, tierText(sb), sb.Name)
+			return nil
+		}),
+	}
+	cmd.Flags().BoolVar(&noMemory, "no-memory", false, "keep its files only (the detached tier); the resume cold-boots it")
+	return cmd
+}
+
+// resumeCmd is "sandbox resume": the end of a pause.
+func resumeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use: "resume ID|NAME", Short: "Resume a paused sandbox (hot again)", Args: cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
+			start := time.Now()
+			sb, err := c.Resume(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return printJSON(sb)
+			}
+			fmt.Printf("%s: %s (%.1f ms)\n", sb.Name, tierText(sb), float64(time.Since(start).Microseconds())/1000)
+			return nil
+		}),
+	}
 }
 
 // transitionCmds are "sandbox freeze|snapshot|detach|wake".

@@ -274,6 +274,21 @@ func (c *Client) Transition(ctx context.Context, ref, op string) (api.Sandbox, e
 	return sb, err
 }
 
+// Pause pauses sandbox ref until a Resume (POST /v1/sandboxes/{id}/pause):
+// with its memory, or, memory false, its files only.
+func (c *Client) Pause(ctx context.Context, ref string, memory bool) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/pause", api.PauseRequest{Memory: &memory}, &sb)
+	return sb, err
+}
+
+// Resume ends sandbox ref's pause: it is hot again.
+func (c *Client) Resume(ctx context.Context, ref string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/resume", nil, &sb)
+	return sb, err
+}
+
 // Move starts a sandbox whose node is lost again, cold, on another node
 // (POST /v1/sandboxes/{id}/move); its note says what stayed behind.
 func (c *Client) Move(ctx context.Context, ref string) (api.Sandbox, error) {

@@ -48,6 +48,7 @@ import (
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/sandbox/process"
+	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/secretfile"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -544,10 +545,13 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	go fl.Run(ctx) // hears its nodes' reports; renews their certificates
 	// The E2B API; each sandbox's envd token is an HMAC of its ID keyed
 	// by the API token, which the masters of one database share.
-	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
+	// One sandbox service for /v1 and /e2b: their creates, owners and
+	// pauses are one, and so are its per-sandbox locks.
+	sbx := &sandboxes.Service{Store: st, Fleet: fl}
+	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
 	go svc.Run(ctx) // ends sandboxes at their timeout
 	return master.Handler(master.Config{
-		Store: st, Fleet: fl, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
+		Store: st, Fleet: fl, Sandboxes: sbx, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
 		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
 		E2B:            svc.API(),
 		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,

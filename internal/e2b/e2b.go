@@ -24,14 +24,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"sandstorm/api"
@@ -46,6 +44,10 @@ import (
 type Config struct {
 	Store *store.Store
 	Fleet *fleet.Fleet
+	// Sandboxes is the sandbox service /v1 shares (nil: one of its own,
+	// over Store and Fleet; a master gives both APIs the same one, whose
+	// locks they then share).
+	Sandboxes *sandboxes.Service
 	// Domain is the sandboxes' domain as the SDK is told it (its hosts
 	// are <port>-<sandboxID>.<domain>).
 	Domain string
@@ -64,26 +66,12 @@ type Config struct {
 type Service struct {
 	cfg Config
 	sbx *sandboxes.Service // shared with /v1: creates, owners, who sees what
-	// calls are the locks that make the calls changing one sandbox's
-	// state (kill, pause, connect, timeout, its lifetime's end) one at a
-	// time: a pause and a connect racing each answer a state E2B defines,
-	// and what is kept of it is the last one's (issue 31, item 7).
-	calls [64]sync.Mutex
-}
-
-// lock takes sandbox id's lock (one of calls, by a hash of id).
-func (s *Service) lock(id string) func() {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	mu := &s.calls[h.Sum32()%uint32(len(s.calls))]
-	mu.Lock()
-	return mu.Unlock
 }
 
 // one serves h holding the lock of the request's sandbox.
 func (s *Service) one(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		defer s.lock(r.PathValue("id"))()
+		defer s.sbx.Lock(r.PathValue("id"))()
 		h(w, r)
 	}
 }
@@ -96,7 +84,11 @@ func New(cfg Config) *Service {
 	if cfg.DefaultTemplate == "" {
 		cfg.DefaultTemplate = "base"
 	}
-	return &Service{cfg: cfg, sbx: &sandboxes.Service{Store: cfg.Store, Fleet: cfg.Fleet}}
+	sbx := cfg.Sandboxes
+	if sbx == nil {
+		sbx = &sandboxes.Service{Store: cfg.Store, Fleet: cfg.Fleet}
+	}
+	return &Service{cfg: cfg, sbx: sbx}
 }
 
 // ClientID is what E2B's required, deprecated clientID says.
@@ -141,6 +133,10 @@ func (s *Service) API() http.Handler {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.one(s.connect)) // the SDK from 2.50 on
 	mux.HandleFunc("POST /sandboxes/{id}/resume", s.one(s.connect))
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.one(s.setTimeout))
+	mux.HandleFunc("POST /sandboxes/{id}/fork", s.fork)
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	mux.HandleFunc("GET /snapshots", s.listSnapshots)
+	mux.HandleFunc("DELETE /templates/{id}", s.deleteSnapshot)
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, errdefs.New(errdefs.ErrNotFound, "%s %s: not part of the E2B API served here", r.Method, r.URL.Path))
@@ -275,8 +271,11 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	// false is not: every sandbox has its envd access token, which asks
 	// more of a caller, not less.)
 	autoResume := req.AutoResume != nil && req.AutoResume.Enabled != nil && *req.AutoResume.Enabled
-	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
-		fail(w, errdefs.New(errdefs.ErrNotSupported, "autoPauseMemory false: not supported here; a pause at the timeout keeps the memory (a snapshot)"))
+	dropsMemory := req.AutoPauseMemory != nil && !*req.AutoPauseMemory
+	if dropsMemory && autoResume {
+		// A filesystem-only pause is resumed by a connect (the SDK
+		// refuses this too).
+		fail(w, errdefs.New(errdefs.ErrBadInput, "autoResume with autoPauseMemory false: a filesystem-only pause is resumed by connect only"))
 		return
 	}
 	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
@@ -296,9 +295,17 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		name = s.cfg.DefaultTemplate
 	}
 	now := time.Now()
-	sb, meta, err := s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: name,
-		Meta: store.SandboxMeta{Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause,
-			Private: ingress.private, MaskHost: ingress.maskHost, AutoResume: autoResume}})
+	want := store.SandboxMeta{Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause,
+		Private: ingress.private, MaskHost: ingress.maskHost, AutoResume: autoResume, PauseDropsMemory: dropsMemory}
+	var sb api.Sandbox
+	var meta store.SandboxMeta
+	if s.sbx.IsSnapshot(r.Context(), name) {
+		// E2B's Sandbox.create(snapshotID): from the snapshot, with its
+		// memory.
+		sb, meta, err = s.sbx.FromSnapshot(r.Context(), name, want)
+	} else {
+		sb, meta, err = s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: name, Meta: want})
+	}
 	if err != nil {
 		fail(w, err)
 		return
@@ -379,7 +386,12 @@ func (s *Service) wireOf(sb api.Sandbox, m store.SandboxMeta, d string) sandbox 
 // find is sandbox id if the caller may see it; another team's is not
 // found, exactly as a missing one (IDs do not leak).
 func (s *Service) find(r *http.Request) (nodeapi.Node, api.Sandbox, store.SandboxMeta, error) {
-	return s.sbx.Find(r.Context(), r.PathValue("id"))
+	n, sb, m, err := s.sbx.Find(r.Context(), r.PathValue("id"))
+	if err == nil && m.SnapshotOf != "" {
+		// A snapshot is kept as a sandbox, but is not one to E2B.
+		return nil, api.Sandbox{}, store.SandboxMeta{}, sandboxes.NotFound(r.PathValue("id"))
+	}
+	return n, sb, m, err
 }
 
 func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool, dom string) detail {
@@ -435,24 +447,25 @@ func (s *Service) kill(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// pause is POST /sandboxes/{id}/pause {memory}: with its memory (the
+// default) the snapshot tier, processes and all; with memory false its
+// files only (the detached tier), and a connect cold-boots it. It is
+// paused until a connect (or, made with autoResume, traffic).
 func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
-	n, sb, m, err := s.find(r)
-	if err != nil {
-		fail(w, err)
-		return
+	var body struct {
+		Memory *bool `json:"memory"`
 	}
-	if m.Paused {
-		fail(w, errdefs.New(errdefs.ErrConflict, "sandbox %q is already paused", sb.ID))
-		return
-	}
-	if sb.Tier != api.TierSnapshot {
-		if _, err := n.Transition(r.Context(), sb.ID, nodeapi.Snapshot); err != nil {
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &body); err != nil {
 			fail(w, err)
 			return
 		}
 	}
-	m.Paused = true
-	if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), m); err != nil {
+	if _, _, _, err := s.find(r); err != nil {
+		fail(w, err) // a snapshot is not a sandbox to E2B
+		return
+	}
+	if _, err := s.sbx.Pause(r.Context(), r.PathValue("id"), body.Memory == nil || *body.Memory); err != nil {
 		fail(w, err)
 		return
 	}
@@ -494,37 +507,85 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	n, sb, m, err := s.find(r)
+	if _, _, _, err := s.find(r); err != nil {
+		fail(w, err)
+		return
+	}
+	sb, resumed, err := s.sbx.Resume(r.Context(), r.PathValue("id"), sandboxes.ResumeOpts{
+		DropMemory: body.Memory != nil && !*body.Memory, Until: time.Now().Add(d)})
 	if err != nil {
 		fail(w, err)
 		return
 	}
-	resumed := m.Paused
-	if body.Memory != nil && !*body.Memory && sb.Tier != api.TierDetached {
-		if sb, err = n.Transition(r.Context(), sb.ID, nodeapi.Detach); err != nil {
-			fail(w, err)
-			return
-		}
-	}
-	if sb.Tier != api.TierHot {
-		if sb, err = n.Transition(r.Context(), sb.ID, nodeapi.Wake); err != nil {
-			fail(w, err)
-			return
-		}
-	}
-	m.Paused = false
-	if end := time.Now().Add(d); end.After(m.EndAt) || resumed {
-		m.EndAt = end
-	}
-	if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), m); err != nil {
-		fail(w, err)
-		return
-	}
+	m, _ := s.cfg.Store.Teams().GetSandboxMeta(r.Context(), sb.ID)
 	status := http.StatusOK
 	if resumed {
 		status = http.StatusCreated
 	}
 	writeJSON(w, status, s.wireOf(sb, m, s.domainFor(r)))
+}
+
+// forkTimeout is a fork's lifetime when it names none (E2B's default).
+const forkTimeout = 15 * time.Second
+
+// fork is POST /sandboxes/{id}/fork {count, timeout}: count children of
+// the sandbox, each from one checkpoint of it, with its memory, running
+// (a clone: each its own address, boundary, principal and reseed), the
+// sandbox itself running on; 201 with one entry per child, as E2B's.
+func (s *Service) fork(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Count   *int `json:"count"`
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(w, r, &body); err != nil {
+		fail(w, err)
+		return
+	}
+	count, d := 1, forkTimeout
+	if body.Count != nil {
+		count = *body.Count
+	}
+	if count < 1 || count > 100 {
+		fail(w, errdefs.New(errdefs.ErrBadInput, "count %d: want 1 to 100", count))
+		return
+	}
+	if body.Timeout != nil {
+		var err error
+		if d, err = (timeoutBody{Timeout: body.Timeout}).duration(); err != nil {
+			fail(w, err)
+			return
+		}
+	}
+	n, sb, m, err := s.find(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if m.Paused {
+		fail(w, errdefs.New(errdefs.ErrConflict, "sandbox %s is paused: connect to it, then fork it", sb.ID))
+		return
+	}
+	out, err := s.sbx.Clone(r.Context(), n, sb, api.CloneRequest{Count: count}, time.Now().Add(d))
+	if err != nil && len(out.Children) == 0 {
+		fail(w, err)
+		return
+	}
+	dom := s.domainFor(r)
+	type result struct {
+		Sandbox *sandbox       `json:"sandbox,omitempty"`
+		Error   map[string]any `json:"error,omitempty"`
+	}
+	res := make([]result, 0, count)
+	for _, c := range out.Children {
+		wire := s.wireOf(c, m, dom)
+		res = append(res, result{Sandbox: &wire})
+	}
+	for len(res) < count {
+		status, e := errdefs.ToWire(err)
+		res = append(res, result{Error: map[string]any{"code": status, "message": e.Message}})
+	}
+	s.cfg.Log.Info("e2b sandbox forked", "id", sb.ID, "forks", len(out.Children), "asked", count)
+	writeJSON(w, http.StatusCreated, res)
 }
 
 func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
@@ -596,6 +657,9 @@ func (s *Service) listed(r *http.Request) ([]detail, error) {
 	}
 	out := make([]detail, 0, len(vis))
 	for _, v := range vis {
+		if v.Meta.SnapshotOf != "" {
+			continue // a snapshot: listed by GET /snapshots
+		}
 		out = append(out, s.detail(v.Sandbox, v.Meta, false, s.domainFor(r)))
 	}
 	sort.Slice(out, func(i, j int) bool {

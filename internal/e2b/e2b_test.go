@@ -125,7 +125,7 @@ func TestCreateAnswersWhatTheSDKRequires(t *testing.T) {
 		`{"templateID": "base", "mcp": {"x": {}}}`,
 		`{"templateID": "base", "allow_internet_access": false}`,
 		`{"templateID": "base", "envVars": {"A=B": "c"}}`,
-		`{"templateID": "base", "autoPauseMemory": false}`,
+		`{"templateID": "base", "autoPauseMemory": false, "autoResume": {"enabled": true}}`,
 		`{not json`,
 	} {
 		if a := e.call(t, "red", "POST", "/sandboxes", bad); a.status < 400 || a.status >= 500 {
@@ -517,5 +517,144 @@ func TestPauseConnectRace(t *testing.T) {
 	}
 	if snap := e.node.Tier(sb.SandboxID) == api.TierSnapshot; m.Paused && !snap {
 		t.Errorf("kept as paused, but the node has it %s", e.node.Tier(sb.SandboxID))
+	}
+}
+
+// TestFork: a fork is a clone: count children, each its own sandbox, its
+// parent's team's with its env, running, with E2B's answer per child and
+// the lifetime asked; another team cannot fork it (404); a paused one is
+// not forked (409).
+func TestFork(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{"envVars": {"K": "V"}}`)
+	a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count": 2, "timeout": 60}`)
+	var res []struct {
+		Sandbox *sandbox       `json:"sandbox"`
+		Error   map[string]any `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &res); err != nil || a.status != http.StatusCreated || len(res) != 2 {
+		t.Fatalf("fork of 2: %d %s", a.status, a.body)
+	}
+	seen := map[string]bool{sb.SandboxID: true}
+	for _, r := range res {
+		if r.Sandbox == nil || seen[r.Sandbox.SandboxID] || r.Sandbox.EnvdAccessToken != e.svc.AccessToken(r.Sandbox.SandboxID) {
+			t.Fatalf("a fork: %+v", r)
+		}
+		seen[r.Sandbox.SandboxID] = true
+		m, err := e.st.Teams().GetSandboxMeta(context.Background(), r.Sandbox.SandboxID)
+		if err != nil || m.Team != "red" || m.Env["K"] != "V" || time.Until(m.EndAt) > time.Minute || time.Until(m.EndAt) < 50*time.Second {
+			t.Errorf("kept of fork %s: %+v %v", r.Sandbox.SandboxID, m, err)
+		}
+	}
+	if a := e.call(t, "blue", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{}`); a.status != http.StatusNotFound {
+		t.Errorf("another team's fork: %d", a.status)
+	}
+	if a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count": 0}`); a.status != http.StatusBadRequest {
+		t.Errorf("count 0: %d", a.status)
+	}
+	e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/pause", "")
+	if a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{}`); a.status != http.StatusConflict {
+		t.Errorf("a paused sandbox's fork: %d", a.status)
+	}
+}
+
+// TestSnapshots: a snapshot of a sandbox is kept in the snapshot tier,
+// the sandbox running on; it is listed (by sandbox, by name, paged), not
+// among the sandboxes; a sandbox is made from it as from a template, the
+// caller's; another team cannot see, use or delete it (404); deleted, it
+// is gone.
+func TestSnapshots(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{}`)
+	a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{"name": "before-upgrade"}`)
+	var snap snapshotInfo
+	if err := json.Unmarshal([]byte(a.body), &snap); err != nil || a.status != http.StatusCreated || snap.SnapshotID == "" || len(snap.Names) != 1 || snap.Names[0] != "before-upgrade" {
+		t.Fatalf("snapshot: %d %s", a.status, a.body)
+	}
+	if e.node.Tier(snap.SnapshotID) != api.TierSnapshot || e.node.Tier(sb.SandboxID) != api.TierHot {
+		t.Errorf("the snapshot is %s, its sandbox %s", e.node.Tier(snap.SnapshotID), e.node.Tier(sb.SandboxID))
+	}
+	unnamed := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", ``)
+	if unnamed.status != http.StatusCreated {
+		t.Fatalf("an unnamed snapshot: %d %s", unnamed.status, unnamed.body)
+	}
+	list := func(team, q string) []snapshotInfo {
+		var out []snapshotInfo
+		a := e.call(t, team, "GET", "/snapshots"+q, "")
+		json.Unmarshal([]byte(a.body), &out)
+		return out
+	}
+	for q, want := range map[string]int{"": 2, "?name=before-upgrade": 1, "?name=nope": 0, "?sandboxID=" + sb.SandboxID: 2, "?sandboxID=other": 0} {
+		if got := list("red", q); len(got) != want {
+			t.Errorf("snapshots%s: %v, want %d", q, got, want)
+		}
+	}
+	if got := list("red", "?limit=1"); len(got) != 1 {
+		t.Errorf("a page of 1: %v", got)
+	}
+	if got := list("blue", ""); len(got) != 0 {
+		t.Errorf("another team sees %v", got)
+	}
+	var listed []detail
+	json.Unmarshal([]byte(e.call(t, "red", "GET", "/v2/sandboxes", "").body), &listed)
+	if len(listed) != 1 || listed[0].SandboxID != sb.SandboxID {
+		t.Errorf("the sandboxes' list: %+v, want the sandbox alone", listed)
+	}
+	if a := e.call(t, "red", "GET", "/sandboxes/"+snap.SnapshotID, ""); a.status != http.StatusNotFound {
+		t.Errorf("a snapshot as a sandbox: %d", a.status)
+	}
+	if a := e.call(t, "blue", "POST", "/sandboxes", `{"templateID": "`+snap.SnapshotID+`"}`); a.status != http.StatusNotFound {
+		t.Errorf("another team's create from it: %d %s", a.status, a.body)
+	}
+	from := e.create(t, "red", `{"templateID": "`+snap.SnapshotID+`", "metadata": {"k": "v"}}`)
+	if m, err := e.st.Teams().GetSandboxMeta(context.Background(), from.SandboxID); err != nil || m.Team != "red" || m.Metadata["k"] != "v" || m.SnapshotOf != "" {
+		t.Errorf("kept of a sandbox from the snapshot: %+v %v", m, err)
+	}
+	if e.node.Tier(snap.SnapshotID) != api.TierSnapshot {
+		t.Errorf("after a create from it the snapshot is %s", e.node.Tier(snap.SnapshotID))
+	}
+	if a := e.call(t, "blue", "DELETE", "/templates/"+snap.SnapshotID, ""); a.status != http.StatusNotFound {
+		t.Errorf("another team's delete: %d", a.status)
+	}
+	if a := e.call(t, "red", "DELETE", "/templates/"+snap.SnapshotID, ""); a.status != http.StatusNoContent {
+		t.Errorf("delete: %d %s", a.status, a.body)
+	}
+	if a := e.call(t, "red", "DELETE", "/templates/"+snap.SnapshotID, ""); a.status != http.StatusNotFound {
+		t.Errorf("a second delete: %d", a.status)
+	}
+	if a := e.call(t, "red", "GET", "/sandboxes/"+from.SandboxID, ""); a.status != http.StatusOK {
+		t.Errorf("what was made from a deleted snapshot: %d", a.status)
+	}
+}
+
+// TestPauseWithoutMemory: pause({memory: false}) keeps the files only
+// (the detached tier: a connect cold-boots it), as does the pause at the
+// end of a sandbox made with autoPauseMemory false; a pause with memory
+// is the snapshot tier.
+func TestPauseWithoutMemory(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{}`)
+	if a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/pause", `{"memory": false}`); a.status != http.StatusNoContent {
+		t.Fatalf("pause without memory: %d %s", a.status, a.body)
+	}
+	if tier := e.node.Tier(sb.SandboxID); tier != api.TierDetached {
+		t.Errorf("paused without memory, the node has it %s", tier)
+	}
+	if a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 30}`); a.status != http.StatusCreated || e.node.Tier(sb.SandboxID) != api.TierHot {
+		t.Errorf("connect: %d, tier %s", a.status, e.node.Tier(sb.SandboxID))
+	}
+	with := e.create(t, "red", `{}`)
+	e.call(t, "red", "POST", "/sandboxes/"+with.SandboxID+"/pause", `{"memory": true}`)
+	if tier := e.node.Tier(with.SandboxID); tier != api.TierSnapshot {
+		t.Errorf("paused with memory, the node has it %s", tier)
+	}
+	ends := e.create(t, "red", `{"timeout": 0, "autoPause": true, "autoPauseMemory": false}`)
+	m, _ := e.st.Teams().GetSandboxMeta(context.Background(), ends.SandboxID)
+	if err := e.svc.end(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = e.st.Teams().GetSandboxMeta(context.Background(), ends.SandboxID)
+	if tier := e.node.Tier(ends.SandboxID); !m.Paused || tier != api.TierDetached {
+		t.Errorf("at its end without memory: paused %v, tier %s", m.Paused, tier)
 	}
 }

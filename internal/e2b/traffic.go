@@ -12,6 +12,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 )
 
@@ -181,7 +182,7 @@ func (s *Service) Run(ctx context.Context) {
 }
 
 func (s *Service) end(ctx context.Context, due store.SandboxMeta) error {
-	defer s.lock(due.ID)()
+	defer s.sbx.Lock(due.ID)()
 	// Read again under the lock: a connect or timeout may have moved
 	// its end, or a pause or kill come first.
 	m, err := s.cfg.Store.Teams().GetSandboxMeta(ctx, due.ID)
@@ -199,10 +200,8 @@ func (s *Service) end(ctx context.Context, due store.SandboxMeta) error {
 		return err
 	}
 	if m.AutoPause {
-		if sb.Tier != api.TierSnapshot {
-			if _, err := n.Transition(ctx, sb.ID, nodeapi.Snapshot); err != nil {
-				return err
-			}
+		if err := sandboxes.PauseTo(ctx, n, sb, !m.PauseDropsMemory); err != nil {
+			return err
 		}
 		m.Paused, m.EndAt = true, time.Time{}
 		s.cfg.Log.Info("e2b sandbox paused at its timeout", "id", sb.ID)

@@ -42,6 +42,8 @@ type Config struct {
 	// Fleet is the master's nodes: the one in this process, if any, and
 	// those it paired with (nodeapi over mutual TLS).
 	Fleet *fleet.Fleet
+	// Sandboxes is the sandbox service /e2b shares (nil: one of its own).
+	Sandboxes *sandboxes.Service
 	// CA is the master's certificate authority (GET /v1/ca).
 	CA *pki.CA
 	// Token is the API token every request must carry as
@@ -87,7 +89,10 @@ func Handler(cfg Config) http.Handler {
 	if cfg.MaxUpload <= 0 {
 		cfg.MaxUpload = 4 << 30
 	}
-	s := &server{cfg: cfg, sbx: &sandboxes.Service{Store: cfg.Store, Fleet: cfg.Fleet}}
+	s := &server{cfg: cfg, sbx: cfg.Sandboxes}
+	if s.sbx == nil {
+		s.sbx = &sandboxes.Service{Store: cfg.Store, Fleet: cfg.Fleet}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/templates", s.listTemplates)
 	mux.HandleFunc("POST /v1/templates", s.createTemplate)
@@ -98,6 +103,8 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/{op}", s.transition)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.pause)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/clone", s.clone)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/move", s.move)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
@@ -612,6 +619,47 @@ func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, sb)
 }
 
+// pause serves POST /v1/sandboxes/{id}/pause [{"memory": false}]: the
+// sandbox is paused — E2B's paused: someone's, not idleness's — until a
+// resume (sandboxes.Service.Pause: with its memory the snapshot tier,
+// without it the detached tier); a paused one is a conflict (409).
+func (s *server) pause(w http.ResponseWriter, r *http.Request) {
+	req := api.PauseRequest{}
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	_, sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer s.sbx.Lock(sb.ID)() // by ID, as /e2b locks it
+	if _, err := s.sbx.Pause(r.Context(), sb.ID, req.Memory == nil || *req.Memory); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.getSandbox(w, r)
+}
+
+// resume serves POST /v1/sandboxes/{id}/resume: it is hot and no longer
+// paused (a pause without memory is a cold boot).
+func (s *server) resume(w http.ResponseWriter, r *http.Request) {
+	_, sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer s.sbx.Lock(sb.ID)()
+	if _, _, err := s.sbx.Resume(r.Context(), sb.ID, sandboxes.ResumeOpts{}); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.getSandbox(w, r)
+}
+
 // move serves POST /v1/sandboxes/{id}/move [{"to": NODE}]: a sandbox
 // whose node answers moves to another node with its memory and volume,
 // keeping its ID (fleet.LiveMove; 200); one whose node is lost is created
@@ -674,24 +722,12 @@ func (s *server) clone(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if req.Principal != "" && !apikey.From(r.Context()).Operator {
-		s.fail(w, r, errdefs.New(errdefs.ErrForbidden, "principal: only the operator names a clone's principal (a team's clones are its parent's principal with .<n>)"))
-		return
-	}
-	out, err := s.cfg.Fleet.Clone(r.Context(), n, parent, req)
+	// Each child is its parent's team's, with its labels and env (and no
+	// lifetime of its own: none was asked).
+	out, err := s.sbx.Clone(r.Context(), n, parent, req, time.Time{})
 	if err != nil && len(out.Children) == 0 {
 		s.fail(w, r, err)
 		return
-	}
-	// Each child is its parent's team's, with its labels and env (and no
-	// lifetime of its own: none was asked).
-	pm, _ := s.cfg.Store.Teams().GetSandboxMeta(r.Context(), parent.ID)
-	for _, c := range out.Children {
-		cm := pm
-		cm.ID, cm.StartedAt, cm.EndAt, cm.AutoPause, cm.Paused = c.ID, time.Now(), time.Time{}, false, false
-		if perr := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), cm); perr != nil {
-			s.cfg.Log.Error("clone: record the child's team", "child", c.ID, "err", perr)
-		}
 	}
 	if err != nil {
 		// Some children were made: they are there; say what stopped it.

@@ -212,7 +212,7 @@ func wireKey(k store.APIKey) api.APIKey {
 // withMeta is sb with what the master keeps of it (labels, team, its end)
 // as /v1 shows them.
 func withMeta(sb api.Sandbox, m store.SandboxMeta) api.Sandbox {
-	sb.Labels, sb.Team = m.Metadata, m.Team
+	sb.Labels, sb.Team, sb.Paused = m.Metadata, m.Team, m.Paused
 	if len(sb.Labels) == 0 {
 		sb.Labels = nil
 	}

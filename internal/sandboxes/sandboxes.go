@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"sandstorm/api"
@@ -29,6 +30,8 @@ import (
 type Service struct {
 	Store *store.Store
 	Fleet *fleet.Fleet
+
+	locks [64]sync.Mutex // pause.go, Lock
 }
 
 // CreateRequest is a create as both APIs ask it: what the node makes
@@ -109,6 +112,31 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (api.Sandbox, s
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
 	return sb, m, nil
+}
+
+// Clone makes children of parent, on its node n (a fleet clone: one
+// checkpoint, each child restored from it with its own address,
+// boundary, principal and reseed). Each child is its parent's team's,
+// with its labels and env; end is when each ends (zero: no end). Only
+// the operator names the children's principal. Some children may be
+// made when err is not nil: they are in the result, and recorded.
+func (s *Service) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, req api.CloneRequest, end time.Time) (api.CloneResult, error) {
+	if req.Principal != "" && !apikey.From(ctx).Operator {
+		return api.CloneResult{}, errdefs.New(errdefs.ErrForbidden, "principal: only the operator names a clone's principal (a team's clones are its parent's principal with .<n>)")
+	}
+	out, err := s.Fleet.Clone(ctx, n, parent, req)
+	pm, _ := s.Store.Teams().GetSandboxMeta(ctx, parent.ID)
+	for _, c := range out.Children {
+		cm := store.SandboxMeta{ID: c.ID, Team: pm.Team, Metadata: pm.Metadata, Env: pm.Env, StartedAt: time.Now(), EndAt: end,
+			Private: pm.Private, MaskHost: pm.MaskHost, AutoResume: pm.AutoResume}
+		if pm.ID == "" {
+			cm.Team = apikey.From(ctx).Team // a sandbox no team made: the caller's
+		}
+		if perr := s.Store.Teams().PutSandboxMeta(context.WithoutCancel(ctx), cm); perr != nil && err == nil {
+			err = fmt.Errorf("clone: record child %s's team: %w", c.ID, perr)
+		}
+	}
+	return out, err
 }
 
 // NotFound is the answer for a sandbox the caller may not see, the same

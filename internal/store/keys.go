@@ -112,9 +112,16 @@ type SandboxMeta struct {
 	// AutoResume: traffic resumes it when Paused (E2B's autoResume);
 	// otherwise only a connect does, and traffic is told it is paused.
 	AutoResume bool
+	// SnapshotOf, when set, makes this sandbox a snapshot of that one
+	// (internal/sandboxes: a clone kept in the snapshot tier, from which
+	// sandboxes are cloned with its memory), named SnapshotName.
+	SnapshotOf, SnapshotName string
+	// PauseDropsMemory: its pause at its end keeps its files, not its
+	// memory (E2B's autoPauseMemory false): a connect cold-boots it.
+	PauseDropsMemory bool
 }
 
-const metaCols = `id, team, metadata, env, started_at, end_at, auto_pause, paused, private_traffic, mask_host, auto_resume`
+const metaCols = `id, team, metadata, env, started_at, end_at, auto_pause, paused, private_traffic, mask_host, auto_resume, snapshot_of, snapshot_name, pause_drops_memory`
 
 // PutSandboxMeta stores m, replacing what was kept of sandbox m.ID.
 func (v TeamRows) PutSandboxMeta(ctx context.Context, m SandboxMeta) error {
@@ -125,10 +132,11 @@ func (v TeamRows) PutSandboxMeta(ctx context.Context, m SandboxMeta) error {
 	}
 	// One statement: two puts at once (a pause and a connect) each
 	// replace the row, never meet on its key (issue 31, item 7).
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandbox_meta(`+metaCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandbox_meta(`+metaCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET team=excluded.team, metadata=excluded.metadata, env=excluded.env, started_at=excluded.started_at,
-		end_at=excluded.end_at, auto_pause=excluded.auto_pause, paused=excluded.paused, private_traffic=excluded.private_traffic, mask_host=excluded.mask_host, auto_resume=excluded.auto_resume`),
-		m.ID, m.Team, mustJSON(orEmpty(m.Metadata)), mustJSON(orEmpty(m.Env)), ms(m.StartedAt), end, boolInt(m.AutoPause), boolInt(m.Paused), boolInt(m.Private), m.MaskHost, boolInt(m.AutoResume))
+		end_at=excluded.end_at, auto_pause=excluded.auto_pause, paused=excluded.paused, private_traffic=excluded.private_traffic, mask_host=excluded.mask_host, auto_resume=excluded.auto_resume,
+		snapshot_of=excluded.snapshot_of, snapshot_name=excluded.snapshot_name, pause_drops_memory=excluded.pause_drops_memory`),
+		m.ID, m.Team, mustJSON(orEmpty(m.Metadata)), mustJSON(orEmpty(m.Env)), ms(m.StartedAt), end, boolInt(m.AutoPause), boolInt(m.Paused), boolInt(m.Private), m.MaskHost, boolInt(m.AutoResume), m.SnapshotOf, m.SnapshotName, boolInt(m.PauseDropsMemory))
 	return err
 }
 
@@ -182,8 +190,8 @@ func (v TeamRows) sandboxMetas(ctx context.Context, q string, args ...any) ([]Sa
 		var m SandboxMeta
 		var md, env string
 		var started, end int64
-		var auto, paused, private, resume bool
-		if err := rows.Scan(&m.ID, &m.Team, &md, &env, &started, &end, &auto, &paused, &private, &m.MaskHost, &resume); err != nil {
+		var auto, paused, private, resume, drops bool
+		if err := rows.Scan(&m.ID, &m.Team, &md, &env, &started, &end, &auto, &paused, &private, &m.MaskHost, &resume, &m.SnapshotOf, &m.SnapshotName, &drops); err != nil {
 			return nil, err
 		}
 		if err := json.Unmarshal([]byte(md), &m.Metadata); err != nil {
@@ -196,7 +204,7 @@ func (v TeamRows) sandboxMetas(ctx context.Context, q string, args ...any) ([]Sa
 		if end != 0 {
 			m.EndAt = fromMs(end)
 		}
-		m.AutoPause, m.Paused, m.Private, m.AutoResume = auto, paused, private, resume
+		m.AutoPause, m.Paused, m.Private, m.AutoResume, m.PauseDropsMemory = auto, paused, private, resume, drops
 		out = append(out, m)
 	}
 	return out, rows.Err()

@@ -54,7 +54,7 @@ func testSandboxMeta(t *testing.T, where string) {
 	ctx := context.Background()
 	s := openAt(t, where)
 	now := time.UnixMilli(time.Now().UnixMilli()).UTC()
-	m := SandboxMeta{ID: "s1", Team: "red", Metadata: map[string]string{"app": "x"}, Env: map[string]string{"K": "V"}, StartedAt: now, EndAt: now.Add(time.Minute), AutoPause: true, Paused: true, Private: true, MaskHost: "h:${PORT}", AutoResume: true}
+	m := SandboxMeta{ID: "s1", Team: "red", Metadata: map[string]string{"app": "x"}, Env: map[string]string{"K": "V"}, StartedAt: now, EndAt: now.Add(time.Minute), AutoPause: true, Paused: true, Private: true, MaskHost: "h:${PORT}", AutoResume: true, SnapshotOf: "s0", SnapshotName: "n", PauseDropsMemory: true}
 	if err := s.Teams().PutSandboxMeta(ctx, m); err != nil {
 		t.Fatal(err)
 	}

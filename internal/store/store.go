@@ -229,7 +229,10 @@ CREATE TABLE IF NOT EXISTS sandbox_meta (
 	paused     INTEGER NOT NULL DEFAULT 0,
 	private_traffic INTEGER NOT NULL DEFAULT 0,
 	mask_host  TEXT NOT NULL DEFAULT '',
-	auto_resume INTEGER NOT NULL DEFAULT 0
+	auto_resume INTEGER NOT NULL DEFAULT 0,
+	snapshot_of TEXT NOT NULL DEFAULT '',
+	snapshot_name TEXT NOT NULL DEFAULT '',
+	pause_drops_memory INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sandbox_meta_team ON sandbox_meta(team);
 CREATE TABLE IF NOT EXISTS mesh_tokens (
@@ -289,6 +292,9 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandbox_meta", "private_traffic", `ALTER TABLE sandbox_meta ADD COLUMN private_traffic INTEGER NOT NULL DEFAULT 0`},
 	{"sandbox_meta", "mask_host", `ALTER TABLE sandbox_meta ADD COLUMN mask_host TEXT NOT NULL DEFAULT ''`},
 	{"sandbox_meta", "auto_resume", `ALTER TABLE sandbox_meta ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0`},
+	{"sandbox_meta", "snapshot_of", `ALTER TABLE sandbox_meta ADD COLUMN snapshot_of TEXT NOT NULL DEFAULT ''`},
+	{"sandbox_meta", "snapshot_name", `ALTER TABLE sandbox_meta ADD COLUMN snapshot_name TEXT NOT NULL DEFAULT ''`},
+	{"sandbox_meta", "pause_drops_memory", `ALTER TABLE sandbox_meta ADD COLUMN pause_drops_memory INTEGER NOT NULL DEFAULT 0`},
 }
 
 // execer is a *sql.DB or a *sql.Tx.

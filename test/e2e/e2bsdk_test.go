@@ -103,8 +103,12 @@ func TestE2BSDKSuite(t *testing.T) {
 	port := d.API[strings.LastIndex(d.API, ":")+1:]
 	// No other E2B_ variable: the tests read some by their presence
 	// alone (E2B_DEBUG, set even empty, skips tests and keeps sandboxes).
+	// Nor CI: to these tests it means E2B's own CI, which builds the SDK's
+	// bundle (dist/) first; tests/bundle/edgeCompat.test.ts then checks
+	// it, and without CI skips itself (we run the SDK from its source, and
+	// build no bundle: what it checks is E2B's build, not this API).
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "E2B_") {
+		if !strings.HasPrefix(kv, "E2B_") && !strings.HasPrefix(kv, "CI=") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}

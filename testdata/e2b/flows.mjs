@@ -22,6 +22,16 @@ const step = async (name, fn) => {
   }
 }
 
+// snapshot takes the sandbox to the snapshot tier through the master's
+// own API, as idleness would: not E2B's pause.
+async function snapshot(id) {
+  const res = await fetch(`${process.env.SANDSTORM_API}/v1/sandboxes/${id}/snapshot`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` },
+  })
+  assert.equal(res.status, 200, `POST /v1/sandboxes/${id}/snapshot: ${res.status}`)
+}
+
 // tier reads the sandbox's tier through the master's own API, with the
 // same key.
 async function tier(id) {
@@ -144,12 +154,22 @@ try {
     return { connectMs }
   })
 
-  await step('a command in a snapshotted sandbox wakes it', async () => {
-    await sbx.pause()
+  await step('a command in a sandbox snapshotted by idleness wakes it', async () => {
+    await snapshot(sbx.sandboxId)
+    assert.equal(await sbx.isRunning(), true, 'an idle tier is running to E2B')
     // Not through connect: the command itself wakes it.
     const r = await sbx.commands.run('echo awake')
     assert.equal(r.stdout, 'awake\n')
     assert.equal(await tier(sbx.sandboxId), 'hot')
+  })
+
+  await step('a paused sandbox is paused until connect', async () => {
+    await sbx.pause()
+    assert.equal(await sbx.isRunning(), false, 'paused, isRunning')
+    await assert.rejects(sbx.commands.run('echo no'), 'a command in a paused sandbox')
+    assert.equal(await tier(sbx.sandboxId), 'snapshot')
+    await sbx.connect()
+    assert.equal((await sbx.commands.run('echo awake')).stdout, 'awake\n')
   })
 
   await step('list: metadata, state, paging', async () => {

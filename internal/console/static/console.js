@@ -188,7 +188,9 @@ function row(s) {
   const el = document.createElement("div");
   el.className = "row"; el.dataset.id = s.id;
   const wake = s.last_wake_ms ? `${s.last_wake_ms.toFixed(1)} ms${s.last_wake_from ? " from " + s.last_wake_from : ""}` : "";
-  el.append(cell(s.name, "name"), cell(s.id), cell(s.transition ? `${s.tier} → ${s.transition}` : s.tier, "tier t-" + s.tier),
+  // A paused sandbox says so: it waits for a resume, not for traffic.
+  const tier = s.transition ? `${s.tier} → ${s.transition}` : s.paused ? `${s.tier} ⏸ paused` : s.tier;
+  el.append(cell(s.name, "name"), cell(s.id), cell(tier, "tier t-" + s.tier + (s.paused ? " paused" : "")),
     cell(s.template), cell(s.node), cell(wake), cell([labels(s), s.note || ""].filter(Boolean).join(" · ")));
   return el;
 }

@@ -110,6 +110,31 @@ func (f *Node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 	return sb, nil
 }
 
+// Clone implements nodeapi.Node: Count children of a hot sandbox it has,
+// hot, named <parent>-c<n>, the parent's principal with .<n>.
+func (f *Node) Clone(_ context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {
+	if err := f.call("clone " + id); err != nil {
+		return api.CloneResult{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.Boxes[id]
+	if !ok {
+		return api.CloneResult{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q: not found", id)
+	}
+	out := api.CloneResult{Parent: p}
+	for i := 1; i <= req.Count; i++ {
+		f.n++
+		c := p
+		c.Name = fmt.Sprintf("%s-c%d", p.Name, f.n)
+		c.ID, c.Principal, c.CreatedAt, c.Tier = "id-"+c.Name, fmt.Sprintf("%s.%d", p.Principal, i), time.Now(), api.TierHot
+		f.Boxes[c.ID] = c
+		f.changed(c.ID)
+		out.Children = append(out.Children, c)
+	}
+	return out, nil
+}
+
 // Get implements nodeapi.Node.
 func (f *Node) Get(_ context.Context, ref string) (api.Sandbox, error) {
 	f.mu.Lock()

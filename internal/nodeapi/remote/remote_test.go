@@ -155,6 +155,7 @@ func (f *fake) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string
 	fmt.Fprintf(w, "%s\n", body)
 	return nil
 }
+
 // ServePort answers with what the sandbox's port would see: the method,
 // path with query, and the Host it was asked by.
 func (f *fake) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) error {
