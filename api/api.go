@@ -195,6 +195,26 @@ type CloneRequest struct {
 	// template's warm reseed). One of them is required: children start
 	// from the parent's memory, random state included.
 	Reseed *Reseed `json:"reseed,omitempty"`
+	// Idle overrides the node's idle timers for the children (nil: the
+	// node's). A snapshot (E2B's) is a child never detached, so that
+	// what is made from it has its memory.
+	Idle *IdleTimers `json:"idle,omitempty"`
+}
+
+// Snapshot is a sandbox's snapshot (E2B's createSnapshot): a copy of it,
+// memory and files, kept in the snapshot tier on its node, from which
+// sandboxes are made with that memory (POST /v1/snapshots/{id}/sandboxes).
+type Snapshot struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name,omitempty"`
+	Of        string    `json:"of"` // the sandbox it was taken of
+	Team      string    `json:"team,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// SnapshotRequest is POST /v1/sandboxes/{id}/snapshots' body (optional).
+type SnapshotRequest struct {
+	Name string `json:"name,omitempty"`
 }
 
 // PauseRequest is POST /v1/sandboxes/{id}/pause's body (optional).

@@ -32,7 +32,7 @@ template and sandbox commands (or the HTTP API, docs/API.md).`,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("data-dir", envOr("SANDSTORM_DATA_DIR", "/var/lib/sandstorm"), "where sandstormd keeps its state, API token and sandboxes (env SANDSTORM_DATA_DIR)")
-	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd(), apiKeyCmd(), nodeCmd(), fleetCmd())
+	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd(), snapshotCmd(), apiKeyCmd(), nodeCmd(), fleetCmd())
 	root.AddCommand(reloadCmd(), handoffVersionCmd(), storeCmd())
 	return root
 }

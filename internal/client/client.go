@@ -289,6 +289,39 @@ func (c *Client) Resume(ctx context.Context, ref string) (api.Sandbox, error) {
 	return sb, err
 }
 
+// TakeSnapshot takes a snapshot of sandbox ref, named name ("": none).
+func (c *Client) TakeSnapshot(ctx context.Context, ref, name string) (api.Snapshot, error) {
+	var s api.Snapshot
+	err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/snapshots", api.SnapshotRequest{Name: name}, &s)
+	return s, err
+}
+
+// Snapshots lists the snapshots, of one sandbox and by name if given.
+func (c *Client) Snapshots(ctx context.Context, of, name string) ([]api.Snapshot, error) {
+	var l api.List[api.Snapshot]
+	q := url.Values{}
+	if of != "" {
+		q.Set("of", of)
+	}
+	if name != "" {
+		q.Set("name", name)
+	}
+	err := c.Do(ctx, http.MethodGet, "/v1/snapshots?"+q.Encode(), nil, &l)
+	return l.Items, err
+}
+
+// DeleteSnapshot deletes snapshot id.
+func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(id), nil, nil)
+}
+
+// FromSnapshot makes a sandbox from snapshot id, with its memory.
+func (c *Client) FromSnapshot(ctx context.Context, id string, req api.SandboxRequest) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.Do(ctx, http.MethodPost, "/v1/snapshots/"+url.PathEscape(id)+"/sandboxes", req, &sb)
+	return sb, err
+}
+
 // Move starts a sandbox whose node is lost again, cold, on another node
 // (POST /v1/sandboxes/{id}/move); its note says what stayed behind.
 func (c *Client) Move(ctx context.Context, ref string) (api.Sandbox, error) {

@@ -574,6 +574,9 @@ func TestSnapshots(t *testing.T) {
 	if e.node.Tier(snap.SnapshotID) != api.TierSnapshot || e.node.Tier(sb.SandboxID) != api.TierHot {
 		t.Errorf("the snapshot is %s, its sandbox %s", e.node.Tier(snap.SnapshotID), e.node.Tier(sb.SandboxID))
 	}
+	if idle := e.node.Boxes[snap.SnapshotID].Idle; idle == nil || idle.DetachAfter != "0" {
+		t.Errorf("a snapshot's idle timers %+v: it must never be detached (what is made from it has its memory)", idle)
+	}
 	unnamed := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", ``)
 	if unnamed.status != http.StatusCreated {
 		t.Fatalf("an unnamed snapshot: %d %s", unnamed.status, unnamed.body)

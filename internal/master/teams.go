@@ -51,6 +51,8 @@ func (s *server) teamOf(r *http.Request, key string) (apikey.Caller, error) {
 func teamMay(r *http.Request) bool {
 	p := r.URL.Path
 	switch {
+	case p == "/v1/snapshots", strings.HasPrefix(p, "/v1/snapshots/"):
+		return true // its own (sandboxes.Service)
 	case strings.HasPrefix(p, "/e2b/"), p == "/v1/sandboxes", strings.HasPrefix(p, "/v1/sandboxes/"):
 		return !strings.HasSuffix(p, "/move") // a move is the operator's (nodes)
 	case p == "/v1/templates", strings.HasPrefix(p, "/v1/templates/"):
@@ -213,6 +215,9 @@ func wireKey(k store.APIKey) api.APIKey {
 // as /v1 shows them.
 func withMeta(sb api.Sandbox, m store.SandboxMeta) api.Sandbox {
 	sb.Labels, sb.Team, sb.Paused = m.Metadata, m.Team, m.Paused
+	if m.SnapshotOf != "" && sb.Note == "" {
+		sb.Note = "the snapshot " + m.ID + " of sandbox " + m.SnapshotOf + " (sandstormd snapshot ls)"
+	}
 	if len(sb.Labels) == 0 {
 		sb.Labels = nil
 	}

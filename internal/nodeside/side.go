@@ -138,12 +138,21 @@ func (l *Side) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sa
 
 // Clone implements nodeapi.Node.
 func (l *Side) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {
+	if _, err := (tier.Timers{}).With(req.Idle); err != nil {
+		return api.CloneResult{}, errdefs.Mark(errdefs.ErrBadInput, err)
+	}
 	res, err := l.N.Clone(ctx, id, req.Count, req.Principal, req.Reseed, req.Generation)
 	out := api.CloneResult{Children: []api.Sandbox{}, ParentPauseMs: ms(res.ParentPause)}
 	if res.Parent.ID != "" {
 		out.Parent = l.wire(res.Parent)
 	}
 	for i, c := range res.Children {
+		if req.Idle != nil {
+			if ierr := l.N.SetIdle(ctx, c.ID, req.Idle); ierr != nil && err == nil {
+				err = fmt.Errorf("child %s: its idle timers: %w", c.ID, ierr)
+			}
+			c.Idle = req.Idle
+		}
 		out.Children = append(out.Children, l.wire(c))
 		out.ChildMs = append(out.ChildMs, ms(res.ChildTimes[i]))
 	}

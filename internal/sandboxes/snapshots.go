@@ -35,7 +35,8 @@ func (s *Service) Snapshot(ctx context.Context, n nodeapi.Node, sb api.Sandbox, 
 	if len(name) > 128 || strings.ContainsFunc(name, unicode.IsControl) {
 		return store.SandboxMeta{}, errdefs.New(errdefs.ErrBadInput, "snapshot name %q: at most 128 characters, none a control character", name)
 	}
-	out, err := s.Fleet.Clone(ctx, n, sb, api.CloneRequest{Count: 1})
+	// Never detached by idleness: what is made from it has its memory.
+	out, err := s.Fleet.Clone(ctx, n, sb, api.CloneRequest{Count: 1, Idle: &api.IdleTimers{DetachAfter: "0"}})
 	if len(out.Children) != 1 {
 		if err == nil {
 			err = errors.New("the clone made no copy")

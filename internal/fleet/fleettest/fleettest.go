@@ -127,7 +127,7 @@ func (f *Node) Clone(_ context.Context, id string, req nodeapi.CloneRequest) (ap
 		f.n++
 		c := p
 		c.Name = fmt.Sprintf("%s-c%d", p.Name, f.n)
-		c.ID, c.Principal, c.CreatedAt, c.Tier = "id-"+c.Name, fmt.Sprintf("%s.%d", p.Principal, i), time.Now(), api.TierHot
+		c.ID, c.Principal, c.CreatedAt, c.Tier, c.Idle = "id-"+c.Name, fmt.Sprintf("%s.%d", p.Principal, i), time.Now(), api.TierHot, req.Idle
 		f.Boxes[c.ID] = c
 		f.changed(c.ID)
 		out.Children = append(out.Children, c)
