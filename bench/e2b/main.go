@@ -63,18 +63,26 @@ func main() {
 
 // descriptions of the series the script measures, by name.
 var descriptions = map[string]string{
-	"create-pooled→first-run":    "Sandbox.create('base') from the warm pool, then commands.run('true') answered (SDK side)",
-	"create-cold→first-run":      "Sandbox.create of base without a warm image (runsc run of envd as init), then commands.run('true') answered",
-	"run-echo":                   "commands.run('echo hi') round trip on a hot sandbox",
-	"write-1MiB":                 "files.write of 1 MiB (multipart upload through the master and the node)",
-	"read-1MiB":                  "files.read of 1 MiB as bytes",
-	"write-100MiB":               "files.write of 100 MiB",
-	"read-100MiB":                "files.read of 100 MiB as bytes",
-	"read-100MiB-stream":         "files.read of 100 MiB as a stream, consumed chunk by chunk",
-	"raw-echo-in-sandbox":        "baseline of run-echo: bash -l -c 'echo hi' started inside the sandbox by Python's subprocess, as user (no API, network or SDK)",
-	"fetch-formdata-up-100MiB":   "the same multipart upload by Node's own fetch (no SDK), through sandstormd to envd as the SDK sends it",
-	"baseline-fetch-up-100MiB":   "baseline of write-100MiB: Node's fetch POSTing 100 MiB over TLS to a loopback server that discards it",
-	"baseline-fetch-down-100MiB": "baseline of read-100MiB: Node's fetch of 100 MiB over TLS from a loopback server, as bytes",
+	"create-pooled→first-run":        "Sandbox.create('base') from the warm pool, then commands.run('true') answered (SDK side)",
+	"create-cold→first-run":          "Sandbox.create of base without a warm image (runsc run of envd as init), then commands.run('true') answered",
+	"run-echo":                       "commands.run('echo hi') round trip on a hot sandbox",
+	"write-1MiB":                     "files.write of 1 MiB (multipart upload through the master and the node)",
+	"read-1MiB":                      "files.read of 1 MiB as bytes",
+	"write-100MiB":                   "files.write of 100 MiB",
+	"read-100MiB":                    "files.read of 100 MiB as bytes",
+	"read-100MiB-stream":             "files.read of 100 MiB as a stream, consumed chunk by chunk",
+	"raw-echo-in-sandbox":            "baseline of run-echo: bash -l -c 'echo hi' started inside the sandbox by Python's subprocess, as user (no API, network or SDK)",
+	"fetch-formdata-up-100MiB":       "the same multipart upload by Node's own fetch (no SDK), through sandstormd to envd as the SDK sends it",
+	"baseline-fetch-up-100MiB":       "baseline of write-100MiB: Node's fetch POSTing 100 MiB over TLS to a loopback server that discards it",
+	"baseline-fetch-down-100MiB":     "baseline of read-100MiB: Node's fetch of 100 MiB over TLS from a loopback server, as bytes",
+	"pause→not-running":              "pause() (with memory: the snapshot tier) until isRunning() answers false",
+	"connect-paused→first-run":       "Sandbox.connect of a paused sandbox, then commands.run('true') answered",
+	"createSnapshot":                 "createSnapshot() of a hot sandbox (a clone kept in the snapshot tier; the sandbox runs on)",
+	"create-from-snapshot→first-run": "Sandbox.create(snapshotId), then commands.run('true') answered (a clone of the snapshot, with its memory)",
+	"fork-1":                         "fork() of a hot sandbox: the call, until the fork runs",
+	"fork-10":                        "fork({count: 10}): the call, until the ten run",
+	"port-from-snapshot":             "GET of port 8000 (python -m http.server) of a sandbox the API put in the snapshot tier: the request wakes it",
+	"watch-write→event":              "watchDir: from a files.write's start to its write event",
 }
 
 func run(ctx context.Context, c config) (string, error) {
@@ -228,6 +236,14 @@ func goals(res *bench.Results) *bench.Table {
 		}
 		return fmt.Sprintf("%+.1f ms", a-b)
 	}
+	ratio := func(name, base string, p99 bool) string {
+		a, ok1 := at(name, p99)
+		b, ok2 := at(base, p99)
+		if !ok1 || !ok2 || b == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f ×", a/b)
+	}
 	t := &bench.Table{
 		Title:       "The issue's goals, each beside its baseline in this run",
 		Description: "p50 (p99). Rates are 100 MiB over the time; the baselines are what the same machine does with sandstormd out of the path.",
@@ -250,6 +266,17 @@ func goals(res *bench.Results) *bench.Table {
 		{"(the node's own wake from snapshot)", both(func(p bool) string { return ms("connect-from-snapshot/node-wake", p) }),
 			"runsc restore alone: " + both(func(p bool) string { return ms("raw-restore/base/runsc", p) }),
 			both(func(p bool) string { return plus("connect-from-snapshot/node-wake", "raw-restore/base/runsc", p) })},
+		{"connect of a paused sandbox → first command ≤ 1.1 × raw restore", both(func(p bool) string { return ms("connect-paused→first-run", p) }),
+			"runsc restore → envd answers: " + both(func(p bool) string { return ms("raw-restore/base/client", p) }),
+			both(func(p bool) string { return ratio("connect-paused→first-run", "raw-restore/base/client", p) })},
+		{"create from a snapshot → first command ≤ a warm-template create", both(func(p bool) string { return ms("create-from-snapshot→first-run", p) }),
+			"pooled create → first command: " + both(func(p bool) string { return ms("create-pooled→first-run", p) }),
+			both(func(p bool) string { return ratio("create-from-snapshot→first-run", "create-pooled→first-run", p) })},
+		{"a port of a snapshotted sandbox ≤ raw restore + 15 ms", both(func(p bool) string { return ms("port-from-snapshot", p) }),
+			"runsc restore → envd answers: " + both(func(p bool) string { return ms("raw-restore/base/client", p) }),
+			both(func(p bool) string { return plus("port-from-snapshot", "raw-restore/base/client", p) })},
+		{"watch: write → event ≤ 10 ms p50", both(func(p bool) string { return ms("watch-write→event", p) }), "", ""},
+		{"(fork of 1; of 10)", both(func(p bool) string { return ms("fork-1", p) }) + "; " + both(func(p bool) string { return ms("fork-10", p) }), "", ""},
 	}
 	return t
 }

@@ -124,5 +124,75 @@ for (const [tier, op_] of [['hot', null], ['frozen', 'freeze'], ['snapshot', 'sn
   }
   progress(`connect from ${tier}: ${N} samples`)
 }
+// E2B's pause (issue 31): pause() until isRunning() says false, then
+// connect() until the first command's result.
+for (let i = 0; i < N; i++) {
+  add('pause→not-running', await time(async () => {
+    await s.pause()
+    if (await s.isRunning()) throw new Error('running after pause()')
+  }))
+  add('connect-paused→first-run', await time(async () => {
+    const c = await Sandbox.connect(s.sandboxId)
+    await c.commands.run('true')
+  }))
+}
+progress(`pause and connect: ${N} samples`)
+
+// Snapshots: createSnapshot, and a sandbox from it to its first command.
+for (let i = 0; i < N; i++) {
+  let snap, f
+  add('createSnapshot', await time(async () => { snap = await s.createSnapshot() }))
+  add('create-from-snapshot→first-run', await time(async () => {
+    f = await Sandbox.create(snap.snapshotId, { timeoutMs: 120_000 })
+    await f.commands.run('true')
+  }))
+  await f.kill()
+  await Sandbox.deleteSnapshot(snap.snapshotId)
+}
+progress(`snapshots: ${N} samples`)
+
+// Fork of 1 and of 10: the call until every fork is running.
+for (const [count, n] of [[1, N], [10, Math.max(3, Math.floor(N / 5))]]) {
+  for (let i = 0; i < n; i++) {
+    let forks
+    add(`fork-${count}`, await time(async () => { forks = await s.fork({ count, timeoutMs: 120_000 }) }))
+    if (forks.length !== count) throw new Error(`fork of ${count}: ${forks.length}`)
+    await Promise.all(forks.map((f) => f.kill()))
+  }
+  progress(`fork of ${count}: ${n} samples`)
+}
+
+// A port of the sandbox (getHost's name, here by its headers) while it
+// is in the snapshot tier by idleness: the request wakes it.
+await s.commands.run('python3 -m http.server 8000 >/dev/null 2>&1', { background: true })
+const port = { 'E2b-Sandbox-Id': s.sandboxId, 'E2b-Sandbox-Port': '8000' }
+for (let i = 0; i < 100; i++) {
+  const r = await fetch(process.env.E2B_SANDBOX_URL + '/', { headers: port }).catch(() => null)
+  if (r?.status === 200) { await r.text(); break }
+  await wait(50)
+}
+for (let i = 0; i < N; i++) {
+  await transition(s.sandboxId, 'snapshot')
+  add('port-from-snapshot', await time(async () => {
+    const r = await fetch(process.env.E2B_SANDBOX_URL + '/', { headers: port })
+    if (r.status !== 200) throw new Error(`port 8000: ${r.status}`)
+    await r.text()
+  }))
+}
+progress(`port from snapshot: ${N} samples`)
+
+// watchDir: from a write's start to its event.
+await s.files.makeDir('/home/user/watched')
+let seen
+const w = await s.files.watchDir('/home/user/watched', (e) => { if (e.type === 'write' && seen) seen(e) })
+for (let i = 0; i < 5 * N; i++) {
+  const got = new Promise((r) => { seen = r })
+  const t0 = performance.now()
+  await Promise.all([s.files.write(`/home/user/watched/f${i % 4}.txt`, `x${i}`), got])
+  add('watch-write→event', performance.now() - t0)
+}
+await w.stop()
+progress(`watch: ${5 * N} samples`)
+
 await s.kill()
 console.log(JSON.stringify(out))
