@@ -109,7 +109,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	data := filepath.Join(work, "d")
 	// No idle timers: the series move sandboxes between tiers themselves.
-	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
+	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "info",
 		"--envd", envdBin, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
 	res.Params = map[string]any{"n": c.n, "sandstormd_args": args, "sandstormd": b, "e2b_sdk": pkg.Version, "node": nodeVersion(ctx, c.nodeBin)}
 	sd, err := bench.StartSandstormd(ctx, b.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)

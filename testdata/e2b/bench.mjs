@@ -132,7 +132,9 @@ for (let i = 0; i < N; i++) {
     if (await s.isRunning()) throw new Error('running after pause()')
   }))
   add('connect-paused→first-run', await time(async () => {
-    const c = await Sandbox.connect(s.sandboxId)
+    // A resumed sandbox's lifetime is what the connect gives (E2B's
+    // default is 15 s): the rest of the run needs it.
+    const c = await Sandbox.connect(s.sandboxId, { timeoutMs: 600_000 })
     await c.commands.run('true')
   }))
 }
