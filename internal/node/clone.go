@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sandbox"
@@ -51,28 +51,35 @@ func (n *Node) Clone(ctx context.Context, ref string, count int, principal strin
 	if err != nil {
 		return c.res, err
 	}
-	if err := n.Wake(ctx, c.parent.ID); err != nil {
-		return c.res, err
-	}
-	// A parent that has not finished starting has not installed what its
-	// reseed needs (a handler for the signal: without one, its default
-	// action kills every child — issue 15, found cloning a sandbox right
-	// after its create). Ready is what the template says: its warm probe,
-	// else its first port accepting.
-	if err := c.ready(ctx, c.parent); err != nil {
-		return c.res, fmt.Errorf("%w: sandbox %s is not ready to clone (%v): clone it once it serves", errdefs.ErrConflict, c.parent.Name, err)
-	}
 	var suffix [4]byte
 	rand.Read(suffix[:])
 	c.stage = filepath.Join(string(n.h.Dir(c.parent.ID)), "clone-"+hex.EncodeToString(suffix[:]))
 	defer os.RemoveAll(c.stage)
 	defer n.kept.Unpin(c.stage)
-	pause, err := c.fork(ctx, cl)
+	// A parent in the snapshot tier (an E2B snapshot) is not woken.
+	staged, err := c.fromSnapshot(ctx)
 	if err != nil {
 		return c.res, err
 	}
-	c.res.ParentPause = pause
-	n.log.Info("clone: parent checkpointed", "id", c.parent.ID, "pause_ms", pause.Milliseconds(), "count", count)
+	if !staged {
+		if err := n.Wake(ctx, c.parent.ID); err != nil {
+			return c.res, err
+		}
+		// A parent that has not finished starting has not installed what
+		// its reseed needs (a handler for the signal: without one, its
+		// default action kills every child — issue 15, found cloning a
+		// sandbox right after its create). Ready is what the template
+		// says: its warm probe, else its first port accepting.
+		if err := c.ready(ctx, c.parent); err != nil {
+			return c.res, fmt.Errorf("%w: sandbox %s is not ready to clone (%v): clone it once it serves", errdefs.ErrConflict, c.parent.Name, err)
+		}
+		pause, err := c.fork(ctx, cl)
+		if err != nil {
+			return c.res, err
+		}
+		c.res.ParentPause = pause
+		n.log.Info("clone: parent checkpointed", "id", c.parent.ID, "pause_ms", pause.Milliseconds(), "count", count)
+	}
 	if err := c.children(ctx); err != nil {
 		return c.res, err
 	}
@@ -283,7 +290,7 @@ func (c *cloning) fork(ctx context.Context, cl sandbox.Cloner) (time.Duration, e
 	n.kept.Stamp(filepath.Join(stage, "image"), runtimes.Key(parent.Runsc))
 	// After the checkpoint, which flushes what the sentry had cached of
 	// its files: the volume and the memory are from the same moment.
-	if err := copyTree(bg, n.h.Dir(parent.ID).Upper(), filepath.Join(stage, "upper")); err != nil {
+	if err := layout.CopyTree(bg, n.h.Dir(parent.ID).Upper(), filepath.Join(stage, "upper")); err != nil {
 		return 0, errors.Join(fmt.Errorf("copy the volume of %s: %w", parent.Name, err), resume())
 	}
 	if err := resume(); err != nil {
@@ -295,6 +302,39 @@ func (c *cloning) fork(ctx context.Context, cl sandbox.Cloner) (time.Duration, e
 // restoreChild brings up a clone's child sb: a copy of the parent's volume
 // under its own overlay, its own network, boundary and bundle, then a
 // restore of the clone image and the reseed (t.Warm.Reseed).
+// fromSnapshot stages the clone from the parent's own image when it is
+// in the snapshot tier (image and volume, copied under its lock), and
+// reports whether it did; else fork checkpoints the parent afresh.
+func (c *cloning) fromSnapshot(ctx context.Context) (bool, error) {
+	n, parent, stage := c.n, c.parent, c.stage
+	e := n.tiers.Entry(parent.ID)
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := e.Acquire(actx); err != nil {
+		return false, fmt.Errorf("%w: sandbox %s (%s) is busy with another transition; try again when it is done", errdefs.ErrConflict, parent.Name, parent.ID)
+	}
+	defer e.Release()
+	d := n.h.Dir(parent.ID)
+	if e.Tier() != api.TierSnapshot || !d.HasSnapshot() {
+		return false, nil
+	}
+	p, err := n.st.GetSandbox(ctx, parent.ID) // its build, as its image was written
+	if err != nil {
+		return false, err
+	}
+	bg := context.WithoutCancel(ctx)
+	if err := layout.CopyTree(bg, d.Snapshot(), filepath.Join(stage, "image")); err != nil {
+		return false, fmt.Errorf("copy the snapshot image of %s: %w", parent.Name, err)
+	}
+	n.kept.Pin(stage, runtimes.Key(p.Runsc))
+	n.kept.Stamp(filepath.Join(stage, "image"), runtimes.Key(p.Runsc))
+	if err := layout.CopyTree(bg, d.Upper(), filepath.Join(stage, "upper")); err != nil {
+		return false, fmt.Errorf("copy the volume of %s: %w", parent.Name, err)
+	}
+	n.log.Info("clone: from the parent's snapshot image", "id", parent.ID, "count", c.count)
+	return true, nil
+}
+
 func (c *cloning) restoreChild(sb store.Sandbox, t store.Template) error {
 	n, parent, stage := c.n, c.parent, c.stage
 	bg := context.Background()
@@ -302,7 +342,7 @@ func (c *cloning) restoreChild(sb store.Sandbox, t store.Template) error {
 	if err := n.tiers.RestoreRunsc(&sb, filepath.Join(stage, "image")); err != nil {
 		return err
 	}
-	if err := copyTree(bg, filepath.Join(stage, "upper"), d.Upper()); err != nil {
+	if err := layout.CopyTree(bg, filepath.Join(stage, "upper"), d.Upper()); err != nil {
 		return err
 	}
 	if err := n.h.Prepare(sb, t, n.envd.For(n.h.Dir(parent.ID))); err != nil {
@@ -314,22 +354,4 @@ func (c *cloning) restoreChild(sb store.Sandbox, t store.Template) error {
 		return fmt.Errorf("restore the clone image: %w", err)
 	}
 	return warm.Reseed(bg, n.be, spec, t)
-}
-
-// copyTree copies the directory src into dst (created), keeping modes,
-// owners, times, links and sparse files; with reflinks where the
-// filesystem has them, so a large volume costs little. A missing src is an
-// empty volume.
-func copyTree(ctx context.Context, src, dst string) error {
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src+"/.", dst+"/").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("cp -a %s %s: %w: %s", src, dst, err, out)
-	}
-	return nil
 }

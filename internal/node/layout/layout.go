@@ -5,10 +5,13 @@
 package layout
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -322,3 +325,21 @@ func EnvdInitArgs(e api.Envd, args []string) []string {
 // its spec: the kernel's OOM killer takes the highest score first, so a
 // sandbox goes before anything of the node's (node.DaemonOOMScoreAdj).
 const SandboxOOMScoreAdj = 800
+
+// CopyTree copies the directory src into dst (created), keeping modes,
+// owners, times, links and sparse files; with reflinks where the
+// filesystem has them, so a large volume costs little. A missing src is an
+// empty volume.
+func CopyTree(ctx context.Context, src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src+"/.", dst+"/").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cp -a %s %s: %w: %s", src, dst, err, out)
+	}
+	return nil
+}
