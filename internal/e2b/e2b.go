@@ -160,6 +160,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
+// decodeOptional is decode of a body that may be left out (the SDK sends
+// none for a pause or a snapshot without options): with none, v stays
+// as it is.
+func decodeOptional(w http.ResponseWriter, r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return decode(w, r, v)
+}
+
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	body := http.MaxBytesReader(w, r.Body, 1<<20)
 	dec := json.NewDecoder(body)
@@ -455,11 +465,9 @@ func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Memory *bool `json:"memory"`
 	}
-	if r.ContentLength != 0 {
-		if err := decode(w, r, &body); err != nil {
-			fail(w, err)
-			return
-		}
+	if err := decodeOptional(w, r, &body); err != nil {
+		fail(w, err)
+		return
 	}
 	if _, _, _, err := s.find(r); err != nil {
 		fail(w, err) // a snapshot is not a sandbox to E2B

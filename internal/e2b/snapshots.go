@@ -32,11 +32,9 @@ func (s *Service) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Name string `json:"name"`
 	}
-	if r.ContentLength != 0 {
-		if err := decode(w, r, &body); err != nil {
-			fail(w, err)
-			return
-		}
+	if err := decodeOptional(w, r, &body); err != nil {
+		fail(w, err)
+		return
 	}
 	n, sb, m, err := s.find(r)
 	if err != nil {

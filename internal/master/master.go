@@ -257,6 +257,15 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	return httpjson.Decode(w, r, v, maxJSON)
 }
 
+// decodeOptional is decode of a body that may be left out: with none
+// (Content-Length 0), v stays as it is.
+func decodeOptional(w http.ResponseWriter, r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return decode(w, r, v)
+}
+
 func toAPITemplate(t store.Template) api.Template {
 	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
 }
@@ -629,11 +638,9 @@ func (s *server) transition(w http.ResponseWriter, r *http.Request) {
 // without it the detached tier); a paused one is a conflict (409).
 func (s *server) pause(w http.ResponseWriter, r *http.Request) {
 	req := api.PauseRequest{}
-	if r.ContentLength != 0 {
-		if err := decode(w, r, &req); err != nil {
-			s.fail(w, r, err)
-			return
-		}
+	if err := decodeOptional(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	_, sb, err := s.sandbox(r)
 	if err != nil {
@@ -670,11 +677,9 @@ func (s *server) resume(w http.ResponseWriter, r *http.Request) {
 // again, cold, on another node, with a new ID (fleet.Move; 201).
 func (s *server) move(w http.ResponseWriter, r *http.Request) {
 	var req api.MoveRequest
-	if r.ContentLength != 0 {
-		if err := decode(w, r, &req); err != nil {
-			s.fail(w, r, err)
-			return
-		}
+	if err := decodeOptional(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	_, old, err := s.cfg.Fleet.Find(r.Context(), r.PathValue("id"))
 	if err != nil {

@@ -19,11 +19,9 @@ func wireSnapshot(m store.SandboxMeta) api.Snapshot {
 // with the snapshot; the sandbox runs on.
 func (s *server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req api.SnapshotRequest
-	if r.ContentLength != 0 {
-		if err := decode(w, r, &req); err != nil {
-			s.fail(w, r, err)
-			return
-		}
+	if err := decodeOptional(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	n, sb, err := s.sandbox(r)
 	if err != nil {
@@ -68,11 +66,9 @@ func (s *server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 // memory.
 func (s *server) fromSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req api.SandboxRequest
-	if r.ContentLength != 0 {
-		if err := decode(w, r, &req); err != nil {
-			s.fail(w, r, err)
-			return
-		}
+	if err := decodeOptional(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	meta, err := settings(req)
 	if err != nil {
