@@ -19,7 +19,7 @@ import (
 func sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Manage sandboxes"}
 	addAPIFlag(cmd)
-	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxExecCmd(), sandboxCpCmd(), sandboxCloneCmd(), sandboxMoveCmd())
+	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxUsageCmd(), sandboxExecCmd(), sandboxCpCmd(), sandboxCloneCmd(), sandboxMoveCmd())
 	cmd.AddCommand(transitionCmds()...)
 	cmd.AddCommand(pauseCmd(), resumeCmd())
 	return cmd
@@ -160,6 +160,39 @@ func sandboxGetCmd() *cobra.Command {
 	}
 	return get
 }
+
+// sandboxUsageCmd is "sandbox usage".
+func sandboxUsageCmd() *cobra.Command {
+	var asJSON bool
+	usage := &cobra.Command{
+		Use:   "usage ID|NAME",
+		Short: "Show what a sandbox uses now: CPU, memory, disk",
+		Long: `Show what a sandbox uses now, as its node measures it from outside: the
+share of its cores it used since the last reading (or over 200 ms), the
+memory it takes from the node (its cgroup's charge less page cache) and
+what it wrote to its filesystem. Reading it does not wake the sandbox and
+does not count as activity: a sandbox in the snapshot or detached tier
+uses no CPU and no memory.`,
+		Args: cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
+			u, err := c.Usage(cmd.Context(), args[0])
+			if err != nil || asJSON {
+				if err == nil {
+					err = printJSON(u)
+				}
+				return err
+			}
+			fmt.Printf("tier    %s\ncpu     %.1f%% of %d cores\nmemory  %s of %s (page cache %s)\ndisk    %s written, %s free\n",
+				u.Tier, u.CPUPct, u.CPUCount, mib(u.MemBytes), mib(u.MemLimitBytes), mib(u.MemCacheBytes), mib(u.DiskBytes), mib(u.DiskLimitBytes-u.DiskBytes))
+			return nil
+		}),
+	}
+	usage.Flags().BoolVar(&asJSON, "json", false, "print it as JSON")
+	return usage
+}
+
+// mib is n bytes in MiB, for a person.
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // sandboxRmCmd is "sandbox rm".
 func sandboxRmCmd() *cobra.Command {

@@ -249,6 +249,13 @@ func (c *Client) Sandbox(ctx context.Context, ref string) (api.Sandbox, error) {
 	return sb, err
 }
 
+// Usage is what sandbox ref uses now, as its node measures it.
+func (c *Client) Usage(ctx context.Context, ref string) (api.Usage, error) {
+	var u api.Usage
+	err := c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(ref)+"/usage", nil, &u)
+	return u, err
+}
+
 // Sandboxes lists sandboxes; with labels ("key=value"), those that carry
 // every one.
 func (c *Client) Sandboxes(ctx context.Context, labels ...string) ([]api.Sandbox, error) {

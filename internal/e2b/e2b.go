@@ -620,10 +620,12 @@ func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// metrics answers one sample of what the master knows now: the limit,
-// and memory used when the node reported it.
+// metrics answers one sample, now, of what the sandbox uses, as its
+// node measures it from outside (api.Usage): reading it neither wakes
+// the sandbox nor keeps it from idling. E2B keeps a series of samples;
+// here each call is a sample of its own.
 func (s *Service) metrics(w http.ResponseWriter, r *http.Request) {
-	_, sb, _, err := s.find(r)
+	n, sb, _, err := s.find(r)
 	if err != nil {
 		fail(w, err)
 		return
@@ -649,10 +651,15 @@ func (s *Service) metrics(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	mem := int64(sb.MemoryMiB) << 20
+	u, err := n.Usage(r.Context(), sb.ID)
+	if err != nil {
+		fail(w, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, []map[string]any{{
-		"timestamp": now.UTC(), "timestampUnix": now.Unix(), "cpuCount": 1, "cpuUsedPct": 0,
-		"memUsed": 0, "memTotal": mem, "memCache": 0, "diskUsed": 0, "diskTotal": 0,
+		"timestamp": u.At.UTC(), "timestampUnix": u.At.Unix(), "cpuCount": u.CPUCount, "cpuUsedPct": u.CPUPct,
+		"memUsed": u.MemBytes, "memTotal": u.MemLimitBytes, "memCache": u.MemCacheBytes,
+		"diskUsed": u.DiskBytes, "diskTotal": u.DiskLimitBytes,
 	}})
 }
 

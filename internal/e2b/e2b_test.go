@@ -163,9 +163,24 @@ func TestTeamsAndNotFound(t *testing.T) {
 
 // TestMetricsRange: start and end bound the samples (Unix seconds): a
 // range before the sandbox, or after now, has none; a bad bound is 400.
+// A sample is what the node measured, in E2B's names.
 func TestMetricsRange(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(t, "", `{}`)
+	e.node.Used = api.Usage{CPUCount: 2, CPUPct: 12.5, MemBytes: 3 << 20, MemCacheBytes: 1 << 20, DiskBytes: 4096, DiskLimitBytes: 1 << 30}
+	a := e.call(t, "", "GET", "/sandboxes/"+sb.SandboxID+"/metrics", "")
+	var one []struct {
+		CPUCount                           int
+		CPUUsedPct                         float64
+		MemUsed, MemTotal, MemCache        int64
+		DiskUsed, DiskTotal, TimestampUnix int64
+	}
+	if err := json.Unmarshal([]byte(a.body), &one); err != nil || len(one) != 1 {
+		t.Fatalf("metrics: %d %s", a.status, a.body)
+	}
+	if m := one[0]; m.CPUCount != 2 || m.CPUUsedPct != 12.5 || m.MemUsed != 3<<20 || m.MemCache != 1<<20 || m.DiskUsed != 4096 || m.DiskTotal != 1<<30 || m.TimestampUnix == 0 {
+		t.Errorf("metrics: %+v, not what the node measured", m)
+	}
 	now := time.Now().Unix()
 	for q, want := range map[string]string{
 		"": "1",

@@ -368,6 +368,15 @@ func (r recorder) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	return sb, done(err)
 }
 
+func (r recorder) Usage(ctx context.Context, id string) (api.Usage, error) {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.ReadDeadline)
+	if err != nil {
+		return api.Usage{}, err
+	}
+	u, err := r.Node.Usage(cctx, id)
+	return u, done(err)
+}
+
 func (r recorder) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
 	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TransitionDeadline(r.f.memOf(ctx, id)))
 	if err != nil {

@@ -112,6 +112,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/clone", s.clone)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/move", s.move)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/usage", s.usage)
 	mux.HandleFunc("/v1/sandboxes/{id}/envd/{path...}", s.envd)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
@@ -595,6 +596,22 @@ func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.decorate(r.Context(), []api.Sandbox{sb})[0])
+}
+
+// usage is what the sandbox uses now, as its node measures it from
+// outside (it is not woken, and the read is not activity).
+func (s *server) usage(w http.ResponseWriter, r *http.Request) {
+	n, sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	u, err := n.Usage(r.Context(), sb.ID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, u)
 }
 
 func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {

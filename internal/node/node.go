@@ -45,6 +45,7 @@ import (
 	"sandstorm/internal/node/boundaries"
 	"sandstorm/internal/node/envdlink"
 	"sandstorm/internal/node/host"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/node/reserve"
 	"sandstorm/internal/node/tiering"
 	"sandstorm/internal/node/warm"
@@ -628,8 +629,9 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		Reconciling: n.Reconciling(), WarmPool: n.pool.Sizes(), PromisedMiB: n.adm.Promised(), State: "ready", Transitions: transitionsTo(n.cfg.Metrics)}, nil
 }
 
-// LogPath is the file holding sandbox id's console output.
-func (n *Node) LogPath(id string) string { return n.h.Dir(id).Log() }
+// Dir is sandbox id's directory on the node (its console log, its
+// overlay's upper layer: internal/node/layout).
+func (n *Node) Dir(id string) layout.Dir { return n.h.Dir(id) }
 
 // Close stops the loops and the gateway. Sandboxes keep running: a
 // restarted daemon adopts them.

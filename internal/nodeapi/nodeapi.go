@@ -41,6 +41,9 @@ type Node interface {
 	// with Follow what is appended, until ctx ends or the sandbox is
 	// deleted.
 	Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error
+	// Usage is what sandbox id uses now (CPU, memory, disk), read from
+	// outside it: it neither wakes the sandbox nor keeps it from idling.
+	Usage(ctx context.Context, id string) (api.Usage, error)
 	// Status is the node's headroom and tier counts.
 	Status(ctx context.Context) (api.NodeStatus, error)
 	// PrepareTemplate readies a template on the node before its first

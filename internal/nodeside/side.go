@@ -44,6 +44,8 @@ type Side struct {
 	// Events is the node's hub, which Watch reports from (nil: the node
 	// in the master's process, which the master reads directly).
 	Events *events.Hub
+
+	cpu cpuReadings // usage.go
 }
 
 var _ nodeapi.Node = (*Side)(nil)
@@ -331,7 +333,7 @@ func (l *Side) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w io
 	if err != nil {
 		return err
 	}
-	path := l.N.LogPath(sb.ID)
+	path := l.N.Dir(sb.ID).Log()
 	gone := func() bool {
 		_, err := l.N.Get(ctx, sb.ID)
 		return errors.Is(err, errdefs.ErrNotFound)

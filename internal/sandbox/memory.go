@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"syscall"
+	"time"
 )
 
 // MemStat is what a sandbox's memory cgroup says about it.
@@ -30,6 +31,13 @@ type MemoryReporter interface {
 	// memory.stat, so Memory, read for every hot sandbox each second,
 	// does not.
 	Taken(ctx context.Context, spec Spec) (int64, error)
+}
+
+// CPUReporter is implemented by backends that can read how much CPU
+// time a running sandbox has used since it started (its cgroup's), for
+// what a sandbox uses (api.Usage).
+type CPUReporter interface {
+	CPU(id string) (time.Duration, error)
 }
 
 // OOMScorer is implemented by backends that can set the kernel's OOM score

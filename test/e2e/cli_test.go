@@ -108,6 +108,9 @@ func TestCLI(t *testing.T) {
 	}
 	r = cli(t, env, "sandbox", "get", "cli1")
 	r.ok(t, "sandbox get", `"tier": "hot"`, `"last_wake_from": "detached"`)
+	// What it uses, read from outside: a hot sandbox has memory; reading
+	// it leaves it where it was.
+	cli(t, env, "sandbox", "usage", "cli1").ok(t, "sandbox usage", `(?m)^tier +hot$`, `(?m)^memory +[1-9][0-9.]* MiB of `, `(?m)^cpu +[0-9.]+% of [1-9]`)
 	r = cli(t, env, "sandbox", "logs", "cli1")
 	r.ok(t, "sandbox logs", `listening on 0\.0\.0\.0:8000`, `(?m)^--- \S+ sandstorm: restoring from its snapshot`, `(?m)^--- \S+ sandstorm: detached`)
 	// The cold start after the detach shows as a second start.

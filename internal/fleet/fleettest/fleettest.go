@@ -45,6 +45,9 @@ type Node struct {
 	// fence is the last fence's generation and in-flight set.
 	fence    int64
 	inFlight map[int64]bool
+	// Used is what Usage answers of every sandbox (its time, tier and
+	// limit aside).
+	Used api.Usage
 	// watchers are the Watch calls running.
 	watchers map[chan nodeapi.Report]bool
 }
@@ -145,6 +148,20 @@ func (f *Node) Get(_ context.Context, ref string) (api.Sandbox, error) {
 		}
 	}
 	return api.Sandbox{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q: not found", ref)
+}
+
+// Usage implements nodeapi.Node: its limit and tier, and what a test
+// set in Used (nothing runs here to measure).
+func (f *Node) Usage(ctx context.Context, id string) (api.Usage, error) {
+	sb, err := f.Get(ctx, id)
+	if err != nil {
+		return api.Usage{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	u := f.Used
+	u.At, u.Tier, u.MemLimitBytes = time.Now(), sb.Tier, int64(sb.MemoryMiB)<<20
+	return u, nil
 }
 
 // List implements nodeapi.Node.

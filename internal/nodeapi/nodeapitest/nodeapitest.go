@@ -35,6 +35,9 @@ type Subject struct {
 	// Snapshots: the node's runtime checkpoints (else a snapshot answers
 	// errdefs.ErrNotSupported).
 	Snapshots bool
+	// Measures: the node reads what its sandboxes use (a real runtime):
+	// a hot sandbox uses memory, one in the snapshot tier none.
+	Measures bool
 }
 
 // Run runs the contract against the subjects newSubject makes (one per
@@ -72,6 +75,8 @@ func unknown(t *testing.T, s Subject) {
 	wantKind(t, "Delete", s.Node.Delete(ctx, "no-such-sandbox"), errdefs.ErrNotFound)
 	_, err = s.Node.Transition(ctx, "no-such-sandbox", nodeapi.Wake)
 	wantKind(t, "Transition", err, errdefs.ErrNotFound)
+	_, err = s.Node.Usage(ctx, "no-such-sandbox")
+	wantKind(t, "Usage", err, errdefs.ErrNotFound)
 	if st, err := s.Node.Status(ctx); err != nil || st.Name != s.Node.Name() {
 		t.Errorf("Status: %+v, %v; want the node's own name", st, err)
 	}
@@ -132,6 +137,7 @@ func lifecycle(t *testing.T, s Subject) {
 	}
 	_, err = s.Node.Create(ctx, nodeapi.CreateRequest{Template: s.Template, Name: "contract-1"})
 	wantKind(t, "a second Create of the same name", err, errdefs.ErrExists)
+	usage(t, s, sb.ID, api.TierHot)
 
 	steps := []struct {
 		op   nodeapi.Op
@@ -147,6 +153,9 @@ func lifecycle(t *testing.T, s Subject) {
 		if err != nil || got.Tier != st.want {
 			t.Fatalf("%s: %+v, %v; want %s", st.op, got.Tier, err, st.want)
 		}
+		if st.want == api.TierSnapshot {
+			usage(t, s, sb.ID, st.want)
+		}
 	}
 	if err := s.Node.Delete(ctx, sb.ID); err != nil {
 		t.Fatalf("Delete: %v", err)
@@ -155,6 +164,28 @@ func lifecycle(t *testing.T, s Subject) {
 	wantKind(t, "Get after Delete", err, errdefs.ErrNotFound)
 	if all, _ := s.Node.List(ctx); slices.ContainsFunc(all, func(b api.Sandbox) bool { return b.ID == sb.ID }) {
 		t.Error("a deleted sandbox is still listed")
+	}
+}
+
+// usage: what sandbox id uses is read in its tier, without moving it;
+// a node that measures sees the memory of a hot one and none of one in
+// the snapshot tier.
+func usage(t *testing.T, s Subject, id string, tier api.Tier) {
+	t.Helper()
+	u, err := s.Node.Usage(ctxT(t), id)
+	if err != nil || u.Tier != tier || u.At.IsZero() {
+		t.Errorf("Usage in %s: %+v, %v", tier, u, err)
+		return
+	}
+	if !s.Measures {
+		return
+	}
+	hot := tier == api.TierHot
+	if hot != (u.MemBytes > 0) || u.CPUCount <= 0 || u.DiskLimitBytes <= 0 || u.CPUPct < 0 || u.CPUPct > 100 {
+		t.Errorf("Usage in %s: %+v; want memory exactly when hot, cores, a disk limit and a share in [0, 100]", tier, u)
+	}
+	if sb, _ := s.Node.Get(ctxT(t), id); sb.Tier != tier {
+		t.Errorf("Usage moved the sandbox from %s to %s", tier, sb.Tier)
 	}
 }
 

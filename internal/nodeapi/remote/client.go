@@ -170,6 +170,12 @@ func (c *Client) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	return sb, c.do(ctx, http.MethodGet, "/node/v1/sandboxes/"+url.PathEscape(ref), nil, &sb, http.StatusOK)
 }
 
+// Usage implements nodeapi.Node.
+func (c *Client) Usage(ctx context.Context, id string) (api.Usage, error) {
+	var u api.Usage
+	return u, c.do(ctx, http.MethodGet, "/node/v1/sandboxes/"+url.PathEscape(id)+"/usage", nil, &u, http.StatusOK)
+}
+
 // List implements nodeapi.Node.
 func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
 	var l api.List[api.Sandbox]

@@ -96,6 +96,10 @@ func (s server) sandboxes() {
 		sb, err := n.Get(r.Context(), r.PathValue("ref"))
 		return reply(w, http.StatusOK, sb, err)
 	})
+	s.handle("GET /node/v1/sandboxes/{id}/usage", func(w http.ResponseWriter, r *http.Request) error {
+		u, err := n.Usage(r.Context(), r.PathValue("id"))
+		return reply(w, http.StatusOK, u, err)
+	})
 	s.handle("DELETE /node/v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
 		return noContent(w, n.Delete(r.Context(), r.PathValue("id")))
 	})
