@@ -35,10 +35,7 @@ import (
 // the nodes' own counters, each bar's worth equal to what their
 // --metrics-addr scrapes say. A screenshot is kept (the path is logged).
 func TestConsoleInChromium(t *testing.T) {
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("no chromium: apt-get install -y chromium (deps/debian-packages.txt has it)")
-	}
+	chromium := needChromium(t)
 	// A reserve of 1 GiB, so that the node paired later, with none, has
 	// the most headroom and takes the next sandbox.
 	maddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
@@ -57,78 +54,31 @@ func TestConsoleInChromium(t *testing.T) {
 	d.track(labelled.ID)
 	sbs = append(sbs, labelled)
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		// The API's certificate is from the daemon's own CA, which this
-		// browser does not have: it is told to accept exactly the key the
-		// daemon serves (checked here against the CA first), nothing else.
-		chromedp.Flag("ignore-certificate-errors-spki-list", apiSPKI(t, d)),
-		chromedp.NoSandbox, // the tests run as root
-		// A profile the test owns, removed with it (chromedp's own default
-		// is left in the temp directory when the browser is killed).
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1400, 1000),
-		// Nothing may leave the machine: every request that is not to
-		// loopback goes to a proxy that is not there, and no name but
-		// loopback's resolves.
-		chromedp.ProxyServer("http://127.0.0.1:9"),
-		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-features", "OptimizationHints,MediaRouter,Translate"),
-	)
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	ctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
+	br := openBrowser(t, chromium, spkiOf(t, client.CAFile(d.DataDir), strings.TrimPrefix(d.API, "https://")), 1400, 1000)
+	defer br.close()
 
-	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	// until polls a JavaScript condition on the page (chromedp.Poll,
-	// every 50 ms) until it holds, failing after 20 s.
-	until := func(what, js string) {
-		t.Helper()
-		if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
-			page, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
-			t.Fatalf("waiting until %s: %v\npage:\n%s", what, err, page)
-		}
-	}
-	text := func(js string) string {
-		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
-		if err != nil {
-			t.Fatalf("read %s: %v", js, err)
-		}
-		return s
-	}
-
-	run("open the console", chromedp.Navigate(d.API+"/"), chromedp.WaitVisible(chromedp.ID("token")))
-	if !strings.Contains(text(`document.getElementById("login").innerText`), "pki/api-token") {
+	br.run("open the console", chromedp.Navigate(d.API+"/"), chromedp.WaitVisible(chromedp.ID("token")))
+	if !strings.Contains(br.text(`document.getElementById("login").innerText`), "pki/api-token") {
 		t.Errorf("the login does not say where the token is")
 	}
-	run("a wrong token", chromedp.SendKeys(chromedp.ID("token"), "not-the-token"), chromedp.Click(chromedp.CSS("#login-form button")))
-	until("a wrong token is refused", `document.getElementById("login-error").innerText.includes("not the API token")`)
-	run("log in", chromedp.SendKeys(chromedp.ID("token"), d.Token), chromedp.Click(chromedp.CSS("#login-form button")))
-	until("the sandboxes show", `document.querySelectorAll("#rows .row").length === 4`)
+	br.run("a wrong token", chromedp.SendKeys(chromedp.ID("token"), "not-the-token"), chromedp.Click(chromedp.CSS("#login-form button")))
+	br.until("a wrong token is refused", `document.getElementById("login-error").innerText.includes("not the API token")`)
+	br.run("log in", chromedp.SendKeys(chromedp.ID("token"), d.Token), chromedp.Click(chromedp.CSS("#login-form button")))
+	br.until("the sandboxes show", `document.querySelectorAll("#rows .row").length === 4`)
 	for _, sb := range sbs {
-		until(sb.Name+" is hot", fmt.Sprintf(`(document.querySelector('[data-id=%q] .tier')||{}).textContent === "hot"`, sb.ID))
+		br.until(sb.Name+" is hot", fmt.Sprintf(`(document.querySelector('[data-id=%q] .tier')||{}).textContent === "hot"`, sb.ID))
 	}
-	nodes := text(`document.getElementById("nodes").innerText`)
+	nodes := br.text(`document.getElementById("nodes").innerText`)
 	if !strings.Contains(nodes, "local") || !strings.Contains(nodes, "headroom") || !strings.Contains(nodes, "hot 4") {
 		t.Errorf("the node card says %q; want its name, headroom and 4 hot", nodes)
 	}
-	if strings.Contains(text(`document.documentElement.outerHTML`), d.Token) {
+	if strings.Contains(br.text(`document.documentElement.outerHTML`), d.Token) {
 		t.Error("the page holds the API token")
 	}
-	if c := text(`document.cookie`); strings.Contains(c, "sandstorm_session") {
+	if c := br.text(`document.cookie`); strings.Contains(c, "sandstorm_session") {
 		t.Errorf("the session cookie is readable by the page's scripts: %q", c)
 	}
-	until("the event stream is live", `document.getElementById("status").textContent === "live"`)
+	br.until("the event stream is live", `document.getElementById("status").textContent === "live"`)
 
 	// Live: a freeze made elsewhere shows without a reload; a request to
 	// the sandbox wakes it, and the wake is listed with its latency.
@@ -136,10 +86,10 @@ func TestConsoleInChromium(t *testing.T) {
 	if _, err := d.C.Transition(ctxT(t), frozen.ID, "freeze"); err != nil {
 		t.Fatal(err)
 	}
-	until(frozen.Name+" shows frozen", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "frozen"`, frozen.ID))
+	br.until(frozen.Name+" shows frozen", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "frozen"`, frozen.ID))
 	getCount(t, endpoint(t, frozen))
-	until("the wake is listed", fmt.Sprintf(`/woke %s from frozen in [0-9.]+ ms/.test(document.getElementById("recent").innerText)`, frozen.Name))
-	until(frozen.Name+" shows hot again", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "hot"`, frozen.ID))
+	br.until("the wake is listed", fmt.Sprintf(`/woke %s from frozen in [0-9.]+ ms/.test(document.getElementById("recent").innerText)`, frozen.Name))
+	br.until(frozen.Name+" shows hot again", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "hot"`, frozen.ID))
 
 	// A fleet: a node paired now (in a network namespace of its own)
 	// shows with its headroom; a sandbox placed on it shows, and what
@@ -149,7 +99,7 @@ func TestConsoleInChromium(t *testing.T) {
 	if r := d.raw(t, "POST", "/v1/nodes", d.Token, "application/json", strings.NewReader(fmt.Sprintf(`{"address": %q, "pairing_code": %q}`, far.listen, far.code()))); r.Status != http.StatusCreated {
 		t.Fatalf("pair %s: HTTP %d %s", far.name, r.Status, r.Body)
 	}
-	until("the paired node shows", fmt.Sprintf(`document.getElementById("nodes").innerText.includes(%q)`, far.name))
+	br.until("the paired node shows", fmt.Sprintf(`document.getElementById("nodes").innerText.includes(%q)`, far.name))
 	remote := d.create(t, "web", "console-far")
 	// Registered after the node's own cleanup, so run before it: the
 	// master lets go of the node while its namespace is still there (it
@@ -164,16 +114,16 @@ func TestConsoleInChromium(t *testing.T) {
 	if remote.Node != far.name {
 		t.Fatalf("console-far went to %s; %s has the most headroom", remote.Node, far.name)
 	}
-	until("the paired node's sandbox shows", fmt.Sprintf(`(document.querySelector('[data-id=%q] .tier')||{}).textContent === "hot"`, remote.ID))
+	br.until("the paired node's sandbox shows", fmt.Sprintf(`(document.querySelector('[data-id=%q] .tier')||{}).textContent === "hot"`, remote.ID))
 	if _, err := d.C.Transition(ctxT(t), remote.ID, "freeze"); err != nil {
 		t.Fatal(err)
 	}
-	until("console-far shows frozen", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "frozen"`, remote.ID))
+	br.until("console-far shows frozen", fmt.Sprintf(`document.querySelector('[data-id=%q] .tier').textContent === "frozen"`, remote.ID))
 	getCount(t, endpoint(t, remote))
-	until("its wake on its node is listed", `/woke console-far from frozen in [0-9.]+ ms/.test(document.getElementById("recent").innerText)`)
+	br.until("its wake on its node is listed", `/woke console-far from frozen in [0-9.]+ ms/.test(document.getElementById("recent").innerText)`)
 
 	// The chart has the freeze and the wake: a bar of each colour.
-	until("the chart shows the freeze and the wake", `(() => {
+	br.until("the chart shows the freeze and the wake", `(() => {
 		const c = document.getElementById("chart"), g = c.getContext("2d");
 		const d = g.getImageData(0, 0, c.width, c.height - 12).data; // above the baseline
 		const want = {"frozen": [0x1c, 0x7e, 0xd6], "hot": [0xd9, 0x48, 0x0f]}, seen = {};
@@ -198,7 +148,7 @@ func TestConsoleInChromium(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "the chart's totals to be the nodes' counters", func() bool {
 		perTier = counted()
 		var err error
-		charted, err = chromedp.Run(ctx, chromedp.Evaluate[map[string]int](`({hot: 0, frozen: 0, snapshot: 0, detached: 0, ...state.charted})`))
+		charted, err = chromedp.Run(br.ctx, chromedp.Evaluate[map[string]int](`({hot: 0, frozen: 0, snapshot: 0, detached: 0, ...state.charted})`))
 		if err != nil {
 			t.Fatalf("read the chart's totals: %v", err)
 		}
@@ -215,12 +165,12 @@ func TestConsoleInChromium(t *testing.T) {
 	t.Logf("charted %v, counted %v", charted, perTier)
 
 	// Search narrows the table, by name and by label.
-	run("search by label", chromedp.SendKeys(chromedp.ID("search"), "app=billing"))
-	until("the labelled row is left, its label shown", `document.querySelectorAll("#rows .row").length === 1 && document.querySelector("#rows .row .name").textContent === "console-labelled" && document.querySelector("#rows .row").innerText.includes("app=billing")`)
-	run("clear the search", chromedp.Evaluate[chromedp.Void](`document.getElementById("search").value = ""; render()`))
-	run("search", chromedp.SendKeys(chromedp.ID("search"), "console-2"))
-	until("one row is left", `document.querySelectorAll("#rows .row").length === 1 && document.querySelector("#rows .row .name").textContent === "console-2"`)
-	shot := screenshot(t, ctx)
+	br.run("search by label", chromedp.SendKeys(chromedp.ID("search"), "app=billing"))
+	br.until("the labelled row is left, its label shown", `document.querySelectorAll("#rows .row").length === 1 && document.querySelector("#rows .row .name").textContent === "console-labelled" && document.querySelector("#rows .row").innerText.includes("app=billing")`)
+	br.run("clear the search", chromedp.Evaluate[chromedp.Void](`document.getElementById("search").value = ""; render()`))
+	br.run("search", chromedp.SendKeys(chromedp.ID("search"), "console-2"))
+	br.until("one row is left", `document.querySelectorAll("#rows .row").length === 1 && document.querySelector("#rows .row .name").textContent === "console-2"`)
+	shot := br.screenshot()
 
 	// Thousands of rows: 5,000 made-up sandboxes put in the page's model
 	// cost a screenful of elements, and a redraw stays quick.
@@ -229,7 +179,7 @@ func TestConsoleInChromium(t *testing.T) {
 		Ms   float64 `json:"ms"`
 		Text string  `json:"text"`
 	}
-	stats, err := chromedp.Run(ctx, chromedp.Evaluate[rowStats](`(() => {
+	stats, err := chromedp.Run(br.ctx, chromedp.Evaluate[rowStats](`(() => {
 		document.getElementById("search").value = "";
 		for (let i = 0; i < 5000; i++) state.boxes.set("fake" + i, {id: "fake" + i, name: "fake-" + String(i).padStart(4, "0"), tier: "snapshot", template: "web", node: "local"});
 		const t0 = performance.now(); render(); const ms = performance.now() - t0;
@@ -248,21 +198,108 @@ func TestConsoleInChromium(t *testing.T) {
 	t.Logf("5,003 sandboxes: %d rows in the page, a full render took %.1f ms; screenshot %s", stats.Rows, stats.Ms, shot)
 
 	// Logging out ends the session: the API refuses the cookie after it.
-	run("log out", chromedp.Click(chromedp.ID("logout")))
-	until("the login shows again", `!document.getElementById("login").hidden`)
-	status, err := chromedp.Run(ctx, chromedp.Evaluate[int](`fetch("/v1/sandboxes").then(r => r.status)`, chromedp.EvalAwaitPromise))
-	if err != nil {
-		t.Fatalf("read after logout: %v", err)
-	}
-	if status != 401 {
+	br.run("log out", chromedp.Click(chromedp.ID("logout")))
+	br.until("the login shows again", `!document.getElementById("login").hidden`)
+	if status := br.status(`fetch("/v1/sandboxes").then(r => r.status)`); status != 401 {
 		t.Errorf("after logout the API answered the page %d, want 401", status)
 	}
+}
+
+// needChromium is the path of Debian's chromium; the test fails without it.
+func needChromium(t *testing.T) string {
+	t.Helper()
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("no chromium: apt-get install -y chromium (deps/debian-packages.txt has it)")
+	}
+	return chromium
+}
+
+// browser is a headless chromium driven by chromedp, for the consoles'
+// tests, with a page that fails the test when it cannot do what it is
+// told.
+type browser struct {
+	t     *testing.T
+	ctx   context.Context
+	close func()
+}
+
+// openBrowser starts chromium with a window of width × height. The
+// consoles' certificates are from CAs of their own, which the browser
+// does not have: it accepts exactly the key spki (from spkiOf, which
+// checks it against the CA first), nothing else. It gives up after 2
+// minutes; close ends it.
+func openBrowser(t *testing.T, chromium, spki string, width, height int) *browser {
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.Flag("ignore-certificate-errors-spki-list", spki),
+		chromedp.NoSandbox, // the tests run as root
+		// A profile the test owns, removed with it (chromedp's own default
+		// is left in the temp directory when the browser is killed).
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(width, height),
+		// Nothing may leave the machine: every request that is not to
+		// loopback goes to a proxy that is not there, and no name but
+		// loopback's resolves.
+		chromedp.ProxyServer("http://127.0.0.1:9"),
+		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-features", "OptimizationHints,MediaRouter,Translate"),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelBrowser := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	return &browser{t: t, ctx: ctx, close: func() {
+		cancelTimeout()
+		cancelBrowser()
+		cancelAlloc()
+	}}
+}
+
+// run does steps on the page.
+func (br *browser) run(what string, steps ...chromedp.Action[chromedp.Void]) {
+	br.t.Helper()
+	if err := chromedp.Do(br.ctx, steps...); err != nil {
+		br.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// until polls a JavaScript condition on the page (chromedp.Poll, every
+// 50 ms) until it holds, failing after 20 s.
+func (br *browser) until(what, js string) {
+	br.t.Helper()
+	if _, err := chromedp.Run(br.ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		page, _ := chromedp.Run(br.ctx, chromedp.Evaluate[string](`document.body.innerText`))
+		br.t.Fatalf("waiting until %s: %v\npage:\n%s", what, err, page)
+	}
+}
+
+// text is the string a JavaScript expression on the page evaluates to.
+func (br *browser) text(js string) string {
+	br.t.Helper()
+	s, err := chromedp.Run(br.ctx, chromedp.Evaluate[string](js))
+	if err != nil {
+		br.t.Fatalf("read %s: %v", js, err)
+	}
+	return s
+}
+
+// status is the number a JavaScript promise on the page resolves to: the
+// status of a fetch made with the page's session.
+func (br *browser) status(js string) int {
+	br.t.Helper()
+	n, err := chromedp.Run(br.ctx, chromedp.Evaluate[int](js, chromedp.EvalAwaitPromise))
+	if err != nil {
+		br.t.Fatalf("%s: %v", js, err)
+	}
+	return n
 }
 
 // screenshot takes what the page looks like, into $SANDSTORM_ARTIFACTS
 // when set (kept, to look at), else into the test's own temporary
 // directory (removed with it), and returns the file's path.
-func screenshot(t *testing.T, ctx context.Context) string {
+func (br *browser) screenshot() string {
+	t := br.t
 	t.Helper()
 	dir := os.Getenv("SANDSTORM_ARTIFACTS")
 	if dir == "" {
@@ -271,7 +308,7 @@ func screenshot(t *testing.T, ctx context.Context) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	png, err := chromedp.Run(br.ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
 	}
@@ -288,19 +325,19 @@ func screenshot(t *testing.T, ctx context.Context) string {
 	return path
 }
 
-// apiSPKI is the base64 SHA-256 of the public key the daemon's API serves,
-// after checking that its certificate chains to the daemon's CA.
-func apiSPKI(t *testing.T, d *Daemon) string {
+// spkiOf is the base64 SHA-256 of the public key addr serves, after
+// checking that its certificate chains to the CA in caFile.
+func spkiOf(t *testing.T, caFile, addr string) string {
 	t.Helper()
-	b, err := os.ReadFile(client.CAFile(d.DataDir))
+	b, err := os.ReadFile(caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(b)
-	c, err := tls.Dial("tcp", strings.TrimPrefix(d.API, "https://"), &tls.Config{RootCAs: pool})
+	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool})
 	if err != nil {
-		t.Fatalf("the API's certificate does not check against its CA: %v", err)
+		t.Fatalf("%s's certificate does not check against its CA: %v", addr, err)
 	}
 	defer c.Close()
 	sum := sha256.Sum256(c.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)

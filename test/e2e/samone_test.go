@@ -1,11 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/base64"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -42,10 +37,7 @@ var consoleURLRE = regexp.MustCompile(`console=(https://127\.0\.0\.1:[0-9]+)/`)
 // /v1/tokens from the page is 401) and after logging out it cannot read.
 // A screenshot is kept (logged).
 func TestSamOneConsole(t *testing.T) {
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("no chromium: apt-get install -y chromium (deps/debian-packages.txt has it)")
-	}
+	chromium := needChromium(t)
 	dir := t.TempDir()
 	one := startProc(t, "sam-one", exec.Command(samOneBin, "serve", "--data-dir", dir, "--listen", "127.0.0.1:0",
 		"--router-listen", "/ip4/127.0.0.1/tcp/0"))
@@ -131,135 +123,70 @@ bindings:
 		t.Errorf("a report through a boundary: %s, want 403", resp.Status)
 	}
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		// Exactly the key sam-one serves (checked against its CA first).
-		chromedp.Flag("ignore-certificate-errors-spki-list", spkiOf(t, caFile, strings.TrimPrefix(apiURL, "https://"))),
-		chromedp.NoSandbox, // the tests run as root
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1300, 900),
-		// Nothing leaves the machine.
-		chromedp.ProxyServer("http://127.0.0.1:9"),
-		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-features", "OptimizationHints,MediaRouter,Translate"),
-	)
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	ctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	until := func(what, js string) {
-		t.Helper()
-		if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
-			page, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
-			t.Fatalf("waiting until %s: %v\npage:\n%s", what, err, page)
-		}
-	}
-	text := func(js string) string {
-		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
-		if err != nil {
-			t.Fatalf("read %s: %v", js, err)
-		}
-		return s
-	}
-	status := func(js string) int {
-		t.Helper()
-		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](js, chromedp.EvalAwaitPromise))
-		if err != nil {
-			t.Fatalf("%s: %v", js, err)
-		}
-		return n
-	}
+	br := openBrowser(t, chromium, spkiOf(t, caFile, strings.TrimPrefix(apiURL, "https://")), 1300, 900)
+	defer br.close()
 
-	run("open the console", chromedp.Navigate(apiURL+"/"), chromedp.WaitVisible(chromedp.ID("token")))
-	if n := status(`fetch("/v1/console").then(r => r.status)`); n != 401 {
+	br.run("open the console", chromedp.Navigate(apiURL+"/"), chromedp.WaitVisible(chromedp.ID("token")))
+	if n := br.status(`fetch("/v1/console").then(r => r.status)`); n != 401 {
 		t.Errorf("GET /v1/console without a session: %d, want 401", n)
 	}
-	run("a wrong token", chromedp.SendKeys(chromedp.ID("token"), "not-the-token"), chromedp.Click(chromedp.CSS("#login-form button")))
-	until("a wrong token is refused", `document.getElementById("login-error").innerText.includes("not the admin token")`)
+	br.run("a wrong token", chromedp.SendKeys(chromedp.ID("token"), "not-the-token"), chromedp.Click(chromedp.CSS("#login-form button")))
+	br.until("a wrong token is refused", `document.getElementById("login-error").innerText.includes("not the admin token")`)
 	admin, _ := os.ReadFile(filepath.Join(dir, "admin-token"))
-	run("log in", chromedp.SendKeys(chromedp.ID("token"), strings.TrimSpace(string(admin))), chromedp.Click(chromedp.CSS("#login-form button")))
-	until("node-one shows connected", `(document.querySelector('[data-member="node-one"] .conn')||{}).textContent === "connected"`)
-	until("the router shows", `!!document.querySelector('[data-member="router"]')`)
-	until("agent-one shows with its services", `(() => {
+	br.run("log in", chromedp.SendKeys(chromedp.ID("token"), strings.TrimSpace(string(admin))), chromedp.Click(chromedp.CSS("#login-form button")))
+	br.until("node-one shows connected", `(document.querySelector('[data-member="node-one"] .conn')||{}).textContent === "connected"`)
+	br.until("the router shows", `!!document.querySelector('[data-member="router"]')`)
+	br.until("agent-one shows with its services", `(() => {
 		const r = document.querySelector('[data-principal="agent-one"]');
 		return !!r && r.innerText.includes("inference://m-one") && r.innerText.includes("mcp://everything/echo") && r.innerText.includes("api.github.com") && r.innerText.includes("coder");
 	})()`)
-	until("the policy's version shows", `document.getElementById("policy").textContent.includes("policy version 1")`)
-	until("the refused join shows with its reason", `[...document.querySelectorAll("#refusals tr")].some(r => r.innerText.includes("node-bad") && r.innerText.includes("bootstrap token unknown, spent or expired"))`)
+	br.until("the policy's version shows", `document.getElementById("policy").textContent.includes("policy version 1")`)
+	br.until("the refused join shows with its reason", `[...document.querySelectorAll("#refusals tr")].some(r => r.innerText.includes("node-bad") && r.innerText.includes("bootstrap token unknown, spent or expired"))`)
 	// The agent's refusals, from node-one: sam-node's and its boundary's.
 	agentRow := func(what, target, reason string) string {
 		return fmt.Sprintf(`[...document.querySelectorAll("#agent-refusals tr")].find(r => r.querySelector(".member").textContent === "node-one"
 			&& r.querySelector(".principal").textContent === "agent-one" && r.querySelector(".what").textContent === %q
 			&& r.querySelector(".target").textContent === %q && r.querySelector(".why").textContent === %q)`, what, target, reason)
 	}
-	until("the refused model shows (by sam-node)", agentRow("model", "gpt-secret", "not granted")+`?.querySelector(".by").textContent === "sam-node"`)
+	br.until("the refused model shows (by sam-node)", agentRow("model", "gpt-secret", "not granted")+`?.querySelector(".by").textContent === "sam-node"`)
 	// Three lookups, each an A and an AAAA question (Go's resolver asks both).
-	until("the refused name shows (by the boundary) with its count", agentRow("dns", "example.com", "destination not granted")+`?.querySelector(".count").textContent === "6"`)
-	until("the forged report's request shows as refused", agentRow("mesh-request", "POST mesh.sam.alt"+api.SAMRefusalsPath, "path not available to agents")+` !== undefined`)
-	if page := text(`document.getElementById("agent-refusals").innerText`); strings.Contains(page, "forged") {
+	br.until("the refused name shows (by the boundary) with its count", agentRow("dns", "example.com", "destination not granted")+`?.querySelector(".count").textContent === "6"`)
+	br.until("the forged report's request shows as refused", agentRow("mesh-request", "POST mesh.sam.alt"+api.SAMRefusalsPath, "path not available to agents")+` !== undefined`)
+	if page := br.text(`document.getElementById("agent-refusals").innerText`); strings.Contains(page, "forged") {
 		t.Errorf("the forged report reached the console:\n%s", page)
 	}
 	// Searchable: only the rows that match stay.
-	run("search", chromedp.SendKeys(chromedp.ID("search"), "gpt-secret"))
-	until("only the model's refusal shows", `(() => { const rs = [...document.querySelectorAll("#agent-refusals tr")];
+	br.run("search", chromedp.SendKeys(chromedp.ID("search"), "gpt-secret"))
+	br.until("only the model's refusal shows", `(() => { const rs = [...document.querySelectorAll("#agent-refusals tr")];
 		return rs.length === 1 && rs[0].innerText.includes("gpt-secret") && document.querySelectorAll('[data-member="node-one"]').length === 0; })()`)
-	run("clear the search", chromedp.Evaluate[chromedp.Void](`(() => { const s = document.getElementById("search"); s.value = ""; s.dispatchEvent(new Event("input")); })()`))
-	until("every row is back", `document.querySelectorAll("#agent-refusals tr").length >= 3 && !!document.querySelector('[data-member="node-one"] .conn')`)
-	if exp := text(`document.querySelector('[data-member="node-one"] .exp').textContent`); !strings.Contains(exp, "min") {
+	br.run("clear the search", chromedp.Evaluate[chromedp.Void](`(() => { const s = document.getElementById("search"); s.value = ""; s.dispatchEvent(new Event("input")); })()`))
+	br.until("every row is back", `document.querySelectorAll("#agent-refusals tr").length >= 3 && !!document.querySelector('[data-member="node-one"] .conn')`)
+	if exp := br.text(`document.querySelector('[data-member="node-one"] .exp').textContent`); !strings.Contains(exp, "min") {
 		t.Errorf("node-one's credential expiry reads %q", exp)
 	}
-	if strings.Contains(text(`document.documentElement.outerHTML`), strings.TrimSpace(string(admin))) {
+	if strings.Contains(br.text(`document.documentElement.outerHTML`), strings.TrimSpace(string(admin))) {
 		t.Error("the page holds the admin token")
 	}
-	if c := text(`document.cookie`); strings.Contains(c, "session") {
+	if c := br.text(`document.cookie`); strings.Contains(c, "session") {
 		t.Errorf("the session cookie is readable by the page's scripts: %q", c)
 	}
 	// The session reads; it writes nothing.
-	if n := status(`fetch("/v1/tokens", {method: "POST", headers: {"Content-Type": "application/json"}, body: '{"max_uses": 1, "ttl_s": 60}'}).then(r => r.status)`); n != 401 {
+	if n := br.status(`fetch("/v1/tokens", {method: "POST", headers: {"Content-Type": "application/json"}, body: '{"max_uses": 1, "ttl_s": 60}'}).then(r => r.status)`); n != 401 {
 		t.Errorf("POST /v1/tokens with the session: %d, want 401", n)
 	}
-	if n := status(`fetch("/v1/policy", {method: "PUT", body: "roles: []\nbindings: []\n"}).then(r => r.status)`); n != 401 {
+	if n := br.status(`fetch("/v1/policy", {method: "PUT", body: "roles: []\nbindings: []\n"}).then(r => r.status)`); n != 401 {
 		t.Errorf("PUT /v1/policy with the session: %d, want 401", n)
 	}
-	shot := screenshot(t, ctx)
+	shot := br.screenshot()
 	t.Logf("screenshot %s", shot)
 
 	// The node stopped: it shows not connected.
 	node.stop()
-	until("node-one shows not connected", `(document.querySelector('[data-member="node-one"] .conn')||{}).textContent === "not connected"`)
+	br.until("node-one shows not connected", `(document.querySelector('[data-member="node-one"] .conn')||{}).textContent === "not connected"`)
 
-	run("log out", chromedp.Click(chromedp.ID("logout")))
-	until("the login shows again", `!document.getElementById("login").hidden`)
-	if n := status(`fetch("/v1/console").then(r => r.status)`); n != 401 {
+	br.run("log out", chromedp.Click(chromedp.ID("logout")))
+	br.until("the login shows again", `!document.getElementById("login").hidden`)
+	if n := br.status(`fetch("/v1/console").then(r => r.status)`); n != 401 {
 		t.Errorf("after logout: %d, want 401", n)
 	}
-}
-
-// spkiOf is the base64 SHA-256 of the public key addr serves, after
-// checking that its certificate chains to the CA in caFile.
-func spkiOf(t *testing.T, caFile, addr string) string {
-	t.Helper()
-	b, err := os.ReadFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(b)
-	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool})
-	if err != nil {
-		t.Fatalf("%s's certificate does not check against its CA: %v", addr, err)
-	}
-	defer c.Close()
-	sum := sha256.Sum256(c.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)
-	return base64.StdEncoding.EncodeToString(sum[:])
 }
