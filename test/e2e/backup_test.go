@@ -27,16 +27,7 @@ import (
 func TestStoreBackupRestore(t *testing.T) {
 	d := startDaemon(t)
 	env := []string{"SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_API=" + d.API}
-	d.registerWeb(t, "web")
-	hot := d.create(t, "web", "hot")
-	frozen := d.create(t, "web", "frozen")
-	snap := d.create(t, "web", "snap")
-	count := map[string]int{}
-	for _, sb := range []api.Sandbox{hot, frozen, snap} {
-		count[sb.ID] = getCount(t, endpoint(t, sb))
-	}
-	d.transition(t, frozen.ID, "freeze", api.TierFrozen)
-	d.transition(t, snap.ID, "snapshot", api.TierSnapshot)
+	hot, frozen, snap, count := d.threeTiers(t)
 	key, err := d.C.CreateAPIKey(ctxT(t), "team-a")
 	if err != nil {
 		t.Fatal(err)

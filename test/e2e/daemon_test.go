@@ -335,6 +335,25 @@ func (d *Daemon) create(t *testing.T, template, name string) api.Sandbox {
 	return sb
 }
 
+// threeTiers registers the web demo as "web" and makes a sandbox of it in
+// each tier that keeps its memory, each called once first: "hot",
+// "frozen" and "snap" (snapshot). count is what each one's counter said,
+// by ID, for the tests to check that its memory lives on.
+func (d *Daemon) threeTiers(t *testing.T) (hot, frozen, snap api.Sandbox, count map[string]int) {
+	t.Helper()
+	d.registerWeb(t, "web")
+	hot = d.create(t, "web", "hot")
+	frozen = d.create(t, "web", "frozen")
+	snap = d.create(t, "web", "snap")
+	count = map[string]int{}
+	for _, sb := range []api.Sandbox{hot, frozen, snap} {
+		count[sb.ID] = getCount(t, endpoint(t, sb))
+	}
+	d.transition(t, frozen.ID, "freeze", api.TierFrozen)
+	d.transition(t, snap.ID, "snapshot", api.TierSnapshot)
+	return hot, frozen, snap, count
+}
+
 // logs returns sandbox id's console log as the API serves it.
 func (d *Daemon) logs(t *testing.T, id string) string {
 	t.Helper()

@@ -94,16 +94,7 @@ func TestExecAndFiles(t *testing.T) {
 	})
 
 	// Files, both ways, 4 MiB of random bytes.
-	data := make([]byte, 4<<20)
-	rand.Read(data)
-	local := filepath.Join(t.TempDir(), "data.bin")
-	os.WriteFile(local, data, 0o644)
-	cli(t, env, "sandbox", "cp", local, "ex:/work/in/data.bin").ok(t, "cp in")
-	back := filepath.Join(t.TempDir(), "back.bin")
-	cli(t, env, "sandbox", "cp", "ex:/work/in/data.bin", back).ok(t, "cp out")
-	if got, _ := os.ReadFile(back); !bytes.Equal(got, data) {
-		t.Errorf("the file came back different (%d bytes, want %d)", len(got), len(data))
-	}
+	data, local := cpBothWays(t, env, "ex", "/work/in/data.bin", 4<<20, "")
 	r = cli(t, env, "sandbox", "exec", "ex", "--", py, "-c", "import hashlib; print(len(open('/work/in/data.bin','rb').read()))")
 	r.ok(t, "the sandbox sees the copied file", fmt.Sprintf(`^%d\n$`, len(data)))
 
@@ -219,6 +210,25 @@ func TestExecAndFiles(t *testing.T) {
 	if got := d.get(t, sb.ID); got.LastWakeFrom != api.TierDetached {
 		t.Errorf("after exec in a detached sandbox: woken from %q", got.LastWakeFrom)
 	}
+}
+
+// cpBothWays copies size random bytes into sandbox name at path with
+// `sandstormd sandbox cp` and back out, and checks they come back as they
+// went; where says where the sandbox is, for the failures. It returns the
+// bytes and the local file they were copied from.
+func cpBothWays(t *testing.T, env []string, name, path string, size int, where string) ([]byte, string) {
+	t.Helper()
+	data := make([]byte, size)
+	rand.Read(data)
+	local := filepath.Join(t.TempDir(), "data.bin")
+	os.WriteFile(local, data, 0o644)
+	cli(t, env, "sandbox", "cp", local, name+":"+path).ok(t, "cp in"+where)
+	back := filepath.Join(t.TempDir(), "back.bin")
+	cli(t, env, "sandbox", "cp", name+":"+path, back).ok(t, "cp out"+where)
+	if got, _ := os.ReadFile(back); !bytes.Equal(got, data) {
+		t.Errorf("the file came back different%s (%d bytes, want %d)", where, len(got), len(data))
+	}
+	return data, local
 }
 
 func lastLine(s string) string {
@@ -369,16 +379,7 @@ func TestExecInFleet(t *testing.T) {
 	if out, err := in.Output(); err != nil || string(out) != "1048576\n" {
 		t.Errorf("exec -i of 1 MiB on a paired node: %q %v", out, err)
 	}
-	data := make([]byte, 2<<20)
-	rand.Read(data)
-	local := filepath.Join(t.TempDir(), "d.bin")
-	os.WriteFile(local, data, 0o644)
-	cli(t, env, "sandbox", "cp", local, "far-ex:/work/d.bin").ok(t, "cp in, on a paired node")
-	back := filepath.Join(t.TempDir(), "back.bin")
-	cli(t, env, "sandbox", "cp", "far-ex:/work/d.bin", back).ok(t, "cp out, on a paired node")
-	if got, _ := os.ReadFile(back); !bytes.Equal(got, data) {
-		t.Errorf("the file came back different from the paired node (%d bytes)", len(got))
-	}
+	cpBothWays(t, env, "far-ex", "/work/d.bin", 2<<20, ", on a paired node")
 	counter := &pb.ProcessConfig{Cmd: py, Args: []string{"-u", "-c", "import time\nn=0\nwhile True:\n n+=1; print(n); time.sleep(0.05)"}}
 	e := m.C.Envd("far-ex", "")
 	_, last := startCounter(t, e, counter, "far")

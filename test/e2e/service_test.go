@@ -541,16 +541,7 @@ func TestServiceKillMode(t *testing.T) {
 	runAsUnit(d, u, cg, ns)
 	d.Start(t)
 	seen := ns.wait(t, 0, d.cmd.Process.Pid, "READY=1")
-	d.registerWeb(t, "web")
-	hot := d.create(t, "web", "hot")
-	frozen := d.create(t, "web", "frozen")
-	snap := d.create(t, "web", "snap")
-	n := map[string]int{}
-	for _, sb := range []api.Sandbox{hot, frozen, snap} {
-		n[sb.ID] = getCount(t, endpoint(t, sb))
-	}
-	d.transition(t, frozen.ID, "freeze", api.TierFrozen)
-	d.transition(t, snap.ID, "snapshot", api.TierSnapshot)
+	hot, frozen, snap, n := d.threeTiers(t)
 
 	// Where runsc's processes are, against where systemd tracks the unit.
 	procs := runscProcs(d, hot.ID)
