@@ -274,14 +274,23 @@ func (d *Daemon) signal(sig syscall.Signal, wait time.Duration) error {
 	if !d.running() {
 		return nil
 	}
-	d.cmd.Process.Signal(sig)
-	select {
-	case <-d.exited:
-		return nil
-	case <-time.After(wait):
-		d.cmd.Process.Kill()
-		<-d.exited
+	if stopProcess(d.cmd.Process, d.exited, sig, wait) {
 		return fmt.Errorf("sandstormd did not exit within %v of %v; killed it", wait, sig)
+	}
+	return nil
+}
+
+// stopProcess sends p sig and waits for exited to close; if it has not
+// within wait, it kills p, waits for it, and reports that it had to.
+func stopProcess(p *os.Process, exited <-chan struct{}, sig os.Signal, wait time.Duration) (killed bool) {
+	p.Signal(sig)
+	select {
+	case <-exited:
+		return false
+	case <-time.After(wait):
+		p.Kill()
+		<-exited
+		return true
 	}
 }
 

@@ -150,13 +150,7 @@ func (m *machine) stop(sig syscall.Signal) {
 		return
 	default:
 	}
-	m.cmd.Process.Signal(sig)
-	select {
-	case <-m.exited:
-	case <-time.After(30 * time.Second):
-		m.cmd.Process.Kill()
-		<-m.exited
-	}
+	stopProcess(m.cmd.Process, m.exited, sig, 30*time.Second)
 }
 
 func (m *machine) code() string {

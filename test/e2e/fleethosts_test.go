@@ -71,13 +71,7 @@ func startSSHHost(t *testing.T, k int, keys, remoteDir string) *sshHost {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		if h.cmd != nil && h.cmd.Process != nil {
-			h.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-h.exited:
-			case <-time.After(10 * time.Second):
-				h.cmd.Process.Kill()
-				<-h.exited
-			}
+			stopProcess(h.cmd.Process, h.exited, syscall.SIGTERM, 10*time.Second)
 		}
 		exec.Command("ip", "netns", "delete", h.ns).Run()
 		exec.Command("ip", "link", "delete", h.link).Run()

@@ -112,13 +112,7 @@ func startProc(t *testing.T, name string, c *exec.Cmd) *proc {
 }
 
 func (p *proc) stop() {
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-	}
+	stopProcess(p.cmd.Process, p.done, syscall.SIGTERM, 10*time.Second)
 }
 
 func (p *proc) kill() {

@@ -86,12 +86,7 @@ mcp_servers:
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-		}
+		stopProcess(cmd.Process, done, os.Interrupt, 10*time.Second)
 		logf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logf.Name())
