@@ -263,14 +263,7 @@ func TestFleet(t *testing.T) {
 	// kill -9 the node: lost, its sandboxes listed as lost; back, it
 	// reconciles and they answer.
 	roomy.stop(syscall.SIGKILL)
-	testenv.WaitFor(t, 15*time.Second, roomy.name+" shows lost", func() bool {
-		for _, n := range listNodes(t, m) {
-			if n.Name == roomy.name {
-				return n.State == "lost"
-			}
-		}
-		return false
-	})
+	waitNode(t, m, roomy.name, 15*time.Second, roomy.name+" shows lost", nodeLost)
 	all, err := m.C.Sandboxes(ctxT(t))
 	if err != nil {
 		t.Fatal(err)
@@ -309,14 +302,7 @@ func TestFleet(t *testing.T) {
 	}
 
 	roomy.start()
-	testenv.WaitFor(t, 30*time.Second, roomy.name+" is ready again", func() bool {
-		for _, n := range listNodes(t, m) {
-			if n.Name == roomy.name {
-				return n.State == "ready" && n.Reconciling == 0
-			}
-		}
-		return false
-	})
+	waitNode(t, m, roomy.name, 30*time.Second, roomy.name+" is ready again", nodeReconciled)
 	for _, sb := range sbs[:2] {
 		getCount(t, endpoint(t, m.get(t, sb.ID)))
 	}
@@ -380,6 +366,29 @@ func listNodes(t *testing.T, d *Daemon) []api.NodeStatus {
 	}
 	return l.Items
 }
+
+// nodeIs reports whether node name is on d's list and cond holds for it.
+func nodeIs(t *testing.T, d *Daemon, name string, cond func(api.NodeStatus) bool) bool {
+	t.Helper()
+	for _, n := range listNodes(t, d) {
+		if n.Name == name {
+			return cond(n)
+		}
+	}
+	return false
+}
+
+// waitNode waits until node name is on d's list and cond holds for it.
+func waitNode(t *testing.T, d *Daemon, name string, timeout time.Duration, what string, cond func(api.NodeStatus) bool) {
+	t.Helper()
+	testenv.WaitFor(t, timeout, what, func() bool { return nodeIs(t, d, name, cond) })
+}
+
+func nodeLost(n api.NodeStatus) bool { return n.State == "lost" }
+
+// nodeReconciled: the node is ready and done reconciling after its
+// (re)start.
+func nodeReconciled(n api.NodeStatus) bool { return n.State == "ready" && n.Reconciling == 0 }
 
 // TestFleetUpDown: sandstormd fleet up brings a master and three nodes up in
 // network namespaces of their own, pairs them, seeds the web demo and
@@ -551,12 +560,7 @@ func TestNodeBehindNAT(t *testing.T) {
 		}
 	})
 	ready := func() bool {
-		for _, n := range listNodes(t, m) {
-			if n.Name == nat.name {
-				return n.State == "ready"
-			}
-		}
-		return false
+		return nodeIs(t, m, nat.name, func(n api.NodeStatus) bool { return n.State == "ready" })
 	}
 	testenv.WaitFor(t, 30*time.Second, nat.name+" dials in and is ready", ready)
 	m.registerWeb(t, "web")
@@ -589,14 +593,7 @@ func TestNodeBehindNAT(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, nat.name+" shows lost", func() bool { return !ready() })
 	nat.args = slices.DeleteFunc(nat.args, func(s string) bool { return s == jt.Token || s == "--join-token" })
 	nat.start()
-	testenv.WaitFor(t, 30*time.Second, nat.name+" dials in again and has reconciled", func() bool {
-		for _, n := range listNodes(t, m) {
-			if n.Name == nat.name {
-				return n.State == "ready" && n.Reconciling == 0
-			}
-		}
-		return false
-	})
+	waitNode(t, m, nat.name, 30*time.Second, nat.name+" dials in again and has reconciled", nodeReconciled)
 	if c := getCount(t, endpoint(t, m.get(t, sb.ID))); c != 3 {
 		t.Errorf("after the node came back, counted %d, want 3", c)
 	}

@@ -131,14 +131,7 @@ func agree(t *testing.T, what string, d *Daemon, nodes ...*machine) {
 // ready waits until node m is ready on d's list, its restart repaired.
 func ready(t *testing.T, d *Daemon, m *machine) {
 	t.Helper()
-	testenv.WaitFor(t, 60*time.Second, m.name+" ready", func() bool {
-		for _, n := range listNodes(t, d) {
-			if n.Name == m.name {
-				return n.State == "ready" && n.Reconciling == 0
-			}
-		}
-		return false
-	})
+	waitNode(t, d, m.name, 60*time.Second, m.name+" ready", nodeReconciled)
 }
 
 // pair pairs m with d.
@@ -307,14 +300,7 @@ func TestNodeKilledMidCreateAndMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	roomy.stop(syscall.SIGKILL)
-	testenv.WaitFor(t, 15*time.Second, roomy.name+" lost", func() bool {
-		for _, n := range listNodes(t, m) {
-			if n.Name == roomy.name {
-				return n.State == "lost"
-			}
-		}
-		return false
-	})
+	waitNode(t, m, roomy.name, 15*time.Second, roomy.name+" lost", nodeLost)
 	r := m.raw(t, "POST", "/v1/sandboxes/"+victim.Name+"/move", m.Token, "", nil)
 	var moved api.Sandbox
 	if r.Status != http.StatusCreated || json.Unmarshal([]byte(r.Body), &moved) != nil {
