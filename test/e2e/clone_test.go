@@ -83,10 +83,7 @@ func TestClone(t *testing.T) {
 	expectCount(t, pep, n+2, "the parent after the clone (its own memory)")
 
 	// Volumes: a Go sandbox's children start with a copy of its files.
-	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
-		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
-		t.Fatal(err)
-	}
+	d.registerAgent(t)
 	gp := d.create(t, "agent", "gparent")
 	if got := getBody(t, endpoint(t, gp), "/file?path=/note&write=parent"); got != "written" {
 		t.Fatalf("write: %q", got)

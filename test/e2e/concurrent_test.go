@@ -29,10 +29,7 @@ func TestConcurrentCreates(t *testing.T) {
 	d.GwPorts = gw
 	// The agent: a static Go binary answering /healthz, the smallest
 	// sandbox there is to have 200 of.
-	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
-		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
-		t.Fatal(err)
-	}
+	d.registerAgent(t)
 	memBefore := memAvailableMiB(t)
 	// The least memory available at any moment of the test, for its log.
 	low := memguard.WatchLow(250 * time.Millisecond)

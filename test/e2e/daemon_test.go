@@ -329,6 +329,14 @@ func (d *Daemon) registerWeb(t *testing.T, name string) api.Template {
 	return tp
 }
 
+// registerAgent registers test/agent as "agent" (agentTemplate).
+func (d *Daemon) registerAgent(t *testing.T) {
+	t.Helper()
+	if _, err := d.C.CreateTemplate(ctxT(t), agentTemplate("agent")); err != nil {
+		t.Fatalf("register template agent: %v", err)
+	}
+}
+
 // create starts a sandbox and checks it comes back hot with an endpoint.
 func (d *Daemon) create(t *testing.T, template, name string) api.Sandbox {
 	t.Helper()

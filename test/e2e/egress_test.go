@@ -23,7 +23,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/proxy"
 
-	"sandstorm/api"
 	"sandstorm/internal/sam/fakellm"
 	"sandstorm/internal/testenv"
 )
@@ -274,10 +273,7 @@ bindings:
 	sock, samAdmin := sn.Sock, sn.Admin
 	metrics := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	d := startDaemon(t, "--policy", policyPath, "--sam-node", "unix://"+sock, "--metrics-addr", metrics, "--resolver", resolver.addr)
-	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
-		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
-		t.Fatal(err)
-	}
+	d.registerAgent(t)
 	a := d.create(t, "agent", "agent-a")
 	b := d.create(t, "agent", "agent-b")
 	aHost := netip.MustParseAddr(a.Address).Prev() // the host ends of their /30s

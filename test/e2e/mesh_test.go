@@ -282,9 +282,7 @@ bindings:
 	// serve the mesh.
 	gw := linkTo(t, ha, "smgw", "10.199.78.1", "10.199.78.2")
 	d := startDaemon(t, "--policy", "sam-node", "--sam-node", "unix://"+sockA, "--gateway-listen", gw)
-	if _, err := d.C.CreateTemplate(ctxT(t), agentTemplate("agent")); err != nil {
-		t.Fatal(err)
-	}
+	d.registerAgent(t)
 	sb := d.create(t, "agent", "agent-a")
 	runAgent := func() agentResult {
 		var r agentResult

@@ -396,10 +396,7 @@ bindings:
   - {principal: agent-b, roles: [outward]}
 `), 0o600)
 	d := startDaemon(t, "--metrics-addr", fmt.Sprintf("0.0.0.0:%d", mport), "--policy", policyPath, "--resolver", resolver.addr)
-	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
-		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
-		t.Fatal(err)
-	}
+	d.registerAgent(t)
 	a := d.create(t, "agent", "agent-a")
 	b := d.create(t, "agent", "agent-b")
 	aHost := netip.MustParseAddr(a.Address).Prev()

@@ -204,10 +204,7 @@ func TestAgentThroughBoundary(t *testing.T) {
 	sock := sn.Sock
 	metrics := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	d := startDaemon(t, "--policy", policyPath, "--sam-node", "unix://"+sock, "--metrics-addr", metrics)
-	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
-		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
-		t.Fatal(err)
-	}
+	d.registerAgent(t)
 	a := d.create(t, "agent", "agent-a")
 	b := d.create(t, "agent", "agent-b")
 	if a.Principal != "agent-a" || b.Principal != "agent-b" {

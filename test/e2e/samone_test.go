@@ -89,9 +89,7 @@ bindings:
 	// An agent in a real sandbox behind that sam-node, its boundary on
 	// the mesh's policy.
 	d := startDaemon(t, "--policy", "sam-node", "--sam-node", "unix://"+nodeSock)
-	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs, Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
-		t.Fatal(err)
-	}
+	d.registerAgent(t)
 	sb := d.create(t, "agent", "agent-one")
 	var res agentResult
 	testenv.WaitFor(t, 30*time.Second, "the boundary has the mesh's policy (the agent reaches the mesh)", func() bool {

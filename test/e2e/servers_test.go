@@ -38,6 +38,17 @@ func servers() []server {
 	}
 }
 
+// start registers s as a template of its name on d and starts a sandbox
+// of it called name.
+func (s server) start(t *testing.T, d *Daemon, name string) api.Sandbox {
+	t.Helper()
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: s.name, RootfsDir: s.rootfs,
+		Process: api.Process{Args: s.args, Env: s.env}, Ports: []int{8000}}); err != nil {
+		t.Fatal(err)
+	}
+	return d.create(t, s.name, name)
+}
+
 // TestServersThroughEveryTier: each server goes through 20 freezes and 20
 // snapshots with its memory kept; after each restore it takes 200 new
 // connections, four at a time, and answers every one with the next count.
@@ -45,11 +56,7 @@ func TestServersThroughEveryTier(t *testing.T) {
 	d := startDaemon(t)
 	for _, s := range servers() {
 		t.Run(s.name, func(t *testing.T) {
-			if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: s.name, RootfsDir: s.rootfs,
-				Process: api.Process{Args: s.args, Env: s.env}, Ports: []int{8000}}); err != nil {
-				t.Fatal(err)
-			}
-			sb := d.create(t, s.name, s.name+"-tiers")
+			sb := s.start(t, d, s.name+"-tiers")
 			ep := endpoint(t, sb)
 			n := getCount(t, ep)
 			for i := 1; i <= 20; i++ {
@@ -126,11 +133,7 @@ func TestNoRequestLostToASnapshot(t *testing.T) {
 	d := startDaemon(t)
 	for _, s := range []server{servers()[0], servers()[3]} { // Go and Python
 		t.Run(s.name, func(t *testing.T) {
-			if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: s.name, RootfsDir: s.rootfs,
-				Process: api.Process{Args: s.args, Env: s.env}, Ports: []int{8000}}); err != nil {
-				t.Fatal(err)
-			}
-			sb := d.create(t, s.name, s.name+"-load")
+			sb := s.start(t, d, s.name+"-load")
 			ep := endpoint(t, sb)
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
@@ -264,10 +267,7 @@ func getNew(ep string) error {
 // would be lost with the container.)
 func TestVolumeSurvivesEveryTier(t *testing.T) {
 	d := startDaemon(t)
-	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "agent", RootfsDir: agentRootfs,
-		Process: api.Process{Args: []string{"/agent"}}, Ports: []int{8000}}); err != nil {
-		t.Fatal(err)
-	}
+	d.registerAgent(t)
 	sb := d.create(t, "agent", "writer")
 	ep := endpoint(t, sb)
 	if got := getBody(t, ep, "/file?path=/note&write=kept"); got != "written" {
