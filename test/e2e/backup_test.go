@@ -121,16 +121,7 @@ func TestStoreBackupRestore(t *testing.T) {
 		t.Fatal("the store as it was was not kept")
 	}
 	d.Start(t)
-	for _, c := range []struct {
-		sb   api.Sandbox
-		tier api.Tier
-	}{{hot, api.TierHot}, {frozen, api.TierFrozen}, {snap, api.TierSnapshot}} {
-		if got := d.get(t, c.sb.ID); got.Tier != c.tier {
-			t.Errorf("after the restore %s is %s, want %s", c.sb.Name, got.Tier, c.tier)
-		}
-		count[c.sb.ID]++
-		expectCount(t, endpoint(t, c.sb), count[c.sb.ID], c.sb.Name+" after the restore (its memory)")
-	}
+	d.expectThreeTiers(t, "after the restore", count, hot, frozen, snap)
 	for _, sb := range before {
 		if got := d.get(t, sb.ID); got.Name != sb.Name {
 			t.Errorf("after the restore %s is %+v", sb.ID, got)

@@ -371,6 +371,23 @@ func (d *Daemon) threeTiers(t *testing.T) (hot, frozen, snap api.Sandbox, count 
 	return hot, frozen, snap, count
 }
 
+// expectThreeTiers checks that threeTiers' sandboxes are still in their
+// tiers and each answers with its memory: the next count after count's,
+// which it updates. when says after what, for the failures.
+func (d *Daemon) expectThreeTiers(t *testing.T, when string, count map[string]int, hot, frozen, snap api.Sandbox) {
+	t.Helper()
+	for _, c := range []struct {
+		sb   api.Sandbox
+		tier api.Tier
+	}{{hot, api.TierHot}, {frozen, api.TierFrozen}, {snap, api.TierSnapshot}} {
+		if got := d.get(t, c.sb.ID); got.Tier != c.tier {
+			t.Errorf("%s %s is %s, want %s", when, c.sb.Name, got.Tier, c.tier)
+		}
+		count[c.sb.ID]++
+		expectCount(t, endpoint(t, c.sb), count[c.sb.ID], c.sb.Name+" "+when+" (its memory)")
+	}
+}
+
 // logs returns sandbox id's console log as the API serves it.
 func (d *Daemon) logs(t *testing.T, id string) string {
 	t.Helper()

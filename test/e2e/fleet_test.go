@@ -153,6 +153,20 @@ func (m *machine) stop(sig syscall.Signal) {
 	stopProcess(m.cmd.Process, m.exited, sig, 30*time.Second)
 }
 
+// refused waits for m, a node its master turns away, to give up, and
+// checks that its log says why.
+func (m *machine) refused(t *testing.T, what, why string) {
+	t.Helper()
+	select {
+	case <-m.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not give up", what)
+	}
+	if b, _ := os.ReadFile(m.logPath); !strings.Contains(string(b), why) {
+		t.Errorf("%s: its log does not say %q:\n%s", what, why, b)
+	}
+}
+
 func (m *machine) code() string {
 	b, err := os.ReadFile(filepath.Join(m.dataDir, "pki", pki.PairingCodeFile))
 	if err != nil {
@@ -535,14 +549,7 @@ func TestNodeBehindNAT(t *testing.T) {
 	}
 	master := "https://10.188.5.1:" + strings.Split(m.API, ":")[2]
 	bad := newMachine(t, 6, false, "--join", "https://10.188.6.1:"+strings.Split(m.API, ":")[2], "--ca-fingerprint", strings.Repeat("ab", 32), "--join-token", jt.Token)
-	select {
-	case <-bad.exited:
-	case <-time.After(30 * time.Second):
-		t.Fatal("a node given the wrong CA fingerprint did not give up")
-	}
-	if b, _ := os.ReadFile(bad.logPath); !strings.Contains(string(b), "refusing to join") {
-		t.Errorf("the wrong fingerprint's refusal does not say so:\n%s", b)
-	}
+	bad.refused(t, "a node given the wrong CA fingerprint", "refusing to join")
 
 	nat := newMachine(t, 5, false, "--join", master, "--ca-fingerprint", jt.CAFingerprint, "--join-token", jt.Token)
 	// The master came first here (the join token is its), so its cleanup
@@ -580,14 +587,7 @@ func TestNodeBehindNAT(t *testing.T) {
 
 	// The token was good once.
 	other := newMachine(t, 6, false, "--join", "https://10.188.6.1:"+strings.Split(m.API, ":")[2], "--ca-fingerprint", jt.CAFingerprint, "--join-token", jt.Token)
-	select {
-	case <-other.exited:
-	case <-time.After(30 * time.Second):
-		t.Fatal("a node with a used join token did not give up")
-	}
-	if b, _ := os.ReadFile(other.logPath); !strings.Contains(string(b), "unknown, used or expired") {
-		t.Errorf("a used token's refusal does not say so:\n%s", b)
-	}
+	other.refused(t, "a node with a used join token", "unknown, used or expired")
 
 	nat.stop(syscall.SIGKILL)
 	testenv.WaitFor(t, 30*time.Second, nat.name+" shows lost", func() bool { return !ready() })

@@ -563,16 +563,7 @@ func TestServiceKillMode(t *testing.T) {
 	t.Logf("stop with KillMode=%s took %v; %d processes left in the unit's cgroup (systemd logs them as left over, and keeps them)", u.killMode, took.Round(time.Millisecond), len(procsUnder(cg.unified)))
 	d.Start(t)
 	seen = ns.wait(t, seen, d.cmd.Process.Pid, "READY=1")
-	for _, c := range []struct {
-		sb   api.Sandbox
-		tier api.Tier
-	}{{hot, api.TierHot}, {frozen, api.TierFrozen}, {snap, api.TierSnapshot}} {
-		if got := d.get(t, c.sb.ID); got.Tier != c.tier {
-			t.Fatalf("after the restart %s is %s, want %s", c.sb.Name, got.Tier, c.tier)
-		}
-		n[c.sb.ID]++
-		expectCount(t, endpoint(t, c.sb), n[c.sb.ID], c.sb.Name+" after a restart as the unit does it")
-	}
+	d.expectThreeTiers(t, "after a restart as the unit does it", n, hot, frozen, snap)
 
 	// systemctl reload: ExecReload, with the unit's environment.
 	main := d.cmd.Process.Pid
