@@ -504,7 +504,7 @@ func TestFleetUpDown(t *testing.T) {
 	}
 	var r agentResult
 	testenv.WaitFor(t, 60*time.Second, "the agent in the fleet reaches the mesh with the control plane's policy", func() bool {
-		agentGET(t, sb, "/run", url.Values{"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from the fleet"}`}, "denied_tool": {"everything__get-sum"}}, &r)
+		r = agentRun(t, sb, url.Values{"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from the fleet"}`}, "denied_tool": {"everything__get-sum"}})
 		return strings.Contains(r.ToolResult, "hi from the fleet")
 	})
 	if strings.Join(r.Tools, ",") != "everything__echo" || !r.DeniedToolIs {

@@ -515,9 +515,7 @@ func TestFleetUpHosts(t *testing.T) {
 		t.Fatalf("4 agent sandboxes went to %d host(s)", len(agents))
 	}
 	run := func(sb api.Sandbox) agentResult {
-		var r agentResult
-		agentGET(t, sb, "/run", url.Values{"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from ` + sb.Node + `"}`}, "denied_tool": {"everything__get-sum"}}, &r)
-		return r
+		return agentRun(t, sb, url.Values{"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from ` + sb.Node + `"}`}, "denied_tool": {"everything__get-sum"}})
 	}
 	for node, sb := range agents {
 		var r agentResult

@@ -285,13 +285,11 @@ bindings:
 	d.registerAgent(t)
 	sb := d.create(t, "agent", "agent-a")
 	runAgent := func() agentResult {
-		var r agentResult
-		agentGET(t, sb, "/run", url.Values{
+		return agentRun(t, sb, url.Values{
 			"model": {"m-c"}, "denied_model": {"m-elsewhere"},
 			"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from A"}`},
 			"denied_tool": {"everything__get-sum"},
-		}, &r)
-		return r
+		})
 	}
 	var r agentResult
 	testenv.WaitFor(t, 60*time.Second, "the agent on A sees C's model and B's tools", func() bool {

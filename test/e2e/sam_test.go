@@ -154,6 +154,14 @@ func agentGET(t *testing.T, sb api.Sandbox, path string, q url.Values, out any) 
 	}
 }
 
+// agentRun is what test/agent's /run answers with the query q.
+func agentRun(t *testing.T, sb api.Sandbox, q url.Values) agentResult {
+	t.Helper()
+	var r agentResult
+	agentGET(t, sb, "/run", q, &r)
+	return r
+}
+
 func probeFrom(t *testing.T, sb api.Sandbox, kv ...string) probeResult {
 	t.Helper()
 	q := url.Values{}
@@ -212,13 +220,11 @@ func TestAgentThroughBoundary(t *testing.T) {
 	}
 
 	runA := func(t *testing.T) agentResult {
-		var r agentResult
-		agentGET(t, a, "/run", url.Values{
+		return agentRun(t, a, url.Values{
 			"model": {"gpt-small"}, "denied_model": {"gpt-big"},
 			"tool": {"everything__echo"}, "tool_args": {`{"message":"hi from a"}`},
 			"denied_tool": {"everything__add"},
-		}, &r)
-		return r
+		})
 	}
 	checkA := func(t *testing.T, r agentResult) {
 		t.Helper()
@@ -249,8 +255,7 @@ func TestAgentThroughBoundary(t *testing.T) {
 	}
 	checkA(t, runA(t))
 
-	var rb agentResult
-	agentGET(t, b, "/run", url.Values{"model": {"gpt-big"}}, &rb)
+	rb := agentRun(t, b, url.Values{"model": {"gpt-big"}})
 	if len(rb.Errors) > 0 {
 		t.Fatalf("agent-b errors: %q", rb.Errors)
 	}
@@ -447,8 +452,7 @@ func TestAgentThroughBoundary(t *testing.T) {
 		os.WriteFile(policyPath, []byte(strings.Replace(samPolicy, `"inference://gpt-small"`, `"inference://gpt-small", "inference://gpt-big"`, 1)), 0o600)
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			var r agentResult
-			agentGET(t, a, "/run", url.Values{}, &r)
+			r := agentRun(t, a, url.Values{})
 			if len(r.Models) == 2 {
 				break
 			}

@@ -93,8 +93,7 @@ bindings:
 	sb := d.create(t, "agent", "agent-one")
 	var res agentResult
 	testenv.WaitFor(t, 30*time.Second, "the boundary has the mesh's policy (the agent reaches the mesh)", func() bool {
-		res = agentResult{}
-		agentGET(t, sb, "/run", url.Values{}, &res)
+		res = agentRun(t, sb, url.Values{})
 		return len(res.Errors) == 0
 	})
 	agentGET(t, sb, "/run", url.Values{"denied_model": {"gpt-secret"}}, &res)
