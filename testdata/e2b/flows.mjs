@@ -22,14 +22,72 @@ const step = async (name, fn) => {
   }
 }
 
-// snapshot takes the sandbox to the snapshot tier through the master's
-// own API, as idleness would: not E2B's pause.
-async function snapshot(id) {
-  const res = await fetch(`${process.env.SANDSTORM_API}/v1/sandboxes/${id}/snapshot`, {
+// idle takes the sandbox to an idle tier (op: freeze or snapshot)
+// through the master's own API, as idleness would: not E2B's pause.
+async function idle(id, op) {
+  const res = await fetch(`${process.env.SANDSTORM_API}/v1/sandboxes/${id}/${op}`, {
     method: 'POST',
     headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` },
   })
-  assert.equal(res.status, 200, `POST /v1/sandboxes/${id}/snapshot: ${res.status}`)
+  assert.equal(res.status, 200, `POST /v1/sandboxes/${id}/${op}: ${res.status}`)
+}
+const snapshot = (id) => idle(id, 'snapshot')
+
+// WS_SERVER is a WebSocket echo server on port 8765 (RFC 6455 from
+// Python's standard library: the base template has no websockets
+// module), text frames under 126 bytes.
+const WS_SERVER = `
+import base64, hashlib, socket, struct, threading
+def recvn(c, n):
+    b = b''
+    while len(b) < n:
+        d = c.recv(n - len(b))
+        if not d:
+            raise EOFError
+        b += d
+    return b
+def serve(c):
+    h = b''
+    while b'\\r\\n\\r\\n' not in h:
+        h += c.recv(1024)
+    key = [l.split(b':', 1)[1].strip() for l in h.split(b'\\r\\n') if l.lower().startswith(b'sec-websocket-key:')][0]
+    acc = base64.b64encode(hashlib.sha1(key + b'258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest())
+    c.sendall(b'HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Accept: ' + acc + b'\\r\\n\\r\\n')
+    while True:
+        b0, b1 = recvn(c, 2)
+        n = b1 & 127
+        if n == 126:
+            n = struct.unpack('>H', recvn(c, 2))[0]
+        mask = recvn(c, 4)
+        data = bytes(x ^ mask[i % 4] for i, x in enumerate(recvn(c, n)))
+        if b0 & 15 == 8:
+            c.sendall(b'\\x88\\x00')
+            return
+        c.sendall(bytes([0x81, len(data)]) + data)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 8765))
+s.listen()
+while True:
+    threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
+`
+
+// echo sends msg over a WebSocket to port 8765 of sandbox id, by its
+// Host (8765-<id>.<domain>) on the master's listener, and answers the
+// echo. The name resolves to the listener here, whatever the resolver.
+async function echo(id, msg) {
+  const { default: WebSocket } = await import('ws')
+  const api = new URL(process.env.E2B_SANDBOX_URL)
+  const lookup = (host, opts, cb) => (opts?.all ? cb(null, [{ address: api.hostname, family: 4 }]) : cb(null, api.hostname, 4))
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(`wss://8765-${id}.${process.env.E2B_DOMAIN}:${api.port}/`, { lookup })
+    ws.on('open', () => ws.send(msg))
+    ws.on('message', (d) => {
+      resolve(String(d))
+      ws.close()
+    })
+    ws.on('error', reject)
+  })
 }
 
 // tier reads the sandbox's tier through the master's own API, with the
@@ -161,6 +219,32 @@ try {
     const r = await sbx.commands.run('echo awake')
     assert.equal(r.stdout, 'awake\n')
     assert.equal(await tier(sbx.sandboxId), 'hot')
+  })
+
+  await step('a port passes a WebSocket, and one wakes the sandbox from an idle snapshot', async () => {
+    await sbx.files.write('/home/user/ws.py', WS_SERVER)
+    const srv = await sbx.commands.run('python3 /home/user/ws.py', { background: true })
+    let got = ''
+    for (let i = 0; i < 100 && got !== 'one'; i++) {
+      got = await echo(sbx.sandboxId, 'one').catch(() => wait(50).then(() => ''))
+    }
+    assert.equal(got, 'one', 'a WebSocket through the port')
+    await snapshot(sbx.sandboxId)
+    assert.equal(await tier(sbx.sandboxId), 'snapshot')
+    assert.equal(await echo(sbx.sandboxId, 'two'), 'two', 'a WebSocket to the snapshotted sandbox')
+    assert.equal(await tier(sbx.sandboxId), 'hot')
+    await sbx.commands.kill(srv.pid)
+  })
+
+  await step('watchDir streams on across an idle freeze', async () => {
+    const events = []
+    const w = await sbx.files.watchDir('/home/user', (e) => events.push(e))
+    await idle(sbx.sandboxId, 'freeze')
+    assert.equal(await tier(sbx.sandboxId), 'frozen')
+    await sbx.files.write('/home/user/after-freeze.txt', 'x') // wakes it
+    for (let i = 0; i < 200 && !events.some((e) => e.name === 'after-freeze.txt'); i++) await wait(10)
+    await w.stop()
+    assert.ok(events.some((e) => e.name === 'after-freeze.txt'), `events after the freeze: ${JSON.stringify(events)}`)
   })
 
   await step('a paused sandbox is paused until connect', async () => {
