@@ -180,6 +180,18 @@ func (s *series) miss(ctx context.Context, format string, args ...any) (stop boo
 	return s.fail(format, args...), nil
 }
 
+// skip ends the series before its first sample, for err (a sandbox that
+// never became ready, say): the run's end stops the run with the
+// context's error; anything else is why the series was skipped, and the
+// run goes on.
+func (s *series) skip(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	s.main.Skipped = err.Error()
+	return nil
+}
+
 func (s *series) ok() { s.consecutive = 0 }
 
 func (s *series) done() bool { return len(s.main.SamplesMs) >= s.n }
@@ -363,14 +375,18 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 	}
 	sb, err := r.ready(ctx, "hot", t)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		cl.Skipped = err.Error()
-		return nil
+		return s.skip(ctx, err)
 	}
 	defer r.remove(ctx, sb.ID)
 	url, _ := r.endpoint(sb)
+	return r.timeHot(ctx, s, url, func() error { return r.ensureHot(ctx, sb.ID) })
+}
+
+// timeHot is the hot series' loop, through the gateway or straight to a
+// raw sandbox: after --hot-warmup unrecorded requests, it times GET url
+// into s until s is done. check, if set, runs before each request; an
+// error from it is a failed attempt.
+func (r *runner) timeHot(ctx context.Context, s *series, url string, check func() error) error {
 	for range r.cfg.hotWarmup {
 		r.get(ctx, url)
 	}
@@ -378,11 +394,13 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := r.ensureHot(ctx, sb.ID); err != nil {
-			if s.fail("%v", err) {
-				return nil
+		if check != nil {
+			if err := check(); err != nil {
+				if s.fail("%v", err) {
+					return nil
+				}
+				continue
 			}
-			continue
 		}
 		status, body, d, err := r.get(ctx, url)
 		if err == nil && status != http.StatusOK {
@@ -395,9 +413,9 @@ func (r *runner) measureHot(ctx context.Context, t string) error {
 			continue
 		}
 		s.ok()
-		cl.AddDuration(d)
-		if i := len(cl.SamplesMs); i%20 == 0 || i == s.n {
-			r.progress(name, i, s.n, "%s ms", bench.FormatMs(bench.Ms(d)))
+		s.main.AddDuration(d)
+		if i := len(s.main.SamplesMs); i%20 == 0 || i == s.n {
+			r.progress(s.name, i, s.n, "%s ms", bench.FormatMs(bench.Ms(d)))
 		}
 	}
 	return nil

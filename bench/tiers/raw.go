@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"os"
 	"time"
@@ -45,6 +44,21 @@ func (r *runner) ensureRaw(ctx context.Context) (*raw.Env, error) {
 	return e, nil
 }
 
+// rawEnvFor is the raw environment for series s, nil when s has nothing
+// to do: this pass has no share of it, or the environment could not be
+// set up (s is then skipped, saying why).
+func (r *runner) rawEnvFor(ctx context.Context, s *series) *raw.Env {
+	if s.done() {
+		return nil
+	}
+	e, err := r.ensureRaw(ctx)
+	if err != nil {
+		s.main.Skipped = err.Error()
+		return nil
+	}
+	return e
+}
+
 // rawBoxFor lays out a new raw container of template t.
 func (r *runner) rawBoxFor(e *raw.Env, purpose, t string) (*raw.Box, error) {
 	def, ok := r.tmplDef[t]
@@ -74,12 +88,8 @@ func (r *runner) measureRawStart(ctx context.Context, t string) error {
 		"the runsc run -detach command alone (it returns once the container runs, before the app listens)", "")
 	cpu := r.res.AddSeries(name+"/sandbox-cpu", cpuDesc, "")
 	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.startN)}
-	if s.done() {
-		return nil // this pass has no share of it
-	}
-	e, err := r.ensureRaw(ctx)
-	if err != nil {
-		cl.Skipped = err.Error()
+	e := r.rawEnvFor(ctx, s)
+	if e == nil {
 		return nil
 	}
 	url := e.URL(r.cfg.port)
@@ -134,48 +144,16 @@ func (r *runner) measureRawHot(ctx context.Context, t string) error {
 	cl := r.res.AddSeries(name+"/client",
 		"GET / straight to a raw runsc sandbox's own address, new TCP connection each request (client; no sandstormd); compare hot/"+t+"/client", "")
 	s := &series{r: r, main: cl, name: name, n: r.upTo(r.cfg.hotN)}
-	if s.done() {
-		return nil // this pass has no share of it
-	}
-	e, err := r.ensureRaw(ctx)
-	if err != nil {
-		cl.Skipped = err.Error()
+	e := r.rawEnvFor(ctx, s)
+	if e == nil {
 		return nil
 	}
 	b, _, err := r.rawReady(ctx, e, "hot", t)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		cl.Skipped = err.Error()
-		return nil
+		return s.skip(ctx, err)
 	}
 	defer e.Remove(ctx, b)
-	url := e.URL(r.cfg.port)
-	for range r.cfg.hotWarmup {
-		r.get(ctx, url)
-	}
-	for !s.done() {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		status, body, d, err := r.get(ctx, url)
-		if err == nil && status != http.StatusOK {
-			err = fmt.Errorf("HTTP %d: %s", status, bench.OneLine(body))
-		}
-		if err != nil {
-			if stop, serr := s.miss(ctx, "GET /: %v", err); stop {
-				return serr
-			}
-			continue
-		}
-		s.ok()
-		cl.AddDuration(d)
-		if i := len(cl.SamplesMs); i%20 == 0 || i == s.n {
-			r.progress(name, i, s.n, "%s ms", bench.FormatMs(bench.Ms(d)))
-		}
-	}
-	return nil
+	return r.timeHot(ctx, s, e.URL(r.cfg.port), nil)
 }
 
 // rawReady starts a raw container of t for a series and waits for its
@@ -228,22 +206,14 @@ func (r *runner) measureRawWake(ctx context.Context, t string, w rawWake) error 
 		cpu = r.res.AddSeries(leaveName+"/sandbox-cpu", restoreCPUDesc, "")
 	}
 	s := &series{r: r, main: cl, name: leaveName, n: r.upTo(r.cfg.wakeN)}
-	if s.done() {
-		return nil // this pass has no share of it
-	}
-	e, err := r.ensureRaw(ctx)
-	if err != nil {
-		cl.Skipped = err.Error()
+	e := r.rawEnvFor(ctx, s)
+	if e == nil {
 		return nil
 	}
 	url := e.URL(r.cfg.port)
 	b, prev, err := r.rawReady(ctx, e, w.series, t)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		cl.Skipped = err.Error()
-		return nil
+		return s.skip(ctx, err)
 	}
 	defer func() {
 		if b != nil {

@@ -66,11 +66,7 @@ func (r *runner) measureWake(ctx context.Context, t string, op tierOp) error {
 	}
 	sb, err := r.ready(ctx, string(op.tier), t)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		w.cl.Skipped = err.Error()
-		return nil
+		return w.s.skip(ctx, err)
 	}
 	defer func() { r.remove(ctx, sb.ID) }()
 	w.sb = sb
