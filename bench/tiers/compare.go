@@ -100,21 +100,14 @@ var comparisons = []comparison{
 // ratioRow is one computed row, for results.json: Series over Baseline,
 // over the whole run and round by round.
 type ratioRow struct {
-	What        string      `json:"what"`
-	Template    string      `json:"template"`
-	Series      string      `json:"series"`
-	Baseline    string      `json:"baseline"`
-	N           int         `json:"n"`
-	BaselineN   int         `json:"baseline_n"`
-	P50         float64     `json:"p50"`
-	BaselineP50 float64     `json:"baseline_p50"`
-	RatioP50    float64     `json:"ratio_p50"`
-	P99         float64     `json:"p99"`
-	BaselineP99 float64     `json:"baseline_p99"`
-	RatioP99    float64     `json:"ratio_p99"`
-	Goal        *bench.Goal `json:"goal,omitempty"`
-	MeetsP50    *bool       `json:"meets_p50,omitempty"`
-	MeetsP99    *bool       `json:"meets_p99,omitempty"`
+	What     string `json:"what"`
+	Template string `json:"template"`
+	Series   string `json:"series"`
+	Baseline string `json:"baseline"`
+	ratio
+	Goal     *bench.Goal `json:"goal,omitempty"`
+	MeetsP50 *bool       `json:"meets_p50,omitempty"`
+	MeetsP99 *bool       `json:"meets_p99,omitempty"`
 	// Rounds are the same figures within each round of the run (both
 	// series measured close together in time): how far a ratio moves
 	// between rounds, and whether it straddles its goal.
@@ -123,7 +116,16 @@ type ratioRow struct {
 
 // roundRow is a comparison within one round.
 type roundRow struct {
-	Round       int     `json:"round"`
+	Round int `json:"round"`
+	ratio
+	MeetsP50 *bool `json:"meets_p50,omitempty"`
+	MeetsP99 *bool `json:"meets_p99,omitempty"`
+}
+
+// ratio is a series' p50 and p99 over its baseline's: what a row over the
+// whole run and a row of one round both hold (embedded, its fields are
+// theirs in results.json).
+type ratio struct {
 	N           int     `json:"n"`
 	BaselineN   int     `json:"baseline_n"`
 	P50         float64 `json:"p50"`
@@ -132,8 +134,24 @@ type roundRow struct {
 	P99         float64 `json:"p99"`
 	BaselineP99 float64 `json:"baseline_p99"`
 	RatioP99    float64 `json:"ratio_p99"`
-	MeetsP50    *bool   `json:"meets_p50,omitempty"`
-	MeetsP99    *bool   `json:"meets_p99,omitempty"`
+}
+
+// ratioOf compares samples with baseline; ok is false when either has no
+// samples or the baseline's p50 or p99 is not positive (no ratio).
+func ratioOf(samples, baseline []float64) (r ratio, ok bool) {
+	sd, err1 := bench.Distribute(samples)
+	bd, err2 := bench.Distribute(baseline)
+	if err1 != nil || err2 != nil || bd.P50 <= 0 || bd.P99 <= 0 {
+		return r, false
+	}
+	return ratio{N: sd.N, BaselineN: bd.N,
+		P50: sd.P50, BaselineP50: bd.P50, RatioP50: sd.P50 / bd.P50,
+		P99: sd.P99, BaselineP99: bd.P99, RatioP99: sd.P99 / bd.P99}, true
+}
+
+// meets checks r against g at p50 and at p99.
+func (r ratio) meets(g bench.Goal) (p50, p99 *bool) {
+	return g.Meets(r.P50, r.BaselineP50), g.Meets(r.P99, r.BaselineP99)
 }
 
 // measured is a series' samples and where its rounds end.
@@ -151,35 +169,26 @@ func ratioRows(m map[string]measured, templates []string) []ratioRow {
 	for _, t := range templates {
 		for _, c := range comparisons {
 			sName, bName := fmt.Sprintf(c.series, t), fmt.Sprintf(c.baseline, t)
-			sd, err1 := bench.Distribute(m[sName].samples)
-			bd, err2 := bench.Distribute(m[bName].samples)
-			if err1 != nil || err2 != nil || bd.P50 <= 0 || bd.P99 <= 0 {
+			all, ok := ratioOf(m[sName].samples, m[bName].samples)
+			if !ok {
 				continue
 			}
-			row := ratioRow{
-				What: c.what, Template: t, Series: sName, Baseline: bName,
-				N: sd.N, BaselineN: bd.N,
-				P50: sd.P50, BaselineP50: bd.P50, RatioP50: sd.P50 / bd.P50,
-				P99: sd.P99, BaselineP99: bd.P99, RatioP99: sd.P99 / bd.P99,
-			}
+			row := ratioRow{What: c.what, Template: t, Series: sName, Baseline: bName, ratio: all}
 			if c.goal.Set() {
 				g := c.goal
 				row.Goal = &g
-				row.MeetsP50, row.MeetsP99 = g.Meets(sd.P50, bd.P50), g.Meets(sd.P99, bd.P99)
+				row.MeetsP50, row.MeetsP99 = all.meets(g)
 			}
 			sr, br := bench.Rounds(m[sName].samples, m[sName].ends), bench.Rounds(m[bName].samples, m[bName].ends)
 			if len(sr) > 1 || len(br) > 1 {
 				for k := 0; k < min(len(sr), len(br)); k++ {
-					sd, err1 := bench.Distribute(sr[k])
-					bd, err2 := bench.Distribute(br[k])
-					if err1 != nil || err2 != nil || bd.P50 <= 0 || bd.P99 <= 0 {
+					inRound, ok := ratioOf(sr[k], br[k])
+					if !ok {
 						continue
 					}
-					rr := roundRow{Round: k + 1, N: sd.N, BaselineN: bd.N,
-						P50: sd.P50, BaselineP50: bd.P50, RatioP50: sd.P50 / bd.P50,
-						P99: sd.P99, BaselineP99: bd.P99, RatioP99: sd.P99 / bd.P99}
+					rr := roundRow{Round: k + 1, ratio: inRound}
 					if row.Goal != nil {
-						rr.MeetsP50, rr.MeetsP99 = row.Goal.Meets(sd.P50, bd.P50), row.Goal.Meets(sd.P99, bd.P99)
+						rr.MeetsP50, rr.MeetsP99 = inRound.meets(*row.Goal)
 					}
 					row.Rounds = append(row.Rounds, rr)
 				}
