@@ -57,8 +57,8 @@ type config struct {
 	raw                                  int
 	fillFor, callTimeout, sample         time.Duration
 	freeze, snapshot, detach             time.Duration
-	out, repo, sandstormd, runsc         string
-	subnet, gwPorts                      string
+	runsc, subnet, gwPorts               string
+	bench.Flags
 }
 
 func main() {
@@ -78,19 +78,16 @@ func main() {
 	fs.DurationVar(&c.freeze, "freeze-after", 2*time.Second, "sandstormd --freeze-after (shortened, as the seed's runs did)")
 	fs.DurationVar(&c.snapshot, "snapshot-after", 5*time.Second, "sandstormd --snapshot-after")
 	fs.DurationVar(&c.detach, "detach-after", time.Minute, "sandstormd --detach-after (a detached sandbox costs only its volume)")
-	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
-	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit)")
-	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
+	c.Flags.Register(fs)
 	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc)")
 	fs.StringVar(&c.subnet, "subnet", "10.150.0.0/16", "sandbox subnet (16,382 slots in a /16); must be unused on this host")
 	fs.StringVar(&c.gwPorts, "gateway-ports", "20000-30999", "gateway port range: one port per sandbox, below the ephemeral range")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
-	}
-	if fs.NArg() > 0 || c.count < 1 || c.calls < 0 || c.parallel < 1 || c.callParallel < 1 || c.nodeMiB < 0 {
-		fmt.Fprintln(os.Stderr, "fill: bad arguments; see --help")
-		os.Exit(2)
-	}
+	bench.ParseFlags(fs, func() error {
+		if c.count < 1 || c.calls < 0 || c.parallel < 1 || c.callParallel < 1 || c.nodeMiB < 0 {
+			return bench.ErrBadArguments
+		}
+		return nil
+	})
 	if c.awake {
 		c.freeze, c.snapshot, c.detach = 0, 0, 0
 	}
@@ -114,7 +111,7 @@ func run(ctx context.Context, c config) (string, error) {
 		title = "One node, every sandbox hot: fill until the node refuses, then call every one"
 	}
 	br, err := bench.Begin(ctx, bench.Plan{Tool: "bench/fill", Title: title,
-		Out: c.out, Repo: c.repo, Prefix: "fill-", Runsc: c.runsc, Demo: "web", Sandstormd: c.sandstormd})
+		Out: c.Out, Repo: c.Repo, Prefix: "fill-", Runsc: c.runsc, Demo: "web", Sandstormd: c.Sandstormd})
 	if err != nil {
 		return "", err
 	}
@@ -455,12 +452,7 @@ func finish(dir *bench.Dir, res *bench.Results, timeline []sample, stop chan str
 			strconv.FormatInt(s.AvailMiB, 10), strconv.FormatInt(s.DiskMiB, 10), strconv.Itoa(s.FDs), strconv.FormatInt(s.RSSMiB, 10)})
 	}
 	res.Tables = append(res.Tables, t)
-	res.Summarize()
-	res.Finished = time.Now().UTC()
-	if err := dir.Write(res); err != nil {
-		return "", err
-	}
-	return dir.Finish()
+	return dir.Done(res)
 }
 
 // cleanup deletes every sandbox through the API (detached ones are cheap),

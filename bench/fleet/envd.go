@@ -32,7 +32,7 @@ import (
 // times, and an upload and a download of 100 MiB twice.
 // The calls are unary (Process.List), so no process start is in them.
 func envdHop(ctx context.Context, c config, bin string, res *bench.Results) error {
-	cl, st, down, err := up(ctx, c, bin, timers(c, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"))
+	cl, st, down, err := up(ctx, c, bin, timersOff(c))
 	defer down()
 	if err != nil {
 		return err

@@ -53,18 +53,19 @@ import (
 )
 
 type config struct {
-	part                                string
-	nodes, count, calls, parallel       int
-	perNode, awake                      int
-	rates                               []int
-	fillFor, trafficFor, callTimeout    time.Duration
-	freeze, snapshot, detach            time.Duration
-	out, repo, sandstormd, root, listen string
-	sandboxMiB                          int
-	moveRounds, drainCount              int
-	logLevel                            string
-	logs                                string // where each fleet's logs are kept (set by run)
-	fleets                              *int   // fleets brought up so far (their logs' directory names)
+	part                             string
+	nodes, count, calls, parallel    int
+	perNode, awake                   int
+	rates                            []int
+	fillFor, trafficFor, callTimeout time.Duration
+	freeze, snapshot, detach         time.Duration
+	root, listen                     string
+	bench.Flags
+	sandboxMiB             int
+	moveRounds, drainCount int
+	logLevel               string
+	logs                   string // where each fleet's logs are kept (set by run)
+	fleets                 *int   // fleets brought up so far (their logs' directory names)
 }
 
 func main() {
@@ -89,99 +90,80 @@ func main() {
 	fs.DurationVar(&c.detach, "detach-after", time.Minute, "nodes' --detach-after")
 	fs.IntVar(&c.sandboxMiB, "sandbox-memory", 128, "nodes' --sandbox-memory: each web server's limit, and what a start is admitted at")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "the nodes' --log-level (info logs each move's steps); the master's and nodes' logs are kept in the results directory, logs/<k>/ for the k-th fleet brought up")
-	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
-	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit)")
-	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary, with runsc beside it (default: built from --repo, with bin/runsc linked beside it: make runsc)")
+	c.Flags.Register(fs)
+	// The nodes fleetup starts run the runsc beside their binary.
+	fs.Lookup("sandstormd").Usage = "sandstormd binary, with runsc beside it (default: built from --repo, with bin/runsc linked beside it: make runsc)"
 	fs.StringVar(&c.root, "root", "/var/lib/sandstorm-bench-fleet", "the fleet's root (removed at the end)")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8078", "the master's API address")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
+	bench.ParseFlags(fs, func() error {
+		for _, r := range strings.Split(rates, ",") {
+			var v int
+			if _, err := fmt.Sscan(r, &v); err != nil || v < 1 {
+				return fmt.Errorf("--rates %q: want positive integers", rates)
+			}
+			c.rates = append(c.rates, v)
 		}
-		os.Exit(2)
-	}
-	for _, r := range strings.Split(rates, ",") {
-		var v int
-		if _, err := fmt.Sscan(r, &v); err != nil || v < 1 {
-			fmt.Fprintf(os.Stderr, "fleet: --rates %q: want positive integers\n", rates)
-			os.Exit(2)
+		if c.nodes < 1 || c.nodes > 9 {
+			return errors.New("--nodes 1 to 9")
 		}
-		c.rates = append(c.rates, v)
-	}
-	if fs.NArg() > 0 || c.nodes < 1 || c.nodes > 9 {
-		fmt.Fprintln(os.Stderr, "fleet: --nodes 1 to 9, no arguments")
-		os.Exit(2)
-	}
+		return nil
+	})
 	bench.Main("fleet", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
 
 func run(ctx context.Context, c config) (string, error) {
-	res := bench.NewResults("bench/fleet", fmt.Sprintf("A fleet of %d nodes on one machine: fill and random calls, then Zipf traffic", c.nodes))
-	res.Machine = bench.CollectMachine(ctx)
-	tmp, err := os.MkdirTemp("", "sandstorm-bench-fleet-")
+	br, err := bench.Begin(ctx, bench.Plan{Tool: "bench/fleet", Title: fmt.Sprintf("A fleet of %d nodes on one machine: fill and random calls, then Zipf traffic", c.nodes),
+		Out: c.Out, Repo: c.Repo, Prefix: "fleet-", Runsc: filepath.Join(c.Repo, "bin", "runsc"), Sandstormd: c.Sandstormd})
 	if err != nil {
 		return "", err
 	}
-	defer os.RemoveAll(tmp)
-	b, err := bench.SandstormdBinary(ctx, c.repo, c.sandstormd, tmp, filepath.Join(c.repo, "bin", "runsc"))
-	if err != nil {
-		return "", err
-	}
+	defer br.Close()
+	res, dir, b := br.Results, br.Dir, br.Binary
 	bin := b.Path
-	res.Machine.UseRunsc(ctx, filepath.Join(filepath.Dir(bin), "runsc"))
-	absOut, _ := filepath.Abs(c.out)
-	res.Source = bench.CollectSource(ctx, c.repo, absOut)
-	dir, err := bench.NewDir(c.out, "fleet-"+res.DirName())
-	if err != nil {
-		return "", err
+	if !b.Built {
+		// A binary given runs the runsc beside it, not bin/runsc.
+		res.Machine.UseRunsc(ctx, filepath.Join(filepath.Dir(bin), "runsc"))
 	}
 	c.logs, c.fleets = filepath.Join(dir.Path, "logs"), new(int)
 	res.Params = map[string]any{"log_level": c.logLevel, "nodes": c.nodes, "part": c.part, "count": c.count, "calls": c.calls, "parallel": c.parallel,
 		"per_node": c.perNode, "awake": c.awake, "rates": c.rates, "traffic_for": c.trafficFor.String(), "fill_for": c.fillFor.String(),
 		"freeze_after": c.freeze.String(), "snapshot_after": c.snapshot.String(), "detach_after": c.detach.String(), "sandbox_memory_mib": c.sandboxMiB, "sandstormd": b,
 		"move_rounds": c.moveRounds, "drain_count": c.drainCount}
-	if strings.Contains(c.part, "fill") {
-		if err := fill(ctx, c, bin, res); err != nil {
-			res.Note("fill stopped: %v", err)
-			fmt.Fprintln(os.Stderr, "fill:", err)
+	// The parts run in this order, each only if --part names it and the
+	// run has not been stopped; the results are written after each, so
+	// that a run cut short keeps what it measured.
+	for _, p := range []struct {
+		part, what string
+		run        func(context.Context, config, string, *bench.Results) error
+	}{
+		{"fill", "fill", fill},
+		{"envd", "envd hop", envdHop},
+		{"move", "move", moveBench},
+		{"drain", "drain", drainBench},
+		{"traffic", "traffic", traffic},
+	} {
+		if !strings.Contains(c.part, p.part) || ctx.Err() != nil {
+			continue
+		}
+		if err := p.run(ctx, c, bin, res); err != nil {
+			res.Note("%s stopped: %v", p.what, err)
+			fmt.Fprintf(os.Stderr, "%s: %v\n", p.what, err)
 		}
 		write(dir, res)
 	}
-	if strings.Contains(c.part, "envd") && ctx.Err() == nil {
-		if err := envdHop(ctx, c, bin, res); err != nil {
-			res.Note("envd hop stopped: %v", err)
-			fmt.Fprintln(os.Stderr, "envd hop:", err)
-		}
-		write(dir, res)
-	}
-	if strings.Contains(c.part, "move") && ctx.Err() == nil {
-		if err := moveBench(ctx, c, bin, res); err != nil {
-			res.Note("move stopped: %v", err)
-			fmt.Fprintln(os.Stderr, "move:", err)
-		}
-		write(dir, res)
-	}
-	if strings.Contains(c.part, "drain") && ctx.Err() == nil {
-		if err := drainBench(ctx, c, bin, res); err != nil {
-			res.Note("drain stopped: %v", err)
-			fmt.Fprintln(os.Stderr, "drain:", err)
-		}
-		write(dir, res)
-	}
-	if strings.Contains(c.part, "traffic") && ctx.Err() == nil {
-		if err := traffic(ctx, c, bin, res); err != nil {
-			res.Note("traffic stopped: %v", err)
-			fmt.Fprintln(os.Stderr, "traffic:", err)
-		}
-	}
-	write(dir, res)
-	return dir.Finish()
+	return dir.Done(res)
 }
 
+// write keeps what the run measured so far.
 func write(dir *bench.Dir, res *bench.Results) {
-	res.Summarize()
 	res.Finished = time.Now().UTC()
 	dir.Write(res)
+}
+
+// timersOff is timers with the nodes' idle timers off: only the
+// benchmark moves a sandbox between tiers.
+func timersOff(c config) []string {
+	return timers(c, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0")
 }
 
 func timers(c config, extra ...string) []string {

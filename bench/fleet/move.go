@@ -36,7 +36,7 @@ import (
 //
 // Each move checks the counter the sandbox keeps in memory went on.
 func moveBench(ctx context.Context, c config, bin string, res *bench.Results) error {
-	cl, st, down, err := up(ctx, c, bin, timers(c, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"))
+	cl, st, down, err := up(ctx, c, bin, timersOff(c))
 	defer down()
 	if err != nil {
 		return err
@@ -285,7 +285,7 @@ func (d *discard) send(dir string) (time.Duration, int64, error) {
 // mixed tiers (a quarter each hot, frozen, snapshot, detached): the whole
 // drain, and each move as the master timed it, by tier.
 func drainBench(ctx context.Context, c config, bin string, res *bench.Results) error {
-	cl, st, down, err := up(ctx, c, bin, timers(c, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"))
+	cl, st, down, err := up(ctx, c, bin, timersOff(c))
 	defer down()
 	if err != nil {
 		return err

@@ -30,15 +30,15 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/bench"
 	"sandstorm/internal/client"
-	"sandstorm/internal/demo"
 	"sandstorm/internal/memguard"
 )
 
 type config struct {
 	n, parallel, heapMiB, limitMiB, room int
 	reserveMiB                           int64
-	out, repo, sandstormd, runsc         string
+	runsc                                string
 	timeout, retry                       time.Duration
+	bench.Flags
 }
 
 func main() {
@@ -50,19 +50,16 @@ func main() {
 	fs.IntVar(&c.limitMiB, "limit", 0, "memory limit of each sandbox (MiB; default heap + 192)")
 	fs.IntVar(&c.room, "room", 4, "sandboxes (at their limit) that fit above the reserve, when --reserve is not given")
 	fs.Int64Var(&c.reserveMiB, "reserve", 0, "sandstormd --memory-reserve (MiB; default MemAvailable - room × limit)")
-	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
-	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, and to build sandstormd from)")
-	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
+	c.Flags.Register(fs)
 	fs.StringVar(&c.runsc, "runsc", "", "runsc binary for sandstormd (default: <--repo>/bin/runsc, the pinned one `make runsc` builds)")
 	fs.DurationVar(&c.timeout, "timeout", 3*time.Minute, "how long a call to a sandbox may retry 503s")
 	fs.DurationVar(&c.retry, "retry", time.Minute, "how long a create refused with 503 is retried, as its Retry-After says (0: never)")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
-	}
-	if fs.NArg() > 0 || c.n < 1 || c.parallel < 1 || c.heapMiB < 1 {
-		fmt.Fprintln(os.Stderr, "flood: bad arguments; see --help")
-		os.Exit(2)
-	}
+	bench.ParseFlags(fs, func() error {
+		if c.n < 1 || c.parallel < 1 || c.heapMiB < 1 {
+			return bench.ErrBadArguments
+		}
+		return nil
+	})
 	if c.limitMiB == 0 {
 		c.limitMiB = c.heapMiB + 192
 	}
@@ -77,29 +74,18 @@ func oomLines() int {
 }
 
 func run(ctx context.Context, c config) (string, error) {
-	res := bench.NewResults("bench/flood", "Memory flood: sandboxes filling their heaps at once against a memory reserve")
-	res.Machine = bench.CollectMachine(ctx)
-	runsc, err := bench.FindRunsc(c.repo, c.runsc)
+	runsc, err := bench.FindRunsc(c.Repo, c.runsc)
 	if err != nil {
 		return "", err
 	}
-	res.Machine.UseRunsc(ctx, runsc)
-	absOut, _ := filepath.Abs(c.out)
-	res.Source = bench.CollectSource(ctx, c.repo, absOut)
-	dir, err := bench.NewDir(c.out, "flood-"+res.DirName())
+	br, err := bench.Begin(ctx, bench.Plan{Tool: "bench/flood", Title: "Memory flood: sandboxes filling their heaps at once against a memory reserve",
+		Out: c.Out, Repo: c.Repo, Prefix: "flood-", Runsc: runsc, Demo: "app64", Sandstormd: c.Sandstormd})
 	if err != nil {
 		return "", err
 	}
-	work, err := os.MkdirTemp("", "sandstorm-flood-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(work)
-	bin, err := bench.SandstormdBinary(ctx, c.repo, c.sandstormd, work, runsc)
-	if err != nil {
-		return "", err
-	}
-	sd, cl, err := startHeap(ctx, &c, res, dir, work, bin.Path, runsc)
+	defer br.Close()
+	res, dir := br.Results, br.Dir
+	sd, cl, err := startHeap(ctx, &c, br)
 	if err != nil {
 		return "", err
 	}
@@ -110,25 +96,17 @@ func run(ctx context.Context, c config) (string, error) {
 		exec.Command("ip", "route", "del", "unreachable", "10.189.0.0/16").Run()
 	}()
 	measure(ctx, c, cl, res)
-	res.Finished = time.Now().UTC()
-	if err := dir.Write(res); err != nil {
-		return dir.Path, err
-	}
-	out, err := dir.Finish()
+	out, err := dir.Done(res)
 	fmt.Fprintln(os.Stderr, strings.Join(res.Notes, "\n"))
 	return out, err
 }
 
-// startHeap builds the heap-filling demo, sets the reserve from what is
-// available once the build is done (a Go build takes a few GiB for a
-// while, so the reserve leaves room for --room sandboxes at the flood),
-// starts sandstormd and registers the heap template.
-func startHeap(ctx context.Context, c *config, res *bench.Results, dir *bench.Dir, work, bin, runsc string) (*bench.Sandstormd, *client.Client, error) {
-	rootfs := filepath.Join(work, "app64")
-	d, err := demo.Build("app64", rootfs)
-	if err != nil {
-		return nil, nil, err
-	}
+// startHeap sets the reserve from what is available once the heap-filling
+// demo and sandstormd are built (a Go build takes a few GiB for a while,
+// so the reserve leaves room for --room sandboxes at the flood), starts
+// sandstormd and registers the heap template.
+func startHeap(ctx context.Context, c *config, br *bench.Run) (*bench.Sandstormd, *client.Client, error) {
+	res, d, runsc := br.Results, br.Demo, br.Runsc
 	avail, err := memguard.AvailableMiB()
 	if err != nil {
 		return nil, nil, err
@@ -143,12 +121,12 @@ func startHeap(ctx context.Context, c *config, res *bench.Results, dir *bench.Di
 	args := []string{"--runsc", runsc, "--subnet", "10.189.0.0/16", "--gateway-ports", "31000-31999", "--memory-reserve", strconv.FormatInt(c.reserveMiB, 10),
 		"--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
 	res.Params["sandstormd_args"] = args
-	sd, err := bench.StartSandstormd(ctx, bin, filepath.Join(work, "data"), filepath.Join(dir.Path, "sandstormd.log"), args...)
+	sd, err := bench.StartSandstormd(ctx, br.Binary.Path, filepath.Join(br.Work, "data"), filepath.Join(br.Dir.Path, "sandstormd.log"), args...)
 	if err != nil {
 		return nil, nil, err
 	}
 	env := append(append([]string{}, d.Env...), fmt.Sprintf("HEAP_MIB=%d", c.heapMiB))
-	if _, err := sd.Client.CreateTemplate(ctx, api.TemplateRequest{Name: "heap", RootfsDir: rootfs,
+	if _, err := sd.Client.CreateTemplate(ctx, api.TemplateRequest{Name: "heap", RootfsDir: br.Rootfs,
 		Process: api.Process{Args: d.Args, Env: env}, Ports: d.Ports, MemoryMiB: c.limitMiB}); err != nil {
 		sd.Stop()
 		return nil, nil, err

@@ -41,8 +41,8 @@ import (
 type config struct {
 	sandboxes, rounds, clients int
 	restarts                   int
-	out, repo, sandstormd      string
 	runsc                      string
+	bench.Flags
 }
 
 func main() {
@@ -52,17 +52,14 @@ func main() {
 	fs.IntVar(&c.rounds, "rounds", 20, "reloads")
 	fs.IntVar(&c.clients, "clients", 4, "steady clients calling the hot sandboxes throughout, a new connection per request")
 	fs.IntVar(&c.restarts, "restarts", 5, "then as many stops and starts (what systemctl restart does), for comparison")
-	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
-	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, and to build sandstormd from)")
-	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
+	c.Flags.Register(fs)
 	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc for sandstormd (the pinned one `make runsc` builds)")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
-	}
-	if fs.NArg() > 0 || c.sandboxes < 1 || c.rounds < 1 || c.clients < 0 {
-		fmt.Fprintln(os.Stderr, "reload: bad arguments; see --help")
-		os.Exit(2)
-	}
+	bench.ParseFlags(fs, func() error {
+		if c.sandboxes < 1 || c.rounds < 1 || c.clients < 0 {
+			return bench.ErrBadArguments
+		}
+		return nil
+	})
 	bench.Main("reload", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
 
@@ -97,7 +94,7 @@ func sysctl(name string) string {
 
 func run(ctx context.Context, c config) (string, error) {
 	r, err := bench.Begin(ctx, bench.Plan{Tool: "bench/reload", Title: "Reload of sandstormd under traffic: how long a connection waits",
-		Out: c.out, Repo: c.repo, Prefix: "reload-", Runsc: c.runsc, Demo: "web", Sandstormd: c.sandstormd})
+		Out: c.Out, Repo: c.Repo, Prefix: "reload-", Runsc: c.runsc, Demo: "web", Sandstormd: c.Sandstormd})
 	if err != nil {
 		return "", err
 	}
@@ -133,11 +130,7 @@ func run(ctx context.Context, c config) (string, error) {
 		rr.res.Note("could not read the daemon's steps from its log: %v", err)
 	}
 	rr.notes()
-	rr.res.Finished = time.Now().UTC()
-	if err := r.Dir.Write(rr.res); err != nil {
-		return r.Dir.Path, err
-	}
-	return r.Dir.Finish()
+	return r.Dir.Done(rr.res)
 }
 
 // reloadRun is one run: the daemon, its sandboxes, the steady clients and

@@ -55,10 +55,12 @@ func main() {
 	fs.StringVar(&c.platform, "platform", gvisor.DefaultPlatform, "runsc platform")
 	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
 	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit)")
-	if err := fs.Parse(os.Args[1:]); err != nil || fs.NArg() > 0 || c.n < 1 {
-		fmt.Fprintln(os.Stderr, "restoremem: bad arguments; see --help")
-		os.Exit(2)
-	}
+	bench.ParseFlags(fs, func() error {
+		if c.n < 1 {
+			return bench.ErrBadArguments
+		}
+		return nil
+	})
 	bench.Main("restoremem", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
 
@@ -160,11 +162,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	res.Tables = tables(readings)
 	res.Params["readings"] = readings
-	res.Finished = time.Now().UTC()
-	if err := dir.Write(res); err != nil {
-		return dir.Path, err
-	}
-	path, err := dir.Finish()
+	path, err := dir.Done(res)
 	fmt.Fprint(os.Stderr, "\n"+res.Table())
 	for _, tb := range res.Tables {
 		fmt.Fprint(os.Stderr, "\n"+tb.Markdown())

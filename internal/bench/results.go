@@ -206,6 +206,17 @@ func (d *Dir) Write(r *Results) error {
 	return writeFile(filepath.Join(d.Path, "results.md"), []byte(r.Markdown()))
 }
 
+// Done writes r a last time, stamped as finished now, and renames the
+// directory to its final name, which it returns; when the write fails, it
+// returns the temporary directory (what a run wrote so far is there).
+func (d *Dir) Done(r *Results) (string, error) {
+	r.Finished = time.Now().UTC()
+	if err := d.Write(r); err != nil {
+		return d.Path, err
+	}
+	return d.Finish()
+}
+
 // Finish renames the directory to its final name and returns that path.
 func (d *Dir) Finish() (string, error) {
 	if err := os.Rename(d.Path, d.Final); err != nil {
@@ -242,7 +253,7 @@ func ReadResults(path string) (*Results, error) {
 // Run is what a node benchmark begins with: its results (the machine, with
 // the runsc it measures, and the source tree), the directory they go to,
 // a work directory of its own (removed by Close), the demo rootfs it runs
-// and the sandstormd it measures.
+// (if it runs one) and the sandstormd it measures.
 type Run struct {
 	Results *Results
 	Dir     *Dir
@@ -261,9 +272,11 @@ type Plan struct {
 	// Out is where the results directory goes, named Prefix + the date
 	// and commit; Repo is the source tree.
 	Out, Repo, Prefix string
-	Runsc             string
-	// Demo names the demo to build; Sandstormd is the binary to measure
-	// ("": built from Repo).
+	// Runsc is the runsc the run measures; a sandstormd built from Repo
+	// has it linked beside it, as its default runsc.
+	Runsc string
+	// Demo names the demo to build ("": none); Sandstormd is the binary to
+	// measure ("": built from Repo).
 	Demo, Sandstormd string
 }
 
@@ -286,9 +299,13 @@ func Begin(ctx context.Context, p Plan) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Run{Results: res, Dir: dir, Work: work, Runsc: absRunsc, Rootfs: filepath.Join(work, p.Demo)}
-	if r.Demo, err = demo.Build(p.Demo, r.Rootfs); err == nil {
-		r.Binary, err = SandstormdBinary(ctx, p.Repo, p.Sandstormd, work, "")
+	r := &Run{Results: res, Dir: dir, Work: work, Runsc: absRunsc}
+	if p.Demo != "" {
+		r.Rootfs = filepath.Join(work, p.Demo)
+		r.Demo, err = demo.Build(p.Demo, r.Rootfs)
+	}
+	if err == nil {
+		r.Binary, err = SandstormdBinary(ctx, p.Repo, p.Sandstormd, work, absRunsc)
 	}
 	if err != nil {
 		r.Close()

@@ -87,6 +87,27 @@ func TestResultsWriteAndRead(t *testing.T) {
 	}
 }
 
+// Done is a last Write, stamped finished, then Finish.
+func TestDirDone(t *testing.T) {
+	base := t.TempDir()
+	r := NewResults("bench/test", "Test")
+	d, err := NewDir(base, "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	final, err := d.Done(r)
+	if err != nil || final != filepath.Join(base, "run") {
+		t.Fatalf("Done = %q, %v", final, err)
+	}
+	got, err := ReadResults(filepath.Join(final, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Finished.IsZero() || got.Finished.Before(got.Started) {
+		t.Errorf("finished %v, started %v", got.Finished, got.Started)
+	}
+}
+
 func TestParseCPUInfo(t *testing.T) {
 	in := "processor\t: 0\nmodel name\t: AMD EPYC 9K65\nflags\t: x\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 9K65\n"
 	model, cores := parseCPUInfo(in)
