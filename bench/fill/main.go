@@ -56,9 +56,9 @@ type config struct {
 	warm, awake                          bool
 	raw                                  int
 	fillFor, callTimeout, sample         time.Duration
-	freeze, snapshot, detach             time.Duration
 	runsc, subnet, gwPorts               string
 	bench.Flags
+	timers bench.IdleTimers
 }
 
 func main() {
@@ -75,9 +75,7 @@ func main() {
 	fs.DurationVar(&c.fillFor, "fill-for", 45*time.Minute, "stop creating after this long")
 	fs.DurationVar(&c.callTimeout, "call-timeout", time.Minute, "a call that has no answer by then (503s retried as Retry-After says) did not answer")
 	fs.DurationVar(&c.sample, "sample", 10*time.Second, "timeline sampling interval")
-	fs.DurationVar(&c.freeze, "freeze-after", 2*time.Second, "sandstormd --freeze-after (shortened, as the seed's runs did)")
-	fs.DurationVar(&c.snapshot, "snapshot-after", 5*time.Second, "sandstormd --snapshot-after")
-	fs.DurationVar(&c.detach, "detach-after", time.Minute, "sandstormd --detach-after (a detached sandbox costs only its volume)")
+	c.timers.Register(fs, "sandstormd")
 	c.Flags.Register(fs)
 	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc)")
 	fs.StringVar(&c.subnet, "subnet", "10.150.0.0/16", "sandbox subnet (16,382 slots in a /16); must be unused on this host")
@@ -89,7 +87,7 @@ func main() {
 		return nil
 	})
 	if c.awake {
-		c.freeze, c.snapshot, c.detach = 0, 0, 0
+		c.timers = bench.IdleTimers{}
 	}
 	bench.Main("fill", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
@@ -158,8 +156,8 @@ type fillRun struct {
 // template, and measures raw runsc's cost if asked.
 func (f *fillRun) start(ctx context.Context) error {
 	c, br := f.c, f.br
-	args := []string{"--runsc", br.Runsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn",
-		"--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(), "--detach-after", c.detach.String()}
+	args := append([]string{"--runsc", br.Runsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "warn"},
+		c.timers.Args()...)
 	if c.nodeMiB > 0 {
 		avail, err := memguard.AvailableMiB()
 		if err != nil {

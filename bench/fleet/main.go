@@ -58,9 +58,9 @@ type config struct {
 	perNode, awake                   int
 	rates                            []int
 	fillFor, trafficFor, callTimeout time.Duration
-	freeze, snapshot, detach         time.Duration
 	root, listen                     string
 	bench.Flags
+	timers                 bench.IdleTimers
 	sandboxMiB             int
 	moveRounds, drainCount int
 	logLevel               string
@@ -85,9 +85,7 @@ func main() {
 	fs.DurationVar(&c.fillFor, "fill-for", 20*time.Minute, "fill: stop creating after this long")
 	fs.DurationVar(&c.trafficFor, "traffic-for", time.Minute, "traffic: how long each rate runs")
 	fs.DurationVar(&c.callTimeout, "call-timeout", 30*time.Second, "a call with no answer by then did not answer")
-	fs.DurationVar(&c.freeze, "freeze-after", 2*time.Second, "nodes' --freeze-after (shortened, as the seed's runs did)")
-	fs.DurationVar(&c.snapshot, "snapshot-after", 5*time.Second, "nodes' --snapshot-after")
-	fs.DurationVar(&c.detach, "detach-after", time.Minute, "nodes' --detach-after")
+	c.timers.Register(fs, "nodes'")
 	fs.IntVar(&c.sandboxMiB, "sandbox-memory", 128, "nodes' --sandbox-memory: each web server's limit, and what a start is admitted at")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "the nodes' --log-level (info logs each move's steps); the master's and nodes' logs are kept in the results directory, logs/<k>/ for the k-th fleet brought up")
 	c.Flags.Register(fs)
@@ -127,7 +125,7 @@ func run(ctx context.Context, c config) (string, error) {
 	c.logs, c.fleets = filepath.Join(dir.Path, "logs"), new(int)
 	res.Params = map[string]any{"log_level": c.logLevel, "nodes": c.nodes, "part": c.part, "count": c.count, "calls": c.calls, "parallel": c.parallel,
 		"per_node": c.perNode, "awake": c.awake, "rates": c.rates, "traffic_for": c.trafficFor.String(), "fill_for": c.fillFor.String(),
-		"freeze_after": c.freeze.String(), "snapshot_after": c.snapshot.String(), "detach_after": c.detach.String(), "sandbox_memory_mib": c.sandboxMiB, "sandstormd": b,
+		"freeze_after": c.timers.Freeze.String(), "snapshot_after": c.timers.Snapshot.String(), "detach_after": c.timers.Detach.String(), "sandbox_memory_mib": c.sandboxMiB, "sandstormd": b,
 		"move_rounds": c.moveRounds, "drain_count": c.drainCount}
 	// The parts run in this order, each only if --part names it and the
 	// run has not been stopped; the results are written after each, so
@@ -163,12 +161,14 @@ func write(dir *bench.Dir, res *bench.Results) {
 // timersOff is timers with the nodes' idle timers off: only the
 // benchmark moves a sandbox between tiers.
 func timersOff(c config) []string {
-	return timers(c, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0")
+	return timers(c, bench.IdleTimers{}.Args()...)
 }
 
+// timers are the nodes' flags: c's log level, idle timers and sandbox
+// memory, then extra (a later flag wins).
 func timers(c config, extra ...string) []string {
-	return append([]string{"--log-level", c.logLevel, "--freeze-after", c.freeze.String(), "--snapshot-after", c.snapshot.String(),
-		"--detach-after", c.detach.String(), "--sandbox-memory", fmt.Sprint(c.sandboxMiB)}, extra...)
+	args := append([]string{"--log-level", c.logLevel}, c.timers.Args()...)
+	return append(append(args, "--sandbox-memory", fmt.Sprint(c.sandboxMiB)), extra...)
 }
 
 // up brings a fleet up and returns a client of its master and a teardown.

@@ -21,6 +21,16 @@ import (
 	"sandstorm/internal/pki"
 )
 
+// upTwo brings a fleet up with the idle timers off, for what moves
+// sandboxes from node to node: it needs two nodes at least.
+func upTwo(ctx context.Context, c config, bin, what string) (*client.Client, fleetup.State, func(), error) {
+	cl, st, down, err := up(ctx, c, bin, timersOff(c))
+	if err == nil && len(st.Nodes) < 2 {
+		err = fmt.Errorf("%s needs two nodes (--nodes %d)", what, c.nodes)
+	}
+	return cl, st, down, err
+}
+
 // moveBench is issue 18's move benchmark: a hot sandbox moved live
 // between two nodes (POST /v1/sandboxes/{id}/move, to its first answer on
 // the other node), for three image sizes (the web demo, the 64 MiB app
@@ -36,13 +46,10 @@ import (
 //
 // Each move checks the counter the sandbox keeps in memory went on.
 func moveBench(ctx context.Context, c config, bin string, res *bench.Results) error {
-	cl, st, down, err := up(ctx, c, bin, timersOff(c))
+	cl, st, down, err := upTwo(ctx, c, bin, "a move")
 	defer down()
 	if err != nil {
 		return err
-	}
-	if len(st.Nodes) < 2 {
-		return fmt.Errorf("a move needs two nodes (--nodes %d)", c.nodes)
 	}
 	a, b := st.Nodes[0], st.Nodes[1]
 	rootfs := filepath.Join(c.root, "app64-rootfs")
@@ -285,13 +292,10 @@ func (d *discard) send(dir string) (time.Duration, int64, error) {
 // mixed tiers (a quarter each hot, frozen, snapshot, detached): the whole
 // drain, and each move as the master timed it, by tier.
 func drainBench(ctx context.Context, c config, bin string, res *bench.Results) error {
-	cl, st, down, err := up(ctx, c, bin, timersOff(c))
+	cl, st, down, err := upTwo(ctx, c, bin, "a drain")
 	defer down()
 	if err != nil {
 		return err
-	}
-	if len(st.Nodes) < 2 {
-		return fmt.Errorf("a drain needs two nodes (--nodes %d)", c.nodes)
 	}
 	src := st.Nodes[0].Name
 	// Everything goes to src: the others drain (they are empty) while

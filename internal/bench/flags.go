@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 )
 
 // Flags are the flags the node benchmarks that start their own sandstormd
@@ -48,4 +49,26 @@ func ParseFlags(fs *flag.FlagSet, check func() error) {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", fs.Name(), err)
 		os.Exit(2)
 	}
+}
+
+// IdleTimers are a node's idle timers as a fill benchmark sets them: how
+// long a sandbox is idle before it is frozen, snapshotted to disk, or
+// detached. The zero value has them all off: only the benchmark moves a
+// sandbox between tiers.
+type IdleTimers struct {
+	Freeze, Snapshot, Detach time.Duration
+}
+
+// Register adds --freeze-after, --snapshot-after and --detach-after to fs,
+// shortened as the seed's runs did; whose says whose flags they set (e.g.
+// "sandstormd", "nodes'").
+func (t *IdleTimers) Register(fs *flag.FlagSet, whose string) {
+	fs.DurationVar(&t.Freeze, "freeze-after", 2*time.Second, whose+" --freeze-after (shortened, as the seed's runs did)")
+	fs.DurationVar(&t.Snapshot, "snapshot-after", 5*time.Second, whose+" --snapshot-after")
+	fs.DurationVar(&t.Detach, "detach-after", time.Minute, whose+" --detach-after (a detached sandbox costs only its volume)")
+}
+
+// Args are sandstormd serve's flags for t.
+func (t IdleTimers) Args() []string {
+	return []string{"--freeze-after", t.Freeze.String(), "--snapshot-after", t.Snapshot.String(), "--detach-after", t.Detach.String()}
 }
