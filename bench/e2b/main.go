@@ -25,7 +25,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
@@ -33,8 +32,8 @@ import (
 )
 
 type config struct {
+	bench.Flags
 	n                      int
-	out, repo, sandstormd  string
 	runsc, subnet, gwPorts string
 	nodeBin, platform      string
 }
@@ -43,21 +42,18 @@ func main() {
 	var c config
 	fs := flag.NewFlagSet("e2b", flag.ContinueOnError)
 	fs.IntVar(&c.n, "n", 20, "samples per series (write/read of 100 MiB: a quarter, at least 3; echo: 5×)")
-	fs.StringVar(&c.out, "out", "bench/results", "where the results directory goes")
-	fs.StringVar(&c.repo, "repo", ".", "the source tree (for the commit, testdata/e2b and the binaries)")
-	fs.StringVar(&c.sandstormd, "sandstormd", "", "sandstormd binary (default: built from --repo)")
+	c.Register(fs)
 	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc)")
 	fs.StringVar(&c.subnet, "subnet", "10.151.0.0/16", "sandbox subnet; must be unused on this host")
 	fs.StringVar(&c.gwPorts, "gateway-ports", "31000-31999", "gateway port range")
 	fs.StringVar(&c.nodeBin, "node", "node", "the Node.js binary that runs the SDK")
 	fs.StringVar(&c.platform, "platform", gvisor.DefaultPlatform, "runsc platform of the raw runsc restore baseline (sandstormd runs with its default)")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
-	}
-	if fs.NArg() > 0 || c.n < 1 {
-		fmt.Fprintln(os.Stderr, "e2b: bad arguments; see --help")
-		os.Exit(2)
-	}
+	bench.ParseFlags(fs, func() error {
+		if c.n < 1 {
+			return bench.ErrBadArguments
+		}
+		return nil
+	})
 	bench.Main("e2b", func(ctx context.Context) (string, error) { return run(ctx, c) })
 }
 
@@ -86,7 +82,7 @@ var descriptions = map[string]string{
 }
 
 func run(ctx context.Context, c config) (string, error) {
-	script, err := filepath.Abs(filepath.Join(c.repo, "testdata", "e2b", "bench.mjs"))
+	script, err := filepath.Abs(filepath.Join(c.Repo, "testdata", "e2b", "bench.mjs"))
 	if err != nil {
 		return "", err
 	}
@@ -96,7 +92,7 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", fmt.Errorf("the E2B SDK is not installed in testdata/e2b: npm ci --prefix testdata/e2b")
 	}
 	br, err := bench.Begin(ctx, bench.Plan{Tool: "bench/e2b", Title: "The E2B SDK (e2b on npm) against sandstormd: create, commands, files, connect from each tier",
-		Out: c.out, Repo: c.repo, Prefix: "e2b-", Runsc: c.runsc, Demo: "base", Sandstormd: c.sandstormd})
+		Out: c.Out, Repo: c.Repo, Prefix: "e2b-", Runsc: c.runsc, Demo: "base", Sandstormd: c.Sandstormd})
 	if err != nil {
 		return "", err
 	}
@@ -164,11 +160,7 @@ func run(ctx context.Context, c config) (string, error) {
 	if err := measureMemory(ctx, res, cl, data, work, max(3, c.n/3)); err != nil {
 		return "", fmt.Errorf("memory: %w", err)
 	}
-	res.Finished = time.Now().UTC()
-	if err := dir.Write(res); err != nil {
-		return dir.Path, err
-	}
-	return dir.Finish()
+	return dir.Done(res)
 }
 
 // mibOf is N of a series that moves N MiB ("write-100MiB",
