@@ -404,6 +404,17 @@ func (s *Service) find(r *http.Request) (nodeapi.Node, api.Sandbox, store.Sandbo
 	return n, sb, m, err
 }
 
+// findRunning is find for a call that copies the sandbox's memory (verb:
+// fork, snapshot): a paused one is a conflict, since E2B copies only a
+// running sandbox.
+func (s *Service) findRunning(r *http.Request, verb string) (nodeapi.Node, api.Sandbox, store.SandboxMeta, error) {
+	n, sb, m, err := s.find(r)
+	if err == nil && m.Paused {
+		err = errdefs.New(errdefs.ErrConflict, "sandbox %s is paused: connect to it, then %s it", sb.ID, verb)
+	}
+	return n, sb, m, err
+}
+
 func (s *Service) detail(sb api.Sandbox, m store.SandboxMeta, withToken bool, dom string) detail {
 	state := "running"
 	if m.Paused {
@@ -564,13 +575,9 @@ func (s *Service) fork(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	n, sb, m, err := s.find(r)
+	n, sb, m, err := s.findRunning(r, "fork")
 	if err != nil {
 		fail(w, err)
-		return
-	}
-	if m.Paused {
-		fail(w, errdefs.New(errdefs.ErrConflict, "sandbox %s is paused: connect to it, then fork it", sb.ID))
 		return
 	}
 	out, err := s.sbx.Clone(r.Context(), n, sb, api.CloneRequest{Count: count}, time.Now().Add(d))
@@ -709,6 +716,20 @@ func (s *Service) listV1(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// pageLimit is a list's limit query parameter: 1 to 1000, 100 if unset
+// (E2B's).
+func pageLimit(q url.Values) (int, error) {
+	v := q.Get("limit")
+	if v == "" {
+		return 100, nil
+	}
+	limit, err := strconv.Atoi(v)
+	if err != nil || limit < 1 || limit > 1000 {
+		return 0, errdefs.New(errdefs.ErrBadInput, "limit %q: want 1 to 1000", v)
+	}
+	return limit, nil
+}
+
 // listV2 is GET /v2/sandboxes: filters metadata, state, template and
 // startedAfter; order by start (desc unless asc); limit; paging by an
 // opaque nextToken, answered in the x-next-token header (the SDK's
@@ -725,12 +746,10 @@ func (s *Service) listV2(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
-			fail(w, errdefs.New(errdefs.ErrBadInput, "limit %q: want 1 to 1000", v))
-			return
-		}
+	limit, err := pageLimit(q)
+	if err != nil {
+		fail(w, err)
+		return
 	}
 	desc := true // E2B's default
 	switch o := q.Get("order"); o {

@@ -60,6 +60,16 @@ type answer struct {
 	body   string
 }
 
+// expect is call, with a status other than want an error about what.
+func (e *env) expect(t *testing.T, want int, what, team, method, path, body string) answer {
+	t.Helper()
+	a := e.call(t, team, method, path, body)
+	if a.status != want {
+		t.Errorf("%s: %d %s, want %d", what, a.status, a.body, want)
+	}
+	return a
+}
+
 func (e *env) call(t *testing.T, team, method, path, body string) answer {
 	t.Helper()
 	req, _ := http.NewRequest(method, e.api.URL+path, strings.NewReader(body))
@@ -156,9 +166,7 @@ func TestTeamsAndNotFound(t *testing.T) {
 	if a := e.call(t, "blue", "GET", "/v2/sandboxes", ""); a.body != "[]\n" {
 		t.Errorf("another team's list: %s", a.body)
 	}
-	if a := e.call(t, "red", "GET", "/sandboxes/"+sb.SandboxID, ""); a.status != http.StatusOK {
-		t.Errorf("the owner's get: %d", a.status)
-	}
+	e.expect(t, http.StatusOK, "the owner's get", "red", "GET", "/sandboxes/"+sb.SandboxID, "")
 }
 
 // TestMetricsRange: start and end bound the samples (Unix seconds): a
@@ -215,9 +223,7 @@ func TestPauseConnect(t *testing.T) {
 	if e.node.Tier(sb.SandboxID) != api.TierSnapshot {
 		t.Errorf("paused, the node has it %s", e.node.Tier(sb.SandboxID))
 	}
-	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/pause", ""); a.status != http.StatusConflict {
-		t.Errorf("a second pause: %d, want 409 (the SDK reads 'already paused' from it)", a.status)
-	}
+	e.expect(t, http.StatusConflict, "a second pause", "", "POST", "/sandboxes/"+sb.SandboxID+"/pause", "")
 	if a := e.call(t, "", "GET", "/v2/sandboxes?state=paused", ""); !strings.Contains(a.body, sb.SandboxID) {
 		t.Errorf("paused list: %s", a.body)
 	}
@@ -227,15 +233,9 @@ func TestPauseConnect(t *testing.T) {
 	if e.node.Tier(sb.SandboxID) != api.TierHot {
 		t.Errorf("connected, the node has it %s", e.node.Tier(sb.SandboxID))
 	}
-	if a := e.call(t, "", "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 30}`); a.status != http.StatusOK {
-		t.Errorf("connect to a running one: %d, want 200", a.status)
-	}
-	if a := e.call(t, "", "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{}`); a.status != http.StatusOK {
-		t.Errorf("connect (v2) with no timeout: %d", a.status)
-	}
-	if a := e.call(t, "", "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": -5}`); a.status != http.StatusBadRequest {
-		t.Errorf("connect with a negative timeout: %d", a.status)
-	}
+	e.expect(t, http.StatusOK, "connect to a running one", "", "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 30}`)
+	e.expect(t, http.StatusOK, "connect", "", "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{}`)
+	e.expect(t, http.StatusBadRequest, "connect with a negative timeout", "", "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": -5}`)
 }
 
 // TestListFiltersAndPages: metadata (a query string in one parameter),
@@ -296,9 +296,7 @@ func TestListFiltersAndPages(t *testing.T) {
 			t.Errorf("?%s: %d sandboxes, want %d", q, len(page), want)
 		}
 	}
-	if a := e.call(t, "", "GET", "/v2/sandboxes?state=sleeping", ""); a.status != http.StatusBadRequest {
-		t.Errorf("an unknown state: %d", a.status)
-	}
+	e.expect(t, http.StatusBadRequest, "an unknown state", "", "GET", "/v2/sandboxes?state=sleeping", "")
 }
 
 // TestLifetimes: at its end a sandbox is killed, or with autoPause
@@ -490,9 +488,7 @@ func TestPorts(t *testing.T) {
 	if st, _ := get(pub.SandboxID, "99999", nil); st != http.StatusBadRequest {
 		t.Errorf("port 99999: %d", st)
 	}
-	if a := e.call(t, "red", "POST", "/sandboxes", `{"network": {"allowOut": ["1.1.1.1"]}}`); a.status != http.StatusConflict {
-		t.Errorf("an egress rule: %d %s, want 409", a.status, a.body)
-	}
+	e.expect(t, http.StatusConflict, "an egress rule", "red", "POST", "/sandboxes", `{"network": {"allowOut": ["1.1.1.1"]}}`)
 }
 
 // TestPauseConnectRace: pauses and connects on one sandbox from many
@@ -561,16 +557,10 @@ func TestFork(t *testing.T) {
 			t.Errorf("kept of fork %s: %+v %v", r.Sandbox.SandboxID, m, err)
 		}
 	}
-	if a := e.call(t, "blue", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{}`); a.status != http.StatusNotFound {
-		t.Errorf("another team's fork: %d", a.status)
-	}
-	if a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count": 0}`); a.status != http.StatusBadRequest {
-		t.Errorf("count 0: %d", a.status)
-	}
+	e.expect(t, http.StatusNotFound, "another team's fork", "blue", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{}`)
+	e.expect(t, http.StatusBadRequest, "count 0", "red", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count": 0}`)
 	e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/pause", "")
-	if a := e.call(t, "red", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{}`); a.status != http.StatusConflict {
-		t.Errorf("a paused sandbox's fork: %d", a.status)
-	}
+	e.expect(t, http.StatusConflict, "a paused sandbox's fork", "red", "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{}`)
 }
 
 // TestSnapshots: a snapshot of a sandbox is kept in the snapshot tier,
@@ -618,12 +608,8 @@ func TestSnapshots(t *testing.T) {
 	if len(listed) != 1 || listed[0].SandboxID != sb.SandboxID {
 		t.Errorf("the sandboxes' list: %+v, want the sandbox alone", listed)
 	}
-	if a := e.call(t, "red", "GET", "/sandboxes/"+snap.SnapshotID, ""); a.status != http.StatusNotFound {
-		t.Errorf("a snapshot as a sandbox: %d", a.status)
-	}
-	if a := e.call(t, "blue", "POST", "/sandboxes", `{"templateID": "`+snap.SnapshotID+`"}`); a.status != http.StatusNotFound {
-		t.Errorf("another team's create from it: %d %s", a.status, a.body)
-	}
+	e.expect(t, http.StatusNotFound, "a snapshot as a sandbox", "red", "GET", "/sandboxes/"+snap.SnapshotID, "")
+	e.expect(t, http.StatusNotFound, "another team's create from it", "blue", "POST", "/sandboxes", `{"templateID": "`+snap.SnapshotID+`"}`)
 	from := e.create(t, "red", `{"templateID": "`+snap.SnapshotID+`", "metadata": {"k": "v"}}`)
 	if m, err := e.st.Teams().GetSandboxMeta(context.Background(), from.SandboxID); err != nil || m.Team != "red" || m.Metadata["k"] != "v" || m.SnapshotOf != "" {
 		t.Errorf("kept of a sandbox from the snapshot: %+v %v", m, err)
@@ -631,18 +617,10 @@ func TestSnapshots(t *testing.T) {
 	if e.node.Tier(snap.SnapshotID) != api.TierSnapshot {
 		t.Errorf("after a create from it the snapshot is %s", e.node.Tier(snap.SnapshotID))
 	}
-	if a := e.call(t, "blue", "DELETE", "/templates/"+snap.SnapshotID, ""); a.status != http.StatusNotFound {
-		t.Errorf("another team's delete: %d", a.status)
-	}
-	if a := e.call(t, "red", "DELETE", "/templates/"+snap.SnapshotID, ""); a.status != http.StatusNoContent {
-		t.Errorf("delete: %d %s", a.status, a.body)
-	}
-	if a := e.call(t, "red", "DELETE", "/templates/"+snap.SnapshotID, ""); a.status != http.StatusNotFound {
-		t.Errorf("a second delete: %d", a.status)
-	}
-	if a := e.call(t, "red", "GET", "/sandboxes/"+from.SandboxID, ""); a.status != http.StatusOK {
-		t.Errorf("what was made from a deleted snapshot: %d", a.status)
-	}
+	e.expect(t, http.StatusNotFound, "another team's delete", "blue", "DELETE", "/templates/"+snap.SnapshotID, "")
+	e.expect(t, http.StatusNoContent, "delete", "red", "DELETE", "/templates/"+snap.SnapshotID, "")
+	e.expect(t, http.StatusNotFound, "a second delete", "red", "DELETE", "/templates/"+snap.SnapshotID, "")
+	e.expect(t, http.StatusOK, "what was made from a deleted snapshot", "red", "GET", "/sandboxes/"+from.SandboxID, "")
 }
 
 // TestPauseWithoutMemory: pause({memory: false}) keeps the files only

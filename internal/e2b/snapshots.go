@@ -2,9 +2,7 @@ package e2b
 
 import (
 	"net/http"
-	"strconv"
 
-	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 )
@@ -36,13 +34,9 @@ func (s *Service) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	n, sb, m, err := s.find(r)
+	n, sb, _, err := s.findRunning(r, "snapshot")
 	if err != nil {
 		fail(w, err)
-		return
-	}
-	if m.Paused {
-		fail(w, errdefs.New(errdefs.ErrConflict, "sandbox %s is paused: connect to it, then snapshot it", sb.ID))
 		return
 	}
 	snap, err := s.sbx.Snapshot(r.Context(), n, sb, body.Name)
@@ -63,12 +57,10 @@ func (s *Service) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
-			fail(w, errdefs.New(errdefs.ErrBadInput, "limit %q: want 1 to 1000", v))
-			return
-		}
+	limit, err := pageLimit(q)
+	if err != nil {
+		fail(w, err)
+		return
 	}
 	ds := make([]detail, 0, len(all))
 	byID := map[string]store.SandboxMeta{}
