@@ -547,7 +547,7 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	// by the API token, which the masters of one database share.
 	// One sandbox service for /v1 and /e2b: their creates, owners and
 	// pauses are one, and so are its per-sandbox locks.
-	sbx := &sandboxes.Service{Store: st, Fleet: fl}
+	sbx := &sandboxes.Service{Store: st, Fleet: fl, Log: log}
 	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
 	go svc.Run(ctx) // ends sandboxes at their timeout
 	return master.Handler(master.Config{

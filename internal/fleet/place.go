@@ -205,12 +205,17 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 	return api.Sandbox{}, errdefs.Mark(errdefs.ErrNoRoom, fmt.Errorf("no node has room for it now: %s", strings.Join(refusals, "; ")))
 }
 
+// ErrDraining marks a call refused because its node is draining (it
+// takes no new sandboxes): a conflict, which its caller may resolve by
+// moving what it needs to another node (a snapshot is shipped so).
+var ErrDraining = errdefs.Refine(errdefs.ErrConflict, "node draining")
+
 // Clone makes children of parent on its node n, numbered as one
 // placement; a paired node's children become placements when it answers,
 // or, if it does not, when it reports them (resolve).
 func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, req api.CloneRequest) (api.CloneResult, error) {
 	if f.draining.has(n.Name()) {
-		return api.CloneResult{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s is draining: its sandboxes are not cloned there (undrain it, or clone once %s has moved)", n.Name(), parent.Name))
+		return api.CloneResult{}, errdefs.Mark(ErrDraining, fmt.Errorf("node %s is draining: its sandboxes are not cloned there (undrain it, or clone once %s has moved)", n.Name(), parent.Name))
 	}
 	if !f.isRemote(n.Name()) {
 		return n.Clone(ctx, parent.ID, nodeapi.CloneRequest{CloneRequest: req})

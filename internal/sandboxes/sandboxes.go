@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -30,8 +31,16 @@ import (
 type Service struct {
 	Store *store.Store
 	Fleet *fleet.Fleet
+	Log   *slog.Logger // nil: slog.Default()
 
 	locks [64]sync.Mutex // pause.go, Lock
+}
+
+func (s *Service) log() *slog.Logger {
+	if s.Log == nil {
+		return slog.Default()
+	}
+	return s.Log
 }
 
 // CreateRequest is a create as both APIs ask it: what the node makes

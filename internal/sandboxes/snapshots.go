@@ -12,6 +12,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/apikey"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/store"
 )
@@ -24,7 +25,8 @@ import (
 // is woken for the checkpoint and goes back to the snapshot tier after.
 // Being a sandbox, a snapshot is its team's, counts with its team's
 // sandboxes and outlives a daemon's restart. Its node is the one its
-// sandboxes are made on (a snapshot is not shipped to another node).
+// sandboxes are made on; it is shipped to another when its own has no
+// room for one (cloneShipping).
 
 // ErrNotASnapshot marks a reference to something that is not a snapshot
 // the caller may use.
@@ -111,7 +113,7 @@ func (s *Service) FromSnapshot(ctx context.Context, id string, meta store.Sandbo
 	if err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
-	out, err := s.Fleet.Clone(ctx, n, snap, api.CloneRequest{Count: 1})
+	n, out, err := s.cloneShipping(ctx, n, snap)
 	// The snapshot goes back to sleep, whatever the clone did.
 	defer n.Transition(context.WithoutCancel(ctx), snap.ID, nodeapi.Snapshot)
 	if len(out.Children) != 1 {
@@ -133,6 +135,31 @@ func (s *Service) FromSnapshot(ctx context.Context, id string, meta store.Sandbo
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
 	return sb, meta, nil
+}
+
+// cloneShipping makes one sandbox of snapshot snap on its node n, or, if
+// n has no room for it or is draining, ships the snapshot first: it is
+// moved live (its image and volume, nothing woken) to the paired node
+// with the most headroom that takes it, and the sandbox is made there. It
+// answers the node the snapshot is on after. A snapshot on the master's
+// own node is not moved (only a paired node's sandboxes move live), and
+// its node's refusal is the answer.
+func (s *Service) cloneShipping(ctx context.Context, n nodeapi.Node, snap api.Sandbox) (nodeapi.Node, api.CloneResult, error) {
+	out, err := s.Fleet.Clone(ctx, n, snap, api.CloneRequest{Count: 1})
+	if len(out.Children) > 0 || !errors.Is(err, errdefs.ErrNoRoom) && !errors.Is(err, fleet.ErrDraining) {
+		return n, out, err
+	}
+	moved, merr := s.Fleet.LiveMove(ctx, snap.ID, "")
+	if merr != nil {
+		return n, out, fmt.Errorf("%w (and the snapshot could not be shipped to another node: %v)", err, merr)
+	}
+	to, now, ferr := s.Fleet.Find(ctx, moved.ID)
+	if ferr != nil {
+		return n, out, ferr
+	}
+	s.log().Info("snapshot shipped to the node a sandbox of it can be made on", "snapshot", snap.ID, "from", n.Name(), "to", to.Name(), "why", err)
+	out, err = s.Fleet.Clone(ctx, to, now, api.CloneRequest{Count: 1})
+	return to, out, err
 }
 
 // DeleteSnapshot deletes snapshot id (what was made from it stays).
