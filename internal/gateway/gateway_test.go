@@ -329,25 +329,7 @@ func TestIdleConnectionClosedByServer(t *testing.T) {
 // TestServerSpeaksFirst: a protocol where the server greets first (SMTP,
 // SSH, MySQL) is forwarded byte for byte, and a drain resets it.
 func TestServerSpeaksFirst(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.WriteString(c, "220 hello\r\n")
-				io.Copy(c, c)
-			}()
-		}
-	}()
-	g, addr := newGateway(t, &fakeWaker{hot: true}, netip.MustParseAddrPort(ln.Addr().String()), Config{})
+	g, addr := newGateway(t, &fakeWaker{hot: true}, echoUpstream(t), Config{})
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)

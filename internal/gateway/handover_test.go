@@ -22,20 +22,10 @@ func echoUpstream(t *testing.T) netip.AddrPort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.WriteString(c, "220 hello\r\n")
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	testenv.Serve(t, ln, func(c net.Conn) {
+		io.WriteString(c, "220 hello\r\n")
+		io.Copy(c, c)
+	})
 	return netip.MustParseAddrPort(ln.Addr().String())
 }
 

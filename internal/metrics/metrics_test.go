@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -65,58 +66,7 @@ func TestNodeCounters(t *testing.T) {
 	wakes := `
 # HELP sandstorm_wake_duration_seconds Time of a successful wake to hot on the node (the resume, restore or cold start), by the tier it woke from.
 # TYPE sandstorm_wake_duration_seconds histogram
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.001"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.0025"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.005"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.01"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.025"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.05"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.1"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.25"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="0.5"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="1"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="2.5"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="5"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="10"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="30"} 0
-sandstorm_wake_duration_seconds_bucket{from="detached",le="+Inf"} 0
-sandstorm_wake_duration_seconds_sum{from="detached"} 0
-sandstorm_wake_duration_seconds_count{from="detached"} 0
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.001"} 0
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.0025"} 0
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.005"} 0
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.01"} 0
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.025"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.05"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.1"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.25"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="0.5"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="1"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="2.5"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="5"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="10"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="30"} 1
-sandstorm_wake_duration_seconds_bucket{from="frozen",le="+Inf"} 1
-sandstorm_wake_duration_seconds_sum{from="frozen"} 0.012
-sandstorm_wake_duration_seconds_count{from="frozen"} 1
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.001"} 0
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.0025"} 0
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.005"} 0
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.01"} 0
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.025"} 0
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.05"} 0
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.1"} 0
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.25"} 1
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="0.5"} 1
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="1"} 1
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="2.5"} 1
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="5"} 1
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="10"} 1
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="30"} 1
-sandstorm_wake_duration_seconds_bucket{from="snapshot",le="+Inf"} 1
-sandstorm_wake_duration_seconds_sum{from="snapshot"} 0.2
-sandstorm_wake_duration_seconds_count{from="snapshot"} 1
-`
+` + wakeSeries(Detached, "", "0") + wakeSeries(Frozen, "0.025", "0.012") + wakeSeries(Snapshot, "0.25", "0.2")
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(wakes), "sandstorm_wake_duration_seconds"); err != nil {
 		t.Error(err)
 	}
@@ -194,6 +144,27 @@ sandstorm_node_scrape_errors_total 3
 `), "sandstorm_node_scrape_errors_total"); err != nil {
 		t.Error(err) // three scrapes failed: the two counts above and this one
 	}
+}
+
+// wakeLes are the wake histogram's bucket bounds as the text format
+// writes them, spelled out here so that a change to WakeBuckets shows.
+var wakeLes = []string{"0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "30", "+Inf"}
+
+// wakeSeries is the expected text of the wake histogram from one tier
+// after at most one wake: every bucket from le on counts it (le "": no
+// wake), and sum is its time.
+func wakeSeries(from, le, sum string) string {
+	var b strings.Builder
+	n := 0
+	for _, l := range wakeLes {
+		if l == le {
+			n = 1
+		}
+		fmt.Fprintf(&b, "sandstorm_wake_duration_seconds_bucket{from=%q,le=%q} %d\n", from, l, n)
+	}
+	fmt.Fprintf(&b, "sandstorm_wake_duration_seconds_sum{from=%q} %s\n", from, sum)
+	fmt.Fprintf(&b, "sandstorm_wake_duration_seconds_count{from=%q} %d\n", from, n)
+	return b.String()
 }
 
 func clone(m map[[2]string]int) map[[2]string]int {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandstorm/internal/testenv"
 )
 
 // TestEnsureCAStable: the CA is made once and read back the same; its key
@@ -45,21 +47,11 @@ func serve(t *testing.T, cfg *tls.Config) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if err := c.(*tls.Conn).Handshake(); err == nil {
-					io.WriteString(c, "ok")
-				}
-			}()
+	testenv.Serve(t, ln, func(c net.Conn) {
+		if err := c.(*tls.Conn).Handshake(); err == nil {
+			io.WriteString(c, "ok")
 		}
-	}()
+	})
 	return ln.Addr().String()
 }
 

@@ -66,3 +66,22 @@ func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 		pause = min(2*pause, 20*time.Millisecond)
 	}
 }
+
+// Serve accepts on ln until the test ends, when ln is closed, and runs
+// handle on each connection in its own goroutine, closing the connection
+// after it.
+func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+}
