@@ -335,13 +335,22 @@ echo "log_offset=$off"
 // the mesh — its log says so after offset, where this start of it began
 // — and says at once, with its log's end, if it exits meanwhile.
 func meshWaitScript(l layout, pid int, offset int64) string {
-	log := shQuote(l.meshLog())
-	return aliveFor(l.meshDir()) + "pid=" + strconv.Itoa(pid) + `
+	return aliveFor(l.meshDir()) + "pid=" + strconv.Itoa(pid) +
+		waitWhile(`! tail -c +`+strconv.FormatInt(offset+1, 10)+` `+shQuote(l.meshLog())+` 2>/dev/null | grep -qF 'joined the mesh'`,
+			"the sam-node", "the sam-node did not join the mesh within 60 s (can it reach the router?)", l.meshLog())
+}
+
+// waitWhile (after "pid=", with alive defined) polls every 50 ms while
+// the shell condition cond holds: it fails (exit 4) with log's end as
+// soon as who, the process of $pid, exits, and (exit 3) with late and
+// log's end after 60 s.
+func waitWhile(cond, who, late, log string) string {
+	return `
 i=0
-while ! tail -c +` + strconv.FormatInt(offset+1, 10) + ` ` + log + ` 2>/dev/null | grep -qF 'joined the mesh'; do
-	if ! alive "$pid"; then echo "the sam-node (PID $pid) exited; the end of ` + l.meshLog() + `:" >&2; tail -n 20 ` + log + ` >&2; exit 4; fi
+while ` + cond + `; do
+	if ! alive "$pid"; then echo "` + who + ` (PID $pid) exited; the end of ` + log + `:" >&2; tail -n 20 ` + shQuote(log) + ` >&2; exit 4; fi
 	i=$((i+1))
-	if [ $i -gt 1200 ]; then echo "the sam-node did not join the mesh within 60 s (can it reach the router?); the end of ` + l.meshLog() + `:" >&2; tail -n 20 ` + log + ` >&2; exit 3; fi
+	if [ $i -gt 1200 ]; then echo "` + late + `; the end of ` + log + `:" >&2; tail -n 20 ` + shQuote(log) + ` >&2; exit 3; fi
 	sleep 0.05
 done
 `
@@ -352,21 +361,8 @@ done
 // identity and credential), log and config. Run before stopScript: its
 // PID file gone, the node's purge may remove bin/.
 func stopMeshScript(l layout, pid int, purge bool) string {
-	s := aliveFor(l.meshDir()) + "pid=" + strconv.Itoa(pid) + `
-if alive "$pid"; then
-	kill -TERM "$pid"
-	i=0
-	while alive "$pid"; do
-		i=$((i+1))
-		if [ $i -gt 600 ]; then echo "the sam-node (PID $pid) did not stop within 30 s; it still runs (its log: ` + l.meshLog() + `)" >&2; exit 3; fi
-		sleep 0.05
-	done
-	echo mesh_stopped
-else
-	echo mesh_gone
-fi
-if [ "$(cat ` + shQuote(l.meshPIDFile()) + ` 2>/dev/null)" = "$pid" ]; then rm -f ` + shQuote(l.meshPIDFile()) + `; fi
-`
+	s := aliveFor(l.meshDir()) + "pid=" + strconv.Itoa(pid) +
+		killWait("the sam-node (PID $pid)", l.meshLog(), l.meshPIDFile(), "mesh_stopped", "mesh_gone")
 	if purge {
 		s += "rm -rf -- " + shJoin([]string{l.meshDir(), l.meshLog(), l.meshConfig()}) + "\necho mesh_purged\n"
 	}
@@ -377,15 +373,31 @@ if [ "$(cat ` + shQuote(l.meshPIDFile()) + ` 2>/dev/null)" = "$pid" ]; then rm -
 // and prints it (to stdout only, which fleet up never shows); a node that
 // exits meanwhile is reported at once with its log's end.
 func codeScript(l layout, pid int) string {
-	return aliveFunc(l) + "pid=" + strconv.Itoa(pid) + `
-i=0
-while [ ! -s ` + shQuote(l.codeFile()) + ` ]; do
-	if ! alive "$pid"; then echo "the node (PID $pid) exited; the end of ` + l.log() + `:" >&2; tail -n 20 ` + shQuote(l.log()) + ` >&2; exit 4; fi
-	i=$((i+1))
-	if [ $i -gt 1200 ]; then echo "no pairing code within 60 s; the end of ` + l.log() + `:" >&2; tail -n 20 ` + shQuote(l.log()) + ` >&2; exit 3; fi
-	sleep 0.05
-done
-cat ` + shQuote(l.codeFile()) + "\n"
+	return aliveFunc(l) + "pid=" + strconv.Itoa(pid) +
+		waitWhile(`[ ! -s `+shQuote(l.codeFile())+` ]`, "the node", "no pairing code within 60 s", l.log()) +
+		"cat " + shQuote(l.codeFile()) + "\n"
+}
+
+// killWait (after "pid=", with alive defined) sends who, the process of
+// $pid, SIGTERM if it is alive and waits up to 30 s for it to exit,
+// printing stopped (or gone, if it was not alive); then removes pidFile
+// if it still names $pid.
+func killWait(who, log, pidFile, stopped, gone string) string {
+	return `
+if alive "$pid"; then
+	kill -TERM "$pid"
+	i=0
+	while alive "$pid"; do
+		i=$((i+1))
+		if [ $i -gt 600 ]; then echo "` + who + ` did not stop within 30 s; it still runs (its log: ` + log + `)" >&2; exit 3; fi
+		sleep 0.05
+	done
+	echo ` + stopped + `
+else
+	echo ` + gone + `
+fi
+if [ "$(cat ` + shQuote(pidFile) + ` 2>/dev/null)" = "$pid" ]; then rm -f ` + shQuote(pidFile) + `; fi
+`
 }
 
 // tailScript (as root) prints the end of the node's log.
@@ -402,21 +414,7 @@ func tailScript(l layout) string {
 // it there) and the
 // dirs if empty.
 func stopScript(l layout, pid int, purge, ownRunsc bool) string {
-	s := aliveFunc(l) + "pid=" + strconv.Itoa(pid) + `
-if alive "$pid"; then
-	kill -TERM "$pid"
-	i=0
-	while alive "$pid"; do
-		i=$((i+1))
-		if [ $i -gt 600 ]; then echo "PID $pid did not stop within 30 s; it still runs (its log: ` + l.log() + `)" >&2; exit 3; fi
-		sleep 0.05
-	done
-	echo stopped
-else
-	echo gone
-fi
-if [ "$(cat ` + shQuote(l.pidFile()) + ` 2>/dev/null)" = "$pid" ]; then rm -f ` + shQuote(l.pidFile()) + `; fi
-`
+	s := aliveFunc(l) + "pid=" + strconv.Itoa(pid) + killWait("PID $pid", l.log(), l.pidFile(), "stopped", "gone")
 	if !purge {
 		return s
 	}
