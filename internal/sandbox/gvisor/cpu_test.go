@@ -33,10 +33,7 @@ func TestParseCPUUsage(t *testing.T) {
 // shell loop in a v1 cpuacct cgroup of its own (this machine's hybrid
 // layout, the one runsc uses here).
 func TestCPUReadsTheSandboxCgroup(t *testing.T) {
-	dir := "/sys/fs/cgroup/cpuacct/sstest-cpu-" + strconv.Itoa(os.Getpid())
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatalf("a cpuacct cgroup for the test (needs root and the v1 cpuacct hierarchy): %v", err)
-	}
+	dir := testCgroup(t, "cpuacct")
 	cmd := exec.Command("sh", "-c", "while :; do :; done")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -44,13 +41,9 @@ func TestCPUReadsTheSandboxCgroup(t *testing.T) {
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		cmd.Wait()
-		os.Remove(dir)
 	})
 	b := &Backend{Root: t.TempDir()}
-	state := fmt.Sprintf(`{"sandbox":{"pid":%d}}`, cmd.Process.Pid)
-	if err := os.WriteFile(b.stateFile("c1"), []byte(state), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeState(t, b, cmd.Process.Pid)
 	// Still in the test's own cgroup: where that is the root one (as on
 	// this project's machines), CPU must refuse it.
 	if _, _, err := cgroup.Of(os.Getpid(), "cpuacct", "cpu.stat"); errors.Is(err, cgroup.ErrRoot) {
@@ -58,9 +51,7 @@ func TestCPUReadsTheSandboxCgroup(t *testing.T) {
 			t.Errorf("a process in the root cpuacct cgroup: read %v, want an error", d)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	enterCgroup(t, dir, cmd.Process.Pid)
 	// The loop runs from now on in the new cgroup: wait until it has been
 	// charged 20 ms there, as CPU reads it.
 	for deadline := time.Now().Add(10 * time.Second); ; {
@@ -76,4 +67,37 @@ func TestCPUReadsTheSandboxCgroup(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// testCgroup makes a cgroup of the test's own in the v1 hierarchy of
+// controller (this machine's hybrid layout, the one runsc uses here), and
+// removes it once the test and the cleanups it registers after this one
+// are done (with its processes gone, it is empty by then).
+func testCgroup(t *testing.T, controller string) string {
+	t.Helper()
+	dir := "/sys/fs/cgroup/" + controller + "/sstest-" + controller + "-" + strconv.Itoa(os.Getpid())
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("a %s cgroup for the test (needs root and the v1 %s hierarchy): %v", controller, controller, err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	return dir
+}
+
+// enterCgroup moves pid into the cgroup dir.
+func enterCgroup(t *testing.T, dir string, pid int) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeState writes b's runsc state of container c1, naming pid as its
+// sandbox's process, and returns what it wrote.
+func writeState(t *testing.T, b *Backend, pid int) string {
+	t.Helper()
+	state := fmt.Sprintf(`{"sandbox":{"pid":%d}}`, pid)
+	if err := os.WriteFile(b.stateFile("c1"), []byte(state), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return state
 }

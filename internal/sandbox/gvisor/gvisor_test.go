@@ -21,6 +21,8 @@ import (
 
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/testenv"
+
+	"sandstorm/internal/sandbox/sandboxtest"
 )
 
 // These tests need root and runsc on PATH: they run real gVisor sandboxes
@@ -127,23 +129,8 @@ func newSpecLimit(t testing.TB, b *Backend, netns, script string, limitMiB int64
 	dir := filepath.Join(t.TempDir(), "sandboxes", id)
 	bundle := filepath.Join(dir, "bundle")
 	rootfs := filepath.Join(bundle, "rootfs")
-	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp"} {
-		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Fatalf("the tests need a static /bin/busybox (apt-get install -y busybox-static): %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(rootfs, "bin", "busybox"), bb, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, applet := range []string{"sh", "sleep", "echo", "dd", "cat"} {
-		if err := os.Symlink("busybox", filepath.Join(rootfs, "bin", applet)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sandboxtest.BusyboxRootfs(t, rootfs, []string{"bin", "proc", "dev", "sys", "tmp"},
+		[]string{"sh", "sleep", "echo", "dd", "cat"})
 	// What internal/node's writeSpec writes, with this test's netns.
 	caps := []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
 		"CAP_FOWNER", "CAP_FSETID", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_MKNOD"}
@@ -211,7 +198,7 @@ func pidsOf(t testing.TB, b *Backend, id string) (sandboxPid, goferPid int) {
 
 // family returns pid and all its descendants, each with its start time.
 func family(pid int) []proc {
-	_, start, ok := readStat(fmt.Sprintf("/proc/%d/stat", pid))
+	_, start, ok := sandbox.ReadStat(fmt.Sprintf("/proc/%d/stat", pid))
 	if !ok {
 		return nil
 	}
@@ -230,7 +217,7 @@ func family(pid int) []proc {
 
 // procState is the state letter of pid (0 if there is no such process).
 func procState(pid int) byte {
-	s, _, _ := readStat(fmt.Sprintf("/proc/%d/stat", pid))
+	s, _, _ := sandbox.ReadStat(fmt.Sprintf("/proc/%d/stat", pid))
 	return s
 }
 

@@ -76,33 +76,11 @@ func readProc(pid int, want func(args []string) bool) (p proc, ok bool) {
 	if want != nil && !want(args) {
 		return p, false
 	}
-	state, start, ok := readStat(dir + "/stat")
+	state, start, ok := sandbox.ReadStat(dir + "/stat")
 	if !ok {
 		return p, false
 	}
 	return proc{pid: pid, start: start, state: state, args: args}, true
-}
-
-// readStat returns the state letter and start time from a /proc stat file
-// ("pid (comm) S ppid … starttime …").
-func readStat(path string) (state byte, start uint64, ok bool) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, 0, false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(data[i+1:]))
-	if len(f) < 20 {
-		return 0, 0, false
-	}
-	start, err = strconv.ParseUint(f[19], 10, 64)
-	if err != nil || len(f[0]) != 1 {
-		return 0, 0, false
-	}
-	return f[0][0], start, true
 }
 
 // scanProcs lists the processes (other than this one) whose command line
@@ -128,7 +106,7 @@ func scanProcs(want func(args []string) bool) []proc {
 // no memory, files or sockets any more: it is dead, only not yet reaped.
 func (p proc) alive() bool {
 	dir := "/proc/" + strconv.Itoa(p.pid)
-	state, start, ok := readStat(dir + "/stat")
+	state, start, ok := sandbox.ReadStat(dir + "/stat")
 	if !ok || start != p.start {
 		return false
 	}
@@ -138,7 +116,7 @@ func (p proc) alive() bool {
 	// A zombie leader can have live threads.
 	tasks, _ := filepath.Glob(dir + "/task/*/stat")
 	for _, t := range tasks {
-		if s, _, ok := readStat(t); ok && s != 'Z' && s != 'X' {
+		if s, _, ok := sandbox.ReadStat(t); ok && s != 'Z' && s != 'X' {
 			return true
 		}
 	}
@@ -147,7 +125,7 @@ func (p proc) alive() bool {
 
 // kill SIGKILLs p if it is still that process.
 func (p proc) kill() {
-	if _, start, ok := readStat("/proc/" + strconv.Itoa(p.pid) + "/stat"); ok && start == p.start {
+	if _, start, ok := sandbox.ReadStat("/proc/" + strconv.Itoa(p.pid) + "/stat"); ok && start == p.start {
 		syscall.Kill(p.pid, syscall.SIGKILL)
 	}
 }
@@ -350,7 +328,7 @@ func describeProcs(procs []proc) string {
 	var parts []string
 	for _, p := range procs {
 		s := fmt.Sprintf("%s pid %d", p.role, p.pid)
-		if state, _, ok := readStat("/proc/" + strconv.Itoa(p.pid) + "/stat"); ok {
+		if state, _, ok := sandbox.ReadStat("/proc/" + strconv.Itoa(p.pid) + "/stat"); ok {
 			s += " state " + string(state)
 		}
 		parts = append(parts, s)

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -31,10 +30,7 @@ func TestMemoryKeepsTheCgroup(t *testing.T) {
 	}
 	b := &Backend{Root: t.TempDir()}
 	spec := sandbox.Spec{ID: "c1"}
-	state := fmt.Sprintf(`{"sandbox":{"pid":%d}}`, cmd.Process.Pid)
-	if err := os.WriteFile(b.stateFile("c1"), []byte(state), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	state := writeState(t, b, cmd.Process.Pid)
 	ms, err := b.Memory(context.Background(), spec)
 	if err != nil || ms.Gone || ms.UsageBytes <= 0 {
 		t.Fatalf("a running process: %+v, %v", ms, err)
@@ -62,10 +58,7 @@ func TestMemoryKeepsTheCgroup(t *testing.T) {
 // since MemAvailable counts it as available (a restore's image is read so
 // into the sandbox's cgroup).
 func TestTakenLeavesOutThePageCache(t *testing.T) {
-	dir := "/sys/fs/cgroup/memory/sstest-mem-" + strconv.Itoa(os.Getpid())
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatalf("a memory cgroup for the test (needs root and the v1 memory hierarchy): %v", err)
-	}
+	dir := testCgroup(t, "memory")
 	file := filepath.Join(t.TempDir(), "cached")
 	cmd := exec.Command("sh", "-c", `read go && dd if=/dev/zero of="$0" bs=1M count=64 status=none && sleep 60`, file)
 	in, err := cmd.StdinPipe()
@@ -79,16 +72,11 @@ func TestTakenLeavesOutThePageCache(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 		os.Remove(file)
-		os.Remove(dir)
 	})
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	enterCgroup(t, dir, cmd.Process.Pid)
 	b := &Backend{Root: t.TempDir()}
 	spec := sandbox.Spec{ID: "c1"}
-	if err := os.WriteFile(b.stateFile("c1"), []byte(fmt.Sprintf(`{"sandbox":{"pid":%d}}`, cmd.Process.Pid)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeState(t, b, cmd.Process.Pid)
 	fmt.Fprintln(in, "go") // dd runs now, in the new cgroup
 	var usage, taken int64
 	for deadline := time.Now().Add(20 * time.Second); ; {

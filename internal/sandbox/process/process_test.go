@@ -23,6 +23,8 @@ import (
 
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sandbox"
+
+	"sandstorm/internal/sandbox/sandboxtest"
 )
 
 // These tests need root: they create network namespaces, veths, cgroups and
@@ -84,23 +86,8 @@ func newBundle(t *testing.T, script string) (bundle, index string) {
 	t.Helper()
 	bundle = t.TempDir()
 	rootfs := filepath.Join(bundle, "rootfs")
-	for _, d := range []string{"bin", "proc", "dev", "tmp", "www"} {
-		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Fatalf("the tests need a static /bin/busybox (apt-get install -y busybox-static): %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(rootfs, "bin", "busybox"), bb, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, applet := range []string{"sh", "httpd", "hostname", "cat", "ls", "sleep", "echo", "id", "tr", "head", "wc", "true"} {
-		if err := os.Symlink("busybox", filepath.Join(rootfs, "bin", applet)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sandboxtest.BusyboxRootfs(t, rootfs, []string{"bin", "proc", "dev", "tmp", "www"},
+		[]string{"sh", "httpd", "hostname", "cat", "ls", "sleep", "echo", "id", "tr", "head", "wc", "true"})
 	index = fmt.Sprintf("hello from %s\n", filepath.Base(bundle))
 	if err := os.WriteFile(filepath.Join(rootfs, "www", "index.html"), []byte(index), 0o644); err != nil {
 		t.Fatal(err)

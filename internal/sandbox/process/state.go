@@ -1,15 +1,15 @@
 package process
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
+
+	"sandstorm/internal/sandbox"
 )
 
 // record is the per-container state file, <stateDir>/<id>.json. It is all a
@@ -106,27 +106,13 @@ type procStat struct {
 	StartTime uint64 // clock ticks after boot
 }
 
-// readProcStat parses /proc/<pid>/stat. The command name (field 2) may
-// contain spaces and parentheses, so fields are counted from the last ')'.
+// readProcStat reads /proc/<pid>/stat (sandbox.ReadStat).
 func readProcStat(pid int) (procStat, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return procStat{}, err
+	state, start, ok := sandbox.ReadStat("/proc/" + strconv.Itoa(pid) + "/stat")
+	if !ok {
+		return procStat{}, fmt.Errorf("no process %d, or a malformed /proc/%d/stat", pid, pid)
 	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return procStat{}, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	// After ") " come fields 3 (state) onwards; starttime is field 22.
-	fields := strings.Fields(string(data[i+1:]))
-	if len(fields) < 20 {
-		return procStat{}, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	start, err := strconv.ParseUint(fields[19], 10, 64)
-	if err != nil {
-		return procStat{}, fmt.Errorf("malformed /proc/%d/stat: %w", pid, err)
-	}
-	return procStat{State: fields[0][0], StartTime: start}, nil
+	return procStat{State: state, StartTime: start}, nil
 }
 
 // alive reports whether pid is still the process that had startTime and
