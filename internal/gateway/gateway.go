@@ -29,11 +29,12 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"sandstorm/internal/errdefs"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"sandstorm/internal/errdefs"
 )
 
 // Waker is what the gateway needs from the node.
@@ -450,6 +451,14 @@ func resetClose(c net.Conn) {
 }
 
 func (g *Gateway) serve(sg *sandboxGate, ln net.Listener, target netip.AddrPort) {
+	g.accept(ln, g.log.With("sandbox", sg.id), "gateway accept", func(c net.Conn) { g.handle(sg, c, target) })
+}
+
+// accept runs handle on each connection ln accepts, in its own goroutine,
+// until ln is closed. The loop and each handler count as active (what
+// Handover waits for); a failed accept is logged (msg) and retried after
+// a pause, so that running out of descriptors does not spin.
+func (g *Gateway) accept(ln net.Listener, log *slog.Logger, msg string, handle func(net.Conn)) {
 	g.active.add(1)
 	defer g.active.add(-1)
 	for {
@@ -458,14 +467,14 @@ func (g *Gateway) serve(sg *sandboxGate, ln net.Listener, target netip.AddrPort)
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			g.log.Warn("gateway accept", "sandbox", sg.id, "err", err)
+			log.Warn(msg, "err", err)
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
 		g.active.add(1)
 		go func() {
 			defer g.active.add(-1)
-			g.handle(sg, c, target)
+			handle(c)
 		}()
 	}
 }

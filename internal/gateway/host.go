@@ -34,24 +34,8 @@ const hostHeaderWait = 30 * time.Second
 // is closed.
 func (g *Gateway) ServeHosts(ln net.Listener, domain string, resolve func(ref string) (string, bool)) error {
 	domain = strings.ToLower(strings.Trim(domain, "."))
-	g.active.add(1)
-	defer g.active.add(-1)
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			g.log.Warn("gateway host listener accept", "err", err)
-			time.Sleep(50 * time.Millisecond)
-			continue
-		}
-		g.active.add(1)
-		go func() {
-			defer g.active.add(-1)
-			g.serveHost(c, domain, resolve)
-		}()
-	}
+	g.accept(ln, g.log, "gateway host listener accept", func(c net.Conn) { g.serveHost(c, domain, resolve) })
+	return nil
 }
 
 func (g *Gateway) serveHost(c net.Conn, domain string, resolve func(string) (string, bool)) {
