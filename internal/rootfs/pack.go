@@ -10,9 +10,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sandstorm/internal/errdefs"
 	"strings"
+	"syscall"
 	"time"
+
+	"sandstorm/internal/errdefs"
 )
 
 // A template is identified across a fleet by the digest of its rootfs
@@ -53,16 +55,9 @@ func Pack(dir string, w io.Writer) error {
 	bw := bufio.NewWriterSize(w, 1<<20)
 	tw := tar.NewWriter(bw)
 	err := walkEntries(dir, func(p, rel string, fi fs.FileInfo) error {
-		link := ""
-		switch t := fi.Mode().Type(); {
-		case t == fs.ModeSymlink:
-			var err error
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		case t == 0, t == fs.ModeDir:
-		default:
-			return nil
+		link, ok, err := packable(p, fi, false)
+		if !ok {
+			return err
 		}
 		hdr, err := entryHeader(fi, link, filepath.ToSlash(rel))
 		if err != nil {
@@ -101,6 +96,26 @@ func walkEntries(dir string, entry func(p, rel string, fi fs.FileInfo) error) er
 		}
 		return entry(p, rel, fi)
 	})
+}
+
+// packable says whether the entry at p, fi, goes into a tarball — a
+// regular file, a directory, a symlink (link: its target) and, with
+// whiteouts, an overlayfs whiteout (a 0/0 character device) — and fails
+// for any other device when whiteouts are packed.
+func packable(p string, fi fs.FileInfo, whiteouts bool) (link string, ok bool, err error) {
+	switch t := fi.Mode().Type(); {
+	case t == fs.ModeSymlink:
+		link, err = os.Readlink(p)
+		return link, err == nil, err
+	case t == 0, t == fs.ModeDir:
+		return "", true, nil
+	case whiteouts && t == fs.ModeDevice|fs.ModeCharDevice:
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Rdev != 0 {
+			return "", false, fmt.Errorf("rootfs: %s is a device, not a whiteout", p)
+		}
+		return "", true, nil
+	}
+	return "", false, nil
 }
 
 // entryHeader is the PAX header of fi named name (a directory's with a

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -147,21 +146,9 @@ func setOpaque(fd int, hdr *tar.Header) error {
 func PackVolume(dir string, tw *tar.Writer, prefix string) (int64, error) {
 	var total int64
 	err := walkEntries(dir, func(p, rel string, fi fs.FileInfo) error {
-		link := ""
-		switch t := fi.Mode().Type(); {
-		case t == fs.ModeSymlink:
-			var err error
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		case t == 0, t == fs.ModeDir:
-		case t == fs.ModeDevice|fs.ModeCharDevice:
-			st, ok := fi.Sys().(*syscall.Stat_t)
-			if !ok || st.Rdev != 0 {
-				return fmt.Errorf("rootfs: %s is a device, not a whiteout", p)
-			}
-		default:
-			return nil
+		link, ok, err := packable(p, fi, true)
+		if !ok {
+			return err
 		}
 		for _, x := range unmovable {
 			if _, err := unix.Lgetxattr(p, x, nil); err == nil {
