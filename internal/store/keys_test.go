@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"reflect"
-	"sync"
 	"testing"
 	"time"
 
@@ -79,18 +78,10 @@ func testSandboxMeta(t *testing.T, where string) {
 	}
 	// Puts at once on one sandbox (a pause and a connect) each replace
 	// the row: none fails on its key.
-	var wg sync.WaitGroup
-	errs := make(chan error, 20)
-	for i := range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs <- s.Teams().PutSandboxMeta(ctx, SandboxMeta{ID: "race", StartedAt: now, Paused: i%2 == 0})
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	errs := atOnce(20, func(i int) error {
+		return s.Teams().PutSandboxMeta(ctx, SandboxMeta{ID: "race", StartedAt: now, Paused: i%2 == 0})
+	})
+	for _, err := range errs {
 		if err != nil {
 			t.Errorf("a put at the same time as others: %v", err)
 		}

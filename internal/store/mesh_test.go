@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,22 +22,9 @@ func testMeshTokens(t *testing.T, where string) {
 	if err := s.Mesh().PutMeshToken(ctx, "h3", 3, now.Add(time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
-	var won atomic.Int32
-	var wg sync.WaitGroup
-	for range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.Mesh().SpendMeshToken(ctx, "h3", now); err == nil {
-				won.Add(1)
-			} else if !errors.Is(err, errdefs.ErrNotFound) {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
-	if won.Load() != 3 {
-		t.Errorf("20 racing enrolments spent %d uses of a 3-use token", won.Load())
+	errs := atOnce(20, func(int) error { return s.Mesh().SpendMeshToken(ctx, "h3", now) })
+	if won := wins(t, errs, errdefs.ErrNotFound); won != 3 {
+		t.Errorf("20 racing enrolments spent %d uses of a 3-use token", won)
 	}
 	s.Mesh().PutMeshToken(ctx, "old", 5, now.Add(time.Minute), now)
 	if err := s.Mesh().SpendMeshToken(ctx, "old", now.Add(2*time.Minute)); !errors.Is(err, errdefs.ErrNotFound) {
@@ -110,24 +95,19 @@ func testMeshPolicy(t *testing.T, where string) {
 	if err != nil || p.Version != 2 || p.Document != "bindings: []" || !p.SetAt.Equal(now) {
 		t.Fatalf("after a reopen: %+v, %v", p, err)
 	}
-	var mu sync.Mutex
+	versions := make([]int64, 10)
+	errs := atOnce(10, func(i int) (err error) {
+		versions[i], err = s.Mesh().PutMeshPolicy(ctx, fmt.Sprint("# ", i), now)
+		return err
+	})
 	seen := map[int64]bool{}
-	var wg sync.WaitGroup
-	for i := range 10 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			v, err := s.Mesh().PutMeshPolicy(ctx, fmt.Sprint("# ", i), now)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			seen[v] = true
-			mu.Unlock()
-		}()
+	for i, err := range errs {
+		if err != nil {
+			t.Error(err)
+		} else {
+			seen[versions[i]] = true
+		}
 	}
-	wg.Wait()
 	if len(seen) != 10 {
 		t.Errorf("ten racing puts got %d distinct versions: %v", len(seen), seen)
 	}
@@ -144,22 +124,9 @@ func testMeshIDTokens(t *testing.T, where string) {
 	s := openAt(t, where)
 	ctx := context.Background()
 	now := time.Now()
-	var won atomic.Int32
-	var wg sync.WaitGroup
-	for range 5 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.Mesh().SpendMeshIDToken(ctx, "h", now.Add(time.Hour), now); err == nil {
-				won.Add(1)
-			} else if !errors.Is(err, errdefs.ErrExists) {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
-	if won.Load() != 1 {
-		t.Errorf("an ID token spent %d times", won.Load())
+	errs := atOnce(5, func(int) error { return s.Mesh().SpendMeshIDToken(ctx, "h", now.Add(time.Hour), now) })
+	if won := wins(t, errs, errdefs.ErrExists); won != 1 {
+		t.Errorf("an ID token spent %d times", won)
 	}
 	// Once expired, its row is dropped (the verifier refuses it by then).
 	if err := s.Mesh().SpendMeshIDToken(ctx, "h", now.Add(3*time.Hour), now.Add(2*time.Hour)); err != nil {

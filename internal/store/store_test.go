@@ -34,6 +34,37 @@ func eachStore(t *testing.T, fn func(t *testing.T, where string)) {
 	}
 }
 
+// atOnce runs f(0) … f(n-1) each in a goroutine of its own, all at
+// once, and returns their errors by i.
+func atOnce(n int, f func(i int) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// wins counts the nil errors among errs; one that is not lost (the error
+// of a call that lost the race) fails the test.
+func wins(t *testing.T, errs []error, lost error) int {
+	t.Helper()
+	n := 0
+	for _, err := range errs {
+		if err == nil {
+			n++
+		} else if !errors.Is(err, lost) {
+			t.Error(err)
+		}
+	}
+	return n
+}
+
 func openAt(t *testing.T, where string) *Store {
 	t.Helper()
 	s, err := Open(where)
@@ -199,36 +230,15 @@ func testConcurrentUpdates(t *testing.T, where string) {
 		t.Fatal(err)
 	}
 	const n = 40
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*n)
-	for i := 0; i < n; i++ {
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
+	// Each even i updates, each odd one creates (only one create can win).
+	errs := atOnce(2*n, func(i int) error {
+		if i%2 == 0 {
 			_, err := s.UpdateSandbox(ctx, "a", func(x *Sandbox) error { x.LastWakeMs++; return nil })
-			errs <- err
-		}()
-		go func() {
-			defer wg.Done()
-			err := s.CreateSandbox(ctx, Sandbox{ID: fmt.Sprint("b", i), Name: "b", Template: "t", Slot: 7, HostPorts: map[int]int{}})
-			if err != nil && !errors.Is(err, errdefs.ErrExists) {
-				errs <- err
-			}
-			if err == nil {
-				errs <- nil
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	created := 0
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		created++
-	}
-	if created != n+1 { // n updates, one create
+		return s.CreateSandbox(ctx, Sandbox{ID: fmt.Sprint("b", i/2), Name: "b", Template: "t", Slot: 7, HostPorts: map[int]int{}})
+	})
+	if created := wins(t, errs, errdefs.ErrExists); created != n+1 { // n updates, one create
 		t.Errorf("%d of %d operations succeeded, want every update and one create", created, n+1)
 	}
 	got, _ := s.GetSandbox(ctx, "a")
