@@ -530,26 +530,27 @@ func stopRemote(s SSHState, n *NodeState, mn *MeshNode, purge bool, out io.Write
 	for _, w := range strings.Fields(res) {
 		kv[w] = true
 	}
-	switch {
-	case kv["mesh_stopped"]:
-		fmt.Fprintf(out, "sam-node of %s on %s: stopped PID %d\n", name, spec, mn.PID)
-	case kv["mesh_gone"]:
-		fmt.Fprintf(out, "sam-node of %s on %s: PID %d had already exited\n", name, spec, mn.PID)
+	// say tells what the script said of one process, its words prefixed
+	// with prefix (killWait's, and "purged").
+	say := func(prefix, who string, pid int, removed string) {
+		switch {
+		case kv[prefix+"stopped"]:
+			fmt.Fprintf(out, "%s: stopped PID %d\n", who, pid)
+		case kv[prefix+"gone"]:
+			fmt.Fprintf(out, "%s: PID %d had already exited\n", who, pid)
+		}
+		if kv[prefix+"purged"] {
+			fmt.Fprintf(out, "%s: removed %s\n", who, removed)
+		}
 	}
-	if kv["mesh_purged"] {
-		fmt.Fprintf(out, "sam-node of %s on %s: removed %s, its log and config\n", name, spec, mn.DataDir)
+	if mn != nil {
+		say("mesh_", fmt.Sprintf("sam-node of %s on %s", name, spec), mn.PID, mn.DataDir+", its log and config")
 	}
 	if err != nil {
 		return err
 	}
-	switch {
-	case kv["stopped"]:
-		fmt.Fprintf(out, "node %s on %s: stopped PID %d\n", name, spec, n.PID)
-	case kv["gone"]:
-		fmt.Fprintf(out, "node %s on %s: PID %d had already exited\n", name, spec, n.PID)
-	}
-	if kv["purged"] {
-		fmt.Fprintf(out, "node %s on %s: removed %s and its log\n", name, spec, n.DataDir)
+	if n != nil {
+		say("", fmt.Sprintf("node %s on %s", name, spec), n.PID, n.DataDir+" and its log")
 	}
 	return nil
 }

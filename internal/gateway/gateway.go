@@ -267,19 +267,25 @@ func (g *Gateway) Active(id string) int {
 // or forwarding an HTTP request: what a checkpoint's Drain waits for. The
 // node's metrics read it at each scrape (internal/metrics).
 func (g *Gateway) Stats() (conns, inFlight int) {
-	g.mu.Lock()
-	gates := make([]*sandboxGate, 0, len(g.sands))
-	for _, sg := range g.sands {
-		gates = append(gates, sg)
-	}
-	g.mu.Unlock()
-	for _, sg := range gates {
+	for _, sg := range g.gates() {
 		sg.mu.Lock()
 		conns += len(sg.conns)
 		inFlight += sg.busy
 		sg.mu.Unlock()
 	}
 	return conns, inFlight
+}
+
+// gates is every sandbox's gate now, read under g.mu so that each can
+// then be locked on its own.
+func (g *Gateway) gates() []*sandboxGate {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gates := make([]*sandboxGate, 0, len(g.sands))
+	for _, sg := range g.sands {
+		gates = append(gates, sg)
+	}
+	return gates
 }
 
 // Busy reports whether sandbox id is answering an HTTP request: one sent

@@ -50,12 +50,7 @@ func (g *Gateway) Handover(wait time.Duration) HandoverResult {
 	start := time.Now()
 	g.handover.Store(true)
 	var res HandoverResult
-	g.mu.Lock()
-	gates := make([]*sandboxGate, 0, len(g.sands))
-	for _, sg := range g.sands {
-		gates = append(gates, sg)
-	}
-	g.mu.Unlock()
+	gates := g.gates()
 	for _, sg := range gates {
 		for _, l := range sg.listeners {
 			l.Close() // already closed by the caller's pause; no harm
