@@ -103,13 +103,8 @@ func (l *Link) Serve(cfg Config, w http.ResponseWriter, r *http.Request, path st
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	key := new(int)
-	l.cuts.Store(key, cancel)
-	defer func() {
-		l.cuts.Delete(key)
-		cancel()
-	}()
+	ctx, done := l.cuttable(r.Context())
+	defer done()
 	// The request's body is still being forwarded when the answer starts
 	// (a stream's first event): an HTTP/1 server would otherwise make the
 	// body unreadable at the first flush ("the request body may be
@@ -144,6 +139,18 @@ func (l *Link) Serve(cfg Config, w http.ResponseWriter, r *http.Request, path st
 	return nil
 }
 
+// cuttable is ctx, cancelled by a Cut until done is called (which cancels
+// it too).
+func (l *Link) cuttable(ctx context.Context) (_ context.Context, done func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	key := new(int)
+	l.cuts.Store(key, cancel)
+	return ctx, func() {
+		l.cuts.Delete(key)
+		cancel()
+	}
+}
+
 // ServePort forwards r, as it came, to target, a port of the sandbox
 // other than envd's, streaming both ways (an upgrade too); the caller has
 // woken the sandbox and holds the call (Hold). A Cut cuts it, as envd's
@@ -151,13 +158,8 @@ func (l *Link) Serve(cfg Config, w http.ResponseWriter, r *http.Request, path st
 // has its own connection: what listens there is the sandbox's, and may
 // not keep one. An error is returned only when nothing was written.
 func (l *Link) ServePort(cfg Config, w http.ResponseWriter, r *http.Request, target netip.AddrPort) error {
-	ctx, cancel := context.WithCancel(r.Context())
-	key := new(int)
-	l.cuts.Store(key, cancel)
-	defer func() {
-		l.cuts.Delete(key)
-		cancel()
-	}()
+	ctx, done := l.cuttable(r.Context())
+	defer done()
 	http.NewResponseController(w).EnableFullDuplex()
 	d := dialer(cfg.Mark, 5*time.Second)
 	var failed error

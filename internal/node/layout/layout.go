@@ -151,14 +151,7 @@ func ReleaseBundle(dir string) error { return Dir(dir).UnmountRootfs() }
 // envdSource is the host directory l's spec mounts at EnvdMount ("" if it
 // has no spec, or mounts none).
 func (l Dir) EnvdSource() string {
-	data, err := os.ReadFile(filepath.Join(l.Bundle(), "config.json"))
-	if err != nil {
-		return ""
-	}
-	var s specs.Spec
-	if json.Unmarshal(data, &s) != nil {
-		return ""
-	}
+	s := l.readSpec()
 	for _, m := range s.Mounts {
 		if m.Destination == EnvdMount {
 			return m.Source
@@ -168,16 +161,16 @@ func (l Dir) EnvdSource() string {
 }
 
 // hostname is the hostname l's spec gives its sandbox ("" without one).
-func (l Dir) Hostname() string {
-	data, err := os.ReadFile(filepath.Join(l.Bundle(), "config.json"))
-	if err != nil {
-		return ""
-	}
+func (l Dir) Hostname() string { return l.readSpec().Hostname }
+
+// readSpec is l's bundle's OCI spec, empty when there is none or it does
+// not parse.
+func (l Dir) readSpec() specs.Spec {
 	var s specs.Spec
-	if json.Unmarshal(data, &s) != nil {
-		return ""
+	if data, err := os.ReadFile(filepath.Join(l.Bundle(), "config.json")); err == nil && json.Unmarshal(data, &s) != nil {
+		return specs.Spec{}
 	}
-	return s.Hostname
+	return s
 }
 
 // writeSpec writes bundle/config.json: the OCI runtime spec of template t,
