@@ -509,24 +509,35 @@ func (g *Gateway) wakeAndAdmit(sg *sandboxGate, p *pair) error {
 	}
 }
 
-// handle serves one client connection: wake, dial, then find out who
-// speaks first (see sniff) and forward as HTTP or as bytes.
-func (g *Gateway) handle(sg *sandboxGate, client net.Conn, target netip.AddrPort) {
-	p := &pair{client: client}
+// open wakes sg's sandbox, lets p through its gate and dials target, the
+// upstream it returns. If that fails, p's client is refused with why
+// (unless the gate was closed under it) and p closed.
+func (g *Gateway) open(sg *sandboxGate, p *pair, target netip.AddrPort, refuse func(why error)) (net.Conn, bool) {
 	g.waker.Touch(sg.id)
 	if err := g.wakeAndAdmit(sg, p); err != nil {
 		if !errors.Is(err, net.ErrClosed) {
-			g.refuse(client, err)
+			refuse(err)
 		}
 		sg.closePair(p)
-		return
+		return nil, false
 	}
 	up, err := g.dial(sg.id, target)
 	if err != nil {
 		g.log.Warn("gateway dial", "sandbox", sg.id, "target", target, "err", err)
 		g.waker.Unreachable(sg.id)
-		g.refuse(client, fmt.Errorf("sandbox did not accept on %s: %w", target, err))
+		refuse(fmt.Errorf("sandbox did not accept on %s: %w", target, err))
 		sg.closePair(p)
+		return nil, false
+	}
+	return up, true
+}
+
+// handle serves one client connection: wake, dial, then find out who
+// speaks first (see sniff) and forward as HTTP or as bytes.
+func (g *Gateway) handle(sg *sandboxGate, client net.Conn, target netip.AddrPort) {
+	p := &pair{client: client}
+	up, ok := g.open(sg, p, target, func(err error) { g.refuse(client, err) })
+	if !ok {
 		return
 	}
 	if !sg.setUpstream(p, up) {

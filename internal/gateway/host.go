@@ -73,21 +73,11 @@ func (g *Gateway) serveHost(c net.Conn, domain string, resolve func(string) (str
 		return
 	}
 	p := &pair{client: c}
-	g.waker.Touch(sg.id)
-	if err := g.wakeAndAdmit(sg, p); err != nil {
-		if !errors.Is(err, net.ErrClosed) {
-			g.log.Info("gateway refused", "sandbox", sg.id, "err", err)
-			writeUnavailable(c, err, g.cfg.RetryAfter)
-		}
-		sg.closePair(p)
-		return
-	}
-	up, err := g.dial(sg.id, target)
-	if err != nil {
-		g.log.Warn("gateway dial", "sandbox", sg.id, "target", target, "err", err)
-		g.waker.Unreachable(sg.id)
-		writeUnavailable(c, fmt.Errorf("sandbox did not accept on %s: %w", target, err), g.cfg.RetryAfter)
-		sg.closePair(p)
+	up, ok := g.open(sg, p, target, func(why error) {
+		g.log.Info("gateway refused", "sandbox", sg.id, "err", why)
+		writeUnavailable(c, why, g.cfg.RetryAfter)
+	})
+	if !ok {
 		return
 	}
 	sg.mu.Lock()
