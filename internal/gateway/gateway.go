@@ -26,9 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -281,11 +283,7 @@ func (g *Gateway) Stats() (conns, inFlight int) {
 func (g *Gateway) gates() []*sandboxGate {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	gates := make([]*sandboxGate, 0, len(g.sands))
-	for _, sg := range g.sands {
-		gates = append(gates, sg)
-	}
-	return gates
+	return slices.Collect(maps.Values(g.sands))
 }
 
 // Busy reports whether sandbox id is answering an HTTP request: one sent
