@@ -20,10 +20,11 @@ import (
 	"io"
 	"os"
 	"path"
-	"sandstorm/internal/errdefs"
 	"slices"
 	"strings"
 	"time"
+
+	"sandstorm/internal/errdefs"
 
 	"golang.org/x/sys/unix"
 )
@@ -87,6 +88,24 @@ type Stats struct {
 // left in place, empty) and returns zero Stats. If dir is missing, not a
 // directory or not empty, Extract returns an error and touches nothing.
 func Extract(r io.Reader, dir string, lim Limits) (Stats, error) {
+	x, err := newExtractor(dir, lim, false)
+	if err != nil {
+		return Stats{}, err
+	}
+	defer unix.Close(x.root)
+	if err := x.run(r); err != nil {
+		if cerr := clean(dir); cerr != nil {
+			err = fmt.Errorf("%w (cleanup of %s also failed: %v)", err, dir, cerr)
+		}
+		return Stats{}, err
+	}
+	return x.st, nil
+}
+
+// newExtractor opens dir, which must be an empty directory, for an
+// extractor within lim (its zero fields: the defaults); the caller closes
+// its root.
+func newExtractor(dir string, lim Limits, overlay bool) (*extractor, error) {
 	if lim.MaxBytes <= 0 {
 		lim.MaxBytes = DefaultMaxBytes
 	}
@@ -95,27 +114,14 @@ func Extract(r io.Reader, dir string, lim Limits) (Stats, error) {
 	}
 	rootFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return Stats{}, fmt.Errorf("rootfs: destination: %w", &os.PathError{Op: "open", Path: dir, Err: err})
+		return nil, fmt.Errorf("rootfs: destination: %w", &os.PathError{Op: "open", Path: dir, Err: err})
 	}
-	defer unix.Close(rootFD)
 	if err := checkEmpty(rootFD, dir); err != nil {
-		return Stats{}, err
+		unix.Close(rootFD)
+		return nil, err
 	}
-
-	x := &extractor{
-		root:  rootFD,
-		lim:   lim,
-		chown: os.Geteuid() == 0,
-		kinds: make(map[string]byte),
-		dirs:  make(map[string]*tar.Header),
-	}
-	if err := x.run(r); err != nil {
-		if cerr := clean(dir); cerr != nil {
-			err = fmt.Errorf("%w (cleanup of %s also failed: %v)", err, dir, cerr)
-		}
-		return Stats{}, err
-	}
-	return x.st, nil
+	return &extractor{root: rootFD, lim: lim, chown: os.Geteuid() == 0,
+		kinds: map[string]byte{}, dirs: map[string]*tar.Header{}, overlay: overlay}, nil
 }
 
 // checkEmpty fails unless the directory open at fd has no entries.

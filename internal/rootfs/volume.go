@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -48,22 +47,11 @@ type Tree struct {
 // NewTree starts an extraction into dir, which must exist, be a directory
 // and be empty.
 func NewTree(dir string, lim Limits) (*Tree, error) {
-	if lim.MaxBytes <= 0 {
-		lim.MaxBytes = DefaultMaxBytes
-	}
-	if lim.MaxFiles <= 0 {
-		lim.MaxFiles = DefaultMaxFiles
-	}
-	rootFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	x, err := newExtractor(dir, lim, true)
 	if err != nil {
-		return nil, fmt.Errorf("rootfs: destination: %w", &os.PathError{Op: "open", Path: dir, Err: err})
-	}
-	if err := checkEmpty(rootFD, dir); err != nil {
-		unix.Close(rootFD)
 		return nil, err
 	}
-	return &Tree{dir: dir, x: &extractor{root: rootFD, lim: lim, chown: os.Geteuid() == 0,
-		kinds: map[string]byte{}, dirs: map[string]*tar.Header{}, overlay: true}}, nil
+	return &Tree{dir: dir, x: x}, nil
 }
 
 // Add extracts one entry, hdr.Name relative to the tree, its content read
