@@ -154,26 +154,36 @@ func (r *Registry) claim(k key) (int, bool) {
 // (net.Listen when open is nil). An inherited descriptor that is not a
 // listener bound there is closed and a new listener opened.
 func (r *Registry) Listen(network, address string, open func() (net.Listener, error)) (net.Listener, error) {
-	k := key{KindListener, network, address}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if fd, ok := r.claim(k); ok {
-		ln, err := fileListener(fd, network, address)
-		if err == nil {
-			r.track(k, ln)
-			return ln, nil
-		}
-		r.log.Warn("handoff: an inherited descriptor is not the listener it was said to be; listening afresh", "listener", k, "err", err)
-	}
 	if open == nil {
 		open = func() (net.Listener, error) { return net.Listen(network, address) }
 	}
-	ln, err := open()
-	if err != nil {
-		return nil, err
+	k := key{KindListener, network, address}
+	return reopen(r, k, func(fd int) (net.Listener, error) { return fileListener(fd, network, address) }, open,
+		"handoff: an inherited descriptor is not the listener it was said to be; listening afresh", "listener", k)
+}
+
+// reopen is what Listen, ListenPacket and File share: under r.mu, the
+// descriptor inherited under k as adopt makes it (an error: it is not what
+// k says; the warning msg, with attrs, says so), else open's; either is
+// tracked.
+func reopen[T any](r *Registry, k key, adopt func(fd int) (T, error), open func() (T, error), msg string, attrs ...any) (T, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if fd, ok := r.claim(k); ok {
+		v, err := adopt(fd)
+		if err == nil {
+			r.track(k, v)
+			return v, nil
+		}
+		r.log.Warn(msg, append(attrs, "err", err)...)
 	}
-	r.track(k, ln)
-	return ln, nil
+	v, err := open()
+	if err != nil {
+		var none T
+		return none, err
+	}
+	r.track(k, v)
+	return v, nil
 }
 
 func fileListener(fd int, network, address string) (net.Listener, error) {
@@ -193,10 +203,11 @@ func fileListener(fd int, network, address string) (net.Listener, error) {
 // ListenPacket is Listen for a datagram socket (UDP); open nil is
 // net.ListenPacket.
 func (r *Registry) ListenPacket(network, address string, open func() (net.PacketConn, error)) (net.PacketConn, error) {
+	if open == nil {
+		open = func() (net.PacketConn, error) { return net.ListenPacket(network, address) }
+	}
 	k := key{KindPacket, network, address}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if fd, ok := r.claim(k); ok {
+	adopt := func(fd int) (net.PacketConn, error) {
 		f := os.NewFile(uintptr(fd), address)
 		pc, err := net.FilePacketConn(f)
 		f.Close()
@@ -204,21 +215,9 @@ func (r *Registry) ListenPacket(network, address string, open func() (net.Packet
 			pc.Close()
 			err = fmt.Errorf("descriptor %d is bound to %s", fd, pc.LocalAddr())
 		}
-		if err == nil {
-			r.track(k, pc)
-			return pc, nil
-		}
-		r.log.Warn("handoff: an inherited descriptor is not the socket it was said to be; opening afresh", "socket", k, "err", err)
+		return pc, err
 	}
-	if open == nil {
-		open = func() (net.PacketConn, error) { return net.ListenPacket(network, address) }
-	}
-	pc, err := open()
-	if err != nil {
-		return nil, err
-	}
-	r.track(k, pc)
-	return pc, nil
+	return reopen(r, k, adopt, open, "handoff: an inherited descriptor is not the socket it was said to be; opening afresh", "socket", k)
 }
 
 // File returns the open file path inherited, else open()'s. It is for a
@@ -226,26 +225,20 @@ func (r *Registry) ListenPacket(network, address string, open func() (net.Packet
 // belongs to the open file description, so the next process holds the
 // data dir's lock without a moment in which another daemon could take it.
 func (r *Registry) File(path string, open func() (*os.File, error)) (*os.File, error) {
-	k := key{KindFile, "", path}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if fd, ok := r.claim(k); ok {
+	adopt := func(fd int) (*os.File, error) {
 		f := os.NewFile(uintptr(fd), path)
 		fi, err1 := f.Stat()
 		want, err2 := os.Stat(path)
 		if err1 == nil && err2 == nil && os.SameFile(fi, want) {
-			r.track(k, f)
 			return f, nil
 		}
 		f.Close()
-		r.log.Warn("handoff: an inherited descriptor is not the file it was said to be; opening afresh", "file", path)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("descriptor %d is another file", fd)
 	}
-	f, err := open()
-	if err != nil {
-		return nil, err
-	}
-	r.track(k, f)
-	return f, nil
+	return reopen(r, key{KindFile, "", path}, adopt, open, "handoff: an inherited descriptor is not the file it was said to be; opening afresh", "file", path)
 }
 
 // track records v under k (under mu). While paused, a listener opened now
