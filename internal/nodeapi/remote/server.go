@@ -9,6 +9,7 @@
 package remote
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,14 +35,7 @@ func Server(n nodeapi.Node) http.Handler {
 		st, err := n.Status(r.Context())
 		return reply(w, http.StatusOK, st, err)
 	})
-	s.handle("POST /node/v1/fence", func(w http.ResponseWriter, r *http.Request) error {
-		var req nodeapi.FenceRequest
-		if err := readJSON(r, &req); err != nil {
-			return err
-		}
-		res, err := n.Fence(r.Context(), req)
-		return reply(w, http.StatusOK, res, err)
-	})
+	s.handle("POST /node/v1/fence", withBody(http.StatusOK, n.Fence))
 	s.handle("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
 		return serveWatch(n, w, r)
 	})
@@ -68,6 +62,19 @@ func (s server) handle(pattern string, f func(w http.ResponseWriter, r *http.Req
 	})
 }
 
+// withBody serves a call whose request is the JSON body: f's answer, with
+// status when it succeeds.
+func withBody[Req, Res any](status int, f func(context.Context, Req) (Res, error)) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		var req Req
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		res, err := f(r.Context(), req)
+		return reply(w, status, res, err)
+	}
+}
+
 // noContent answers 204 unless err.
 func noContent(w http.ResponseWriter, err error) error {
 	if err != nil {
@@ -80,14 +87,7 @@ func noContent(w http.ResponseWriter, err error) error {
 // sandboxes are the routes of one sandbox's calls.
 func (s server) sandboxes() {
 	n := s.n
-	s.handle("POST /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
-		var req nodeapi.CreateRequest
-		if err := readJSON(r, &req); err != nil {
-			return err
-		}
-		sb, err := n.Create(r.Context(), req)
-		return reply(w, http.StatusCreated, sb, err)
-	})
+	s.handle("POST /node/v1/sandboxes", withBody(http.StatusCreated, n.Create))
 	s.handle("GET /node/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) error {
 		all, err := n.List(r.Context())
 		return reply(w, http.StatusOK, api.List[api.Sandbox]{Items: append([]api.Sandbox{}, all...)}, err)
