@@ -359,9 +359,7 @@ const Backdate = 5 * time.Minute
 // own from ca for hosts (common name cn), and takes only clients whose
 // certificate ca signed for client use with the common name allow.
 func (ca *CA) PeerServerConfig(cn string, hosts []string, allow string) (*tls.Config, error) {
-	get, err := renewing(LeafLifetime, func() (tls.Certificate, error) {
-		return ca.Issue(cn, hosts, LeafLifetime, true, false)
-	})
+	get, err := ca.renewingLeaf(cn, hosts, true, false)
 	if err != nil {
 		return nil, err
 	}
@@ -385,9 +383,7 @@ func (ca *CA) PeerServerConfig(cn string, hosts []string, allow string) (*tls.Co
 // presents a leaf from ca with the common name cn and trusts only servers
 // whose certificate ca signed.
 func (ca *CA) PeerClientConfig(cn string) (*tls.Config, error) {
-	get, err := renewing(LeafLifetime, func() (tls.Certificate, error) {
-		return ca.Issue(cn, nil, LeafLifetime, false, true)
-	})
+	get, err := ca.renewingLeaf(cn, nil, false, true)
 	if err != nil {
 		return nil, err
 	}
@@ -396,4 +392,12 @@ func (ca *CA) PeerClientConfig(cn string) (*tls.Config, error) {
 		RootCAs:              ca.Pool(),
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return get() },
 	}, nil
+}
+
+// renewingLeaf is a leaf of ca's for cn and hosts, for server or client
+// use, issued anew as it nears the end of its LeafLifetime (renewing).
+func (ca *CA) renewingLeaf(cn string, hosts []string, server, client bool) (func() (*tls.Certificate, error), error) {
+	return renewing(LeafLifetime, func() (tls.Certificate, error) {
+		return ca.Issue(cn, hosts, LeafLifetime, server, client)
+	})
 }
