@@ -82,13 +82,8 @@ func TestStreamsEndAtAReload(t *testing.T) {
 	if n := s.end(); n != 1 {
 		t.Fatalf("end() ended %d streams, want 1", n)
 	}
-	select {
-	case err := <-events:
-		if err != nil {
-			t.Fatalf("the stream ended with %v, want a clean end", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stream was not ended")
+	if err := testenv.Within(t, events, 10*time.Second, "the stream was not ended"); err != nil {
+		t.Fatalf("the stream ended with %v, want a clean end", err)
 	}
 	close(finish)
 	if got := <-slow; got != "done" {

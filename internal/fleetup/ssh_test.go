@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"sandstorm/internal/testenv"
 )
 
 // The remote scripts run here in sh, as ssh runs them on a host (sh -s,
@@ -173,11 +175,7 @@ func TestCodeScript(t *testing.T) {
 	go func() { out, errs, err = runScript(t, codeScript(l, cmd.Process.Pid)); close(done) }()
 	os.MkdirAll(filepath.Dir(l.codeFile()), 0o700)
 	os.WriteFile(l.codeFile(), []byte("abcd-efgh\n"), 0o600)
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the code script did not see the code")
-	}
+	testenv.Within(t, done, 20*time.Second, "the code script did not see the code")
 	if err != nil || strings.TrimSpace(out) != "abcd-efgh" {
 		t.Errorf("code: %v %q %s", err, out, errs)
 	}
@@ -429,12 +427,7 @@ func TestMeshWaitScript(t *testing.T) {
 	}()
 	cmd.Process.Kill()
 	cmd.Wait()
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(errs, "exited") || !strings.Contains(errs, "boom: the last words") {
-			t.Errorf("wait on a sam-node that exited before joining: %v %s", err, errs)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the wait did not notice the sam-node exit")
+	if err := testenv.Within(t, done, 30*time.Second, "the wait did not notice the sam-node exit"); err == nil || !strings.Contains(errs, "exited") || !strings.Contains(errs, "boom: the last words") {
+		t.Errorf("wait on a sam-node that exited before joining: %v %s", err, errs)
 	}
 }

@@ -57,11 +57,7 @@ func TestLeaseOneLeaderAndTakeover(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the standby did not take over")
 	}
-	select {
-	case <-la.Lost():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the old leader was not told it lost the lease")
-	}
+	testenv.Within(t, la.Lost(), 10*time.Second, "the old leader was not told it lost the lease")
 	if cur, err := b.CurrentLeader(ctx); err != nil || cur.Holder != "master-b" {
 		t.Errorf("leader recorded as %+v (%v), want master-b", cur, err)
 	}

@@ -85,3 +85,18 @@ func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
 		}
 	}()
 }
+
+// Within returns what ch gives within limit; if nothing comes by then,
+// the test fails at once, saying what (what did not happen). The limit
+// bounds a hang; it is not a timing assertion.
+func Within[T any](t testing.TB, ch <-chan T, limit time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(limit):
+		t.Fatal(what)
+		var none T
+		return none
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"sandstorm/internal/errdefs"
+
+	"sandstorm/internal/testenv"
 )
 
 // freeAddr is a loopback address nothing listens on (yet).
@@ -118,13 +120,8 @@ func TestLinkCutEndsCalls(t *testing.T) {
 		t.Error("a call in flight does not keep the link busy")
 	}
 	l.Cut()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("a cut call returned %v (nothing to report: the answer had started)", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Cut did not end the call")
+	if err := testenv.Within(t, done, 10*time.Second, "Cut did not end the call"); err != nil {
+		t.Errorf("a cut call returned %v (nothing to report: the answer had started)", err)
 	}
 	if l.Busy() {
 		t.Error("the link is still busy after its only call ended")

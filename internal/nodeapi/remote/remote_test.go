@@ -26,6 +26,8 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/pki"
+
+	"sandstorm/internal/testenv"
 )
 
 // fake is a Node in memory: what the master's end must see through the
@@ -426,22 +428,13 @@ func TestRemoteLogsFollow(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Logs(ctx, "l", nodeapi.LogOptions{Follow: true}, rec) }()
 	f.logs <- "first line\n"
-	select {
-	case <-rec.got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a followed line did not arrive while the stream was open")
-	}
+	testenv.Within(t, rec.got, 10*time.Second, "a followed line did not arrive while the stream was open")
 	if rec.String() != "first line\n" {
 		t.Errorf("got %q", rec.String())
 	}
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("logs after the caller left: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a followed log did not end when its caller went away")
+	if err := testenv.Within(t, done, 10*time.Second, "a followed log did not end when its caller went away"); err != nil {
+		t.Errorf("logs after the caller left: %v", err)
 	}
 	if err := c.Logs(context.Background(), "ghost", nodeapi.LogOptions{}, io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("logs of an unknown sandbox: %v", err)
