@@ -478,34 +478,36 @@ func (b *Backend) live(spec sandbox.Spec, op string) (*record, error) {
 // container is left running. Pausing a paused container is a no-op.
 // ErrNotFound if there is no such container.
 func (b *Backend) Pause(ctx context.Context, spec sandbox.Spec) error {
-	rec, err := b.live(spec, "pause")
-	if err != nil {
-		return err
-	}
-	if err := writeCgroupFile(rec.Cgroup, "cgroup.freeze", "1"); err != nil {
-		return fmt.Errorf("process backend: pause %s: %w", spec.ID, err)
-	}
-	if err := waitCgroupEvents(ctx, rec.Cgroup, freezeTimeout, func(ev cgroupEvents) bool { return ev.Frozen }); err != nil {
-		// A half-frozen container is neither running nor paused.
-		writeCgroupFile(rec.Cgroup, "cgroup.freeze", "0")
-		return fmt.Errorf("process backend: pause %s: %w", spec.ID, err)
-	}
-	return nil
+	return b.setFrozen(ctx, spec, true)
 }
 
 // Resume thaws a paused container and returns once the kernel reports it
 // thawed (at most 5 s). Resuming a running container is a no-op.
 // ErrNotFound if there is no such container.
 func (b *Backend) Resume(ctx context.Context, spec sandbox.Spec) error {
-	rec, err := b.live(spec, "resume")
+	return b.setFrozen(ctx, spec, false)
+}
+
+// setFrozen is Pause (frozen) and Resume: it writes the container's
+// cgroup.freeze and waits until the kernel reports the cgroup so.
+func (b *Backend) setFrozen(ctx context.Context, spec sandbox.Spec, frozen bool) error {
+	op, value := "resume", "0"
+	if frozen {
+		op, value = "pause", "1"
+	}
+	rec, err := b.live(spec, op)
 	if err != nil {
 		return err
 	}
-	if err := writeCgroupFile(rec.Cgroup, "cgroup.freeze", "0"); err != nil {
-		return fmt.Errorf("process backend: resume %s: %w", spec.ID, err)
+	if err := writeCgroupFile(rec.Cgroup, "cgroup.freeze", value); err != nil {
+		return fmt.Errorf("process backend: %s %s: %w", op, spec.ID, err)
 	}
-	if err := waitCgroupEvents(ctx, rec.Cgroup, freezeTimeout, func(ev cgroupEvents) bool { return !ev.Frozen }); err != nil {
-		return fmt.Errorf("process backend: resume %s: %w", spec.ID, err)
+	if err := waitCgroupEvents(ctx, rec.Cgroup, freezeTimeout, func(ev cgroupEvents) bool { return ev.Frozen == frozen }); err != nil {
+		if frozen {
+			// A half-frozen container is neither running nor paused.
+			writeCgroupFile(rec.Cgroup, "cgroup.freeze", "0")
+		}
+		return fmt.Errorf("process backend: %s %s: %w", op, spec.ID, err)
 	}
 	return nil
 }
