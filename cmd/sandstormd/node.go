@@ -155,8 +155,8 @@ Two moves run at a time, and each line says where one went and how long it
 took. A move that fails leaves its sandbox whole on NAME (as a snapshot, if
 it was running: its next request wakes it there with its memory); drain
 NAME again to retry what is left. The node stays draining until
-'node undrain NAME'. The master's own node (serve --master --node) is not
-drained: only paired nodes' sandboxes move live.`,
+'node undrain NAME'. The master's own node (serve --master --node) drains
+as any other.`,
 		Example: "  sandstormd node drain node-2\n  sandstormd node ls          # node-2 drained\n  sandstormd node undrain node-2",
 		Args:    cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {

@@ -294,15 +294,14 @@ func sandboxMoveCmd() *cobra.Command {
 	move := &cobra.Command{
 		Use:   "move ID|NAME [--to NODE]",
 		Short: "Move a sandbox to another node: with its memory while its node answers, cold when its node is lost",
-		Long: `While its node answers, a sandbox moves to another paired node with what
+		Long: `While its node answers, a sandbox moves to another node with what
 it holds (a live move): a running or frozen one is checkpointed, its image
 and volume streamed through the master to the other node (--to, or the one
 with the most headroom), and restored there in its tier; a snapshotted one
 is streamed as it is, a detached one's volume alone. It keeps its ID,
 name, principal, labels and lifetime; its endpoint URLs are the new
 node's. It is not served while it moves (about a checkpoint, a copy and a
-restore), and a move that fails leaves it whole on its node. Only
-sandboxes of paired nodes move live.
+restore), and a move that fails leaves it whole on its node.
 
 When its node is lost (it does not report to the master), it is started
 again on another node instead: same name, template, principal and memory

@@ -496,18 +496,19 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 			}
 		}()
 	}
-	// What happens to sandboxes, for the console's live view.
+	// The console's live view: what every node reports (this one too, from a hub of its own).
 	hub := events.New(0)
-	var local nodeapi.Node // nil unless this process runs a node (not a nil *Local)
+	var local nodeapi.Node // nil unless this process runs a node (not a nil *Side)
 	var nd *node.Node
 	if o.Node {
 		var stopNode func()
-		nd, stopNode, err = startNode(ctx, o, st, hub, log)
+		nodeHub := events.New(0)
+		nd, stopNode, err = startNode(ctx, o, st, nodeHub, log)
 		if err != nil {
 			return err
 		}
 		defer stopNode()
-		l := &nodeside.Side{N: nd, St: st}
+		l := &nodeside.Side{N: nd, St: st, Events: nodeHub}
 		local = l
 		announce(ctx, o, l, st, log)
 	}

@@ -1,9 +1,12 @@
 // Package fleet is the master's view of its nodes (issue 9): the node in
 // its own process, if it runs one, and the nodes it paired with, reached
-// over the seam (internal/nodeapi). It places new sandboxes by memory
-// headroom (internal/placement decides; a node that refuses passes the
-// sandbox to the next), remembers which node each sandbox of a paired node
-// is on, and says which nodes do not answer.
+// over the seam (internal/nodeapi). Every node is held alike (issue 30):
+// the fleet places new sandboxes by memory headroom (internal/placement
+// decides; a node that refuses passes the sandbox to the next), records
+// which node each sandbox is on (its placement), hears each node's
+// reports, fences it, and says which nodes do not answer. What is a
+// paired node's alone is its pairing: its certificate, renewed and
+// revoked, and its address or tunnel.
 package fleet
 
 import (
@@ -39,7 +42,9 @@ const statusWait = 3 * time.Second
 type Config struct {
 	Store *store.Store
 	CA    *pki.CA
-	// Local is the node in the master's process (nil: none).
+	// Local is the node in the master's process (nil: none). It is a
+	// member as a paired node is; it must report (Watch) from a hub of its
+	// own, not Events, which the fleet publishes what it hears into.
 	Local nodeapi.Node
 	Log   *slog.Logger
 	// Events, if set, is the master's hub: paired nodes' reported events
@@ -49,9 +54,11 @@ type Config struct {
 
 // Fleet is the master's nodes.
 type Fleet struct {
-	cfg     Config
-	mu      sync.RWMutex
-	remote  map[string]*remote.Client
+	cfg Config
+	mu  sync.RWMutex
+	// nodes is every member by name: the node in this process and the
+	// paired ones (a *remote.Client each: over the network, or a tunnel).
+	nodes   map[string]nodeapi.Node
 	addrs   map[string]string
 	links   map[string]*link // reports.go
 	revoked map[string]time.Time
@@ -67,7 +74,7 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	f := &Fleet{cfg: cfg, remote: map[string]*remote.Client{}, addrs: map[string]string{}, links: map[string]*link{}}
+	f := &Fleet{cfg: cfg, nodes: map[string]nodeapi.Node{}, addrs: map[string]string{}, links: map[string]*link{}}
 	var err error
 	if f.revoked, err = cfg.Store.Enrol().Revocations(ctx); err != nil {
 		return nil, err
@@ -84,16 +91,22 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 			f.draining.set(n.Name, true)
 		}
 	}
-	// An attempt on the node in this process, or one that never got as far
-	// as naming a node, was cut short by this master's own death: the
-	// node's rows say what was made (the attempt only held the name).
+	// An attempt that never got as far as naming a node was cut short by
+	// this master's own death before any node was asked: it only held the
+	// name. (One that named a node is settled with that node's reports.)
 	ps, err := cfg.Store.ListAllPlacements(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range ps {
-		if p.State == store.PlacementCreating && (p.Node == "" || cfg.Local != nil && p.Node == cfg.Local.Name()) {
+		if p.State == store.PlacementCreating && p.Node == "" {
 			cfg.Store.DeletePlacement(ctx, p.ID)
+		}
+	}
+	if cfg.Local != nil {
+		f.nodes[cfg.Local.Name()] = cfg.Local
+		if err := adopt(ctx, cfg, ps); err != nil {
+			return nil, err
 		}
 	}
 	// A template registered before templates had digests gets one now:
@@ -118,6 +131,36 @@ func New(ctx context.Context, cfg Config) (*Fleet, error) {
 	return f, nil
 }
 
+// adopt records a placement for each sandbox of the node in the master's
+// process (cfg.Local) that has none: those a master made there before
+// every node was placed alike (issue 30), which the node's first fence
+// would otherwise retire as not its master's.
+func adopt(ctx context.Context, cfg Config, ps []store.Placement) error {
+	n := cfg.Local
+	placed := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		placed[p.ID] = true
+	}
+	all, err := n.List(ctx)
+	if err != nil {
+		return fmt.Errorf("adopt the sandboxes of node %s: %w", n.Name(), err)
+	}
+	for _, sb := range all {
+		if placed[sb.ID] || sb.LeftBehind {
+			continue
+		}
+		p := store.Placement{ID: sb.ID, Name: sb.Name, Node: n.Name(), Template: sb.Template, Principal: sb.Principal, MemoryMiB: sb.MemoryMiB, Generation: sb.Generation}
+		if err := cfg.Store.PutPlacement(ctx, p); err != nil {
+			// Its name is another's placement: the fence retires it, as
+			// any sandbox its master did not place.
+			cfg.Log.Warn("a sandbox of the master's own node cannot be placed (its name is taken)", "node", n.Name(), "id", sb.ID, "name", sb.Name, "err", err)
+			continue
+		}
+		cfg.Log.Info("placement recorded for a sandbox of the master's own node", "node", n.Name(), "id", sb.ID, "name", sb.Name)
+	}
+	return nil
+}
+
 // tunnelAddress is what the store has as the address of a node that dials
 // in (enrol.Joiner): it is reached only through its tunnel.
 func tunnelAddress(name string) string { return "tunnel:" + name }
@@ -126,7 +169,7 @@ func (f *Fleet) add(name, address string) error {
 	if strings.HasPrefix(address, "tunnel:") {
 		// Until it dials in, its calls fail: it is lost.
 		f.mu.Lock()
-		f.remote[name], f.addrs[name] = enrol.NoTunnel(name), address
+		f.nodes[name], f.addrs[name] = enrol.NoTunnel(name), address
 		f.mu.Unlock()
 		f.startWatch(name)
 		return nil
@@ -136,7 +179,7 @@ func (f *Fleet) add(name, address string) error {
 		return err
 	}
 	f.mu.Lock()
-	f.remote[name], f.addrs[name] = c, address
+	f.nodes[name], f.addrs[name] = c, address
 	f.mu.Unlock()
 	f.startWatch(name)
 	return nil
@@ -173,8 +216,8 @@ const renewEvery = 10 * time.Minute
 func (f *Fleet) Run(ctx context.Context) {
 	f.mu.Lock()
 	f.runCtx = ctx
-	names := make([]string, 0, len(f.remote))
-	for n := range f.remote {
+	names := make([]string, 0, len(f.nodes))
+	for n := range f.nodes {
 		names = append(names, n)
 	}
 	f.mu.Unlock()
@@ -205,8 +248,10 @@ func (f *Fleet) renewDue(ctx context.Context) {
 		addr string
 	}
 	var ds []due
-	for n, c := range f.remote {
-		ds = append(ds, due{c, f.addrs[n]})
+	for n, m := range f.nodes {
+		if c, ok := m.(*remote.Client); ok { // the node in this process has no certificate
+			ds = append(ds, due{c, f.addrs[n]})
+		}
 	}
 	f.mu.RUnlock()
 	for _, d := range ds {
@@ -234,59 +279,58 @@ func (f *Fleet) renewDue(ctx context.Context) {
 // Local is the node in the master's process (nil if none).
 func (f *Fleet) Local() nodeapi.Node { return f.cfg.Local }
 
-// Nodes is every node: the local one first, then the paired ones by name.
+// Nodes is every node as the master's handlers call it: the one in this
+// process first (if any), then the paired ones by name.
 func (f *Fleet) Nodes() []nodeapi.Node {
-	var out []nodeapi.Node
-	if f.cfg.Local != nil {
-		out = append(out, f.cfg.Local)
-	}
 	f.mu.RLock()
-	names := make([]string, 0, len(f.remote))
-	for n := range f.remote {
+	defer f.mu.RUnlock()
+	names := make([]string, 0, len(f.nodes))
+	for n := range f.nodes {
 		names = append(names, n)
 	}
-	slices.Sort(names)
+	slices.SortFunc(names, func(a, b string) int {
+		if f.cfg.Local != nil && (a == f.cfg.Local.Name()) != (b == f.cfg.Local.Name()) {
+			if a == f.cfg.Local.Name() {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	out := make([]nodeapi.Node, 0, len(names))
 	for _, n := range names {
-		out = append(out, recorder{f.remote[n], f})
+		out = append(out, recorder{f.nodes[n], f})
 	}
-	f.mu.RUnlock()
 	return out
 }
 
-// paired is the paired node name as the master's handlers call it (nil
-// if the fleet has no such node).
-func (f *Fleet) paired(name string) nodeapi.Node {
+// member is node name as the master's handlers call it (nil if the fleet
+// has no such node).
+func (f *Fleet) member(name string) nodeapi.Node {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	if c := f.remote[name]; c != nil {
-		return recorder{c, f}
+	if n := f.nodes[name]; n != nil {
+		return recorder{n, f}
 	}
 	return nil
 }
 
-func (f *Fleet) isRemote(name string) bool {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	_, ok := f.remote[name]
-	return ok
-}
-
 // Find is the sandbox whose ID or name is ref, and its node, without
-// asking a paired node: the master's placement and the node's last
-// report of it (reports.go), else the local node's own (in this
-// process), else a report with no placement — a copy a move left behind
-// on a node that came back, which a person deletes by its ID.
+// asking the node: the master's placement and the node's last report of
+// it (reports.go), else a report with no placement — a copy a move left
+// behind on a node that came back, which a person deletes by its ID.
 func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox, error) {
 	now := time.Now()
 	p, err := f.cfg.Store.GetPlacement(ctx, ref)
 	switch {
 	case err == nil && p.State == store.PlacementCreating:
-		if f.paired(p.Node) == nil {
-			return f.cfg.Local, api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found (a create of that name is under way)", ref))
+		n := f.member(p.Node)
+		if n == nil {
+			return nil, api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found (a create of that name is under way)", ref))
 		}
-		return f.paired(p.Node), f.pending(p), nil
+		return n, f.pending(p), nil
 	case err == nil:
-		n := f.paired(p.Node)
+		n := f.member(p.Node)
 		if n == nil {
 			return nil, api.Sandbox{}, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("sandbox %s is on node %s, which this master no longer has", p.Name, p.Node))
 		}
@@ -314,24 +358,16 @@ func (f *Fleet) Find(ctx context.Context, ref string) (nodeapi.Node, api.Sandbox
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return nil, api.Sandbox{}, err
 	}
-	var localErr error = errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
-	if f.cfg.Local != nil {
-		sb, err := f.cfg.Local.Get(ctx, ref)
-		if err == nil || !errors.Is(err, errdefs.ErrNotFound) {
-			return f.cfg.Local, sb, err
-		}
-		localErr = err
-	}
 	rs, err := f.cfg.Store.FindReported(ctx, ref)
 	if err != nil {
 		return nil, api.Sandbox{}, err
 	}
 	for _, r := range rs {
-		if n := f.paired(r.Node); n != nil {
+		if n := f.member(r.Node); n != nil {
 			return n, leftBehind(r.Node, f.view(r.Node, r.Sandbox, now)), nil
 		}
 	}
-	return f.cfg.Local, api.Sandbox{}, localErr
+	return nil, api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
 }
 
 // leftBehind is sb, which its node has but the master did not put there
@@ -369,7 +405,7 @@ func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
 	answers := false
 	if l, ok := f.linkOf(p.Node); ok && !l.heard.IsZero() {
 		answers = !l.lost(time.Now())
-	} else if n := f.paired(p.Node); n != nil {
+	} else if n := f.member(p.Node); n != nil {
 		answers = f.liveStatus(ctx, n).State != "lost"
 	}
 	if answers {
@@ -487,26 +523,17 @@ func (f *Fleet) placementStatuses(ctx context.Context) []api.NodeStatus {
 
 // Deleted forgets where sandbox id was.
 func (f *Fleet) Deleted(ctx context.Context, node, id string) {
-	if f.isRemote(node) {
-		f.cfg.Store.DeletePlacement(ctx, id)
-		f.cfg.Store.DeleteReported(ctx, node, id)
-	}
+	f.cfg.Store.DeletePlacement(ctx, id)
+	f.cfg.Store.DeleteReported(ctx, node, id)
 }
 
-// List is every sandbox of every node: the local node's read now, the
-// paired nodes' from their reports (reports.go), never waiting on one. A
-// node that does not report has its sandboxes listed as lost, with why;
-// a placed sandbox its node did not report is listed too: nothing goes
-// missing from the list because its node is down.
+// List is every sandbox of every node, from their reports (reports.go),
+// never waiting on one. A node that does not report has its sandboxes
+// listed as lost, with why; a placed sandbox its node did not report is
+// listed too: nothing goes missing from the list because its node is
+// down.
 func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
 	var out []api.Sandbox
-	if f.cfg.Local != nil {
-		l, err := f.cfg.Local.List(ctx)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, l...)
-	}
 	ps, err := f.cfg.Store.ListAllPlacements(ctx)
 	if err != nil {
 		return nil, err
@@ -530,8 +557,8 @@ func (f *Fleet) List(ctx context.Context) ([]api.Sandbox, error) {
 	now := time.Now()
 	seen := make(map[string]bool, len(rs))
 	for _, r := range rs {
-		if !f.isRemote(r.Node) {
-			continue
+		if f.member(r.Node) == nil {
+			continue // a forgotten node's
 		}
 		sb := f.view(r.Node, r.Sandbox, now)
 		a := attempt{r.Node, sb.Generation}
@@ -572,7 +599,7 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	if f.cfg.Local != nil && f.cfg.Local.Name() == name || f.isRemote(name) {
+	if f.member(name) != nil {
 		return "", errdefs.Mark(errdefs.ErrExists, fmt.Errorf("the node at %s calls itself %s, a name this master's fleet already has: start it with another --node-name", address, name))
 	}
 	if err := f.cfg.Store.PutNode(ctx, store.Node{Name: name, Address: address, PairedAt: time.Now()}); err != nil {
@@ -585,9 +612,7 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 	if err != nil {
 		return name, err
 	}
-	f.mu.RLock()
-	c := f.remote[name]
-	f.mu.RUnlock()
+	c := f.member(name)
 	for _, t := range ts {
 		if err := f.prepare(ctx, c, t); err != nil {
 			f.cfg.Log.Warn("a paired node did not take a template", "node", name, "template", t.Name, "err", err)
@@ -600,11 +625,15 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 // Forget removes paired node name from the fleet; refused while the
 // master has sandboxes on it.
 func (f *Fleet) Forget(ctx context.Context, name string) error {
-	if !f.isRemote(name) {
-		if f.cfg.Local != nil && f.cfg.Local.Name() == name {
-			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s is in this master's own process; stop the process to remove it", name))
-		}
+	f.mu.RLock()
+	m := f.nodes[name]
+	f.mu.RUnlock()
+	c, paired := m.(*remote.Client)
+	switch {
+	case m == nil:
 		return errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("node %q: not found", name))
+	case !paired:
+		return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("node %s is in this master's own process; stop the process to remove it", name))
 	}
 	k, err := f.cfg.Store.CountPlacements(ctx, name)
 	if err != nil {
@@ -616,9 +645,6 @@ func (f *Fleet) Forget(ctx context.Context, name string) error {
 	// The node forgets its master too, if it answers: its certificate is
 	// no key to anything after this (one that does not answer keeps it
 	// until it expires, at most enrol.NodeCertLifetime).
-	f.mu.RLock()
-	c := f.remote[name]
-	f.mu.RUnlock()
 	uctx, cancel := context.WithTimeout(ctx, statusWait)
 	if err := enrol.Unpair(uctx, c); err != nil {
 		f.cfg.Log.Warn("a forgotten node did not unpair (it keeps its certificate until it expires)", "node", name, "err", err)
@@ -636,7 +662,7 @@ func (f *Fleet) Forget(ctx context.Context, name string) error {
 	f.revoked[name] = now
 	f.mu.Unlock()
 	f.mu.Lock()
-	delete(f.remote, name)
+	delete(f.nodes, name)
 	delete(f.addrs, name)
 	f.mu.Unlock()
 	return nil
@@ -720,7 +746,7 @@ func (f *Fleet) Join(ctx context.Context, req enrol.JoinRequest) (enrol.JoinRepl
 		f.cfg.Log.Warn("join refused: unknown, used or expired join token", "node", req.Name)
 		return enrol.JoinReply{}, errdefs.Mark(errdefs.ErrForbidden, errors.New("join refused: the join token is unknown, used or expired (make one: POST /v1/nodes/join-tokens)"))
 	}
-	if req.Name == "" || f.isRemote(req.Name) || (f.cfg.Local != nil && f.cfg.Local.Name() == req.Name) {
+	if req.Name == "" || f.member(req.Name) != nil {
 		return enrol.JoinReply{}, errdefs.Mark(errdefs.ErrExists, fmt.Errorf("node name %q is empty or taken in this fleet: start the node with another --node-name", req.Name))
 	}
 	der, err := f.cfg.CA.SignCSRFor(req.CSR, "node "+req.Name, nil, enrol.NodeCertLifetime, false, true)
@@ -765,7 +791,7 @@ func (d dialIns) admit(name string, cert *x509.Certificate) error {
 func (d dialIns) up(t enrol.Tunnel) {
 	f := d.f
 	f.mu.Lock()
-	f.remote[t.Node] = t.Client
+	f.nodes[t.Node] = t.Client
 	f.mu.Unlock()
 	f.kickWatch(t.Node)
 	f.cfg.Log.Info("tunnel from a node up", "node", t.Node, "from", t.From)

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -226,8 +227,10 @@ func runningFleet(t *testing.T, local, remote *node) (*Fleet, context.CancelFunc
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go f.Run(ctx)
-	testenv.WaitFor(t, 10*time.Second, remote.name+" reports", func() bool { l, ok := f.linkOf(remote.name); return ok && l.full })
-	testenv.WaitFor(t, 10*time.Second, remote.name+" is fenced", func() bool { _, n := remote.lastFence(); return n > 0 })
+	for _, n := range []*node{local, remote} {
+		testenv.WaitFor(t, 10*time.Second, n.name+" reports", func() bool { l, ok := f.linkOf(n.name); return ok && l.full })
+		testenv.WaitFor(t, 10*time.Second, n.name+" is fenced", func() bool { _, k := n.lastFence(); return k > 0 })
+	}
 	return f, cancel
 }
 
@@ -291,7 +294,7 @@ func TestLostNodeIsSkipped(t *testing.T) {
 	// The node goes away: its connections are cut and its address
 	// answers nothing; its report stream ends, so it is lost at once.
 	f.mu.Lock()
-	f.remote["far"].Base = "https://127.0.0.1:1"
+	f.nodes["far"].(*noderemote.Client).Base = "https://127.0.0.1:1"
 	f.mu.Unlock()
 	remote.srv.CloseClientConnections()
 	testenv.WaitFor(t, 10*time.Second, "far lost", func() bool {
@@ -429,7 +432,7 @@ func TestForgottenNodeIsRevoked(t *testing.T) {
 	if err := f.add("far", addr); err != nil {
 		t.Fatal(err)
 	}
-	_, err := f.paired("far").Status(ctx)
+	_, err := f.member("far").Status(ctx)
 	if err == nil || !strings.Contains(err.Error(), "revoked") {
 		t.Fatalf("a revoked certificate: %v", err)
 	}
@@ -438,7 +441,7 @@ func TestForgottenNodeIsRevoked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.paired("far").Status(ctx); err == nil || !strings.Contains(err.Error(), "revoked") {
+	if _, err := g.member("far").Status(ctx); err == nil || !strings.Contains(err.Error(), "revoked") {
 		t.Errorf("after a restart, a revoked certificate: %v", err)
 	}
 	// A certificate issued now is taken.
@@ -454,7 +457,7 @@ func TestForgottenNodeIsRevoked(t *testing.T) {
 	f.cfg.Store.DeleteNode(ctx, "far")
 	f.cfg.Store.PutNode(ctx, store.Node{Name: "far", Address: fresh.Listener.Addr().String()})
 	f.add("far", fresh.Listener.Addr().String())
-	if _, err := f.paired("far").Status(ctx); err != nil {
+	if _, err := f.member("far").Status(ctx); err != nil {
 		t.Errorf("a certificate issued after the forgetting: %v", err)
 	}
 	// And its reports are heard again (which opens the stream that
@@ -465,7 +468,7 @@ func TestForgottenNodeIsRevoked(t *testing.T) {
 	// "near": refused by name.
 	f.cfg.Store.PutNode(ctx, store.Node{Name: "near", Address: fresh.Listener.Addr().String() + "0"})
 	f.add("near", fresh.Listener.Addr().String())
-	if _, err := f.paired("near").Status(ctx); err == nil || !strings.Contains(err.Error(), `not node near`) {
+	if _, err := f.member("near").Status(ctx); err == nil || !strings.Contains(err.Error(), `not node near`) {
 		t.Errorf("node far's certificate taken for node near: %v", err)
 	}
 }
@@ -510,5 +513,31 @@ func TestFindTakesThePlacedID(t *testing.T) {
 		if err != nil || n.Name() != "far" || sb.ID != "m-1" || sb.Node != "far" || sb.Tier != api.TierHot {
 			t.Errorf("Find(%s) = node %s, %+v, %v; want far's m-1", ref, n.Name(), sb, err)
 		}
+	}
+}
+
+// TestLocalSandboxesAdopted: sandboxes the node in the master's process
+// has without a placement — made before every node was placed alike
+// (issue 30) — get one when the fleet starts, so the node's first fence
+// keeps them, and they are found, listed and deleted as any other.
+func TestLocalSandboxesAdopted(t *testing.T) {
+	ctx := context.Background()
+	local := &node{name: "local", availMiB: 8000, made: []string{"old"}}
+	remote := &node{name: "far", availMiB: 2000}
+	f := fleetOf(t, local, remote)
+	p, err := f.cfg.Store.GetPlacement(ctx, "old")
+	if err != nil || p.Node != "local" || p.ID != "local-old" {
+		t.Fatalf("the old sandbox's placement: %+v %v", p, err)
+	}
+	fence, _ := local.lastFence()
+	if !slices.Contains(fence.Keep, "local-old") {
+		t.Errorf("the node's fence does not keep it: %+v", fence)
+	}
+	n, sb, err := f.Find(ctx, "old")
+	if err != nil || n.Name() != "local" || sb.ID != "local-old" {
+		t.Errorf("Find: %v %+v %v", n, sb, err)
+	}
+	if all, err := f.List(ctx); err != nil || !slices.ContainsFunc(all, func(b api.Sandbox) bool { return b.ID == "local-old" && b.Tier == api.TierHot }) {
+		t.Errorf("List: %+v %v", all, err)
 	}
 }

@@ -7,8 +7,8 @@ import "time"
 // read from what its reports left, never by calling the node.
 type Health struct {
 	Name string
-	// Local: the node in the master's own process, which is never lost
-	// and reports nothing.
+	// Local: the node in the master's own process (it reports, and is
+	// lost, as any other: its stream is in the process).
 	Local bool
 	// Lost as GET /v1/nodes says it: no report stream open, or nothing on
 	// it for nodeapi.SilenceLimit. A paired node not heard yet is lost.
@@ -24,11 +24,7 @@ func (f *Fleet) Health() []Health {
 	var out []Health
 	for _, n := range f.Nodes() {
 		name := n.Name()
-		if f.cfg.Local != nil && name == f.cfg.Local.Name() {
-			out = append(out, Health{Name: name, Local: true})
-			continue
-		}
-		h := Health{Name: name, Lost: true}
+		h := Health{Name: name, Lost: true, Local: f.cfg.Local != nil && name == f.cfg.Local.Name()}
 		if l, ok := f.linkOf(name); ok {
 			h.Lost, h.LastReport = l.lost(now), l.heard
 		}

@@ -12,6 +12,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/nodeapi/remote"
 	"sandstorm/internal/placement"
 	"sandstorm/internal/store"
 )
@@ -68,27 +69,19 @@ func (d *draining) set(name string, on bool) {
 	d.nodes[name] = on
 }
 
-// LiveMove moves sandbox ref, placed on a paired node that answers, to
-// another paired node with its memory (to: that node; "": the one with
-// the most headroom that takes it). It answers the sandbox where it now
-// runs. A sandbox whose node is lost is Move's (a cold start).
+// LiveMove moves sandbox ref, placed on a node that answers, to another
+// node with its memory (to: that node; "": the one with the most headroom
+// that takes it). It answers the sandbox where it now runs. A sandbox
+// whose node is lost is Move's (a cold start).
 func (f *Fleet) LiveMove(ctx context.Context, ref, to string) (api.Sandbox, error) {
 	p, err := f.cfg.Store.GetPlacement(ctx, ref)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		if f.cfg.Local != nil {
-			if _, lerr := f.cfg.Local.Get(ctx, ref); lerr == nil {
-				return api.Sandbox{}, errdefs.Mark(errdefs.ErrNotSupported, fmt.Errorf("sandbox %s is on the master's own node (%s), whose sandboxes are not moved live: only sandboxes of paired nodes are", ref, f.cfg.Local.Name()))
-			}
-		}
-		return api.Sandbox{}, err
-	}
 	if err != nil {
 		return api.Sandbox{}, err
 	}
 	if p.State != "" {
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is %s on node %s; move it once that is settled", p.Name, stateWords(p.State), p.Node))
 	}
-	src := f.paired(p.Node)
+	src := f.member(p.Node)
 	if src == nil {
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("sandbox %s is on node %s, which this master no longer has", p.Name, p.Node))
 	}
@@ -130,17 +123,16 @@ func stateWords(s string) string {
 }
 
 // moveTargets is the nodes a sandbox leaving from may go to, in the
-// order to try them (placement.ForMove): paired nodes only — the
-// master's own node keeps its sandboxes in rows of its own, not
-// placements — that answer and are not draining; to, if set, alone.
+// order to try them (placement.ForMove): those that answer and are not
+// draining; to, if set, alone.
 func (f *Fleet) moveTargets(ctx context.Context, from, to string) ([]nodeapi.Node, error) {
 	if to != "" {
-		n := f.paired(to)
+		n := f.member(to)
 		switch {
 		case to == from:
 			return nil, errdefs.New(errdefs.ErrBadInput, "sandbox is on node %s already", to)
 		case n == nil:
-			return nil, errdefs.New(errdefs.ErrNotFound, "node %q: not a paired node of this master (a live move goes between paired nodes)", to)
+			return nil, errdefs.New(errdefs.ErrNotFound, "node %q: not a node of this master", to)
 		case f.draining.has(to):
 			return nil, errdefs.New(errdefs.ErrConflict, "node %s is draining: it takes no sandboxes", to)
 		}
@@ -148,20 +140,17 @@ func (f *Fleet) moveTargets(ctx context.Context, from, to string) ([]nodeapi.Nod
 	}
 	var cands []placement.Candidate
 	for _, st := range f.placementStatuses(ctx) {
-		if !f.isRemote(st.Name) {
-			continue
-		}
 		cands = append(cands, placement.Candidate{Name: st.Name, AvailableMiB: st.MemAvailableMiB, ReserveMiB: st.MemReserveMiB,
 			PromisedMiB: st.PromisedMiB, Lost: st.State == "lost", Draining: f.draining.has(st.Name)})
 	}
 	var out []nodeapi.Node
 	for _, c := range placement.ForMove(cands, from) {
-		if n := f.paired(c.Name); n != nil {
+		if n := f.member(c.Name); n != nil {
 			out = append(out, n)
 		}
 	}
 	if len(out) == 0 {
-		return nil, errdefs.Mark(errdefs.ErrNoRoom, fmt.Errorf("no other paired node answers and takes sandboxes now, so nothing can leave node %s", from))
+		return nil, errdefs.Mark(errdefs.ErrNoRoom, fmt.Errorf("no other node answers and takes sandboxes now, so nothing can leave node %s", from))
 	}
 	return out, nil
 }
@@ -338,14 +327,14 @@ func (f *Fleet) settleMove(ctx context.Context, p store.Placement) {
 			return
 		}
 		f.cfg.Log.Info("move: one left unfinished is given up; the sandbox stays where it was", "name", p.Name, "id", p.ID, "node", p.Node, "to", p.MoveNode, "generation", p.MoveGen)
-		if t := f.paired(p.MoveNode); t != nil {
+		if t := f.member(p.MoveNode); t != nil {
 			f.abortOn(ctx, t, p.ID, p.MoveGen)
 		}
-		if s := f.paired(p.Node); s != nil {
+		if s := f.member(p.Node); s != nil {
 			f.abortOn(ctx, s, p.ID, p.MoveGen)
 		}
 	case store.PlacementMoved:
-		t, s := f.paired(p.Node), f.paired(p.MoveNode)
+		t, s := f.member(p.Node), f.member(p.MoveNode)
 		if t == nil || s == nil {
 			return
 		}
@@ -355,22 +344,18 @@ func (f *Fleet) settleMove(ctx context.Context, p store.Placement) {
 	}
 }
 
-// Drain stops placing sandboxes on paired node name and moves each of
+// Drain stops placing sandboxes on node name and moves each of
 // its sandboxes to another node with its memory, drainParallel at a
 // time, telling each (and then the sum) to each as it goes. A node
 // already draining is drained again: what a drain cut short left is
 // moved now.
 func (f *Fleet) Drain(ctx context.Context, name string, each func(api.DrainEvent)) (api.DrainEvent, error) {
-	if !f.isRemote(name) {
-		if f.cfg.Local != nil && f.cfg.Local.Name() == name {
-			return api.DrainEvent{}, errdefs.Mark(errdefs.ErrNotSupported, fmt.Errorf("node %s is the master's own: its sandboxes are not moved live (only those of paired nodes are)", name))
-		}
+	if f.member(name) == nil {
 		return api.DrainEvent{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("node %q: not found", name))
 	}
-	if err := f.cfg.Store.SetDraining(ctx, name, true); err != nil {
+	if err := f.setDraining(ctx, name, true); err != nil {
 		return api.DrainEvent{}, err
 	}
-	f.draining.set(name, true)
 	f.cfg.Log.Info("node draining: it takes no new sandboxes, and its own are moved off", "node", name)
 	ps, err := f.cfg.Store.ListPlacements(ctx, name)
 	if err != nil {
@@ -411,20 +396,36 @@ func (f *Fleet) Drain(ctx context.Context, name string, each func(api.DrainEvent
 	return sum, err
 }
 
+// setDraining marks node name draining or not: in the store for a
+// paired node (its row there keeps the mark across restarts), in memory
+// only for the node in this process, which has no row (a restart of the
+// process starts it taking work again).
+func (f *Fleet) setDraining(ctx context.Context, name string, on bool) error {
+	f.mu.RLock()
+	_, paired := f.nodes[name].(*remote.Client)
+	f.mu.RUnlock()
+	if paired {
+		if err := f.cfg.Store.SetDraining(ctx, name, on); err != nil {
+			return err
+		}
+	}
+	f.draining.set(name, on)
+	return nil
+}
+
 // drainParallel is how many moves a drain runs at once: each is a
 // checkpoint on the node drained and a restore on another, CPU and disk
 // bound; two keep both ends busy without crowding a small node.
 const drainParallel = 2
 
-// Undrain makes paired node name take new sandboxes again.
+// Undrain makes node name take new sandboxes again.
 func (f *Fleet) Undrain(ctx context.Context, name string) error {
-	if !f.isRemote(name) {
-		return errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("node %q: not a paired node", name))
+	if f.member(name) == nil {
+		return errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("node %q: not found", name))
 	}
-	if err := f.cfg.Store.SetDraining(ctx, name, false); err != nil {
+	if err := f.setDraining(ctx, name, false); err != nil {
 		return err
 	}
-	f.draining.set(name, false)
 	f.cfg.Log.Info("node undrained: it takes new sandboxes again", "node", name)
 	return nil
 }
@@ -440,7 +441,7 @@ func (f *Fleet) unstick(ctx context.Context, node, id string, gen int64) {
 	if err != nil || p.Node != node || p.State != "" || gen <= 0 || f.fly.all()[gen] {
 		return
 	}
-	n := f.paired(node)
+	n := f.member(node)
 	if n == nil {
 		return
 	}
@@ -448,18 +449,13 @@ func (f *Fleet) unstick(ctx context.Context, node, id string, gen int64) {
 	f.abortOn(context.WithoutCancel(ctx), n, id, gen)
 }
 
-// Answers reports whether sandboxes on node can be moved live: the
-// master's own node (its sandboxes are not moved live, and LiveMove says
-// so), or a paired node whose reports are in and current. A paired node
-// not heard from yet is asked.
+// Answers reports whether sandboxes on node can be moved live: its
+// reports are in and current. A node not heard from yet is asked.
 func (f *Fleet) Answers(node string) bool {
-	if f.cfg.Local != nil && f.cfg.Local.Name() == node {
-		return true
-	}
 	if l, ok := f.linkOf(node); ok && !l.heard.IsZero() {
 		return !l.lost(time.Now())
 	}
-	if n := f.paired(node); n != nil {
+	if n := f.member(node); n != nil {
 		return f.liveStatus(context.Background(), n).State != "lost"
 	}
 	return false

@@ -96,19 +96,6 @@ func (fl *inflight) locked() map[int64]bool {
 // Create places req on the node with the most headroom that takes it
 // (above for what happens when one does not answer).
 func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
-	if req.Name != "" && f.cfg.Local != nil {
-		// The node in this process holds its names in its own rows.
-		if _, err := f.cfg.Local.Get(ctx, req.Name); err == nil {
-			return api.Sandbox{}, errdefs.New(errdefs.ErrExists, "sandbox %q: already exists", req.Name)
-		}
-	}
-	if nodes := f.Nodes(); len(nodes) == 1 && nodes[0] == f.cfg.Local {
-		// One node, no choice: no status to read (a node's status counts
-		// its sandboxes, a scan of its store, which a create per request
-		// must not pay on a node holding thousands). The node decides
-		// itself whether it has room, and its own store holds the name.
-		return f.cfg.Local.Create(ctx, req)
-	}
 	gen, err := f.fly.begin(ctx, f.cfg.Store)
 	if err != nil {
 		return api.Sandbox{}, err
@@ -143,10 +130,25 @@ var errUndecided = errors.New("undecided")
 // place tries att on each node in order of headroom.
 func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.CreateRequest) (api.Sandbox, error) {
 	bg := context.WithoutCancel(ctx)
-	sts := f.placementStatuses(ctx)
 	byName := map[string]nodeapi.Node{}
 	for _, n := range f.Nodes() {
 		byName[n.Name()] = n
+	}
+	var sts []api.NodeStatus
+	if len(byName) == 1 {
+		// One node, no choice: no status to read (a node's status counts
+		// its sandboxes, a scan of its store, which a create per request
+		// must not pay on a node holding thousands). The node decides
+		// itself whether it has room.
+		for name := range byName {
+			st := api.NodeStatus{Name: name, State: "ready"}
+			if l, ok := f.linkOf(name); ok && !l.heard.IsZero() && l.lost(time.Now()) {
+				st.State = "lost"
+			}
+			sts = []api.NodeStatus{st}
+		}
+	} else {
+		sts = f.placementStatuses(ctx)
 	}
 	var cands []placement.Candidate
 	var lost []string
@@ -167,6 +169,7 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrNoRoom, errors.New(why))
 	}
 	var refusals []string
+	var last error
 	for _, c := range order {
 		n := byName[c.Name]
 		// The attempt names its node before the node is asked: a master
@@ -177,11 +180,6 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 		sb, err := n.Create(ctx, req)
 		switch {
 		case err == nil:
-			if !f.isRemote(c.Name) {
-				// The node in this process has the sandbox in its own rows.
-				f.cfg.Store.DeletePlacement(bg, att.ID)
-				return sb, nil
-			}
 			p := store.Placement{ID: sb.ID, Name: sb.Name, Node: c.Name, Template: req.Template.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Generation: att.Generation}
 			if err := f.cfg.Store.ResolveAttempt(bg, att.Generation, []store.Placement{p}); err != nil {
 				// Made, but not recorded: the node's next report is, and
@@ -193,6 +191,7 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 			// The node cannot have made it: it never got the request, or it
 			// answered that it has no room.
 			refusals = append(refusals, c.Name+": "+err.Error())
+			last = err
 			f.cfg.Log.Info("placement: node refused; trying the next", "node", c.Name, "headroom_mib", c.Headroom(), "err", err)
 			continue
 		case errors.Is(err, errdefs.ErrUnavailable):
@@ -201,6 +200,9 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 		default:
 			return sb, err
 		}
+	}
+	if len(refusals) == 1 {
+		return api.Sandbox{}, last // the one node's own words, and its Retry-After
 	}
 	return api.Sandbox{}, errdefs.Mark(errdefs.ErrNoRoom, fmt.Errorf("no node has room for it now: %s", strings.Join(refusals, "; ")))
 }
@@ -211,14 +213,11 @@ func (f *Fleet) place(ctx context.Context, att store.Placement, req nodeapi.Crea
 var ErrDraining = errdefs.Refine(errdefs.ErrConflict, "node draining")
 
 // Clone makes children of parent on its node n, numbered as one
-// placement; a paired node's children become placements when it answers,
-// or, if it does not, when it reports them (resolve).
+// placement; the children become placements when the node answers, or,
+// if it does not, when it reports them (resolve).
 func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, req api.CloneRequest) (api.CloneResult, error) {
 	if f.draining.has(n.Name()) {
 		return api.CloneResult{}, errdefs.Mark(ErrDraining, fmt.Errorf("node %s is draining: its sandboxes are not cloned there (undrain it, or clone once %s has moved)", n.Name(), parent.Name))
-	}
-	if !f.isRemote(n.Name()) {
-		return n.Clone(ctx, parent.ID, nodeapi.CloneRequest{CloneRequest: req})
 	}
 	gen, err := f.fly.begin(ctx, f.cfg.Store)
 	if err != nil {
@@ -246,8 +245,8 @@ func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, r
 	return res, err
 }
 
-// Delete deletes sandbox sb on its node n. A paired node's placement is
-// marked deleting first, so that a delete whose answer is lost is
+// Delete deletes sandbox sb on its node n. Its placement is marked
+// deleting first, so that a delete whose answer is lost is
 // finished when the node reports again (resolve), and the name stays
 // taken until then.
 func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) error {
@@ -278,18 +277,15 @@ func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) erro
 	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && (p.State == store.PlacementMoving || p.State == store.PlacementMoved) {
 		return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being moved between nodes %s and %s; delete it once the move is settled", p.Name, p.Node, p.MoveNode))
 	}
-	remote := f.isRemote(n.Name())
 	placed := false
-	if remote {
-		if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.ID == sb.ID {
-			placed = true
-			if err := f.cfg.Store.SetPlacementState(ctx, sb.ID, store.PlacementDeleting); err != nil {
-				return err
-			}
+	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.ID == sb.ID {
+		placed = true
+		if err := f.cfg.Store.SetPlacementState(ctx, sb.ID, store.PlacementDeleting); err != nil {
+			return err
 		}
 	}
 	err := n.Delete(ctx, sb.ID)
-	if err != nil && !(remote && errors.Is(err, errdefs.ErrNotFound)) {
+	if err != nil && !(placed && errors.Is(err, errdefs.ErrNotFound)) {
 		if placed && errors.Is(err, errdefs.ErrUnavailable) {
 			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("%w; sandbox %s is marked for deletion, and is deleted once its node answers again", err, sb.Name))
 		}
@@ -359,7 +355,7 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 	mu.Lock()
 	defer mu.Unlock()
 	st := f.cfg.Store
-	n := f.paired(node)
+	n := f.member(node)
 	if n == nil {
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
+	noderemote "sandstorm/internal/nodeapi/remote"
 	"sandstorm/internal/store"
 	"sandstorm/internal/testenv"
 )
@@ -114,7 +115,7 @@ func TestCreateNotSentTriesTheNext(t *testing.T) {
 	_, _, f := roomyRemote(t)
 	// Its report stream keeps its connection; new ones go nowhere.
 	f.mu.Lock()
-	f.remote["far"].Base = "https://127.0.0.1:1"
+	f.nodes["far"].(*noderemote.Client).Base = "https://127.0.0.1:1"
 	f.mu.Unlock()
 	sb, err := f.Create(ctx, nodeapi.CreateRequest{Name: "w"})
 	if err != nil || sb.Node != "local" {

@@ -15,7 +15,7 @@ import (
 	"sandstorm/internal/store"
 )
 
-// The master hears each paired node's reports (nodeapi.Report: all it
+// The master hears each node's reports (nodeapi.Report: all it
 // has when the stream opens, then every change as the node commits it,
 // and a heartbeat a second) and keeps them in its store (the reported
 // table). A GET, a list and GET /v1/nodes read there and from the links
@@ -86,7 +86,7 @@ const watchRetry = time.Second
 func (f *Fleet) watch(ctx context.Context, name string, l *link) {
 	for ctx.Err() == nil {
 		f.mu.RLock()
-		c := f.remote[name]
+		c := f.nodes[name]
 		f.mu.RUnlock()
 		if c == nil {
 			return
@@ -276,7 +276,7 @@ func (f *Fleet) record(ctx context.Context, node string, sbs ...api.Sandbox) {
 	}
 }
 
-// recorder is a paired node as the master's handlers call it: every call
+// recorder is a node as the master's handlers call it: every call
 // has a deadline of its kind (nodeapi.*Deadline) and ends at once if the
 // node goes lost meanwhile (bound); what it answers is recorded
 // (Fleet.record).
@@ -385,8 +385,24 @@ func (r recorder) Transition(ctx context.Context, id string, op nodeapi.Op) (api
 	sb, err := r.Node.Transition(cctx, id, op)
 	if err = done(err); err == nil {
 		r.f.record(ctx, r.Name(), sb)
+	} else if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrNotFound) {
+		// A transition that failed may still have changed the sandbox (a
+		// failed checkpoint re-creates it cold, with a note saying so):
+		// what the node has now is recorded too, not left to its next
+		// report.
+		r.refresh(ctx, id)
 	}
 	return sb, err
+}
+
+// refresh records what the node has of sandbox id now, if it answers
+// within nodeapi.ReadDeadline.
+func (r recorder) refresh(ctx context.Context, id string) {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nodeapi.ReadDeadline)
+	defer cancel()
+	if sb, err := r.Node.Get(gctx, id); err == nil {
+		r.f.record(ctx, r.Name(), sb)
+	}
 }
 
 func (r recorder) Clone(ctx context.Context, id string, req nodeapi.CloneRequest) (api.CloneResult, error) {

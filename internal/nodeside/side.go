@@ -41,8 +41,9 @@ type Side struct {
 	// Rootfs is where a node with its own templates keeps the trees the
 	// master sent it, by digest.
 	Rootfs rootfs.Cache
-	// Events is the node's hub, which Watch reports from (nil: the node
-	// in the master's process, which the master reads directly).
+	// Events is the node's own hub, which Watch reports from (its
+	// master publishes what it hears into a hub of its own: the node in
+	// the master's process has a hub apart from the master's too).
 	Events *events.Hub
 
 	cpu cpuReadings // usage.go

@@ -449,9 +449,9 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 // (wrapped with a message) while sandboxes still use it.
 func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
 	var n int
-	// Its sandboxes here and, on a master, those it placed on paired
-	// nodes.
-	if err := s.db.QueryRowContext(ctx, s.q(`SELECT (SELECT count(*) FROM sandboxes WHERE template=?) + (SELECT count(*) FROM placements WHERE template=?)`), name, name).Scan(&n); err != nil {
+	// Its sandboxes here and, on a master, those it placed on its nodes
+	// (one it placed on the node in its own process is both, counted once).
+	if err := s.db.QueryRowContext(ctx, s.q(`SELECT count(*) FROM (SELECT id FROM sandboxes WHERE template=? UNION SELECT id FROM placements WHERE template=?) AS used`), name, name).Scan(&n); err != nil {
 		return err
 	}
 	if n > 0 {

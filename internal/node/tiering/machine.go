@@ -283,6 +283,10 @@ func (m *Machine) Commit(id string, to api.Tier, extra func(*store.Sandbox)) (st
 		e.SetTier(to)
 		e.flushed.Store(sb.LastActive.UnixMilli())
 		m.cfg.Kept.Changed(runtimes.Key(released))
+		// Every tier the node commits is reported (nodeside.Side.Watch),
+		// also those no transition announces: a failure settled (an OOM
+		// kill, a checkpoint re-created cold) changes tier and note.
+		m.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: m.cfg.Node})
 	}
 	return sb, err
 }
