@@ -98,15 +98,11 @@ func Boundary(ctx context.Context, cfg BoundaryConfig, res *bench.Results, logf 
 		return errors.New("boundary: want rounds, refusal conns, refusal time and pairs ≥ 1")
 	}
 	res.Params["boundary"] = cfg
-	dir := cfg.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "sam-bench-boundary.")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		dir = d
+	dir, done, err := workDir(cfg.Dir, "sam-bench-boundary.")
+	if err != nil {
+		return err
 	}
+	defer done()
 	rig, err := startRig(ctx, cfg, dir)
 	if err != nil {
 		return err
@@ -373,12 +369,8 @@ func startRig(ctx context.Context, cfg BoundaryConfig, dir string) (*rig, error)
 		return nil, err
 	}
 	r.metrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
-	nodeLog, _ := os.Create(filepath.Join(dir, "sam-node.log"))
-	r.node = exec.CommandContext(ctx, cfg.NodeBin, "--config", filepath.Join(dir, "node.yaml"), "--policy", filepath.Join(dir, "policy.yaml"),
-		"--listen", "unix://"+r.nodeSock, "--admin-addr", fmt.Sprintf("127.0.0.1:%d", admin))
-	r.node.Stdout, r.node.Stderr = nodeLog, nodeLog
-	if err := r.node.Start(); err != nil {
-		return nil, fmt.Errorf("sam-node: %w", err)
+	if r.node, err = startNode(ctx, cfg.NodeBin, dir, r.nodeSock, admin); err != nil {
+		return nil, err
 	}
 	if err := WaitSocket(ctx, r.nodeSock); err != nil {
 		r.stop()
@@ -463,17 +455,7 @@ func (r *rig) clients() error {
 
 func (r *rig) stop() {
 	for _, c := range []*exec.Cmd{r.floor, r.box, r.node} {
-		if c != nil && c.Process != nil {
-			c.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { c.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				c.Process.Kill()
-				<-done
-			}
-		}
+		StopProc(c)
 	}
 }
 

@@ -62,15 +62,11 @@ func Principals(ctx context.Context, cfg PrincipalsConfig, res *bench.Results, l
 		cfg.Every = cfg.Principals
 	}
 	res.Params["principals"] = cfg
-	dir := cfg.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "sam-bench-principals.")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		dir = d
+	dir, done, err := workDir(cfg.Dir, "sam-bench-principals.")
+	if err != nil {
+		return err
 	}
+	defer done()
 	nodeSock := filepath.Join(dir, "node.sock")
 	if err := writePrincipalsConfigs(dir, cfg); err != nil {
 		return err
@@ -142,12 +138,9 @@ func startPrincipalsNode(ctx context.Context, cfg PrincipalsConfig, dir, nodeSoc
 		return nil, "", err
 	}
 	adminURL := fmt.Sprintf("http://127.0.0.1:%d", admin)
-	nodeLog, _ := os.Create(filepath.Join(dir, "sam-node.log"))
-	node := exec.CommandContext(ctx, cfg.NodeBin, "--config", filepath.Join(dir, "node.yaml"), "--policy", filepath.Join(dir, "policy.yaml"),
-		"--listen", "unix://"+nodeSock, "--admin-addr", fmt.Sprintf("127.0.0.1:%d", admin))
-	node.Stdout, node.Stderr = nodeLog, nodeLog
-	if err := node.Start(); err != nil {
-		return nil, "", fmt.Errorf("sam-node: %w", err)
+	node, err := startNode(ctx, cfg.NodeBin, dir, nodeSock, admin)
+	if err != nil {
+		return nil, "", err
 	}
 	if err := WaitReady(ctx, adminURL+"/readyz"); err != nil {
 		StopProc(node)

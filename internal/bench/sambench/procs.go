@@ -1,8 +1,10 @@
 package sambench
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -109,4 +111,31 @@ func parseStatus(s string) (rssKiB int64, threads int) {
 		}
 	}
 	return rssKiB, threads
+}
+
+// workDir is dir, or when it is empty a new temporary directory named
+// after prefix that done removes; done is a no-op for a directory given.
+func workDir(dir, prefix string) (string, func(), error) {
+	if dir != "" {
+		return dir, func() {}, nil
+	}
+	d, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	return d, func() { os.RemoveAll(d) }, nil
+}
+
+// startNode starts the sam-node bin with dir's node.yaml and policy.yaml,
+// serving on the Unix socket nodeSock, its admin listener on loopback's
+// adminPort, logging to dir/sam-node.log. The caller waits for it.
+func startNode(ctx context.Context, bin, dir, nodeSock string, adminPort int) (*exec.Cmd, error) {
+	nodeLog, _ := os.Create(filepath.Join(dir, "sam-node.log"))
+	node := exec.CommandContext(ctx, bin, "--config", filepath.Join(dir, "node.yaml"), "--policy", filepath.Join(dir, "policy.yaml"),
+		"--listen", "unix://"+nodeSock, "--admin-addr", fmt.Sprintf("127.0.0.1:%d", adminPort))
+	node.Stdout, node.Stderr = nodeLog, nodeLog
+	if err := node.Start(); err != nil {
+		return nil, fmt.Errorf("sam-node: %w", err)
+	}
+	return node, nil
 }

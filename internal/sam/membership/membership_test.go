@@ -60,6 +60,23 @@ func (f *fixture) token(t *testing.T, uses int) string {
 	return tok.Token
 }
 
+// joinTwo joins node-a and node-b, each into a directory of its own, with
+// one token; both poll every poll.
+func (f *fixture) joinTwo(t *testing.T, poll time.Duration) (cfg Config, a, b *Member) {
+	t.Helper()
+	tok := f.token(t, 2)
+	cfg = Config{ControlPlane: f.client(), PollEvery: poll, Now: f.now, Log: slog.New(slog.DiscardHandler)}
+	a, err := Join(context.Background(), filepath.Join(t.TempDir(), "a"), "node-a", tok, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = Join(context.Background(), filepath.Join(t.TempDir(), "b"), "node-b", tok, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, a, b
+}
+
 // TestJoinOnceAndReopen: a join writes the member's key, name and
 // credential, each mode 0600; a second join into the same directory is
 // refused; the directory reopens as the same member with the same
@@ -98,16 +115,7 @@ func TestJoinOnceAndReopen(t *testing.T) {
 // gone it keeps the last good keys and says so.
 func TestRevocationReachesAMember(t *testing.T) {
 	f := newFixture(t, 10*time.Minute)
-	tok := f.token(t, 2)
-	cfg := Config{ControlPlane: f.client(), PollEvery: 20 * time.Millisecond, Now: f.now, Log: slog.New(slog.DiscardHandler)}
-	a, err := Join(context.Background(), filepath.Join(t.TempDir(), "a"), "node-a", tok, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := Join(context.Background(), filepath.Join(t.TempDir(), "b"), "node-b", tok, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, a, b := f.joinTwo(t, 20 * time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go a.Run(ctx)
@@ -165,16 +173,7 @@ func TestRenewal(t *testing.T) {
 // grace ends — then it refuses it, though it has not expired.
 func TestKeyRotationReachesAMember(t *testing.T) {
 	f := newFixture(t, 10*time.Minute)
-	tok := f.token(t, 2)
-	cfg := Config{ControlPlane: f.client(), PollEvery: 20 * time.Millisecond, Now: f.now, Log: slog.New(slog.DiscardHandler)}
-	a, err := Join(context.Background(), filepath.Join(t.TempDir(), "a"), "node-a", tok, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := Join(context.Background(), filepath.Join(t.TempDir(), "b"), "node-b", tok, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, a, b := f.joinTwo(t, 20 * time.Millisecond)
 	old := b.Credential()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -212,16 +211,7 @@ func TestKeyRotationReachesAMember(t *testing.T) {
 // next poll.
 func TestUnknownKeyFetchesNow(t *testing.T) {
 	f := newFixture(t, 10*time.Minute)
-	tok := f.token(t, 2)
-	cfg := Config{ControlPlane: f.client(), PollEvery: 8 * time.Second, Now: f.now, Log: slog.New(slog.DiscardHandler)}
-	a, err := Join(context.Background(), filepath.Join(t.TempDir(), "a"), "node-a", tok, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := Join(context.Background(), filepath.Join(t.TempDir(), "b"), "node-b", tok, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, a, b := f.joinTwo(t, 8 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	polled := time.Now()
