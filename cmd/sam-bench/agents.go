@@ -41,7 +41,8 @@ Needs root.`
 
 func agentsCmd() *cobra.Command {
 	cfg := agents.AgentsConfig{}
-	var out, repoDir, sandstormd, runsc string
+	var out resultsDir
+	var sandstormd, runsc string
 	cmd := &cobra.Command{
 		Use:   "agents [flags]",
 		Short: "The seed's thousand-agent run on this machine: as many real sandboxes as fit, 200 of them pushing through their own boundaries",
@@ -62,39 +63,23 @@ func agentsCmd() *cobra.Command {
 			}
 			ctx := cmd.Context()
 			if runsc == "" {
-				runsc = filepath.Join(repoDir, "bin", "runsc")
+				runsc = filepath.Join(out.repo, "bin", "runsc")
 			}
 			br, err := bench.Begin(ctx, bench.Plan{Tool: "sam-bench agents",
 				Title: fmt.Sprintf("Many agents on one node: up to %d sandboxes, %d pushing through their own boundaries", cfg.Max, cfg.Pushers),
-				Out:   out, Repo: repoDir, Prefix: "agents-", Runsc: runsc, Demo: "web", Sandstormd: sandstormd})
+				Out:   out.out, Repo: out.repo, Prefix: "agents-", Runsc: runsc, Demo: "web", Sandstormd: sandstormd})
 			if err != nil {
 				return err
 			}
 			if cfg.NodeBin == "" {
-				if cfg.NodeBin, err = buildSamNode(ctx, repoDir, br.Work); err != nil {
+				if cfg.NodeBin, err = buildSamNode(ctx, out.repo, br.Work); err != nil {
 					br.Close()
 					return err
 				}
 				br.Results.Params["sam_node_built_from_tree"] = true
 			}
-			res, dir := br.Results, br.Dir
-			noteLoad(res, "before")
-			logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sam-bench: "+format+"\n", args...) }
-			runErr := agents.Agents(ctx, cfg, br, logf) // removes br.Work
-			if runErr != nil {
-				res.Note("stopped: %v", runErr)
-			}
-			noteLoad(res, "after")
-			res.Finished = time.Now().UTC()
-			if err := dir.Write(res); err != nil {
-				return err
-			}
-			path, err := dir.Finish()
-			fmt.Fprintln(os.Stderr, "results:", path)
-			if runErr != nil {
-				return runErr
-			}
-			return err
+			noteLoad(br.Results, "before")
+			return finish(br.Results, br.Dir, agents.Agents(ctx, cfg, br, progressf)) // Agents removes br.Work
 		},
 	}
 	f := cmd.Flags()
@@ -116,8 +101,7 @@ func agentsCmd() *cobra.Command {
 	f.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "per-request timeout, body included")
 	f.DurationVar(&cfg.Quiet, "settle-quiet", 15*time.Second, "after the fill, wait until no sandbox has left memory for this long before choosing the pushers")
 	f.DurationVar(&cfg.IdleFor, "idle-cpu", 10*time.Second, "how long the machine's CPU is read with no push, before the fill and with the population resident")
-	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
-	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit, and the binaries built from it)")
+	out.flags(f, "the commit, and the binaries built from it")
 	return cmd
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"time"
@@ -15,10 +14,9 @@ import (
 
 func boundaryCmd() *cobra.Command {
 	var (
-		cfg     sambench.BoundaryConfig
-		out     string
-		repoDir string
-		notes   []string
+		cfg   sambench.BoundaryConfig
+		out   resultsDir
+		notes []string
 	)
 	cmd := &cobra.Command{
 		Use:   "boundary --node-bin BIN --box-bin BIN [flags]",
@@ -59,7 +57,7 @@ Run it under taskset (e.g. taskset -c 1) to keep the client off sam-box's CPU.`,
 			if self, err := os.Executable(); err == nil {
 				cfg.FloorCmd = []string{self, "floor-server"}
 			}
-			return record(cmd.Context(), out, repoDir, "boundary", "sam-bench boundary",
+			return record(cmd.Context(), out, "boundary",
 				"The boundary's own cost: refusals, a new flow over the baseline, admission",
 				func(res *bench.Results) {
 					for _, n := range notes {
@@ -70,10 +68,7 @@ Run it under taskset (e.g. taskset -c 1) to keep the client off sam-box's CPU.`,
 							res.Params[name+"_sha256"] = sum
 						}
 					}
-				},
-				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
-					return sambench.Boundary(ctx, cfg, res, logf)
-				})
+				}, sambench.Boundary, cfg)
 		},
 	}
 	f := cmd.Flags()
@@ -87,8 +82,7 @@ Run it under taskset (e.g. taskset -c 1) to keep the client off sam-box's CPU.`,
 	f.IntVar(&cfg.Pairs, "pairs", 300, "requests of each route per round")
 	f.IntVar(&cfg.DNSSockets, "dns-sockets", 4, "UDP sockets asking the boundary's DNS for a name not granted, per round, for --refusal-time (0: no DNS phase)")
 	f.IntVar(&cfg.DNSWindow, "dns-window", 32, "queries each DNS socket keeps in flight (sent and read in batches)")
-	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
-	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit)")
+	out.flags(f, "the commit")
 	f.StringArrayVar(&notes, "note", nil, "a note recorded with the results (e.g. which commit --box-bin was built from), repeatable")
 	return cmd
 }

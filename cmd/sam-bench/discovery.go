@@ -1,21 +1,18 @@
 package main
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
-	"sandstorm/internal/bench"
 	"sandstorm/internal/bench/sambench"
 	"sandstorm/internal/cli"
 )
 
 func discoveryCmd() *cobra.Command {
 	var (
-		cfg     sambench.DiscoveryConfig
-		out     string
-		repoDir string
+		cfg sambench.DiscoveryConfig
+		out resultsDir
 	)
 	cmd := &cobra.Command{
 		Use:   "discovery [flags]",
@@ -34,11 +31,8 @@ its time is the goal). Results (machine, commit, raw samples) go to
 			if cfg.Nodes < cfg.Providers+2 || cfg.Providers < 1 || cfg.Callers < 1 || cfg.Rounds < 1 {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("want --nodes ≥ --providers + 2, and --providers, --callers, --rounds ≥ 1")}
 			}
-			return record(cmd.Context(), out, repoDir, "discovery", "sam-bench discovery",
-				fmt.Sprintf("Provider discovery on a loopback mesh of %d DHT servers, %d providers", cfg.Nodes, cfg.Providers), nil,
-				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
-					return sambench.Discovery(ctx, cfg, res, logf)
-				})
+			return record(cmd.Context(), out, "discovery",
+				fmt.Sprintf("Provider discovery on a loopback mesh of %d DHT servers, %d providers", cfg.Nodes, cfg.Providers), nil, sambench.Discovery, cfg)
 		},
 	}
 	f := cmd.Flags()
@@ -46,7 +40,6 @@ its time is the goal). Results (machine, commit, raw samples) go to
 	f.IntVar(&cfg.Providers, "providers", 4, "nodes that provide each round's name")
 	f.IntVar(&cfg.Callers, "callers", 200, "callers at once on a cold cache")
 	f.IntVar(&cfg.Rounds, "rounds", 20, "rounds, each with a name of its own")
-	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
-	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit)")
+	out.flags(f, "the commit")
 	return cmd
 }

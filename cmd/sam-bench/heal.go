@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"sandstorm/internal/bench"
 	"sandstorm/internal/bench/sambench/heal"
 	"sandstorm/internal/cli"
 	"sandstorm/internal/sam/meshlab"
@@ -21,7 +19,8 @@ func healCmd() *cobra.Command {
 	cfg := heal.Config{Runs: 20, Sparse: time.Second, Dense: 100 * time.Millisecond, DenseFor: 15 * time.Second,
 		Watch: time.Minute, Spread: meshpeer.CheckInterval, Stride: meshpeer.CheckInterval, RouterDown: time.Minute, MemberCut: 30 * time.Second,
 		ControlPlaneDown: 5 * time.Minute, Net: 202, Scenarios: heal.Scenarios}
-	var out, repoDir, binDir string
+	var out resultsDir
+	var binDir string
 	cmd := &cobra.Command{
 		Use:   "heal [flags]",
 		Short: "Measure how fast the mesh heals from each fault: a router restarted or down, a member cut off or restarted, the control plane down, one of two routers gone",
@@ -78,11 +77,8 @@ every run's time, what failed meanwhile, what the members said) go to
 				cfg.Dir = filepath.Join(os.TempDir(), fmt.Sprintf("sam-bench-heal-%d", os.Getpid()))
 			}
 			fmt.Fprintln(cmd.ErrOrStderr(), "sam-bench: the labs' logs and data go to", cfg.Dir)
-			return record(cmd.Context(), out, repoDir, "heal", "sam-bench heal",
-				fmt.Sprintf("How fast the mesh heals: %s, %d runs each", strings.Join(cfg.Scenarios, ", "), cfg.Runs), nil,
-				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
-					return heal.Run(ctx, cfg, res, logf)
-				})
+			return record(cmd.Context(), out, "heal",
+				fmt.Sprintf("How fast the mesh heals: %s, %d runs each", strings.Join(cfg.Scenarios, ", "), cfg.Runs), nil, heal.Run, cfg)
 		},
 	}
 	f := cmd.Flags()
@@ -100,7 +96,6 @@ every run's time, what failed meanwhile, what the members said) go to
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "the mesh processes' log level (debug, info, warn, error)")
 	f.StringVar(&binDir, "bin-dir", "", "where sam-control-plane, sam-router and sam-node are (default: beside sam-bench)")
 	f.StringVar(&cfg.Dir, "dir", "", "the labs' data dirs and logs (default: a new directory in $TMPDIR)")
-	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
-	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit)")
+	out.flags(f, "the commit")
 	return cmd
 }

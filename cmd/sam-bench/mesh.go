@@ -1,21 +1,18 @@
 package main
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
-	"sandstorm/internal/bench"
 	"sandstorm/internal/bench/sambench"
 	"sandstorm/internal/cli"
 )
 
 func meshCmd() *cobra.Command {
 	var (
-		cfg     sambench.MeshConfig
-		out     string
-		repoDir string
+		cfg sambench.MeshConfig
+		out resultsDir
 	)
 	cmd := &cobra.Command{
 		Use:   "mesh [flags]",
@@ -33,16 +30,12 @@ interleaved: to the provider directly, through B (local), and through A
 			if cfg.Requests < 1 {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--requests: at least 1")}
 			}
-			return record(cmd.Context(), out, repoDir, "mesh", "sam-bench mesh",
-				"A model served by another member against the same model served locally, on a loopback mesh", nil,
-				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
-					return sambench.Mesh(ctx, cfg, res, logf)
-				})
+			return record(cmd.Context(), out, "mesh",
+				"A model served by another member against the same model served locally, on a loopback mesh", nil, sambench.Mesh, cfg)
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&cfg.Requests, "requests", 1000, "requests per series")
-	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
-	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit)")
+	out.flags(f, "the commit")
 	return cmd
 }

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
 
-	"sandstorm/internal/bench"
 	"sandstorm/internal/bench/sambench"
 	"sandstorm/internal/cli"
 )
@@ -18,10 +16,9 @@ const everythingServer = "testdata/mcp/node_modules/@modelcontextprotocol/server
 
 func principalsCmd() *cobra.Command {
 	var (
-		cfg     sambench.PrincipalsConfig
-		out     string
-		repoDir string
-		mcpCmd  []string
+		cfg    sambench.PrincipalsConfig
+		out    resultsDir
+		mcpCmd []string
 	)
 	cmd := &cobra.Command{
 		Use:   "principals --node-bin BIN --box-bin BIN [flags]",
@@ -47,7 +44,7 @@ Results (machine, commit, raw samples) go to --out/principals-<date>-<commit>.`,
 			}
 			cfg.MCPCommand = mcpCmd
 			if len(cfg.MCPCommand) == 0 {
-				js, err := filepath.Abs(filepath.Join(repoDir, everythingServer))
+				js, err := filepath.Abs(filepath.Join(out.repo, everythingServer))
 				if err != nil {
 					return err
 				}
@@ -56,11 +53,8 @@ Results (machine, commit, raw samples) go to --out/principals-<date>-<commit>.`,
 				}
 				cfg.MCPCommand = []string{"node", js, "stdio"}
 			}
-			return record(cmd.Context(), out, repoDir, "principals", "sam-bench principals",
-				fmt.Sprintf("Memory of sam-node and sam-box with %d principals", cfg.Principals), nil,
-				func(ctx context.Context, res *bench.Results, logf func(string, ...any)) error {
-					return sambench.Principals(ctx, cfg, res, logf)
-				})
+			return record(cmd.Context(), out, "principals",
+				fmt.Sprintf("Memory of sam-node and sam-box with %d principals", cfg.Principals), nil, sambench.Principals, cfg)
 		},
 	}
 	f := cmd.Flags()
@@ -70,7 +64,6 @@ Results (machine, commit, raw samples) go to --out/principals-<date>-<commit>.`,
 	f.IntVar(&cfg.Concurrency, "concurrency", 8, "principals calling at once")
 	f.IntVar(&cfg.Every, "every", 250, "principals between two memory readings (0: only at the end)")
 	f.StringArrayVar(&mcpCmd, "mcp-command", nil, "the stdio MCP server sam-node runs, one argument per flag (default: node "+everythingServer+" stdio)")
-	f.StringVar(&out, "out", "bench/results", "where the results directory goes")
-	f.StringVar(&repoDir, "repo", ".", "the source tree (for the commit, and the default MCP server)")
+	out.flags(f, "the commit, and the default MCP server")
 	return cmd
 }
