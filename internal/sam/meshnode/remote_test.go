@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -101,14 +102,7 @@ func TestMeshModelsAndTools(t *testing.T) {
 	log, _ := testLogger(t)
 	pf := policyFile(t, meshPolicy)
 	net := &memNet{members: map[string]*memMember{}}
-	b := net.add(t, "node-b", Config{
-		Providers:  []Provider{{Name: "llm-b", URL: llmB.BaseURL(), Models: []string{"m-b"}}},
-		MCPServers: []MCPServer{{Name: "everything", Command: everythingCommand(t)}},
-		PolicyFile: pf, Logger: log.With("node", "b"),
-	})
-	if err := b.WaitReady(ctxT(t)); err != nil {
-		t.Fatal(err)
-	}
+	b := net.addServingB(t, llmB, pf, log)
 	net.add(t, "node-c", Config{
 		Providers:  []Provider{{Name: "llm-c", URL: llmC.BaseURL(), Models: []string{"m-c"}}},
 		PolicyFile: pf, Logger: log.With("node", "c"),
@@ -279,6 +273,21 @@ func TestMeshToolCallNotRunTwice(t *testing.T) {
 	}
 }
 
+// addServingB adds node-b, serving model m-b from llm and the everything
+// MCP server under pf, and waits until its MCP server is connected.
+func (m *memNet) addServingB(t *testing.T, llm *fakellm.Server, pf string, log *slog.Logger) *Node {
+	t.Helper()
+	b := m.add(t, "node-b", Config{
+		Providers:  []Provider{{Name: "llm-b", URL: llm.BaseURL(), Models: []string{"m-b"}}},
+		MCPServers: []MCPServer{{Name: "everything", Command: everythingCommand(t)}},
+		PolicyFile: pf, Logger: log.With("node", "b"),
+	})
+	if err := b.WaitReady(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func (m *memNet) remove(name string) {
 	m.mu.Lock()
 	delete(m.members, name)
@@ -296,14 +305,7 @@ func TestGrantedButServedNowhereNow(t *testing.T) {
 	log, _ := testLogger(t)
 	pf := policyFile(t, meshPolicy)
 	net := &memNet{members: map[string]*memMember{}}
-	b := net.add(t, "node-b", Config{
-		Providers:  []Provider{{Name: "llm-b", URL: llmB.BaseURL(), Models: []string{"m-b"}}},
-		MCPServers: []MCPServer{{Name: "everything", Command: everythingCommand(t)}},
-		PolicyFile: pf, Logger: log.With("node", "b"),
-	})
-	if err := b.WaitReady(ctxT(t)); err != nil {
-		t.Fatal(err)
-	}
+	net.addServingB(t, llmB, pf, log)
 	a := net.add(t, "node-a", Config{PolicyFile: pf, Logger: log.With("node", "a")})
 	agent := httptest.NewServer(a.Handler())
 	t.Cleanup(agent.Close)

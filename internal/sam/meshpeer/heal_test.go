@@ -49,17 +49,9 @@ func TestRestartRepublishesWhoeverReconnects(t *testing.T) {
 	m := newTestMesh(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, err := m.member(ctx, "node-a", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := m.mustMember(ctx, "node-a")
 	names := []string{"inference://m-b", "mcp://files", "catalog"}
-	b, err := m.member(ctx, "node-b", nil, names...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := m.mustMember(ctx, "node-b", names...)
 	go a.Run(ctx)
 	go b.Run(ctx)
 	for _, n := range names {
@@ -110,11 +102,7 @@ func TestLostRecordIsFoundAndPublishedAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	names := []string{"mcp://files", "catalog"}
-	b, err := m.member(ctx, "node-b", nil, names...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := m.mustMember(ctx, "node-b", names...)
 	r := b.routers[0]
 	// Not Run: the test drives one look at the router by hand, with the
 	// state saying "published in this epoch, never checked".
@@ -156,16 +144,8 @@ func TestTwoRoutersOneGone(t *testing.T) {
 	r2 := m.secondRouter()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, err := m.member(ctx, "node-a", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := m.member(ctx, "node-b", nil, "mcp://files", "catalog")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := m.mustMember(ctx, "node-a")
+	b := m.mustMember(ctx, "node-b", "mcp://files", "catalog")
 	go a.Run(ctx)
 	go b.Run(ctx)
 	for _, r := range []*meshrouter.Router{m.router, r2} {
@@ -200,11 +180,7 @@ func TestNoRouterIsALookupError(t *testing.T) {
 	m := newTestMesh(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, err := m.member(ctx, "node-a", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := m.mustMember(ctx, "node-a")
 	m.router.Close()
 	testenv.WaitFor(t, 10*time.Second, "a sees the router gone", func() bool { a.tend(ctx, a.routers[0]); return !a.isJoined(a.routers[0]) })
 	if got, err := a.FindNow(ctx, "mcp://files"); err == nil {

@@ -97,6 +97,18 @@ func (m *testMesh) member(ctx context.Context, name string, credFor ed25519.Publ
 	})
 }
 
+// mustMember is member for a test that needs it to join: it fails the
+// test if it does not, and closes it when the test ends.
+func (m *testMesh) mustMember(ctx context.Context, name string, names ...string) *Peer {
+	m.t.Helper()
+	p, err := m.member(ctx, name, nil, names...)
+	if err != nil {
+		m.t.Fatalf("%s joins: %v", name, err)
+	}
+	m.t.Cleanup(func() { p.Close() })
+	return p
+}
+
 func call(t *testing.T, from *Peer, to *Peer, path string) (int, map[string]string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -124,16 +136,8 @@ func TestMembersCallEachOther(t *testing.T) {
 	m := newTestMesh(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	a, err := m.member(ctx, "node-a", nil)
-	if err != nil {
-		t.Fatalf("node-a joins: %v", err)
-	}
-	defer a.Close()
-	b, err := m.member(ctx, "node-b", nil, "inference://m-b", "mcp://files")
-	if err != nil {
-		t.Fatalf("node-b joins: %v", err)
-	}
-	defer b.Close()
+	a := m.mustMember(ctx, "node-a")
+	b := m.mustMember(ctx, "node-b", "inference://m-b", "mcp://files")
 	go a.Run(ctx)
 	go b.Run(ctx)
 	for _, name := range []string{"inference://m-b", "mcp://files"} {
