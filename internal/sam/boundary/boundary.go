@@ -481,15 +481,10 @@ func (b *Boundary) CloseFlows() int {
 
 // Close closes the listeners, resets every flow and removes the Unix socket.
 func (b *Boundary) Close() error {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	closers, first := takeOnce(&b.mu, &b.closed, &b.closers)
+	if !first {
 		return nil
 	}
-	b.closed = true
-	closers := b.closers
-	b.closers = nil
-	b.mu.Unlock()
 	var errs []error
 	for _, c := range closers {
 		if err := c.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -595,18 +590,27 @@ func (f *flow) isAborted() bool {
 	return f.aborted
 }
 
+// takeOnce marks *done under mu and hands over *closers, emptied: what
+// the first of many concurrent closes has to close; later ones get false.
+func takeOnce(mu *sync.Mutex, done *bool, closers *[]io.Closer) ([]io.Closer, bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	if *done {
+		return nil, false
+	}
+	*done = true
+	cs := *closers
+	*closers = nil
+	return cs, true
+}
+
 // abort resets the sandbox's side and closes the far side, at once. It
 // reports whether this call did it.
 func (f *flow) abort() bool {
-	f.mu.Lock()
-	if f.aborted {
-		f.mu.Unlock()
+	far, first := takeOnce(&f.mu, &f.aborted, &f.far)
+	if !first {
 		return false
 	}
-	f.aborted = true
-	far := f.far
-	f.far = nil
-	f.mu.Unlock()
 	resetClose(f.c)
 	for _, c := range far {
 		c.Close()

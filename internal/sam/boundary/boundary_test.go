@@ -256,8 +256,7 @@ func TestRefusalThenReset(t *testing.T) {
 	newEnv(t, "agent-a", netip.MustParseAddr("127.77.0.12"), nil)
 	socks, _ := net.Dial("tcp", "127.77.0.12:1080")
 	defer socks.Close()
-	req := append([]byte{5, 1, 0, 5, 1, 0, 3, 11}, "denied.test"...)
-	if rep := socksExchange(t, socks, append(req, 0, 80)); rep != socksNotAllowed {
+	if rep := socksExchange(t, socks, socksConnect("denied.test", 80)); rep != socksNotAllowed {
 		t.Fatalf("reply %#x", rep)
 	}
 	rest := make([]byte, 6) // BND.ADDR and BND.PORT

@@ -145,15 +145,9 @@ func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 // (no client library state kept between boundaries).
 func meshRequest(t testing.TB, sock string) {
 	t.Helper()
-	c, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialSock(t, sock)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	req := []byte{5, 1, 0, 5, 1, 0, 3, 12}
-	req = append(append(req, "mesh.sam.alt"...), 0, 80)
-	if rep := socksExchange(t, c, req); rep != 0 {
+	if rep := socksExchange(t, c, socksConnect("mesh.sam.alt", 80)); rep != 0 {
 		t.Fatalf("reply %#x", rep)
 	}
 	var skip [6]byte
@@ -213,14 +207,7 @@ func BenchmarkAdmission(b *testing.B) {
 func BenchmarkMeshRequest(b *testing.B) {
 	e := newEnv(b, "agent-a", netip.Addr{}, nil)
 	c := e.httpClient(b)
-	for b.Loop() {
-		resp, err := c.Get("http://mesh.sam.alt/v1/models")
-		if err != nil {
-			b.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	getModels(b, c)
 }
 
 // BenchmarkMeshNewFlow is BenchmarkMeshRequest with a new flow per request
@@ -230,6 +217,12 @@ func BenchmarkMeshNewFlow(b *testing.B) {
 	e := newEnv(b, "agent-a", netip.Addr{}, nil)
 	d := e.socksDialer(b, "unix", nil)
 	c := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}, Timeout: 30 * time.Second}
+	getModels(b, c)
+}
+
+// getModels is b's loop: GET http://mesh.sam.alt/v1/models through c, to
+// the end of the body.
+func getModels(b *testing.B, c *http.Client) {
 	for b.Loop() {
 		resp, err := c.Get("http://mesh.sam.alt/v1/models")
 		if err != nil {
@@ -247,9 +240,7 @@ func BenchmarkMeshNewFlow(b *testing.B) {
 // subtree (the rest is this client).
 func BenchmarkSOCKSRefusal(b *testing.B) {
 	e := newEnv(b, "agent-a", netip.Addr{}, nil)
-	host := "denied.example"
-	msg := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
-	msg = append(append(msg, host...), 0, 80)
+	msg := socksConnect("denied.example", 80)
 	addr := &net.UnixAddr{Name: e.sock, Net: "unix"}
 	var rep [12]byte
 	for b.Loop() {

@@ -267,15 +267,29 @@ func (e *env) httpClient(t testing.TB) *http.Client {
 // address type) over the Unix socket and returns the reply code.
 func (e *env) rawSOCKS(t testing.TB, host string, port uint16) byte {
 	t.Helper()
-	c, err := net.Dial("unix", e.sock)
+	c := dialSock(t, e.sock)
+	defer c.Close()
+	return socksExchange(t, c, socksConnect(host, port))
+}
+
+// socksConnect is a no-auth greeting and a CONNECT for host:port (domain
+// address type), in one message.
+func socksConnect(host string, port uint16) []byte {
+	req := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
+	req = append(req, host...)
+	return append(req, byte(port>>8), byte(port))
+}
+
+// dialSock connects to a boundary's Unix socket, with 10 s for the
+// exchange the test makes on it.
+func dialSock(t testing.TB, sock string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	req := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
-	req = append(req, host...)
-	req = append(req, byte(port>>8), byte(port))
-	return socksExchange(t, c, req)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
 }
 
 // socksExchange writes a complete greeting+request and returns the reply

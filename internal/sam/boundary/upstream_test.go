@@ -19,15 +19,9 @@ import (
 // wait for each reply may, and returns the principal the node saw.
 func pipelinedMeshRequest(t *testing.T, sock string) string {
 	t.Helper()
-	c, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialSock(t, sock)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	msg := []byte{5, 1, 0, 5, 1, 0, 3, 12}
-	msg = append(append(msg, "mesh.sam.alt"...), 0, 80)
-	msg = append(msg, "GET /v1/models HTTP/1.1\r\nHost: mesh.sam.alt\r\nX-Sam-Principal: someone-else\r\nConnection: close\r\n\r\n"...)
+	msg := append(socksConnect("mesh.sam.alt", 80), "GET /v1/models HTTP/1.1\r\nHost: mesh.sam.alt\r\nX-Sam-Principal: someone-else\r\nConnection: close\r\n\r\n"...)
 	if _, err := c.Write(msg); err != nil {
 		t.Fatal(err)
 	}
