@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
@@ -18,41 +19,73 @@ import (
 	"sandstorm/internal/pki"
 )
 
-// serveIn runs Serve on dir until the test ends (or stop is called) and
-// returns an operator's client of it over HTTPS, trusting only its CA.
-func serveIn(t *testing.T, dir string) (*Client, func()) {
+// startServe runs Serve with o until the test ends (or stop is called,
+// which waits for it to return) and returns the address it listens on.
+func startServe(t *testing.T, o Options) (addr string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
+	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(ctx, Options{DataDir: dir, Listen: "127.0.0.1:0", Name: "cp-serve", Log: slog.New(slog.DiscardHandler)}, func(a string) { addr <- a })
+		done <- Serve(ctx, o, func(a string) { ready <- a })
 	}()
-	var a string
 	select {
-	case a = <-addr:
+	case addr = <-ready:
 	case err := <-done:
 		t.Fatalf("serve: %v", err)
 	}
-	stop := func() {
+	t.Cleanup(func() { cancel() })
+	return addr, func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
 		}
 	}
-	t.Cleanup(func() { cancel() })
+}
+
+// caPool is a pool of the CA Serve made in dir, alone.
+func caPool(t *testing.T, dir string) *x509.CertPool {
+	t.Helper()
 	caPEM, err := os.ReadFile(filepath.Join(dir, "pki", pki.CAFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
+	return pool
+}
+
+// trusting is an HTTPS client that trusts pool's CAs only.
+func trusting(pool *x509.CertPool) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+}
+
+// serveIn runs Serve on dir until the test ends (or stop is called) and
+// returns an operator's client of it over HTTPS, trusting only its CA.
+func serveIn(t *testing.T, dir string) (*Client, func()) {
+	t.Helper()
+	a, stop := startServe(t, Options{DataDir: dir, Listen: "127.0.0.1:0", Name: "cp-serve", Log: slog.New(slog.DiscardHandler)})
 	admin, err := os.ReadFile(filepath.Join(dir, AdminTokenFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	return &Client{Base: "https://" + a, Name: "cp-serve", HTTP: hc, AdminToken: strings.TrimSpace(string(admin))}, stop
+	return &Client{Base: "https://" + a, Name: "cp-serve", HTTP: trusting(caPool(t, dir)), AdminToken: strings.TrimSpace(string(admin))}, stop
+}
+
+// enrolNodeA enrols node-a, key priv, with a token of c's, as a member
+// does: without the operator's token.
+func enrolNodeA(t *testing.T, c *Client, priv ed25519.PrivateKey) api.Credential {
+	t.Helper()
+	tok, err := c.CreateToken(context.Background(), api.MeshTokenRequest{MaxUses: 1, TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
+	cred, err := member.Enrol(context.Background(), tok.Token, "node-a", priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cred
 }
 
 // TestServeKeepsItsKeys: sam-control-plane serve keeps its secrets in
@@ -62,15 +95,7 @@ func TestServeKeepsItsKeys(t *testing.T) {
 	dir := t.TempDir()
 	c, stop := serveIn(t, dir)
 	ctx := context.Background()
-	tok, err := c.CreateToken(ctx, api.MeshTokenRequest{MaxUses: 1, TTLSeconds: 600})
-	if err != nil {
-		t.Fatal(err)
-	}
-	member := &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
-	cred, err := member.Enrol(ctx, tok.Token, "node-a", key(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cred := enrolNodeA(t, c, key(t))
 	for _, f := range []string{AdminTokenFile, IssuerKeysFile, "pki/" + pki.CAKeyFile} {
 		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v, mode %v; want 0600", f, err, st.Mode().Perm())
@@ -79,7 +104,7 @@ func TestServeKeepsItsKeys(t *testing.T) {
 	stop()
 
 	c, _ = serveIn(t, dir)
-	member = &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
+	member := &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
 	keys, err := member.Keys(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -104,16 +129,8 @@ func TestServeKeepsPolicyAndRotation(t *testing.T) {
 	dir := t.TempDir()
 	c, stop := serveIn(t, dir)
 	ctx := context.Background()
-	tok, err := c.CreateToken(ctx, api.MeshTokenRequest{MaxUses: 1, TTLSeconds: 600})
-	if err != nil {
-		t.Fatal(err)
-	}
-	member := &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
 	priv := key(t)
-	before, err := member.Enrol(ctx, tok.Token, "node-a", priv)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := enrolNodeA(t, c, priv)
 	if _, err := c.SetPolicy(ctx, []byte(policyV1)); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +148,7 @@ func TestServeKeepsPolicyAndRotation(t *testing.T) {
 	stop()
 
 	c, _ = serveIn(t, dir)
-	member = &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
+	member := &Client{Base: c.Base, Name: c.Name, HTTP: c.HTTP}
 	p, _, err := member.Policy(ctx, before.Credential, 0)
 	if err != nil || p.Version != 1 || p.Document != policyV1 {
 		t.Errorf("the policy after a restart: %+v, %v", p, err)
@@ -170,23 +187,8 @@ func TestServeOnSeveralAddresses(t *testing.T) {
 		return ln.Addr().String()
 	}
 	a1, a2 := free("127.0.0.1"), free("127.0.0.2")
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- Serve(ctx, Options{DataDir: dir, Listen: a1, AlsoListen: []string{a2}, Name: "cp", Log: slog.New(slog.DiscardHandler)}, func(a string) { ready <- a })
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
-	caPEM, err := os.ReadFile(filepath.Join(dir, "pki", pki.CAFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
+	_, stop := startServe(t, Options{DataDir: dir, Listen: a1, AlsoListen: []string{a2}, Name: "cp", Log: slog.New(slog.DiscardHandler)})
+	pool := caPool(t, dir)
 	for _, a := range []string{a1, a2} {
 		// An IP address sends no server name: the certificate must name
 		// the address itself.
@@ -206,7 +208,7 @@ func TestServeOnSeveralAddresses(t *testing.T) {
 				t.Errorf("the certificate served at %s names %v, not %s", a, ips, want)
 			}
 		}
-		keys, err := (&Client{Base: "https://" + a, Name: "cp", HTTP: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}).Keys(ctx)
+		keys, err := (&Client{Base: "https://" + a, Name: "cp", HTTP: trusting(pool)}).Keys(context.Background())
 		if err != nil || len(keys.Keys) == 0 {
 			t.Errorf("GET /v1/keys at %s: %+v %v", a, keys, err)
 		}
@@ -216,10 +218,7 @@ func TestServeOnSeveralAddresses(t *testing.T) {
 		c.Close()
 		t.Errorf("the API answers on 127.0.0.3:%s, an address it was not given", port)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("serve: %v", err)
-	}
+	stop()
 	for _, a := range []string{a1, a2} {
 		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
 			c.Close()
