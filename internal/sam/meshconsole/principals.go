@@ -1,12 +1,9 @@
 package meshconsole
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
-
-	"sigs.k8s.io/yaml"
 
 	"sandstorm/api"
 	"sandstorm/internal/sam/policy"
@@ -27,12 +24,8 @@ func Principals(doc string) ([]api.MeshConsolePrincipal, error) {
 	if err != nil {
 		return out, err
 	}
-	js, err := yaml.YAMLToJSON([]byte(doc))
-	if err != nil {
-		return out, err
-	}
 	var f policy.File
-	if err := json.Unmarshal(js, &f); err != nil {
+	if err := policy.DecodeStrict([]byte(doc), &f, "policy"); err != nil {
 		return out, err
 	}
 	roles := map[string]policy.Role{}

@@ -1,8 +1,6 @@
 package meshnode
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,8 +8,6 @@ import (
 	"os"
 	"strings"
 	"time"
-
-	"sigs.k8s.io/yaml"
 
 	"sandstorm/internal/sam/policy"
 )
@@ -109,15 +105,9 @@ func LoadConfig(path string) (Config, error) {
 
 // ParseConfig parses a config from YAML or JSON and validates it.
 func ParseConfig(data []byte) (Config, error) {
-	js, err := yaml.YAMLToJSON(data)
-	if err != nil {
-		return Config{}, fmt.Errorf("not YAML or JSON: %w", err)
-	}
 	var cfg Config
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cfg); err != nil {
-		return Config{}, fmt.Errorf("malformed config: %w", err)
+	if err := policy.DecodeStrict(data, &cfg, "config"); err != nil {
+		return Config{}, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err

@@ -36,6 +36,7 @@
 package policy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -108,17 +109,27 @@ func Load(path string) (*Policy, error) {
 // every ambiguous entry with an error that names it.
 func Parse(data []byte) (*Policy, error) {
 	var f File
+	if err := DecodeStrict(data, &f, "policy"); err != nil {
+		return nil, err
+	}
+	return Compile(f)
+}
+
+// DecodeStrict decodes YAML or JSON into v, an unknown field an error so
+// that a misspelt key is not silently ignored; what names the document in
+// the error. Policy files and sam-node's config are read alike.
+func DecodeStrict(data []byte, v any, what string) error {
 	// YAML is a superset of JSON; convert, then decode strictly.
 	js, err := yaml.YAMLToJSON(data)
 	if err != nil {
-		return nil, fmt.Errorf("not YAML or JSON: %w", err)
+		return fmt.Errorf("not YAML or JSON: %w", err)
 	}
-	dec := json.NewDecoder(strings.NewReader(string(js)))
+	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("malformed policy: %w", err)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed %s: %w", what, err)
 	}
-	return Compile(f)
+	return nil
 }
 
 // Compile validates f and builds the policy.
