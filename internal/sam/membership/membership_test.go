@@ -115,7 +115,7 @@ func TestJoinOnceAndReopen(t *testing.T) {
 // gone it keeps the last good keys and says so.
 func TestRevocationReachesAMember(t *testing.T) {
 	f := newFixture(t, 10*time.Minute)
-	cfg, a, b := f.joinTwo(t, 20 * time.Millisecond)
+	cfg, a, b := f.joinTwo(t, 20*time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go a.Run(ctx)
@@ -173,7 +173,7 @@ func TestRenewal(t *testing.T) {
 // grace ends — then it refuses it, though it has not expired.
 func TestKeyRotationReachesAMember(t *testing.T) {
 	f := newFixture(t, 10*time.Minute)
-	cfg, a, b := f.joinTwo(t, 20 * time.Millisecond)
+	cfg, a, b := f.joinTwo(t, 20*time.Millisecond)
 	old := b.Credential()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -211,7 +211,7 @@ func TestKeyRotationReachesAMember(t *testing.T) {
 // next poll.
 func TestUnknownKeyFetchesNow(t *testing.T) {
 	f := newFixture(t, 10*time.Minute)
-	cfg, a, b := f.joinTwo(t, 8 * time.Second)
+	cfg, a, b := f.joinTwo(t, 8*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	polled := time.Now()

@@ -1,6 +1,7 @@
 package meshconsole
 
 import (
+	"sandstorm/internal/sam/refusals"
 	"cmp"
 	"slices"
 	"strings"
@@ -46,17 +47,11 @@ func NewAgents(size, perMember int) *Agents {
 func (a *Agents) Add(member string, rep api.RefusalReport) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.dropped[member] = addSat(a.dropped[member], rep.Dropped)
+	a.dropped[member] = refusals.AddSat(a.dropped[member], rep.Dropped)
 	for _, r := range rep.Rows {
 		k := agentKey{member, r.Principal, r.By, r.What, r.Target, r.Reason, r.From}
 		if row := a.rows[k]; row != nil {
-			row.Count = addSat(row.Count, r.Count)
-			if r.First.Before(row.First) {
-				row.First = r.First
-			}
-			if r.Last.After(row.Last) {
-				row.Last = r.Last
-			}
+			refusals.Fold(&row.RefusalRow, r)
 			continue
 		}
 		a.rows[k] = &api.MeshAgentRefusal{Member: member, RefusalRow: r}
@@ -81,7 +76,7 @@ func (a *Agents) evict(member string, n int) {
 	}
 	slices.SortFunc(ks, func(x, y agentKey) int { return a.rows[x].Last.Compare(a.rows[y].Last) })
 	for _, k := range ks[:min(n, len(ks))] {
-		a.dropped[k.member] = addSat(a.dropped[k.member], a.rows[k].Count)
+		a.dropped[k.member] = refusals.AddSat(a.dropped[k.member], a.rows[k].Count)
 		a.of[k.member]--
 		delete(a.rows, k)
 	}
@@ -113,11 +108,4 @@ func (a *Agents) Dropped(member string) uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.dropped[member]
-}
-
-func addSat(x, y uint64) uint64 {
-	if s := x + y; s >= x {
-		return s
-	}
-	return ^uint64(0)
 }

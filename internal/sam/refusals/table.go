@@ -114,21 +114,15 @@ func (t *Table) Merge(rep api.RefusalReport) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.dropped = addSat(t.dropped, rep.Dropped)
+	t.dropped = AddSat(t.dropped, rep.Dropped)
 	for _, r := range rep.Rows {
 		k := key{Principal: r.Principal, By: r.By, What: r.What, Target: r.Target, Reason: r.Reason, From: r.From}
 		if row := t.rows[k]; row != nil {
-			row.Count = addSat(row.Count, r.Count)
-			if r.First.Before(row.First) {
-				row.First = r.First
-			}
-			if r.Last.After(row.Last) {
-				row.Last = r.Last
-			}
+			Fold(row, r)
 			continue
 		}
 		if len(t.rows) >= t.max {
-			t.dropped = addSat(t.dropped, r.Count)
+			t.dropped = AddSat(t.dropped, r.Count)
 			continue
 		}
 		row := r
@@ -180,8 +174,20 @@ func Sort(rows []api.RefusalRow) {
 // Empty reports whether rep carries nothing.
 func Empty(rep api.RefusalReport) bool { return len(rep.Rows) == 0 && rep.Dropped == 0 }
 
-// addSat adds without wrapping: a count that would pass 2^64 stays there.
-func addSat(a, b uint64) uint64 {
+// Fold adds r into row, a row of the same key: the counts summed (AddSat),
+// the span from the first First to the last Last.
+func Fold(row *api.RefusalRow, r api.RefusalRow) {
+	row.Count = AddSat(row.Count, r.Count)
+	if r.First.Before(row.First) {
+		row.First = r.First
+	}
+	if r.Last.After(row.Last) {
+		row.Last = r.Last
+	}
+}
+
+// AddSat adds without wrapping: a count that would pass 2^64 stays there.
+func AddSat(a, b uint64) uint64 {
 	if s := a + b; s >= a {
 		return s
 	}
