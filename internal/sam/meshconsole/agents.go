@@ -1,11 +1,12 @@
 package meshconsole
 
 import (
-	"sandstorm/internal/sam/refusals"
 	"cmp"
 	"slices"
 	"strings"
 	"sync"
+
+	"sandstorm/internal/sam/refusals"
 
 	"sandstorm/api"
 )
