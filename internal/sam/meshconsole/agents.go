@@ -6,9 +6,8 @@ import (
 	"strings"
 	"sync"
 
-	"sandstorm/internal/sam/refusals"
-
 	"sandstorm/api"
+	"sandstorm/internal/sam/refusals"
 )
 
 // Agents keeps what members report their agents were refused
