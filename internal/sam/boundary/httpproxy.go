@@ -51,34 +51,26 @@ func (b *Boundary) serveHTTP(f *flow, r io.Reader) {
 	br := bufio.NewReaderSize(rec, 2048)
 	req, err := http.ReadRequest(br)
 	if err != nil {
-		b.handshakeError(f.c, err)
 		status := http.StatusBadRequest
 		if errors.Is(err, errHeaderTooLarge) {
 			status = http.StatusRequestHeaderFieldsTooLarge
 		}
-		writeHTTPError(f.c, status, "bad_request", "malformed request")
-		f.end()
+		b.badHTTPHandshake(f, err, status, "bad_request", "malformed request")
 		return
 	}
 	if len(b.cfg.Users) > 0 && !proxyAuthOK(req.Header.Get("Proxy-Authorization"), b.cfg.Users) {
-		b.handshakeError(f.c, errors.New("proxy authentication required"))
-		writeHTTPError(f.c, http.StatusProxyAuthRequired, "proxy_authentication_required", "proxy authentication required", `Proxy-Authenticate: Basic realm="sam-box"`)
-		f.end()
+		b.badHTTPHandshake(f, errors.New("proxy authentication required"),
+			http.StatusProxyAuthRequired, "proxy_authentication_required", "proxy authentication required", `Proxy-Authenticate: Basic realm="sam-box"`)
 		return
 	}
 	if req.Method == http.MethodConnect {
 		host, port, err := splitHostPort(req.RequestURI)
 		if err != nil {
-			b.handshakeError(f.c, err)
-			writeHTTPError(f.c, http.StatusBadRequest, "bad_request", "CONNECT wants host:port")
-			f.end()
+			b.badHTTPHandshake(f, err, http.StatusBadRequest, "bad_request", "CONNECT wants host:port")
 			return
 		}
-		a := b.admit(f, host, port)
-		if a.out != outAllowed {
-			status, code, msg := httpRefusal(&a)
-			writeHTTPError(f.c, status, code, msg)
-			f.end()
+		a, ok := b.admitHTTP(f, host, port)
+		if !ok {
 			return
 		}
 		if _, err := io.WriteString(f.c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
@@ -101,18 +93,13 @@ func (b *Boundary) serveHTTP(f *flow, r io.Reader) {
 			if p := req.URL.Port(); p != "" {
 				n, err := strconv.ParseUint(p, 10, 16)
 				if err != nil {
-					b.handshakeError(f.c, err)
-					writeHTTPError(f.c, http.StatusBadRequest, "bad_request", "bad port")
-					f.end()
+					b.badHTTPHandshake(f, err, http.StatusBadRequest, "bad_request", "bad port")
 					return
 				}
 				port = uint16(n)
 			}
-			a := b.admit(f, host, port)
-			if a.out != outAllowed {
-				status, code, msg := httpRefusal(&a)
-				writeHTTPError(f.c, status, code, msg)
-				f.end()
+			a, ok := b.admitHTTP(f, host, port)
+			if !ok {
 				return
 			}
 			f.c.SetDeadline(noDeadline)
@@ -122,9 +109,29 @@ func (b *Boundary) serveHTTP(f *flow, r io.Reader) {
 			return
 		}
 	}
-	b.handshakeError(f.c, fmt.Errorf("method %s not allowed", req.Method))
-	writeHTTPError(f.c, http.StatusMethodNotAllowed, "method_not_allowed", "this proxy accepts CONNECT only (and plain HTTP to mesh names)", "Allow: CONNECT")
+	b.badHTTPHandshake(f, fmt.Errorf("method %s not allowed", req.Method),
+		http.StatusMethodNotAllowed, "method_not_allowed", "this proxy accepts CONNECT only (and plain HTTP to mesh names)", "Allow: CONNECT")
+}
+
+// badHTTPHandshake counts a handshake that failed with err, answers it
+// (status, code, msg and any extra header lines) and ends the flow.
+func (b *Boundary) badHTTPHandshake(f *flow, err error, status int, code, msg string, extra ...string) {
+	b.handshakeError(f.c, err)
+	writeHTTPError(f.c, status, code, msg, extra...)
 	f.end()
+}
+
+// admitHTTP admits f to host:port; a refusal is answered with its status
+// and ends the flow, and ok is false.
+func (b *Boundary) admitHTTP(f *flow, host string, port uint16) (a admission, ok bool) {
+	a = b.admit(f, host, port)
+	if a.out != outAllowed {
+		status, code, msg := httpRefusal(&a)
+		writeHTTPError(f.c, status, code, msg)
+		f.end()
+		return a, false
+	}
+	return a, true
 }
 
 func splitHostPort(s string) (string, uint16, error) {
