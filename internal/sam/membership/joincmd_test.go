@@ -17,6 +17,47 @@ import (
 	"sandstorm/internal/sam/oidctest"
 )
 
+// servedCP is a control plane that controlplane.Serve runs on loopback
+// until the test ends, for join commands to enrol into.
+type servedCP struct {
+	ctx       context.Context
+	addr, dir string
+}
+
+// serveCP serves o (in a data dir of its own, named cp, on loopback).
+func serveCP(t *testing.T, o controlplane.Options) *servedCP {
+	t.Helper()
+	s := &servedCP{dir: filepath.Join(t.TempDir(), "cp")}
+	o.DataDir, o.Listen, o.Name, o.Log = s.dir, "127.0.0.1:0", "cp", slog.New(slog.DiscardHandler)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.ctx = ctx
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- controlplane.Serve(ctx, o, func(a string) { addr <- a })
+	}()
+	select {
+	case s.addr = <-addr:
+	case err := <-done:
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); <-done })
+	return s
+}
+
+// join runs "sam-node join" into dir, trusting the control plane's CA,
+// with stdin and the extra flags given.
+func (s *servedCP) join(dir, stdin string, extra ...string) error {
+	cmd := JoinCommand("sam-node", dir)
+	cmd.SetArgs(append([]string{"--control-plane", "https://" + s.addr, "--ca", filepath.Join(s.dir, "pki", pki.CAFile),
+		"--control-plane-name", "cp", "--name", filepath.Base(dir)}, extra...))
+	cmd.SetIn(strings.NewReader(stdin))
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	return cmd.ExecuteContext(s.ctx)
+}
+
 // TestJoinCommandOIDC: sam-node join --oidc-token-file (the command
 // sam-router shares) enrols a machine into a control plane served with
 // --oidc-issuer, --oidc-ca and an allow rule, with an ID token a real
@@ -28,36 +69,15 @@ func TestJoinCommandOIDC(t *testing.T) {
 	tmp := t.TempDir()
 	caFile := filepath.Join(tmp, "oidc-ca.pem")
 	os.WriteFile(caFile, iss.CAPEM, 0o644)
-	cpDir := filepath.Join(tmp, "cp")
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- controlplane.Serve(ctx, controlplane.Options{DataDir: cpDir, Listen: "127.0.0.1:0", Name: "cp",
-			OIDC:       controlplane.OIDCConfig{Issuer: iss.URL, ClientID: client.ID, AllowEmails: []string{"alice@ops.example"}},
-			OIDCCAFile: caFile, Log: slog.New(slog.DiscardHandler)}, func(a string) { addr <- a })
-	}()
-	var a string
-	select {
-	case a = <-addr:
-	case err := <-done:
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); <-done })
+	cp := serveCP(t, controlplane.Options{
+		OIDC:       controlplane.OIDCConfig{Issuer: iss.URL, ClientID: client.ID, AllowEmails: []string{"alice@ops.example"}},
+		OIDCCAFile: caFile})
 
 	tokFile := filepath.Join(tmp, "id-token")
 	if err := os.WriteFile(tokFile, []byte(iss.IDToken(t, client, "alice", "pw")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	join := func(dir string, extra ...string) error {
-		cmd := JoinCommand("sam-node", dir)
-		cmd.SetArgs(append([]string{"--control-plane", "https://" + a, "--ca", filepath.Join(cpDir, "pki", pki.CAFile),
-			"--control-plane-name", "cp", "--name", filepath.Base(dir)}, extra...))
-		cmd.SetOut(io.Discard)
-		cmd.SetErr(io.Discard)
-		cmd.SilenceUsage, cmd.SilenceErrors = true, true
-		return cmd.ExecuteContext(ctx)
-	}
+	join := func(dir string, extra ...string) error { return cp.join(dir, "", extra...) }
 	dir := filepath.Join(tmp, "node-a")
 	if err := join(dir, "--oidc-token-file", tokFile); err != nil {
 		t.Fatalf("join with an ID token: %v", err)
@@ -84,22 +104,8 @@ func TestJoinCommandOIDC(t *testing.T) {
 // any enrolment, and so is a second token flag.
 func TestJoinCommandTokenFile(t *testing.T) {
 	tmp := t.TempDir()
-	cpDir := filepath.Join(tmp, "cp")
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- controlplane.Serve(ctx, controlplane.Options{DataDir: cpDir, Listen: "127.0.0.1:0", Name: "cp", Log: slog.New(slog.DiscardHandler)},
-			func(a string) { addr <- a })
-	}()
-	var a string
-	select {
-	case a = <-addr:
-	case err := <-done:
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); <-done })
-	caPEM, err := os.ReadFile(filepath.Join(cpDir, "pki", pki.CAFile))
+	cp := serveCP(t, controlplane.Options{})
+	caPEM, err := os.ReadFile(filepath.Join(cp.dir, "pki", pki.CAFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,25 +113,16 @@ func TestJoinCommandTokenFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := os.ReadFile(filepath.Join(cpDir, controlplane.AdminTokenFile))
+	admin, err := os.ReadFile(filepath.Join(cp.dir, controlplane.AdminTokenFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	operator := &controlplane.Client{Base: "https://" + a, AdminToken: strings.TrimSpace(string(admin)), HTTP: hc}
-	tok, err := operator.CreateToken(ctx, api.MeshTokenRequest{MaxUses: 2, TTLSeconds: 60})
+	operator := &controlplane.Client{Base: "https://" + cp.addr, AdminToken: strings.TrimSpace(string(admin)), HTTP: hc}
+	tok, err := operator.CreateToken(cp.ctx, api.MeshTokenRequest{MaxUses: 2, TTLSeconds: 60})
 	if err != nil {
 		t.Fatal(err)
 	}
-	join := func(dir string, stdin string, extra ...string) error {
-		cmd := JoinCommand("sam-node", dir)
-		cmd.SetArgs(append([]string{"--control-plane", "https://" + a, "--ca", filepath.Join(cpDir, "pki", pki.CAFile),
-			"--control-plane-name", "cp", "--name", filepath.Base(dir)}, extra...))
-		cmd.SetIn(strings.NewReader(stdin))
-		cmd.SetOut(io.Discard)
-		cmd.SetErr(io.Discard)
-		cmd.SilenceUsage, cmd.SilenceErrors = true, true
-		return cmd.ExecuteContext(ctx)
-	}
+	join := cp.join
 	joined := func(dir string) {
 		t.Helper()
 		m, err := OpenDir(dir, slog.New(slog.DiscardHandler))
