@@ -97,26 +97,26 @@ func (c *Client) signed(ctx context.Context, priv ed25519.PrivateKey) (challenge
 
 // Enrol enrols member with its key priv and a bootstrap token.
 func (c *Client) Enrol(ctx context.Context, token, member string, priv ed25519.PrivateKey) (api.Credential, error) {
-	ch, sig, err := c.signed(ctx, priv)
-	if err != nil {
-		return api.Credential{}, err
-	}
-	var out api.Credential
-	err = c.do(ctx, http.MethodPost, "/v1/enrol", api.EnrolRequest{Token: token, Name: member,
-		PublicKey: base64.StdEncoding.EncodeToString(priv.Public().(ed25519.PublicKey)), Challenge: ch, Signature: sig}, &out)
-	return out, err
+	return c.enrol(ctx, api.EnrolRequest{Token: token, Name: member}, priv)
 }
 
 // EnrolOIDC enrols member with its key priv and an OpenID Connect ID
 // token of the control plane's issuer, instead of a bootstrap token.
 func (c *Client) EnrolOIDC(ctx context.Context, idToken, member string, priv ed25519.PrivateKey) (api.Credential, error) {
+	return c.enrol(ctx, api.EnrolRequest{OIDCToken: idToken, Name: member}, priv)
+}
+
+// enrol sends req, which names the member and what vouches for it, with
+// priv's public key and its signature of a fresh challenge.
+func (c *Client) enrol(ctx context.Context, req api.EnrolRequest, priv ed25519.PrivateKey) (api.Credential, error) {
 	ch, sig, err := c.signed(ctx, priv)
 	if err != nil {
 		return api.Credential{}, err
 	}
+	req.PublicKey = base64.StdEncoding.EncodeToString(priv.Public().(ed25519.PublicKey))
+	req.Challenge, req.Signature = ch, sig
 	var out api.Credential
-	err = c.do(ctx, http.MethodPost, "/v1/enrol", api.EnrolRequest{OIDCToken: idToken, Name: member,
-		PublicKey: base64.StdEncoding.EncodeToString(priv.Public().(ed25519.PublicKey)), Challenge: ch, Signature: sig}, &out)
+	err = c.do(ctx, http.MethodPost, "/v1/enrol", req, &out)
 	return out, err
 }
 
