@@ -135,13 +135,9 @@ func join(ctx context.Context, dir, name string, cfg Config, enrol func(ed25519.
 // OpenDir is the member enrolled in dir, with a client of its control
 // plane made from what the join kept there (its URL, name and CA).
 func OpenDir(dir string, log *slog.Logger) (*Member, error) {
-	b, err := os.ReadFile(filepath.Join(dir, MemberFile))
+	info, err := readMemberInfo(dir)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w (join first)", dir, err)
-	}
-	var info memberInfo
-	if err := json.Unmarshal(b, &info); err != nil {
-		return nil, fmt.Errorf("%s: %w", MemberFile, err)
+		return nil, err
 	}
 	caPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
 	if err != nil {
@@ -154,26 +150,35 @@ func OpenDir(dir string, log *slog.Logger) (*Member, error) {
 	return Open(dir, Config{ControlPlane: &controlplane.Client{Base: info.ControlPlaneURL, Name: info.ControlPlaneName, HTTP: hc}, Log: log})
 }
 
+// readMemberInfo reads dir's MemberFile, which a join writes.
+func readMemberInfo(dir string) (memberInfo, error) {
+	var info memberInfo
+	b, err := os.ReadFile(filepath.Join(dir, MemberFile))
+	if err != nil {
+		return info, fmt.Errorf("%s: %w (join first)", dir, err)
+	}
+	if err := json.Unmarshal(b, &info); err != nil {
+		return info, fmt.Errorf("%s: %w", MemberFile, err)
+	}
+	return info, nil
+}
+
 // PrivateKey is the member's key: its libp2p identity too (a router's
 // gate checks that a credential is bound to the peer's own key).
 func (m *Member) PrivateKey() ed25519.PrivateKey { return m.priv }
 
 // Open is the member enrolled in dir.
 func Open(dir string, cfg Config) (*Member, error) {
-	b, err := os.ReadFile(filepath.Join(dir, MemberFile))
+	info, err := readMemberInfo(dir)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w (join first: sam-node join)", dir, err)
-	}
-	var info memberInfo
-	if err := json.Unmarshal(b, &info); err != nil {
-		return nil, fmt.Errorf("%s: %w", MemberFile, err)
+		return nil, err
 	}
 	priv, err := loadKey(filepath.Join(dir, KeyFile))
 	if err != nil {
 		return nil, err
 	}
 	m := newMember(dir, info.Name, priv, cfg)
-	b, err = os.ReadFile(filepath.Join(dir, CredentialFile))
+	b, err := os.ReadFile(filepath.Join(dir, CredentialFile))
 	if err != nil {
 		return nil, err
 	}
