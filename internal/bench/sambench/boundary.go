@@ -469,18 +469,7 @@ func (r *rig) latency(ctx context.Context, pairs int, newFlow, piped, base, base
 		if principal {
 			req.Header.Set("X-Sam-Principal", "agent-1")
 		}
-		t0 := time.Now()
-		resp, err := c.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		_, err = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		d := time.Since(t0)
-		if err == nil && resp.StatusCode != 200 {
-			err = fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return d, err
+		return timed(c, req)
 	}
 	// One of each first, unrecorded: the kept baseline connection and the
 	// boundary's connection to the node are opened here, not in a sample.
@@ -651,19 +640,47 @@ func FreePort() (int, error) {
 
 // WaitSocket waits (bounded) until a Unix socket accepts a connection.
 func WaitSocket(ctx context.Context, path string) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+	return pollUntil(ctx, 15*time.Second, 20*time.Millisecond, path+" did not accept connections within 15 s", func() bool {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
 			c.Close()
+		}
+		return err == nil
+	})
+}
+
+// timed sends req with c and times it to the end of the answer's body; an
+// answer other than 200 is an error (named by its status code).
+func timed(c *http.Client, req *http.Request) (time.Duration, error) {
+	t0 := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	d := time.Since(t0)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return d, err
+}
+
+// pollUntil calls ok, then again after each wait of every, until it
+// holds, ctx ends, or within has passed: then the error is timeout.
+func pollUntil(ctx context.Context, within, every time.Duration, timeout string, ok func() bool) error {
+	deadline := time.Now().Add(within)
+	for {
+		if ok() {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not accept connections within 15 s", path)
+			return errors.New(timeout)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(every):
 		}
 	}
 }

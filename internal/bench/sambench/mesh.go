@@ -144,18 +144,7 @@ func Mesh(ctx context.Context, cfg MeshConfig, res *bench.Results, logf func(str
 		if principal {
 			req.Header.Set(meshnode.HeaderPrincipal, "agent")
 		}
-		t := time.Now()
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		_, err = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		d := time.Since(t)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("HTTP %d", resp.StatusCode)
-		}
-		return d, err
+		return timed(hc, req)
 	}
 	// Until A finds B's model through the DHT (B publishes it from its
 	// first maintenance round); the first call's time is reported apart.

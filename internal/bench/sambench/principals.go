@@ -273,24 +273,15 @@ func scrapeGauges(ctx context.Context, url string, names ...string) (map[string]
 
 // WaitReady waits (bounded) for url to answer 200.
 func WaitReady(ctx context.Context, url string) error {
-	deadline := time.Now().Add(60 * time.Second)
 	c := &http.Client{Timeout: 2 * time.Second}
-	for {
-		if resp, err := c.Get(url); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
+	return pollUntil(ctx, 60*time.Second, 100*time.Millisecond, url+" not ready within 60 s", func() bool {
+		resp, err := c.Get(url)
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready within 60 s", url)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
 }
 
 func StopProc(c *exec.Cmd) {
