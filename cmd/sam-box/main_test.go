@@ -54,6 +54,17 @@ func fakeNode(t *testing.T) string {
 	return sock
 }
 
+// policyDir is a directory of the test's with policyA in it, as pf.
+func policyDir(t *testing.T) (dir, pf string) {
+	t.Helper()
+	dir = t.TempDir()
+	pf = filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(pf, []byte(policyA), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, pf
+}
+
 // start runs sam-box in-process until the test ends.
 func start(t *testing.T, o options) (metrics net.Addr, log *testenv.SyncBuffer) {
 	t.Helper()
@@ -120,9 +131,7 @@ bindings:
 // identity, metrics only on --metrics-addr, policy reloads (a bad file is
 // rejected and the old policy holds), the socket removed at the end.
 func TestOneBoundary(t *testing.T) {
-	dir := t.TempDir()
-	pf := filepath.Join(dir, "policy.yaml")
-	os.WriteFile(pf, []byte(policyA), 0o600)
+	dir, pf := policyDir(t)
 	o := defaults()
 	o.principal, o.policy, o.socket = "agent-a", pf, filepath.Join(dir, "agent.sock")
 	o.mesh = "unix://" + fakeNode(t)
@@ -194,9 +203,7 @@ func TestNoMetricsListenerByDefault(t *testing.T) {
 
 // Many boundaries in one process, each its own principal.
 func TestConfigManyBoundaries(t *testing.T) {
-	dir := t.TempDir()
-	pf := filepath.Join(dir, "policy.yaml")
-	os.WriteFile(pf, []byte(policyA), 0o600)
+	dir, pf := policyDir(t)
 	cf := filepath.Join(dir, "boxes.yaml")
 	os.WriteFile(cf, []byte(`
 mesh: unix://`+fakeNode(t)+`
@@ -272,9 +279,7 @@ func TestHelp(t *testing.T) {
 
 // The real process: SIGTERM resets flows, removes the socket, exits 0.
 func TestSIGTERM(t *testing.T) {
-	dir := t.TempDir()
-	pf := filepath.Join(dir, "policy.yaml")
-	os.WriteFile(pf, []byte(policyA), 0o600)
+	dir, pf := policyDir(t)
 	sock := filepath.Join(dir, "agent.sock")
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "SAM_BOX_TEST_MAIN=1",
@@ -327,9 +332,7 @@ func grep(s, prefix string) string {
 // forged report sent through a boundary is refused there — by the
 // boundary and by the node — and never counted.
 func TestRefusalsReported(t *testing.T) {
-	dir := t.TempDir()
-	pf := filepath.Join(dir, "policy.yaml")
-	os.WriteFile(pf, []byte(policyA), 0o600)
+	dir, pf := policyDir(t)
 	node, err := meshnode.New(meshnode.Config{PolicyFile: pf})
 	if err != nil {
 		t.Fatal(err)
