@@ -7,9 +7,7 @@
 package main
 
 import (
-	"context"
-
 	"sandstorm/internal/cli"
 )
 
-func main() { cli.Exit(context.Background(), "sam-box", rootCmd()) }
+func main() { cli.ExitOnSignal("sam-box", rootCmd()) }

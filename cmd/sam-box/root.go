@@ -11,9 +11,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -150,9 +148,7 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.set = func(name string) bool { return cmd.Flags().Changed(name) }
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return run(ctx, o, cmd.ErrOrStderr())
+			return run(cmd.Context(), o, cmd.ErrOrStderr()) // ends at SIGINT or SIGTERM (cli.ExitOnSignal)
 		},
 	}
 	f := cmd.Flags()

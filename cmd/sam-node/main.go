@@ -7,7 +7,6 @@
 package main
 
 import (
-	"context"
 	"os"
 
 	"sandstorm/internal/cli"
@@ -21,5 +20,5 @@ func main() {
 	if os.Geteuid() == 0 {
 		memguard.ProtectSelf(-900)
 	}
-	cli.Exit(context.Background(), "sam-node", rootCmd())
+	cli.ExitOnSignal("sam-node", rootCmd())
 }

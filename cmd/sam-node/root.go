@@ -10,9 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -128,9 +126,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return run(ctx, o, cmd.ErrOrStderr())
+			return run(cmd.Context(), o, cmd.ErrOrStderr()) // ends at SIGINT or SIGTERM (cli.ExitOnSignal)
 		},
 	}
 	f := cmd.Flags()
