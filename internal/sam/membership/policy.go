@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"sandstorm/api"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/secretfile"
 )
@@ -20,11 +21,10 @@ import (
 // rather than nothing or everything.
 const PolicyFile = "policy.json"
 
-// storedPolicy is PolicyFile.
+// storedPolicy is PolicyFile: the policy as the control plane served it,
+// and when.
 type storedPolicy struct {
-	Version   int64     `json:"version"`
-	Document  string    `json:"document"`
-	SetAt     time.Time `json:"set_at,omitzero"`
+	api.MeshPolicy
 	FetchedAt time.Time `json:"fetched_at"`
 }
 
@@ -178,7 +178,7 @@ func (m *Member) takePolicy(version int64, doc string, setAt, now time.Time) err
 	if err != nil {
 		return err
 	}
-	b, _ := json.Marshal(storedPolicy{Version: version, Document: doc, SetAt: setAt, FetchedAt: now})
+	b, _ := json.Marshal(storedPolicy{MeshPolicy: api.MeshPolicy{Version: version, Document: doc, SetAt: setAt}, FetchedAt: now})
 	if err := secretfile.Write(filepath.Join(m.dir, PolicyFile), b); err != nil {
 		return fmt.Errorf("keep the policy: %w", err)
 	}
