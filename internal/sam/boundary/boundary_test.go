@@ -455,10 +455,7 @@ func rawCONNECT(t testing.TB, network, addr, target string) int {
 func TestSOCKS5ReplyCodes(t *testing.T) {
 	e := newEnv(t, "agent-a", netip.Addr{}, nil)
 	dialRaw := func(req []byte) byte {
-		c, err := net.Dial("unix", e.sock)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := dialSock(t, e.sock)
 		defer c.Close()
 		return socksExchange(t, c, req)
 	}

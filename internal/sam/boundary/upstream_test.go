@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"testing"
@@ -105,17 +104,9 @@ func TestMeshNodeGoneAfterReuse(t *testing.T) {
 func TestSOCKSPipelinedExternal(t *testing.T) {
 	e := newEnv(t, "agent-a", netip.Addr{}, nil)
 	ln, _ := echoServer(t, "127.0.0.1:0")
-	c, err := net.Dial("unix", e.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialSock(t, e.sock)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	host := "allowed.test"
-	port := portOf(t, ln)
-	msg := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
-	msg = append(append(msg, host...), byte(port>>8), byte(port))
-	msg = append(msg, "early\nbye\n"...)
+	msg := append(socksConnect("allowed.test", portOf(t, ln)), "early\nbye\n"...)
 	if _, err := c.Write(msg); err != nil {
 		t.Fatal(err)
 	}
@@ -135,16 +126,9 @@ func TestSOCKSPipelinedExternal(t *testing.T) {
 // replies (method selection, then not allowed) and nothing is dialled.
 func TestSOCKSPipelinedDenied(t *testing.T) {
 	e := newEnv(t, "agent-a", netip.Addr{}, nil)
-	c, err := net.Dial("unix", e.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialSock(t, e.sock)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	host := "denied.example"
-	msg := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
-	msg = append(append(msg, host...), 0, 80)
-	c.Write(msg)
+	c.Write(socksConnect("denied.example", 80))
 	var rep [12]byte
 	if _, err := io.ReadFull(c, rep[:]); err != nil || rep[0] != 5 || rep[1] != 0 || rep[3] != socksNotAllowed {
 		t.Fatalf("replies % x %v", rep, err)
