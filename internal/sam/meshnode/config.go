@@ -150,7 +150,7 @@ func (c *Config) Validate() error {
 			where = fmt.Sprintf("mcp server %q", s.Name)
 		}
 		switch {
-		case !validLabel(s.Name):
+		case !policy.ValidLabel(s.Name):
 			errs = append(errs, fmt.Errorf("%s: name must be a DNS label (a-z, 0-9, '-')", where))
 		case servers[s.Name]:
 			errs = append(errs, fmt.Errorf("%s: defined twice", where))
@@ -230,16 +230,4 @@ func readKeyFile(path string) (string, error) {
 		return "", fmt.Errorf("%s: holds more than one line", path)
 	}
 	return key, nil
-}
-
-func validLabel(s string) bool {
-	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
 }

@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/sam/policy"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -205,7 +206,7 @@ func (r *remote) refresh(ctx context.Context) {
 			}
 		}
 		for s, tools := range c.Servers {
-			if _, ok := servers[s]; !ok && r.n.hub.byName[s] == nil && r.n.servedServer(s) == nil && validLabel(s) {
+			if _, ok := servers[s]; !ok && r.n.hub.byName[s] == nil && r.n.servedServer(s) == nil && policy.ValidLabel(s) {
 				sort.Slice(tools, func(i, j int) bool { return tools[i].Name < tools[j].Name })
 				servers[s] = tools
 			}

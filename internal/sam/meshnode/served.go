@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/sam/policy"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -103,7 +104,7 @@ func validServed(s ServedService) error {
 	}
 	switch s.Kind {
 	case "mcp":
-		if !validLabel(s.Name) {
+		if !policy.ValidLabel(s.Name) {
 			return fmt.Errorf("MCP server name %q: a DNS label", s.Name)
 		}
 	case "inference":

@@ -78,7 +78,7 @@ func Classify(host string) (Dest, error) {
 	case h == MeshDomain || strings.HasSuffix(h, "."+MeshDomain):
 		d := Dest{Kind: KindService, Host: h}
 		labels := strings.Split(strings.TrimSuffix(h, "."+MeshDomain), ".")
-		if len(labels) == 2 && (labels[1] == "mcp" || labels[1] == "inference") && validLabel(labels[0]) {
+		if len(labels) == 2 && (labels[1] == "mcp" || labels[1] == "inference") && ValidLabel(labels[0]) {
 			d.Type, d.Service = labels[1], labels[0]
 		}
 		return d, nil

@@ -224,7 +224,7 @@ func (g *Grants) addService(s string) error {
 		g.models[rest] = true
 	case "mcp":
 		server, tool, hasTool := strings.Cut(rest, "/")
-		if !validLabel(server) && server != "*" {
+		if !ValidLabel(server) && server != "*" {
 			return fmt.Errorf("service %q: server name must be a DNS label (a-z, 0-9, '-')", s)
 		}
 		switch {
@@ -375,7 +375,10 @@ func (g *Grants) Egress(host string) bool {
 	return false
 }
 
-func validLabel(s string) bool {
+// ValidLabel reports whether s is a DNS label as the mesh names services
+// with one (an MCP server's name): a-z, 0-9 and '-', not at either end,
+// at most 63.
+func ValidLabel(s string) bool {
 	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
 		return false
 	}
@@ -392,7 +395,7 @@ func validHost(s string) bool {
 		return false
 	}
 	for _, l := range strings.Split(s, ".") {
-		if !validLabel(l) && !(len(l) > 0 && validLabel(strings.ReplaceAll(l, "_", "a"))) {
+		if !ValidLabel(l) && !(len(l) > 0 && ValidLabel(strings.ReplaceAll(l, "_", "a"))) {
 			return false
 		}
 	}
