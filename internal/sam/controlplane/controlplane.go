@@ -193,13 +193,8 @@ func (s *Server) enrol(w http.ResponseWriter, r *http.Request) {
 		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "this control plane takes no OpenID Connect ID tokens (serve --oidc-issuer): enrol with a bootstrap token"))
 		return
 	}
-	pub, err := decodeKey(req.PublicKey)
-	if err != nil {
-		errdefs.WriteHTTP(w, err)
-		return
-	}
-	if err := s.proves(pub, req.Challenge, req.Signature); err != nil {
-		s.refuse(w, "enrol", req.Name, err)
+	pub, ok := s.provenKey(w, "enrol", req.Name, req.PublicKey, req.Challenge, req.Signature)
+	if !ok {
 		return
 	}
 	// The name is checked before the token is spent, so a name taken by
@@ -262,13 +257,8 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		errdefs.WriteHTTP(w, err)
 		return
 	}
-	pub, err := decodeKey(m.PublicKey)
-	if err != nil {
-		errdefs.WriteHTTP(w, err)
-		return
-	}
-	if err := s.proves(pub, req.Challenge, req.Signature); err != nil {
-		s.refuse(w, "refresh", req.Name, err)
+	pub, ok := s.provenKey(w, "refresh", req.Name, m.PublicKey, req.Challenge, req.Signature)
+	if !ok {
 		return
 	}
 	if !m.RevokedAt.IsZero() {
@@ -276,6 +266,22 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.issue(w, r, m.Name, pub)
+}
+
+// provenKey decodes key, the member's, and checks that sig proves its
+// holder signed challenge (proves); a failure is answered, a bad proof as
+// a refusal of op for name, and ok is false.
+func (s *Server) provenKey(w http.ResponseWriter, op, name, key, challenge, sig string) (pub ed25519.PublicKey, ok bool) {
+	pub, err := decodeKey(key)
+	if err != nil {
+		errdefs.WriteHTTP(w, err)
+		return nil, false
+	}
+	if err := s.proves(pub, challenge, sig); err != nil {
+		s.refuse(w, op, name, err)
+		return nil, false
+	}
+	return pub, true
 }
 
 // proves checks that sig is pub's signature of a challenge this control
