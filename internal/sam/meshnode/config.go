@@ -117,67 +117,85 @@ func ParseConfig(data []byte) (Config, error) {
 
 // Validate checks the providers and MCP servers, naming every problem.
 func (c *Config) Validate() error {
-	var errs []error
+	var v problems
 	names := map[string]bool{}
 	for i, p := range c.Providers {
-		where := fmt.Sprintf("providers[%d]", i)
-		if p.Name != "" {
-			where = fmt.Sprintf("provider %q", p.Name)
+		v.at("providers", i, "provider", p.Name)
+		if p.Name == "" {
+			v.add("no name")
+		} else {
+			v.once(names, p.Name)
 		}
-		switch {
-		case p.Name == "":
-			errs = append(errs, fmt.Errorf("%s: no name", where))
-		case names[p.Name]:
-			errs = append(errs, fmt.Errorf("%s: defined twice", where))
-		}
-		names[p.Name] = true
 		if err := checkHTTPURL(p.URL); err != nil {
-			errs = append(errs, fmt.Errorf("%s: url: %w", where, err))
+			v.add("url: %w", err)
 		}
 		if len(p.Models) == 0 {
-			errs = append(errs, fmt.Errorf("%s: serves no models", where))
+			v.add("serves no models")
 		}
 		for _, m := range p.Models {
 			if strings.TrimSpace(m) == "" || m == "*" {
-				errs = append(errs, fmt.Errorf("%s: model %q: want a model name", where, m))
+				v.add("model %q: want a model name", m)
 			}
 		}
 	}
 	servers := map[string]bool{}
 	for i, s := range c.MCPServers {
-		where := fmt.Sprintf("mcp_servers[%d]", i)
-		if s.Name != "" {
-			where = fmt.Sprintf("mcp server %q", s.Name)
+		v.at("mcp_servers", i, "mcp server", s.Name)
+		if !policy.ValidLabel(s.Name) {
+			v.add("name must be a DNS label (a-z, 0-9, '-')")
+		} else {
+			v.once(servers, s.Name)
 		}
-		switch {
-		case !policy.ValidLabel(s.Name):
-			errs = append(errs, fmt.Errorf("%s: name must be a DNS label (a-z, 0-9, '-')", where))
-		case servers[s.Name]:
-			errs = append(errs, fmt.Errorf("%s: defined twice", where))
-		}
-		servers[s.Name] = true
 		switch {
 		case len(s.Command) > 0 && s.URL != "":
-			errs = append(errs, fmt.Errorf("%s: give either command or url, not both", where))
+			v.add("give either command or url, not both")
 		case len(s.Command) == 0 && s.URL == "":
-			errs = append(errs, fmt.Errorf("%s: give a command (stdio) or a url (Streamable HTTP)", where))
+			v.add("give a command (stdio) or a url (Streamable HTTP)")
 		case s.URL != "":
 			if err := checkHTTPURL(s.URL); err != nil {
-				errs = append(errs, fmt.Errorf("%s: url: %w", where, err))
+				v.add("url: %w", err)
 			}
 			if len(s.Env) > 0 {
-				errs = append(errs, fmt.Errorf("%s: env applies only to a command", where))
+				v.add("env applies only to a command")
 			}
 		case s.Command[0] == "":
-			errs = append(errs, fmt.Errorf("%s: empty command", where))
+			v.add("empty command")
 		}
 		for _, e := range s.Env {
 			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-				errs = append(errs, fmt.Errorf("%s: env %q: want KEY=value", where, e))
+				v.add("env %q: want KEY=value", e)
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(v.errs...)
+}
+
+// problems are what Validate found, each named by the entry it is in.
+type problems struct {
+	errs  []error
+	where string
+}
+
+// at makes the i-th entry of list the one problems are in now: named by
+// kind and name when it has a name, else by its place in the file.
+func (v *problems) at(list string, i int, kind, name string) {
+	if name == "" {
+		v.where = fmt.Sprintf("%s[%d]", list, i)
+	} else {
+		v.where = fmt.Sprintf("%s %q", kind, name)
+	}
+}
+
+func (v *problems) add(format string, args ...any) {
+	v.errs = append(v.errs, fmt.Errorf("%s: "+format, append([]any{v.where}, args...)...))
+}
+
+// once notes name in seen, a problem if it was there already.
+func (v *problems) once(seen map[string]bool, name string) {
+	if seen[name] {
+		v.add("defined twice")
+	}
+	seen[name] = true
 }
 
 func checkHTTPURL(s string) error {
