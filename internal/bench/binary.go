@@ -2,14 +2,13 @@ package bench
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"sandstorm/internal/runtimes"
 )
 
 // Binary is the sandstormd a benchmark measures: built from the source
@@ -66,19 +65,8 @@ func SandstormdBinary(ctx context.Context, repo, given, dir, runsc string) (Bina
 	return b, err
 }
 
-// FileSHA256 is the hex SHA-256 of the file at path.
-func FileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
+// FileSHA256 is the hex SHA-256 of the file at path (runtimes.FileSHA256).
+func FileSHA256(path string) (string, error) { return runtimes.FileSHA256(path) }
 
 // FindRunsc is the runsc a benchmark hands its daemon or runs itself:
 // given, else repo's bin/runsc (the pinned one `make runsc` builds), as an

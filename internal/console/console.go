@@ -45,10 +45,7 @@ func (c *Console) Page() http.Handler {
 	sub, _ := fs.Sub(static, "static")
 	files := http.FileServerFS(sub)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// The page runs no script from elsewhere and is framed by no one.
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.Header().Set("Referrer-Policy", "no-referrer")
+		PageHeaders(w.Header())
 		if r.URL.Path == "/" {
 			w.Header().Set("Cache-Control", "no-store")
 			// The login names this master's token file: a fleet's master
@@ -145,4 +142,13 @@ func writeErr(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(api.Error{Code: code, Message: msg})
+}
+
+// PageHeaders are the headers of every page of a console (this one and
+// the mesh's): it runs no script from elsewhere, is framed by no one,
+// is not sniffed into another type and tells no one where it was.
+func PageHeaders(h http.Header) {
+	h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
 }

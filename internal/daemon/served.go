@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/httpjson"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/store"
 )
@@ -116,13 +115,7 @@ func putServed(ctx context.Context, hc *http.Client, l []api.SAMServed) error {
 	if l == nil {
 		l = []api.SAMServed{}
 	}
-	body, _ := json.Marshal(api.SAMServedList{Services: l})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://sam-node"+api.SAMServedPath, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
+	resp, err := httpjson.Send(ctx, hc, http.MethodPut, "http://sam-node"+api.SAMServedPath, api.SAMServedList{Services: l})
 	if err != nil {
 		return err
 	}

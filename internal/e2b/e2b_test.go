@@ -60,6 +60,21 @@ type answer struct {
 	body   string
 }
 
+// send sends req with headers h added and answers the status and body.
+func send(t *testing.T, req *http.Request, h map[string]string) (int, string) {
+	t.Helper()
+	for k, v := range h {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
 // expect is call, with a status other than want an error about what.
 func (e *env) expect(t *testing.T, want int, what, team, method, path, body string) answer {
 	t.Helper()
@@ -338,16 +353,7 @@ func TestTraffic(t *testing.T) {
 		if token != "" {
 			req.Header.Set("X-Access-Token", token)
 		}
-		for k, v := range extra {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return send(t, req, extra)
 	}
 	if st, _ := call(sb.SandboxID, "", nil); st != http.StatusUnauthorized {
 		t.Errorf("no token: %d", st)
@@ -443,16 +449,7 @@ func TestPorts(t *testing.T) {
 	get := func(id, port string, h map[string]string) (int, string) {
 		req, _ := http.NewRequest("GET", e.traf.URL+"/page?x=1", nil)
 		req.Host = port + "-" + id + ".sandbox.test"
-		for k, v := range h {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return send(t, req, h)
 	}
 	pub := e.create(t, "red", `{}`)
 	if st, body := get(pub.SandboxID, "8000", nil); st != 200 || body != "port 8000 of "+pub.SandboxID+" /page, host 8000-"+pub.SandboxID+".sandbox.test" {

@@ -1,6 +1,8 @@
 package httpjson
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -47,4 +49,19 @@ func ReadAnswer(resp *http.Response, out any, max int64) error {
 		r = io.LimitReader(r, max)
 	}
 	return json.NewDecoder(r).Decode(out)
+}
+
+// Send sends v as JSON to url with method through hc and answers the
+// response, whose body the caller closes.
+func Send(ctx context.Context, hc *http.Client, method, url string, v any) (*http.Response, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return hc.Do(req)
 }

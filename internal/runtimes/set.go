@@ -245,7 +245,7 @@ func (s *Set) check(k Key, readOnly, full bool) (Build, error) {
 			return b, nil
 		}
 	}
-	sum, err := hashFile(p)
+	sum, err := FileSHA256(p)
 	if err != nil {
 		return Build{}, err
 	}
@@ -418,7 +418,9 @@ func copyHashed(src, dst string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), out.Close()
 }
 
-func hashFile(path string) (string, error) {
+// FileSHA256 is the hex SHA-256 of the file at path: how a runsc build
+// is known by its content (and any other binary, for a results file).
+func FileSHA256(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +21,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
+	"sandstorm/internal/mountinfo"
 	"sandstorm/internal/testenv"
 )
 
@@ -497,29 +497,6 @@ func (d *Daemon) runscStatus(t *testing.T, id string) string {
 	return st.Status
 }
 
-// mountsUnder lists mount points at or below dir.
-func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		if len(fs) < 5 {
-			continue
-		}
-		mp := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(fs[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	return out
-}
-
 // processesMentioning returns the PIDs (and command lines) of processes
 // whose command line contains s.
 func processesMentioning(s string) map[int]string {
@@ -573,7 +550,7 @@ func (d *Daemon) leftovers(id string) []string {
 	if st := d.runscState(id); len(st) > 0 {
 		out = append(out, fmt.Sprintf("runsc state %v under %s/runsc", st, d.DataDir))
 	}
-	if m := mountsUnder(d.sandboxDir(id)); len(m) > 0 {
+	if m := mountinfo.Under(d.sandboxDir(id)); len(m) > 0 {
 		out = append(out, fmt.Sprintf("mounts %v", m))
 	}
 	if exists(d.sandboxDir(id)) {
@@ -766,7 +743,7 @@ func (d *Daemon) scrub() {
 		}
 		os.Remove("/sys/fs/cgroup/sandstorm-process/" + id)
 	}
-	m := mountsUnder(d.DataDir)
+	m := mountinfo.Under(d.DataDir)
 	for i := len(m) - 1; i >= 0; i-- {
 		syscall.Unmount(m[i], syscall.MNT_DETACH)
 	}

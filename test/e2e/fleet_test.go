@@ -22,6 +22,7 @@ import (
 	"sandstorm/internal/client"
 	"sandstorm/internal/fleetup"
 	"sandstorm/internal/memguard"
+	"sandstorm/internal/mountinfo"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/testenv"
 )
@@ -80,7 +81,7 @@ func newMachine(t *testing.T, k int, listen bool, extra ...string) *machine {
 		for pid := range processesMentioning(m.dataDir + "/") {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
-		for _, mnt := range mountsUnder(m.dataDir) {
+		for _, mnt := range mountinfo.Under(m.dataDir) {
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
 		}
 		exec.Command("ip", "netns", "delete", ns).Run()

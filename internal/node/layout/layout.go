@@ -22,6 +22,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/envd"
+	"sandstorm/internal/mountinfo"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/store"
 )
@@ -74,7 +75,7 @@ func (l Dir) MountRootfs(lower string) error {
 			return err
 		}
 	}
-	if mounted(l.Rootfs()) {
+	if mountinfo.Is(l.Rootfs()) {
 		return nil
 	}
 	for _, p := range []string{lower, l.Upper(), l.Work()} {
@@ -91,7 +92,7 @@ func (l Dir) MountRootfs(lower string) error {
 
 // unmountRootfs undoes mountRootfs; not mounted is not an error.
 func (l Dir) UnmountRootfs() error {
-	if !mounted(l.Rootfs()) {
+	if !mountinfo.Is(l.Rootfs()) {
 		return nil
 	}
 	if err := unix.Unmount(l.Rootfs(), 0); err != nil {
@@ -101,25 +102,6 @@ func (l Dir) UnmountRootfs() error {
 		}
 	}
 	return nil
-}
-
-// mounted reports whether path is a mount point, from /proc/self/mountinfo.
-func mounted(path string) bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && unescapeMount(f[4]) == path {
-			return true
-		}
-	}
-	return false
-}
-
-func unescapeMount(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
 // PrepareBundle lays out dir the way the node lays out a sandbox's

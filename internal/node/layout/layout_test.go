@@ -10,6 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"sandstorm/api"
+	"sandstorm/internal/mountinfo"
 	"sandstorm/internal/store"
 )
 
@@ -79,7 +80,7 @@ func TestPrepareBundle(t *testing.T) {
 	if err := ReleaseBundle(dir); err != nil {
 		t.Fatal(err)
 	}
-	if mounted(filepath.Join(bundle, "rootfs")) {
+	if mountinfo.Is(filepath.Join(bundle, "rootfs")) {
 		t.Error("rootfs still mounted after ReleaseBundle")
 	}
 	if err := ReleaseBundle(dir); err != nil {

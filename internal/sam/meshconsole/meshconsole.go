@@ -63,10 +63,7 @@ func (c *Console) page() http.Handler {
 	sub, _ := fs.Sub(static, "static")
 	files := http.StripPrefix("/console", http.FileServerFS(sub))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// No script from elsewhere, framed by no one.
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.Header().Set("Referrer-Policy", "no-referrer")
+		console.PageHeaders(w.Header())
 		if r.URL.Path == "/" {
 			w.Header().Set("Cache-Control", "no-store")
 			// FileServer redirects .../index.html to ./; served directly.

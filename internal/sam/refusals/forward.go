@@ -1,9 +1,7 @@
 package refusals
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +13,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/httpjson"
 )
 
 // Intervals and deadlines of the hops. A refusal reaches sam-one's
@@ -106,16 +105,7 @@ func DialClient(dial func(ctx context.Context) (net.Conn, error)) *http.Client {
 func ToSAMNode(hc *http.Client, base string) Send {
 	u := strings.TrimRight(base, "/") + api.SAMRefusalsPath
 	return func(ctx context.Context, rep api.RefusalReport) error {
-		body, err := json.Marshal(rep)
-		if err != nil {
-			return err
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := hc.Do(req)
+		resp, err := httpjson.Send(ctx, hc, http.MethodPost, u, rep)
 		if err != nil {
 			return err
 		}

@@ -1,7 +1,6 @@
 package process
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,9 +8,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
+
+	"sandstorm/internal/mountinfo"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,43 +39,14 @@ func Cgroup2Mount() (string, error) {
 }
 
 // cgroup2FromMountinfo returns the first mount point whose filesystem type
-// is cgroup2. Format (proc(5)): ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS
-// [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS.
+// is cgroup2.
 func cgroup2FromMountinfo(r io.Reader) (string, bool) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		for i, f := range fields {
-			if f == "-" && i+1 < len(fields) && len(fields) > 4 {
-				if fields[i+1] == "cgroup2" {
-					return unescapeMountinfo(fields[4]), true
-				}
-				break
-			}
+	for _, m := range mountinfo.Parse(r) {
+		if m.FSType == "cgroup2" {
+			return m.Point, true
 		}
 	}
 	return "", false
-}
-
-// unescapeMountinfo undoes the octal escaping (\040 for space, \011, \012,
-// \134) the kernel applies to paths in mountinfo.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // writeCgroupFile writes val to the control file name in cgroup dir, in the
