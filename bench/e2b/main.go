@@ -59,26 +59,28 @@ func main() {
 
 // descriptions of the series the script measures, by name.
 var descriptions = map[string]string{
-	"create-pooled→first-run":        "Sandbox.create('base') from the warm pool, then commands.run('true') answered (SDK side)",
-	"create-cold→first-run":          "Sandbox.create of base without a warm image (runsc run of envd as init), then commands.run('true') answered",
-	"run-echo":                       "commands.run('echo hi') round trip on a hot sandbox",
-	"write-1MiB":                     "files.write of 1 MiB (multipart upload through the master and the node)",
-	"read-1MiB":                      "files.read of 1 MiB as bytes",
-	"write-100MiB":                   "files.write of 100 MiB",
-	"read-100MiB":                    "files.read of 100 MiB as bytes",
-	"read-100MiB-stream":             "files.read of 100 MiB as a stream, consumed chunk by chunk",
-	"raw-echo-in-sandbox":            "baseline of run-echo: bash -l -c 'echo hi' started inside the sandbox by Python's subprocess, as user (no API, network or SDK)",
-	"fetch-formdata-up-100MiB":       "the same multipart upload by Node's own fetch (no SDK), through sandstormd to envd as the SDK sends it",
-	"baseline-fetch-up-100MiB":       "baseline of write-100MiB: Node's fetch POSTing 100 MiB over TLS to a loopback server that discards it",
-	"baseline-fetch-down-100MiB":     "baseline of read-100MiB: Node's fetch of 100 MiB over TLS from a loopback server, as bytes",
-	"pause→not-running":              "pause() (with memory: the snapshot tier) until isRunning() answers false",
-	"connect-paused→first-run":       "Sandbox.connect of a paused sandbox, then commands.run('true') answered",
-	"createSnapshot":                 "createSnapshot() of a hot sandbox (a clone kept in the snapshot tier; the sandbox runs on)",
-	"create-from-snapshot→first-run": "Sandbox.create(snapshotId), then commands.run('true') answered (a clone of the snapshot, with its memory)",
-	"fork-1":                         "fork() of a hot sandbox: the call, until the fork runs",
-	"fork-10":                        "fork({count: 10}): the call, until the ten run",
-	"port-from-snapshot":             "GET of port 8000 (python -m http.server) of a sandbox the API put in the snapshot tier: the request wakes it",
-	"watch-write→event":              "watchDir: from a files.write's start to its write event",
+	"create-pooled→first-run":         "Sandbox.create('base') from the warm pool, then commands.run('true') answered (SDK side)",
+	"create-cold→first-run":           "Sandbox.create of base without a warm image (runsc run of envd as init), then commands.run('true') answered",
+	"run-echo":                        "commands.run('echo hi') round trip on a hot sandbox",
+	"write-1MiB":                      "files.write of 1 MiB (multipart upload through the master and the node)",
+	"read-1MiB":                       "files.read of 1 MiB as bytes",
+	"write-100MiB":                    "files.write of 100 MiB",
+	"read-100MiB":                     "files.read of 100 MiB as bytes",
+	"read-100MiB-stream":              "files.read of 100 MiB as a stream, consumed chunk by chunk",
+	"raw-echo-in-sandbox":             "baseline of run-echo: bash -l -c 'echo hi' started inside the sandbox by Python's subprocess, as user (no API, network or SDK)",
+	"fetch-formdata-up-100MiB":        "the same multipart upload by Node's own fetch (no SDK), through sandstormd to envd as the SDK sends it",
+	"baseline-fetch-up-100MiB":        "baseline of write-100MiB: Node's fetch POSTing 100 MiB over TLS to a loopback server that discards it",
+	"baseline-fetch-down-100MiB":      "baseline of read-100MiB: Node's fetch of 100 MiB over TLS from a loopback server, as bytes",
+	"pause→not-running":               "pause() (with memory: the snapshot tier) until isRunning() answers false",
+	"connect-paused→first-run":        "Sandbox.connect of a paused sandbox, then commands.run('true') answered",
+	"pause→not-running/heap1g":        "pause() of a sandbox whose process holds a 1 GiB heap (base-1g: 1536 MiB limit) until isRunning() answers false",
+	"connect-paused→first-run/heap1g": "Sandbox.connect of that paused sandbox, then commands.run('true') answered",
+	"createSnapshot":                  "createSnapshot() of a hot sandbox (a clone kept in the snapshot tier; the sandbox runs on)",
+	"create-from-snapshot→first-run":  "Sandbox.create(snapshotId), then commands.run('true') answered (a clone of the snapshot, with its memory)",
+	"fork-1":                          "fork() of a hot sandbox: the call, until the fork runs",
+	"fork-10":                         "fork({count: 10}): the call, until the ten run",
+	"port-from-snapshot":              "GET of port 8000 (python -m http.server) of a sandbox the API put in the snapshot tier: the request wakes it",
+	"watch-write→event":               "watchDir: from a files.write's start to its write event",
 }
 
 func run(ctx context.Context, c config) (string, error) {
@@ -123,6 +125,7 @@ func run(ctx context.Context, c config) (string, error) {
 	for _, t := range []api.TemplateRequest{
 		{Name: "base", RootfsDir: rootfs, Process: proc, Ports: d.Ports, Warm: d.Warm},
 		{Name: "base-cold", RootfsDir: rootfs, Process: proc, Ports: d.Ports},
+		{Name: "base-1g", RootfsDir: rootfs, Process: proc, Ports: d.Ports, MemoryMiB: heapLimitMiB},
 	} {
 		if _, err := cl.CreateTemplate(ctx, t); err != nil {
 			return "", fmt.Errorf("register %s: %w", t.Name, err)
@@ -145,7 +148,8 @@ func run(ctx context.Context, c config) (string, error) {
 	env := append(os.Environ(), "N="+strconv.Itoa(c.n),
 		"E2B_API_KEY="+key.Key, "E2B_API_URL="+apiURL+"/e2b", "E2B_SANDBOX_URL="+apiURL, "E2B_DOMAIN=sandbox.localhost",
 		"NODE_EXTRA_CA_CERTS="+filepath.Join(data, "pki", "ca.pem"),
-		"SANDSTORM_API="+apiURL, "SANDSTORM_TOKEN="+strings.TrimSpace(string(token)), "BASELINE_URL="+baseURL)
+		"SANDSTORM_API="+apiURL, "SANDSTORM_TOKEN="+strings.TrimSpace(string(token)), "BASELINE_URL="+baseURL,
+		"HEAP_MIB="+strconv.Itoa(heapMiB), "HEAP_N="+strconv.Itoa(heapN(c.n)))
 	fmt.Fprintf(os.Stderr, "machine: %s\nrunning the SDK (e2b %s), n=%d…\n", res.Machine, pkg.Version, c.n)
 	samples, err := runScript(ctx, c.nodeBin, script, env)
 	if err != nil {
@@ -155,6 +159,9 @@ func run(ctx context.Context, c config) (string, error) {
 	avoid, _ := netip.ParsePrefix(c.subnet)
 	if err := measureRawRestore(ctx, res, absRunsc, c.platform, envdBin, rootfs, proc, avoid, c.n); err != nil {
 		return "", fmt.Errorf("raw runsc restore: %w", err)
+	}
+	if err := measureRawHeap(ctx, res, absRunsc, c.platform, envdBin, rootfs, proc, avoid, heapN(c.n)); err != nil {
+		return "", fmt.Errorf("raw runsc restore of a heap: %w", err)
 	}
 	res.Tables = append(res.Tables, goals(res))
 	if err := measureMemory(ctx, res, cl, data, work, max(3, c.n/3)); err != nil {
@@ -261,6 +268,15 @@ func goals(res *bench.Results) *bench.Table {
 		{"connect of a paused sandbox → first command ≤ 1.1 × raw restore", both(func(p bool) string { return ms("connect-paused→first-run", p) }),
 			"runsc restore → envd answers: " + both(func(p bool) string { return ms("raw-restore/base/client", p) }),
 			both(func(p bool) string { return ratio("connect-paused→first-run", "raw-restore/base/client", p) })},
+		{"pause → isRunning() false ≤ 1.1 × raw checkpoint", both(func(p bool) string { return ms("pause→not-running", p) }),
+			"runsc checkpoint alone: " + both(func(p bool) string { return ms("raw-checkpoint/base/runsc", p) }),
+			both(func(p bool) string { return ratio("pause→not-running", "raw-checkpoint/base/runsc", p) })},
+		{"pause, 1 GiB heap → isRunning() false ≤ 1.1 × raw checkpoint", both(func(p bool) string { return ms("pause→not-running/heap1g", p) }),
+			"runsc checkpoint alone: " + both(func(p bool) string { return ms("raw-checkpoint/heap1g/runsc", p) }),
+			both(func(p bool) string { return ratio("pause→not-running/heap1g", "raw-checkpoint/heap1g/runsc", p) })},
+		{"connect of it paused → first command ≤ 1.1 × raw restore", both(func(p bool) string { return ms("connect-paused→first-run/heap1g", p) }),
+			"runsc restore → envd answers: " + both(func(p bool) string { return ms("raw-restore/heap1g/client", p) }),
+			both(func(p bool) string { return ratio("connect-paused→first-run/heap1g", "raw-restore/heap1g/client", p) })},
 		{"create from a snapshot → first command ≤ a warm-template create", both(func(p bool) string { return ms("create-from-snapshot→first-run", p) }),
 			"pooled create → first command: " + both(func(p bool) string { return ms("create-pooled→first-run", p) }),
 			both(func(p bool) string { return ratio("create-from-snapshot→first-run", "create-pooled→first-run", p) })},
@@ -272,6 +288,10 @@ func goals(res *bench.Results) *bench.Table {
 	}
 	return t
 }
+
+// heapN is how many samples the 1 GiB heap's series take: each is a
+// checkpoint or restore of a gigabyte.
+func heapN(n int) int { return max(3, n/4) }
 
 func median(ms []float64) float64 {
 	s := append([]float64(nil), ms...)

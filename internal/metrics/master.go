@@ -15,14 +15,13 @@ type NodeHealth struct {
 	// Lost: the node's report stream is not open, or nothing came on it
 	// within nodeapi.SilenceLimit (what GET /v1/nodes shows as "lost").
 	Lost bool
-	// LastReport is when its last report arrived (zero: none yet, or the
-	// node in the master's own process, which reports nothing).
+	// LastReport is when its last report arrived (zero: none yet).
 	LastReport time.Time
 }
 
 var (
-	nodeUpDesc  = prometheus.NewDesc("sandstorm_master_node_up", "1 if the master hears the node (its report stream open, a report within the last 3 s; the node in the master's own process always), 0 if it is lost.", []string{"node"}, nil)
-	nodeAgeDesc = prometheus.NewDesc("sandstorm_master_node_report_age_seconds", "Time since the node's last report reached the master: about 1 s or less while it reports (a heartbeat a second). Absent for a node not heard yet and for the master's own.", []string{"node"}, nil)
+	nodeUpDesc  = prometheus.NewDesc("sandstorm_master_node_up", "1 if the master hears the node (its report stream open, a report within the last 3 s; the node in the master's own process too, over a stream in the process), 0 if it is lost.", []string{"node"}, nil)
+	nodeAgeDesc = prometheus.NewDesc("sandstorm_master_node_report_age_seconds", "Time since the node's last report reached the master: about 1 s or less while it reports (a heartbeat a second). Absent for a node not heard yet.", []string{"node"}, nil)
 )
 
 // Master is the master's metrics: its API's requests here, its nodes'

@@ -186,7 +186,7 @@ func TestNodeHealthCollector(t *testing.T) {
 		return []NodeHealth{{Name: "local"}, {Name: "n1", LastReport: heard}, {Name: "n2", Lost: true, LastReport: heard.Add(-time.Minute)}, {Name: "n3", Lost: true}}
 	})
 	if err := testutil.CollectAndCompare(c, strings.NewReader(`
-# HELP sandstorm_master_node_up 1 if the master hears the node (its report stream open, a report within the last 3 s; the node in the master's own process always), 0 if it is lost.
+# HELP sandstorm_master_node_up 1 if the master hears the node (its report stream open, a report within the last 3 s; the node in the master's own process too, over a stream in the process), 0 if it is lost.
 # TYPE sandstorm_master_node_up gauge
 sandstorm_master_node_up{node="local"} 1
 sandstorm_master_node_up{node="n1"} 1

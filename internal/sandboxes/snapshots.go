@@ -139,11 +139,9 @@ func (s *Service) FromSnapshot(ctx context.Context, id string, meta store.Sandbo
 
 // cloneShipping makes one sandbox of snapshot snap on its node n, or, if
 // n has no room for it or is draining, ships the snapshot first: it is
-// moved live (its image and volume, nothing woken) to the paired node
-// with the most headroom that takes it, and the sandbox is made there. It
-// answers the node the snapshot is on after. A snapshot on the master's
-// own node is not moved (only a paired node's sandboxes move live), and
-// its node's refusal is the answer.
+// moved live (its image and volume, nothing woken) to the node with the
+// most headroom that takes it, and the sandbox is made there. It answers
+// the node the snapshot is on after.
 func (s *Service) cloneShipping(ctx context.Context, n nodeapi.Node, snap api.Sandbox) (nodeapi.Node, api.CloneResult, error) {
 	out, err := s.Fleet.Clone(ctx, n, snap, api.CloneRequest{Count: 1})
 	if len(out.Children) > 0 || !errors.Is(err, errdefs.ErrNoRoom) && !errors.Is(err, fleet.ErrDraining) {

@@ -140,6 +140,37 @@ for (let i = 0; i < N; i++) {
 }
 progress(`pause and connect: ${N} samples`)
 
+// The same with a process holding a heap of HEAP_MIB (the issue's 1 GiB):
+// what pause and connect cost when there is memory to save and restore.
+const heapMiB = Number(process.env.HEAP_MIB ?? 0)
+if (heapMiB > 0) {
+  const h = await Sandbox.create('base-1g', { timeoutMs: 600_000 })
+  await h.commands.run(`python3 -c "
+import time
+b = bytearray(${heapMiB} << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+open('/tmp/heap-ready', 'w').write('1')
+time.sleep(1e9)
+"`, { background: true })
+  for (let i = 0; i < 1200 && !(await h.files.exists('/tmp/heap-ready')); i++) await wait(50)
+  if (!(await h.files.exists('/tmp/heap-ready'))) throw new Error(`the ${heapMiB} MiB heap was not filled in 60 s`)
+  const hn = Number(process.env.HEAP_N ?? 3)
+  for (let i = 0; i < hn; i++) {
+    add('pause→not-running/heap1g', await time(async () => {
+      await h.pause()
+      if (await h.isRunning()) throw new Error('running after pause()')
+    }))
+    add('connect-paused→first-run/heap1g', await time(async () => {
+      const c = await Sandbox.connect(h.sandboxId, { timeoutMs: 600_000 })
+      await c.commands.run('true')
+    }))
+  }
+  if (!(await h.files.exists('/tmp/heap-ready'))) throw new Error('the heap is gone after the pauses')
+  await h.kill()
+  progress(`pause and connect, ${heapMiB} MiB heap: ${hn} samples`)
+}
+
 // Snapshots: createSnapshot, and a sandbox from it to its first command.
 for (let i = 0; i < N; i++) {
   let snap, f
