@@ -13,11 +13,13 @@ const add = (name, ms) => (out[name] ??= []).push(ms)
 const wait = (ms) => new Promise((r) => setTimeout(r, ms))
 const progress = (s) => process.stderr.write(s + '\n')
 
+// poolReady waits until the node in the master's process has a pooled
+// sandbox of template: GET /v1/node reads it now (GET /v1/nodes shows
+// each node's last heartbeat, up to a second old).
 async function poolReady(template) {
   for (let i = 0; i < 600; i++) {
-    const r = await fetch(`${api}/v1/nodes`, { headers: op })
-    const nodes = (await r.json()).items ?? []
-    if (nodes.some((n) => (n.warm_pool?.[template] ?? 0) > 0)) return
+    const r = await fetch(`${api}/v1/node`, { headers: op })
+    if (((await r.json()).warm_pool?.[template] ?? 0) > 0) return
     await wait(50)
   }
   throw new Error(`the warm pool of ${template} did not refill in 30 s`)
