@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/proxy"
+
 	"sandstorm/api"
 	"sandstorm/internal/logging"
 	"sandstorm/internal/sam/meshnode"
 	"sandstorm/internal/testenv"
-
-	"golang.org/x/net/proxy"
 )
 
 // TestMain lets the test binary be sam-box itself, for the signal test.

@@ -13,14 +13,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/logging"
 	"sandstorm/internal/sam/membership"
 	"sandstorm/internal/sam/meshnode"
 	"sandstorm/internal/sam/meshpeer"
-
-	"github.com/libp2p/go-libp2p/core/peer"
 )
 
 const defaultMeshDir = "/var/lib/sam-node/mesh"

@@ -5,15 +5,16 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"sandstorm/api"
-	"sandstorm/internal/cli"
-	"sandstorm/internal/client"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"sandstorm/api"
+	"sandstorm/internal/cli"
+	"sandstorm/internal/client"
 )
 
 func sandboxCmd() *cobra.Command {

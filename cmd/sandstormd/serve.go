@@ -5,12 +5,12 @@ import (
 	"errors"
 	"os"
 	"os/signal"
-	"sandstorm/internal/cli"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"sandstorm/internal/cli"
 	"sandstorm/internal/daemon"
 	"sandstorm/internal/logging"
 	"sandstorm/internal/node"

@@ -4,16 +4,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sandstorm/api"
-	"sandstorm/internal/cli"
-	"sandstorm/internal/client"
-	"sandstorm/internal/demo"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"sandstorm/api"
+	"sandstorm/internal/cli"
+	"sandstorm/internal/client"
+	"sandstorm/internal/demo"
 )
 
 func templateCmd() *cobra.Command {

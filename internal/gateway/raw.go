@@ -10,8 +10,9 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sandstorm/internal/errdefs"
 	"time"
+
+	"sandstorm/internal/errdefs"
 )
 
 // chunk is the result of one Read.

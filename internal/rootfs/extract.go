@@ -24,9 +24,9 @@ import (
 	"strings"
 	"time"
 
-	"sandstorm/internal/errdefs"
-
 	"golang.org/x/sys/unix"
+
+	"sandstorm/internal/errdefs"
 )
 
 // Default limits applied when a Limits field is zero (or negative).

@@ -7,6 +7,7 @@ package sandbox
 
 import (
 	"context"
+
 	"sandstorm/internal/errdefs"
 )
 

@@ -126,20 +126,24 @@ for (const [tier, op_] of [['hot', null], ['frozen', 'freeze'], ['snapshot', 'sn
   }
   progress(`connect from ${tier}: ${N} samples`)
 }
-// E2B's pause (issue 31): pause() until isRunning() says false, then
-// connect() until the first command's result.
-for (let i = 0; i < N; i++) {
-  add('pause→not-running', await time(async () => {
-    await s.pause()
-    if (await s.isRunning()) throw new Error('running after pause()')
-  }))
-  add('connect-paused→first-run', await time(async () => {
-    // A resumed sandbox's lifetime is what the connect gives (E2B's
-    // default is 15 s): the rest of the run needs it.
-    const c = await Sandbox.connect(s.sandboxId, { timeoutMs: 600_000 })
-    await c.commands.run('true')
-  }))
+// E2B's pause (issue 31): pause() of sbx until isRunning() says false,
+// then connect() until the first command's result; n times, into the
+// series named with suffix.
+async function pauseConnect(sbx, suffix, n) {
+  for (let i = 0; i < n; i++) {
+    add('pause→not-running' + suffix, await time(async () => {
+      await sbx.pause()
+      if (await sbx.isRunning()) throw new Error('running after pause()')
+    }))
+    add('connect-paused→first-run' + suffix, await time(async () => {
+      // A resumed sandbox's lifetime is what the connect gives (E2B's
+      // default is 15 s): the rest of the run needs it.
+      const c = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 })
+      await c.commands.run('true')
+    }))
+  }
 }
+await pauseConnect(s, '', N)
 progress(`pause and connect: ${N} samples`)
 
 // The same with a process holding a heap of HEAP_MIB (the issue's 1 GiB):
@@ -158,16 +162,7 @@ time.sleep(1e9)
   for (let i = 0; i < 1200 && !(await h.files.exists('/tmp/heap-ready')); i++) await wait(50)
   if (!(await h.files.exists('/tmp/heap-ready'))) throw new Error(`the ${heapMiB} MiB heap was not filled in 60 s`)
   const hn = Number(process.env.HEAP_N ?? 3)
-  for (let i = 0; i < hn; i++) {
-    add('pause→not-running/heap1g', await time(async () => {
-      await h.pause()
-      if (await h.isRunning()) throw new Error('running after pause()')
-    }))
-    add('connect-paused→first-run/heap1g', await time(async () => {
-      const c = await Sandbox.connect(h.sandboxId, { timeoutMs: 600_000 })
-      await c.commands.run('true')
-    }))
-  }
+  await pauseConnect(h, '/heap1g', hn)
   if (!(await h.files.exists('/tmp/heap-ready'))) throw new Error('the heap is gone after the pauses')
   await h.kill()
   progress(`pause and connect, ${heapMiB} MiB heap: ${hn} samples`)

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"sandstorm/internal/testenv"
-
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
+
+	"sandstorm/internal/testenv"
 )
 
 // sandboxNet is a network namespace standing in for a sandbox: a veth

@@ -12,10 +12,10 @@ import (
 	"strings"
 	"testing"
 
-	"sandstorm/internal/testenv"
-
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"sandstorm/internal/testenv"
 )
 
 func testLogger(t *testing.T) (*slog.Logger, *testenv.SyncBuffer) {

@@ -22,11 +22,10 @@ import (
 	"syscall"
 	"time"
 
-	"sandstorm/internal/errdefs"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sam/policy"
 )
 

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"sandstorm/internal/testenv"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"sandstorm/internal/testenv"
 )
 
 const mcpPolicy = `

@@ -41,12 +41,11 @@ import (
 	"sync"
 	"time"
 
-	"sandstorm/internal/errdefs"
-	"sandstorm/internal/sam/policy"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/sam/policy"
 )
 
 // Mesh is the rest of the mesh as this node reaches it. internal/sam/meshpeer

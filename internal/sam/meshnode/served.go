@@ -28,12 +28,11 @@ import (
 	"sync"
 	"time"
 
-	"sandstorm/internal/errdefs"
-	"sandstorm/internal/sam/policy"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/sam/policy"
 )
 
 // ServedPath, ServedService and ServedList are api's wire types.

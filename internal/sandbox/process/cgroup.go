@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"sandstorm/internal/mountinfo"
-
 	"golang.org/x/sys/unix"
+
+	"sandstorm/internal/mountinfo"
 )
 
 // Cgroup2Mount returns the absolute path where the cgroup v2 (unified)

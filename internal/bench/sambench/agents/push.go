@@ -15,9 +15,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sandstorm/internal/bench/sambench"
-
 	"golang.org/x/net/proxy"
+
+	"sandstorm/internal/bench/sambench"
 )
 
 // pushAgent is one agent of a push: its principal's name and an HTTP
