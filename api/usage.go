@@ -23,7 +23,8 @@ type Usage struct {
 	// MemLimitBytes is its memory limit.
 	MemLimitBytes int64 `json:"mem_limit_bytes"`
 	// DiskBytes is what it wrote to its filesystem (its overlay's upper
-	// layer); DiskLimitBytes is that plus what the node's disk has free.
+	// layer, from a walk of it at most 10 s old); DiskLimitBytes is that
+	// plus what the node's disk has free.
 	DiskBytes      int64 `json:"disk_bytes"`
 	DiskLimitBytes int64 `json:"disk_limit_bytes"`
 }

@@ -22,11 +22,50 @@ const (
 	cpuFresh  = 2 * time.Minute
 )
 
-// cpuReadings keeps the last CPU reading of each sandbox: a share of the
-// cores is a difference of two readings of its cgroup's counter.
+// diskFresh is how long one walk of a sandbox's upper layer is served
+// again: a walk stats every file it wrote, so a caller polling metrics
+// every second does not walk it every second.
+const diskFresh = 10 * time.Second
+
+// cpuReadings keeps the last CPU reading of each sandbox (a share of the
+// cores is a difference of two readings of its cgroup's counter) and its
+// last complete disk walk.
 type cpuReadings struct {
 	mu   sync.Mutex
 	last map[string]cpuReading
+	disk map[string]diskReading
+}
+
+type diskReading struct {
+	at    time.Time
+	bytes int64
+}
+
+// diskBytes is what sandbox id wrote under upper: a walk at most
+// diskFresh old. A walk cut short by ctx is answered but not kept.
+func (c *cpuReadings) diskBytes(ctx context.Context, id, upper string) int64 {
+	now := time.Now()
+	c.mu.Lock()
+	if d, ok := c.disk[id]; ok && now.Sub(d.at) < diskFresh {
+		c.mu.Unlock()
+		return d.bytes
+	}
+	c.mu.Unlock()
+	n, whole := treeBytes(ctx, upper)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.disk == nil {
+		c.disk = map[string]diskReading{}
+	}
+	for k, d := range c.disk { // forget sandboxes no one asks about
+		if now.Sub(d.at) > cpuFresh {
+			delete(c.disk, k)
+		}
+	}
+	if whole {
+		c.disk[id] = diskReading{at: now, bytes: n}
+	}
+	return n
 }
 
 type cpuReading struct {
@@ -75,7 +114,7 @@ func (l *Side) Usage(ctx context.Context, id string) (api.Usage, error) {
 		}
 	}
 	upper := l.N.Dir(sb.ID).Upper()
-	u.DiskBytes = treeBytes(ctx, upper)
+	u.DiskBytes = l.cpu.diskBytes(ctx, sb.ID, upper)
 	var st unix.Statfs_t
 	if unix.Statfs(upper, &st) == nil {
 		u.DiskLimitBytes = u.DiskBytes + int64(st.Bavail)*st.Bsize
@@ -121,14 +160,15 @@ func (l *Side) cpuPct(ctx context.Context, id string, cpus int) float64 {
 }
 
 // treeBytes is the size of the files under dir, as far as it is read
-// before ctx ends.
-func treeBytes(ctx context.Context, dir string) int64 {
-	var n int64
+// before ctx ends, and whether it was read whole.
+func treeBytes(ctx context.Context, dir string) (n int64, whole bool) {
+	whole = true
 	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil // a file gone while read, or dir not there
 		}
 		if ctx.Err() != nil {
+			whole = false
 			return fs.SkipAll
 		}
 		if d.Type().IsRegular() {
@@ -138,5 +178,5 @@ func treeBytes(ctx context.Context, dir string) int64 {
 		}
 		return nil
 	})
-	return n
+	return n, whole
 }
