@@ -7,11 +7,8 @@ import "time"
 // read from what its reports left, never by calling the node.
 type Health struct {
 	Name string
-	// Local: the node in the master's own process (it reports, and is
-	// lost, as any other: its stream is in the process).
-	Local bool
 	// Lost as GET /v1/nodes says it: no report stream open, or nothing on
-	// it for nodeapi.SilenceLimit. A paired node not heard yet is lost.
+	// it for nodeapi.SilenceLimit. A node not heard yet is lost.
 	Lost bool
 	// LastReport is when its last report arrived (zero: none yet).
 	LastReport time.Time
@@ -24,7 +21,7 @@ func (f *Fleet) Health() []Health {
 	var out []Health
 	for _, n := range f.Nodes() {
 		name := n.Name()
-		h := Health{Name: name, Lost: true, Local: f.cfg.Local != nil && name == f.cfg.Local.Name()}
+		h := Health{Name: name, Lost: true}
 		if l, ok := f.linkOf(name); ok {
 			h.Lost, h.LastReport = l.lost(now), l.heard
 		}
