@@ -38,6 +38,11 @@ type Process struct {
 	Args []string `json:"args"`
 	Env  []string `json:"env,omitempty"`
 	Cwd  string   `json:"cwd,omitempty"`
+	// User is who the process runs as, "UID:GID" in numbers ("": root).
+	// A template made from an image gets its config's user resolved
+	// against the image's own /etc/passwd and /etc/group. With Envd set,
+	// envd runs as root and the commands it starts as Envd.User.
+	User string `json:"user,omitempty"`
 	// Envd, when set, runs the sandbox's envd (commands and files, the
 	// E2B API) as its init, with the process as its child: then envd and
 	// the commands it runs are in every checkpoint and survive a snapshot.
@@ -61,9 +66,14 @@ type Envd struct {
 // fields of the multipart variant (field "template" holds this JSON and
 // field "rootfs" the tarball; then RootfsDir must be empty).
 type TemplateRequest struct {
-	Name      string  `json:"name"`
-	RootfsDir string  `json:"rootfs_dir,omitempty"`
-	Process   Process `json:"process"`
+	Name      string `json:"name"`
+	RootfsDir string `json:"rootfs_dir,omitempty"`
+	// Image, instead of RootfsDir or an upload, is an OCI image the master
+	// pulls and unpacks (docs/TEMPLATES.md). Its config gives what Process,
+	// Ports leave empty: Entrypoint + Cmd, Env (Process.Env adds or
+	// overrides by key), WorkingDir, User and ExposedPorts.
+	Image   *ImageSource `json:"image,omitempty"`
+	Process Process      `json:"process"`
 	// Ports are the TCP ports the process serves inside the sandbox; each
 	// gets a gateway endpoint per sandbox.
 	Ports []int `json:"ports"`
@@ -80,6 +90,28 @@ type TemplateRequest struct {
 	// (see Serve).
 	Serves []Serve `json:"serves,omitempty"`
 }
+
+// ImageSource is where an image template's rootfs comes from.
+type ImageSource struct {
+	// Ref is an image in a registry ("host[:port]/repo:tag" or
+	// "…@sha256:<hex>"), "oci:DIR" (an OCI image layout) or
+	// "docker-archive:FILE" (a `docker save` tarball); the paths are on
+	// the master's machine.
+	Ref string `json:"ref"`
+	// Auth is the registry's credential for this pull only: used, never
+	// stored or logged. Without it the master uses its own Docker config
+	// (~/.docker/config.json, $DOCKER_CONFIG).
+	Auth *RegistryAuth `json:"auth,omitempty"`
+}
+
+// RegistryAuth is a registry's username and password (or token).
+type RegistryAuth struct {
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// String keeps the password out of anything that prints an ImageSource.
+func (a *RegistryAuth) String() string { return "RegistryAuth{" + a.Username + ", ***}" }
 
 // Serve is a mesh service a template's sandboxes serve on one of its
 // ports: an MCP server (Kind "mcp", Streamable HTTP at Path) or a model
@@ -139,7 +171,10 @@ type Template struct {
 	// Digest identifies the rootfs across the fleet: the SHA-256 of its
 	// tree packed as a tarball ("sha256:<hex>", internal/rootfs.Pack).
 	// Each node fetches it from the master once and caches it by this.
-	Digest    string    `json:"digest,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	// Image is the image it was made from, pinned by digest
+	// ("ref@sha256:…"), when it was made from one.
+	Image     string    `json:"image,omitempty"`
 	Process   Process   `json:"process"`
 	Ports     []int     `json:"ports"`
 	MemoryMiB int       `json:"memory_mib,omitempty"`

@@ -377,6 +377,16 @@ func (r recorder) Usage(ctx context.Context, id string) (api.Usage, error) {
 	return u, done(err)
 }
 
+// Layer has no deadline of its own (a layer is as large as what a build
+// step wrote): the caller's ctx bounds it, and a lost node ends it.
+func (r recorder) Layer(ctx context.Context, id string, w io.Writer) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), 0)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.Layer(cctx, id, w))
+}
+
 func (r recorder) Transition(ctx context.Context, id string, op nodeapi.Op) (api.Sandbox, error) {
 	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TransitionDeadline(r.f.memOf(ctx, id)))
 	if err != nil {

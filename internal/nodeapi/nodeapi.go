@@ -41,6 +41,11 @@ type Node interface {
 	// with Follow what is appended, until ctx ends or the sandbox is
 	// deleted.
 	Logs(ctx context.Context, id string, opt LogOptions, w io.Writer) error
+	// Layer writes to w what sandbox id wrote over its template (its
+	// overlay's upper layer) as rootfs.PackVolume's tar: overlayfs's
+	// whiteouts and opaque directories included. A template build takes
+	// a RUN step's result this way (internal/imagetemplate).
+	Layer(ctx context.Context, id string, w io.Writer) error
 	// Usage is what sandbox id uses now (CPU, memory, disk), read from
 	// outside it: it neither wakes the sandbox nor keeps it from idling.
 	Usage(ctx context.Context, id string) (api.Usage, error)

@@ -53,7 +53,9 @@ type Template struct {
 	Owned  bool   // the rootfs was extracted by us (delete it with the template)
 	// Digest identifies the rootfs across the fleet (rootfs.Digest): a
 	// node fetches it by this and caches it.
-	Digest    string
+	Digest string
+	// Image is the image it was made from, pinned by digest ("" if none).
+	Image     string
 	Process   api.Process
 	Ports     []int
 	MemoryMiB int
@@ -144,7 +146,8 @@ CREATE TABLE IF NOT EXISTS templates (
 	principal  TEXT NOT NULL DEFAULT '',
 	warm       TEXT NOT NULL DEFAULT '',
 	serves     TEXT NOT NULL DEFAULT '',
-	digest     TEXT NOT NULL DEFAULT ''
+	digest     TEXT NOT NULL DEFAULT '',
+	image      TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS sandboxes (
 	id             TEXT PRIMARY KEY,
@@ -268,6 +271,7 @@ var migrations = []struct{ table, column, ddl string }{
 	{"templates", "warm", `ALTER TABLE templates ADD COLUMN warm TEXT NOT NULL DEFAULT ''`},
 	{"templates", "serves", `ALTER TABLE templates ADD COLUMN serves TEXT NOT NULL DEFAULT ''`},
 	{"templates", "digest", `ALTER TABLE templates ADD COLUMN digest TEXT NOT NULL DEFAULT ''`},
+	{"templates", "image", `ALTER TABLE templates ADD COLUMN image TEXT NOT NULL DEFAULT ''`},
 	// Issue 14: placements numbered and stated; a node's sandbox carries
 	// the number it was placed under.
 	{"sandboxes", "generation", `ALTER TABLE sandboxes ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
@@ -402,8 +406,8 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if len(t.Serves) > 0 {
 		serves = mustJSON(t.Serves)
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves) VALUES(?,?,?,?,?,?,?,?,?,?,?)`),
-		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest, serves)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`),
+		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest, serves, t.Image)
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, errdefs.ErrExists)
 	}
@@ -412,7 +416,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 
 // GetTemplate returns the template called name, or errdefs.ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
-	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves FROM templates WHERE name=?`), name)
+	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image FROM templates WHERE name=?`), name)
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
@@ -429,7 +433,7 @@ func (s *Store) SetTemplateDigest(ctx context.Context, name, digest string) erro
 
 // ListTemplates returns every template, by name.
 func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves FROM templates ORDER BY name`))
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image FROM templates ORDER BY name`))
 	if err != nil {
 		return nil, err
 	}
@@ -473,7 +477,7 @@ func scanTemplate(r scanner) (Template, error) {
 	var t Template
 	var proc, ports, warm, serves string
 	var created int64
-	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm, &t.Digest, &serves); err != nil {
+	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm, &t.Digest, &serves, &t.Image); err != nil {
 		return t, err
 	}
 	if serves != "" {

@@ -4,6 +4,7 @@
 package fleettest
 
 import (
+	"archive/tar"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -162,6 +163,23 @@ func (f *Node) Usage(ctx context.Context, id string) (api.Usage, error) {
 	u := f.Used
 	u.At, u.Tier, u.MemLimitBytes = time.Now(), sb.Tier, int64(sb.MemoryMiB)<<20
 	return u, nil
+}
+
+// Layer implements nodeapi.Node: one file, /layer-of-<id>, as a tar.
+func (f *Node) Layer(ctx context.Context, id string, w io.Writer) error {
+	sb, err := f.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	tw := tar.NewWriter(w)
+	body := []byte(sb.ID)
+	if err := tw.WriteHeader(&tar.Header{Name: "layer-of-" + sb.ID, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	if _, err := tw.Write(body); err != nil {
+		return err
+	}
+	return tw.Close()
 }
 
 // List implements nodeapi.Node.

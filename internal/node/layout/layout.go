@@ -171,6 +171,10 @@ func (l Dir) WriteSpec(t store.Template, limitMiB int64, hostname, netnsPath, en
 	if cwd == "" {
 		cwd = "/"
 	}
+	user, err := specUser(t.Process.User)
+	if err != nil {
+		return fmt.Errorf("template %s: %w", t.Name, err)
+	}
 	s := specs.Spec{
 		Version:  specs.Version,
 		Hostname: hostname,
@@ -179,7 +183,7 @@ func (l Dir) WriteSpec(t store.Template, limitMiB int64, hostname, netnsPath, en
 			Args:         t.Process.Args,
 			Env:          env,
 			Cwd:          cwd,
-			User:         specs.User{UID: 0, GID: 0},
+			User:         user,
 			Capabilities: defaultCaps(),
 			Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
 			// A template whose init is envd is an E2B-style userland
@@ -201,6 +205,8 @@ func (l Dir) WriteSpec(t store.Template, limitMiB int64, hostname, netnsPath, en
 			return fmt.Errorf("template %s runs envd as its init (process.envd), and this node has no envd (--envd none, or no sandstorm-envd beside sandstormd)", t.Name)
 		}
 		s.Process.Args = EnvdInitArgs(*e, t.Process.Args)
+		// envd starts commands as any user (api.Process.User).
+		s.Process.User = specs.User{}
 		// envd's own runtime lean; it gives its process the template's
 		// environment back (envd.LeanEnv).
 		s.Process.Env = envd.LeanEnv(s.Process.Env)
@@ -282,6 +288,22 @@ const (
 	EnvdMount  = "/.sandstorm"
 	EnvdBinary = "sandstorm-envd"
 )
+
+// specUser is the spec's user for api.Process.User ("UID:GID", "": root).
+// The master resolved any name against the image's own files; a node takes
+// numbers only, since it must not read a rootfs's /etc/passwd on the host.
+func specUser(u string) (specs.User, error) {
+	if u == "" {
+		return specs.User{}, nil
+	}
+	us, gs, ok := strings.Cut(u, ":")
+	uid, uerr := strconv.ParseUint(us, 10, 32)
+	gid, gerr := strconv.ParseUint(gs, 10, 32)
+	if !ok || uerr != nil || gerr != nil {
+		return specs.User{}, fmt.Errorf("process.user %q is not UID:GID", u)
+	}
+	return specs.User{UID: uint32(uid), GID: uint32(gid)}, nil
+}
 
 // EnvdInitArgs is the command line of a sandbox whose init is envd: envd,
 // then the template's process after "--".

@@ -8,6 +8,7 @@
 package nodeapitest
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
 	"io"
@@ -77,6 +78,7 @@ func unknown(t *testing.T, s Subject) {
 	wantKind(t, "Transition", err, errdefs.ErrNotFound)
 	_, err = s.Node.Usage(ctx, "no-such-sandbox")
 	wantKind(t, "Usage", err, errdefs.ErrNotFound)
+	wantKind(t, "Layer", s.Node.Layer(ctx, "no-such-sandbox", io.Discard), errdefs.ErrNotFound)
 	if st, err := s.Node.Status(ctx); err != nil || st.Name != s.Node.Name() {
 		t.Errorf("Status: %+v, %v; want the node's own name", st, err)
 	}
@@ -186,6 +188,32 @@ func usage(t *testing.T, s Subject, id string, tier api.Tier) {
 	}
 	if sb, _ := s.Node.Get(ctxT(t), id); sb.Tier != tier {
 		t.Errorf("Usage moved the sandbox from %s to %s", tier, sb.Tier)
+	}
+}
+
+// layer: a sandbox's layer is a whole tar stream with something in it
+// (a real node wrote at least the sandbox's resolver file over its
+// template).
+func layer(t *testing.T, s Subject, id string) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(s.Node.Layer(ctxT(t), id, pw)) }()
+	tr := tar.NewReader(pr)
+	n := 0
+	for {
+		_, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Errorf("Layer: entry %d: %v", n, err)
+			pr.CloseWithError(err)
+			return
+		}
+		n++
+	}
+	if n == 0 {
+		t.Error("Layer: an empty tar; want what the sandbox wrote over its template")
 	}
 }
 

@@ -176,6 +176,27 @@ func (c *Client) Usage(ctx context.Context, id string) (api.Usage, error) {
 	return u, c.do(ctx, http.MethodGet, "/node/v1/sandboxes/"+url.PathEscape(id)+"/usage", nil, &u, http.StatusOK)
 }
 
+// Layer implements nodeapi.Node.
+func (c *Client) Layer(ctx context.Context, id string, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/node/v1/sandboxes/"+url.PathEscape(id)+"/layer", nil)
+	if err != nil {
+		return err
+	}
+	// As long as the layer takes: the caller's ctx bounds it.
+	resp, err := c.stream().Do(req)
+	if err != nil {
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return readError(resp)
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: layer of %s cut off: %w", c.NodeName, id, err))
+	}
+	return nil
+}
+
 // List implements nodeapi.Node.
 func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
 	var l api.List[api.Sandbox]

@@ -77,6 +77,13 @@ func (f *fake) Usage(ctx context.Context, id string) (api.Usage, error) {
 	sb, err := f.Get(ctx, id)
 	return api.Usage{At: time.Unix(1_800_000_000, 0).UTC(), Tier: sb.Tier, CPUCount: 2, CPUPct: 12.5, MemBytes: 3 << 20, MemLimitBytes: 64 << 20}, err
 }
+func (f *fake) Layer(ctx context.Context, id string, w io.Writer) error {
+	sb, err := f.Get(ctx, id)
+	if err == nil {
+		_, err = io.WriteString(w, "layer of "+sb.ID)
+	}
+	return err
+}
 func (f *fake) List(context.Context) ([]api.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -438,6 +445,25 @@ func TestRemoteLogsFollow(t *testing.T) {
 	}
 	if err := c.Logs(context.Background(), "ghost", nodeapi.LogOptions{}, io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("logs of an unknown sandbox: %v", err)
+	}
+}
+
+// TestRemoteLayer: a sandbox's layer comes through as the node wrote it;
+// an unknown sandbox's is an error, not an empty stream.
+func TestRemoteLayer(t *testing.T) {
+	f := newFake()
+	c, _, _ := pair(t, f)
+	f.templates["web"] = api.Template{Name: "web"}
+	sb, err := c.Create(context.Background(), nodeapi.CreateRequest{Template: api.Template{Name: "web"}, Name: "l"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got strings.Builder
+	if err := c.Layer(context.Background(), sb.ID, &got); err != nil || got.String() != "layer of "+sb.ID {
+		t.Errorf("layer: %q, %v", got.String(), err)
+	}
+	if err := c.Layer(context.Background(), "ghost", io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("layer of an unknown sandbox: %v", err)
 	}
 }
 

@@ -135,6 +135,15 @@ func (s server) sandboxes() {
 		}
 		return nil
 	})
+	s.handle("GET /node/v1/sandboxes/{id}/layer", func(w http.ResponseWriter, r *http.Request) error {
+		// An unknown sandbox is an error answer; a failure after the
+		// first byte cuts the stream, which the client reports.
+		lw := &lazyWriter{w: w}
+		if err := n.Layer(r.Context(), r.PathValue("id"), lw); err != nil && !lw.started {
+			return err
+		}
+		return nil
+	})
 	s.mux.HandleFunc("/node/v1/sandboxes/{id}/envd/{path...}", func(w http.ResponseWriter, r *http.Request) {
 		if err := pastDeadline(r); err != nil {
 			writeError(w, err)
