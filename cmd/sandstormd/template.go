@@ -28,6 +28,8 @@ func templateCmd() *cobra.Command {
 func templateCreateCmd() *cobra.Command {
 	var (
 		rootfsDir, tarball string
+		image, regAuth     string
+		workdir, user      string
 		env                []string
 		ports              []int
 		memMiB             int
@@ -40,64 +42,63 @@ func templateCreateCmd() *cobra.Command {
 		envdUser, envdDir  string
 	)
 	create := &cobra.Command{
-		Use:   "create NAME --rootfs-dir DIR|--tarball FILE -- ARGS...",
-		Short: "Register a template from a rootfs directory on the node or a tarball (plain or gzip)",
-		Example: `  sandstormd template create web --rootfs-dir /srv/rootfs --port 8000 -- /usr/bin/python3 /srv/app.py
+		Use:   "create NAME (--image REF | --rootfs-dir DIR | --tarball FILE) [-- ARGS...]",
+		Short: "Register a template from an OCI image, a rootfs directory on the node or a tarball (plain or gzip)",
+		Long: `Register a template. From an image (--image), the master pulls it and
+the image's config gives what the flags leave unsaid: the process
+(Entrypoint + Cmd; ARGS after -- replace both), the environment (--env adds or replaces by
+key), the working directory, the user and the exposed ports. REF is a
+registry reference (host[:port]/repo:tag or @sha256:…), oci:DIR (an OCI
+image layout) or docker-archive:FILE (a docker save tarball); paths are on
+the master's machine. A registry's credential comes from --registry-auth
+(a file in Docker's config.json format) or the master's own Docker config;
+it is sent for this pull only and never logged.
+From a rootfs directory or tarball, ARGS say what to run.`,
+		Example: `  sandstormd template create py --image registry.example.com/team/python:3.12 --port 8000 -- python3 -m http.server 8000
+  sandstormd template create app --image docker-archive:/tmp/app.tar --registry-auth ~/.docker/config.json
+  sandstormd template create web --rootfs-dir /srv/rootfs --port 8000 -- /usr/bin/python3 /srv/app.py
   sandstormd template create web --tarball rootfs.tar.gz --port 8000 -- /bin/busybox httpd -f -p 8000`,
-		Args: cobra.MinimumNArgs(2),
+		Args: cobra.MinimumNArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
-			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
+			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env, Cwd: workdir, User: user}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
+			if image == "" && len(args) < 2 {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("say what to run after -- (only an --image template takes its process from the image)")}
+			}
 			if envdInit {
 				req.Process.Envd = &api.Envd{User: envdUser, Workdir: envdDir}
 			} else if envdUser != "" || envdDir != "" {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--envd-user and --envd-workdir go with --envd-init")}
 			}
 			if warmProbe != "" || warmSignal != "" || len(warmCommand) > 0 || cmd.Flags().Changed("warm-pool") {
-				probe, err := parseProbe(warmProbe)
-				if err == nil {
-					err = checkReseed(warmSignal, warmCommand, "a warm template")
-				}
-				if err == nil && (warmPool < 0 || warmPool > api.MaxWarmPool) {
-					err = fmt.Errorf("--warm-pool %d: keep 0 to %d sandboxes ready", warmPool, api.MaxWarmPool)
-				}
+				w, err := warmFlags(warmProbe, warmSignal, warmCommand, warmPool)
 				if err != nil {
 					return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
 				}
-				req.Warm = &api.Warm{Probe: probe, Reseed: api.Reseed{Signal: warmSignal, Command: warmCommand}, Pool: warmPool}
+				req.Warm = w
 				fmt.Fprintf(os.Stderr, "starting %s once to make its warm image (it waits for the probe)…\n", req.Name)
 			}
-			var t api.Template
-			var err error
-			switch {
-			case rootfsDir != "" && tarball == "":
-				if req.RootfsDir, err = filepath.Abs(rootfsDir); err != nil {
-					return err
-				}
-				t, err = c.CreateTemplate(cmd.Context(), req)
-			case tarball != "" && rootfsDir == "":
-				f, ferr := os.Open(tarball)
-				if ferr != nil {
-					return ferr
-				}
-				defer f.Close()
-				t, err = c.UploadTemplate(cmd.Context(), req, f)
-			default:
-				return fmt.Errorf("give exactly one of --rootfs-dir and --tarball")
-			}
+			t, err := createTemplate(cmd, c, req, templateSource{dir: rootfsDir, tarball: tarball, image: image, auth: regAuth})
 			if err != nil {
 				return err
 			}
 			fmt.Printf("template %s registered (rootfs %s)\n", t.Name, t.Rootfs)
+			if t.Image != "" {
+				fmt.Printf("from %s: %s\n", t.Image, strings.Join(t.Process.Args, " "))
+			}
 			if t.Warm != nil {
 				fmt.Printf("its warm image is made; %d sandbox(es) kept ready (a create without --name takes one)\n", t.Warm.Pool)
 			}
 			return nil
 		}),
 	}
+	create.Flags().StringVar(&image, "image", "", "OCI image: host[:port]/repo:tag, …@sha256:…, oci:DIR or docker-archive:FILE (on the master's machine)")
+	create.Flags().StringVar(&regAuth, "registry-auth", "", "with --image: registry credentials, a file in Docker's config.json format (default: the master's ~/.docker/config.json)")
+	create.Flags().StringVar(&workdir, "workdir", "", "working directory of the process (default: the image's, or /)")
+	create.Flags().StringVar(&user, "user", "", "user of the process: UID:GID, or with --image a name or uid in the image's /etc/passwd (default: the image's, or root)")
 	create.Flags().StringVar(&rootfsDir, "rootfs-dir", "", "rootfs directory already on the node")
 	create.Flags().StringVar(&tarball, "tarball", "", "rootfs tarball to upload")
 	create.Flags().StringArrayVar(&env, "env", nil, "environment KEY=VALUE (repeatable)")
-	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint")
+	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint (default with --image: its exposed ports)")
 	create.Flags().StringVar(&warmProbe, "warm-probe", "", "make the template warm: started once, checkpointed when this answers (/PATH: HTTP GET on the first port; :PORT/PATH or :PORT: another port, TCP connect without a path); needs --reseed-signal or --reseed-command")
 	create.Flags().StringVar(&warmSignal, "reseed-signal", "", "warm template: signal sent to each sandbox's process right after its restore (SIGHUP, SIGUSR1, SIGUSR2)")
 	create.Flags().IntVar(&warmPool, "warm-pool", 1, "warm template: sandboxes each node keeps restored and paused ahead of demand; a create without --name takes one and is ready in a resume and a reseed (0 to 16; each costs a frozen sandbox's memory)")
@@ -108,6 +109,93 @@ func templateCreateCmd() *cobra.Command {
 	create.Flags().StringVar(&envdUser, "envd-user", "", "with --envd-init: the user commands run as and files belong to when a call names none (default root)")
 	create.Flags().StringVar(&envdDir, "envd-workdir", "", "with --envd-init: a command's directory when it names none (default the user's home)")
 	return create
+}
+
+// warmFlags is the Warm the --warm-* and --reseed-* flags say.
+func warmFlags(probe, signal string, command []string, pool int) (*api.Warm, error) {
+	p, err := parseProbe(probe)
+	if err == nil {
+		err = checkReseed(signal, command, "a warm template")
+	}
+	if err == nil && (pool < 0 || pool > api.MaxWarmPool) {
+		err = fmt.Errorf("--warm-pool %d: keep 0 to %d sandboxes ready", pool, api.MaxWarmPool)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &api.Warm{Probe: p, Reseed: api.Reseed{Signal: signal, Command: command}, Pool: pool}, nil
+}
+
+// templateSource is where "template create" takes the rootfs from.
+type templateSource struct{ dir, tarball, image, auth string }
+
+// createTemplate registers req from the one source given.
+func createTemplate(cmd *cobra.Command, c *client.Client, req api.TemplateRequest, src templateSource) (api.Template, error) {
+	given := 0
+	for _, s := range []string{src.dir, src.tarball, src.image} {
+		if s != "" {
+			given++
+		}
+	}
+	if given != 1 {
+		return api.Template{}, cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("give exactly one of --image, --rootfs-dir and --tarball")}
+	}
+	if src.auth != "" && src.image == "" {
+		return api.Template{}, cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--registry-auth goes with --image")}
+	}
+	switch {
+	case src.image != "":
+		auth, err := registryAuth(src.image, src.auth)
+		if err != nil {
+			return api.Template{}, err
+		}
+		req.Image = &api.ImageSource{Ref: src.image, Auth: auth}
+		fmt.Fprintf(os.Stderr, "the master is pulling %s and unpacking it…\n", src.image)
+		return c.CreateTemplate(cmd.Context(), req)
+	case src.dir != "":
+		var err error
+		if req.RootfsDir, err = filepath.Abs(src.dir); err != nil {
+			return api.Template{}, err
+		}
+		return c.CreateTemplate(cmd.Context(), req)
+	}
+	f, err := os.Open(src.tarball)
+	if err != nil {
+		return api.Template{}, err
+	}
+	defer f.Close()
+	return c.UploadTemplate(cmd.Context(), req, f)
+}
+
+// registryAuth is the credential file's entry for ref's registry (nil
+// without a file: the master then reads its own Docker config).
+func registryAuth(ref, file string) (*api.RegistryAuth, error) {
+	if file == "" {
+		return nil, nil
+	}
+	src, err := ociimage.ParseSource(ref)
+	if err != nil {
+		return nil, err
+	}
+	if src.Kind != ociimage.Registry {
+		return nil, fmt.Errorf("--registry-auth: %s is not in a registry", ref)
+	}
+	kc, err := ociimage.Keychain(file)
+	if err != nil {
+		return nil, err
+	}
+	a, err := kc.Resolve(src.Ref.Context())
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := a.Authorization()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Username == "" && cfg.Password == "" {
+		return nil, fmt.Errorf("--registry-auth %s has no entry for %s", file, src.Ref.Context().RegistryStr())
+	}
+	return &api.RegistryAuth{Username: cfg.Username, Password: cfg.Password}, nil
 }
 
 // templateDemoCmd is "template demo".

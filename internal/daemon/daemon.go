@@ -31,6 +31,7 @@ import (
 	"sandstorm/internal/events"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/handoff"
+	"sandstorm/internal/imagetemplate"
 	"sandstorm/internal/master"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/metrics"
@@ -557,6 +558,9 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 		E2B:            svc.API(),
 		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,
 		Metrics: metrics.NewMaster(o.mreg),
+		// Layers are kept once, by diffID, and shared by every template
+		// made from them (rootfs.Flatten links their files).
+		Images: &imagetemplate.Puller{Layers: &ociimage.Store{Dir: filepath.Join(o.DataDir, "layers")}, Log: log},
 	}), nil
 }
 

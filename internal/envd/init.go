@@ -88,11 +88,13 @@ var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, sys
 // Init is envd as the sandbox's PID 1: it runs args (the template's
 // process) as its child with envd's own stdio (the sandbox's console),
 // serves s on addr beside it, passes on signals, reaps orphans, and ends
-// with the child's exit status, as the container would have.
+// with the child's exit status, as the container would have. With no
+// args it serves alone until a stop signal: a template build's step runs
+// its command through envd in an image that may have no program of its
+// own to keep the sandbox alive (FROM scratch).
 func Init(args []string, addr string, s *Server) int {
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "sandstorm-envd --init: no process to run")
-		return 2
+		return serveAlone(addr, s)
 	}
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, append([]os.Signal{syscall.SIGCHLD}, forwarded...)...)
@@ -136,6 +138,29 @@ func Init(args []string, addr string, s *Server) int {
 				}
 				return ee.ExitCode()
 			}
+			return 1
+		}
+	}
+}
+
+// serveAlone is Init with no process: envd serves, reaps orphans, and
+// ends on a stop signal.
+func serveAlone(addr string, s *Server) int {
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, append([]os.Signal{syscall.SIGCHLD}, forwarded...)...)
+	failed := make(chan error, 1)
+	go func() { failed <- ListenAndServe(addr, s) }()
+	for {
+		select {
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGCHLD:
+				reapOrphans()
+			case syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT:
+				return 128 + int(sig.(syscall.Signal))
+			}
+		case err := <-failed:
+			fmt.Fprintf(os.Stderr, "sandstorm-envd --init: %v\n", err)
 			return 1
 		}
 	}

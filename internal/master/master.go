@@ -28,6 +28,7 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/httpjson"
+	"sandstorm/internal/imagetemplate"
 	"sandstorm/internal/metrics"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
@@ -51,6 +52,8 @@ type Config struct {
 	Token string
 	// DataDir holds extracted template rootfs under templates/<name>.
 	DataDir string
+	// Images pulls images for templates made from them (nil: none).
+	Images *imagetemplate.Puller
 	// MaxUpload bounds a rootfs tarball upload, in bytes (413 beyond).
 	MaxUpload int64
 	Log       *slog.Logger
@@ -326,7 +329,9 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		t, err = s.templateFromUpload(w, r)
 	} else {
 		var req api.TemplateRequest
-		if err = decode(w, r, &req); err == nil {
+		if err = decode(w, r, &req); err == nil && req.Image != nil {
+			t, err = s.templateFromImage(r.Context(), req)
+		} else if err == nil {
 			t, err = s.templateFromDir(req)
 		}
 		if err == nil {
@@ -390,6 +395,9 @@ func validate(req api.TemplateRequest) error {
 	}
 	if !strings.HasPrefix(req.Process.Args[0], "/") {
 		return badRequest("template %q: process.args[0] %q must be an absolute path inside the rootfs", req.Name, req.Process.Args[0])
+	}
+	if req.Process.User != "" && !validUser(req.Process.User) {
+		return badRequest("template %q: process.user %q: give UID:GID in numbers (a name is resolved only for an image's template)", req.Name, req.Process.User)
 	}
 	for _, e := range req.Process.Env {
 		if !strings.Contains(e, "=") {

@@ -1,0 +1,86 @@
+package master
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/imagetemplate"
+	"sandstorm/internal/ociimage"
+	"sandstorm/internal/store"
+)
+
+// imagePullDeadline bounds a template's pull from a registry: every
+// request to a registry has a deadline, and a registry that trickles a
+// blob does not hold the master's request forever.
+const imagePullDeadline = 30 * time.Minute
+
+// templateFromImage pulls req.Image into the layer store, flattens it
+// into the template's own directory and fills the process from the
+// image's config. On error nothing of the template is kept (the layers
+// that arrived whole stay in the store for the next pull).
+func (s *server) templateFromImage(ctx context.Context, req api.TemplateRequest) (store.Template, error) {
+	switch {
+	case s.cfg.Images == nil:
+		return store.Template{}, errdefs.New(errdefs.ErrNotSupported, "this master makes no templates from images (it has no layer store)")
+	case req.RootfsDir != "":
+		return store.Template{}, badRequest("template %q: rootfs_dir and image exclude each other", req.Name)
+	case strings.TrimSpace(req.Image.Ref) == "":
+		return store.Template{}, badRequest("template %q: image.ref is empty: give a registry reference (host/repo:tag), oci:DIR or docker-archive:FILE", req.Name)
+	case !api.ValidName(req.Name):
+		return store.Template{}, badRequest("template name %q: use 1-63 of a-z, 0-9 and '-'", req.Name)
+	}
+	if _, err := s.cfg.Store.GetTemplate(ctx, req.Name); err == nil {
+		return store.Template{}, errdefs.New(errdefs.ErrExists, "template %q: already exists", req.Name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, imagePullDeadline)
+	defer cancel()
+	start := time.Now()
+	pulled, err := s.cfg.Images.Pull(ctx, *req.Image, func(p ociimage.Progress) {
+		if p.Done {
+			s.cfg.Log.Info("image layer ready", "template", req.Name, "layer", p.Layer+1, "of", p.Layers, "diff_id", p.DiffID, "cached", p.Cached)
+		}
+	})
+	if err != nil {
+		return store.Template{}, err
+	}
+	base := filepath.Join(s.cfg.DataDir, "templates", req.Name)
+	dir := filepath.Join(base, "rootfs")
+	if err := s.cfg.Images.Unpack(pulled.Layers, dir); err != nil {
+		return store.Template{}, err
+	}
+	t, err := imageTemplate(req, pulled, dir)
+	if err != nil {
+		os.RemoveAll(base)
+		return store.Template{}, err
+	}
+	s.cfg.Log.Info("image unpacked", "template", req.Name, "image", pulled.Pinned, "layers", len(pulled.Layers), "ms", time.Since(start).Milliseconds())
+	return t, nil
+}
+
+// imageTemplate is the template of req over the image unpacked at dir.
+func imageTemplate(req api.TemplateRequest, pulled imagetemplate.Pulled, dir string) (store.Template, error) {
+	if err := imagetemplate.Fill(&req, pulled.Config, dir); err != nil {
+		return store.Template{}, err
+	}
+	if err := validate(req); err != nil {
+		return store.Template{}, err
+	}
+	if err := checkRootfs(dir, req.Process.Args); err != nil {
+		return store.Template{}, err
+	}
+	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Image: pulled.Pinned, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm, Serves: req.Serves}, nil
+}
+
+// validUser is a process.user a node can take: "UID:GID" in numbers.
+func validUser(u string) bool {
+	us, gs, ok := strings.Cut(u, ":")
+	_, uerr := strconv.ParseUint(us, 10, 32)
+	_, gerr := strconv.ParseUint(gs, 10, 32)
+	return ok && uerr == nil && gerr == nil
+}
