@@ -62,6 +62,10 @@ type Stats struct {
 	Files int
 	// Bytes is the number of regular-file content bytes written.
 	Bytes int64
+	// Skipped is the number of entries left out rather than refused:
+	// UnpackLayer's device nodes and fifos (a sandbox gets its /dev from
+	// gVisor, so an image's are of no use and not worth refusing it for).
+	Skipped int
 }
 
 // Extract reads a tar stream from r and writes it under dir, which must
@@ -186,6 +190,8 @@ type extractor struct {
 	// overlay: the tree is an overlayfs upper dir (a sandbox's volume,
 	// volume.go): its whiteouts and opaque directories are kept.
 	overlay bool
+	// layer: the tree is an OCI image layer (layer.go), nil otherwise.
+	layer *layerState
 }
 
 func (x *extractor) run(r io.Reader) error {
@@ -199,6 +205,15 @@ func (x *extractor) run(r io.Reader) error {
 		defer zr.Close()
 		src = zr
 	}
+	if err := x.readAll(src); err != nil {
+		return err
+	}
+	return x.finishDirs()
+}
+
+// readAll extracts every entry of the tar stream src, within the limits;
+// the directories' modes and times are left to finishDirs.
+func (x *extractor) readAll(src io.Reader) error {
 	tr := tar.NewReader(src)
 	var payload int64
 	for {
@@ -223,7 +238,7 @@ func (x *extractor) run(r io.Reader) error {
 			return err
 		}
 	}
-	return x.finishDirs()
+	return nil
 }
 
 // unsafe returns an ErrUnsafe error naming the current entry.
@@ -268,6 +283,11 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 			return nil // the destination itself; its mode is the caller's
 		}
 		return x.unsafe("non-directory entry for the root")
+	}
+	if x.layer != nil {
+		if done, err := x.layerEntry(name, hdr); done || err != nil {
+			return err
+		}
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -462,6 +482,9 @@ func (x *extractor) file(name string, hdr *tar.Header, tr io.Reader) error {
 	if err == nil {
 		err = x.setOwnerMode(fd, hdr)
 	}
+	if err == nil {
+		err = x.setXattrs(fd, hdr)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -510,7 +533,9 @@ func (x *extractor) symlink(name string, hdr *tar.Header) error {
 	// Absolute targets are resolved inside the sandbox's root, never on the
 	// host (nothing here follows symlinks), so they are allowed. Relative
 	// targets must stay inside the tree.
-	if !strings.HasPrefix(target, "/") {
+	// A layer's are kept verbatim (the image spec's rule): UnpackLayer and
+	// Flatten never follow one either.
+	if !strings.HasPrefix(target, "/") && x.layer == nil {
 		res := path.Join(path.Dir(name), target)
 		if res == ".." || strings.HasPrefix(res, "../") {
 			return x.unsafe("symlink target %q escapes the root", target)
@@ -583,6 +608,9 @@ func (x *extractor) finishDirs() error {
 				return fmt.Errorf("rootfs: entry %q: reopen directory: %w", x.cur, err)
 			}
 			err = x.setOwnerMode(fd, hdr)
+			if err == nil {
+				err = x.setXattrs(fd, hdr)
+			}
 			if err == nil && x.overlay {
 				err = setOpaque(fd, hdr)
 			}
