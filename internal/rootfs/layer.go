@@ -36,6 +36,9 @@ const (
 type layerState struct {
 	whiteouts []marker
 	opaque    []marker
+	// skipped: names of skipped entries, so that a hard link to one is
+	// skipped too rather than refused as a link to nothing.
+	skipped map[string]bool
 }
 
 // marker is a deletion to apply: path is what it names (the whited-out
@@ -52,8 +55,8 @@ type marker struct{ path, entry string }
 // symlink, hard links only to earlier entries of the layer, ".." and
 // absolute names refused, lim bounds it), with the image spec's
 // differences: symlink targets are kept verbatim (never followed on the
-// host, resolved in the sandbox's root); device nodes and fifos are
-// skipped and counted (Stats.Skipped); the PAX xattrs user.* and
+// host, resolved in the sandbox's root); device nodes and fifos (and hard
+// links to them) are skipped and counted (Stats.Skipped); the PAX xattrs user.* and
 // security.capability are set, any overlay xattr (trusted.overlay.*,
 // user.overlay.*) is refused (a layer must not plant overlayfs's metadata)
 // and others are ignored. A whiteout of ".", ".." or of a name with a
@@ -68,7 +71,7 @@ func UnpackLayer(r io.Reader, dir string, lim Limits) (Stats, error) {
 		return Stats{}, err
 	}
 	defer unix.Close(x.root)
-	x.layer = &layerState{}
+	x.layer = &layerState{skipped: map[string]bool{}}
 	err = x.readAll(r)
 	if err == nil {
 		err = x.finishLayer()
@@ -77,6 +80,10 @@ func UnpackLayer(r io.Reader, dir string, lim Limits) (Stats, error) {
 		err = x.finishDirs()
 	}
 	if err != nil {
+		// An opaque root is a mark on dir itself, which clean leaves.
+		if xerr := unix.Fremovexattr(x.root, opaqueXattr); xerr != nil && xerr != unix.ENODATA {
+			err = fmt.Errorf("%w (cleanup of %s's opaque mark also failed: %v)", err, dir, xerr)
+		}
 		if cerr := clean(dir); cerr != nil {
 			err = fmt.Errorf("%w (cleanup of %s also failed: %v)", err, dir, cerr)
 		}
@@ -98,11 +105,24 @@ func (x *extractor) layerEntry(name string, hdr *tar.Header) (done bool, err err
 	if isWhiteoutName(base) {
 		return true, x.marker(name, base)
 	}
+	skip := false
 	switch hdr.Typeflag {
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		skip = true
+	case tar.TypeLink:
+		target, err := cleanName(hdr.Linkname)
+		skip = err == nil && x.layer.skipped[target]
+	}
+	if skip {
+		// What the layer made earlier at the name stays (nothing is made in
+		// its place), and is what a link to the name finds.
 		x.st.Skipped++
+		if _, made := x.kinds[name]; !made {
+			x.layer.skipped[name] = true
+		}
 		return true, nil
 	}
+	delete(x.layer.skipped, name) // a later entry of the name is what a link finds
 	return false, nil
 }
 
@@ -139,12 +159,6 @@ func (x *extractor) marker(name, base string) error {
 // of that name opaque, and leaves its own file or symlink be; an opaque
 // marker marks its directory.
 func (x *extractor) finishLayer() error {
-	for _, m := range x.layer.whiteouts {
-		x.cur = m.entry
-		if err := x.applyWhiteout(m.path); err != nil {
-			return err
-		}
-	}
 	for _, m := range x.layer.opaque {
 		x.cur = m.entry
 		pfd, _, err := x.openParent(path.Join(m.path, whOpaque), false)
@@ -155,6 +169,12 @@ func (x *extractor) finishLayer() error {
 		unix.Close(pfd)
 		if err != nil {
 			return fmt.Errorf("rootfs: entry %q: mark opaque: %w", x.cur, err)
+		}
+	}
+	for _, m := range x.layer.whiteouts {
+		x.cur = m.entry
+		if err := x.applyWhiteout(m.path); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -335,3 +335,52 @@ func TestUnpackLayerDestination(t *testing.T) {
 		t.Fatal("unpacked into a missing dir")
 	}
 }
+
+// TestUnpackLayerSkipsDevices: devices and fifos, and hard links to them,
+// are skipped and counted, not refused; a device of a name the layer made
+// before leaves that entry, which a link then finds.
+func TestUnpackLayerSkipsDevices(t *testing.T) {
+	null := le("dev/null", tar.TypeChar, "")
+	null.maj, null.min = 1, 3
+	sda := le("dev/sda", tar.TypeBlock, "")
+	sda.maj = 8
+	over := le("f", tar.TypeChar, "")
+	over.maj, over.min = 1, 5
+	dir := t.TempDir()
+	st, err := UnpackLayer(bytes.NewReader(mkLayer(t, null, sda, le("p", tar.TypeFifo, ""),
+		lnk("dev/null2", tar.TypeLink, "dev/null"), le("f", tar.TypeReg, "f"), over,
+		lnk("g", tar.TypeLink, "f"))), dir, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Skipped != 5 || st.Files != 2 {
+		t.Errorf("stats = %+v, want 5 skipped and 2 files", st)
+	}
+	sameShape(t, shape(t, dir), map[string]string{"f": "file:f", "g": "file:f"})
+}
+
+// TestUnpackLayerOpaqueRootUndone: a layer that marks its root opaque and
+// then fails leaves dir without the mark.
+func TestUnpackLayerOpaqueRootUndone(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	ok := mkLayer(t, le(whOpaque, tar.TypeReg, ""), le("f", tar.TypeReg, "x"))
+	if _, err := UnpackLayer(bytes.NewReader(ok), dir, Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := xattr(dir, opaqueXattr); v != "y" {
+		t.Fatalf("root opaque = %q", v)
+	}
+	dir = t.TempDir()
+	// Two entries, three objects (x, x/y, the whiteout): opaque marks are
+	// applied before whiteouts, so the whiteout over MaxFiles fails after
+	// the root is marked.
+	bad := mkLayer(t, le(whOpaque, tar.TypeReg, ""), le("x/y/.wh.b", tar.TypeReg, ""))
+	if _, err := UnpackLayer(bytes.NewReader(bad), dir, Limits{MaxFiles: 2}); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "x/y/.wh.b") {
+		t.Fatalf("err = %v", err)
+	}
+	assertEmpty(t, dir)
+	if _, ok := xattr(dir, opaqueXattr); ok {
+		t.Error("the failed layer's root is still opaque")
+	}
+}
