@@ -384,3 +384,44 @@ func TestUnpackLayerOpaqueRootUndone(t *testing.T) {
 		t.Error("the failed layer's root is still opaque")
 	}
 }
+
+// FuzzUnpackLayer feeds arbitrary bytes to UnpackLayer and Flatten: nothing
+// is made outside their directories, a failed unpack leaves its directory
+// empty, a layer holds only directories, files, symlinks and whiteouts, and
+// its flattening no whiteout and no overlay xattr.
+func FuzzUnpackLayer(f *testing.F) {
+	f.Add(mkLayer(f, le("d/f", tar.TypeReg, "x"), le("d/.wh.g", tar.TypeReg, ""),
+		le("d/.wh..wh..opq", tar.TypeReg, ""), lnk("l", tar.TypeSymlink, "/etc"), lnk("h", tar.TypeLink, "d/f")))
+	f.Add(mkLayer(f, lnk("a", tar.TypeSymlink, ".."), le("a/.wh.x", tar.TypeReg, "")))
+	f.Add(mkLayer(f, le(".wh...", tar.TypeReg, ""), le("dev/null", tar.TypeChar, "")))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		root := t.TempDir()
+		layer, flat := filepath.Join(root, "layer"), filepath.Join(root, "flat")
+		os.Mkdir(layer, 0o755)
+		os.Mkdir(flat, 0o755)
+		st, err := UnpackLayer(bytes.NewReader(data), layer, Limits{MaxBytes: 1 << 20, MaxFiles: 1000})
+		got := listTree(t, layer)
+		if err != nil && len(got) != 0 {
+			t.Fatalf("failed unpack (%v) left %v", err, got)
+		}
+		if err == nil && len(got) != st.Files {
+			t.Fatalf("stats report %d files, layer has %d", st.Files, len(got))
+		}
+		for _, p := range got {
+			fi, _ := os.Lstat(filepath.Join(layer, p))
+			if typ := fi.Mode().Type(); typ&^(fs.ModeDir|fs.ModeSymlink) != 0 && !isWhiteout(t, filepath.Join(layer, p)) {
+				t.Fatalf("%s has forbidden type %v", p, typ)
+			}
+		}
+		if err == nil {
+			if err := Flatten([]string{layer}, flat); err != nil {
+				t.Fatalf("flatten of an unpacked layer: %v", err)
+			}
+			noOverlayState(t, flat)
+		}
+		if ents, _ := os.ReadDir(root); len(ents) != 2 {
+			t.Fatalf("root holds %v", ents)
+		}
+	})
+}
