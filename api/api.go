@@ -518,3 +518,27 @@ type Event struct {
 	// Reason says why (a refusal, a note).
 	Reason string `json:"reason,omitempty"`
 }
+
+// BuildRequest is the "build" part of POST /v1/templates/{name}/build
+// (multipart: this JSON, then the build context as a tarball in part
+// "context", plain or gzip; no context part is an empty context).
+type BuildRequest struct {
+	// Dockerfile is the Dockerfile's text.
+	Dockerfile string `json:"dockerfile"`
+	// BuildArgs are the --build-arg values.
+	BuildArgs map[string]string `json:"build_args,omitempty"`
+	// Target is the stage to build ("": the last).
+	Target string `json:"target,omitempty"`
+	// Template is the template made of the result: its process and ports
+	// override the built image's config where set; its name is the path's,
+	// and rootfs_dir and image must be empty.
+	Template TemplateRequest `json:"template"`
+}
+
+// BuildEvent is one line of a build's answer (newline-delimited JSON):
+// output as it comes, then the template made or the error that ended it.
+type BuildEvent struct {
+	Log      string    `json:"log,omitempty"`
+	Template *Template `json:"template,omitempty"`
+	Error    *Error    `json:"error,omitempty"`
+}

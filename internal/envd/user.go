@@ -92,6 +92,9 @@ func lookup(name string) (account, error) {
 func lookupFresh(name string) (account, error) {
 	u, err := user.Lookup(name)
 	if err != nil {
+		if a, ok := numeric(name); ok {
+			return a, nil
+		}
 		return account{}, fmt.Errorf("error looking up user '%s': %v", name, err)
 	}
 	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
@@ -112,6 +115,25 @@ func lookupFresh(name string) (account, error) {
 		}
 	}
 	return a, nil
+}
+
+// numeric is the account "UID" or "UID:GID" names when no account of
+// that name exists, as a Dockerfile's USER and `docker run --user` mean
+// numbers (a template build's RUN in an image with no /etc/passwd): the
+// group is the UID's unless given, the home /.
+func numeric(name string) (account, bool) {
+	us, gs, hasGroup := strings.Cut(name, ":")
+	uid, err := strconv.ParseUint(us, 10, 32)
+	if err != nil {
+		return account{}, false
+	}
+	gid := uid
+	if hasGroup {
+		if gid, err = strconv.ParseUint(gs, 10, 32); err != nil {
+			return account{}, false
+		}
+	}
+	return account{name: name, uid: uint32(uid), gid: uint32(gid), home: "/"}, true
 }
 
 // resolve makes p absolute: relative to the user's home (envd.yaml,

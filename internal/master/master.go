@@ -52,6 +52,9 @@ type Config struct {
 	Token string
 	// DataDir holds extracted template rootfs under templates/<name>.
 	DataDir string
+	// BuildPrincipal is the principal of a build's RUN sandboxes
+	// ("": DefaultBuildPrincipal).
+	BuildPrincipal string
 	// Images pulls images for templates made from them (nil: none).
 	Images *imagetemplate.Puller
 	// MaxUpload bounds a rootfs tarball upload, in bytes (413 beyond).
@@ -82,6 +85,9 @@ type server struct {
 	// sbx is the sandbox service /v1 shares with /e2b: creates, owners,
 	// who sees what.
 	sbx *sandboxes.Service
+	// self is the API as a caller reaches it (tokens checked), for the
+	// master's own calls through it (client.InProcess).
+	self http.Handler
 }
 
 // Handler returns the API's HTTP handler.
@@ -101,6 +107,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /v1/templates", s.createTemplate)
 	mux.HandleFunc("GET /v1/templates/{name}", s.getTemplate)
 	mux.HandleFunc("DELETE /v1/templates/{name}", s.deleteTemplate)
+	mux.HandleFunc("POST /v1/templates/{name}/build", s.buildTemplate)
 	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
 	mux.HandleFunc("POST /v1/sandboxes", s.createSandbox)
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
@@ -151,7 +158,8 @@ func Handler(cfg Config) http.Handler {
 	open.HandleFunc("GET /v1/ca", s.caCert)
 	open.HandleFunc("POST /v1/nodes/join", s.joinNode)
 	open.HandleFunc("GET /v1/nodes/tunnel", s.cfg.Fleet.Tunnel())
-	return s.e2bByHost(cfg.Metrics.Instrument(s.auth(mux, open), s.route(mux, open)))
+	s.self = s.auth(mux, open)
+	return s.e2bByHost(cfg.Metrics.Instrument(s.self, s.route(mux, open)))
 }
 
 // e2bByHost serves the E2B API at the root of api.<domain>, where E2B's
@@ -342,47 +350,52 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err == nil {
-		// Its name across the fleet: nodes fetch and check the tree by it.
-		if t.Digest, err = rootfs.Digest(t.Rootfs); err != nil {
-			if t.Owned {
-				os.RemoveAll(filepath.Dir(t.Rootfs))
-			}
-			err = badRequest("rootfs %s: %v", t.Rootfs, err)
-		}
+		t, err = s.register(r.Context(), t)
 	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.cfg.Store.PutTemplate(r.Context(), t); err != nil {
+	writeJSON(w, http.StatusCreated, toAPITemplate(t))
+}
+
+// register records t, whose rootfs is in place, and readies it on every
+// node; on error nothing of it is kept (an owned rootfs is removed).
+func (s *server) register(ctx context.Context, t store.Template) (store.Template, error) {
+	drop := func() {
 		if t.Owned {
 			os.RemoveAll(filepath.Dir(t.Rootfs))
 		}
-		s.fail(w, r, err)
-		return
 	}
-	t, _ = s.cfg.Store.GetTemplate(r.Context(), t.Name)
+	var err error
+	// Its name across the fleet: nodes fetch and check the tree by it.
+	if t.Digest, err = rootfs.Digest(t.Rootfs); err != nil {
+		drop()
+		return t, badRequest("rootfs %s: %v", t.Rootfs, err)
+	}
+	if err := s.cfg.Store.PutTemplate(ctx, t); err != nil {
+		drop()
+		return t, err
+	}
+	t, _ = s.cfg.Store.GetTemplate(ctx, t.Name)
 	// Every node gets it (a paired node records it; a warm template's
 	// image is made on each): a template no node can take — a warm one
 	// whose probe never answers — is not registered at all.
 	start := time.Now()
-	if err := s.cfg.Fleet.PrepareTemplate(r.Context(), t); err != nil {
+	if err := s.cfg.Fleet.PrepareTemplate(ctx, t); err != nil {
 		s.cfg.Store.DeleteTemplate(context.Background(), t.Name)
-		if t.Owned {
-			os.RemoveAll(filepath.Dir(t.Rootfs))
-		}
+		drop()
 		what := "template"
 		if t.Warm != nil {
 			what = "warm template"
 		}
-		s.fail(w, r, fmt.Errorf("%s %q not registered: %w", what, t.Name, err))
-		return
+		return t, fmt.Errorf("%s %q not registered: %w", what, t.Name, err)
 	}
 	if t.Warm != nil {
 		s.cfg.Log.Info("warm image made", "template", t.Name, "ms", time.Since(start).Milliseconds())
 	}
-	s.cfg.Log.Info("template registered", "name", t.Name, "rootfs", t.Rootfs, "digest", t.Digest)
-	writeJSON(w, http.StatusCreated, toAPITemplate(t))
+	s.cfg.Log.Info("template registered", "name", t.Name, "rootfs", t.Rootfs, "digest", t.Digest, "image", t.Image)
+	return t, nil
 }
 
 // validate checks the fields every template needs.
