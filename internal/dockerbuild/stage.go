@@ -63,9 +63,9 @@ func cloneImage(img Image) Image {
 // buildStage builds stage i, its base stage (if any) in done.
 func (b *builder) buildStage(ctx context.Context, i int, done map[int]*stageState) (*stageState, error) {
 	s := b.stages[i]
-	st, err := b.from(ctx, i, done)
 	b.step++
 	fmt.Fprintf(b.out, "Step %d/%d : %s (Dockerfile:%d)\n", b.step, b.steps, shortCode(s.SourceCode), line(s.Location))
+	st, err := b.from(ctx, i, done)
 	if err != nil {
 		return nil, err
 	}
