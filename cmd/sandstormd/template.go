@@ -15,12 +15,13 @@ import (
 	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
+	"sandstorm/internal/ociimage"
 )
 
 func templateCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "template", Short: "Manage templates (a rootfs plus the process to run in it)"}
 	addAPIFlag(cmd)
-	cmd.AddCommand(templateCreateCmd(), templateDemoCmd(), templateLsCmd(), templateRmCmd())
+	cmd.AddCommand(templateCreateCmd(), templateBuildCmd(), templateDemoCmd(), templateLsCmd(), templateRmCmd())
 	return cmd
 }
 

@@ -39,6 +39,7 @@ import (
 	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/nodeside"
+	"sandstorm/internal/ociimage"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/rootfs"

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -74,7 +75,10 @@ func (b *Builder) Build(ctx context.Context, dockerfile []byte, ctxDir string, a
 		}
 	}
 	c := img.Config
-	return Pulled{Layers: dirs, Config: ociimage.ImageConfig{Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, ExposedPorts: c.ExposedPorts}}, nil
+	return Pulled{Layers: dirs, Config: ociimage.ImageConfig{
+		Args: append(slices.Clone(c.Entrypoint), c.Cmd...), Entrypoint: c.Entrypoint, Cmd: c.Cmd,
+		Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Ports: c.ExposedPorts,
+	}}, nil
 }
 
 // templatePrefix names a registered template used as a layer (FROM
@@ -103,7 +107,7 @@ func (f base) From(ctx context.Context, name string) (dockerbuild.Image, error) 
 	}
 	c := p.Config
 	return dockerbuild.Image{Layers: ids, Config: dockerbuild.ImageConfig{
-		Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, ExposedPorts: c.ExposedPorts,
+		Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, ExposedPorts: c.Ports,
 	}}, nil
 }
 

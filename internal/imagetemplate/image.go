@@ -140,7 +140,7 @@ func (p *Puller) Unpack(layers []string, dst string) error {
 // the ports (ExposedPorts, TCP only). The rootfs at dir is the image's.
 func Fill(req *api.TemplateRequest, cfg ociimage.ImageConfig, dir string) error {
 	if len(req.Process.Args) == 0 {
-		req.Process.Args = append(slices.Clone(cfg.Entrypoint), cfg.Cmd...)
+		req.Process.Args = slices.Clone(cfg.Args)
 	}
 	if len(req.Process.Args) == 0 {
 		return errdefs.New(errdefs.ErrBadInput, "template %q: the image has no Entrypoint or Cmd; say what to run after -- (e.g. -- /bin/sh -c 'sleep infinity')", req.Name)
@@ -168,7 +168,7 @@ func Fill(req *api.TemplateRequest, cfg ociimage.ImageConfig, dir string) error 
 		req.Process.User = strconv.FormatUint(uint64(uid), 10) + ":" + strconv.FormatUint(uint64(gid), 10)
 	}
 	if len(req.Ports) == 0 {
-		req.Ports = slices.Clone(cfg.ExposedPorts)
+		req.Ports = slices.Clone(cfg.Ports)
 	}
 	return nil
 }

@@ -22,6 +22,9 @@ type ImageConfig struct {
 	// Args is Entrypoint then Cmd; args[0] may be a bare name to find on
 	// the PATH (Executable).
 	Args []string
+	// Entrypoint and Cmd are the two apart, as a build needs them (a
+	// Dockerfile's CMD replaces Cmd and keeps Entrypoint).
+	Entrypoint, Cmd []string
 	// Env is KEY=value pairs, in the image's order.
 	Env []string
 	// WorkingDir is absolute, "/" when the image says none.
@@ -43,6 +46,8 @@ func Config(img v1.Image) (ImageConfig, error) {
 	c := cf.Config
 	ic := ImageConfig{
 		Args:       append(slices.Clone(c.Entrypoint), c.Cmd...),
+		Entrypoint: slices.Clone(c.Entrypoint),
+		Cmd:        slices.Clone(c.Cmd),
 		Env:        slices.Clone(c.Env),
 		WorkingDir: c.WorkingDir,
 		User:       c.User,
