@@ -1,13 +1,17 @@
 package ociimage
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -135,3 +139,7 @@ func mustDigest(t *testing.T, img v1.Image) string {
 }
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+func opener(b []byte) tarball.Opener {
+	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+}

@@ -2,14 +2,17 @@ package ociimage
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -286,5 +289,50 @@ func TestNoSuchImage(t *testing.T) {
 	s, _ := ParseSource(reg.Ref("nothing:here"))
 	if _, _, err := Resolve(ctxT(t), s, ResolveOptions{}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("missing image: %v, want ErrNotFound", err)
+	}
+}
+
+// hangOn makes GETs of the blobs named hang until the client gives up.
+func hangOn(digests ...v1.Hash) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			for _, d := range digests {
+				if req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/blobs/"+d.String()) {
+					<-req.Context().Done()
+					return
+				}
+			}
+			next.ServeHTTP(w, req)
+		})
+	}
+}
+
+func TestCallsEndWithTheirDeadline(t *testing.T) {
+	img := testImage(t)
+	cfgName, _ := img.ConfigName()
+	top := layerDigests(t, img)[1]
+
+	reg := ocitest.NewRegistry(t, ocitest.Options{Wrap: hangOn(cfgName)})
+	s, _ := ParseSource(reg.Push(t, img, "app:v1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, _, err := Resolve(ctx, s, ResolveOptions{}); !errors.Is(err, errdefs.ErrTimeout) {
+		t.Fatalf("Resolve against a registry that hangs: %v, want ErrTimeout", err)
+	}
+
+	reg = ocitest.NewRegistry(t, ocitest.Options{Wrap: hangOn(top)})
+	s, _ = ParseSource(reg.Push(t, img, "app:v1"))
+	got, _, err := Resolve(ctxT(t), s, ResolveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &Store{Dir: t.TempDir()}
+	ctx, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := st.Pull(ctx, got, Limits{}, nil); !errors.Is(err, errdefs.ErrTimeout) {
+		t.Fatalf("Pull of a blob that hangs: %v, want ErrTimeout", err)
+	}
+	if names := storeNames(t, st.Dir); len(names) != 1 {
+		t.Fatalf("store holds %v, want only the bottom layer", names)
 	}
 }

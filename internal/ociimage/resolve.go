@@ -103,7 +103,7 @@ func Resolve(ctx context.Context, src Source, opts ResolveOptions) (img v1.Image
 		return nil, "", errdefs.New(errdefs.ErrBadInput, "no image source given (ParseSource makes one)")
 	}
 	if err == nil {
-		digest, err = im.check(opts)
+		digest, err = im.check(ctx, opts)
 	}
 	if err != nil {
 		if im != nil {
@@ -182,7 +182,10 @@ func remoteErr(ctx context.Context, err error) error {
 	if errors.As(err, &ne) {
 		return errdefs.New(errdefs.ErrUnavailable, "the registry cannot be reached: %w", err)
 	}
-	return errdefs.New(errdefs.ErrUpstream, "%w", err)
+	// What is left is the image's own fault (a manifest or config that
+	// does not parse, a digest that does not match): fetching it again
+	// gives the same.
+	return errdefs.Mark(errdefs.ErrBadInput, err)
 }
 
 func resolveLayout(dir string, opts ResolveOptions) (*image, error) {
@@ -263,14 +266,14 @@ func pickFromIndex(idx v1.ImageIndex, want v1.Platform, depth int) (v1.Image, er
 }
 
 // check bounds im before any layer is fetched, and says its digest.
-func (im *image) check(opts ResolveOptions) (string, error) {
+func (im *image) check(ctx context.Context, opts ResolveOptions) (string, error) {
 	max := opts.maxLayers()
 	if !im.archive {
 		// The manifest first: a 10,000-layer image is refused before its
 		// config, let alone a layer, is fetched.
 		m, err := im.Manifest()
 		if err != nil {
-			return "", errdefs.Mark(errdefs.ErrBadInput, err)
+			return "", im.readErr(ctx, "its manifest", err)
 		}
 		if n := len(m.Layers); n > max {
 			return "", errdefs.New(errdefs.ErrTooLarge, "the image has %d layers; at most %d are allowed (squash it, e.g. with a multi-stage build)", n, max)
@@ -286,7 +289,7 @@ func (im *image) check(opts ResolveOptions) (string, error) {
 	}
 	cfg, err := im.ConfigFile()
 	if err != nil {
-		return "", errdefs.Mark(errdefs.ErrBadInput, fmt.Errorf("reading its config: %w", err))
+		return "", im.readErr(ctx, "its config", err)
 	}
 	if n := len(cfg.RootFS.DiffIDs); n > max {
 		return "", errdefs.New(errdefs.ErrTooLarge, "the image has %d layers; at most %d are allowed (squash it, e.g. with a multi-stage build)", n, max)
@@ -301,9 +304,18 @@ func (im *image) check(opts ResolveOptions) (string, error) {
 		h, err = im.Digest()
 	}
 	if err != nil {
-		return "", errdefs.Mark(errdefs.ErrBadInput, err)
+		return "", im.readErr(ctx, "its digest", err)
 	}
 	return h.String(), nil
+}
+
+// readErr is a failure reading what of im: a registry's in the kinds
+// remoteErr gives, a local file's as bad input.
+func (im *image) readErr(ctx context.Context, what string, err error) error {
+	if im.puller != nil {
+		return fmt.Errorf("reading %s: %w", what, remoteErr(ctx, err))
+	}
+	return errdefs.New(errdefs.ErrBadInput, "reading %s: %w", what, err)
 }
 
 func platformMatches(cfg *v1.ConfigFile, want v1.Platform) error {
