@@ -149,7 +149,11 @@ func TestCorruptBlobKeepsNothing(t *testing.T) {
 	}
 	var otherBlob bytes.Buffer
 	otherBlob.ReadFrom(other)
-	for name, body := range map[string][]byte{"flipped byte": nil, "another valid layer": otherBlob.Bytes()} {
+	for name, body := range map[string][]byte{
+		"flipped byte":        nil,
+		"another valid layer": otherBlob.Bytes(),
+		"longer than said":    bytes.Repeat([]byte{0}, 1<<20),
+	} {
 		t.Run(name, func(t *testing.T) {
 			reg := ocitest.NewRegistry(t, ocitest.Options{})
 			ref := reg.Push(t, img, "app:v1")

@@ -213,49 +213,13 @@ func resolveArchive(file string) (*image, error) {
 }
 
 // pickFromIndex is idx's image for want: the entry whose platform
-// satisfies it, else an index's lone image with no platform (a layout of
-// one image often says none; its config is checked later).
+// satisfies it (an index in it is searched in turn), else an index's lone
+// image with no platform (a layout of one image often says none; its
+// config is checked later).
 func pickFromIndex(idx v1.ImageIndex, want v1.Platform, depth int) (v1.Image, error) {
-	if depth > maxIndexDepth {
-		return nil, errdefs.New(errdefs.ErrBadInput, "indexes nest deeper than %d", maxIndexDepth)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return nil, err
-	}
-	var have []string
-	var bare []v1.Descriptor
-	for _, d := range im.Manifests {
-		if d.Platform == nil {
-			if d.MediaType.IsImage() {
-				bare = append(bare, d)
-			}
-			continue
-		}
-		p := *d.Platform
-		if p.OS == "unknown" { // attestations and signatures, not images
-			continue
-		}
-		if !p.Satisfies(want) {
-			have = append(have, p.String())
-			continue
-		}
-		switch {
-		case d.MediaType.IsImage():
-			return idx.Image(d.Digest)
-		case d.MediaType.IsIndex():
-			child, err := idx.ImageIndex(d.Digest)
-			if err != nil {
-				return nil, err
-			}
-			return pickFromIndex(child, want, depth+1)
-		}
-	}
-	if len(bare) == 1 && len(have) == 0 {
-		return idx.Image(bare[0].Digest)
-	}
-	if len(bare) > 1 && len(have) == 0 {
-		return nil, errdefs.New(errdefs.ErrBadInput, "the index holds %d images and says of none which platform it is for: copy the one for %s alone", len(bare), want)
+	img, have, err := searchIndex(idx, want, depth)
+	if img != nil || err != nil {
+		return img, err
 	}
 	slices.Sort(have)
 	have = slices.Compact(have)
@@ -263,6 +227,54 @@ func pickFromIndex(idx v1.ImageIndex, want v1.Platform, depth int) (v1.Image, er
 		return nil, errdefs.New(errdefs.ErrBadInput, "the index holds no image for any platform (is it an artifact, not a container image?)")
 	}
 	return nil, errdefs.New(errdefs.ErrBadInput, "the index has no image for %s, only for %s: pick an image built for %s", want, strings.Join(have, ", "), want)
+}
+
+// searchIndex is pickFromIndex's search: the image, or else the platforms
+// the index (and the indexes in it) has.
+func searchIndex(idx v1.ImageIndex, want v1.Platform, depth int) (v1.Image, []string, error) {
+	if depth > maxIndexDepth {
+		return nil, nil, errdefs.New(errdefs.ErrBadInput, "indexes nest deeper than %d", maxIndexDepth)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, nil, err
+	}
+	var have []string
+	var bare []v1.Descriptor
+	for _, d := range im.Manifests {
+		if d.Platform != nil && d.Platform.OS == "unknown" {
+			continue // attestations and signatures, not images
+		}
+		if d.Platform != nil && !d.Platform.Satisfies(want) {
+			have = append(have, d.Platform.String())
+			continue
+		}
+		switch {
+		case d.MediaType.IsImage() && d.Platform != nil:
+			img, err := idx.Image(d.Digest)
+			return img, nil, err
+		case d.MediaType.IsImage():
+			bare = append(bare, d)
+		case d.MediaType.IsIndex():
+			child, err := idx.ImageIndex(d.Digest)
+			if err != nil {
+				return nil, nil, err
+			}
+			img, theirs, err := searchIndex(child, want, depth+1)
+			if img != nil || err != nil {
+				return img, nil, err
+			}
+			have = append(have, theirs...)
+		}
+	}
+	switch {
+	case len(bare) == 1 && len(have) == 0:
+		img, err := idx.Image(bare[0].Digest)
+		return img, nil, err
+	case len(bare) > 1 && len(have) == 0:
+		return nil, nil, errdefs.New(errdefs.ErrBadInput, "the index holds %d images and says of none which platform it is for: copy the one for %s alone", len(bare), want)
+	}
+	return nil, have, nil
 }
 
 // check bounds im before any layer is fetched, and says its digest.

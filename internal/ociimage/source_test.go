@@ -10,6 +10,9 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -96,7 +99,34 @@ func TestLayoutAndDockerArchive(t *testing.T) {
 		t.Errorf("one store for four sources of one image holds %d layers, want 2", n)
 	}
 
+	// `docker save` stores layers uncompressed.
+	plain := ocitest.ImageOf(t, v1.Config{},
+		static.NewLayer(ocitest.Tar(t, baseEntries), types.DockerUncompressedLayer),
+		static.NewLayer(ocitest.Tar(t, appEntries), types.DockerUncompressedLayer))
+	ocitest.WriteDockerArchive(t, plain, "app:plain", filepath.Join(dir, "plain.tar"))
+	got, _ := resolve(t, filepath.Join(dir, "plain.tar"), ResolveOptions{})
+	checkTree(t, pullFlat(t, st, got))
+	if n := len(storeNames(t, st.Dir)); n != 2 {
+		t.Errorf("the same layers uncompressed: the store holds %d, want the same 2", n)
+	}
+
+	// A layout whose index.json names an index (crane's, docker's) that
+	// names one image per platform.
 	other := &v1.Platform{OS: "linux", Architecture: otherArch()}
+	nested, err := layout.Write(filepath.Join(dir, "nested"), empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	multi := mutate.AppendManifests(empty.Index,
+		mutate.IndexAddendum{Add: plain, Descriptor: v1.Descriptor{Platform: other}},
+		mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: mine}})
+	if err := nested.AppendIndex(multi); err != nil {
+		t.Fatal(err)
+	}
+	if _, digest := resolve(t, filepath.Join(dir, "nested"), ResolveOptions{}); digest != mustDigest(t, img) {
+		t.Errorf("nested layout: picked %s, want %s", digest, mustDigest(t, img))
+	}
+
 	ocitest.WriteLayout(t, img, filepath.Join(dir, "foreign"), other)
 	s, _ := ParseSource(filepath.Join(dir, "foreign"))
 	if _, _, err := Resolve(ctxT(t), s, ResolveOptions{}); !errors.Is(err, errdefs.ErrBadInput) || !strings.Contains(err.Error(), other.String()) {

@@ -218,7 +218,11 @@ func (s *Store) fetch(ctx context.Context, img v1.Image, l layerRef, lim Limits,
 		return 0, err
 	}
 	defer rc.Close()
-	st := newStream(ctx, rc, lim, b, report)
+	size := l.size
+	if !checkDigest {
+		size = -1 // an archive's layer, read uncompressed
+	}
+	st := newStream(ctx, rc, size, lim, b, report)
 	if err := st.unpack(tmp, lim.Layer); err != nil {
 		return 0, err
 	}
@@ -286,7 +290,10 @@ func listLayers(img v1.Image, max int) ([]layerRef, error) {
 		if err := layerType(d.MediaType); err != nil {
 			return nil, err
 		}
-		refs[i].digest, refs[i].size = d.Digest, d.Size
+		refs[i].digest = d.Digest
+		if d.Size > 0 { // else unknown; the digest still decides
+			refs[i].size = d.Size
+		}
 	}
 	return refs, nil
 }

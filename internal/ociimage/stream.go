@@ -44,8 +44,9 @@ type stream struct {
 	uncompressed *guard
 }
 
-func newStream(ctx context.Context, r io.Reader, lim Limits, b *budget, report func(int64)) *stream {
-	c := &counter{ctx: ctx, r: r, h: sha256.New(), report: report, next: progressEvery}
+// size is the blob's size as its manifest says, -1 unknown.
+func newStream(ctx context.Context, r io.Reader, size int64, lim Limits, b *budget, report func(int64)) *stream {
+	c := &counter{ctx: ctx, r: r, h: sha256.New(), size: size, report: report, next: progressEvery}
 	return &stream{compressed: c, uncompressed: &guard{h: sha256.New(), c: c, lim: lim, b: b}}
 }
 
@@ -56,6 +57,7 @@ type counter struct {
 	r      io.Reader
 	h      hash.Hash
 	n      int64
+	size   int64
 	err    error
 	report func(int64)
 	next   int64
@@ -72,6 +74,11 @@ func (c *counter) Read(p []byte) (int, error) {
 	c.n += int64(n)
 	if err != nil && err != io.EOF {
 		c.err = err
+	}
+	if c.size >= 0 && c.n > c.size {
+		// Its digest would not match either; this stops it early.
+		c.err = errdefs.New(errdefs.ErrBadInput, "it is longer than the %d bytes its manifest says: the source is corrupt or tampered with; nothing was kept", c.size)
+		return n, c.err
 	}
 	if c.n >= c.next {
 		c.next = c.n + progressEvery
