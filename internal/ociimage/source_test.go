@@ -195,3 +195,15 @@ func TestPullStopsWithItsContext(t *testing.T) {
 		t.Fatalf("store holds %v, want nothing", names)
 	}
 }
+
+func TestImageFromDir(t *testing.T) {
+	src := t.TempDir()
+	mkTree(t, src, "usr/bin/tool*=elf", "bin -> usr/bin", "etc/hostname=box\n")
+	dst := pullFlat(t, &Store{Dir: t.TempDir()}, ocitest.ImageFromDir(t, src))
+	if got, err := ResolveExecutable(dst, "tool", "/bin"); err != nil || got != "/bin/tool" {
+		t.Fatalf("tool through the bin link: %q, %v", got, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "etc/hostname")); err != nil || string(b) != "box\n" {
+		t.Fatalf("etc/hostname: %q, %v", b, err)
+	}
+}
