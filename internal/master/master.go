@@ -108,6 +108,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/templates/{name}", s.getTemplate)
 	mux.HandleFunc("DELETE /v1/templates/{name}", s.deleteTemplate)
 	mux.HandleFunc("POST /v1/templates/{name}/build", s.buildTemplate)
+	mux.HandleFunc("GET /v1/templates/{name}/export", s.exportTemplate)
 	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
 	mux.HandleFunc("POST /v1/sandboxes", s.createSandbox)
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
