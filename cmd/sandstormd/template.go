@@ -21,7 +21,7 @@ import (
 func templateCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "template", Short: "Manage templates (a rootfs plus the process to run in it)"}
 	addAPIFlag(cmd)
-	cmd.AddCommand(templateCreateCmd(), templateBuildCmd(), templateDemoCmd(), templateLsCmd(), templateRmCmd())
+	cmd.AddCommand(templateCreateCmd(), templateBuildCmd(), templateDemoCmd(), templateLsCmd(), templateRmCmd(), templateExportCmd())
 	return cmd
 }
 
