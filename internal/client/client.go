@@ -223,6 +223,13 @@ func (c *Client) UploadTemplate(ctx context.Context, req api.TemplateRequest, ta
 	return t, err
 }
 
+// Template returns the template called name.
+func (c *Client) Template(ctx context.Context, name string) (api.Template, error) {
+	var t api.Template
+	err := c.Do(ctx, http.MethodGet, "/v1/templates/"+url.PathEscape(name), nil, &t)
+	return t, err
+}
+
 // Templates lists templates.
 func (c *Client) Templates(ctx context.Context) ([]api.Template, error) {
 	var l api.List[api.Template]

@@ -12,6 +12,7 @@ import (
 	"hash"
 	"io"
 	"net"
+	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/zstd"
@@ -191,5 +192,8 @@ func sourceErr(ctx context.Context, err error) error {
 	}
 	// go-containerregistry checks a registry's blob against its digest
 	// as it reads, and says so in an error of no type.
+	if strings.Contains(err.Error(), "checksum") {
+		return errdefs.New(errdefs.ErrBadInput, "its bytes do not match its digest — the registry served something else (%v); nothing was kept", err)
+	}
 	return errdefs.New(errdefs.ErrBadInput, "reading its bytes: %w (nothing was kept)", err)
 }

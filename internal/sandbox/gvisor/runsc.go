@@ -141,14 +141,16 @@ func (b *Backend) Signal(ctx context.Context, spec sandbox.Spec, sig syscall.Sig
 }
 
 // Exec implements sandbox.Execer: runsc exec runs args inside the
-// container, bounded by ExecTimeout; a command that exits non-zero is an
-// error carrying its last line of output.
+// container as root (envd, a reseed command: the node's own, whatever
+// user the template's process is — envd itself runs each command as its
+// caller's user), bounded by ExecTimeout; a command that exits non-zero
+// is an error carrying its last line of output.
 func (b *Backend) Exec(ctx context.Context, spec sandbox.Spec, args []string) ([]byte, error) {
 	b = b.on(spec)
 	var out bytes.Buffer
 	c := command{
 		what:  "runsc exec " + spec.ID,
-		limit: ExecTimeout, name: b.Runsc, args: append(append(b.flags(), "exec", spec.ID), args...),
+		limit: ExecTimeout, name: b.Runsc, args: append(append(b.flags(), "exec", "--user", "0:0", spec.ID), args...),
 		stdout: &out, stderr: &out, wait: b.dl().waitDelay,
 		verb: "exec", observe: b.Observe,
 	}

@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"archive/tar"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"sandstorm/api"
+	"sandstorm/internal/ociimage/ocitest"
+)
+
+// imageFixture is the web demo as an image in a registry the test runs
+// (basic auth), the way a user would bring it: the rootfs as one layer,
+// and a second that adds a user, deletes a file of the first (a
+// whiteout) and replaces a directory's contents (opaque); the config
+// names the interpreter by its bare name (found on the image's PATH) and
+// a user by name.
+type imageFixture struct {
+	reg            *ocitest.Registry
+	ref            string // repo:tag
+	digestRef      string // repo@sha256:…
+	img            v1.Image
+	goodAuth       string // a Docker config file with the right password
+	badAuth        string // … and with a wrong one
+	password, user string
+}
+
+func newImageFixture(t *testing.T) *imageFixture {
+	t.Helper()
+	f := &imageFixture{user: "puller", password: "s3cret-pull-token"}
+	f.reg = ocitest.NewRegistry(t, ocitest.Options{User: f.user, Password: f.password})
+	base := ocitest.ImageFromDir(t, webRootfs)
+	layers, err := base.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	passwd, err := os.ReadFile(filepath.Join(webRootfs, "etc", "passwd"))
+	if err != nil {
+		passwd = []byte("root:x:0:0:root:/root:/bin/sh\n")
+	}
+	top := ocitest.LayerFromTar(t, ocitest.Tar(t, []ocitest.TarEntry{
+		{Name: "etc/passwd", Type: tar.TypeReg, Mode: 0o644, Body: append(passwd, "app:x:1001:1001:app:/home/app:/bin/false\n"...)},
+		{Name: "etc/group", Type: tar.TypeReg, Mode: 0o644, Body: []byte("root:x:0:\napp:x:1001:\n")},
+		{Name: "srv/.wh.app.py.orig", Type: tar.TypeReg, Mode: 0o644},
+		{Name: "srv/image-layer", Type: tar.TypeReg, Mode: 0o644, Body: []byte("from the second layer\n")},
+		{Name: "opt/", Type: tar.TypeDir, Mode: 0o755},
+		{Name: "opt/.wh..wh..opq", Type: tar.TypeReg, Mode: 0o644},
+		{Name: "opt/new", Type: tar.TypeReg, Mode: 0o644, Body: []byte("new\n")},
+	}))
+	bottom := ocitest.LayerFromTar(t, ocitest.Tar(t, []ocitest.TarEntry{
+		{Name: "srv/", Type: tar.TypeDir, Mode: 0o755},
+		{Name: "srv/app.py.orig", Type: tar.TypeReg, Mode: 0o644, Body: []byte("deleted by the layer above\n")},
+		{Name: "opt/", Type: tar.TypeDir, Mode: 0o755},
+		{Name: "opt/old", Type: tar.TypeReg, Mode: 0o644, Body: []byte("hidden by the opaque directory above\n")},
+	}))
+	env := slices.DeleteFunc(slices.Clone(webDemo.Env), func(e string) bool { return strings.HasPrefix(e, "PATH=") })
+	cfg := v1.Config{
+		Entrypoint:   []string{"python3"},
+		Cmd:          webDemo.Args[1:],
+		Env:          append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, env...),
+		WorkingDir:   "/srv",
+		User:         "app",
+		ExposedPorts: map[string]struct{}{"8000/tcp": {}},
+	}
+	f.img = ocitest.ImageOf(t, cfg, append(append(layers, bottom), top)...)
+	f.ref = "team/web:1"
+	f.reg.Push(t, f.img, f.ref)
+	d, err := f.img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.digestRef = f.reg.Host + "/team/web@" + d.String()
+	f.goodAuth = writeDockerConfig(t, f.reg.Host, f.user, f.password)
+	f.badAuth = writeDockerConfig(t, f.reg.Host, f.user, "wrong-password-xyz")
+	return f
+}
+
+func writeDockerConfig(t *testing.T, host, user, password string) string {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"auths": map[string]any{host: map[string]string{"auth": base64.StdEncoding.EncodeToString([]byte(user + ":" + password))}}})
+	p := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// layerDirs lists the master's layer store.
+func (d *Daemon) layerDirs(t *testing.T) []string {
+	t.Helper()
+	ents, _ := os.ReadDir(filepath.Join(d.DataDir, "layers"))
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// TestImageTemplate: a template from an image in a registry with basic
+// auth — a wrong password refused with nothing kept and no password in
+// the error; the right one gives a template whose process, user, working
+// directory and port come from the image's config, and whose layers were
+// applied as an OCI runtime would; its sandbox keeps its memory through
+// every tier and a clone; the same image by digest fetches no blob again;
+// a corrupt blob is refused and nothing of it kept; and the template
+// exported as a docker archive is a template again.
+func TestImageTemplate(t *testing.T) {
+	d := startDaemon(t)
+	f := newImageFixture(t)
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+	ref := f.reg.Ref(f.ref)
+
+	res := cli(t, env, "template", "create", "imgbad", "--image", ref, "--registry-auth", f.badAuth)
+	res.fails(t, "a template from a registry with a wrong password", `(?i)unauthori|denied|401`)
+	if strings.Contains(res.Stderr+res.Stdout, "wrong-password-xyz") {
+		t.Errorf("the password is in the CLI's output: %s", res.Stderr)
+	}
+	if logs, _ := os.ReadFile(d.LogPath); strings.Contains(string(logs), "wrong-password-xyz") || strings.Contains(string(logs), f.password) {
+		t.Error("a registry password is in the daemon's log")
+	}
+	if got := d.layerDirs(t); len(got) != 0 {
+		t.Errorf("a refused pull kept layers: %v", got)
+	}
+	if _, err := d.C.Template(ctxT(t), "imgbad"); err == nil {
+		t.Error("a refused pull registered its template")
+	}
+
+	cli(t, env, "template", "create", "img", "--image", ref, "--registry-auth", f.goodAuth).ok(t, "a template from an image", `template img registered`, `from .*@sha256:`)
+	tp, err := d.C.Template(ctxT(t), "img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tp.Process.Args[0] != "/usr/bin/python3" || tp.Process.User != "1001:1001" || tp.Process.Cwd != "/srv" || !slices.Equal(tp.Ports, []int{8000}) || !strings.Contains(tp.Image, "@sha256:") {
+		t.Errorf("the template from the image's config: %+v %v image %s", tp.Process, tp.Ports, tp.Image)
+	}
+	sb := d.create(t, "img", "fromimage")
+	ep := endpoint(t, sb)
+	expectCount(t, ep, 1, "the image's server")
+	py := "/usr/bin/python3"
+	check := "import os; print(os.stat('/proc/1').st_uid, os.path.exists('/srv/app.py.orig'), sorted(os.listdir('/opt')), open('/srv/image-layer').read().strip())"
+	cli(t, env, "sandbox", "exec", sb.ID, "--", py, "-c", check).ok(t, "the image's layers and user", `^1001 False \['new'\] from the second layer`)
+
+	// Every tier keeps its memory, as the demo templates' do.
+	d.transition(t, sb.ID, "freeze", api.TierFrozen)
+	expectCount(t, ep, 2, "after a freeze")
+	d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
+	expectCount(t, ep, 3, "after a snapshot")
+	res2, err := d.C.Clone(ctxT(t), sb.ID, api.CloneRequest{Count: 1, Reseed: &api.Reseed{Signal: "SIGUSR1"}})
+	if err != nil || len(res2.Children) != 1 {
+		t.Fatalf("clone of an image's sandbox: %+v %v", res2, err)
+	}
+	d.track(res2.Children[0].ID)
+	expectCount(t, endpoint(t, res2.Children[0]), 4, "a clone (its parent's memory)")
+	d.transition(t, sb.ID, "detach", api.TierDetached)
+	expectCount(t, ep, 1, "after a detach (a cold start)")
+
+	// By digest: every layer is in the store, so no blob is fetched.
+	imgLayers, _ := f.img.Layers()
+	layerGets := func() (n int) {
+		for _, l := range imgLayers {
+			d, _ := l.Digest()
+			n += f.reg.BlobGets(d)
+		}
+		return n
+	}
+	before := layerGets()
+	cli(t, env, "template", "create", "img2", "--image", f.digestRef, "--registry-auth", f.goodAuth).ok(t, "the same image by digest", `template img2 registered`)
+	if got := layerGets(); got != before {
+		t.Errorf("a second template of the same layers fetched %d layer blob(s)", got-before)
+	}
+
+	// A blob that does not match its digest: refused, nothing kept.
+	bad := ocitest.ImageOf(t, v1.Config{Cmd: []string{"/usr/bin/python3"}}, ocitest.LayerFromTar(t, ocitest.Tar(t, []ocitest.TarEntry{{Name: "x", Type: tar.TypeReg, Mode: 0o644, Body: []byte("some bytes to corrupt")}})))
+	f.reg.Push(t, bad, "team/bad:1")
+	bl, _ := bad.Layers()
+	bd, _ := bl[0].Digest()
+	f.reg.Corrupt(bd, nil)
+	layersBefore := d.layerDirs(t)
+	cli(t, env, "template", "create", "imgcorrupt", "--image", f.reg.Ref("team/bad:1"), "--registry-auth", f.goodAuth).fails(t, "an image whose blob does not match its digest", `(?i)digest`)
+	if got := d.layerDirs(t); !slices.Equal(got, layersBefore) {
+		t.Errorf("a corrupt blob left something in the layer store: %v, was %v", got, layersBefore)
+	}
+
+	// Exported as a docker archive, it is an image again.
+	archive := filepath.Join(t.TempDir(), "img.tar")
+	cli(t, env, "template", "export", "img", "-o", archive).ok(t, "export")
+	cli(t, env, "template", "create", "reimported", "--image", "docker-archive:"+archive, "--port", "8000").ok(t, "a template from the exported archive", `template reimported registered`)
+	expectCount(t, endpoint(t, d.create(t, "reimported", "reimported")), 1, "a sandbox of the re-imported template")
+}
