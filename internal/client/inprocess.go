@@ -1,6 +1,7 @@
 package client
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -26,6 +27,12 @@ func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	go func() {
 		defer func() {
+			// As net/http's server does: a handler's panic ends its
+			// answer, not the process (httputil.ReverseProxy aborts with
+			// http.ErrAbortHandler when its reader went away).
+			if p := recover(); p != nil && p != http.ErrAbortHandler {
+				pw.CloseWithError(fmt.Errorf("in-process %s %s: handler panicked: %v", r.Method, r.URL.Path, p))
+			}
 			w.WriteHeader(http.StatusOK) // a handler that wrote nothing
 			pw.Close()
 		}()

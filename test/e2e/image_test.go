@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -193,4 +194,95 @@ func TestImageTemplate(t *testing.T) {
 	cli(t, env, "template", "export", "img", "-o", archive).ok(t, "export")
 	cli(t, env, "template", "create", "reimported", "--image", "docker-archive:"+archive, "--port", "8000").ok(t, "a template from the exported archive", `template reimported registered`)
 	expectCount(t, endpoint(t, d.create(t, "reimported", "reimported")), 1, "a sandbox of the re-imported template")
+}
+
+// buildDockerfile is a Dockerfile over the fixture's image using every
+// instruction a build takes; the web demo's rootfs has no shell, so its
+// RUNs are in exec form.
+const buildDockerfile = `ARG BASE
+FROM ${BASE}
+ARG GREETING=hello
+ENV APP_GREETING=${GREETING} PYTHONDONTWRITEBYTECODE=1
+WORKDIR /srv/data
+COPY notes.txt ./
+ADD extra/ /srv/extra/
+USER root
+RUN ["/usr/bin/python3", "-c", "import os; print('step output: building in', os.getcwd()); open('/srv/data/built','w').write(os.environ['APP_GREETING'])"]
+USER app
+RUN ["/usr/bin/python3", "-c", "import os; print('second run as uid', os.getuid())"]
+EXPOSE 8000
+ENTRYPOINT ["python3"]
+CMD ["/srv/app.py"]
+`
+
+// TestTemplateBuild: a Dockerfile with every instruction builds a
+// template whose sandbox serves, with what its RUN and COPY steps made
+// and without what .dockerignore excludes; a second build is served from
+// the cache; a one-line change reruns only that step and those after it;
+// a RUN cannot reach the metadata address, and its failure names its
+// line, exits non-zero and registers nothing.
+func TestTemplateBuild(t *testing.T) {
+	f := newImageFixture(t)
+	// The master pulls FROM with its own Docker config.
+	d := newDaemon(t)
+	d.wrap = func(cmd *exec.Cmd) { cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+filepath.Dir(f.goodAuth)) }
+	d.Start(t)
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(buildDockerfile), 0o644)
+	os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("copied\n"), 0o644)
+	os.MkdirAll(filepath.Join(dir, "extra"), 0o755)
+	os.WriteFile(filepath.Join(dir, "extra", "a"), []byte("a\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "extra", "secret.key"), []byte("never in the image\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, ".dockerignore"), []byte("**/*.key\n"), 0o644)
+	base := "--build-arg=BASE=" + f.reg.Ref(f.ref)
+
+	first := cli(t, env, "template", "build", "built", base, dir)
+	first.ok(t, "a build", `Step 1/`, `step output: building in /srv/data`, `second run as uid 1001`, `template built built and registered`)
+	sb := d.create(t, "built", "built")
+	expectCount(t, endpoint(t, sb), 1, "the built template's server")
+	check := "import os; print(open('/srv/data/built').read(), open('/srv/data/notes.txt').read().strip(), sorted(os.listdir('/srv/extra')))"
+	cli(t, env, "sandbox", "exec", sb.ID, "--", "/usr/bin/python3", "-c", check).ok(t, "what the steps made", `^hello copied \['a'\]`)
+	if tp, err := d.C.Template(ctxT(t), "built"); err != nil || tp.Process.Cwd != "/srv/data" || tp.Process.User != "1001:1001" || tp.Process.Args[0] != "/usr/bin/python3" || !slices.Contains(tp.Process.Env, "APP_GREETING=hello") {
+		t.Errorf("the built template's process: %+v, %v", tp.Process, err)
+	}
+
+	again := cli(t, env, "template", "build", "built2", base, dir)
+	again.ok(t, "the same build again", `template built2 built and registered`)
+	if strings.Contains(again.Stdout, "building in /srv/data") || strings.Count(again.Stdout, "CACHED") != 5 {
+		t.Errorf("a second build ran steps again:\n%s", again.Stdout)
+	}
+
+	// One line changed (the second RUN's): the first RUN is cached, the
+	// second runs.
+	changed := strings.Replace(buildDockerfile, "second run as uid", "second run (changed) as uid", 1)
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(changed), 0o644)
+	third := cli(t, env, "template", "build", "built3", base, dir)
+	third.ok(t, "a build after a one-line change", `second run \(changed\) as uid 1001`)
+	if strings.Contains(third.Stdout, "building in /srv/data") {
+		t.Errorf("a one-line change reran the steps before it:\n%s", third.Stdout)
+	}
+
+	// The metadata address from a RUN: refused by its boundary, the step
+	// fails naming its line, and no template is registered.
+	bad := "FROM " + f.reg.Ref(f.ref) + "\nUSER root\nRUN [\"/usr/bin/python3\", \"-c\", \"import socket; socket.create_connection(('169.254.169.254', 80), 5); print('reached', 'it')\"]\n"
+	os.WriteFile(filepath.Join(dir, "Dockerfile.bad"), []byte(bad), 0o644)
+	res := cli(t, env, "template", "build", "badbuild", "-f", filepath.Join(dir, "Dockerfile.bad"), dir)
+	res.fails(t, "a RUN that dials the metadata address", `Dockerfile:3`)
+	if strings.Contains(res.Stdout, "reached it") {
+		t.Error("a RUN reached the metadata address")
+	}
+	if _, err := d.C.Template(ctxT(t), "badbuild"); err == nil {
+		t.Error("a failed build registered its template")
+	}
+	all, err := d.C.Templates(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tp := range all {
+		if strings.HasPrefix(tp.Name, "build-") {
+			t.Errorf("a build's step template is left: %s", tp.Name)
+		}
+	}
 }
