@@ -15,6 +15,7 @@ import (
 	"sandstorm/internal/logging"
 	"sandstorm/internal/node"
 	"sandstorm/internal/sandbox/gvisor"
+	"sandstorm/internal/templates"
 )
 
 func rootCmd() *cobra.Command {
@@ -137,7 +138,8 @@ for requests in flight).`,
 	f.StringVar(&o.Resolver, "resolver", "", "DNS server (IP:port) the boundaries resolve allowed external names with (default: the system's resolver). Whatever it answers, an address on this node, in a sandbox, loopback, link-local or private (unless the policy's egress_private names it) is never dialled")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics: the node's (tiers, transitions, wakes, refusals, headroom, runsc, gateway), the master's (its nodes, API requests) and the boundaries' (sam_box_*); e.g. 127.0.0.1:9600. Off unless set; plain HTTP with no token, so give a loopback or management address (no sandbox reaches it on any address)")
 	logFlags.Register(f)
-	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball upload, in bytes (413 beyond)")
+	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball or build context upload, in bytes (413 beyond)")
+	f.StringVar(&o.BuildPrincipal, "build-principal", templates.DefaultBuildPrincipal, "principal of template builds' RUN sandboxes: what --policy grants it (a package mirror) is all a build's RUN may reach")
 	f.DurationVar(&o.ReloadDrain, "reload-drain", daemon.DefaultReloadDrain, "how long a reload (SIGHUP) waits for requests in flight to be answered before it cuts them; new connections wait in the listeners' backlogs meanwhile")
 	return cmd
 }

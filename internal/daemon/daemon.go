@@ -53,6 +53,7 @@ import (
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/secretfile"
 	"sandstorm/internal/store"
+	"sandstorm/internal/templates"
 	"sandstorm/internal/tier"
 )
 
@@ -85,7 +86,9 @@ type Options struct {
 	Ready                      time.Duration
 	Timers                     tier.Timers
 	MaxUpload                  int64 // bytes
-	Zswap                      bool
+	// BuildPrincipal is the principal of template builds' RUN sandboxes.
+	BuildPrincipal string
+	Zswap          bool
 	// Policy is the SAM policy file every boundary decides by ("" = deny
 	// everything); SAMNode the local sam-node's agent socket
 	// ("unix:///run/sam-node.sock"; "" = no mesh); MetricsAddr serves the
@@ -551,6 +554,11 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	// One sandbox service for /v1 and /e2b: their creates, owners and
 	// pauses are one, and so are its per-sandbox locks.
 	sbx := &sandboxes.Service{Store: st, Fleet: fl, Log: log}
+	// One template service too: images' layers kept once, by diffID, and
+	// shared by every template made from them (rootfs.Flatten links
+	// their files); builds' RUN steps as o.BuildPrincipal.
+	tpl := &templates.Service{Store: st, Fleet: fl, Sandboxes: sbx, DataDir: o.DataDir, Log: log, BuildPrincipal: o.BuildPrincipal,
+		Images: &imagetemplate.Puller{Layers: &ociimage.Store{Dir: filepath.Join(o.DataDir, "layers")}, Log: log}}
 	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
 	go svc.Run(ctx) // ends sandboxes at their timeout
 	return master.Handler(master.Config{
@@ -558,10 +566,8 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
 		E2B:            svc.API(),
 		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,
-		Metrics: metrics.NewMaster(o.mreg),
-		// Layers are kept once, by diffID, and shared by every template
-		// made from them (rootfs.Flatten links their files).
-		Images: &imagetemplate.Puller{Layers: &ociimage.Store{Dir: filepath.Join(o.DataDir, "layers")}, Log: log},
+		Metrics:   metrics.NewMaster(o.mreg),
+		Templates: tpl,
 	}), nil
 }
 

@@ -2,8 +2,6 @@ package master
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,18 +12,10 @@ import (
 	"sync"
 
 	"sandstorm/api"
-	"sandstorm/internal/client"
 	"sandstorm/internal/errdefs"
-	"sandstorm/internal/imagetemplate"
 	"sandstorm/internal/rootfs"
-	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 )
-
-// DefaultBuildPrincipal is the principal of a build's RUN sandboxes
-// unless the master is told another: the operator's policy grants it
-// what a build may reach (a package mirror), and nothing else is.
-const DefaultBuildPrincipal = "sandstorm-build"
 
 // buildTemplate builds template {name} from a Dockerfile and its
 // context (api.BuildRequest) and registers it. Its answer streams: each
@@ -44,7 +34,7 @@ func (s *server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	ev := &eventWriter{w: w}
-	t, err := s.build(r.Context(), req, ctxDir, ev)
+	t, err := s.tpl.Build(r.Context(), req, ctxDir, ev)
 	if err != nil {
 		s.cfg.Log.Info("template build failed", "name", req.Template.Name, "err", err)
 		_, body := errdefs.ToWire(err)
@@ -55,33 +45,12 @@ func (s *server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	ev.send(api.BuildEvent{Template: &at})
 }
 
-// build runs the build and registers its result.
-func (s *server) build(ctx context.Context, req api.BuildRequest, ctxDir string, out io.Writer) (store.Template, error) {
-	b := s.builder()
-	pulled, err := b.Build(ctx, []byte(req.Dockerfile), ctxDir, req.BuildArgs, req.Target, out)
-	if err != nil {
-		return store.Template{}, err
-	}
-	base := filepath.Join(s.cfg.DataDir, "templates", req.Template.Name)
-	dir := filepath.Join(base, "rootfs")
-	if err := s.cfg.Images.Unpack(pulled.Layers, dir); err != nil {
-		return store.Template{}, err
-	}
-	t, err := imageTemplate(req.Template, pulled, dir)
-	if err != nil {
-		os.RemoveAll(base)
-		return store.Template{}, err
-	}
-	fmt.Fprintf(out, "registering template %s…\n", t.Name)
-	return s.register(ctx, t)
-}
-
 // readBuild reads the request: the "build" part, then the context
 // tarball extracted (untrusted: rootfs.Extract) into a directory of its
 // own under the data dir.
 func (s *server) readBuild(w http.ResponseWriter, r *http.Request) (api.BuildRequest, string, error) {
 	var req api.BuildRequest
-	if s.cfg.Images == nil {
+	if s.tpl.Images == nil {
 		return req, "", errdefs.New(errdefs.ErrNotSupported, "this master builds no templates (it has no layer store)")
 	}
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "multipart/form-data" {
@@ -105,7 +74,7 @@ func (s *server) readBuild(w http.ResponseWriter, r *http.Request) (api.BuildReq
 	if err := checkBuild(r.Context(), s.cfg.Store, req); err != nil {
 		return req, "", err
 	}
-	work, err := os.MkdirTemp(s.buildDir(), "context-")
+	work, err := os.MkdirTemp(s.tpl.BuildDir(), "context-")
 	if err != nil {
 		return req, "", err
 	}
@@ -145,32 +114,6 @@ func checkBuild(ctx context.Context, st *store.Store, req api.BuildRequest) erro
 	return nil
 }
 
-func (s *server) buildDir() string {
-	d := filepath.Join(s.cfg.DataDir, "builds")
-	os.MkdirAll(d, 0o700)
-	return d
-}
-
-// builder is the master's Builder: layers in its store, RUN steps in
-// sandboxes of its fleet.
-func (s *server) builder() *imagetemplate.Builder {
-	principal := s.cfg.BuildPrincipal
-	if principal == "" {
-		principal = DefaultBuildPrincipal
-	}
-	return &imagetemplate.Builder{
-		Puller:    s.cfg.Images,
-		Sandboxes: buildSandboxes{s},
-		Templates: func(ctx context.Context, name string) (api.Template, error) {
-			t, err := s.cfg.Store.GetTemplate(ctx, name)
-			return toAPITemplate(t), err
-		},
-		WorkDir:   s.buildDir(),
-		Principal: principal,
-		CacheDir:  filepath.Join(s.cfg.DataDir, "build-cache"),
-	}
-}
-
 // eventWriter sends what is written as log events, one per write,
 // flushed: a step's output reaches the CLI as it comes.
 type eventWriter struct {
@@ -190,58 +133,5 @@ func (e *eventWriter) send(ev api.BuildEvent) {
 	e.w.Write(append(b, '\n'))
 	if f, ok := e.w.(http.Flusher); ok {
 		f.Flush()
-	}
-}
-
-// buildSandboxes are a build's RUN sandboxes: each over a template of its
-// own (named build-<random>, removed with the sandbox), envd its init,
-// placed by the fleet like any other.
-type buildSandboxes struct{ s *server }
-
-func (b buildSandboxes) StartBuild(ctx context.Context, dir, principal string) (string, error) {
-	var rnd [6]byte
-	rand.Read(rnd[:])
-	name := "build-" + hex.EncodeToString(rnd[:])
-	t, err := b.s.register(ctx, store.Template{Name: name, Rootfs: dir, Principal: principal, Process: api.Process{Envd: &api.Envd{}}})
-	if err != nil {
-		return "", err
-	}
-	sb, _, err := b.s.sbx.Create(ctx, sandboxes.CreateRequest{Template: t.Name, Principal: principal})
-	if err != nil {
-		b.dropTemplate(name)
-		return "", err
-	}
-	return sb.ID, nil
-}
-
-func (b buildSandboxes) Envd(id, user string) *client.Envd {
-	return client.InProcess(b.s.self, b.s.cfg.Token).Envd(id, user)
-}
-
-func (b buildSandboxes) Layer(ctx context.Context, id string, w io.Writer) error {
-	n, sb, _, err := b.s.sbx.Find(ctx, id)
-	if err != nil {
-		return err
-	}
-	return n.Layer(ctx, sb.ID, w)
-}
-
-// Remove deletes the sandbox and its step's template.
-func (b buildSandboxes) Remove(ctx context.Context, id string) error {
-	n, sb, _, err := b.s.sbx.Find(ctx, id)
-	if err != nil {
-		return err
-	}
-	if err := b.s.cfg.Fleet.Delete(ctx, n, sb); err != nil {
-		return err
-	}
-	b.dropTemplate(sb.Template)
-	return nil
-}
-
-func (b buildSandboxes) dropTemplate(name string) {
-	ctx := context.Background()
-	if err := b.s.cfg.Store.DeleteTemplate(ctx, name); err == nil {
-		b.s.cfg.Fleet.DropTemplate(ctx, name)
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -28,13 +27,13 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/httpjson"
-	"sandstorm/internal/imagetemplate"
 	"sandstorm/internal/metrics"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
+	"sandstorm/internal/templates"
 )
 
 // Config configures the API.
@@ -52,11 +51,9 @@ type Config struct {
 	Token string
 	// DataDir holds extracted template rootfs under templates/<name>.
 	DataDir string
-	// BuildPrincipal is the principal of a build's RUN sandboxes
-	// ("": DefaultBuildPrincipal).
-	BuildPrincipal string
-	// Images pulls images for templates made from them (nil: none).
-	Images *imagetemplate.Puller
+	// Templates registers templates (nil: one of its own, which makes
+	// none from images or builds).
+	Templates *templates.Service
 	// MaxUpload bounds a rootfs tarball upload, in bytes (413 beyond).
 	MaxUpload int64
 	Log       *slog.Logger
@@ -85,9 +82,7 @@ type server struct {
 	// sbx is the sandbox service /v1 shares with /e2b: creates, owners,
 	// who sees what.
 	sbx *sandboxes.Service
-	// self is the API as a caller reaches it (tokens checked), for the
-	// master's own calls through it (client.InProcess).
-	self http.Handler
+	tpl *templates.Service
 }
 
 // Handler returns the API's HTTP handler.
@@ -101,6 +96,10 @@ func Handler(cfg Config) http.Handler {
 	s := &server{cfg: cfg, sbx: cfg.Sandboxes}
 	if s.sbx == nil {
 		s.sbx = &sandboxes.Service{Store: cfg.Store, Fleet: cfg.Fleet}
+	}
+	s.tpl = cfg.Templates
+	if s.tpl == nil {
+		s.tpl = &templates.Service{Store: cfg.Store, Fleet: cfg.Fleet, Sandboxes: s.sbx, DataDir: cfg.DataDir, Log: cfg.Log}
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/templates", s.listTemplates)
@@ -159,8 +158,7 @@ func Handler(cfg Config) http.Handler {
 	open.HandleFunc("GET /v1/ca", s.caCert)
 	open.HandleFunc("POST /v1/nodes/join", s.joinNode)
 	open.HandleFunc("GET /v1/nodes/tunnel", s.cfg.Fleet.Tunnel())
-	s.self = s.auth(mux, open)
-	return s.e2bByHost(cfg.Metrics.Instrument(s.self, s.route(mux, open)))
+	return s.e2bByHost(cfg.Metrics.Instrument(s.auth(mux, open), s.route(mux, open)))
 }
 
 // e2bByHost serves the E2B API at the root of api.<domain>, where E2B's
@@ -339,7 +337,7 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 	} else {
 		var req api.TemplateRequest
 		if err = decode(w, r, &req); err == nil && req.Image != nil {
-			t, err = s.templateFromImage(r.Context(), req)
+			t, err = s.tpl.FromImage(r.Context(), req)
 		} else if err == nil {
 			t, err = s.templateFromDir(req)
 		}
@@ -351,7 +349,7 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err == nil {
-		t, err = s.register(r.Context(), t)
+		t, err = s.tpl.Register(r.Context(), t)
 	}
 	if err != nil {
 		s.fail(w, r, err)
@@ -360,144 +358,15 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, toAPITemplate(t))
 }
 
-// register records t, whose rootfs is in place, and readies it on every
-// node; on error nothing of it is kept (an owned rootfs is removed).
-func (s *server) register(ctx context.Context, t store.Template) (store.Template, error) {
-	drop := func() {
-		if t.Owned {
-			os.RemoveAll(filepath.Dir(t.Rootfs))
-		}
-	}
-	var err error
-	// Its name across the fleet: nodes fetch and check the tree by it.
-	if t.Digest, err = rootfs.Digest(t.Rootfs); err != nil {
-		drop()
-		return t, badRequest("rootfs %s: %v", t.Rootfs, err)
-	}
-	if err := s.cfg.Store.PutTemplate(ctx, t); err != nil {
-		drop()
-		return t, err
-	}
-	t, _ = s.cfg.Store.GetTemplate(ctx, t.Name)
-	// Every node gets it (a paired node records it; a warm template's
-	// image is made on each): a template no node can take — a warm one
-	// whose probe never answers — is not registered at all.
-	start := time.Now()
-	if err := s.cfg.Fleet.PrepareTemplate(ctx, t); err != nil {
-		s.cfg.Store.DeleteTemplate(context.Background(), t.Name)
-		drop()
-		what := "template"
-		if t.Warm != nil {
-			what = "warm template"
-		}
-		return t, fmt.Errorf("%s %q not registered: %w", what, t.Name, err)
-	}
-	if t.Warm != nil {
-		s.cfg.Log.Info("warm image made", "template", t.Name, "ms", time.Since(start).Milliseconds())
-	}
-	s.cfg.Log.Info("template registered", "name", t.Name, "rootfs", t.Rootfs, "digest", t.Digest, "image", t.Image)
-	return t, nil
-}
-
-// validate checks the fields every template needs.
-func validate(req api.TemplateRequest) error {
-	if !api.ValidName(req.Name) {
-		return badRequest("template name %q: use 1-63 of a-z, 0-9 and '-'", req.Name)
-	}
-	if len(req.Process.Args) == 0 || req.Process.Args[0] == "" {
-		return badRequest("template %q: process.args is empty: say what to run, e.g. [\"/usr/bin/python3\", \"/srv/app.py\"]", req.Name)
-	}
-	if !strings.HasPrefix(req.Process.Args[0], "/") {
-		return badRequest("template %q: process.args[0] %q must be an absolute path inside the rootfs", req.Name, req.Process.Args[0])
-	}
-	if req.Process.User != "" && !validUser(req.Process.User) {
-		return badRequest("template %q: process.user %q: give UID:GID in numbers (a name is resolved only for an image's template)", req.Name, req.Process.User)
-	}
-	for _, e := range req.Process.Env {
-		if !strings.Contains(e, "=") {
-			return badRequest("template %q: env entry %q is not KEY=VALUE", req.Name, e)
-		}
-	}
-	seen := map[int]bool{}
-	for _, p := range req.Ports {
-		if p < 1 || p > 65535 {
-			return badRequest("template %q: port %d outside 1-65535", req.Name, p)
-		}
-		if seen[p] {
-			return badRequest("template %q: port %d listed twice", req.Name, p)
-		}
-		seen[p] = true
-	}
-	if req.Principal != "" && !api.ValidPrincipal(req.Principal) {
-		return badRequest("template %q: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", req.Name, req.Principal)
-	}
-	if req.MemoryMiB < 0 {
-		return badRequest("template %q: memory_mib %d is negative", req.Name, req.MemoryMiB)
-	}
-	if err := api.ValidServes(req.Serves, seen); err != nil {
-		return badRequest("template %q: %v", req.Name, err)
-	}
-	if req.Warm != nil {
-		return validateWarm(req)
-	}
-	return nil
-}
-
-// validateWarm checks a warm template's probe and reseed. A reseed is
-// required: without one, every sandbox from the image would draw the same
-// "random" numbers.
-func validateWarm(req api.TemplateRequest) error {
-	w := req.Warm
-	if w.Probe.Port == 0 && len(req.Ports) == 0 {
-		return badRequest("template %q: warm.probe.port is not set and the template has no ports: say what to probe", req.Name)
-	}
-	if w.Probe.Port < 0 || w.Probe.Port > 65535 {
-		return badRequest("template %q: warm.probe.port %d outside 1-65535", req.Name, w.Probe.Port)
-	}
-	if w.Pool < 0 || w.Pool > api.MaxWarmPool {
-		return badRequest("template %q: warm.pool %d outside 0-%d", req.Name, w.Pool, api.MaxWarmPool)
-	}
-	if w.Probe.Path != "" && !strings.HasPrefix(w.Probe.Path, "/") {
-		return badRequest("template %q: warm.probe.http_path %q must start with /", req.Name, w.Probe.Path)
-	}
-	switch {
-	case w.Reseed.Signal == "" && len(w.Reseed.Command) == 0:
-		return badRequest("template %q: a warm template must say how to reseed its sandboxes (warm.reseed.signal, e.g. \"SIGUSR1\", or warm.reseed.command): each starts from the same memory, random state included", req.Name)
-	case w.Reseed.Signal != "" && len(w.Reseed.Command) > 0:
-		return badRequest("template %q: warm.reseed: give signal or command, not both", req.Name)
-	case w.Reseed.Signal != "":
-		if _, ok := api.ReseedSignal(w.Reseed.Signal); !ok {
-			return badRequest("template %q: warm.reseed.signal %q: use one of %s", req.Name, w.Reseed.Signal, strings.Join(api.ReseedSignals(), ", "))
-		}
-	case !strings.HasPrefix(w.Reseed.Command[0], "/"):
-		return badRequest("template %q: warm.reseed.command[0] %q must be an absolute path inside the rootfs", req.Name, w.Reseed.Command[0])
-	}
-	return nil
-}
-
-// checkRootfs checks that dir is a directory holding the process to run.
-func checkRootfs(dir string, args []string) error {
-	fi, err := os.Stat(dir)
-	if err != nil || !fi.IsDir() {
-		return badRequest("rootfs_dir %q is not a directory on this node", dir)
-	}
-	// Lstat: args[0] may be a symlink that only resolves inside the
-	// sandbox (e.g. /usr/bin/python3 -> python3.11).
-	if _, err := os.Lstat(filepath.Join(dir, args[0])); err != nil {
-		return badRequest("rootfs %q has no %s (process.args[0])", dir, args[0])
-	}
-	return nil
-}
-
 func (s *server) templateFromDir(req api.TemplateRequest) (store.Template, error) {
-	if err := validate(req); err != nil {
+	if err := templates.Validate(req); err != nil {
 		return store.Template{}, err
 	}
 	if req.RootfsDir == "" || !filepath.IsAbs(req.RootfsDir) {
 		return store.Template{}, badRequest("rootfs_dir %q: give the absolute path of a rootfs directory on the node, or upload a tarball as multipart", req.RootfsDir)
 	}
 	dir := filepath.Clean(req.RootfsDir)
-	if err := checkRootfs(dir, req.Process.Args); err != nil {
+	if err := templates.CheckRootfs(dir, req.Process.Args); err != nil {
 		return store.Template{}, err
 	}
 	return store.Template{Name: req.Name, Rootfs: dir, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm, Serves: req.Serves}, nil
@@ -525,7 +394,7 @@ func (s *server) templateFromUpload(w http.ResponseWriter, r *http.Request) (sto
 	if err := dec.Decode(&req); err != nil {
 		return store.Template{}, badRequest("template part: malformed JSON: %v", err)
 	}
-	if err := validate(req); err != nil {
+	if err := templates.Validate(req); err != nil {
 		return store.Template{}, err
 	}
 	if req.RootfsDir != "" {
@@ -550,7 +419,7 @@ func (s *server) templateFromUpload(w http.ResponseWriter, r *http.Request) (sto
 		os.RemoveAll(base)
 		return store.Template{}, err
 	}
-	if err := checkRootfs(dir, req.Process.Args); err != nil {
+	if err := templates.CheckRootfs(dir, req.Process.Args); err != nil {
 		os.RemoveAll(base)
 		return store.Template{}, err
 	}

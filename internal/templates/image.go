@@ -1,4 +1,4 @@
-package master
+package templates
 
 import (
 	"context"
@@ -20,13 +20,14 @@ import (
 // blob does not hold the master's request forever.
 const imagePullDeadline = 30 * time.Minute
 
-// templateFromImage pulls req.Image into the layer store, flattens it
-// into the template's own directory and fills the process from the
-// image's config. On error nothing of the template is kept (the layers
-// that arrived whole stay in the store for the next pull).
-func (s *server) templateFromImage(ctx context.Context, req api.TemplateRequest) (store.Template, error) {
+// FromImage pulls req.Image into the layer store, flattens it into the
+// template's own directory and fills the process from the image's
+// config; the caller registers the result. On error nothing of the
+// template is kept (the layers that arrived whole stay in the store for
+// the next pull).
+func (s *Service) FromImage(ctx context.Context, req api.TemplateRequest) (store.Template, error) {
 	switch {
-	case s.cfg.Images == nil:
+	case s.Images == nil:
 		return store.Template{}, errdefs.New(errdefs.ErrNotSupported, "this master makes no templates from images (it has no layer store)")
 	case req.RootfsDir != "":
 		return store.Template{}, badRequest("template %q: rootfs_dir and image exclude each other", req.Name)
@@ -35,23 +36,23 @@ func (s *server) templateFromImage(ctx context.Context, req api.TemplateRequest)
 	case !api.ValidName(req.Name):
 		return store.Template{}, badRequest("template name %q: use 1-63 of a-z, 0-9 and '-'", req.Name)
 	}
-	if _, err := s.cfg.Store.GetTemplate(ctx, req.Name); err == nil {
+	if _, err := s.Store.GetTemplate(ctx, req.Name); err == nil {
 		return store.Template{}, errdefs.New(errdefs.ErrExists, "template %q: already exists", req.Name)
 	}
 	ctx, cancel := context.WithTimeout(ctx, imagePullDeadline)
 	defer cancel()
 	start := time.Now()
-	pulled, err := s.cfg.Images.Pull(ctx, *req.Image, func(p ociimage.Progress) {
+	pulled, err := s.Images.Pull(ctx, *req.Image, func(p ociimage.Progress) {
 		if p.Done {
-			s.cfg.Log.Info("image layer ready", "template", req.Name, "layer", p.Layer+1, "of", p.Layers, "diff_id", p.DiffID, "cached", p.Cached)
+			s.Log.Info("image layer ready", "template", req.Name, "layer", p.Layer+1, "of", p.Layers, "diff_id", p.DiffID, "cached", p.Cached)
 		}
 	})
 	if err != nil {
 		return store.Template{}, err
 	}
-	base := filepath.Join(s.cfg.DataDir, "templates", req.Name)
+	base := filepath.Join(s.DataDir, "templates", req.Name)
 	dir := filepath.Join(base, "rootfs")
-	if err := s.cfg.Images.Unpack(pulled.Layers, dir); err != nil {
+	if err := s.Images.Unpack(pulled.Layers, dir); err != nil {
 		return store.Template{}, err
 	}
 	t, err := imageTemplate(req, pulled, dir)
@@ -59,7 +60,7 @@ func (s *server) templateFromImage(ctx context.Context, req api.TemplateRequest)
 		os.RemoveAll(base)
 		return store.Template{}, err
 	}
-	s.cfg.Log.Info("image unpacked", "template", req.Name, "image", pulled.Pinned, "layers", len(pulled.Layers), "ms", time.Since(start).Milliseconds())
+	s.Log.Info("image unpacked", "template", req.Name, "image", pulled.Pinned, "layers", len(pulled.Layers), "ms", time.Since(start).Milliseconds())
 	return t, nil
 }
 
@@ -68,10 +69,10 @@ func imageTemplate(req api.TemplateRequest, pulled imagetemplate.Pulled, dir str
 	if err := imagetemplate.Fill(&req, pulled.Config, dir); err != nil {
 		return store.Template{}, err
 	}
-	if err := validate(req); err != nil {
+	if err := Validate(req); err != nil {
 		return store.Template{}, err
 	}
-	if err := checkRootfs(dir, req.Process.Args); err != nil {
+	if err := CheckRootfs(dir, req.Process.Args); err != nil {
 		return store.Template{}, err
 	}
 	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Image: pulled.Pinned, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm, Serves: req.Serves}, nil
