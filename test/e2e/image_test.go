@@ -286,3 +286,54 @@ func TestTemplateBuild(t *testing.T) {
 		}
 	}
 }
+
+// buildProbe runs in a build's RUN: it fetches the allowed mirror, and
+// tries what a build must never reach — a name the build policy does not
+// grant, the metadata address, the host's end of its own link (the node's
+// API port there) — and exits 1 if any of those answered.
+const buildProbe = `import socket, sys, urllib.request
+api = int(sys.argv[1])
+print("mirror says", urllib.request.urlopen("http://mirror.test/", timeout=10).read().decode())
+host = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+reached = []
+for what, addr in [("other.test", ("other.test", 80)), ("metadata", ("169.254.169.254", 80)), ("the node's API", (host, api))]:
+    try:
+        socket.create_connection(addr, 5).close()
+        reached.append(what)
+    except OSError as e:
+        print("refused:", what)
+if reached:
+    print("REACHED", reached)
+    sys.exit(1)
+`
+
+// TestTemplateBuildPolicy: a build's RUN reaches exactly what the
+// operator's policy grants the build principal (a mirror, by name), and
+// neither another name, the metadata address nor the node's API.
+func TestTemplateBuildPolicy(t *testing.T) {
+	out := newOutsideNet(t)
+	resolver := startTestDNS(t)
+	resolver.set("mirror.test", out.server)
+	resolver.set("other.test", out.server)
+	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policyPath, []byte(`
+roles:
+  - name: builder
+    egress: ["mirror.test"]
+bindings:
+  - {principal: sandstorm-build, roles: [builder]}
+`), 0o600)
+	f := newImageFixture(t)
+	d := newDaemon(t, "--policy", policyPath, "--resolver", resolver.addr)
+	d.wrap = func(cmd *exec.Cmd) { cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+filepath.Dir(f.goodAuth)) }
+	d.Start(t)
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "probe.py"), []byte(buildProbe), 0o644)
+	_, apiPort, _ := strings.Cut(strings.TrimPrefix(d.API, "https://"), ":")
+	df := "FROM " + f.reg.Ref(f.ref) + "\nUSER root\nCOPY probe.py /probe.py\nRUN [\"/usr/bin/python3\", \"/probe.py\", \"" + apiPort + "\"]\n"
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(df), 0o644)
+	res := cli(t, env, "template", "build", "policed", dir)
+	res.ok(t, "a build whose RUN reaches its mirror only", `mirror says outside ok`, `refused: other.test`, `refused: metadata`, `refused: the node's API`)
+}
