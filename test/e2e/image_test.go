@@ -4,17 +4,21 @@ import (
 	"archive/tar"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"sandstorm/api"
+	"sandstorm/internal/client"
 	"sandstorm/internal/ociimage/ocitest"
+	"sandstorm/internal/testenv"
 )
 
 // imageFixture is the web demo as an image in a registry the test runs
@@ -336,4 +340,46 @@ bindings:
 	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(df), 0o644)
 	res := cli(t, env, "template", "build", "policed", dir)
 	res.ok(t, "a build whose RUN reaches its mirror only", `mirror says outside ok`, `refused: other.test`, `refused: metadata`, `refused: the node's API`)
+}
+
+// TestImageTemplateMoves: an image's sandbox moves live between two
+// nodes with its memory, the paired node having got the template's tree
+// by its digest from the master (the registry is the master's to reach).
+func TestImageTemplateMoves(t *testing.T) {
+	n1 := fleetMachine(t, 1)
+	m := startDaemon(t)
+	pair(t, m, n1)
+	t.Cleanup(func() {
+		for _, id := range m.trackedIDs() {
+			m.C.DeleteSandbox(ctxT(t), id)
+		}
+	})
+	f := newImageFixture(t)
+	if _, err := m.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "img", Image: &api.ImageSource{Ref: f.reg.Ref(f.ref), Auth: &api.RegistryAuth{Username: f.user, Password: f.password}}}); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := m.C.CreateSandbox(ctxT(t), api.SandboxRequest{Template: "img", Name: "mover"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.track(sb.ID)
+	count := callN(t, sb, 2)
+	to := n1.name
+	if sb.Node == n1.name {
+		to = listNodes(t, m)[0].Name
+	}
+	moved, err := m.C.MoveTo(ctxT(t), sb.ID, to)
+	if err != nil || moved.Node != to {
+		t.Fatalf("move to %s: %+v, %v", to, moved, err)
+	}
+	expectCount(t, endpoint(t, moved), count+1, "the image's sandbox after its move (its memory)")
+	// The copy a move leaves is deleted after its answer: until then a
+	// delete is a conflict (409), which a caller retries.
+	testenv.WaitFor(t, 30*time.Second, "the moved sandbox deleted", func() bool {
+		err := m.C.DeleteSandbox(ctxT(t), sb.ID)
+		if err != nil && client.StatusOf(err) != http.StatusConflict {
+			t.Fatalf("delete after the move: %v", err)
+		}
+		return err == nil
+	})
 }
