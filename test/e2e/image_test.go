@@ -4,16 +4,21 @@ import (
 	"archive/tar"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
@@ -382,4 +387,57 @@ func TestImageTemplateMoves(t *testing.T) {
 		}
 		return err == nil
 	})
+}
+
+// TestImageHostile: images a registry serves to hurt the master are
+// refused through the API with a clear error, keep nothing, and leave
+// the host as it was: a layer writing through a symlink it planted to a
+// host directory, one climbing out with "..", a hard link to a host file,
+// a whiteout of "..", a gzip bomb, and an index with no entry for this
+// machine's platform.
+func TestImageHostile(t *testing.T) {
+	d := startDaemon(t)
+	reg := ocitest.NewRegistry(t, ocitest.Options{})
+	victim := t.TempDir()
+	os.WriteFile(filepath.Join(victim, "keep"), []byte("host file\n"), 0o644)
+	bomb := make([]byte, 64<<20) // zeros: compresses about 1000:1
+	cases := []struct {
+		what, want string
+		layer      []ocitest.TarEntry
+	}{
+		{"a write through a planted symlink", `(?i)symlink|link|unsafe`, []ocitest.TarEntry{
+			{Name: "esc", Type: tar.TypeSymlink, Linkname: victim},
+			{Name: "esc/pwned", Type: tar.TypeReg, Mode: 0o644, Body: []byte("x")},
+		}},
+		{"a climb out", `(?i)\.\.|unsafe`, []ocitest.TarEntry{{Name: "../../../../" + strings.TrimPrefix(victim, "/") + "/pwned", Type: tar.TypeReg, Mode: 0o644, Body: []byte("x")}}},
+		{"a hard link to a host file", `(?i)link|unsafe`, []ocitest.TarEntry{{Name: "hl", Type: tar.TypeLink, Linkname: filepath.Join(victim, "keep")}}},
+		{"a whiteout of ..", `(?i)whiteout|unsafe`, []ocitest.TarEntry{{Name: "a/.wh...", Type: tar.TypeReg, Mode: 0o644}}},
+		{"a gzip bomb", `(?i)ratio|bomb|compress`, []ocitest.TarEntry{{Name: "zeros", Type: tar.TypeReg, Mode: 0o644, Body: bomb}}},
+	}
+	for i, c := range cases {
+		ref := reg.Push(t, ocitest.ImageFromLayers(t, c.layer), fmt.Sprintf("hostile/%d:1", i))
+		_, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: fmt.Sprintf("hostile-%d", i), Image: &api.ImageSource{Ref: ref}, Process: api.Process{Args: []string{"/x"}}})
+		if st := client.StatusOf(err); err == nil || (st != http.StatusBadRequest && st != http.StatusRequestEntityTooLarge) || !regexp.MustCompile(c.want).MatchString(err.Error()) {
+			t.Errorf("%s: %v; want a 400 or 413 matching %s", c.what, err, c.want)
+		}
+	}
+	foreign := v1.Platform{OS: "linux", Architecture: "s390x"}
+	if runtime.GOARCH == "s390x" {
+		foreign.Architecture = "arm64"
+	}
+	idx := mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: ocitest.ImageFromLayers(t, []ocitest.TarEntry{{Name: "x", Type: tar.TypeReg, Mode: 0o644, Body: []byte("x")}}), Descriptor: v1.Descriptor{Platform: &foreign}})
+	ref := reg.PushIndex(t, idx, "hostile/foreign:1")
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "foreign", Image: &api.ImageSource{Ref: ref}}); err == nil || !strings.Contains(err.Error(), "linux/"+foreign.Architecture) {
+		t.Errorf("an index for %s only: %v; want an error naming the platforms it has", foreign.Architecture, err)
+	}
+	ents, _ := os.ReadDir(victim)
+	if len(ents) != 1 {
+		t.Errorf("the host directory changed: %v", ents)
+	}
+	if got := d.layerDirs(t); len(got) != 0 {
+		t.Errorf("refused images left layers: %v", got)
+	}
+	if ts, _ := d.C.Templates(ctxT(t)); len(ts) != 0 {
+		t.Errorf("refused images left templates: %+v", ts)
+	}
 }
