@@ -176,21 +176,33 @@ func (c *Client) Usage(ctx context.Context, id string) (api.Usage, error) {
 	return u, c.do(ctx, http.MethodGet, "/node/v1/sandboxes/"+url.PathEscape(id)+"/usage", nil, &u, http.StatusOK)
 }
 
+// getStream GETs path on the stream client (no time limit of its own:
+// ctx bounds it) and returns an answer of 200 for the caller to read and
+// close; any other is the node's error.
+func (c *Client) getStream(ctx context.Context, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.stream().Do(req)
+	if err != nil {
+		return nil, errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, readError(resp)
+	}
+	return resp, nil
+}
+
 // Layer implements nodeapi.Node.
 func (c *Client) Layer(ctx context.Context, id string, w io.Writer) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/node/v1/sandboxes/"+url.PathEscape(id)+"/layer", nil)
+	// As long as the layer takes: the caller's ctx bounds it.
+	resp, err := c.getStream(ctx, "/node/v1/sandboxes/"+url.PathEscape(id)+"/layer")
 	if err != nil {
 		return err
 	}
-	// As long as the layer takes: the caller's ctx bounds it.
-	resp, err := c.stream().Do(req)
-	if err != nil {
-		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return readError(resp)
-	}
 	if _, err := io.Copy(w, resp.Body); err != nil {
 		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: layer of %s cut off: %w", c.NodeName, id, err))
 	}
@@ -297,19 +309,12 @@ func (c *Client) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w 
 	if opt.Timestamps {
 		q.Set("timestamps", "1")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/node/v1/sandboxes/"+url.PathEscape(id)+"/logs?"+q.Encode(), nil)
+	// A followed log lasts as long as its reader wants it.
+	resp, err := c.getStream(ctx, "/node/v1/sandboxes/"+url.PathEscape(id)+"/logs?"+q.Encode())
 	if err != nil {
 		return err
 	}
-	// A followed log lasts as long as its reader wants it.
-	resp, err := c.stream().Do(req)
-	if err != nil {
-		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", c.NodeName, err))
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return readError(resp)
-	}
 	fl, _ := w.(interface{ Flush() })
 	buf := make([]byte, 32<<10)
 	for {
