@@ -267,10 +267,17 @@ func TestTemplateBuild(t *testing.T) {
 	// second runs.
 	changed := strings.Replace(buildDockerfile, "second run as uid", "second run (changed) as uid", 1)
 	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(changed), 0o644)
-	third := cli(t, env, "template", "build", "built3", base, dir)
+	// Built warm: its image is taken once its probe answers, and a
+	// create restores it.
+	third := cli(t, env, "template", "build", "built3", base, "--warm-probe", "/healthz", "--reseed-signal", "SIGUSR1", "--warm-pool", "0", dir)
 	third.ok(t, "a build after a one-line change", `second run \(changed\) as uid 1001`)
 	if strings.Contains(third.Stdout, "building in /srv/data") {
 		t.Errorf("a one-line change reran the steps before it:\n%s", third.Stdout)
+	}
+	warm := d.create(t, "built3", "built3")
+	expectCount(t, endpoint(t, warm), 1, "a sandbox of the warm build")
+	if logs := d.logs(t, warm.ID); !strings.Contains(logs, "warm image") {
+		t.Errorf("a sandbox of a warm build was not restored from its warm image:\n%s", logs)
 	}
 
 	// The metadata address from a RUN: refused by its boundary, the step
