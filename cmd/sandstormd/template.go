@@ -59,12 +59,13 @@ From a rootfs directory or tarball, ARGS say what to run.`,
   sandstormd template create app --image docker-archive:/tmp/app.tar --registry-auth ~/.docker/config.json
   sandstormd template create web --rootfs-dir /srv/rootfs --port 8000 -- /usr/bin/python3 /srv/app.py
   sandstormd template create web --tarball rootfs.tar.gz --port 8000 -- /bin/busybox httpd -f -p 8000`,
-		Args: cobra.MinimumNArgs(1),
+		// Checked before the API is reached: a usage error exits 2
+		// whether or not a daemon runs.
+		Args: cobra.MatchAll(cobra.MinimumNArgs(1), func(cmd *cobra.Command, args []string) error {
+			return checkSource(templateSource{dir: rootfsDir, tarball: tarball, image: image, auth: regAuth}, len(args) > 1)
+		}),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			req := api.TemplateRequest{Name: args[0], Process: api.Process{Args: args[1:], Env: env, Cwd: workdir, User: user}, Ports: ports, MemoryMiB: memMiB, Principal: tmplPrincipal}
-			if image == "" && len(args) < 2 {
-				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("say what to run after -- (only an --image template takes its process from the image)")}
-			}
 			if envdInit {
 				req.Process.Envd = &api.Envd{User: envdUser, Workdir: envdDir}
 			} else if envdUser != "" || envdDir != "" {
@@ -130,20 +131,28 @@ func warmFlags(probe, signal string, command []string, pool int) (*api.Warm, err
 // templateSource is where "template create" takes the rootfs from.
 type templateSource struct{ dir, tarball, image, auth string }
 
-// createTemplate registers req from the one source given.
-func createTemplate(cmd *cobra.Command, c *client.Client, req api.TemplateRequest, src templateSource) (api.Template, error) {
+// checkSource refuses a create that names no source or two, or no
+// process where there is no image to take it from.
+func checkSource(src templateSource, hasArgs bool) error {
 	given := 0
 	for _, s := range []string{src.dir, src.tarball, src.image} {
 		if s != "" {
 			given++
 		}
 	}
-	if given != 1 {
-		return api.Template{}, cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("give exactly one of --image, --rootfs-dir and --tarball")}
+	switch {
+	case given != 1:
+		return fmt.Errorf("give exactly one of --image, --rootfs-dir and --tarball")
+	case src.auth != "" && src.image == "":
+		return fmt.Errorf("--registry-auth goes with --image")
+	case src.image == "" && !hasArgs:
+		return fmt.Errorf("say what to run after -- (only an --image template takes its process from the image)")
 	}
-	if src.auth != "" && src.image == "" {
-		return api.Template{}, cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--registry-auth goes with --image")}
-	}
+	return nil
+}
+
+// createTemplate registers req from the one source given (checkSource).
+func createTemplate(cmd *cobra.Command, c *client.Client, req api.TemplateRequest, src templateSource) (api.Template, error) {
 	switch {
 	case src.image != "":
 		auth, err := registryAuth(src.image, src.auth)

@@ -42,7 +42,17 @@ step and those after it. Output streams as the steps run; a failing step
 names its line, and nothing of the build is registered.`,
 		Example: `  sandstormd template build app -f Dockerfile --build-arg VERSION=2 ./app
   sandstormd template build web --port 8000 --warm-probe / --reseed-signal SIGUSR1 .`,
-		Args: cobra.ExactArgs(2),
+		// Checked before the API is reached: a usage error exits 2
+		// whether or not a daemon runs.
+		Args: cobra.MatchAll(cobra.ExactArgs(2), func(_ *cobra.Command, args []string) error {
+			if _, err := keyValues("--build-arg", buildArgs); err != nil {
+				return err
+			}
+			if fi, err := os.Stat(args[1]); err != nil || !fi.IsDir() {
+				return fmt.Errorf("build context %s is not a directory", args[1])
+			}
+			return nil
+		}),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			name, dir := args[0], args[1]
 			req := api.BuildRequest{Target: target, Template: api.TemplateRequest{Process: api.Process{Env: env}, Ports: ports, MemoryMiB: memMiB}}
@@ -63,9 +73,6 @@ names its line, and nothing of the build is registered.`,
 				return fmt.Errorf("the Dockerfile: %w (say which with -f)", err)
 			}
 			req.Dockerfile = string(df)
-			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("build context %s is not a directory", dir)}
-			}
 			pr, pw := io.Pipe()
 			go func() { pw.CloseWithError(rootfs.Pack(dir, pw)) }()
 			defer pr.Close()
