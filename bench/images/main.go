@@ -129,11 +129,14 @@ func run(ctx context.Context, c config) (string, error) {
 		defer r.teardownTools(ctx)
 	}
 	for _, p := range strings.Split(c.parts, ",") {
+		// The machine is shared: what else ran is part of every figure.
+		r.res.Note("load average before %s: %s", p, loadAverage())
 		if err := r.part(ctx, p); err != nil {
 			return "", fmt.Errorf("%s: %w", p, err)
 		}
 		br.Dir.Write(r.res)
 	}
+	r.res.Note("load average at the end: %s", loadAverage())
 	r.res.Tables = append(r.res.Tables, goals(r.res, c.sizes))
 	// The tools' teardown and the footprint's clean run before the
 	// results are final (deferred, in order): say so in them.
@@ -146,6 +149,15 @@ func run(ctx context.Context, c config) (string, error) {
 		r.res.Note("could not remove what a tool left: %s", f)
 	}
 	return br.Dir.Done(r.res)
+}
+
+// loadAverage is the 1, 5 and 15 minute load averages ("?" unreadable).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "?"
 }
 
 // runner is one run's state.
