@@ -216,17 +216,20 @@ func templateDemoCmd() *cobra.Command {
 	)
 	demoC := &cobra.Command{
 		Use:   "demo NAME",
-		Short: "Build a demo rootfs from this machine's Debian packages and register it (" + strings.Join(demo.Names(), ", ") + ")",
-		Long: `Build a demo template from Debian packages only, then register it.
+		Short: "Build a demo rootfs (Debian 12, from Debian's packages) and register it (" + strings.Join(demo.Names(), ", ") + ")",
+		Long: `Build a demo template, then register it. All but node are Debian 12
+installed by mmdebstrap from deb.debian.org, as debian:bookworm-slim is, plus
+the demo's packages (downloads kept in ` + demo.AptCacheDir + `; build as root).
   web    a Python HTTP server on port 8000 that counts requests in memory
   app64  the same server after importing numpy and filling a 64 MiB heap
-  node   the same counting server in Node.js (only /usr/bin/node is copied)
+  node   the same counting server in Node.js 20, which Debian 12 lacks: this
+         machine's /usr/bin/node (NodeSource's) and its libraries are copied
   nginx  nginx answering "count=<connection number>" on port 8000
   base   the E2B SDK's default template: Debian with bash, coreutils, python3
-         and pip, sudo, and a user "user" (uid 1000, home /home/user) who
-         may sudo without a password; envd is its sandboxes' init and runs
-         commands as user; no port; warm (probed on envd's /health, one
-         sandbox kept ready per node) unless --cold. Build it as root.
+         and pip, git, sudo, and a user "user" (uid 1000, home /home/user)
+         who may sudo without a password; envd is its sandboxes' init and
+         runs commands as user; no port; warm (probed on envd's /health, one
+         sandbox kept ready per node) unless --cold.
 The rootfs goes to <data-dir>/demo/NAME unless --dir says otherwise. Needed
 packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		Args: cobra.MatchAll(cobra.ExactArgs(1), func(_ *cobra.Command, args []string) error {

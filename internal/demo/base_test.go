@@ -24,7 +24,7 @@ import (
 
 // baseScript is what the tests run as user in base: the SDK's commands
 // are bash -l, in the user's home.
-const baseScript = `id -un; python3 -c "import pip; print(pip.__version__)"; sudo -n true && echo sudo-ok; sudo -n id -un; pwd; touch .w && echo home-writable`
+const baseScript = `id -un; python3 -c "import pip; print(pip.__version__)"; sudo -n true && echo sudo-ok; sudo -n id -un; pwd; touch .w && echo home-writable; git --version`
 
 // pipVersion matches the second line of baseScript's output.
 var pipVersion = regexp.MustCompile(`^[0-9]+(\.[0-9]+)+$`)
@@ -58,6 +58,7 @@ func TestBaseRootfs(t *testing.T) {
 		"/usr/lib/python3/dist-packages/pip/__init__.py", "/usr/lib/python3/dist-packages/setuptools/__init__.py",
 		"/etc/ssl/certs/ca-certificates.crt", "/etc/pam.d/sudo", "/etc/pam.d/common-account", "/etc/sudo.conf",
 		"/usr/libexec/sudo/sudoers.so", "/etc/security/limits.conf", "/etc/skel/.bashrc",
+		"/usr/bin/git", "/usr/lib/git-core/git-daemon", "/usr/bin/python",
 	} {
 		if _, err := os.Stat(filepath.Join(dir, p)); err != nil { // Stat: symlinks must resolve inside
 			t.Errorf("missing %s: %v", p, err)
@@ -68,9 +69,10 @@ func TestBaseRootfs(t *testing.T) {
 			t.Errorf("no %s: libpam could not open it", mod)
 		}
 	}
-	if m, _ := filepath.Glob(filepath.Join(dir, "usr/share/locale/*")); len(m) > 0 {
-		t.Errorf("translations were copied: %v", m[:min(3, len(m))])
+	if m, _ := filepath.Glob(filepath.Join(dir, "usr/share/locale/*/*")); len(m) > 0 {
+		t.Errorf("translations were installed: %v", m[:min(3, len(m))])
 	}
+	checkDebian(t, dir)
 	for _, c := range []struct {
 		path     string
 		uid, gid int
@@ -78,6 +80,7 @@ func TestBaseRootfs(t *testing.T) {
 	}{
 		{"usr/bin/sudo", 0, 0, 0o755 | os.ModeSetuid},
 		{"etc/sudoers", 0, 0, 0o440},
+		{"etc/sudoers.d/user", 0, 0, 0o440},
 		{"etc/shadow", 0, 42, 0o640},
 		{"tmp", 0, 0, 0o777 | os.ModeSticky},
 		{"root", 0, 0, 0o700},
@@ -99,9 +102,17 @@ func TestBaseRootfs(t *testing.T) {
 			t.Errorf("/%s: %d:%d %v, want %d:%d %v", c.path, st.Uid, st.Gid, mode, c.uid, c.gid, c.mode&^os.ModeDir)
 		}
 	}
+	// Debian's /etc/sudoers, and the user's rule beside it.
 	sudoers, err := os.ReadFile(filepath.Join(dir, "etc/sudoers"))
-	if err != nil || !strings.Contains(string(sudoers), "\nuser\tALL=(ALL:ALL) NOPASSWD: ALL\n") {
-		t.Errorf("/etc/sudoers lacks the user's rule (%v):\n%s", err, sudoers)
+	if err != nil || !strings.Contains(string(sudoers), "\n@includedir /etc/sudoers.d\n") {
+		t.Errorf("/etc/sudoers does not include /etc/sudoers.d (%v):\n%s", err, sudoers)
+	}
+	rule, err := os.ReadFile(filepath.Join(dir, "etc/sudoers.d/user"))
+	if err != nil || !strings.Contains(string(rule), "\nuser\tALL=(ALL:ALL) NOPASSWD: ALL\n") {
+		t.Errorf("/etc/sudoers.d/user lacks the user's rule (%v):\n%s", err, rule)
+	}
+	if out, err := exec.Command("visudo", "-c", "-f", filepath.Join(dir, "etc/sudoers.d/user")).CombinedOutput(); err != nil {
+		t.Errorf("visudo -c: %v\n%s", err, out)
 	}
 	passwd, err := os.ReadFile(filepath.Join(dir, "etc/passwd"))
 	if err != nil {
@@ -116,14 +127,21 @@ func TestBaseRootfs(t *testing.T) {
 	if len(user) != 7 || user[2] != "1000" || user[3] != "1000" || user[5] != "/home/user" || user[6] != "/bin/bash" {
 		t.Errorf("/etc/passwd user = %q", user)
 	}
+	group, err := os.ReadFile(filepath.Join(dir, "etc/group"))
+	if err != nil || !regexp.MustCompile(`(?m)^sudo:x:27:user$`).Match(group) || !regexp.MustCompile(`(?m)^user:x:1000:$`).Match(group) {
+		t.Errorf("/etc/group lacks user's groups (%v):\n%s", err, group)
+	}
 
 	// As user, on this machine's kernel: what envd runs in a sandbox.
-	cmd := exec.Command("chroot", "--userspec=1000:1000", dir, "/bin/bash", "-lc", `cd && id -un && python3 -m pip --version && echo $PATH && sh -c 'echo sh-ok'`)
+	cmd := exec.Command("chroot", "--userspec=1000:1000", dir, "/bin/bash", "-lc",
+		`cd && id -un && python3 -m pip --version && echo $PATH && sh -c 'echo sh-ok' && python --version && tput -T xterm cols`)
 	cmd.Env = userEnv(d)
 	out, err := cmd.CombinedOutput()
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if err != nil || len(lines) != 4 || lines[0] != "user" || !strings.HasPrefix(lines[1], "pip ") ||
-		lines[2] != "/usr/local/bin:/usr/bin:/bin" || lines[3] != "sh-ok" {
+	// Debian's /etc/profile gives a user its PATH, games included.
+	if err != nil || len(lines) != 6 || lines[0] != "user" || !strings.HasPrefix(lines[1], "pip ") ||
+		lines[2] != "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games" || lines[3] != "sh-ok" ||
+		!strings.HasPrefix(lines[4], "Python 3.11.") || lines[5] != "80" {
 		t.Errorf("chroot as user: %v\n%s", err, out)
 	}
 	// The template's process stays up until it is stopped.
@@ -161,8 +179,9 @@ func TestBaseInRunsc(t *testing.T) {
 	t.Run("allow-suid", func(t *testing.T) {
 		out, err := runBase(t, runsc, dir, d, false, "--allow-suid")
 		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if err != nil || len(lines) != 6 || lines[0] != "user" || !pipVersion.MatchString(lines[1]) ||
-			lines[2] != "sudo-ok" || lines[3] != "root" || lines[4] != "/home/user" || lines[5] != "home-writable" {
+		if err != nil || len(lines) != 7 || lines[0] != "user" || !pipVersion.MatchString(lines[1]) ||
+			lines[2] != "sudo-ok" || lines[3] != "root" || lines[4] != "/home/user" || lines[5] != "home-writable" ||
+			!strings.HasPrefix(lines[6], "git version 2.39.") {
 			t.Errorf("runsc: %v\n%s", err, out)
 		}
 	})
@@ -234,4 +253,37 @@ func runBase(t *testing.T, runsc, rootfs string, d Demo, noNewPrivs bool, flags 
 	out, err := cmd.CombinedOutput()
 	t.Logf("runsc %v run: %v in %v\n%s", flags, err, time.Since(start).Round(time.Millisecond), out)
 	return string(out), err
+}
+
+// checkDebian checks that the base rootfs is Debian 12 installed by dpkg,
+// with base's packages in its database.
+func checkDebian(t *testing.T, dir string) {
+	t.Helper()
+	osRelease, err := os.ReadFile(filepath.Join(dir, "etc/os-release"))
+	if err != nil || !strings.Contains(string(osRelease), "\nVERSION_ID=\"12\"\n") || !strings.Contains(string(osRelease), "\nID=debian\n") {
+		t.Errorf("/etc/os-release is not Debian 12's (%v):\n%s", err, osRelease)
+	}
+	out, err := exec.Command("dpkg-query", "--admindir="+filepath.Join(dir, "var/lib/dpkg"), "-W", "-f", "${Package} ${db:Status-Status}\n").Output()
+	if err != nil {
+		t.Fatalf("dpkg-query in the rootfs: %v", err)
+	}
+	got := map[string]string{}
+	for line := range strings.Lines(string(out)) {
+		if f := strings.Fields(line); len(f) == 2 {
+			got[f[0]] = f[1]
+		}
+	}
+	for _, p := range append(slices.Clone(basePackages), "bash", "coreutils", "dash", "libpam-modules", "python3-setuptools", "apt") {
+		if got[p] != "installed" {
+			t.Errorf("package %s: %q in the rootfs's dpkg database, want installed", p, got[p])
+		}
+	}
+	// Nothing of the build machine's resolver or name is left in it.
+	if _, err := os.Lstat(filepath.Join(dir, "etc/resolv.conf")); err == nil {
+		t.Error("/etc/resolv.conf was left in the template")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "etc/hostname")); string(b) != "sandstorm\n" {
+		t.Errorf("/etc/hostname = %q", b)
+	}
+	t.Logf("%d packages installed", len(got))
 }

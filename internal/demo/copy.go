@@ -99,10 +99,6 @@ func (c *copier) add(p string) error {
 		if err := c.add(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
-		if strings.HasSuffix(real, ".py") {
-			// Python caches bytecode beside the path it imported.
-			return c.addBytecode(real)
-		}
 		return nil
 	case mode.IsRegular():
 		isELF, err := copyFile(real, dst, fi)
@@ -112,28 +108,10 @@ func (c *copier) add(p string) error {
 		if isELF {
 			c.elfs = append(c.elfs, real)
 		}
-		if strings.HasSuffix(real, ".py") {
-			return c.addBytecode(real)
-		}
 		return nil
 	default:
 		return nil // devices, fifos, sockets: never part of a rootfs copy
 	}
-}
-
-// addBytecode copies the host's compiled bytecode for the Python source
-// file src (py3compile generates it at package install time, so dpkg does
-// not list it). The copies stay valid because source mtimes are preserved,
-// and they spare every sandbox start from recompiling the stdlib and numpy.
-func (c *copier) addBytecode(src string) error {
-	stem := strings.TrimSuffix(filepath.Base(src), ".py")
-	pycs, _ := filepath.Glob(filepath.Join(filepath.Dir(src), "__pycache__", stem+".cpython-*.pyc"))
-	for _, pyc := range pycs {
-		if err := c.add(pyc); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-	}
-	return nil
 }
 
 // copyFile copies a regular file with its permission bits and times, and

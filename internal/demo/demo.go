@@ -1,14 +1,19 @@
 // Package demo builds the rootfs directories of the built-in demo templates
-// ("web", "app64", "node", "nginx" and "base") from the Debian packages
-// installed on the host, with no container registry and no network access.
+// ("web", "app64", "node", "nginx" and "base").
 //
-// A demo rootfs holds the files of a few Debian packages (the Python 3.11
-// interpreter and standard library, plus numpy for app64) or single
-// executables out of one (node from nodejs, nginx from nginx), every shared
-// library their ELF files need (found by reading PT_INTERP, DT_NEEDED and
-// DT_RUNPATH with debug/elf, and searched like the dynamic linker does), the
-// skeleton runsc needs (/proc, /dev, /sys, /tmp, a minimal /etc) and the
-// demo's own server files: /srv/app.py, /srv/app.js or
+// "web", "app64", "nginx" and "base" are Debian 12 installed from Debian's
+// packages by mmdebstrap, as Debian's own images are (debian.go): what
+// FROM debian:bookworm-slim with the demo's packages would give (python3;
+// python3-numpy for app64; nginx). They need mmdebstrap on the host, root,
+// and Debian's mirror (deb.debian.org); downloads are kept in AptCacheDir.
+//
+// "node" runs NodeSource's Node.js 20, which Debian 12 does not have (its
+// nodejs is 18): its rootfs is the host's /usr/bin/node with every shared
+// library it needs (found by reading PT_INTERP, DT_NEEDED and DT_RUNPATH
+// with debug/elf, and searched like the dynamic linker does, copy.go), and
+// the skeleton runsc needs (/proc, /dev, /sys, /tmp, a minimal /etc).
+//
+// Each demo adds its own server files: /srv/app.py, /srv/app.js or
 // /etc/nginx/nginx.conf. Every server speaks the same small HTTP protocol
 // on port 8000: GET / answers "count=N pid=P" with N kept in the server's
 // memory, GET /healthz answers "ok".
@@ -29,6 +34,7 @@ import (
 	"strings"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 )
 
 // Port is the TCP port every demo server listens on inside its sandbox.
@@ -70,15 +76,16 @@ type Demo struct {
 
 // demoSpec is the static description of one demo.
 type demoSpec struct {
-	// packages are the Debian packages the demo needs installed: Packages
-	// returns them and Build checks them before writing anything.
+	// packages are the Debian packages the demo needs installed on the
+	// host: Packages returns them and Build checks them before writing
+	// anything.
 	packages []string
-	// copyPackages are those of packages whose files (dpkg -L, less
-	// documentation and test suites) are all copied.
-	copyPackages []string
+	// debian, when set, is how the rootfs is installed from Debian's
+	// packages (buildDebian); hostFiles is then unused.
+	debian *debianSpec
 	// hostFiles are single host paths copied with the libraries they need:
-	// the one executable of a package the demo uses, or a file a package
-	// generates when installed (dpkg -L does not list it).
+	// the one executable of a package the demo uses that Debian's mirror
+	// does not have.
 	hostFiles []string
 	// args and env are the process's (Demo.Args, Demo.Env).
 	args, env []string
@@ -109,17 +116,18 @@ type rootFile struct {
 	uid, gid int
 }
 
-var pythonPackages = []string{"python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib"}
+// debianHost is what the host needs to build a Debian demo.
+var debianHost = []string{"mmdebstrap"}
 
 // pythonDemo is a demo serving app.py; heap is its HEAP_MIB (0: no numpy
-// array), and extra are packages beyond the interpreter and stdlib.
+// array), and extra are packages beyond Debian's python3.
 func pythonDemo(heap int, extra ...string) demoSpec {
-	pkgs := append(slices.Clone(pythonPackages), extra...)
 	return demoSpec{
-		packages:     pkgs,
-		copyPackages: pkgs,
-		args:         []string{"/usr/bin/python3", "/srv/app.py"},
-		ports:        []int{Port},
+		packages: debianHost,
+		debian:   &debianSpec{include: append([]string{"python3"}, extra...)},
+		asRoot:   true,
+		args:     []string{"/usr/bin/python3", "/srv/app.py"},
+		ports:    []int{Port},
 		env: []string{
 			"PATH=/usr/local/bin:/usr/bin:/bin",
 			"HOME=/root",
@@ -132,13 +140,7 @@ func pythonDemo(heap int, extra ...string) demoSpec {
 			if !strings.Contains(script, fmt.Sprintf("HEAP_MIB = %d ", heap)) {
 				return nil, errors.New("demo: embedded app.py lacks the HEAP_MIB line")
 			}
-			return []rootFile{
-				// /usr/bin/python3 belongs to python3-minimal; a relative
-				// link to the interpreter from python3.11-minimal is all
-				// we need of it.
-				{path: "usr/bin/python3", link: "python3.11"},
-				{path: "srv/app.py", mode: 0o644, data: script},
-			}, nil
+			return []rootFile{{path: "srv/app.py", mode: 0o644, data: script}}, nil
 		},
 	}
 }
@@ -167,11 +169,11 @@ var demos = map[string]demoSpec{
 		files: staticFiles(rootFile{path: "srv/app.js", mode: 0o644, data: nodeScript}),
 	},
 	"nginx": {
-		packages: []string{"nginx"},
-		// nginx ships only the binary (and a man page); nginx-common's
-		// configuration is replaced by nginx.conf, which needs no module,
-		// mime.types or other include.
-		hostFiles: []string{"/usr/sbin/nginx"},
+		packages: debianHost,
+		// Debian's configuration is replaced by nginx.conf, which needs
+		// no module, mime.types or other include.
+		debian: &debianSpec{include: []string{"nginx"}},
+		asRoot: true,
 		// -e: log to stderr from startup on, before the configuration is
 		// read (Debian builds with --error-log-path=stderr; this does not
 		// depend on it).
@@ -199,9 +201,9 @@ func Names() []string {
 }
 
 // Packages lists the Debian packages the named demo needs installed on the
-// host, suitable for "apt-get install -y". It returns nil for an unknown
-// name. Shared libraries those packages depend on (libc, libexpat, libblas,
-// ...) are installed by apt as their dependencies and need not be listed.
+// host, suitable for "apt-get install -y": mmdebstrap for a demo installed
+// from Debian's packages, nodejs for node. It returns nil for an unknown
+// name.
 func Packages(name string) []string {
 	d, ok := demos[name]
 	if !ok {
@@ -224,20 +226,23 @@ func (e *MissingPackagesError) Error() string {
 
 // Build writes a self-contained rootfs for the named demo into dir, which is
 // created (mode 0755) if missing and must otherwise be an empty directory.
-// It copies from the host the files of the demo's Debian packages (except
-// documentation, man pages and test suites) or the single executables it
-// takes out of them, the shared libraries their ELF files need, a minimal
-// /etc, empty /proc, /dev, /sys and /tmp, and the demo's own files
-// (/srv/app.py, /srv/app.js, /etc/nginx/nginx.conf, or base's accounts and
-// configuration). Everything is owned by the calling user, except what a
-// demo's own files give to another (base: /home/user is uid 1000's).
+// A Debian demo is installed from Debian's packages (buildDebian: a few
+// seconds' download the first time, none after, then about half a minute
+// of dpkg), owned as Debian owns it; node's is copied from the host
+// (/usr/bin/node and the libraries it needs, a minimal /etc, empty /proc,
+// /dev, /sys and /tmp) and owned by the calling user. Then the demo's own
+// files are written (/srv/app.py, /srv/app.js, /etc/nginx/nginx.conf, or
+// base's configuration).
 //
 // Errors: an unknown name; dir not empty or not a directory; a
-// *MissingPackagesError when a package is not installed, or a demo that
-// must be built as root built by another user (both checked before
-// anything is written); a library needed by an ELF file that cannot be
-// found; any I/O error. On error everything Build wrote is removed (and dir
-// itself, if Build created it).
+// *MissingPackagesError when a package is not installed on the host, or a
+// demo that must be built as root built by another user (both checked
+// before anything is written); mmdebstrap failing (ErrUpstream: the mirror
+// unreachable, a package missing) or timing out (ErrTimeout); a library
+// needed by an ELF file that cannot be found; any I/O error. On error
+// everything Build wrote is removed (and dir itself, if Build created it),
+// unless something is still mounted under dir: then nothing is removed and
+// the error says so.
 func Build(name, dir string) (Demo, error) {
 	spec, ok := demos[name]
 	if !ok {
@@ -252,13 +257,15 @@ func Build(name, dir string) (Demo, error) {
 	}
 	err = checkInstalled(name, spec.packages)
 	if err == nil && spec.asRoot && os.Geteuid() != 0 {
-		err = fmt.Errorf("demo %q: build it as root: its rootfs holds a setuid-root sudo and files owned by uid 1000", name)
+		err = errdefs.New(errdefs.ErrForbidden, "demo %q: build it as root: dpkg gives its files to root and other users (a setuid-root sudo in base)", name)
 	}
 	if err == nil {
 		err = build(dir, spec)
 	}
 	if err != nil {
-		cleanup(dir, created)
+		if merr := cleanup(dir, created); merr != nil {
+			return Demo{}, errors.Join(err, merr)
+		}
 		return Demo{}, err
 	}
 	d := Demo{
@@ -303,37 +310,38 @@ func prepareDir(dir string) (absent bool, err error) {
 	return false, nil
 }
 
-// cleanup removes what a failed build wrote.
-func cleanup(dir string, created bool) {
+// cleanup removes what a failed build wrote, unless something is mounted
+// under dir (mmdebstrap's mounts are in its own namespace, so this would
+// be someone else's): removing would delete through the mount.
+func cleanup(dir string, created bool) error {
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err == nil {
+		if err := mountedUnder(abs); err != nil {
+			return err
+		}
+	}
 	if created {
 		os.RemoveAll(dir)
-		return
+		return nil
 	}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		os.RemoveAll(filepath.Join(dir, e.Name()))
 	}
+	return nil
 }
 
 func build(dir string, spec demoSpec) error {
-	files, err := packageFiles(spec.copyPackages)
-	if err != nil {
-		return err
+	if spec.debian != nil {
+		return buildDebian(dir, spec)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	b := newCopier(dir)
-	for _, f := range files {
-		if skipPackagePath(f) {
-			continue
-		}
-		if err := b.add(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-			// A listed file may be missing when dpkg path-exclude is in
-			// use (minimal images drop docs this way); anything else fails.
-			return err
-		}
-	}
 	for _, f := range spec.hostFiles {
 		if err := b.add(f); err != nil {
 			return err // the demo's executable: missing is an error
@@ -353,22 +361,6 @@ func build(dir string, spec demoSpec) error {
 		return err
 	}
 	return writeFiles(dir, own)
-}
-
-// skipPackagePath reports whether a packaged file is left out of the rootfs:
-// documentation, man/info pages, lintian overrides, message translations
-// (every demo runs with LANG=C.UTF-8 or none, so gettext never opens them;
-// coreutils, bash and sudo ship 18 MiB of them) and Python test suites.
-func skipPackagePath(p string) bool {
-	for _, pre := range []string{"/usr/share/doc", "/usr/share/man", "/usr/share/info", "/usr/share/lintian", "/usr/share/locale"} {
-		if p == pre || strings.HasPrefix(p, pre+"/") {
-			return true
-		}
-	}
-	if strings.HasPrefix(p, "/usr/lib/python3/dist-packages/") {
-		return slices.Contains(strings.Split(p, "/"), "tests")
-	}
-	return false
 }
 
 // writeSkeleton adds what runsc and every demo need besides copied files.

@@ -43,6 +43,12 @@ func buildOnce(t *testing.T, name string) (string, Demo) {
 	dir := filepath.Join(base, "rootfs") // absent: Build creates it
 	start := time.Now()
 	d, err := Build(name, dir)
+	var missing *MissingPackagesError
+	if errors.As(err, &missing) && os.Getenv("CI") == "" {
+		// CI installs deps/debian-packages.txt, so there it fails.
+		os.RemoveAll(base)
+		t.Skipf("cannot build demo %q on this machine: %v", name, err)
+	}
 	if err != nil {
 		os.RemoveAll(base)
 		t.Fatalf("Build(%q): %v", name, err)
@@ -96,18 +102,12 @@ func TestNamesAndPackages(t *testing.T) {
 	if got := Packages("node"); !slices.Equal(got, []string{"nodejs"}) {
 		t.Errorf(`Packages("node") = %v`, got)
 	}
-	if got := Packages("nginx"); !slices.Equal(got, []string{"nginx"}) {
-		t.Errorf(`Packages("nginx") = %v`, got)
-	}
-	web := Packages("web")
-	if !slices.Contains(web, "python3.11-minimal") || slices.Contains(web, "python3-numpy") {
-		t.Errorf(`Packages("web") = %v`, web)
-	}
-	if !slices.Contains(Packages("app64"), "python3-numpy") {
-		t.Errorf(`Packages("app64") = %v`, Packages("app64"))
-	}
-	if base := Packages("base"); !slices.Contains(base, "sudo") || !slices.Contains(base, "python3-pip") || !slices.Contains(base, "ca-certificates") {
-		t.Errorf(`Packages("base") = %v`, base)
+	// The others are installed from Debian's mirror: the host needs only
+	// the installer.
+	for _, name := range []string{"web", "app64", "nginx", "base"} {
+		if got := Packages(name); !slices.Equal(got, []string{"mmdebstrap"}) {
+			t.Errorf(`Packages(%q) = %v`, name, got)
+		}
 	}
 	if Packages("nope") != nil {
 		t.Error(`Packages("nope") != nil`)
@@ -146,7 +146,7 @@ func TestMissingPackage(t *testing.T) {
 	if !strings.Contains(err.Error(), "apt-get install -y sandstorm-no-such-package") {
 		t.Errorf("error lacks the fix: %v", err)
 	}
-	if err := checkInstalled("web", Packages("app64")); err != nil {
+	if err := checkInstalled("web", []string{"dpkg"}); err != nil {
 		t.Errorf("host packages: %v", err)
 	}
 }
@@ -161,8 +161,23 @@ func TestWebRootfs(t *testing.T) {
 			t.Errorf("missing /%s: %v", p, err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "usr/share/doc")); err == nil {
-		t.Error("/usr/share/doc was copied")
+	// debian:bookworm-slim's filters: of the documentation, only the
+	// copyright files (dpkg leaves the packages' symlinks, dangling).
+	var docs []string
+	filepath.WalkDir(filepath.Join(dir, "usr/share/doc"), func(p string, e os.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() && e.Name() != "copyright" {
+			docs = append(docs, p)
+		}
+		return err
+	})
+	if len(docs) > 0 {
+		t.Errorf("documentation was installed: %v", docs[:min(3, len(docs))])
+	}
+	if _, err := os.Stat(filepath.Join(dir, "usr/share/doc/python3.11/copyright")); err != nil {
+		t.Errorf("python3.11's copyright: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "usr/share/man/*/*")); len(m) > 0 {
+		t.Errorf("man pages were installed: %v", m[:min(3, len(m))])
 	}
 	// glibc dlopens it to unwind exiting threads (addUnwinder); without
 	// it the server aborted now and then on SIGTERM, when a handler thread

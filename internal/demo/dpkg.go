@@ -1,13 +1,11 @@
 package demo
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 )
@@ -63,47 +61,6 @@ func checkInstalled(demo string, pkgs []string) error {
 	return nil
 }
 
-// packageFiles returns the absolute paths of all files and directories the
-// installed packages pkgs ship (dpkg -L), in listing order.
-func packageFiles(pkgs []string) ([]string, error) {
-	var files []string
-	for _, p := range pkgs {
-		out, err := dpkgList(p)
-		if err != nil {
-			return nil, err
-		}
-		sc := bufio.NewScanner(bytes.NewReader(out))
-		for sc.Scan() {
-			// Skip diversion notes ("diverted by ...", "package diverts
-			// others to: ...") and the root "/.".
-			line := sc.Text()
-			if !strings.HasPrefix(line, "/") {
-				continue
-			}
-			if f := filepath.Clean(line); f != "/" {
-				files = append(files, f)
-			}
-		}
-	}
-	return files, nil
-}
-
-// dpkgTimeout bounds each dpkg-query and dpkg -L: 6–7 ms measured; they
-// only read dpkg's database, so 30 s is room for a cold, busy disk.
+// dpkgTimeout bounds each dpkg-query: 6–7 ms measured; it only reads
+// dpkg's database, so 30 s is room for a cold, busy disk.
 const dpkgTimeout = 30 * time.Second
-
-// dpkgList is `dpkg -L pkg`, bounded by dpkgTimeout.
-func dpkgList(pkg string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), dpkgTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "dpkg", "-L", pkg)
-	cmd.WaitDelay = time.Second
-	out, err := cmd.Output()
-	if ctx.Err() != nil {
-		return nil, fmt.Errorf("demo: dpkg -L %s: timed out after %s, killed", pkg, dpkgTimeout)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("demo: dpkg -L %s: %w", pkg, err)
-	}
-	return out, nil
-}
