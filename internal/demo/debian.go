@@ -200,6 +200,11 @@ func (t *tail) String() string {
 // buildDebian makes a Debian demo's rootfs in dir and writes the demo's
 // own files into it.
 func buildDebian(dir string, spec demoSpec) error {
+	// mmdebstrap takes an empty directory, but not one whose parent is
+	// missing.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	if err := debootstrap(dir, *spec.debian, AptCacheDir); err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func buildOnce(t *testing.T, name string) (string, Demo) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(base, "rootfs") // absent: Build creates it
+	dir := filepath.Join(base, "demo", "rootfs") // absent, and its parent: Build creates them
 	start := time.Now()
 	d, err := Build(name, dir)
 	var missing *MissingPackagesError
@@ -64,7 +64,7 @@ func buildOnce(t *testing.T, name string) (string, Demo) {
 func TestMain(m *testing.M) {
 	code := m.Run()
 	for _, dir := range built.dirs {
-		os.RemoveAll(filepath.Dir(dir))
+		os.RemoveAll(filepath.Dir(filepath.Dir(dir)))
 	}
 	os.Exit(code)
 }
