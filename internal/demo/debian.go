@@ -200,6 +200,12 @@ func (t *tail) String() string {
 // buildDebian makes a Debian demo's rootfs in dir and writes the demo's
 // own files into it.
 func buildDebian(dir string, spec demoSpec) error {
+	// Absolute: mmdebstrap would take a relative one starting with "-"
+	// for an option.
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	// mmdebstrap takes an empty directory, but not one whose parent is
 	// missing.
 	if err := os.MkdirAll(dir, 0o755); err != nil {
