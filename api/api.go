@@ -174,7 +174,13 @@ type Template struct {
 	Digest string `json:"digest,omitempty"`
 	// Image is the image it was made from, pinned by digest
 	// ("ref@sha256:…"), when it was made from one.
-	Image     string    `json:"image,omitempty"`
+	Image string `json:"image,omitempty"`
+	// Layers are the image layers its rootfs was flattened from, bottom
+	// first, each by the digest of its tree ("sha256:<hex>" of
+	// internal/layercache.Pack): a node fetches the layers it lacks and
+	// makes the tree from them. Empty for a template from a directory or
+	// an upload, whose tree a node fetches whole.
+	Layers    []string  `json:"layers,omitempty"`
 	Process   Process   `json:"process"`
 	Ports     []int     `json:"ports"`
 	MemoryMiB int       `json:"memory_mib,omitempty"`

@@ -50,6 +50,10 @@ type Config struct {
 	// Events, if set, is the master's hub: paired nodes' reported events
 	// are published there too (the console's live view).
 	Events *events.Hub
+	// Layer finds the master's directory of the image layer whose tree
+	// digest is digest (layercache.Index.Layer), for a node that lacks
+	// it (nil: templates go to nodes as whole trees only).
+	Layer func(digest string) (dir string, ok bool)
 }
 
 // Fleet is the master's nodes.
@@ -699,19 +703,32 @@ func (f *Fleet) DropTemplate(ctx context.Context, name string) {
 // Wire is template t as the seam carries it: its rootfs by digest only,
 // never the master's path of it.
 func Wire(t store.Template) api.Template {
-	return api.Template{Name: t.Name, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
+	return api.Template{Name: t.Name, Digest: t.Digest, Layers: t.Layers, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
 }
 
 // prepare gives t to node n; a node that has not got t's rootfs says so
-// (errdefs.ErrPrecondition) and is sent it once, packed from the master's
-// tree as it streams (rootfs.Pack: no copy on the master's disk), then
-// asked again. If the tree changed since it was registered, the node
-// finds the digest wrong and refuses it: a template's rootfs is what it
-// was when registered, or nothing.
+// (errdefs.ErrPrecondition). A template of an image is sent the layers
+// the node lacks (layers.go) and asked again: the node makes the tree
+// from its layers. Failing that, or for any other template, the node is
+// sent the tree once, packed from the master's tree as it streams
+// (rootfs.Pack: no copy on the master's disk), then asked again. If the
+// tree changed since it was registered, the node finds the digest wrong
+// and refuses it: a template's rootfs is what it was when registered, or
+// nothing.
 func (f *Fleet) prepare(ctx context.Context, n nodeapi.Node, t store.Template) error {
 	err := n.PrepareTemplate(ctx, Wire(t))
 	if !errors.Is(err, errdefs.ErrPrecondition) {
 		return err
+	}
+	if len(t.Layers) > 0 && f.cfg.Layer != nil {
+		err = f.sendLayers(ctx, n, t)
+		if err == nil {
+			err = n.PrepareTemplate(ctx, Wire(t))
+		}
+		if !errors.Is(err, errdefs.ErrPrecondition) && !errors.Is(err, errLayers) {
+			return err
+		}
+		f.cfg.Log.Warn("a node did not take a template by its layers; sending its tree whole", "template", t.Name, "node", n.Name(), "err", err)
 	}
 	start := time.Now()
 	pr, pw := io.Pipe()

@@ -49,6 +49,9 @@ type node struct {
 	// (made true) the sandbox is made; an error from it is the answer.
 	onCreate func(made bool) error
 	fences   []nodeapi.FenceRequest
+	// layers, if set, keeps the image layers it is sent (layers_test.go)
+	// and makes trees of them.
+	layers *layerNode
 }
 
 // box is sandbox name as n shows it.
@@ -152,7 +155,7 @@ func (n *node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 func (n *node) PrepareTemplate(_ context.Context, t api.Template) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.rootfs != nil && !n.rootfs[t.Digest] {
+	if n.rootfs != nil && !n.rootfs[t.Digest] && !n.fromLayers(t) {
 		return errdefs.Mark(errdefs.ErrPrecondition, fmt.Errorf("no rootfs %s on %s", t.Digest, n.name))
 	}
 	if t.Rootfs != "" {

@@ -482,6 +482,23 @@ func (r recorder) PutRootfs(ctx context.Context, digest string, tar io.Reader) e
 	return done(r.Node.PutRootfs(cctx, digest, tar))
 }
 
+func (r recorder) Layers(ctx context.Context, digests []string) ([]string, error) {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.ReadDeadline)
+	if err != nil {
+		return nil, err
+	}
+	missing, err := r.Node.Layers(cctx, digests)
+	return missing, done(err)
+}
+
+func (r recorder) PutLayer(ctx context.Context, digest string, tar io.Reader) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.TemplateDeadline)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.PutLayer(cctx, digest, tar))
+}
+
 func (r recorder) DropTemplate(ctx context.Context, name string) error {
 	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.ReadDeadline)
 	if err != nil {

@@ -22,7 +22,8 @@ const (
 	// what it retires after it answers).
 	FenceDeadline = 10 * time.Second
 	// TemplateDeadline bounds preparing a template (a warm one's first
-	// start, its probe and checkpoint) and sending a rootfs.
+	// start, its probe and checkpoint; its tree flattened from its
+	// layers) and sending a rootfs or one layer.
 	TemplateDeadline = 10 * time.Minute
 	// callMargin is what each deadline allows on top of runsc's.
 	callMargin = 15 * time.Second

@@ -53,14 +53,24 @@ type Node interface {
 	Status(ctx context.Context) (api.NodeStatus, error)
 	// PrepareTemplate readies a template on the node before its first
 	// sandbox (for a warm template: starts it once and checkpoints it).
-	// t names its rootfs by t.Digest only; a node that has no tree of
-	// that digest answers errdefs.ErrPrecondition, and the master sends it (PutRootfs)
-	// and asks again.
+	// t names its rootfs by t.Digest only. A node that has no tree of
+	// that digest makes it from t.Layers if it has them all (flattened,
+	// and kept only if it is t.Digest); otherwise it answers
+	// errdefs.ErrPrecondition, and the master sends the layers it lacks
+	// (Layers, PutLayer) or the whole tree (PutRootfs) and asks again.
 	PrepareTemplate(ctx context.Context, t api.Template) error
 	// PutRootfs gives the node the rootfs tree whose digest is digest, as
 	// rootfs.Pack's tarball; the node keeps it only if the stream's
 	// SHA-256 is digest, and keeps it until no template of its uses it.
 	PutRootfs(ctx context.Context, digest string, tar io.Reader) error
+	// Layers answers which of the image layers digests (api.Template's
+	// Layers) the node has not got, in their order.
+	Layers(ctx context.Context, digests []string) (missing []string, err error)
+	// PutLayer gives the node the image layer whose digest is digest, as
+	// layercache.Pack's tar (overlayfs form: whiteouts, opaque
+	// directories); the node keeps it only if the stream's SHA-256 is
+	// digest, and keeps it until no template of its uses it.
+	PutLayer(ctx context.Context, digest string, tar io.Reader) error
 	// DropTemplate removes what the node holds of template name.
 	DropTemplate(ctx context.Context, name string) error
 	// Watch sends the node's reports to send (watch.go): all it has, then

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
+	"sandstorm/internal/layercache"
 	"sandstorm/internal/logstamp"
 	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
@@ -41,6 +43,12 @@ type Side struct {
 	// Rootfs is where a node with its own templates keeps the trees the
 	// master sent it, by digest.
 	Rootfs rootfs.Cache
+	// Layers is where such a node keeps the image layers the master sent
+	// it, by tree digest (layers.go): a template of an image whose layers
+	// it has is flattened here, not fetched.
+	LayerCache layercache.Cache
+	// Log says what the node was sent (nil: slog.Default()).
+	Log *slog.Logger
 	// Events is the node's own hub, which Watch reports from (its
 	// master publishes what it hears into a hub of its own: the node in
 	// the master's process has a hub apart from the master's too).
@@ -182,14 +190,14 @@ func (l *Side) PrepareTemplate(ctx context.Context, t api.Template) error {
 		if !rootfs.ValidDigest(t.Digest) {
 			return errdefs.Mark(errdefs.ErrBadInput, fmt.Errorf("template %s: digest %q is not sha256:<64 hex digits>", t.Name, t.Digest))
 		}
-		dir, ok := l.Rootfs.Path(t.Digest)
-		if !ok {
-			return errdefs.Mark(errdefs.ErrPrecondition, fmt.Errorf("template %s: node %s has no rootfs %s yet", t.Name, l.N.Name(), t.Digest))
+		dir, err := l.tree(t)
+		if err != nil {
+			return err
 		}
 		if old, err := l.St.GetTemplate(ctx, t.Name); err == nil && old.Digest != t.Digest {
 			return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("template %s: node %s has one of that name with another rootfs (%s); delete the template and register it again", t.Name, l.N.Name(), old.Digest))
 		} else if errors.Is(err, errdefs.ErrNotFound) {
-			rec := store.Template{Name: t.Name, Rootfs: dir, Digest: t.Digest, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
+			rec := store.Template{Name: t.Name, Rootfs: dir, Digest: t.Digest, Layers: t.Layers, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
 			if err := l.St.PutTemplate(ctx, rec); err != nil && !errors.Is(err, errdefs.ErrExists) {
 				return err
 			}
@@ -246,6 +254,7 @@ func (l *Side) DropTemplate(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	l.dropLayers(t.Layers, ts)
 	for _, o := range ts {
 		if o.Digest == t.Digest {
 			return nil

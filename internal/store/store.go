@@ -55,7 +55,9 @@ type Template struct {
 	// node fetches it by this and caches it.
 	Digest string
 	// Image is the image it was made from, pinned by digest ("" if none).
-	Image     string
+	Image string
+	// Layers are its image's layers by tree digest (api.Template.Layers).
+	Layers    []string
 	Process   api.Process
 	Ports     []int
 	MemoryMiB int
@@ -272,6 +274,7 @@ var migrations = []struct{ table, column, ddl string }{
 	{"templates", "serves", `ALTER TABLE templates ADD COLUMN serves TEXT NOT NULL DEFAULT ''`},
 	{"templates", "digest", `ALTER TABLE templates ADD COLUMN digest TEXT NOT NULL DEFAULT ''`},
 	{"templates", "image", `ALTER TABLE templates ADD COLUMN image TEXT NOT NULL DEFAULT ''`},
+	{"templates", "layers", `ALTER TABLE templates ADD COLUMN layers TEXT NOT NULL DEFAULT ''`}, // layers.go
 	// Issue 14: placements numbered and stated; a node's sandbox carries
 	// the number it was placed under.
 	{"sandboxes", "generation", `ALTER TABLE sandboxes ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
@@ -411,6 +414,11 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, errdefs.ErrExists)
 	}
+	if err == nil {
+		if err = s.setTemplateLayers(ctx, t.Name, t.Layers); err != nil {
+			s.db.ExecContext(context.WithoutCancel(ctx), s.q(`DELETE FROM templates WHERE name=?`), t.Name)
+		}
+	}
 	return err
 }
 
@@ -420,6 +428,9 @@ func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) 
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
+	}
+	if err == nil {
+		err = s.templateLayers(ctx, []*Template{&t})
 	}
 	return t, err
 }
@@ -446,7 +457,11 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 		}
 		out = append(out, t)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	return out, s.templateLayers(ctx, ptrs(out))
 }
 
 // DeleteTemplate removes a template; errdefs.ErrNotFound if absent, errdefs.ErrExists

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -520,5 +521,31 @@ func testOldDatabaseMigrates(t *testing.T, where string) {
 	}
 	if tm, err := st.GetTemplate(ctx, "web"); err != nil || tm.Digest != "" || tm.Warm != nil {
 		t.Errorf("an old template: %+v %v", tm, err)
+	}
+}
+
+// TestTemplateLayersRoundTrip: an image template's layers come back from
+// a get and a list, in their order; a template without any has none.
+func TestTemplateLayersRoundTrip(t *testing.T) { eachStore(t, testTemplateLayersRoundTrip) }
+
+func testTemplateLayersRoundTrip(t *testing.T, where string) {
+	ctx := context.Background()
+	s := openAt(t, where)
+	layers := []string{"sha256:" + strings.Repeat("01", 32), "sha256:" + strings.Repeat("02", 32)}
+	if err := s.PutTemplate(ctx, Template{Name: "img", Rootfs: "/r", Process: api.Process{Args: []string{"/a"}}, Layers: layers}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(ctx, Template{Name: "dir", Rootfs: "/r", Process: api.Process{Args: []string{"/a"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetTemplate(ctx, "img"); err != nil || !slices.Equal(got.Layers, layers) {
+		t.Errorf("layers back from a get: %v %v", got.Layers, err)
+	}
+	if got, err := s.GetTemplate(ctx, "dir"); err != nil || got.Layers != nil {
+		t.Errorf("a template of no image came back with layers %v, %v", got.Layers, err)
+	}
+	ts, err := s.ListTemplates(ctx)
+	if err != nil || len(ts) != 2 || ts[0].Name != "dir" || ts[0].Layers != nil || !slices.Equal(ts[1].Layers, layers) {
+		t.Errorf("layers back from a list: %+v %v", ts, err)
 	}
 }

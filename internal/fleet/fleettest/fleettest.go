@@ -11,9 +11,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,6 +45,8 @@ type Node struct {
 	n    int
 	// trees are the rootfs digests it was sent (PutRootfs).
 	trees map[string]bool
+	// layers are the image layers it was sent (PutLayer), with their size.
+	layers map[string]int64
 	// fence is the last fence's generation and in-flight set.
 	fence    int64
 	inFlight map[int64]bool
@@ -55,7 +59,7 @@ type Node struct {
 
 // NewNode is an empty Node.
 func NewNode() *Node {
-	return &Node{Boxes: map[string]api.Sandbox{}, trees: map[string]bool{}, watchers: map[chan nodeapi.Report]bool{}}
+	return &Node{Boxes: map[string]api.Sandbox{}, trees: map[string]bool{}, layers: map[string]int64{}, watchers: map[chan nodeapi.Report]bool{}}
 }
 
 // report sends r to every Watch (f.mu held).
@@ -255,6 +259,58 @@ func (f *Node) PutRootfs(_ context.Context, digest string, tar io.Reader) error 
 	f.trees[digest] = true
 	f.mu.Unlock()
 	return nil
+}
+
+// Layers implements nodeapi.Node: those of digests it was not sent.
+func (f *Node) Layers(_ context.Context, digests []string) ([]string, error) {
+	if err := f.call("layers"); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	missing := []string{}
+	for _, d := range digests {
+		if !validDigest(d) {
+			return nil, errdefs.New(errdefs.ErrBadInput, "%q is not a layer digest (sha256:<64 hex digits>)", d)
+		}
+		if _, ok := f.layers[d]; !ok {
+			missing = append(missing, d)
+		}
+	}
+	return missing, nil
+}
+
+// PutLayer implements nodeapi.Node: a layer is kept (by its digest, with
+// its size: LayerBytes) only if what arrived hashes to it.
+func (f *Node) PutLayer(_ context.Context, digest string, tar io.Reader) error {
+	if err := f.call("layer " + digest); err != nil {
+		return err
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, tar)
+	if err != nil {
+		return err
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
+		return errdefs.New(errdefs.ErrBadInput, "the layer sent hashes to %s, not %s", got, digest)
+	}
+	f.mu.Lock()
+	f.layers[digest] = n
+	f.mu.Unlock()
+	return nil
+}
+
+// LayerBytes is the size of each layer it was sent, by digest.
+func (f *Node) LayerBytes() map[string]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.layers)
+}
+
+func validDigest(d string) bool {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	_, err := hex.DecodeString(h)
+	return ok && len(h) == 64 && err == nil && strings.ToLower(h) == h
 }
 
 // Watch implements nodeapi.Node: everything, then each change.

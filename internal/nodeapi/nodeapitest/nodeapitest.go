@@ -9,9 +9,15 @@ package nodeapitest
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,7 +26,9 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/layercache"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/rootfs"
 	"sandstorm/internal/testenv"
 )
 
@@ -47,6 +55,7 @@ type Subject struct {
 func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 	t.Run("unknown sandbox", func(t *testing.T) { unknown(t, newSubject(t)) })
 	t.Run("template by digest", func(t *testing.T) { template(t, newSubject(t)) })
+	t.Run("layers by digest", func(t *testing.T) { layers(t, newSubject(t)) })
 	t.Run("lifecycle", func(t *testing.T) { lifecycle(t, newSubject(t)) })
 	t.Run("reports", func(t *testing.T) { reports(t, newSubject(t)) })
 	t.Run("fence", func(t *testing.T) { fence(t, newSubject(t)) })
@@ -114,6 +123,55 @@ func template(t *testing.T, s Subject) {
 	}
 	wantKind(t, "PrepareTemplate after a bad tree", s.Node.PrepareTemplate(ctx, s.Template), errdefs.ErrPrecondition)
 	ready(t, s)
+}
+
+// layers: a node says which image layers it lacks, refuses a layer that
+// does not hash to its digest, takes the right one and then has it; a
+// node that keeps trees makes a template's from the layer it has (no
+// tree sent), and not one whose digest the layer does not make.
+func layers(t *testing.T, s Subject) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	// Its own content each run: a node kept from an earlier one lacks it.
+	os.Mkdir(filepath.Join(dir, "etc"), 0o755)
+	os.WriteFile(filepath.Join(dir, "etc", "layer"), fmt.Appendf(nil, "a layer of %d\n", time.Now().UnixNano()), 0o644)
+	var b bytes.Buffer
+	if err := layercache.Pack(dir, &b); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b.Bytes())
+	d := rootfs.DigestPrefix + hex.EncodeToString(sum[:])
+	if m, err := s.Node.Layers(ctx, []string{d}); err != nil || !slices.Equal(m, []string{d}) {
+		t.Fatalf("Layers of a layer never sent: %v, %v; want it missing", m, err)
+	}
+	_, err := s.Node.Layers(ctx, []string{"sha256:../../etc"})
+	wantKind(t, "Layers of a digest that is not one", err, errdefs.ErrBadInput)
+	wantKind(t, "PutLayer of bytes that do not hash to the digest", s.Node.PutLayer(ctx, d, bytes.NewReader(b.Bytes()[1:])), errdefs.ErrBadInput)
+	if m, err := s.Node.Layers(ctx, []string{d}); err != nil || !slices.Equal(m, []string{d}) {
+		t.Errorf("Layers after a bad layer: %v, %v; want it still missing", m, err)
+	}
+	if err := s.Node.PutLayer(ctx, d, bytes.NewReader(b.Bytes())); err != nil {
+		t.Fatalf("PutLayer: %v", err)
+	}
+	if m, err := s.Node.Layers(ctx, []string{d}); err != nil || len(m) != 0 {
+		t.Errorf("Layers after the layer was put: %v, %v; want none missing", m, err)
+	}
+	tree, err := rootfs.Digest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("layered-%d", time.Now().UnixNano()%1e9)
+	tpl := api.Template{Name: name, Digest: tree, Layers: []string{d}, Process: s.Template.Process}
+	t.Cleanup(func() { s.Node.DropTemplate(context.Background(), name) })
+	if err := s.Node.PrepareTemplate(ctx, tpl); err != nil {
+		t.Errorf("PrepareTemplate of a template whose layer the node has: %v", err)
+	}
+	other := api.Template{Name: name + "-x", Digest: rootfs.DigestPrefix + strings.Repeat("0", 64), Process: s.Template.Process}
+	if s.Node.PrepareTemplate(ctx, other) == nil {
+		return // a node in memory keeps no trees
+	}
+	other.Layers = []string{d}
+	wantKind(t, "PrepareTemplate of a tree its layers do not make", s.Node.PrepareTemplate(ctx, other), errdefs.ErrPrecondition)
 }
 
 // lifecycle: a sandbox created hot, found by ID and name, listed, moved

@@ -365,6 +365,34 @@ func (c *Client) PutRootfs(ctx context.Context, digest string, tar io.Reader) er
 	return nil
 }
 
+// Layers implements nodeapi.Node.
+func (c *Client) Layers(ctx context.Context, digests []string) ([]string, error) {
+	var res layersBody
+	if err := c.do(ctx, http.MethodPost, "/node/v1/layers/missing", layersBody{Digests: digests}, &res, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return res.Digests, nil
+}
+
+// PutLayer implements nodeapi.Node: the layer's tar is streamed as the
+// body, for as long as the call's deadline allows.
+func (c *Client) PutLayer(ctx context.Context, digest string, tar io.Reader) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.Base+"/node/v1/layers/"+url.PathEscape(digest), tar)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.sendWith(c.stream(), req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return readError(resp)
+	}
+	return nil
+}
+
 // Fence implements nodeapi.Node.
 func (c *Client) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
 	var res nodeapi.FenceResult

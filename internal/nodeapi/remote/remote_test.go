@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,12 +39,13 @@ type fake struct {
 	templates map[string]api.Template
 	logs      chan string            // what Logs writes, until closed
 	rootfs    map[string]int64       // digest → bytes received
+	layers    map[string]int64       // layer digest → bytes received
 	reports   chan nodeapi.Report    // what Watch sends after its full report
 	fences    []nodeapi.FenceRequest // what Fence was asked
 }
 
 func newFake() *fake {
-	return &fake{boxes: map[string]api.Sandbox{}, templates: map[string]api.Template{}, logs: make(chan string, 8), rootfs: map[string]int64{}, reports: make(chan nodeapi.Report, 8)}
+	return &fake{boxes: map[string]api.Sandbox{}, templates: map[string]api.Template{}, logs: make(chan string, 8), rootfs: map[string]int64{}, layers: map[string]int64{}, reports: make(chan nodeapi.Report, 8)}
 }
 
 func (f *fake) Name() string { return "fake" }
@@ -204,6 +206,31 @@ func (f *fake) PutRootfs(_ context.Context, digest string, r io.Reader) error {
 	}
 	f.mu.Lock()
 	f.rootfs[digest] = n
+	f.mu.Unlock()
+	return nil
+}
+func (f *fake) Layers(_ context.Context, digests []string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var missing []string
+	for _, d := range digests {
+		if _, ok := f.layers[d]; !ok {
+			missing = append(missing, d)
+		}
+	}
+	return missing, nil
+}
+func (f *fake) PutLayer(_ context.Context, digest string, r io.Reader) error {
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	if err != nil {
+		return err
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
+		return errdefs.Mark(errdefs.ErrBadInput, fmt.Errorf("layer digest mismatch: sent as %s, received %s", digest, got))
+	}
+	f.mu.Lock()
+	f.layers[digest] = n
 	f.mu.Unlock()
 	return nil
 }
@@ -374,6 +401,29 @@ func TestRemoteRoundTrip(t *testing.T) {
 	}
 	if err := c.PrepareTemplate(ctx, withRootfs); err != nil {
 		t.Errorf("prepare once the rootfs is there: %v", err)
+	}
+
+	// Layers by digest: the node says which it lacks, takes one as a
+	// stream only if it hashes right, and the template names its layers
+	// across the wire.
+	small, big := []byte("a layer"), bytes.Repeat([]byte("layer "), 3<<20)
+	ds, db := sha256.Sum256(small), sha256.Sum256(big)
+	layers := []string{"sha256:" + hex.EncodeToString(ds[:]), "sha256:" + hex.EncodeToString(db[:])}
+	if m, err := c.Layers(ctx, layers); err != nil || !slices.Equal(m, layers) {
+		t.Errorf("layers missing: %v %v", m, err)
+	}
+	if err := c.PutLayer(ctx, layers[1], bytes.NewReader(big[1:])); !errors.Is(err, errdefs.ErrBadInput) || !strings.Contains(err.Error(), "mismatch") {
+		t.Errorf("a layer that is not its digest: %v", err)
+	}
+	if err := c.PutLayer(ctx, layers[1], bytes.NewReader(big)); err != nil || f.layers[layers[1]] != int64(len(big)) {
+		t.Fatalf("put layer: %v (%d bytes arrived of %d)", err, f.layers[layers[1]], len(big))
+	}
+	if m, err := c.Layers(ctx, layers); err != nil || !slices.Equal(m, layers[:1]) {
+		t.Errorf("layers missing after one put: %v %v", m, err)
+	}
+	withLayers := api.Template{Name: "layered", Digest: d, Layers: layers, Process: tmpl.Process}
+	if err := c.PrepareTemplate(ctx, withLayers); err != nil || !slices.Equal(f.templates["layered"].Layers, layers) {
+		t.Errorf("a template's layers across the wire: %v, %v", f.templates["layered"].Layers, err)
 	}
 }
 

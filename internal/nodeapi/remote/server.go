@@ -199,6 +199,24 @@ func (s server) templates() {
 		// extraction's own (rootfs.Limits), not maxBody.
 		return noContent(w, n.PutRootfs(r.Context(), r.PathValue("digest"), r.Body))
 	})
+	s.handle("POST /node/v1/layers/missing", func(w http.ResponseWriter, r *http.Request) error {
+		var req layersBody
+		if err := readJSON(r, &req); err != nil {
+			return err
+		}
+		missing, err := n.Layers(r.Context(), req.Digests)
+		return reply(w, http.StatusOK, layersBody{Digests: append([]string{}, missing...)}, err)
+	})
+	s.handle("PUT /node/v1/layers/{digest}", func(w http.ResponseWriter, r *http.Request) error {
+		// Streamed as a rootfs is: bounded by the layer's extraction.
+		return noContent(w, n.PutLayer(r.Context(), r.PathValue("digest"), r.Body))
+	})
+}
+
+// layersBody is a Layers call's request (the template's layers) and its
+// answer (those the node lacks).
+type layersBody struct {
+	Digests []string `json:"digests"`
 }
 
 // moves are the routes of a live move's four calls.
