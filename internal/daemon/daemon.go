@@ -32,6 +32,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/handoff"
 	"sandstorm/internal/imagetemplate"
+	"sandstorm/internal/layercache"
 	"sandstorm/internal/master"
 	"sandstorm/internal/memguard"
 	"sandstorm/internal/metrics"
@@ -543,7 +544,10 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 // process, or nil) and the E2B service, and returns the master's API over
 // them; both run until ctx ends.
 func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, token string, local nodeapi.Node, hub *events.Hub, log *slog.Logger) (http.Handler, error) {
-	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub})
+	// A paired node gets an image's template as the layers it lacks,
+	// found in the layer store by their tree digests.
+	layers := layercache.Index{Dir: filepath.Join(o.DataDir, "layers")}
+	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub, Layer: layers.Layer})
 	if err != nil {
 		return nil, err
 	}
@@ -558,7 +562,7 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	// shared by every template made from them (rootfs.Flatten links
 	// their files); builds' RUN steps as o.BuildPrincipal.
 	tpl := &templates.Service{Store: st, Fleet: fl, Sandboxes: sbx, DataDir: o.DataDir, Log: log, BuildPrincipal: o.BuildPrincipal,
-		Images: &imagetemplate.Puller{Layers: &ociimage.Store{Dir: filepath.Join(o.DataDir, "layers")}, Log: log}}
+		Images: &imagetemplate.Puller{Layers: &ociimage.Store{Dir: layers.Dir}, Log: log}}
 	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
 	go svc.Run(ctx) // ends sandboxes at their timeout
 	return master.Handler(master.Config{
@@ -648,9 +652,11 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	// The trees of the templates its master gives it, by digest: fetched
-	// once, kept while a template uses them.
-	local := &nodeside.Side{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")}, Events: hub}
+	// The trees of the templates its master gives it, by digest, and the
+	// image layers they are made of: fetched once, kept while a template
+	// uses them.
+	local := &nodeside.Side{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")},
+		LayerCache: layercache.Cache{Dir: filepath.Join(o.DataDir, "layer-cache")}, Events: hub, Log: log}
 	announce(ctx, o, local, st, log)
 	if o.Join != "" {
 		j := &enrol.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,

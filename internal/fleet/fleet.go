@@ -721,7 +721,7 @@ func (f *Fleet) prepare(ctx context.Context, n nodeapi.Node, t store.Template) e
 		return err
 	}
 	if len(t.Layers) > 0 && f.cfg.Layer != nil {
-		err = f.sendLayers(ctx, n, t)
+		err = sendLayers(ctx, f.cfg, n, t)
 		if err == nil {
 			err = n.PrepareTemplate(ctx, Wire(t))
 		}

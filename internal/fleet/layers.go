@@ -21,10 +21,10 @@ import (
 var errLayers = errors.New("the template's layers were not taken")
 
 // sendLayers gives node n those of t's layers it lacks (issue 32: a
-// node that has them fetches nothing), each packed from the master's
-// layer store as it streams (layercache.Pack). Only layers t names are
-// ever sent, whatever the node answers.
-func (f *Fleet) sendLayers(ctx context.Context, n nodeapi.Node, t store.Template) error {
+// node that has them fetches nothing), each found by cfg.Layer and
+// packed from the master's layer store as it streams (layercache.Pack).
+// Only layers t names are ever sent, whatever the node answers.
+func sendLayers(ctx context.Context, cfg Config, n nodeapi.Node, t store.Template) error {
 	start := time.Now()
 	missing, err := n.Layers(ctx, t.Layers)
 	if err != nil {
@@ -35,7 +35,7 @@ func (f *Fleet) sendLayers(ctx context.Context, n nodeapi.Node, t store.Template
 		if !slices.Contains(t.Layers, d) {
 			return layersErr(ctx, errdefs.New(errdefs.ErrBadInput, "node %s asked for layer %s, which template %s has not got", n.Name(), d, t.Name))
 		}
-		dir, ok := f.cfg.Layer(d)
+		dir, ok := cfg.Layer(d)
 		if !ok {
 			return layersErr(ctx, errdefs.New(errdefs.ErrNotFound, "layer %s of template %s is no longer in the master's layer store", d, t.Name))
 		}
@@ -49,7 +49,7 @@ func (f *Fleet) sendLayers(ctx context.Context, n nodeapi.Node, t store.Template
 		}
 		sent += cr.n.Load()
 	}
-	f.cfg.Log.Info("template layers sent to a node", "template", t.Name, "node", n.Name(), "layers", len(t.Layers),
+	cfg.Log.Info("template layers sent to a node", "template", t.Name, "node", n.Name(), "layers", len(t.Layers),
 		"sent", len(missing), "bytes", sent, "ms", time.Since(start).Milliseconds())
 	return nil
 }

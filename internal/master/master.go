@@ -278,7 +278,7 @@ func decodeOptional(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func toAPITemplate(t store.Template) api.Template {
-	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Digest: t.Digest, Image: t.Image, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
+	return api.Template{Name: t.Name, Rootfs: t.Rootfs, Digest: t.Digest, Image: t.Image, Layers: t.Layers, Process: t.Process, Ports: t.Ports, MemoryMiB: t.MemoryMiB, Principal: t.Principal, Warm: t.Warm, Serves: t.Serves, CreatedAt: t.CreatedAt}
 }
 
 func (s *server) listTemplates(w http.ResponseWriter, r *http.Request) {

@@ -45,6 +45,7 @@ func (s *Service) Build(ctx context.Context, req api.BuildRequest, ctxDir string
 		os.RemoveAll(base)
 		return store.Template{}, err
 	}
+	t.Layers = s.layerDigests(t.Name, pulled.Layers)
 	fmt.Fprintf(out, "registering template %s…\n", t.Name)
 	return s.Register(ctx, t)
 }

@@ -11,6 +11,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/imagetemplate"
+	"sandstorm/internal/layercache"
 	"sandstorm/internal/ociimage"
 	"sandstorm/internal/store"
 )
@@ -60,6 +61,7 @@ func (s *Service) FromImage(ctx context.Context, req api.TemplateRequest) (store
 		os.RemoveAll(base)
 		return store.Template{}, err
 	}
+	t.Layers = s.layerDigests(t.Name, pulled.Layers)
 	s.Log.Info("image unpacked", "template", req.Name, "image", pulled.Pinned, "layers", len(pulled.Layers), "ms", time.Since(start).Milliseconds())
 	return t, nil
 }
@@ -76,6 +78,26 @@ func imageTemplate(req api.TemplateRequest, pulled imagetemplate.Pulled, dir str
 		return store.Template{}, err
 	}
 	return store.Template{Name: req.Name, Rootfs: dir, Owned: true, Image: pulled.Pinned, Process: req.Process, Ports: req.Ports, MemoryMiB: req.MemoryMiB, Principal: req.Principal, Warm: req.Warm, Serves: req.Serves}, nil
+}
+
+// layerDigests names each of a template's layers (directories of the
+// layer store, bottom first) by its tree digest, for nodes to fetch the
+// ones they lack (layercache.Index: each layer is packed once). A layer
+// outside the store (a build FROM a registered template uses its tree)
+// or one that cannot be read leaves the template with none: its tree
+// then goes to nodes whole, as a directory's does.
+func (s *Service) layerDigests(name string, dirs []string) []string {
+	idx := layercache.Index{Dir: s.Images.Layers.Dir}
+	out := make([]string, 0, len(dirs))
+	for _, d := range dirs {
+		ld, err := idx.Digest(d)
+		if err != nil {
+			s.Log.Warn("template: a layer has no digest; nodes get its tree whole", "template", name, "layer", d, "err", err)
+			return nil
+		}
+		out = append(out, ld)
+	}
+	return out
 }
 
 // validUser is a process.user a node can take: "UID:GID" in numbers.

@@ -37,8 +37,10 @@ type imageFixture struct {
 	ref            string // repo:tag
 	digestRef      string // repo@sha256:…
 	img            v1.Image
-	goodAuth       string // a Docker config file with the right password
-	badAuth        string // … and with a wrong one
+	cfg            v1.Config
+	layers         []v1.Layer // img's: the web rootfs, then the two above
+	goodAuth       string     // a Docker config file with the right password
+	badAuth        string     // … and with a wrong one
 	password, user string
 }
 
@@ -79,7 +81,8 @@ func newImageFixture(t *testing.T) *imageFixture {
 		User:         "app",
 		ExposedPorts: map[string]struct{}{"8000/tcp": {}},
 	}
-	f.img = ocitest.ImageOf(t, cfg, append(append(layers, bottom), top)...)
+	f.cfg, f.layers = cfg, append(append(layers, bottom), top)
+	f.img = ocitest.ImageOf(t, cfg, f.layers...)
 	f.ref = "team/web:1"
 	f.reg.Push(t, f.img, f.ref)
 	d, err := f.img.Digest()
@@ -90,6 +93,15 @@ func newImageFixture(t *testing.T) *imageFixture {
 	f.goodAuth = writeDockerConfig(t, f.reg.Host, f.user, f.password)
 	f.badAuth = writeDockerConfig(t, f.reg.Host, f.user, "wrong-password-xyz")
 	return f
+}
+
+// variant pushes as ref (repo:tag) the image with one more layer on top,
+// a file of its own, and returns its reference.
+func (f *imageFixture) variant(t *testing.T, ref string) string {
+	t.Helper()
+	extra := ocitest.LayerFromTar(t, ocitest.Tar(t, []ocitest.TarEntry{{Name: "srv/variant", Type: tar.TypeReg, Mode: 0o644, Body: []byte("a variant of the image\n")}}))
+	f.reg.Push(t, ocitest.ImageOf(t, f.cfg, append(slices.Clone(f.layers), extra)...), ref)
+	return f.reg.Ref(ref)
 }
 
 func writeDockerConfig(t *testing.T, host, user, password string) string {
@@ -367,9 +379,11 @@ func TestImageTemplateMoves(t *testing.T) {
 		}
 	})
 	f := newImageFixture(t)
+	from := fileSize(n1.logPath)
 	if _, err := m.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "img", Image: &api.ImageSource{Ref: f.reg.Ref(f.ref), Auth: &api.RegistryAuth{Username: f.user, Password: f.password}}}); err != nil {
 		t.Fatal(err)
 	}
+	layersShippedOnce(t, m, n1, f, from)
 	sb, err := m.C.CreateSandbox(ctxT(t), api.SandboxRequest{Template: "img", Name: "mover"})
 	if err != nil {
 		t.Fatal(err)
@@ -394,6 +408,55 @@ func TestImageTemplateMoves(t *testing.T) {
 		}
 		return err == nil
 	})
+}
+
+// layersShippedOnce: the paired node n got template img as its image's
+// layers and made its tree of them; a second template of the image with
+// one more layer (img2) costs it that layer alone — the node received
+// each layer once (its log since from says so) and neither tree whole.
+func layersShippedOnce(t *testing.T, m *Daemon, n *machine, f *imageFixture, from int64) {
+	t.Helper()
+	if _, err := m.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "img2", Image: &api.ImageSource{Ref: f.variant(t, "team/web:2"), Auth: &api.RegistryAuth{Username: f.user, Password: f.password}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.C.DeleteTemplate(ctxT(t), "img2") })
+	img, err := m.C.Template(ctxT(t), "img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img2, err := m.C.Template(ctxT(t), "img2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(img.Layers) != 3 || len(img2.Layers) != 4 || !slices.Equal(img2.Layers[:3], img.Layers) {
+		t.Fatalf("layers: img %v, img2 %v; want img's three under img2's fourth", img.Layers, img2.Layers)
+	}
+	b, _ := os.ReadFile(n.logPath)
+	logs := string(b[min(from, int64(len(b))):])
+	received := regexp.MustCompile(`(?m)^.*image layer received.*$`).FindAllString(logs, -1)
+	for _, d := range img2.Layers {
+		if k := strings.Count(strings.Join(received, "\n"), d); k != 1 {
+			t.Errorf("node %s received layer %s %d times, want once", n.name, d, k)
+		}
+	}
+	if len(received) != len(img2.Layers) {
+		t.Errorf("node %s received %d layers, want %d:\n%s", n.name, len(received), len(img2.Layers), strings.Join(received, "\n"))
+	}
+	if made := strings.Count(logs, "template rootfs made from its layers"); made != 2 {
+		t.Errorf("node %s made %d trees from layers, want 2 (img, img2)", n.name, made)
+	}
+	if mb, _ := os.ReadFile(m.LogPath); regexp.MustCompile(`template rootfs sent to a node.*template=img2? `).Match(mb) {
+		t.Error("the master sent an image template's tree whole")
+	}
+}
+
+// fileSize is the size of the file at p (0 if there is none yet).
+func fileSize(p string) int64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
 
 // TestImageHostile: images a registry serves to hurt the master are
