@@ -67,7 +67,10 @@ type Template struct {
 	// Warm, when set, makes its sandboxes start from a warm image.
 	Warm *api.Warm
 	// Serves are the mesh services its sandboxes serve (api.Serve).
-	Serves    []api.Serve
+	Serves []api.Serve
+	// Team is the team it belongs to ("": the operator's, which every
+	// team may use); another team's is not found (internal/sandboxes).
+	Team      string
 	CreatedAt time.Time
 }
 
@@ -149,7 +152,8 @@ CREATE TABLE IF NOT EXISTS templates (
 	warm       TEXT NOT NULL DEFAULT '',
 	serves     TEXT NOT NULL DEFAULT '',
 	digest     TEXT NOT NULL DEFAULT '',
-	image      TEXT NOT NULL DEFAULT ''
+	image      TEXT NOT NULL DEFAULT '',
+	team       TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS sandboxes (
 	id             TEXT PRIMARY KEY,
@@ -240,6 +244,21 @@ CREATE TABLE IF NOT EXISTS sandbox_meta (
 	pause_drops_memory INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sandbox_meta_team ON sandbox_meta(team);
+CREATE TABLE IF NOT EXISTS e2b_templates (
+	id         TEXT PRIMARY KEY,
+	team       TEXT NOT NULL,
+	alias      TEXT NOT NULL,
+	created_at BIGINT NOT NULL,
+	UNIQUE (team, alias)
+);
+CREATE TABLE IF NOT EXISTS e2b_tags (
+	template_id TEXT NOT NULL,
+	tag         TEXT NOT NULL,
+	build_id    TEXT NOT NULL,
+	template    TEXT NOT NULL,
+	created_at  BIGINT NOT NULL,
+	PRIMARY KEY (template_id, tag)
+);
 CREATE TABLE IF NOT EXISTS mesh_tokens (
 	hash       TEXT PRIMARY KEY,
 	max_uses   INTEGER NOT NULL,
@@ -302,6 +321,8 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandbox_meta", "snapshot_of", `ALTER TABLE sandbox_meta ADD COLUMN snapshot_of TEXT NOT NULL DEFAULT ''`},
 	{"sandbox_meta", "snapshot_name", `ALTER TABLE sandbox_meta ADD COLUMN snapshot_name TEXT NOT NULL DEFAULT ''`},
 	{"sandbox_meta", "pause_drops_memory", `ALTER TABLE sandbox_meta ADD COLUMN pause_drops_memory INTEGER NOT NULL DEFAULT 0`},
+	// Issue 32: a template a team built through /e2b is its own.
+	{"templates", "team", `ALTER TABLE templates ADD COLUMN team TEXT NOT NULL DEFAULT ''`},
 }
 
 // execer is a *sql.DB or a *sql.Tx.
@@ -409,8 +430,8 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if len(t.Serves) > 0 {
 		serves = mustJSON(t.Serves)
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`),
-		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest, serves, t.Image)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image, team) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`),
+		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest, serves, t.Image, t.Team)
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, errdefs.ErrExists)
 	}
@@ -424,7 +445,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 
 // GetTemplate returns the template called name, or errdefs.ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) {
-	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image FROM templates WHERE name=?`), name)
+	row := s.db.QueryRowContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image, team FROM templates WHERE name=?`), name)
 	t, err := scanTemplate(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
@@ -444,7 +465,7 @@ func (s *Store) SetTemplateDigest(ctx context.Context, name, digest string) erro
 
 // ListTemplates returns every template, by name.
 func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image FROM templates ORDER BY name`))
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image, team FROM templates ORDER BY name`))
 	if err != nil {
 		return nil, err
 	}
@@ -492,7 +513,7 @@ func scanTemplate(r scanner) (Template, error) {
 	var t Template
 	var proc, ports, warm, serves string
 	var created int64
-	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm, &t.Digest, &serves, &t.Image); err != nil {
+	if err := r.Scan(&t.Name, &t.Rootfs, &t.Owned, &proc, &ports, &t.MemoryMiB, &created, &t.Principal, &warm, &t.Digest, &serves, &t.Image, &t.Team); err != nil {
 		return t, err
 	}
 	if serves != "" {
