@@ -89,7 +89,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (api.Sandbox, s
 	if err := CheckSettings(req.Meta.Env, req.Meta.Metadata); err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
-	t, err := s.Store.GetTemplate(ctx, req.Template)
+	t, err := s.Template(ctx, req.Template)
 	if err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
@@ -121,6 +121,17 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (api.Sandbox, s
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
 	return sb, m, nil
+}
+
+// Template is template name if the caller may use it: the operator's
+// (no team's) are everyone's, a team's its own; another team's is not
+// found, exactly as a missing one.
+func (s *Service) Template(ctx context.Context, name string) (store.Template, error) {
+	t, err := s.Store.GetTemplate(ctx, name)
+	if err == nil && t.Team != "" && !apikey.From(ctx).Sees(t.Team) {
+		return store.Template{}, errdefs.New(errdefs.ErrNotFound, "template %q: not found", name)
+	}
+	return t, err
 }
 
 // Clone makes children of parent, on its node n (a fleet clone: one

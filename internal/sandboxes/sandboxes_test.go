@@ -100,3 +100,22 @@ func TestTeamsSeeOnlyTheirOwn(t *testing.T) {
 		t.Errorf("refused creates left %d sandboxes, want the one", len(vis))
 	}
 }
+
+// TestTeamTemplates: a team's template is its own and the operator's;
+// another team's is not found, exactly as a missing one.
+func TestTeamTemplates(t *testing.T) {
+	s := service(t)
+	if err := s.Store.PutTemplate(context.Background(), store.Template{Name: "reds", Team: "red", Rootfs: t.TempDir(), Process: api.Process{Args: []string{"/bin/sleep"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ team, template string }{{"red", "reds"}, {"red", "web"}, {"", "reds"}, {"blue", "web"}} {
+		if _, _, err := s.Create(as(c.team), CreateRequest{Template: c.template}); err != nil {
+			t.Errorf("team %q from template %s: %v", c.team, c.template, err)
+		}
+	}
+	_, _, err := s.Create(as("blue"), CreateRequest{Template: "reds"})
+	_, _, none := s.Create(as("blue"), CreateRequest{Template: "nope"})
+	if !errors.Is(err, errdefs.ErrNotFound) || strings.Replace(err.Error(), "reds", "X", 1) != strings.Replace(none.Error(), "nope", "X", 1) {
+		t.Errorf("another team's template: %v; a missing one: %v", err, none)
+	}
+}
