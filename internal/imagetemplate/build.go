@@ -53,8 +53,12 @@ type Builder struct {
 	// Principal is the RUN sandboxes' principal: the operator's build
 	// policy (what `pip install` may reach) is what it is granted.
 	Principal string
-	// CacheDir holds the step cache's index.
+	// CacheDir holds the step cache's index ("": no cache).
 	CacheDir string
+	// Auth, when set, is the only credential FROM images are pulled
+	// with (an empty one: anonymously), not the master's Docker config:
+	// a team's build does not borrow the operator's registry access.
+	Auth *api.RegistryAuth
 }
 
 // Build runs the Dockerfile over the context in ctxDir and returns the
@@ -97,7 +101,7 @@ func (f base) From(ctx context.Context, name string) (dockerbuild.Image, error) 
 			}}, nil
 		}
 	}
-	p, err := f.b.Puller.Pull(ctx, api.ImageSource{Ref: name}, nil)
+	p, err := f.b.Puller.Pull(ctx, api.ImageSource{Ref: name, Auth: f.b.Auth}, nil)
 	if err != nil {
 		return dockerbuild.Image{}, err
 	}

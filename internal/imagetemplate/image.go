@@ -89,8 +89,16 @@ func keychain(s ociimage.Source, auth *api.RegistryAuth) (authn.Keychain, error)
 	if s.Kind != ociimage.Registry {
 		return nil, errdefs.New(errdefs.ErrBadInput, "image %s: registry credentials go with a registry reference, not a local image", s)
 	}
+	if *auth == (api.RegistryAuth{}) {
+		return anonymous{}, nil
+	}
 	return oneRegistry{reg: s.Ref.Context().RegistryStr(), auth: authn.FromConfig(authn.AuthConfig{Username: auth.Username, Password: auth.Password})}, nil
 }
+
+// anonymous asks every registry without a credential.
+type anonymous struct{}
+
+func (anonymous) Resolve(authn.Resource) (authn.Authenticator, error) { return authn.Anonymous, nil }
 
 // oneRegistry gives its credential to its registry only: a redirect or a
 // blob served from elsewhere is asked anonymously.

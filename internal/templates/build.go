@@ -30,7 +30,29 @@ const DefaultBuildPrincipal = "sandstorm-build"
 // progress and its steps' output to out, and registers the result as
 // req.Template. Nothing of a failed build is registered.
 func (s *Service) Build(ctx context.Context, req api.BuildRequest, ctxDir string, out io.Writer) (store.Template, error) {
+	return s.BuildWith(ctx, req, ctxDir, out, BuildOptions{})
+}
+
+// BuildOptions are what a build asks beyond its request: whose template
+// it makes, and whether its steps may come from the cache.
+type BuildOptions struct {
+	// Team owns the template made ("": the operator's). A team's build
+	// pulls its FROM images anonymously, never with the master's own
+	// registry credentials.
+	Team string
+	// NoCache runs every step again (E2B's skipCache and force).
+	NoCache bool
+}
+
+// BuildWith is Build for opts.Team, with or without the step cache.
+func (s *Service) BuildWith(ctx context.Context, req api.BuildRequest, ctxDir string, out io.Writer, opts BuildOptions) (store.Template, error) {
 	b := s.builder()
+	if opts.NoCache {
+		b.CacheDir = ""
+	}
+	if opts.Team != "" {
+		b.Auth = &api.RegistryAuth{}
+	}
 	pulled, err := b.Build(ctx, []byte(req.Dockerfile), ctxDir, req.BuildArgs, req.Target, out)
 	if err != nil {
 		return store.Template{}, err
@@ -46,6 +68,7 @@ func (s *Service) Build(ctx context.Context, req api.BuildRequest, ctxDir string
 		return store.Template{}, err
 	}
 	t.Layers = s.layerDigests(t.Name, pulled.Layers)
+	t.Team = opts.Team
 	fmt.Fprintf(out, "registering template %s…\n", t.Name)
 	return s.Register(ctx, t)
 }

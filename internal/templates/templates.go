@@ -36,7 +36,11 @@ type Service struct {
 	// BuildPrincipal is the principal of a build's RUN sandboxes
 	// ("": DefaultBuildPrincipal).
 	BuildPrincipal string
-	Log            *slog.Logger
+	// Mirrors maps a registry (as an image reference names it;
+	// "docker.io" for Docker Hub) to the host[:port] that serves its
+	// images instead, for the images E2B's template builds name (Mirror).
+	Mirrors map[string]string
+	Log     *slog.Logger
 }
 
 func badRequest(format string, args ...any) error {
