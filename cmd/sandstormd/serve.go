@@ -140,6 +140,7 @@ for requests in flight).`,
 	logFlags.Register(f)
 	f.Int64Var(&o.MaxUpload, "max-upload", 4<<30, "largest rootfs tarball or build context upload, in bytes (413 beyond)")
 	f.StringVar(&o.BuildPrincipal, "build-principal", templates.DefaultBuildPrincipal, "principal of template builds' RUN sandboxes: what --policy grants it (a package mirror) is all a build's RUN may reach")
+	f.StringToStringVar(&o.RegistryMirrors, "registry-mirror", nil, "REGISTRY=HOST[:PORT]: pull the images of E2B's template builds that name REGISTRY (docker.io for Docker Hub's, e.g. ubuntu:22.04) from HOST instead, e.g. docker.io=mirror.internal:5000; repeat or comma-separate for more")
 	f.DurationVar(&o.ReloadDrain, "reload-drain", daemon.DefaultReloadDrain, "how long a reload (SIGHUP) waits for requests in flight to be answered before it cuts them; new connections wait in the listeners' backlogs meanwhile")
 	return cmd
 }

@@ -89,7 +89,10 @@ type Options struct {
 	MaxUpload                  int64 // bytes
 	// BuildPrincipal is the principal of template builds' RUN sandboxes.
 	BuildPrincipal string
-	Zswap          bool
+	// RegistryMirrors maps a registry ("docker.io" for Docker Hub) to the
+	// host[:port] that serves its images instead (templates.Mirror).
+	RegistryMirrors map[string]string
+	Zswap           bool
 	// Policy is the SAM policy file every boundary decides by ("" = deny
 	// everything); SAMNode the local sam-node's agent socket
 	// ("unix:///run/sam-node.sock"; "" = no mesh); MetricsAddr serves the
@@ -561,14 +564,16 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	// One template service too: images' layers kept once, by diffID, and
 	// shared by every template made from them (rootfs.Flatten links
 	// their files); builds' RUN steps as o.BuildPrincipal.
-	tpl := &templates.Service{Store: st, Fleet: fl, Sandboxes: sbx, DataDir: o.DataDir, Log: log, BuildPrincipal: o.BuildPrincipal,
+	tpl := &templates.Service{Store: st, Fleet: fl, Sandboxes: sbx, DataDir: o.DataDir, Log: log, BuildPrincipal: o.BuildPrincipal, Mirrors: o.RegistryMirrors,
 		Images: &imagetemplate.Puller{Layers: &ociimage.Store{Dir: layers.Dir}, Log: log}}
-	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log})
+	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log,
+		Templates: tpl, MaxUpload: o.MaxUpload})
 	go svc.Run(ctx) // ends sandboxes at their timeout
 	return master.Handler(master.Config{
 		Store: st, Fleet: fl, Sandboxes: sbx, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
 		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
 		E2B:            svc.API(),
+		E2BUploads:     svc.Uploads(),
 		SandboxTraffic: svc.Traffic(), SandboxDomain: o.HostDomain,
 		Metrics:   metrics.NewMaster(o.mreg),
 		Templates: tpl,

@@ -38,6 +38,7 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
+	"sandstorm/internal/templates"
 )
 
 // Config is what the E2B API serves from.
@@ -59,13 +60,20 @@ type Config struct {
 	// DefaultTemplate is the template of a create that names none (the
 	// SDK's default is "base").
 	DefaultTemplate string
-	Log             *slog.Logger
+	// Templates builds the templates of E2B's template builder
+	// (templates.go; nil: none are built).
+	Templates *templates.Service
+	// MaxUpload bounds one upload of a build's files (0:
+	// DefaultMaxUpload).
+	MaxUpload int64
+	Log       *slog.Logger
 }
 
 // Service is the E2B API.
 type Service struct {
-	cfg Config
-	sbx *sandboxes.Service // shared with /v1: creates, owners, who sees what
+	cfg    Config
+	sbx    *sandboxes.Service // shared with /v1: creates, owners, who sees what
+	builds builds             // E2B's template builds (builds.go)
 }
 
 // one serves h holding the lock of the request's sandbox.
@@ -138,6 +146,14 @@ func (s *Service) API() http.Handler {
 	mux.HandleFunc("GET /snapshots", s.listSnapshots)
 	mux.HandleFunc("DELETE /templates/{id}", s.deleteSnapshot)
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
+	// E2B's template builder (templates.go, builds.go, uploads.go).
+	mux.HandleFunc("POST /v3/templates", s.requestBuild)
+	mux.HandleFunc("GET /templates/{templateID}/files/{hash}", s.fileLink)
+	mux.HandleFunc("POST /v2/templates/{templateID}/builds/{buildID}", s.startBuild)
+	mux.HandleFunc("GET /templates/{templateID}/builds/{buildID}/status", s.buildStatus)
+	mux.HandleFunc("GET /templates/{a}/{b}", s.templatesGet)
+	mux.HandleFunc("POST /templates/tags", s.assignTags)
+	mux.HandleFunc("DELETE /templates/tags", s.removeTags)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, errdefs.New(errdefs.ErrNotFound, "%s %s: not part of the E2B API served here", r.Method, r.URL.Path))
 	})
@@ -309,6 +325,13 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		Private: ingress.private, MaskHost: ingress.maskHost, AutoResume: autoResume, PauseDropsMemory: dropsMemory}
 	var sb api.Sandbox
 	var meta store.SandboxMeta
+	if !s.sbx.IsSnapshot(r.Context(), name) {
+		// A team's own template by name[:tag] or ID: its build's.
+		if name, err = s.resolveTemplate(r.Context(), name); err != nil {
+			fail(w, err)
+			return
+		}
+	}
 	if s.sbx.IsSnapshot(r.Context(), name) {
 		// E2B's Sandbox.create(snapshotID): from the snapshot, with its
 		// memory.

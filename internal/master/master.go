@@ -63,6 +63,10 @@ type Config struct {
 	// E2B is the E2B REST API, served under /e2b/ to the operator and to
 	// teams' API keys (internal/e2b); nil: none.
 	E2B http.Handler
+	// E2BUploads serves PUT /e2b/uploads/…: the uploads of E2B's template
+	// builds, whose URLs carry their own signature (the SDK sends no API
+	// key there); nil: none.
+	E2BUploads http.Handler
 	// SandboxTraffic serves what the E2B SDK sends to a sandbox (envd)
 	// when it is addressed to this listener: a request with an
 	// E2b-Sandbox-Id header or a Host of <port>-<id>.<domain>. It checks
@@ -158,6 +162,9 @@ func Handler(cfg Config) http.Handler {
 	open.HandleFunc("GET /v1/ca", s.caCert)
 	open.HandleFunc("POST /v1/nodes/join", s.joinNode)
 	open.HandleFunc("GET /v1/nodes/tunnel", s.cfg.Fleet.Tunnel())
+	if cfg.E2BUploads != nil {
+		open.Handle("PUT /e2b/uploads/", http.StripPrefix("/e2b", cfg.E2BUploads))
+	}
 	return s.e2bByHost(cfg.Metrics.Instrument(s.auth(mux, open), s.route(mux, open)))
 }
 

@@ -12,6 +12,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"sandstorm/internal/demo"
+	"sandstorm/internal/ociimage/ocitest"
 )
 
 // The E2B JS SDK's own tests (third_party/e2b-js-sdk: E2B's src/ and
@@ -72,7 +77,7 @@ func TestE2BSDKSuite(t *testing.T) {
 		t.Fatalf("the SDK's test dependencies are not installed (%v): run npm ci --prefix third_party/e2b-js-sdk", err)
 	}
 	skip := sdkExceptions(t)
-	d := startDaemon(t)
+	d := startDaemon(t, "--registry-mirror", "docker.io="+sdkImages(t))
 	d.registerBase(t)
 	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
 	key := strings.TrimSpace(cli(t, env, "api-key", "create", "sdk-tests").Stdout)
@@ -95,6 +100,11 @@ func TestE2BSDKSuite(t *testing.T) {
 		}
 		sort.Strings(names)
 		args = append(args, "--testNamePattern", "^(?!("+strings.Join(names, "|")+")$)")
+	}
+	if files := os.Getenv("E2BSDK_FILES"); files != "" {
+		// Only these files (vitest's filters: e.g. tests/template), to
+		// run a part while working on it.
+		args = append(args, strings.Fields(files)...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -173,4 +183,29 @@ func TestE2BSDKSuite(t *testing.T) {
 	if passed == 0 {
 		t.Fatalf("no test passed (run: %v):\n%s", runErr, out)
 	}
+}
+
+// sdkImagesNamed are the Docker Hub images the SDK's template tests
+// build from (fromImage('ubuntu:22.04'); fromBaseImage() is e2bdev/base),
+// each served by the test's own registry as the base demo's rootfs (a
+// Debian userland with the account "user"), which the master pulls
+// instead of Docker Hub's (serve --registry-mirror docker.io=<it>).
+var sdkImagesNamed = []string{"library/ubuntu:22.04", "e2bdev/base:latest"}
+
+// sdkImages starts the registry of sdkImagesNamed and answers its host.
+func sdkImages(t *testing.T) string {
+	t.Helper()
+	baseOnce.Do(func() {
+		baseRootfs = filepath.Join(workDir, "demo", "base")
+		baseDemo, baseErr = demo.Build("base", baseRootfs)
+	})
+	if baseErr != nil {
+		t.Fatalf("build the base demo: %v", baseErr)
+	}
+	reg := ocitest.NewRegistry(t, ocitest.Options{})
+	img := ocitest.ImageOf(t, v1.Config{Cmd: []string{"/bin/bash"}, Env: baseDemo.Env}, ocitest.LayerFromTar(t, ocitest.TarDir(t, baseRootfs)))
+	for _, n := range sdkImagesNamed {
+		reg.Push(t, img, n)
+	}
+	return reg.Host
 }
