@@ -60,6 +60,7 @@ type build struct {
 	partial []byte
 	reason  *reason
 	ended   time.Time
+	done    chan struct{} // closed at its end
 }
 
 // Write takes a build's output, a log entry a line.
@@ -108,6 +109,7 @@ func (b *build) end(r *reason) {
 		b.status = "error"
 		b.logLocked("error", r.Message)
 	}
+	close(b.done)
 }
 
 // builds are the builds the master knows of, by ID.

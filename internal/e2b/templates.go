@@ -131,7 +131,7 @@ func (s *Service) requestBuild(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	b := s.builds.add(&build{id: newUUID(), templateID: tpl.ID, team: team, alias: alias, tags: tags, memoryMiB: req.MemoryMB, status: "waiting", created: time.Now()})
+	b := s.builds.add(&build{id: newUUID(), templateID: tpl.ID, team: team, alias: alias, tags: tags, memoryMiB: req.MemoryMB, status: "waiting", created: time.Now(), done: make(chan struct{})})
 	s.cfg.Log.Info("e2b template build requested", "template", tpl.ID, "alias", alias, "build", b.id, "team", team)
 	writeJSON(w, http.StatusAccepted, map[string]any{
 		"templateID": tpl.ID, "buildID": b.id, "public": false,
