@@ -243,7 +243,13 @@ func (p *plan) copyStep(n int, s step) error {
 		}
 		flags = append(flags, "--chmod="+s.Args[3])
 	}
-	flags = append(flags, jsonArgs(s.FilesHash+"/"+src, s.Args[1]))
+	dest := s.Args[1]
+	if strings.ContainsAny(src, "*?[") && !strings.HasSuffix(dest, "/") {
+		// A pattern's matches go into the destination, a directory, as
+		// E2B's copy puts them (Docker wants the / said).
+		dest += "/"
+	}
+	flags = append(flags, jsonArgs(s.FilesHash+"/"+src, dest))
 	p.emit(strconv.Itoa(n), s, "COPY %s", strings.Join(flags, " "))
 	return nil
 }

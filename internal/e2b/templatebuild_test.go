@@ -30,7 +30,7 @@ USER 0:0
 RUN ["/bin/sh","-c",` + jsonQuote(provision) + `]
 USER user
 WORKDIR /home/user
-COPY --chown=user ["` + hashA + `/folder/*","folder"]
+COPY --chown=user ["` + hashA + `/folder/*","folder/"]
 RUN ["/bin/sh","-c","cat folder/test.txt\necho $HOME"]
 USER root
 RUN ["/bin/sh","-c","whoami"]

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +16,10 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"sandstorm/internal/client"
 	"sandstorm/internal/demo"
 	"sandstorm/internal/ociimage/ocitest"
+	"sandstorm/internal/testenv"
 )
 
 // The E2B JS SDK's own tests (third_party/e2b-js-sdk: E2B's src/ and
@@ -133,6 +136,7 @@ func TestE2BSDKSuite(t *testing.T) {
 		"NO_COLOR=1",
 	)
 	out, runErr := cmd.CombinedOutput()
+	t.Run("BuiltTemplateIsUsedAndWarm", func(t *testing.T) { builtTemplateIsUsedAndWarm(t, d, key) })
 	b, err := os.ReadFile(report)
 	if err != nil {
 		t.Fatalf("vitest wrote no report (%v; run: %v):\n%s", err, runErr, out)
@@ -208,4 +212,58 @@ func sdkImages(t *testing.T) string {
 		reg.Push(t, img, n)
 	}
 	return reg.Host
+}
+
+// builtTemplateIsUsedAndWarm builds a template through E2B's calls as
+// Template.build makes them (from e2bdev/base, served by the test's
+// registry; a RUN; a start command and waitForPort), creates a sandbox
+// of it by its name as Sandbox.create does, with the team's key, and
+// checks that the template is warm (its image made on the node) and
+// the sandbox runs from it; another team does not find it.
+func builtTemplateIsUsedAndWarm(t *testing.T, d *Daemon, key string) {
+	ctx := ctxT(t)
+	team := *d.C
+	team.Token = key
+	var req struct{ TemplateID, BuildID string }
+	if err := team.Do(ctx, http.MethodPost, "/e2b/v3/templates", map[string]any{"name": "sdk-warm:v1", "cpuCount": 1, "memoryMB": 512}, &req); err != nil {
+		t.Fatalf("request a build: %v", err)
+	}
+	steps := map[string]any{"fromImage": "e2bdev/base", "force": true,
+		"steps":    []map[string]any{{"type": "RUN", "args": []string{"echo built > /home/user/built"}}},
+		"startCmd": "python3 -m http.server 8000", "readyCmd": `[ -n "$(ss -Htuln sport = :8000)" ]`}
+	if err := team.Do(ctx, http.MethodPost, "/e2b/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, steps, nil); err != nil {
+		t.Fatalf("start the build: %v", err)
+	}
+	var st struct {
+		Status string
+		Reason *struct{ Message, Step string }
+	}
+	testenv.WaitFor(t, 5*time.Minute, "the build ends", func() bool {
+		if err := team.Do(ctx, http.MethodGet, "/e2b/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil, &st); err != nil {
+			t.Fatalf("status: %v", err)
+		}
+		return st.Status == "ready" || st.Status == "error"
+	})
+	if st.Status != "ready" {
+		t.Fatalf("the build: %s (%+v)", st.Status, st.Reason)
+	}
+	name := "e2b-" + strings.ReplaceAll(req.BuildID, "-", "")
+	if !exists(filepath.Join(d.DataDir, "warm", name)) {
+		t.Errorf("template %s has no warm image on the node", name)
+	}
+	var sb struct{ SandboxID, TemplateID string }
+	if err := team.Do(ctx, http.MethodPost, "/e2b/sandboxes", map[string]any{"templateID": "sdk-warm:v1", "timeout": 60}, &sb); err != nil {
+		t.Fatalf("create from the built template: %v", err)
+	}
+	if sb.TemplateID != name {
+		t.Errorf("the sandbox is of template %s, want %s", sb.TemplateID, name)
+	}
+	if err := team.Do(ctx, http.MethodDelete, "/e2b/sandboxes/"+sb.SandboxID, nil, nil); err != nil {
+		t.Errorf("delete it: %v", err)
+	}
+	other := strings.TrimSpace(cli(t, []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}, "api-key", "create", "other-team").Stdout)
+	team.Token = other
+	if err := team.Do(ctx, http.MethodPost, "/e2b/sandboxes", map[string]any{"templateID": "sdk-warm:v1"}, nil); client.StatusOf(err) != http.StatusNotFound {
+		t.Errorf("another team's create from it: %v, want 404", err)
+	}
 }
