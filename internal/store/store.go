@@ -436,7 +436,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 		return fmt.Errorf("template %q: %w", t.Name, errdefs.ErrExists)
 	}
 	if err == nil {
-		if err = s.setTemplateLayers(ctx, t.Name, t.Layers); err != nil {
+		if err = setTemplateLayers(ctx, s, t.Name, t.Layers); err != nil {
 			s.db.ExecContext(context.WithoutCancel(ctx), s.q(`DELETE FROM templates WHERE name=?`), t.Name)
 		}
 	}
@@ -451,7 +451,7 @@ func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) 
 		return t, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
 	}
 	if err == nil {
-		err = s.templateLayers(ctx, []*Template{&t})
+		err = templateLayers(ctx, s, []*Template{&t})
 	}
 	return t, err
 }
@@ -482,7 +482,7 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 		return nil, err
 	}
 	rows.Close()
-	return out, s.templateLayers(ctx, ptrs(out))
+	return out, templateLayers(ctx, s, ptrs(out))
 }
 
 // DeleteTemplate removes a template; errdefs.ErrNotFound if absent, errdefs.ErrExists
