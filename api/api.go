@@ -148,10 +148,14 @@ type Warm struct {
 
 // Probe says when the template's process is ready to be checkpointed: an
 // HTTP GET of Path on Port answered 2xx, or with Path empty a TCP connect
-// to Port. Port 0 is the template's first port.
+// to Port. Port 0 is the template's first port. With Command set, neither:
+// the command (absolute path, then its arguments) run inside the sandbox
+// as root until it exits 0 — E2B's setReadyCmd, e.g.
+// ["/bin/sh", "-c", "test -f /tmp/ready"].
 type Probe struct {
-	Port int    `json:"port,omitempty"`
-	Path string `json:"http_path,omitempty"`
+	Port    int      `json:"port,omitempty"`
+	Path    string   `json:"http_path,omitempty"`
+	Command []string `json:"command,omitempty"`
 }
 
 // Reseed is what runs in every sandbox right after it is restored from the

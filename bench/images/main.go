@@ -55,12 +55,12 @@ func main() {
 		}
 		return nil
 	})
-	if c.isolate && os.Getenv(isolatedEnv) == "" {
-		os.Exit(reexecIsolated())
+	if c.isolate && os.Getenv(bench.IsolatedEnv) == "" {
+		os.Exit(bench.ReexecIsolated("images"))
 	}
 	bench.Main("images", func(ctx context.Context) (string, error) {
 		if c.isolate {
-			if err := setupIsolation(); err != nil {
+			if err := bench.SetupIsolation(); err != nil {
 				return "", err
 			}
 		}

@@ -7,92 +7,17 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"sandstorm/internal/bench"
 	"sandstorm/internal/client"
 	"sandstorm/internal/netns"
 )
-
-// isolatedEnv is set in the environment of the re-executed, isolated run.
-const isolatedEnv = "SANDSTORM_BENCH_ISOLATED"
-
-// reexecIsolated runs this program again under `unshare --net --mount`, so
-// that the daemon it starts has a network namespace of its own (its
-// loopback API and gateway, its veths, its nftables table) and a private
-// /var/run/netns: its gateway ports, subnet and nftables table cannot
-// collide with another sandstormd's on the machine, and the run neither
-// sees nor disturbs their traffic. (Start-up reconcile removes only the
-// namespaces and veths of its own data dir, so isolation is not needed for
-// that any more.) It returns the exit code.
-func reexecIsolated() int {
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "tiers: --start needs root: sandstormd creates network namespaces, veths, mounts and runsc sandboxes")
-		return 1
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tiers: --isolate needs unshare(1) (apt-get install -y util-linux), or pass --isolate=false")
-		return 1
-	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tiers:", err)
-		return 1
-	}
-	cmd := exec.Command(unshare, append([]string{"--net", "--mount", "--propagation", "private", "--", self}, os.Args[1:]...)...)
-	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	// The child gets a terminal's SIGINT itself (same process group); pass
-	// on the signals sent to this process alone, and wait for its cleanup.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "tiers: start isolated run:", err)
-		return 1
-	}
-	go func() {
-		for s := range sigs {
-			cmd.Process.Signal(s)
-		}
-	}()
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tiers: isolated run:", err)
-		return 1
-	}
-	return 0
-}
-
-// setupIsolation runs in the re-executed process: it brings the new network
-// namespace's loopback up and puts a private tmpfs over /var/run/netns.
-func setupIsolation() error {
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("isolation: loopback: %w", err)
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("isolation: set loopback up: %w", err)
-	}
-	if err := os.MkdirAll(netns.Dir, 0o755); err != nil {
-		return fmt.Errorf("isolation: %w", err)
-	}
-	if err := unix.Mount("tmpfs", netns.Dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755"); err != nil {
-		return fmt.Errorf("isolation: tmpfs on %s: %w", netns.Dir, err)
-	}
-	return nil
-}
 
 // daemon is a sandstormd this program started.
 type daemon struct {

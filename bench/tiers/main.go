@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/bench"
 	"sandstorm/internal/demo"
 	"sandstorm/internal/sandbox/gvisor"
 )
@@ -267,10 +268,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "tiers:", err)
 		os.Exit(2)
 	}
-	if cfg.start && cfg.isolate && os.Getenv(isolatedEnv) == "" {
+	if cfg.start && cfg.isolate && os.Getenv(bench.IsolatedEnv) == "" {
 		// Re-run this program inside fresh namespaces; it comes back here
-		// with isolatedEnv set.
-		os.Exit(reexecIsolated())
+		// with bench.IsolatedEnv set.
+		os.Exit(bench.ReexecIsolated("tiers"))
 	}
 	// The first SIGINT/SIGTERM cancels the run, which then still deletes
 	// its sandboxes and stops its daemon; later ones are ignored so that

@@ -61,9 +61,9 @@ type runner struct {
 
 // run measures and writes the results; it returns the results directory.
 func run(ctx context.Context, cfg config) (string, error) {
-	isolated := os.Getenv(isolatedEnv) != ""
+	isolated := os.Getenv(bench.IsolatedEnv) != ""
 	if isolated {
-		if err := setupIsolation(); err != nil {
+		if err := bench.SetupIsolation(); err != nil {
 			return "", err
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 
@@ -15,7 +16,7 @@ func TestWarmRequest(t *testing.T) {
 		!slices.Equal(req.Process.Env, def.Process.Env) || !slices.Equal(req.Ports, def.Ports) || req.MemoryMiB != 256 || req.Principal != "p" {
 		t.Errorf("the warm copy differs from its template beyond warm: %+v", req)
 	}
-	if w := req.Warm; w == nil || w.Probe != (api.Probe{Port: 8000, Path: "/healthz"}) || w.Reseed.Signal != "SIGUSR1" || w.Reseed.Command != nil {
+	if w := req.Warm; w == nil || !reflect.DeepEqual(w.Probe, api.Probe{Port: 8000, Path: "/healthz"}) || w.Reseed.Signal != "SIGUSR1" || w.Reseed.Command != nil {
 		t.Errorf("warm = %+v", w)
 	}
 }

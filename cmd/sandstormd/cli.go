@@ -122,17 +122,24 @@ func demoPackages() []string {
 }
 
 // parseProbe reads --warm-probe: "/healthz" (HTTP on the first port),
-// ":8080/healthz", ":8080" (TCP connect), or "" (TCP connect to the first
-// port).
+// ":8080/healthz", ":8080" (TCP connect), "cmd:COMMAND" (a shell command
+// run inside until it exits 0), or "" (TCP connect to the first port).
 func parseProbe(s string) (api.Probe, error) {
 	var p api.Probe
+	if c, ok := strings.CutPrefix(s, "cmd:"); ok {
+		if strings.TrimSpace(c) == "" {
+			return p, fmt.Errorf("--warm-probe %q: say the command after cmd:", s)
+		}
+		p.Command = []string{"/bin/sh", "-c", c}
+		return p, nil
+	}
 	if s == "" || strings.HasPrefix(s, "/") {
 		p.Path = s
 		return p, nil
 	}
 	rest, ok := strings.CutPrefix(s, ":")
 	if !ok {
-		return p, fmt.Errorf("--warm-probe %q: want /PATH, :PORT or :PORT/PATH", s)
+		return p, fmt.Errorf("--warm-probe %q: want /PATH, :PORT, :PORT/PATH or cmd:COMMAND", s)
 	}
 	port, path, _ := strings.Cut(rest, "/")
 	n, err := strconv.Atoi(port)

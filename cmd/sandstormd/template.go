@@ -101,7 +101,7 @@ From a rootfs directory or tarball, ARGS say what to run.`,
 	create.Flags().StringVar(&tarball, "tarball", "", "rootfs tarball to upload")
 	create.Flags().StringArrayVar(&env, "env", nil, "environment KEY=VALUE (repeatable)")
 	create.Flags().IntSliceVar(&ports, "port", nil, "TCP port the process serves (repeatable); each gets a gateway endpoint (default with --image: its exposed ports)")
-	create.Flags().StringVar(&warmProbe, "warm-probe", "", "make the template warm: started once, checkpointed when this answers (/PATH: HTTP GET on the first port; :PORT/PATH or :PORT: another port, TCP connect without a path); needs --reseed-signal or --reseed-command")
+	create.Flags().StringVar(&warmProbe, "warm-probe", "", "make the template warm: started once, checkpointed when this answers (/PATH: HTTP GET on the first port; :PORT/PATH or :PORT: another port, TCP connect without a path; cmd:COMMAND: a shell command run inside, as root, until it exits 0); needs --reseed-signal or --reseed-command")
 	create.Flags().StringVar(&warmSignal, "reseed-signal", "", "warm template: signal sent to each sandbox's process right after its restore (SIGHUP, SIGUSR1, SIGUSR2)")
 	create.Flags().IntVar(&warmPool, "warm-pool", 1, "warm template: sandboxes each node keeps restored and paused ahead of demand; a create without --name takes one and is ready in a resume and a reseed (0 to 16; each costs a frozen sandbox's memory)")
 	create.Flags().StringArrayVar(&warmCommand, "reseed-command", nil, "warm template: command run inside each sandbox right after its restore: the absolute path, then each argument as another --reseed-command")

@@ -565,6 +565,7 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	// shared by every template made from them (rootfs.Flatten links
 	// their files); builds' RUN steps as o.BuildPrincipal.
 	tpl := &templates.Service{Store: st, Fleet: fl, Sandboxes: sbx, DataDir: o.DataDir, Log: log, BuildPrincipal: o.BuildPrincipal, Mirrors: o.RegistryMirrors,
+		Guard:  &dialguard.Guard{SandboxIfPrefix: node.VethPrefix},
 		Images: &imagetemplate.Puller{Layers: &ociimage.Store{Dir: layers.Dir}, Log: log}}
 	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log,
 		Templates: tpl, MaxUpload: o.MaxUpload})

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -50,7 +51,7 @@ func TestBaseRootfs(t *testing.T) {
 	}
 	// A template without ports is warm only with a probe on a port of its
 	// own choosing: envd's.
-	if w := d.Warm; w == nil || w.Probe != (api.Probe{Port: envd.Port, Path: "/health"}) || w.Reseed.Signal != "" || !slices.Equal(w.Reseed.Command, []string{"/bin/true"}) || w.Pool != 1 {
+	if w := d.Warm; w == nil || !reflect.DeepEqual(w.Probe, api.Probe{Port: envd.Port, Path: "/health"}) || w.Reseed.Signal != "" || !slices.Equal(w.Reseed.Command, []string{"/bin/true"}) || w.Pool != 1 {
 		t.Fatalf("Demo.Warm = %+v", d.Warm)
 	}
 	for _, p := range []string{

@@ -255,9 +255,10 @@ func (p *plan) copyStep(n int, s step) error {
 }
 
 // warmOf is the warm image of a template whose ready command is ready:
-// E2B's waitForPort and waitForURL (of this sandbox) are the probe;
-// any other command is not run — the image is taken once envd answers,
-// the start command started.
+// E2B's waitForPort and waitForURL (of this sandbox) are the node's own
+// port and HTTP probes; any other command (waitForFile, waitForProcess,
+// waitForTimeout, a command of the user's) is run inside by the node
+// until it exits 0, as E2B's builder runs it; none: once envd answers.
 func warmOf(ready string) api.Warm {
 	w := api.Warm{Probe: api.Probe{Port: api.EnvdPort, Path: "/health"}, Reseed: api.Reseed{Command: []string{"/bin/true"}}}
 	if m := readyPort.FindStringSubmatch(ready); m != nil {
@@ -272,6 +273,8 @@ func warmOf(ready string) api.Warm {
 			}
 			w.Probe = api.Probe{Port: port, Path: path}
 		}
+	} else if strings.TrimSpace(ready) != "" {
+		w.Probe = api.Probe{Command: []string{"/bin/sh", "-c", ready}}
 	}
 	return w
 }

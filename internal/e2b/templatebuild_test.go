@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -92,18 +93,19 @@ func TestTranslateRefuses(t *testing.T) {
 
 func TestWarmOf(t *testing.T) {
 	envd := api.Probe{Port: api.EnvdPort, Path: "/health"}
+	sh := func(c string) api.Probe { return api.Probe{Command: []string{"/bin/sh", "-c", c}} }
 	for ready, want := range map[string]api.Probe{
 		`[ -n "$(ss -Htuln sport = :8080)" ]`:                                                   {Port: 8080},
 		`curl -s -o /dev/null -w "%{http_code}" 'http://localhost:3000/health' | grep -q "200"`: {Port: 3000, Path: "/health"},
 		`curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:8000 | grep -q "200"`:          {Port: 8000, Path: "/"},
-		`curl -s -o /dev/null -w "%{http_code}" 'http://example.com:80/' | grep -q "200"`:       envd,
-		`sleep 10`:                             envd,
-		`[ -f '/tmp/ready' ]`:                  envd,
+		`curl -s -o /dev/null -w "%{http_code}" 'http://example.com:80/' | grep -q "200"`:       sh(`curl -s -o /dev/null -w "%{http_code}" 'http://example.com:80/' | grep -q "200"`),
+		`sleep 10`:                             sh(`sleep 10`),
+		`[ -f '/tmp/ready' ]`:                  sh(`[ -f '/tmp/ready' ]`),
 		``:                                     envd,
 		`[ -n "$(ss -Htuln sport = :99999)" ]`: envd,
 	} {
 		w := warmOf(ready)
-		if w.Probe != want || len(w.Reseed.Command) == 0 || w.Pool != 0 {
+		if !reflect.DeepEqual(w.Probe, want) || len(w.Reseed.Command) == 0 || w.Pool != 0 {
 			t.Errorf("warmOf(%q) = %+v, want probe %+v", ready, w, want)
 		}
 	}

@@ -414,16 +414,25 @@ func (x *extractor) makeRoom(pfd int, leaf, name string) error {
 	return nil
 }
 
+// openLeaf opens name's parent (made if create) and says what is at its
+// leaf (0: nothing); the caller closes pfd.
+func (x *extractor) openLeaf(name string, create bool) (pfd int, leaf string, typ uint32, err error) {
+	if pfd, leaf, err = x.openParent(name, create); err != nil {
+		return -1, "", 0, err
+	}
+	if typ, err = lstatAt(pfd, leaf); err != nil {
+		unix.Close(pfd)
+		return -1, "", 0, fmt.Errorf("rootfs: entry %q: %w", x.cur, err)
+	}
+	return pfd, leaf, typ, nil
+}
+
 func (x *extractor) mkdir(name string, hdr *tar.Header) error {
-	pfd, leaf, err := x.openParent(name, true)
+	pfd, leaf, typ, err := x.openLeaf(name, true)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(pfd)
-	typ, err := lstatAt(pfd, leaf)
-	if err != nil {
-		return fmt.Errorf("rootfs: entry %q: %w", x.cur, err)
-	}
 	switch typ {
 	case 0:
 		if err := x.count(); err != nil {

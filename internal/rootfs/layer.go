@@ -181,15 +181,11 @@ func (x *extractor) finishLayer() error {
 }
 
 func (x *extractor) applyWhiteout(name string) error {
-	pfd, leaf, err := x.openParent(name, false)
+	pfd, leaf, typ, err := x.openLeaf(name, false)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(pfd)
-	typ, err := lstatAt(pfd, leaf)
-	if err != nil {
-		return fmt.Errorf("rootfs: entry %q: %w", x.cur, err)
-	}
 	switch typ {
 	case 0:
 		if err := x.count(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -91,7 +92,7 @@ func testWarmTemplateRoundTrip(t *testing.T, where string) {
 		t.Fatal(err)
 	}
 	got, err := s.GetTemplate(ctx, "w")
-	if err != nil || got.Warm == nil || got.Warm.Probe != w.Probe || len(got.Warm.Reseed.Command) != 2 {
+	if err != nil || got.Warm == nil || !reflect.DeepEqual(got.Warm.Probe, w.Probe) || len(got.Warm.Reseed.Command) != 2 {
 		t.Errorf("warm template back: %+v %v", got.Warm, err)
 	}
 	if got, err := s.GetTemplate(ctx, "p"); err != nil || got.Warm != nil {

@@ -52,6 +52,9 @@ func (s *Service) BuildWith(ctx context.Context, req api.BuildRequest, ctxDir st
 	}
 	if opts.Team != "" {
 		b.Auth = &api.RegistryAuth{}
+		p := *s.Images
+		p.Transport = newTeamTransport(p.Transport, s.Mirrors, s.Guard)
+		b.Puller = &p
 	}
 	pulled, err := b.Build(ctx, []byte(req.Dockerfile), ctxDir, req.BuildArgs, req.Target, out)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/imagetemplate"
 	"sandstorm/internal/rootfs"
+	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 )
@@ -40,7 +41,10 @@ type Service struct {
 	// "docker.io" for Docker Hub) to the host[:port] that serves its
 	// images instead, for the images E2B's template builds name (Mirror).
 	Mirrors map[string]string
-	Log     *slog.Logger
+	// Guard judges the addresses a team's pulls dial (pulls.go; nil:
+	// the kernel's routes, dialguard.Guard).
+	Guard dialguard.Checker
+	Log   *slog.Logger
 }
 
 func badRequest(format string, args ...any) error {
@@ -135,7 +139,11 @@ func Validate(req api.TemplateRequest) error {
 // "random" numbers.
 func validateWarm(req api.TemplateRequest) error {
 	w := req.Warm
-	if w.Probe.Port == 0 && len(req.Ports) == 0 {
+	if len(w.Probe.Command) > 0 {
+		if !strings.HasPrefix(w.Probe.Command[0], "/") || w.Probe.Port != 0 || w.Probe.Path != "" {
+			return badRequest("template %q: warm.probe.command must start with an absolute path, and excludes port and http_path", req.Name)
+		}
+	} else if w.Probe.Port == 0 && len(req.Ports) == 0 {
 		return badRequest("template %q: warm.probe.port is not set and the template has no ports: say what to probe", req.Name)
 	}
 	if w.Probe.Port < 0 || w.Probe.Port > 65535 {

@@ -291,6 +291,13 @@ func TestTemplateBuild(t *testing.T) {
 	if logs := d.logs(t, warm.ID); !strings.Contains(logs, "warm image") {
 		t.Errorf("a sandbox of a warm build was not restored from its warm image:\n%s", logs)
 	}
+	// Warm by a ready command (E2B's setReadyCmd): run inside until it
+	// exits 0. This one fails until the server answers, and its GET / is
+	// counted in the server's memory before the checkpoint: a sandbox of
+	// the image answers its first request with 2.
+	ready := `cmd:/usr/bin/python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/', timeout=2)"`
+	cli(t, env, "template", "build", "built4", base, "--warm-probe", ready, "--reseed-signal", "SIGUSR1", "--warm-pool", "0", dir).ok(t, "a build warm by a ready command", `template built4 built and registered`)
+	expectCount(t, endpoint(t, d.create(t, "built4", "built4")), 2, "a sandbox of a template warmed by a ready command that did GET / once")
 
 	// The metadata address from a RUN: refused by its boundary, the step
 	// fails naming its line, and no template is registered.

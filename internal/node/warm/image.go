@@ -160,7 +160,7 @@ func (im *Images) Build(ctx context.Context, t store.Template, limitMiB int64, e
 	if err := be.Start(bg, spec); err != nil {
 		return fmt.Errorf("start template %s to warm it: %w", t.Name, err)
 	}
-	if err := im.probe(ctx, t, nw, l); err != nil {
+	if err := im.probe(ctx, t, spec, nw, l); err != nil {
 		return err
 	}
 	ready := time.Since(start)
@@ -176,7 +176,14 @@ func (im *Images) Build(ctx context.Context, t store.Template, limitMiB int64, e
 }
 
 // probe waits for the build's probe to succeed.
-func (im *Images) probe(ctx context.Context, t store.Template, nw netns.Net, l layout.Dir) error {
+func (im *Images) probe(ctx context.Context, t store.Template, spec sandbox.Spec, nw netns.Net, l layout.Dir) error {
+	if cmd := t.Warm.Probe.Command; len(cmd) > 0 {
+		if err := ProbeCommand(ctx, im.cfg.Backend, spec, cmd, im.cfg.Ready); err != nil {
+			return fmt.Errorf("%w: template %s: its ready command %q did not exit 0 within %s (last: %v; its output: %s)",
+				errdefs.ErrBadInput, t.Name, cmd, im.cfg.Ready, err, tail(l.Log(), 400))
+		}
+		return nil
+	}
 	port := t.Warm.Probe.Port
 	if port == 0 {
 		port = t.Ports[0]
@@ -279,6 +286,39 @@ func Probe(ctx context.Context, d *net.Dialer, target netip.AddrPort, path strin
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// ProbeCommand runs cmd in the sandbox of spec until it exits 0, within
+// ready. A run is not cut short on its own: E2B's waitForTimeout is a
+// sleep that must be let end.
+func ProbeCommand(ctx context.Context, be sandbox.Backend, spec sandbox.Spec, cmd []string, ready time.Duration) error {
+	x, ok := be.(sandbox.Execer)
+	if !ok {
+		return errors.New("this backend cannot run a command in a sandbox")
+	}
+	ctx, cancel := context.WithTimeout(ctx, ready)
+	defer cancel()
+	for {
+		out, err := x.Exec(ctx, spec, cmd)
+		if err == nil {
+			return nil
+		}
+		if len(out) > 0 {
+			err = fmt.Errorf("%w: %s", err, strconv.Quote(string(tailBytes(out, 200))))
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func tailBytes(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
 }
 
 // MarkedDialer dials into a sandbox with mark, the gateway's: the only
