@@ -59,14 +59,39 @@ func checkIdentity(t *testing.T, got echo, principal string) {
 			t.Errorf("spoofed %s reached the mesh: %q", k, got.Header.Get(k))
 		}
 	}
+	// No spelling of an identity header but the boundary's own: a
+	// lenient upstream (any WSGI server) reads X-Sam_Principal as
+	// X-Sam-Principal.
+	for k, v := range got.Header {
+		f := foldHeader(k)
+		own := k == HeaderPrincipal || k == HeaderService
+		if !own && (strings.HasPrefix(f, "x-sam-") || strings.HasPrefix(f, "x-forwarded-") || identityHeaders[f]) {
+			t.Errorf("spoofed %s reached the mesh: %q", k, v)
+		}
+	}
 	if got.Header.Get("X-Custom") != "kept" {
 		t.Errorf("ordinary header X-Custom not forwarded: %v", got.Header)
 	}
 }
 
+// spelled are identity headers spelled as a lenient upstream folds them,
+// sent with these exact names (not Go's canonical ones).
+var spelled = map[string]string{
+	"X-Sam_Principal":     "root",
+	"x_sam_principal":     "root",
+	"X-SAM-PRINCIPAL":     "root",
+	"x-sam_service":       "inference://big",
+	"X_Forwarded_For":     "192.0.2.1",
+	"Api_Key":             "k",
+	"PROXY_AUTHORIZATION": "Basic eDp5",
+}
+
 func spoof(req *http.Request) *http.Request {
 	for k, v := range spoofed {
 		req.Header.Set(k, v)
+	}
+	for k, v := range spelled {
+		req.Header[k] = []string{v}
 	}
 	req.Header.Set("X-Custom", "kept")
 	return req

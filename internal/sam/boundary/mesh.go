@@ -285,21 +285,30 @@ type meshReq struct {
 }
 
 // identityHeaders are removed from every request an agent sends to the
-// mesh, besides every X-Sam-* and X-Forwarded-* header.
-var identityHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key", "Forwarded", "X-Real-Ip"}
+// mesh, besides every X-Sam-* and X-Forwarded-* header; each in its
+// folded form (foldHeader).
+var identityHeaders = map[string]bool{
+	"authorization": true, "proxy-authorization": true, "cookie": true, "x-api-key": true,
+	"api-key": true, "forwarded": true, "x-real-ip": true,
+}
 
-// stripIdentity removes identity and credential headers; it reports whether
-// there were any.
+// foldHeader is a header name as a lenient upstream may read it: any case,
+// and '_' for '-' (CGI and every WSGI server map both to the same
+// HTTP_X_SAM_PRINCIPAL). Go keeps "X-Sam_principal" apart from
+// "X-Sam-Principal", so a check on Go's canonical names alone lets an
+// agent spell its way past it; Envoy drops such headers for the same
+// reason (headers_with_underscores_action).
+func foldHeader(k string) string {
+	return strings.ToLower(strings.ReplaceAll(k, "_", "-"))
+}
+
+// stripIdentity removes identity and credential headers, under any
+// spelling that folds to one; it reports whether there were any.
 func stripIdentity(h http.Header) bool {
 	found := false
 	for k := range h {
-		if strings.HasPrefix(k, "X-Sam-") || strings.HasPrefix(k, "X-Forwarded-") {
-			delete(h, k)
-			found = true
-		}
-	}
-	for _, k := range identityHeaders {
-		if _, ok := h[k]; ok {
+		f := foldHeader(k)
+		if strings.HasPrefix(f, "x-sam-") || strings.HasPrefix(f, "x-forwarded-") || identityHeaders[f] {
 			delete(h, k)
 			found = true
 		}
