@@ -160,8 +160,7 @@ func createTemplate(cmd *cobra.Command, c *client.Client, req api.TemplateReques
 			return api.Template{}, err
 		}
 		req.Image = &api.ImageSource{Ref: src.image, Auth: auth}
-		fmt.Fprintf(os.Stderr, "the master is pulling %s and unpacking it…\n", src.image)
-		return c.CreateTemplate(cmd.Context(), req)
+		return c.CreateTemplateEvents(cmd.Context(), req, func(l string) { fmt.Fprint(os.Stderr, l) })
 	case src.dir != "":
 		var err error
 		if req.RootfsDir, err = filepath.Abs(src.dir); err != nil {

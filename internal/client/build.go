@@ -29,8 +29,31 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, req api.BuildRe
 		return api.Template{}, err
 	}
 	hr.Header.Set("Content-Type", mw.FormDataContentType())
+	return c.events(hr, log)
+}
+
+// CreateTemplateEvents is CreateTemplate for a template from an image,
+// calling log with the pull's progress as it comes (each layer, the
+// unpack, the nodes readied). Like a build, it has no overall timeout.
+func (c *Client) CreateTemplateEvents(ctx context.Context, req api.TemplateRequest, log func(string)) (api.Template, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return api.Template{}, err
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+"/v1/templates", bytes.NewReader(body))
+	if err != nil {
+		return api.Template{}, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("Accept", "application/x-ndjson")
+	return c.events(hr, log)
+}
+
+// events sends hr, whose answer is api.BuildEvent lines, with no overall
+// timeout (a build lasts as long as its steps, a pull as its layers).
+func (c *Client) events(hr *http.Request, log func(string)) (api.Template, error) {
 	hc := *c.HTTP
-	hc.Timeout = 0 // a build lasts as long as its steps
+	hc.Timeout = 0
 	cc := *c
 	cc.HTTP = &hc
 	ev := &buildEvents{log: log}
@@ -42,7 +65,7 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, req api.BuildRe
 	case ev.err != nil:
 		return api.Template{}, ev.err
 	case ev.t == nil:
-		return api.Template{}, errdefs.Mark(errdefs.ErrUnavailable, errors.New("the build's answer ended before its result: see the master's log"))
+		return api.Template{}, errdefs.Mark(errdefs.ErrUnavailable, errors.New("the answer ended before its result: see the master's log"))
 	}
 	return *ev.t, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"sandstorm/api"
@@ -37,6 +38,44 @@ func (s *server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	t, err := s.tpl.Build(r.Context(), req, ctxDir, ev)
 	if err != nil {
 		s.cfg.Log.Info("template build failed", "name", req.Template.Name, "err", err)
+		_, body := errdefs.ToWire(err)
+		ev.send(api.BuildEvent{Error: &body})
+		return
+	}
+	at := toAPITemplate(t)
+	ev.send(api.BuildEvent{Template: &at})
+}
+
+// wantsEvents: the client asked for the answer as api.BuildEvent lines
+// (Accept: application/x-ndjson), progress first.
+func wantsEvents(r *http.Request) bool {
+	for _, a := range strings.Split(r.Header.Get("Accept"), ",") {
+		if mt, _, _ := mime.ParseMediaType(strings.TrimSpace(a)); mt == "application/x-ndjson" {
+			return true
+		}
+	}
+	return false
+}
+
+// templateFromImageEvents is POST /v1/templates with an image, answered
+// as a build is: the pull's progress (each layer, pulled or already here;
+// the unpack; the nodes readied) as api.BuildEvent lines, then the
+// template or the error.
+func (s *server) templateFromImageEvents(w http.ResponseWriter, r *http.Request, req api.TemplateRequest) {
+	if _, err := s.cfg.Store.GetTemplate(r.Context(), req.Name); err == nil {
+		s.fail(w, r, errdefs.New(errdefs.ErrExists, "template %q: already exists", req.Name))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	ev := &eventWriter{w: w}
+	t, err := s.tpl.FromImage(r.Context(), req, ev)
+	if err == nil {
+		fmt.Fprintf(ev, "readying template %s on every node…\n", req.Name)
+		t, err = s.tpl.Register(r.Context(), t)
+	}
+	if err != nil {
+		s.cfg.Log.Info("template from image failed", "name", req.Name, "err", err)
 		_, body := errdefs.ToWire(err)
 		ev.send(api.BuildEvent{Error: &body})
 		return

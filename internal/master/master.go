@@ -343,8 +343,11 @@ func (s *server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		t, err = s.templateFromUpload(w, r)
 	} else {
 		var req api.TemplateRequest
-		if err = decode(w, r, &req); err == nil && req.Image != nil {
-			t, err = s.tpl.FromImage(r.Context(), req)
+		if err = decode(w, r, &req); err == nil && req.Image != nil && wantsEvents(r) {
+			s.templateFromImageEvents(w, r, req)
+			return
+		} else if err == nil && req.Image != nil {
+			t, err = s.tpl.FromImage(r.Context(), req, nil)
 		} else if err == nil {
 			t, err = s.templateFromDir(req)
 		}

@@ -2,6 +2,8 @@ package templates
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,7 +28,10 @@ const imagePullDeadline = 30 * time.Minute
 // config; the caller registers the result. On error nothing of the
 // template is kept (the layers that arrived whole stay in the store for
 // the next pull).
-func (s *Service) FromImage(ctx context.Context, req api.TemplateRequest) (store.Template, error) {
+func (s *Service) FromImage(ctx context.Context, req api.TemplateRequest, out io.Writer) (store.Template, error) {
+	if out == nil {
+		out = io.Discard
+	}
 	switch {
 	case s.Images == nil:
 		return store.Template{}, errdefs.New(errdefs.ErrNotSupported, "this master makes no templates from images (it has no layer store)")
@@ -43,14 +48,17 @@ func (s *Service) FromImage(ctx context.Context, req api.TemplateRequest) (store
 	ctx, cancel := context.WithTimeout(ctx, imagePullDeadline)
 	defer cancel()
 	start := time.Now()
+	fmt.Fprintf(out, "pulling %s…\n", req.Image.Ref)
 	pulled, err := s.Images.Pull(ctx, *req.Image, func(p ociimage.Progress) {
 		if p.Done {
 			s.Log.Info("image layer ready", "template", req.Name, "layer", p.Layer+1, "of", p.Layers, "diff_id", p.DiffID, "cached", p.Cached)
+			fmt.Fprintln(out, layerLine(p))
 		}
 	})
 	if err != nil {
 		return store.Template{}, err
 	}
+	fmt.Fprintf(out, "unpacking %d layer(s) into template %s…\n", len(pulled.Layers), req.Name)
 	base := filepath.Join(s.DataDir, "templates", req.Name)
 	dir := filepath.Join(base, "rootfs")
 	if err := s.Images.Unpack(pulled.Layers, dir); err != nil {
@@ -106,4 +114,19 @@ func validUser(u string) bool {
 	_, uerr := strconv.ParseUint(us, 10, 32)
 	_, gerr := strconv.ParseUint(gs, 10, 32)
 	return ok && uerr == nil && gerr == nil
+}
+
+// layerLine is a pulled layer as the user sees its progress.
+func layerLine(p ociimage.Progress) string {
+	id := p.DiffID
+	if len(id) > len("sha256:")+12 {
+		id = id[:len("sha256:")+12]
+	}
+	switch {
+	case p.Cached:
+		return fmt.Sprintf("layer %d/%d %s: already here", p.Layer+1, p.Layers, id)
+	case p.Size >= 0:
+		return fmt.Sprintf("layer %d/%d %s: pulled, %.1f MiB", p.Layer+1, p.Layers, id, float64(p.Size)/(1<<20))
+	}
+	return fmt.Sprintf("layer %d/%d %s: pulled", p.Layer+1, p.Layers, id)
 }

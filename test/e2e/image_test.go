@@ -154,7 +154,12 @@ func TestImageTemplate(t *testing.T) {
 		t.Error("a refused pull registered its template")
 	}
 
-	cli(t, env, "template", "create", "img", "--image", ref, "--registry-auth", f.goodAuth).ok(t, "a template from an image", `template img registered`, `from .*@sha256:`)
+	made := cli(t, env, "template", "create", "img", "--image", ref, "--registry-auth", f.goodAuth)
+	made.ok(t, "a template from an image", `template img registered`, `from .*@sha256:`)
+	// Its progress, as it came: each layer, the unpack, the nodes.
+	if !regexp.MustCompile(`(?s)pulling .*layer 1/\d+ sha256:[0-9a-f]{12}: pulled.*unpacking \d+ layer\(s\).*readying template img`).MatchString(made.Stderr) {
+		t.Errorf("template create --image showed no progress:\n%s", made.Stderr)
+	}
 	tp, err := d.C.Template(ctxT(t), "img")
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +198,11 @@ func TestImageTemplate(t *testing.T) {
 		return n
 	}
 	before := layerGets()
-	cli(t, env, "template", "create", "img2", "--image", f.digestRef, "--registry-auth", f.goodAuth).ok(t, "the same image by digest", `template img2 registered`)
+	again := cli(t, env, "template", "create", "img2", "--image", f.digestRef, "--registry-auth", f.goodAuth)
+	again.ok(t, "the same image by digest", `template img2 registered`)
+	if !strings.Contains(again.Stderr, "already here") || strings.Contains(again.Stderr, ": pulled") {
+		t.Errorf("the second pull's progress does not say its layers were there:\n%s", again.Stderr)
+	}
 	if got := layerGets(); got != before {
 		t.Errorf("a second template of the same layers fetched %d layer blob(s)", got-before)
 	}
