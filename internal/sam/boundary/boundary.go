@@ -60,6 +60,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/sam/dialguard"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
 )
@@ -127,6 +128,10 @@ type Config struct {
 	// subnets (loopback, link-local, private, the node's own addresses and
 	// the rest are still refused).
 	Guard dialguard.Checker
+	// Egress are the sandbox's own egress rules (E2B's allowOut and
+	// denyOut), applied after the policy and the guard: they only narrow
+	// what those allow. nil: none. SetEgress replaces them.
+	Egress *egress.Rules
 	// Dial opens allowed external destinations ("tcp", "ip:port") at an
 	// address Guard allowed; default a net.Dialer whose Control hook asks
 	// Guard again on the socket about to connect. It is never called for a
@@ -181,6 +186,10 @@ type Boundary struct {
 	// open flows far faster than anyone can read them): the first few,
 	// then one a second.
 	logRefusal rate.Sometimes
+
+	// egress is the sandbox's own rules in force (Config.Egress, then
+	// SetEgress): read once per flow, at its admission.
+	egress atomic.Pointer[egress.Rules]
 
 	st counters
 }
@@ -253,8 +262,15 @@ func New(cfg Config) (*Boundary, error) {
 	if b.pool != nil {
 		b.proxy = b.newMeshProxy(b.pool)
 	}
+	b.egress.Store(cfg.Egress)
 	return b, nil
 }
+
+// SetEgress replaces the sandbox's egress rules (nil: none). New flows
+// are decided by them at once; flows already open go on, as E2B's
+// updateNetwork leaves established connections (CloseFlows ends them if
+// they must not).
+func (b *Boundary) SetEgress(r *egress.Rules) { b.egress.Store(r) }
 
 // validPrincipal: the principal travels in a header to the node, so it is
 // at most 256 bytes, with no spaces or control characters.

@@ -14,6 +14,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/sam/dialguard"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sam/policy"
 )
 
@@ -141,6 +142,10 @@ type admission struct {
 	// private: the private prefixes the principal's policy opts into,
 	// from the same policy the verdict came from.
 	private []netip.Prefix
+	// egress: the sandbox's own rules when the flow was admitted, and
+	// whether its allowOut names the flow's destination.
+	egress *egress.Rules
+	byName bool
 }
 
 var (
@@ -220,6 +225,9 @@ func (b *Boundary) decide(host string) admission {
 	}
 	a.out = outAllowed
 	a.private = p.For(b.cfg.Principal).PrivateNets()
+	if r := b.egress.Load(); !r.Empty() && a.route == routeExternal {
+		a.egress, a.byName = r, !d.IsIP && r.AllowsName(d.Host)
+	}
 	return a
 }
 
@@ -301,6 +309,12 @@ func (b *Boundary) dialExternal(ctx context.Context, a *admission, port uint16) 
 			break
 		}
 		ip = ip.Unmap()
+		if err := a.egress.Check(ip, a.byName); err != nil {
+			// The sandbox's own rule: a refusal as a denied name is.
+			b.log.Info("egress rule refused an address", "principal", b.cfg.Principal, "host", a.dest.Host, "err", err)
+			refused = err
+			continue
+		}
 		if err := b.cfg.Guard.Check(ip, a.private); err != nil {
 			var r *dialguard.Refusal
 			if errors.As(err, &r) {

@@ -1,0 +1,63 @@
+package boundary
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/testenv"
+)
+
+// A sandbox's own egress rules narrow what the policy allows, and never
+// widen it: denyOut all leaves only what allowOut names; a name allowOut
+// lists that the policy does not allow stays refused; SetEgress applies
+// to the next flow at once.
+func TestEgressRulesNarrow(t *testing.T) {
+	ln, accepted := echoServer(t, "127.0.0.1:0")
+	port := portOf(t, ln)
+	rules := func(allow, deny []string) *egress.Rules {
+		r, err := egress.Parse(allow, deny)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	e := newEnv(t, "agent-a", netip.Addr{}, func(c *Config) {
+		// allowed.test and example.com both resolve to 198.51.100.1 (the
+		// echo server); only the name tells them apart.
+		c.Egress = rules([]string{"allowed.test", "not-in-policy.test"}, []string{egress.AllTraffic})
+	})
+	for _, c := range []struct {
+		host string
+		want byte
+	}{
+		{"allowed.test", 0},                     // listed by name
+		{"example.com", socksNotAllowed},        // the policy allows it, the rule does not
+		{"198.51.100.1", socksNotAllowed},       // the same address by literal: not by name
+		{"not-in-policy.test", socksNotAllowed}, // the rule lists it, the policy does not
+	} {
+		if rep := e.rawSOCKS(t, c.host, port); rep != c.want {
+			t.Errorf("%s with denyOut all, allowOut allowed.test: reply %#x, want %#x", c.host, rep, c.want)
+		}
+	}
+	// An address in allowOut: that address, by any name the policy allows.
+	e.b.SetEgress(rules([]string{"198.51.100.1/32"}, []string{egress.AllTraffic}))
+	if rep := e.rawSOCKS(t, "example.com", port); rep != 0 {
+		t.Errorf("example.com at an allowed address: reply %#x", rep)
+	}
+	// denyOut of that range only.
+	e.b.SetEgress(rules(nil, []string{"198.51.100.0/24"}))
+	if rep := e.rawSOCKS(t, "allowed.test", port); rep != socksNotAllowed {
+		t.Errorf("allowed.test inside a denied range: reply %#x", rep)
+	}
+	// No rules: the policy alone again.
+	e.b.SetEgress(nil)
+	if rep := e.rawSOCKS(t, "example.com", port); rep != 0 {
+		t.Errorf("example.com with no rules: reply %#x", rep)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the allowed flows accepted", func() bool { return accepted.Load() >= 3 })
+	if got := accepted.Load(); got != 3 {
+		t.Errorf("the server accepted %d flows, want 3 (the allowed ones)", got)
+	}
+}

@@ -1,0 +1,185 @@
+// Package egress is one sandbox's own egress rules (E2B's network
+// allowOut, denyOut and allowInternetAccess), which its boundary applies
+// on top of the operator's policy. They can only narrow it: a flow goes
+// out if the policy allows its name and the address passes the dial guard
+// (internal/sam/policy, internal/sam/dialguard) *and* these rules let it;
+// nothing here lets through what they refuse. The decision is pure, as
+// the policy's is, so it is tested apart from the boundary's I/O.
+//
+// The rules read as E2B documents them (js-sdk SandboxNetworkOpts):
+// denyOut lists CIDRs (or single addresses) whose traffic is dropped;
+// allowOut lists names ("api.example.com", "*.example.com"), addresses and
+// CIDRs that go out even so — allow wins over deny. With no denyOut
+// everything the policy allows goes out (allowOut alone narrows nothing).
+// allowInternetAccess false is denyOut ["0.0.0.0/0"]. "0.0.0.0/0" (E2B's
+// ALL_TRAFFIC) denies IPv6 too: a sandbox told "nothing out" must not get
+// out by the other family.
+package egress
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// AllTraffic is E2B's ALL_TRAFFIC.
+const AllTraffic = "0.0.0.0/0"
+
+// MaxEntries bounds each list: rules are checked on every dial.
+const MaxEntries = 256
+
+// Rules are parsed egress rules. The zero value and nil deny nothing.
+type Rules struct {
+	names []string // exact names and "*.domain" patterns, lower case
+	allow []netip.Prefix
+	deny  []netip.Prefix
+}
+
+// Parse reads allowOut and denyOut entries; a malformed one is an error
+// naming it.
+func Parse(allowOut, denyOut []string) (*Rules, error) {
+	if len(allowOut) > MaxEntries || len(denyOut) > MaxEntries {
+		return nil, fmt.Errorf("at most %d entries in allowOut and in denyOut", MaxEntries)
+	}
+	r := &Rules{}
+	for _, e := range allowOut {
+		if p, ok, err := prefix(e); err != nil {
+			return nil, fmt.Errorf("allowOut %q: %w", e, err)
+		} else if ok {
+			r.allow = append(r.allow, p...)
+			continue
+		}
+		n, err := name(e)
+		if err != nil {
+			return nil, fmt.Errorf("allowOut %q: %w", e, err)
+		}
+		r.names = append(r.names, n)
+	}
+	for _, e := range denyOut {
+		p, ok, err := prefix(e)
+		if err == nil && !ok {
+			err = fmt.Errorf("denyOut takes addresses and CIDRs only (a name is matched by allowOut)")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("denyOut %q: %w", e, err)
+		}
+		r.deny = append(r.deny, p...)
+	}
+	return r, nil
+}
+
+// prefix reads an address or CIDR; ok is false for what is neither (a
+// name). AllTraffic stands for both families.
+func prefix(e string) (p []netip.Prefix, ok bool, err error) {
+	e = strings.TrimSpace(e)
+	if e == AllTraffic || e == "::/0" {
+		return []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}, true, nil
+	}
+	if strings.Contains(e, "/") {
+		pp, err := netip.ParsePrefix(e)
+		if err != nil {
+			return nil, false, err
+		}
+		return []netip.Prefix{pp.Masked()}, true, nil
+	}
+	if a, err := netip.ParseAddr(e); err == nil {
+		if a.Zone() != "" {
+			return nil, false, fmt.Errorf("an address with a zone")
+		}
+		a = a.Unmap()
+		return []netip.Prefix{netip.PrefixFrom(a, a.BitLen())}, true, nil
+	}
+	return nil, false, nil
+}
+
+// name reads a host name or "*.domain": DNS labels only, no port, no
+// trailing dot, no inner wildcard.
+func name(e string) (string, error) {
+	n := strings.ToLower(strings.TrimSpace(e))
+	host := strings.TrimPrefix(n, "*.")
+	if host == "" || len(host) > 253 || strings.HasSuffix(host, ".") {
+		return "", fmt.Errorf("not an address, CIDR or host name")
+	}
+	for _, l := range strings.Split(host, ".") {
+		if !validLabel(l) {
+			return "", fmt.Errorf("not an address, CIDR or host name (label %q)", l)
+		}
+	}
+	return n, nil
+}
+
+func validLabel(l string) bool {
+	if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+		return false
+	}
+	for _, c := range l {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Names are the names allowOut lists ("*.domain" patterns as written):
+// what a create checks against the policy, so that a team learns at once
+// that a name its policy lacks will never go out.
+func (r *Rules) Names() []string {
+	if r == nil {
+		return nil
+	}
+	return append([]string(nil), r.names...)
+}
+
+// Empty reports whether r narrows nothing.
+func (r *Rules) Empty() bool { return r == nil || len(r.deny) == 0 }
+
+// AllowsName reports whether allowOut names host (exactly, or below a
+// "*.domain"): such a flow goes out whatever its address (the policy and
+// the dial guard still judge it).
+func (r *Rules) AllowsName(host string) bool {
+	if r == nil {
+		return false
+	}
+	h := strings.ToLower(strings.TrimSuffix(host, "."))
+	for _, n := range r.names {
+		if d, ok := strings.CutPrefix(n, "*."); ok {
+			if strings.HasSuffix(h, "."+d) {
+				return true
+			}
+		} else if h == n {
+			return true
+		}
+	}
+	return false
+}
+
+// Refusal is a dial the rules refused.
+type Refusal struct {
+	Addr netip.Addr
+	Rule string // the denyOut entry that matched
+}
+
+func (e *Refusal) Error() string {
+	return fmt.Sprintf("address %s: denied by this sandbox's egress rule denyOut %s", e.Addr, e.Rule)
+}
+
+// Check decides one address about to be dialled for a flow whose name
+// allowOut did (byName) or did not list: nil to go out, a *Refusal if a
+// denyOut entry covers it and no allowOut entry does.
+func (r *Rules) Check(a netip.Addr, byName bool) error {
+	if r.Empty() || byName {
+		return nil
+	}
+	a = a.Unmap()
+	for _, p := range r.allow {
+		if p.Contains(a) {
+			return nil
+		}
+	}
+	for _, p := range r.deny {
+		if p.Contains(a) {
+			return &Refusal{Addr: a, Rule: p.String()}
+		}
+	}
+	return nil
+}
