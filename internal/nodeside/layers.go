@@ -80,8 +80,10 @@ func (l *Side) tree(t api.Template) (string, error) {
 	dir, err := l.LayerCache.Flatten(t.Layers, t.Digest, l.Rootfs)
 	if err != nil {
 		// Not the template's layers (or they could not be flattened
-		// here): the master can still send the tree itself.
-		return "", errdefs.Mark(errdefs.ErrPrecondition, fmt.Errorf("template %s: node %s could not make its rootfs from its layers (send the tree whole): %w", t.Name, l.N.Name(), err))
+		// here): the master can still send the tree itself. %v, not %w:
+		// the kind is this one alone, whatever err's was (a digest
+		// mismatch is bad input; here it means: send the tree).
+		return "", errdefs.Mark(errdefs.ErrPrecondition, fmt.Errorf("template %s: node %s could not make its rootfs from its layers (send the tree whole): %v", t.Name, l.N.Name(), err))
 	}
 	l.log().Info("template rootfs made from its layers", "template", t.Name, "digest", t.Digest, "layers", len(t.Layers), "ms", time.Since(start).Milliseconds())
 	return dir, nil

@@ -27,7 +27,7 @@ import (
 // rejected tarballs write nothing, and that afterwards the daemon still
 // serves and has lost nothing.
 func TestBadInput(t *testing.T) {
-	const maxUpload = 100 << 20 // the web rootfs is about 50 MiB
+	const maxUpload = 256 << 20 // the web rootfs is about 130 MiB (Debian 12 from mmdebstrap)
 	d := startDaemon(t, "--max-upload", strconv.Itoa(maxUpload))
 	d.registerWeb(t, "web")
 	victim := d.create(t, "web", "victim")
@@ -277,7 +277,7 @@ func TestBadInput(t *testing.T) {
 			size  int64
 		}{
 			{"one file over the limit", 1, maxUpload + 1<<20},
-			{"many files adding up over the limit", 11, 10 << 20},
+			{"many files adding up over the limit", 26, 10 << 20},
 		} {
 			body := zeroTar(c.files, c.size)
 			_, err := d.upload(t, "tar-big", body)
