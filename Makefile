@@ -67,7 +67,7 @@ PG_STARTED := $(CURDIR)/.postgres-started-by-make-test
 test: deps
 	POSTGRES_STARTED=$(PG_STARTED) ./scripts/postgres-up.sh
 	@status=0; \
-	{ $(GO) vet ./... && $(GO) test -count=1 -timeout 25m ./... && $(MAKE) fuzz; } || status=$$?; \
+	{ $(GO) vet ./... && $(GO) test -count=1 -timeout 40m ./... && $(MAKE) fuzz; } || status=$$?; \
 	POSTGRES_STARTED=$(PG_STARTED) ./scripts/postgres-down.sh; \
 	exit $$status
 
@@ -75,7 +75,7 @@ test-unit: postgres
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
 test-e2e: postgres
-	$(GO) test -count=1 -timeout 25m -v ./test/e2e/
+	$(GO) test -count=1 -timeout 40m -v ./test/e2e/
 
 # Fuzz budgets are execution counts, each about 10 s here: a duration
 # (-fuzztime=10s) races Go 1.26's fuzz coordinator at its deadline and fails

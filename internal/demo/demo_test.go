@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"sandstorm/internal/demo/demotest"
 	"sandstorm/internal/testenv"
 )
 
@@ -36,37 +37,25 @@ func buildOnce(t *testing.T, name string) (string, Demo) {
 	if dir, ok := built.dirs[name]; ok {
 		return dir, built.demos[name]
 	}
-	base, err := os.MkdirTemp("", "demo-"+name+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(base, "demo", "rootfs") // absent, and its parent: Build creates them
+	// Built once per machine and day, and shared with the end-to-end
+	// tests (demotest): into <key>/rootfs, whose parent does not exist
+	// yet — Build makes both.
 	start := time.Now()
-	d, err := Build(name, dir)
+	dir, d, err := demotest.Build(name, func(dir string) (Demo, error) { return Build(name, dir) })
 	var missing *MissingPackagesError
 	if errors.As(err, &missing) && os.Getenv("CI") == "" {
 		// CI installs deps/debian-packages.txt, so there it fails.
-		os.RemoveAll(base)
 		t.Skipf("cannot build demo %q on this machine: %v", name, err)
 	}
 	if err != nil {
-		os.RemoveAll(base)
 		t.Fatalf("Build(%q): %v", name, err)
 	}
-	t.Logf("Build(%q) took %v; rootfs %.1f MiB", name, time.Since(start).Round(time.Millisecond), float64(treeSize(t, dir))/(1<<20))
+	t.Logf("Build(%q) or the shared tree took %v; rootfs %.1f MiB", name, time.Since(start).Round(time.Millisecond), float64(treeSize(t, dir))/(1<<20))
 	if built.dirs == nil {
 		built.dirs, built.demos = map[string]string{}, map[string]Demo{}
 	}
 	built.dirs[name], built.demos[name] = dir, d
 	return dir, d
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	for _, dir := range built.dirs {
-		os.RemoveAll(filepath.Dir(filepath.Dir(dir)))
-	}
-	os.Exit(code)
 }
 
 func treeSize(t *testing.T, dir string) int64 {

@@ -29,8 +29,7 @@ var (
 func (d *Daemon) registerBase(t *testing.T) {
 	t.Helper()
 	baseOnce.Do(func() {
-		baseRootfs = filepath.Join(workDir, "demo", "base")
-		baseDemo, baseErr = demo.Build("base", baseRootfs)
+		baseRootfs, baseDemo, baseErr = buildDemo("base")
 	})
 	if baseErr != nil {
 		t.Fatalf("build the base demo: %v", baseErr)

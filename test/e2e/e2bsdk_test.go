@@ -17,7 +17,6 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"sandstorm/internal/client"
-	"sandstorm/internal/demo"
 	"sandstorm/internal/ociimage/ocitest"
 	"sandstorm/internal/testenv"
 )
@@ -200,8 +199,7 @@ var sdkImagesNamed = []string{"library/ubuntu:22.04", "e2bdev/base:latest"}
 func sdkImages(t *testing.T) string {
 	t.Helper()
 	baseOnce.Do(func() {
-		baseRootfs = filepath.Join(workDir, "demo", "base")
-		baseDemo, baseErr = demo.Build("base", baseRootfs)
+		baseRootfs, baseDemo, baseErr = buildDemo("base")
 	})
 	if baseErr != nil {
 		t.Fatalf("build the base demo: %v", baseErr)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sandstorm/internal/demo"
+	"sandstorm/internal/demo/demotest"
 	"sandstorm/internal/testenv"
 )
 
@@ -104,8 +105,7 @@ func run(m *testing.M) int {
 	}
 	os.WriteFile(filepath.Join(agentRootfs, "etc", "hosts"), []byte("127.0.0.1 localhost\n"), 0o644)
 	os.WriteFile(filepath.Join(agentRootfs, "etc", "passwd"), []byte("root:x:0:0:root:/:/agent\n"), 0o644)
-	webRootfs = filepath.Join(workDir, "demo", "web")
-	if webDemo, err = demo.Build("web", webRootfs); err != nil {
+	if webRootfs, webDemo, err = buildDemo("web"); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: build demo web:", err)
 		return 1
 	}
@@ -114,12 +114,18 @@ func run(m *testing.M) int {
 		rootfs *string
 		demo   *demo.Demo
 	}{{"app64", &app64Rootfs, &app64Demo}, {"node", &nodeRootfs, &nodeDemo}, {"nginx", &nginxRootfs, &nginxDemo}} {
-		*b.rootfs = filepath.Join(workDir, "demo", b.name)
-		if *b.demo, err = demo.Build(b.name, *b.rootfs); err != nil {
+		if *b.rootfs, *b.demo, err = buildDemo(b.name); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: build demo %s: %v\n", b.name, err)
 			return 1
 		}
 	}
 	fmt.Fprintf(os.Stderr, "e2e: built sandstormd and the demo rootfs in %s (%.1fs)\n", workDir, time.Since(start).Seconds())
 	return m.Run()
+}
+
+// buildDemo is demo name's rootfs, shared read-only with every other test
+// of this machine that needs it (demotest: built once per machine and
+// day, by whichever test comes first).
+func buildDemo(name string) (string, demo.Demo, error) {
+	return demotest.Build(name, func(dir string) (demo.Demo, error) { return demo.Build(name, dir) })
 }
