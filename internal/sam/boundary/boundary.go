@@ -266,10 +266,8 @@ func New(cfg Config) (*Boundary, error) {
 	return b, nil
 }
 
-// SetEgress replaces the sandbox's egress rules (nil: none). New flows
-// are decided by them at once; flows already open go on, as E2B's
-// updateNetwork leaves established connections (CloseFlows ends them if
-// they must not).
+// SetEgress replaces the sandbox's egress rules (nil: none) for new flows;
+// open ones go on, as E2B's updateNetwork leaves them (CloseFlows ends them).
 func (b *Boundary) SetEgress(r *egress.Rules) { b.egress.Store(r) }
 
 // validPrincipal: the principal travels in a header to the node, so it is

@@ -292,12 +292,9 @@ var identityHeaders = map[string]bool{
 	"api-key": true, "forwarded": true, "x-real-ip": true,
 }
 
-// foldHeader is a header name as a lenient upstream may read it: any case,
-// and '_' for '-' (CGI and every WSGI server map both to the same
-// HTTP_X_SAM_PRINCIPAL). Go keeps "X-Sam_principal" apart from
-// "X-Sam-Principal", so a check on Go's canonical names alone lets an
-// agent spell its way past it; Envoy drops such headers for the same
-// reason (headers_with_underscores_action).
+// foldHeader is a header name as a lenient upstream reads it: any case, '_'
+// for '-' (CGI and WSGI map both to HTTP_X_SAM_PRINCIPAL; Go's canonical
+// names keep them apart). Envoy drops them so: headers_with_underscores_action.
 func foldHeader(k string) string {
 	return strings.ToLower(strings.ReplaceAll(k, "_", "-"))
 }
