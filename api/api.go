@@ -217,6 +217,20 @@ type SandboxRequest struct {
 	OnTimeout string `json:"on_timeout,omitempty"`
 	// Idle overrides the node's idle timers for this sandbox.
 	Idle *IdleTimers `json:"idle,omitempty"`
+	// Egress narrows what its boundary lets out (nil: the policy alone).
+	Egress *Egress `json:"egress,omitempty"`
+}
+
+// Egress is a sandbox's own egress rules, E2B's network allowOut and
+// denyOut (internal/sam/egress): deny_out lists CIDRs or addresses
+// ("0.0.0.0/0" is all traffic, both families); allow_out lists names
+// ("api.example.com", "*.example.com"), addresses and CIDRs that go out
+// even so. They only narrow what the policy grants the sandbox's
+// principal: a name in allow_out that the policy does not grant is
+// refused at create (403), and nothing the policy refuses goes out.
+type Egress struct {
+	AllowOut []string `json:"allow_out,omitempty"`
+	DenyOut  []string `json:"deny_out,omitempty"`
 }
 
 // IdleTimers are how long a sandbox may stay idle before it drops a tier
@@ -321,6 +335,7 @@ type Sandbox struct {
 	// (SandboxRequest); Team is the team that owns it ("": the operator).
 	Labels    map[string]string `json:"labels,omitempty"`
 	Idle      *IdleTimers       `json:"idle,omitempty"`
+	Egress    *Egress           `json:"egress,omitempty"`
 	EndsAt    *time.Time        `json:"ends_at,omitempty"`
 	OnTimeout string            `json:"on_timeout,omitempty"`
 	Team      string            `json:"team,omitempty"`

@@ -15,6 +15,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
+	"sandstorm/internal/sam/egress"
 )
 
 func sandboxCmd() *cobra.Command {
@@ -30,7 +31,7 @@ func sandboxCmd() *cobra.Command {
 func sandboxCreateCmd() *cobra.Command {
 	var name, principal, lifetime, onTimeout string
 	var idle api.IdleTimers
-	var env, labels []string
+	var env, labels, allowOut, denyOut []string
 	var memory int
 	create := &cobra.Command{
 		Use: "create TEMPLATE", Short: "Start a sandbox from a template (returns when it runs)", Args: cobra.ExactArgs(1),
@@ -46,12 +47,16 @@ func sandboxCreateCmd() *cobra.Command {
 			if err != nil {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
 			}
+			eg, err := egressFlags(allowOut, denyOut)
+			if err != nil {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
 			c, err := apiClient(cmd)
 			if err != nil {
 				return err
 			}
 			sb, err := c.CreateSandbox(cmd.Context(), api.SandboxRequest{Template: args[0], Name: name, Principal: principal,
-				MemoryMiB: memory, Env: envs, Labels: labs, Lifetime: lifetime, OnTimeout: onTimeout, Idle: idleOf(idle)})
+				MemoryMiB: memory, Env: envs, Labels: labs, Lifetime: lifetime, OnTimeout: onTimeout, Idle: idleOf(idle), Egress: eg})
 			if err != nil {
 				return err
 			}
@@ -60,6 +65,8 @@ func sandboxCreateCmd() *cobra.Command {
 	}
 	create.Flags().StringVar(&name, "name", "", "sandbox name (default sb-<id>)")
 	create.Flags().StringVar(&principal, "principal", "", "who the sandbox is to its boundary and the mesh (default: the template's principal, else the sandbox name)")
+	create.Flags().StringArrayVar(&allowOut, "allow-out", nil, "with --deny-out: a name (api.example.com, *.example.com), address or CIDR that still goes out; repeatable (only narrows the policy: a name it does not grant is refused)")
+	create.Flags().StringArrayVar(&denyOut, "deny-out", nil, "an address or CIDR its boundary lets nothing out to (0.0.0.0/0: everything but --allow-out); repeatable")
 	create.Flags().IntVar(&memory, "memory", 0, "memory limit in MiB (default: the template's, else the node's --sandbox-memory)")
 	create.Flags().StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE in the environment of every command run in it (sandbox exec); repeatable")
 	create.Flags().StringArrayVarP(&labels, "label", "l", nil, "a label key=value, listed and filtered by (sandbox ls --label); repeatable")
@@ -407,4 +414,16 @@ func transitionCmds() []*cobra.Command {
 		})
 	}
 	return cmds
+}
+
+// egressFlags are --allow-out and --deny-out as the API's rules (nil with
+// neither), checked here first so that a typo exits 2 before the API.
+func egressFlags(allow, deny []string) (*api.Egress, error) {
+	if len(allow) == 0 && len(deny) == 0 {
+		return nil, nil
+	}
+	if _, err := egress.Parse(allow, deny); err != nil {
+		return nil, err
+	}
+	return &api.Egress{AllowOut: allow, DenyOut: deny}, nil
 }

@@ -36,6 +36,7 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 	"sandstorm/internal/templates"
@@ -291,8 +292,7 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// allow_internet_access true is the SDK's default (2.45 sends it):
-	// no restriction beyond the policy, which is what is done. false asks
-	// for one this API cannot make per sandbox, and is refused.
+	// no restriction beyond the policy. false is denyOut all (below).
 	// A pause keeps its memory: asking otherwise is refused. (secure:
 	// false is not: every sandbox has its envd access token, which asks
 	// more of a caller, not less.)
@@ -305,8 +305,11 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
-		fail(w, errdefs.New(errdefs.ErrNotSupported, "allow_internet_access false: not supported here; what a sandbox may reach is its boundary's policy (sandstormd serve --policy)"))
-		return
+		// E2B: the same as denyOut ["0.0.0.0/0"].
+		if ingress.egress == nil {
+			ingress.egress = &api.Egress{}
+		}
+		ingress.egress.DenyOut = append(ingress.egress.DenyOut, egress.AllTraffic)
 	}
 	timeout := DefaultTimeout
 	if req.Timeout != nil {
@@ -332,12 +335,16 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if s.sbx.IsSnapshot(r.Context(), name) {
+	if s.sbx.IsSnapshot(r.Context(), name) && ingress.egress != nil {
+		// Its sandboxes keep the snapshot's rules: new ones are refused,
+		// not dropped (a sandbox must never run with less than it asked).
+		err = errdefs.New(errdefs.ErrNotSupported, "network egress rules with a snapshot: a sandbox from a snapshot keeps the snapshot's own rules")
+	} else if s.sbx.IsSnapshot(r.Context(), name) {
 		// E2B's Sandbox.create(snapshotID): from the snapshot, with its
 		// memory.
 		sb, meta, err = s.sbx.FromSnapshot(r.Context(), name, want)
 	} else {
-		sb, meta, err = s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: name, Meta: want})
+		sb, meta, err = s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: name, Meta: want, Egress: ingress.egress})
 	}
 	if err != nil {
 		fail(w, err)
@@ -348,16 +355,18 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 }
 
 // ingress is what of E2B's network settings this API honours: who may
-// reach a sandbox's own ports, and the Host they see.
+// reach a sandbox's own ports, and the Host they see; and its egress
+// rules (allowOut, denyOut), which its boundary applies.
 type ingress struct {
 	private  bool
 	maskHost string
+	egress   *api.Egress
 }
 
-// parseNetwork reads a create's network: allowPublicTraffic and
-// maskRequestHost are honoured; an egress rule (allowOut, denyOut, an
-// egress proxy, a transform) is refused, not ignored — what a sandbox
-// may reach is its boundary's policy (sandstormd serve --policy).
+// parseNetwork reads a create's network: allowPublicTraffic,
+// maskRequestHost, allowOut and denyOut are honoured (the last two as the
+// sandbox's egress rules, which only narrow its boundary's policy); an
+// egress proxy or a transform is refused, not ignored.
 func parseNetwork(raw json.RawMessage) (ingress, error) {
 	var in ingress
 	if !set(raw) {
@@ -382,6 +391,19 @@ func parseNetwork(raw json.RawMessage) (ingress, error) {
 			}
 			if mask != nil {
 				in.maskHost = *mask
+			}
+		case "allowOut", "denyOut":
+			var list []string
+			if err := json.Unmarshal(v, &list); err != nil {
+				return in, errdefs.New(errdefs.ErrBadInput, "network.%s: want a list of strings: %v", k, err)
+			}
+			if in.egress == nil {
+				in.egress = &api.Egress{}
+			}
+			if k == "allowOut" {
+				in.egress.AllowOut = list
+			} else {
+				in.egress.DenyOut = list
 			}
 		default:
 			if set(v) {

@@ -146,9 +146,10 @@ func TestCreateAnswersWhatTheSDKRequires(t *testing.T) {
 	for _, bad := range []string{
 		`{"templateID": "nosuch"}`,
 		`{"templateID": "base", "timeout": -1}`,
-		`{"templateID": "base", "network": {"allowOut": ["0.0.0.0/0"]}}`,
+		`{"templateID": "base", "network": {"allowOut": "api.example.com"}}`,
+		`{"templateID": "base", "network": {"denyOut": ["api.example.com"]}}`,
+		`{"templateID": "base", "network": {"egressProxy": {"address": "proxy.example.com:1080"}}}`,
 		`{"templateID": "base", "mcp": {"x": {}}}`,
-		`{"templateID": "base", "allow_internet_access": false}`,
 		`{"templateID": "base", "envVars": {"A=B": "c"}}`,
 		`{"templateID": "base", "autoPauseMemory": false, "autoResume": {"enabled": true}}`,
 		`{not json`,
@@ -485,7 +486,17 @@ func TestPorts(t *testing.T) {
 	if st, _ := get(pub.SandboxID, "99999", nil); st != http.StatusBadRequest {
 		t.Errorf("port 99999: %d", st)
 	}
-	e.expect(t, http.StatusConflict, "an egress rule", "red", "POST", "/sandboxes", `{"network": {"allowOut": ["1.1.1.1"]}}`)
+	e.expect(t, http.StatusConflict, "an egress proxy", "red", "POST", "/sandboxes", `{"network": {"egressProxy": {"address": "proxy.example.com:1080"}}}`)
+	// Egress rules go to the node with the create, E2B's
+	// allow_internet_access false as denyOut all.
+	a := e.call(t, "red", "POST", "/sandboxes", `{"network": {"allowOut": ["1.1.1.1"], "denyOut": ["0.0.0.0/0"]}, "allow_internet_access": false}`)
+	var made sandbox
+	if a.status != http.StatusCreated || json.Unmarshal([]byte(a.body), &made) != nil {
+		t.Fatalf("a create with egress rules: %d %s", a.status, a.body)
+	}
+	if got := e.node.Boxes[made.SandboxID].Egress; got == nil || !slices.Equal(got.AllowOut, []string{"1.1.1.1"}) || !slices.Equal(got.DenyOut, []string{"0.0.0.0/0", "0.0.0.0/0"}) {
+		t.Errorf("the node was asked for egress %+v", got)
+	}
 }
 
 // TestPauseConnectRace: pauses and connects on one sandbox from many

@@ -475,7 +475,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	sb, _, err := s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: req.Template, Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Meta: meta})
+	sb, _, err := s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: req.Template, Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Egress: req.Egress, Meta: meta})
 	if err != nil {
 		s.fail(w, r, err)
 		return

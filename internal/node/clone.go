@@ -172,7 +172,7 @@ func (c *cloning) children(ctx context.Context) error {
 			p = parentPrincipal + "." + strconv.Itoa(k)
 		}
 		began := time.Now()
-		child, err := n.create(ctx, c.t, name, p, parent.MemoryMiB, c.gen, nil, func(sb store.Sandbox) error {
+		child, err := n.create(ctx, c.t, name, p, parent.MemoryMiB, c.gen, parent.Egress, nil, func(sb store.Sandbox) error {
 			return c.restoreChild(sb, ct)
 		})
 		n.tiers.CountCreate("clone", err)

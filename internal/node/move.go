@@ -224,7 +224,7 @@ func (l *leaving) manifest() (livemove.Manifest, []string, error) {
 	n, sb, t := l.n, l.sb, l.t
 	d := n.h.Dir(sb.ID)
 	m := livemove.Manifest{ID: sb.ID, Name: sb.Name, Template: sb.Template, Digest: t.Digest, Principal: sb.Principal,
-		MemoryMiB: int(n.h.LimitOf(sb, t)), Tier: l.from, Idle: sb.Idle, CreatedAt: sb.CreatedAt, LastActive: sb.LastActive,
+		MemoryMiB: int(n.h.LimitOf(sb, t)), Tier: l.from, Idle: sb.Idle, Egress: sb.Egress, CreatedAt: sb.CreatedAt, LastActive: sb.LastActive,
 		From: n.cfg.Name, UsageMiB: l.e.LastUsageMiB()}
 	var image []string
 	var err error
@@ -387,7 +387,7 @@ func (a *arriving) record(ctx context.Context) error {
 	n, m := a.n, a.m
 	a.sb = store.Sandbox{ID: m.ID, Name: m.Name, Template: a.t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
 		Tier: api.TierDetached, Transition: m.Tier, LastActive: m.LastActive, CreatedAt: m.CreatedAt, Principal: m.Principal,
-		MemoryMiB: m.MemoryMiB, Slot: -1, Generation: a.gen, Idle: m.Idle, MoveIn: true, Runsc: m.Runsc,
+		MemoryMiB: m.MemoryMiB, Slot: -1, Generation: a.gen, Idle: m.Idle, Egress: m.Egress, MoveIn: true, Runsc: m.Runsc,
 		Note: fmt.Sprintf("moved from node %s with its memory and volume", m.From)}
 	if m.Tier == api.TierDetached {
 		a.sb.Note = fmt.Sprintf("moved from node %s (it was detached: its volume came with it)", m.From)

@@ -311,7 +311,7 @@ func newID() string {
 // gen is the master's number for this placement (0: none): the node
 // stores it with the sandbox, and refuses a create that its master has
 // already fenced off (fence.go).
-func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64) (store.Sandbox, error) {
+func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64, egress *api.Egress) (store.Sandbox, error) {
 	how := "cold"
 	var pre *warm.Pooled
 	if name == "" && memoryMiB >= 0 && t.Warm != nil && t.Warm.Pool > 0 {
@@ -319,7 +319,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 			pre, how = &p, "pooled"
 		}
 	}
-	sb, err := n.create(ctx, t, name, principal, memoryMiB, gen, pre, func(sb store.Sandbox) error {
+	sb, err := n.create(ctx, t, name, principal, memoryMiB, gen, egress, pre, func(sb store.Sandbox) error {
 		if pre != nil {
 			return n.startPooled(sb, t)
 		}
@@ -351,7 +351,7 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 // to its end even if ctx is cancelled. With pre, the sandbox is that
 // pooled one: its ID, slot and name are the pool's, its memory is already
 // taken (no admission), and if create fails before start it is removed.
-func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64, pre *warm.Pooled, start func(store.Sandbox) error) (sb store.Sandbox, err error) {
+func (n *Node) create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64, egress *api.Egress, pre *warm.Pooled, start func(store.Sandbox) error) (sb store.Sandbox, err error) {
 	// A pooled sandbox is this create's to remove until its row is
 	// recorded; from then on a failure is cleaned up as any create's.
 	pooledOwned := pre != nil
@@ -401,7 +401,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	now := time.Now()
 	sb = store.Sandbox{ID: id, Name: name, Template: t.Name, Node: n.cfg.Name, Backend: n.be.Name(),
 		Tier: api.TierDetached, Transition: api.TierHot, LastActive: now, CreatedAt: now, Principal: principal,
-		MemoryMiB: int(limit), Slot: slot, Generation: gen, Runsc: string(n.kept.Current())}
+		MemoryMiB: int(limit), Slot: slot, Generation: gen, Runsc: string(n.kept.Current()), Egress: egress}
 	// Allocate and record in one step so two creates never share a slot,
 	// and none slips in behind a fence (Fence holds the same lock).
 	n.allocMu.Lock()

@@ -144,6 +144,8 @@ type CreateRequest struct {
 	Generation int64 `json:"generation,omitempty"`
 	// Idle overrides the node's idle timers for this sandbox.
 	Idle *api.IdleTimers `json:"idle,omitempty"`
+	// Egress is its own egress rules, in force from its first flow.
+	Egress *api.Egress `json:"egress,omitempty"`
 }
 
 // Op is a transition a master may ask for.

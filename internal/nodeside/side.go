@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"sandstorm/api"
@@ -26,6 +27,8 @@ import (
 	"sandstorm/internal/node"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/rootfs"
+	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
 )
@@ -53,6 +56,9 @@ type Side struct {
 	// master publishes what it hears into a hub of its own: the node in
 	// the master's process has a hub apart from the master's too).
 	Events *events.Hub
+	// Policy is the policy the node's boundaries decide by: a create's
+	// egress rules are checked against it (nil: nothing is granted).
+	Policy func() *policy.Policy
 
 	cpu cpuReadings // usage.go
 }
@@ -72,7 +78,10 @@ func (l *Side) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandb
 	if _, err := (tier.Timers{}).With(req.Idle); err != nil {
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrBadInput, err)
 	}
-	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB, req.Generation)
+	if err := l.checkEgress(t, req); err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB, req.Generation, req.Egress)
 	if err == nil && req.Idle != nil {
 		if err := l.N.SetIdle(ctx, sb.ID, req.Idle); err != nil {
 			// Not as asked: not made (it idles by the node's timers
@@ -271,7 +280,7 @@ func (l *Side) wire(sb store.Sandbox) api.Sandbox {
 		Endpoints: l.N.Endpoints(sb), HostEndpoints: l.N.HostEndpoints(sb), LastActive: sb.LastActive, CreatedAt: sb.CreatedAt,
 		LastWakeMs: sb.LastWakeMs, LastWakeFrom: sb.LastWakeFrom, Note: sb.Note,
 		Principal: node.PrincipalOf(sb), Boundary: l.N.BoundarySocket(sb.ID),
-		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, Revision: sb.Rev, LeftBehind: sb.LeftBehind, Idle: sb.Idle,
+		MemoryMiB: sb.MemoryMiB, Generation: sb.Generation, Revision: sb.Rev, LeftBehind: sb.LeftBehind, Idle: sb.Idle, Egress: sb.Egress,
 		Runsc:  sb.Runsc,
 		Moving: moving(sb), MoveGeneration: sb.MoveOut,
 	}
@@ -526,4 +535,41 @@ func (l *Side) Watch(ctx context.Context, send func(nodeapi.Report) error) error
 			}
 		}
 	}
+}
+
+// checkEgress refuses egress rules that do not parse (400), and names in
+// allow_out that the policy does not grant the sandbox's principal (403):
+// they could never go out, and a team asking for them is told so at once
+// rather than finding its flows refused. (The rules only narrow, so this
+// is the user's answer, not the fence: the boundary checks every flow.)
+func (l *Side) checkEgress(t store.Template, req nodeapi.CreateRequest) error {
+	if req.Egress == nil {
+		return nil
+	}
+	r, err := egress.Parse(req.Egress.AllowOut, req.Egress.DenyOut)
+	if err != nil {
+		return errdefs.New(errdefs.ErrBadInput, "egress: %v", err)
+	}
+	// Who its boundary will be (node: namesOf, host.PrincipalOf): its
+	// principal, its template's, else its name.
+	principal := req.Principal
+	for _, p := range []string{t.Principal, req.Name} {
+		if principal == "" {
+			principal = p
+		}
+	}
+	var p *policy.Policy
+	if l.Policy != nil {
+		p = l.Policy()
+	}
+	var missing []string
+	for _, n := range r.Names() {
+		if p == nil || !p.For(principal).Egress(n) {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return errdefs.New(errdefs.ErrForbidden, "egress: allow_out %s: not granted to principal %q by the policy; a sandbox's rules only narrow what its policy grants", strings.Join(missing, ", "), principal)
+	}
+	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/store"
 )
 
@@ -53,6 +54,7 @@ type CreateRequest struct {
 	Principal string
 	MemoryMiB int
 	Idle      *api.IdleTimers
+	Egress    *api.Egress
 	Meta      store.SandboxMeta
 }
 
@@ -89,6 +91,14 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (api.Sandbox, s
 	if err := CheckSettings(req.Meta.Env, req.Meta.Metadata); err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
+	if e := req.Egress; e != nil {
+		// Here too, not only on the node: a malformed rule is the
+		// caller's mistake on every fleet (the node checks the names
+		// against its policy).
+		if _, err := egress.Parse(e.AllowOut, e.DenyOut); err != nil {
+			return api.Sandbox{}, store.SandboxMeta{}, errdefs.New(errdefs.ErrBadInput, "egress: %v", err)
+		}
+	}
 	t, err := s.Template(ctx, req.Template)
 	if err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err
@@ -105,7 +115,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (api.Sandbox, s
 		// that no team takes a principal the policy grants to another.
 		req.Principal = c.Team + "." + req.Name
 	}
-	sb, err := s.Fleet.Create(ctx, nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle})
+	sb, err := s.Fleet.Create(ctx, nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Egress: req.Egress})
 	if err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}

@@ -106,6 +106,8 @@ type Sandbox struct {
 	// (0: made by no master that numbers them): a node fences what its
 	// master no longer places there by it (node.Fence, issue 14).
 	Generation int64
+	// Egress is its own egress rules (nil: none), given at create.
+	Egress *api.Egress
 	// Idle overrides the node's idle timers for it (nil: the node's).
 	Idle *api.IdleTimers
 	// LeftBehind: its master did not place it here (a create cut short,
@@ -175,6 +177,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	generation     BIGINT NOT NULL DEFAULT 0,
 	left_behind    INTEGER NOT NULL DEFAULT 0,
 	idle           TEXT NOT NULL DEFAULT '',
+	egress         TEXT NOT NULL DEFAULT '',
 	runsc          TEXT NOT NULL DEFAULT '',
 	move_out       BIGINT NOT NULL DEFAULT 0,
 	move_in        INTEGER NOT NULL DEFAULT 0,
@@ -299,6 +302,7 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandboxes", "generation", `ALTER TABLE sandboxes ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
 	{"sandboxes", "left_behind", `ALTER TABLE sandboxes ADD COLUMN left_behind INTEGER NOT NULL DEFAULT 0`},
 	{"sandboxes", "idle", `ALTER TABLE sandboxes ADD COLUMN idle TEXT NOT NULL DEFAULT ''`},
+	{"sandboxes", "egress", `ALTER TABLE sandboxes ADD COLUMN egress TEXT NOT NULL DEFAULT ''`},
 	// Issue 18: the runsc build each sandbox's memory belongs to.
 	{"sandboxes", "runsc", `ALTER TABLE sandboxes ADD COLUMN runsc TEXT NOT NULL DEFAULT ''`},
 	{"placements", "generation", `ALTER TABLE placements ADD COLUMN generation BIGINT NOT NULL DEFAULT 0`},
@@ -537,7 +541,7 @@ func scanTemplate(r scanner) (Template, error) {
 	return t, nil
 }
 
-const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle, runsc, move_out, move_in, rev`
+const sandboxCols = `id, name, template, node, backend, tier, transition, slot, host_ports, last_active, created_at, last_wake_ms, last_wake_from, note, principal, memory_mib, generation, left_behind, idle, runsc, move_out, move_in, rev, egress`
 
 // CreateSandbox inserts sb; errdefs.ErrExists if its ID, name or slot is taken;
 // errdefs.ErrNotFound if its template does not exist.
@@ -546,7 +550,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, errdefs.ErrExists)
 	}
@@ -556,7 +560,14 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 func sandboxArgs(sb Sandbox) []any {
 	return []any{sb.ID, sb.Name, sb.Template, sb.Node, sb.Backend, string(sb.Tier), string(sb.Transition), sb.Slot,
 		mustJSON(sb.HostPorts), ms(sb.LastActive), ms(sb.CreatedAt), sb.LastWakeMs, string(sb.LastWakeFrom), sb.Note, sb.Principal, sb.MemoryMiB,
-		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle), sb.Runsc, sb.MoveOut, boolInt(sb.MoveIn), sb.Rev}
+		sb.Generation, boolInt(sb.LeftBehind), idleText(sb.Idle), sb.Runsc, sb.MoveOut, boolInt(sb.MoveIn), sb.Rev, egressText(sb.Egress)}
+}
+
+func egressText(e *api.Egress) string {
+	if e == nil {
+		return ""
+	}
+	return mustJSON(e)
 }
 
 func idleText(t *api.IdleTimers) string {
@@ -615,7 +626,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 	sb.ID = id
 	sb.Rev++
 	args := sandboxArgs(sb)
-	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=?, runsc=?, move_out=?, move_in=?, rev=? WHERE id=?`),
+	_, err = tx.ExecContext(ctx, s.q(`UPDATE sandboxes SET id=?, name=?, template=?, node=?, backend=?, tier=?, transition=?, slot=?, host_ports=?, last_active=?, created_at=?, last_wake_ms=?, last_wake_from=?, note=?, principal=?, memory_mib=?, generation=?, left_behind=?, idle=?, runsc=?, move_out=?, move_in=?, rev=?, egress=? WHERE id=?`),
 		append(args, id)...)
 	if err != nil {
 		return sb, err
@@ -656,10 +667,16 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var tier, trans, hostPorts, wakeFrom string
 	var last, created int64
 	var left, moveIn int
-	var idle string
-	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle, &sb.Runsc, &sb.MoveOut, &moveIn, &sb.Rev)
+	var idle, egress string
+	err := r.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.Node, &sb.Backend, &tier, &trans, &sb.Slot, &hostPorts, &last, &created, &sb.LastWakeMs, &wakeFrom, &sb.Note, &sb.Principal, &sb.MemoryMiB, &sb.Generation, &left, &idle, &sb.Runsc, &sb.MoveOut, &moveIn, &sb.Rev, &egress)
 	if err != nil {
 		return sb, err
+	}
+	if egress != "" {
+		sb.Egress = &api.Egress{}
+		if err := json.Unmarshal([]byte(egress), sb.Egress); err != nil {
+			return sb, fmt.Errorf("sandbox %q: corrupt egress: %w", sb.ID, err)
+		}
 	}
 	if idle != "" {
 		sb.Idle = &api.IdleTimers{}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/proxy"
 
+	"sandstorm/api"
 	"sandstorm/internal/sam/fakellm"
 	"sandstorm/internal/testenv"
 )
@@ -474,5 +476,83 @@ bindings:
 	}
 	if !strings.Contains(d.logTail(400), `msg="boundary refused an address"`) {
 		t.Error("no refusal in the daemon's log")
+	}
+}
+
+// rulesProbe runs in a sandbox: it fetches each name it is given and
+// prints what answered or why not.
+const rulesProbe = `import sys, urllib.request
+for name in sys.argv[1:]:
+    try:
+        print(name, "says", urllib.request.urlopen("http://%s/" % name, timeout=10).read().decode())
+    except Exception as e:
+        print(name, "refused:", type(e).__name__)
+`
+
+// TestSandboxEgressRules: a sandbox's own egress rules (sandbox create
+// --allow-out/--deny-out, E2B's allowOut/denyOut) narrow what the policy
+// grants it, from its first flow and across a snapshot: with denyOut all,
+// only the name it allows goes out, though the policy grants both; the
+// same sandbox without rules reaches both; a name the policy does not
+// grant is refused at create, 403, and nothing is made.
+func TestSandboxEgressRules(t *testing.T) {
+	out := newOutsideNet(t)
+	resolver := startTestDNS(t)
+	resolver.set("mirror.test", out.server)
+	resolver.set("other.test", out.server)
+	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policyPath, []byte(`
+roles:
+  - name: agent
+    egress: ["mirror.test", "other.test"]
+bindings:
+  - {principal: narrow, roles: [agent]}
+  - {principal: wide, roles: [agent]}
+  - {principal: greedy, roles: [agent]}
+`), 0o600)
+	d := startDaemon(t, "--policy", policyPath, "--resolver", resolver.addr)
+	d.registerWeb(t, "web")
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+	probe := func(name string) string {
+		t.Helper()
+		r := cli(t, env, "sandbox", "exec", name, "--", "/usr/bin/python3", "-c", rulesProbe, "mirror.test", "other.test")
+		r.ok(t, "the egress probe in "+name)
+		return r.Stdout
+	}
+
+	cli(t, env, "sandbox", "create", "web", "--name", "narrow", "--allow-out", "mirror.test", "--deny-out", "0.0.0.0/0").ok(t, "a sandbox with egress rules")
+	narrow, err := d.C.Sandbox(ctxT(t), "narrow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.track(narrow.ID)
+	if e := narrow.Egress; e == nil || !slices.Equal(e.AllowOut, []string{"mirror.test"}) || !slices.Equal(e.DenyOut, []string{"0.0.0.0/0"}) {
+		t.Errorf("the sandbox shows egress %+v", narrow.Egress)
+	}
+	check := func(why string) {
+		t.Helper()
+		got := probe("narrow")
+		if !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test refused") {
+			t.Errorf("%s: with allow-out mirror.test and deny-out all:\n%s", why, got)
+		}
+	}
+	check("from its first flow")
+	// Its rules are its own across a snapshot (the boundary comes up again
+	// with them).
+	d.transition(t, narrow.ID, "snapshot", api.TierSnapshot)
+	check("after a snapshot")
+
+	wide := d.create(t, "web", "wide")
+	if got := probe(wide.Name); !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test says outside ok") {
+		t.Errorf("without rules, the policy alone:\n%s", got)
+	}
+
+	res := cli(t, env, "sandbox", "create", "web", "--name", "greedy", "--allow-out", "elsewhere.test", "--deny-out", "0.0.0.0/0")
+	res.fails(t, "allow-out of a name the policy does not grant", `not granted to principal "greedy"`)
+	if _, err := d.C.Sandbox(ctxT(t), "greedy"); err == nil {
+		t.Error("a refused create left its sandbox")
+	}
+	if r := cli(t, env, "sandbox", "create", "web", "--name", "typo", "--deny-out", "mirror.test"); r.Code != 2 || !strings.Contains(r.Stderr, "denyOut") {
+		t.Errorf("a name in --deny-out: exit %d, stderr %q; want exit 2 saying why", r.Code, r.Stderr)
 	}
 }

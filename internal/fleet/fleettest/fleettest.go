@@ -112,7 +112,7 @@ func (f *Node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 		return api.Sandbox{}, errdefs.New(errdefs.ErrConflict, "this create (generation %d) was given up by the master (fenced at %d)", g, f.fence)
 	}
 	sb := api.Sandbox{ID: "id-" + name, Name: name, Template: req.Template.Name, Node: "local", Tier: api.TierHot, MemoryMiB: req.MemoryMiB,
-		Principal: req.Principal, CreatedAt: time.Now(), Generation: req.Generation}
+		Principal: req.Principal, CreatedAt: time.Now(), Generation: req.Generation, Egress: req.Egress}
 	f.Boxes[sb.ID] = sb
 	f.changed(sb.ID)
 	return sb, nil

@@ -19,6 +19,7 @@ import (
 	"sandstorm/internal/netns"
 	"sandstorm/internal/sam/boundary"
 	"sandstorm/internal/sam/dialguard"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
 )
@@ -69,6 +70,8 @@ type Sandbox struct {
 	Socket string
 	// Activity is told of the sandbox's flows out (its idle timers).
 	Activity boundary.Activity
+	// Egress is its own egress rules (nil: the policy alone).
+	Egress *egress.Rules
 }
 
 // Set is a node's boundaries, by sandbox.
@@ -116,6 +119,7 @@ func (s *Set) Up(sb Sandbox) error {
 		Metrics:         sam.Metrics,
 		Refusals:        sam.Refusals,
 		Activity:        sb.Activity,
+		Egress:          sb.Egress,
 		Resolve:         sam.Resolve,
 		Guard:           guard,
 		Log:             s.cfg.Log.With("sandbox", sb.ID), // its lines name the principal themselves

@@ -9,6 +9,7 @@ package host
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"sandstorm/internal/node/layout"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sam/boundary"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 )
@@ -157,8 +159,16 @@ func (h *Host) BoundaryUp(sb store.Sandbox) error {
 	if err != nil {
 		return err
 	}
+	// Its own egress rules, from its first flow; rules that no longer
+	// parse keep the boundary down (fail closed), never up without them.
+	var rules *egress.Rules
+	if e := sb.Egress; e != nil {
+		if rules, err = egress.Parse(e.AllowOut, e.DenyOut); err != nil {
+			return fmt.Errorf("sandbox %s: its egress rules: %w", sb.ID, err)
+		}
+	}
 	return h.cfg.Bounds.Up(boundaries.Sandbox{ID: sb.ID, Principal: PrincipalOf(sb), Net: nw,
-		Socket: h.Dir(sb.ID).AgentSock(), Activity: h.cfg.Activity(sb.ID)})
+		Socket: h.Dir(sb.ID).AgentSock(), Activity: h.cfg.Activity(sb.ID), Egress: rules})
 }
 
 // BoundaryDown closes sandbox id's boundary.

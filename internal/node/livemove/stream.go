@@ -41,6 +41,7 @@ type Manifest struct {
 	MemoryMiB int             `json:"memory_mib"`
 	Tier      api.Tier        `json:"tier"`
 	Idle      *api.IdleTimers `json:"idle,omitempty"`
+	Egress    *api.Egress     `json:"egress,omitempty"`
 	CreatedAt time.Time       `json:"created_at"`
 	// LastActive keeps its idle timers where they were.
 	LastActive time.Time `json:"last_active"`
