@@ -192,6 +192,33 @@ func testTemplatesAndSandboxesSurviveReopen(t *testing.T, path string) {
 	}
 }
 
+// TestSandboxEgressRoundTrip: a sandbox's egress rules survive the store
+// and its updates; a sandbox without them has none.
+func TestSandboxEgressRoundTrip(t *testing.T) { eachStore(t, testSandboxEgressRoundTrip) }
+
+func testSandboxEgressRoundTrip(t *testing.T, where string) {
+	ctx := context.Background()
+	s := openAt(t, where)
+	s.PutTemplate(ctx, Template{Name: "t", Rootfs: "/", Process: api.Process{Args: []string{"/x"}}})
+	eg := &api.Egress{AllowOut: []string{"api.example.com", "192.0.2.0/24"}, DenyOut: []string{"0.0.0.0/0"}}
+	if err := s.CreateSandbox(ctx, Sandbox{ID: "a", Name: "a", Template: "t", Slot: 1, HostPorts: map[int]int{}, Egress: eg}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, Sandbox{ID: "b", Name: "b", Template: "t", Slot: 2, HostPorts: map[int]int{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.UpdateSandbox(ctx, "a", func(x *Sandbox) error { x.Tier = api.TierFrozen; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSandbox(ctx, "a")
+	if err != nil || !reflect.DeepEqual(got.Egress, eg) {
+		t.Errorf("egress back: %+v %v", got.Egress, err)
+	}
+	if got, _ := s.GetSandbox(ctx, "b"); got.Egress != nil {
+		t.Errorf("a sandbox without rules has %+v", got.Egress)
+	}
+}
+
 func TestUpdateErrorRollsBack(t *testing.T) { eachStore(t, testUpdateErrorRollsBack) }
 
 func testUpdateErrorRollsBack(t *testing.T, where string) {
