@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/testenv"
 )
 
 func TestMmdebstrapArgs(t *testing.T) {
@@ -47,7 +48,7 @@ func TestMmdebstrapArgs(t *testing.T) {
 // delete through the mount.
 func TestCleanupRefusesMounts(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
+		testenv.Skip(t, "mounting a tmpfs needs root")
 	}
 	dir := filepath.Join(t.TempDir(), "rootfs")
 	mnt := filepath.Join(dir, "proc")

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"sandstorm/internal/testenv"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -13,7 +15,7 @@ import (
 // hides what is below it, a directory over a file hides the file.
 func TestLookupMergesLikeOverlayfs(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("whiteouts (mknod) and trusted.* xattrs need root")
+		testenv.Skip(t, "whiteouts (mknod) and trusted.* xattrs need root")
 	}
 	e := newEnv(t)
 	layer := func(build func(dir string)) string {

@@ -24,6 +24,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/rootfs"
+	"sandstorm/internal/testenv"
 )
 
 var exportTestProc = api.Process{Args: []string{"/bin/app", "--port", "8000"}, Env: []string{"PATH=/bin", "MODE=prod"}, Cwd: "/srv"}
@@ -352,7 +353,7 @@ func TestExportRefuses(t *testing.T) {
 func TestExportSkopeo(t *testing.T) {
 	skopeo, err := exec.LookPath("skopeo")
 	if err != nil {
-		t.Skip("skopeo is not installed (apt-get install -y skopeo): the outputs are not checked by it")
+		testenv.Skip(t, "skopeo is not installed (apt-get install -y skopeo): the outputs are not checked by it")
 	}
 	dir := exportTestTree(t)
 	archive := filepath.Join(t.TempDir(), "web.tar")
@@ -375,7 +376,7 @@ func TestExportSkopeo(t *testing.T) {
 	}
 	umoci, err := exec.LookPath("umoci")
 	if err != nil {
-		t.Skip("umoci is not installed (apt-get install -y umoci): the layout is not unpacked by it")
+		testenv.Skip(t, "umoci is not installed (apt-get install -y umoci): the layout is not unpacked by it")
 	}
 	bundle := filepath.Join(t.TempDir(), "bundle")
 	if err := exec.Command(umoci, "unpack", "--image", oci+":"+ExportRefName, bundle).Run(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 )
 
 // Root is the repository's top directory: the first parent of the working
@@ -75,4 +76,15 @@ func Runsc() (string, error) {
 		return "", fmt.Errorf("%s is %s, the repository pins %s: rebuild it with `make runsc`", bin, got, want)
 	}
 	return bin, nil
+}
+
+// Skip skips t for why, except on CI (CI set), where what the test needs
+// is installed by .ci/run and it runs as root: a skip there would prove
+// nothing, so it fails instead.
+func Skip(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s: CI's machine must have it (.ci/run installs it and runs as root)", why)
+	}
+	t.Skip(why)
 }
