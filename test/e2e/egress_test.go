@@ -496,12 +496,7 @@ for name in sys.argv[1:]:
 // same sandbox without rules reaches both; a name the policy does not
 // grant is refused at create, 403, and nothing is made.
 func TestSandboxEgressRules(t *testing.T) {
-	out := newOutsideNet(t)
-	resolver := startTestDNS(t)
-	resolver.set("mirror.test", out.server)
-	resolver.set("other.test", out.server)
-	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
-	os.WriteFile(policyPath, []byte(`
+	resolver, policyPath := twoOutsideNames(t, `
 roles:
   - name: agent
     egress: ["mirror.test", "other.test"]
@@ -509,7 +504,7 @@ bindings:
   - {principal: narrow, roles: [agent]}
   - {principal: wide, roles: [agent]}
   - {principal: greedy, roles: [agent]}
-`), 0o600)
+`)
 	d := startDaemon(t, "--policy", policyPath, "--resolver", resolver.addr)
 	d.registerWeb(t, "web")
 	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
@@ -555,4 +550,21 @@ bindings:
 	if r := cli(t, env, "sandbox", "create", "web", "--name", "typo", "--deny-out", "mirror.test"); r.Code != 2 || !strings.Contains(r.Stderr, "denyOut") {
 		t.Errorf("a name in --deny-out: exit %d, stderr %q; want exit 2 saying why", r.Code, r.Stderr)
 	}
+}
+
+// twoOutsideNames starts an outside network whose one HTTP server answers
+// "outside ok" and a resolver giving it two names, mirror.test and
+// other.test, and writes policy (YAML) to a file: what a test needs to
+// show a name let out and another refused.
+func twoOutsideNames(t *testing.T, policy string) (*testDNS, string) {
+	t.Helper()
+	out := newOutsideNet(t)
+	resolver := startTestDNS(t)
+	resolver.set("mirror.test", out.server)
+	resolver.set("other.test", out.server)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return resolver, path
 }

@@ -355,18 +355,13 @@ if reached:
 // operator's policy grants the build principal (a mirror, by name), and
 // neither another name, the metadata address nor the node's API.
 func TestTemplateBuildPolicy(t *testing.T) {
-	out := newOutsideNet(t)
-	resolver := startTestDNS(t)
-	resolver.set("mirror.test", out.server)
-	resolver.set("other.test", out.server)
-	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
-	os.WriteFile(policyPath, []byte(`
+	resolver, policyPath := twoOutsideNames(t, `
 roles:
   - name: builder
     egress: ["mirror.test"]
 bindings:
   - {principal: sandstorm-build, roles: [builder]}
-`), 0o600)
+`)
 	f := newImageFixture(t)
 	d := newDaemon(t, "--policy", policyPath, "--resolver", resolver.addr)
 	d.wrap = func(cmd *exec.Cmd) { cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+filepath.Dir(f.goodAuth)) }
