@@ -568,6 +568,9 @@ func (l *Side) checkEgress(t store.Template, req nodeapi.CreateRequest) error {
 			missing = append(missing, n)
 		}
 	}
+	if len(missing) > 0 && principal == "" {
+		return errdefs.New(errdefs.ErrForbidden, "egress: allow_out %s: a sandbox with no name and no principal is principal sb-<id>, which no policy grants anything; give it a name, or use a template with a principal", strings.Join(missing, ", "))
+	}
 	if len(missing) > 0 {
 		return errdefs.New(errdefs.ErrForbidden, "egress: allow_out %s: not granted to principal %q by the policy; a sandbox's rules only narrow what its policy grants", strings.Join(missing, ", "), principal)
 	}

@@ -1,12 +1,15 @@
 package templates
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sam/dialguard"
 )
 
@@ -57,5 +60,11 @@ func (t *teamTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if t.trusted[r.URL.Host] {
 		return t.direct.RoundTrip(r)
 	}
-	return t.guarded.RoundTrip(r)
+	resp, err := t.guarded.RoundTrip(r)
+	var ref *dialguard.Refusal
+	if errors.As(err, &ref) {
+		// dialguard's words are a sandbox's; say what a team can do.
+		return nil, errdefs.Mark(errdefs.ErrForbidden, fmt.Errorf("registry %s: %w; a team's build pulls only from public registries or a mirror the operator configured (serve --registry-mirror)", r.URL.Host, err))
+	}
+	return resp, err
 }

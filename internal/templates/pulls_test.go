@@ -5,8 +5,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sam/dialguard"
 )
 
@@ -44,8 +46,8 @@ func TestTeamTransport(t *testing.T) {
 	tr = newTeamTransport(nil, map[string]string{"docker.io": "mirror.example:5000"}, nil)
 	err := get(tr, srv.URL+"/v2/")
 	var ref *dialguard.Refusal
-	if !errors.As(err, &ref) || ref.Class != dialguard.Loopback {
-		t.Fatalf("a loopback registry a team named: err %v, want a loopback refusal", err)
+	if !errors.As(err, &ref) || ref.Class != dialguard.Loopback || !errors.Is(err, errdefs.ErrForbidden) || !strings.Contains(err.Error(), "--registry-mirror") {
+		t.Fatalf("a loopback registry a team named: err %v, want a forbidden loopback refusal saying what to do", err)
 	}
 	if hits != before {
 		t.Fatalf("the refused registry was reached %d times", hits-before)
