@@ -21,7 +21,7 @@ import (
 func sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Manage sandboxes"}
 	addAPIFlag(cmd)
-	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxUsageCmd(), sandboxExecCmd(), sandboxCpCmd(), sandboxCloneCmd(), sandboxMoveCmd())
+	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxUsageCmd(), sandboxExecCmd(), sandboxCpCmd(), sandboxCloneCmd(), sandboxMoveCmd(), sandboxNetworkCmd())
 	cmd.AddCommand(transitionCmds()...)
 	cmd.AddCommand(pauseCmd(), resumeCmd())
 	return cmd
@@ -76,6 +76,41 @@ func sandboxCreateCmd() *cobra.Command {
 	create.Flags().StringVar(&idle.SnapshotAfter, "snapshot-after", "", "its own idle time, once frozen, before it is snapshotted (default: the node's)")
 	create.Flags().StringVar(&idle.DetachAfter, "detach-after", "", "its own idle time, once snapshotted, before it is detached (default: the node's)")
 	return create
+}
+
+// sandboxNetworkCmd is "sandbox network".
+func sandboxNetworkCmd() *cobra.Command {
+	var allowOut, denyOut []string
+	cmd := &cobra.Command{
+		Use:   "network SANDBOX",
+		Short: "Replace a running sandbox's egress rules (neither flag: clear them)",
+		Long: `Replaces the sandbox's egress rules whole, as E2B's updateNetwork does: its
+boundary applies them to every new flow at once; flows already open go on.
+The rules only narrow what the policy grants the sandbox's principal.`,
+		Example: "  sandstormd sandbox network web-1 --deny-out 0.0.0.0/0 --allow-out api.example.com\n  sandstormd sandbox network web-1   # no rules: the policy alone",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			eg, err := egressFlags(allowOut, denyOut)
+			if err != nil {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
+			if eg == nil {
+				eg = &api.Egress{}
+			}
+			c, err := apiClient(cmd)
+			if err != nil {
+				return err
+			}
+			sb, err := c.SetNetwork(cmd.Context(), args[0], *eg)
+			if err != nil {
+				return err
+			}
+			return printSandbox(cmd, sb)
+		},
+	}
+	cmd.Flags().StringArrayVar(&allowOut, "allow-out", nil, "with --deny-out: a name (api.example.com, *.example.com), address or CIDR that still goes out; repeatable")
+	cmd.Flags().StringArrayVar(&denyOut, "deny-out", nil, "an address or CIDR its boundary lets nothing out to (0.0.0.0/0: everything but --allow-out); repeatable")
+	return cmd
 }
 
 func idleOf(t api.IdleTimers) *api.IdleTimers {

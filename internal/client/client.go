@@ -263,6 +263,13 @@ func (c *Client) Usage(ctx context.Context, ref string) (api.Usage, error) {
 	return u, err
 }
 
+// SetNetwork replaces sandbox ref's egress rules (empty: none).
+func (c *Client) SetNetwork(ctx context.Context, ref string, e api.Egress) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.Do(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(ref)+"/network", e, &sb)
+	return sb, err
+}
+
 // Sandboxes lists sandboxes; with labels ("key=value"), those that carry
 // every one.
 func (c *Client) Sandboxes(ctx context.Context, labels ...string) ([]api.Sandbox, error) {

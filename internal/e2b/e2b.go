@@ -142,6 +142,7 @@ func (s *Service) API() http.Handler {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.one(s.connect)) // the SDK from 2.50 on
 	mux.HandleFunc("POST /sandboxes/{id}/resume", s.one(s.connect))
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.one(s.setTimeout))
+	mux.HandleFunc("PUT /sandboxes/{id}/network", s.one(s.updateNetwork))
 	mux.HandleFunc("POST /sandboxes/{id}/fork", s.fork)
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.createSnapshot)
 	mux.HandleFunc("GET /snapshots", s.listSnapshots)
@@ -646,6 +647,64 @@ func (s *Service) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	s.cfg.Log.Info("e2b sandbox forked", "id", sb.ID, "forks", len(out.Children), "asked", count)
 	writeJSON(w, http.StatusCreated, res)
+}
+
+// updateNetwork serves PUT /sandboxes/{id}/network (the SDK's
+// updateNetwork): the sandbox's egress rules replaced whole, a field left
+// out cleared, as E2B documents; allow_internet_access false is denyOut
+// all, as at create. Its boundary applies them to new flows at once.
+func (s *Service) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	var body map[string]json.RawMessage
+	if err := decode(w, r, &body); err != nil {
+		fail(w, err)
+		return
+	}
+	e, err := networkUpdate(body)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	n, sb, _, err := s.find(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if _, err := n.SetEgress(r.Context(), sb.ID, e); err != nil {
+		fail(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// networkUpdate is an updateNetwork body as the rules it sets: create's
+// network fields that are not egress (ingress is set at create only)
+// are refused, as are transforms and an egress proxy (parseNetwork).
+func networkUpdate(body map[string]json.RawMessage) (api.Egress, error) {
+	var allowInternet *bool
+	if v, ok := body["allow_internet_access"]; ok {
+		if err := json.Unmarshal(v, &allowInternet); err != nil {
+			return api.Egress{}, errdefs.New(errdefs.ErrBadInput, "allow_internet_access: %v", err)
+		}
+		delete(body, "allow_internet_access")
+	}
+	for _, k := range []string{"allowPublicTraffic", "maskRequestHost"} {
+		if set(body[k]) {
+			return api.Egress{}, errdefs.New(errdefs.ErrBadInput, "network.%s: set at create only; an update sets egress (allowOut, denyOut, allow_internet_access)", k)
+		}
+	}
+	raw, _ := json.Marshal(body)
+	in, err := parseNetwork(raw)
+	if err != nil {
+		return api.Egress{}, err
+	}
+	var e api.Egress
+	if in.egress != nil {
+		e = *in.egress
+	}
+	if allowInternet != nil && !*allowInternet {
+		e.DenyOut = append(e.DenyOut, egress.AllTraffic)
+	}
+	return e, nil
 }
 
 func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {

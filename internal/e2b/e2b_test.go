@@ -172,6 +172,7 @@ func TestTeamsAndNotFound(t *testing.T) {
 		{"POST", "/sandboxes/%s/connect", `{"timeout": 10}`},
 		{"POST", "/sandboxes/%s/timeout", `{"timeout": 10}`},
 		{"GET", "/sandboxes/%s/metrics", ""},
+		{"PUT", "/sandboxes/%s/network", `{"denyOut": ["0.0.0.0/0"]}`},
 	} {
 		theirs := e.call(t, "blue", c.method, fmt.Sprintf(c.path, sb.SandboxID), c.body)
 		missing := e.call(t, "blue", c.method, fmt.Sprintf(c.path, "nosuch"), c.body)
@@ -183,6 +184,51 @@ func TestTeamsAndNotFound(t *testing.T) {
 		t.Errorf("another team's list: %s", a.body)
 	}
 	e.expect(t, http.StatusOK, "the owner's get", "red", "GET", "/sandboxes/"+sb.SandboxID, "")
+}
+
+// TestUpdateNetwork: PUT /sandboxes/{id}/network replaces the rules
+// whole (a field left out is cleared), allow_internet_access false is
+// deny all, and what an update cannot set is refused with the rules
+// left as they were.
+func TestUpdateNetwork(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{"network": {"allowOut": ["api.example.com"], "denyOut": ["0.0.0.0/0"]}}`)
+	rules := func() *api.Egress {
+		t.Helper()
+		got, err := e.node.Get(context.Background(), sb.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Egress
+	}
+	path := "/sandboxes/" + sb.SandboxID + "/network"
+	e.expect(t, http.StatusNoContent, "deny 10/8 only", "red", "PUT", path, `{"denyOut": ["10.0.0.0/8"]}`)
+	if r := rules(); r == nil || len(r.AllowOut) != 0 || !slices.Equal(r.DenyOut, []string{"10.0.0.0/8"}) {
+		t.Errorf("after an update with denyOut only: %+v; want allowOut cleared", r)
+	}
+	e.expect(t, http.StatusNoContent, "internet access off", "red", "PUT", path, `{"allow_internet_access": false, "allowOut": ["*.example.com"]}`)
+	if r := rules(); r == nil || !slices.Equal(r.AllowOut, []string{"*.example.com"}) || !slices.Equal(r.DenyOut, []string{"0.0.0.0/0"}) {
+		t.Errorf("after allow_internet_access false: %+v", r)
+	}
+	for _, bad := range []string{
+		`{"denyOut": ["api.example.com"]}`,
+		`{"allowOut": "api.example.com"}`,
+		`{"egressProxy": {"address": "proxy.example.com:1080"}}`,
+		`{"rules": {"api.example.com": [{"transform": {"headers": {"X": "y"}}}]}}`,
+		`{"maskRequestHost": "x"}`,
+		`{not json`,
+	} {
+		if a := e.call(t, "red", "PUT", path, bad); a.status < 400 || a.status >= 500 {
+			t.Errorf("update %s: %d %s, want a 4xx", bad, a.status, a.body)
+		}
+	}
+	if r := rules(); r == nil || !slices.Equal(r.AllowOut, []string{"*.example.com"}) {
+		t.Errorf("refused updates changed the rules: %+v", r)
+	}
+	e.expect(t, http.StatusNoContent, "no fields", "red", "PUT", path, `{}`)
+	if r := rules(); r != nil {
+		t.Errorf("an update with no fields left %+v; want no rules", r)
+	}
 }
 
 // TestMetricsRange: start and end bound the samples (Unix seconds): a

@@ -368,6 +368,18 @@ func (r recorder) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	return sb, done(err)
 }
 
+func (r recorder) SetEgress(ctx context.Context, id string, e api.Egress) (api.Sandbox, error) {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.ReadDeadline)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := r.Node.SetEgress(cctx, id, e)
+	if err = done(err); err == nil {
+		r.f.record(ctx, r.Name(), sb)
+	}
+	return sb, err
+}
+
 func (r recorder) Usage(ctx context.Context, id string) (api.Usage, error) {
 	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.ReadDeadline)
 	if err != nil {

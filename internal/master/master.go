@@ -127,6 +127,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/move", s.move)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/usage", s.usage)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.setNetwork)
 	mux.HandleFunc("/v1/sandboxes/{id}/envd/{path...}", s.envd)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
@@ -513,6 +514,28 @@ func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, u)
+}
+
+// setNetwork serves PUT /v1/sandboxes/{id}/network: the sandbox's egress
+// rules (api.Egress), replaced whole; empty clears them. Its boundary
+// applies them to new flows at once.
+func (s *server) setNetwork(w http.ResponseWriter, r *http.Request) {
+	var e api.Egress
+	if err := decode(w, r, &e); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	n, sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer s.sbx.Lock(sb.ID)()
+	if sb, err = n.SetEgress(r.Context(), sb.ID, e); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.decorate(r.Context(), []api.Sandbox{sb})[0])
 }
 
 func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {

@@ -214,7 +214,7 @@ func (c *cloning) ready(ctx context.Context, sb store.Sandbox) error {
 	if port == 0 {
 		return alive()
 	}
-	nw, err := n.Net(sb.ID, sb.Slot)
+	nw, err := n.h.Net(sb.ID, sb.Slot)
 	if err != nil {
 		return err
 	}

@@ -79,7 +79,7 @@ func (n *Node) envdSandbox(ctx context.Context, id string) (envdlink.Sandbox, er
 	if err != nil {
 		return envdlink.Sandbox{}, err
 	}
-	nw, err := n.Net(sb.ID, sb.Slot)
+	nw, err := n.h.Net(sb.ID, sb.Slot)
 	if err != nil {
 		return envdlink.Sandbox{}, err
 	}

@@ -30,7 +30,7 @@ func (n *Node) newReserves() {
 	var guard *reserve.Guard
 	n.adm = admission.New(admission.Config{
 		MemReserveMiB: cfg.MemReserveMiB, MemAvailable: cfg.MemAvailable, Held: n.h.HeldMiB,
-		DiskReserveMiB: cfg.DiskReserveMiB, DiskFree: diskFree, DataDir: cfg.DataDir, FDs: processFDs,
+		DiskReserveMiB: cfg.DiskReserveMiB, DiskFree: diskFree, DataDir: cfg.DataDir, FDs: reserve.ProcessFDs,
 		Settled: n.settled.Sizes(), Learned: n.settled.Learned, Keep: func() int64 { return guard.KeepMiB() },
 	})
 	guard = reserve.New(reserve.Config{

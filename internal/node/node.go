@@ -395,7 +395,7 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 			return store.Sandbox{}, fmt.Errorf("%w: the caller gave up while %d starts were running on this node and more were queued: %v", ErrRefused, n.cfg.MaxStarts, context.Cause(ctx))
 		}
 	}
-	if name, principal, err = namesOf(id, name, principal, t); err != nil {
+	if name, principal, err = host.NamesOf(id, name, principal, t); err != nil {
 		return store.Sandbox{}, err
 	}
 	now := time.Now()
@@ -447,22 +447,34 @@ func (n *Node) create(ctx context.Context, t store.Template, name, principal str
 	return n.tiers.Commit(id, api.TierHot, func(s *store.Sandbox) { s.LastWakeMs, s.LastWakeFrom = ms, "" })
 }
 
-// namesOf is a new sandbox's name (its own, else sb-<id>) and principal
-// (its own, else its template's), or why one is not valid.
-func namesOf(id, name, principal string, t store.Template) (string, string, error) {
-	if name == "" {
-		name = warm.PooledName(id)
+// SetEgress replaces sandbox id's egress rules (nil: none) in its row, so
+// a wake, a move and a restart keep them, and in its boundary for new
+// flows at once (open ones go on: boundary.SetEgress). Under the
+// sandbox's lock, and never mid-move: the move's manifest is its rows.
+func (n *Node) SetEgress(ctx context.Context, id string, e *api.Egress) (store.Sandbox, error) {
+	rules, err := host.ParseEgress(e)
+	if err != nil {
+		return store.Sandbox{}, errdefs.Mark(errdefs.ErrBadInput, err)
 	}
-	if !api.ValidName(name) {
-		return "", "", fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errdefs.ErrBadInput, name)
+	ent := n.tiers.Entry(id)
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := ent.Acquire(actx); err != nil {
+		return store.Sandbox{}, fmt.Errorf("%w: sandbox %s is busy with a transition; try again when it is done", errdefs.ErrConflict, id)
 	}
-	if principal == "" {
-		principal = t.Principal
+	defer ent.Release()
+	sb, err := n.st.UpdateSandbox(ctx, id, func(s *store.Sandbox) error {
+		if s.MoveOut != 0 || s.MoveIn {
+			return fmt.Errorf("%w: sandbox %s is moving; set its rules when the move is done", errdefs.ErrConflict, s.Name)
+		}
+		s.Egress = e
+		return nil
+	})
+	if err == nil {
+		n.bounds.SetEgress(sb.ID, rules)
+		n.cfg.Events.Publish(events.Event{Kind: events.Update, ID: sb.ID, Name: sb.Name, Node: n.cfg.Name})
 	}
-	if principal != "" && !api.ValidPrincipal(principal) {
-		return "", "", fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errdefs.ErrBadInput, principal)
-	}
-	return name, principal, nil
+	return sb, err
 }
 
 // allocate picks a free address slot (unless sb has one: a pooled
@@ -496,7 +508,7 @@ func (n *Node) allocate(ctx context.Context, sb *store.Sandbox, ports []int) err
 
 // listen opens the gateway listeners of sb.
 func (n *Node) listen(sb store.Sandbox) error {
-	nw, err := n.Net(sb.ID, sb.Slot)
+	nw, err := n.h.Net(sb.ID, sb.Slot)
 	if err != nil {
 		return err
 	}
@@ -665,9 +677,6 @@ const (
 
 // PrincipalOf is who sb is: its own principal, else its name.
 func PrincipalOf(sb store.Sandbox) string { return host.PrincipalOf(sb) }
-
-// Net returns the network of a sandbox in address slot slot.
-func (n *Node) Net(id string, slot int) (netns.Net, error) { return n.h.Net(id, slot) }
 
 // Address returns the sandbox's own address.
 func (n *Node) Address(sb store.Sandbox) string { return n.h.Address(sb) }

@@ -323,7 +323,7 @@ func serveSandbox(t *testing.T, n *Node, id string, h http.Handler) (string, *ht
 	if err != nil {
 		t.Fatal(err)
 	}
-	nw, err := n.Net(id, sb.Slot)
+	nw, err := n.h.Net(id, sb.Slot)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,11 @@ type Node interface {
 	// Usage is what sandbox id uses now (CPU, memory, disk), read from
 	// outside it: it neither wakes the sandbox nor keeps it from idling.
 	Usage(ctx context.Context, id string) (api.Usage, error)
+	// SetEgress replaces sandbox id's egress rules (empty: none) in its
+	// row and its boundary, for its new flows at once. Malformed rules
+	// are errdefs.ErrBadInput; a name its policy does not grant its
+	// principal, errdefs.ErrForbidden (the rules only narrow).
+	SetEgress(ctx context.Context, id string, e api.Egress) (api.Sandbox, error)
 	// Status is the node's headroom and tier counts.
 	Status(ctx context.Context) (api.NodeStatus, error)
 	// PrepareTemplate readies a template on the node before its first

@@ -44,13 +44,13 @@ bindings:
 		{"a name in deny_out", store.Template{}, req("alice", "", nil, []string{"api.example.com"}), errdefs.ErrBadInput},
 		{"no rules", store.Template{}, nodeapi.CreateRequest{Name: "bob"}, nil},
 	} {
-		err := l.checkEgress(c.t, c.req)
+		err := l.checkEgress(createdPrincipal(c.t, c.req), c.req.Egress)
 		if (c.want == nil && err != nil) || (c.want != nil && !errors.Is(err, c.want)) {
 			t.Errorf("%s: %v, want %v", c.what, err, c.want)
 		}
 	}
 	// No policy: nothing is granted.
-	if err := (&Side{}).checkEgress(store.Template{}, req("alice", "", []string{"api.example.com"}, all)); !errors.Is(err, errdefs.ErrForbidden) {
+	if err := (&Side{}).checkEgress("alice", &api.Egress{AllowOut: []string{"api.example.com"}, DenyOut: all}); !errors.Is(err, errdefs.ErrForbidden) {
 		t.Errorf("no policy: %v", err)
 	}
 }

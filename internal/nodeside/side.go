@@ -78,7 +78,7 @@ func (l *Side) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandb
 	if _, err := (tier.Timers{}).With(req.Idle); err != nil {
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrBadInput, err)
 	}
-	if err := l.checkEgress(t, req); err != nil {
+	if err := l.checkEgress(createdPrincipal(t, req), req.Egress); err != nil {
 		return api.Sandbox{}, err
 	}
 	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB, req.Generation, req.Egress)
@@ -537,26 +537,50 @@ func (l *Side) Watch(ctx context.Context, send func(nodeapi.Report) error) error
 	}
 }
 
+// createdPrincipal is who a created sandbox's boundary will be (node:
+// host.NamesOf, host.PrincipalOf): its principal, its template's, else
+// its name.
+func createdPrincipal(t store.Template, req nodeapi.CreateRequest) string {
+	for _, p := range []string{req.Principal, t.Principal} {
+		if p != "" {
+			return p
+		}
+	}
+	return req.Name
+}
+
+// SetEgress implements nodeapi.Node: the rules are checked as a create's
+// are, against the principal the sandbox's boundary is.
+func (l *Side) SetEgress(ctx context.Context, id string, e api.Egress) (api.Sandbox, error) {
+	sb, err := l.N.Get(ctx, id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	rules := &e
+	if len(e.AllowOut)+len(e.DenyOut) == 0 {
+		rules = nil
+	}
+	if err := l.checkEgress(node.PrincipalOf(sb), rules); err != nil {
+		return api.Sandbox{}, err
+	}
+	if sb, err = l.N.SetEgress(ctx, sb.ID, rules); err != nil {
+		return api.Sandbox{}, err
+	}
+	return l.wire(sb), nil
+}
+
 // checkEgress refuses egress rules that do not parse (400), and names in
 // allow_out that the policy does not grant the sandbox's principal (403):
 // they could never go out, and a team asking for them is told so at once
 // rather than finding its flows refused. (The rules only narrow, so this
 // is the user's answer, not the fence: the boundary checks every flow.)
-func (l *Side) checkEgress(t store.Template, req nodeapi.CreateRequest) error {
-	if req.Egress == nil {
+func (l *Side) checkEgress(principal string, e *api.Egress) error {
+	if e == nil {
 		return nil
 	}
-	r, err := egress.Parse(req.Egress.AllowOut, req.Egress.DenyOut)
+	r, err := egress.Parse(e.AllowOut, e.DenyOut)
 	if err != nil {
 		return errdefs.New(errdefs.ErrBadInput, "egress: %v", err)
-	}
-	// Who its boundary will be (node: namesOf, host.PrincipalOf): its
-	// principal, its template's, else its name.
-	principal := req.Principal
-	for _, p := range []string{t.Principal, req.Name} {
-		if principal == "" {
-			principal = p
-		}
 	}
 	var p *policy.Policy
 	if l.Policy != nil {

@@ -541,6 +541,20 @@ bindings:
 	if got := probe(wide.Name); !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test says outside ok") {
 		t.Errorf("without rules, the policy alone:\n%s", got)
 	}
+	// Rules set on the running sandbox apply to its next flows; a name
+	// its policy lacks is refused and leaves them as they were.
+	cli(t, env, "sandbox", "network", wide.Name, "--allow-out", "other.test", "--deny-out", "0.0.0.0/0").ok(t, "sandbox network")
+	if got := probe(wide.Name); !strings.Contains(got, "mirror.test refused") || !strings.Contains(got, "other.test says outside ok") {
+		t.Errorf("after sandbox network --allow-out other.test --deny-out all:\n%s", got)
+	}
+	cli(t, env, "sandbox", "network", wide.Name, "--allow-out", "elsewhere.test", "--deny-out", "0.0.0.0/0").fails(t, "widening by sandbox network", `not granted to principal "wide"`)
+	if got, err := d.C.Sandbox(ctxT(t), wide.Name); err != nil || got.Egress == nil || !slices.Equal(got.Egress.AllowOut, []string{"other.test"}) {
+		t.Errorf("a refused update changed the rules: %+v, %v", got.Egress, err)
+	}
+	cli(t, env, "sandbox", "network", wide.Name).ok(t, "sandbox network with no rules")
+	if got := probe(wide.Name); !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test says outside ok") {
+		t.Errorf("rules cleared, the policy alone again:\n%s", got)
+	}
 
 	res := cli(t, env, "sandbox", "create", "web", "--name", "greedy", "--allow-out", "elsewhere.test", "--deny-out", "0.0.0.0/0")
 	res.fails(t, "allow-out of a name the policy does not grant", `not granted to principal "greedy"`)

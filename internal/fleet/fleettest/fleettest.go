@@ -25,6 +25,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/store"
 )
 
@@ -153,6 +154,28 @@ func (f *Node) Get(_ context.Context, ref string) (api.Sandbox, error) {
 		}
 	}
 	return api.Sandbox{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q: not found", ref)
+}
+
+// SetEgress implements nodeapi.Node: rules that parse are kept on the
+// sandbox (no boundary here to apply them, and no policy to check them
+// against).
+func (f *Node) SetEgress(ctx context.Context, id string, e api.Egress) (api.Sandbox, error) {
+	if _, err := egress.Parse(e.AllowOut, e.DenyOut); err != nil {
+		return api.Sandbox{}, errdefs.New(errdefs.ErrBadInput, "egress: %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k, b := range f.Boxes {
+		if b.ID == id {
+			b.Egress = nil
+			if len(e.AllowOut)+len(e.DenyOut) > 0 {
+				b.Egress = &e
+			}
+			f.Boxes[k] = b
+			return b, nil
+		}
+	}
+	return api.Sandbox{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q: not found", id)
 }
 
 // Usage implements nodeapi.Node: its limit and tier, and what a test

@@ -163,6 +163,16 @@ func (s *Set) Has(id string) bool {
 	return s.all[id] != nil
 }
 
+// SetEgress replaces the egress rules of sandbox id's boundary, if it is
+// up (one that is not takes them from the sandbox's row when it comes up).
+func (s *Set) SetEgress(id string, r *egress.Rules) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.all[id]; b != nil {
+		b.SetEgress(r)
+	}
+}
+
 // CloseFlows resets every flow of every boundary, keeping their
 // listeners (a handover: the next process serves them), and says how
 // many it reset.

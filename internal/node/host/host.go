@@ -14,10 +14,12 @@ import (
 	"os"
 	"path/filepath"
 
+	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node/boundaries"
 	"sandstorm/internal/node/layout"
+	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sam/boundary"
 	"sandstorm/internal/sam/egress"
@@ -144,6 +146,24 @@ func (h *Host) LayOut(sb store.Sandbox, t store.Template, envdDir string) error 
 	return d.WriteSpec(t, h.LimitOf(sb, t), sb.Name, nw.Path(), envdDir)
 }
 
+// NamesOf is a new sandbox's name (its own, else sb-<id>) and principal
+// (its own, else its template's), or why one is not valid.
+func NamesOf(id, name, principal string, t store.Template) (string, string, error) {
+	if name == "" {
+		name = warm.PooledName(id)
+	}
+	if !api.ValidName(name) {
+		return "", "", fmt.Errorf("%w: name %q: use 1-63 of a-z, 0-9 and '-'", errdefs.ErrBadInput, name)
+	}
+	if principal == "" {
+		principal = t.Principal
+	}
+	if principal != "" && !api.ValidPrincipal(principal) {
+		return "", "", fmt.Errorf("%w: principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", errdefs.ErrBadInput, principal)
+	}
+	return name, principal, nil
+}
+
 // PrincipalOf is who sb is: its own principal, else its name.
 func PrincipalOf(sb store.Sandbox) string {
 	if sb.Principal != "" {
@@ -161,14 +181,25 @@ func (h *Host) BoundaryUp(sb store.Sandbox) error {
 	}
 	// Its own egress rules, from its first flow; rules that no longer
 	// parse keep the boundary down (fail closed), never up without them.
-	var rules *egress.Rules
-	if e := sb.Egress; e != nil {
-		if rules, err = egress.Parse(e.AllowOut, e.DenyOut); err != nil {
-			return fmt.Errorf("sandbox %s: its egress rules: %w", sb.ID, err)
-		}
+	rules, err := ParseEgress(sb.Egress)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
 	return h.cfg.Bounds.Up(boundaries.Sandbox{ID: sb.ID, Principal: PrincipalOf(sb), Net: nw,
 		Socket: h.Dir(sb.ID).AgentSock(), Activity: h.cfg.Activity(sb.ID), Egress: rules})
+}
+
+// ParseEgress is a sandbox's egress rules as its boundary applies them
+// (nil: none).
+func ParseEgress(e *api.Egress) (*egress.Rules, error) {
+	if e == nil {
+		return nil, nil
+	}
+	r, err := egress.Parse(e.AllowOut, e.DenyOut)
+	if err != nil {
+		return nil, fmt.Errorf("its egress rules: %w", err)
+	}
+	return r, nil
 }
 
 // BoundaryDown closes sandbox id's boundary.

@@ -88,6 +88,8 @@ func unknown(t *testing.T, s Subject) {
 	_, err = s.Node.Usage(ctx, "no-such-sandbox")
 	wantKind(t, "Usage", err, errdefs.ErrNotFound)
 	wantKind(t, "Layer", s.Node.Layer(ctx, "no-such-sandbox", io.Discard), errdefs.ErrNotFound)
+	_, err = s.Node.SetEgress(ctx, "no-such-sandbox", api.Egress{DenyOut: []string{"0.0.0.0/0"}})
+	wantKind(t, "SetEgress", err, errdefs.ErrNotFound)
 	if st, err := s.Node.Status(ctx); err != nil || st.Name != s.Node.Name() {
 		t.Errorf("Status: %+v, %v; want the node's own name", st, err)
 	}
@@ -198,6 +200,7 @@ func lifecycle(t *testing.T, s Subject) {
 	_, err = s.Node.Create(ctx, nodeapi.CreateRequest{Template: s.Template, Name: "contract-1"})
 	wantKind(t, "a second Create of the same name", err, errdefs.ErrExists)
 	usage(t, s, sb.ID, api.TierHot)
+	egressRules(t, s, sb.ID)
 
 	steps := []struct {
 		op   nodeapi.Op
@@ -224,6 +227,26 @@ func lifecycle(t *testing.T, s Subject) {
 	wantKind(t, "Get after Delete", err, errdefs.ErrNotFound)
 	if all, _ := s.Node.List(ctx); slices.ContainsFunc(all, func(b api.Sandbox) bool { return b.ID == sb.ID }) {
 		t.Error("a deleted sandbox is still listed")
+	}
+}
+
+// egressRules: a sandbox's rules are replaced whole, shown by Get, kept
+// when the new ones are malformed, and cleared by empty ones.
+func egressRules(t *testing.T, s Subject, id string) {
+	t.Helper()
+	ctx := ctxT(t)
+	deny := []string{"0.0.0.0/0"}
+	got, err := s.Node.SetEgress(ctx, id, api.Egress{DenyOut: deny})
+	if err != nil || got.Egress == nil || !slices.Equal(got.Egress.DenyOut, deny) || len(got.Egress.AllowOut) != 0 {
+		t.Fatalf("SetEgress deny all: %+v, %v", got.Egress, err)
+	}
+	_, err = s.Node.SetEgress(ctx, id, api.Egress{DenyOut: []string{"not.a.cidr"}})
+	wantKind(t, "SetEgress with a name in deny_out", err, errdefs.ErrBadInput)
+	if sb, err := s.Node.Get(ctx, id); err != nil || sb.Egress == nil || !slices.Equal(sb.Egress.DenyOut, deny) {
+		t.Errorf("after a malformed SetEgress, Get shows %+v, %v; want the rules before it", sb.Egress, err)
+	}
+	if got, err = s.Node.SetEgress(ctx, id, api.Egress{}); err != nil || got.Egress != nil {
+		t.Errorf("SetEgress with no rules: %+v, %v; want none", got.Egress, err)
 	}
 }
 

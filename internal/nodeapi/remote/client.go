@@ -176,6 +176,12 @@ func (c *Client) Usage(ctx context.Context, id string) (api.Usage, error) {
 	return u, c.do(ctx, http.MethodGet, "/node/v1/sandboxes/"+url.PathEscape(id)+"/usage", nil, &u, http.StatusOK)
 }
 
+// SetEgress implements nodeapi.Node.
+func (c *Client) SetEgress(ctx context.Context, id string, e api.Egress) (api.Sandbox, error) {
+	var sb api.Sandbox
+	return sb, c.do(ctx, http.MethodPut, "/node/v1/sandboxes/"+url.PathEscape(id)+"/egress", e, &sb, http.StatusOK)
+}
+
 // getStream GETs path on the stream client (no time limit of its own:
 // ctx bounds it) and returns an answer of 200 for the caller to read and
 // close; any other is the node's error.

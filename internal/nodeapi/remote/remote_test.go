@@ -75,6 +75,18 @@ func (f *fake) Get(_ context.Context, ref string) (api.Sandbox, error) {
 	}
 	return api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found", ref))
 }
+func (f *fake) SetEgress(_ context.Context, id string, e api.Egress) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for name, sb := range f.boxes {
+		if sb.ID == id {
+			sb.Egress = &e
+			f.boxes[name] = sb
+			return sb, nil
+		}
+	}
+	return api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found", id))
+}
 func (f *fake) Usage(ctx context.Context, id string) (api.Usage, error) {
 	sb, err := f.Get(ctx, id)
 	return api.Usage{At: time.Unix(1_800_000_000, 0).UTC(), Tier: sb.Tier, CPUCount: 2, CPUPct: 12.5, MemBytes: 3 << 20, MemLimitBytes: 64 << 20}, err

@@ -100,6 +100,14 @@ func (s server) sandboxes() {
 		u, err := n.Usage(r.Context(), r.PathValue("id"))
 		return reply(w, http.StatusOK, u, err)
 	})
+	s.handle("PUT /node/v1/sandboxes/{id}/egress", func(w http.ResponseWriter, r *http.Request) error {
+		var e api.Egress
+		if err := readJSON(r, &e); err != nil {
+			return err
+		}
+		sb, err := n.SetEgress(r.Context(), r.PathValue("id"), e)
+		return reply(w, http.StatusOK, sb, err)
+	})
 	s.handle("DELETE /node/v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
 		return noContent(w, n.Delete(r.Context(), r.PathValue("id")))
 	})
