@@ -233,6 +233,44 @@ type Egress struct {
 	DenyOut  []string `json:"deny_out,omitempty"`
 }
 
+// EgressFlow is one flow a sandbox's boundary allowed or refused: an entry
+// of its egress log (GET /v1/sandboxes/{id}/egress, sandbox egress).
+type EgressFlow struct {
+	// Seq numbers the sandbox's flows from 1, in the order they were
+	// decided (a page's next is the last Seq it holds).
+	Seq  int64     `json:"seq"`
+	Time time.Time `json:"time"` // when it was decided
+	// Name is the destination as the sandbox named it (a name, or an
+	// address it dialled); Port its port.
+	Name string `json:"name"`
+	Port int    `json:"port"`
+	// Addr is the address the boundary connected to (external flows).
+	Addr string `json:"addr,omitempty"`
+	// Route is external, mesh, service or transparent_unknown; Outcome
+	// allowed, denied, unreachable, refused or error.
+	Route   string `json:"route"`
+	Outcome string `json:"outcome"`
+	// Rule is what decided it: "policy" (and the sandbox's own rule, if
+	// it has rules) for an allowed flow, the refusal's reason otherwise.
+	Rule string `json:"rule"`
+	// BytesOut and BytesIn are what the flow carried, sandbox → far and
+	// back (external flows; mesh requests are sam-node's to count).
+	BytesOut int64 `json:"bytes_out"`
+	BytesIn  int64 `json:"bytes_in"`
+	// Secret: a secret was put into the flow for the sandbox.
+	Secret bool `json:"secret,omitempty"`
+}
+
+// EgressPage is a page of a sandbox's egress log: its flows after the
+// asked seq, oldest first, and Next, the seq to ask after for the next
+// page. Missed counts flows after the asked seq that the log's bound
+// already dropped.
+type EgressPage struct {
+	Items  []EgressFlow `json:"items"`
+	Next   int64        `json:"next"`
+	Missed int64        `json:"missed,omitempty"`
+}
+
 // IdleTimers are how long a sandbox may stay idle before it drops a tier
 // (Go durations, "30s"; "0" never): hot → frozen, frozen → snapshot,
 // snapshot → detached. A field left out keeps the node's own

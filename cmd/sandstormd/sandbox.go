@@ -1,11 +1,16 @@
 package main
 
 import (
+	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,7 +26,7 @@ import (
 func sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Manage sandboxes"}
 	addAPIFlag(cmd)
-	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxUsageCmd(), sandboxExecCmd(), sandboxCpCmd(), sandboxCloneCmd(), sandboxMoveCmd(), sandboxNetworkCmd())
+	cmd.AddCommand(sandboxCreateCmd(), sandboxLsCmd(), sandboxGetCmd(), sandboxRmCmd(), sandboxLogsCmd(), sandboxUsageCmd(), sandboxExecCmd(), sandboxCpCmd(), sandboxCloneCmd(), sandboxMoveCmd(), sandboxNetworkCmd(), sandboxEgressCmd())
 	cmd.AddCommand(transitionCmds()...)
 	cmd.AddCommand(pauseCmd(), resumeCmd())
 	return cmd
@@ -274,6 +279,61 @@ starts every line with the time it was written.`,
 	logs.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the sandbox writes")
 	logs.Flags().BoolVarP(&stamps, "timestamps", "t", false, "start every line with the time it was written (\"-\" for lines written while sandstormd was not running)")
 	return logs
+}
+
+// sandboxEgressCmd is "sandbox egress".
+func sandboxEgressCmd() *cobra.Command {
+	var follow bool
+	var after int64
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "egress ID|NAME",
+		Short: "Print the flows a sandbox's boundary allowed or refused (-f to follow)",
+		Long: `Print a sandbox's egress log: every flow its boundary allowed or refused —
+when, where to (the name it asked for, the address reached), what it carried
+each way, and the rule that decided. The node keeps the newest 1000 of each
+sandbox, across its tiers, until it is deleted. --follow goes on printing new
+flows until interrupted or the sandbox is deleted; --json prints the pages.`,
+		Example: "  sandstormd sandbox egress web-1\n  sandstormd sandbox egress web-1 -f --after 120",
+		Args:    cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
+			if j, _ := cmd.Flags().GetBool("json"); j {
+				return c.EgressLog(cmd.Context(), args[0], after, limit, follow, os.Stdout)
+			}
+			pr, pw := io.Pipe()
+			go func() { pw.CloseWithError(c.EgressLog(cmd.Context(), args[0], after, limit, follow, pw)) }()
+			return printEgress(pr)
+		}),
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing flows as they come")
+	cmd.Flags().Int64Var(&after, "after", 0, "only flows after this SEQ")
+	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many flows (0: all the node keeps)")
+	return cmd
+}
+
+// printEgress prints the egress log's pages read from r as a table, a
+// line a flow, as they come.
+func printEgress(r io.Reader) error {
+	dec := json.NewDecoder(r)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tTIME\tOUTCOME\tDESTINATION\tADDRESS\tOUT\tIN\tRULE")
+	for {
+		var p api.EgressPage
+		if err := dec.Decode(&p); err == io.EOF {
+			return tw.Flush()
+		} else if err != nil {
+			tw.Flush()
+			return err
+		}
+		if p.Missed > 0 {
+			fmt.Fprintf(tw, "…\t\t%d older flows no longer kept\t\t\t\t\t\n", p.Missed)
+		}
+		for _, f := range p.Items {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", f.Seq, f.Time.Local().Format("15:04:05.000"), f.Outcome,
+				net.JoinHostPort(f.Name, strconv.Itoa(f.Port)), cmp.Or(f.Addr, "-"), f.BytesOut, f.BytesIn, f.Rule)
+		}
+		tw.Flush()
+	}
 }
 
 // sandboxCloneCmd is "sandbox clone".

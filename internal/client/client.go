@@ -447,6 +447,22 @@ func (c *Client) Logs(ctx context.Context, ref string, follow, timestamps bool, 
 	return c.Do(ctx, http.MethodGet, path, nil, w)
 }
 
+// EgressLog writes sandbox ref's egress log to w: JSON lines, each an
+// api.EgressPage, the flows after seq after (at most limit; 0: all kept),
+// then with follow each new batch until ctx ends or the sandbox is
+// deleted.
+func (c *Client) EgressLog(ctx context.Context, ref string, after int64, limit int, follow bool, w io.Writer) error {
+	q := url.Values{"after": {strconv.FormatInt(after, 10)}, "limit": {strconv.Itoa(limit)}}
+	cc := *c
+	if follow {
+		q.Set("follow", "1")
+		hc := *c.HTTP
+		hc.Timeout = 0 // a followed log has no end
+		cc.HTTP = &hc
+	}
+	return cc.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(ref)+"/egress?"+q.Encode(), nil, w)
+}
+
 // Node returns the node's status.
 func (c *Client) Node(ctx context.Context) (api.NodeStatus, error) {
 	var st api.NodeStatus

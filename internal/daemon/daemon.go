@@ -46,6 +46,7 @@ import (
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/sam/boundary"
 	"sandstorm/internal/sam/dialguard"
+	"sandstorm/internal/sam/egresslog"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
 	"sandstorm/internal/sandbox"
@@ -510,14 +511,14 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 	var nd *node.Node
 	if o.Node {
 		var stopNode func()
-		var nodePolicy func() *policy.Policy
+		var sam node.SAM
 		nodeHub := events.New(0)
-		nd, nodePolicy, stopNode, err = startNode(ctx, o, st, nodeHub, log)
+		nd, sam, stopNode, err = startNode(ctx, o, st, nodeHub, log)
 		if err != nil {
 			return err
 		}
 		defer stopNode()
-		l := &nodeside.Side{N: nd, St: st, Events: nodeHub, Policy: nodePolicy}
+		l := &nodeside.Side{N: nd, St: st, Events: nodeHub, Policy: sam.Policy, Flows: sam.Flows}
 		local = l
 		announce(ctx, o, l, st, log)
 	}
@@ -653,7 +654,7 @@ func shutdown(srv *http.Server) {
 // public API: until it is paired it answers only the pairing calls.
 func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger) error {
 	hub := events.New(0)
-	nd, nodePolicy, stopNode, err := startNode(ctx, o, st, hub, log)
+	nd, sam, stopNode, err := startNode(ctx, o, st, hub, log)
 	defer stopNode()
 	if err != nil {
 		return err
@@ -662,7 +663,7 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	// image layers they are made of: fetched once, kept while a template
 	// uses them.
 	local := &nodeside.Side{N: nd, St: st, OwnTemplates: true, Rootfs: rootfs.Cache{Dir: filepath.Join(o.DataDir, "rootfs")},
-		LayerCache: layercache.Cache{Dir: filepath.Join(o.DataDir, "layer-cache")}, Events: hub, Log: log, Policy: nodePolicy}
+		LayerCache: layercache.Cache{Dir: filepath.Join(o.DataDir, "layer-cache")}, Events: hub, Log: log, Policy: sam.Policy, Flows: sam.Flows}
 	announce(ctx, o, local, st, log)
 	if o.Join != "" {
 		j := &enrol.Joiner{Name: o.NodeName, Master: strings.TrimRight(o.Join, "/"), Fingerprint: o.CAFingerprint, Token: o.JoinToken,
@@ -740,7 +741,7 @@ func serveUntilDone(ctx context.Context, o Options, log *slog.Logger, srv *http.
 // network pool, boundaries, the node itself and its loops, and the repair
 // after a restart, which runs on behind the caller. stop undoes it, in
 // reverse order; it is valid (and must be called) on error too.
-func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub, log *slog.Logger) (nd *node.Node, pol func() *policy.Policy, stop func(), err error) {
+func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub, log *slog.Logger) (nd *node.Node, sam node.SAM, stop func(), err error) {
 	var stops []func()
 	stop = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -750,32 +751,33 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 	nm := metrics.NewNode(o.mreg)
 	be, closeBackend, err := startBackend(ctx, o, nm, log)
 	if err != nil {
-		return nil, nil, stop, err
+		return nil, sam, stop, err
 	}
 	stops = append(stops, closeBackend)
 	pool, err := netns.ParsePool(o.Subnet)
 	if err != nil {
-		return nil, nil, stop, err
+		return nil, sam, stop, err
 	}
 	bind, err := netip.ParseAddr(o.GatewayBind)
 	if err != nil {
-		return nil, nil, stop, fmt.Errorf("gateway address %q: %w", o.GatewayBind, err)
+		return nil, sam, stop, fmt.Errorf("gateway address %q: %w", o.GatewayBind, err)
 	}
 	pmin, pmax, err := parsePorts(o.GatewayPorts)
 	if err != nil {
-		return nil, nil, stop, err
+		return nil, sam, stop, err
 	}
 	if err := checkEphemeral(pmin, pmax); err != nil {
-		return nil, nil, stop, err
+		return nil, sam, stop, err
 	}
-	sam, stopSAM, err := samConfig(o, pool, log)
+	var stopSAM func()
+	sam, stopSAM, err = samConfig(o, pool, log)
 	if err != nil {
-		return nil, nil, stop, err
+		return nil, sam, stop, err
 	}
 	stops = append(stops, stopSAM)
 	envdBin, err := envdBinary(o.Envd)
 	if err != nil {
-		return nil, nil, stop, err
+		return nil, sam, stop, err
 	}
 	if envdBin == "" {
 		log.Warn("commands and files in sandboxes are off: no sandstorm-envd beside sandstormd (make build puts it in bin/), and no --envd")
@@ -788,12 +790,12 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 		Listen: o.reg.Listen, ListenPacket: o.reg.ListenPacket,
 	})
 	if err != nil {
-		return nil, nil, stop, err
+		return nil, sam, stop, err
 	}
 	o.mreg.MustRegister(metrics.NodeCollector(nd.MetricsState))
 	plan, err := nd.BeginReconcile(ctx)
 	if err != nil {
-		return nil, nil, stop, err // ErrFirewall: fail closed, no sandbox runs without its firewall
+		return nil, sam, stop, err // ErrFirewall: fail closed, no sandbox runs without its firewall
 	}
 	// The API opens at once and the repair after a restart runs behind it
 	// (issue 7: a sandbox whose runsc hangs must not keep the API closed);
@@ -814,7 +816,7 @@ func startNode(ctx context.Context, o Options, st *store.Store, hub *events.Hub,
 		<-reconciled
 		nd.Close()
 	})
-	return nd, sam.Policy, stop, nil
+	return nd, sam, stop, nil
 }
 
 // startBackend makes the node's runtime (runsc, unless --backend says
@@ -860,7 +862,7 @@ func startBackend(ctx context.Context, o Options, nm *metrics.Node, log *slog.Lo
 // (on the process's registry, served by Serve only when asked for: a
 // listener is one more thing a sandbox might reach).
 func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), error) {
-	sam := node.SAM{Firewall: netns.DefaultFirewall(node.VethPrefix)}
+	sam := node.SAM{Firewall: netns.DefaultFirewall(node.VethPrefix), Flows: egresslog.New(0)}
 	// Every address an allowed name resolves to is checked before it is
 	// dialled: never this node's sandbox subnet, nor any route into a
 	// sandbox veth (another sandstormd's subnet included).

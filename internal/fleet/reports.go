@@ -458,6 +458,14 @@ func (r recorder) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w
 	return done(r.Node.Logs(cctx, id, opt, w))
 }
 
+func (r recorder) EgressLog(ctx context.Context, id string, opt nodeapi.EgressLogOptions, w io.Writer) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), 0)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.EgressLog(cctx, id, opt, w))
+}
+
 // ServeEnvd is a stream as Logs is: no deadline of its own (a command
 // runs as long as it runs), ended at once if the node is taken for lost,
 // and refused before it is sent to a node already lost.

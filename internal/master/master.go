@@ -128,6 +128,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/logs", s.logs)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/usage", s.usage)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/network", s.setNetwork)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/egress", s.egressLog)
 	mux.HandleFunc("/v1/sandboxes/{id}/envd/{path...}", s.envd)
 	mux.HandleFunc("GET /v1/node", s.nodeStatus)
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
@@ -708,6 +709,30 @@ func (s *server) logs(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if err := n.Logs(r.Context(), sb.ID, opt, w); err != nil {
 		s.cfg.Log.Warn("logs", "id", sb.ID, "err", err)
+	}
+}
+
+// egressLog serves the sandbox's egress log (nodeapi.Node.EgressLog): a
+// page of the flows after ?after (at most ?limit) as api.EgressPage; with
+// ?follow=1, JSON lines of pages, that one and then each new batch, until
+// the client goes away or the sandbox is deleted.
+func (s *server) egressLog(w http.ResponseWriter, r *http.Request) {
+	opt, err := nodeapi.ParseEgressLogOptions(r.URL.Query())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	n, sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if opt.Follow {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+	}
+	if err := n.EgressLog(r.Context(), sb.ID, opt, w); err != nil {
+		s.cfg.Log.Warn("egress log", "id", sb.ID, "err", err)
 	}
 }
 

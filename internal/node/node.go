@@ -593,6 +593,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	n.tiers.Forget(sb.ID)
+	n.cfg.SAM.Flows.Drop(sb.ID)
 	n.adm.Release(sb.ID)
 	n.kept.Changed(runtimes.Key(sb.Runsc))
 	n.log.Info("sandbox deleted", "id", sb.ID)
@@ -638,7 +639,7 @@ func (n *Node) Status(ctx context.Context) (api.NodeStatus, error) {
 		counts[sb.Tier]++
 	}
 	return api.NodeStatus{Name: n.cfg.Name, Backend: n.be.Name(), MemAvailableMiB: avail, MemReserveMiB: n.cfg.MemReserveMiB, Sandboxes: counts,
-		Reconciling: n.Reconciling(), WarmPool: n.pool.Sizes(), PromisedMiB: n.adm.Promised(), State: "ready", Transitions: transitionsTo(n.cfg.Metrics)}, nil
+		Reconciling: int(n.reconciling.Load()), WarmPool: n.pool.Sizes(), PromisedMiB: n.adm.Promised(), State: "ready", Transitions: transitionsTo(n.cfg.Metrics)}, nil
 }
 
 // Dir is sandbox id's directory on the node (its console log, its

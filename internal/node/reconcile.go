@@ -138,10 +138,6 @@ func (n *Node) FinishReconcile(ctx context.Context, plan ReconcilePlan) error {
 	return errors.Join(errs...)
 }
 
-// Reconciling is how many sandboxes the start-up reconcile has yet to
-// repair.
-func (n *Node) Reconciling() int { return int(n.reconciling.Load()) }
-
 const (
 	// reconcileParallel sandboxes are repaired at once: enough that one
 	// stuck on a hung runsc does not hold up the rest, few enough not to
@@ -297,7 +293,7 @@ func (n *Node) hostRoute(ref string) (string, bool) {
 	if err != nil || sb.Node != n.cfg.Name {
 		return "", false
 	}
-	if n.Reconciling() > 0 {
+	if int(n.reconciling.Load()) > 0 {
 		if e, ok := n.tiers.Lookup(sb.ID); ok {
 			ctx, cancel := context.WithTimeout(context.Background(), reconcileEach)
 			if e.Acquire(ctx) == nil {

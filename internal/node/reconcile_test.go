@@ -129,7 +129,7 @@ func TestReconcile(t *testing.T) {
 	}
 	// Held until repaired: the rows plus the orphan sweep are counted,
 	// no sandbox is hot to the gateway, a wake has to wait.
-	if k, want := n.Reconciling(), len(plan.sandboxes)+1; k != want || want != 13 {
+	if k, want := int(n.reconciling.Load()), len(plan.sandboxes)+1; k != want || want != 13 {
 		t.Errorf("Reconciling %d before the repair, want %d (12 rows + the sweep)", k, want)
 	}
 	// ("paused" is stored hot: only being held keeps it from being hot.)
@@ -144,7 +144,7 @@ func TestReconcile(t *testing.T) {
 	if err := n.FinishReconcile(ctx, plan); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
-	if k := n.Reconciling(); k != 0 {
+	if k := int(n.reconciling.Load()); k != 0 {
 		t.Errorf("Reconciling %d after it", k)
 	}
 	// The containers left: the running, paused and pooled ones, and the

@@ -148,7 +148,7 @@ type warmCore struct{ n *Node }
 // again first, once per run.
 func (c warmCore) Templates() []store.Template {
 	n := c.n
-	if !n.be.Capabilities().Checkpoint || n.Reconciling() > 0 {
+	if !n.be.Capabilities().Checkpoint || int(n.reconciling.Load()) > 0 {
 		return nil
 	}
 	ts, err := n.st.ListTemplates(context.Background())

@@ -16,8 +16,11 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 )
 
 // Node is what a master may ask of one node.
@@ -54,6 +57,11 @@ type Node interface {
 	// are errdefs.ErrBadInput; a name its policy does not grant its
 	// principal, errdefs.ErrForbidden (the rules only narrow).
 	SetEgress(ctx context.Context, id string, e api.Egress) (api.Sandbox, error)
+	// EgressLog writes sandbox id's egress log to w as JSON lines, each
+	// an api.EgressPage: one of the flows after opt.After (at most
+	// opt.Limit; 0: all it keeps); with Follow, then one for each batch
+	// of new flows, until ctx ends or the sandbox is deleted.
+	EgressLog(ctx context.Context, id string, opt EgressLogOptions, w io.Writer) error
 	// Status is the node's headroom and tier counts.
 	Status(ctx context.Context) (api.NodeStatus, error)
 	// PrepareTemplate readies a template on the node before its first
@@ -171,6 +179,32 @@ func ParseOp(s string) (Op, bool) {
 		return op, true
 	}
 	return "", false
+}
+
+// EgressLogOptions say which of a sandbox's egress log to send.
+type EgressLogOptions struct {
+	After  int64 // flows after this seq
+	Limit  int   // at most this many in the first page (0: all kept)
+	Follow bool  // then each new flow as it comes
+}
+
+// ParseEgressLogOptions reads an egress log's options from a query: after (a
+// seq), limit, follow (1 or true).
+func ParseEgressLogOptions(q url.Values) (EgressLogOptions, error) {
+	var opt EgressLogOptions
+	var err error
+	if v := q.Get("after"); v != "" {
+		if opt.After, err = strconv.ParseInt(v, 10, 64); err != nil || opt.After < 0 {
+			return opt, errdefs.New(errdefs.ErrBadInput, "after %q: want a seq, 0 or more", v)
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		if opt.Limit, err = strconv.Atoi(v); err != nil || opt.Limit < 0 {
+			return opt, errdefs.New(errdefs.ErrBadInput, "limit %q: want a count, 0 (all) or more", v)
+		}
+	}
+	opt.Follow = q.Get("follow") == "1" || q.Get("follow") == "true"
+	return opt, nil
 }
 
 // LogOptions say how much of a console log to send.

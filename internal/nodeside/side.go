@@ -10,6 +10,7 @@ package nodeside
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/rootfs"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/egresslog"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -59,6 +61,9 @@ type Side struct {
 	// Policy is the policy the node's boundaries decide by: a create's
 	// egress rules are checked against it (nil: nothing is granted).
 	Policy func() *policy.Policy
+	// Flows is the node's egress logs, which its boundaries write
+	// (nil: none kept, and every sandbox's log is empty).
+	Flows *egresslog.Logs
 
 	cpu cpuReadings // usage.go
 }
@@ -567,6 +572,43 @@ func (l *Side) SetEgress(ctx context.Context, id string, e api.Egress) (api.Sand
 		return api.Sandbox{}, err
 	}
 	return l.wire(sb), nil
+}
+
+// EgressLog implements nodeapi.Node from the node's egress logs (Flows),
+// which its boundaries write. w is flushed after each page if it can be.
+func (l *Side) EgressLog(ctx context.Context, id string, opt nodeapi.EgressLogOptions, w io.Writer) error {
+	sb, err := l.N.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(w)
+	fl, _ := w.(interface{ Flush() })
+	for after, limit, first := opt.After, opt.Limit, true; ; limit, first = 0, false {
+		p := l.Flows.Page(sb.ID, after, limit)
+		if len(p.Items) > 0 || first {
+			if err := enc.Encode(p); err != nil {
+				return err
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if !opt.Follow {
+			return nil
+		}
+		after = p.Next
+		// Woken by a new flow or its deletion; every 30 s it looks whether
+		// the sandbox is still here (deleted as this began, say).
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := l.Flows.Wait(wctx, sb.ID, after)
+		cancel()
+		if errors.Is(err, egresslog.ErrDropped) || ctx.Err() != nil {
+			return nil
+		}
+		if _, err := l.N.Get(ctx, sb.ID); errors.Is(err, errdefs.ErrNotFound) {
+			return nil
+		}
+	}
 }
 
 // checkEgress refuses egress rules that do not parse (400), and names in

@@ -80,6 +80,21 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	br.until("the event stream is live", `document.getElementById("status").textContent === "live"`)
 
+	// A sandbox's egress, followed: a click on its row shows its log, and
+	// a flow its boundary refuses after that shows without a reload.
+	talker := sbs[0]
+	br.run("open its egress", chromedp.Click(chromedp.CSS(fmt.Sprintf("[data-id=%q]", talker.ID))))
+	br.until("its egress view shows", fmt.Sprintf(`!document.getElementById("egress").hidden && document.getElementById("egress-name").textContent === %q`, talker.Name))
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+	// CONNECT through its boundary (the proxy on its resolver's address)
+	// to a name no policy grants it: refused, 403.
+	cli(t, env, "sandbox", "exec", talker.Name, "--", "/usr/bin/python3", "-c", `import socket
+ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+s = socket.create_connection((ns, 1080), 5)
+s.sendall(b"CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\n")
+print(s.recv(200).decode().split("\r\n")[0])`).ok(t, "a CONNECT to a name not granted", " 403 ")
+	br.until("the refused flow shows", `/denied denied\.test:80 — /.test(document.getElementById("egress-list").innerText)`)
+
 	// Live: a freeze made elsewhere shows without a reload; a request to
 	// the sandbox wakes it, and the wake is listed with its latency.
 	frozen := sbs[1]

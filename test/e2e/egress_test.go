@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -536,6 +538,23 @@ bindings:
 	// with them).
 	d.transition(t, narrow.ID, "snapshot", api.TierSnapshot)
 	check("after a snapshot")
+	after := checkEgressLog(t, d, env, narrow.ID)
+	// Followed: a flow made after the follow began arrives on it.
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(d.C.EgressLog(ctx, narrow.ID, after, 0, true, pw)) }()
+	dec := json.NewDecoder(pr)
+	var first api.EgressPage
+	if err := dec.Decode(&first); err != nil || len(first.Items) != 0 {
+		t.Fatalf("a followed log's first page after the newest flow: %+v, %v; want none", first, err)
+	}
+	probe("narrow")
+	var next api.EgressPage
+	if err := dec.Decode(&next); err != nil || len(next.Items) == 0 || next.Items[0].Seq != after+1 {
+		t.Errorf("the followed log's next page: %+v, %v; want the flow after %d", next, err, after)
+	}
+	cancel()
 
 	wide := d.create(t, "web", "wide")
 	if got := probe(wide.Name); !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test says outside ok") {
@@ -564,6 +583,41 @@ bindings:
 	if r := cli(t, env, "sandbox", "create", "web", "--name", "typo", "--deny-out", "mirror.test"); r.Code != 2 || !strings.Contains(r.Stderr, "denyOut") {
 		t.Errorf("a name in --deny-out: exit %d, stderr %q; want exit 2 saying why", r.Code, r.Stderr)
 	}
+}
+
+// checkEgressLog: the egress log of a sandbox with allow-out mirror.test
+// and deny-out all lists its flows to mirror.test as allowed, with the
+// address reached and bytes both ways, and those to other.test as
+// refused by its deny_out rule; the CLI prints both. It answers the
+// newest seq.
+func checkEgressLog(t *testing.T, d *Daemon, env []string, id string) int64 {
+	t.Helper()
+	var b strings.Builder
+	if err := d.C.EgressLog(ctxT(t), id, 0, 0, false, &b); err != nil {
+		t.Fatal(err)
+	}
+	var p api.EgressPage
+	if err := json.Unmarshal([]byte(b.String()), &p); err != nil {
+		t.Fatalf("the egress log %q: %v", b.String(), err)
+	}
+	var allowed, refused int
+	for _, f := range p.Items {
+		switch {
+		case f.Name == "mirror.test" && f.Outcome == "allowed" && f.Addr != "" && f.BytesOut > 0 && f.BytesIn > 0 && strings.Contains(f.Rule, "allow_out"):
+			allowed++
+		case f.Name == "other.test" && f.Outcome == "denied" && strings.Contains(f.Rule, "0.0.0.0/0"):
+			refused++
+		}
+	}
+	// Two probes so far, one either side of a snapshot: the log outlives
+	// the boundary's restarts.
+	if allowed < 2 || refused < 2 {
+		t.Errorf("egress log: %d allowed flows to mirror.test and %d refused to other.test, want 2 each:\n%s", allowed, refused, b.String())
+	}
+	r := cli(t, env, "sandbox", "egress", id)
+	r.ok(t, "sandbox egress", "mirror.test:80", "other.test:80", "allowed", "denied")
+	t.Logf("sandbox egress %s:\n%s", id, r.Stdout)
+	return p.Next
 }
 
 // twoOutsideNames starts an outside network whose one HTTP server answers

@@ -16,7 +16,7 @@ const $ = (id) => document.getElementById(id);
 // transitions by tier (GET /v1/nodes' "transitions", the node's
 // sandstorm_transitions_total{outcome="ok"}), points the increases seen
 // between readings, charted the total of every increase per tier.
-const state = { boxes: new Map(), shown: [], listSeq: 0, pending: [], points: [], counters: new Map(), charted: {}, source: null };
+const state = { boxes: new Map(), shown: [], listSeq: 0, pending: [], points: [], counters: new Map(), charted: {}, source: null, egress: null };
 
 async function get(path) {
   const r = await fetch(path, { headers: { Accept: "application/json" } });
@@ -42,6 +42,7 @@ async function login(ev) {
 }
 
 async function logout() {
+  closeEgress();
   await fetch("/v1/session", { method: "DELETE" });
   showLogin("Logged out.");
 }
@@ -214,6 +215,56 @@ function follow() {
   on("delete", (e) => { if (e.seq > state.listSeq && state.boxes.delete(e.id)) render(); });
 }
 
+// --- egress --------------------------------------------------------------
+// A sandbox's egress log, followed (GET /v1/sandboxes/{id}/egress?follow=1:
+// JSON lines, each a page of flows), newest first, until closed or another
+// sandbox is picked.
+async function showEgress(id) {
+  if (state.egress) state.egress.abort();
+  const ctl = new AbortController();
+  state.egress = ctl;
+  const s = state.boxes.get(id);
+  $("egress-name").textContent = s ? s.name : id;
+  $("egress-list").replaceChildren();
+  $("egress").hidden = false;
+  try {
+    const r = await fetch(`/v1/sandboxes/${encodeURIComponent(id)}/egress?follow=1`, { signal: ctl.signal });
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buf += value;
+      let nl;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        const page = JSON.parse(buf.slice(0, nl));
+        buf = buf.slice(nl + 1);
+        page.items.forEach(addFlow);
+      }
+    }
+  } catch (e) {
+    if (e.name !== "AbortError") $("egress-list").prepend(Object.assign(document.createElement("li"), { className: "refused", textContent: "egress log: " + e.message }));
+  }
+}
+
+function addFlow(f) {
+  const li = document.createElement("li");
+  li.className = f.outcome;
+  const where = f.addr ? ` (${f.addr})` : "";
+  const bytes = f.outcome === "allowed" ? ` ↑${f.bytes_out} ↓${f.bytes_in} B` : "";
+  li.textContent = `${new Date(f.time).toLocaleTimeString()} ${f.outcome} ${f.name}:${f.port}${where}${bytes} — ${f.rule}${f.secret ? " · secret" : ""}`;
+  const list = $("egress-list");
+  list.prepend(li);
+  while (list.children.length > 200) list.lastChild.remove();
+}
+
+function closeEgress() {
+  if (state.egress) state.egress.abort();
+  state.egress = null;
+  $("egress").hidden = true;
+}
+
 function update(e, tier, wake) {
   if (e.seq <= state.listSeq) return; // the list already has it
   const p = { seq: e.seq, id: e.id, tier, wake };
@@ -288,6 +339,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("logout").addEventListener("click", logout);
   $("search").addEventListener("input", render);
   $("viewport").addEventListener("scroll", draw, { passive: true });
+  $("rows").addEventListener("click", (ev) => { const r = ev.target.closest(".row"); if (r) showEgress(r.dataset.id); });
+  $("egress-close").addEventListener("click", closeEgress);
   legend();
   setInterval(chart, 1000);
   // Every 2 s: the nodes' headroom, and their counters for the chart.

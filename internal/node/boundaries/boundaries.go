@@ -20,6 +20,7 @@ import (
 	"sandstorm/internal/sam/boundary"
 	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/egresslog"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
 )
@@ -45,6 +46,8 @@ type SAM struct {
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Firewall has the ports and synthetic pool the boundaries use.
 	Firewall netns.Firewall
+	// Flows keeps each sandbox's egress log; nil: none is kept.
+	Flows *egresslog.Logs
 }
 
 // Config is what every boundary of a node shares.
@@ -119,6 +122,7 @@ func (s *Set) Up(sb Sandbox) error {
 		Metrics:         sam.Metrics,
 		Refusals:        sam.Refusals,
 		Activity:        sb.Activity,
+		Flows:           sam.Flows.Recorder(sb.ID),
 		Egress:          sb.Egress,
 		Resolve:         sam.Resolve,
 		Guard:           guard,

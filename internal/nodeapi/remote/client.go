@@ -182,6 +182,35 @@ func (c *Client) SetEgress(ctx context.Context, id string, e api.Egress) (api.Sa
 	return sb, c.do(ctx, http.MethodPut, "/node/v1/sandboxes/"+url.PathEscape(id)+"/egress", e, &sb, http.StatusOK)
 }
 
+// EgressLog implements nodeapi.Node.
+func (c *Client) EgressLog(ctx context.Context, id string, opt nodeapi.EgressLogOptions, w io.Writer) error {
+	q := url.Values{"after": {strconv.FormatInt(opt.After, 10)}, "limit": {strconv.Itoa(opt.Limit)}}
+	if opt.Follow {
+		q.Set("follow", "1")
+	}
+	// A followed log lasts as long as its reader wants it.
+	resp, err := c.getStream(ctx, "/node/v1/sandboxes/"+url.PathEscape(id)+"/egress?"+q.Encode())
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	fl, _ := w.(interface{ Flush() })
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
+	for sc.Scan() {
+		if _, err := w.Write(append(sc.Bytes(), '\n')); err != nil {
+			return err
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	if err := sc.Err(); err != nil && ctx.Err() == nil {
+		return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: egress log of %s cut off: %w", c.NodeName, id, err))
+	}
+	return nil
+}
+
 // getStream GETs path on the stream client (no time limit of its own:
 // ctx bounds it) and returns an answer of 200 for the caller to read and
 // close; any other is the node's error.

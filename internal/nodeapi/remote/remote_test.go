@@ -87,6 +87,13 @@ func (f *fake) SetEgress(_ context.Context, id string, e api.Egress) (api.Sandbo
 	}
 	return api.Sandbox{}, errdefs.Mark(errdefs.ErrNotFound, fmt.Errorf("sandbox %q: not found", id))
 }
+func (f *fake) EgressLog(ctx context.Context, id string, opt nodeapi.EgressLogOptions, w io.Writer) error {
+	if _, err := f.Get(ctx, id); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, `{"items":[{"seq":1,"name":"x.test","outcome":"allowed"}],"next":1}`+"\n")
+	return err
+}
 func (f *fake) Usage(ctx context.Context, id string) (api.Usage, error) {
 	sb, err := f.Get(ctx, id)
 	return api.Usage{At: time.Unix(1_800_000_000, 0).UTC(), Tier: sb.Tier, CPUCount: 2, CPUPct: 12.5, MemBytes: 3 << 20, MemLimitBytes: 64 << 20}, err

@@ -29,6 +29,7 @@ const maxBody = 1 << 20
 func Server(n nodeapi.Node) http.Handler {
 	s := server{n: n, mux: http.NewServeMux()}
 	s.sandboxes()
+	s.egress()
 	s.templates()
 	s.moves()
 	s.handle("GET /node/v1/status", func(w http.ResponseWriter, r *http.Request) error {
@@ -84,6 +85,30 @@ func noContent(w http.ResponseWriter, err error) error {
 	return nil
 }
 
+// egress are the routes of a sandbox's egress: its log, its rules.
+func (s server) egress() {
+	n := s.n
+	s.handle("GET /node/v1/sandboxes/{id}/egress", func(w http.ResponseWriter, r *http.Request) error {
+		opt, err := nodeapi.ParseEgressLogOptions(r.URL.Query())
+		if err != nil {
+			return err
+		}
+		lw := &lazyWriter{w: w}
+		if err := n.EgressLog(r.Context(), r.PathValue("id"), opt, lw); err != nil && !lw.started {
+			return err
+		}
+		return nil
+	})
+	s.handle("PUT /node/v1/sandboxes/{id}/egress", func(w http.ResponseWriter, r *http.Request) error {
+		var e api.Egress
+		if err := readJSON(r, &e); err != nil {
+			return err
+		}
+		sb, err := n.SetEgress(r.Context(), r.PathValue("id"), e)
+		return reply(w, http.StatusOK, sb, err)
+	})
+}
+
 // sandboxes are the routes of one sandbox's calls.
 func (s server) sandboxes() {
 	n := s.n
@@ -99,14 +124,6 @@ func (s server) sandboxes() {
 	s.handle("GET /node/v1/sandboxes/{id}/usage", func(w http.ResponseWriter, r *http.Request) error {
 		u, err := n.Usage(r.Context(), r.PathValue("id"))
 		return reply(w, http.StatusOK, u, err)
-	})
-	s.handle("PUT /node/v1/sandboxes/{id}/egress", func(w http.ResponseWriter, r *http.Request) error {
-		var e api.Egress
-		if err := readJSON(r, &e); err != nil {
-			return err
-		}
-		sb, err := n.SetEgress(r.Context(), r.PathValue("id"), e)
-		return reply(w, http.StatusOK, sb, err)
 	})
 	s.handle("DELETE /node/v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
 		return noContent(w, n.Delete(r.Context(), r.PathValue("id")))

@@ -63,6 +63,7 @@ import (
 	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
+	"sandstorm/internal/sam/synthaddr"
 )
 
 // Defaults of Config.
@@ -155,6 +156,9 @@ type Config struct {
 	// Activity, if set, is told of the sandbox's use of its way out
 	// (activity.go); nil: nobody is (sam-box, which has no tiers).
 	Activity Activity
+	// Flows, if set, is handed every flow once it is decided (refused)
+	// or done (allowed): the sandbox's egress log (internal/sam/egresslog).
+	Flows func(api.EgressFlow)
 	// Log; nil is slog.Default().
 	Log *slog.Logger
 	// Listen and ListenPacket, if set, open the boundary's listeners: each
@@ -168,7 +172,7 @@ type Config struct {
 type Boundary struct {
 	cfg   Config
 	log   *slog.Logger
-	synth *synthPool
+	synth *synthaddr.Pool
 	m     *Metrics
 	pool  *MeshPool // connections to the node (nil: no mesh)
 	own   bool      // pool is this boundary's own, closed with it
@@ -248,7 +252,7 @@ func New(cfg Config) (*Boundary, error) {
 	b := &Boundary{
 		cfg:        cfg,
 		log:        log,
-		synth:      newSynthPool(cfg.Synthetic, cfg.ListenAddr),
+		synth:      synthaddr.New(cfg.Synthetic, cfg.ListenAddr),
 		m:          cfg.Metrics,
 		flows:      map[*flow]struct{}{},
 		logRefusal: rate.Sometimes{First: 10, Interval: time.Second},
@@ -519,7 +523,7 @@ func (b *Boundary) Close() error {
 }
 
 // Lookup returns the name a synthetic address was answered for.
-func (b *Boundary) Lookup(addr netip.Addr) (string, bool) { return b.synth.lookup(addr) }
+func (b *Boundary) Lookup(addr netip.Addr) (string, bool) { return b.synth.Lookup(addr) }
 
 func (b *Boundary) policy() *policy.Policy {
 	if b.cfg.Policy != nil {

@@ -4,12 +4,9 @@ import (
 	"cmp"
 	"encoding/binary"
 	"errors"
-	"hash/fnv"
 	"io"
 	"net"
-	"net/netip"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/miekg/dns"
@@ -157,7 +154,7 @@ func (b *Boundary) answerDNS(req *dns.Msg) *dns.Msg {
 		return m
 	}
 	if q.Qtype == dns.TypeA {
-		addr, ok := b.synth.assign(name)
+		addr, ok := b.synth.Assign(name)
 		if !ok {
 			m.Rcode = dns.RcodeServerFailure // the pool is full
 			b.countDNS(dnsRefused)
@@ -187,70 +184,4 @@ func (b *Boundary) granted(qname string) (name, why string) {
 		return "", cmp.Or(reason, "not granted")
 	}
 	return d.Host, ""
-}
-
-// synthPool hands out synthetic addresses: the name's FNV-1a hash picks its
-// place in the pool, probing linearly past taken places, so the same name
-// gets the same address across restarts unless names collide.
-type synthPool struct {
-	base    uint32
-	size    uint32 // usable places: the pool less its first and last address
-	exclude netip.Addr
-
-	mu     sync.RWMutex
-	byName map[string]netip.Addr
-	byAddr map[netip.Addr]string
-}
-
-func newSynthPool(p netip.Prefix, exclude netip.Addr) *synthPool {
-	a := p.Addr().As4()
-	return &synthPool{
-		base:    binary.BigEndian.Uint32(a[:]),
-		size:    uint32(1)<<(32-p.Bits()) - 2,
-		exclude: exclude,
-	}
-}
-
-func (s *synthPool) addr(i uint32) netip.Addr {
-	var a [4]byte
-	binary.BigEndian.PutUint32(a[:], s.base+1+i)
-	return netip.AddrFrom4(a)
-}
-
-func (s *synthPool) assign(name string) (netip.Addr, bool) {
-	s.mu.RLock()
-	a, ok := s.byName[name]
-	s.mu.RUnlock()
-	if ok {
-		return a, true
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if a, ok := s.byName[name]; ok {
-		return a, true
-	}
-	if s.byName == nil {
-		s.byName = map[string]netip.Addr{}
-		s.byAddr = map[netip.Addr]string{}
-	}
-	h := fnv.New64a()
-	h.Write([]byte(name))
-	start := uint32(h.Sum64() % uint64(s.size))
-	for i := uint32(0); i < s.size; i++ {
-		a := s.addr((start + i) % s.size)
-		if _, taken := s.byAddr[a]; taken || a == s.exclude {
-			continue
-		}
-		s.byName[name] = a
-		s.byAddr[a] = name
-		return a, true
-	}
-	return netip.Addr{}, false
-}
-
-func (s *synthPool) lookup(a netip.Addr) (string, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	name, ok := s.byAddr[a.Unmap()]
-	return name, ok
 }

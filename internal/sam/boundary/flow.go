@@ -146,6 +146,11 @@ type admission struct {
 	// whether its allowOut names the flow's destination.
 	egress *egress.Rules
 	byName bool
+	// What the egress log says of it: when it was decided, and the
+	// destination as the sandbox named it.
+	start time.Time
+	host  string
+	port  uint16
 }
 
 var (
@@ -160,6 +165,7 @@ var (
 func (b *Boundary) admit(f *flow, host string, port uint16) admission {
 	start := time.Now()
 	a := b.decide(host)
+	a.start, a.host, a.port = start, host, port
 	if a.out == outAllowed {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 		if a.dest.Kind == policy.KindExternal {
@@ -196,7 +202,38 @@ func (b *Boundary) admit(f *flow, host string, port uint16) admission {
 	} else if a.out != outAllowed {
 		b.log.Debug("boundary flow not admitted", "principal", b.cfg.Principal, "route", routeNames[a.route], "outcome", outcomeNames[a.out], "host", host, "port", port, "err", a.err)
 	}
+	if a.out != outAllowed {
+		b.logFlow(&a, 0, 0)
+	}
 	return a
+}
+
+// logFlow hands a flow to the sandbox's egress log (Config.Flows): where
+// it went, what it carried, and what decided it.
+func (b *Boundary) logFlow(a *admission, out, in int64) {
+	if b.cfg.Flows == nil {
+		return
+	}
+	name := a.host
+	if a.dest.Host != "" {
+		name = a.dest.Host // a synthetic address stands for its name
+	}
+	e := api.EgressFlow{Time: a.start, Name: name, Port: int(a.port), Route: routeNames[a.route], Outcome: outcomeNames[a.out],
+		Rule: "policy", BytesOut: out, BytesIn: in}
+	switch {
+	case a.out != outAllowed && a.err != nil:
+		e.Rule = a.err.Error()
+	case a.out != outAllowed:
+		e.Rule = outcomeNames[a.out]
+	case a.byName:
+		e.Rule = "policy, and allow_out names it"
+	case a.egress != nil:
+		e.Rule = "policy, and its address passes deny_out"
+	}
+	if a.far != nil {
+		e.Addr = a.far.RemoteAddr().String()
+	}
+	b.cfg.Flows(e)
 }
 
 // decide is the verdict alone: no I/O.
@@ -207,7 +244,7 @@ func (b *Boundary) decide(host string) admission {
 		// A synthetic address the agent resolved through this boundary
 		// (a SOCKS client resolving locally) stands for its name.
 		if ip, perr := netip.ParseAddr(d.Host); perr == nil {
-			if name, ok := b.synth.lookup(ip); ok {
+			if name, ok := b.synth.Lookup(ip); ok {
 				d, err = policy.Classify(name)
 			}
 		}
@@ -389,9 +426,11 @@ func isTimeout(err error) bool {
 // agent sent after its handshake that were already read.
 func (b *Boundary) run(f *flow, a *admission, prefix []byte) {
 	if a.dest.Kind == policy.KindExternal {
-		b.splice(f, a.far, prefix)
+		out, in := b.splice(f, a.far, prefix)
+		b.logFlow(a, out, in)
 		return
 	}
+	b.logFlow(a, 0, 0) // before: a mesh connection serves requests until the sandbox closes it
 	b.serveMesh(f, a, prefix)
 }
 
@@ -399,17 +438,18 @@ func (b *Boundary) run(f *flow, a *admission, prefix []byte) {
 // sandbox's side once it has everything. A half-close from the sandbox is
 // passed on to the far side; a half-close from the far side is not passed
 // to the sandbox (that would be a FIN).
-func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) {
+func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) (out, in int64) {
 	if len(prefix) > 0 {
 		if _, err := far.Write(prefix); err != nil {
 			f.abort()
-			return
+			return 0, 0
 		}
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, err := b.copyOut(far, f.c) // sandbox → far
+		n, err := b.copyOut(far, f.c) // sandbox → far
+		out = int64(len(prefix)) + n
 		if err != nil {
 			f.abort()
 			return
@@ -418,9 +458,10 @@ func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) {
 			cw.CloseWrite()
 		}
 	}()
-	b.copyIn(f.c, far) // far → sandbox
+	in, _ = b.copyIn(f.c, far) // far → sandbox
 	f.end()
 	<-done
+	return out, in
 }
 
 // resetClose closes c; a TCP connection with RST (SO_LINGER 0), so the
@@ -500,7 +541,7 @@ func (b *Boundary) serveTransparent(c net.Conn) {
 	dst, err := originalDst(c)
 	name, ok := "", false
 	if err == nil {
-		name, ok = b.synth.lookup(dst.Addr())
+		name, ok = b.synth.Lookup(dst.Addr())
 	}
 	if !ok {
 		b.countFlow(routeTransparentUnknown, outRefused)
@@ -508,6 +549,8 @@ func (b *Boundary) serveTransparent(c net.Conn) {
 			b.refused(api.RefusedUnknownAddress, dst.Addr().String(), "no name was answered with this address")
 		}
 		b.log.Debug("boundary transparent flow to an unknown address refused", "principal", b.cfg.Principal, "dst", dst, "err", err)
+		b.logFlow(&admission{route: routeTransparentUnknown, out: outRefused, start: time.Now(), host: dst.Addr().String(), port: dst.Port(),
+			err: errors.New("no name was answered with this address")}, 0, 0)
 		f.abort()
 		return
 	}

@@ -105,6 +105,7 @@ func (b *Boundary) serveHTTP(f *flow, r io.Reader) {
 			f.c.SetDeadline(noDeadline)
 			// Everything read so far (the request and whatever followed)
 			// is parsed again by the mesh's HTTP server.
+			b.logFlow(&a, 0, 0)
 			b.serveMesh(f, &a, rec.buf)
 			return
 		}
