@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 
@@ -16,10 +17,15 @@ import (
 
 	"sandstorm/internal/cli"
 	"sandstorm/internal/envd"
+	"sandstorm/internal/mcpgateway"
 )
 
 func main() {
 	envd.RestoreEnv()
+	// The node links mcp-gateway to this binary (the name E2B's SDK runs).
+	if filepath.Base(os.Args[0]) == "mcp-gateway" {
+		os.Args = append([]string{"sandstorm-envd", "mcp-gateway"}, os.Args[1:]...)
+	}
 	var cfg envd.Config
 	var addr string
 	var detach, initMode bool
@@ -64,6 +70,7 @@ the owning team's key, or the sandbox's access token).`,
 			return envd.ListenAndServe(addr, envd.New(cfg))
 		},
 	}
+	cmd.AddCommand(mcpGatewayCmd())
 	f := cmd.Flags()
 	f.StringVar(&addr, "addr", fmt.Sprintf(":%d", envd.Port), "where to listen (inside the sandbox)")
 	f.StringVar(&cfg.DefaultUser, "user", "", "who commands run as and files belong to when a call names no user (default root)")
@@ -75,4 +82,43 @@ the owning team's key, or the sandbox's access token).`,
 	// the sandbox's memory and of its snapshot: collect early.
 	debug.SetGCPercent(50)
 	cli.Exit(context.Background(), "sandstorm-envd", cmd)
+}
+
+// mcpGatewayCmd is "mcp-gateway": E2B's MCP gateway, as the mesh's /mcp
+// (internal/mcpgateway).
+func mcpGatewayCmd() *cobra.Command {
+	var config string
+	var serve bool
+	cmd := &cobra.Command{
+		Use:   "mcp-gateway --config JSON",
+		Short: "Serve the mesh's MCP tools on port 50005 (E2B's Sandbox.create({mcp}) runs it)",
+		Long: `mcp-gateway checks that every MCP server --config names has tools this
+sandbox's principal is granted in the mesh, writes the token from
+GATEWAY_ACCESS_TOKEN to /etc/mcp-gateway/.token (0600), and starts serving
+/mcp on port 50005 in the background, forwarding to the mesh's MCP endpoint
+through the sandbox's boundary; it returns once the gateway listens. A call
+needs Authorization: Bearer <token>. The servers' settings are the mesh
+operator's (sam-node's config): the values in --config are not used.`,
+		Example:      `  GATEWAY_ACCESS_TOKEN=$(uuidgen) mcp-gateway --config '{"github": {}}'`,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(c *cobra.Command, _ []string) error {
+			token := os.Getenv(mcpgateway.TokenEnv)
+			if serve {
+				return mcpgateway.Serve(token)
+			}
+			if config == "" {
+				return cli.UsageError{Cmd: c.CommandPath(), Err: fmt.Errorf("--config is required: a JSON object naming MCP servers")}
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			return mcpgateway.Start(c.Context(), config, token, self)
+		},
+	}
+	cmd.Flags().StringVar(&config, "config", "", "a JSON object whose keys name the MCP servers the agent needs")
+	cmd.Flags().BoolVar(&serve, "serve", false, "serve in the foreground (what the background gateway runs)")
+	cmd.Flags().MarkHidden("serve")
+	return cmd
 }

@@ -95,5 +95,9 @@ func baseFiles(string) ([]rootFile, error) {
 		// useradd makes homes 0755 (Debian's HOME_MODE); the user's own,
 		// as base has always had it.
 		{path: "home/user", mode: 0o750, dir: true, chown: true, uid: baseUID, gid: baseUID},
+		// E2B's SDK runs mcp-gateway by name in a login shell, whose PATH
+		// is /etc/profile's: the gateway envd brings (read-only at
+		// /.sandstorm, internal/mcpgateway) under a name on that PATH.
+		{path: "usr/local/bin/mcp-gateway", link: "/.sandstorm/mcp-gateway"},
 	}, nil
 }

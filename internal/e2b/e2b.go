@@ -201,9 +201,11 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	return nil
 }
 
-// newSandbox is E2B's NewSandbox (the fields this API acts on; the SDK
-// sends others, such as mcp or network, which are not supported here and
-// are refused when set, rather than silently ignored).
+// newSandbox is E2B's NewSandbox (the fields this API acts on; what of
+// the others it cannot honour, such as iam or an egress proxy, is
+// refused when set, rather than silently ignored). mcp is taken and
+// needs nothing here: the SDK starts the gateway in the sandbox itself
+// (mcp-gateway, internal/mcpgateway).
 type newSandbox struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int              `json:"timeout,omitempty"`
@@ -213,7 +215,6 @@ type newSandbox struct {
 	Secure              *bool             `json:"secure,omitempty"`
 	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
 	Network             json.RawMessage   `json:"network,omitempty"`
-	MCP                 json.RawMessage   `json:"mcp,omitempty"`
 	AutoResume          *struct {
 		Enabled *bool `json:"enabled"`
 	} `json:"autoResume,omitempty"`
@@ -278,7 +279,6 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		raw  json.RawMessage
 		why  string
 	}{
-		{"mcp", req.MCP, "a sandbox reaches the mesh's tools through its boundary"},
 		{"volumeMounts", req.VolumeMounts, "a sandbox's filesystem is its volume"},
 		{"iam", req.IAM, "credentials come from the mesh's policy"},
 	} {
@@ -324,6 +324,13 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	if name == "" {
 		name = s.cfg.DefaultTemplate
 	}
+	if name == mcpTemplate {
+		// The SDK's template for a create with mcp: any template serves,
+		// since every sandbox has the gateway (envd's mcp-gateway).
+		if _, err := s.sbx.Template(r.Context(), name); errors.Is(err, errdefs.ErrNotFound) {
+			name = s.cfg.DefaultTemplate
+		}
+	}
 	now := time.Now()
 	want := store.SandboxMeta{Metadata: req.Metadata, Env: req.EnvVars, StartedAt: now, EndAt: now.Add(timeout), AutoPause: req.AutoPause,
 		Private: ingress.private, MaskHost: ingress.maskHost, AutoResume: autoResume, PauseDropsMemory: dropsMemory}
@@ -354,6 +361,10 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Log.Info("e2b sandbox created", "id", sb.ID, "template", name, "team", meta.Team, "timeout_s", timeout.Seconds(), "auto_pause", req.AutoPause)
 	writeJSON(w, http.StatusCreated, s.wireOf(sb, meta, s.domainFor(r)))
 }
+
+// mcpTemplate is the template E2B's SDK creates from when a create has
+// mcp and names none (its defaultMcpTemplate).
+const mcpTemplate = "mcp-gateway"
 
 // ingress is what of E2B's network settings this API honours: who may
 // reach a sandbox's own ports, and the Host they see; and its egress

@@ -149,7 +149,6 @@ func TestCreateAnswersWhatTheSDKRequires(t *testing.T) {
 		`{"templateID": "base", "network": {"allowOut": "api.example.com"}}`,
 		`{"templateID": "base", "network": {"denyOut": ["api.example.com"]}}`,
 		`{"templateID": "base", "network": {"egressProxy": {"address": "proxy.example.com:1080"}}}`,
-		`{"templateID": "base", "mcp": {"x": {}}}`,
 		`{"templateID": "base", "envVars": {"A=B": "c"}}`,
 		`{"templateID": "base", "autoPauseMemory": false, "autoResume": {"enabled": true}}`,
 		`{not json`,

@@ -414,6 +414,11 @@ func (ps *processes) env(acct account, sandboxEnv, extra map[string]string) []st
 	if _, ok := m["PATH"]; !ok {
 		set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	}
+	// Last on it, envd's own directory: the tools it brings (mcp-gateway,
+	// which E2B's SDK runs by name), after the template's own.
+	if self, err := os.Executable(); err == nil {
+		set("PATH", m["PATH"]+":"+filepath.Dir(self))
+	}
 	for k, v := range ps.s.cfg.Env {
 		set(k, v)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/demo"
+	"sandstorm/internal/sam/fakellm"
 )
 
 var (
@@ -133,8 +134,9 @@ func curl(t *testing.T, args ...string) string {
 }
 
 // runFlows runs testdata/e2b/flows.mjs with the SDK module against d and
-// checks its report, step by step.
-func runFlows(t *testing.T, d *Daemon, script, module, keyA, keyB string) {
+// checks its report, step by step; extraEnv (KEY=VALUE) override its
+// environment.
+func runFlows(t *testing.T, d *Daemon, script, module, keyA, keyB string, extraEnv ...string) {
 	var run [4]byte
 	rand.Read(run[:])
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -147,6 +149,7 @@ func runFlows(t *testing.T, d *Daemon, script, module, keyA, keyB string) {
 		"NODE_EXTRA_CA_CERTS="+filepath.Join(d.DataDir, "pki", "ca.pem"),
 		"SANDSTORM_API="+d.API, "RUN_ID="+hex.EncodeToString(run[:]),
 	)
+	cmd.Env = append(cmd.Env, extraEnv...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -176,4 +179,51 @@ func runFlows(t *testing.T, d *Daemon, script, module, keyA, keyB string) {
 	if !report.OK {
 		t.Fatalf("the SDK flows failed: %s\nstderr: %s", report.Error, stderr.String())
 	}
+}
+
+// TestE2BMCP: E2B's Sandbox.create({mcp}) with the SDK unchanged gives an
+// agent one MCP endpoint (getMcpUrl, getMcpToken) that serves the tools
+// its principal is granted in the mesh, through its boundary: the MCP
+// SDK's client lists and calls a granted tool, a tool of a server the
+// policy does not grant is refused, the endpoint wants the token, and a
+// gateway asked for a server the mesh does not grant fails to start and
+// its sandbox is killed (testdata/e2b/mcp.mjs).
+func TestE2BMCP(t *testing.T) {
+	llm, err := fakellm.Listen("127.0.0.1:0", "gpt-small")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer llm.Close()
+	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policyPath, []byte(`
+roles:
+  - {name: tools, services: ["mcp://everything"]}
+bindings:
+  - {principal: mcp-agent, roles: [tools]}
+`), 0o600)
+	sn := startSAMNode(t, llm, policyPath)
+	d := startDaemon(t, "--policy", policyPath, "--sam-node", "unix://"+sn.Sock)
+	baseOnce.Do(func() { baseRootfs, baseDemo, baseErr = buildDemo("base") })
+	if baseErr != nil {
+		t.Fatalf("build the base demo: %v", baseErr)
+	}
+	// E2B's SDK creates from "mcp-gateway" when a create has mcp: here a
+	// base sandbox whose principal the policy grants the tools.
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{
+		Name: "mcp-gateway", RootfsDir: baseRootfs, Principal: "mcp-agent",
+		Process: api.Process{Args: baseDemo.Args, Env: baseDemo.Env, Envd: baseDemo.Envd}, Ports: baseDemo.Ports, Warm: baseDemo.Warm,
+	}); err != nil {
+		t.Fatalf("register mcp-gateway: %v", err)
+	}
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+	key := strings.TrimSpace(cli(t, env, "api-key", "create", "team-mcp").Stdout)
+	script, err := filepath.Abs("../../testdata/e2b/mcp.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// getMcpUrl is https://50005-<id>.<domain>, the domain the create
+	// answered: E2B's layout, as the SDK's own suite has it
+	// (e2bsdk_test.go), the API at api.<domain> with the API's port.
+	domain := "sandbox.localhost:" + d.API[strings.LastIndex(d.API, ":")+1:]
+	runFlows(t, d, script, "e2b", key, key, "E2B_DOMAIN="+domain, "E2B_API_URL=https://api."+domain)
 }

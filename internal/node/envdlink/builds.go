@@ -68,6 +68,10 @@ func Install(dataDir, binary string, used []layout.Dir, log *slog.Logger) (*Buil
 		if err := os.WriteFile(filepath.Join(tmp, layout.EnvdBinary), src, 0o755); err != nil {
 			return nil, err
 		}
+		// E2B's SDK runs mcp-gateway by that name (cmd/sandstorm-envd).
+		if err := os.Symlink(layout.EnvdBinary, filepath.Join(tmp, "mcp-gateway")); err != nil {
+			return nil, err
+		}
 		if err := os.Rename(tmp, dir); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,137 @@
+package mcpgateway
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+func TestParseConfig(t *testing.T) {
+	got, err := ParseConfig(`{"github": {"token": "x"}, "everything": {}}`)
+	if err != nil || !slices.Equal(got, []string{"everything", "github"}) {
+		t.Errorf("ParseConfig: %q, %v", got, err)
+	}
+	for _, bad := range []string{``, `[]`, `"x"`, `null`, `{"a__b": {}}`, `{"": {}}`, `{not json`} {
+		if _, err := ParseConfig(bad); err == nil {
+			t.Errorf("ParseConfig(%q) accepted", bad)
+		}
+	}
+}
+
+// meshMCP is a real MCP server (the go-sdk's, over streamable HTTP) with
+// tools named as the mesh names them, <server>__<tool>.
+func meshMCP(t *testing.T, tools ...string) *httptest.Server {
+	t.Helper()
+	s := mcp.NewServer(&mcp.Implementation{Name: "mesh", Version: "1"}, nil)
+	for _, name := range tools {
+		mcp.AddTool(s, &mcp.Tool{Name: name, Description: name}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ran " + name}}}, nil, nil
+		})
+	}
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// Check passes when every configured server has a granted tool and names
+// those that have none.
+func TestCheck(t *testing.T) {
+	srv := meshMCP(t, "everything__echo", "everything__add", "files__read")
+	ctx := context.Background()
+	if err := Check(ctx, `{"everything": {}, "files": {}}`, srv.URL, srv.Client()); err != nil {
+		t.Errorf("granted servers: %v", err)
+	}
+	err := Check(ctx, `{"everything": {}, "github": {}, "invalid_server": {}}`, srv.URL, srv.Client())
+	if err == nil || !strings.Contains(err.Error(), "github, invalid_server") || strings.Contains(err.Error(), "everything,") {
+		t.Errorf("servers not granted: %v; want github and invalid_server named", err)
+	}
+	if err := Check(ctx, `{"everything": {}}`, "http://127.0.0.1:1/mcp", http.DefaultClient); err == nil {
+		t.Error("an unreachable mesh passed the check")
+	}
+}
+
+// The gateway serves /mcp only with its token, forwards without it, and
+// an MCP client through it lists and calls the mesh's tools.
+func TestHandler(t *testing.T) {
+	var sawAuth []string
+	mesh := meshMCP(t, "everything__echo")
+	// A spy before the mesh: what the gateway sends on, streamed.
+	mu, _ := url.Parse(mesh.URL)
+	fwd := httputil.NewSingleHostReverseProxy(mu)
+	fwd.FlushInterval = -1
+	var mux sync.Mutex
+	spy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.Lock()
+		sawAuth = append(sawAuth, r.Header.Get("Authorization"))
+		mux.Unlock()
+		fwd.ServeHTTP(w, r)
+	}))
+	defer spy.Close()
+	up, _ := url.Parse(spy.URL + "/mcp")
+	gw := httptest.NewServer(Handler("s3cret", up))
+	defer gw.Close()
+
+	for _, c := range []struct {
+		path, auth string
+		want       int
+	}{
+		{"/mcp", "", http.StatusUnauthorized},
+		{"/mcp", "Bearer wrong", http.StatusUnauthorized},
+		{"/mcp", "s3cret", http.StatusUnauthorized},
+		{"/other", "Bearer s3cret", http.StatusNotFound},
+	} {
+		req, _ := http.NewRequest("POST", gw.URL+c.path, strings.NewReader(`{}`))
+		if c.auth != "" {
+			req.Header.Set("Authorization", c.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s with %q: %d, want %d", c.path, c.auth, resp.StatusCode, c.want)
+		}
+	}
+	if len(sawAuth) != 0 {
+		t.Fatalf("refused calls reached the mesh: %d", len(sawAuth))
+	}
+
+	hc := &http.Client{Transport: bearer{"s3cret"}}
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil)
+	s, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: gw.URL + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "everything__echo"})
+	if err != nil || len(res.Content) != 1 || res.Content[0].(*mcp.TextContent).Text != "ran everything__echo" {
+		t.Fatalf("a tool called through the gateway: %+v, %v", res, err)
+	}
+	mux.Lock()
+	defer mux.Unlock()
+	if len(sawAuth) == 0 {
+		t.Error("nothing reached the mesh")
+	}
+	for _, a := range sawAuth {
+		if a != "" {
+			t.Errorf("the mesh was sent Authorization %q", a)
+		}
+	}
+}
+
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
