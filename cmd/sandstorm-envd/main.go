@@ -8,14 +8,17 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/cli"
 	"sandstorm/internal/envd"
+	"sandstorm/internal/interpreter"
 )
 
 func main() {
@@ -71,8 +74,41 @@ the owning team's key, or the sandbox's access token).`,
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE added to every command's environment; repeatable")
 	f.BoolVar(&detach, "detach", false, "start in the background and return once listening")
 	f.BoolVar(&initMode, "init", false, "be the sandbox's init: run the process after -- as a child, pass signals on, reap orphans, exit with its status")
+	cmd.AddCommand(interpreterCommand())
 	// envd idles in every sandbox that used it, and its heap is part of
 	// the sandbox's memory and of its snapshot: collect early.
 	debug.SetGCPercent(50)
 	cli.Exit(context.Background(), "sandstorm-envd", cmd)
+}
+
+// interpreterCommand serves E2B's code interpreter API (internal/interpreter)
+// instead of envd's: the same binary, because it is already in every
+// sandbox that runs envd (/.sandstorm), so a template needs nothing of
+// ours in its rootfs but Python and ipykernel.
+func interpreterCommand() *cobra.Command {
+	var cfg interpreter.Config
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "interpreter",
+		Short: "The E2B code interpreter API: runs code in IPython kernels (ipykernel)",
+		Long: `sandstorm-envd interpreter serves the API @e2b/code-interpreter calls on
+port ` + strconv.Itoa(interpreter.Port) + ` in a sandbox: POST /execute, /contexts. It starts the
+default Python kernel first and listens once that kernel answers, so that
+a probe of --addr finds a kernel running.`,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(*cobra.Command, []string) error {
+			s, err := interpreter.New(cfg)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			return http.ListenAndServe(addr, s.Handler())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", ":"+strconv.Itoa(interpreter.Port), "where to listen")
+	f.StringVar(&cfg.Python, "python", "python3", "the Python with ipykernel installed")
+	f.StringVar(&cfg.Workdir, "workdir", "", "a context's working directory when it names none (default: the current directory)")
+	return cmd
 }

@@ -1,0 +1,250 @@
+// Package interpreter is the code interpreter server E2B's
+// @e2b/code-interpreter SDK talks to inside a sandbox (port 49999): it
+// runs code in IPython kernels it starts and drives over the Jupyter
+// messaging protocol (ZeroMQ), and streams what the code prints,
+// displays and raises back as the SDK reads it.
+//
+// The API (the SDK's sandbox.ts): POST /execute runs code in a context
+// (a kernel with its own variables and working directory) and answers
+// newline-delimited JSON (execute.go); POST /contexts makes a context,
+// GET /contexts lists them, DELETE /contexts/{id} removes one, POST
+// /contexts/{id}/restart starts its kernel afresh; GET /health answers
+// once the default context's kernel is running. Only Python kernels are
+// served (ipykernel): other languages are refused.
+package interpreter
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"sandstorm/internal/errdefs"
+)
+
+// Port is where the server listens in a sandbox: the SDK's JUPYTER_PORT.
+const Port = 49999
+
+//go:embed bootstrap.py
+var bootstrap string
+
+// Config is how the server starts kernels.
+type Config struct {
+	// Python is the interpreter with ipykernel (default "python3").
+	Python string
+	// Workdir is a context's working directory when its create names none
+	// (default: the current directory).
+	Workdir string
+	// StateDir holds the kernels' startup file (default: a new temporary
+	// directory).
+	StateDir string
+	// Env is every kernel's environment; nil: this process's.
+	Env []string
+	// KernelReady bounds a kernel's start (default 2 min: a Python with
+	// numpy and pandas installed starts in seconds, more on a loaded
+	// machine).
+	KernelReady time.Duration
+}
+
+// Server serves the code interpreter API.
+type Server struct {
+	cfg     Config
+	startup string // bootstrap.py's path
+
+	mu       sync.Mutex
+	contexts map[string]*codeContext
+	// defaults is the context /execute uses for a language when it names
+	// no context: made on first use, the default Python one at start.
+	defaults map[string]string
+}
+
+// codeContext is one context: a kernel and what it was made with.
+type codeContext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+
+	// run is held by the execution in progress: a kernel runs one cell at
+	// a time, and per-call environment variables must not leak into the
+	// next call's.
+	run    sync.Mutex
+	kernel *kernel
+	// env is the sandbox environment last set in the kernel.
+	env map[string]string
+}
+
+// New makes a server and starts its default Python context, returning
+// once its kernel answers.
+func New(cfg Config) (*Server, error) {
+	if cfg.Python == "" {
+		cfg.Python = "python3"
+	}
+	if cfg.Workdir == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return nil, fmt.Errorf("interpreter: %w", err)
+		}
+		cfg.Workdir = wd
+	}
+	if cfg.KernelReady == 0 {
+		cfg.KernelReady = 2 * time.Minute
+	}
+	if cfg.StateDir == "" {
+		d, err := os.MkdirTemp("", "sandstorm-interpreter-")
+		if err != nil {
+			return nil, fmt.Errorf("interpreter: %w", err)
+		}
+		cfg.StateDir = d
+	}
+	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"),
+		contexts: map[string]*codeContext{}, defaults: map[string]string{}}
+	if err := os.WriteFile(s.startup, []byte(bootstrap), 0o644); err != nil {
+		return nil, fmt.Errorf("interpreter: %w", err)
+	}
+	c, err := s.createContext("python", "")
+	if err != nil {
+		return nil, err
+	}
+	s.defaults["python"] = c.ID
+	return s, nil
+}
+
+// Close ends every kernel.
+func (s *Server) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, c := range s.contexts {
+		c.kernel.close()
+		delete(s.contexts, id)
+	}
+}
+
+// normalizeLanguage is E2B's spelling of a language: python by default,
+// js and ts for javascript and typescript.
+func normalizeLanguage(l string) string {
+	l = strings.ToLower(strings.TrimSpace(l))
+	switch l {
+	case "":
+		return "python"
+	case "js":
+		return "javascript"
+	case "ts":
+		return "typescript"
+	}
+	return l
+}
+
+// createContext starts a kernel for language in cwd ("" the default).
+func (s *Server) createContext(language, cwd string) (*codeContext, error) {
+	language = normalizeLanguage(language)
+	if language != "python" {
+		return nil, errdefs.New(errdefs.ErrNotSupported, "no %s kernel in this sandbox: the code interpreter serves python only", language)
+	}
+	if cwd == "" {
+		cwd = s.cfg.Workdir
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		return nil, errdefs.New(errdefs.ErrBadInput, "working directory %q is not a directory in the sandbox", cwd)
+	}
+	k, err := s.startKernel(cwd)
+	if err != nil {
+		return nil, err
+	}
+	c := &codeContext{ID: newID(), Language: language, Cwd: cwd, kernel: k}
+	s.mu.Lock()
+	s.contexts[c.ID] = c
+	s.mu.Unlock()
+	return c, nil
+}
+
+func (s *Server) startKernel(cwd string) (*kernel, error) {
+	return startKernel(kernelOptions{Python: s.cfg.Python, Dir: cwd, Env: s.cfg.Env,
+		Startup: s.startup, Ready: s.cfg.KernelReady})
+}
+
+// context is the context an /execute names, or the language's default
+// (made now if it has none).
+func (s *Server) context(id, language string) (*codeContext, error) {
+	s.mu.Lock()
+	if id != "" {
+		c := s.contexts[id]
+		s.mu.Unlock()
+		if c == nil {
+			return nil, errdefs.New(errdefs.ErrNotFound, "context %s not found", id)
+		}
+		return c, nil
+	}
+	language = normalizeLanguage(language)
+	c := s.contexts[s.defaults[language]]
+	s.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	c, err := s.createContext(language, "")
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if other := s.contexts[s.defaults[language]]; other != nil {
+		// Another call made it meanwhile: use that one.
+		delete(s.contexts, c.ID)
+		go c.kernel.close()
+		return other, nil
+	}
+	s.defaults[language] = c.ID
+	return c, nil
+}
+
+// list is every context, the default ones too.
+func (s *Server) list() []*codeContext {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*codeContext, 0, len(s.contexts))
+	for _, c := range s.contexts {
+		out = append(out, c)
+	}
+	return out
+}
+
+// remove ends context id's kernel and forgets it.
+func (s *Server) remove(id string) error {
+	s.mu.Lock()
+	c := s.contexts[id]
+	delete(s.contexts, id)
+	for l, d := range s.defaults {
+		if d == id {
+			delete(s.defaults, l)
+		}
+	}
+	s.mu.Unlock()
+	if c == nil {
+		return errdefs.New(errdefs.ErrNotFound, "context %s not found", id)
+	}
+	c.kernel.close()
+	return nil
+}
+
+// restart replaces context id's kernel by a new one in the same
+// directory: its variables are gone, its id is kept. An execution in
+// progress ends with an error.
+func (s *Server) restart(id string) error {
+	s.mu.Lock()
+	c := s.contexts[id]
+	s.mu.Unlock()
+	if c == nil {
+		return errdefs.New(errdefs.ErrNotFound, "context %s not found", id)
+	}
+	c.kernel.close() // first: it ends the execution holding run
+	c.run.Lock()
+	defer c.run.Unlock()
+	k, err := s.startKernel(c.Cwd)
+	if err != nil {
+		return err
+	}
+	c.kernel, c.env = k, nil
+	return nil
+}
