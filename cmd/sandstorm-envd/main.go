@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"runtime/debug"
@@ -88,6 +89,7 @@ the owning team's key, or the sandbox's access token).`,
 func interpreterCommand() *cobra.Command {
 	var cfg interpreter.Config
 	var addr string
+	var reseed bool
 	cmd := &cobra.Command{
 		Use:   "interpreter",
 		Short: "The E2B code interpreter API: runs code in IPython kernels (ipykernel)",
@@ -97,7 +99,10 @@ default Python kernel first and listens once that kernel answers, so that
 a probe of --addr finds a kernel running.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(c *cobra.Command, _ []string) error {
+			if reseed {
+				return askReseed(c.Context(), addr)
+			}
 			s, err := interpreter.New(cfg)
 			if err != nil {
 				return err
@@ -110,5 +115,28 @@ a probe of --addr finds a kernel running.`,
 	f.StringVar(&addr, "addr", ":"+strconv.Itoa(interpreter.Port), "where to listen")
 	f.StringVar(&cfg.Python, "python", "python3", "the Python with ipykernel installed")
 	f.StringVar(&cfg.Workdir, "workdir", "", "a context's working directory when it names none (default: the current directory)")
+	f.StringVar(&cfg.User, "user", "", "the account kernels run as (default: this process's)")
+	f.BoolVar(&reseed, "reseed", false, "serve nothing: ask the server on --addr to reseed its kernels' random generators (a warm template's reseed command)")
 	return cmd
+}
+
+// askReseed asks the interpreter on addr (":port": this host) to reseed.
+func askReseed(ctx context.Context, addr string) error {
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/reseed", nil)
+	if err != nil {
+		return err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusNoContent {
+		b, _ := io.ReadAll(res.Body)
+		return fmt.Errorf("reseed: %s: %s", res.Status, b)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"slices"
 	"sort"
@@ -45,6 +46,19 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		w.WriteHeader(http.StatusOK)
+	})
+	mux.HandleFunc("POST /reseed", func(w http.ResponseWriter, r *http.Request) {
+		// Only from inside the sandbox (the warm image's reseed command):
+		// callers from outside come through the node, not loopback.
+		if host, _, _ := net.SplitHostPort(r.RemoteAddr); !net.ParseIP(host).IsLoopback() {
+			fail(w, errdefs.New(errdefs.ErrForbidden, "reseed is for the sandbox itself"))
+			return
+		}
+		if err := s.Reseed(r.Context()); err != nil {
+			fail(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
 }

@@ -46,6 +46,8 @@ type kernelOptions struct {
 	Dir string
 	// Env is the kernel's environment ("KEY=value"); nil: this process's.
 	Env []string
+	// Credential, when set, is who the kernel runs as.
+	Credential *syscall.Credential
 	// Startup, when set, is a Python file the kernel runs before its
 	// first request (the display formatters, bootstrap.py).
 	Startup string
@@ -131,6 +133,14 @@ func (k *kernel) launch(opts kernelOptions, conn connection) error {
 	if err := os.WriteFile(file, b, 0o600); err != nil {
 		return fmt.Errorf("interpreter: %w", err)
 	}
+	if c := opts.Credential; c != nil {
+		// The kernel reads its connection file, and may write it.
+		for _, p := range []string{k.dir, file} {
+			if err := os.Chown(p, int(c.Uid), int(c.Gid)); err != nil {
+				return fmt.Errorf("interpreter: %w", err)
+			}
+		}
+	}
 	// -Xfrozen_modules=off: Python 3.11's frozen standard modules make
 	// ipykernel's debugger warn on every start.
 	args := []string{"-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", file,
@@ -146,7 +156,7 @@ func (k *kernel) launch(opts kernelOptions, conn connection) error {
 	cmd.Stderr = os.Stderr
 	// Its own process group: an interrupt goes to the kernel only, and
 	// closing it ends what the kernel started too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: opts.Credential}
 	if err := cmd.Start(); err != nil {
 		return errdefs.New(errdefs.ErrUnavailable, "interpreter: start %s: %v", opts.Python, err)
 	}

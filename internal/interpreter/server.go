@@ -14,19 +14,26 @@
 package interpreter
 
 import (
+	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
+	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 )
 
 // Port is where the server listens in a sandbox: the SDK's JUPYTER_PORT.
-const Port = 49999
+const Port = api.CodeInterpreterPort
 
 //go:embed bootstrap.py
 var bootstrap string
@@ -43,6 +50,9 @@ type Config struct {
 	StateDir string
 	// Env is every kernel's environment; nil: this process's.
 	Env []string
+	// User, when set, is the account kernels run as (a name in
+	// /etc/passwd), with its home as HOME: E2B's kernels run as "user".
+	User string
 	// KernelReady bounds a kernel's start (default 2 min: a Python with
 	// numpy and pandas installed starts in seconds, more on a loaded
 	// machine).
@@ -53,6 +63,7 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	startup string // bootstrap.py's path
+	cred    *syscall.Credential
 
 	mu       sync.Mutex
 	contexts map[string]*codeContext
@@ -99,8 +110,17 @@ func New(cfg Config) (*Server, error) {
 		}
 		cfg.StateDir = d
 	}
+	// Kernels that run as another user read bootstrap.py from it.
+	if err := os.Chmod(cfg.StateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("interpreter: %w", err)
+	}
 	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"),
 		contexts: map[string]*codeContext{}, defaults: map[string]string{}}
+	if cfg.User != "" {
+		if err := s.setUser(cfg.User); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.WriteFile(s.startup, []byte(bootstrap), 0o644); err != nil {
 		return nil, fmt.Errorf("interpreter: %w", err)
 	}
@@ -110,6 +130,27 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.defaults["python"] = c.ID
 	return s, nil
+}
+
+// setUser makes kernels run as the account name, in its environment.
+func (s *Server) setUser(name string) error {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return errdefs.New(errdefs.ErrBadInput, "interpreter: user %q: %v", name, err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	env := s.cfg.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return k == "HOME" || k == "USER" || k == "LOGNAME"
+	})
+	s.cfg.Env = append(env, "HOME="+u.HomeDir, "USER="+name, "LOGNAME="+name)
+	return nil
 }
 
 // Close ends every kernel.
@@ -161,7 +202,7 @@ func (s *Server) createContext(language, cwd string) (*codeContext, error) {
 }
 
 func (s *Server) startKernel(cwd string) (*kernel, error) {
-	return startKernel(kernelOptions{Python: s.cfg.Python, Dir: cwd, Env: s.cfg.Env,
+	return startKernel(kernelOptions{Python: s.cfg.Python, Dir: cwd, Env: s.cfg.Env, Credential: s.cred,
 		Startup: s.startup, Ready: s.cfg.KernelReady})
 }
 
@@ -247,4 +288,28 @@ func (s *Server) restart(id string) error {
 	}
 	c.kernel, c.env = k, nil
 	return nil
+}
+
+// reseedCode draws new seeds for Python's and numpy's generators from
+// the kernel's entropy source: a sandbox restored from a warm image
+// would otherwise draw the same "random" numbers as every other one
+// restored from it.
+const reseedCode = `import random as __r, sys as __s
+__r.seed()
+if "numpy" in __s.modules:
+    __s.modules["numpy"].random.seed()
+del __r, __s
+`
+
+// Reseed reseeds every context's kernel (after a restore from a warm
+// image, before the sandbox is handed out).
+func (s *Server) Reseed(ctx context.Context) error {
+	var errs []error
+	for _, c := range s.list() {
+		c.run.Lock()
+		err := c.kernel.execute(ctx, reseedCode, true, func(output) {})
+		c.run.Unlock()
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
