@@ -20,6 +20,11 @@ import (
 // the two agree).
 const envdInSandbox = "/.sandstorm/sandstorm-envd"
 
+// interpreterLink is the process's executable: a symlink to envd, made
+// in the rootfs, where a template's process must be (the mount is not in
+// the rootfs; the link resolves inside the sandbox).
+const interpreterLink = "/usr/local/bin/sandstorm-interpreter"
+
 // interpreterPackages are what the code interpreter runs on.
 var interpreterPackages = []string{"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib"}
 
@@ -30,7 +35,7 @@ var interpreterCustomize = []string{
 	`chroot "$1" env HOME=/home/user setpriv --reuid=user --regid=user --init-groups /usr/bin/python3 -c "import matplotlib.font_manager"`,
 }
 
-var interpreterArgs = []string{envdInSandbox, "interpreter",
+var interpreterArgs = []string{interpreterLink, "interpreter",
 	"--addr", ":" + strconv.Itoa(api.CodeInterpreterPort),
 	"--user", "user", "--workdir", "/home/user", "--python", "/usr/bin/python3"}
 
@@ -57,5 +62,11 @@ var interpreterDemo = demoSpec{
 		Pool:   1,
 	},
 	asRoot: true,
-	files:  baseFiles,
+	files:  interpreterFiles,
+}
+
+// interpreterFiles are base's, and the link to envd.
+func interpreterFiles(root string) ([]rootFile, error) {
+	fs, err := baseFiles(root)
+	return append(fs, rootFile{path: interpreterLink[1:], link: envdInSandbox}), err
 }

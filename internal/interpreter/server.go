@@ -121,6 +121,9 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	if err := s.setStateDirs(); err != nil {
+		return nil, err
+	}
 	if err := os.WriteFile(s.startup, []byte(bootstrap), 0o644); err != nil {
 		return nil, fmt.Errorf("interpreter: %w", err)
 	}
@@ -150,6 +153,37 @@ func (s *Server) setUser(name string) error {
 		return k == "HOME" || k == "USER" || k == "LOGNAME"
 	})
 	s.cfg.Env = append(env, "HOME="+u.HomeDir, "USER="+name, "LOGNAME="+name)
+	return nil
+}
+
+// setStateDirs gives IPython and Jupyter directories of their own under
+// StateDir (a temporary directory: in a sandbox, runsc's /tmp is memory),
+// not under HOME: a warm template's process must write nothing to its
+// filesystem before its checkpoint, since its sandboxes are restored onto
+// a filesystem without it (internal/node/warm), and IPython makes its
+// profile and history database there as it starts.
+func (s *Server) setStateDirs() error {
+	env := s.cfg.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return k == "IPYTHONDIR" || k == "JUPYTER_RUNTIME_DIR"
+	})
+	for _, d := range []struct{ env, dir string }{{"IPYTHONDIR", "ipython"}, {"JUPYTER_RUNTIME_DIR", "runtime"}} {
+		p := filepath.Join(s.cfg.StateDir, d.dir)
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return fmt.Errorf("interpreter: %w", err)
+		}
+		if c := s.cred; c != nil {
+			if err := os.Chown(p, int(c.Uid), int(c.Gid)); err != nil {
+				return fmt.Errorf("interpreter: %w", err)
+			}
+		}
+		env = append(env, d.env+"="+p)
+	}
+	s.cfg.Env = env
 	return nil
 }
 
