@@ -13,7 +13,9 @@ import (
 // matplotlib from Debian, and the code interpreter server
 // (internal/interpreter, in sandstorm-envd, which the node mounts in
 // every sandbox that runs envd) as its process, on port 49999. Its
-// kernels run as "user" in /home/user, as E2B's do.
+// kernels run as root in /home/user, as E2B's do (its Jupyter server is
+// root's; the SDK's own tests make contexts in /root); envd's commands
+// run as "user", as in base.
 
 // envdInSandbox is where a sandbox finds sandstorm-envd: the node mounts
 // its directory at layout.EnvdMount (internal/node/layout; a test checks
@@ -28,16 +30,16 @@ const interpreterLink = "/usr/local/bin/sandstorm-interpreter"
 // interpreterPackages are what the code interpreter runs on.
 var interpreterPackages = []string{"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib"}
 
-// interpreterCustomize builds matplotlib's font cache as user at build
-// time: otherwise every sandbox's first chart would spend seconds on it
-// (setpriv is util-linux's, in every Debian).
+// interpreterCustomize builds matplotlib's font cache (root's, whose
+// kernels draw) at build time: otherwise every sandbox's first chart
+// would spend seconds on it.
 var interpreterCustomize = []string{
-	`chroot "$1" env HOME=/home/user setpriv --reuid=user --regid=user --init-groups /usr/bin/python3 -c "import matplotlib.font_manager"`,
+	`chroot "$1" env HOME=/root /usr/bin/python3 -c "import matplotlib.font_manager"`,
 }
 
 var interpreterArgs = []string{interpreterLink, "interpreter",
 	"--addr", ":" + strconv.Itoa(api.CodeInterpreterPort),
-	"--user", "user", "--workdir", "/home/user", "--python", "/usr/bin/python3"}
+	"--workdir", "/home/user", "--python", "/usr/bin/python3"}
 
 var interpreterDemo = demoSpec{
 	packages: debianHost,
