@@ -129,17 +129,20 @@ func (s *Server) serveExecute(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	out := newStream(w)
 	defer out.stop()
-	if err := c.execute(r.Context(), req, sandboxEnv, out.emit); err != nil && r.Context().Err() == nil {
+	if err := s.execute(r.Context(), c, req, sandboxEnv, out.emit); err != nil && r.Context().Err() == nil {
 		out.emit(output{"type": "error", "name": "InterpreterError", "value": err.Error(), "traceback": ""})
 	}
 }
 
 // execute runs one /execute in c: the environment first (silently), then
 // the code, then the per-call variables put back as they were.
-func (c *codeContext) execute(ctx context.Context, req executeRequestBody, sandboxEnv map[string]string, emit func(output)) error {
+func (s *Server) execute(ctx context.Context, c *codeContext, req executeRequestBody, sandboxEnv map[string]string, emit func(output)) error {
 	c.run.Lock()
 	defer c.run.Unlock()
-	k := c.kernel
+	k, err := s.live(c)
+	if err != nil {
+		return err
+	}
 	if set := envCode(diff(c.env, sandboxEnv), nil); set != "" {
 		if err := k.execute(ctx, set, true, func(output) {}); err != nil {
 			return err

@@ -124,6 +124,16 @@ func TestExecuteOutputs(t *testing.T) {
 		!strings.Contains(errs[0]["traceback"].(string), "1/0") {
 		t.Errorf("errors %v, want one ZeroDivisionError with its traceback", errs)
 	}
+
+	// Code that ends the kernel's process: the call says so, and the
+	// next one runs in a new kernel (its variables gone), as Jupyter
+	// restarts a dead kernel.
+	if errs := ofType(run(t, ctx, ts.URL, map[string]any{"code": "import os; os._exit(3)"}), "error"); len(errs) != 1 {
+		t.Errorf("a kernel that exits: %v, want an error", errs)
+	}
+	if got := mainText(t, run(t, ctx, ts.URL, map[string]any{"code": "'x' in globals()"})); got != "False" {
+		t.Errorf("after the kernel exited: %q, want a new kernel", got)
+	}
 }
 
 func TestExecuteFormats(t *testing.T) {
@@ -169,6 +179,16 @@ func TestContextsEnvAndInterrupt(t *testing.T) {
 	c, err := s.createContext("python", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
+	}
+	var listed []codeContext
+	res, err := http.Get(ts.URL + "/contexts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(res.Body).Decode(&listed)
+	res.Body.Close()
+	if len(listed) != 2 || listed[1].ID != c.ID || listed[0].Language != "python" {
+		t.Errorf("contexts %+v, want the default then %s, the newest last", listed, c.ID)
 	}
 	lines := run(t, ctx, ts.URL, map[string]any{"code": "import os\nprint(os.getcwd())\n'v' in globals()", "context_id": c.ID})
 	if got := mainText(t, lines); got != "False" {

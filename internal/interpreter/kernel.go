@@ -32,7 +32,8 @@ type kernel struct {
 	// exited is closed once the kernel's process is gone.
 	exited chan struct{}
 
-	sendMu sync.Mutex // one sender on the shell socket at a time
+	sendMu    sync.Mutex // one sender on the shell socket at a time
+	closeOnce sync.Once
 
 	mu      sync.Mutex
 	waiters map[string]chan message // by the msg_id of the request
@@ -319,8 +320,10 @@ func (k *kernel) interrupt() error {
 	return k.cmd.Process.Signal(syscall.SIGINT)
 }
 
-// close ends the kernel's process group and its sockets.
-func (k *kernel) close() {
+// close ends the kernel's process group and its sockets; again, nothing.
+func (k *kernel) close() { k.closeOnce.Do(k.doClose) }
+
+func (k *kernel) doClose() {
 	if k.cmd != nil && k.cmd.Process != nil {
 		syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
 		<-k.exited

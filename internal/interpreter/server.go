@@ -14,6 +14,7 @@
 package interpreter
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -67,6 +68,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	contexts map[string]*codeContext
+	made     uint64 // contexts made so far (codeContext.seq)
 	// defaults is the context /execute uses for a language when it names
 	// no context: made on first use, the default Python one at start.
 	defaults map[string]string
@@ -77,11 +79,17 @@ type codeContext struct {
 	ID       string `json:"id"`
 	Language string `json:"language"`
 	Cwd      string `json:"cwd"`
+	// seq orders contexts by creation: a list gives them in that order,
+	// the newest last, as E2B's does.
+	seq uint64
 
 	// run is held by the execution in progress: a kernel runs one cell at
 	// a time, and per-call environment variables must not leak into the
 	// next call's.
-	run    sync.Mutex
+	run sync.Mutex
+	// kmu guards kernel, which a restart replaces while an execution may
+	// hold run.
+	kmu    sync.Mutex
 	kernel *kernel
 	// env is the sandbox environment last set in the kernel.
 	env map[string]string
@@ -192,7 +200,7 @@ func (s *Server) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, c := range s.contexts {
-		c.kernel.close()
+		c.current().close()
 		delete(s.contexts, id)
 	}
 }
@@ -230,6 +238,8 @@ func (s *Server) createContext(language, cwd string) (*codeContext, error) {
 	}
 	c := &codeContext{ID: newID(), Language: language, Cwd: cwd, kernel: k}
 	s.mu.Lock()
+	s.made++
+	c.seq = s.made
 	s.contexts[c.ID] = c
 	s.mu.Unlock()
 	return c, nil
@@ -267,14 +277,14 @@ func (s *Server) context(id, language string) (*codeContext, error) {
 	if other := s.contexts[s.defaults[language]]; other != nil {
 		// Another call made it meanwhile: use that one.
 		delete(s.contexts, c.ID)
-		go c.kernel.close()
+		go c.current().close()
 		return other, nil
 	}
 	s.defaults[language] = c.ID
 	return c, nil
 }
 
-// list is every context, the default ones too.
+// list is every context, the default ones too, oldest first.
 func (s *Server) list() []*codeContext {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -282,6 +292,7 @@ func (s *Server) list() []*codeContext {
 	for _, c := range s.contexts {
 		out = append(out, c)
 	}
+	slices.SortFunc(out, func(a, b *codeContext) int { return cmp.Compare(a.seq, b.seq) })
 	return out
 }
 
@@ -299,7 +310,7 @@ func (s *Server) remove(id string) error {
 	if c == nil {
 		return errdefs.New(errdefs.ErrNotFound, "context %s not found", id)
 	}
-	c.kernel.close()
+	c.current().close()
 	return nil
 }
 
@@ -313,15 +324,47 @@ func (s *Server) restart(id string) error {
 	if c == nil {
 		return errdefs.New(errdefs.ErrNotFound, "context %s not found", id)
 	}
-	c.kernel.close() // first: it ends the execution holding run
+	c.current().close() // first: it ends the execution holding run
 	c.run.Lock()
 	defer c.run.Unlock()
+	return s.replaceKernel(c)
+}
+
+// current is c's kernel now.
+func (c *codeContext) current() *kernel {
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	return c.kernel
+}
+
+// replaceKernel starts a new kernel for c; the caller holds c.run.
+func (s *Server) replaceKernel(c *codeContext) error {
 	k, err := s.startKernel(c.Cwd)
 	if err != nil {
 		return err
 	}
-	c.kernel, c.env = k, nil
+	c.kmu.Lock()
+	c.kernel = k
+	c.kmu.Unlock()
+	c.env = nil
 	return nil
+}
+
+// live is c's kernel, started again if it has exited (code that ended
+// its process, or a crash), as Jupyter restarts a dead kernel: its
+// variables are gone, the context goes on. The caller holds c.run.
+func (s *Server) live(c *codeContext) (*kernel, error) {
+	k := c.current()
+	select {
+	case <-k.exited:
+	default:
+		return k, nil
+	}
+	k.close()
+	if err := s.replaceKernel(c); err != nil {
+		return nil, err
+	}
+	return c.current(), nil
 }
 
 // reseedCode draws new seeds for Python's and numpy's generators from
@@ -341,7 +384,7 @@ func (s *Server) Reseed(ctx context.Context) error {
 	var errs []error
 	for _, c := range s.list() {
 		c.run.Lock()
-		err := c.kernel.execute(ctx, reseedCode, true, func(output) {})
+		err := c.current().execute(ctx, reseedCode, true, func(output) {})
 		c.run.Unlock()
 		errs = append(errs, err)
 	}
