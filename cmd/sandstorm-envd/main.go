@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"runtime/debug"
@@ -94,21 +95,39 @@ func interpreterCommand() *cobra.Command {
 		Use:   "interpreter",
 		Short: "The E2B code interpreter API: runs code in IPython kernels (ipykernel)",
 		Long: `sandstorm-envd interpreter serves the API @e2b/code-interpreter calls on
-port ` + strconv.Itoa(interpreter.Port) + ` in a sandbox: POST /execute, /contexts. It starts the
-default Python kernel first and listens once that kernel answers, so that
-a probe of --addr finds a kernel running.`,
+port ` + strconv.Itoa(interpreter.Port) + ` in a sandbox: POST /execute, /contexts. It listens at once and starts the
+default Python kernel; GET /health answers 200 once that kernel answers
+(a warm template's probe), and other calls wait for it.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if reseed {
 				return askReseed(c.Context(), addr)
 			}
-			s, err := interpreter.New(cfg)
+			s, err := interpreter.Prepare(cfg)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			return http.ListenAndServe(addr, s.Handler())
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			// Listening first, the kernel starting behind: a call that
+			// comes meanwhile waits for it (a cold start's first).
+			failed := make(chan error, 1)
+			go func() {
+				if err := s.Start(); err != nil {
+					failed <- err
+					ln.Close()
+				}
+			}()
+			err = http.Serve(ln, s.Handler())
+			select {
+			case err = <-failed:
+			default:
+			}
+			return err
 		},
 	}
 	f := cmd.Flags()

@@ -27,6 +27,13 @@ const keepaliveEvery = 5 * time.Second
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-s.ready:
+		default:
+			// Not yet: a warm template's probe waits for 2xx.
+			http.Error(w, "starting the default kernel", http.StatusServiceUnavailable)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `"OK"`)
 	})
@@ -60,7 +67,16 @@ func (s *Server) Handler() http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" {
+			select {
+			case <-s.ready:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // fail answers err as plain text (the SDK shows a 404's body, and reads

@@ -264,3 +264,52 @@ func TestReseed(t *testing.T) {
 		t.Errorf("POST /reseed from loopback: %s", res.Status)
 	}
 }
+
+// A server listens before its kernel runs: /health says 503 until the
+// default kernel answers, and an execution sent meanwhile waits for it.
+func TestServesBeforeReady(t *testing.T) {
+	newTestServer(t) // the skip, when the host has no ipykernel
+	s, err := Prepare(Config{Python: hostPython, Workdir: t.TempDir(), StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	health := func() int {
+		res, err := http.Get(ts.URL + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if st := health(); st != http.StatusServiceUnavailable {
+		t.Errorf("/health before the kernel: %d, want 503", st)
+	}
+	text := make(chan string, 1)
+	go func() {
+		b, _ := json.Marshal(map[string]any{"code": "1 + 2"})
+		res, err := http.Post(ts.URL+"/execute", "application/json", bytes.NewReader(b))
+		if err != nil {
+			text <- err.Error()
+			return
+		}
+		defer res.Body.Close()
+		var last map[string]any
+		dec := json.NewDecoder(res.Body)
+		for dec.Decode(&last) == nil && last["type"] != "result" {
+		}
+		s, _ := last["text"].(string)
+		text <- s
+	}()
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if got := testenv.Within(t, text, time.Minute, "the execution sent before the kernel ran"); got != "3" {
+		t.Errorf("it answered %q, want 3", got)
+	}
+	if st := health(); st != http.StatusOK {
+		t.Errorf("/health after: %d, want 200", st)
+	}
+}

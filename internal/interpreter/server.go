@@ -65,6 +65,7 @@ type Server struct {
 	cfg     Config
 	startup string // bootstrap.py's path
 	cred    *syscall.Credential
+	ready   chan struct{} // closed once the default context answers
 
 	mu       sync.Mutex
 	contexts map[string]*codeContext
@@ -98,6 +99,21 @@ type codeContext struct {
 // New makes a server and starts its default Python context, returning
 // once its kernel answers.
 func New(cfg Config) (*Server, error) {
+	s, err := Prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Prepare makes a server without starting its default context: its
+// Handler may listen at once, answering /health with 503 and holding
+// other calls until Start has. A cold-started sandbox's first call then
+// waits for the kernel rather than finding the port closed.
+func Prepare(cfg Config) (*Server, error) {
 	if cfg.Python == "" {
 		cfg.Python = "python3"
 	}
@@ -122,7 +138,7 @@ func New(cfg Config) (*Server, error) {
 	if err := os.Chmod(cfg.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("interpreter: %w", err)
 	}
-	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"),
+	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"), ready: make(chan struct{}),
 		contexts: map[string]*codeContext{}, defaults: map[string]string{}}
 	if cfg.User != "" {
 		if err := s.setUser(cfg.User); err != nil {
@@ -135,12 +151,20 @@ func New(cfg Config) (*Server, error) {
 	if err := os.WriteFile(s.startup, []byte(bootstrap), 0o644); err != nil {
 		return nil, fmt.Errorf("interpreter: %w", err)
 	}
+	return s, nil
+}
+
+// Start starts the default Python context, and the server serves.
+func (s *Server) Start() error {
 	c, err := s.createContext("python", "")
 	if err != nil {
-		return nil, err
+		return err
 	}
+	s.mu.Lock()
 	s.defaults["python"] = c.ID
-	return s, nil
+	s.mu.Unlock()
+	close(s.ready)
+	return nil
 }
 
 // setUser makes kernels run as the account name, in its environment.
