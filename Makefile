@@ -44,13 +44,16 @@ deps-debian: runsc
 
 # deps-debian, and what only the tests use from npm: the MCP server they
 # run as a real upstream, the E2B SDK they drive the E2B API with, and
-# what the SDK's own tests need (vitest, msw; third_party/e2b-js-sdk)
+# what the SDK's own tests need (vitest, msw; third_party/e2b-js-sdk),
+# and the same for E2B's code interpreter SDK
 # (Debian 12's nodejs comes without npm, a package of its own).
 deps: deps-debian
 	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
 	@[ -d testdata/mcp/node_modules ] || npm ci --prefix testdata/mcp --no-audit --no-fund
 	@[ -d testdata/e2b/node_modules ] || npm ci --prefix testdata/e2b --no-audit --no-fund
 	@[ -d third_party/e2b-js-sdk/node_modules ] || npm ci --prefix third_party/e2b-js-sdk --no-audit --no-fund
+	@[ -d testdata/e2b-code-interpreter/node_modules ] || npm ci --prefix testdata/e2b-code-interpreter --no-audit --no-fund
+	@[ -d third_party/e2b-code-interpreter/node_modules ] || npm ci --prefix third_party/e2b-code-interpreter --no-audit --no-fund
 
 demo: deps-debian build
 	./scripts/demo.sh

@@ -23,6 +23,12 @@ const EnvdVersion = "0.6.4"
 // addresses (ConnectionConfig.envdPort).
 const EnvdPort = 49983
 
+// CodeInterpreterPort is where E2B's code interpreter server listens in
+// a sandbox, the port @e2b/code-interpreter addresses (its JUPYTER_PORT);
+// calls to it carry the sandbox's environment as envd's do
+// (EnvdEnvHeader), which its kernels are given.
+const CodeInterpreterPort = 49999
+
 // EnvdEnvHeader carries the sandbox's environment (E2B's envVars, given
 // at its create) on every call the master forwards, as EncodeEnv makes
 // it: envd keeps no copy, so a cold start loses nothing. The master sets

@@ -8,15 +8,20 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"sandstorm/internal/cli"
 	"sandstorm/internal/envd"
+	"sandstorm/internal/interpreter"
 	"sandstorm/internal/mcpgateway"
 )
 
@@ -78,6 +83,7 @@ the owning team's key, or the sandbox's access token).`,
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE added to every command's environment; repeatable")
 	f.BoolVar(&detach, "detach", false, "start in the background and return once listening")
 	f.BoolVar(&initMode, "init", false, "be the sandbox's init: run the process after -- as a child, pass signals on, reap orphans, exit with its status")
+	cmd.AddCommand(interpreterCommand())
 	// envd idles in every sandbox that used it, and its heap is part of
 	// the sandbox's memory and of its snapshot: collect early.
 	debug.SetGCPercent(50)
@@ -121,4 +127,81 @@ operator's (sam-node's config): the values in --config are not used.`,
 	cmd.Flags().BoolVar(&serve, "serve", false, "serve in the foreground (what the background gateway runs)")
 	cmd.Flags().MarkHidden("serve")
 	return cmd
+}
+
+// interpreterCommand serves E2B's code interpreter API (internal/interpreter)
+// instead of envd's: the same binary, because it is already in every
+// sandbox that runs envd (/.sandstorm), so a template needs nothing of
+// ours in its rootfs but Python and ipykernel.
+func interpreterCommand() *cobra.Command {
+	var cfg interpreter.Config
+	var addr string
+	var reseed bool
+	cmd := &cobra.Command{
+		Use:   "interpreter",
+		Short: "The E2B code interpreter API: runs code in IPython kernels (ipykernel)",
+		Long: `sandstorm-envd interpreter serves the API @e2b/code-interpreter calls on
+port ` + strconv.Itoa(interpreter.Port) + ` in a sandbox: POST /execute, /contexts. It listens at once and starts the
+default Python kernel; GET /health answers 200 once that kernel answers
+(a warm template's probe), and other calls wait for it.`,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if reseed {
+				return askReseed(c.Context(), addr)
+			}
+			s, err := interpreter.Prepare(cfg)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			// Listening first, the kernel starting behind: a call that
+			// comes meanwhile waits for it (a cold start's first).
+			failed := make(chan error, 1)
+			go func() {
+				if err := s.Start(); err != nil {
+					failed <- err
+					ln.Close()
+				}
+			}()
+			err = http.Serve(ln, s.Handler())
+			select {
+			case err = <-failed:
+			default:
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", ":"+strconv.Itoa(interpreter.Port), "where to listen")
+	f.StringVar(&cfg.Python, "python", "python3", "the Python with ipykernel installed")
+	f.StringVar(&cfg.Workdir, "workdir", "", "a context's working directory when it names none (default: the current directory)")
+	f.StringVar(&cfg.User, "user", "", "the account kernels run as (default: this process's)")
+	f.BoolVar(&reseed, "reseed", false, "serve nothing: ask the server on --addr to reseed its kernels' random generators (a warm template's reseed command)")
+	return cmd
+}
+
+// askReseed asks the interpreter on addr (":port": this host) to reseed.
+func askReseed(ctx context.Context, addr string) error {
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/reseed", nil)
+	if err != nil {
+		return err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusNoContent {
+		b, _ := io.ReadAll(res.Body)
+		return fmt.Errorf("reseed: %s: %s", res.Status, b)
+	}
+	return nil
 }

@@ -212,6 +212,7 @@ func templateDemoCmd() *cobra.Command {
 	var (
 		demoDir string
 		cold    bool
+		as      string
 	)
 	demoC := &cobra.Command{
 		Use:   "demo NAME",
@@ -229,6 +230,11 @@ the demo's packages (downloads kept in ` + demo.AptCacheDir + `; build as root).
          who may sudo without a password; envd is its sandboxes' init and
          runs commands as user; no port; warm (probed on envd's /health, one
          sandbox kept ready per node) unless --cold.
+  code-interpreter
+         E2B's code interpreter: base with Python's ipykernel, numpy, pandas
+         and matplotlib, serving @e2b/code-interpreter on port 49999 with a
+         kernel running (warm); --name code-interpreter-v1 registers it as
+         the SDK's default template.
 The rootfs goes to <data-dir>/demo/NAME unless --dir says otherwise. Needed
 packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		Args: cobra.MatchAll(cobra.ExactArgs(1), func(_ *cobra.Command, args []string) error {
@@ -239,6 +245,9 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		}),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
 			name := args[0]
+			if as != "" {
+				name = as
+			}
 			if ts, err := c.Templates(cmd.Context()); err == nil {
 				for _, t := range ts {
 					if t.Name == name {
@@ -259,7 +268,7 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 				}
 			}
 			start := time.Now()
-			d, err := demo.Build(name, dir)
+			d, err := demo.Build(args[0], dir)
 			if err != nil {
 				return err
 			}
@@ -283,6 +292,7 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		}),
 	}
 	demoC.Flags().StringVar(&demoDir, "dir", "", "where to build the rootfs (default <data-dir>/demo/NAME)")
+	demoC.Flags().StringVar(&as, "name", "", "register it under this name (default the demo's)")
 	demoC.Flags().BoolVar(&cold, "cold", false, "register a warm demo (base) without its warm image: each sandbox starts cold (needed where the backend cannot checkpoint)")
 	return demoC
 }

@@ -19,6 +19,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/envd"
+	"sandstorm/internal/node/layout"
 	"sandstorm/internal/sandbox/gvisor"
 	"sandstorm/internal/testenv"
 )
@@ -288,4 +289,12 @@ func checkDebian(t *testing.T, dir string) {
 		t.Errorf("/etc/hostname = %q", b)
 	}
 	t.Logf("%d packages installed", len(got))
+}
+
+// The code interpreter's process is the envd binary where the node
+// mounts it.
+func TestInterpreterDemoRunsMountedEnvd(t *testing.T) {
+	if want := filepath.Join(layout.EnvdMount, layout.EnvdBinary); envdInSandbox != want {
+		t.Errorf("code-interpreter runs %s, the node mounts envd at %s", envdInSandbox, want)
+	}
 }

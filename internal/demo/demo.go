@@ -183,6 +183,8 @@ var demos = map[string]demoSpec{
 		files: staticFiles(rootFile{path: "etc/nginx/nginx.conf", mode: 0o644, data: nginxConf}),
 	},
 	"base": baseDemo,
+	// E2B's name for its code interpreter template.
+	"code-interpreter": interpreterDemo,
 }
 
 // staticFiles is a demoSpec.files for fixed files.

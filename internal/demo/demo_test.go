@@ -85,7 +85,7 @@ func chrootPython(t *testing.T, dir string, d Demo, args ...string) string {
 }
 
 func TestNamesAndPackages(t *testing.T) {
-	if got := Names(); !slices.Equal(got, []string{"app64", "base", "nginx", "node", "web"}) {
+	if got := Names(); !slices.Equal(got, []string{"app64", "base", "code-interpreter", "nginx", "node", "web"}) {
 		t.Errorf("Names() = %v", got)
 	}
 	if got := Packages("node"); !slices.Equal(got, []string{"nodejs"}) {

@@ -58,6 +58,11 @@ func (s *Service) Traffic() http.Handler {
 			}
 			err = n.ServeEnvd(w, r, sb.ID, r.URL.Path)
 		} else {
+			if p == api.CodeInterpreterPort && len(m.Env) > 0 {
+				// The code interpreter's kernels get the sandbox's
+				// environment as envd's commands do.
+				r.Header.Set(api.EnvdEnvHeader, api.EncodeEnv(m.Env))
+			}
 			if m.MaskHost != "" {
 				// E2B's maskRequestHost: the Host the sandbox's server
 				// sees, ${PORT} its port.

@@ -32,7 +32,12 @@ import (
 // sdkExceptions reads the exception list: "<file> > <full test name>",
 // then " | " and why; "#" starts a comment.
 func sdkExceptions(t *testing.T) map[string]string {
-	f, err := os.Open("testdata/e2bsdk-exceptions.txt")
+	return readExceptions(t, "testdata/e2bsdk-exceptions.txt")
+}
+
+// readExceptions reads an exception list in sdkExceptions' form.
+func readExceptions(t *testing.T, path string) map[string]string {
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +51,7 @@ func sdkExceptions(t *testing.T) map[string]string {
 		}
 		name, why, ok := strings.Cut(line, " | ")
 		if !ok || strings.TrimSpace(why) == "" {
-			t.Fatalf("e2bsdk-exceptions.txt: %q gives no reason after \" | \"", line)
+			t.Fatalf("%s: %q gives no reason after \" | \"", path, line)
 		}
 		out[strings.TrimSpace(name)] = strings.TrimSpace(why)
 	}
@@ -136,6 +141,17 @@ func TestE2BSDKSuite(t *testing.T) {
 	)
 	out, runErr := cmd.CombinedOutput()
 	t.Run("BuiltTemplateIsUsedAndWarm", func(t *testing.T) { builtTemplateIsUsedAndWarm(t, d, key) })
+	b := judgeVitest(t, dir, report, skip, "testdata/e2bsdk-exceptions.txt", out, runErr)
+	if dst := os.Getenv("E2BSDK_REPORT"); dst != "" {
+		os.WriteFile(dst, b, 0o644)
+	}
+}
+
+// judgeVitest reads vitest's JSON report of the tests in dir: every test
+// passes but those listed in skip (read from list), a listed one that
+// passes is an error too (take it off the list). It returns the report.
+func judgeVitest(t *testing.T, dir, report string, skip map[string]string, list string, out []byte, runErr error) []byte {
+	t.Helper()
 	b, err := os.ReadFile(report)
 	if err != nil {
 		t.Fatalf("vitest wrote no report (%v; run: %v):\n%s", err, runErr, out)
@@ -155,7 +171,7 @@ func TestE2BSDKSuite(t *testing.T) {
 			why, isListed := skip[name]
 			switch {
 			case a.Status == "passed" && isListed:
-				t.Errorf("PASSES NOW, take it off testdata/e2bsdk-exceptions.txt: %s (listed: %s)", name, why)
+				t.Errorf("PASSES NOW, take it off %s: %s (listed: %s)", list, name, why)
 				passed++
 			case a.Status == "passed":
 				passed++
@@ -179,13 +195,11 @@ func TestE2BSDKSuite(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("the E2B SDK's own tests: %d passed, %d failed, %d listed as exceptions (testdata/e2bsdk-exceptions.txt), %d skipped by the SDK itself", passed, failed, listed, skipped)
-	if dst := os.Getenv("E2BSDK_REPORT"); dst != "" {
-		os.WriteFile(dst, b, 0o644)
-	}
+	t.Logf("%s: %d passed, %d failed, %d listed as exceptions (%s), %d skipped by the SDK itself", dir, passed, failed, listed, list, skipped)
 	if passed == 0 {
 		t.Fatalf("no test passed (run: %v):\n%s", runErr, out)
 	}
+	return b
 }
 
 // sdkImagesNamed are the Docker Hub images the SDK's template tests

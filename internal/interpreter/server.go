@@ -1,0 +1,416 @@
+// Package interpreter is the code interpreter server E2B's
+// @e2b/code-interpreter SDK talks to inside a sandbox (port 49999): it
+// runs code in IPython kernels it starts and drives over the Jupyter
+// messaging protocol (ZeroMQ), and streams what the code prints,
+// displays and raises back as the SDK reads it.
+//
+// The API (the SDK's sandbox.ts): POST /execute runs code in a context
+// (a kernel with its own variables and working directory) and answers
+// newline-delimited JSON (execute.go); POST /contexts makes a context,
+// GET /contexts lists them, DELETE /contexts/{id} removes one, POST
+// /contexts/{id}/restart starts its kernel afresh; GET /health answers
+// once the default context's kernel is running. Only Python kernels are
+// served (ipykernel): other languages are refused.
+package interpreter
+
+import (
+	"cmp"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/errdefs"
+)
+
+// Port is where the server listens in a sandbox: the SDK's JUPYTER_PORT.
+const Port = api.CodeInterpreterPort
+
+//go:embed bootstrap.py
+var bootstrap string
+
+// Config is how the server starts kernels.
+type Config struct {
+	// Python is the interpreter with ipykernel (default "python3").
+	Python string
+	// Workdir is a context's working directory when its create names none
+	// (default: the current directory).
+	Workdir string
+	// StateDir holds the kernels' startup file (default: a new temporary
+	// directory).
+	StateDir string
+	// Env is every kernel's environment; nil: this process's.
+	Env []string
+	// User, when set, is the account kernels run as (a name in
+	// /etc/passwd), with its home as HOME: E2B's kernels run as "user".
+	User string
+	// KernelReady bounds a kernel's start (default 2 min: a Python with
+	// numpy and pandas installed starts in seconds, more on a loaded
+	// machine).
+	KernelReady time.Duration
+}
+
+// Server serves the code interpreter API.
+type Server struct {
+	cfg     Config
+	startup string // bootstrap.py's path
+	cred    *syscall.Credential
+	ready   chan struct{} // closed once the default context answers
+
+	mu       sync.Mutex
+	contexts map[string]*codeContext
+	made     uint64 // contexts made so far (codeContext.seq)
+	// defaults is the context /execute uses for a language when it names
+	// no context: made on first use, the default Python one at start.
+	defaults map[string]string
+}
+
+// codeContext is one context: a kernel and what it was made with.
+type codeContext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+	// seq orders contexts by creation: a list gives them in that order,
+	// the newest last, as E2B's does.
+	seq uint64
+
+	// run is held by the execution in progress: a kernel runs one cell at
+	// a time, and per-call environment variables must not leak into the
+	// next call's.
+	run sync.Mutex
+	// kmu guards kernel, which a restart replaces while an execution may
+	// hold run.
+	kmu    sync.Mutex
+	kernel *kernel
+	// env is the sandbox environment last set in the kernel.
+	env map[string]string
+}
+
+// New makes a server and starts its default Python context, returning
+// once its kernel answers.
+func New(cfg Config) (*Server, error) {
+	s, err := Prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Prepare makes a server without starting its default context: its
+// Handler may listen at once, answering /health with 503 and holding
+// other calls until Start has. A cold-started sandbox's first call then
+// waits for the kernel rather than finding the port closed.
+func Prepare(cfg Config) (*Server, error) {
+	if cfg.Python == "" {
+		cfg.Python = "python3"
+	}
+	if cfg.Workdir == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return nil, fmt.Errorf("interpreter: %w", err)
+		}
+		cfg.Workdir = wd
+	}
+	if cfg.KernelReady == 0 {
+		cfg.KernelReady = 2 * time.Minute
+	}
+	if cfg.StateDir == "" {
+		d, err := os.MkdirTemp("", "sandstorm-interpreter-")
+		if err != nil {
+			return nil, fmt.Errorf("interpreter: %w", err)
+		}
+		cfg.StateDir = d
+	}
+	// Kernels that run as another user read bootstrap.py from it.
+	if err := os.Chmod(cfg.StateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("interpreter: %w", err)
+	}
+	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"), ready: make(chan struct{}),
+		contexts: map[string]*codeContext{}, defaults: map[string]string{}}
+	if cfg.User != "" {
+		if err := s.setUser(cfg.User); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.setStateDirs(); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(s.startup, []byte(bootstrap), 0o644); err != nil {
+		return nil, fmt.Errorf("interpreter: %w", err)
+	}
+	return s, nil
+}
+
+// Start starts the default Python context, and the server serves.
+func (s *Server) Start() error {
+	c, err := s.createContext("python", "")
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.defaults["python"] = c.ID
+	s.mu.Unlock()
+	close(s.ready)
+	return nil
+}
+
+// setUser makes kernels run as the account name, in its environment.
+func (s *Server) setUser(name string) error {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return errdefs.New(errdefs.ErrBadInput, "interpreter: user %q: %v", name, err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	env := s.cfg.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return k == "HOME" || k == "USER" || k == "LOGNAME"
+	})
+	s.cfg.Env = append(env, "HOME="+u.HomeDir, "USER="+name, "LOGNAME="+name)
+	return nil
+}
+
+// setStateDirs gives IPython and Jupyter directories of their own under
+// StateDir (a temporary directory: in a sandbox, runsc's /tmp is memory),
+// not under HOME: a warm template's process must write nothing to its
+// filesystem before its checkpoint, since its sandboxes are restored onto
+// a filesystem without it (internal/node/warm), and IPython makes its
+// profile and history database there as it starts.
+func (s *Server) setStateDirs() error {
+	env := s.cfg.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return k == "IPYTHONDIR" || k == "JUPYTER_RUNTIME_DIR"
+	})
+	for _, d := range []struct{ env, dir string }{{"IPYTHONDIR", "ipython"}, {"JUPYTER_RUNTIME_DIR", "runtime"}} {
+		p := filepath.Join(s.cfg.StateDir, d.dir)
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return fmt.Errorf("interpreter: %w", err)
+		}
+		if c := s.cred; c != nil {
+			if err := os.Chown(p, int(c.Uid), int(c.Gid)); err != nil {
+				return fmt.Errorf("interpreter: %w", err)
+			}
+		}
+		env = append(env, d.env+"="+p)
+	}
+	s.cfg.Env = env
+	return nil
+}
+
+// Close ends every kernel.
+func (s *Server) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, c := range s.contexts {
+		c.current().close()
+		delete(s.contexts, id)
+	}
+}
+
+// normalizeLanguage is E2B's spelling of a language: python by default,
+// js and ts for javascript and typescript.
+func normalizeLanguage(l string) string {
+	l = strings.ToLower(strings.TrimSpace(l))
+	switch l {
+	case "":
+		return "python"
+	case "js":
+		return "javascript"
+	case "ts":
+		return "typescript"
+	}
+	return l
+}
+
+// createContext starts a kernel for language in cwd ("" the default).
+func (s *Server) createContext(language, cwd string) (*codeContext, error) {
+	language = normalizeLanguage(language)
+	if language != "python" {
+		return nil, errdefs.New(errdefs.ErrNotSupported, "no %s kernel in this sandbox: the code interpreter serves python only", language)
+	}
+	if cwd == "" {
+		cwd = s.cfg.Workdir
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		return nil, errdefs.New(errdefs.ErrBadInput, "working directory %q is not a directory in the sandbox", cwd)
+	}
+	k, err := s.startKernel(cwd)
+	if err != nil {
+		return nil, err
+	}
+	c := &codeContext{ID: newID(), Language: language, Cwd: cwd, kernel: k}
+	s.mu.Lock()
+	s.made++
+	c.seq = s.made
+	s.contexts[c.ID] = c
+	s.mu.Unlock()
+	return c, nil
+}
+
+func (s *Server) startKernel(cwd string) (*kernel, error) {
+	return startKernel(kernelOptions{Python: s.cfg.Python, Dir: cwd, Env: s.cfg.Env, Credential: s.cred,
+		Startup: s.startup, Ready: s.cfg.KernelReady})
+}
+
+// context is the context an /execute names, or the language's default
+// (made now if it has none).
+func (s *Server) context(id, language string) (*codeContext, error) {
+	s.mu.Lock()
+	if id != "" {
+		c := s.contexts[id]
+		s.mu.Unlock()
+		if c == nil {
+			return nil, errdefs.New(errdefs.ErrNotFound, "context %s not found", id)
+		}
+		return c, nil
+	}
+	language = normalizeLanguage(language)
+	c := s.contexts[s.defaults[language]]
+	s.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	c, err := s.createContext(language, "")
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if other := s.contexts[s.defaults[language]]; other != nil {
+		// Another call made it meanwhile: use that one.
+		delete(s.contexts, c.ID)
+		go c.current().close()
+		return other, nil
+	}
+	s.defaults[language] = c.ID
+	return c, nil
+}
+
+// list is every context, the default ones too, oldest first.
+func (s *Server) list() []*codeContext {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*codeContext, 0, len(s.contexts))
+	for _, c := range s.contexts {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b *codeContext) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// remove ends context id's kernel and forgets it.
+func (s *Server) remove(id string) error {
+	s.mu.Lock()
+	c := s.contexts[id]
+	delete(s.contexts, id)
+	for l, d := range s.defaults {
+		if d == id {
+			delete(s.defaults, l)
+		}
+	}
+	s.mu.Unlock()
+	if c == nil {
+		return errdefs.New(errdefs.ErrNotFound, "context %s not found", id)
+	}
+	c.current().close()
+	return nil
+}
+
+// restart replaces context id's kernel by a new one in the same
+// directory: its variables are gone, its id is kept. An execution in
+// progress ends with an error.
+func (s *Server) restart(id string) error {
+	s.mu.Lock()
+	c := s.contexts[id]
+	s.mu.Unlock()
+	if c == nil {
+		return errdefs.New(errdefs.ErrNotFound, "context %s not found", id)
+	}
+	c.current().close() // first: it ends the execution holding run
+	c.run.Lock()
+	defer c.run.Unlock()
+	return s.replaceKernel(c)
+}
+
+// current is c's kernel now.
+func (c *codeContext) current() *kernel {
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	return c.kernel
+}
+
+// replaceKernel starts a new kernel for c; the caller holds c.run.
+func (s *Server) replaceKernel(c *codeContext) error {
+	k, err := s.startKernel(c.Cwd)
+	if err != nil {
+		return err
+	}
+	c.kmu.Lock()
+	c.kernel = k
+	c.kmu.Unlock()
+	c.env = nil
+	return nil
+}
+
+// live is c's kernel, started again if it has exited (code that ended
+// its process, or a crash), as Jupyter restarts a dead kernel: its
+// variables are gone, the context goes on. The caller holds c.run.
+func (s *Server) live(c *codeContext) (*kernel, error) {
+	k := c.current()
+	select {
+	case <-k.exited:
+	default:
+		return k, nil
+	}
+	k.close()
+	if err := s.replaceKernel(c); err != nil {
+		return nil, err
+	}
+	return c.current(), nil
+}
+
+// reseedCode draws new seeds for Python's and numpy's generators from
+// the kernel's entropy source: a sandbox restored from a warm image
+// would otherwise draw the same "random" numbers as every other one
+// restored from it.
+const reseedCode = `import random as __r, sys as __s
+__r.seed()
+if "numpy" in __s.modules:
+    __s.modules["numpy"].random.seed()
+del __r, __s
+`
+
+// Reseed reseeds every context's kernel (after a restore from a warm
+// image, before the sandbox is handed out).
+func (s *Server) Reseed(ctx context.Context) error {
+	var errs []error
+	for _, c := range s.list() {
+		c.run.Lock()
+		err := c.current().execute(ctx, reseedCode, true, func(output) {})
+		c.run.Unlock()
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
