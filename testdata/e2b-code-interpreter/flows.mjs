@@ -98,6 +98,13 @@ try {
       assert.equal((await sbx.runCode('kept')).text, 'before the pause')
     })
   }
+  await step('after an idle detach (a cold start): the first call waits for the server, on new kernels', async () => {
+    await idle(sbx.sandboxId, 'detach')
+    const ex = await sbx.runCode('1 + 1')
+    assert.equal(ex.text, '2', `after a cold start: ${JSON.stringify(ex.error)}`)
+    const gone = await sbx.runCode('kept')
+    assert.equal(gone.error?.name, 'NameError', 'a cold start kept the memory')
+  })
   report.ok = true
 } catch (e) {
   report.ok = false

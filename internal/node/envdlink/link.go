@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"sandstorm/api"
@@ -171,7 +172,7 @@ func (l *Link) ServePort(cfg Config, w http.ResponseWriter, r *http.Request, tar
 		},
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return d.DialContext(ctx, "tcp", target.String())
+				return dialStarting(ctx, d, target.String(), cfg.Ready)
 			},
 			DisableKeepAlives: true,
 		},
@@ -183,6 +184,30 @@ func (l *Link) ServePort(cfg Config, w http.ResponseWriter, r *http.Request, tar
 		return errdefs.Mark(errdefs.ErrUpstream, fmt.Errorf("port %d of the sandbox did not answer: %w", target.Port(), failed))
 	}
 	return nil
+}
+
+// dialStarting dials target, retrying while it refuses for up to ready
+// (default 30 s), on the gateway's schedule (gateway.DialInterval): a
+// sandbox the call woke from detached is cold-started and its program
+// may not listen yet, and the call waits for it as the gateway's do.
+func dialStarting(ctx context.Context, d *net.Dialer, target string, ready time.Duration) (net.Conn, error) {
+	if ready <= 0 {
+		ready = 30 * time.Second
+	}
+	start := time.Now()
+	for {
+		c, err := d.DialContext(ctx, "tcp", target)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > ready {
+			return c, err
+		}
+		t := time.NewTimer(gateway.DialInterval(time.Since(start)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
 }
 
 // transport is the way to one sandbox's envd: HTTP/1.1 on its own

@@ -3,6 +3,7 @@ package envdlink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -125,5 +127,41 @@ func TestLinkCutEndsCalls(t *testing.T) {
 	}
 	if l.Busy() {
 		t.Error("the link is still busy after its only call ended")
+	}
+}
+
+// dialStarting waits for a port that refuses at first (a program still
+// starting after a cold wake) and connects once it listens; a port that
+// never listens fails once ready is over.
+func TestDialStarting(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	var attempts atomic.Int32
+	secondTry := make(chan struct{})
+	d := &net.Dialer{Control: func(_, _ string, _ syscall.RawConn) error {
+		if attempts.Add(1) == 2 {
+			close(secondTry) // the first was refused
+		}
+		return nil
+	}}
+	got := make(chan error, 1)
+	go func() {
+		c, err := dialStarting(context.Background(), d, addr, 30*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		got <- err
+	}()
+	<-secondTry
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := <-got; err != nil {
+		t.Errorf("a port that came to listen: %v", err)
+	}
+	closed := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	if _, err := dialStarting(context.Background(), &net.Dialer{}, closed, 50*time.Millisecond); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("a port that never listens: %v, want connection refused", err)
 	}
 }
