@@ -144,20 +144,7 @@ func TestCodeInterpreterSDKSuite(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "npx", args...)
 	cmd.Dir = dir
-	// As for the E2B SDK's suite (TestE2BSDKSuite): E2B's layout, each
-	// sandbox's port at https://<port>-<id>.<domain>, and no other E2B_
-	// variable (E2B_DEBUG, even empty, skips tests).
-	port := d.API[strings.LastIndex(d.API, ":")+1:]
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "E2B_") && !strings.HasPrefix(kv, "CI=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env,
-		"E2B_API_KEY="+key, "E2B_DOMAIN=sandbox.localhost:"+port,
-		"NODE_EXTRA_CA_CERTS="+filepath.Join(d.DataDir, "pki", "ca.pem"),
-		"NO_COLOR=1",
-	)
+	cmd.Env = vitestEnv(d, key) // as for the E2B SDK's suite (TestE2BSDKSuite)
 	out, runErr := cmd.CombinedOutput()
 	judgeVitest(t, dir, report, skip, list, out, runErr)
 }

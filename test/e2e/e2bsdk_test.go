@@ -117,28 +117,7 @@ func TestE2BSDKSuite(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "npx", args...)
 	cmd.Dir = dir
-	// E2B's own layout: the API at https://api.<domain>, each sandbox's
-	// port at https://<port>-<id>.<domain>, the domain this master's
-	// (its certificate covers *.sandbox.localhost), with the API's port;
-	// *.localhost is loopback (libnss-myhostname, RFC 6761). The SDK's
-	// own mocks (msw) expect the API exactly there.
-	port := d.API[strings.LastIndex(d.API, ":")+1:]
-	// No other E2B_ variable: the tests read some by their presence
-	// alone (E2B_DEBUG, set even empty, skips tests and keeps sandboxes).
-	// Nor CI: to these tests it means E2B's own CI, which builds the SDK's
-	// bundle (dist/) first; tests/bundle/edgeCompat.test.ts then checks
-	// it, and without CI skips itself (we run the SDK from its source, and
-	// build no bundle: what it checks is E2B's build, not this API).
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "E2B_") && !strings.HasPrefix(kv, "CI=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env,
-		"E2B_API_KEY="+key, "E2B_DOMAIN=sandbox.localhost:"+port,
-		"NODE_EXTRA_CA_CERTS="+filepath.Join(d.DataDir, "pki", "ca.pem"),
-		"NO_COLOR=1",
-	)
+	cmd.Env = vitestEnv(d, key)
 	out, runErr := cmd.CombinedOutput()
 	t.Run("BuiltTemplateIsUsedAndWarm", func(t *testing.T) { builtTemplateIsUsedAndWarm(t, d, key) })
 	b := judgeVitest(t, dir, report, skip, "testdata/e2bsdk-exceptions.txt", out, runErr)
@@ -278,4 +257,31 @@ func builtTemplateIsUsedAndWarm(t *testing.T, d *Daemon, key string) {
 	if err := team.Do(ctx, http.MethodPost, "/e2b/sandboxes", map[string]any{"templateID": "sdk-warm:v1"}, nil); client.StatusOf(err) != http.StatusNotFound {
 		t.Errorf("another team's create from it: %v, want 404", err)
 	}
+}
+
+// vitestEnv is the environment E2B's SDK suites run in against d with
+// key. E2B's own layout: the API at https://api.<domain>, each sandbox's
+// port at https://<port>-<id>.<domain>, the domain this master's (its
+// certificate covers *.sandbox.localhost), with the API's port;
+// *.localhost is loopback (libnss-myhostname, RFC 6761). The SDK's own
+// mocks (msw) expect the API exactly there. No other E2B_ variable: the
+// tests read some by their presence alone (E2B_DEBUG, set even empty,
+// skips tests and keeps sandboxes). Nor CI: to these tests it means
+// E2B's own CI, which builds the SDK's bundle (dist/) first;
+// tests/bundle/edgeCompat.test.ts then checks it, and without CI skips
+// itself (we run the SDK from its source, and build no bundle: what it
+// checks is E2B's build, not this API).
+func vitestEnv(d *Daemon, key string) []string {
+	port := d.API[strings.LastIndex(d.API, ":")+1:]
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "E2B_") && !strings.HasPrefix(kv, "CI=") {
+			env = append(env, kv)
+		}
+	}
+	return append(env,
+		"E2B_API_KEY="+key, "E2B_DOMAIN=sandbox.localhost:"+port,
+		"NODE_EXTRA_CA_CERTS="+filepath.Join(d.DataDir, "pki", "ca.pem"),
+		"NO_COLOR=1",
+	)
 }
