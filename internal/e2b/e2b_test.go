@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -410,6 +412,32 @@ func TestTraffic(t *testing.T) {
 	st, body := call(sb.SandboxID, sb.EnvdAccessToken, map[string]string{api.EnvdEnvHeader: api.EncodeEnv(map[string]string{"EVIL": "1"})})
 	if st != http.StatusOK || body != "envd "+sb.SandboxID+" /process.Process/List" {
 		t.Fatalf("with its token: %d %q", st, body)
+	}
+	// The code interpreter's /execute runs code as envd does: its token
+	// too, taken off before the call goes in; its contexts are open, as
+	// the SDK calls them without it.
+	interp := func(token string, path ...string) (int, string) {
+		req, _ := http.NewRequest("POST", e.traf.URL+cmp.Or(strings.Join(path, ""), "/execute"), strings.NewReader(`{"code": "1"}`))
+		req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+		req.Header.Set("E2b-Sandbox-Port", strconv.Itoa(api.CodeInterpreterPort))
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		return send(t, req, nil)
+	}
+	if st, _ := interp(""); st != http.StatusUnauthorized {
+		t.Errorf("the code interpreter with no token: %d, want 401", st)
+	}
+	if st, body := interp(sb.EnvdAccessToken); st != http.StatusOK || !strings.HasPrefix(body, "port 49999 of "+sb.SandboxID+" /execute") {
+		t.Errorf("the code interpreter with its token: %d %q", st, body)
+	}
+	for _, p := range []string{"/execute/", "/./execute", "/other", "/contexts/../execute", "/contexts/x/../../execute"} {
+		if st, _ := interp("", p); st != http.StatusUnauthorized {
+			t.Errorf("the code interpreter's %s with no token: %d, want 401", p, st)
+		}
+	}
+	if st, _ := interp("", "/contexts"); st != http.StatusOK {
+		t.Errorf("the code interpreter's /contexts with no token: %d, want 200 (open, as the SDK calls it)", st)
 	}
 	got := e.node.Envd[len(e.node.Envd)-1]
 	if got.Header.Get("X-Access-Token") != "" || got.Header.Get(api.EnvdEnvHeader) != api.EncodeEnv(map[string]string{"K": "V"}) {

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 // sandbox's own access token (X-Access-Token, or a signed URL's
 // signature; every sandbox has one — E2B's secure: false is not
 // honoured: an envd anyone who knows an ID could drive is not offered),
+// and its code interpreter's /execute (interpreterOpen) alike,
 // or any other port of it, open to whoever has its name (E2B's public
 // traffic) unless it was made with allowPublicTraffic false, when its
 // traffic access token is asked. Neither token is forwarded into the
@@ -41,7 +43,7 @@ func (s *Service) Traffic() http.Handler {
 				return
 			}
 		}
-		if p == api.EnvdPort && !s.envdAllowed(w, r, id) {
+		if (p == api.EnvdPort || p == api.CodeInterpreterPort && !interpreterOpen(r.URL.Path)) && !s.envdAllowed(w, r, id) {
 			return
 		}
 		n, sb, m, ok := s.trafficTo(w, r, id, p)
@@ -76,6 +78,20 @@ func (s *Service) Traffic() http.Handler {
 			fail(w, err)
 		}
 	})
+}
+
+// interpreterOpen says whether a call to the code interpreter's port
+// needs no envd token. Its /execute runs code as envd does, and the port
+// is in the sandbox's public name (49999-<id>.<domain>, the ID also in
+// every public port's), so it takes envd's token, which the SDK sends
+// there; its calls on contexts, which the SDK sends without it (E2B's
+// server checks none), and /health are open as any public port is.
+// Anything else needs the token (fail closed).
+func interpreterOpen(p string) bool {
+	if path.Clean(p) != p { // no /contexts/../execute
+		return false
+	}
+	return p == "/health" || p == "/contexts" || strings.HasPrefix(p, "/contexts/")
 }
 
 // TrafficTokenHeader carries a sandbox's traffic access token (E2B's
