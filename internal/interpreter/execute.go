@@ -43,7 +43,12 @@ const interruptGrace = 30 * time.Second
 func (k *kernel) execute(ctx context.Context, code string, silent bool, emit func(output)) error {
 	_, ch, done, err := k.request("execute_request", executeRequest{
 		Code: code, Silent: silent, StoreHistory: !silent,
-		UserExpressions: map[string]any{}, StopOnError: true,
+		// Not stop_on_error: with it, ipykernel aborts whatever reaches
+		// it just after a cell that failed (an interrupted one too), and
+		// the next call, sent once this one is idle, could come back
+		// "aborted" with no output (seen under load: the call after an
+		// interrupt). Each /execute stands on its own, as E2B's do.
+		UserExpressions: map[string]any{}, StopOnError: false,
 	})
 	if err != nil {
 		return err
