@@ -219,6 +219,11 @@ type SandboxRequest struct {
 	Idle *IdleTimers `json:"idle,omitempty"`
 	// Egress narrows what its boundary lets out (nil: the policy alone).
 	Egress *Egress `json:"egress,omitempty"`
+	// Secrets binds stored secrets to it, environment variable → secret
+	// name: the variable holds a marker, never the secret, and its
+	// boundary puts the secret in place of the marker only in HTTPS
+	// requests to the secret's hosts (docs/API.md, "Secrets").
+	Secrets map[string]string `json:"secrets,omitempty"`
 }
 
 // Egress is a sandbox's own egress rules, E2B's network allowOut and
@@ -257,8 +262,9 @@ type EgressFlow struct {
 	// back (external flows; mesh requests are sam-node's to count).
 	BytesOut int64 `json:"bytes_out"`
 	BytesIn  int64 `json:"bytes_in"`
-	// Secret: a secret was put into the flow for the sandbox.
-	Secret bool `json:"secret,omitempty"`
+	// Secrets are the names of the secrets the boundary put into its
+	// requests in the sandbox's place (a TLS flow to a secret's host).
+	Secrets []string `json:"secrets,omitempty"`
 }
 
 // EgressPage is a page of a sandbox's egress log: its flows after the
@@ -548,6 +554,29 @@ type RunscBuild struct {
 }
 
 // APIKeyRequest is the body of POST /v1/api-keys.
+// SecretCAPath is where a sandbox created with secrets finds its own CA,
+// the one its boundary ends TLS to a secret's hosts with; it is in the
+// sandbox's system trust store too.
+const SecretCAPath = "/usr/local/share/ca-certificates/sandstorm-egress-ca.crt"
+
+// SecretRequest stores a secret (POST /v1/secrets): its value, and the
+// only names it may be sent to ("api.example.com", "*.example.com").
+// Storing a name again replaces it; sandboxes made before keep the value
+// they were given.
+type SecretRequest struct {
+	Name  string   `json:"name"`
+	Value string   `json:"value"`
+	Hosts []string `json:"hosts"`
+}
+
+// Secret is a stored secret as listed: never its value.
+type Secret struct {
+	Name      string    `json:"name"`
+	Team      string    `json:"team,omitempty"`
+	Hosts     []string  `json:"hosts"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
 type APIKeyRequest struct {
 	Team string `json:"team"`
 }

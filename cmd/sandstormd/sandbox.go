@@ -36,7 +36,7 @@ func sandboxCmd() *cobra.Command {
 func sandboxCreateCmd() *cobra.Command {
 	var name, principal, lifetime, onTimeout string
 	var idle api.IdleTimers
-	var env, labels, allowOut, denyOut []string
+	var env, labels, allowOut, denyOut, secretFlags []string
 	var memory int
 	create := &cobra.Command{
 		Use: "create TEMPLATE", Short: "Start a sandbox from a template (returns when it runs)", Args: cobra.ExactArgs(1),
@@ -56,12 +56,16 @@ func sandboxCreateCmd() *cobra.Command {
 			if err != nil {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
 			}
+			secs, err := keyValues("--secret", secretFlags)
+			if err != nil {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
 			c, err := apiClient(cmd)
 			if err != nil {
 				return err
 			}
 			sb, err := c.CreateSandbox(cmd.Context(), api.SandboxRequest{Template: args[0], Name: name, Principal: principal,
-				MemoryMiB: memory, Env: envs, Labels: labs, Lifetime: lifetime, OnTimeout: onTimeout, Idle: idleOf(idle), Egress: eg})
+				MemoryMiB: memory, Env: envs, Labels: labs, Lifetime: lifetime, OnTimeout: onTimeout, Idle: idleOf(idle), Egress: eg, Secrets: secs})
 			if err != nil {
 				return err
 			}
@@ -72,6 +76,7 @@ func sandboxCreateCmd() *cobra.Command {
 	create.Flags().StringVar(&principal, "principal", "", "who the sandbox is to its boundary and the mesh (default: the template's principal, else the sandbox name)")
 	create.Flags().StringArrayVar(&allowOut, "allow-out", nil, "with --deny-out: a name (api.example.com, *.example.com), address or CIDR that still goes out; repeatable (only narrows the policy: a name it does not grant is refused)")
 	create.Flags().StringArrayVar(&denyOut, "deny-out", nil, "an address or CIDR its boundary lets nothing out to (0.0.0.0/0: everything but --allow-out); repeatable")
+	create.Flags().StringArrayVar(&secretFlags, "secret", nil, "VAR=SECRET: VAR holds a marker for the stored secret (sandstormd secret ls), which its boundary replaces with the secret only in HTTPS requests to the secret's hosts; repeatable")
 	create.Flags().IntVar(&memory, "memory", 0, "memory limit in MiB (default: the template's, else the node's --sandbox-memory)")
 	create.Flags().StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE in the environment of every command run in it (sandbox exec); repeatable")
 	create.Flags().StringArrayVarP(&labels, "label", "l", nil, "a label key=value, listed and filtered by (sandbox ls --label); repeatable")

@@ -33,7 +33,7 @@ template and sandbox commands (or the HTTP API, docs/API.md).`,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("data-dir", envOr("SANDSTORM_DATA_DIR", "/var/lib/sandstorm"), "where sandstormd keeps its state, API token and sandboxes (env SANDSTORM_DATA_DIR)")
-	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd(), snapshotCmd(), apiKeyCmd(), nodeCmd(), fleetCmd())
+	root.AddCommand(serveCmd(), doctorCmd(), templateCmd(), sandboxCmd(), snapshotCmd(), apiKeyCmd(), secretCmd(), nodeCmd(), fleetCmd())
 	root.AddCommand(reloadCmd(), handoffVersionCmd(), storeCmd())
 	return root
 }
@@ -135,6 +135,7 @@ for requests in flight).`,
 	f.BoolVar(&o.Zswap, "zswap", false, "after freezing a sandbox, squeeze its memory into swap (zswap is switched on); needs an active swap area")
 	f.StringVar(&o.Policy, "policy", "", "SAM policy file (YAML/JSON roles and bindings) every sandbox's boundary decides by; reloaded on change. \"sam-node\": the mesh's policy, from the control plane through --sam-node (nothing is granted until it arrives; the last good one stays while sam-node cannot be reached). Without it every sandbox can reach nothing")
 	f.StringVar(&o.SAMNode, "sam-node", "", "the local sam-node's agent socket, unix:///run/sam-node.sock: where flows to mesh.sam.alt go")
+	f.StringVar(&o.SecretsCA, "secrets-ca", "", "PEM file of CAs that verify the HTTPS servers stored secrets are sent to, beside the system's roots (a private API's CA)")
 	f.StringVar(&o.Resolver, "resolver", "", "DNS server (IP:port) the boundaries resolve allowed external names with (default: the system's resolver). Whatever it answers, an address on this node, in a sandbox, loopback, link-local or private (unless the policy's egress_private names it) is never dialled")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics: the node's (tiers, transitions, wakes, refusals, headroom, runsc, gateway), the master's (its nodes, API requests) and the boundaries' (sam_box_*); e.g. 127.0.0.1:9600. Off unless set; plain HTTP with no token, so give a loopback or management address (no sandbox reaches it on any address)")
 	logFlags.Register(f)

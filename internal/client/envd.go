@@ -128,6 +128,26 @@ func (c *Client) CreateAPIKey(ctx context.Context, team string) (api.APIKey, err
 	return k, err
 }
 
+// PutSecret stores a secret for the caller's team (its value is never
+// answered back).
+func (c *Client) PutSecret(ctx context.Context, req api.SecretRequest) (api.Secret, error) {
+	var s api.Secret
+	err := c.Do(ctx, http.MethodPost, "/v1/secrets", req, &s)
+	return s, err
+}
+
+// Secrets lists the caller's team's secrets, without values.
+func (c *Client) Secrets(ctx context.Context) ([]api.Secret, error) {
+	var l api.List[api.Secret]
+	err := c.Do(ctx, http.MethodGet, "/v1/secrets", nil, &l)
+	return l.Items, err
+}
+
+// DeleteSecret removes the caller's team's secret name.
+func (c *Client) DeleteSecret(ctx context.Context, name string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/secrets/"+url.PathEscape(name), nil, nil)
+}
+
 // APIKeys lists the API keys (never the keys themselves).
 func (c *Client) APIKeys(ctx context.Context) ([]api.APIKey, error) {
 	var l api.List[api.APIKey]

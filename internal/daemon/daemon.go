@@ -5,6 +5,7 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -54,6 +55,7 @@ import (
 	"sandstorm/internal/sandbox/process"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/secretfile"
+	"sandstorm/internal/secrets"
 	"sandstorm/internal/store"
 	"sandstorm/internal/templates"
 	"sandstorm/internal/tier"
@@ -104,6 +106,9 @@ type Options struct {
 	// Resolver is the DNS server ("host:port") boundaries resolve allowed
 	// external names with; "" is the system's resolver.
 	Resolver string
+	// SecretsCA is a PEM file of CAs that verify the servers secrets go
+	// to, beside the system's roots ("": the system's alone).
+	SecretsCA string
 	// Store is where desired state lives: "" is SQLite in the data dir, a
 	// postgres:// URL a PostgreSQL database other masters may share (one
 	// leads, the others stand by: standby.go).
@@ -561,7 +566,11 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	// by the API token, which the masters of one database share.
 	// One sandbox service for /v1 and /e2b: their creates, owners and
 	// pauses are one, and so are its per-sandbox locks.
-	sbx := &sandboxes.Service{Store: st, Fleet: fl, Log: log}
+	box, err := secrets.OpenBox(filepath.Join(o.DataDir, secrets.KeyFile))
+	if err != nil {
+		return nil, err
+	}
+	sbx := &sandboxes.Service{Store: st, Fleet: fl, Secrets: box, Log: log}
 	// One template service too: images' layers kept once, by diffID, and
 	// shared by every template made from them (rootfs.Flatten links
 	// their files); builds' RUN steps as o.BuildPrincipal.
@@ -921,7 +930,37 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 		stops = append(stops, func() { stopForward(); <-done })
 	}
 	sam.Metrics = boundary.NewMetrics(o.mreg)
+	box, roots, err := secretsConfig(o)
+	if err != nil {
+		return sam, stop, err
+	}
+	sam.Secrets, sam.SecretRoots = box, roots
 	return sam, stop, nil
+}
+
+// secretsConfig is the data dir's secrets key (internal/secrets: made on
+// first use, 0600) and the roots that verify the servers secrets go to:
+// the system's, and --secrets-ca's.
+func secretsConfig(o Options) (*secrets.Box, *x509.CertPool, error) {
+	box, err := secrets.OpenBox(filepath.Join(o.DataDir, secrets.KeyFile))
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.SecretsCA == "" {
+		return box, nil, nil
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	b, err := os.ReadFile(o.SecretsCA)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--secrets-ca: %w", err)
+	}
+	if !roots.AppendCertsFromPEM(b) {
+		return nil, nil, fmt.Errorf("--secrets-ca %s: no PEM certificate in it", o.SecretsCA)
+	}
+	return box, roots, nil
 }
 
 // PolicyFromSAMNode is the --policy that takes the policy from the local

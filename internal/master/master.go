@@ -137,6 +137,9 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /v1/nodes/{name}/drain", s.drainNode)
 	mux.HandleFunc("POST /v1/nodes/{name}/undrain", s.undrainNode)
 	mux.HandleFunc("POST /v1/nodes/join-tokens", s.joinToken)
+	mux.HandleFunc("GET /v1/secrets", s.listSecrets)
+	mux.HandleFunc("POST /v1/secrets", s.putSecret)
+	mux.HandleFunc("DELETE /v1/secrets/{name}", s.deleteSecret)
 	mux.HandleFunc("GET /v1/api-keys", s.listKeys)
 	mux.HandleFunc("POST /v1/api-keys", s.createKey)
 	mux.HandleFunc("DELETE /v1/api-keys/{id}", s.deleteKey)
@@ -477,7 +480,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	sb, _, err := s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: req.Template, Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Egress: req.Egress, Meta: meta})
+	sb, _, err := s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: req.Template, Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Egress: req.Egress, Secrets: req.Secrets, Meta: meta})
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -51,7 +51,7 @@ func (s *server) teamOf(r *http.Request, key string) (apikey.Caller, error) {
 func teamMay(r *http.Request) bool {
 	p := r.URL.Path
 	switch {
-	case p == "/v1/snapshots", strings.HasPrefix(p, "/v1/snapshots/"):
+	case p == "/v1/snapshots", strings.HasPrefix(p, "/v1/snapshots/"), p == "/v1/secrets", strings.HasPrefix(p, "/v1/secrets/"):
 		return true // its own (sandboxes.Service)
 	case strings.HasPrefix(p, "/e2b/"), p == "/v1/sandboxes", strings.HasPrefix(p, "/v1/sandboxes/"):
 		return !strings.HasSuffix(p, "/move") // a move is the operator's (nodes)
@@ -204,6 +204,39 @@ func (s *server) deleteKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.cfg.Log.Info("api key revoked", "id", r.PathValue("id"))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// putSecret serves POST /v1/secrets {name, value, hosts}: stored for the
+// caller's team, answered without its value.
+func (s *server) putSecret(w http.ResponseWriter, r *http.Request) {
+	var req api.SecretRequest
+	if err := decode(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out, err := s.sbx.PutSecret(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+func (s *server) listSecrets(w http.ResponseWriter, r *http.Request) {
+	out, err := s.sbx.ListSecrets(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.List[api.Secret]{Items: out})
+}
+
+func (s *server) deleteSecret(w http.ResponseWriter, r *http.Request) {
+	if err := s.sbx.DeleteSecret(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -94,11 +94,11 @@ func TestFence(t *testing.T) {
 	// flight (5) and above the fence (9) go through to the start (which
 	// fails here on the fake template's missing rootfs, not on the fence).
 	tm, _ := n.st.GetTemplate(ctx, "t")
-	if _, err := n.Create(ctx, tm, "late", "", 0, 6, nil); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "given up") {
+	if _, err := n.Create(ctx, tm, "late", "", 0, 6, nil, nil); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "given up") {
 		t.Errorf("a create the fence gave up on: %v", err)
 	}
 	for _, g := range []int64{5, 9, 0} {
-		if _, err := n.Create(ctx, tm, "", "", 0, g, nil); err == nil || strings.Contains(err.Error(), "given up") {
+		if _, err := n.Create(ctx, tm, "", "", 0, g, nil, nil); err == nil || strings.Contains(err.Error(), "given up") {
 			t.Errorf("create of generation %d: %v, want it past the fence", g, err)
 		}
 	}
@@ -115,7 +115,7 @@ func TestFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(n2.Close)
-	if _, err := n2.Create(ctx, tm, "late2", "", 0, 7, nil); !errors.Is(err, errdefs.ErrConflict) {
+	if _, err := n2.Create(ctx, tm, "late2", "", 0, 7, nil, nil); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("after a restart, a create below the fence: %v", err)
 	}
 }

@@ -83,7 +83,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 		n.starts <- struct{}{}
 	}
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-	_, err = n.Create(cctx, tpl, "queued", "", 0, 0, nil)
+	_, err = n.Create(cctx, tpl, "queued", "", 0, 0, nil, nil)
 	cancel()
 	for range cap(n.starts) {
 		<-n.starts
@@ -91,7 +91,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("queued create: %v", err)
 	}
-	if _, err := n.Create(ctx, tpl, "Not A Name", "", 0, 0, nil); err == nil {
+	if _, err := n.Create(ctx, tpl, "Not A Name", "", 0, 0, nil, nil); err == nil {
 		t.Fatal("a bad name was taken")
 	}
 

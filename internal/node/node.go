@@ -51,6 +51,7 @@ import (
 	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sam/boundary"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sandbox"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -270,7 +271,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.newBoundaries()
 	n.h = host.New(host.Config{DataDir: cfg.DataDir, Backend: cfg.Backend, Pool: cfg.Pool, Kept: n.kept, Bounds: n.bounds,
-		Activity: func(id string) boundary.Activity { return n.tiers.Egress(id) }, DefaultMemoryMiB: cfg.DefaultMemoryMiB, Log: cfg.Log})
+		Activity: func(id string) boundary.Activity { return n.tiers.Egress(id) }, DefaultMemoryMiB: cfg.DefaultMemoryMiB,
+		Secrets: cfg.SAM.Secrets, SecretRoots: cfg.SAM.SecretRoots, Log: cfg.Log})
 	n.newReserves()
 	n.newWarm()
 	n.tiers = tiering.New(tiering.Config{Node: cfg.Name, Store: cfg.Store, Backend: cfg.Backend, Host: n.h, Kept: n.kept, Envd: n.envd,
@@ -311,10 +313,13 @@ func newID() string {
 // gen is the master's number for this placement (0: none): the node
 // stores it with the sandbox, and refuses a create that its master has
 // already fenced off (fence.go).
-func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64, egress *api.Egress) (store.Sandbox, error) {
+//
+// A create with secrets starts cold: its CA must be in its trust store
+// before any of its processes reads it (secretbind.Install).
+func (n *Node) Create(ctx context.Context, t store.Template, name, principal string, memoryMiB int, gen int64, egress *api.Egress, secrets []inject.Binding) (store.Sandbox, error) {
 	how := "cold"
 	var pre *warm.Pooled
-	if name == "" && memoryMiB >= 0 && t.Warm != nil && t.Warm.Pool > 0 {
+	if name == "" && len(secrets) == 0 && memoryMiB >= 0 && t.Warm != nil && t.Warm.Pool > 0 {
 		if p, ok := n.pool.Take(t.Name, n.LimitMiB(t, memoryMiB)); ok {
 			pre, how = &p, "pooled"
 		}
@@ -322,6 +327,12 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 	sb, err := n.create(ctx, t, name, principal, memoryMiB, gen, egress, pre, func(sb store.Sandbox) error {
 		if pre != nil {
 			return n.startPooled(sb, t)
+		}
+		if len(secrets) > 0 {
+			if err := n.h.InstallSecrets(sb, t, secrets); err != nil {
+				return err
+			}
+			return n.tiers.ColdStart(context.Background(), sb, t, false)
 		}
 		warm, err := n.warmStart(context.Background(), sb, t)
 		if warm {

@@ -514,7 +514,7 @@ func TestCreateRefusalIsLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = n.Create(context.Background(), tpl, "refused", "", 0, 0, nil)
+	_, err = n.Create(context.Background(), tpl, "refused", "", 0, 0, nil, nil)
 	if !errors.Is(err, errdefs.ErrNoRoom) {
 		t.Fatalf("create with no memory above the reserve: %v, want no room", err)
 	}
@@ -524,7 +524,7 @@ func TestCreateRefusalIsLogged(t *testing.T) {
 	}
 	// A create that fails for another reason is not a refusal.
 	before := len(logBuf.String())
-	_, err = n.Create(context.Background(), tpl, "-bad-", "", -1, 0, nil)
+	_, err = n.Create(context.Background(), tpl, "-bad-", "", -1, 0, nil, nil)
 	if after := logBuf.String()[before:]; err == nil || errors.Is(err, errdefs.ErrNoRoom) || strings.Contains(after, "create refused") {
 		t.Errorf("a bad create (%v) was logged as a refusal: %s", err, after)
 	}
@@ -545,7 +545,7 @@ func TestQueuedCreateGivesUpCleanly(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err = n.Create(ctx, tpl, "queued", "", 0, 0, nil)
+	_, err = n.Create(ctx, tpl, "queued", "", 0, 0, nil, nil)
 	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("create while every start slot is taken, caller gone: %v, want ErrRefused", err)
 	}

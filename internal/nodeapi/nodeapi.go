@@ -21,6 +21,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/sam/inject"
 )
 
 // Node is what a master may ask of one node.
@@ -159,6 +160,10 @@ type CreateRequest struct {
 	Idle *api.IdleTimers `json:"idle,omitempty"`
 	// Egress is its own egress rules, in force from its first flow.
 	Egress *api.Egress `json:"egress,omitempty"`
+	// Secrets are its bound secrets, values and all: the master sends
+	// them only over the node's mutual TLS, and the node keeps them
+	// sealed (internal/node/secretbind).
+	Secrets []inject.Binding `json:"secrets,omitempty"`
 }
 
 // Op is a transition a master may ask for.

@@ -86,7 +86,7 @@ func (l *Side) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandb
 	if err := l.checkEgress(createdPrincipal(t, req), req.Egress); err != nil {
 		return api.Sandbox{}, err
 	}
-	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB, req.Generation, req.Egress)
+	sb, err := l.N.Create(ctx, t, req.Name, req.Principal, req.MemoryMiB, req.Generation, req.Egress, req.Secrets)
 	if err == nil && req.Idle != nil {
 		if err := l.N.SetIdle(ctx, sb.ID, req.Idle); err != nil {
 			// Not as asked: not made (it idles by the node's timers

@@ -24,6 +24,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/secrets"
 	"sandstorm/internal/store"
 )
 
@@ -32,7 +33,9 @@ import (
 type Service struct {
 	Store *store.Store
 	Fleet *fleet.Fleet
-	Log   *slog.Logger // nil: slog.Default()
+	// Secrets seals the teams' stored secrets (nil: none are kept).
+	Secrets *secrets.Box
+	Log     *slog.Logger // nil: slog.Default()
 
 	locks [64]sync.Mutex // pause.go, Lock
 }
@@ -55,7 +58,9 @@ type CreateRequest struct {
 	MemoryMiB int
 	Idle      *api.IdleTimers
 	Egress    *api.Egress
-	Meta      store.SandboxMeta
+	// Secrets binds stored secrets: variable → secret name.
+	Secrets map[string]string
+	Meta    store.SandboxMeta
 }
 
 // MaxLabelBytes bounds a sandbox's labels (E2B's metadata), keys and
@@ -115,7 +120,12 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (api.Sandbox, s
 		// that no team takes a principal the policy grants to another.
 		req.Principal = c.Team + "." + req.Name
 	}
-	sb, err := s.Fleet.Create(ctx, nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Egress: req.Egress})
+	bound, env, err := s.bindSecrets(ctx, req.Secrets, req.Meta.Env)
+	if err != nil {
+		return api.Sandbox{}, store.SandboxMeta{}, err
+	}
+	req.Meta.Env = env
+	sb, err := s.Fleet.Create(ctx, nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Egress: req.Egress, Secrets: bound})
 	if err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}

@@ -279,6 +279,14 @@ CREATE TABLE IF NOT EXISTS mesh_id_tokens (
 	hash       TEXT PRIMARY KEY,
 	expires_at BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS secrets (
+	team       TEXT NOT NULL,
+	name       TEXT NOT NULL,
+	sealed     TEXT NOT NULL,
+	hosts      TEXT NOT NULL,
+	created_at BIGINT NOT NULL,
+	PRIMARY KEY (team, name)
+);
 CREATE TABLE IF NOT EXISTS mesh_policy (
 	version  BIGINT PRIMARY KEY,
 	document TEXT NOT NULL,

@@ -26,6 +26,7 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/store"
 )
 
@@ -56,6 +57,8 @@ type Node struct {
 	Used api.Usage
 	// watchers are the Watch calls running.
 	watchers map[chan nodeapi.Report]bool
+	// Secrets are the secrets each create was sent, by sandbox ID.
+	Secrets map[string][]inject.Binding
 }
 
 // NewNode is an empty Node.
@@ -115,6 +118,12 @@ func (f *Node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 	sb := api.Sandbox{ID: "id-" + name, Name: name, Template: req.Template.Name, Node: "local", Tier: api.TierHot, MemoryMiB: req.MemoryMiB,
 		Principal: req.Principal, CreatedAt: time.Now(), Generation: req.Generation, Egress: req.Egress}
 	f.Boxes[sb.ID] = sb
+	if len(req.Secrets) > 0 {
+		if f.Secrets == nil {
+			f.Secrets = map[string][]inject.Binding{}
+		}
+		f.Secrets[sb.ID] = req.Secrets
+	}
 	f.changed(sb.ID)
 	return sb, nil
 }

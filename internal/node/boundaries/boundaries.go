@@ -10,6 +10,7 @@ package boundaries
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
@@ -21,8 +22,10 @@ import (
 	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sam/egresslog"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
+	"sandstorm/internal/secrets"
 )
 
 // SAM is how a node's sandboxes reach the world: each gets a boundary of
@@ -48,6 +51,11 @@ type SAM struct {
 	Firewall netns.Firewall
 	// Flows keeps each sandbox's egress log; nil: none is kept.
 	Flows *egresslog.Logs
+	// Secrets seals the bindings of sandboxes created with secrets (nil:
+	// such a create is refused); SecretRoots verify the real servers
+	// those secrets go to (nil: the system's roots).
+	Secrets     *secrets.Box
+	SecretRoots *x509.CertPool
 }
 
 // Config is what every boundary of a node shares.
@@ -75,6 +83,8 @@ type Sandbox struct {
 	Activity boundary.Activity
 	// Egress is its own egress rules (nil: the policy alone).
 	Egress *egress.Rules
+	// Secrets are its bound secrets (nil: none).
+	Secrets *inject.Set
 }
 
 // Set is a node's boundaries, by sandbox.
@@ -124,6 +134,7 @@ func (s *Set) Up(sb Sandbox) error {
 		Activity:        sb.Activity,
 		Flows:           sam.Flows.Recorder(sb.ID),
 		Egress:          sb.Egress,
+		Secrets:         sb.Secrets,
 		Resolve:         sam.Resolve,
 		Guard:           guard,
 		Log:             s.cfg.Log.With("sandbox", sb.ID), // its lines name the principal themselves

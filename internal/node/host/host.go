@@ -8,6 +8,7 @@ package host
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,11 +20,14 @@ import (
 	"sandstorm/internal/netns"
 	"sandstorm/internal/node/boundaries"
 	"sandstorm/internal/node/layout"
+	"sandstorm/internal/node/secretbind"
 	"sandstorm/internal/node/warm"
 	"sandstorm/internal/runtimes"
 	"sandstorm/internal/sam/boundary"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sandbox"
+	"sandstorm/internal/secrets"
 	"sandstorm/internal/store"
 )
 
@@ -51,7 +55,12 @@ type Config struct {
 	// DefaultMemoryMiB is the memory limit of a sandbox whose template
 	// and request set none.
 	DefaultMemoryMiB int64
-	Log              *slog.Logger
+	// Secrets seals the bindings of sandboxes created with secrets (nil:
+	// such a create is refused); SecretRoots verify the servers those
+	// secrets go to (nil: the system's roots).
+	Secrets     *secrets.Box
+	SecretRoots *x509.CertPool
+	Log         *slog.Logger
 }
 
 // Host lays sandboxes out on a node's machine and takes them down.
@@ -185,8 +194,24 @@ func (h *Host) BoundaryUp(sb store.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
+	// Its secrets likewise: bindings that do not open keep it down.
+	sec, err := secretbind.Load(string(h.Dir(sb.ID)), sb.ID, h.cfg.Secrets, h.cfg.SecretRoots)
+	if err != nil {
+		return err
+	}
 	return h.cfg.Bounds.Up(boundaries.Sandbox{ID: sb.ID, Principal: PrincipalOf(sb), Net: nw,
-		Socket: h.Dir(sb.ID).AgentSock(), Activity: h.cfg.Activity(sb.ID), Egress: rules})
+		Socket: h.Dir(sb.ID).AgentSock(), Activity: h.cfg.Activity(sb.ID), Egress: rules, Secrets: sec})
+}
+
+// InstallSecrets gives new sandbox sb (of template t) its bound secrets
+// before its first start (secretbind.Install): its CA in its volume's
+// trust store, its bindings sealed beside it.
+func (h *Host) InstallSecrets(sb store.Sandbox, t store.Template, bindings []inject.Binding) error {
+	if h.cfg.Secrets == nil {
+		return fmt.Errorf("%w: this node keeps no secrets (no secrets key)", errdefs.ErrNotSupported)
+	}
+	d := h.Dir(sb.ID)
+	return secretbind.Install(string(d), t.Rootfs, d.Upper(), sb.ID, h.cfg.Secrets, bindings)
 }
 
 // ParseEgress is a sandbox's egress rules as its boundary applies them

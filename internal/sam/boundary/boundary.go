@@ -61,9 +61,11 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
 	"sandstorm/internal/sam/synthaddr"
+	"sandstorm/internal/sam/tcpsock"
 )
 
 // Defaults of Config.
@@ -133,6 +135,11 @@ type Config struct {
 	// denyOut), applied after the policy and the guard: they only narrow
 	// what those allow. nil: none. SetEgress replaces them.
 	Egress *egress.Rules
+	// Secrets, if set, are the sandbox's bound secrets (internal/sam/inject):
+	// a TLS flow to one of their names is ended here and re-opened to the
+	// real server, each request's markers replaced. nil: every flow is
+	// spliced untouched.
+	Secrets *inject.Set
 	// Dial opens allowed external destinations ("tcp", "ip:port") at an
 	// address Guard allowed; default a net.Dialer whose Control hook asks
 	// Guard again on the socket about to connect. It is never called for a
@@ -441,7 +448,7 @@ func (b *Boundary) acceptLoop(ln net.Listener, serve func(net.Conn), peerOnly bo
 		backoff = 5 * time.Millisecond
 		if peerOnly && !b.fromPeer(c.RemoteAddr()) {
 			b.foreign(c.RemoteAddr())
-			resetClose(c)
+			tcpsock.ResetClose(c)
 			continue
 		}
 		go serve(c)
@@ -552,7 +559,7 @@ func (b *Boundary) track(c net.Conn, counted bool) *flow {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		resetClose(c)
+		tcpsock.ResetClose(c)
 		return nil
 	}
 	b.flows[f] = struct{}{}
@@ -629,7 +636,7 @@ func (f *flow) abort() bool {
 	if !first {
 		return false
 	}
-	resetClose(f.c)
+	tcpsock.ResetClose(f.c)
 	for _, c := range far {
 		c.Close()
 	}
@@ -641,7 +648,7 @@ func (f *flow) abort() bool {
 // them, then resets.
 func (f *flow) end() {
 	if !f.isAborted() {
-		waitSent(f.c, 2*time.Second)
+		tcpsock.WaitSent(f.c, 2*time.Second)
 	}
 	f.abort()
 }

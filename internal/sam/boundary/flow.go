@@ -10,12 +10,12 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"sandstorm/api"
 	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sam/policy"
+	"sandstorm/internal/sam/tcpsock"
 )
 
 var noDeadline time.Time
@@ -151,6 +151,8 @@ type admission struct {
 	start time.Time
 	host  string
 	port  uint16
+	// secrets: the names of the secrets put in its requests.
+	secrets []string
 }
 
 var (
@@ -219,7 +221,7 @@ func (b *Boundary) logFlow(a *admission, out, in int64) {
 		name = a.dest.Host // a synthetic address stands for its name
 	}
 	e := api.EgressFlow{Time: a.start, Name: name, Port: int(a.port), Route: routeNames[a.route], Outcome: outcomeNames[a.out],
-		Rule: "policy", BytesOut: out, BytesIn: in}
+		Rule: "policy", BytesOut: out, BytesIn: in, Secrets: a.secrets}
 	switch {
 	case a.out != outAllowed && a.err != nil:
 		e.Rule = a.err.Error()
@@ -426,12 +428,44 @@ func isTimeout(err error) bool {
 // agent sent after its handshake that were already read.
 func (b *Boundary) run(f *flow, a *admission, prefix []byte) {
 	if a.dest.Kind == policy.KindExternal {
+		if !a.dest.IsIP && len(b.cfg.Secrets.For(a.dest.Host)) > 0 {
+			var ok bool
+			if ok, prefix = b.inject(f, a, prefix); ok {
+				return
+			}
+		}
 		out, in := b.splice(f, a.far, prefix)
 		b.logFlow(a, out, in)
 		return
 	}
 	b.logFlow(a, 0, 0) // before: a mesh connection serves requests until the sandbox closes it
 	b.serveMesh(f, a, prefix)
+}
+
+// inject carries a TLS flow to a name its sandbox's secrets may go to
+// (inject.Set.Serve): the secrets are put in its requests, and the egress
+// log names those used. It says false, with the bytes it read, for a flow
+// that is not TLS: that one is spliced, its markers untouched (a secret
+// never goes out in clear text).
+func (b *Boundary) inject(f *flow, a *admission, prefix []byte) (bool, []byte) {
+	isTLS, prefix, err := inject.IsTLS(f.c, prefix, b.cfg.HandshakeTimeout)
+	if err != nil {
+		f.abort()
+		b.logFlow(a, 0, 0)
+		return true, nil
+	}
+	if !isTLS {
+		return false, prefix
+	}
+	r := b.cfg.Secrets.Serve(f.c, prefix, a.far, a.dest.Host, b.cfg.HandshakeTimeout, b.touch)
+	if r.Err != nil {
+		// Never the request: it may hold a secret.
+		b.log.Info("boundary: a flow to a secret's host ended early", "principal", b.cfg.Principal, "host", a.dest.Host, "err", r.Err)
+	}
+	f.end()
+	a.secrets = r.Used
+	b.logFlow(a, r.Out, r.In)
+	return true, nil
 }
 
 // splice copies both ways until the far side is done, then resets the
@@ -464,72 +498,6 @@ func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) (out, in int64) 
 	return out, in
 }
 
-// resetClose closes c; a TCP connection with RST (SO_LINGER 0), so the
-// sandbox's endpoint goes straight to CLOSED.
-func resetClose(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetLinger(0)
-	}
-	c.Close()
-}
-
-// waitSent waits, at most max, until the peer has acknowledged every byte
-// written to c (SIOCOUTQ is 0), so that a reset does not throw them away.
-func waitSent(c net.Conn, max time.Duration) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		return
-	}
-	deadline := time.Now().Add(max)
-	pause := 200 * time.Microsecond
-	for {
-		n, ierr := 0, error(nil)
-		if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil {
-			return
-		}
-		if ierr != nil || n == 0 || time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(pause)
-		if pause < 20*time.Millisecond {
-			pause *= 2
-		}
-	}
-}
-
-// soOriginalDst is SO_ORIGINAL_DST from <linux/netfilter_ipv4.h>.
-const soOriginalDst = 80
-
-// originalDst returns where a redirected connection was addressed before
-// nftables redirected it to the transparent listener.
-func originalDst(c net.Conn) (netip.AddrPort, error) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return netip.AddrPort{}, errors.New("not a TCP connection")
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	var m *unix.IPv6Mreq
-	var gerr error
-	// The usual trick: IPv6Mreq is large enough to hold the sockaddr_in
-	// the kernel writes.
-	if err := rc.Control(func(fd uintptr) { m, gerr = unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, soOriginalDst) }); err != nil {
-		return netip.AddrPort{}, err
-	}
-	if gerr != nil {
-		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", gerr)
-	}
-	raw := m.Multiaddr
-	port := uint16(raw[2])<<8 | uint16(raw[3])
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{raw[4], raw[5], raw[6], raw[7]}), port), nil
-}
-
 // serveTransparent takes a connection the node redirected from a synthetic
 // address: the synthetic address names the destination.
 func (b *Boundary) serveTransparent(c net.Conn) {
@@ -538,7 +506,7 @@ func (b *Boundary) serveTransparent(c net.Conn) {
 		return
 	}
 	defer b.untrack(f)
-	dst, err := originalDst(c)
+	dst, err := tcpsock.OriginalDst(c)
 	name, ok := "", false
 	if err == nil {
 		name, ok = b.synth.Lookup(dst.Addr())

@@ -1,0 +1,299 @@
+package inject
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"sandstorm/internal/secrets"
+)
+
+// Binding is one secret bound to a sandbox: the marker the sandbox was
+// given, the value the boundary puts in its place, and the names it may
+// go to (secrets.CheckHosts).
+type Binding struct {
+	Name   string   `json:"name"`
+	Marker string   `json:"marker"`
+	Value  string   `json:"value"`
+	Hosts  []string `json:"hosts"`
+}
+
+// Set is one sandbox's bindings, its CA, and the roots that verify the
+// real servers. A nil *Set has no bindings.
+type Set struct {
+	bindings []Binding
+	iss      *issuer
+	roots    *x509.CertPool
+}
+
+// NewSet is bindings with the sandbox's CA (NewCA's PEM) and roots (nil:
+// the system's).
+func NewSet(bindings []Binding, caCert, caKey []byte, roots *x509.CertPool) (*Set, error) {
+	for _, b := range bindings {
+		if !strings.HasPrefix(b.Marker, secrets.MarkerPrefix) || b.Value == "" || len(b.Hosts) == 0 {
+			return nil, fmt.Errorf("secret %q: a binding needs a marker, a value and hosts", b.Name)
+		}
+	}
+	iss, err := newIssuer(caCert, caKey)
+	if err != nil {
+		return nil, err
+	}
+	return &Set{bindings: bindings, iss: iss, roots: roots}, nil
+}
+
+// For is the bindings that may be sent to host.
+func (s *Set) For(host string) []Binding {
+	if s == nil {
+		return nil
+	}
+	var out []Binding
+	for _, b := range s.bindings {
+		if secrets.HostMatches(b.Hosts, host) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// IsTLS reads the flow's first byte, unless prefix holds it, and says
+// whether it starts a TLS handshake (a record of type 22). It returns the
+// bytes read so far; a client that waits for the server to speak first
+// is not TLS (after wait).
+func IsTLS(c net.Conn, prefix []byte, wait time.Duration) (bool, []byte, error) {
+	if len(prefix) > 0 {
+		return prefix[0] == 0x16, prefix, nil
+	}
+	var b [1]byte
+	c.SetReadDeadline(time.Now().Add(wait))
+	n, err := c.Read(b[:])
+	c.SetReadDeadline(time.Time{})
+	var ne net.Error
+	if n == 0 && errors.As(err, &ne) && ne.Timeout() {
+		return false, nil, nil
+	}
+	if n == 0 {
+		return false, nil, err
+	}
+	return b[0] == 0x16, b[:1], nil
+}
+
+// Result is what a flow carried: bytes to and from the server (TLS, as
+// on the wire), the secrets put in its requests, and why it ended early.
+type Result struct {
+	Out, In int64
+	Used    []string
+	Err     error
+}
+
+// Serve carries a TLS flow from the sandbox (its first bytes in prefix)
+// to host over far, an open connection to host's address: it ends the
+// sandbox's TLS with a certificate for host from the sandbox's CA (only
+// for host: any other name in its SNI is refused), opens TLS over far
+// verifying host's real certificate, and passes HTTP/1.1 requests and
+// their answers through, each request's markers replaced by the secrets
+// bound to host. touch is called on every request (the sandbox's
+// activity). Serve returns when either side is done; the caller closes
+// both connections.
+func (s *Set) Serve(sandbox net.Conn, prefix []byte, far net.Conn, host string, timeout time.Duration, touch func()) (r Result) {
+	bound := s.For(host)
+	cf := &counted{Conn: far}
+	defer func() { r.Out, r.In = cf.out.Load(), cf.in.Load() }()
+	in := tls.Server(&prefixed{Conn: sandbox, r: io.MultiReader(bytes.NewReader(prefix), sandbox)}, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if h.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(h.ServerName, "."), host) {
+				return nil, fmt.Errorf("the client asked for %q on a flow to %q", h.ServerName, host)
+			}
+			return s.iss.leaf(host)
+		},
+	})
+	in.SetDeadline(time.Now().Add(timeout))
+	if err := in.Handshake(); err != nil {
+		r.Err = fmt.Errorf("the sandbox's TLS handshake (does it trust its CA?): %w", err)
+		return r
+	}
+	in.SetDeadline(time.Time{})
+	up := tls.Client(cf, &tls.Config{ServerName: host, RootCAs: s.roots, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}})
+	up.SetDeadline(time.Now().Add(timeout))
+	br := bufio.NewReader(in)
+	if err := up.Handshake(); err != nil {
+		r.Err = fmt.Errorf("%s's TLS: %w", host, err)
+		answer(in, br, timeout, http.StatusBadGateway, "sandstorm boundary: "+r.Err.Error()+"; no secret was sent")
+		return r
+	}
+	up.SetDeadline(time.Time{})
+	r.Err = relay(in, br, up, bound, &r.Used, touch)
+	return r
+}
+
+// relay passes requests and their answers until one side is done.
+func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, used *[]string, touch func()) error {
+	ubr := bufio.NewReader(up)
+	for {
+		if _, err := br.Peek(1); err != nil {
+			return nil // the sandbox is done (between requests)
+		}
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return fmt.Errorf("the sandbox's request: %w", err)
+		}
+		touch()
+		for _, name := range Replace(req, bound) {
+			if !slices.Contains(*used, name) {
+				*used = append(*used, name)
+			}
+		}
+		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+			// Answered here: the body is read from the sandbox while the
+			// request is written out, so it must not wait for the server.
+			req.Header.Del("Expect")
+			io.WriteString(in, "HTTP/1.1 100 Continue\r\n\r\n")
+		}
+		if err := req.Write(up); err != nil {
+			return fmt.Errorf("writing the request out: %w", err)
+		}
+		resp, err := readFinal(ubr, req, in)
+		if err != nil {
+			return fmt.Errorf("the server's answer: %w", err)
+		}
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			resp.Write(in)
+			return tunnel(in, br, up, ubr)
+		}
+		err = resp.Write(in)
+		resp.Body.Close()
+		if err != nil || resp.Close || req.Close {
+			return err
+		}
+	}
+}
+
+// readFinal reads the server's answer, passing informational ones (1xx
+// but 101) to the sandbox.
+func readFinal(ubr *bufio.Reader, req *http.Request, in io.Writer) (*http.Response, error) {
+	for {
+		resp, err := http.ReadResponse(ubr, req)
+		if err != nil || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, err
+		}
+		resp.Write(in)
+	}
+}
+
+// tunnel copies both ways after an upgrade (a WebSocket): no more HTTP.
+func tunnel(in *tls.Conn, br *bufio.Reader, up *tls.Conn, ubr *bufio.Reader) error {
+	done := make(chan struct{})
+	go func() {
+		io.Copy(up, br)
+		up.CloseWrite()
+		close(done)
+	}()
+	io.Copy(in, ubr)
+	in.Close()
+	<-done
+	return nil
+}
+
+// answer reads the sandbox's request (so its client reads the answer)
+// and answers it with status and msg, closing the connection.
+func answer(in *tls.Conn, br *bufio.Reader, timeout time.Duration, status int, msg string) {
+	in.SetDeadline(time.Now().Add(timeout))
+	if _, err := http.ReadRequest(br); err != nil {
+		return
+	}
+	fmt.Fprintf(in, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s\n",
+		status, http.StatusText(status), len(msg)+1, msg)
+}
+
+// Replace puts each binding's value in place of its marker in req's
+// header values (inside Basic credentials too, which carry it base64),
+// its path and its query, and returns the names of those it put in. The
+// body is not touched: a marker there goes out as the marker.
+func Replace(req *http.Request, bound []Binding) []string {
+	var used []string
+	for _, b := range bound {
+		hit := false
+		sub := func(s string) string {
+			if strings.Contains(s, b.Marker) {
+				hit = true
+				return strings.ReplaceAll(s, b.Marker, b.Value)
+			}
+			return s
+		}
+		for k, vs := range req.Header {
+			for i, v := range vs {
+				vs[i] = sub(v)
+				if k == "Authorization" || k == "Proxy-Authorization" {
+					vs[i] = inBasic(vs[i], sub)
+				}
+			}
+		}
+		req.URL.Path, req.URL.RawPath, req.URL.RawQuery = sub(req.URL.Path), sub(req.URL.RawPath), sub(req.URL.RawQuery)
+		if hit {
+			used = append(used, b.Name)
+		}
+	}
+	return used
+}
+
+// inBasic applies sub to the user:password of a Basic credential.
+func inBasic(v string, sub func(string) string) string {
+	scheme, enc, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Basic") {
+		return v
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return v
+	}
+	if s := sub(string(raw)); s != string(raw) {
+		return scheme + " " + base64.StdEncoding.EncodeToString([]byte(s))
+	}
+	return v
+}
+
+// prefixed reads what was read ahead before the connection.
+type prefixed struct {
+	net.Conn
+	r io.Reader
+}
+
+func (p *prefixed) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// counted counts the bytes of a connection each way.
+type counted struct {
+	net.Conn
+	out, in atomic.Int64
+}
+
+func (c *counted) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.in.Add(int64(n))
+	return n, err
+}
+
+func (c *counted) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.out.Add(int64(n))
+	return n, err
+}
+
+// CloseWrite passes a half-close on (tls.Conn.CloseWrite needs it).
+func (c *counted) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}

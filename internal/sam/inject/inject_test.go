@@ -1,0 +1,250 @@
+package inject
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/internal/secrets"
+)
+
+// upstream is a real HTTPS server on loopback with a certificate for
+// names from a CA of the test's own; it records what each request held.
+type upstream struct {
+	addr  string
+	roots *x509.CertPool
+	mu    sync.Mutex
+	seen  []string
+}
+
+func startUpstream(t *testing.T, names ...string) *upstream {
+	t.Helper()
+	caPEM, keyPEM, err := NewCA("upstream", names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := newIssuer(caPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &upstream{roots: x509.NewCertPool()}
+	u.roots.AppendCertsFromPEM(caPEM)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		return iss.leaf(h.ServerName)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.addr = ln.Addr().String()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		line := r.Host + " " + r.URL.RequestURI() + " auth=" + r.Header.Get("Authorization") + " body=" + string(body)
+		u.mu.Lock()
+		u.seen = append(u.seen, line)
+		u.mu.Unlock()
+		if r.URL.Path == "/stream" {
+			w.Header().Set("Content-Type", "text/plain")
+			for i := 0; i < 3; i++ {
+				io.WriteString(w, "chunk\n")
+				w.(http.Flusher).Flush()
+			}
+			return
+		}
+		io.WriteString(w, "ok "+line)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return u
+}
+
+func (u *upstream) requests() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.seen)
+}
+
+// sandboxSide runs Serve for one flow to host and returns the sandbox's
+// end of it, a TLS client trusting only the sandbox's CA.
+func sandboxSide(t *testing.T, s *Set, caPEM []byte, u *upstream, host, sni string) (*client, chan Result) {
+	t.Helper()
+	inner, outer := net.Pipe()
+	far, err := net.Dial("tcp", u.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan Result, 1)
+	go func() {
+		ok, prefix, err := IsTLS(inner, nil, 5*time.Second)
+		if err != nil || !ok {
+			res <- Result{Err: err}
+			return
+		}
+		r := s.Serve(inner, prefix, far, host, 5*time.Second, func() {})
+		inner.Close()
+		far.Close()
+		res <- r
+	}()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	c := tls.Client(outer, &tls.Config{ServerName: sni, RootCAs: pool})
+	t.Cleanup(func() { c.Close() })
+	return &client{c, bufio.NewReader(c)}, res
+}
+
+// client is the sandbox's end: one reader for the connection's life.
+type client struct {
+	*tls.Conn
+	br *bufio.Reader
+}
+
+func get(t *testing.T, c *client, req string) (string, error) {
+	t.Helper()
+	if _, err := io.WriteString(c, req); err != nil {
+		return "", err
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	for err == nil && resp.StatusCode == http.StatusContinue {
+		resp, err = http.ReadResponse(c.br, nil)
+	}
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.Status + " " + string(b), err
+}
+
+func TestServeReplacesMarkersForItsHostsOnly(t *testing.T) {
+	u := startUpstream(t, "api.test", "other.test")
+	marker := secrets.NewMarker()
+	const value = "s3cr3t-value"
+	caPEM, keyPEM, err := NewCA("sb1", []string{"api.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSet([]Binding{{Name: "api", Marker: marker, Value: value, Hosts: []string{"api.test"}}}, caPEM, keyPEM, u.roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.For("other.test")) != 0 || len(s.For("API.test")) != 1 {
+		t.Fatalf("For: other.test %v, API.test %v", s.For("other.test"), s.For("API.test"))
+	}
+	c, res := sandboxSide(t, s, caPEM, u, "api.test", "api.test")
+	basic := base64.StdEncoding.EncodeToString([]byte("x-token:" + marker))
+	body := "marker-in-body=" + marker
+	got, err := get(t, c, "GET /v1?key="+marker+" HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer "+marker+"\r\n\r\n")
+	if err != nil || !strings.Contains(got, "auth=Bearer "+value) || !strings.Contains(got, "/v1?key="+value) {
+		t.Errorf("header and query: %q, %v", got, err)
+	}
+	got, err = get(t, c, "POST /b HTTP/1.1\r\nHost: api.test\r\nAuthorization: Basic "+basic+"\r\nContent-Length: "+itoa(len(body))+"\r\n\r\n"+body)
+	want := base64.StdEncoding.EncodeToString([]byte("x-token:" + value))
+	if err != nil || !strings.Contains(got, "auth=Basic "+want) || !strings.Contains(got, "body="+body) {
+		t.Errorf("basic credentials replaced, body untouched: %q, %v", got, err)
+	}
+	got, err = get(t, c, "GET /stream HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx")
+	if err != nil || got != "200 OK chunk\nchunk\nchunk\n" {
+		t.Errorf("a streamed answer after 100 Continue: %q, %v", got, err)
+	}
+	c.Close()
+	r := <-res
+	if !slices.Equal(r.Used, []string{"api"}) || r.Out == 0 || r.In == 0 {
+		t.Errorf("result %+v", r)
+	}
+	for _, line := range u.requests() {
+		if strings.Contains(line, marker) && !strings.Contains(line, "body=") {
+			t.Errorf("a marker outside the body reached the server: %q", line)
+		}
+	}
+}
+
+func TestServeRefusesOtherNamesAndUnverifiedServers(t *testing.T) {
+	u := startUpstream(t, "api.test")
+	caPEM, keyPEM, _ := NewCA("sb2", []string{"api.test"})
+	marker := secrets.NewMarker()
+	s, err := NewSet([]Binding{{Name: "api", Marker: marker, Value: "v", Hosts: []string{"api.test"}}}, caPEM, keyPEM, u.roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An SNI other than the flow's destination gets no certificate.
+	c, res := sandboxSide(t, s, caPEM, u, "api.test", "evil.test")
+	if err := c.Handshake(); err == nil {
+		t.Error("a certificate was issued for a name other than the destination")
+	}
+	if r := <-res; r.Err == nil {
+		t.Error("Serve took a handshake for another name")
+	}
+	// A server whose certificate the node's roots do not verify gets no
+	// request: the sandbox is answered 502, saying why.
+	noRoots, _ := NewSet([]Binding{{Name: "api", Marker: marker, Value: "v", Hosts: []string{"api.test"}}}, caPEM, keyPEM, x509.NewCertPool())
+	before := len(u.requests())
+	c, res = sandboxSide(t, noRoots, caPEM, u, "api.test", "api.test")
+	got, err := get(t, c, "GET / HTTP/1.1\r\nHost: api.test\r\nAuthorization: "+marker+"\r\n\r\n")
+	if err != nil || !strings.HasPrefix(got, "502") || !strings.Contains(got, "no secret was sent") {
+		t.Errorf("an unverified server: %q, %v", got, err)
+	}
+	if r := <-res; r.Err == nil || len(r.Used) != 0 {
+		t.Errorf("result %+v", r)
+	}
+	if len(u.requests()) != before {
+		t.Error("the unverified server got a request")
+	}
+}
+
+func TestCAMayOnlySignItsHosts(t *testing.T) {
+	caPEM, keyPEM, err := NewCA("sb3", []string{"api.test", "*.corp.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := newIssuer(caPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	for host, ok := range map[string]bool{"api.test": true, "x.corp.test": true, "corp.test": false, "evil.test": false, "x.api.test": true} {
+		leaf, err := iss.leaf(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, verr := leaf.Leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: pool})
+		if (verr == nil) != ok {
+			t.Errorf("a leaf for %s verifies: %v (want %v)", host, verr, ok)
+		}
+	}
+	if b, _ := pem.Decode(keyPEM); b == nil {
+		t.Error("the key is not PEM")
+	}
+}
+
+func TestIsTLS(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	go b.Write([]byte("GET / HTTP/1.1\r\n"))
+	ok, p, err := IsTLS(a, nil, time.Second)
+	if ok || err != nil || string(p) != "G" {
+		t.Errorf("plain HTTP: %v %q %v", ok, p, err)
+	}
+	if ok, _, _ := IsTLS(a, []byte{0x16, 3, 1}, time.Second); !ok {
+		t.Error("a handshake record already read")
+	}
+	c, d := net.Pipe()
+	defer c.Close()
+	defer d.Close()
+	if ok, p, err := IsTLS(c, nil, 50*time.Millisecond); ok || p != nil || err != nil {
+		t.Errorf("a client that waits: %v %q %v", ok, p, err)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+

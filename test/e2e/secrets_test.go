@@ -1,0 +1,237 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"io/fs"
+	"math/big"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+)
+
+// secretProbe runs in a sandbox: it calls each name it is given over
+// HTTPS with Authorization: Bearer $TOKEN and prints what answered. It
+// verifies mirror.test with the system's trust store alone (where the
+// node put the sandbox's CA); other.test, whose flow the boundary does not
+// touch, with the outside servers' CA as well (argv[1]), as a sandbox
+// calling a server of a public CA would.
+const secretProbe = `import os, ssl, sys, urllib.request
+tok = os.environ.get("TOKEN", "")
+print("TOKEN is a marker" if tok.startswith("sandstorm-secret-") else "TOKEN is not a marker (%d bytes)" % len(tok))
+for name in sys.argv[2:]:
+    ctx = ssl.create_default_context()
+    if name != "mirror.test":
+        ctx.load_verify_locations(cadata=sys.argv[1])
+    try:
+        req = urllib.request.Request("https://%s/" % name, headers={"Authorization": "Bearer " + tok})
+        print(name, "says", urllib.request.urlopen(req, timeout=10, context=ctx).read().decode())
+    except Exception as e:
+        print(name, "failed:", e)
+`
+
+// authSeen is an HTTPS server's record of the Authorization it was sent,
+// by name. It answers only whether it matched: the secret is never sent
+// back into the sandbox.
+type authSeen struct {
+	secret string
+	mu     sync.Mutex
+	seen   map[string][]string
+}
+
+func (a *authSeen) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	got := r.Header.Get("Authorization")
+	a.mu.Lock()
+	a.seen[r.Host] = append(a.seen[r.Host], got)
+	a.mu.Unlock()
+	if got == "Bearer "+a.secret {
+		w.Write([]byte("authorized"))
+	} else {
+		w.Write([]byte("unauthorized"))
+	}
+}
+
+func (a *authSeen) last(host string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s := a.seen[host]; len(s) > 0 {
+		return s[len(s)-1]
+	}
+	return ""
+}
+
+// testServerCert is a CA of the test's own and a certificate from it for
+// names: the "real" servers' certificate, which the node verifies with
+// --secrets-ca.
+func testServerCert(t *testing.T, names ...string) (caPEM []byte, cert tls.Certificate) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	now := time.Now()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e outside CA"}, NotBefore: now.Add(-time.Hour),
+		NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names, NotBefore: now.Add(-time.Hour),
+		NotAfter: now.Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// TestSandboxSecrets (issue 33, item 4): a secret stored with the CLI and
+// bound to a sandbox reaches the HTTPS server of its host, in place of
+// the marker the sandbox holds, through the sandbox's own unmodified
+// client verifying with its system trust store; another name the policy
+// allows gets the marker. The egress log says which flow had it. Across
+// a snapshot and wake it still goes; and no byte of it is in the data
+// dir (the sandbox's memory image, its volume and console log, the
+// store, the sealed bindings) or the daemon's log. A team's key can
+// neither see nor use the operator's secret.
+func TestSandboxSecrets(t *testing.T) {
+	out := newOutsideNet(t)
+	resolver := startTestDNS(t)
+	resolver.set("mirror.test", out.server)
+	resolver.set("other.test", out.server)
+	dir := t.TempDir()
+	policyPath := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policyPath, []byte("roles:\n  - name: agent\n    egress: [\"mirror.test\", \"other.test\"]\nbindings:\n  - {principal: vault, roles: [agent]}\n"), 0o600)
+	caPEM, cert := testServerCert(t, "mirror.test", "other.test")
+	caFile := filepath.Join(dir, "outside-ca.pem")
+	os.WriteFile(caFile, caPEM, 0o600)
+	var raw [24]byte
+	rand.Read(raw[:])
+	secret := "sk-e2e-" + hex.EncodeToString(raw[:])
+	seen := &authSeen{secret: secret, seen: map[string][]string{}}
+	ln := listenIn(t, out.ns, netip.AddrPortFrom(out.server, 443).String())
+	srv := &http.Server{Handler: seen}
+	go srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	t.Cleanup(func() { srv.Close() })
+
+	d := startDaemon(t, "--policy", policyPath, "--resolver", resolver.addr, "--secrets-ca", caFile)
+	d.registerBase(t)
+	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
+	valueFile := filepath.Join(dir, "value")
+	os.WriteFile(valueFile, []byte(secret+"\n"), 0o600)
+	cli(t, env, "secret", "create", "api", "--host", "mirror.test", "--from-file", valueFile).ok(t, "secret create", "stored secret api for mirror.test")
+	if ls := cli(t, env, "secret", "ls"); !strings.Contains(ls.Stdout, "mirror.test") || strings.Contains(ls.Stdout+ls.Stderr, secret) {
+		t.Errorf("secret ls: %q", ls.Stdout)
+	}
+	cli(t, env, "sandbox", "create", "base", "--name", "vault", "--secret", "TOKEN=api").ok(t, "a sandbox with a secret")
+	sb, err := d.C.Sandbox(ctxT(t), "vault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.track(sb.ID)
+	probe := func(why string) {
+		t.Helper()
+		r := cli(t, env, "sandbox", "exec", "vault", "--", "/usr/bin/python3", "-c", secretProbe, string(caPEM), "mirror.test", "other.test")
+		r.ok(t, "the secret probe")
+		if !strings.Contains(r.Stdout, "TOKEN is a marker") || !strings.Contains(r.Stdout, "mirror.test says authorized") || !strings.Contains(r.Stdout, "other.test says unauthorized") {
+			t.Errorf("%s: in the sandbox:\n%s", why, r.Stdout)
+		}
+		if got := seen.last("mirror.test"); got != "Bearer "+secret {
+			t.Errorf("%s: mirror.test was sent %q; want the secret", why, got)
+		}
+		if got := seen.last("other.test"); !strings.HasPrefix(got, "Bearer sandstorm-secret-") {
+			t.Errorf("%s: other.test was sent %q; want the marker", why, got)
+		}
+	}
+	probe("hot")
+	checkSecretLog(t, d, sb.ID)
+
+	d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
+	searchForSecret(t, d, secret)
+	probe("woken from its snapshot") // its boundary opened the sealed bindings again
+
+	// A team's key sees none of the operator's secrets, and cannot bind one.
+	key := strings.TrimSpace(cli(t, env, "api-key", "create", "blue").Stdout)
+	team := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN=" + key}
+	if ls := cli(t, team, "secret", "ls", "--json"); ls.Code != 0 || strings.TrimSpace(ls.Stdout) != "[]" {
+		t.Errorf("a team lists the operator's secrets: %q %q", ls.Stdout, ls.Stderr)
+	}
+	cli(t, team, "sandbox", "create", "base", "--name", "thief", "--secret", "T=api").fails(t, "a team binding the operator's secret", `secret "api": not found`)
+}
+
+// checkSecretLog: the egress log says the flow to mirror.test:443 had
+// secret api put in, and the one to other.test none. A spliced flow is
+// logged when both sides are done, so the log is read until it has both
+// (or 30 s pass).
+func checkSecretLog(t *testing.T, d *Daemon, id string) {
+	t.Helper()
+	var p api.EgressPage
+	var mirror, other bool
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var b strings.Builder
+		if err := d.C.EgressLog(ctxT(t), id, 0, 0, false, &b); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(b.String()), &p); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range p.Items {
+			switch {
+			case f.Name == "mirror.test" && f.Port == 443:
+				mirror = slices.Equal(f.Secrets, []string{"api"}) && f.BytesOut > 0 && f.BytesIn > 0
+			case f.Name == "other.test" && f.Port == 443:
+				other = len(f.Secrets) == 0 && f.Outcome == "allowed"
+			}
+		}
+		if mirror && other {
+			return
+		}
+	}
+	t.Errorf("egress log (mirror.test with secret api: %v; other.test without: %v): %+v", mirror, other, p.Items)
+}
+
+// searchForSecret reads every file of the data dir — the sandbox's memory
+// image, volume, console log and sealed bindings, the store — and the
+// daemon's log, for the secret.
+func searchForSecret(t *testing.T, d *Daemon, secret string) {
+	t.Helper()
+	files, images := 0, 0
+	filepath.WalkDir(d.DataDir, func(path string, de fs.DirEntry, err error) error {
+		if err != nil || !de.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		files++
+		if strings.Contains(path, string(filepath.Separator)+"snapshot"+string(filepath.Separator)) {
+			images++
+		}
+		if bytes.Contains(b, []byte(secret)) {
+			t.Errorf("the secret is in %s", path)
+		}
+		return nil
+	})
+	if images == 0 {
+		t.Errorf("no memory image was searched (%d files): the sandbox's snapshot is not where the search looked", files)
+	}
+	if b, _ := os.ReadFile(d.LogPath); bytes.Contains(b, []byte(secret)) {
+		t.Error("the secret is in the daemon's log")
+	}
+}
