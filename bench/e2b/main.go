@@ -24,7 +24,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
@@ -100,26 +99,13 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	defer br.Close()
 	res, dir, work, absRunsc, rootfs, d, b := br.Results, br.Dir, br.Work, br.Runsc, br.Rootfs, br.Demo, br.Binary
-	// Beside sandstormd: built there with it, or beside the one given.
-	envdBin := filepath.Join(filepath.Dir(b.Path), "sandstorm-envd")
-	if _, err := os.Stat(envdBin); err != nil {
-		return "", fmt.Errorf("no sandstorm-envd beside %s (make build puts it there)", b.Path)
-	}
-	data := filepath.Join(work, "d")
-	// No idle timers: the series move sandboxes between tiers themselves.
-	args := []string{"--runsc", absRunsc, "--subnet", c.subnet, "--gateway-ports", c.gwPorts, "--log-level", "info",
-		"--envd", envdBin, "--freeze-after", "0", "--snapshot-after", "0", "--detach-after", "0"}
-	res.Params = map[string]any{"n": c.n, "sandstormd_args": args, "sandstormd": b, "e2b_sdk": pkg.Version, "node": nodeVersion(ctx, c.nodeBin)}
-	sd, err := bench.StartSandstormd(ctx, b.Path, data, filepath.Join(dir.Path, "sandstormd.log"), args...)
+	sd, err := bench.StartSDKDaemon(ctx, br, c.subnet, c.gwPorts)
 	if err != nil {
 		return "", err
 	}
-	defer func() {
-		sd.Stop()
-		for syscall.Unmount(filepath.Join(data, "runsc", "null-netns"), syscall.MNT_DETACH) == nil {
-		}
-		exec.Command("ip", "route", "del", "unreachable", c.subnet).Run()
-	}()
+	defer sd.Stop()
+	data, envdBin := sd.Data, filepath.Join(filepath.Dir(b.Path), "sandstorm-envd")
+	res.Params = map[string]any{"n": c.n, "sandstormd_args": sd.Args, "sandstormd": b, "e2b_sdk": pkg.Version, "node": nodeVersion(ctx, c.nodeBin)}
 	cl := sd.Client
 	proc := api.Process{Args: d.Args, Env: d.Env, Envd: d.Envd}
 	for _, t := range []api.TemplateRequest{
@@ -145,9 +131,7 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", fmt.Errorf("baseline server: %w", err)
 	}
 	defer stopBaseline()
-	env := append(os.Environ(), "N="+strconv.Itoa(c.n),
-		"E2B_API_KEY="+key.Key, "E2B_API_URL="+apiURL+"/e2b", "E2B_SANDBOX_URL="+apiURL, "E2B_DOMAIN=sandbox.localhost",
-		"NODE_EXTRA_CA_CERTS="+filepath.Join(data, "pki", "ca.pem"),
+	env := append(sd.SDKEnv(key.Key), "N="+strconv.Itoa(c.n),
 		"SANDSTORM_API="+apiURL, "SANDSTORM_TOKEN="+strings.TrimSpace(string(token)), "BASELINE_URL="+baseURL,
 		"HEAP_MIB="+strconv.Itoa(heapMiB), "HEAP_N="+strconv.Itoa(heapN(c.n)))
 	fmt.Fprintf(os.Stderr, "machine: %s\nrunning the SDK (e2b %s), n=%d…\n", res.Machine, pkg.Version, c.n)

@@ -2,17 +2,11 @@ package e2e
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"io/fs"
-	"math/big"
 	"net/http"
 	"net/netip"
 	"os"
@@ -24,6 +18,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/sam/inject"
 )
 
 // secretProbe runs in a sandbox: it calls each name it is given over
@@ -76,28 +71,20 @@ func (a *authSeen) last(host string) string {
 	return ""
 }
 
-// testServerCert is a CA of the test's own and a certificate from it for
-// names: the "real" servers' certificate, which the node verifies with
-// --secrets-ca.
-func testServerCert(t *testing.T, names ...string) (caPEM []byte, cert tls.Certificate) {
+// testServerCert is a CA of the test's own and a certificate from it
+// for each name asked: the "real" servers' certificates, which the node
+// verifies with --secrets-ca.
+func testServerCert(t *testing.T, names ...string) (caPEM []byte, cfg *tls.Config) {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e outside CA"}, NotBefore: now.Add(-time.Hour),
-		NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	caPEM, keyPEM, err := inject.NewCA("e2e outside", names)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names, NotBefore: now.Add(-time.Hour),
-		NotAfter: now.Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	iss, err := inject.NewIssuer(caPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return caPEM, &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return iss.Leaf(h.ServerName) }}
 }
 
 // TestSandboxSecrets (issue 33, item 4): a secret stored with the CLI and
@@ -117,7 +104,7 @@ func TestSandboxSecrets(t *testing.T) {
 	dir := t.TempDir()
 	policyPath := filepath.Join(dir, "policy.yaml")
 	os.WriteFile(policyPath, []byte("roles:\n  - name: agent\n    egress: [\"mirror.test\", \"other.test\"]\nbindings:\n  - {principal: vault, roles: [agent]}\n"), 0o600)
-	caPEM, cert := testServerCert(t, "mirror.test", "other.test")
+	caPEM, serverTLS := testServerCert(t, "mirror.test", "other.test")
 	caFile := filepath.Join(dir, "outside-ca.pem")
 	os.WriteFile(caFile, caPEM, 0o600)
 	var raw [24]byte
@@ -126,7 +113,7 @@ func TestSandboxSecrets(t *testing.T) {
 	seen := &authSeen{secret: secret, seen: map[string][]string{}}
 	ln := listenIn(t, out.ns, netip.AddrPortFrom(out.server, 443).String())
 	srv := &http.Server{Handler: seen}
-	go srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	go srv.Serve(tls.NewListener(ln, serverTLS))
 	t.Cleanup(func() { srv.Close() })
 
 	d := startDaemon(t, "--policy", policyPath, "--resolver", resolver.addr, "--secrets-ca", caFile)

@@ -73,9 +73,9 @@ func serial() *big.Int {
 	return n
 }
 
-// issuer signs leaf certificates for a sandbox's secret hosts, each kept
-// until an hour before it expires.
-type issuer struct {
+// Issuer signs leaf certificates with a CA (a sandbox's, for its secret
+// hosts), each kept until an hour before it expires.
+type Issuer struct {
 	ca  *x509.Certificate
 	key *ecdsa.PrivateKey
 
@@ -83,7 +83,8 @@ type issuer struct {
 	leaves map[string]*tls.Certificate
 }
 
-func newIssuer(certPEM, keyPEM []byte) (*issuer, error) {
+// NewIssuer is an issuer for the CA in certPEM and keyPEM (NewCA's).
+func NewIssuer(certPEM, keyPEM []byte) (*Issuer, error) {
 	cb, _ := pem.Decode(certPEM)
 	kb, _ := pem.Decode(keyPEM)
 	if cb == nil || kb == nil {
@@ -97,13 +98,14 @@ func newIssuer(certPEM, keyPEM []byte) (*issuer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the sandbox's CA key: %w", err)
 	}
-	return &issuer{ca: ca, key: key, leaves: map[string]*tls.Certificate{}}, nil
+	return &Issuer{ca: ca, key: key, leaves: map[string]*tls.Certificate{}}, nil
 }
 
 // leafLife is how long a leaf is valid; one is made again an hour before.
 const leafLife = 24 * time.Hour
 
-func (i *issuer) leaf(host string) (*tls.Certificate, error) {
+// Leaf is a certificate for host, valid a day.
+func (i *Issuer) Leaf(host string) (*tls.Certificate, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if c, ok := i.leaves[host]; ok && time.Until(c.Leaf.NotAfter) > time.Hour {

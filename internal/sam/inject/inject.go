@@ -33,8 +33,11 @@ type Binding struct {
 // real servers. A nil *Set has no bindings.
 type Set struct {
 	bindings []Binding
-	iss      *issuer
+	iss      *Issuer
 	roots    *x509.CertPool
+	// sessions resumes TLS to the servers: a new flow to a server seen
+	// before skips the full handshake (its certificate was verified then).
+	sessions tls.ClientSessionCache
 }
 
 // NewSet is bindings with the sandbox's CA (NewCA's PEM) and roots (nil:
@@ -45,11 +48,11 @@ func NewSet(bindings []Binding, caCert, caKey []byte, roots *x509.CertPool) (*Se
 			return nil, fmt.Errorf("secret %q: a binding needs a marker, a value and hosts", b.Name)
 		}
 	}
-	iss, err := newIssuer(caCert, caKey)
+	iss, err := NewIssuer(caCert, caKey)
 	if err != nil {
 		return nil, err
 	}
-	return &Set{bindings: bindings, iss: iss, roots: roots}, nil
+	return &Set{bindings: bindings, iss: iss, roots: roots, sessions: tls.NewLRUClientSessionCache(64)}, nil
 }
 
 // For is the bindings that may be sent to host.
@@ -116,7 +119,7 @@ func (s *Set) Serve(sandbox net.Conn, prefix []byte, far net.Conn, host string, 
 			if h.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(h.ServerName, "."), host) {
 				return nil, fmt.Errorf("the client asked for %q on a flow to %q", h.ServerName, host)
 			}
-			return s.iss.leaf(host)
+			return s.iss.Leaf(host)
 		},
 	})
 	in.SetDeadline(time.Now().Add(timeout))
@@ -125,7 +128,8 @@ func (s *Set) Serve(sandbox net.Conn, prefix []byte, far net.Conn, host string, 
 		return r
 	}
 	in.SetDeadline(time.Time{})
-	up := tls.Client(cf, &tls.Config{ServerName: host, RootCAs: s.roots, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}})
+	up := tls.Client(cf, &tls.Config{ServerName: host, RootCAs: s.roots, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"},
+		ClientSessionCache: s.sessions})
 	up.SetDeadline(time.Now().Add(timeout))
 	br := bufio.NewReader(in)
 	if err := up.Handshake(); err != nil {

@@ -34,14 +34,14 @@ func startUpstream(t *testing.T, names ...string) *upstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	iss, err := newIssuer(caPEM, keyPEM)
+	iss, err := NewIssuer(caPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
 	u := &upstream{roots: x509.NewCertPool()}
 	u.roots.AppendCertsFromPEM(caPEM)
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
-		return iss.leaf(h.ServerName)
+		return iss.Leaf(h.ServerName)
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -206,14 +206,14 @@ func TestCAMayOnlySignItsHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	iss, err := newIssuer(caPEM, keyPEM)
+	iss, err := NewIssuer(caPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	for host, ok := range map[string]bool{"api.test": true, "x.corp.test": true, "corp.test": false, "evil.test": false, "x.api.test": true} {
-		leaf, err := iss.leaf(host)
+		leaf, err := iss.Leaf(host)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -247,4 +247,3 @@ func TestIsTLS(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
-

@@ -1,0 +1,52 @@
+// bench/interpreter's samples, taken with E2B's code interpreter SDK as a
+// program would use it (the published @e2b/code-interpreter, unchanged):
+// N of each series, every sample the SDK's own call timed around it. The
+// last line printed is {series: [ms, …]}.
+import assert from 'node:assert/strict'
+import { Sandbox } from '@e2b/code-interpreter'
+
+const N = Number(process.env.N ?? 20)
+const out = {}
+const add = (name, ms) => (out[name] ??= []).push(ms)
+const timed = async (name, fn) => {
+  const t0 = performance.now()
+  const r = await fn()
+  add(name, performance.now() - t0)
+  return r
+}
+
+// Pooled create → first result: the template keeps a warm pool, and each
+// create takes a sandbox from it; the next one waits for the pool to be
+// refilled so every sample is a pooled create.
+for (let i = 0; i < N; i++) {
+  const t0 = performance.now()
+  const sbx = await Sandbox.create({ timeoutMs: 300_000 })
+  const ex = await sbx.runCode('1+1')
+  add('create-pooled→first-result', performance.now() - t0)
+  assert.equal(ex.text, '2')
+  await sbx.kill()
+  await new Promise((r) => setTimeout(r, 1500)) // the pool's refill (a restore) is not what this series measures
+}
+
+const sbx = await Sandbox.create({ timeoutMs: 600_000 })
+await sbx.runCode('import matplotlib\nimport matplotlib.pyplot as plt')
+for (let i = 0; i < N * 5; i++) {
+  const ex = await timed('runCode-1+1', () => sbx.runCode('1+1'))
+  assert.equal(ex.text, '2')
+}
+for (let i = 0; i < N; i++) {
+  const ex = await timed('runCode-chart', () => sbx.runCode(`plt.figure()\nplt.plot([1, ${i}, 3])\nplt.show()`))
+  assert.ok(ex.results.some((r) => r.png), 'a chart came back without a PNG')
+}
+for (let i = 0; i < N; i++) {
+  await sbx.runCode(`kept = ${i}`)
+  await timed('pause', () => sbx.pause())
+  const t0 = performance.now()
+  await sbx.connect()
+  add('connect-paused', performance.now() - t0)
+  const ex = await sbx.runCode('kept')
+  add('connect-paused→variable-read', performance.now() - t0)
+  assert.equal(ex.text, String(i))
+}
+await sbx.kill()
+console.log(JSON.stringify(out))
