@@ -40,7 +40,7 @@ func main() {
 	c.Register(fs)
 	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc)")
 	fs.StringVar(&c.subnet, "subnet", "10.152.0.0/16", "sandbox subnet; must be unused on this host")
-	fs.StringVar(&c.gwPorts, "gateway-ports", "32000-32999", "gateway port range")
+	fs.StringVar(&c.gwPorts, "gateway-ports", "21000-21999", "gateway port range")
 	fs.StringVar(&c.nodeBin, "node", "node", "the Node.js binary that runs the SDK")
 	bench.ParseFlags(fs, func() error {
 		if c.n < 1 {
