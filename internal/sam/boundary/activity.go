@@ -112,3 +112,15 @@ func (b *Boundary) copyIn(sandbox, far net.Conn) (int64, error) {
 // goes through the wrappers above rather than around them.
 type onlyWriter struct{ io.Writer }
 type onlyReader struct{ io.Reader }
+
+// activeConn is the sandbox's side of a flow whose bytes the boundary
+// reads and writes itself (a secret's flow, inject.Set.Serve): a read
+// touches and a write touches and thaws, as splice's copies do, so a long
+// answer through it keeps the sandbox awake.
+type activeConn struct {
+	net.Conn
+	b *Boundary
+}
+
+func (c activeConn) Read(p []byte) (int, error)  { return fromSandbox{c.b, c.Conn}.Read(p) }
+func (c activeConn) Write(p []byte) (int, error) { return intoSandbox{c.b, c.Conn}.Write(p) }

@@ -448,7 +448,11 @@ func (b *Boundary) run(f *flow, a *admission, prefix []byte) {
 // that is not TLS: that one is spliced, its markers untouched (a secret
 // never goes out in clear text).
 func (b *Boundary) inject(f *flow, a *admission, prefix []byte) (bool, []byte) {
-	isTLS, prefix, err := inject.IsTLS(f.c, prefix, b.cfg.HandshakeTimeout)
+	sc := f.c
+	if b.cfg.Activity != nil {
+		sc = activeConn{f.c, b}
+	}
+	isTLS, prefix, err := inject.IsTLS(sc, prefix, b.cfg.HandshakeTimeout)
 	if err != nil {
 		f.abort()
 		b.logFlow(a, 0, 0)
@@ -457,7 +461,7 @@ func (b *Boundary) inject(f *flow, a *admission, prefix []byte) (bool, []byte) {
 	if !isTLS {
 		return false, prefix
 	}
-	r := b.cfg.Secrets.Serve(f.c, prefix, a.far, a.dest.Host, b.cfg.HandshakeTimeout, b.touch)
+	r := b.cfg.Secrets.Serve(sc, prefix, a.far, a.dest.Host, b.cfg.HandshakeTimeout, b.touch)
 	if r.Err != nil {
 		// Never the request: it may hold a secret.
 		b.log.Info("boundary: a flow to a secret's host ended early", "principal", b.cfg.Principal, "host", a.dest.Host, "err", r.Err)

@@ -1,0 +1,102 @@
+package boundary
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/sam/inject"
+	"sandstorm/internal/secrets"
+	"sandstorm/internal/testenv"
+)
+
+// TestSecretFlows: with a secret bound to allowed.test, a TLS flow there
+// through the boundary is ended with the sandbox's CA and the server is
+// sent the secret in place of the marker, its answer going in with thaws
+// and touches as a spliced one's does, and the egress log names the
+// secret; a flow to example.com, which the secret may not go to, is
+// spliced untouched (the server's own certificate, the marker as it is).
+func TestSecretFlows(t *testing.T) {
+	serverCA, serverKey, _ := inject.NewCA("servers", []string{"allowed.test", "example.com"})
+	iss, _ := inject.NewIssuer(serverCA, serverKey)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return iss.Leaf(h.ServerName) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[string]string{}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.Host] = r.Header.Get("Authorization")
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+
+	serverRoots, sandboxRoots := x509.NewCertPool(), x509.NewCertPool()
+	serverRoots.AppendCertsFromPEM(serverCA)
+	caPEM, caKey, _ := inject.NewCA("sb", []string{"allowed.test"})
+	sandboxRoots.AppendCertsFromPEM(caPEM)
+	marker := secrets.NewMarker()
+	set, err := inject.NewSet([]inject.Binding{{Name: "api", Marker: marker, Value: "the-secret", Hosts: []string{"allowed.test"}}}, caPEM, caKey, serverRoots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	act := &fakeActivity{}
+	var flowsMu sync.Mutex
+	var flows []api.EgressFlow
+	e := newEnv(t, "agent-a", netip.Addr{}, func(c *Config) {
+		c.Secrets, c.Activity = set, act
+		c.Flows = func(f api.EgressFlow) { flowsMu.Lock(); flows = append(flows, f); flowsMu.Unlock() }
+	})
+	get := func(host string, roots *x509.CertPool) string {
+		t.Helper()
+		c, err := e.socksDialer(t, "unix", nil).DialContext(t.Context(), "tcp", fmt.Sprintf("%s:%d", host, port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: roots})
+		fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", host, marker)
+		resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", host, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		return seen[host]
+	}
+	if got := get("allowed.test", sandboxRoots); got != "Bearer the-secret" {
+		t.Errorf("allowed.test was sent %q; want the secret", got)
+	}
+	if act.thaws.Load() == 0 || act.touches.Load() == 0 {
+		t.Errorf("the secret's flow: %d thaws, %d touches", act.thaws.Load(), act.touches.Load())
+	}
+	if got := get("example.com", serverRoots); got != "Bearer "+marker {
+		t.Errorf("example.com was sent %q; want the marker", got)
+	}
+	testenv.WaitFor(t, 5*time.Second, "both flows logged", func() bool {
+		flowsMu.Lock()
+		defer flowsMu.Unlock()
+		return len(flows) == 2
+	})
+	for _, f := range flows {
+		if want := f.Name == "allowed.test"; slices.Equal(f.Secrets, []string{"api"}) != want || f.BytesIn == 0 {
+			t.Errorf("flow %+v", f)
+		}
+	}
+}
