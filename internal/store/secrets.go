@@ -34,7 +34,7 @@ func (v SecretRows) Put(ctx context.Context, sec Secret) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO secrets(team, name, sealed, hosts, created_at) VALUES(?,?,?,?,?)
+	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO team_secrets(team, name, sealed, hosts, created_at) VALUES(?,?,?,?,?)
 		ON CONFLICT (team, name) DO UPDATE SET sealed=excluded.sealed, hosts=excluded.hosts, created_at=excluded.created_at`),
 		sec.Team, sec.Name, base64.StdEncoding.EncodeToString(sec.Sealed), string(hosts), ms(sec.CreatedAt))
 	return err
@@ -60,7 +60,7 @@ func (v SecretRows) List(ctx context.Context, team string) ([]Secret, error) {
 // Delete removes team's secret name, or says errdefs.ErrNotFound.
 func (v SecretRows) Delete(ctx context.Context, team, name string) error {
 	s := v.s
-	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM secrets WHERE team=? AND name=?`), team, name)
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM team_secrets WHERE team=? AND name=?`), team, name)
 	if err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ func (v SecretRows) Delete(ctx context.Context, team, name string) error {
 
 func (v SecretRows) list(ctx context.Context, where string, args ...any) ([]Secret, error) {
 	s := v.s
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT team, name, sealed, hosts, created_at FROM secrets `+where), args...)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT team, name, sealed, hosts, created_at FROM team_secrets `+where), args...)
 	if err != nil {
 		return nil, err
 	}

@@ -279,7 +279,7 @@ CREATE TABLE IF NOT EXISTS mesh_id_tokens (
 	hash       TEXT PRIMARY KEY,
 	expires_at BIGINT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS secrets (
+CREATE TABLE IF NOT EXISTS team_secrets (
 	team       TEXT NOT NULL,
 	name       TEXT NOT NULL,
 	sealed     TEXT NOT NULL,
