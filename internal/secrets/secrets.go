@@ -66,7 +66,7 @@ func (b *Box) Seal(plain []byte, ad string) []byte {
 
 // ErrSealed is a sealed value that does not open: another key, another
 // place (ad), or changed bytes.
-var ErrSealed = errors.New("sealed value does not open with this node's key (another key, or altered)")
+var ErrSealed = errors.New("sealed value does not open with this secrets key (<data-dir>/secrets.key): it was sealed under another key, or altered; masters sharing a store must share that file")
 
 // Open opens what Seal sealed with the same ad.
 func (b *Box) Open(sealed []byte, ad string) ([]byte, error) {
@@ -180,4 +180,3 @@ func HostMatches(hosts []string, host string) bool {
 	}
 	return false
 }
-
