@@ -6,10 +6,13 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,7 +35,14 @@ import (
 // times, and an upload and a download of 100 MiB twice.
 // The calls are unary (Process.List), so no process start is in them.
 func envdHop(ctx context.Context, c config, bin string, res *bench.Results) error {
-	cl, st, down, err := up(ctx, c, bin, timersOff(c))
+	// Every node an ingress too (issue 33): the nodes reach each other
+	// through this machine, as machines on one network do.
+	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return err
+	}
+	defer os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644)
+	cl, st, down, err := up(ctx, c, bin, append(timersOff(c), "--ingress-listen", ":8443"))
 	defer down()
 	if err != nil {
 		return err
@@ -60,13 +70,26 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 	if err != nil {
 		return err
 	}
-	ways := []struct {
-		name, base     string
-		hc             *http.Client
-		call, up, down *bench.Series
-	}{
+	var conn struct {
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	if err := cl.Do(ctx, http.MethodPost, "/e2b/sandboxes/"+url.PathEscape(sb.ID)+"/connect", map[string]any{"timeout": 3600}, &conn); err != nil {
+		return fmt.Errorf("its envd access token: %w", err)
+	}
+	holderIngress, otherIngress := ingressOf(nodeAddr), ""
+	for _, n := range st.Nodes {
+		if n.Name != sb.Node {
+			otherIngress = ingressOf(n.Address)
+		}
+	}
+	e2bHeaders := func() *http.Client {
+		return &http.Client{Transport: &e2bAddressed{next: &http.Transport{}, id: sb.ID, token: conn.EnvdAccessToken}}
+	}
+	ways := []hopWay{
 		{name: "via-master", base: st.API + "/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &bearer{next: cl.HTTP.Transport, token: cl.Token}}},
 		{name: "node-direct", base: "https://" + nodeAddr + "/node/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true}}},
+		{name: "holder-ingress", base: "http://" + holderIngress, hc: e2bHeaders()},
+		{name: "other-node-ingress", base: "http://" + otherIngress, hc: e2bHeaders()},
 	}
 	if _, err := run1(ctx, processconnect.NewProcessClient(ways[0].hc, ways[0].base)); err != nil {
 		return fmt.Errorf("the first call (starts envd): %w", err)
@@ -78,12 +101,27 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 		w.call = res.AddSeries("envd-hop/call/"+w.name, "one unary envd call (Process.List), Go connect client, "+w.name, "")
 		w.up = res.AddSeries("envd-hop/upload-100MiB/"+w.name, "POST /files of 100 MiB (octet-stream), "+w.name, "")
 		w.down = res.AddSeries("envd-hop/download-100MiB/"+w.name, "GET /files of 100 MiB, "+w.name, "")
+		w.cpu = res.AddSeries("envd-hop/master-cpu/"+w.name, "the master's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
 	}
+	runHops(ctx, ways, data, st.Master.PID)
+	return nil
+}
+
+// hopWay is one way to the sandbox's envd, and its series.
+type hopWay struct {
+	name, base          string
+	hc                  *http.Client
+	call, up, down, cpu *bench.Series
+}
+
+// runHops times the ways in three alternating rounds, so that a slow
+// moment of the machine does not fall on one way only; with the master's
+// (PID master) CPU time over each way's round.
+func runHops(ctx context.Context, ways []hopWay, data []byte, master int) {
 	for round := 0; round < 3; round++ {
-		// Alternating rounds, so that a slow moment of the machine does
-		// not fall on one way only.
 		for _, w := range ways {
 			call, up, dn := w.call, w.up, w.down
+			cpu0 := cpuMs(master)
 			pc := processconnect.NewProcessClient(w.hc, w.base)
 			for i := 0; i < 20; i++ {
 				d, err := run1(ctx, pc)
@@ -105,10 +143,10 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 					dn.AddDuration(d)
 				}
 			}
+			w.cpu.Add(cpuMs(master) - cpu0)
 		}
 		fmt.Fprintf(os.Stderr, "envd hop: round %d of 3\n", round+1)
 	}
-	return nil
 }
 
 // run1 makes one unary call (Process.List): the path's own cost, with no
@@ -151,6 +189,39 @@ func transfer(ctx context.Context, hc *http.Client, method, u string, body []byt
 		return 0, fmt.Errorf("GET: %d bytes, want %d", n, 100<<20)
 	}
 	return d, err
+}
+
+// ingressOf is the ingress of the node whose seam is at addr.
+func ingressOf(addr string) string {
+	host, _, _ := net.SplitHostPort(addr)
+	return net.JoinHostPort(host, "8443")
+}
+
+// cpuMs is process pid's CPU time so far (user and system), in ms.
+func cpuMs(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	ut, _ := strconv.ParseFloat(f[11], 64) // utime, field 14
+	st, _ := strconv.ParseFloat(f[12], 64) // stime, field 15
+	return (ut + st) * 1000 / 100          // USER_HZ is 100 on Linux
+}
+
+// e2bAddressed addresses a call as E2B_SANDBOX_URL does: the sandbox and
+// envd's port in headers, with its access token.
+type e2bAddressed struct {
+	next      http.RoundTripper
+	id, token string
+}
+
+func (e *e2bAddressed) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", e.id)
+	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(api.EnvdPort))
+	r.Header.Set("X-Access-Token", e.token)
+	return e.next.RoundTrip(r)
 }
 
 // bearer adds the master's API token.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"sandstorm/internal/cli"
 	"sandstorm/internal/daemon"
@@ -107,6 +108,7 @@ for requests in flight).`,
 	f.BoolVar(&o.Node, "node", false, "run a node: sandboxes, tiers, gateway")
 	f.StringVar(&o.Store, "store", os.Getenv("SANDSTORM_STORE"), "where the master keeps desired state (env SANDSTORM_STORE): empty is SQLite at <data-dir>/state.db; a PostgreSQL URL (postgres://user:pass@host/db, or postgres:///db?host=/var/run/postgresql) lets several masters share it: one leads, the others stand by, answer 503 and take over within seconds when it stops")
 	f.StringVar(&o.NodeListen, "node-listen", os.Getenv("SANDSTORM_NODE_LISTEN"), "with --node alone: where this node listens for its master (host:port; env SANDSTORM_NODE_LISTEN): pairing with the code in <data-dir>/pki/node/pairing-code, then the master's calls over mutual TLS. It serves no public API")
+	ingressFlags(f, &o)
 	f.StringVar(&o.Join, "join", "", "with --node alone: dial this master (https://host:port) and keep that connection, for a node the master cannot reach (behind NAT); its calls ride it")
 	f.StringVar(&o.CAFingerprint, "ca-fingerprint", "", "with --join: the SHA-256 of the master's CA (POST /v1/nodes/join-tokens says it); the node refuses any other")
 	f.StringVar(&o.JoinToken, "join-token", os.Getenv("SANDSTORM_JOIN_TOKEN"), "with --join, the first time: the master's join token (good once, for an hour; env SANDSTORM_JOIN_TOKEN)")
@@ -144,4 +146,11 @@ for requests in flight).`,
 	f.StringToStringVar(&o.RegistryMirrors, "registry-mirror", nil, "REGISTRY=HOST[:PORT]: pull the images of E2B's template builds that name REGISTRY (docker.io for Docker Hub's, e.g. ubuntu:22.04) from HOST instead, e.g. docker.io=mirror.internal:5000; repeat or comma-separate for more")
 	f.DurationVar(&o.ReloadDrain, "reload-drain", daemon.DefaultReloadDrain, "how long a reload (SIGHUP) waits for requests in flight to be answered before it cuts them; new connections wait in the listeners' backlogs meanwhile")
 	return cmd
+}
+
+// ingressFlags are a node's ingress's (serve --ingress-listen).
+func ingressFlags(f *pflag.FlagSet, o *daemon.Options) {
+	f.StringVar(&o.IngressListen, "ingress-listen", "", "with --node --node-listen: also serve E2B's traffic to every sandbox of the fleet here (envd, code interpreter, ports at <port>-<id>.<gateway-domain>): this node's own directly, another node's forwarded straight to it; tokens checked here, the master off the path")
+	f.StringVar(&o.IngressCert, "ingress-cert", "", "with --ingress-listen: its TLS certificate (PEM, for *.<gateway-domain>); without it the ingress is plain HTTP, for a TLS proxy in front")
+	f.StringVar(&o.IngressKey, "ingress-key", "", "with --ingress-cert: its key (PEM)")
 }

@@ -45,6 +45,7 @@ import (
 	"sandstorm/internal/pki"
 	"sandstorm/internal/reclaim"
 	"sandstorm/internal/rootfs"
+	"sandstorm/internal/routes"
 	"sandstorm/internal/sam/boundary"
 	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sam/egresslog"
@@ -119,6 +120,10 @@ type Options struct {
 	// NodeListen is where a node apart from its master (--node alone)
 	// listens for it: pairing, then the seam over mutual TLS.
 	NodeListen string
+	// IngressListen, if set, is where such a node serves E2B's traffic
+	// to every sandbox of the fleet (ingress.go); IngressCert and
+	// IngressKey its TLS (none: plain HTTP, for a TLS proxy in front).
+	IngressListen, IngressCert, IngressKey string
 	// Join is the master a node behind NAT dials (https://host:port),
 	// CAFingerprint the SHA-256 of the master's CA it checks, and
 	// JoinToken what admits it the first time.
@@ -345,6 +350,10 @@ func Check(o Options) error {
 		return errors.New("--join is for a node apart from its master (serve --node): a master does not join another")
 	case o.Join != "" && o.NodeListen != "":
 		return errors.New("--join and --node-listen exclude each other: a node either dials its master (--join, from behind NAT) or is dialled by it (--node-listen)")
+	case o.IngressListen != "" && (o.Master || o.NodeListen == ""):
+		return errors.New("--ingress-listen is for a node its master dials (serve --node --node-listen): the master serves its own sandboxes' traffic on its API, and a node behind NAT cannot be reached by its peers")
+	case (o.IngressCert == "") != (o.IngressKey == ""):
+		return errors.New("--ingress-cert and --ingress-key go together")
 	case o.Join != "" && !strings.HasPrefix(o.Join, "https://"):
 		return fmt.Errorf("--join %q: give the master's API URL, https://HOST:PORT", o.Join)
 	case o.CAFingerprint != "" && !isHex64(o.CAFingerprint):
@@ -546,7 +555,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 		srv = drainable(&http.Server{Handler: streams.wrap(api), ReadHeaderTimeout: 10 * time.Second, TLSNextProto: enrol.TunnelNextProto()})
 		go func() { errc <- serveDrainable(srv, ln) }()
 	}
-	return serveUntilDone(ctx, o, log, srv, errc, streams, nd, "sandstormd stopped")
+	return serveUntilDone(ctx, o, log, []*http.Server{srv}, errc, streams, nd, "sandstormd stopped")
 }
 
 // masterAPI starts the fleet over store st (local: the node in this
@@ -556,7 +565,15 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	// A paired node gets an image's template as the layers it lacks,
 	// found in the layer store by their tree digests.
 	layers := layercache.Index{Dir: filepath.Join(o.DataDir, "layers")}
-	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub, Layer: layers.Layer})
+	// Every node's ingress follows the fleet's routes, pushed at each
+	// change (internal/routes); svc and fl are set before it runs.
+	var (
+		svc *e2b.Service
+		fl  *fleet.Fleet
+	)
+	pub := routes.NewPublisher(routes.FromStore(st, func(id string) (string, string) { return svc.AccessToken(id), svc.TrafficToken(id) }),
+		func() []nodeapi.Node { return fl.Nodes() }, log)
+	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub, Layer: layers.Layer, Changed: pub.Changed})
 	if err != nil {
 		return nil, err
 	}
@@ -570,16 +587,17 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	if err != nil {
 		return nil, err
 	}
-	sbx := &sandboxes.Service{Store: st, Fleet: fl, Secrets: box, Log: log}
+	sbx := &sandboxes.Service{Store: st, Fleet: fl, Secrets: box, Log: log, Changed: pub.Changed}
 	// One template service too: images' layers kept once, by diffID, and
 	// shared by every template made from them (rootfs.Flatten links
 	// their files); builds' RUN steps as o.BuildPrincipal.
 	tpl := &templates.Service{Store: st, Fleet: fl, Sandboxes: sbx, DataDir: o.DataDir, Log: log, BuildPrincipal: o.BuildPrincipal, Mirrors: o.RegistryMirrors,
 		Guard:  &dialguard.Guard{SandboxIfPrefix: node.VethPrefix},
 		Images: &imagetemplate.Puller{Layers: &ociimage.Store{Dir: layers.Dir}, Log: log}}
-	svc := e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log,
-		Templates: tpl, MaxUpload: o.MaxUpload})
+	svc = e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log,
+		Templates: tpl, MaxUpload: o.MaxUpload, RoutesChanged: pub.Changed})
 	go svc.Run(ctx) // ends sandboxes at their timeout
+	go pub.Run(ctx, routes.Resync)
 	return master.Handler(master.Config{
 		Store: st, Fleet: fl, Sandboxes: sbx, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,
 		Console:        &console.Console{Sessions: console.NewSessions(token), Events: hub, TokenFile: filepath.Join(o.DataDir, "pki", "api-token")},
@@ -712,34 +730,44 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	}
 	streams := newStreamSet()
 	srv := drainable(&http.Server{Handler: streams.wrap(ep.Handler()), ReadHeaderTimeout: 10 * time.Second})
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- serveDrainable(srv, tls.NewListener(raw, ep.TLSConfig())) }()
+	servers := []*http.Server{srv}
+	if o.IngressListen != "" {
+		isrv, err := startIngress(o, local, ep, streams, errc, log)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, isrv)
+	}
 	if ep.Paired() {
 		log.Info("sandstormd node serving its master", "pid", os.Getpid(), "node", o.NodeName, "listen", raw.Addr().String(), "data_dir", o.DataDir)
 	} else {
 		log.Info("sandstormd node waiting to be paired: give its master this address and the code in the pairing-code file", "pid", os.Getpid(), "node", o.NodeName,
 			"listen", raw.Addr().String(), "pairing_code_file", ep.CodePath())
 	}
-	return serveUntilDone(ctx, o, log, srv, errc, streams, nd, "sandstormd node stopped")
+	return serveUntilDone(ctx, o, log, servers, errc, streams, nd, "sandstormd node stopped")
 }
 
 // serveUntilDone is the end of a master's or a node's start: it says the
 // daemon is serving, then serves srv until ctx ends (a shutdown; the
 // sandboxes keep running), srv fails (errc), or a reload hands everything
 // to the next binary (one refused leaves this one serving).
-func serveUntilDone(ctx context.Context, o Options, log *slog.Logger, srv *http.Server, errc <-chan error, streams *streamSet, nd *node.Node, stopped string) error {
+func serveUntilDone(ctx context.Context, o Options, log *slog.Logger, srvs []*http.Server, errc <-chan error, streams *streamSet, nd *node.Node, stopped string) error {
 	closeUnclaimedWhenReconciled(o)
 	serving(o, log)
 	for {
 		select {
 		case <-ctx.Done():
-			shutdown(srv)
+			for _, srv := range srvs {
+				shutdown(srv)
+			}
 			log.Info(stopped + "; sandboxes keep running and are adopted at the next start")
 			return nil
 		case err := <-errc:
 			return err
 		case <-o.Reload:
-			if err := handover(ctx, o, log, []*http.Server{srv}, streams, nd); !errors.Is(err, errReloadRefused) {
+			if err := handover(ctx, o, log, srvs, streams, nd); !errors.Is(err, errReloadRefused) {
 				return err
 			}
 		}

@@ -38,6 +38,7 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sandboxes"
+	"sandstorm/internal/sandboxtraffic"
 	"sandstorm/internal/store"
 	"sandstorm/internal/templates"
 )
@@ -58,6 +59,9 @@ type Config struct {
 	// every connect. The daemon derives it from the API token, which the
 	// masters of one database share and which is kept 0600.
 	TokenKey []byte
+	// RoutesChanged, if set, is told when what a node's ingress knows of
+	// a sandbox changed (a pause, a resume): internal/routes pushes it.
+	RoutesChanged func()
 	// DefaultTemplate is the template of a create that names none (the
 	// SDK's default is "base").
 	DefaultTemplate string
@@ -164,13 +168,14 @@ func (s *Service) API() http.Handler {
 
 // fail answers err as E2B does: {"code": status, "message"}, the status
 // from the one error table (errdefs).
-func fail(w http.ResponseWriter, err error) {
-	status, body := errdefs.ToWire(err)
-	if d := errdefs.RetryAfter(err); d > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int(d.Round(time.Second)/time.Second)))
+// routesChanged tells the routes' publisher, if any.
+func (s *Service) routesChanged() {
+	if s.cfg.RoutesChanged != nil {
+		s.cfg.RoutesChanged()
 	}
-	writeJSON(w, status, map[string]any{"code": status, "message": body.Message})
 }
+
+func fail(w http.ResponseWriter, err error) { sandboxtraffic.Fail(w, err) }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")

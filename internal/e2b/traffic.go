@@ -2,10 +2,8 @@ package e2b
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"net/http"
-	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -14,46 +12,34 @@ import (
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/sandboxes"
+	"sandstorm/internal/sandboxtraffic"
 	"sandstorm/internal/store"
 )
 
-// Traffic serves what the SDK sends to a sandbox, addressed by the
-// E2b-Sandbox-Id and E2b-Sandbox-Port headers (E2B_SANDBOX_URL) or by a
-// Host of <port>-<id>.<domain>: its envd (port 49983), checked by the
-// sandbox's own access token (X-Access-Token, or a signed URL's
-// signature; every sandbox has one — E2B's secure: false is not
-// honoured: an envd anyone who knows an ID could drive is not offered),
-// and its code interpreter's /execute (interpreterOpen) alike,
-// or any other port of it, open to whoever has its name (E2B's public
-// traffic) unless it was made with allowPublicTraffic false, when its
-// traffic access token is asked. Neither token is forwarded into the
-// sandbox. The call wakes the sandbox from any tier, as traffic does; a
-// sandbox that is gone answers 502, which the SDK reads as "not found".
+// Traffic serves what the SDK sends to a sandbox (sandboxtraffic.Target:
+// its envd, its code interpreter, its own ports), checked by E2B's rules
+// (sandboxtraffic.Check), which every node's ingress applies alike
+// (internal/ingress). Neither token is forwarded into the sandbox. The
+// call wakes the sandbox from any tier, as traffic does; a sandbox that
+// is gone answers 502, which the SDK reads as "not found".
 func (s *Service) Traffic() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, port := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
-		if id == "" {
-			port, id, _ = api.SandboxHost(r.Host, s.cfg.Domain)
+		id, p, err := sandboxtraffic.Target(r, s.cfg.Domain)
+		if err != nil {
+			fail(w, err)
+			return
 		}
-		p := api.EnvdPort
-		if port != "" {
-			var err error
-			if p, err = strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-				fail(w, errdefs.New(errdefs.ErrBadInput, "port %q of sandbox %s: want 1-65535", port, id))
-				return
-			}
-		}
-		if (p == api.EnvdPort || p == api.CodeInterpreterPort && !interpreterOpen(r.URL.Path)) && !s.envdAllowed(w, r, id) {
+		// The envd token first, before anything says whether the
+		// sandbox exists; a private one's traffic token once it is known
+		// to be (trafficTo).
+		if !sandboxtraffic.Check(w, r, id, p, s.tokens(id, false)) {
 			return
 		}
 		n, sb, m, ok := s.trafficTo(w, r, id, p)
 		if !ok {
 			return
 		}
-		for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", "X-Api-Key", api.EnvdEnvHeader, TrafficTokenHeader} {
-			r.Header.Del(h)
-		}
-		var err error
+		sandboxtraffic.Strip(r.Header)
 		if p == api.EnvdPort {
 			if len(m.Env) > 0 {
 				r.Header.Set(api.EnvdEnvHeader, api.EncodeEnv(m.Env))
@@ -73,46 +59,16 @@ func (s *Service) Traffic() http.Handler {
 			err = n.ServePort(w, r, sb.ID, p)
 		}
 		if errors.Is(err, errdefs.ErrNotFound) {
-			gone(w, id)
+			sandboxtraffic.Gone(w, id)
 		} else if err != nil {
 			fail(w, err)
 		}
 	})
 }
 
-// interpreterOpen says whether a call to the code interpreter's port
-// needs no envd token. Its /execute runs code as envd does, and the port
-// is in the sandbox's public name (49999-<id>.<domain>, the ID also in
-// every public port's), so it takes envd's token, which the SDK sends
-// there; its calls on contexts, which the SDK sends without it (E2B's
-// server checks none), and /health are open as any public port is.
-// Anything else needs the token (fail closed).
-func interpreterOpen(p string) bool {
-	if path.Clean(p) != p { // no /contexts/../execute
-		return false
-	}
-	return p == "/health" || p == "/contexts" || strings.HasPrefix(p, "/contexts/")
-}
-
-// TrafficTokenHeader carries a sandbox's traffic access token (E2B's
-// allowPublicTraffic: false).
-const TrafficTokenHeader = "E2b-Traffic-Access-Token"
-
-// envdAllowed checks a call for sandbox id's envd: its access token, or
-// a signed URL's signature (signature.go). If not, it has answered.
-func (s *Service) envdAllowed(w http.ResponseWriter, r *http.Request, id string) bool {
-	got := r.Header.Get("X-Access-Token")
-	switch {
-	case got == "" && r.URL.Query().Has("signature"):
-		if why := signedFor(r.Method, r.URL.Path, r.URL.Query(), s.AccessToken(id), time.Now()); why != "" {
-			writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": why})
-			return false
-		}
-	case got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.AccessToken(id))) != 1:
-		fail(w, errdefs.New(errdefs.ErrUnauthorized, "sandbox %s: missing or wrong X-Access-Token (the envdAccessToken its create or connect answered)", id))
-		return false
-	}
-	return true
+// tokens are sandbox id's, for sandboxtraffic.Check.
+func (s *Service) tokens(id string, private bool) sandboxtraffic.Tokens {
+	return sandboxtraffic.Tokens{Access: s.AccessToken(id), Traffic: s.TrafficToken(id), Private: private}
 }
 
 // trafficTo finds the sandbox traffic is for, with what is kept of it;
@@ -122,7 +78,7 @@ func (s *Service) envdAllowed(w http.ResponseWriter, r *http.Request, id string)
 func (s *Service) trafficTo(w http.ResponseWriter, r *http.Request, id string, port int) (nodeapi.Node, api.Sandbox, store.SandboxMeta, bool) {
 	n, sb, err := s.cfg.Fleet.Find(r.Context(), id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		gone(w, id)
+		sandboxtraffic.Gone(w, id)
 		return nil, sb, store.SandboxMeta{}, false
 	}
 	if err != nil {
@@ -134,16 +90,11 @@ func (s *Service) trafficTo(w http.ResponseWriter, r *http.Request, id string, p
 		fail(w, err)
 		return nil, sb, m, false
 	}
-	if m.Private && port != api.EnvdPort && !s.trafficAllowed(r, sb.ID) {
-		fail(w, errdefs.New(errdefs.ErrForbidden, "sandbox %s takes traffic with its traffic access token only (%s)", id, TrafficTokenHeader))
+	if port != api.EnvdPort && !sandboxtraffic.Check(w, r, sb.ID, port, s.tokens(sb.ID, m.Private)) {
 		return nil, sb, m, false
 	}
 	if m.Paused && !m.AutoResume {
-		// E2B's paused is the user's state: only a connect ends it.
-		// Its proxy answers 502, which the SDK's isRunning reads as not
-		// running (idle tiers, the product's own, are not this: traffic
-		// wakes them).
-		writeJSON(w, http.StatusBadGateway, map[string]any{"code": http.StatusBadGateway, "message": "The sandbox is paused: connect to it to resume it", "sandboxId": id})
+		sandboxtraffic.PausedAnswer(w, id)
 		return nil, sb, m, false
 	}
 	if m.Paused {
@@ -154,20 +105,9 @@ func (s *Service) trafficTo(w http.ResponseWriter, r *http.Request, id string, p
 			fail(w, err)
 			return nil, sb, m, false
 		}
+		s.routesChanged()
 	}
 	return n, sb, m, true
-}
-
-// trafficAllowed: r carries sandbox id's traffic access token.
-func (s *Service) trafficAllowed(r *http.Request, id string) bool {
-	got := r.Header.Get(TrafficTokenHeader)
-	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.TrafficToken(id))) == 1
-}
-
-// gone is the answer for a sandbox that is not there: 502, as E2B's proxy
-// gives and the SDK expects (js-sdk src/envd/api.ts, handleEnvdApiError).
-func gone(w http.ResponseWriter, id string) {
-	writeJSON(w, http.StatusBadGateway, map[string]any{"code": http.StatusBadGateway, "message": "The sandbox was not found", "sandboxId": id})
 }
 
 // Run ends sandboxes whose lifetime is over until ctx ends: each is killed,
@@ -226,6 +166,7 @@ func (s *Service) end(ctx context.Context, due store.SandboxMeta) error {
 		}
 		m.Paused, m.EndAt = true, time.Time{}
 		s.cfg.Log.Info("e2b sandbox paused at its timeout", "id", sb.ID)
+		defer s.routesChanged()
 		return s.cfg.Store.Teams().PutSandboxMeta(ctx, m)
 	}
 	if err := s.cfg.Fleet.Delete(ctx, n, sb); err != nil {

@@ -172,9 +172,11 @@ func (e *Endpoint) loadPaired() (*tls.Config, error) {
 		Certificates: []tls.Certificate{cert},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    pool,
+		// Its master, or a peer node of the same master, which may only
+		// forward its ingress's traffic (Handler, peerPaths).
 		VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
-			if len(chains) == 0 || chains[0][0].Subject.CommonName != pki.MasterName {
-				return errors.New("only this node's master may connect")
+			if len(chains) == 0 || chains[0][0].Subject.CommonName != pki.MasterName && !strings.HasPrefix(chains[0][0].Subject.CommonName, "node ") {
+				return errors.New("only this node's master, or a node it paired, may connect")
 			}
 			return nil
 		},
@@ -218,6 +220,10 @@ func (e *Endpoint) Handler() http.Handler {
 		// only the master's pass its handshake.
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 			httpjson.Write(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: "this node is not paired: pair it from its master (POST /v1/nodes with its address and the code in " + e.CodePath() + ")"})
+			return
+		}
+		if cn := r.TLS.VerifiedChains[0][0].Subject.CommonName; cn != pki.MasterName && !peerPath(r) {
+			httpjson.Write(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: cn + " may only forward its ingress's traffic here"})
 			return
 		}
 		switch r.URL.Path {
@@ -380,12 +386,13 @@ func Renew(ctx context.Context, c *remote.Client, ca *pki.CA, host string) (time
 		return time.Time{}, err
 	}
 	// A node that serves its master has a server certificate; one that
-	// dials in (a tunnel) presents its certificate as a client.
+	// dials in (a tunnel) presents its certificate as a client, and one
+	// that serves does too, to its peers (internal/ingress).
 	var hosts []string
 	if !c.Tunnel() {
 		hosts = []string{host}
 	}
-	der, err := ca.SignCSRFor(reply.CSR, "node "+c.NodeName, hosts, NodeCertLifetime, !c.Tunnel(), c.Tunnel())
+	der, err := ca.SignCSRFor(reply.CSR, "node "+c.NodeName, hosts, NodeCertLifetime, !c.Tunnel(), true)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -524,7 +531,9 @@ func Pair(ctx context.Context, address, code string, ca *pki.CA) (string, error)
 	if !validNodeName(reply.Name) {
 		return "", fmt.Errorf("%w: the node calls itself %q", errdefs.ErrBadInput, reply.Name)
 	}
-	der, err := ca.SignCSR(reply.CSR, "node "+reply.Name, []string{host}, NodeCertLifetime)
+	// For serving its master and peers, and for dialling peers (its
+	// ingress forwards to the node holding a sandbox).
+	der, err := ca.SignCSRFor(reply.CSR, "node "+reply.Name, []string{host}, NodeCertLifetime, true, true)
 	if err != nil {
 		return "", err
 	}

@@ -54,6 +54,17 @@ type Config struct {
 	// digest is digest (layercache.Index.Layer), for a node that lacks
 	// it (nil: templates go to nodes as whole trees only).
 	Layer func(digest string) (dir string, ok bool)
+	// Changed, if set, is told when a placement may have changed (a
+	// create, a delete, a move confirmed): the routes every node's
+	// ingress follows are pushed anew (internal/routes).
+	Changed func()
+}
+
+// changed tells Changed, if set.
+func (c Config) changed() {
+	if c.Changed != nil {
+		c.Changed()
+	}
 }
 
 // Fleet is the master's nodes.
@@ -389,6 +400,7 @@ func leftBehind(node string, sb api.Sandbox) api.Sandbox {
 // a note saying what stayed behind (its memory, its volume). A sandbox
 // whose node answers is moved with its memory instead (LiveMove, move.go).
 func (f *Fleet) Move(ctx context.Context, ref string) (api.Sandbox, error) {
+	defer f.cfg.changed()
 	p, err := f.cfg.Store.GetPlacement(ctx, ref)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return api.Sandbox{}, errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is not on a paired node (only a sandbox whose node is lost can be moved)", ref))
@@ -527,6 +539,7 @@ func (f *Fleet) placementStatuses(ctx context.Context) []api.NodeStatus {
 
 // Deleted forgets where sandbox id was.
 func (f *Fleet) Deleted(ctx context.Context, node, id string) {
+	defer f.cfg.changed()
 	f.cfg.Store.DeletePlacement(ctx, id)
 	f.cfg.Store.DeleteReported(ctx, node, id)
 }
@@ -629,6 +642,7 @@ func (f *Fleet) Pair(ctx context.Context, address, code string) (string, error) 
 // Forget removes paired node name from the fleet; refused while the
 // master has sandboxes on it.
 func (f *Fleet) Forget(ctx context.Context, name string) error {
+	defer f.cfg.changed()
 	f.mu.RLock()
 	m := f.nodes[name]
 	f.mu.RUnlock()

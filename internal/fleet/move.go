@@ -251,6 +251,8 @@ func (f *Fleet) finishMove(ctx context.Context, id, name string, t, src nodeapi.
 	if err != nil {
 		return api.Sandbox{}, err
 	}
+	// Its new copy serves from now: the ingresses' routes follow.
+	f.cfg.changed()
 	f.cleanupMove(ctx, id, src, gen)
 	return live, nil
 }

@@ -96,6 +96,7 @@ func (fl *inflight) locked() map[int64]bool {
 // Create places req on the node with the most headroom that takes it
 // (above for what happens when one does not answer).
 func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
+	defer f.cfg.changed()
 	gen, err := f.fly.begin(ctx, f.cfg.Store)
 	if err != nil {
 		return api.Sandbox{}, err
@@ -216,6 +217,7 @@ var ErrDraining = errdefs.Refine(errdefs.ErrConflict, "node draining")
 // placement; the children become placements when the node answers, or,
 // if it does not, when it reports them (resolve).
 func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, req api.CloneRequest) (api.CloneResult, error) {
+	defer f.cfg.changed()
 	if f.draining.has(n.Name()) {
 		return api.CloneResult{}, errdefs.Mark(ErrDraining, fmt.Errorf("node %s is draining: its sandboxes are not cloned there (undrain it, or clone once %s has moved)", n.Name(), parent.Name))
 	}
@@ -250,6 +252,7 @@ func (f *Fleet) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox, r
 // finished when the node reports again (resolve), and the name stays
 // taken until then.
 func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) error {
+	defer f.cfg.changed()
 	bg := context.WithoutCancel(ctx)
 	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.State == store.PlacementCreating {
 		if f.fly.all()[p.Generation] {
@@ -345,6 +348,7 @@ func (f *Fleet) resolveLock(node string) *sync.Mutex {
 // resolve settles node's attempts and deletes against what it reported,
 // and fences it: called when its full report is in, and by resolveDue.
 func (f *Fleet) resolve(ctx context.Context, node string) {
+	defer f.cfg.changed()
 	if err := f.settle(ctx, node); err != nil && ctx.Err() == nil {
 		f.cfg.Log.Warn("cannot settle a node's sandboxes with it yet; retrying", "node", node, "err", err)
 	}

@@ -527,6 +527,14 @@ func (r recorder) DropTemplate(ctx context.Context, name string) error {
 	return done(r.Node.DropTemplate(cctx, name))
 }
 
+func (r recorder) PutRoutes(ctx context.Context, u nodeapi.Routes) error {
+	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.ReadDeadline)
+	if err != nil {
+		return err
+	}
+	return done(r.Node.PutRoutes(cctx, u))
+}
+
 func (r recorder) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
 	cctx, done, err := r.f.bound(ctx, r.Name(), nodeapi.FenceDeadline)
 	if err != nil {

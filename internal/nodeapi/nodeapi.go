@@ -101,6 +101,10 @@ type Node interface {
 	// the sandbox first, and streams the answer to w; an error only when
 	// it wrote nothing.
 	ServePort(w http.ResponseWriter, r *http.Request, id string, port int) error
+	// PutRoutes gives the node's ingress the fleet's routes (routes.go):
+	// the table whole, or a change to the version it has. A node with no
+	// ingress accepts and ignores them.
+	PutRoutes(ctx context.Context, u Routes) error
 	// Fence tells the node which of its sandboxes are its master's
 	// (node.Fence: the rule is there); it returns those it retired.
 	Fence(ctx context.Context, req FenceRequest) (FenceResult, error)

@@ -17,12 +17,14 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/events"
+	"sandstorm/internal/ingress"
 	"sandstorm/internal/layercache"
 	"sandstorm/internal/logstamp"
 	"sandstorm/internal/node"
@@ -64,6 +66,9 @@ type Side struct {
 	// Flows is the node's egress logs, which its boundaries write
 	// (nil: none kept, and every sandbox's log is empty).
 	Flows *egresslog.Logs
+	// Routes is the node's ingress's table (nil: it has no ingress, and
+	// ignores the routes it is pushed).
+	Routes *ingress.Table
 
 	cpu cpuReadings // usage.go
 }
@@ -331,12 +336,47 @@ func (l *Side) MoveAbort(ctx context.Context, id string, gen int64) error {
 
 // ServeEnvd implements nodeapi.Node.
 func (l *Side) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	if err := l.fenced(r, id); err != nil {
+		return err
+	}
 	return l.N.Serve(w, r, id, api.EnvdPort, path)
 }
 
 // ServePort implements nodeapi.Node.
 func (l *Side) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) error {
+	if err := l.fenced(r, id); err != nil {
+		return err
+	}
 	return l.N.Serve(w, r, id, port, r.URL.Path)
+}
+
+// fenced checks a request an ingress forwarded by a route (it carries
+// the route's generation): only the copy of that placement serves it,
+// so a route a move left stale reaches nothing (errdefs.ErrNotFound)
+// and the ingress waits for the new one. The master's own calls carry
+// none: it finds the sandbox itself.
+func (l *Side) fenced(r *http.Request, id string) error {
+	g := r.Header.Get(nodeapi.RouteGenerationHeader)
+	if g == "" {
+		return nil
+	}
+	r.Header.Del(nodeapi.RouteGenerationHeader)
+	sb, err := l.N.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if strconv.FormatInt(sb.Generation, 10) != g || sb.MoveIn || sb.LeftBehind {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: no copy of placement %s here (moved)", id, g)
+	}
+	return nil
+}
+
+// PutRoutes implements nodeapi.Node.
+func (l *Side) PutRoutes(_ context.Context, u nodeapi.Routes) error {
+	if err := u.Check(); err != nil || l.Routes == nil {
+		return err
+	}
+	return l.Routes.Apply(u)
 }
 
 // Fence implements nodeapi.Node.

@@ -63,6 +63,7 @@ func (s *Service) Pause(ctx context.Context, ref string, memory bool) (api.Sandb
 	if err := s.Store.Teams().PutSandboxMeta(context.WithoutCancel(ctx), m); err != nil {
 		return sb, err
 	}
+	s.changed()
 	sb, _ = n.Get(ctx, sb.ID)
 	return sb, nil
 }
@@ -103,5 +104,6 @@ func (s *Service) Resume(ctx context.Context, ref string, o ResumeOpts) (api.San
 	if longer || resumed && !o.Until.IsZero() {
 		m.EndAt = o.Until
 	}
+	defer s.changed()
 	return sb, resumed, s.Store.Teams().PutSandboxMeta(context.WithoutCancel(ctx), m)
 }

@@ -36,8 +36,19 @@ type Service struct {
 	// Secrets seals the teams' stored secrets (nil: none are kept).
 	Secrets *secrets.Box
 	Log     *slog.Logger // nil: slog.Default()
+	// Changed, if set, is told when what is kept of a sandbox changed
+	// (made, paused, resumed): internal/routes pushes the nodes'
+	// ingresses anew.
+	Changed func()
 
 	locks [64]sync.Mutex // pause.go, Lock
+}
+
+// changed tells Changed.
+func (s *Service) changed() {
+	if s.Changed != nil {
+		s.Changed()
+	}
 }
 
 func (s *Service) log() *slog.Logger {
@@ -140,6 +151,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (api.Sandbox, s
 		}
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
+	s.changed()
 	return sb, m, nil
 }
 
@@ -165,6 +177,7 @@ func (s *Service) Clone(ctx context.Context, n nodeapi.Node, parent api.Sandbox,
 		return api.CloneResult{}, errdefs.New(errdefs.ErrForbidden, "principal: only the operator names a clone's principal (a team's clones are its parent's principal with .<n>)")
 	}
 	out, err := s.Fleet.Clone(ctx, n, parent, req)
+	defer s.changed()
 	pm, _ := s.Store.Teams().GetSandboxMeta(ctx, parent.ID)
 	for _, c := range out.Children {
 		cm := store.SandboxMeta{ID: c.ID, Team: pm.Team, Metadata: pm.Metadata, Env: pm.Env, StartedAt: time.Now(), EndAt: end,

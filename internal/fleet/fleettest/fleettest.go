@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet"
+	"sandstorm/internal/ingress"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/sam/egress"
@@ -59,11 +61,13 @@ type Node struct {
 	watchers map[chan nodeapi.Report]bool
 	// Secrets are the secrets each create was sent, by sandbox ID.
 	Secrets map[string][]inject.Binding
+	// Routes is its ingress's table, which PutRoutes fills.
+	Routes *ingress.Table
 }
 
 // NewNode is an empty Node.
 func NewNode() *Node {
-	return &Node{Boxes: map[string]api.Sandbox{}, trees: map[string]bool{}, layers: map[string]int64{}, watchers: map[chan nodeapi.Report]bool{}}
+	return &Node{Routes: ingress.NewTable(), Boxes: map[string]api.Sandbox{}, trees: map[string]bool{}, layers: map[string]int64{}, watchers: map[chan nodeapi.Report]bool{}}
 }
 
 // report sends r to every Watch (f.mu held).
@@ -413,11 +417,8 @@ func (f *Node) ServePort(w http.ResponseWriter, r *http.Request, id string, port
 	if err := f.call(fmt.Sprintf("port %s %d", id, port)); err != nil {
 		return err
 	}
-	f.mu.Lock()
-	_, ok := f.Boxes[id]
-	f.mu.Unlock()
-	if !ok {
-		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
+	if err := f.fenced(r, id); err != nil {
+		return err
 	}
 	fmt.Fprintf(w, "port %d of %s %s, host %s", port, id, r.URL.Path, r.Host)
 	return nil
@@ -428,11 +429,39 @@ func (f *Node) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string
 	if err := f.call("envd " + id + " " + path); err != nil {
 		return err
 	}
+	if r.Header.Get(nodeapi.RouteGenerationHeader) != "" {
+		if err := f.fenced(r, id); err != nil {
+			return err
+		}
+	}
 	f.mu.Lock()
 	f.Envd = append(f.Envd, r.Clone(context.Background()))
 	f.mu.Unlock()
 	fmt.Fprintf(w, "envd %s %s", id, path)
 	return nil
+}
+
+// fenced is a node's check of a request: the sandbox is here, of the
+// route's generation if the request names one (nodeside's rule).
+func (f *Node) fenced(r *http.Request, id string) error {
+	f.mu.Lock()
+	sb, ok := f.Boxes[id]
+	f.mu.Unlock()
+	if g := r.Header.Get(nodeapi.RouteGenerationHeader); ok && g != "" && g != strconv.FormatInt(sb.Generation, 10) {
+		ok = false
+	}
+	if !ok {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
+	}
+	return nil
+}
+
+// PutRoutes implements nodeapi.Node.
+func (f *Node) PutRoutes(_ context.Context, u nodeapi.Routes) error {
+	if err := f.call("routes"); err != nil {
+		return err
+	}
+	return f.Routes.Apply(u)
 }
 
 // Tier is sandbox id's tier.

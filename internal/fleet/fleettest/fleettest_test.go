@@ -17,7 +17,7 @@ func TestContract(t *testing.T) {
 	tree := []byte("a tree")
 	sum := sha256.Sum256(tree)
 	nodeapitest.Run(t, func(t *testing.T) nodeapitest.Subject {
-		return nodeapitest.Subject{Node: NewNode(), Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
+		return nodeapitest.Subject{Node: NewNode(), Ingress: true, Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
 			Rootfs: func() io.Reader { return bytes.NewReader(tree) }, Snapshots: true}
 	})
 }

@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,6 +49,9 @@ type Subject struct {
 	// Measures: the node reads what its sandboxes use (a real runtime):
 	// a hot sandbox uses memory, one in the snapshot tier none.
 	Measures bool
+	// Ingress: the node keeps the routes it is pushed (a node without
+	// an ingress takes and ignores them).
+	Ingress bool
 }
 
 // Run runs the contract against the subjects newSubject makes (one per
@@ -59,6 +64,44 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 	t.Run("lifecycle", func(t *testing.T) { lifecycle(t, newSubject(t)) })
 	t.Run("reports", func(t *testing.T) { reports(t, newSubject(t)) })
 	t.Run("fence", func(t *testing.T) { fence(t, newSubject(t)) })
+	t.Run("routes", func(t *testing.T) { routes(t, newSubject(t)) })
+}
+
+// routes: a node takes the master's routes whole, then changes to the
+// version it has; a malformed push is refused, and with an ingress a
+// change to a version it does not have (errdefs.ErrPrecondition: the
+// master sends it whole). A request forwarded by a route of another
+// generation than the sandbox's is "not found" (the fence a move relies
+// on).
+func routes(t *testing.T, s Subject) {
+	ctx := ctxT(t)
+	ready(t, s)
+	r := nodeapi.Route{ID: "sb-1", Node: "n", Address: "10.0.0.1:7443", Generation: 7, AccessToken: "t"}
+	if err := s.Node.PutRoutes(ctx, nodeapi.Routes{Full: true, Version: 3, Set: []nodeapi.Route{r}}); err != nil {
+		t.Fatalf("a full push: %v", err)
+	}
+	if err := s.Node.PutRoutes(ctx, nodeapi.Routes{Base: 3, Version: 4, Drop: []string{"sb-1"}}); err != nil {
+		t.Fatalf("a change at its version: %v", err)
+	}
+	bad := r
+	bad.AccessToken = ""
+	if err := s.Node.PutRoutes(ctx, nodeapi.Routes{Full: true, Version: 5, Set: []nodeapi.Route{bad}}); !errors.Is(err, errdefs.ErrBadInput) {
+		t.Errorf("a route with no token: %v, want ErrBadInput", err)
+	}
+	err := s.Node.PutRoutes(ctx, nodeapi.Routes{Base: 99, Version: 100, Set: []nodeapi.Route{r}})
+	if s.Ingress && !errors.Is(err, errdefs.ErrPrecondition) || !s.Ingress && err != nil {
+		t.Errorf("a change at a version it does not have (ingress %v): %v", s.Ingress, err)
+	}
+	sb, err := s.Node.Create(ctx, nodeapi.CreateRequest{Template: s.Template, Name: "contract-routed", Generation: 301})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Node.Delete(context.Background(), sb.ID) })
+	req := httptest.NewRequest(http.MethodGet, "/health", nil)
+	req.Header.Set(nodeapi.RouteGenerationHeader, "300")
+	if err := s.Node.ServeEnvd(httptest.NewRecorder(), req, sb.ID, "/health"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("envd by a route of another generation: %v, want ErrNotFound", err)
+	}
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -324,9 +324,20 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request, path string) er
 		},
 		Transport:     c.stream().Transport,
 		FlushInterval: -1,
-		ErrorHandler:  func(_ http.ResponseWriter, _ *http.Request, err error) { failed = err },
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.Header.Get(SeamErrorHeader) == "" {
+				return nil
+			}
+			defer resp.Body.Close()
+			return seamErr{readError(resp)}
+		},
+		ErrorHandler: func(_ http.ResponseWriter, _ *http.Request, err error) { failed = err },
 	}
 	proxy.ServeHTTP(w, r)
+	var se seamErr
+	if errors.As(failed, &se) {
+		return se.error // the node's own answer: the sandbox, not the node
+	}
 	if failed != nil {
 		// Also when r's context ended: the fleet ends it when the node is
 		// taken for lost (fleet.bound), and the caller is told so.
@@ -334,6 +345,9 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request, path string) er
 	}
 	return nil
 }
+
+// seamErr is the node's own error on a forwarded call.
+type seamErr struct{ error }
 
 // Logs implements nodeapi.Node.
 func (c *Client) Logs(ctx context.Context, id string, opt nodeapi.LogOptions, w io.Writer) error {
@@ -432,6 +446,11 @@ func (c *Client) PutLayer(ctx context.Context, digest string, tar io.Reader) err
 func (c *Client) Fence(ctx context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
 	var res nodeapi.FenceResult
 	return res, c.do(ctx, http.MethodPost, "/node/v1/fence", req, &res, http.StatusOK)
+}
+
+// PutRoutes implements nodeapi.Node.
+func (c *Client) PutRoutes(ctx context.Context, u nodeapi.Routes) error {
+	return c.do(ctx, http.MethodPut, "/node/v1/routes", u, nil, http.StatusNoContent)
 }
 
 // DropTemplate implements nodeapi.Node.

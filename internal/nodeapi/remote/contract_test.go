@@ -26,7 +26,7 @@ func TestContractOverTheWire(t *testing.T) {
 		srv := httptest.NewServer(remote.Server(fleettest.NewNode()))
 		t.Cleanup(srv.Close)
 		c := remote.NewClient("local", srv.URL, srv.Client(), false, time.Time{})
-		return nodeapitest.Subject{Node: c, Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
+		return nodeapitest.Subject{Node: c, Ingress: true, Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
 			Rootfs: func() io.Reader { return bytes.NewReader(tree) }, Snapshots: true}
 	})
 }

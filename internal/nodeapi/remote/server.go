@@ -37,6 +37,13 @@ func Server(n nodeapi.Node) http.Handler {
 		return reply(w, http.StatusOK, st, err)
 	})
 	s.handle("POST /node/v1/fence", withBody(http.StatusOK, n.Fence))
+	s.handle("PUT /node/v1/routes", func(w http.ResponseWriter, r *http.Request) error {
+		var u nodeapi.Routes
+		if err := readJSONUpTo(r, &u, maxRoutes); err != nil {
+			return err
+		}
+		return noContent(w, n.PutRoutes(r.Context(), u))
+	})
 	s.handle("GET /node/v1/watch", func(w http.ResponseWriter, r *http.Request) error {
 		return serveWatch(n, w, r)
 	})
@@ -175,7 +182,7 @@ func (s server) sandboxes() {
 			return
 		}
 		if err := n.ServeEnvd(w, r, r.PathValue("id"), "/"+r.PathValue("path")); err != nil {
-			writeError(w, err)
+			seamError(w, err)
 		}
 	})
 	s.mux.HandleFunc("/node/v1/sandboxes/{id}/ports/{port}/{path...}", func(w http.ResponseWriter, r *http.Request) {
@@ -198,7 +205,7 @@ func (s server) sandboxes() {
 		r2.Header.Del("X-Forwarded-Host")
 		r2.Header.Del(DeadlineHeader)
 		if err := n.ServePort(w, r2, r.PathValue("id"), port); err != nil {
-			writeError(w, err)
+			seamError(w, err)
 		}
 	})
 }
@@ -294,7 +301,15 @@ type partialClone struct {
 }
 
 func readJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	return readJSONUpTo(r, v, maxBody)
+}
+
+// maxRoutes bounds a push of routes: the whole table of a fleet of
+// about 100,000 sandboxes (a route is about 400 bytes).
+const maxRoutes = 64 << 20
+
+func readJSONUpTo(r *http.Request, v any, limit int64) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, limit))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: malformed JSON body: %v", errdefs.ErrBadInput, err)
@@ -322,6 +337,17 @@ func wireError(err error) api.Error {
 }
 
 func writeError(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }
+
+// SeamErrorHeader marks, on a forwarded call's answer, an error of the
+// node's own (the sandbox was not there, not what the sandbox answered):
+// the client returns it as an error, having written nothing, as
+// nodeapi.Node's ServeEnvd and ServePort promise.
+const SeamErrorHeader = "Sandstorm-Seam-Error"
+
+func seamError(w http.ResponseWriter, err error) {
+	w.Header().Set(SeamErrorHeader, "1")
+	writeError(w, err)
+}
 
 // generation is a move call's ?generation=, a positive number.
 func generation(r *http.Request) (int64, error) {

@@ -1,4 +1,4 @@
-package e2b
+package sandboxtraffic
 
 import (
 	"crypto/sha256"

@@ -1,0 +1,148 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/nodeapi"
+	"sandstorm/internal/sandboxtraffic"
+)
+
+// Config is an ingress's.
+type Config struct {
+	// Self is this node's name; Local its own side, which serves its
+	// sandboxes.
+	Self  string
+	Local nodeapi.Node
+	// Domain is the sandboxes' domain (<port>-<id>.<domain>).
+	Domain string
+	Table  *Table
+	// Peer is the node name at address, over the nodes' mutual TLS
+	// (enrol.Peers: a client per node, kept).
+	Peer func(name, address string) (nodeapi.Node, error)
+	Log  *slog.Logger
+}
+
+// staleWait bounds how long a request that found a route stale (the
+// holder has no copy of its generation: a move) waits for the master's
+// next push before it is answered "not found".
+const staleWait = 5 * time.Second
+
+// Handler serves E2B's traffic to the fleet's sandboxes, as the master's
+// /e2b traffic does (internal/e2b, traffic.go), from the table alone.
+func Handler(cfg Config) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, port, err := sandboxtraffic.Target(r, cfg.Domain)
+		if err != nil {
+			sandboxtraffic.Fail(w, err)
+			return
+		}
+		rt, known := cfg.Table.Get(id)
+		// Unknown, it has no tokens: its envd is refused as a wrong
+		// token is (nothing said of whether it exists), its open ports
+		// are "not found".
+		if !sandboxtraffic.Check(w, r, id, port, tokens(rt)) {
+			return
+		}
+		if !known {
+			sandboxtraffic.Gone(w, id)
+			return
+		}
+		if rt.Paused {
+			if !rt.AutoResume {
+				sandboxtraffic.PausedAnswer(w, id)
+				return
+			}
+			// A resume is the master's to record (its lifetime, its
+			// state): this node cannot.
+			sandboxtraffic.Fail(w, errdefs.New(errdefs.ErrUnavailable, "sandbox %s is paused: its traffic resumes it only through the master's API (api.%s), or connect to it", id, cfg.Domain))
+			return
+		}
+		sandboxtraffic.Strip(r.Header)
+		prepare(r, rt, port)
+		// The holder checks the route before it reads a byte of the
+		// body, and a peer is sent the body only once it said so (100
+		// Continue): a request a stale route sent to the wrong copy is
+		// still whole, and goes again by the new route.
+		body := &trackedBody{rc: r.Body}
+		r.Body = body
+		if r.ContentLength != 0 {
+			r.Header.Set("Expect", "100-continue")
+		}
+		err = cfg.serve(w, r, rt, port)
+		if errors.Is(err, errdefs.ErrNotFound) && !body.read {
+			// The holder has no copy of this generation: a move landed
+			// and the master's push is on its way.
+			ctx, cancel := context.WithTimeout(r.Context(), staleWait)
+			next, ok := cfg.Table.Next(ctx, id, rt.Generation)
+			cancel()
+			if ok && next.Generation != rt.Generation && !next.Paused {
+				err = cfg.serve(w, r, next, port)
+			}
+		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			sandboxtraffic.Gone(w, id)
+		} else if err != nil {
+			sandboxtraffic.Fail(w, err)
+		}
+	})
+}
+
+// tokens are what rt's traffic is checked against.
+func tokens(rt nodeapi.Route) sandboxtraffic.Tokens {
+	return sandboxtraffic.Tokens{Access: rt.AccessToken, Traffic: rt.TrafficToken, Private: rt.Private}
+}
+
+// prepare sets what the sandbox is to see, as the master's proxy does:
+// its environment for envd's commands and the code interpreter's
+// kernels, E2B's maskRequestHost for its own ports.
+func prepare(r *http.Request, rt nodeapi.Route, port int) {
+	if (port == api.EnvdPort || port == api.CodeInterpreterPort) && len(rt.Env) > 0 {
+		r.Header.Set(api.EnvdEnvHeader, api.EncodeEnv(rt.Env))
+	}
+	if port != api.EnvdPort && rt.MaskHost != "" {
+		r.Host = strings.ReplaceAll(rt.MaskHost, "${PORT}", strconv.Itoa(port))
+	}
+}
+
+// serve sends r to rt's holder: this node, or its peer.
+func (cfg Config) serve(w http.ResponseWriter, r *http.Request, rt nodeapi.Route, port int) error {
+	n := cfg.Local
+	if rt.Node != cfg.Self {
+		if rt.Address == "" {
+			return errdefs.New(errdefs.ErrUnavailable, "sandbox %s is on node %s, which no other node can reach (the master's own, or behind NAT): use the master's API (api.%s)", rt.ID, rt.Node, cfg.Domain)
+		}
+		var err error
+		if n, err = cfg.Peer(rt.Node, rt.Address); err != nil {
+			return errdefs.Mark(errdefs.ErrUnavailable, fmt.Errorf("node %s: %w", rt.Node, err))
+		}
+	}
+	r.Header.Set(nodeapi.RouteGenerationHeader, strconv.FormatInt(rt.Generation, 10))
+	if port == api.EnvdPort {
+		return n.ServeEnvd(w, r, rt.ID, r.URL.Path)
+	}
+	return n.ServePort(w, r, rt.ID, port)
+}
+
+// trackedBody is a request's body that says whether any of it was read,
+// and that the transport's close leaves open (the server closes it).
+type trackedBody struct {
+	rc   io.ReadCloser
+	read bool
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) {
+	b.read = true
+	return b.rc.Read(p)
+}
+
+func (b *trackedBody) Close() error { return nil }

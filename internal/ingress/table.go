@@ -1,0 +1,95 @@
+// Package ingress is a node's ingress (issue 33, "an ingress that is not
+// the master"): it serves E2B's traffic to any sandbox of the fleet —
+// envd, the code interpreter, a sandbox's own ports, at
+// <port>-<id>.<domain> — by E2B's rules (internal/sandboxtraffic),
+// checked here from the node's own table of routes (Table), which the
+// master pushes (internal/routes) and no request waits for. A sandbox of
+// this node is served by it; another's is forwarded straight to the node
+// that holds it, over the nodes' mutual TLS, fenced by its placement's
+// generation: the holder serves only the copy the route names, so a route
+// left stale by a move finds nothing, and the ingress waits for the new
+// one.
+package ingress
+
+import (
+	"context"
+	"sync"
+
+	"sandstorm/internal/errdefs"
+	"sandstorm/internal/nodeapi"
+)
+
+// Table is a node's routes: the fleet's sandboxes as its master last
+// pushed them.
+type Table struct {
+	mu      sync.Mutex
+	version int64
+	routes  map[string]nodeapi.Route
+	// changed is closed, and replaced, at each change: Next waits on it.
+	changed chan struct{}
+}
+
+// NewTable is an empty table (version 0: the master sends it whole).
+func NewTable() *Table {
+	return &Table{routes: map[string]nodeapi.Route{}, changed: make(chan struct{})}
+}
+
+// Apply takes a push from the master (nodeapi.Routes): a change only to
+// the version it was made against, or the table whole.
+func (t *Table) Apply(u nodeapi.Routes) error {
+	if err := u.Check(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !u.Full && u.Base != t.version {
+		return errdefs.New(errdefs.ErrPrecondition, "routes: this node's table is at version %d, not %d: send it whole", t.version, u.Base)
+	}
+	if u.Full {
+		t.routes = make(map[string]nodeapi.Route, len(u.Set))
+	}
+	for _, r := range u.Set {
+		t.routes[r.ID] = r
+	}
+	for _, id := range u.Drop {
+		delete(t.routes, id)
+	}
+	t.version = u.Version
+	close(t.changed)
+	t.changed = make(chan struct{})
+	return nil
+}
+
+// Get is sandbox id's route.
+func (t *Table) Get(id string) (nodeapi.Route, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.routes[id]
+	return r, ok
+}
+
+// Next waits until sandbox id's route is no longer of generation gen
+// (a move's new one, or none) or ctx ends, and returns it.
+func (t *Table) Next(ctx context.Context, id string, gen int64) (nodeapi.Route, bool) {
+	for {
+		t.mu.Lock()
+		r, ok := t.routes[id]
+		ch := t.changed
+		t.mu.Unlock()
+		if !ok || r.Generation != gen {
+			return r, ok
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return r, ok
+		}
+	}
+}
+
+// Stat is the table's version and size.
+func (t *Table) Stat() (version int64, routes int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.version, len(t.routes)
+}

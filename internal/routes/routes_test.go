@@ -1,0 +1,67 @@
+package routes
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+
+	"sandstorm/internal/fleet/fleettest"
+	"sandstorm/internal/ingress"
+	"sandstorm/internal/nodeapi"
+)
+
+func route(id, node string, gen int64) nodeapi.Route {
+	return nodeapi.Route{ID: id, Node: node, Generation: gen, AccessToken: "t-" + id}
+}
+
+func TestDiff(t *testing.T) {
+	from := map[string]nodeapi.Route{"a": route("a", "n1", 1), "b": route("b", "n1", 2), "c": route("c", "n2", 3)}
+	to := map[string]nodeapi.Route{"a": route("a", "n1", 1), "b": route("b", "n2", 4), "d": route("d", "n2", 5)}
+	set, drop := Diff(from, to)
+	if len(set) != 2 || set[0].ID != "b" || set[1].ID != "d" || !slices.Equal(drop, []string{"c"}) {
+		t.Errorf("Diff: set %+v drop %v", set, drop)
+	}
+	if set, drop := Diff(to, to); len(set)+len(drop) != 0 {
+		t.Errorf("no change: %v %v", set, drop)
+	}
+}
+
+// TestPublisher: a node gets the table whole first, then only changes;
+// nothing when nothing changed; a node that lost its table (a restart)
+// refuses the next change and gets the table whole again.
+func TestPublisher(t *testing.T) {
+	table := []nodeapi.Route{route("a", "n1", 1)}
+	n := fleettest.NewNode()
+	p := NewPublisher(func(context.Context) ([]nodeapi.Route, error) { return slices.Clone(table), nil },
+		func() []nodeapi.Node { return []nodeapi.Node{n} }, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	count := func() int {
+		c := 0
+		for _, call := range n.Calls {
+			if call == "routes" {
+				c++
+			}
+		}
+		return c
+	}
+	p.Publish(ctx)
+	if r, ok := n.Routes.Get("a"); !ok || r.Node != "n1" || count() != 1 {
+		t.Fatalf("first push: %+v %v, %d pushes", r, ok, count())
+	}
+	p.Publish(ctx)
+	if count() != 1 {
+		t.Errorf("a push with nothing changed")
+	}
+	table = []nodeapi.Route{route("a", "n2", 2), route("b", "n1", 3)}
+	p.Publish(ctx)
+	if r, _ := n.Routes.Get("a"); r.Node != "n2" || count() != 2 {
+		t.Errorf("the change: %+v, %d pushes", r, count())
+	}
+	n.Routes = ingress.NewTable() // the node restarted
+	table = append(table, route("c", "n1", 4))
+	p.Publish(ctx)
+	if _, n2 := n.Routes.Stat(); n2 != 3 || count() != 4 {
+		t.Errorf("after the node's restart: %d routes, %d pushes (want the change refused, then the table whole)", n2, count())
+	}
+}
