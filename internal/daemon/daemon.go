@@ -33,6 +33,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/handoff"
 	"sandstorm/internal/imagetemplate"
+	"sandstorm/internal/ingress"
 	"sandstorm/internal/layercache"
 	"sandstorm/internal/master"
 	"sandstorm/internal/memguard"
@@ -724,6 +725,10 @@ func serveNode(ctx context.Context, o Options, st *store.Store, log *slog.Logger
 	if err != nil {
 		return err
 	}
+	// The fleet's routes, which the master pushes: every node keeps them
+	// (its peers are admitted by them), an ingress serves from them.
+	local.Routes = ingress.NewTable()
+	ep.AllowPeer = local.Routes.AllowPeer
 	raw, err := o.reg.Listen("tcp", o.NodeListen, nil)
 	if err != nil {
 		return fmt.Errorf("--node-listen: %w", err)

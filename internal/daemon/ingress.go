@@ -15,11 +15,10 @@ import (
 // startIngress serves, on --ingress-listen, E2B's traffic to every sandbox
 // of the fleet from this node (internal/ingress): its own sandboxes here,
 // another node's forwarded straight to it over the nodes' mutual TLS, by
-// the routes its master pushes into local's table. With --ingress-cert
+// the routes its master pushes into local's table (serveNode made it). With --ingress-cert
 // and --ingress-key it is HTTPS (a certificate for *.<gateway-domain>);
 // without, plain HTTP, for a TLS proxy in front.
 func startIngress(o Options, local *nodeside.Side, ep *enrol.Endpoint, streams *streamSet, errc chan<- error, log *slog.Logger) (*http.Server, error) {
-	local.Routes = ingress.NewTable()
 	h := ingress.Handler(ingress.Config{Self: o.NodeName, Local: local, Domain: o.HostDomain, Table: local.Routes, Peer: ep.Peers(), Log: log})
 	raw, err := o.reg.Listen("tcp", o.IngressListen, nil)
 	if err != nil {

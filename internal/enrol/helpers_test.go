@@ -2,6 +2,8 @@ package enrol
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 
 	"sandstorm/api"
 	"sandstorm/internal/nodeapi"
@@ -17,4 +19,9 @@ func newFake() nodeapi.Node { return fakeNode{} }
 func (fakeNode) Name() string { return "fake" }
 func (fakeNode) Status(context.Context) (api.NodeStatus, error) {
 	return api.NodeStatus{Name: "fake", State: "ready"}, nil
+}
+
+func (fakeNode) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	fmt.Fprintf(w, "envd %s %s", id, path)
+	return nil
 }

@@ -104,6 +104,11 @@ type Endpoint struct {
 	PKIDir string // <data-dir>/pki
 	Node   nodeapi.Node
 	Log    *slog.Logger
+	// AllowPeer says whether node name, with a certificate issued at
+	// issued, may forward its ingress's traffic here (the master's
+	// routes name the nodes it paired: ingress.Table.AllowPeer); nil: no
+	// peer may.
+	AllowPeer func(name string, issued time.Time) bool
 
 	code string
 	boot tls.Certificate // the throwaway pairing certificate
@@ -222,8 +227,8 @@ func (e *Endpoint) Handler() http.Handler {
 			httpjson.Write(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: "this node is not paired: pair it from its master (POST /v1/nodes with its address and the code in " + e.CodePath() + ")"})
 			return
 		}
-		if cn := r.TLS.VerifiedChains[0][0].Subject.CommonName; cn != pki.MasterName && !peerPath(r) {
-			httpjson.Write(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: cn + " may only forward its ingress's traffic here"})
+		if leaf := r.TLS.VerifiedChains[0][0]; leaf.Subject.CommonName != pki.MasterName && !e.peerAllowed(r, leaf) {
+			httpjson.Write(w, http.StatusForbidden, api.Error{Code: api.CodeForbidden, Message: leaf.Subject.CommonName + " may not call this node: a peer may only forward its ingress's traffic, and only while its master has it paired"})
 			return
 		}
 		switch r.URL.Path {

@@ -14,7 +14,16 @@ import (
 
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/nodeapi/remote"
+	"sandstorm/internal/pki"
 )
+
+// peerAllowed says whether leaf, a node's certificate from the master's
+// CA, may make call r: a node the master has paired now (AllowPeer, by
+// the routes it pushes), forwarding its ingress's traffic (peerPath).
+func (e *Endpoint) peerAllowed(r *http.Request, leaf *x509.Certificate) bool {
+	name, ok := strings.CutPrefix(leaf.Subject.CommonName, "node ")
+	return ok && peerPath(r) && e.AllowPeer != nil && e.AllowPeer(name, leaf.NotBefore.Add(pki.Backdate))
+}
 
 // peerPath says whether a peer node may call r: only what its ingress
 // forwards (internal/ingress) — a sandbox's envd or port, fenced by the

@@ -14,6 +14,7 @@ package ingress
 import (
 	"context"
 	"sync"
+	"time"
 
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/nodeapi"
@@ -25,6 +26,7 @@ type Table struct {
 	mu      sync.Mutex
 	version int64
 	routes  map[string]nodeapi.Route
+	peers   map[string]time.Time // name → revoked at (zero: never)
 	// changed is closed, and replaced, at each change: Next waits on it.
 	changed chan struct{}
 }
@@ -54,6 +56,10 @@ func (t *Table) Apply(u nodeapi.Routes) error {
 	for _, id := range u.Drop {
 		delete(t.routes, id)
 	}
+	t.peers = make(map[string]time.Time, len(u.Peers))
+	for _, p := range u.Peers {
+		t.peers[p.Name] = p.RevokedAt
+	}
 	t.version = u.Version
 	close(t.changed)
 	t.changed = make(chan struct{})
@@ -66,6 +72,18 @@ func (t *Table) Get(id string) (nodeapi.Route, bool) {
 	defer t.mu.Unlock()
 	r, ok := t.routes[id]
 	return r, ok
+}
+
+// AllowPeer says whether node name, whose certificate was issued at
+// issued, may forward traffic here: a node its master has paired now,
+// with a certificate younger than its revocation if it had one (to the
+// second, as the master's own check: fleet.checkCert). Before the
+// master's first push, none may.
+func (t *Table) AllowPeer(name string, issued time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at, ok := t.peers[name]
+	return ok && !issued.Before(at.Truncate(time.Second))
 }
 
 // Next waits until sandbox id's route is no longer of generation gen

@@ -2,6 +2,7 @@ package nodeapi
 
 import (
 	"fmt"
+	"time"
 
 	"sandstorm/internal/errdefs"
 )
@@ -49,6 +50,17 @@ type Routes struct {
 	Version int64    `json:"version"`
 	Set     []Route  `json:"set,omitempty"`
 	Drop    []string `json:"drop,omitempty"`
+	// Peers are the nodes the master has paired now, every one of them
+	// at each push: only these may forward a request to this node, and
+	// only with a certificate issued after their RevokedAt (a node
+	// forgotten and paired again under its name).
+	Peers []Peer `json:"peers"`
+}
+
+// Peer is a node of the fleet, as its peers are to admit it.
+type Peer struct {
+	Name      string    `json:"name"`
+	RevokedAt time.Time `json:"revoked_at,omitzero"`
 }
 
 // RouteGenerationHeader carries, on a request an ingress forwards, the

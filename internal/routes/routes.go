@@ -24,8 +24,15 @@ import (
 	"sandstorm/internal/store"
 )
 
-// Source is the fleet's routes now.
-type Source func(ctx context.Context) ([]nodeapi.Route, error)
+// Source is the fleet's routes and nodes now.
+type Source func(ctx context.Context) (Snapshot, error)
+
+// Snapshot is what every node is pushed: the routes, and the nodes that
+// may forward to each other.
+type Snapshot struct {
+	Routes []nodeapi.Route
+	Peers  []nodeapi.Peer
+}
 
 // Tokens are sandbox id's envd access token and traffic access token
 // (internal/e2b: HMACs of its ID under the master's key).
@@ -39,41 +46,46 @@ type Tokens func(id string) (access, traffic string)
 // address peers can reach (the master's own, one behind NAT) gets
 // routes with none.
 func FromStore(st *store.Store, tokens Tokens) Source {
-	return func(ctx context.Context) ([]nodeapi.Route, error) {
+	return func(ctx context.Context) (Snapshot, error) {
+		var snap Snapshot
 		ps, err := st.ListAllPlacements(ctx)
 		if err != nil {
-			return nil, err
+			return snap, err
 		}
 		nodes, err := st.ListNodes(ctx)
 		if err != nil {
-			return nil, err
+			return snap, err
 		}
 		metas, err := st.Teams().SandboxMetas(ctx)
 		if err != nil {
-			return nil, err
+			return snap, err
+		}
+		revoked, err := st.Enrol().Revocations(ctx)
+		if err != nil {
+			return snap, err
 		}
 		addr := map[string]string{}
 		for _, n := range nodes {
 			if !strings.HasPrefix(n.Address, "tunnel:") {
 				addr[n.Name] = n.Address
 			}
+			snap.Peers = append(snap.Peers, nodeapi.Peer{Name: n.Name, RevokedAt: revoked[n.Name]})
 		}
 		meta := map[string]store.SandboxMeta{}
 		for _, m := range metas {
 			meta[m.ID] = m
 		}
-		var out []nodeapi.Route
 		for _, p := range ps {
 			m, ok := meta[p.ID]
 			if !ok || p.State == store.PlacementCreating || p.State == store.PlacementDeleting {
 				continue
 			}
 			access, traffic := tokens(p.ID)
-			out = append(out, nodeapi.Route{ID: p.ID, Node: p.Node, Address: addr[p.Node], Generation: p.Generation,
+			snap.Routes = append(snap.Routes, nodeapi.Route{ID: p.ID, Node: p.Node, Address: addr[p.Node], Generation: p.Generation,
 				AccessToken: access, TrafficToken: traffic, Private: m.Private, Paused: m.Paused, AutoResume: m.AutoResume,
 				Env: m.Env, MaskHost: m.MaskHost})
 		}
-		return out, nil
+		return snap, nil
 	}
 }
 
@@ -111,6 +123,7 @@ type Publisher struct {
 type pushed struct {
 	version int64
 	table   map[string]nodeapi.Route
+	peers   []nodeapi.Peer
 }
 
 // PushDeadline bounds one push to one node.
@@ -148,15 +161,17 @@ func (p *Publisher) Run(ctx context.Context, every time.Duration) {
 // them, each node at once: a change, or the table whole to a node this
 // master has not pushed yet or whose table was not what it thought.
 func (p *Publisher) Publish(ctx context.Context) {
-	all, err := p.src(ctx)
+	snap, err := p.src(ctx)
 	if err != nil {
 		p.log.Warn("routes: the fleet's routes could not be read; the nodes keep theirs", "err", err)
 		return
 	}
-	now := make(map[string]nodeapi.Route, len(all))
-	for _, r := range all {
+	now := make(map[string]nodeapi.Route, len(snap.Routes))
+	for _, r := range snap.Routes {
 		now[r.ID] = r
 	}
+	peers := append([]nodeapi.Peer{}, snap.Peers...)
+	sort.Slice(peers, func(i, j int) bool { return peers[i].Name < peers[j].Name })
 	var wg sync.WaitGroup
 	live := map[string]bool{}
 	for _, n := range p.nodes() {
@@ -164,7 +179,7 @@ func (p *Publisher) Publish(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.push(ctx, n, now)
+			p.push(ctx, n, now, peers)
 		}()
 	}
 	wg.Wait()
@@ -178,13 +193,13 @@ func (p *Publisher) Publish(ctx context.Context) {
 }
 
 // push brings n's table to now.
-func (p *Publisher) push(ctx context.Context, n nodeapi.Node, now map[string]nodeapi.Route) {
+func (p *Publisher) push(ctx context.Context, n nodeapi.Node, now map[string]nodeapi.Route, peers []nodeapi.Peer) {
 	p.mu.Lock()
 	prev, known := p.sent[n.Name()]
 	p.mu.Unlock()
-	u := nodeapi.Routes{Full: !known, Base: prev.version}
+	u := nodeapi.Routes{Full: !known, Base: prev.version, Peers: peers}
 	if known {
-		if u.Set, u.Drop = Diff(prev.table, now); len(u.Set) == 0 && len(u.Drop) == 0 {
+		if u.Set, u.Drop = Diff(prev.table, now); len(u.Set) == 0 && len(u.Drop) == 0 && reflect.DeepEqual(peers, prev.peers) {
 			return
 		}
 	} else {
@@ -194,7 +209,7 @@ func (p *Publisher) push(ctx context.Context, n nodeapi.Node, now map[string]nod
 	if errors.Is(err, errdefs.ErrPrecondition) {
 		// Its table is not the one this master pushed (it restarted):
 		// whole, then.
-		u = nodeapi.Routes{Full: true}
+		u = nodeapi.Routes{Full: true, Peers: peers}
 		u.Set, _ = Diff(nil, now)
 		err = p.send(ctx, n, &u)
 	}
@@ -207,7 +222,7 @@ func (p *Publisher) push(ctx context.Context, n nodeapi.Node, now map[string]nod
 		}
 		return
 	}
-	p.sent[n.Name()] = pushed{version: u.Version, table: now}
+	p.sent[n.Name()] = pushed{version: u.Version, table: now, peers: peers}
 }
 
 // send numbers u and pushes it to n.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"testing"
+	"time"
 
 	"sandstorm/internal/fleet/fleettest"
 	"sandstorm/internal/ingress"
@@ -33,7 +34,8 @@ func TestDiff(t *testing.T) {
 func TestPublisher(t *testing.T) {
 	table := []nodeapi.Route{route("a", "n1", 1)}
 	n := fleettest.NewNode()
-	p := NewPublisher(func(context.Context) ([]nodeapi.Route, error) { return slices.Clone(table), nil },
+	peers := []nodeapi.Peer{{Name: "n1"}}
+	p := NewPublisher(func(context.Context) (Snapshot, error) { return Snapshot{Routes: slices.Clone(table), Peers: slices.Clone(peers)}, nil },
 		func() []nodeapi.Node { return []nodeapi.Node{n} }, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	count := func() int {
@@ -58,10 +60,20 @@ func TestPublisher(t *testing.T) {
 	if r, _ := n.Routes.Get("a"); r.Node != "n2" || count() != 2 {
 		t.Errorf("the change: %+v, %d pushes", r, count())
 	}
+	if !n.Routes.AllowPeer("n1", time.Now()) || n.Routes.AllowPeer("n2", time.Now()) {
+		t.Errorf("peers: n1 is paired, n2 is not")
+	}
+	// A node forgotten and paired again: only its new certificates.
+	at := time.Now()
+	peers = []nodeapi.Peer{{Name: "n1", RevokedAt: at}}
+	p.Publish(ctx)
+	if count() != 3 || n.Routes.AllowPeer("n1", at.Add(-time.Minute)) || !n.Routes.AllowPeer("n1", at.Add(time.Second)) {
+		t.Errorf("after n1's revocation: %d pushes; an older certificate allowed %v", count(), n.Routes.AllowPeer("n1", at.Add(-time.Minute)))
+	}
 	n.Routes = ingress.NewTable() // the node restarted
 	table = append(table, route("c", "n1", 4))
 	p.Publish(ctx)
-	if _, n2 := n.Routes.Stat(); n2 != 3 || count() != 4 {
+	if _, n2 := n.Routes.Stat(); n2 != 3 || count() != 5 {
 		t.Errorf("after the node's restart: %d routes, %d pushes (want the change refused, then the table whole)", n2, count())
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/fullduplex"
 	"sandstorm/internal/gateway"
 	"sandstorm/internal/node/layout"
 )
@@ -112,8 +113,11 @@ func (l *Link) Serve(cfg Config, w http.ResponseWriter, r *http.Request, path st
 	// unavailable", net/http ResponseWriter), and the call would die
 	// half-way. (HTTP/2 is full duplex already: the error is ignored.)
 	http.NewResponseController(w).EnableFullDuplex()
+	body := fullduplex.Guard(w, r)
+	defer body.Stop()
 	var failed error
 	proxy := &httputil.ReverseProxy{
+		ModifyResponse: body.Respond,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = tr.sb.Target.String()
@@ -162,9 +166,12 @@ func (l *Link) ServePort(cfg Config, w http.ResponseWriter, r *http.Request, tar
 	ctx, done := l.cuttable(r.Context())
 	defer done()
 	http.NewResponseController(w).EnableFullDuplex()
+	body := fullduplex.Guard(w, r)
+	defer body.Stop()
 	d := dialer(cfg.Mark, 5*time.Second)
 	var failed error
 	proxy := &httputil.ReverseProxy{
+		ModifyResponse: body.Respond,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = target.String()

@@ -19,6 +19,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/fullduplex"
 	"sandstorm/internal/httpjson"
 	"sandstorm/internal/nodeapi"
 )
@@ -312,6 +313,8 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request, path string) er
 	// Full duplex, as the node's own forwarding (internal/node/envdlink):
 	// the body may still be on its way when the answer starts.
 	http.NewResponseController(w).EnableFullDuplex()
+	body := fullduplex.Guard(w, r)
+	defer body.Stop()
 	var failed error
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -326,7 +329,7 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request, path string) er
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.Header.Get(SeamErrorHeader) == "" {
-				return nil
+				return body.Respond(resp)
 			}
 			defer resp.Body.Close()
 			return seamErr{readError(resp)}

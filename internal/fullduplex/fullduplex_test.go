@@ -1,0 +1,70 @@
+package fullduplex
+
+import (
+	"bytes"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+)
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// TestEarlyAnswer: a proxy forwarding full duplex to an upstream that
+// answers before it reads a chunked body, while the client is still
+// sending it. Without Guard the test process dies of the panic in the
+// transport's goroutine.
+func TestEarlyAnswer(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	var logs syncBuf
+	px := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		body := Guard(w, r)
+		defer body.Stop()
+		p := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, Transport: &http.Transport{DisableKeepAlives: true}, FlushInterval: -1,
+			ModifyResponse: body.Respond}
+		p.ServeHTTP(w, r)
+	}))
+	px.Config.ErrorLog = log.New(&logs, "", 0)
+	px.Start()
+	defer px.Close()
+	for i := 0; i < 20; i++ {
+		pr, pw := io.Pipe()
+		answered := make(chan struct{})
+		go func() {
+			pw.Write([]byte("abc"))
+			<-answered // the rest of the body after the answer
+			pw.Write([]byte("def"))
+			pw.Close()
+		}()
+		req, _ := http.NewRequest("POST", px.URL, pr)
+		resp, err := http.DefaultClient.Do(req)
+		close(answered)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+			t.Errorf("answer %q", b)
+		}
+		resp.Body.Close()
+	}
+	px.Close() // its handlers done, their transports' reads too
+	if strings.Contains(logs.String(), "panic") {
+		t.Fatalf("server log: %s", logs.String())
+	}
+}
