@@ -35,7 +35,9 @@ func TestPublisher(t *testing.T) {
 	table := []nodeapi.Route{route("a", "n1", 1)}
 	n := fleettest.NewNode()
 	peers := []nodeapi.Peer{{Name: "n1"}}
-	p := NewPublisher(func(context.Context) (Snapshot, error) { return Snapshot{Routes: slices.Clone(table), Peers: slices.Clone(peers)}, nil },
+	p := NewPublisher(func(context.Context) (Snapshot, error) {
+		return Snapshot{Routes: slices.Clone(table), Peers: slices.Clone(peers)}, nil
+	},
 		func() []nodeapi.Node { return []nodeapi.Node{n} }, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	count := func() int {
