@@ -1,6 +1,7 @@
 # Run by every kernel the Sandstorm code interpreter starts, before its
-# first request (IPKernelApp.exec_files). It adds the display formats the
-# E2B SDK reads beyond IPython's own: "e2b/data" (a pandas DataFrame's
+# first request (IPKernelApp.exec_files), after charts.py. It adds the
+# display formats the E2B SDK reads beyond IPython's own: "e2b/chart" (a
+# matplotlib figure's data, charts.py), "e2b/data" (a pandas DataFrame's
 # columns, as lists) and "application/json" for plain dicts and lists;
 # and makes a PIL image that is shown or saved to a file a displayed PNG,
 # since a sandbox has no screen to show it on.
@@ -54,6 +55,7 @@ def _install():
     formatters = shell.display_formatter.formatters
     formatters["e2b/data"] = _DataFrameColumns(parent=shell.display_formatter)
     formatters["application/json"] = _ContainerJSON(parent=shell.display_formatter)
+    _install_charts(shell)
     try:
         from PIL import Image, ImageShow
     except ImportError:

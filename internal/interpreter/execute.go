@@ -136,7 +136,7 @@ func translate(m message, errored *bool) output {
 
 // mimeFields are the result fields the SDK reads and the MIME type each
 // is taken from; e2b/data is a DataFrame's columns (bootstrap.py), and
-// e2b/chart what E2B's own chart extraction would give (not served).
+// e2b/chart a matplotlib figure's data (charts.py).
 var mimeFields = []struct{ mime, field string }{
 	{"text/plain", "text"},
 	{"text/html", "html"},

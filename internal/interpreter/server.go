@@ -36,8 +36,16 @@ import (
 // Port is where the server listens in a sandbox: the SDK's JUPYTER_PORT.
 const Port = api.CodeInterpreterPort
 
+// bootstrap is what every kernel runs first: the chart format
+// (charts.py), then the other formats, which install it (bootstrap.py).
+//
+//go:embed charts.py
+var charts string
+
 //go:embed bootstrap.py
-var bootstrap string
+var formats string
+
+var bootstrap = charts + "\n" + formats
 
 // Config is how the server starts kernels.
 type Config struct {

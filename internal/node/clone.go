@@ -342,7 +342,7 @@ func (c *cloning) restoreChild(sb store.Sandbox, t store.Template) error {
 	if err := n.tiers.RestoreRunsc(&sb, filepath.Join(stage, "image")); err != nil {
 		return err
 	}
-	if err := layout.CopyTree(bg, filepath.Join(stage, "upper"), d.Upper()); err != nil {
+	if err := n.h.CloneVolume(bg, filepath.Join(stage, "upper"), parent.ID, sb.ID); err != nil {
 		return err
 	}
 	if err := n.h.Prepare(sb, t, n.envd.For(n.h.Dir(parent.ID))); err != nil {

@@ -228,6 +228,9 @@ func (l *leaving) manifest() (livemove.Manifest, []string, error) {
 		From: n.cfg.Name, UsageMiB: l.e.LastUsageMiB()}
 	var image []string
 	var err error
+	if m.Secrets, err = n.h.ExportSecrets(sb.ID); err != nil {
+		return m, nil, err
+	}
 	if d.HasSnapshot() {
 		var key runtimes.Key
 		m.Runtime, key = n.kept.ImageBuild(runtimes.Key(sb.Runsc), d.Snapshot(), runtimeOf(n.be))
@@ -432,6 +435,9 @@ func (a *arriving) restore() (*tiering.Steps, error) {
 		envdDir, _ = n.envd.Named(m.Envd) // checked in checkManifest
 	}
 	steps := tiering.NewSteps()
+	if err := n.h.ImportSecrets(sb.ID, m.Secrets); err != nil {
+		return steps, err
+	}
 	switch {
 	case a.running():
 		if err := n.h.LayOut(sb, t, envdDir); err != nil {

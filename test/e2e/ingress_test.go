@@ -1,11 +1,18 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +21,9 @@ import (
 	"connectrpc.com/connect"
 
 	"sandstorm/api"
+	"sandstorm/internal/node/secretbind"
+	"sandstorm/internal/pki"
+	"sandstorm/internal/secrets"
 	"sandstorm/internal/testenv"
 	pb "sandstorm/third_party/envd/process"
 	"sandstorm/third_party/envd/process/processconnect"
@@ -25,6 +35,43 @@ func ingressEnvd(ingress, id, token string) processconnect.ProcessClient {
 	hc := &http.Client{Transport: headers{next: http.DefaultTransport, set: map[string]string{
 		"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": strconv.Itoa(api.EnvdPort), "X-Access-Token": token}}}
 	return processconnect.NewProcessClient(hc, "http://"+ingress)
+}
+
+// ingressEnvdTLS is one through an ingress serving HTTPS, by the
+// sandbox's own name (https://49983-<id>.sandbox.localhost), the name
+// resolved to the ingress's address, its certificate checked against
+// roots.
+func ingressEnvdTLS(ingress, id, token string, roots *x509.CertPool) processconnect.ProcessClient {
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, ingress)
+		}}
+	hc := &http.Client{Transport: headers{next: tr, set: map[string]string{"X-Access-Token": token}}}
+	_, port, _ := net.SplitHostPort(ingress)
+	return processconnect.NewProcessClient(hc, fmt.Sprintf("https://%d-%s.sandbox.localhost:%s", api.EnvdPort, id, port))
+}
+
+// ingressCert writes a certificate for *.sandbox.localhost from a CA of
+// the test's own, and its key, for --ingress-cert and --ingress-key.
+func ingressCert(t *testing.T) (certFile, keyFile string, roots *x509.CertPool) {
+	t.Helper()
+	ca, err := pki.EnsureCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ca.Issue("ingress", []string{"*.sandbox.localhost"}, time.Hour, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "ingress.pem"), filepath.Join(dir, "ingress-key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o644)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600)
+	return certFile, keyFile, ca.Pool()
 }
 
 type headers struct {
@@ -87,14 +134,16 @@ func counting(ctx context.Context, c processconnect.ProcessClient, n int, lines 
 
 // TestIngress (issue 33, "an ingress that is not the master"): a master
 // and three nodes, each in a network namespace of its own, each with an
-// ingress (serve --ingress-listen). A sandbox on node C is served
-// through node A's ingress — envd checked by its own access token there,
-// a wrong one refused — and a command's output streamed from C through
-// A goes on, whole and in order, while the master is killed with -9
-// mid-stream; a new call through A works with the master down. Back up,
-// the master moves the sandbox to B mid-stream: that stream ends (it
-// does not hang), and the next call through A reaches the sandbox on B,
-// its files with it.
+// ingress (serve --ingress-listen; A's over HTTPS, by the sandbox's own
+// name). A sandbox on node C, with a secret bound, is served through node
+// A's ingress — envd checked by its own access token there, a wrong one
+// refused — and a command's output streamed from C through A goes on,
+// whole and in order, while the master is killed with -9 mid-stream; a
+// new call through A works with the master down. Back up, the master
+// moves the sandbox to B mid-stream: that stream ends (it does not hang),
+// and the next call through A reaches the sandbox on B, its files and
+// its secret's bindings with it (sealed under B's key); every ingress
+// serves it, and once it is deleted none does.
 func TestIngress(t *testing.T) {
 	// The nodes reach each other through this namespace, as machines on
 	// one network do.
@@ -108,8 +157,15 @@ func TestIngress(t *testing.T) {
 	t.Cleanup(func() { os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
 	m := startDaemon(t, masterOnly)
 	var nodes []*machine
+	// A serves HTTPS (a certificate for the sandboxes' names), B and C
+	// plain HTTP (a TLS proxy in front).
+	certFile, keyFile, roots := ingressCert(t)
 	for k := 7; k <= 9; k++ {
-		nodes = append(nodes, fleetMachine(t, k, "--ingress-listen", fmt.Sprintf("10.188.%d.2:8443", k)))
+		args := []string{"--ingress-listen", fmt.Sprintf("10.188.%d.2:8443", k)}
+		if k == 7 {
+			args = append(args, "--ingress-cert", certFile, "--ingress-key", keyFile)
+		}
+		nodes = append(nodes, fleetMachine(t, k, args...))
 	}
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	for _, n := range nodes {
@@ -120,11 +176,20 @@ func TestIngress(t *testing.T) {
 	}
 	m.registerBase(t)
 	ctx := ctxT(t)
-	var sb struct {
+	// With a secret bound: its bindings move with it, sealed anew under
+	// each node's own key.
+	if _, err := m.C.PutSecret(ctx, api.SecretRequest{Name: "api-key", Value: "v-ingress-7f3a", Hosts: []string{"api.example.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	made, err := m.C.CreateSandbox(ctx, api.SandboxRequest{Template: "base", Secrets: map[string]string{"API_KEY": "api-key"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := struct {
 		SandboxID       string `json:"sandboxID"`
 		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	if err := m.C.Do(ctx, http.MethodPost, "/e2b/sandboxes", map[string]any{"templateID": "base", "timeout": 3600}, &sb); err != nil {
+	}{SandboxID: made.ID}
+	if err := m.C.Do(ctx, http.MethodPost, "/e2b/sandboxes/"+made.ID+"/connect", map[string]any{"timeout": 3600}, &sb); err != nil {
 		t.Fatal(err)
 	}
 	if got := m.get(t, sb.SandboxID); got.Node != c.name {
@@ -133,12 +198,12 @@ func TestIngress(t *testing.T) {
 			t.Fatalf("move to %s: HTTP %d %s", c.name, r.Status, r.Body)
 		}
 	}
-	viaA := ingressEnvd(a.addr+":8443", sb.SandboxID, sb.EnvdAccessToken)
+	viaA := ingressEnvdTLS(a.addr+":8443", sb.SandboxID, sb.EnvdAccessToken, roots)
 	testenv.WaitFor(t, 30*time.Second, "the sandbox on "+c.name+" answers through "+a.name+"'s ingress", func() bool {
 		out, err := shell(ctx, viaA, "echo here > /tmp/mark; cat /tmp/mark")
 		return err == nil && out == "here\n"
 	})
-	if _, err := shell(ctx, ingressEnvd(a.addr+":8443", sb.SandboxID, strings.Repeat("0", len(sb.EnvdAccessToken))), "true"); connect.CodeOf(err) != connect.CodeUnauthenticated {
+	if _, err := shell(ctx, ingressEnvdTLS(a.addr+":8443", sb.SandboxID, strings.Repeat("0", len(sb.EnvdAccessToken)), roots), "true"); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Errorf("a wrong access token at the ingress: %v, want unauthenticated", err)
 	}
 	// Which node served it is in C's log, not A's: A forwarded.
@@ -212,6 +277,28 @@ func TestIngress(t *testing.T) {
 	}
 	if out, err := shell(ctx, viaA, "cat /tmp/mark"); err != nil || out != "here\n" {
 		t.Errorf("through %s after the move to %s: %q %v", a.name, b.name, out, err)
+	}
+	// Its secret came with it: sealed under B's key (not C's), naming
+	// the secret's host, and nothing of the value in clear there.
+	sealedAt := func(n *machine) string { return filepath.Join(n.dataDir, "sandboxes", sb.SandboxID, secretbind.File) }
+	boxOf := func(n *machine) *secrets.Box {
+		box, err := secrets.OpenBox(filepath.Join(n.dataDir, secrets.KeyFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return box
+	}
+	if set, err := secretbind.Load(filepath.Dir(sealedAt(b)), sb.SandboxID, boxOf(b), nil); err != nil || len(set.For("api.example.test")) != 1 {
+		t.Errorf("the moved sandbox's secrets on %s: %v", b.name, err)
+	}
+	if _, err := secretbind.Load(filepath.Dir(sealedAt(b)), sb.SandboxID, boxOf(c), nil); !errors.Is(err, secrets.ErrSealed) {
+		t.Errorf("%s's key opened the secrets sealed on %s: %v", c.name, b.name, err)
+	}
+	if raw, _ := os.ReadFile(sealedAt(b)); len(raw) == 0 || bytes.Contains(raw, []byte("v-ingress-7f3a")) {
+		t.Errorf("the sealed file on %s: %d bytes, or the value in clear", b.name, len(raw))
+	}
+	if out, err := shell(ctx, viaA, "echo $API_KEY"); err != nil || !strings.HasPrefix(out, "sandstorm-secret-") {
+		t.Errorf("the marker in the moved sandbox's env: %q %v", out, err)
 	}
 	// B's own ingress serves it too; C's has its route to B.
 	for _, x := range []*machine{b, c} {

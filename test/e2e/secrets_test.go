@@ -92,7 +92,7 @@ func testServerCert(t *testing.T, names ...string) (caPEM []byte, cfg *tls.Confi
 // the marker the sandbox holds, through the sandbox's own unmodified
 // client verifying with its system trust store; another name the policy
 // allows gets the marker. The egress log says which flow had it. Across
-// a snapshot and wake it still goes; and no byte of it is in the data
+// a snapshot and wake it still goes, and from a clone; and no byte of it is in the data
 // dir (the sandbox's memory image, its volume and console log, the
 // store, the sealed bindings) or the daemon's log. A team's key can
 // neither see nor use the operator's secret.
@@ -131,9 +131,9 @@ func TestSandboxSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.track(sb.ID)
-	probe := func(why string) {
+	probe := func(why string, name ...string) {
 		t.Helper()
-		r := cli(t, env, "sandbox", "exec", "vault", "--", "/usr/bin/python3", "-c", secretProbe, string(caPEM), "mirror.test", "other.test")
+		r := cli(t, env, "sandbox", "exec", append(name, "vault")[0], "--", "/usr/bin/python3", "-c", secretProbe, string(caPEM), "mirror.test", "other.test")
 		r.ok(t, "the secret probe")
 		if !strings.Contains(r.Stdout, "TOKEN is a marker") || !strings.Contains(r.Stdout, "mirror.test says authorized") || !strings.Contains(r.Stdout, "other.test says unauthorized") {
 			t.Errorf("%s: in the sandbox:\n%s", why, r.Stdout)
@@ -151,6 +151,15 @@ func TestSandboxSecrets(t *testing.T) {
 	d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
 	searchForSecret(t, d, secret)
 	probe("woken from its snapshot") // its boundary opened the sealed bindings again
+
+	// A clone has its parent's markers in its memory and its parent's
+	// CA in its volume: it gets the bindings too, sealed for itself.
+	res, err := d.C.Clone(ctxT(t), "vault", api.CloneRequest{Count: 1, Principal: "vault"})
+	if err != nil || len(res.Children) != 1 {
+		t.Fatalf("clone: %+v %v", res, err)
+	}
+	d.track(res.Children[0].ID)
+	probe("a clone", res.Children[0].Name)
 
 	// A team's key sees none of the operator's secrets, and cannot bind one.
 	key := strings.TrimSpace(cli(t, env, "api-key", "create", "blue").Stdout)

@@ -9,6 +9,7 @@ package host
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -201,6 +202,32 @@ func (h *Host) BoundaryUp(sb store.Sandbox) error {
 	}
 	return h.cfg.Bounds.Up(boundaries.Sandbox{ID: sb.ID, Principal: PrincipalOf(sb), Net: nw,
 		Socket: h.Dir(sb.ID).AgentSock(), Activity: h.cfg.Activity(sb.ID), Egress: rules, Secrets: sec})
+}
+
+// ExportSecrets is sandbox id's bindings opened, for a live move
+// (secretbind.Export); ImportSecrets seals on this node those a move
+// brought (secretbind.Import).
+func (h *Host) ExportSecrets(id string) (json.RawMessage, error) {
+	return secretbind.Export(string(h.Dir(id)), id, h.cfg.Secrets)
+}
+
+func (h *Host) ImportSecrets(id string, plain json.RawMessage) error {
+	return secretbind.Import(string(h.Dir(id)), id, h.cfg.Secrets, plain)
+}
+
+// CloneVolume gives clone child the volume its parent had at the clone
+// (upper, from the clone's stage) and the parent's bound secrets, sealed
+// for the child: its volume trusts the parent's CA, and its memory and
+// environment hold the parent's markers.
+func (h *Host) CloneVolume(ctx context.Context, upper, parent, child string) error {
+	if err := layout.CopyTree(ctx, upper, h.Dir(child).Upper()); err != nil {
+		return err
+	}
+	plain, err := h.ExportSecrets(parent)
+	if err != nil {
+		return err
+	}
+	return h.ImportSecrets(child, plain)
 }
 
 // InstallSecrets gives new sandbox sb (of template t) its bound secrets

@@ -62,6 +62,11 @@ type Manifest struct {
 	// UsageMiB is what its memory held at the checkpoint.
 	UsageMiB int64  `json:"usage_mib,omitempty"`
 	From     string `json:"from"`
+	// Secrets are its bound secrets opened (secretbind.Export), values
+	// and its CA's key: the stream runs only over the nodes' and the
+	// master's mutual TLS, and the node it goes to seals them under its
+	// own key before anything of it runs there.
+	Secrets json.RawMessage `json:"secrets,omitempty"`
 }
 
 // Entries of a move stream, in this order: the manifest, the image's
@@ -74,7 +79,7 @@ const (
 )
 
 // maxManifest bounds a stream's manifest.
-const maxManifest = 64 << 10
+const maxManifest = 1 << 20
 
 // maxImageOver is what an image may hold beyond its sandbox's memory
 // limit (the sentry's own state).

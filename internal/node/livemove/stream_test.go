@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 
 	r, got, err := ReadManifest(&buf)
-	if err != nil || got != m {
+	if err != nil || !reflect.DeepEqual(got, m) {
 		t.Fatalf("manifest read back: %+v %v", got, err)
 	}
 	dst := layout.Dir(t.TempDir())

@@ -17,6 +17,7 @@ import (
 	"slices"
 
 	"sandstorm/api"
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/secretfile"
 	"sandstorm/internal/secrets"
@@ -102,6 +103,21 @@ func trust(lower, upper string, certPEM []byte) error {
 // with none has a nil set. One that does not open is an error: its
 // boundary stays down rather than come up without them.
 func Load(dir, id string, box *secrets.Box, roots *x509.CertPool) (*inject.Set, error) {
+	plain, err := Export(dir, id, box)
+	if plain == nil || err != nil {
+		return nil, err
+	}
+	var s sealed
+	if err := json.Unmarshal(plain, &s); err != nil {
+		return nil, fmt.Errorf("sandbox %s's secrets: %w", id, err)
+	}
+	return inject.NewSet(s.Bindings, s.CACert, s.CAKey, roots)
+}
+
+// Export is sandbox id's sealed bindings in dir opened, as a live move
+// carries them to the node it goes to (livemove.Manifest.Secrets, over
+// the nodes' mutual TLS): nil if it has none.
+func Export(dir, id string, box *secrets.Box) (json.RawMessage, error) {
 	b, err := os.ReadFile(filepath.Join(dir, File))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -116,9 +132,22 @@ func Load(dir, id string, box *secrets.Box, roots *x509.CertPool) (*inject.Set, 
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s's secrets: %w", id, err)
 	}
-	var s sealed
-	if err := json.Unmarshal(plain, &s); err != nil {
-		return nil, fmt.Errorf("sandbox %s's secrets: %w", id, err)
+	return plain, nil
+}
+
+// Import seals in dir, under this node's box, what Export gave on the
+// node sandbox id came from: its bindings and its CA, which its volume's
+// trust store already holds (nothing if plain is nil).
+func Import(dir, id string, box *secrets.Box, plain json.RawMessage) error {
+	if plain == nil {
+		return nil
 	}
-	return inject.NewSet(s.Bindings, s.CACert, s.CAKey, roots)
+	var s sealed
+	if err := json.Unmarshal(plain, &s); err != nil || len(s.Bindings) == 0 || len(s.CAKey) == 0 {
+		return fmt.Errorf("%w: sandbox %s's secrets in its move are malformed", errdefs.ErrBadInput, id)
+	}
+	if box == nil {
+		return fmt.Errorf("%w: sandbox %s has secrets and this node keeps no secrets key", errdefs.ErrPrecondition, id)
+	}
+	return secretfile.Write(filepath.Join(dir, File), box.Seal(plain, "sandbox/"+id))
 }

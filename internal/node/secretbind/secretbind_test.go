@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"sandstorm/internal/errdefs"
 	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/secrets"
 )
@@ -61,5 +62,45 @@ func TestInstallAndLoad(t *testing.T) {
 	got, _ := os.ReadFile(filepath.Join(upper2, Bundle))
 	if strings.Contains(string(got), "HOST ONLY") || !strings.HasPrefix(string(got), "-----BEGIN CERTIFICATE-----") {
 		t.Errorf("a linked bundle was followed: %.40q", got)
+	}
+}
+
+// TestMove: a live move carries a sandbox's bindings opened (Export) and
+// the node it goes to seals them under its own key (Import): they open
+// there, with the same CA (the one its volume trusts), and not with the
+// first node's key; a node with no secrets key refuses them.
+func TestMove(t *testing.T) {
+	from, _ := secrets.OpenBox(filepath.Join(t.TempDir(), secrets.KeyFile))
+	to, _ := secrets.OpenBox(filepath.Join(t.TempDir(), secrets.KeyFile))
+	src, dst := t.TempDir(), t.TempDir()
+	b := []inject.Binding{{Name: "k", Marker: secrets.NewMarker(), Value: "v", Hosts: []string{"api.test"}}}
+	if err := Install(src, t.TempDir(), filepath.Join(t.TempDir(), "upper"), "sb1", from, b); err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Export(src, "sb1", from)
+	if err != nil || plain == nil {
+		t.Fatalf("Export: %v", err)
+	}
+	if err := Import(dst, "sb1", to, plain); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := Load(dst, "sb1", to, nil); err != nil || len(c.For("api.test")) != 1 {
+		t.Fatalf("Load where it arrived: %v", err)
+	}
+	// The same CA (the one its volume trusts) and the same bindings.
+	if again, err := Export(dst, "sb1", to); err != nil || !bytes.Equal(again, plain) {
+		t.Errorf("what arrived differs from what left: %v", err)
+	}
+	if _, err := Load(dst, "sb1", from, nil); !errors.Is(err, secrets.ErrSealed) {
+		t.Errorf("the first node's key opened the moved bindings: %v", err)
+	}
+	if err := Import(t.TempDir(), "sb1", nil, plain); !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Errorf("a node with no secrets key: %v", err)
+	}
+	if err := Import(t.TempDir(), "sb1", to, []byte(`{"bindings":[]}`)); !errors.Is(err, errdefs.ErrBadInput) {
+		t.Errorf("malformed: %v", err)
+	}
+	if plain, err := Export(t.TempDir(), "sb2", from); plain != nil || err != nil {
+		t.Errorf("a sandbox with none: %q %v", plain, err)
 	}
 }
