@@ -33,7 +33,9 @@ type Body struct {
 // Guard replaces r's body with one that Stop ends. Give Respond to the
 // proxy as its ModifyResponse (or call it from there), and defer Stop.
 func Guard(w http.ResponseWriter, r *http.Request) *Body {
-	b := &Body{w: w, r: r, rc: r.Body, eof: r.Body == nil || r.Body == http.NoBody, left: r.ContentLength}
+	// HTTP/2 reads each stream's body apart from the connection: only
+	// HTTP/1 has the hazard.
+	b := &Body{w: w, r: r, rc: r.Body, eof: r.Body == nil || r.Body == http.NoBody || r.ProtoMajor != 1, left: r.ContentLength}
 	if !b.eof {
 		r.Body = b
 	}
