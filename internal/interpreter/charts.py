@@ -180,7 +180,23 @@ def _keep_box_stats(axes_module):
     Axes.bxp = bxp
 
 
+def _chart_repr(figure_module):
+    # The chart is the Figure's own _repr_e2b_chart_, which the format
+    # calls: a printer registered for the Figure type would not last, as
+    # IPython drops every formatter's Figure printer when it sets the
+    # inline backend up (select_figure_formats).
+    figure_module.Figure._repr_e2b_chart_ = _figure_chart
+
+
+# What is done to matplotlib's modules once they are imported.
+_patches = {"matplotlib.axes": _keep_box_stats, "matplotlib.figure": _chart_repr}
+
+
 def _install_charts(shell):
+    import importlib.abc
+    import importlib.util
+    import sys
+
     from IPython.core.formatters import BaseFormatter
     from traitlets import ObjectName, Unicode
 
@@ -189,35 +205,32 @@ def _install_charts(shell):
         print_method = ObjectName("_repr_e2b_chart_")
         _return_type = (dict,)
 
-    f = _ChartFormatter(parent=shell.display_formatter)
-    f.for_type_by_name("matplotlib.figure", "Figure", _figure_chart)
-    shell.display_formatter.formatters["e2b/chart"] = f
+    shell.display_formatter.formatters["e2b/chart"] = _ChartFormatter(parent=shell.display_formatter)
 
-    # Box statistics are kept from matplotlib's import on (a hook on the
-    # import, as matplotlib is not imported by the bootstrap).
-    import importlib.abc
-    import sys
-
-    if "matplotlib.axes" in sys.modules:
-        _keep_box_stats(sys.modules["matplotlib.axes"])
+    # matplotlib is not imported here: each module is patched as it is
+    # imported (one already imported, at once).
+    pending = dict(_patches)
+    for name in list(pending):
+        if name in sys.modules:
+            pending.pop(name)(sys.modules[name])
+    if not pending:
         return
 
     class _Hook(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name != "matplotlib.axes":
+            patch = pending.pop(name, None)
+            if patch is None:
                 return None
-            sys.meta_path.remove(self)
+            if not pending:
+                sys.meta_path.remove(self)
             spec = importlib.util.find_spec(name)
-            loader = spec.loader
-            exec_module = loader.exec_module
+            exec_module = spec.loader.exec_module
 
             def run(module):
                 exec_module(module)
-                _keep_box_stats(module)
+                patch(module)
 
-            loader.exec_module = run
+            spec.loader.exec_module = run
             return spec
-
-    import importlib.util
 
     sys.meta_path.insert(0, _Hook())
