@@ -47,14 +47,15 @@ func Handler(cfg Config) http.Handler {
 			return
 		}
 		rt, known := cfg.Table.Get(id)
-		// Unknown, it has no tokens: its envd is refused as a wrong
-		// token is (nothing said of whether it exists), its open ports
-		// are "not found".
-		if !sandboxtraffic.Check(w, r, id, port, tokens(rt)) {
+		if !known {
+			// No route: no sandbox of that ID in the fleet (or not yet
+			// recorded). E2B's proxy says so as it does for a sandbox
+			// deleted, which the SDK reads as "not found"; IDs are not
+			// secrets (every public port's name holds one).
+			sandboxtraffic.Gone(w, id)
 			return
 		}
-		if !known {
-			sandboxtraffic.Gone(w, id)
+		if !sandboxtraffic.Check(w, r, id, port, tokens(rt)) {
 			return
 		}
 		if rt.Paused {

@@ -62,8 +62,7 @@ func (f *fleet) do(method, host, path, token string, hdr ...string) *httptest.Re
 // node's is forwarded to its holder at the route's address; envd takes
 // the sandbox's own token and no other (nor another sandbox's), and the
 // token does not go in; a private sandbox's port takes its traffic token;
-// an unknown sandbox's envd is refused as a wrong token is, its port is
-// E2B's 502.
+// an unknown sandbox is E2B's 502, envd or port.
 func TestIngressServes(t *testing.T) {
 	f := newFleet(t)
 	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "tok-a"); w.Code != 200 || w.Body.String() != "envd sb-a /health" {
@@ -79,7 +78,10 @@ func TestIngressServes(t *testing.T) {
 	if got.Header.Get("X-Access-Token") != "" || got.Header.Get(nodeapi.RouteGenerationHeader) != "2" || got.Header.Get(api.EnvdEnvHeader) == "" {
 		t.Errorf("what the holder got: token %q, generation %q, env %q", got.Header.Get("X-Access-Token"), got.Header.Get(nodeapi.RouteGenerationHeader), got.Header.Get(api.EnvdEnvHeader))
 	}
-	for _, c := range []struct{ host, tok string }{{"49983-sb-c.sb.test", "tok-a"}, {"49983-sb-c.sb.test", ""}, {"49983-sb-nope.sb.test", "tok-a"}} {
+	if w := f.do("GET", "49983-sb-nope.sb.test", "/health", "tok-a"); w.Code != http.StatusBadGateway {
+		t.Errorf("an unknown sandbox's envd: %d, want E2B's 502", w.Code)
+	}
+	for _, c := range []struct{ host, tok string }{{"49983-sb-c.sb.test", "tok-a"}, {"49983-sb-c.sb.test", ""}} {
 		if w := f.do("GET", c.host, "/health", c.tok); w.Code != http.StatusUnauthorized {
 			t.Errorf("%s with %q: %d %s, want 401", c.host, c.tok, w.Code, w.Body.String())
 		}

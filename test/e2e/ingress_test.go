@@ -51,15 +51,16 @@ func ingressEnvdTLS(ingress, id, token string, roots *x509.CertPool) processconn
 	return processconnect.NewProcessClient(hc, fmt.Sprintf("https://%d-%s.sandbox.localhost:%s", api.EnvdPort, id, port))
 }
 
-// ingressCert writes a certificate for *.sandbox.localhost from a CA of
-// the test's own, and its key, for --ingress-cert and --ingress-key.
-func ingressCert(t *testing.T) (certFile, keyFile string, roots *x509.CertPool) {
+// ingressCert writes a certificate for *.sandbox.localhost (and hosts)
+// from a CA of the test's own, and its key, for --ingress-cert and
+// --ingress-key.
+func ingressCert(t *testing.T, hosts ...string) (certFile, keyFile string, ca *pki.CA) {
 	t.Helper()
 	ca, err := pki.EnsureCA(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ca.Issue("ingress", []string{"*.sandbox.localhost"}, time.Hour, true, false)
+	c, err := ca.Issue("ingress", append([]string{"*.sandbox.localhost"}, hosts...), time.Hour, true, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func ingressCert(t *testing.T) (certFile, keyFile string, roots *x509.CertPool) 
 	certFile, keyFile = filepath.Join(dir, "ingress.pem"), filepath.Join(dir, "ingress-key.pem")
 	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o644)
 	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600)
-	return certFile, keyFile, ca.Pool()
+	return certFile, keyFile, ca
 }
 
 type headers struct {
@@ -143,7 +144,9 @@ func counting(ctx context.Context, c processconnect.ProcessClient, n int, lines 
 // moves the sandbox to B mid-stream: that stream ends (it does not hang),
 // and the next call through A reaches the sandbox on B, its files and
 // its secret's bindings with it (sealed under B's key); every ingress
-// serves it, and once it is deleted none does.
+// serves it, E2B's SDK unchanged does its commands, files and a stream
+// with A's ingress as its sandbox URL, and once it is deleted no ingress
+// serves it.
 func TestIngress(t *testing.T) {
 	// The nodes reach each other through this namespace, as machines on
 	// one network do.
@@ -159,7 +162,8 @@ func TestIngress(t *testing.T) {
 	var nodes []*machine
 	// A serves HTTPS (a certificate for the sandboxes' names), B and C
 	// plain HTTP (a TLS proxy in front).
-	certFile, keyFile, roots := ingressCert(t)
+	certFile, keyFile, ingressCA := ingressCert(t, "10.188.7.2")
+	roots := ingressCA.Pool()
 	for k := 7; k <= 9; k++ {
 		args := []string{"--ingress-listen", fmt.Sprintf("10.188.%d.2:8443", k)}
 		if k == 7 {
@@ -178,10 +182,15 @@ func TestIngress(t *testing.T) {
 	ctx := ctxT(t)
 	// With a secret bound: its bindings move with it, sealed anew under
 	// each node's own key.
-	if _, err := m.C.PutSecret(ctx, api.SecretRequest{Name: "api-key", Value: "v-ingress-7f3a", Hosts: []string{"api.example.test"}}); err != nil {
+	// A team's, as E2B's SDK asks with its key.
+	env := []string{"SANDSTORM_API=" + m.API, "SANDSTORM_DATA_DIR=" + m.DataDir, "SANDSTORM_TOKEN="}
+	key := strings.TrimSpace(cli(t, env, "api-key", "create", "ingress-team").Stdout)
+	team := *m.C
+	team.Token = key
+	if _, err := team.PutSecret(ctx, api.SecretRequest{Name: "api-key", Value: "v-ingress-7f3a", Hosts: []string{"api.example.test"}}); err != nil {
 		t.Fatal(err)
 	}
-	made, err := m.C.CreateSandbox(ctx, api.SandboxRequest{Template: "base", Secrets: map[string]string{"API_KEY": "api-key"}})
+	made, err := team.CreateSandbox(ctx, api.SandboxRequest{Template: "base", Secrets: map[string]string{"API_KEY": "api-key"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,6 +315,18 @@ func TestIngress(t *testing.T) {
 			t.Errorf("through %s's ingress after the move: %q %v", x.name, out, err)
 		}
 	}
+	// E2B's SDK, unchanged, with A's ingress as its sandbox URL.
+	script, err := filepath.Abs("../../testdata/e2b/ingress.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	masterCA, err := os.ReadFile(filepath.Join(m.DataDir, "pki", "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cas := writeTemp(t, "cas.pem", string(masterCA)+string(ingressCA.PEM))
+	runFlows(t, m, script, "e2b", key, key, "SANDBOX_ID="+sb.SandboxID, "E2B_SANDBOX_URL=https://"+a.addr+":8443", "NODE_EXTRA_CA_CERTS="+cas)
+
 	// Deleted, it has no route: every ingress answers E2B's "not found".
 	if err := m.C.DeleteSandbox(ctx, sb.SandboxID); err != nil {
 		t.Fatal(err)
