@@ -117,6 +117,8 @@ type Publisher struct {
 	mu      sync.Mutex
 	version int64
 	sent    map[string]pushed // by node: what it has, as far as this master knows
+	busy    map[string]bool   // a push to the node is under way
+	again   map[string]bool   // and another was asked for meanwhile
 }
 
 // pushed is what a node was last pushed.
@@ -131,7 +133,7 @@ const PushDeadline = 10 * time.Second
 
 // NewPublisher publishes src to the nodes nodes answers.
 func NewPublisher(src Source, nodes func() []nodeapi.Node, log *slog.Logger) *Publisher {
-	return &Publisher{src: src, nodes: nodes, log: log, kick: make(chan struct{}, 1), sent: map[string]pushed{}}
+	return &Publisher{src: src, nodes: nodes, log: log, kick: make(chan struct{}, 1), sent: map[string]pushed{}, busy: map[string]bool{}, again: map[string]bool{}}
 }
 
 // Changed asks for a push soon; it never blocks (changes coalesce).
@@ -147,7 +149,7 @@ func (p *Publisher) Run(ctx context.Context, every time.Duration) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
-		p.Publish(ctx)
+		p.publish(ctx, false)
 		select {
 		case <-ctx.Done():
 			return
@@ -159,8 +161,15 @@ func (p *Publisher) Run(ctx context.Context, every time.Duration) {
 
 // Publish pushes the routes now to every node whose table differs from
 // them, each node at once: a change, or the table whole to a node this
-// master has not pushed yet or whose table was not what it thought.
-func (p *Publisher) Publish(ctx context.Context) {
+// master has not pushed yet or whose table was not what it thought. It
+// returns when every push it started is done.
+func (p *Publisher) Publish(ctx context.Context) { p.publish(ctx, true) }
+
+// publish is Publish; without wait it returns once the pushes are
+// started, so that a node slow to answer (about to be taken for lost)
+// holds no other node's routes back. A node whose last push is still
+// under way is pushed again when it is done.
+func (p *Publisher) publish(ctx context.Context, wait bool) {
 	snap, err := p.src(ctx)
 	if err != nil {
 		p.log.Warn("routes: the fleet's routes could not be read; the nodes keep theirs", "err", err)
@@ -174,22 +183,38 @@ func (p *Publisher) Publish(ctx context.Context) {
 	sort.Slice(peers, func(i, j int) bool { return peers[i].Name < peers[j].Name })
 	var wg sync.WaitGroup
 	live := map[string]bool{}
+	p.mu.Lock()
 	for _, n := range p.nodes() {
-		live[n.Name()] = true
+		name := n.Name()
+		live[name] = true
+		if p.busy[name] {
+			p.again[name] = true
+			continue
+		}
+		p.busy[name] = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			p.push(ctx, n, now, peers)
+			p.mu.Lock()
+			again := p.again[name]
+			delete(p.busy, name)
+			delete(p.again, name)
+			p.mu.Unlock()
+			if again {
+				p.Changed()
+			}
 		}()
 	}
-	wg.Wait()
-	p.mu.Lock()
 	for name := range p.sent {
 		if !live[name] {
 			delete(p.sent, name)
 		}
 	}
 	p.mu.Unlock()
+	if wait {
+		wg.Wait()
+	}
 }
 
 // push brings n's table to now.

@@ -79,3 +79,53 @@ func TestPublisher(t *testing.T) {
 		t.Errorf("after the node's restart: %d routes, %d pushes (want the change refused, then the table whole)", n2, count())
 	}
 }
+
+// stuck is a node whose pushes wait until released.
+type stuck struct {
+	*fleettest.Node
+	release chan struct{}
+}
+
+func (s stuck) Name() string { return "slow" }
+
+func (s stuck) PutRoutes(ctx context.Context, u nodeapi.Routes) error {
+	<-s.release
+	return s.Node.PutRoutes(ctx, u)
+}
+
+// TestPublisherSlowNode: a node slow to take its routes (about to be
+// taken for lost) holds no other node's back; a change made meanwhile
+// reaches it once it answers.
+func TestPublisherSlowNode(t *testing.T) {
+	table := []nodeapi.Route{route("a", "n1", 1)}
+	slow := stuck{Node: fleettest.NewNode(), release: make(chan struct{})}
+	fast := fleettest.NewNode()
+	p := NewPublisher(func(context.Context) (Snapshot, error) { return Snapshot{Routes: slices.Clone(table)}, nil },
+		func() []nodeapi.Node { return []nodeapi.Node{slow, fast} }, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	p.publish(ctx, false)
+	table = append(table, route("b", "n1", 2))
+	p.publish(ctx, false) // the slow node's first push is still under way
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, n := fast.Routes.Stat(); n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fast node did not get its routes while the slow one held its push")
+		}
+		p.publish(ctx, false)
+	}
+	close(slow.release)
+	// Once its push is done, the next publish brings it the change.
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		p.Publish(ctx)
+		if _, n := slow.Routes.Stat(); n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slow node never got the change made while its push was under way")
+		}
+	}
+}
