@@ -9,6 +9,7 @@ import (
 
 	"sandstorm/internal/enrol"
 	"sandstorm/internal/ingress"
+	"sandstorm/internal/metrics"
 	"sandstorm/internal/nodeside"
 )
 
@@ -19,7 +20,8 @@ import (
 // and --ingress-key it is HTTPS (a certificate for *.<gateway-domain>);
 // without, plain HTTP, for a TLS proxy in front.
 func startIngress(o Options, local *nodeside.Side, ep *enrol.Endpoint, streams *streamSet, errc chan<- error, log *slog.Logger) (*http.Server, error) {
-	h := ingress.Handler(ingress.Config{Self: o.NodeName, Local: local, Domain: o.HostDomain, Table: local.Routes, Peer: ep.Peers(), Log: log})
+	h := ingress.Handler(ingress.Config{Self: o.NodeName, Local: local, Domain: o.HostDomain, Table: local.Routes, Peer: ep.Peers(), Log: log,
+		Metrics: metrics.NewIngress(o.mreg, local.Routes.Stat)})
 	raw, err := o.reg.Listen("tcp", o.IngressListen, nil)
 	if err != nil {
 		return nil, fmt.Errorf("--ingress-listen: %w", err)

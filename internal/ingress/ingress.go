@@ -13,6 +13,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/metrics"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/sandboxtraffic"
 )
@@ -30,6 +31,8 @@ type Config struct {
 	// (enrol.Peers: a client per node, kept).
 	Peer func(name, address string) (nodeapi.Node, error)
 	Log  *slog.Logger
+	// Metrics counts the requests' outcomes (nil: not counted).
+	Metrics *metrics.Ingress
 }
 
 // staleWait bounds how long a request that found a route stale (the
@@ -41,61 +44,74 @@ const staleWait = 5 * time.Second
 // /e2b traffic does (internal/e2b, traffic.go), from the table alone.
 func Handler(cfg Config) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, port, err := sandboxtraffic.Target(r, cfg.Domain)
-		if err != nil {
-			sandboxtraffic.Fail(w, err)
-			return
-		}
-		rt, known := cfg.Table.Get(id)
-		if !known {
-			// No route: no sandbox of that ID in the fleet (or not yet
-			// recorded). E2B's proxy says so as it does for a sandbox
-			// deleted, which the SDK reads as "not found"; IDs are not
-			// secrets (every public port's name holds one).
-			sandboxtraffic.Gone(w, id)
-			return
-		}
-		if !sandboxtraffic.Check(w, r, id, port, tokens(rt)) {
-			return
-		}
-		if rt.Paused {
-			if !rt.AutoResume {
-				sandboxtraffic.PausedAnswer(w, id)
-				return
-			}
-			// A resume is the master's to record (its lifetime, its
-			// state): this node cannot.
-			sandboxtraffic.Fail(w, errdefs.New(errdefs.ErrUnavailable, "sandbox %s is paused: its traffic resumes it only through the master's API (api.%s), or connect to it", id, cfg.Domain))
-			return
-		}
-		sandboxtraffic.Strip(r.Header)
-		prepare(r, rt, port)
-		// The holder checks the route before it reads a byte of the
-		// body, and a peer is sent the body only once it said so (100
-		// Continue): a request a stale route sent to the wrong copy is
-		// still whole, and goes again by the new route.
-		body := &trackedBody{rc: r.Body}
-		r.Body = body
-		if r.ContentLength != 0 {
-			r.Header.Set("Expect", "100-continue")
-		}
-		err = cfg.serve(w, r, rt, port)
-		if errors.Is(err, errdefs.ErrNotFound) && !body.read {
-			// The holder has no copy of this generation: a move landed
-			// and the master's push is on its way.
-			ctx, cancel := context.WithTimeout(r.Context(), staleWait)
-			next, ok := cfg.Table.Next(ctx, id, rt.Generation)
-			cancel()
-			if ok && next.Generation != rt.Generation && !next.Paused {
-				err = cfg.serve(w, r, next, port)
-			}
-		}
-		if errors.Is(err, errdefs.ErrNotFound) {
-			sandboxtraffic.Gone(w, id)
-		} else if err != nil {
-			sandboxtraffic.Fail(w, err)
-		}
+		cfg.Metrics.Request(cfg.handle(w, r))
 	})
+}
+
+// handle serves r and says what became of it (metrics.Ingress).
+func (cfg Config) handle(w http.ResponseWriter, r *http.Request) string {
+	id, port, err := sandboxtraffic.Target(r, cfg.Domain)
+	if err != nil {
+		sandboxtraffic.Fail(w, err)
+		return "refused"
+	}
+	rt, known := cfg.Table.Get(id)
+	if !known {
+		// No route: no sandbox of that ID in the fleet (or not yet
+		// recorded). E2B's proxy says so as it does for a sandbox
+		// deleted, which the SDK reads as "not found"; IDs are not
+		// secrets (every public port's name holds one).
+		sandboxtraffic.Gone(w, id)
+		return "gone"
+	}
+	if !sandboxtraffic.Check(w, r, id, port, tokens(rt)) {
+		return "refused"
+	}
+	if rt.Paused {
+		if !rt.AutoResume {
+			sandboxtraffic.PausedAnswer(w, id)
+			return "refused"
+		}
+		// A resume is the master's to record (its lifetime, its
+		// state): this node cannot.
+		sandboxtraffic.Fail(w, errdefs.New(errdefs.ErrUnavailable, "sandbox %s is paused: its traffic resumes it only through the master's API (api.%s), or connect to it", id, cfg.Domain))
+		return "refused"
+	}
+	sandboxtraffic.Strip(r.Header)
+	prepare(r, rt, port)
+	// The holder checks the route before it reads a byte of the body,
+	// and a peer is sent the body only once it said so (100 Continue): a
+	// request a stale route sent to the wrong copy is still whole, and
+	// goes again by the new route.
+	body := &trackedBody{rc: r.Body}
+	r.Body = body
+	if r.ContentLength != 0 {
+		r.Header.Set("Expect", "100-continue")
+	}
+	outcome := "forwarded"
+	if rt.Node == cfg.Self {
+		outcome = "local"
+	}
+	err = cfg.serve(w, r, rt, port)
+	if errors.Is(err, errdefs.ErrNotFound) && !body.read {
+		// The holder has no copy of this generation: a move landed and
+		// the master's push is on its way.
+		ctx, cancel := context.WithTimeout(r.Context(), staleWait)
+		next, ok := cfg.Table.Next(ctx, id, rt.Generation)
+		cancel()
+		if ok && next.Generation != rt.Generation && !next.Paused {
+			outcome, err = "retried", cfg.serve(w, r, next, port)
+		}
+	}
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		sandboxtraffic.Gone(w, id)
+		return "gone"
+	case err != nil:
+		sandboxtraffic.Fail(w, err)
+		return "failed"
+	}
+	return outcome
 }
 
 // tokens are what rt's traffic is checked against.

@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -167,7 +168,7 @@ func TestIngress(t *testing.T) {
 	for k := 7; k <= 9; k++ {
 		args := []string{"--ingress-listen", fmt.Sprintf("10.188.%d.2:8443", k)}
 		if k == 7 {
-			args = append(args, "--ingress-cert", certFile, "--ingress-key", keyFile)
+			args = append(args, "--ingress-cert", certFile, "--ingress-key", keyFile, "--metrics-addr", "10.188.7.2:9600")
 		}
 		nodes = append(nodes, fleetMachine(t, k, args...))
 	}
@@ -326,6 +327,20 @@ func TestIngress(t *testing.T) {
 	}
 	cas := writeTemp(t, "cas.pem", string(masterCA)+string(ingressCA.PEM))
 	runFlows(t, m, script, "e2b", key, key, "SANDBOX_ID="+sb.SandboxID, "E2B_SANDBOX_URL=https://"+a.addr+":8443", "NODE_EXTRA_CA_CERTS="+cas)
+
+	// A's metrics say what it did: forwarded, a stale route followed,
+	// refused, and the routes it holds.
+	resp, err := http.Get("http://10.188.7.2:9600/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsText, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`sandstorm_ingress_requests_total{outcome="forwarded"}`, `sandstorm_ingress_requests_total{outcome="refused"}`, "sandstorm_ingress_routes 1"} {
+		if !strings.Contains(string(metricsText), want) {
+			t.Errorf("%s's metrics have no %s", a.name, want)
+		}
+	}
 
 	// Deleted, it has no route: every ingress answers E2B's "not found".
 	if err := m.C.DeleteSandbox(ctx, sb.SandboxID); err != nil {
