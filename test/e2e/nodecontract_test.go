@@ -45,6 +45,8 @@ func TestNodeContract(t *testing.T) {
 	}
 	tpl := api.Template{Name: "web", Digest: digest, Process: api.Process{Args: webDemo.Args, Env: webDemo.Env}, Ports: webDemo.Ports}
 	nodeapitest.Run(t, func(t *testing.T) nodeapitest.Subject {
-		return nodeapitest.Subject{Node: c, Template: tpl, Rootfs: func() io.Reader { return bytes.NewReader(tree.Bytes()) }, Snapshots: true, Measures: true}
+		// Every node its master dials keeps the fleet's routes (its peers are
+		// admitted by them), with an ingress or without.
+		return nodeapitest.Subject{Node: c, Template: tpl, Rootfs: func() io.Reader { return bytes.NewReader(tree.Bytes()) }, Snapshots: true, Measures: true, Ingress: true}
 	})
 }

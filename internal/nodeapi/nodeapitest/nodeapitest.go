@@ -49,8 +49,8 @@ type Subject struct {
 	// Measures: the node reads what its sandboxes use (a real runtime):
 	// a hot sandbox uses memory, one in the snapshot tier none.
 	Measures bool
-	// Ingress: the node keeps the routes it is pushed (a node without
-	// an ingress takes and ignores them).
+	// Ingress: the node keeps the routes it is pushed (every node its
+	// master dials does; the master's own node takes and ignores them).
 	Ingress bool
 }
 
