@@ -4,12 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
-	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -159,6 +156,7 @@ func (s *Server) execute(ctx context.Context, c *codeContext, req executeRequest
 	if err != nil {
 		return err
 	}
+	envCode := languages[c.Language].env
 	if set := envCode(diff(c.env, sandboxEnv), nil); set != "" {
 		if err := k.execute(ctx, set, true, func(output) {}); err != nil {
 			return err
@@ -199,27 +197,6 @@ func restoreOf(vars, base map[string]string) (set map[string]string, unset []str
 	}
 	sort.Strings(unset)
 	return set, unset
-}
-
-// envCode is Python setting set and removing unset in os.environ. Values
-// are quoted as JSON strings, which Python reads as the same strings.
-func envCode(set map[string]string, unset []string) string {
-	if len(set) == 0 && len(unset) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteString("import os as __sandstorm_os\n")
-	for _, k := range slices.Sorted(maps.Keys(set)) {
-		kq, _ := json.Marshal(k)
-		vq, _ := json.Marshal(set[k])
-		fmt.Fprintf(&b, "__sandstorm_os.environ[%s] = %s\n", kq, vq)
-	}
-	for _, k := range unset {
-		kq, _ := json.Marshal(k)
-		fmt.Fprintf(&b, "__sandstorm_os.environ.pop(%s, None)\n", kq)
-	}
-	b.WriteString("del __sandstorm_os\n")
-	return b.String()
 }
 
 // stream writes output lines to an HTTP response as they come, and a

@@ -17,10 +17,10 @@ import (
 	"sandstorm/internal/errdefs"
 )
 
-// A kernel is one IPython kernel (ipykernel) this process started and
+// A kernel is one Jupyter kernel (languages.go) this process started and
 // talks to over ZeroMQ: requests on its shell channel, its output on
 // iopub. Interrupts are SIGINT to its process, which is how ipykernel
-// wants them (its kernel spec's interrupt_mode is "signal"); stdin is not
+// and IRkernel want them (their kernel specs' interrupt_mode is "signal"); stdin is not
 // connected, so input() raises in the kernel rather than hanging it.
 type kernel struct {
 	cmd    *exec.Cmd
@@ -41,17 +41,14 @@ type kernel struct {
 
 // kernelOptions is how a kernel is started.
 type kernelOptions struct {
-	// Python is the interpreter with ipykernel installed.
-	Python string
+	// Argv is the kernel's command for its connection file's path.
+	Argv func(conn string) []string
 	// Dir is the kernel's working directory.
 	Dir string
 	// Env is the kernel's environment ("KEY=value"); nil: this process's.
 	Env []string
 	// Credential, when set, is who the kernel runs as.
 	Credential *syscall.Credential
-	// Startup, when set, is a Python file the kernel runs before its
-	// first request (the display formatters, bootstrap.py).
-	Startup string
 	// Ready bounds how long the kernel may take to answer its first
 	// request.
 	Ready time.Duration
@@ -142,15 +139,8 @@ func (k *kernel) launch(opts kernelOptions, conn connection) error {
 			}
 		}
 	}
-	// -Xfrozen_modules=off: Python 3.11's frozen standard modules make
-	// ipykernel's debugger warn on every start.
-	args := []string{"-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", file,
-		// Tracebacks without ANSI colours: they are read as text.
-		"--InteractiveShell.colors=NoColor"}
-	if opts.Startup != "" {
-		args = append(args, "--IPKernelApp.exec_files", opts.Startup)
-	}
-	cmd := exec.Command(opts.Python, args...)
+	argv := opts.Argv(file)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir, cmd.Env = opts.Dir, opts.Env
 	// Its stdout only says how to connect to it; its stderr says why it
 	// failed, when it does.
@@ -159,7 +149,7 @@ func (k *kernel) launch(opts kernelOptions, conn connection) error {
 	// closing it ends what the kernel started too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: opts.Credential}
 	if err := cmd.Start(); err != nil {
-		return errdefs.New(errdefs.ErrUnavailable, "interpreter: start %s: %v", opts.Python, err)
+		return errdefs.New(errdefs.ErrUnavailable, "interpreter: start %s: %v", argv[0], err)
 	}
 	k.cmd = cmd
 	go func() {

@@ -1,6 +1,6 @@
 // Package interpreter is the code interpreter server E2B's
 // @e2b/code-interpreter SDK talks to inside a sandbox (port 49999): it
-// runs code in IPython kernels it starts and drives over the Jupyter
+// runs code in Jupyter kernels it starts and drives over the Jupyter
 // messaging protocol (ZeroMQ), and streams what the code prints,
 // displays and raises back as the SDK reads it.
 //
@@ -9,8 +9,8 @@
 // newline-delimited JSON (execute.go); POST /contexts makes a context,
 // GET /contexts lists them, DELETE /contexts/{id} removes one, POST
 // /contexts/{id}/restart starts its kernel afresh; GET /health answers
-// once the default context's kernel is running. Only Python kernels are
-// served (ipykernel): other languages are refused.
+// once the default context's kernel is running. Python, R and bash
+// kernels are served (languages.go): other languages are refused.
 package interpreter
 
 import (
@@ -45,12 +45,22 @@ var charts string
 //go:embed bootstrap.py
 var formats string
 
+// bashKernelSource is the bash kernel (languages.go).
+//
+//go:embed bashkernel.py
+var bashKernelSource string
+
 var bootstrap = charts + "\n" + formats
 
 // Config is how the server starts kernels.
 type Config struct {
-	// Python is the interpreter with ipykernel (default "python3").
+	// Python is the interpreter with ipykernel (default "python3"); the
+	// bash kernel runs on it too.
 	Python string
+	// R is R with IRkernel installed (default "R").
+	R string
+	// Bash is the shell the bash kernel runs (default "bash").
+	Bash string
 	// Workdir is a context's working directory when its create names none
 	// (default: the current directory).
 	Workdir string
@@ -70,10 +80,11 @@ type Config struct {
 
 // Server serves the code interpreter API.
 type Server struct {
-	cfg     Config
-	startup string // bootstrap.py's path
-	cred    *syscall.Credential
-	ready   chan struct{} // closed once the default context answers
+	cfg        Config
+	startup    string // bootstrap.py's path
+	bashKernel string // bashkernel.py's path
+	cred       *syscall.Credential
+	ready      chan struct{} // closed once the default context answers
 
 	mu       sync.Mutex
 	contexts map[string]*codeContext
@@ -132,6 +143,8 @@ func Prepare(cfg Config) (*Server, error) {
 		}
 		cfg.Workdir = wd
 	}
+	cfg.R = cmp.Or(cfg.R, "R")
+	cfg.Bash = cmp.Or(cfg.Bash, "bash")
 	if cfg.KernelReady == 0 {
 		cfg.KernelReady = 2 * time.Minute
 	}
@@ -146,7 +159,8 @@ func Prepare(cfg Config) (*Server, error) {
 	if err := os.Chmod(cfg.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("interpreter: %w", err)
 	}
-	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"), ready: make(chan struct{}),
+	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"),
+		bashKernel: filepath.Join(cfg.StateDir, "bashkernel.py"), ready: make(chan struct{}),
 		contexts: map[string]*codeContext{}, defaults: map[string]string{}}
 	if cfg.User != "" {
 		if err := s.setUser(cfg.User); err != nil {
@@ -156,8 +170,10 @@ func Prepare(cfg Config) (*Server, error) {
 	if err := s.setStateDirs(); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(s.startup, []byte(bootstrap), 0o644); err != nil {
-		return nil, fmt.Errorf("interpreter: %w", err)
+	for _, f := range []struct{ path, text string }{{s.startup, bootstrap}, {s.bashKernel, bashKernelSource}} {
+		if err := os.WriteFile(f.path, []byte(f.text), 0o644); err != nil {
+			return nil, fmt.Errorf("interpreter: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -255,8 +271,8 @@ func normalizeLanguage(l string) string {
 // createContext starts a kernel for language in cwd ("" the default).
 func (s *Server) createContext(language, cwd string) (*codeContext, error) {
 	language = normalizeLanguage(language)
-	if language != "python" {
-		return nil, errdefs.New(errdefs.ErrNotSupported, "no %s kernel in this sandbox: the code interpreter serves python only", language)
+	if _, err := s.lookupLanguage(language); err != nil {
+		return nil, err
 	}
 	if cwd == "" {
 		cwd = s.cfg.Workdir
@@ -264,7 +280,7 @@ func (s *Server) createContext(language, cwd string) (*codeContext, error) {
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
 		return nil, errdefs.New(errdefs.ErrBadInput, "working directory %q is not a directory in the sandbox", cwd)
 	}
-	k, err := s.startKernel(cwd)
+	k, err := s.startKernel(language, cwd)
 	if err != nil {
 		return nil, err
 	}
@@ -277,9 +293,13 @@ func (s *Server) createContext(language, cwd string) (*codeContext, error) {
 	return c, nil
 }
 
-func (s *Server) startKernel(cwd string) (*kernel, error) {
-	return startKernel(kernelOptions{Python: s.cfg.Python, Dir: cwd, Env: s.cfg.Env, Credential: s.cred,
-		Startup: s.startup, Ready: s.cfg.KernelReady})
+func (s *Server) startKernel(language, cwd string) (*kernel, error) {
+	l, err := s.lookupLanguage(language)
+	if err != nil {
+		return nil, err
+	}
+	return startKernel(kernelOptions{Argv: func(conn string) []string { return l.argv(s, conn) },
+		Dir: cwd, Env: s.cfg.Env, Credential: s.cred, Ready: s.cfg.KernelReady})
 }
 
 // context is the context an /execute names, or the language's default
@@ -371,7 +391,7 @@ func (c *codeContext) current() *kernel {
 
 // replaceKernel starts a new kernel for c; the caller holds c.run.
 func (s *Server) replaceKernel(c *codeContext) error {
-	k, err := s.startKernel(c.Cwd)
+	k, err := s.startKernel(c.Language, c.Cwd)
 	if err != nil {
 		return err
 	}
@@ -415,8 +435,12 @@ del __r, __s
 func (s *Server) Reseed(ctx context.Context) error {
 	var errs []error
 	for _, c := range s.list() {
+		code := languages[c.Language].reseed
+		if code == "" {
+			continue
+		}
 		c.run.Lock()
-		err := c.current().execute(ctx, reseedCode, true, func(output) {})
+		err := c.current().execute(ctx, code, true, func(output) {})
 		c.run.Unlock()
 		errs = append(errs, err)
 	}

@@ -1,0 +1,185 @@
+"""A Jupyter kernel for bash, for the code interpreter's language "bash".
+
+Debian packages no bash kernel and E2B's (bash_kernel) is on PyPI only,
+so this is one: ipykernel's Kernel class (the messaging protocol) over one
+long-lived bash process, whose variables, functions and working directory
+last from cell to cell as a terminal's do.
+
+A cell is written to a file and sourced by bash with stdin from /dev/null
+(a command that reads stdin gets end of file, not the kernel's protocol).
+After it, bash prints a marker with the cell's exit status on stdout and
+on stderr; everything before the markers is the cell's output, streamed
+as it comes. A non-zero status is the cell's error, as bash_kernel
+reports it (ename empty, evalue the status).
+
+An interrupt (SIGINT to the kernel, the kernel spec's interrupt_mode
+"signal") is passed to the kernel's process group, which bash and its
+commands share: it stops the command bash runs; bash itself has a trap
+for it and goes on. A cell that does not end within a moment of the
+interrupt (a loop of bash's own builtins) ends with its bash, and a new
+bash starts: as a kernel restart, its variables are lost.
+"""
+
+import codecs
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import tempfile
+import threading
+
+from ipykernel.kernelapp import IPKernelApp
+from ipykernel.kernelbase import Kernel
+
+# How long an interrupted cell may take to end before its bash is killed.
+INTERRUPT_GRACE = 2.0
+
+
+class BashKernel(Kernel):
+    implementation = "sandstorm-bash"
+    implementation_version = "1"
+    language = "bash"
+    language_version = "5"
+    language_info = {"name": "bash", "mimetype": "text/x-sh", "file_extension": ".sh"}
+    banner = "bash"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.cells = tempfile.mkdtemp(prefix="sandstorm-bash-")
+        self.bash = None
+        self.start_bash()
+
+    def start_bash(self):
+        # The marker: random per bash, so no cell's output can end a cell.
+        self.mark = ("\x1esandstorm-%s " % secrets.token_hex(8)).encode()
+        self.bash = subprocess.Popen(
+            # ipykernel ignores SIGINT outside its handlers, and a shell
+            # cannot trap a signal ignored when it starts: env gives bash
+            # and its commands the default back.
+            ["env", "--default-signal=INT", "bash", "--noprofile", "--norc"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            bufsize=0, close_fds=True)
+        self.send_bash("trap : INT\n")
+
+    def send_bash(self, text):
+        self.bash.stdin.write(text.encode())
+        self.bash.stdin.flush()
+
+    def do_execute(self, code, silent, store_history=True, user_expressions=None,
+                   allow_stdin=False, *, cell_id=None):
+        if not code.strip():
+            return self.ok()
+        cell = os.path.join(self.cells, "cell")
+        with open(cell, "w") as f:
+            f.write(code + "\n")
+        out = queue.Queue()
+        readers = [threading.Thread(target=self.read, args=(getattr(self.bash, name), name, out), daemon=True)
+                   for name in ("stdout", "stderr")]
+        for r in readers:
+            r.start()
+        mark = "\\036" + self.mark[1:].decode()
+        try:
+            self.send_bash(". %s </dev/null\nprintf '%s%%d\\n' $?\nprintf '%s0\\n' >&2\n"
+                           % (cell, mark, mark))
+        except OSError:
+            readers = []
+        status = self.relay(readers, out, silent)
+        if status is None:
+            # bash is gone (the cell ran exit) or stuck: a new one.
+            self.restart_bash()
+            return self.error(silent, "", "bash exited; a new bash was started")
+        if status == "interrupted":
+            return self.error(silent, "KeyboardInterrupt", "interrupted")
+        if status != 0:
+            return self.error(silent, "", str(status))
+        return self.ok()
+
+    def relay(self, readers, out, silent):
+        """Sends the cell's output until both markers arrive; the status,
+        "interrupted", or None when bash ended first or would not stop."""
+        done, status, interrupted = 0, None, False
+        deadline = None
+        while done < len(readers):
+            try:
+                item = out.get(timeout=deadline)
+            except KeyboardInterrupt:
+                interrupted, deadline = True, INTERRUPT_GRACE
+                self.interrupt_bash()
+                continue
+            except queue.Empty:
+                self.bash.kill()
+                return None
+            name, text, end = item
+            if text and not silent:
+                self.send_response(self.iopub_socket, "stream", {"name": name, "text": text})
+            if end is not None:
+                done += 1
+                if name == "stdout":
+                    status = end
+        if len(readers) == 0 or status is None or status < 0:
+            return None
+        return "interrupted" if interrupted else status
+
+    def interrupt_bash(self):
+        """Passes the interrupt to bash's command: the server signals the
+        kernel's process only, and bash shares its process group."""
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            os.killpg(os.getpgrp(), signal.SIGINT)
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    def read(self, pipe, name, out):
+        """Puts pipe's output on out as it comes, up to the marker."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        buf = b""
+        while True:
+            chunk = os.read(pipe.fileno(), 65536)
+            if not chunk:
+                out.put((name, decoder.decode(buf, final=True), -1))
+                return
+            buf += chunk
+            i = buf.find(self.mark)
+            if i >= 0 and buf.find(b"\n", i) >= 0:
+                j = buf.find(b"\n", i)
+                status = int(buf[i + len(self.mark):j] or b"0")
+                out.put((name, decoder.decode(buf[:i], final=True), status))
+                return
+            # Send all but what may be the start of a marker.
+            if i < 0:
+                i = buf.rfind(self.mark[:1])
+                if i >= 0 and not self.mark.startswith(buf[i:i + len(self.mark)]):
+                    i = -1
+            cut = len(buf) if i < 0 else i
+            if cut > 0:
+                out.put((name, decoder.decode(buf[:cut]), None))
+                buf = buf[cut:]
+
+    def restart_bash(self):
+        try:
+            self.bash.kill()
+            self.bash.wait(timeout=5)
+        except Exception:
+            pass
+        self.start_bash()
+
+    def ok(self):
+        return {"status": "ok", "execution_count": self.execution_count,
+                "payload": [], "user_expressions": {}}
+
+    def error(self, silent, ename, evalue):
+        content = {"ename": ename, "evalue": evalue, "traceback": []}
+        if not silent:
+            self.send_response(self.iopub_socket, "error", content)
+        content.update(status="error", execution_count=self.execution_count)
+        return content
+
+    def do_shutdown(self, restart):
+        if self.bash:
+            self.bash.kill()
+        return {"status": "ok", "restart": restart}
+
+
+if __name__ == "__main__":
+    IPKernelApp.launch_instance(kernel_class=BashKernel)
