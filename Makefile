@@ -9,7 +9,7 @@ PKGS     := $(shell grep -v '^\#' deps/debian-packages.txt)
 # sandstormd; Debian's runsc is from 2022 and is not used.
 RUNSC_VERSION := $(shell sed -n 's/^[[:space:]]*gvisor\.dev\/gvisor \(v[^ ]*\).*/\1/p' tools/runsc/go.mod)
 
-.PHONY: all build deps deps-debian runsc postgres demo test test-unit test-e2e fuzz bench clean install uninstall
+.PHONY: all build deps deps-debian runsc postgres demo test test-unit test-e2e fuzz bench bench-baselines-deps bench-baselines clean install uninstall
 
 all: build
 
@@ -94,6 +94,23 @@ fuzz:
 
 bench: deps build
 	$(GO) run ./bench/tiers --start --sandstormd $(BIN)
+
+# The runtimes bench/baselines compares with (issue 34). Debian's docker.io
+# would start its dockerd on install: a policy-rc.d (Debian's way to keep
+# packages from starting services) stops that, so the benchmark's own
+# dockerd, started and stopped by it, is the only one. Nothing is enabled.
+BASELINE_PKGS := docker.io podman crun bubblewrap criu uidmap
+bench-baselines-deps: deps
+	@missing=$$(for p in $(BASELINE_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		own=; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; own=1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; status=$$?; \
+		[ -z "$$own" ] || rm -f /usr/sbin/policy-rc.d; exit $$status; \
+	fi
+
+bench-baselines: bench-baselines-deps build
+	$(GO) run ./bench/baselines --sandstormd $(BIN)
 
 clean:
 	rm -rf bin

@@ -270,6 +270,20 @@ func Build(name, dir string) (Demo, error) {
 		}
 		return Demo{}, err
 	}
+	return describe(name, spec), nil
+}
+
+// Describe is how demo name runs, for a rootfs Build made before (a
+// benchmark given a test's rootfs).
+func Describe(name string) (Demo, error) {
+	spec, ok := demos[name]
+	if !ok {
+		return Demo{}, fmt.Errorf("demo: unknown demo %q (known: %s)", name, strings.Join(Names(), ", "))
+	}
+	return describe(name, spec), nil
+}
+
+func describe(name string, spec demoSpec) Demo {
 	d := Demo{
 		Name:  name,
 		Args:  slices.Clone(spec.args),
@@ -285,7 +299,7 @@ func Build(name, dir string) (Demo, error) {
 		w.Reseed.Command = slices.Clone(w.Reseed.Command)
 		d.Warm = &w
 	}
-	return d, nil
+	return d
 }
 
 // prepareDir checks that dir is absent or an empty directory. It reports
