@@ -173,7 +173,9 @@ func (e *engine) Start(ctx context.Context, prog program, i int) (instance, erro
 	case e.kind == "docker":
 		args = append(args, "--runtime", e.runtime)
 	case e.runtime == "runsc":
-		args = append(args, "--runtime", e.runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "network=host")
+		// runsc's state under the engine's directory, not /var/run/runsc.
+		args = append(args, "--runtime", e.runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "network=host",
+			"--runtime-flag", "root="+filepath.Join(e.dir, "runsc"))
 	default:
 		args = append(args, "--runtime", e.runtime)
 	}

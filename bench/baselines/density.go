@@ -96,6 +96,13 @@ func density(ctx context.Context, rt runtime, prog program, budgetMiB int64, max
 			env.log("%s %s: %d copies, MemAvailable %d MiB below the start", rt.Name(), prog.Name, i+1, base-avail)
 		}
 	}
+	if res.Ended == "" { // ctx ended: what ran so far
+		res.Ended = "interrupted"
+		res.Copies = len(res.Started)
+		if avail, err := env.availMiB(); err == nil {
+			res.UsedMiB = base - avail
+		}
+	}
 	// UsedMiB was read with len(Started) copies running when the rule
 	// stopped it, and with Copies running when a copy failed.
 	if n := len(res.Started); n > 0 {

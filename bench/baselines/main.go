@@ -3,7 +3,8 @@
 // Sandstorm seed's two baseline tables): a plain process, bubblewrap,
 // Podman (crun), Docker (runc), Docker and Podman with gVisor (the pinned
 // runsc, registered as a runtime of the benchmark's own engine), and
-// sandstormd with every sandbox awake and with idle ones tiered. Each
+// sandstormd with every sandbox awake (cold-started, and from a warm
+// template) and with idle ones tiered. Each
 // runs the seed's two programs — the demo web server and the 64 MiB numpy
 // app — from the same rootfs.
 //
@@ -13,7 +14,7 @@
 //   - density: copies started one after another, each waited for, until
 //     MemAvailable has dropped by --budget-mib (the seed's 1.9 GB node
 //     kept 512 MiB back: 1,400 MiB), then how many of them still answer.
-//     Tiered, the node holds up to --tiered-count, and --pick of them,
+//     Tiered (from a warm template), the node holds up to --tiered-count, and --pick of them,
 //     chosen at random, are called once the rest have gone idle.
 //
 // Every engine runs with state of its own under the run's work directory
@@ -41,7 +42,7 @@ import (
 )
 
 // allRuntimes are the rows, in the tables' order.
-var allRuntimes = []string{"process", "bwrap", "podman-crun", "podman-runc", "docker-runc", "docker-runsc", "podman-runsc", "sandstormd", "sandstormd-tiered"}
+var allRuntimes = []string{"process", "bwrap", "podman-crun", "podman-runc", "docker-runc", "docker-runsc", "podman-runsc", "sandstormd", "sandstormd-warm", "sandstormd-tiered"}
 
 type config struct {
 	runtimes, programs []string
@@ -49,7 +50,6 @@ type config struct {
 	budgetMiB          int64
 	maxCopies          int
 	tieredCount, pick  int
-	warm               bool
 	runsc              string
 	rootfs             map[string]string // a program's rootfs given, not built
 	subnet, gwPorts    string
@@ -69,7 +69,6 @@ func main() {
 	fs.IntVar(&c.maxCopies, "max-copies", 0, "stop density at this many copies (0: only the memory budget stops it)")
 	fs.IntVar(&c.tieredCount, "tiered-count", 200, "copies the tiered sandstormd is given (the memory budget may stop it first)")
 	fs.IntVar(&c.pick, "pick", 50, "tiered: copies called at random once the rest are idle")
-	fs.BoolVar(&c.warm, "warm", true, "sandstormd's templates are warm (a sandbox starts as a restore of the program answering); false: cold starts, as every other runtime")
 	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc), for sandstormd and registered with Docker and Podman")
 	fs.StringVar(&c.subnet, "subnet", "10.151.0.0/16", "sandstormd's sandbox subnet; must be unused on this host")
 	fs.StringVar(&c.gwPorts, "gateway-ports", "21000-30999", "sandstormd's gateway ports")
@@ -123,9 +122,12 @@ func run(ctx context.Context, c config) (string, error) {
 	defer br.Close()
 	res := br.Results
 	res.Params = map[string]any{"runtimes": c.runtimes, "programs": c.programs, "n": c.n, "budget_mib": c.budgetMiB,
-		"max_copies": c.maxCopies, "warm": c.warm, "tiered_count": c.tieredCount, "pick": c.pick, "timers": c.timers}
+		"max_copies": c.maxCopies, "tiered_count": c.tieredCount, "pick": c.pick, "timers": c.timers}
 	m := &measurer{c: c, br: br, versions: map[string]string{}}
 	for _, name := range c.programs {
+		if ctx.Err() != nil {
+			break
+		}
 		prog, err := buildProgram(name, filepath.Join(br.Work, "rootfs-"+name), c.rootfs[name])
 		if err != nil {
 			return "", err
@@ -140,7 +142,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	res.Params["versions"] = m.versions
 	res.Params["criu_check"] = criuCheck(ctx)
-	res.Tables = append(res.Tables, m.densityTable(), m.startTable())
+	res.Tables = append(res.Tables, m.densityTable(), m.breakdownTable(), m.startTable())
 	path, err := br.Dir.Done(res)
 	if err == nil {
 		err = ctx.Err()
@@ -156,9 +158,12 @@ func (m *measurer) newRuntime(name string) runtime {
 		return &plain{}
 	case "bwrap":
 		return &bwrap{}
-	case "sandstormd", "sandstormd-tiered":
+	case "sandstormd", "sandstormd-warm", "sandstormd-tiered":
+		// Cold starts the program from its rootfs, as every other
+		// runtime does; warm (and tiered, as bench/fill runs it)
+		// restores an image of it already answering.
 		return &sandstormd{bin: m.br.Binary.Path, runsc: m.br.Runsc, work: work, logDir: m.br.Dir.Path,
-			tiered: name == "sandstormd-tiered", warm: m.c.warm, timers: m.c.timers, subnet: m.c.subnet, gwPorts: m.c.gwPorts}
+			tiered: name == "sandstormd-tiered", warm: name != "sandstormd", timers: m.c.timers, subnet: m.c.subnet, gwPorts: m.c.gwPorts}
 	}
 	kind, rt, _ := strings.Cut(name, "-")
 	return newEngine(kind, rt, m.br.Runsc, work)

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"sandstorm/internal/bench"
@@ -30,6 +33,12 @@ type densityRow struct {
 	// how many answered.
 	Picked, PickAnswered int
 	Err                  string
+	// PssMiB is where the memory went with every copy running: the
+	// PSS of the host's processes by class (breakdown.go), less what
+	// each class had before the runtime started; Procs how many
+	// processes of each class were added.
+	PssMiB map[string]float64
+	Procs  map[string]int
 }
 
 type startRow struct {
@@ -74,6 +83,7 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 		m.rows = append(m.rows, row)
 	}()
 	logf("%s, %s: preparing", rt.Name(), prog.Name)
+	baseMiB, baseProcs := memoryByClass()
 	if err := rt.Prepare(ctx, prog); err != nil {
 		row.Err = err.Error()
 		m.br.Results.Note("%s %s: %v", rt.Name(), prog.Name, err)
@@ -97,6 +107,11 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 	row.densityResult = d
 	if err != nil {
 		row.Err = err.Error()
+	}
+	row.PssMiB, row.Procs = memoryByClass()
+	for c, v := range baseMiB {
+		row.PssMiB[c] -= v
+		row.Procs[c] -= baseProcs[c]
 	}
 	logf("%s, %s: %d copies, %.1f MiB each (%s)", rt.Name(), prog.Name, d.Copies, d.PerCopyMiB, d.Ended)
 	if s, ok := rt.(*sandstormd); ok && s.tiered && m.c.pick > 0 && d.Copies > 0 {
@@ -183,6 +198,27 @@ func (m *measurer) densityTable() *bench.Table {
 		}
 		t.Rows = append(t.Rows, []string{r.Runtime, r.Program, strconv.Itoa(r.Copies),
 			fmt.Sprintf("%.1f", r.PerCopyMiB), answered, r.Ended})
+	}
+	return t
+}
+
+// breakdownTable says where each runtime's memory went, per copy.
+func (m *measurer) breakdownTable() *bench.Table {
+	t := &bench.Table{Title: "Where a copy's memory goes (PSS, MiB per copy)",
+		Description: "The PSS of the host's processes by what they are, with every copy running, less what they had before the runtime started, over the copies running. MemAvailable also counts the kernel's own memory for each copy (page tables, sockets, cgroups), which no process's PSS shows.",
+		Columns:     []string{"runtime", "program", "copies running", "by process (processes added)"}}
+	for _, r := range m.rows {
+		n := len(r.Started)
+		if n == 0 {
+			continue
+		}
+		var parts []string
+		for _, c := range slices.Sorted(maps.Keys(r.PssMiB)) {
+			if v := r.PssMiB[c]; v >= 0.05*float64(n) || r.Procs[c] > 0 {
+				parts = append(parts, fmt.Sprintf("%s %.1f (%d)", c, v/float64(n), r.Procs[c]))
+			}
+		}
+		t.Rows = append(t.Rows, []string{r.Runtime, r.Program, strconv.Itoa(n), strings.Join(parts, "; ")})
 	}
 	return t
 }

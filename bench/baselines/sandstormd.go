@@ -30,8 +30,11 @@ type sandstormd struct {
 }
 
 func (r *sandstormd) Name() string {
-	if r.tiered {
-		return "sandstormd, idle tiered"
+	switch {
+	case r.tiered:
+		return "sandstormd, idle ones tiered"
+	case r.warm:
+		return "sandstormd, all awake, warm template"
 	}
 	return "sandstormd, all awake"
 }
@@ -43,10 +46,9 @@ func (r *sandstormd) Version(ctx context.Context) string {
 }
 
 // Prepare starts the daemon (once) and registers prog's rootfs as a
-// template: warm (a sandbox starts as a restore of the program already
-// answering, sandstormd's way to start a template's sandboxes, as the
-// seed's figures were taken) unless --warm=false, which cold-starts the
-// program from its rootfs as every other runtime does.
+// template: cold (the program started from its rootfs, as every other
+// runtime starts it), or warm (a sandbox starts as a restore of the
+// program already answering: the seed's "warm template" row).
 func (r *sandstormd) Prepare(ctx context.Context, prog program) error {
 	if r.sd == nil {
 		if err := r.start(ctx); err != nil {
@@ -65,7 +67,7 @@ func (r *sandstormd) Prepare(ctx context.Context, prog program) error {
 
 func (r *sandstormd) start(ctx context.Context) error {
 	r.made = map[string]bool{}
-	r.data = filepath.Join(r.work, "sandstormd-"+strconv.FormatBool(r.tiered))
+	r.data = filepath.Join(r.work, fmt.Sprintf("sandstormd-%v-%v", r.tiered, r.warm))
 	if err := os.MkdirAll(r.data, 0o700); err != nil {
 		return err
 	}
@@ -79,8 +81,11 @@ func (r *sandstormd) start(ctx context.Context) error {
 	args := append([]string{"--runsc", r.runsc, "--subnet", r.subnet, "--gateway-ports", r.gwPorts, "--log-level", "warn"},
 		timers.Args()...)
 	logName := "sandstormd-awake.log"
-	if r.tiered {
+	switch {
+	case r.tiered:
 		logName = "sandstormd-tiered.log"
+	case r.warm:
+		logName = "sandstormd-warm.log"
 	}
 	sd, err := bench.StartSandstormd(ctx, r.bin, r.data, filepath.Join(r.logDir, logName), args...)
 	if err != nil {
