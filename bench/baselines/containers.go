@@ -33,7 +33,13 @@ type engine struct {
 	image   string
 	running map[string]bool
 	seq     int // names every container anew: a name is never reused
+	// hadRunscRoot: podman's runsc root (/var/run/runsc) was there
+	// before the run, so it is not the run's to remove.
+	hadRunscRoot bool
 }
+
+// podmanRunscRoot is where Podman has runsc keep its state.
+const podmanRunscRoot = "/var/run/runsc"
 
 func newEngine(kind, rt, runsc, work string) *engine {
 	return &engine{kind: kind, runtime: rt, runsc: runsc,
@@ -94,6 +100,8 @@ func (e *engine) startEngine(ctx context.Context) error {
 	}
 	switch e.kind {
 	case "podman":
+		_, err := os.Stat(podmanRunscRoot)
+		e.hadRunscRoot = err == nil
 		p, err := exec.LookPath("podman")
 		if err != nil {
 			return errors.New("podman is not installed: make bench-baselines-deps")
@@ -173,9 +181,10 @@ func (e *engine) Start(ctx context.Context, prog program, i int) (instance, erro
 	case e.kind == "docker":
 		args = append(args, "--runtime", e.runtime)
 	case e.runtime == "runsc":
-		// runsc's state under the engine's directory, not /var/run/runsc.
-		args = append(args, "--runtime", e.runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "network=host",
-			"--runtime-flag", "root="+filepath.Join(e.dir, "runsc"))
+		// Podman gives runsc its own --root (/var/run/runsc): another one
+		// here would hide the containers from its rm. runsc leaves its
+		// null-netns there; Close removes it if the run made it.
+		args = append(args, "--runtime", e.runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "network=host")
 	default:
 		args = append(args, "--runtime", e.runtime)
 	}
@@ -231,6 +240,20 @@ func (e *engine) Close(ctx context.Context) error {
 	if e.kind == "podman" && e.cli != "" {
 		// Podman's storage may hold overlay mounts under its root.
 		e.command(ctx, "system", "reset", "--force").Run()
+		if e.runtime == "runsc" && !e.hadRunscRoot {
+			// Mounts are listed under the real path (/var/run is a link).
+			root, err := filepath.EvalSymlinks(podmanRunscRoot)
+			if err == nil {
+				unmountUnder(root)
+				os.RemoveAll(root)
+			}
+		}
+	}
+	// Whatever an engine failed to remove (a container its rm could not
+	// stop) is still a process whose command line names e.dir: its
+	// conmon or shim, its runsc sandbox and gofer.
+	if n := killNaming(e.dir); n > 0 {
+		errs = append(errs, fmt.Errorf("%s: killed %d processes the engine left running", e.Name(), n))
 	}
 	unmountUnder(e.dir)
 	errs = append(errs, os.RemoveAll(e.dir))
@@ -243,4 +266,24 @@ func unmountUnder(dir string) {
 	for _, m := range bench.MountsUnder(dir) {
 		syscall.Unmount(m, syscall.MNT_DETACH)
 	}
+}
+
+// killNaming kills every process whose command line contains s (a
+// directory only this run uses) and says how many there were.
+func killNaming(s string) int {
+	n := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte(s)) {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				n++
+			}
+		}
+	}
+	return n
 }

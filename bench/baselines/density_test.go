@@ -160,3 +160,26 @@ func TestEngineCloseRemovesItsState(t *testing.T) {
 		t.Errorf("%s after Close: %v", e.dir, err)
 	}
 }
+
+// What an engine leaves running is found by its directory in the command
+// line, and killed; nothing else is.
+func TestKillNaming(t *testing.T) {
+	dir := t.TempDir()
+	left := exec.Command("sleep", "600", dir)
+	other := exec.Command("sleep", "601")
+	for _, c := range []*exec.Cmd{left, other} {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer other.Process.Kill()
+	if n := killNaming(dir); n != 1 {
+		t.Errorf("killed %d, want 1", n)
+	}
+	if err := left.Wait(); err == nil {
+		t.Error("the process naming the directory was not killed")
+	}
+	if syscall.Kill(other.Process.Pid, 0) != nil {
+		t.Error("a process not naming it was killed")
+	}
+}
