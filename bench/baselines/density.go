@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"sandstorm/internal/bench"
 )
 
 // The seed's density rule: copies are started one after another, each
@@ -124,27 +126,6 @@ func density(ctx context.Context, rt runtime, prog program, budgetMiB int64, max
 // polled every 50 ms) or the deadline passes.
 func pollAnswer(hc *http.Client, interval time.Duration) func(ctx context.Context, url string, deadline time.Time) error {
 	return func(ctx context.Context, url string, deadline time.Time) error {
-		for {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-			if err != nil {
-				return err
-			}
-			resp, err := hc.Do(req)
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return nil
-				}
-				err = fmt.Errorf("HTTP %d", resp.StatusCode)
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("no answer from %s: %w", url, err)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(interval):
-			}
-		}
+		return bench.PollAnswer(ctx, hc, url, deadline, func(time.Duration) time.Duration { return interval })
 	}
 }

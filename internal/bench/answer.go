@@ -15,6 +15,12 @@ import (
 // refused connect costs a starting sandbox CPU (gateway.DialInterval), so
 // a tighter poll would slow what it measures.
 func FirstAnswer(ctx context.Context, hc *http.Client, url string, deadline time.Time) error {
+	return PollAnswer(ctx, hc, url, deadline, gateway.DialInterval)
+}
+
+// PollAnswer is FirstAnswer on another schedule: every wait(elapsed)
+// (bench/baselines also polls every 50 ms, as the seed's harness did).
+func PollAnswer(ctx context.Context, hc *http.Client, url string, deadline time.Time, wait func(elapsed time.Duration) time.Duration) error {
 	start := time.Now()
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -36,7 +42,7 @@ func FirstAnswer(ctx context.Context, hc *http.Client, url string, deadline time
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(gateway.DialInterval(time.Since(start))):
+		case <-time.After(wait(time.Since(start))):
 		}
 	}
 }
