@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"sandstorm/internal/testenv"
 )
 
 func TestStopReason(t *testing.T) {
@@ -119,7 +121,7 @@ func TestDensityStopsAtAFailure(t *testing.T) {
 // processes' children with them (each copy is a process group).
 func TestPlainCloseEndsCopies(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("the plain runtime chroots: needs root")
+		testenv.Skip(t, "the plain runtime chroots: needs root")
 	}
 	r := &plain{}
 	prog := program{Name: "sleep", Rootfs: "/", Args: []string{"/bin/sh", "-c", "sleep 600 & sleep 600"}}
