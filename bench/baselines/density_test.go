@@ -167,14 +167,32 @@ func TestEngineCloseRemovesItsState(t *testing.T) {
 // line, and killed; nothing else is.
 func TestKillNaming(t *testing.T) {
 	dir := t.TempDir()
-	left := exec.Command("sleep", "600", dir)
-	other := exec.Command("sleep", "601")
+	// sh's $0 names dir (sleep would refuse it as an argument, and exit);
+	// killed, it leaves at most a sleep of a second behind.
+	left := exec.Command("sh", "-c", "while :; do sleep 1; done", dir)
+	other := exec.Command("sh", "-c", "while :; do sleep 1; done", "other")
 	for _, c := range []*exec.Cmd{left, other} {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	defer other.Process.Kill()
+	// Start returns before the child has exec'd: until then its command
+	// line is this test's.
+	for _, c := range []*exec.Cmd{left, other} {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c.Process.Pid))
+			if strings.HasPrefix(string(b), "sh\x00") {
+				break
+			}
+			if time.Now().After(deadline) {
+				st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.Process.Pid))
+				t.Fatalf("pid %d (%v) never ran sh: %q; stat %s", c.Process.Pid, c.Args, b, st)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 	if n := killNaming(dir); n != 1 {
 		t.Errorf("killed %d, want 1", n)
 	}
