@@ -21,16 +21,20 @@ build:
 	$(GO) build -o bin/ ./cmd/...
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/sandstorm-envd ./cmd/sandstorm-envd
 
-# Builds the pinned runsc into bin/runsc unless it is there already at that
-# version (about 1.5 min; the version string is what `runsc --version`
-# prints and what checkpoint images are stamped with).
+# Builds the pinned runsc (tools/runsc: gVisor's, returning its idle
+# memory; main.go says why) into bin/runsc unless it is there already from
+# these sources (about 1.5 min; the version string is what `runsc --version`
+# prints and what checkpoint images are stamped with; bin/runsc.sources
+# is the hash of tools/runsc it was built from).
+RUNSC_SOURCES = $(shell cat tools/runsc/go.mod tools/runsc/go.sum tools/runsc/*.go | sha256sum | cut -c1-16)
 runsc:
 	@want="gvisor.dev/gvisor@$(RUNSC_VERSION)"; \
-	if [ "$$(bin/runsc --version 2>/dev/null | head -1)" != "runsc version $$want" ]; then \
+	if [ "$$(bin/runsc --version 2>/dev/null | head -1)" != "runsc version $$want" ] || \
+	   [ "$$(cat bin/runsc.sources 2>/dev/null)" != "$(RUNSC_SOURCES)" ]; then \
 		echo "building runsc $$want into bin/runsc (about 1.5 min)"; \
-		mkdir -p bin && cd tools/runsc && CGO_ENABLED=0 $(GO) build -trimpath \
+		mkdir -p bin && (cd tools/runsc && CGO_ENABLED=0 $(GO) build -trimpath \
 			-ldflags "-X gvisor.dev/gvisor/runsc/version.version=$$want" \
-			-o ../../bin/runsc gvisor.dev/gvisor/runsc; \
+			-o ../../bin/runsc .) && echo "$(RUNSC_SOURCES)" > bin/runsc.sources; \
 	fi
 
 # Installs the Debian packages listed in deps/debian-packages.txt, and the

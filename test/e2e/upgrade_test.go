@@ -31,7 +31,7 @@ func buildRunsc(t *testing.T, dir, version string) string {
 	began := time.Now()
 	cmd := exec.Command("go", "build", "-trimpath",
 		"-ldflags", "-X gvisor.dev/gvisor/runsc/version.version="+version,
-		"-o", out, "gvisor.dev/gvisor/runsc")
+		"-o", out, ".")
 	cmd.Dir = filepath.Join(root, "tools", "runsc")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

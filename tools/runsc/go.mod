@@ -24,5 +24,5 @@ require (
 	golang.org/x/sys v0.43.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
-	gvisor.dev/gvisor v0.0.0-20260905035102-160fafc42237 // indirect
+	gvisor.dev/gvisor v0.0.0-20260905035102-160fafc42237
 )
