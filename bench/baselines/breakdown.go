@@ -52,25 +52,44 @@ func processClass(comm string, argv []string) string {
 	return ""
 }
 
-// parsePss is the Pss of a smaps_rollup file, in KiB.
-func parsePss(b []byte) int64 {
+// rollup is what one smaps_rollup file says, in KiB: Pss, and Held, the
+// part of it no reclaim can take back without swap (Pss_Anon plus
+// Pss_Shmem: a Go heap, a sandbox's memory file). The rest of Pss is file
+// pages (runsc's own text, the rootfs's libraries), which MemAvailable
+// counts as available.
+type rollup struct{ Pss, Held int64 }
+
+// parseRollup reads a smaps_rollup file; a line it lacks is 0.
+func parseRollup(b []byte) rollup {
+	var r rollup
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "Pss:"); ok {
-			f := strings.Fields(rest)
-			if len(f) > 0 {
-				n, _ := strconv.ParseInt(f[0], 10, 64)
-				return n
-			}
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		f := strings.Fields(rest)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[0], 10, 64)
+		switch name {
+		case "Pss":
+			r.Pss = n
+		case "Pss_Anon", "Pss_Shmem":
+			r.Held += n
 		}
 	}
-	return 0
+	return r
 }
 
-// memoryByClass sums the PSS of the host's processes by processClass, in
-// MiB, with how many processes each class has.
-func memoryByClass() (mib map[string]float64, procs map[string]int) {
-	mib, procs = map[string]float64{}, map[string]int{}
+// classUsage is one process class's memory, in MiB, and how many
+// processes it has.
+type classUsage struct {
+	PssMiB, HeldMiB float64
+	Procs           int
+}
+
+// memoryByClass sums the memory of the host's processes by processClass.
+func memoryByClass() map[string]classUsage {
+	by := map[string]classUsage{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
@@ -90,12 +109,26 @@ func memoryByClass() (mib map[string]float64, procs map[string]int) {
 		if class == "" {
 			continue
 		}
-		rollup, err := os.ReadFile(filepath.Join(dir, "smaps_rollup"))
+		b, err := os.ReadFile(filepath.Join(dir, "smaps_rollup"))
 		if err != nil {
 			continue
 		}
-		mib[class] += float64(parsePss(rollup)) / 1024
-		procs[class]++
+		r := parseRollup(b)
+		u := by[class]
+		u.PssMiB += float64(r.Pss) / 1024
+		u.HeldMiB += float64(r.Held) / 1024
+		u.Procs++
+		by[class] = u
 	}
-	return mib, procs
+	return by
+}
+
+// usageSince is after less before, class by class.
+func usageSince(after, before map[string]classUsage) map[string]classUsage {
+	d := map[string]classUsage{}
+	for c, a := range after {
+		b := before[c]
+		d[c] = classUsage{PssMiB: a.PssMiB - b.PssMiB, HeldMiB: a.HeldMiB - b.HeldMiB, Procs: a.Procs - b.Procs}
+	}
+	return d
 }

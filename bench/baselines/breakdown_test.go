@@ -26,12 +26,21 @@ func TestProcessClass(t *testing.T) {
 	}
 }
 
-func TestParsePss(t *testing.T) {
-	rollup := "55d0c0a00000-7ffd9a1f0000 ---p 00000000 00:00 0 [rollup]\nRss: 10240 kB\nPss: 8192 kB\nPss_Anon: 4096 kB\n"
-	if got := parsePss([]byte(rollup)); got != 8192 {
-		t.Errorf("Pss %d KiB, want 8192", got)
+func TestParseRollup(t *testing.T) {
+	b := "55d0c0a00000-7ffd9a1f0000 ---p 00000000 00:00 0 [rollup]\nRss: 10240 kB\nPss: 8192 kB\nPss_Dirty: 5000 kB\nPss_Anon: 4096 kB\nPss_File: 3072 kB\nPss_Shmem: 1024 kB\n"
+	if got, want := parseRollup([]byte(b)), (rollup{Pss: 8192, Held: 5120}); got != want {
+		t.Errorf("%+v, want %+v", got, want)
 	}
-	if got := parsePss([]byte("Rss: 1 kB\n")); got != 0 {
-		t.Errorf("no Pss line: %d", got)
+	if got := parseRollup([]byte("Rss: 1 kB\nPss:\n")); got != (rollup{}) {
+		t.Errorf("no Pss value: %+v", got)
+	}
+}
+
+func TestUsageSince(t *testing.T) {
+	before := map[string]classUsage{"sentry": {PssMiB: 1, HeldMiB: 1, Procs: 1}}
+	after := map[string]classUsage{"sentry": {PssMiB: 5, HeldMiB: 3, Procs: 3}, "gofer": {PssMiB: 2, HeldMiB: 1, Procs: 2}}
+	got := usageSince(after, before)
+	if got["sentry"] != (classUsage{PssMiB: 4, HeldMiB: 2, Procs: 2}) || got["gofer"] != after["gofer"] {
+		t.Errorf("%+v", got)
 	}
 }

@@ -54,6 +54,7 @@ type config struct {
 	rootfs             map[string]string // a program's rootfs given, not built
 	subnet, gwPorts    string
 	timers             bench.IdleTimers
+	idleWait           time.Duration
 	bench.Flags
 }
 
@@ -72,6 +73,7 @@ func main() {
 	fs.StringVar(&c.runsc, "runsc", "bin/runsc", "runsc binary (make runsc), for sandstormd and registered with Docker and Podman")
 	fs.StringVar(&c.subnet, "subnet", "10.151.0.0/16", "sandstormd's sandbox subnet; must be unused on this host")
 	fs.StringVar(&c.gwPorts, "gateway-ports", "21000-30999", "sandstormd's gateway ports")
+	fs.DurationVar(&c.idleWait, "idle-wait", 0, "after density, measure the copies again once idle this long (and sandstormd's again after a snapshot and a wake); 0: not at all")
 	c.timers.Register(fs, "the tiered sandstormd's")
 	c.Flags.Register(fs)
 	bench.ParseFlags(fs, func() error {

@@ -33,12 +33,14 @@ type densityRow struct {
 	// how many answered.
 	Picked, PickAnswered int
 	Err                  string
-	// PssMiB is where the memory went with every copy running: the
-	// PSS of the host's processes by class (breakdown.go), less what
-	// each class had before the runtime started; Procs how many
-	// processes of each class were added.
-	PssMiB map[string]float64
-	Procs  map[string]int
+	// Usage is where the memory went with every copy running: the
+	// memory of the host's processes by class (breakdown.go), less what
+	// each class had before the runtime started. Idle is the same after
+	// --idle-wait more, with IdlePerCopyMiB MemAvailable's drop then;
+	// Restored the same again once every copy was snapshotted and woken
+	// (sandstormd all awake only).
+	Usage, Idle, Restored              map[string]classUsage
+	IdlePerCopyMiB, RestoredPerCopyMiB float64
 }
 
 type startRow struct {
@@ -83,7 +85,8 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 		m.rows = append(m.rows, row)
 	}()
 	logf("%s, %s: preparing", rt.Name(), prog.Name)
-	baseMiB, baseProcs := memoryByClass()
+	base := memoryByClass()
+	availBefore, _ := memguard.AvailableMiB()
 	if err := rt.Prepare(ctx, prog); err != nil {
 		row.Err = err.Error()
 		m.br.Results.Note("%s %s: %v", rt.Name(), prog.Name, err)
@@ -108,14 +111,40 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 	if err != nil {
 		row.Err = err.Error()
 	}
-	row.PssMiB, row.Procs = memoryByClass()
-	for c, v := range baseMiB {
-		row.PssMiB[c] -= v
-		row.Procs[c] -= baseProcs[c]
-	}
+	row.Usage = usageSince(memoryByClass(), base)
 	logf("%s, %s: %d copies, %.1f MiB each (%s)", rt.Name(), prog.Name, d.Copies, d.PerCopyMiB, d.Ended)
+	m.idle(ctx, rt, &row, base, availBefore)
 	if s, ok := rt.(*sandstormd); ok && s.tiered && m.c.pick > 0 && d.Copies > 0 {
 		row.Picked, row.PickAnswered = m.pickAtRandom(ctx, name, rt, prog, d.Started[:d.Copies])
+	}
+}
+
+// idle measures row's copies again once they have idled --idle-wait, and
+// for sandstormd all awake once more after a snapshot and a wake: what a
+// copy costs when nobody calls it, fresh and restored.
+func (m *measurer) idle(ctx context.Context, rt runtime, row *densityRow, base map[string]classUsage, availBefore int64) {
+	n := len(row.Started)
+	if m.c.idleWait <= 0 || n == 0 || row.Err != "" {
+		return
+	}
+	sleepCtx(ctx, m.c.idleWait)
+	row.Idle = usageSince(memoryByClass(), base)
+	if now, err := memguard.AvailableMiB(); err == nil {
+		row.IdlePerCopyMiB = float64(availBefore-now) / float64(n)
+	}
+	s, ok := rt.(*sandstormd)
+	if !ok || s.tiered || s.warm {
+		return
+	}
+	logf("%s, %s: snapshot and wake every copy", rt.Name(), row.Program)
+	if err := s.snapshotAndWake(ctx, row.Started[:n]); err != nil {
+		m.br.Results.Note("%s %s: snapshot and wake: %v", rt.Name(), row.Program, err)
+		return
+	}
+	sleepCtx(ctx, m.c.idleWait)
+	row.Restored = usageSince(memoryByClass(), base)
+	if now, err := memguard.AvailableMiB(); err == nil {
+		row.RestoredPerCopyMiB = float64(availBefore-now) / float64(n)
 	}
 }
 
@@ -204,23 +233,41 @@ func (m *measurer) densityTable() *bench.Table {
 
 // breakdownTable says where each runtime's memory went, per copy.
 func (m *measurer) breakdownTable() *bench.Table {
-	t := &bench.Table{Title: "Where a copy's memory goes (PSS, MiB per copy)",
-		Description: "The PSS of the host's processes by what they are, with every copy running, less what they had before the runtime started, over the copies running. MemAvailable also counts the kernel's own memory for each copy (page tables, sockets, cgroups), which no process's PSS shows.",
-		Columns:     []string{"runtime", "program", "copies running", "by process (processes added)"}}
+	t := &bench.Table{Title: "Where a copy's memory goes (MiB per copy: held of PSS)",
+		Description: "The memory of the host's processes by what they are, less what they had before the runtime started, over the copies running: held is what no reclaim takes back without swap (anonymous and shared memory: a Go heap, a sandbox's memory file), of the PSS, the rest being file pages such as runsc's own text. Started: right after the last copy; idle: after --idle-wait more; restored: every copy snapshotted, woken and idle as long again. MemAvailable also counts the kernel's own memory for each copy (page tables, sockets, cgroups), which no process shows.",
+		Columns:     []string{"runtime", "program", "copies", "when", "MemAvailable per copy", "by process: held of PSS (processes added)"}}
 	for _, r := range m.rows {
 		n := len(r.Started)
 		if n == 0 {
 			continue
 		}
-		var parts []string
-		for _, c := range slices.Sorted(maps.Keys(r.PssMiB)) {
-			if v := r.PssMiB[c]; v >= 0.05*float64(n) || r.Procs[c] > 0 {
-				parts = append(parts, fmt.Sprintf("%s %.1f (%d)", c, v/float64(n), r.Procs[c]))
+		for _, w := range []struct {
+			when  string
+			avail float64
+			u     map[string]classUsage
+		}{{"started", r.PerCopyMiB, r.Usage}, {"idle", r.IdlePerCopyMiB, r.Idle}, {"restored", r.RestoredPerCopyMiB, r.Restored}} {
+			if w.u == nil {
+				continue
 			}
+			avail := "—"
+			if w.avail > 0 {
+				avail = fmt.Sprintf("%.1f", w.avail)
+			}
+			t.Rows = append(t.Rows, []string{r.Runtime, r.Program, strconv.Itoa(n), w.when, avail, usageLine(w.u, n)})
 		}
-		t.Rows = append(t.Rows, []string{r.Runtime, r.Program, strconv.Itoa(n), strings.Join(parts, "; ")})
 	}
 	return t
+}
+
+// usageLine is u per copy of n, class by class.
+func usageLine(u map[string]classUsage, n int) string {
+	var parts []string
+	for _, c := range slices.Sorted(maps.Keys(u)) {
+		if v := u[c]; v.PssMiB >= 0.05*float64(n) || v.Procs > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.1f of %.1f (%d)", c, v.HeldMiB/float64(n), v.PssMiB/float64(n), v.Procs))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // startTable is the seed's second: start → first answer, p50 and p99.

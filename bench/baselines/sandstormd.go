@@ -114,6 +114,25 @@ func (r *sandstormd) Stop(ctx context.Context, in instance) error {
 	return r.sd.Client.DeleteSandbox(ctx, in.ID)
 }
 
+// snapshotAndWake checkpoints every copy to disk and wakes it, and waits
+// for each to answer: its sentry is then a restored one.
+func (r *sandstormd) snapshotAndWake(ctx context.Context, copies []instance) error {
+	for _, in := range copies {
+		if _, err := r.sd.Client.Transition(ctx, in.ID, "snapshot"); err != nil {
+			return fmt.Errorf("snapshot %s: %w", in.ID, err)
+		}
+	}
+	for _, in := range copies {
+		if _, err := r.sd.Client.Transition(ctx, in.ID, "wake"); err != nil {
+			return fmt.Errorf("wake %s: %w", in.ID, err)
+		}
+		if err := pollAnswer(hc, 50*time.Millisecond)(ctx, in.URL, time.Now().Add(time.Minute)); err != nil {
+			return fmt.Errorf("%s after its wake: %w", in.ID, err)
+		}
+	}
+	return nil
+}
+
 // Close deletes every sandbox and the template, stops the daemon and
 // removes its data.
 func (r *sandstormd) Close(ctx context.Context) error {

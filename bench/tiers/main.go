@@ -270,8 +270,17 @@ func main() {
 	}
 	if cfg.start && cfg.isolate && os.Getenv(bench.IsolatedEnv) == "" {
 		// Re-run this program inside fresh namespaces; it comes back here
-		// with bench.IsolatedEnv set.
-		os.Exit(bench.ReexecIsolated("tiers"))
+		// with bench.IsolatedEnv set. Its network namespace has no way
+		// out, and a demo is built from Debian's mirror, so the demos are
+		// built here first.
+		dir, err := prebuildDemos(cfg.templates)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tiers:", err)
+			os.Exit(1)
+		}
+		code := bench.ReexecIsolated("tiers")
+		os.RemoveAll(dir)
+		os.Exit(code)
 	}
 	// The first SIGINT/SIGTERM cancels the run, which then still deletes
 	// its sandboxes and stops its daemon; later ones are ignored so that

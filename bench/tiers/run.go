@@ -304,7 +304,13 @@ func (r *runner) setupTemplates(ctx context.Context) error {
 		}
 		dir := filepath.Join(r.workDir, "demo", name)
 		start := time.Now()
-		dm, err := demo.Build(name, dir)
+		var dm demo.Demo
+		if pre := os.Getenv(prebuiltEnv); pre != "" {
+			dir = filepath.Join(pre, name)
+			dm, err = demo.Describe(name)
+		} else {
+			dm, err = demo.Build(name, dir)
+		}
 		if err != nil {
 			return fmt.Errorf("build demo template %s: %w", name, err)
 		}
@@ -325,6 +331,31 @@ func (r *runner) setupTemplates(ctx context.Context) error {
 		fmt.Fprintf(os.Stderr, "built and registered template %s (%s) in %.1fs\n", reg, dir, time.Since(start).Seconds())
 	}
 	return nil
+}
+
+// prebuiltEnv names the directory of demos built before the run went into
+// its own namespaces (prebuildDemos).
+const prebuiltEnv = "SANDSTORM_BENCH_PREBUILT_DEMOS"
+
+// prebuildDemos builds every demo among templates into a new directory,
+// named in prebuiltEnv for the isolated run, and returns it.
+func prebuildDemos(templates []string) (string, error) {
+	dir, err := os.MkdirTemp("", "sandstorm-bench-demos-")
+	if err != nil {
+		return "", err
+	}
+	for _, name := range templates {
+		if !slices.Contains(demo.Names(), name) {
+			continue
+		}
+		start := time.Now()
+		if _, err := demo.Build(name, filepath.Join(dir, name)); err != nil {
+			os.RemoveAll(dir)
+			return "", fmt.Errorf("build demo template %s: %w", name, err)
+		}
+		fmt.Fprintf(os.Stderr, "built demo %s in %.1fs\n", name, time.Since(start).Seconds())
+	}
+	return dir, os.Setenv(prebuiltEnv, dir)
 }
 
 // cleanup deletes every sandbox and template this run made; with --start it
