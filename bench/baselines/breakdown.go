@@ -1,6 +1,9 @@
 package main
 
 import (
+	"sandstorm/internal/bench/memstat"
+	"sandstorm/internal/reclaim"
+
 	"bufio"
 	"bytes"
 	"os"
@@ -87,9 +90,74 @@ type classUsage struct {
 	Procs           int
 }
 
-// memoryByClass sums the memory of the host's processes by processClass.
-func memoryByClass() map[string]classUsage {
+// memSnapshot is one reading of the host's memory as the runtimes use
+// it: by process class, and by gVisor sandbox as its memory cgroup counts
+// it.
+type memSnapshot struct {
+	ByClass   map[string]classUsage
+	Sandboxes sandboxCgroups
+}
+
+// sandboxCgroups sums the memory cgroups that gVisor sentries are in
+// (one per sandbox under every runtime here), in MiB: the charge the
+// kernel keeps per sandbox. Anon is the sentry's and gofer's own heaps;
+// Shmem the sandbox's memory file (the program's memory: gVisor's is a
+// memfd); Cache page cache charged to it (files it read: its rootfs, a
+// checkpoint image restored), which MemAvailable counts as available;
+// Kernel what is charged besides pages (page tables, sockets,
+// the sentry's kernel objects).
+//
+// This is the figure to read for a sandbox: the PSS of systrap's stubs
+// attributes the memory file's pages to them several times over on this
+// kernel (measured: stubs 17 MiB of Pss_Shmem for a web sandbox whose
+// cgroup holds 9 MiB of shmem in all).
+type sandboxCgroups struct {
+	N                                                int
+	UsageMiB, AnonMiB, ShmemMiB, CacheMiB, KernelMiB float64
+}
+
+// readSandboxCgroups reads the memory cgroups of the sentries pids.
+func readSandboxCgroups(pids []int) sandboxCgroups {
+	var s sandboxCgroups
+	seen := map[string]bool{}
+	for _, pid := range pids {
+		cg, err := reclaim.CgroupOf(pid)
+		if err != nil || seen[cg.Dir] {
+			continue
+		}
+		seen[cg.Dir] = true
+		b, err := os.ReadFile(filepath.Join(cg.Dir, "memory.stat"))
+		if err != nil {
+			continue
+		}
+		st := memstat.ParseStat(string(b))
+		anon, file := st["rss"], st["cache"] // v1
+		if cg.V2 {
+			anon, file = st["anon"], st["file"]
+		}
+		usage := cg.Usage()
+		const mib = 1 << 20
+		s.N++
+		s.UsageMiB += float64(usage) / mib
+		s.AnonMiB += float64(anon) / mib
+		s.ShmemMiB += float64(st["shmem"]) / mib
+		s.CacheMiB += float64(file-st["shmem"]) / mib // both versions count shmem in file
+		s.KernelMiB += float64(usage-anon-file) / mib
+	}
+	return s
+}
+
+// readMemory takes a memSnapshot.
+func readMemory() memSnapshot {
+	by, sentries := memoryByClass()
+	return memSnapshot{ByClass: by, Sandboxes: readSandboxCgroups(sentries)}
+}
+
+// memoryByClass sums the memory of the host's processes by processClass,
+// and returns the sentries' PIDs.
+func memoryByClass() (map[string]classUsage, []int) {
 	by := map[string]classUsage{}
+	var sentries []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
@@ -113,6 +181,10 @@ func memoryByClass() map[string]classUsage {
 		if err != nil {
 			continue
 		}
+		if class == "gVisor sentry" {
+			pid, _ := strconv.Atoi(e.Name())
+			sentries = append(sentries, pid)
+		}
 		r := parseRollup(b)
 		u := by[class]
 		u.PssMiB += float64(r.Pss) / 1024
@@ -120,7 +192,7 @@ func memoryByClass() map[string]classUsage {
 		u.Procs++
 		by[class] = u
 	}
-	return by
+	return by, sentries
 }
 
 // usageSince is after less before, class by class.

@@ -39,7 +39,7 @@ type densityRow struct {
 	// --idle-wait more, with IdlePerCopyMiB MemAvailable's drop then;
 	// Restored the same again once every copy was snapshotted and woken
 	// (sandstormd all awake only).
-	Usage, Idle, Restored              map[string]classUsage
+	Usage, Idle, Restored              *memSnapshot
 	IdlePerCopyMiB, RestoredPerCopyMiB float64
 }
 
@@ -85,7 +85,7 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 		m.rows = append(m.rows, row)
 	}()
 	logf("%s, %s: preparing", rt.Name(), prog.Name)
-	base := memoryByClass()
+	base, _ := memoryByClass()
 	availBefore, _ := memguard.AvailableMiB()
 	if err := rt.Prepare(ctx, prog); err != nil {
 		row.Err = err.Error()
@@ -111,7 +111,7 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 	if err != nil {
 		row.Err = err.Error()
 	}
-	row.Usage = usageSince(memoryByClass(), base)
+	row.Usage = snapshotSince(base)
 	logf("%s, %s: %d copies, %.1f MiB each (%s)", rt.Name(), prog.Name, d.Copies, d.PerCopyMiB, d.Ended)
 	m.idle(ctx, rt, &row, base, availBefore)
 	if s, ok := rt.(*sandstormd); ok && s.tiered && m.c.pick > 0 && d.Copies > 0 {
@@ -128,7 +128,7 @@ func (m *measurer) idle(ctx context.Context, rt runtime, row *densityRow, base m
 		return
 	}
 	sleepCtx(ctx, m.c.idleWait)
-	row.Idle = usageSince(memoryByClass(), base)
+	row.Idle = snapshotSince(base)
 	if now, err := memguard.AvailableMiB(); err == nil {
 		row.IdlePerCopyMiB = float64(availBefore-now) / float64(n)
 	}
@@ -142,7 +142,7 @@ func (m *measurer) idle(ctx context.Context, rt runtime, row *densityRow, base m
 		return
 	}
 	sleepCtx(ctx, m.c.idleWait)
-	row.Restored = usageSince(memoryByClass(), base)
+	row.Restored = snapshotSince(base)
 	if now, err := memguard.AvailableMiB(); err == nil {
 		row.RestoredPerCopyMiB = float64(availBefore-now) / float64(n)
 	}
@@ -235,7 +235,7 @@ func (m *measurer) densityTable() *bench.Table {
 func (m *measurer) breakdownTable() *bench.Table {
 	t := &bench.Table{Title: "Where a copy's memory goes (MiB per copy: held of PSS)",
 		Description: "The memory of the host's processes by what they are, less what they had before the runtime started, over the copies running: held is what no reclaim takes back without swap (anonymous and shared memory: a Go heap, a sandbox's memory file), of the PSS, the rest being file pages such as runsc's own text. Started: right after the last copy; idle: after --idle-wait more; restored: every copy snapshotted, woken and idle as long again. MemAvailable also counts the kernel's own memory for each copy (page tables, sockets, cgroups), which no process shows.",
-		Columns:     []string{"runtime", "program", "copies", "when", "MemAvailable per copy", "by process: held of PSS (processes added)"}}
+		Columns:     []string{"runtime", "program", "copies", "when", "MemAvailable per copy", "per gVisor sandbox, its memory cgroup: usage = anon + memory file + page cache + kernel (sandboxes)", "by process: held of PSS (processes added)"}}
 	for _, r := range m.rows {
 		n := len(r.Started)
 		if n == 0 {
@@ -244,7 +244,7 @@ func (m *measurer) breakdownTable() *bench.Table {
 		for _, w := range []struct {
 			when  string
 			avail float64
-			u     map[string]classUsage
+			u     *memSnapshot
 		}{{"started", r.PerCopyMiB, r.Usage}, {"idle", r.IdlePerCopyMiB, r.Idle}, {"restored", r.RestoredPerCopyMiB, r.Restored}} {
 			if w.u == nil {
 				continue
@@ -253,10 +253,26 @@ func (m *measurer) breakdownTable() *bench.Table {
 			if w.avail > 0 {
 				avail = fmt.Sprintf("%.1f", w.avail)
 			}
-			t.Rows = append(t.Rows, []string{r.Runtime, r.Program, strconv.Itoa(n), w.when, avail, usageLine(w.u, n)})
+			t.Rows = append(t.Rows, []string{r.Runtime, r.Program, strconv.Itoa(n), w.when, avail, cgroupLine(w.u.Sandboxes), usageLine(w.u.ByClass, n)})
 		}
 	}
 	return t
+}
+
+// cgroupLine is s per sandbox, or "—" with none.
+func cgroupLine(s sandboxCgroups) string {
+	if s.N == 0 {
+		return "—"
+	}
+	n := float64(s.N)
+	return fmt.Sprintf("%.1f = %.1f + %.1f + %.1f + %.1f (%d)", s.UsageMiB/n, s.AnonMiB/n, s.ShmemMiB/n, s.CacheMiB/n, s.KernelMiB/n, s.N)
+}
+
+// snapshotSince reads the memory now, by class less base.
+func snapshotSince(base map[string]classUsage) *memSnapshot {
+	now := readMemory()
+	now.ByClass = usageSince(now.ByClass, base)
+	return &now
 }
 
 // usageLine is u per copy of n, class by class.
