@@ -50,6 +50,10 @@ type densityResult struct {
 type densityEnv struct {
 	availMiB func() (int64, error)
 	answer   func(ctx context.Context, url string, deadline time.Time) error
+	// noRecall skips calling every copy again at the end: tiered, where
+	// that is one cold start per detached copy (thousands, one at a
+	// time), and --pick samples them instead.
+	noRecall bool
 	// settle is how long to wait after a copy first answers before memory
 	// is read: a program may still be growing.
 	settle func(ctx context.Context)
@@ -115,6 +119,9 @@ func density(ctx context.Context, rt runtime, prog program, budgetMiB int64, max
 		res.PerCopyMiB = float64(res.UsedMiB) / float64(max(running, 1))
 	}
 	for _, in := range res.Started[:res.Copies] {
+		if env.noRecall {
+			break
+		}
 		if env.answer(ctx, in.URL, time.Now().Add(10*time.Second)) == nil {
 			res.Answered++
 		}

@@ -97,6 +97,22 @@ func TestDensityStopsAtTheBudget(t *testing.T) {
 	}
 }
 
+// TestDensityNoRecall: tiered, the copies are not all called again at
+// the end (each would be a cold start); every first answer still is.
+func TestDensityNoRecall(t *testing.T) {
+	f := &fake{avail: 2000, cost: 30, running: map[string]bool{}}
+	calls := 0
+	env := fakeEnv(f, func(string) bool { calls++; return true })
+	env.noRecall = true
+	d, err := density(context.Background(), f, program{Name: "web"}, 100, 0, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Copies != 3 || d.Answered != 0 || calls != len(d.Started) {
+		t.Errorf("%+v after %d calls, want 3 copies, none called again, one call per start", d, calls)
+	}
+}
+
 func TestDensityStopsAtAFailure(t *testing.T) {
 	f := &fake{avail: 2000, cost: 10, failAt: 5, running: map[string]bool{}}
 	d, _ := density(context.Background(), f, program{Name: "web"}, 1000, 0, fakeEnv(f, func(string) bool { return true }))

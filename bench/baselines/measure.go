@@ -103,7 +103,9 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 		}
 	}
 	avail := func() (int64, error) { return memguard.AvailableMiB() }
-	d, err := density(ctx, rt, prog, m.c.budgetMiB, maxCopies, densityEnv{availMiB: avail,
+	s, isSd := rt.(*sandstormd)
+	tiered := isSd && s.tiered
+	d, err := density(ctx, rt, prog, m.c.budgetMiB, maxCopies, densityEnv{availMiB: avail, noRecall: tiered,
 		answer: pollAnswer(hc, 50*time.Millisecond),
 		settle: func(ctx context.Context) { sleepCtx(ctx, settleFor) },
 		log:    logf})
@@ -114,7 +116,7 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 	row.Usage = snapshotSince(base)
 	logf("%s, %s: %d copies, %.1f MiB each (%s)", rt.Name(), prog.Name, d.Copies, d.PerCopyMiB, d.Ended)
 	m.idle(ctx, rt, &row, base, availBefore)
-	if s, ok := rt.(*sandstormd); ok && s.tiered && m.c.pick > 0 && d.Copies > 0 {
+	if tiered && m.c.pick > 0 && d.Copies > 0 {
 		row.Picked, row.PickAnswered = m.pickAtRandom(ctx, name, rt, prog, d.Started[:d.Copies])
 	}
 }
@@ -223,7 +225,7 @@ func (m *measurer) densityTable() *bench.Table {
 		}
 		answered := fmt.Sprintf("%d of %d", r.Answered, r.Copies)
 		if r.Picked > 0 {
-			answered += fmt.Sprintf("; picked %d of %d", r.PickAnswered, r.Picked)
+			answered = fmt.Sprintf("picked %d of %d", r.PickAnswered, r.Picked)
 		}
 		t.Rows = append(t.Rows, []string{r.Runtime, r.Program, strconv.Itoa(r.Copies),
 			fmt.Sprintf("%.1f", r.PerCopyMiB), answered, r.Ended})
