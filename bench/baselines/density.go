@@ -38,9 +38,11 @@ type densityResult struct {
 	UsedMiB    int64
 	PerCopyMiB float64
 	// Answered is how many of the counted copies answered again once
-	// the last one was started.
-	Answered int
-	Ended    string
+	// the last one was started, of Recalled called: fewer than Copies
+	// when the run was interrupted, which is not a copy failing (a run
+	// stopped mid-recall once read as 259 of 2,600 answering).
+	Answered, Recalled int
+	Ended              string
 	// Started are every copy started, for Close to stop.
 	Started []instance
 }
@@ -119,10 +121,15 @@ func density(ctx context.Context, rt runtime, prog program, budgetMiB int64, max
 		res.PerCopyMiB = float64(res.UsedMiB) / float64(max(running, 1))
 	}
 	for _, in := range res.Started[:res.Copies] {
-		if env.noRecall {
+		if env.noRecall || ctx.Err() != nil {
 			break
 		}
-		if env.answer(ctx, in.URL, time.Now().Add(10*time.Second)) == nil {
+		err := env.answer(ctx, in.URL, time.Now().Add(10*time.Second))
+		if ctx.Err() != nil {
+			break // not called to the end: neither answered nor failed
+		}
+		res.Recalled++
+		if err == nil {
 			res.Answered++
 		}
 	}

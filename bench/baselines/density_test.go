@@ -219,3 +219,43 @@ func TestKillNaming(t *testing.T) {
 		t.Error("a process not naming it was killed")
 	}
 }
+
+// TestDensityRecallInterrupted: a run stopped while every copy is called
+// again counts only the calls made, so the table says how far it got
+// rather than reading the rest as copies that failed to answer.
+func TestDensityRecallInterrupted(t *testing.T) {
+	f := &fake{avail: 2000, cost: 10, running: map[string]bool{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	starts := 0
+	env := fakeEnv(f, func(string) bool { return true })
+	env.answer = func(ctx context.Context, url string, _ time.Time) error {
+		if starts++; starts > 5+2 { // 5 first answers, 2 recalls, then the run stops
+			cancel()
+			return ctx.Err()
+		}
+		return nil
+	}
+	d, _ := density(ctx, f, program{Name: "web"}, 1000, 5, env)
+	if d.Copies != 5 || d.Recalled != 2 || d.Answered != 2 {
+		t.Fatalf("%+v, want 5 copies, 2 called again and answered", d)
+	}
+	if got := answeredCell(densityRow{densityResult: d}); got != "2 of 2 called (run stopped before the other 3)" {
+		t.Errorf("cell %q", got)
+	}
+}
+
+func TestAnsweredCell(t *testing.T) {
+	for _, c := range []struct {
+		row  densityRow
+		want string
+	}{
+		{densityRow{densityResult: densityResult{Copies: 4, Recalled: 4, Answered: 3}}, "3 of 4"},
+		{densityRow{densityResult: densityResult{Copies: 2600}, Tiered: true, PickWanted: 100, Picked: 100, PickAnswered: 99}, "picked 99 of 100"},
+		{densityRow{densityResult: densityResult{Copies: 2600}, Tiered: true, PickWanted: 100, Picked: 40, PickAnswered: 40}, "picked 40 of 40 (run stopped before the other 60)"},
+	} {
+		if got := answeredCell(c.row); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.row, got, c.want)
+		}
+	}
+}

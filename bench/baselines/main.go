@@ -55,6 +55,7 @@ type config struct {
 	subnet, gwPorts    string
 	timers             bench.IdleTimers
 	idleWait           time.Duration
+	daemonLogLevel     string
 	bench.Flags
 }
 
@@ -74,6 +75,7 @@ func main() {
 	fs.StringVar(&c.subnet, "subnet", "10.151.0.0/16", "sandstormd's sandbox subnet; must be unused on this host")
 	fs.StringVar(&c.gwPorts, "gateway-ports", "21000-30999", "sandstormd's gateway ports")
 	fs.DurationVar(&c.idleWait, "idle-wait", 0, "after density, measure the copies again once idle this long (and sandstormd's again after a snapshot and a wake); 0: not at all")
+	fs.StringVar(&c.daemonLogLevel, "daemon-log-level", "warn", "sandstormd's --log-level (its log is kept beside the results); info logs every transition, to find why a wake failed")
 	c.timers.Register(fs, "the tiered sandstormd's")
 	c.Flags.Register(fs)
 	bench.ParseFlags(fs, func() error {
@@ -165,7 +167,7 @@ func (m *measurer) newRuntime(name string) runtime {
 		// runtime does; warm (and tiered, as bench/fill runs it)
 		// restores an image of it already answering.
 		return &sandstormd{bin: m.br.Binary.Path, runsc: m.br.Runsc, work: work, logDir: m.br.Dir.Path,
-			tiered: name == "sandstormd-tiered", warm: name != "sandstormd", timers: m.c.timers, subnet: m.c.subnet, gwPorts: m.c.gwPorts}
+			tiered: name == "sandstormd-tiered", warm: name != "sandstormd", timers: m.c.timers, subnet: m.c.subnet, gwPorts: m.c.gwPorts, logLevel: m.c.daemonLogLevel}
 	}
 	kind, rt, _ := strings.Cut(name, "-")
 	return newEngine(kind, rt, m.br.Runsc, work)

@@ -29,10 +29,12 @@ type measurer struct {
 type densityRow struct {
 	Runtime, Program string
 	densityResult
-	// Picked and PickAnswered: tiered, the copies called at random and
-	// how many answered.
-	Picked, PickAnswered int
-	Err                  string
+	// Tiered: the node tiered its idle copies, so they were picked at
+	// random (PickWanted asked for, Picked called before the run ended)
+	// rather than all called again, and PickAnswered of them answered.
+	Tiered                           bool
+	PickWanted, Picked, PickAnswered int
+	Err                              string
 	// Usage is where the memory went with every copy running: the
 	// memory of the host's processes by class (breakdown.go), less what
 	// each class had before the runtime started. Idle is the same after
@@ -116,7 +118,9 @@ func (m *measurer) measure(ctx context.Context, name string, prog program) {
 	row.Usage = snapshotSince(base)
 	logf("%s, %s: %d copies, %.1f MiB each (%s)", rt.Name(), prog.Name, d.Copies, d.PerCopyMiB, d.Ended)
 	m.idle(ctx, rt, &row, base, availBefore)
+	row.Tiered = tiered
 	if tiered && m.c.pick > 0 && d.Copies > 0 {
+		row.PickWanted = min(m.c.pick, d.Copies)
 		row.Picked, row.PickAnswered = m.pickAtRandom(ctx, name, rt, prog, d.Started[:d.Copies])
 	}
 }
@@ -200,8 +204,12 @@ func (m *measurer) pickAtRandom(ctx context.Context, key string, rt runtime, pro
 		"a copy picked at random once the rest were idle: GET / to its 200, on the gateway's dial schedule", "")
 	for _, i := range rand.Perm(len(copies))[:min(m.c.pick, len(copies))] {
 		t0 := time.Now()
+		err := bench.FirstAnswer(ctx, hc, copies[i].URL, time.Now().Add(time.Minute))
+		if ctx.Err() != nil {
+			break // the run was stopped: the rest were not picked
+		}
 		picked++
-		if err := bench.FirstAnswer(ctx, hc, copies[i].URL, time.Now().Add(time.Minute)); err != nil {
+		if err != nil {
 			s.Fail("copy %s: %v", copies[i].ID, err)
 			continue
 		}
@@ -223,14 +231,28 @@ func (m *measurer) densityTable() *bench.Table {
 			t.Rows = append(t.Rows, []string{r.Runtime, r.Program, "—", "—", "—", bench.OneLine(r.Err)})
 			continue
 		}
-		answered := fmt.Sprintf("%d of %d", r.Answered, r.Copies)
-		if r.Picked > 0 {
-			answered = fmt.Sprintf("picked %d of %d", r.PickAnswered, r.Picked)
-		}
 		t.Rows = append(t.Rows, []string{r.Runtime, r.Program, strconv.Itoa(r.Copies),
-			fmt.Sprintf("%.1f", r.PerCopyMiB), answered, r.Ended})
+			fmt.Sprintf("%.1f", r.PerCopyMiB), answeredCell(r), r.Ended})
 	}
 	return t
+}
+
+// answeredCell says how many copies answered when called again, or, for
+// the tiered node, how many of those picked at random did; a recall or
+// pick the run stopped short of says how far it got rather than counting
+// the rest as failures.
+func answeredCell(r densityRow) string {
+	switch {
+	case r.Tiered:
+		cell := fmt.Sprintf("picked %d of %d", r.PickAnswered, r.Picked)
+		if r.Picked < r.PickWanted {
+			cell += fmt.Sprintf(" (run stopped before the other %d)", r.PickWanted-r.Picked)
+		}
+		return cell
+	case r.Recalled < r.Copies:
+		return fmt.Sprintf("%d of %d called (run stopped before the other %d)", r.Answered, r.Recalled, r.Copies-r.Recalled)
+	}
+	return fmt.Sprintf("%d of %d", r.Answered, r.Copies)
 }
 
 // breakdownTable says where each runtime's memory went, per copy.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ type sandstormd struct {
 	tiered, warm             bool
 	timers                   bench.IdleTimers
 	subnet, gwPorts          string
+	logLevel                 string
 
 	sd       *bench.Sandstormd
 	data     string
@@ -78,7 +80,7 @@ func (r *sandstormd) start(ctx context.Context) error {
 	// The node's own admission is not the bound here: the benchmark's
 	// memory rule is, as for every other runtime (a reserve of 256 MiB,
 	// sandstormd's default).
-	args := append([]string{"--runsc", r.runsc, "--subnet", r.subnet, "--gateway-ports", r.gwPorts, "--log-level", "warn"},
+	args := append([]string{"--runsc", r.runsc, "--subnet", r.subnet, "--gateway-ports", r.gwPorts, "--log-level", cmp.Or(r.logLevel, "warn")},
 		timers.Args()...)
 	logName := "sandstormd-awake.log"
 	switch {
