@@ -428,13 +428,14 @@ func isTimeout(err error) bool {
 // agent sent after its handshake that were already read.
 func (b *Boundary) run(f *flow, a *admission, prefix []byte) {
 	if a.dest.Kind == policy.KindExternal {
+		var first []byte // the server's, when it spoke first
 		if !a.dest.IsIP && len(b.cfg.Secrets.For(a.dest.Host)) > 0 {
 			var ok bool
-			if ok, prefix = b.inject(f, a, prefix); ok {
+			if ok, prefix, first = b.inject(f, a, prefix); ok {
 				return
 			}
 		}
-		out, in := b.splice(f, a.far, prefix)
+		out, in := b.splice(f, a.far, prefix, first)
 		b.logFlow(a, out, in)
 		return
 	}
@@ -444,24 +445,25 @@ func (b *Boundary) run(f *flow, a *admission, prefix []byte) {
 
 // inject carries a TLS flow to a name its sandbox's secrets may go to
 // (inject.Set.Serve): the secrets are put in its requests, and the egress
-// log names those used. It says false, with the bytes it read, for a flow
-// that is not TLS: that one is spliced, its markers untouched (a secret
-// never goes out in clear text).
-func (b *Boundary) inject(f *flow, a *admission, prefix []byte) (bool, []byte) {
+// log names those used. It says false, with the bytes each side sent, for
+// a flow that is not TLS: that one is spliced, its markers untouched (a
+// secret never goes out in clear text). A server that speaks first (SMTP,
+// SSH) is answered at once, not after the handshake timeout.
+func (b *Boundary) inject(f *flow, a *admission, prefix []byte) (bool, []byte, []byte) {
 	sc := f.c
 	if b.cfg.Activity != nil {
 		sc = activeConn{f.c, b}
 	}
-	isTLS, prefix, err := inject.IsTLS(sc, prefix, b.cfg.HandshakeTimeout)
+	op, err := inject.Open(sc, a.far, prefix, b.cfg.HandshakeTimeout)
 	if err != nil {
 		f.abort()
 		b.logFlow(a, 0, 0)
-		return true, nil
+		return true, nil, nil
 	}
-	if !isTLS {
-		return false, prefix
+	if !op.TLS {
+		return false, op.Sandbox, op.Server
 	}
-	r := b.cfg.Secrets.Serve(sc, prefix, a.far, a.dest.Host, b.cfg.HandshakeTimeout, b.touch)
+	r := b.cfg.Secrets.Serve(sc, op.Sandbox, a.far, a.dest.Host, b.cfg.HandshakeTimeout, b.touch)
 	if r.Err != nil {
 		// Never the request: it may hold a secret.
 		b.log.Info("boundary: a flow to a secret's host ended early", "principal", b.cfg.Principal, "host", a.dest.Host, "err", r.Err)
@@ -469,18 +471,25 @@ func (b *Boundary) inject(f *flow, a *admission, prefix []byte) (bool, []byte) {
 	f.end()
 	a.secrets = r.Used
 	b.logFlow(a, r.Out, r.In)
-	return true, nil
+	return true, nil, nil
 }
 
 // splice copies both ways until the far side is done, then resets the
 // sandbox's side once it has everything. A half-close from the sandbox is
 // passed on to the far side; a half-close from the far side is not passed
-// to the sandbox (that would be a FIN).
-func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) (out, in int64) {
+// to the sandbox (that would be a FIN). prefix is what the sandbox sent
+// already, first what the far side did.
+func (b *Boundary) splice(f *flow, far net.Conn, prefix, first []byte) (out, in int64) {
 	if len(prefix) > 0 {
 		if _, err := far.Write(prefix); err != nil {
 			f.abort()
 			return 0, 0
+		}
+	}
+	if len(first) > 0 {
+		if _, err := f.c.Write(first); err != nil {
+			f.abort()
+			return int64(len(prefix)), 0
 		}
 	}
 	done := make(chan struct{})
@@ -497,6 +506,7 @@ func (b *Boundary) splice(f *flow, far net.Conn, prefix []byte) (out, in int64) 
 		}
 	}()
 	in, _ = b.copyIn(f.c, far) // far → sandbox
+	in += int64(len(first))
 	f.end()
 	<-done
 	return out, in

@@ -100,3 +100,47 @@ func TestSecretFlows(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretHostServerFirst: a flow to a secret's host whose server
+// speaks first (SMTP's greeting) is spliced as soon as it does, not held
+// for the handshake timeout waiting for a ClientHello that TLS would
+// have sent; what the sandbox then sends reaches it as it was.
+func TestSecretHostServerFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "220 allowed.test ESMTP\r\n")
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		io.WriteString(c, "250 "+line)
+	}()
+	caPEM, caKey, _ := inject.NewCA("sb", []string{"allowed.test"})
+	set, err := inject.NewSet([]inject.Binding{{Name: "api", Marker: secrets.NewMarker(), Value: "the-secret", Hosts: []string{"allowed.test"}}}, caPEM, caKey, x509.NewCertPool())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A handshake timeout no test waits out: the greeting must not wait
+	// for it.
+	e := newEnv(t, "agent-a", netip.Addr{}, func(c *Config) { c.Secrets, c.HandshakeTimeout = set, time.Hour })
+	c, err := e.socksDialer(t, "unix", nil).DialContext(t.Context(), "tcp", fmt.Sprintf("allowed.test:%d", portOf(t, ln)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Minute))
+	br := bufio.NewReader(c)
+	if greeting, err := br.ReadString('\n'); greeting != "220 allowed.test ESMTP\r\n" {
+		t.Fatalf("greeting %q, %v", greeting, err)
+	}
+	io.WriteString(c, "EHLO sandbox\r\n")
+	if reply, err := br.ReadString('\n'); reply != "250 EHLO sandbox\r\n" {
+		t.Fatalf("reply %q, %v", reply, err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -69,26 +70,73 @@ func (s *Set) For(host string) []Binding {
 	return out
 }
 
-// IsTLS reads the flow's first byte, unless prefix holds it, and says
-// whether it starts a TLS handshake (a record of type 22). It returns the
-// bytes read so far; a client that waits for the server to speak first
-// is not TLS (after wait).
-func IsTLS(c net.Conn, prefix []byte, wait time.Duration) (bool, []byte, error) {
+// Opening is how a flow opened: whether its sandbox began a TLS
+// handshake, and the bytes each side sent before that was known, to be
+// passed on first.
+type Opening struct {
+	TLS             bool
+	Sandbox, Server []byte
+}
+
+// Open waits for whichever side of a flow speaks first, as the gateway's
+// sniff does (internal/gateway/raw.go): the sandbox (prefix, if it holds
+// its first bytes already) or the server. Many protocols start with the
+// server (SMTP, SSH, MySQL); TLS never does (RFC 8446 §2: the client's
+// ClientHello comes first), so a server that speaks first ends the wait
+// at once and the flow is not TLS. A sandbox that sends a handshake
+// record (type 22) while the server is silent is; after wait with
+// neither having spoken, the flow is not TLS either and is spliced. A
+// read still pending on the side that did not speak is cut short with a
+// past deadline, which leaves its connection usable (net.Conn).
+func Open(sandbox, server net.Conn, prefix []byte, wait time.Duration) (Opening, error) {
 	if len(prefix) > 0 {
-		return prefix[0] == 0x16, prefix, nil
+		return Opening{TLS: prefix[0] == 0x16, Sandbox: prefix}, nil
 	}
-	var b [1]byte
-	c.SetReadDeadline(time.Now().Add(wait))
-	n, err := c.Read(b[:])
+	sch, fch := firstRead(sandbox, 1), firstRead(server, 32<<10)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var s, f chunk
+	select {
+	case s = <-sch:
+		f = cut(server, fch)
+		if len(s.b) == 0 {
+			return Opening{}, s.err // the sandbox closed before a byte
+		}
+	case f = <-fch:
+		// The server spoke (or closed) first: whatever it said goes to
+		// the sandbox, and the splice finds any close it came with.
+		s = cut(sandbox, sch)
+	case <-timer.C:
+		s, f = cut(sandbox, sch), cut(server, fch)
+	}
+	return Opening{TLS: len(s.b) > 0 && s.b[0] == 0x16 && len(f.b) == 0, Sandbox: s.b, Server: f.b}, nil
+}
+
+type chunk struct {
+	b   []byte
+	err error
+}
+
+// firstRead reads up to size bytes from c once, in the background.
+func firstRead(c net.Conn, size int) <-chan chunk {
+	ch := make(chan chunk, 1)
+	go func() {
+		b := make([]byte, size)
+		n, err := c.Read(b)
+		ch <- chunk{b[:n], err}
+	}()
+	return ch
+}
+
+// cut ends c's pending first read and returns what it had read.
+func cut(c net.Conn, ch <-chan chunk) chunk {
+	c.SetReadDeadline(time.Now())
+	r := <-ch
 	c.SetReadDeadline(time.Time{})
-	var ne net.Error
-	if n == 0 && errors.As(err, &ne) && ne.Timeout() {
-		return false, nil, nil
+	if errors.Is(r.err, os.ErrDeadlineExceeded) {
+		r.err = nil
 	}
-	if n == 0 {
-		return false, nil, err
-	}
-	return b[0] == 0x16, b[:1], nil
+	return r
 }
 
 // Result is what a flow carried: bytes to and from the server (TLS, as

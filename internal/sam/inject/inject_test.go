@@ -2,6 +2,7 @@ package inject
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -85,12 +86,12 @@ func sandboxSide(t *testing.T, s *Set, caPEM []byte, u *upstream, host, sni stri
 	}
 	res := make(chan Result, 1)
 	go func() {
-		ok, prefix, err := IsTLS(inner, nil, 5*time.Second)
-		if err != nil || !ok {
+		op, err := Open(inner, far, nil, 5*time.Second)
+		if err != nil || !op.TLS {
 			res <- Result{Err: err}
 			return
 		}
-		r := s.Serve(inner, prefix, far, host, 5*time.Second, func() {})
+		r := s.Serve(inner, op.Sandbox, far, host, 5*time.Second, func() {})
 		inner.Close()
 		far.Close()
 		res <- r
@@ -227,22 +228,53 @@ func TestCAMayOnlySignItsHosts(t *testing.T) {
 	}
 }
 
-func TestIsTLS(t *testing.T) {
-	a, b := net.Pipe()
-	defer a.Close()
-	go b.Write([]byte("GET / HTTP/1.1\r\n"))
-	ok, p, err := IsTLS(a, nil, time.Second)
-	if ok || err != nil || string(p) != "G" {
-		t.Errorf("plain HTTP: %v %q %v", ok, p, err)
+// TestOpen: whichever side speaks first decides, and a server that
+// speaks first is not kept waiting for the handshake timeout.
+func TestOpen(t *testing.T) {
+	pair := func() (sandbox, sandboxPeer, server, serverPeer net.Conn) {
+		a, b := net.Pipe()
+		c, d := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close(); c.Close(); d.Close() })
+		return a, b, c, d
 	}
-	if ok, _, _ := IsTLS(a, []byte{0x16, 3, 1}, time.Second); !ok {
+	sb, sbPeer, srv, _ := pair()
+	go sbPeer.Write([]byte("GET / HTTP/1.1\r\n"))
+	op, err := Open(sb, srv, nil, time.Minute)
+	if op.TLS || err != nil || string(op.Sandbox) != "G" || len(op.Server) != 0 {
+		t.Errorf("plain HTTP: %+v %v", op, err)
+	}
+	if op, _ := Open(sb, srv, []byte{0x16, 3, 1}, time.Minute); !op.TLS {
 		t.Error("a handshake record already read")
 	}
-	c, d := net.Pipe()
-	defer c.Close()
-	defer d.Close()
-	if ok, p, err := IsTLS(c, nil, 50*time.Millisecond); ok || p != nil || err != nil {
-		t.Errorf("a client that waits: %v %q %v", ok, p, err)
+	sb, sbPeer, srv, _ = pair()
+	go sbPeer.Write([]byte{0x16, 3, 1, 0, 5})
+	if op, err := Open(sb, srv, nil, time.Minute); !op.TLS || err != nil || !bytes.Equal(op.Sandbox, []byte{0x16}) {
+		t.Errorf("a ClientHello: %+v %v", op, err)
+	}
+	// SMTP: the server's greeting comes first and ends the wait at once
+	// (the wait here is longer than the test's deadline).
+	sb, sbPeer, srv, srvPeer := pair()
+	go srvPeer.Write([]byte("220 mail.example ESMTP\r\n"))
+	op, err = Open(sb, srv, nil, time.Hour)
+	if op.TLS || err != nil || string(op.Server) != "220 mail.example ESMTP\r\n" || len(op.Sandbox) != 0 {
+		t.Errorf("a server that speaks first: %+v %v", op, err)
+	}
+	// The sandbox's connection is still usable after its read was cut.
+	go sbPeer.Write([]byte("x"))
+	sb.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := sb.Read(make([]byte, 1)); n != 1 || err != nil {
+		t.Errorf("after the cut read: %d %v", n, err)
+	}
+	// Neither speaks: not TLS, after the wait.
+	sb, _, srv, _ = pair()
+	if op, err := Open(sb, srv, nil, 50*time.Millisecond); op.TLS || len(op.Sandbox) != 0 || len(op.Server) != 0 || err != nil {
+		t.Errorf("both silent: %+v %v", op, err)
+	}
+	// The sandbox closes before a byte: an error, nothing to pass on.
+	sb, sbPeer, srv, _ = pair()
+	sbPeer.Close()
+	if _, err := Open(sb, srv, nil, time.Minute); err == nil {
+		t.Error("a sandbox that closed: no error")
 	}
 }
 
