@@ -574,12 +574,12 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	)
 	pub := routes.NewPublisher(routes.FromStore(st, func(id string) (string, string) { return svc.AccessToken(id), svc.TrafficToken(id) }),
 		func() []nodeapi.Node { return fl.Nodes() }, log)
-	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub, Layer: layers.Layer, Changed: pub.Changed})
+	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub, Layer: layers.Layer, Changed: pub.Changed,
+		Resume: func(node, id string) { svc.ResumeAsked(node, id) }})
 	if err != nil {
 		return nil, err
 	}
 	o.mreg.MustRegister(metrics.NodeHealthCollector(func() []metrics.NodeHealth { return nodeHealth(fl) }))
-	go fl.Run(ctx) // hears its nodes' reports; renews their certificates
 	// The E2B API; each sandbox's envd token is an HMAC of its ID keyed
 	// by the API token, which the masters of one database share.
 	// One sandbox service for /v1 and /e2b: their creates, owners and
@@ -598,6 +598,8 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	svc = e2b.New(e2b.Config{Store: st, Fleet: fl, Sandboxes: sbx, Domain: o.HostDomain, TokenKey: []byte("envd:" + token), Log: log,
 		Templates: tpl, MaxUpload: o.MaxUpload, RoutesChanged: pub.Changed})
 	go svc.Run(ctx) // ends sandboxes at their timeout
+	// After svc is set: a node's report may ask it for a resume.
+	go fl.Run(ctx) // hears its nodes' reports; renews their certificates
 	go pub.Run(ctx, routes.Resync)
 	return master.Handler(master.Config{
 		Store: st, Fleet: fl, Sandboxes: sbx, CA: ca, Token: token, DataDir: o.DataDir, MaxUpload: o.MaxUpload, Log: log,

@@ -735,3 +735,26 @@ func TestPauseWithoutMemory(t *testing.T) {
 		t.Errorf("at its end without memory: paused %v, tier %s", m.Paused, tier)
 	}
 }
+
+// TestResumeAsked: a node's ask, sent when its ingress had traffic for a
+// paused sandbox, resumes one made with autoResume, with E2B's default
+// lifetime from now, and leaves one paused without it paused.
+func TestResumeAsked(t *testing.T) {
+	e := newEnv(t)
+	ar := e.create(t, "red", `{"autoResume": {"enabled": true}}`)
+	plain := e.create(t, "red", `{}`)
+	for _, id := range []string{ar.SandboxID, plain.SandboxID} {
+		if a := e.call(t, "red", "POST", "/sandboxes/"+id+"/pause", ""); a.status != http.StatusNoContent {
+			t.Fatalf("pause %s: %d %s", id, a.status, a.body)
+		}
+	}
+	e.svc.ResumeAsked("node-a", ar.SandboxID)
+	e.svc.ResumeAsked("node-a", plain.SandboxID)
+	e.svc.ResumeAsked("node-a", "no-such-sandbox")
+	if m, _ := e.st.Teams().GetSandboxMeta(context.Background(), ar.SandboxID); m.Paused || time.Until(m.EndAt) < DefaultTimeout-time.Minute {
+		t.Errorf("the autoResume sandbox after a node's ask: paused %v, ends in %s", m.Paused, time.Until(m.EndAt))
+	}
+	if m, _ := e.st.Teams().GetSandboxMeta(context.Background(), plain.SandboxID); !m.Paused {
+		t.Error("a sandbox paused without autoResume was resumed by a node's ask")
+	}
+}

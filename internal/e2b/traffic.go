@@ -98,17 +98,51 @@ func (s *Service) trafficTo(w http.ResponseWriter, r *http.Request, id string, p
 		return nil, sb, m, false
 	}
 	if m.Paused {
-		// autoResume: running again, with E2B's default lifetime from
-		// now, as a connect without one gives.
-		m.Paused, m.EndAt = false, time.Now().Add(DefaultTimeout)
-		if err := s.cfg.Store.Teams().PutSandboxMeta(r.Context(), m); err != nil {
+		if err := s.resumeOnTraffic(r.Context(), &m); err != nil {
 			fail(w, err)
 			return nil, sb, m, false
 		}
-		s.routesChanged()
 	}
 	return n, sb, m, true
 }
+
+// resumeOnTraffic resumes m, paused with autoResume, because traffic
+// reached it: running again, with E2B's default lifetime from now, as a
+// connect without one gives; every ingress is pushed the change.
+func (s *Service) resumeOnTraffic(ctx context.Context, m *store.SandboxMeta) error {
+	m.Paused, m.EndAt = false, time.Now().Add(DefaultTimeout)
+	if err := s.cfg.Store.Teams().PutSandboxMeta(ctx, *m); err != nil {
+		return err
+	}
+	s.routesChanged()
+	return nil
+}
+
+// ResumeAsked is a node's ask (fleet.Config.Resume) that sandbox id be
+// resumed: its ingress had traffic for it, checked by its tokens there,
+// while it was paused. Only a sandbox made with autoResume is, as its
+// traffic through the master's proxy would resume it (trafficTo); one
+// running already, or paused without autoResume, is left as it is.
+func (s *Service) ResumeAsked(node, id string) {
+	// Under its lock, read afresh: a pause or connect running now ends
+	// first, and what it left is what is resumed (issue 31, item 7).
+	defer s.sbx.Lock(id)()
+	ctx, cancel := context.WithTimeout(context.Background(), resumeAskTimeout)
+	defer cancel()
+	m, err := s.cfg.Store.Teams().GetSandboxMeta(ctx, id)
+	if err != nil || !m.Paused || !m.AutoResume {
+		return
+	}
+	if err := s.resumeOnTraffic(ctx, &m); err != nil {
+		s.cfg.Log.Warn("e2b: a resume asked by a node's ingress failed", "node", node, "id", id, "err", err)
+		return
+	}
+	s.cfg.Log.Info("e2b: resumed by traffic at a node's ingress", "node", node, "id", id)
+}
+
+// resumeAskTimeout bounds the store's work for one node's ask: the
+// ingress that asked waits about as long (ingress.resumeWait).
+const resumeAskTimeout = 5 * time.Second
 
 // Run ends sandboxes whose lifetime is over until ctx ends: each is killed,
 // or with autoPause snapshotted (and listed paused until a connect). It

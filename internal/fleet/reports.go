@@ -176,6 +176,9 @@ func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Repor
 			return err
 		}
 	}
+	if r.Resume != "" && f.cfg.Resume != nil {
+		go f.cfg.Resume(name, r.Resume) // the stream goes on being read
+	}
 	if r.Event != nil && f.cfg.Events != nil && r.Event.Kind != events.Update {
 		e := *r.Event
 		e.Seq, e.Node = 0, name // numbered again by the master's hub

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,12 +34,18 @@ type Config struct {
 	Log  *slog.Logger
 	// Metrics counts the requests' outcomes (nil: not counted).
 	Metrics *metrics.Ingress
+	// ResumeWait overrides resumeWait (tests).
+	ResumeWait time.Duration
 }
 
 // staleWait bounds how long a request that found a route stale (the
 // holder has no copy of its generation: a move) waits for the master's
 // next push before it is answered "not found".
 const staleWait = 5 * time.Second
+
+// resumeWait bounds how long traffic to a sandbox paused with autoResume
+// waits for the master to resume it (Config.ResumeWait, if set).
+const resumeWait = 5 * time.Second
 
 // Handler serves E2B's traffic to the fleet's sandboxes, as the master's
 // /e2b traffic does (internal/e2b, traffic.go), from the table alone.
@@ -68,14 +75,10 @@ func (cfg Config) handle(w http.ResponseWriter, r *http.Request) string {
 		return "refused"
 	}
 	if rt.Paused {
-		if !rt.AutoResume {
-			sandboxtraffic.PausedAnswer(w, id)
-			return "refused"
+		var outcome string
+		if rt, outcome = cfg.unpause(w, r, rt, port); outcome != "" {
+			return outcome
 		}
-		// A resume is the master's to record (its lifetime, its
-		// state): this node cannot.
-		sandboxtraffic.Fail(w, errdefs.New(errdefs.ErrUnavailable, "sandbox %s is paused: its traffic resumes it only through the master's API (api.%s), or connect to it", id, cfg.Domain))
-		return "refused"
 	}
 	sandboxtraffic.Strip(r.Header)
 	prepare(r, rt, port)
@@ -112,6 +115,38 @@ func (cfg Config) handle(w http.ResponseWriter, r *http.Request) string {
 		return "failed"
 	}
 	return outcome
+}
+
+// unpause serves traffic to a paused sandbox by E2B's rules: answered
+// "paused", or, made with autoResume, resumed first. Only the master
+// records a resume (its lifetime, its state), so the node asks it on its
+// report stream (Table.AskResume) and waits for the push that says the
+// sandbox runs; the tokens were checked already, so only traffic that
+// may reach the sandbox asks. It returns the route to serve by, or the
+// outcome it answered with.
+func (cfg Config) unpause(w http.ResponseWriter, r *http.Request, rt nodeapi.Route, port int) (nodeapi.Route, string) {
+	if !rt.AutoResume {
+		sandboxtraffic.PausedAnswer(w, rt.ID)
+		return rt, "refused"
+	}
+	next, known := rt, false
+	until := time.Now().Add(cmp.Or(cfg.ResumeWait, resumeWait))
+	if cfg.Table.AskResume(rt.ID, until) {
+		ctx, cancel := context.WithDeadline(r.Context(), until)
+		next, known = cfg.Table.Until(ctx, rt.ID, func(x nodeapi.Route, ok bool) bool { return !ok || !x.Paused })
+		cancel()
+	}
+	switch {
+	case !known && !next.Paused: // deleted meanwhile
+		sandboxtraffic.Gone(w, rt.ID)
+		return next, "gone"
+	case next.Paused || !known:
+		sandboxtraffic.Fail(w, errdefs.New(errdefs.ErrUnavailable, "sandbox %s is paused and its master has not resumed it (is the master up?): try again, or connect to it through the master's API (api.%s)", rt.ID, cfg.Domain))
+		return next, "failed"
+	case !sandboxtraffic.Check(w, r, next.ID, port, tokens(next)):
+		return next, "refused" // its tokens changed meanwhile
+	}
+	return next, ""
 }
 
 // tokens are what rt's traffic is checked against.

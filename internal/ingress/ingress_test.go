@@ -173,3 +173,58 @@ func newFleetPeer(*fleet) nodeapi.Node {
 	n.Boxes["sb-c"] = api.Sandbox{ID: "sb-c", Generation: 9} // another copy's
 	return n
 }
+
+// TestIngressAutoResume: traffic to a sandbox paused with autoResume asks
+// the master (on the node's report stream) and is served once the
+// master's push says it runs; with no master answering it is 503, and a
+// sandbox deleted meanwhile is E2B's "not found".
+func TestIngressAutoResume(t *testing.T) {
+	f := newFleet(t)
+	f.h = ingress.Handler(ingress.Config{Self: "a", Local: f.a, Domain: "sb.test", Table: f.table, ResumeWait: time.Minute})
+	version := int64(1)
+	push := func(u nodeapi.Routes) {
+		u.Base, u.Version = version, version+1
+		version++
+		if err := f.table.Apply(u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paused := nodeapi.Route{ID: "sb-a", Node: "a", Generation: 1, AccessToken: "tok-a", Paused: true, AutoResume: true}
+	push(nodeapi.Routes{Set: []nodeapi.Route{paused}})
+	// The master: hears the ask and pushes the route running.
+	go func() {
+		ask := <-f.table.Resumes()
+		running := paused
+		running.Paused = ask.ID != "sb-a" // only the right one
+		push(nodeapi.Routes{Set: []nodeapi.Route{running}})
+	}()
+	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "tok-a"); w.Code != 200 || w.Body.String() != "envd sb-a /health" {
+		t.Errorf("a paused autoResume sandbox's traffic: %d %q, want it served once resumed", w.Code, w.Body.String())
+	}
+	// No master answering: unavailable, after the wait.
+	push(nodeapi.Routes{Set: []nodeapi.Route{paused}})
+	f.h = ingress.Handler(ingress.Config{Self: "a", Local: f.a, Domain: "sb.test", Table: f.table, ResumeWait: 50 * time.Millisecond})
+	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "tok-a"); w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "master") {
+		t.Errorf("no master: %d %s, want 503", w.Code, w.Body.String())
+	}
+	<-f.table.Resumes() // that request's ask
+	// Deleted while it waited.
+	go func() {
+		<-f.table.Resumes()
+		push(nodeapi.Routes{Drop: []string{"sb-a"}})
+	}()
+	f.h = ingress.Handler(ingress.Config{Self: "a", Local: f.a, Domain: "sb.test", Table: f.table, ResumeWait: time.Minute})
+	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "tok-a"); w.Code != http.StatusBadGateway {
+		t.Errorf("deleted while it waited: %d %s, want E2B's 502", w.Code, w.Body.String())
+	}
+	// A wrong token is refused before anything is asked.
+	push(nodeapi.Routes{Set: []nodeapi.Route{paused}})
+	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "wrong"); w.Code != http.StatusUnauthorized {
+		t.Errorf("a wrong token: %d", w.Code)
+	}
+	select {
+	case ask := <-f.table.Resumes():
+		t.Errorf("a request with a wrong token asked for a resume of %s", ask.ID)
+	default:
+	}
+}

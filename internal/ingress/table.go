@@ -29,11 +29,48 @@ type Table struct {
 	peers   map[string]time.Time // name → revoked at (zero: never)
 	// changed is closed, and replaced, at each change: Next waits on it.
 	changed chan struct{}
+	// resumes are the sandboxes whose traffic asks the master for a
+	// resume (AskResume), until the node's report stream sends them.
+	resumes chan ResumeAsk
 }
+
+// ResumeAsk is traffic's ask that the master resume a sandbox, good
+// until its request stops waiting: one the report stream could not send
+// by then (no master hearing) is dropped, not sent late.
+type ResumeAsk struct {
+	ID    string
+	Until time.Time
+}
+
+// resumesQueued bounds the resumes waiting for the report stream: past
+// it (no master hearing, or a flood) an ask is dropped, and its request
+// is answered as it was before asking, unavailable.
+const resumesQueued = 256
 
 // NewTable is an empty table (version 0: the master sends it whole).
 func NewTable() *Table {
-	return &Table{routes: map[string]nodeapi.Route{}, changed: make(chan struct{})}
+	return &Table{routes: map[string]nodeapi.Route{}, changed: make(chan struct{}), resumes: make(chan ResumeAsk, resumesQueued)}
+}
+
+// AskResume asks the master to resume sandbox id (nodeapi.Report.Resume):
+// the node's report stream carries it (nodeside's Watch reads Resumes).
+// It says false if the ask was dropped.
+func (t *Table) AskResume(id string, until time.Time) bool {
+	select {
+	case t.resumes <- ResumeAsk{ID: id, Until: until}:
+		return true
+	default:
+		return false
+	}
+}
+
+// Resumes are the asks AskResume queued, for the report stream (nil
+// table: none, ever).
+func (t *Table) Resumes() <-chan ResumeAsk {
+	if t == nil {
+		return nil
+	}
+	return t.resumes
 }
 
 // Apply takes a push from the master (nodeapi.Routes): a change only to
@@ -89,12 +126,18 @@ func (t *Table) AllowPeer(name string, issued time.Time) bool {
 // Next waits until sandbox id's route is no longer of generation gen
 // (a move's new one, or none) or ctx ends, and returns it.
 func (t *Table) Next(ctx context.Context, id string, gen int64) (nodeapi.Route, bool) {
+	return t.Until(ctx, id, func(r nodeapi.Route, ok bool) bool { return !ok || r.Generation != gen })
+}
+
+// Until waits until id's route (ok: it has one) is as done says, or ctx
+// ends, and returns it as it then is.
+func (t *Table) Until(ctx context.Context, id string, done func(r nodeapi.Route, ok bool) bool) (nodeapi.Route, bool) {
 	for {
 		t.mu.Lock()
 		r, ok := t.routes[id]
 		ch := t.changed
 		t.mu.Unlock()
-		if !ok || r.Generation != gen {
+		if done(r, ok) {
 			return r, ok
 		}
 		select {

@@ -39,6 +39,11 @@ type Report struct {
 	// Status is the node's headroom and tier counts (every report
 	// with Full, and every heartbeat).
 	Status *api.NodeStatus `json:"status,omitempty"`
+	// Resume is a sandbox whose traffic reached this node's ingress
+	// while it was paused with E2B's autoResume: only the master records
+	// a resume (its lifetime, its state), so the node asks, and serves
+	// the traffic once the master's next push of routes says it runs.
+	Resume string `json:"resume,omitempty"`
 }
 
 // ErrNotSent marks (with errdefs.ErrUnavailable) a call that never reached

@@ -570,6 +570,14 @@ func (l *Side) Watch(ctx context.Context, send func(nodeapi.Report) error) error
 			if err := send(r); err != nil {
 				return err
 			}
+		case ask := <-l.Routes.Resumes():
+			// The ingress's ask: the master resumes it and pushes.
+			if time.Now().After(ask.Until) {
+				continue // its request stopped waiting
+			}
+			if err := send(nodeapi.Report{Resume: ask.ID}); err != nil {
+				return err
+			}
 		case <-beat.C:
 			st, err := l.Status(ctx)
 			if err != nil {

@@ -22,6 +22,7 @@ import (
 	"connectrpc.com/connect"
 
 	"sandstorm/api"
+	"sandstorm/internal/client"
 	"sandstorm/internal/node/secretbind"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/secrets"
@@ -146,8 +147,9 @@ func counting(ctx context.Context, c processconnect.ProcessClient, n int, lines 
 // and the next call through A reaches the sandbox on B, its files and
 // its secret's bindings with it (sealed under B's key); every ingress
 // serves it, E2B's SDK unchanged does its commands, files and a stream
-// with A's ingress as its sandbox URL, and once it is deleted no ingress
-// serves it.
+// with A's ingress as its sandbox URL; a sandbox paused with autoResume
+// is resumed by its traffic through A's ingress (ingressAutoResume); and
+// once it is deleted no ingress serves it.
 func TestIngress(t *testing.T) {
 	// The nodes reach each other through this namespace, as machines on
 	// one network do.
@@ -342,6 +344,8 @@ func TestIngress(t *testing.T) {
 		}
 	}
 
+	ingressAutoResume(t, ctx, &team, viaIngress(a.addr+":8443", roots), a.name)
+
 	// Deleted, it has no route: every ingress answers E2B's "not found".
 	if err := m.C.DeleteSandbox(ctx, sb.SandboxID); err != nil {
 		t.Fatal(err)
@@ -350,4 +354,45 @@ func TestIngress(t *testing.T) {
 		_, err := shell(ctx, viaA, "true")
 		return connect.CodeOf(err) == connect.CodeUnavailable // E2B's 502
 	})
+}
+
+// viaIngress is a client of one sandbox's envd through the ingress at
+// addr (HTTPS, trusting roots).
+func viaIngress(addr string, roots *x509.CertPool) func(id, token string) processconnect.ProcessClient {
+	return func(id, token string) processconnect.ProcessClient { return ingressEnvdTLS(addr, id, token, roots) }
+}
+
+// ingressAutoResume: a sandbox paused with E2B's autoResume is resumed by
+// its traffic through a node's ingress, which asks the master on its
+// report stream and serves the call once the master's push says it runs
+// (it was a 503 pointing at the master's API). Called until the master
+// says it runs: a first call may still find the route from before the
+// pause, which the holder serves without the master (and so without a
+// resume); only the ask resumes it.
+func ingressAutoResume(t *testing.T, ctx context.Context, team *client.Client, via func(id, token string) processconnect.ProcessClient, name string) {
+	var ar struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	if err := team.Do(ctx, http.MethodPost, "/e2b/sandboxes", map[string]any{"templateID": "base", "timeout": 3600, "autoResume": map[string]any{"enabled": true}}, &ar); err != nil {
+		t.Fatal(err)
+	}
+	defer team.DeleteSandbox(context.Background(), ar.SandboxID)
+	if err := team.Do(ctx, http.MethodPost, "/e2b/sandboxes/"+ar.SandboxID+"/pause", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := via(ar.SandboxID, ar.EnvdAccessToken)
+	var last string
+	testenv.WaitFor(t, 30*time.Second, "traffic through "+name+"'s ingress resumes a sandbox paused with autoResume", func() bool {
+		out, err := shell(ctx, c, "echo up")
+		var got struct {
+			State string `json:"state"`
+		}
+		if err := team.Do(ctx, http.MethodGet, "/e2b/sandboxes/"+ar.SandboxID, nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		last = fmt.Sprintf("call: %q %v; the master says %s", out, err, got.State)
+		return err == nil && out == "up\n" && got.State == "running"
+	})
+	t.Logf("resumed through %s's ingress: %s", name, last)
 }
