@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -26,6 +27,7 @@ type sandstormd struct {
 	logLevel                 string
 
 	sd       *bench.Sandstormd
+	hadTable bool // the host had sandstormd's nftables table before
 	data     string
 	template string
 	made     map[string]bool
@@ -69,6 +71,7 @@ func (r *sandstormd) Prepare(ctx context.Context, prog program) error {
 
 func (r *sandstormd) start(ctx context.Context) error {
 	r.made = map[string]bool{}
+	r.hadTable = exec.CommandContext(ctx, "nft", "list", "table", "inet", "sandstorm").Run() == nil
 	r.data = filepath.Join(r.work, fmt.Sprintf("sandstormd-%v-%v", r.tiered, r.warm))
 	if err := os.MkdirAll(r.data, 0o700); err != nil {
 		return err
@@ -152,6 +155,12 @@ func (r *sandstormd) Close(ctx context.Context) error {
 	}
 	r.sd.Stop()
 	r.sd = nil
+	// What a stopped daemon keeps on the host (README): its subnet's
+	// route, and its table, unless another daemon's was there first.
+	exec.Command("ip", "route", "del", "unreachable", r.subnet).Run()
+	if !r.hadTable {
+		exec.Command("nft", "delete", "table", "inet", "sandstorm").Run()
+	}
 	unmountUnder(r.data)
 	errs = append(errs, os.RemoveAll(r.data))
 	return errors.Join(errs...)

@@ -15,7 +15,7 @@ import (
 // runtimes every machine here has — a plain process and sandstormd —
 // three copies of the web demo each, so that the benchmark does not rot:
 // its copies start and answer, its tables are written, and it leaves
-// nothing running. It asserts no timing.
+// nothing running, nor its daemon's route. It asserts no timing.
 func TestBaselinesBenchmark(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "baselines")
 	if out, err := exec.Command("go", "build", "-o", bin, "sandstorm/bench/baselines").CombinedOutput(); err != nil {
@@ -92,5 +92,9 @@ func TestBaselinesBenchmark(t *testing.T) {
 	}
 	if ps, _ := exec.Command("pgrep", "-f", "data-dir "+filepath.Join(os.TempDir(), "ssbaselines")).Output(); len(ps) > 0 {
 		t.Errorf("a sandstormd of the benchmark's still runs: %s", ps)
+	}
+	// Nor the route its daemon's subnet leaves (the host as it was).
+	if rt, _ := exec.Command("ip", "route", "show", "type", "unreachable", "10.152.0.0/16").Output(); strings.TrimSpace(string(rt)) != "" {
+		t.Errorf("the benchmark's daemon left its subnet's route: %s", rt)
 	}
 }
