@@ -201,30 +201,60 @@ func TestIngressAutoResume(t *testing.T) {
 	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "tok-a"); w.Code != 200 || w.Body.String() != "envd sb-a /health" {
 		t.Errorf("a paused autoResume sandbox's traffic: %d %q, want it served once resumed", w.Code, w.Body.String())
 	}
-	// No master answering: unavailable, after the wait.
-	push(nodeapi.Routes{Set: []nodeapi.Route{paused}})
+	// No master answering: unavailable, after the wait. (Another
+	// sandbox: sb-a's first ask still stands, and a request meanwhile
+	// waits for it rather than asking again, TestTableAskResume.)
+	quiet := paused
+	quiet.ID = "sb-q"
+	push(nodeapi.Routes{Set: []nodeapi.Route{quiet}})
 	f.h = ingress.Handler(ingress.Config{Self: "a", Local: f.a, Domain: "sb.test", Table: f.table, ResumeWait: 50 * time.Millisecond})
-	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "tok-a"); w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "master") {
+	if w := f.do("GET", "49983-sb-q.sb.test", "/health", "tok-a"); w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "master") {
 		t.Errorf("no master: %d %s, want 503", w.Code, w.Body.String())
 	}
-	<-f.table.Resumes() // that request's ask
+	if ask := <-f.table.Resumes(); ask.ID != "sb-q" {
+		t.Errorf("asked for %s, want sb-q", ask.ID)
+	}
 	// Deleted while it waited.
+	gone := paused
+	gone.ID = "sb-d"
+	push(nodeapi.Routes{Set: []nodeapi.Route{gone}})
 	go func() {
 		<-f.table.Resumes()
-		push(nodeapi.Routes{Drop: []string{"sb-a"}})
+		push(nodeapi.Routes{Drop: []string{"sb-d"}})
 	}()
 	f.h = ingress.Handler(ingress.Config{Self: "a", Local: f.a, Domain: "sb.test", Table: f.table, ResumeWait: time.Minute})
-	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "tok-a"); w.Code != http.StatusBadGateway {
+	if w := f.do("GET", "49983-sb-d.sb.test", "/health", "tok-a"); w.Code != http.StatusBadGateway {
 		t.Errorf("deleted while it waited: %d %s, want E2B's 502", w.Code, w.Body.String())
 	}
 	// A wrong token is refused before anything is asked.
-	push(nodeapi.Routes{Set: []nodeapi.Route{paused}})
-	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "wrong"); w.Code != http.StatusUnauthorized {
+	if w := f.do("GET", "49983-sb-q.sb.test", "/health", "wrong"); w.Code != http.StatusUnauthorized {
 		t.Errorf("a wrong token: %d", w.Code)
 	}
 	select {
 	case ask := <-f.table.Resumes():
 		t.Errorf("a request with a wrong token asked for a resume of %s", ask.ID)
 	default:
+	}
+}
+
+// TestTableAskResume: one ask per sandbox while it waits; another
+// sandbox's, or one asked again once the first stopped waiting, goes.
+func TestTableAskResume(t *testing.T) {
+	tb := ingress.NewTable()
+	now := time.Now()
+	for _, c := range []struct {
+		id    string
+		until time.Time
+	}{{"x", now.Add(time.Minute)}, {"x", now.Add(time.Minute)}, {"y", now.Add(time.Minute)}, {"z", now.Add(-time.Second)}, {"z", now.Add(time.Minute)}} {
+		if !tb.AskResume(c.id, c.until) {
+			t.Fatalf("ask %s dropped", c.id)
+		}
+	}
+	var got []string
+	for len(tb.Resumes()) > 0 {
+		got = append(got, (<-tb.Resumes()).ID)
+	}
+	if strings.Join(got, ",") != "x,y,z,z" {
+		t.Errorf("asks sent %v, want x,y,z,z", got)
 	}
 }

@@ -32,6 +32,10 @@ type Table struct {
 	// resumes are the sandboxes whose traffic asks the master for a
 	// resume (AskResume), until the node's report stream sends them.
 	resumes chan ResumeAsk
+	// asked is when each ask queued stops waiting: traffic to the same
+	// sandbox meanwhile waits for the same push, not another ask (a
+	// burst of requests is one ask to the master, not hundreds).
+	asked map[string]time.Time
 }
 
 // ResumeAsk is traffic's ask that the master resume a sandbox, good
@@ -49,15 +53,27 @@ const resumesQueued = 256
 
 // NewTable is an empty table (version 0: the master sends it whole).
 func NewTable() *Table {
-	return &Table{routes: map[string]nodeapi.Route{}, changed: make(chan struct{}), resumes: make(chan ResumeAsk, resumesQueued)}
+	return &Table{routes: map[string]nodeapi.Route{}, changed: make(chan struct{}), resumes: make(chan ResumeAsk, resumesQueued), asked: map[string]time.Time{}}
 }
 
 // AskResume asks the master to resume sandbox id (nodeapi.Report.Resume):
 // the node's report stream carries it (nodeside's Watch reads Resumes).
 // It says false if the ask was dropped.
 func (t *Table) AskResume(id string, until time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if now.Before(t.asked[id]) {
+		return true // asked already, and that ask is still waiting
+	}
+	for k, u := range t.asked {
+		if !now.Before(u) {
+			delete(t.asked, k)
+		}
+	}
 	select {
 	case t.resumes <- ResumeAsk{ID: id, Until: until}:
+		t.asked[id] = until
 		return true
 	default:
 		return false
