@@ -562,11 +562,14 @@ const SecretCAPath = "/usr/local/share/ca-certificates/sandstorm-egress-ca.crt"
 // SecretRequest stores a secret (POST /v1/secrets): its value, and the
 // only names it may be sent to ("api.example.com", "*.example.com").
 // Storing a name again replaces it; sandboxes made before keep the value
-// they were given.
+// they were given. Body: its marker is replaced in request bodies too
+// (a form's client_secret), not only in headers, path and query; off by
+// default, as a service can keep a body and show it back (docs/API.md).
 type SecretRequest struct {
 	Name  string   `json:"name"`
 	Value string   `json:"value"`
 	Hosts []string `json:"hosts"`
+	Body  bool     `json:"body,omitempty"`
 }
 
 // Secret is a stored secret as listed: never its value.
@@ -574,6 +577,7 @@ type Secret struct {
 	Name      string    `json:"name"`
 	Team      string    `json:"team,omitempty"`
 	Hosts     []string  `json:"hosts"`
+	Body      bool      `json:"body,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

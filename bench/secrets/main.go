@@ -8,8 +8,9 @@
 // verifies). Each sample is one GET, timed by the client, alternating
 // between the secret's name (TLS ended at the boundary, the marker
 // replaced, TLS again to the server) and the plain one (spliced end to
-// end): a new connection per request (both TLS handshakes in it), and
-// one kept-alive connection (the steady cost of a request).
+// end): a new connection per request (both TLS handshakes in it), one
+// kept-alive connection (the steady cost of a request), and one HTTP/2
+// connection (the servers speak h2, so the boundary gives it).
 //
 //	go run ./bench/secrets                # 400 pairs of each
 //	go run ./bench/secrets --pairs 2000
@@ -33,6 +34,7 @@ import (
 	"sort"
 	"time"
 
+	"golang.org/x/net/http2"
 	"golang.org/x/net/proxy"
 
 	"sandstorm/internal/bench"
@@ -93,7 +95,8 @@ func start(dir string) (*setup, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return iss.Leaf(h.ServerName) }})
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return iss.Leaf(h.ServerName) }})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -145,7 +148,7 @@ func start(dir string) (*setup, func(), error) {
 // conn opens a flow to host:443 through the boundary's socket and its
 // TLS, verified as the sandbox would: the secret's name with the
 // sandbox's CA, the plain one with the server's.
-func (s *setup) conn(host string) (*tls.Conn, *bufio.Reader, error) {
+func (s *setup) conn(host string, protos ...string) (*tls.Conn, *bufio.Reader, error) {
 	d, err := proxy.SOCKS5("unix", s.sock, nil, proxy.Direct)
 	if err != nil {
 		return nil, nil, err
@@ -158,7 +161,7 @@ func (s *setup) conn(host string) (*tls.Conn, *bufio.Reader, error) {
 	if host == "api.test" {
 		roots = s.sandboxRoots
 	}
-	tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: roots})
+	tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: roots, NextProtos: protos})
 	if err := tc.Handshake(); err != nil {
 		c.Close()
 		return nil, nil, err
@@ -202,8 +205,10 @@ func run(ctx context.Context, f bench.Flags, pairs int) (string, error) {
 	defer stop()
 	measureNew(s, res, pairs)
 	measureKept(s, res, pairs)
-	res.Note("%s", difference(res, "new-conn"))
-	res.Note("%s", difference(res, "keep-alive"))
+	measureH2(s, res, pairs)
+	for _, mode := range []string{"new-conn", "keep-alive", "h2"} {
+		res.Note("%s", difference(res, mode))
+	}
 	return dir.Done(res)
 }
 
@@ -254,6 +259,50 @@ func measureKept(s *setup, res *bench.Results, pairs int) {
 		for _, fl := range flows {
 			t0 := time.Now()
 			if err := s.get(fl.c, fl.br, fl.host); err != nil {
+				fl.s.Fail("%v", err)
+				return
+			}
+			fl.s.AddDuration(time.Since(t0))
+		}
+	}
+}
+
+// measureH2: one HTTP/2 connection each (the server speaks h2, so the
+// boundary gives the sandbox h2: inject's h2.go); a sample is one GET.
+func measureH2(s *setup, res *bench.Results, pairs int) {
+	sec := res.AddSeries("secret/h2", "one GET on a kept-alive HTTP/2 connection through the boundary's TLS ending and marker replacement (one HTTP/2 connection on to the server); client-timed", "")
+	pl := res.AddSeries("plain/h2", "one GET on a kept-alive HTTP/2 connection spliced to a name with no secret", "")
+	type flow struct {
+		host string
+		s    *bench.Series
+		cc   *http2.ClientConn
+	}
+	flows := []*flow{{host: "api.test", s: sec}, {host: "plain.test", s: pl}}
+	for _, fl := range flows {
+		c, _, err := s.conn(fl.host, "h2")
+		if err == nil {
+			fl.cc, err = (&http2.Transport{}).NewClientConn(c)
+		}
+		if err != nil {
+			fl.s.Skipped = err.Error()
+			return
+		}
+		defer fl.cc.Close()
+	}
+	for i := 0; i < pairs; i++ {
+		for _, fl := range flows {
+			req, _ := http.NewRequest("GET", "https://"+fl.host+"/", nil)
+			req.Header.Set("Authorization", "Bearer "+s.marker)
+			t0 := time.Now()
+			resp, err := fl.cc.RoundTrip(req)
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+					err = fmt.Errorf("%s: HTTP %d over %s", fl.host, resp.StatusCode, resp.Proto)
+				}
+			}
+			if err != nil {
 				fl.s.Fail("%v", err)
 				return
 			}

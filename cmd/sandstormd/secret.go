@@ -34,8 +34,9 @@ key sees and uses only its team's secrets.`,
 	addAPIFlag(cmd)
 	var hosts []string
 	var fromFile string
+	var body bool
 	create := &cobra.Command{
-		Use:   "create NAME --host HOST [--host HOST…] [--from-file FILE]",
+		Use:   "create NAME --host HOST [--host HOST…] [--from-file FILE] [--body]",
 		Short: "Store a secret (its value from --from-file, else from stdin); storing NAME again replaces it",
 		Example: "  printf %s \"$OPENAI_API_KEY\" | sandstormd secret create openai --host api.openai.com\n" +
 			"  sandstormd secret create gh --host github.com --host '*.github.com' --from-file ~/.gh-token\n" +
@@ -53,7 +54,7 @@ key sees and uses only its team's secrets.`,
 			if err != nil {
 				return err
 			}
-			s, err := c.PutSecret(cmd.Context(), api.SecretRequest{Name: args[0], Value: value, Hosts: hosts})
+			s, err := c.PutSecret(cmd.Context(), api.SecretRequest{Name: args[0], Value: value, Hosts: hosts, Body: body})
 			if err != nil {
 				return err
 			}
@@ -66,6 +67,7 @@ key sees and uses only its team's secrets.`,
 	}
 	create.Flags().StringArrayVar(&hosts, "host", nil, "a name the secret may be sent to (api.example.com, or *.example.com for every name under it); repeatable")
 	create.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file (one trailing newline is dropped); default: stdin")
+	create.Flags().BoolVar(&body, "body", false, "replace the marker in request bodies too (a form's client_secret); off by default, as a service can store a body and show it back")
 	ls := &cobra.Command{
 		Use: "ls", Short: "List secrets (names and hosts; never values)", Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
@@ -77,9 +79,9 @@ key sees and uses only its team's secrets.`,
 				return printJSON(l)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tHOSTS\tSTORED")
+			fmt.Fprintln(tw, "NAME\tHOSTS\tIN BODIES\tSTORED")
 			for _, s := range l {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Name, strings.Join(s.Hosts, ","), s.CreatedAt.Local().Format(time.DateTime))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Hosts, ","), yesNo(s.Body), s.CreatedAt.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		}),
@@ -124,4 +126,11 @@ func readSecret(in io.Reader, file string) (string, error) {
 		return "", errors.New("the secret is empty: pipe it in, or give --from-file")
 	}
 	return string(b), nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }

@@ -36,6 +36,9 @@ var basePackages = []string{
 	// tests), git with its daemon (the git tests serve a repository on the
 	// sandbox's loopback).
 	"ncurses-bin", "git",
+	// curl, as E2B's base image has it (with HTTP/2: the secrets test
+	// drives a boundary's HTTP/2 with it).
+	"curl",
 }
 
 // baseCustomize makes the user, as E2B's base image does: uid and gid

@@ -37,6 +37,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/sandboxtraffic"
 	"sandstorm/internal/store"
@@ -348,7 +349,7 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if s.sbx.IsSnapshot(r.Context(), name) && ingress.egress != nil {
+	if s.sbx.IsSnapshot(r.Context(), name) && (ingress.egress != nil || len(ingress.rules) > 0) {
 		// Its sandboxes keep the snapshot's rules: new ones are refused,
 		// not dropped (a sandbox must never run with less than it asked).
 		err = errdefs.New(errdefs.ErrNotSupported, "network egress rules with a snapshot: a sandbox from a snapshot keeps the snapshot's own rules")
@@ -357,7 +358,7 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		// memory.
 		sb, meta, err = s.sbx.FromSnapshot(r.Context(), name, want)
 	} else {
-		sb, meta, err = s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: name, Meta: want, Egress: ingress.egress})
+		sb, meta, err = s.sbx.Create(r.Context(), sandboxes.CreateRequest{Template: name, Meta: want, Egress: ingress.egress, Rules: ingress.rules})
 	}
 	if err != nil {
 		fail(w, err)
@@ -378,12 +379,14 @@ type ingress struct {
 	private  bool
 	maskHost string
 	egress   *api.Egress
+	rules    []inject.Binding // network.rules (rules.go)
 }
 
 // parseNetwork reads a create's network: allowPublicTraffic,
 // maskRequestHost, allowOut and denyOut are honoured (the last two as the
-// sandbox's egress rules, which only narrow its boundary's policy); an
-// egress proxy or a transform is refused, not ignored.
+// sandbox's egress rules, which only narrow its boundary's policy), and
+// rules (header transforms, rules.go); an egress proxy is refused, not
+// ignored.
 func parseNetwork(raw json.RawMessage) (ingress, error) {
 	var in ingress
 	if !set(raw) {
@@ -409,6 +412,15 @@ func parseNetwork(raw json.RawMessage) (ingress, error) {
 			if mask != nil {
 				in.maskHost = *mask
 			}
+		case "rules":
+			if !set(v) {
+				continue
+			}
+			rules, err := parseRules(v)
+			if err != nil {
+				return in, err
+			}
+			in.rules = rules
 		case "allowOut", "denyOut":
 			var list []string
 			if err := json.Unmarshal(v, &list); err != nil {
@@ -694,7 +706,8 @@ func (s *Service) updateNetwork(w http.ResponseWriter, r *http.Request) {
 
 // networkUpdate is an updateNetwork body as the rules it sets: create's
 // network fields that are not egress (ingress is set at create only)
-// are refused, as are transforms and an egress proxy (parseNetwork).
+// are refused, as are an egress proxy (parseNetwork) and rules, which
+// are set at create only.
 func networkUpdate(body map[string]json.RawMessage) (api.Egress, error) {
 	var allowInternet *bool
 	if v, ok := body["allow_internet_access"]; ok {
@@ -712,6 +725,10 @@ func networkUpdate(body map[string]json.RawMessage) (api.Egress, error) {
 	in, err := parseNetwork(raw)
 	if err != nil {
 		return api.Egress{}, err
+	}
+	if len(in.rules) > 0 {
+		// The sandbox's CA was made for its rules' names at create.
+		return api.Egress{}, errdefs.New(errdefs.ErrNotSupported, "network.rules: set at create only here; an update keeps the sandbox's rules")
 	}
 	var e api.Egress
 	if in.egress != nil {

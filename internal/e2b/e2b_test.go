@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/apikey"
 	"sandstorm/internal/fleet/fleettest"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/store"
 	"sandstorm/internal/testenv"
 )
@@ -756,5 +758,41 @@ func TestResumeAsked(t *testing.T) {
 	}
 	if m, _ := e.st.Teams().GetSandboxMeta(context.Background(), plain.SandboxID); !m.Paused {
 		t.Error("a sandbox paused without autoResume was resumed by a node's ask")
+	}
+}
+
+// TestNetworkRules: a create's network.rules become header rules bound to
+// the sandbox as its secrets are (its boundary sets them on requests to
+// their names; the values never enter the sandbox), later rules for a
+// name winning, with NODE_EXTRA_CA_CERTS naming its CA. What cannot be
+// served is refused, and nothing is made.
+func TestNetworkRules(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, "red", `{"network": {"allowOut": ["api.example.com"], "rules": {
+		"api.example.com": [{"transform": {"headers": {"x-token": "v1"}}}, {"transform": {"headers": {"X-Token": "v2", "X-Other": "o"}}}],
+		"*.corp.example": [{}]}}}`)
+	want := []inject.Binding{{Name: "rule:api.example.com", Hosts: []string{"api.example.com"}, Headers: map[string]string{"X-Token": "v2", "X-Other": "o"}}}
+	if got := e.node.Secrets[sb.SandboxID]; !reflect.DeepEqual(got, want) {
+		t.Errorf("bound %+v, want %+v", got, want)
+	}
+	if m, err := e.st.Teams().GetSandboxMeta(context.Background(), sb.SandboxID); err != nil || m.Env["NODE_EXTRA_CA_CERTS"] != api.SecretCAPath {
+		t.Errorf("env %v, %v; want NODE_EXTRA_CA_CERTS", m.Env, err)
+	}
+	made := len(e.node.Secrets)
+	for _, bad := range []string{
+		`{"rules": {"1.1.1.1": [{"transform": {"headers": {"X": "y"}}}]}}`,
+		`{"rules": {"10.0.0.0/8": [{"transform": {"headers": {"X": "y"}}}]}}`,
+		`{"rules": {"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer ${e2b.identity.tokens.aws}"}}}]}}`,
+		`{"rules": {"api.example.com": [{"transform": {"headers": {"Host": "evil.example"}}}]}}`,
+		`{"rules": {"api.example.com": [{"transform": {"headers": {"X": "a\r\nB: c"}}}]}}`,
+		`{"rules": {"api.example.com": "x"}}`,
+		`{"rules": {"https://api.example.com/": [{"transform": {"headers": {"X": "y"}}}]}}`,
+	} {
+		if a := e.call(t, "red", "POST", "/sandboxes", `{"network": `+bad+`}`); a.status < 400 || a.status >= 500 {
+			t.Errorf("create with %s: %d %s, want a 4xx", bad, a.status, a.body)
+		}
+	}
+	if len(e.node.Secrets) != made {
+		t.Error("a refused create bound rules")
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"sandstorm/internal/fleet"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/secrets"
 	"sandstorm/internal/store"
 )
@@ -71,7 +72,10 @@ type CreateRequest struct {
 	Egress    *api.Egress
 	// Secrets binds stored secrets: variable → secret name.
 	Secrets map[string]string
-	Meta    store.SandboxMeta
+	// Rules are header rules for the sandbox's boundary (E2B's
+	// network.rules, inject.Binding with Headers): bound as secrets are.
+	Rules []inject.Binding
+	Meta  store.SandboxMeta
 }
 
 // MaxLabelBytes bounds a sandbox's labels (E2B's metadata), keys and
@@ -135,7 +139,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (api.Sandbox, s
 	if err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err
 	}
-	req.Meta.Env = env
+	bound = append(bound, req.Rules...)
+	req.Meta.Env = withSandboxCA(env, len(bound) > 0)
 	sb, err := s.Fleet.Create(ctx, nodeapi.CreateRequest{Template: fleet.Wire(t), Name: req.Name, Principal: req.Principal, MemoryMiB: req.MemoryMiB, Idle: req.Idle, Egress: req.Egress, Secrets: bound})
 	if err != nil {
 		return api.Sandbox{}, store.SandboxMeta{}, err

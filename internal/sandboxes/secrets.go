@@ -39,11 +39,11 @@ func (s *Service) PutSecret(ctx context.Context, req api.SecretRequest) (api.Sec
 	}
 	team := apikey.From(ctx).Team
 	row := store.Secret{Team: team, Name: req.Name, Sealed: s.Secrets.Seal([]byte(req.Value), secretAD(team, req.Name)),
-		Hosts: hosts, CreatedAt: time.Now()}
+		Hosts: hosts, Body: req.Body, CreatedAt: time.Now()}
 	if err := s.Store.Secrets().Put(ctx, row); err != nil {
 		return api.Secret{}, err
 	}
-	s.log().Info("secret stored", "team", team, "name", req.Name, "hosts", hosts) // never its value
+	s.log().Info("secret stored", "team", team, "name", req.Name, "hosts", hosts, "body", req.Body) // never its value
 	return wireSecret(row), nil
 }
 
@@ -69,14 +69,12 @@ func (s *Service) DeleteSecret(ctx context.Context, name string) error {
 }
 
 func wireSecret(r store.Secret) api.Secret {
-	return api.Secret{Name: r.Name, Team: r.Team, Hosts: r.Hosts, CreatedAt: r.CreatedAt}
+	return api.Secret{Name: r.Name, Team: r.Team, Hosts: r.Hosts, Body: r.Body, CreatedAt: r.CreatedAt}
 }
 
 // bindSecrets turns a create's secrets (variable → secret name) into the
 // node's bindings, each with a new marker, and env with every variable
-// set to its marker (and NODE_EXTRA_CA_CERTS to the sandbox's CA, for
-// Node.js, which reads no system trust store). A name the team has not
-// stored is not found.
+// set to its marker. A name the team has not stored is not found.
 func (s *Service) bindSecrets(ctx context.Context, want, env map[string]string) ([]inject.Binding, map[string]string, error) {
 	if len(want) == 0 {
 		return nil, env, nil
@@ -102,12 +100,24 @@ func (s *Service) bindSecrets(ctx context.Context, want, env map[string]string) 
 		if err != nil {
 			return nil, nil, fmt.Errorf("secret %q: %w", name, err)
 		}
-		b := inject.Binding{Name: name, Marker: secrets.NewMarker(), Value: string(value), Hosts: row.Hosts}
+		b := inject.Binding{Name: name, Marker: secrets.NewMarker(), Value: string(value), Hosts: row.Hosts, Body: row.Body}
 		env[v] = b.Marker
 		out = append(out, b)
 	}
-	if _, set := env["NODE_EXTRA_CA_CERTS"]; !set {
-		env["NODE_EXTRA_CA_CERTS"] = api.SecretCAPath
-	}
 	return out, env, CheckSettings(env, nil)
+}
+
+// withSandboxCA is env with NODE_EXTRA_CA_CERTS naming the sandbox's CA
+// if it has one (bound: it has secrets or header rules) and env does not
+// set it: Node.js reads no system trust store.
+func withSandboxCA(env map[string]string, bound bool) map[string]string {
+	if _, set := env["NODE_EXTRA_CA_CERTS"]; !bound || set {
+		return env
+	}
+	env = maps.Clone(env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	env["NODE_EXTRA_CA_CERTS"] = api.SecretCAPath
+	return env
 }

@@ -23,7 +23,9 @@ type Secret struct {
 	Team, Name string
 	Sealed     []byte
 	Hosts      []string
-	CreatedAt  time.Time
+	// Body: the boundary replaces its marker in request bodies too.
+	Body      bool
+	CreatedAt time.Time
 }
 
 // Put stores sec, replacing a secret of the same team and name (a
@@ -34,9 +36,9 @@ func (v SecretRows) Put(ctx context.Context, sec Secret) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO team_secrets(team, name, sealed, hosts, created_at) VALUES(?,?,?,?,?)
-		ON CONFLICT (team, name) DO UPDATE SET sealed=excluded.sealed, hosts=excluded.hosts, created_at=excluded.created_at`),
-		sec.Team, sec.Name, base64.StdEncoding.EncodeToString(sec.Sealed), string(hosts), ms(sec.CreatedAt))
+	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO team_secrets(team, name, sealed, hosts, body, created_at) VALUES(?,?,?,?,?,?)
+		ON CONFLICT (team, name) DO UPDATE SET sealed=excluded.sealed, hosts=excluded.hosts, body=excluded.body, created_at=excluded.created_at`),
+		sec.Team, sec.Name, base64.StdEncoding.EncodeToString(sec.Sealed), string(hosts), boolInt(sec.Body), ms(sec.CreatedAt))
 	return err
 }
 
@@ -72,7 +74,7 @@ func (v SecretRows) Delete(ctx context.Context, team, name string) error {
 
 func (v SecretRows) list(ctx context.Context, where string, args ...any) ([]Secret, error) {
 	s := v.s
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT team, name, sealed, hosts, created_at FROM team_secrets `+where), args...)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT team, name, sealed, hosts, body, created_at FROM team_secrets `+where), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -81,8 +83,8 @@ func (v SecretRows) list(ctx context.Context, where string, args ...any) ([]Secr
 	for rows.Next() {
 		var sec Secret
 		var sealed, hosts string
-		var created int64
-		if err := rows.Scan(&sec.Team, &sec.Name, &sealed, &hosts, &created); err != nil {
+		var created, body int64
+		if err := rows.Scan(&sec.Team, &sec.Name, &sealed, &hosts, &body, &created); err != nil {
 			return nil, err
 		}
 		if sec.Sealed, err = base64.StdEncoding.DecodeString(sealed); err != nil {
@@ -91,7 +93,7 @@ func (v SecretRows) list(ctx context.Context, where string, args ...any) ([]Secr
 		if err := json.Unmarshal([]byte(hosts), &sec.Hosts); err != nil {
 			return nil, fmt.Errorf("secret %q: hosts: %w", sec.Name, err)
 		}
-		sec.CreatedAt = fromMs(created)
+		sec.CreatedAt, sec.Body = fromMs(created), body != 0
 		out = append(out, sec)
 	}
 	return out, rows.Err()

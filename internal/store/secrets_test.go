@@ -11,8 +11,8 @@ import (
 )
 
 // TestSecrets: a secret is its team's alone (another team's name is not
-// found), replaced whole by a Put of the same name, listed by name, and
-// gone once deleted.
+// found), replaced whole by a Put of the same name (whether it goes in
+// bodies too), listed by name, and gone once deleted.
 func TestSecrets(t *testing.T) { eachStore(t, testSecrets) }
 
 func testSecrets(t *testing.T, where string) {
@@ -32,7 +32,7 @@ func testSecrets(t *testing.T, where string) {
 	if _, err := s.Secrets().Get(ctx, "blue", "api"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("another team's: %v", err)
 	}
-	a.Sealed, a.Hosts = []byte{7}, []string{"new.example.com"}
+	a.Sealed, a.Hosts, a.Body = []byte{7}, []string{"new.example.com"}, true
 	if err := s.Secrets().Put(ctx, a); err != nil {
 		t.Fatal(err)
 	}

@@ -335,6 +335,8 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandbox_meta", "pause_drops_memory", `ALTER TABLE sandbox_meta ADD COLUMN pause_drops_memory INTEGER NOT NULL DEFAULT 0`},
 	// Issue 32: a template a team built through /e2b is its own.
 	{"templates", "team", `ALTER TABLE templates ADD COLUMN team TEXT NOT NULL DEFAULT ''`},
+	// Issue 33: a secret that may be replaced in request bodies too.
+	{"team_secrets", "body", `ALTER TABLE team_secrets ADD COLUMN body INTEGER NOT NULL DEFAULT 0`},
 }
 
 // execer is a *sql.DB or a *sql.Tx.

@@ -45,12 +45,23 @@ for name in sys.argv[2:]:
 // by name. It answers only whether it matched: the secret is never sent
 // back into the sandbox.
 type authSeen struct {
-	secret string
-	mu     sync.Mutex
-	seen   map[string][]string
+	secret, formSecret string
+	mu                 sync.Mutex
+	seen               map[string][]string
 }
 
 func (a *authSeen) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/form":
+		a.form(w, r)
+		return
+	case "/rule":
+		a.mu.Lock()
+		a.seen["rule "+r.Host] = append(a.seen["rule "+r.Host], r.Header.Get("X-Rule"))
+		a.mu.Unlock()
+		w.Write([]byte("rule recorded")) // never the value: it must not reach the sandbox
+		return
+	}
 	got := r.Header.Get("Authorization")
 	a.mu.Lock()
 	a.seen[r.Host] = append(a.seen[r.Host], got)
@@ -59,6 +70,21 @@ func (a *authSeen) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("authorized"))
 	} else {
 		w.Write([]byte("unauthorized"))
+	}
+}
+
+// form records a form's client_secret, the protocol it came by and its t
+// (a marker of a secret not stored for bodies), as "<proto>
+// <client_secret> <t>", and says whether client_secret matched.
+func (a *authSeen) form(w http.ResponseWriter, r *http.Request) {
+	got := r.PostFormValue("client_secret")
+	a.mu.Lock()
+	a.seen["form"] = append(a.seen["form"], r.Proto+" "+got+" "+r.PostFormValue("t"))
+	a.mu.Unlock()
+	if got == a.formSecret {
+		w.Write([]byte("form authorized"))
+	} else {
+		w.Write([]byte("form unauthorized"))
 	}
 }
 
@@ -110,7 +136,10 @@ func TestSandboxSecrets(t *testing.T) {
 	var raw [24]byte
 	rand.Read(raw[:])
 	secret := "sk-e2e-" + hex.EncodeToString(raw[:])
-	seen := &authSeen{secret: secret, seen: map[string][]string{}}
+	rand.Read(raw[:])
+	formSecret := "cs-e2e-" + hex.EncodeToString(raw[:])
+	seen := &authSeen{secret: secret, formSecret: formSecret, seen: map[string][]string{}}
+	serverTLS.NextProtos = []string{"h2", "http/1.1"} // curl's HTTP/2 below
 	ln := listenIn(t, out.ns, netip.AddrPortFrom(out.server, 443).String())
 	srv := &http.Server{Handler: seen}
 	go srv.Serve(tls.NewListener(ln, serverTLS))
@@ -125,7 +154,9 @@ func TestSandboxSecrets(t *testing.T) {
 	if ls := cli(t, env, "secret", "ls"); !strings.Contains(ls.Stdout, "mirror.test") || strings.Contains(ls.Stdout+ls.Stderr, secret) {
 		t.Errorf("secret ls: %q", ls.Stdout)
 	}
-	cli(t, env, "sandbox", "create", "base", "--name", "vault", "--secret", "TOKEN=api").ok(t, "a sandbox with a secret")
+	os.WriteFile(valueFile, []byte(formSecret), 0o600)
+	cli(t, env, "secret", "create", "form", "--host", "mirror.test", "--body", "--from-file", valueFile).ok(t, "secret create --body", "stored secret form")
+	cli(t, env, "sandbox", "create", "base", "--name", "vault", "--secret", "TOKEN=api", "--secret", "FORM=form").ok(t, "a sandbox with secrets")
 	sb, err := d.C.Sandbox(ctxT(t), "vault")
 	if err != nil {
 		t.Fatal(err)
@@ -147,9 +178,11 @@ func TestSandboxSecrets(t *testing.T) {
 	}
 	probe("hot")
 	checkSecretLog(t, d, sb.ID)
+	curlForm(t, env, seen, formSecret)
 
 	d.transition(t, sb.ID, "snapshot", api.TierSnapshot)
 	searchForSecret(t, d, secret)
+	searchForSecret(t, d, formSecret)
 	probe("woken from its snapshot") // its boundary opened the sealed bindings again
 
 	// A clone has its parent's markers in its memory and its parent's
@@ -161,6 +194,9 @@ func TestSandboxSecrets(t *testing.T) {
 	d.track(res.Children[0].ID)
 	probe("a clone", res.Children[0].Name)
 
+	ruleValue := e2bRules(t, d, env, seen)
+	searchForSecret(t, d, ruleValue)
+
 	// A team's key sees none of the operator's secrets, and cannot bind one.
 	key := strings.TrimSpace(cli(t, env, "api-key", "create", "blue").Stdout)
 	team := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN=" + key}
@@ -168,6 +204,64 @@ func TestSandboxSecrets(t *testing.T) {
 		t.Errorf("a team lists the operator's secrets: %q %q", ls.Stdout, ls.Stderr)
 	}
 	cli(t, team, "sandbox", "create", "base", "--name", "thief", "--secret", "T=api").fails(t, "a team binding the operator's secret", `secret "api": not found`)
+}
+
+// curlForm: the sandbox's curl posts a form over HTTP/2 with the body
+// secret's marker as client_secret and the other's in its header; the
+// server is sent the body secret in the body, over HTTP/2, the other in
+// the header (it is not a body secret: in the body it would stay the
+// marker).
+func curlForm(t *testing.T, env []string, seen *authSeen, formSecret string) {
+	t.Helper()
+	r := cli(t, env, "sandbox", "exec", "vault", "--", "/bin/sh", "-c",
+		`curl -sS --http2 -w ' %{http_version}' -H "Authorization: Bearer $TOKEN" --data "client_secret=$FORM&t=$TOKEN" https://mirror.test/form`)
+	r.ok(t, "curl --http2 with a body secret")
+	if r.Stdout != "form authorized 2" {
+		t.Errorf("curl in the sandbox: %q %q", r.Stdout, r.Stderr)
+	}
+	if got := seen.last("form"); !strings.HasPrefix(got, "HTTP/2.0 "+formSecret+" sandstorm-secret-") {
+		t.Errorf("mirror.test's form was sent %q; want the body secret over HTTP/2, and the other's marker", got)
+	}
+}
+
+// e2bRules: a sandbox made through /e2b with network.rules for
+// mirror.test (E2B's header transforms) has its boundary set the header on
+// its requests there, and not to other.test; the value is not in the
+// sandbox's environment. It returns the value, to search for, with the
+// sandbox snapshotted (its memory image on disk).
+func e2bRules(t *testing.T, d *Daemon, env []string, seen *authSeen) string {
+	t.Helper()
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{Name: "vaulted", RootfsDir: baseRootfs, Principal: "vault",
+		Process: api.Process{Args: baseDemo.Args, Env: baseDemo.Env, Envd: baseDemo.Envd}}); err != nil {
+		t.Fatal(err)
+	}
+	var raw [16]byte
+	rand.Read(raw[:])
+	value := "rule-e2e-" + hex.EncodeToString(raw[:])
+	rules := map[string]any{"mirror.test": []any{map[string]any{"transform": map[string]any{"headers": map[string]string{"x-rule": value}}}}}
+	var sb struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	if err := d.C.Do(ctxT(t), http.MethodPost, "/e2b/sandboxes", map[string]any{"templateID": "vaulted", "timeout": 600, "network": map[string]any{"rules": rules}}, &sb); err != nil {
+		t.Fatalf("an E2B create with network.rules: %v", err)
+	}
+	d.track(sb.SandboxID)
+	// other.test's certificate is the test's own CA's, which the sandbox
+	// does not trust (-k): what is checked is the header it was sent.
+	r := cli(t, env, "sandbox", "exec", sb.SandboxID, "--", "/bin/sh", "-c",
+		`curl -sS https://mirror.test/rule && echo && curl -sSk https://other.test/rule && echo && env | grep -c rule-e2e-`)
+	if r.Stdout != "rule recorded\nrule recorded\n0\n" {
+		t.Errorf("in the sandbox with network.rules: %q %q", r.Stdout, r.Stderr)
+	}
+	if got := seen.last("rule mirror.test"); got != value {
+		t.Errorf("mirror.test was sent X-Rule %q; want the rule's value", got)
+	}
+	if got := seen.last("rule other.test"); got != "" {
+		t.Errorf("other.test was sent X-Rule %q; want none", got)
+	}
+	// Its memory image is searched too (searchForSecret).
+	d.transition(t, sb.SandboxID, "snapshot", api.TierSnapshot)
+	return value
 }
 
 // checkSecretLog: the egress log says the flow to mirror.test:443 had

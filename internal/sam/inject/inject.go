@@ -22,12 +22,19 @@ import (
 
 // Binding is one secret bound to a sandbox: the marker the sandbox was
 // given, the value the boundary puts in its place, and the names it may
-// go to (secrets.CheckHosts).
+// go to (secrets.CheckHosts). Or it is a header rule (E2B's network.rules
+// transforms): no marker, and Headers set on every request to its hosts,
+// replacing any of the same name.
 type Binding struct {
 	Name   string   `json:"name"`
 	Marker string   `json:"marker"`
 	Value  string   `json:"value"`
 	Hosts  []string `json:"hosts"`
+	// Body: the marker is replaced in request bodies too (inBody says
+	// why that is not the default).
+	Body bool `json:"body,omitempty"`
+	// Headers are a header rule's: names to values.
+	Headers map[string]string `json:"headers,omitempty"`
 }
 
 // Set is one sandbox's bindings, its CA, and the roots that verify the
@@ -45,8 +52,10 @@ type Set struct {
 // the system's).
 func NewSet(bindings []Binding, caCert, caKey []byte, roots *x509.CertPool) (*Set, error) {
 	for _, b := range bindings {
-		if !strings.HasPrefix(b.Marker, secrets.MarkerPrefix) || b.Value == "" || len(b.Hosts) == 0 {
-			return nil, fmt.Errorf("secret %q: a binding needs a marker, a value and hosts", b.Name)
+		rule := len(b.Headers) > 0 && b.Marker == "" && b.Value == "" && !b.Body
+		secret := strings.HasPrefix(b.Marker, secrets.MarkerPrefix) && b.Value != "" && len(b.Headers) == 0
+		if !(rule || secret) || len(b.Hosts) == 0 {
+			return nil, fmt.Errorf("secret %q: a binding needs hosts, and a marker and a value or headers (not both)", b.Name)
 		}
 	}
 	iss, err := NewIssuer(caCert, caKey)
@@ -151,47 +160,86 @@ type Result struct {
 // to host over far, an open connection to host's address: it ends the
 // sandbox's TLS with a certificate for host from the sandbox's CA (only
 // for host: any other name in its SNI is refused), opens TLS over far
-// verifying host's real certificate, and passes HTTP/1.1 requests and
-// their answers through, each request's markers replaced by the secrets
-// bound to host. touch is called on every request (the sandbox's
-// activity). Serve returns when either side is done; the caller closes
-// both connections.
+// verifying host's real certificate, and passes HTTP requests and their
+// answers through, each request's markers replaced by the secrets bound
+// to host. The server's TLS is opened while the sandbox's handshake
+// waits, offering what the sandbox offered of h2 and HTTP/1.1, and the
+// sandbox is given the protocol the server chose: HTTP/2 (gRPC) where
+// the server speaks it, HTTP/1.1 otherwise. touch is called on every
+// request (the sandbox's activity). Serve returns when either side is
+// done; the caller closes both connections.
 func (s *Set) Serve(sandbox net.Conn, prefix []byte, far net.Conn, host string, timeout time.Duration, touch func()) (r Result) {
 	bound := s.For(host)
 	cf := &counted{Conn: far}
-	defer func() { r.Out, r.In = cf.out.Load(), cf.in.Load() }()
+	var u usage
+	defer func() { r.Out, r.In, r.Used = cf.out.Load(), cf.in.Load(), u.list() }()
+	var up *tls.Conn
+	var upErr error
 	in := tls.Server(&prefixed{Conn: sandbox, r: io.MultiReader(bytes.NewReader(prefix), sandbox)}, &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"http/1.1"},
-		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 			if h.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(h.ServerName, "."), host) {
 				return nil, fmt.Errorf("the client asked for %q on a flow to %q", h.ServerName, host)
 			}
-			return s.iss.Leaf(host)
+			leaf, err := s.iss.Leaf(host)
+			if err != nil {
+				return nil, err
+			}
+			up, upErr = s.dial(cf, host, h.SupportedProtos, timeout)
+			proto := "http/1.1"
+			if upErr == nil && up.ConnectionState().NegotiatedProtocol == "h2" {
+				proto = "h2"
+			}
+			return &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{proto}, Certificates: []tls.Certificate{*leaf}}, nil
 		},
 	})
-	in.SetDeadline(time.Now().Add(timeout))
+	in.SetDeadline(time.Now().Add(2 * timeout)) // the server's handshake is inside it
 	if err := in.Handshake(); err != nil {
 		r.Err = fmt.Errorf("the sandbox's TLS handshake (does it trust its CA?): %w", err)
+		if upErr != nil {
+			r.Err = fmt.Errorf("%s's TLS: %w", host, upErr) // the cause, when the sandbox's failed after it
+		}
 		return r
 	}
 	in.SetDeadline(time.Time{})
-	up := tls.Client(cf, &tls.Config{ServerName: host, RootCAs: s.roots, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"},
-		ClientSessionCache: s.sessions})
-	up.SetDeadline(time.Now().Add(timeout))
 	br := bufio.NewReader(in)
-	if err := up.Handshake(); err != nil {
-		r.Err = fmt.Errorf("%s's TLS: %w", host, err)
+	if upErr != nil {
+		r.Err = fmt.Errorf("%s's TLS: %w", host, upErr)
 		answer(in, br, timeout, http.StatusBadGateway, "sandstorm boundary: "+r.Err.Error()+"; no secret was sent")
 		return r
 	}
-	up.SetDeadline(time.Time{})
-	r.Err = relay(in, br, up, bound, &r.Used, touch)
+	if in.ConnectionState().NegotiatedProtocol == "h2" {
+		r.Err = serveH2(in, up, bound, &u, touch)
+		return r
+	}
+	r.Err = relay(in, br, up, bound, &u, touch)
 	return r
 }
 
+// dial opens TLS to host over far, verifying its certificate, offering
+// of offered (the sandbox's ALPN) those this boundary can pass on.
+func (s *Set) dial(far net.Conn, host string, offered []string, timeout time.Duration) (*tls.Conn, error) {
+	protos := []string{}
+	for _, p := range []string{"h2", "http/1.1"} {
+		if slices.Contains(offered, p) {
+			protos = append(protos, p)
+		}
+	}
+	if len(protos) == 0 {
+		protos = []string{"http/1.1"} // the sandbox offered no ALPN: HTTP/1.1
+	}
+	up := tls.Client(far, &tls.Config{ServerName: host, RootCAs: s.roots, MinVersion: tls.VersionTLS12, NextProtos: protos,
+		ClientSessionCache: s.sessions})
+	up.SetDeadline(time.Now().Add(timeout))
+	if err := up.Handshake(); err != nil {
+		return nil, err
+	}
+	up.SetDeadline(time.Time{})
+	return up, nil
+}
+
 // relay passes requests and their answers until one side is done.
-func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, used *[]string, touch func()) error {
+func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, u *usage, touch func()) error {
 	ubr := bufio.NewReader(up)
 	for {
 		if _, err := br.Peek(1); err != nil {
@@ -202,16 +250,16 @@ func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, used *
 			return fmt.Errorf("the sandbox's request: %w", err)
 		}
 		touch()
-		for _, name := range Replace(req, bound) {
-			if !slices.Contains(*used, name) {
-				*used = append(*used, name)
-			}
-		}
+		u.add(Replace(req, bound)...)
+		u.add(SetHeaders(req, bound)...)
 		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
 			// Answered here: the body is read from the sandbox while the
 			// request is written out, so it must not wait for the server.
 			req.Header.Del("Expect")
 			io.WriteString(in, "HTTP/1.1 100 Continue\r\n\r\n")
+		}
+		if err := replaceBody(req, bound, u); err != nil {
+			return err
 		}
 		if err := req.Write(up); err != nil {
 			return fmt.Errorf("writing the request out: %w", err)
@@ -272,10 +320,13 @@ func answer(in *tls.Conn, br *bufio.Reader, timeout time.Duration, status int, m
 // Replace puts each binding's value in place of its marker in req's
 // header values (inside Basic credentials too, which carry it base64),
 // its path and its query, and returns the names of those it put in. The
-// body is not touched: a marker there goes out as the marker.
+// body is replaceBody's, and only for a binding stored to go there.
 func Replace(req *http.Request, bound []Binding) []string {
 	var used []string
 	for _, b := range bound {
+		if b.Marker == "" {
+			continue // a header rule (SetHeaders)
+		}
 		hit := false
 		sub := func(s string) string {
 			if strings.Contains(s, b.Marker) {
@@ -294,6 +345,22 @@ func Replace(req *http.Request, bound []Binding) []string {
 		}
 		req.URL.Path, req.URL.RawPath, req.URL.RawQuery = sub(req.URL.Path), sub(req.URL.RawPath), sub(req.URL.RawQuery)
 		if hit {
+			used = append(used, b.Name)
+		}
+	}
+	return used
+}
+
+// SetHeaders sets the headers of bound's header rules on req, replacing
+// any of the same name the sandbox sent (E2B: "an existing header with
+// the same name is replaced"), and returns the names of the rules.
+func SetHeaders(req *http.Request, bound []Binding) []string {
+	var used []string
+	for _, b := range bound {
+		for k, v := range b.Headers {
+			req.Header.Set(k, v)
+		}
+		if len(b.Headers) > 0 {
 			used = append(used, b.Name)
 		}
 	}

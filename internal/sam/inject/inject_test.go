@@ -31,6 +31,13 @@ type upstream struct {
 
 func startUpstream(t *testing.T, names ...string) *upstream {
 	t.Helper()
+	return startUpstreamProtos(t, nil, names...)
+}
+
+// startUpstreamProtos is startUpstream offering protos by ALPN (with
+// "h2", it speaks HTTP/2 to a client that asks).
+func startUpstreamProtos(t *testing.T, protos []string, names ...string) *upstream {
+	t.Helper()
 	caPEM, keyPEM, err := NewCA("upstream", names)
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +48,7 @@ func startUpstream(t *testing.T, names ...string) *upstream {
 	}
 	u := &upstream{roots: x509.NewCertPool()}
 	u.roots.AppendCertsFromPEM(caPEM)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{NextProtos: protos, GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		return iss.Leaf(h.ServerName)
 	}})
 	if err != nil {
@@ -49,8 +56,12 @@ func startUpstream(t *testing.T, names ...string) *upstream {
 	}
 	u.addr = ln.Addr().String()
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/echo" {
+			echo(w, r)
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
-		line := r.Host + " " + r.URL.RequestURI() + " auth=" + r.Header.Get("Authorization") + " body=" + string(body)
+		line := r.Host + " " + r.URL.RequestURI() + " " + r.Proto + " auth=" + r.Header.Get("Authorization") + " body=" + string(body)
 		u.mu.Lock()
 		u.seen = append(u.seen, line)
 		u.mu.Unlock()
@@ -163,7 +174,7 @@ func TestServeReplacesMarkersForItsHostsOnly(t *testing.T) {
 		t.Errorf("result %+v", r)
 	}
 	for _, line := range u.requests() {
-		if strings.Contains(line, marker) && !strings.Contains(line, "body=") {
+		if head, _, _ := strings.Cut(line, " body="); strings.Contains(head, marker) {
 			t.Errorf("a marker outside the body reached the server: %q", line)
 		}
 	}
@@ -279,3 +290,49 @@ func TestOpen(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// echo answers each line of the request's body as it comes, before the
+// next is sent (a stream both ways, as gRPC's), then a trailer.
+func echo(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusOK)
+	w.(http.Flusher).Flush()
+	sc := bufio.NewScanner(r.Body)
+	for sc.Scan() {
+		io.WriteString(w, "echo "+sc.Text()+"\n")
+		w.(http.Flusher).Flush()
+	}
+	w.Header().Set(http.TrailerPrefix+"Grpc-Status", "0")
+}
+
+// TestServeHeaderRules: a header rule (E2B's network.rules) sets its
+// header on each request to its host, replacing the sandbox's own, and is
+// named in the result; NewSet refuses a binding that is neither a secret
+// nor a rule.
+func TestServeHeaderRules(t *testing.T) {
+	u := startUpstream(t, "api.test")
+	caPEM, keyPEM, _ := NewCA("sb-rules", []string{"api.test"})
+	rule := Binding{Name: "rule:api.test", Hosts: []string{"api.test"}, Headers: map[string]string{"Authorization": "Bearer from-the-rule"}}
+	s, err := NewSet([]Binding{rule}, caPEM, keyPEM, u.roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, res := sandboxSide(t, s, caPEM, u, "api.test", "api.test")
+	got, err := get(t, c, "GET /r HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer the-sandbox-own\r\n\r\n")
+	if err != nil || !strings.Contains(got, "auth=Bearer from-the-rule") {
+		t.Errorf("a header rule: %q, %v", got, err)
+	}
+	c.Close()
+	if r := <-res; !slices.Equal(r.Used, []string{"rule:api.test"}) {
+		t.Errorf("result %+v", r)
+	}
+	for _, bad := range []Binding{
+		{Name: "both", Hosts: []string{"api.test"}, Marker: secrets.NewMarker(), Value: "v", Headers: map[string]string{"X": "y"}},
+		{Name: "neither", Hosts: []string{"api.test"}},
+		{Name: "no hosts", Headers: map[string]string{"X": "y"}},
+		{Name: "a rule in bodies", Hosts: []string{"api.test"}, Headers: map[string]string{"X": "y"}, Body: true},
+	} {
+		if _, err := NewSet([]Binding{bad}, caPEM, keyPEM, u.roots); err == nil {
+			t.Errorf("NewSet took %+v", bad)
+		}
+	}
+}
