@@ -3,45 +3,25 @@ package inject
 import (
 	"bufio"
 	"crypto/tls"
-	"crypto/x509"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/net/http2"
 
 	"sandstorm/internal/secrets"
 )
 
-// h2Side is the sandbox's end of a flow Serve carries, a TLS client
-// offering protos by ALPN; it returns the connection once its handshake
-// is done.
+// h2Side is sandboxSide's connection to api.test, its handshake done.
 func h2Side(t *testing.T, s *Set, caPEM []byte, u *upstream, protos []string) (*tls.Conn, chan Result) {
 	t.Helper()
-	inner, outer := net.Pipe()
-	far, err := net.Dial("tcp", u.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := make(chan Result, 1)
-	go func() {
-		r := s.Serve(inner, nil, far, "api.test", 5*time.Second, func() {})
-		inner.Close()
-		far.Close()
-		res <- r
-	}()
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	c := tls.Client(outer, &tls.Config{ServerName: "api.test", RootCAs: pool, NextProtos: protos})
-	t.Cleanup(func() { c.Close() })
+	c, res := sandboxSide(t, s, caPEM, u, "api.test", "api.test", protos...)
 	if err := c.Handshake(); err != nil {
 		t.Fatal(err)
 	}
-	return c, res
+	return c.Conn, res
 }
 
 // TestServeHTTP2: a server that speaks h2 is spoken h2 to by the

@@ -87,8 +87,9 @@ func (u *upstream) requests() []string {
 }
 
 // sandboxSide runs Serve for one flow to host and returns the sandbox's
-// end of it, a TLS client trusting only the sandbox's CA.
-func sandboxSide(t *testing.T, s *Set, caPEM []byte, u *upstream, host, sni string) (*client, chan Result) {
+// end of it, a TLS client trusting only the sandbox's CA, offering protos
+// by ALPN.
+func sandboxSide(t *testing.T, s *Set, caPEM []byte, u *upstream, host, sni string, protos ...string) (*client, chan Result) {
 	t.Helper()
 	inner, outer := net.Pipe()
 	far, err := net.Dial("tcp", u.addr)
@@ -109,7 +110,7 @@ func sandboxSide(t *testing.T, s *Set, caPEM []byte, u *upstream, host, sni stri
 	}()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	c := tls.Client(outer, &tls.Config{ServerName: sni, RootCAs: pool})
+	c := tls.Client(outer, &tls.Config{ServerName: sni, RootCAs: pool, NextProtos: protos})
 	t.Cleanup(func() { c.Close() })
 	return &client{c, bufio.NewReader(c)}, res
 }
