@@ -28,12 +28,15 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 
 # How long an interrupted cell may take to end before its bash is killed.
 INTERRUPT_GRACE = 2.0
+# How often a running cell looks for an interrupt (relay).
+INTERRUPT_POLL = 0.05
 
 
 class BashKernel(Kernel):
@@ -97,29 +100,39 @@ class BashKernel(Kernel):
 
     def relay(self, readers, out, silent):
         """Sends the cell's output until both markers arrive; the status,
-        "interrupted", or None when bash ended first or would not stop."""
-        done, status, interrupted = 0, None, False
-        deadline = None
-        while done < len(readers):
-            try:
-                item = out.get(timeout=deadline)
-            except KeyboardInterrupt:
-                interrupted, deadline = True, INTERRUPT_GRACE
-                self.interrupt_bash()
-                continue
-            except queue.Empty:
-                self.bash.kill()
-                return None
-            name, text, end = item
-            if text and not silent:
-                self.send_response(self.iopub_socket, "stream", {"name": name, "text": text})
-            if end is not None:
-                done += 1
-                if name == "stdout":
-                    status = end
+        "interrupted", or None when bash ended first or would not stop.
+
+        An interrupt only sets a flag here, read between outputs: raised
+        as KeyboardInterrupt it could land anywhere, even between taking
+        an output and counting its marker, or outside this loop, leaving
+        the cell running and a new bash for the next."""
+        done, status, grace_end = 0, None, None
+        interrupted = threading.Event()
+        old = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+        try:
+            while done < len(readers):
+                if interrupted.is_set() and grace_end is None:
+                    grace_end = time.monotonic() + INTERRUPT_GRACE
+                    self.interrupt_bash()
+                try:
+                    item = out.get(timeout=INTERRUPT_POLL)
+                except queue.Empty:
+                    if grace_end is not None and time.monotonic() > grace_end:
+                        self.bash.kill()
+                        return None
+                    continue
+                name, text, end = item
+                if end is not None:
+                    done += 1
+                    if name == "stdout":
+                        status = end
+                if text and not silent and grace_end is None:
+                    self.send_response(self.iopub_socket, "stream", {"name": name, "text": text})
+        finally:
+            signal.signal(signal.SIGINT, old)
         if len(readers) == 0 or status is None or status < 0:
             return None
-        return "interrupted" if interrupted else status
+        return "interrupted" if interrupted.is_set() else status
 
     def interrupt_bash(self):
         """Passes the interrupt to bash's command: the server signals the
