@@ -55,6 +55,10 @@ func (a *authSeen) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/form":
 		a.form(w, r)
 		return
+	case "/echo":
+		// An answer that quotes the key it was sent, as many do.
+		w.Write([]byte("you sent " + r.Header.Get("Authorization")))
+		return
 	case "/rule":
 		a.mu.Lock()
 		a.seen["rule "+r.Host] = append(a.seen["rule "+r.Host], r.Header.Get("X-Rule"))
@@ -210,7 +214,8 @@ func TestSandboxSecrets(t *testing.T) {
 // secret's marker as client_secret and the other's in its header; the
 // server is sent the body secret in the body, over HTTP/2, the other in
 // the header (it is not a body secret: in the body it would stay the
-// marker).
+// marker). An answer that quotes the secret reaches curl with the marker
+// in its place.
 func curlForm(t *testing.T, env []string, seen *authSeen, formSecret string) {
 	t.Helper()
 	r := cli(t, env, "sandbox", "exec", "vault", "--", "/bin/sh", "-c",
@@ -221,6 +226,11 @@ func curlForm(t *testing.T, env []string, seen *authSeen, formSecret string) {
 	}
 	if got := seen.last("form"); !strings.HasPrefix(got, "HTTP/2.0 "+formSecret+" sandstorm-secret-") {
 		t.Errorf("mirror.test's form was sent %q; want the body secret over HTTP/2, and the other's marker", got)
+	}
+	// The server quotes the secret back: the sandbox reads the marker.
+	r = cli(t, env, "sandbox", "exec", "vault", "--", "/bin/sh", "-c", `curl -sS --compressed -H "Authorization: Bearer $TOKEN" https://mirror.test/echo`)
+	if !strings.HasPrefix(r.Stdout, "you sent Bearer sandstorm-secret-") || strings.Contains(r.Stdout, seen.secret) {
+		t.Errorf("an answer quoting the secret, in the sandbox: %q %q", r.Stdout, r.Stderr)
 	}
 }
 

@@ -468,6 +468,11 @@ func (b *Boundary) inject(f *flow, a *admission, prefix []byte) (bool, []byte, [
 		// Never the request: it may hold a secret.
 		b.log.Info("boundary: a flow to a secret's host ended early", "principal", b.cfg.Principal, "host", a.dest.Host, "err", r.Err)
 	}
+	if len(r.Scrubbed) > 0 {
+		// Names only: the answer held the value, which the sandbox was
+		// not given (inject's scrub.go).
+		b.log.Warn("boundary: a secret's host sent a secret back; the sandbox was given its marker", "principal", b.cfg.Principal, "host", a.dest.Host, "secrets", r.Scrubbed)
+	}
 	f.end()
 	a.secrets = r.Used
 	b.logFlow(a, r.Out, r.In)

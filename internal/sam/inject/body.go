@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 )
 
@@ -105,6 +104,7 @@ type replacer struct {
 	pending []byte // read, not yet searched to the end
 	out     []byte // ready to return
 	eof     bool
+	buf     []byte // each read's
 }
 
 func (r *replacer) Read(p []byte) (int, error) {
@@ -113,9 +113,11 @@ func (r *replacer) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		if !r.eof {
-			buf := make([]byte, 32<<10)
-			n, err := r.src.Read(buf)
-			r.pending = append(r.pending, buf[:n]...)
+			if r.buf == nil {
+				r.buf = make([]byte, 32<<10)
+			}
+			n, err := r.src.Read(r.buf)
+			r.pending = append(r.pending, r.buf[:n]...)
 			if err == io.EOF {
 				r.eof = true
 			} else if err != nil {
@@ -135,7 +137,7 @@ func (r *replacer) search() {
 	for {
 		at, which := -1, -1
 		for i, b := range r.bound {
-			if j := strings.Index(string(r.pending), b.Marker); j >= 0 && (at < 0 || j < at) {
+			if j := bytes.Index(r.pending, []byte(b.Marker)); j >= 0 && (at < 0 || j < at) {
 				at, which = j, i
 			}
 		}
@@ -165,9 +167,9 @@ func (r *replacer) partial() int {
 		longest = max(longest, len(b.Marker))
 	}
 	for k := min(len(r.pending), longest-1); k > 0; k-- {
-		tail := string(r.pending[len(r.pending)-k:])
+		tail := r.pending[len(r.pending)-k:]
 		for _, b := range r.bound {
-			if len(tail) < len(b.Marker) && strings.HasPrefix(b.Marker, tail) {
+			if len(tail) < len(b.Marker) && bytes.HasPrefix([]byte(b.Marker), tail) {
 				return k
 			}
 		}

@@ -15,7 +15,7 @@ import (
 // chosen only when the real server chose h2 (Serve mirrors its ALPN), so
 // what the sandbox speaks is what the server speaks. It returns when the
 // sandbox closes its connection.
-func serveH2(in, up net.Conn, bound []Binding, u *usage, touch func()) error {
+func serveH2(in, up net.Conn, bound []Binding, u, back *usage, touch func()) error {
 	cc, err := (&http2.Transport{}).NewClientConn(up)
 	if err != nil {
 		return fmt.Errorf("HTTP/2 to the server: %w", err)
@@ -23,19 +23,21 @@ func serveH2(in, up net.Conn, bound []Binding, u *usage, touch func()) error {
 	defer cc.Close()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		touch()
-		forwardH2(w, r, cc, bound, u)
+		forwardH2(w, r, cc, bound, u, back)
 	})
 	(&http2.Server{}).ServeConn(in, &http2.ServeConnOpts{Handler: h})
 	return nil
 }
 
 // forwardH2 sends one request on and streams its answer back.
-func forwardH2(w http.ResponseWriter, r *http.Request, cc *http2.ClientConn, bound []Binding, u *usage) {
+func forwardH2(w http.ResponseWriter, r *http.Request, cc *http2.ClientConn, bound []Binding, u, back *usage) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.URL.Scheme, out.URL.Host = "https", r.Host
 	u.add(Replace(out, bound)...)
 	u.add(SetHeaders(out, bound)...)
+	sc := scrubs(bound)
+	askIdentity(out, sc)
 	if err := replaceBody(out, bound, u); err != nil {
 		http.Error(w, "sandstorm boundary: "+err.Error(), http.StatusBadRequest)
 		return
@@ -46,6 +48,10 @@ func forwardH2(w http.ResponseWriter, r *http.Request, cc *http2.ClientConn, bou
 		return
 	}
 	defer resp.Body.Close()
+	if err := scrubResponse(resp, out, sc, back); err != nil {
+		http.Error(w, "sandstorm boundary: "+err.Error(), http.StatusBadGateway)
+		return
+	}
 	for k, vs := range resp.Header {
 		w.Header()[k] = vs
 	}
@@ -76,6 +82,9 @@ func forwardH2(w http.ResponseWriter, r *http.Request, cc *http2.ClientConn, bou
 	// Trailers (gRPC's status) are known only now; TrailerPrefix sends
 	// those not announced in the header too.
 	for k, vs := range resp.Trailer {
+		for i, v := range vs {
+			vs[i] = scrubString(v, sc, back)
+		}
 		w.Header()[http.TrailerPrefix+k] = vs
 	}
 }

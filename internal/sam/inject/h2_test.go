@@ -54,9 +54,9 @@ func TestServeHTTP2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _ := io.ReadAll(resp.Body)
-	if !strings.Contains(string(got), "/v1?k=bearer-value HTTP/2.0 auth=Bearer bearer-value") {
-		t.Errorf("a unary call: %q", got)
+	io.Copy(io.Discard, resp.Body)
+	if last := u.last(); !strings.Contains(last, "/v1?k=bearer-value HTTP/2.0 auth=Bearer bearer-value") {
+		t.Errorf("a unary call: the server saw %q", last)
 	}
 	pr, pw := io.Pipe()
 	req, _ = http.NewRequest("POST", "https://api.test/echo", pr)
@@ -71,7 +71,7 @@ func TestServeHTTP2(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := "echo " + strings.ReplaceAll(send, body, "body-value") + "\n"
+		want := "echo " + strings.ToUpper(strings.ReplaceAll(send, body, "body-value")) + "\n"
 		if line != want {
 			t.Errorf("streamed: %q, want %q", line, want)
 		}

@@ -149,11 +149,14 @@ func cut(c net.Conn, ch <-chan chunk) chunk {
 }
 
 // Result is what a flow carried: bytes to and from the server (TLS, as
-// on the wire), the secrets put in its requests, and why it ended early.
+// on the wire), the secrets put in its requests, those the server sent
+// back (scrubbed: the sandbox was given their markers), and why it ended
+// early.
 type Result struct {
-	Out, In int64
-	Used    []string
-	Err     error
+	Out, In  int64
+	Used     []string
+	Scrubbed []string
+	Err      error
 }
 
 // Serve carries a TLS flow from the sandbox (its first bytes in prefix)
@@ -171,8 +174,8 @@ type Result struct {
 func (s *Set) Serve(sandbox net.Conn, prefix []byte, far net.Conn, host string, timeout time.Duration, touch func()) (r Result) {
 	bound := s.For(host)
 	cf := &counted{Conn: far}
-	var u usage
-	defer func() { r.Out, r.In, r.Used = cf.out.Load(), cf.in.Load(), u.list() }()
+	var u, back usage
+	defer func() { r.Out, r.In, r.Used, r.Scrubbed = cf.out.Load(), cf.in.Load(), u.list(), back.list() }()
 	var up *tls.Conn
 	var upErr error
 	in := tls.Server(&prefixed{Conn: sandbox, r: io.MultiReader(bytes.NewReader(prefix), sandbox)}, &tls.Config{
@@ -209,10 +212,10 @@ func (s *Set) Serve(sandbox net.Conn, prefix []byte, far net.Conn, host string, 
 		return r
 	}
 	if in.ConnectionState().NegotiatedProtocol == "h2" {
-		r.Err = serveH2(in, up, bound, &u, touch)
+		r.Err = serveH2(in, up, bound, &u, &back, touch)
 		return r
 	}
-	r.Err = relay(in, br, up, bound, &u, touch)
+	r.Err = relay(in, br, up, bound, &u, &back, touch)
 	return r
 }
 
@@ -239,8 +242,9 @@ func (s *Set) dial(far net.Conn, host string, offered []string, timeout time.Dur
 }
 
 // relay passes requests and their answers until one side is done.
-func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, u *usage, touch func()) error {
+func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, u, back *usage, touch func()) error {
 	ubr := bufio.NewReader(up)
+	sc := scrubs(bound)
 	for {
 		if _, err := br.Peek(1); err != nil {
 			return nil // the sandbox is done (between requests)
@@ -252,6 +256,7 @@ func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, u *usa
 		touch()
 		u.add(Replace(req, bound)...)
 		u.add(SetHeaders(req, bound)...)
+		askIdentity(req, sc)
 		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
 			// Answered here: the body is read from the sandbox while the
 			// request is written out, so it must not wait for the server.
@@ -267,6 +272,11 @@ func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, u *usa
 		resp, err := readFinal(ubr, req, in)
 		if err != nil {
 			return fmt.Errorf("the server's answer: %w", err)
+		}
+		if err := scrubResponse(resp, req, sc, back); err != nil {
+			resp.Body.Close()
+			fmt.Fprintf(in, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nsandstorm boundary: %s\n", err)
+			return err
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			resp.Write(in)

@@ -3,6 +3,7 @@ package inject
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -56,8 +57,12 @@ func startUpstreamProtos(t *testing.T, protos []string, names ...string) *upstre
 	}
 	u.addr = ln.Addr().String()
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/echo" {
+		switch r.URL.Path {
+		case "/echo":
 			echo(w, r)
+			return
+		case "/reflect":
+			reflectBack(w, r)
 			return
 		}
 		body, _ := io.ReadAll(r.Body)
@@ -78,6 +83,15 @@ func startUpstreamProtos(t *testing.T, protos []string, names ...string) *upstre
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return u
+}
+
+// last is the last request the server saw.
+func (u *upstream) last() string {
+	r := u.requests()
+	if len(r) == 0 {
+		return ""
+	}
+	return r[len(r)-1]
 }
 
 func (u *upstream) requests() []string {
@@ -157,8 +171,13 @@ func TestServeReplacesMarkersForItsHostsOnly(t *testing.T) {
 	basic := base64.StdEncoding.EncodeToString([]byte("x-token:" + marker))
 	body := "marker-in-body=" + marker
 	got, err := get(t, c, "GET /v1?key="+marker+" HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer "+marker+"\r\n\r\n")
-	if err != nil || !strings.Contains(got, "auth=Bearer "+value) || !strings.Contains(got, "/v1?key="+value) {
-		t.Errorf("header and query: %q, %v", got, err)
+	// The server was sent the value; its answer, which quotes what it
+	// was sent, reaches the sandbox with the marker back in its place.
+	if last := u.last(); !strings.Contains(last, "auth=Bearer "+value) || !strings.Contains(last, "/v1?key="+value) {
+		t.Errorf("header and query, as the server saw them: %q", last)
+	}
+	if err != nil || !strings.Contains(got, "auth=Bearer "+marker) || strings.Contains(got, value) {
+		t.Errorf("header and query, as the sandbox was answered: %q, %v", got, err)
 	}
 	got, err = get(t, c, "POST /b HTTP/1.1\r\nHost: api.test\r\nAuthorization: Basic "+basic+"\r\nContent-Length: "+itoa(len(body))+"\r\n\r\n"+body)
 	want := base64.StdEncoding.EncodeToString([]byte("x-token:" + value))
@@ -292,14 +311,41 @@ func TestOpen(t *testing.T) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-// echo answers each line of the request's body as it comes, before the
-// next is sent (a stream both ways, as gRPC's), then a trailer.
+// reflectBack answers the Authorization it was sent, in a header and in
+// its body, as ?as= says: plain (a stated length), big (over
+// MaxBufferedBody, chunked), gzip (though asked for identity), br (a
+// coding the boundary cannot read).
+func reflectBack(w http.ResponseWriter, r *http.Request) {
+	v := r.Header.Get("Authorization")
+	w.Header().Set("X-Echo", v)
+	body := "you sent " + v + " asking for " + r.Header.Get("Accept-Encoding")
+	switch r.URL.Query().Get("as") {
+	case "gzip":
+		w.Header().Set("Content-Encoding", "gzip")
+		gz := gzip.NewWriter(w)
+		io.WriteString(gz, body)
+		gz.Close()
+	case "br":
+		w.Header().Set("Content-Encoding", "br")
+		io.WriteString(w, body)
+	case "big":
+		io.WriteString(w, strings.Repeat("x", MaxBufferedBody)+body)
+	default:
+		io.WriteString(w, body)
+	}
+}
+
+// echo answers each line of the request's body as it comes (in upper
+// case), before the next is sent (a stream both ways, as gRPC's), then a
+// trailer.
 func echo(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	w.(http.Flusher).Flush()
 	sc := bufio.NewScanner(r.Body)
 	for sc.Scan() {
-		io.WriteString(w, "echo "+sc.Text()+"\n")
+		// Upper case: what it was sent, but not a secret's value, which
+		// the boundary would scrub on the way back.
+		io.WriteString(w, "echo "+strings.ToUpper(sc.Text())+"\n")
 		w.(http.Flusher).Flush()
 	}
 	w.Header().Set(http.TrailerPrefix+"Grpc-Status", "0")
