@@ -28,8 +28,10 @@ names it may be sent to. A sandbox created with --secret VAR=NAME gets a
 marker in VAR, not the secret: its boundary puts the secret in place of the
 marker only in HTTPS requests to those names (ending TLS with the
 sandbox's own CA, which is in its trust store, and verifying the real
-server). Sent anywhere else, the marker goes out as the marker. A team's
-key sees and uses only its team's secrets.`,
+server), in headers, path and query (and bodies, with --body), and puts
+the marker back wherever their answers quote the secret. Sent anywhere
+else, the marker goes out as the marker. A team's key sees and uses only
+its team's secrets.`,
 	}
 	addAPIFlag(cmd)
 	var hosts []string
