@@ -14,8 +14,11 @@ import (
 // A chunked body (HTTP/1.1) or one of unknown length (HTTP/2) is replaced
 // as it streams, at any size; a longer one with a Content-Length goes out
 // untouched (an upload, not a credential: its length cannot change
-// without holding all of it).
-const MaxBufferedBody = 1 << 20
+// without holding all of it). Answers are held up to it too (scrub.go).
+// It is small because a sandbox decides how many requests are in flight
+// (connections, HTTP/2 streams): each may hold this much of the
+// boundary's memory, as a spliced flow holds its 32 KiB copy buffer.
+const MaxBufferedBody = 64 << 10
 
 // usage is the names of the secrets a flow's requests carried. Bodies are
 // read while a request is written out (and, over HTTP/2, by its stream's

@@ -21,22 +21,22 @@ func serveH2(in, up net.Conn, bound []Binding, u, back *usage, touch func()) err
 		return fmt.Errorf("HTTP/2 to the server: %w", err)
 	}
 	defer cc.Close()
+	sc := scrubs(bound) // once per connection, not per stream
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		touch()
-		forwardH2(w, r, cc, bound, u, back)
+		forwardH2(w, r, cc, bound, sc, u, back)
 	})
 	(&http2.Server{}).ServeConn(in, &http2.ServeConnOpts{Handler: h})
 	return nil
 }
 
 // forwardH2 sends one request on and streams its answer back.
-func forwardH2(w http.ResponseWriter, r *http.Request, cc *http2.ClientConn, bound []Binding, u, back *usage) {
+func forwardH2(w http.ResponseWriter, r *http.Request, cc *http2.ClientConn, bound, sc []Binding, u, back *usage) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.URL.Scheme, out.URL.Host = "https", r.Host
 	u.add(Replace(out, bound)...)
 	u.add(SetHeaders(out, bound)...)
-	sc := scrubs(bound)
 	askIdentity(out, sc)
 	if err := replaceBody(out, bound, u); err != nil {
 		http.Error(w, "sandstorm boundary: "+err.Error(), http.StatusBadRequest)
