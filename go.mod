@@ -26,6 +26,7 @@ require (
 	github.com/multiformats/go-multihash v0.2.3
 	github.com/openai/openai-go/v3 v3.99.0
 	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/pires/go-proxyproto v0.15.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0

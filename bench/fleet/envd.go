@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -31,8 +34,10 @@ import (
 // a node: through the master's API, as every client's do; and straight to
 // the node's seam endpoint with the master's own client certificate —
 // what an ingress on the node itself would cost, with the master out of
-// the path. In three alternating rounds, each way: an envd call 20
-// times, and an upload and a download of 100 MiB twice.
+// the path; and through the holder's own ingress and another node's
+// (issue 33), by the sandbox's name and by E2B's headers (see the ways
+// below). In three alternating rounds, each way: an envd call 20 times,
+// and an upload and a download of 100 MiB twice.
 // The calls are unary (Process.List), so no process start is in them.
 func envdHop(ctx context.Context, c config, bin string, res *bench.Results) error {
 	// Every node an ingress too (issue 33): the nodes reach each other
@@ -42,7 +47,14 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 		return err
 	}
 	defer os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644)
-	cl, st, down, err := up(ctx, c, bin, append(timersOff(c), "--ingress-listen", ":8443"))
+	// Each ingress ends TLS itself, with a certificate for the sandboxes'
+	// names from a CA of the benchmark's own.
+	ingressCA, certFile, keyFile, err := ingressCert()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(filepath.Dir(certFile))
+	cl, st, down, err := up(ctx, c, bin, append(timersOff(c), "--ingress-listen", ":8443", "--ingress-cert", certFile, "--ingress-key", keyFile))
 	defer down()
 	if err != nil {
 		return err
@@ -82,14 +94,32 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 			otherIngress = ingressOf(n.Address)
 		}
 	}
-	e2bHeaders := func() *http.Client {
-		return &http.Client{Transport: &e2bAddressed{next: &http.Transport{}, id: sb.ID, token: conn.EnvdAccessToken}}
+	// By the sandbox's own name (the SDK's https://49983-<id>.<domain>),
+	// dialled to one ingress: another node's passes the connection to
+	// the holder's ingress unread (ingress.Passthrough). By E2B's headers
+	// to the ingress (E2B_SANDBOX_URL), the TLS server name names no
+	// sandbox: another node's forwards each request over the
+	// nodes' mutual TLS, the path before passthrough, measured in the
+	// same run.
+	byName := func(ingress string) *http.Client {
+		return &http.Client{Transport: &e2bAddressed{token: conn.EnvdAccessToken, next: &http.Transport{ForceAttemptHTTP2: true,
+			TLSClientConfig: &tls.Config{RootCAs: ingressCA.Pool()},
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, ingress)
+			}}}}
 	}
+	byHeaders := func() *http.Client {
+		return &http.Client{Transport: &e2bAddressed{id: sb.ID, token: conn.EnvdAccessToken, next: &http.Transport{ForceAttemptHTTP2: true,
+			TLSClientConfig: &tls.Config{RootCAs: ingressCA.Pool(), ServerName: "ingress." + hopDomain}}}}
+	}
+	name := fmt.Sprintf("https://%d-%s.%s", api.EnvdPort, sb.ID, hopDomain)
 	ways := []hopWay{
 		{name: "via-master", base: st.API + "/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &bearer{next: cl.HTTP.Transport, token: cl.Token}}},
 		{name: "node-direct", base: "https://" + nodeAddr + "/node/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true}}},
-		{name: "holder-ingress", base: "http://" + holderIngress, hc: e2bHeaders()},
-		{name: "other-node-ingress", base: "http://" + otherIngress, hc: e2bHeaders()},
+		{name: "holder-ingress", base: name, hc: byName(holderIngress)},
+		{name: "other-node-ingress", base: name, hc: byName(otherIngress)},
+		{name: "holder-ingress-headers", base: "https://" + holderIngress, hc: byHeaders()},
+		{name: "other-node-ingress-headers", base: "https://" + otherIngress, hc: byHeaders()},
 	}
 	if _, err := run1(ctx, processconnect.NewProcessClient(ways[0].hc, ways[0].base)); err != nil {
 		return fmt.Errorf("the first call (starts envd): %w", err)
@@ -209,8 +239,8 @@ func cpuMs(pid int) float64 {
 	return (ut + st) * 1000 / 100          // USER_HZ is 100 on Linux
 }
 
-// e2bAddressed addresses a call as E2B_SANDBOX_URL does: the sandbox and
-// envd's port in headers, with its access token.
+// e2bAddressed adds a sandbox's access token, and with id addresses a
+// call as E2B_SANDBOX_URL does: the sandbox and envd's port in headers.
 type e2bAddressed struct {
 	next      http.RoundTripper
 	id, token string
@@ -218,10 +248,42 @@ type e2bAddressed struct {
 
 func (e *e2bAddressed) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
-	r.Header.Set("E2b-Sandbox-Id", e.id)
-	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(api.EnvdPort))
+	if e.id != "" {
+		r.Header.Set("E2b-Sandbox-Id", e.id)
+		r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(api.EnvdPort))
+	}
 	r.Header.Set("X-Access-Token", e.token)
 	return e.next.RoundTrip(r)
+}
+
+// hopDomain is the sandboxes' domain in the fleet the benchmark starts
+// (sandstormd's default --gateway-domain).
+const hopDomain = "sandbox.localhost"
+
+// ingressCert makes a CA in a directory of its own and, from it, a
+// certificate and key for every ingress: *.hopDomain (a call by E2B's
+// headers names ingress.hopDomain, no sandbox).
+func ingressCert() (ca *pki.CA, certFile, keyFile string, err error) {
+	dir, err := os.MkdirTemp("", "bench-ingress-")
+	if err != nil {
+		return nil, "", "", err
+	}
+	if ca, err = pki.EnsureCA(dir); err != nil {
+		return nil, "", "", err
+	}
+	c, err := ca.Issue("ingress", []string{"*." + hopDomain}, 24*time.Hour, true, false)
+	if err != nil {
+		return nil, "", "", err
+	}
+	key, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		return nil, "", "", err
+	}
+	certFile, keyFile = filepath.Join(dir, "ingress.pem"), filepath.Join(dir, "ingress-key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o644); err != nil {
+		return nil, "", "", err
+	}
+	return ca, certFile, keyFile, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600)
 }
 
 // bearer adds the master's API token.

@@ -150,7 +150,8 @@ for requests in flight).`,
 
 // ingressFlags are a node's ingress's (serve --ingress-listen).
 func ingressFlags(f *pflag.FlagSet, o *daemon.Options) {
-	f.StringVar(&o.IngressListen, "ingress-listen", "", "with --node --node-listen: also serve E2B's traffic to every sandbox of the fleet here (envd, code interpreter, ports at <port>-<id>.<gateway-domain>): this node's own directly, another node's forwarded straight to it; tokens checked here, the master off the path")
+	f.StringVar(&o.IngressListen, "ingress-listen", "", "with --node --node-listen: also serve E2B's traffic to every sandbox of the fleet here (envd, code interpreter, ports at <port>-<id>.<gateway-domain>): this node's own directly, another node's connection passed unread to that node's own ingress (see --ingress-requests-only); tokens checked there, the master off the path")
 	f.StringVar(&o.IngressCert, "ingress-cert", "", "with --ingress-listen: its TLS certificate (PEM, for *.<gateway-domain>); without it the ingress is plain HTTP, for a TLS proxy in front")
 	f.StringVar(&o.IngressKey, "ingress-key", "", "with --ingress-cert: its key (PEM)")
+	f.BoolVar(&o.IngressRequests, "ingress-requests-only", false, "with --ingress-listen: forward another node's sandbox traffic request by request over the nodes' mutual TLS, instead of passing each connection unread to the holder's own ingress (by its TLS server name, or its first request's target in plain HTTP)")
 }

@@ -125,6 +125,10 @@ type Options struct {
 	// to every sandbox of the fleet (ingress.go); IngressCert and
 	// IngressKey its TLS (none: plain HTTP, for a TLS proxy in front).
 	IngressListen, IngressCert, IngressKey string
+	// IngressRequests: the ingress forwards request by request only,
+	// never passing a connection to its holder's ingress unread
+	// (ingress.Passthrough).
+	IngressRequests bool
 	// Join is the master a node behind NAT dials (https://host:port),
 	// CAFingerprint the SHA-256 of the master's CA it checks, and
 	// JoinToken what admits it the first time.

@@ -21,6 +21,10 @@ func (fakeNode) Status(context.Context) (api.NodeStatus, error) {
 	return api.NodeStatus{Name: "fake", State: "ready"}, nil
 }
 
+func (fakeNode) Ingress(context.Context) (nodeapi.IngressInfo, error) {
+	return nodeapi.IngressInfo{Address: "[::]:8443", TLS: true}, nil
+}
+
 func (fakeNode) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
 	fmt.Fprintf(w, "envd %s %s", id, path)
 	return nil

@@ -27,8 +27,12 @@ func (e *Endpoint) peerAllowed(r *http.Request, leaf *x509.Certificate) bool {
 
 // peerPath says whether a peer node may call r: only what its ingress
 // forwards (internal/ingress) — a sandbox's envd or port, fenced by the
-// route's generation. Everything else on the seam is its master's.
+// route's generation — and where this node's ingress listens, which it
+// passes connections to. Everything else on the seam is its master's.
 func peerPath(r *http.Request) bool {
+	if r.Method == http.MethodGet && r.URL.Path == "/node/v1/ingress" {
+		return true
+	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/node/v1/sandboxes/")
 	if !ok || r.Header.Get(nodeapi.RouteGenerationHeader) == "" {
 		return false

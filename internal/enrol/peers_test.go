@@ -16,8 +16,8 @@ import (
 
 // TestPeers: a node reaches another node of its master with its own
 // certificate (Peers), for a sandbox's envd or port only, and only while
-// the routes its master pushed name it (AllowPeer); anything else on the
-// seam is its master's. A peer at the wrong address (another node's
+// the routes its master pushed name it (AllowPeer), and where its ingress
+// listens; anything else on the seam is its master's. A peer at the wrong address (another node's
 // certificate) is not dialled.
 func TestPeers(t *testing.T) {
 	ca, _ := pki.EnsureCA(t.TempDir())
@@ -68,6 +68,14 @@ func TestPeers(t *testing.T) {
 	peer, _ := ingress.Peers()("c", holderAddr)
 	if _, err := peer.Status(ctx); err == nil {
 		t.Error("a peer reached the seam's status")
+	}
+	// Where its ingress listens, to pass connections to (ingress.Passthrough).
+	if in, err := peer.Ingress(ctx); err != nil || in.Address != "[::]:8443" {
+		t.Errorf("a named peer asking where the ingress is: %+v %v", in, err)
+	}
+	allowed["a"] = false
+	if _, err := peer.Ingress(ctx); err == nil {
+		t.Error("a peer its master no longer names asked where the ingress is")
 	}
 	if w := forward(otherAddr, "3"); w.Code != 599 {
 		t.Errorf("node a's address dialled as node c: %d", w.Code)

@@ -18,7 +18,7 @@ var (
 func NewIngress(reg prometheus.Registerer, stat func() (version int64, routes int)) *Ingress {
 	m := &Ingress{requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandstorm_ingress_requests_total",
-		Help: "Requests to this node's ingress, by outcome: local (served by this node), forwarded (to the node holding the sandbox), retried (a stale route, followed to the sandbox's new node), gone (no such sandbox), refused (a token missing or wrong, paused), failed (its node did not answer).",
+		Help: "Requests to this node's ingress, by outcome: passed (a connection handed unread to the ingress of the node holding its sandbox, counted once per connection; its requests are counted there), local (served by this node), forwarded (to the node holding the sandbox), retried (a stale route, followed to the sandbox's new node), gone (no such sandbox), refused (a token missing or wrong, paused), failed (its node did not answer).",
 	}, []string{"outcome"})}
 	reg.MustRegister(m.requests, tableCollector(stat))
 	return m

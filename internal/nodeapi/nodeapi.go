@@ -105,6 +105,11 @@ type Node interface {
 	// the table whole, or a change to the version it has. A node with no
 	// ingress accepts and ignores them.
 	PutRoutes(ctx context.Context, u Routes) error
+	// Ingress is where the node's own ingress listens (errdefs.ErrNotFound:
+	// it serves none). A peer's ingress passes a client's connection for
+	// a sandbox held here straight to it, unread (internal/ingress,
+	// passthrough.go); peers may call it (enrol.peerPath).
+	Ingress(ctx context.Context) (IngressInfo, error)
 	// Fence tells the node which of its sandboxes are its master's
 	// (node.Fence: the rule is there); it returns those it retired.
 	Fence(ctx context.Context, req FenceRequest) (FenceResult, error)

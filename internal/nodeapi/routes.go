@@ -63,6 +63,16 @@ type Peer struct {
 	RevokedAt time.Time `json:"revoked_at,omitzero"`
 }
 
+// IngressInfo is where a node's ingress listens (Node.Ingress).
+type IngressInfo struct {
+	// Address is its listener's (host:port; the host may be unspecified,
+	// ":8443" or "[::]:8443": a peer then dials the host of the node's
+	// seam address).
+	Address string `json:"address"`
+	// TLS: it ends TLS itself (--ingress-cert); else it serves plain HTTP.
+	TLS bool `json:"tls"`
+}
+
 // RouteGenerationHeader carries, on a request an ingress forwards, the
 // generation of the route it followed; the holder answers
 // errdefs.ErrNotFound if its copy is of another (nodeside).

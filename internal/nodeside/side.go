@@ -19,6 +19,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"sandstorm/api"
@@ -69,6 +70,9 @@ type Side struct {
 	// Routes is the node's ingress's table (nil: it has no ingress, and
 	// ignores the routes it is pushed).
 	Routes *ingress.Table
+	// ingressAt is where the node's ingress listens (SetIngress; nil:
+	// none).
+	ingressAt atomic.Pointer[nodeapi.IngressInfo]
 
 	cpu cpuReadings // usage.go
 }
@@ -377,6 +381,18 @@ func (l *Side) PutRoutes(_ context.Context, u nodeapi.Routes) error {
 		return err
 	}
 	return l.Routes.Apply(u)
+}
+
+// SetIngress records where the node's ingress listens, for its peers
+// (Ingress).
+func (l *Side) SetIngress(in nodeapi.IngressInfo) { l.ingressAt.Store(&in) }
+
+// Ingress implements nodeapi.Node.
+func (l *Side) Ingress(context.Context) (nodeapi.IngressInfo, error) {
+	if in := l.ingressAt.Load(); in != nil {
+		return *in, nil
+	}
+	return nodeapi.IngressInfo{}, errdefs.New(errdefs.ErrNotFound, "node serves no ingress (serve --ingress-listen)")
 }
 
 // Fence implements nodeapi.Node.

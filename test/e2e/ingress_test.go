@@ -163,14 +163,19 @@ func TestIngress(t *testing.T) {
 	t.Cleanup(func() { os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
 	m := startDaemon(t, masterOnly)
 	var nodes []*machine
-	// A serves HTTPS (a certificate for the sandboxes' names), B and C
-	// plain HTTP (a TLS proxy in front).
+	// A and C serve HTTPS (a certificate for the sandboxes' names), B
+	// plain HTTP (a TLS proxy in front): A passes C's sandboxes'
+	// connections to C's ingress unread, and forwards B's request by
+	// request (its ingress does not speak TLS).
 	certFile, keyFile, ingressCA := ingressCert(t, "10.188.7.2")
 	roots := ingressCA.Pool()
 	for k := 7; k <= 9; k++ {
 		args := []string{"--ingress-listen", fmt.Sprintf("10.188.%d.2:8443", k)}
-		if k == 7 {
-			args = append(args, "--ingress-cert", certFile, "--ingress-key", keyFile, "--metrics-addr", "10.188.7.2:9600")
+		if k != 8 {
+			args = append(args, "--ingress-cert", certFile, "--ingress-key", keyFile)
+		}
+		if k != 8 {
+			args = append(args, "--metrics-addr", fmt.Sprintf("10.188.%d.2:9600", k))
 		}
 		nodes = append(nodes, fleetMachine(t, k, args...))
 	}
@@ -218,7 +223,7 @@ func TestIngress(t *testing.T) {
 	if _, err := shell(ctx, ingressEnvdTLS(a.addr+":8443", sb.SandboxID, strings.Repeat("0", len(sb.EnvdAccessToken)), roots), "true"); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Errorf("a wrong access token at the ingress: %v, want unauthenticated", err)
 	}
-	// Which node served it is in C's log, not A's: A forwarded.
+	// Which node served it is in C's log, not A's: A passed it on.
 	if got := m.get(t, sb.SandboxID); got.Node != c.name {
 		t.Fatalf("the sandbox is on %s, want %s", got.Node, c.name)
 	}
@@ -313,8 +318,11 @@ func TestIngress(t *testing.T) {
 		t.Errorf("the marker in the moved sandbox's env: %q %v", out, err)
 	}
 	// B's own ingress serves it too; C's has its route to B.
-	for _, x := range []*machine{b, c} {
-		if out, err := shell(ctx, ingressEnvd(x.addr+":8443", sb.SandboxID, sb.EnvdAccessToken), "cat /tmp/mark"); err != nil || out != "here\n" {
+	for x, pc := range map[*machine]processconnect.ProcessClient{
+		b: ingressEnvd(b.addr+":8443", sb.SandboxID, sb.EnvdAccessToken),
+		c: ingressEnvdTLS(c.addr+":8443", sb.SandboxID, sb.EnvdAccessToken, roots),
+	} {
+		if out, err := shell(ctx, pc, "cat /tmp/mark"); err != nil || out != "here\n" {
 			t.Errorf("through %s's ingress after the move: %q %v", x.name, out, err)
 		}
 	}
@@ -330,17 +338,25 @@ func TestIngress(t *testing.T) {
 	cas := writeTemp(t, "cas.pem", string(masterCA)+string(ingressCA.PEM))
 	runFlows(t, m, script, "e2b", key, key, "SANDBOX_ID="+sb.SandboxID, "E2B_SANDBOX_URL=https://"+a.addr+":8443", "NODE_EXTRA_CA_CERTS="+cas)
 
-	// A's metrics say what it did: forwarded, a stale route followed,
-	// refused, and the routes it holds.
-	resp, err := http.Get("http://10.188.7.2:9600/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsText, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{`sandstorm_ingress_requests_total{outcome="forwarded"}`, `sandstorm_ingress_requests_total{outcome="refused"}`, "sandstorm_ingress_routes 1"} {
-		if !strings.Contains(string(metricsText), want) {
-			t.Errorf("%s's metrics have no %s", a.name, want)
+	// The metrics say what each did. A passed the connections by the
+	// sandbox's name to C while it was there, and forwarded the SDK's
+	// (by headers) to B, request by request; C served them, refused the
+	// wrong token A passed it, and forwarded to B, after the move, the
+	// call made at its own ingress (B's does not speak TLS).
+	for x, wants := range map[*machine][]string{
+		a: {`sandstorm_ingress_requests_total{outcome="passed"}`, `sandstorm_ingress_requests_total{outcome="forwarded"}`, "sandstorm_ingress_routes 1"},
+		c: {`sandstorm_ingress_requests_total{outcome="local"}`, `sandstorm_ingress_requests_total{outcome="refused"}`, `sandstorm_ingress_requests_total{outcome="forwarded"}`},
+	} {
+		resp, err := http.Get("http://" + x.addr + ":9600/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		metricsText, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range wants {
+			if !strings.Contains(string(metricsText), want) {
+				t.Errorf("%s's metrics have no %s", x.name, want)
+			}
 		}
 	}
 

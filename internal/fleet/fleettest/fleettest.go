@@ -63,6 +63,8 @@ type Node struct {
 	Secrets map[string][]inject.Binding
 	// Routes is its ingress's table, which PutRoutes fills.
 	Routes *ingress.Table
+	// IngressAt is what Ingress answers (zero: it serves no ingress).
+	IngressAt nodeapi.IngressInfo
 }
 
 // NewNode is an empty Node.
@@ -454,6 +456,17 @@ func (f *Node) fenced(r *http.Request, id string) error {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
 	}
 	return nil
+}
+
+// Ingress implements nodeapi.Node.
+func (f *Node) Ingress(context.Context) (nodeapi.IngressInfo, error) {
+	if err := f.call("ingress"); err != nil {
+		return nodeapi.IngressInfo{}, err
+	}
+	if f.IngressAt.Address == "" {
+		return f.IngressAt, errdefs.New(errdefs.ErrNotFound, "node serves no ingress")
+	}
+	return f.IngressAt, nil
 }
 
 // PutRoutes implements nodeapi.Node.

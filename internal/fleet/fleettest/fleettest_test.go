@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"sandstorm/api"
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/nodeapi/nodeapitest"
 )
 
@@ -17,7 +18,9 @@ func TestContract(t *testing.T) {
 	tree := []byte("a tree")
 	sum := sha256.Sum256(tree)
 	nodeapitest.Run(t, func(t *testing.T) nodeapitest.Subject {
-		return nodeapitest.Subject{Node: NewNode(), Ingress: true, Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
+		n := NewNode()
+		n.IngressAt = nodeapi.IngressInfo{Address: "10.0.0.1:8443"}
+		return nodeapitest.Subject{Node: n, Ingress: true, IngressAt: n.IngressAt, Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
 			Rootfs: func() io.Reader { return bytes.NewReader(tree) }, Snapshots: true}
 	})
 }

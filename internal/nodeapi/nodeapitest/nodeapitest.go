@@ -52,6 +52,9 @@ type Subject struct {
 	// Ingress: the node keeps the routes it is pushed (every node its
 	// master dials does; the master's own node takes and ignores them).
 	Ingress bool
+	// IngressAt is where the node's own ingress listens (Node.Ingress;
+	// zero: it serves none).
+	IngressAt nodeapi.IngressInfo
 }
 
 // Run runs the contract against the subjects newSubject makes (one per
@@ -65,6 +68,21 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 	t.Run("reports", func(t *testing.T) { reports(t, newSubject(t)) })
 	t.Run("fence", func(t *testing.T) { fence(t, newSubject(t)) })
 	t.Run("routes", func(t *testing.T) { routes(t, newSubject(t)) })
+	t.Run("ingress", func(t *testing.T) { ingressAt(t, newSubject(t)) })
+}
+
+// ingressAt: a node says where its ingress listens, for its peers to pass
+// connections to, and a node with none says "not found".
+func ingressAt(t *testing.T, s Subject) {
+	in, err := s.Node.Ingress(ctxT(t))
+	switch {
+	case s.IngressAt.Address == "":
+		wantKind(t, "the ingress of a node that serves none", err, errdefs.ErrNotFound)
+	case err != nil:
+		t.Fatal(err)
+	case in != s.IngressAt:
+		t.Errorf("ingress %+v, want %+v", in, s.IngressAt)
+	}
 }
 
 // routes: a node takes the master's routes whole, then changes to the

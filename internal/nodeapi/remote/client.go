@@ -394,6 +394,12 @@ func (c *Client) Status(ctx context.Context) (api.NodeStatus, error) {
 	return st, c.do(ctx, http.MethodGet, "/node/v1/status", nil, &st, http.StatusOK)
 }
 
+// Ingress implements nodeapi.Node.
+func (c *Client) Ingress(ctx context.Context) (nodeapi.IngressInfo, error) {
+	var in nodeapi.IngressInfo
+	return in, c.do(ctx, http.MethodGet, "/node/v1/ingress", nil, &in, http.StatusOK)
+}
+
 // PrepareTemplate implements nodeapi.Node.
 func (c *Client) PrepareTemplate(ctx context.Context, t api.Template) error {
 	return c.do(ctx, http.MethodPut, "/node/v1/templates/"+url.PathEscape(t.Name), t, nil, http.StatusNoContent)

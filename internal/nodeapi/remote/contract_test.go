@@ -11,6 +11,7 @@ import (
 
 	"sandstorm/api"
 	"sandstorm/internal/fleet/fleettest"
+	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/nodeapi/nodeapitest"
 	"sandstorm/internal/nodeapi/remote"
 )
@@ -23,10 +24,12 @@ func TestContractOverTheWire(t *testing.T) {
 	tree := []byte("a tree")
 	sum := sha256.Sum256(tree)
 	nodeapitest.Run(t, func(t *testing.T) nodeapitest.Subject {
-		srv := httptest.NewServer(remote.Server(fleettest.NewNode()))
+		n := fleettest.NewNode()
+		n.IngressAt = nodeapi.IngressInfo{Address: "[::]:8443", TLS: true}
+		srv := httptest.NewServer(remote.Server(n))
 		t.Cleanup(srv.Close)
 		c := remote.NewClient("local", srv.URL, srv.Client(), false, time.Time{})
-		return nodeapitest.Subject{Node: c, Ingress: true, Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
+		return nodeapitest.Subject{Node: c, Ingress: true, IngressAt: n.IngressAt, Template: api.Template{Name: "web", Digest: "sha256:" + hex.EncodeToString(sum[:])},
 			Rootfs: func() io.Reader { return bytes.NewReader(tree) }, Snapshots: true}
 	})
 }

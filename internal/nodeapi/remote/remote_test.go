@@ -269,6 +269,9 @@ func (f *fake) Watch(ctx context.Context, send func(nodeapi.Report) error) error
 	}
 }
 func (f *fake) PutRoutes(context.Context, nodeapi.Routes) error { return nil }
+func (f *fake) Ingress(context.Context) (nodeapi.IngressInfo, error) {
+	return nodeapi.IngressInfo{}, errdefs.New(errdefs.ErrNotFound, "no ingress")
+}
 func (f *fake) Fence(_ context.Context, req nodeapi.FenceRequest) (nodeapi.FenceResult, error) {
 	f.mu.Lock()
 	f.fences = append(f.fences, req)

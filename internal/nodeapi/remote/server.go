@@ -36,6 +36,10 @@ func Server(n nodeapi.Node) http.Handler {
 		st, err := n.Status(r.Context())
 		return reply(w, http.StatusOK, st, err)
 	})
+	s.handle("GET /node/v1/ingress", func(w http.ResponseWriter, r *http.Request) error {
+		in, err := n.Ingress(r.Context())
+		return reply(w, http.StatusOK, in, err)
+	})
 	s.handle("POST /node/v1/fence", withBody(http.StatusOK, n.Fence))
 	s.handle("PUT /node/v1/routes", func(w http.ResponseWriter, r *http.Request) error {
 		var u nodeapi.Routes
