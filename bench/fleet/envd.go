@@ -36,7 +36,7 @@ import (
 // what an ingress on the node itself would cost, with the master out of
 // the path; and through the holder's own ingress and another node's
 // (issue 33), by the sandbox's name and by E2B's headers (see the ways
-// below). In three alternating rounds, each way: an envd call 20 times,
+// below). In alternating rounds (--hop-rounds), each way: an envd call 20 times,
 // and an upload and a download of 100 MiB twice.
 // The calls are unary (Process.List), so no process start is in them.
 func envdHop(ctx context.Context, c config, bin string, res *bench.Results) error {
@@ -133,7 +133,7 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 		w.down = res.AddSeries("envd-hop/download-100MiB/"+w.name, "GET /files of 100 MiB, "+w.name, "")
 		w.cpu = res.AddSeries("envd-hop/master-cpu/"+w.name, "the master's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
 	}
-	runHops(ctx, ways, data, st.Master.PID)
+	runHops(ctx, ways, data, st.Master.PID, c.hopRounds)
 	return nil
 }
 
@@ -144,11 +144,11 @@ type hopWay struct {
 	call, up, down, cpu *bench.Series
 }
 
-// runHops times the ways in three alternating rounds, so that a slow
+// runHops times the ways in alternating rounds, so that a slow
 // moment of the machine does not fall on one way only; with the master's
 // (PID master) CPU time over each way's round.
-func runHops(ctx context.Context, ways []hopWay, data []byte, master int) {
-	for round := 0; round < 3; round++ {
+func runHops(ctx context.Context, ways []hopWay, data []byte, master, rounds int) {
+	for round := 0; round < rounds; round++ {
 		for _, w := range ways {
 			call, up, dn := w.call, w.up, w.down
 			cpu0 := cpuMs(master)
@@ -175,7 +175,7 @@ func runHops(ctx context.Context, ways []hopWay, data []byte, master int) {
 			}
 			w.cpu.Add(cpuMs(master) - cpu0)
 		}
-		fmt.Fprintf(os.Stderr, "envd hop: round %d of 3\n", round+1)
+		fmt.Fprintf(os.Stderr, "envd hop: round %d of %d\n", round+1, rounds)
 	}
 }
 

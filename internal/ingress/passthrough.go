@@ -28,9 +28,8 @@ import (
 // request over the nodes' mutual TLS cost 1.46 × a unary call and 1.87 ×
 // 100 MiB down (bench/fleet --part envd, fleet-2026-12-05-ecc4c6b): the
 // hop's own TLS and copies, on the cores the client and both nodes share.
-// Passed through, the bytes are spliced by the kernel (Go's
-// TCPConn.ReadFrom uses splice(2)) and the client's TLS ends at the
-// holder only.
+// Passed through, the bytes are only copied (relay) and the client's TLS
+// ends at the holder only.
 //
 // What names a connection's sandbox is its TLS ClientHello's server name
 // (<port>-<id>.<domain>), or, in plain HTTP, its first request's target
@@ -211,26 +210,39 @@ func (p *Passthrough) pass(c net.Conn, read []byte, to string) bool {
 		c.Close()
 		return true
 	}
-	splice(c, up)
+	relay(c, up)
 	return true
 }
 
-// splice copies a to b and b to a until both directions have ended, each
+// relay copies a to b and b to a until both directions have ended, each
 // end's close passed on as a half close, then closes both.
-func splice(a, b net.Conn) {
+//
+// Through a 64 KiB buffer, not the splice(2) io.Copy would use between
+// two TCP connections: on this machine (Linux 6.18 guest), 100 MiB
+// through a relay on loopback took 115–121 ms by splice and 63–83 ms
+// by copy, against 60–73 ms straight (p50 of 21, three runs).
+func relay(a, b net.Conn) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		io.Copy(b, a)
+		copyConn(b, a)
 		closeWrite(b)
 	}()
-	io.Copy(a, b)
+	copyConn(a, b)
 	closeWrite(a)
 	wg.Wait()
 	a.Close()
 	b.Close()
 }
+
+// copyConn copies src to dst through a buffer of relayBuffer bytes: the
+// wrappers hide ReadFrom and WriteTo, which would splice.
+func copyConn(dst, src net.Conn) {
+	io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, relayBuffer))
+}
+
+const relayBuffer = 64 << 10
 
 func closeWrite(c net.Conn) {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
