@@ -66,9 +66,10 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 		return err
 	}
 	var nodeAddr string
+	pids := hopPIDs{master: st.Master.PID}
 	for _, n := range st.Nodes {
 		if n.Name == sb.Node {
-			nodeAddr = n.Address
+			nodeAddr, pids.holder = n.Address, n.PID
 		}
 	}
 	if nodeAddr == "" {
@@ -91,7 +92,7 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 	holderIngress, otherIngress := ingressOf(nodeAddr), ""
 	for _, n := range st.Nodes {
 		if n.Name != sb.Node {
-			otherIngress = ingressOf(n.Address)
+			otherIngress, pids.other = ingressOf(n.Address), n.PID
 		}
 	}
 	// By the sandbox's own name (the SDK's https://49983-<id>.<domain>),
@@ -132,26 +133,32 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 		w.up = res.AddSeries("envd-hop/upload-100MiB/"+w.name, "POST /files of 100 MiB (octet-stream), "+w.name, "")
 		w.down = res.AddSeries("envd-hop/download-100MiB/"+w.name, "GET /files of 100 MiB, "+w.name, "")
 		w.cpu = res.AddSeries("envd-hop/master-cpu/"+w.name, "the master's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
+		w.holderCPU = res.AddSeries("envd-hop/holder-cpu/"+w.name, "the holder node's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
+		w.otherCPU = res.AddSeries("envd-hop/other-cpu/"+w.name, "the CPU time (user+system, ms) of the other node whose ingress the other-node ways dial, over one round of this way's calls and transfers", "ms")
 	}
-	runHops(ctx, ways, data, st.Master.PID, c.hopRounds)
+	runHops(ctx, ways, data, pids, c.hopRounds)
 	return nil
 }
 
 // hopWay is one way to the sandbox's envd, and its series.
 type hopWay struct {
-	name, base          string
-	hc                  *http.Client
-	call, up, down, cpu *bench.Series
+	name, base                               string
+	hc                                       *http.Client
+	call, up, down, cpu, holderCPU, otherCPU *bench.Series
 }
+
+// hopPIDs are the processes whose CPU time each round reads: the master,
+// the node holding the sandbox, the other node whose ingress is dialled.
+type hopPIDs struct{ master, holder, other int }
 
 // runHops times the ways in alternating rounds, so that a slow
 // moment of the machine does not fall on one way only; with the master's
-// (PID master) CPU time over each way's round.
-func runHops(ctx context.Context, ways []hopWay, data []byte, master, rounds int) {
+// and the two nodes' CPU time over each way's round.
+func runHops(ctx context.Context, ways []hopWay, data []byte, pids hopPIDs, rounds int) {
 	for round := 0; round < rounds; round++ {
 		for _, w := range ways {
 			call, up, dn := w.call, w.up, w.down
-			cpu0 := cpuMs(master)
+			cpu0, h0, o0 := cpuMs(pids.master), cpuMs(pids.holder), cpuMs(pids.other)
 			pc := processconnect.NewProcessClient(w.hc, w.base)
 			for i := 0; i < 20; i++ {
 				d, err := run1(ctx, pc)
@@ -173,7 +180,9 @@ func runHops(ctx context.Context, ways []hopWay, data []byte, master, rounds int
 					dn.AddDuration(d)
 				}
 			}
-			w.cpu.Add(cpuMs(master) - cpu0)
+			w.cpu.Add(cpuMs(pids.master) - cpu0)
+			w.holderCPU.Add(cpuMs(pids.holder) - h0)
+			w.otherCPU.Add(cpuMs(pids.other) - o0)
 		}
 		fmt.Fprintf(os.Stderr, "envd hop: round %d of %d\n", round+1, rounds)
 	}
