@@ -81,9 +81,10 @@ func passFleet(t *testing.T, tlsCfg *tls.Config, ingressOf map[string]nodeapi.In
 	return a, b
 }
 
-// served asks with c for url (with E2B's header addressing if id is set)
-// and says what answered: "<node> <proto> <target> <sha256 of body>".
-func served(t *testing.T, c *http.Client, method, url, id string, body []byte) string {
+// served asks with c for url (with E2B's header addressing if id is set,
+// as host if host is) and says what answered: "<node> <proto> <target>
+// <sha256 of body>".
+func served(t *testing.T, c *http.Client, method, url, id, host string, body []byte) string {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(string(body)))
 	if err != nil {
@@ -91,6 +92,9 @@ func served(t *testing.T, c *http.Client, method, url, id string, body []byte) s
 	}
 	if id != "" {
 		req.Header.Set("E2b-Sandbox-Id", id)
+	}
+	if host != "" {
+		req.Host = host
 	}
 	resp, err := c.Do(req)
 	if err != nil {
@@ -120,24 +124,7 @@ func TestPassthroughPlainHTTP(t *testing.T) {
 		{"sb-nowhere", "", "a HTTP/1.1 sb-nowhere"},
 		{"", "api.sb.test", "a HTTP/1.1 api.sb.test"},
 	} {
-		url := "http://" + a.addr + "/files"
-		req := func() string {
-			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
-			if tc.host != "" {
-				req.Host = tc.host
-			}
-			if tc.id != "" {
-				req.Header.Set("E2b-Sandbox-Id", tc.id)
-			}
-			resp, err := c.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			out, _ := io.ReadAll(resp.Body)
-			return string(out)
-		}
-		if got, want := req(), tc.want+" "+sum(body); got != want {
+		if got, want := served(t, c, http.MethodPost, "http://"+a.addr+"/files", tc.id, tc.host, body), tc.want+" "+sum(body); got != want {
 			t.Errorf("%s%s through a: %q, want %q", tc.id, tc.host, got, want)
 		}
 	}
@@ -168,7 +155,7 @@ func TestPassthroughLoopAndDown(t *testing.T) {
 		t.Errorf("a passed connection at b: %q, want it served by b", out)
 	}
 	// Through a: passed once to b, served there (not back to a).
-	if got := served(t, c, http.MethodGet, "http://"+a.addr+"/", "sb-b", nil); !strings.HasPrefix(got, "b ") {
+	if got := served(t, c, http.MethodGet, "http://"+a.addr+"/", "sb-b", "", nil); !strings.HasPrefix(got, "b ") {
 		t.Errorf("sb-b through a, b's table naming a: %q, want b's answer", got)
 	}
 
@@ -180,7 +167,7 @@ func TestPassthroughLoopAndDown(t *testing.T) {
 	gone := ln.Addr().String()
 	ln.Close()
 	a2, _ := passFleet(t, nil, map[string]nodeapi.IngressInfo{"b": {Address: gone}})
-	if got := served(t, c, http.MethodGet, "http://"+a2.addr+"/", "sb-b", nil); !strings.HasPrefix(got, "a ") {
+	if got := served(t, c, http.MethodGet, "http://"+a2.addr+"/", "sb-b", "", nil); !strings.HasPrefix(got, "a ") {
 		t.Errorf("sb-b through a, b's ingress refusing: %q, want a's answer", got)
 	}
 }
@@ -211,7 +198,7 @@ func TestPassthroughTLS(t *testing.T) {
 		"49983-sb-a.sb.test": "a HTTP/2.0 49983-sb-a.sb.test",
 		"api.sb.test":        "a HTTP/2.0 api.sb.test",
 	} {
-		if got := served(t, c, http.MethodPost, "https://"+host+"/files", "", body); got != want+" "+sum(body) {
+		if got := served(t, c, http.MethodPost, "https://"+host+"/files", "", "", body); got != want+" "+sum(body) {
 			t.Errorf("https://%s through a: %q, want %q", host, got, want)
 		}
 	}
