@@ -102,15 +102,18 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 	// sandbox: another node's forwards each request over the
 	// nodes' mutual TLS, the path before passthrough, measured in the
 	// same run.
+	//
+	// HTTP/1.1, as E2B's SDK speaks it (connect-web over fetch) and as
+	// the seam does (it offers no h2); with --hop-h2, HTTP/2.
 	byName := func(ingress string) *http.Client {
-		return &http.Client{Transport: &e2bAddressed{token: conn.EnvdAccessToken, next: &http.Transport{ForceAttemptHTTP2: true,
+		return &http.Client{Transport: &e2bAddressed{token: conn.EnvdAccessToken, next: &http.Transport{ForceAttemptHTTP2: c.hopH2,
 			TLSClientConfig: &tls.Config{RootCAs: ingressCA.Pool()},
 			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 				return (&net.Dialer{}).DialContext(ctx, network, ingress)
 			}}}}
 	}
 	byHeaders := func() *http.Client {
-		return &http.Client{Transport: &e2bAddressed{id: sb.ID, token: conn.EnvdAccessToken, next: &http.Transport{ForceAttemptHTTP2: true,
+		return &http.Client{Transport: &e2bAddressed{id: sb.ID, token: conn.EnvdAccessToken, next: &http.Transport{ForceAttemptHTTP2: c.hopH2,
 			TLSClientConfig: &tls.Config{RootCAs: ingressCA.Pool(), ServerName: "ingress." + hopDomain}}}}
 	}
 	name := fmt.Sprintf("https://%d-%s.%s", api.EnvdPort, sb.ID, hopDomain)

@@ -64,6 +64,7 @@ type config struct {
 	sandboxMiB             int
 	moveRounds, drainCount int
 	hopRounds              int
+	hopH2                  bool
 	logLevel               string
 	logs                   string // where each fleet's logs are kept (set by run)
 	fleets                 *int   // fleets brought up so far (their logs' directory names)
@@ -75,6 +76,7 @@ func main() {
 	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
 	fs.StringVar(&c.part, "part", "fill,traffic", "what to run: fill, traffic, envd (the master's hop on a call to a sandbox's envd), move (a live move against checkpoint + copy + restore), drain (a node of --drain-count in mixed tiers), comma-separated")
 	fs.IntVar(&c.hopRounds, "hop-rounds", 3, "envd: alternating rounds of every way's calls and transfers")
+	fs.BoolVar(&c.hopH2, "hop-h2", false, "envd: speak HTTP/2 to the ingresses (default HTTP/1.1, as E2B's SDK does)")
 	fs.IntVar(&c.moveRounds, "move-rounds", 12, "move: moves of the web and 64 MiB sandboxes (a third as many of the 1 GiB one), each followed by its baseline")
 	fs.IntVar(&c.drainCount, "drain-count", 100, "drain: sandboxes on the node drained")
 	fs.IntVar(&c.nodes, "nodes", 3, "nodes in the fleet")
@@ -128,7 +130,7 @@ func run(ctx context.Context, c config) (string, error) {
 	res.Params = map[string]any{"log_level": c.logLevel, "nodes": c.nodes, "part": c.part, "count": c.count, "calls": c.calls, "parallel": c.parallel,
 		"per_node": c.perNode, "awake": c.awake, "rates": c.rates, "traffic_for": c.trafficFor.String(), "fill_for": c.fillFor.String(),
 		"freeze_after": c.timers.Freeze.String(), "snapshot_after": c.timers.Snapshot.String(), "detach_after": c.timers.Detach.String(), "sandbox_memory_mib": c.sandboxMiB, "sandstormd": b,
-		"move_rounds": c.moveRounds, "drain_count": c.drainCount, "hop_rounds": c.hopRounds}
+		"move_rounds": c.moveRounds, "drain_count": c.drainCount, "hop_rounds": c.hopRounds, "hop_h2": c.hopH2}
 	// The parts run in this order, each only if --part names it and the
 	// run has not been stopped; the results are written after each, so
 	// that a run cut short keeps what it measured.
