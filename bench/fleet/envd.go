@@ -131,16 +131,20 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 	data := make([]byte, 100<<20)
 	rand.Read(data)
 	for i := range ways {
-		w := &ways[i]
-		w.call = res.AddSeries("envd-hop/call/"+w.name, "one unary envd call (Process.List), Go connect client, "+w.name, "")
-		w.up = res.AddSeries("envd-hop/upload-100MiB/"+w.name, "POST /files of 100 MiB (octet-stream), "+w.name, "")
-		w.down = res.AddSeries("envd-hop/download-100MiB/"+w.name, "GET /files of 100 MiB, "+w.name, "")
-		w.cpu = res.AddSeries("envd-hop/master-cpu/"+w.name, "the master's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
-		w.holderCPU = res.AddSeries("envd-hop/holder-cpu/"+w.name, "the holder node's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
-		w.otherCPU = res.AddSeries("envd-hop/other-cpu/"+w.name, "the CPU time (user+system, ms) of the other node whose ingress the other-node ways dial, over one round of this way's calls and transfers", "ms")
+		ways[i].addSeries(res)
 	}
 	runHops(ctx, ways, data, pids, c.hopRounds)
 	return nil
+}
+
+// addSeries adds w's series to res.
+func (w *hopWay) addSeries(res *bench.Results) {
+	w.call = res.AddSeries("envd-hop/call/"+w.name, "one unary envd call (Process.List), Go connect client, "+w.name, "")
+	w.up = res.AddSeries("envd-hop/upload-100MiB/"+w.name, "POST /files of 100 MiB (octet-stream), "+w.name, "")
+	w.down = res.AddSeries("envd-hop/download-100MiB/"+w.name, "GET /files of 100 MiB, "+w.name, "")
+	w.cpu = res.AddSeries("envd-hop/master-cpu/"+w.name, "the master's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
+	w.holderCPU = res.AddSeries("envd-hop/holder-cpu/"+w.name, "the holder node's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
+	w.otherCPU = res.AddSeries("envd-hop/other-cpu/"+w.name, "the CPU time (user+system, ms) of the other node whose ingress the other-node ways dial, over one round of this way's calls and transfers", "ms")
 }
 
 // hopWay is one way to the sandbox's envd, and its series.
