@@ -216,11 +216,28 @@ func TestIngress(t *testing.T) {
 			t.Fatalf("move to %s: HTTP %d %s", c.name, r.Status, r.Body)
 		}
 	}
-	viaA := ingressEnvdTLS(a.addr+":8443", sb.SandboxID, sb.EnvdAccessToken, roots)
-	testenv.WaitFor(t, 30*time.Second, "the sandbox on "+c.name+" answers through "+a.name+"'s ingress", func() bool {
-		out, err := shell(ctx, viaA, "echo here > /tmp/mark; cat /tmp/mark")
-		return err == nil && out == "here\n"
+	// A decides at a connection's first request whether to pass it on,
+	// and keeps to it: a connection opened while A's table still named
+	// A (the sandbox was made there, and the master's push of the move
+	// is on its way) is served request by request to the end. So each
+	// try is a new connection, kept once A passed it to C.
+	passed := func() float64 {
+		v, _ := scrapeMetrics(t, a.addr+":9600").get("sandstorm_ingress_requests_total", "outcome", "passed")
+		return v
+	}
+	var viaA processconnect.ProcessClient
+	tries := 0
+	testenv.WaitFor(t, 30*time.Second, "the sandbox on "+c.name+" answers through "+a.name+"'s ingress, which passes the connection to "+c.name, func() bool {
+		tries++
+		before, try := passed(), ingressEnvdTLS(a.addr+":8443", sb.SandboxID, sb.EnvdAccessToken, roots)
+		out, err := shell(ctx, try, "echo here > /tmp/mark; cat /tmp/mark")
+		if err != nil || out != "here\n" || passed() == before {
+			return false
+		}
+		viaA = try
+		return true
 	})
+	t.Logf("%s passed a connection to %s at try %d", a.name, c.name, tries)
 	if _, err := shell(ctx, ingressEnvdTLS(a.addr+":8443", sb.SandboxID, strings.Repeat("0", len(sb.EnvdAccessToken)), roots), "true"); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Errorf("a wrong access token at the ingress: %v, want unauthenticated", err)
 	}
