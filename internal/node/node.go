@@ -578,7 +578,7 @@ func (n *Node) Delete(ctx context.Context, id string) error {
 	if err := n.tiers.Begin(sb.ID, transitionDelete); err != nil {
 		return err
 	}
-	n.tiers.CutEnvd(sb.ID)
+	n.tiers.CutEnvd(sb.ID, tiering.CutDeleted)
 	n.gw.Close(sb.ID)
 	e := n.tiers.Entry(sb.ID)
 	// A transition holding the lock (a checkpoint, a wake) finishes first;

@@ -25,6 +25,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/client"
 	"sandstorm/internal/node/secretbind"
+	"sandstorm/internal/node/tiering"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/secrets"
 	"sandstorm/internal/testenv"
@@ -299,8 +300,13 @@ func TestIngress(t *testing.T) {
 		case <-lines:
 		case err := <-done:
 			ended = true
-			if err == nil {
+			// Ended as the Connect protocol ends a stream that failed
+			// (envdlink's cutWriter), not torn mid-message.
+			switch {
+			case err == nil:
 				t.Errorf("the stream through a move ended with its command's end: the sandbox did not move mid-stream")
+			case connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), tiering.CutSnapshotted):
+				t.Errorf("the stream through the move ended with %v, want unavailable: %s", err, tiering.CutSnapshotted)
 			}
 			t.Logf("the stream through the move ended: %v", err)
 		case <-sctx.Done():

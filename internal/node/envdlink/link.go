@@ -66,10 +66,12 @@ func (l *Link) Busy() bool { return l.calls.Load() > 0 }
 
 // Cut ends the calls in flight and closes the connections kept: before a
 // snapshot, a detach or a delete, whose sandbox will not answer them.
-// The next call makes a new transport.
-func (l *Link) Cut() {
+// why is what a cut call answers: its error if nothing of its answer was
+// sent, else its Connect stream's end (cutWriter). The next call makes a
+// new transport.
+func (l *Link) Cut(why error) {
 	l.cuts.Range(func(_, v any) bool {
-		v.(context.CancelFunc)()
+		v.(context.CancelCauseFunc)(why)
 		return true
 	})
 	l.Drop()
@@ -131,7 +133,9 @@ func (l *Link) Serve(cfg Config, w http.ResponseWriter, r *http.Request, path st
 			failed = err
 		},
 	}
-	proxy.ServeHTTP(w, r.WithContext(ctx))
+	if cut := proxied(ctx, proxy, w, r); cut != nil {
+		return cut
+	}
 	var starting *startError
 	if errors.As(failed, &starting) {
 		return starting.err // envd could not be started or did not answer: its own error
@@ -147,13 +151,46 @@ func (l *Link) Serve(cfg Config, w http.ResponseWriter, r *http.Request, path st
 // cuttable is ctx, cancelled by a Cut until done is called (which cancels
 // it too).
 func (l *Link) cuttable(ctx context.Context) (_ context.Context, done func()) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
 	key := new(int)
 	l.cuts.Store(key, cancel)
 	return ctx, func() {
 		l.cuts.Delete(key)
-		cancel()
+		cancel(nil)
 	}
+}
+
+// proxied serves r by p, writing to w, and says how a call ended that
+// was cut (ctx, from cuttable; the caller's own r.Context not done): its
+// Cut's reason if nothing of the answer was sent, nil if its stream was
+// ended with it. A cut otherwise, or a failed copy, tears the connection
+// (http.ErrAbortHandler, re-raised), as the proxy does.
+func proxied(ctx context.Context, p *httputil.ReverseProxy, w http.ResponseWriter, r *http.Request) (cut error) {
+	cw := &cutWriter{ResponseWriter: w}
+	aborted := false
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				if v != http.ErrAbortHandler {
+					panic(v)
+				}
+				aborted = true
+			}
+		}()
+		p.ServeHTTP(cw, r.WithContext(ctx))
+	}()
+	if why := context.Cause(ctx); ctx.Err() != nil && r.Context().Err() == nil && why != nil && why != context.Canceled {
+		if !cw.wrote {
+			return why
+		}
+		if cw.end(why) {
+			return nil
+		}
+	}
+	if aborted {
+		panic(http.ErrAbortHandler)
+	}
+	return nil
 }
 
 // ServePort forwards r, as it came, to target, a port of the sandbox
@@ -186,7 +223,9 @@ func (l *Link) ServePort(cfg Config, w http.ResponseWriter, r *http.Request, tar
 		FlushInterval: -1,
 		ErrorHandler:  func(_ http.ResponseWriter, _ *http.Request, err error) { failed = err },
 	}
-	proxy.ServeHTTP(w, r.WithContext(ctx))
+	if cut := proxied(ctx, proxy, w, r); cut != nil {
+		return cut
+	}
 	if failed != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		return errdefs.Mark(errdefs.ErrUpstream, fmt.Errorf("port %d of the sandbox did not answer: %w", target.Port(), failed))
 	}

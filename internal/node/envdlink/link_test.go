@@ -101,33 +101,43 @@ func TestLinkInitThatNeverAnswers(t *testing.T) {
 // (before a snapshot, detach or delete) ends it and the link is idle.
 func TestLinkCutEndsCalls(t *testing.T) {
 	addr := freeAddr(t)
-	entered := make(chan struct{})
 	fakeEnvd(t, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
-		close(entered)
 		<-r.Context().Done() // a stream that never ends by itself
 	}))
 	sb := Sandbox{ID: "s1", Target: addr}
 	var l Link
 	done := make(chan error, 1)
+	answered := &answerSeen{ResponseRecorder: httptest.NewRecorder(), seen: make(chan struct{})}
 	go func() {
 		release := l.Hold()
 		defer release()
-		done <- l.Serve(testCfg, httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), "/stream",
+		done <- l.Serve(testCfg, answered, httptest.NewRequest(http.MethodGet, "/", nil), "/stream",
 			func(context.Context) (Sandbox, error) { return sb, nil })
 	}()
-	<-entered
+	<-answered.seen
 	if !l.Busy() {
 		t.Error("a call in flight does not keep the link busy")
 	}
-	l.Cut()
+	l.Cut(errdefs.New(errdefs.ErrUnavailable, "sandbox s1 was moved"))
 	if err := testenv.Within(t, done, 10*time.Second, "Cut did not end the call"); err != nil {
 		t.Errorf("a cut call returned %v (nothing to report: the answer had started)", err)
 	}
 	if l.Busy() {
 		t.Error("the link is still busy after its only call ended")
 	}
+}
+
+// answerSeen is a recorder that says when the answer's status was sent.
+type answerSeen struct {
+	*httptest.ResponseRecorder
+	seen chan struct{}
+}
+
+func (a *answerSeen) WriteHeader(code int) {
+	a.ResponseRecorder.WriteHeader(code)
+	close(a.seen)
 }
 
 // dialStarting waits for a port that refuses at first (a program still

@@ -301,12 +301,31 @@ func (m *Machine) Begin(id string, to api.Tier) error {
 }
 
 // CutEnvd ends the calls forwarded to sandbox id's envd and closes the
-// connections kept to it (envdlink.Link.Cut).
-func (m *Machine) CutEnvd(id string) {
+// connections kept to it (envdlink.Link.Cut); what became of the sandbox
+// ("was moved or snapshotted") is what those calls answer.
+func (m *Machine) CutEnvd(id, what string) {
 	if e, ok := m.Lookup(id); ok {
-		e.Envd.Cut()
+		e.Envd.Cut(CutReason(id, what))
 	}
 }
+
+// CutReason is what a call cut by what became of sandbox id answers: it
+// is unavailable for now (deleted: not found), and may be called again.
+func CutReason(id, what string) error {
+	kind := errdefs.ErrUnavailable
+	if what == CutDeleted {
+		kind = errdefs.ErrNotFound
+	}
+	return errdefs.New(kind, "sandbox %s %s while this call ran, which ended it: call again", id, what)
+}
+
+// What CutEnvd's calls are told became of their sandbox.
+const (
+	CutSnapshotted = "was snapshotted (paused, moved, or idle)"
+	CutDetached    = "was detached (its processes stopped)"
+	CutGone        = "lost its processes (its program exited or was killed)"
+	CutDeleted     = "was deleted"
+)
 
 // FlushActivity writes last-activity times that changed to the store, so
 // a restart keeps the idle timers roughly where they were.

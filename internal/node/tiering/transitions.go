@@ -275,14 +275,14 @@ func (m *Machine) SettleAfterFailure(sb store.Sandbox, from api.Tier, note strin
 		to = api.TierFrozen
 	case m.h.Dir(sb.ID).HasSnapshot():
 		to = api.TierSnapshot
-		m.CutEnvd(sb.ID)
+		m.CutEnvd(sb.ID, CutSnapshotted)
 		m.h.Teardown(context.Background(), sb, false)
 	default:
 		// Its processes are gone (its program exited, the OOM killer):
 		// a call to its envd still in flight would wait on a peer that
 		// will never answer.
 		to = api.TierDetached
-		m.CutEnvd(sb.ID)
+		m.CutEnvd(sb.ID, CutGone)
 		m.h.Teardown(context.Background(), sb, false)
 	}
 	m.Commit(sb.ID, to, func(s *store.Sandbox) { s.Note = note })
@@ -404,7 +404,7 @@ func (m *Machine) Checkpoint(sb store.Sandbox, from api.Tier) (finish func(), er
 	release := m.gw.Drain(sb.ID)
 	defer release()
 	steps.Mark("drain")
-	m.CutEnvd(sb.ID)
+	m.CutEnvd(sb.ID, CutSnapshotted)
 	steps.Mark("envd")
 	// Its outbound flows too: the boundary resets them and stops taking
 	// new ones until the sandbox runs again.
@@ -534,7 +534,7 @@ func (m *Machine) detachOp(sb store.Sandbox, from api.Tier) error {
 	}
 	release := m.gw.Drain(sb.ID)
 	defer release()
-	m.CutEnvd(sb.ID)
+	m.CutEnvd(sb.ID, CutDetached)
 	if err := m.h.Teardown(context.Background(), sb, false); err != nil {
 		return err
 	}
