@@ -8,8 +8,6 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
-
-	"sandstorm/internal/errdefs"
 )
 
 // A call cut mid-answer (Link.Cut: a snapshot, a pause, a move, a detach,
@@ -21,6 +19,14 @@ import (
 // carrying the error (https://connectrpc.com/docs/protocol/, "Streaming
 // Response"), so the client reads "unavailable: sandbox … was moved"
 // and may call again.
+
+// ErrKilled marks a Cut's reason as a kill (a delete): the calls' streams
+// are torn rather than ended, as E2B's own proxy tears them when a
+// sandbox is killed. Its SDK reads a torn stream by asking the sandbox's
+// health, and says it was killed when it is gone (its test "killing the
+// sandbox while a command is running throws an actionable error" wants
+// that error, not ours).
+var ErrKilled = errors.New("the sandbox was killed")
 
 // connectEndStream is the flag of the Connect protocol's end-of-stream
 // message; every message is a flags byte and a big-endian length.
@@ -88,14 +94,12 @@ func (c *cutWriter) track(p []byte) {
 // one, is between two messages and has not ended; it says whether it
 // did. Otherwise the connection is torn, as before.
 func (c *cutWriter) end(cause error) bool {
-	if !c.stream || c.ended || c.headN != 0 || c.left != 0 {
+	if !c.stream || c.ended || c.headN != 0 || c.left != 0 || errors.Is(cause, ErrKilled) {
 		return false
 	}
-	code := connect.CodeUnavailable
-	if errors.Is(cause, errdefs.ErrNotFound) {
-		code = connect.CodeNotFound
-	}
-	msg, err := json.Marshal(map[string]any{"error": map[string]string{"code": code.String(), "message": cause.Error()}})
+	// Unavailable whatever the cause, as E2B's own proxy ends a stream
+	// whose sandbox died (tiering.CutReason says why).
+	msg, err := json.Marshal(map[string]any{"error": map[string]string{"code": connect.CodeUnavailable.String(), "message": cause.Error()}})
 	if err != nil {
 		return false
 	}

@@ -3,6 +3,7 @@ package envdlink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -52,7 +53,8 @@ func linkServer(t *testing.T, l *Link, addr string) *httptest.Server {
 // TestCutEndsConnectStream: a command's stream cut by a move (Link.Cut)
 // between two of its messages ends as the Connect protocol ends a stream
 // that failed, so connect-go's own client reads the cut's reason with
-// the code unavailable, not a torn connection ("incomplete envelope").
+// the code unavailable, not a torn connection ("incomplete envelope");
+// but a kill tears it.
 func TestCutEndsConnectStream(t *testing.T) {
 	addr := freeAddr(t)
 	mux := http.NewServeMux()
@@ -60,7 +62,17 @@ func TestCutEndsConnectStream(t *testing.T) {
 	fakeEnvd(t, addr, mux)
 	var l Link
 	srv := linkServer(t, &l, addr.String())
-	for _, opts := range [][]connect.ClientOption{nil, {connect.WithProtoJSON()}} {
+	for _, c := range []struct {
+		opts []connect.ClientOption
+		why  error
+		code connect.Code
+	}{
+		{nil, errdefs.New(errdefs.ErrUnavailable, "sandbox s1 was moved"), connect.CodeUnavailable},
+		{[]connect.ClientOption{connect.WithProtoJSON()}, errdefs.New(errdefs.ErrUnavailable, "sandbox s1 was moved"), connect.CodeUnavailable},
+		// A kill tears the stream, as E2B's proxy does (ErrKilled).
+		{nil, fmt.Errorf("sandbox s1 was deleted: %w", ErrKilled), connect.CodeInternal},
+	} {
+		opts := c.opts
 		pc := processconnect.NewProcessClient(srv.Client(), srv.URL, opts...)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		stream, err := pc.Start(ctx, connect.NewRequest(&process.StartRequest{}))
@@ -70,12 +82,16 @@ func TestCutEndsConnectStream(t *testing.T) {
 		if !stream.Receive() || stream.Msg().GetEvent().GetStart().GetPid() != 7 {
 			t.Fatalf("first event: %v", stream.Err())
 		}
-		l.Cut(errdefs.New(errdefs.ErrUnavailable, "sandbox s1 was moved"))
+		l.Cut(c.why)
 		for stream.Receive() {
 			t.Errorf("an event after the cut: %v", stream.Msg())
 		}
-		if err := stream.Err(); connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "sandbox s1 was moved") {
+		err = stream.Err()
+		if c.code == connect.CodeUnavailable && (connect.CodeOf(err) != c.code || !strings.Contains(err.Error(), "sandbox s1 was moved")) {
 			t.Errorf("the cut stream ended with %v, want unavailable with the cut's reason", err)
+		}
+		if c.code != connect.CodeUnavailable && (connect.CodeOf(err) != c.code || !strings.Contains(err.Error(), "incomplete envelope")) {
+			t.Errorf("the killed sandbox's stream ended with %v, want it torn", err)
 		}
 		cancel()
 	}
@@ -98,8 +114,8 @@ func TestCutBeforeAnswer(t *testing.T) {
 			func(context.Context) (Sandbox, error) { return Sandbox{ID: "s1", Target: addr}, nil })
 	}()
 	<-entered
-	l.Cut(errdefs.New(errdefs.ErrNotFound, "sandbox s1 was deleted"))
-	if err := testenv.Within(t, done, 10*time.Second, "Cut did not end the call"); !errors.Is(err, errdefs.ErrNotFound) {
+	l.Cut(errdefs.New(errdefs.ErrUnavailable, "sandbox s1 was deleted"))
+	if err := testenv.Within(t, done, 10*time.Second, "Cut did not end the call"); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("a call cut before its answer returned %v, want the cut's reason", err)
 	}
 }

@@ -309,14 +309,16 @@ func (m *Machine) CutEnvd(id, what string) {
 	}
 }
 
-// CutReason is what a call cut by what became of sandbox id answers: it
-// is unavailable for now (deleted: not found), and may be called again.
+// CutReason is what a call cut by what became of sandbox id answers:
+// unavailable, as E2B's SDK reads a sandbox that went away under a
+// command; deleted, marked envdlink.ErrKilled, so that its streams are
+// torn as E2B tears a killed sandbox's.
 func CutReason(id, what string) error {
-	kind := errdefs.ErrUnavailable
+	err := fmt.Errorf("sandbox %s %s while this call ran, which ended it", id, what)
 	if what == CutDeleted {
-		kind = errdefs.ErrNotFound
+		err = fmt.Errorf("%w (%w)", err, envdlink.ErrKilled)
 	}
-	return errdefs.New(kind, "sandbox %s %s while this call ran, which ended it: call again", id, what)
+	return errdefs.Mark(errdefs.ErrUnavailable, err)
 }
 
 // What CutEnvd's calls are told became of their sandbox.
