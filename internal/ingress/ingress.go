@@ -83,14 +83,11 @@ func (cfg Config) handle(w http.ResponseWriter, r *http.Request) string {
 	sandboxtraffic.Strip(r.Header)
 	prepare(r, rt, port)
 	// The holder checks the route before it reads a byte of the body,
-	// and a peer is sent the body only once it said so (100 Continue): a
+	// and a peer is sent the body only once it said so (serve): a
 	// request a stale route sent to the wrong copy is still whole, and
 	// goes again by the new route.
 	body := &trackedBody{rc: r.Body}
 	r.Body = body
-	if r.ContentLength != 0 {
-		r.Header.Set("Expect", "100-continue")
-	}
 	outcome := "forwarded"
 	if rt.Node == cfg.Self {
 		outcome = "local"
@@ -169,6 +166,14 @@ func prepare(r *http.Request, rt nodeapi.Route, port int) {
 // serve sends r to rt's holder: this node, or its peer.
 func (cfg Config) serve(w http.ResponseWriter, r *http.Request, rt nodeapi.Route, port int) error {
 	n := cfg.Local
+	// A peer is sent a body only once it said so (100 Continue): one
+	// that finds no copy of rt's generation refuses it unread. This
+	// node's own side checks before it reads, and envd in the sandbox
+	// is not asked to say it.
+	r.Header.Del("Expect")
+	if rt.Node != cfg.Self && r.ContentLength != 0 {
+		r.Header.Set("Expect", "100-continue")
+	}
 	if rt.Node != cfg.Self {
 		if rt.Address == "" {
 			return errdefs.New(errdefs.ErrUnavailable, "sandbox %s is on node %s, which no other node can reach (the master's own, or behind NAT): use the master's API (api.%s)", rt.ID, rt.Node, cfg.Domain)
