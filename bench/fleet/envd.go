@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -95,36 +96,10 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 			otherIngress, pids.other = ingressOf(n.Address), n.PID
 		}
 	}
-	// By the sandbox's own name (the SDK's https://49983-<id>.<domain>),
-	// dialled to one ingress: another node's passes the connection to
-	// the holder's ingress unread (ingress.Passthrough). By E2B's headers
-	// to the ingress (E2B_SANDBOX_URL), the TLS server name names no
-	// sandbox: another node's forwards each request over the
-	// nodes' mutual TLS, the path before passthrough, measured in the
-	// same run.
-	//
-	// HTTP/1.1, as E2B's SDK speaks it (connect-web over fetch) and as
-	// the seam does (it offers no h2); with --hop-h2, HTTP/2.
-	byName := func(ingress string) *http.Client {
-		return &http.Client{Transport: &e2bAddressed{token: conn.EnvdAccessToken, next: &http.Transport{ForceAttemptHTTP2: c.hopH2,
-			TLSClientConfig: &tls.Config{RootCAs: ingressCA.Pool()},
-			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, network, ingress)
-			}}}}
-	}
-	byHeaders := func() *http.Client {
-		return &http.Client{Transport: &e2bAddressed{id: sb.ID, token: conn.EnvdAccessToken, next: &http.Transport{ForceAttemptHTTP2: c.hopH2,
-			TLSClientConfig: &tls.Config{RootCAs: ingressCA.Pool(), ServerName: "ingress." + hopDomain}}}}
-	}
-	name := fmt.Sprintf("https://%d-%s.%s", api.EnvdPort, sb.ID, hopDomain)
-	ways := []hopWay{
+	ways := append([]hopWay{
 		{name: "via-master", base: st.API + "/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &bearer{next: cl.HTTP.Transport, token: cl.Token}}},
 		{name: "node-direct", base: "https://" + nodeAddr + "/node/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true}}},
-		{name: "holder-ingress", base: name, hc: byName(holderIngress)},
-		{name: "other-node-ingress", base: name, hc: byName(otherIngress)},
-		{name: "holder-ingress-headers", base: "https://" + holderIngress, hc: byHeaders()},
-		{name: "other-node-ingress-headers", base: "https://" + otherIngress, hc: byHeaders()},
-	}
+	}, ingressWays(c, ingressCA.Pool(), sb.ID, conn.EnvdAccessToken, holderIngress, otherIngress)...)
 	if _, err := run1(ctx, processconnect.NewProcessClient(ways[0].hc, ways[0].base)); err != nil {
 		return fmt.Errorf("the first call (starts envd): %w", err)
 	}
@@ -137,6 +112,43 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 	return nil
 }
 
+// ingressWays are the ways to sandbox id's envd through the holder's
+// ingress and through the other node's, each with a client of its own
+// that counts its connections.
+//
+// By the sandbox's own name (the SDK's https://49983-<id>.<domain>),
+// dialled to one ingress: another node's passes the connection to the
+// holder's ingress unread (ingress.Passthrough). By E2B's headers to the
+// ingress (E2B_SANDBOX_URL), the TLS server name names no sandbox:
+// another node's forwards each request over the nodes' mutual TLS, the
+// path before passthrough, measured in the same run.
+//
+// HTTP/1.1, as E2B's SDK speaks it (connect-web over fetch) and as the
+// seam does (it offers no h2); with --hop-h2, HTTP/2.
+func ingressWays(c config, roots *x509.CertPool, id, token, holder, other string) []hopWay {
+	way := func(name, ingress string, byName bool) hopWay {
+		w := hopWay{name: name, base: fmt.Sprintf("https://%d-%s.%s", api.EnvdPort, id, hopDomain), dials: new(atomic.Int64)}
+		next := &http.Transport{ForceAttemptHTTP2: c.hopH2, TLSClientConfig: &tls.Config{RootCAs: roots},
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				w.dials.Add(1)
+				return (&net.Dialer{}).DialContext(ctx, network, ingress)
+			}}
+		e := &e2bAddressed{token: token, next: next}
+		if !byName {
+			w.base, e.id = "https://"+ingress, id
+			next.TLSClientConfig.ServerName = "ingress." + hopDomain
+		}
+		w.hc = &http.Client{Transport: e}
+		return w
+	}
+	return []hopWay{
+		way("holder-ingress", holder, true),
+		way("other-node-ingress", other, true),
+		way("holder-ingress-headers", holder, false),
+		way("other-node-ingress-headers", other, false),
+	}
+}
+
 // addSeries adds w's series to res.
 func (w *hopWay) addSeries(res *bench.Results) {
 	w.call = res.AddSeries("envd-hop/call/"+w.name, "one unary envd call (Process.List), Go connect client, "+w.name, "")
@@ -144,6 +156,9 @@ func (w *hopWay) addSeries(res *bench.Results) {
 	w.down = res.AddSeries("envd-hop/download-100MiB/"+w.name, "GET /files of 100 MiB, "+w.name, "")
 	w.cpu = res.AddSeries("envd-hop/master-cpu/"+w.name, "the master's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
 	w.holderCPU = res.AddSeries("envd-hop/holder-cpu/"+w.name, "the holder node's CPU time (user+system, ms) over one round of this way's calls and transfers", "ms")
+	if w.dials != nil {
+		w.conns = res.AddSeries("envd-hop/connections/"+w.name, "connections the way's client (kept across rounds) dialled over one round of its calls and transfers (20 unary calls, 2 uploads, 2 downloads)", "")
+	}
 	w.otherCPU = res.AddSeries("envd-hop/other-cpu/"+w.name, "the CPU time (user+system, ms) of the other node whose ingress the other-node ways dial, over one round of this way's calls and transfers", "ms")
 }
 
@@ -152,6 +167,10 @@ type hopWay struct {
 	name, base                               string
 	hc                                       *http.Client
 	call, up, down, cpu, holderCPU, otherCPU *bench.Series
+	// dials counts the client's connections (nil: not counted), conns
+	// has them per round.
+	dials *atomic.Int64
+	conns *bench.Series
 }
 
 // hopPIDs are the processes whose CPU time each round reads: the master,
@@ -166,6 +185,10 @@ func runHops(ctx context.Context, ways []hopWay, data []byte, pids hopPIDs, roun
 		for _, w := range ways {
 			call, up, dn := w.call, w.up, w.down
 			cpu0, h0, o0 := cpuMs(pids.master), cpuMs(pids.holder), cpuMs(pids.other)
+			var dials0 int64
+			if w.dials != nil {
+				dials0 = w.dials.Load()
+			}
 			pc := processconnect.NewProcessClient(w.hc, w.base)
 			for i := 0; i < 20; i++ {
 				d, err := run1(ctx, pc)
@@ -190,6 +213,9 @@ func runHops(ctx context.Context, ways []hopWay, data []byte, pids hopPIDs, roun
 			w.cpu.Add(cpuMs(pids.master) - cpu0)
 			w.holderCPU.Add(cpuMs(pids.holder) - h0)
 			w.otherCPU.Add(cpuMs(pids.other) - o0)
+			if w.dials != nil {
+				w.conns.Add(float64(w.dials.Load() - dials0))
+			}
 		}
 		fmt.Fprintf(os.Stderr, "envd hop: round %d of %d\n", round+1, rounds)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -66,5 +67,49 @@ func TestEarlyAnswer(t *testing.T) {
 	px.Close() // its handlers done, their transports' reads too
 	if strings.Contains(logs.String(), "panic") {
 		t.Fatalf("server log: %s", logs.String())
+	}
+}
+
+// TestKeptAlive: a proxy's connection is kept between requests whose
+// bodies it read whole or that had none, even when something in front
+// wrapped the empty body (the ingress counts what it reads): closing it
+// made every such call pay a new handshake.
+func TestKeptAlive(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	px := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = io.NopCloser(r.Body) // as a wrapper in front would
+		http.NewResponseController(w).EnableFullDuplex()
+		body := Guard(w, r)
+		defer body.Stop()
+		p := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, FlushInterval: -1, ModifyResponse: body.Respond}
+		p.ServeHTTP(w, r)
+	}))
+	conns := 0
+	px.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns++
+		}
+	}
+	px.Start()
+	defer px.Close()
+	for _, c := range []struct{ method, body string }{{"GET", ""}, {"POST", ""}, {"POST", "abc"}, {"GET", ""}} {
+		req, _ := http.NewRequest(c.method, px.URL, strings.NewReader(c.body))
+		resp, err := px.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Close {
+			t.Errorf("%s with a body of %d bytes: the proxy closed its connection", c.method, len(c.body))
+		}
+	}
+	if conns != 1 {
+		t.Errorf("4 requests took %d connections, want 1", conns)
 	}
 }
