@@ -12,6 +12,7 @@ require (
 	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/go-zeromq/zmq4 v0.17.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/gorilla/websocket v1.5.3
 	github.com/hashicorp/yamux v0.1.2
 	github.com/ipfs/go-cid v0.6.2
 	github.com/jackc/pgx/v5 v5.12.0
@@ -74,7 +75,6 @@ require (
 	github.com/google/jsonschema-go v0.4.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/securecookie v1.1.2 // indirect
-	github.com/gorilla/websocket v1.5.3 // indirect
 	github.com/hashicorp/golang-lru v1.0.2 // indirect
 	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
 	github.com/huin/goupnp v1.3.0 // indirect

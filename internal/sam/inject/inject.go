@@ -257,6 +257,11 @@ func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, u, bac
 		u.add(Replace(req, bound)...)
 		u.add(SetHeaders(req, bound)...)
 		askIdentity(req, sc)
+		if len(sc) > 0 && isWebSocket(req) {
+			// No permessage-deflate: the frames must stay readable to
+			// be scrubbed (wsscrub.go).
+			req.Header.Del("Sec-WebSocket-Extensions")
+		}
 		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
 			// Answered here: the body is read from the sandbox while the
 			// request is written out, so it must not wait for the server.
@@ -279,8 +284,13 @@ func relay(in *tls.Conn, br *bufio.Reader, up *tls.Conn, bound []Binding, u, bac
 			return err
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
+			if len(sc) > 0 && !strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") {
+				resp.Body.Close()
+				fmt.Fprintf(in, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nsandstorm boundary: the server switched to %q, which the boundary cannot read to keep the secret out of it\n", resp.Header.Get("Upgrade"))
+				return fmt.Errorf("an upgrade to %q from a secret's host", resp.Header.Get("Upgrade"))
+			}
 			resp.Write(in)
-			return tunnel(in, br, up, ubr)
+			return tunnel(in, br, up, ubr, sc, back)
 		}
 		err = resp.Write(in)
 		resp.Body.Close()
@@ -303,17 +313,27 @@ func readFinal(ubr *bufio.Reader, req *http.Request, in io.Writer) (*http.Respon
 }
 
 // tunnel copies both ways after an upgrade (a WebSocket): no more HTTP.
-func tunnel(in *tls.Conn, br *bufio.Reader, up *tls.Conn, ubr *bufio.Reader) error {
+// With secrets to scrub (sc), the server's frames are scrubbed
+// (scrubWS); a frame it cannot read ends the connection.
+func tunnel(in *tls.Conn, br *bufio.Reader, up *tls.Conn, ubr *bufio.Reader, sc []Binding, back *usage) error {
 	done := make(chan struct{})
 	go func() {
 		io.Copy(up, br)
 		up.CloseWrite()
 		close(done)
 	}()
-	io.Copy(in, ubr)
+	var err error
+	if len(sc) > 0 {
+		err = scrubWS(in, ubr, sc, back)
+	} else {
+		io.Copy(in, ubr)
+	}
 	in.Close()
+	if err != nil {
+		up.Close()
+	}
 	<-done
-	return nil
+	return err
 }
 
 // answer reads the sandbox's request (so its client reads the answer)

@@ -64,6 +64,9 @@ func startUpstreamProtos(t *testing.T, protos []string, names ...string) *upstre
 		case "/reflect":
 			reflectBack(w, r)
 			return
+		case "/ws":
+			wsEcho(w, r)
+			return
 		}
 		body, _ := io.ReadAll(r.Body)
 		line := r.Host + " " + r.URL.RequestURI() + " " + r.Proto + " auth=" + r.Header.Get("Authorization") + " body=" + string(body)

@@ -20,9 +20,10 @@ import (
 // identity) so that the body can be read; a server that compresses
 // anyway with gzip or deflate is decoded here, and one that uses any
 // other coding is refused (502), as is anything the boundary cannot read
-// (fail closed). What an upgrade (a WebSocket) carries after its 101 is
-// not HTTP and is not scrubbed. A header rule's value (E2B's transforms)
-// is not a secret and is not scrubbed: E2B's own test reads it back.
+// (fail closed). A WebSocket's frames are scrubbed too (wsscrub.go); an
+// upgrade to any other protocol is refused. A header rule's value (E2B's
+// transforms) is not a secret and is not scrubbed: E2B's own test reads
+// it back.
 
 // minScrub is the shortest value scrubbed: a shorter one would match
 // bytes that are not it (a secret is a key, far longer).
