@@ -183,11 +183,18 @@ func TestEngineCloseRemovesItsState(t *testing.T) {
 // line, and killed; nothing else is.
 func TestKillNaming(t *testing.T) {
 	dir := t.TempDir()
-	// sh's $0 names dir (sleep would refuse it as an argument, and exit);
-	// killed, it leaves at most a sleep of a second behind.
-	left := exec.Command("sh", "-c", "while :; do sleep 1; done", dir)
-	other := exec.Command("sh", "-c", "while :; do sleep 1; done", "other")
+	// sh's $0 names dir. It waits in its builtin read on a pipe kept
+	// open, never forking: a child forked for a sleep names dir too
+	// until it has exec'd, and was killed with it now and then (CI:
+	// "killed 2, want 1").
+	left := exec.Command("sh", "-c", "read x", dir)
+	other := exec.Command("sh", "-c", "read x", "other")
 	for _, c := range []*exec.Cmd{left, other} {
+		in, err := c.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer in.Close()
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
