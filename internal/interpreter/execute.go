@@ -34,6 +34,10 @@ type executeRequest struct {
 // ignores SIGINT); its output is then dropped.
 const interruptGrace = 30 * time.Second
 
+// interruptLate bounds how long an interrupt waits for the kernel to
+// begin the code it was sent (execute).
+const interruptLate = 10 * time.Second
+
 // execute runs code in the kernel, calling emit with each line of its
 // output, in order, until the kernel is idle again. When ctx ends first
 // (the client went away, or its timeout), the kernel is interrupted and
@@ -55,12 +59,35 @@ func (k *kernel) execute(ctx context.Context, code string, silent bool, emit fun
 	}
 	defer done()
 	var errored bool
-	stop, grace := ctx.Done(), (<-chan time.Time)(nil)
+	// An interrupt is sent once the kernel runs the code (its
+	// execute_input, or any output): SIGINT that lands while ipykernel
+	// is still taking the request up raises KeyboardInterrupt in its own
+	// machinery, and the kernel answered nothing more (CI: the call after
+	// a client that gave up at once hung). A silent execution publishes
+	// no execute_input; a kernel that never does is interrupted after
+	// interruptLate.
+	running, wanted := silent, false
+	stop, grace, late := ctx.Done(), (<-chan time.Time)(nil), (<-chan time.Time)(nil)
+	interrupt := func() error {
+		wanted, late = false, nil
+		if err := k.interrupt(); err != nil {
+			return errdefs.New(errdefs.ErrUnavailable, "interpreter: interrupt the kernel: %v", err)
+		}
+		return nil
+	}
 	for {
 		select {
 		case m := <-ch:
 			if m.Header.MsgType == "status" && executionState(m) == "idle" {
 				return nil
+			}
+			if m.Header.MsgType != "status" && !running {
+				running = true
+				if wanted {
+					if err := interrupt(); err != nil {
+						return err
+					}
+				}
 			}
 			if stop == nil {
 				continue // interrupted: nobody reads it
@@ -69,13 +96,23 @@ func (k *kernel) execute(ctx context.Context, code string, silent bool, emit fun
 				emit(o)
 			}
 		case <-stop:
-			stop = nil
-			if err := k.interrupt(); err != nil {
-				return errdefs.New(errdefs.ErrUnavailable, "interpreter: interrupt the kernel: %v", err)
-			}
+			stop, wanted = nil, true
 			t := time.NewTimer(interruptGrace)
 			defer t.Stop()
 			grace = t.C
+			if !running {
+				l := time.NewTimer(interruptLate)
+				defer l.Stop()
+				late = l.C
+				continue
+			}
+			if err := interrupt(); err != nil {
+				return err
+			}
+		case <-late:
+			if err := interrupt(); err != nil {
+				return err
+			}
 		case <-grace:
 			return errdefs.New(errdefs.ErrTimeout, "interpreter: the kernel did not stop within %s of an interrupt", interruptGrace)
 		case <-k.exited:

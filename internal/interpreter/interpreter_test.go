@@ -217,7 +217,15 @@ func TestContextsEnvAndInterrupt(t *testing.T) {
 		req, _ := http.NewRequestWithContext(short, "POST", ts.URL+"/execute", bytes.NewReader(b))
 		res, err := http.DefaultClient.Do(req)
 		if err == nil {
-			bufio.NewReader(res.Body).ReadString('\n') // its first line: the sleep began
+			// Its "sleeping" line: the sleep began (a keepalive may
+			// come first when the kernel is slow to take the cell up).
+			br := bufio.NewReader(res.Body)
+			for {
+				l, err := br.ReadString('\n')
+				if err != nil || strings.Contains(l, "sleeping") {
+					break
+				}
+			}
 			close(started)
 			<-short.Done()
 			res.Body.Close()
