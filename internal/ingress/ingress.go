@@ -34,13 +34,14 @@ type Config struct {
 	Log  *slog.Logger
 	// Metrics counts the requests' outcomes (nil: not counted).
 	Metrics *metrics.Ingress
-	// ResumeWait overrides resumeWait (tests).
-	ResumeWait time.Duration
+	// ResumeWait overrides resumeWait, StaleWait staleWait (tests).
+	ResumeWait, StaleWait time.Duration
 }
 
 // staleWait bounds how long a request that found a route stale (the
-// holder has no copy of its generation: a move) waits for the master's
-// next push before it is answered "not found".
+// holder has no copy of its generation, or its copy is leaving: a move)
+// waits for the master's next push before it goes by the route it has
+// then (the same, if the move was undone).
 const staleWait = 5 * time.Second
 
 // resumeWait bounds how long traffic to a sandbox paused with autoResume
@@ -51,12 +52,20 @@ const resumeWait = 5 * time.Second
 // /e2b traffic does (internal/e2b, traffic.go), from the table alone.
 func Handler(cfg Config) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cfg.Metrics.Request(cfg.handle(w, r))
+		// Counted also when the answer is cut short: a client that leaves
+		// mid-answer (E2B's SDK and connect-go close a stream once its
+		// command's end came, before the stream's own end) makes
+		// ReverseProxy panic with http.ErrAbortHandler, and the request
+		// counts as what it had become by then.
+		var outcome string
+		defer func() { cfg.Metrics.Request(cmp.Or(outcome, "failed")) }()
+		outcome = cfg.handle(w, r, &outcome)
 	})
 }
 
-// handle serves r and says what became of it (metrics.Ingress).
-func (cfg Config) handle(w http.ResponseWriter, r *http.Request) string {
+// handle serves r and says what became of it (metrics.Ingress); what it
+// is about to become is in *pending while it is served.
+func (cfg Config) handle(w http.ResponseWriter, r *http.Request, pending *string) string {
 	id, port, err := sandboxtraffic.Target(r, cfg.Domain)
 	if err != nil {
 		sandboxtraffic.Fail(w, err)
@@ -92,15 +101,19 @@ func (cfg Config) handle(w http.ResponseWriter, r *http.Request) string {
 	if rt.Node == cfg.Self {
 		outcome = "local"
 	}
+	*pending = outcome
 	err = cfg.serve(w, r, rt, port)
 	if errors.Is(err, errdefs.ErrNotFound) && !body.read {
-		// The holder has no copy of this generation: a move landed and
-		// the master's push is on its way.
-		ctx, cancel := context.WithTimeout(r.Context(), staleWait)
+		// The holder has no copy of this generation, or it is leaving: a
+		// move landed (or is landing) and the master's push is on its way.
+		ctx, cancel := context.WithTimeout(r.Context(), cmp.Or(cfg.StaleWait, staleWait))
 		next, ok := cfg.Table.Next(ctx, id, rt.Generation)
 		cancel()
-		if ok && next.Generation != rt.Generation && !next.Paused {
-			outcome, err = "retried", cfg.serve(w, r, next, port)
+		// The same generation still, once the wait is over: a move that
+		// was undone, whose sandbox the holder serves again.
+		if ok && !next.Paused && r.Context().Err() == nil {
+			outcome, *pending = "retried", "retried"
+			err = cfg.serve(w, r, next, port)
 		}
 	}
 	switch {

@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"sandstorm/api"
 	"sandstorm/internal/errdefs"
 	"sandstorm/internal/fleet/fleettest"
 	"sandstorm/internal/ingress"
+	"sandstorm/internal/metrics"
 	"sandstorm/internal/nodeapi"
 )
 
@@ -125,6 +128,79 @@ func TestIngressStaleRoute(t *testing.T) {
 	if w := f.do("GET", "49983-sb-a.sb.test", "/health", "tok-a"); w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "paused") {
 		t.Errorf("a paused sandbox: %d %s", w.Code, w.Body.String())
 	}
+}
+
+// TestIngressUndoneMove: a holder whose copy was leaving by a move that
+// was then undone (no new route comes) is asked again by the same route
+// once the wait is over, and serves; a request to a sandbox whose copy
+// is gone everywhere is "not found" after the wait.
+func TestIngressUndoneMove(t *testing.T) {
+	f := newFleet(t)
+	leaving := &missOnce{Node: f.c}
+	f.h = ingress.Handler(ingress.Config{Self: "a", Local: f.a, Domain: "sb.test", Table: f.table, StaleWait: 50 * time.Millisecond,
+		Peer: func(string, string) (nodeapi.Node, error) { return leaving, nil }})
+	if w := f.do("GET", "49983-sb-c.sb.test", "/health", "tok-c"); w.Code != 200 || w.Body.String() != "envd sb-c /health" || leaving.n != 2 {
+		t.Errorf("after an undone move: %d %q, %d calls", w.Code, w.Body.String(), leaving.n)
+	}
+	delete(f.c.Boxes, "sb-c")
+	if w := f.do("GET", "49983-sb-c.sb.test", "/health", "tok-c"); w.Code != http.StatusBadGateway {
+		t.Errorf("a sandbox gone from its holder: %d %s, want E2B's 502", w.Code, w.Body.String())
+	}
+}
+
+// TestIngressCountsCutAnswers: a request whose client left mid-answer
+// (ReverseProxy then panics with http.ErrAbortHandler, as net/http asks)
+// is counted as what it had become: forwarded.
+func TestIngressCountsCutAnswers(t *testing.T) {
+	f := newFleet(t)
+	reg := prometheus.NewRegistry()
+	m := metrics.NewIngress(reg, f.table.Stat)
+	f.h = ingress.Handler(ingress.Config{Self: "a", Local: f.a, Domain: "sb.test", Table: f.table, Metrics: m,
+		Peer: func(string, string) (nodeapi.Node, error) { return abortingPeer{f.c}, nil }})
+	func() {
+		defer func() {
+			if p := recover(); p != http.ErrAbortHandler {
+				t.Errorf("the handler's panic: %v, want http.ErrAbortHandler passed on", p)
+			}
+		}()
+		f.do("GET", "49983-sb-c.sb.test", "/health", "tok-c")
+	}()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := map[string]float64{}
+	for _, fam := range fams {
+		for _, m := range fam.GetMetric() {
+			if fam.GetName() == "sandstorm_ingress_requests_total" {
+				counted[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if len(counted) != 1 || counted["forwarded"] != 1 {
+		t.Errorf("outcomes counted: %v, want forwarded 1", counted)
+	}
+}
+
+// abortingPeer answers envd, then its client is gone.
+type abortingPeer struct{ nodeapi.Node }
+
+func (p abortingPeer) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	p.Node.ServeEnvd(w, r, id, path)
+	panic(http.ErrAbortHandler)
+}
+
+// missOnce is a peer whose first envd call finds its copy leaving.
+type missOnce struct {
+	nodeapi.Node
+	n int
+}
+
+func (m *missOnce) ServeEnvd(w http.ResponseWriter, r *http.Request, id, path string) error {
+	if m.n++; m.n == 1 {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: placement 2 is leaving this node by a move", id)
+	}
+	return m.Node.ServeEnvd(w, r, id, path)
 }
 
 // TestTable: a change applies only to the version it was made against;

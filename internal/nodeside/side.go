@@ -372,6 +372,13 @@ func (l *Side) fenced(r *http.Request, id string) error {
 	if strconv.FormatInt(sb.Generation, 10) != g || sb.MoveIn || sb.LeftBehind {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: no copy of placement %s here (moved)", id, g)
 	}
+	// Leaving by a move: the master's push of the new route is on its way
+	// (or, the move undone, the same route serves here again). Either way
+	// the ingress waits for its table, not the caller (a 503 for "being
+	// moved" reached E2B's SDK in CI's TestIngress before).
+	if sb.MoveOut != 0 {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: placement %s is leaving this node by a move", id, g)
+	}
 	return nil
 }
 

@@ -449,12 +449,43 @@ func (f *Node) fenced(r *http.Request, id string) error {
 	f.mu.Lock()
 	sb, ok := f.Boxes[id]
 	f.mu.Unlock()
-	if g := r.Header.Get(nodeapi.RouteGenerationHeader); ok && g != "" && g != strconv.FormatInt(sb.Generation, 10) {
+	if g := r.Header.Get(nodeapi.RouteGenerationHeader); ok && g != "" && (g != strconv.FormatInt(sb.Generation, 10) || sb.Moving == api.MovingOut) {
 		ok = false
 	}
 	if !ok {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
 	}
+	return nil
+}
+
+// MoveOut implements nodeapi.Node: the sandbox is marked leaving, and
+// its stream is empty (this node keeps no memory or files to send).
+func (f *Node) MoveOut(_ context.Context, id string, gen int64, _ io.Writer) error {
+	return f.moving(id, "move out", func(sb *api.Sandbox) { sb.Moving, sb.MoveGeneration = api.MovingOut, gen })
+}
+
+// MoveAbort implements nodeapi.Node: a leaving sandbox stays.
+func (f *Node) MoveAbort(_ context.Context, id string, gen int64) error {
+	return f.moving(id, "move abort", func(sb *api.Sandbox) {
+		if sb.MoveGeneration == gen {
+			sb.Moving, sb.MoveGeneration = "", 0
+		}
+	})
+}
+
+// moving changes sandbox id's move marks by change.
+func (f *Node) moving(id, what string, change func(sb *api.Sandbox)) error {
+	if err := f.call(what + " " + id); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.Boxes[id]
+	if !ok {
+		return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
+	}
+	change(&sb)
+	f.Boxes[id] = sb
 	return nil
 }
 

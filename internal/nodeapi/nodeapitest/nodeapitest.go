@@ -120,6 +120,33 @@ func routes(t *testing.T, s Subject) {
 	if err := s.Node.ServeEnvd(httptest.NewRecorder(), req, sb.ID, "/health"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("envd by a route of another generation: %v, want ErrNotFound", err)
 	}
+	if s.Snapshots {
+		leaving(t, s, sb.ID)
+	}
+}
+
+// leaving: a copy leaving by a move serves no request of its route (the
+// ingress then waits for the master's push, not the caller: a 503 "being
+// moved" reached E2B's SDK in CI once); the move undone, it serves again.
+func leaving(t *testing.T, s Subject, id string) {
+	ctx := ctxT(t)
+	byRoute := func() error {
+		req := httptest.NewRequest(http.MethodGet, "/health", nil)
+		req.Header.Set(nodeapi.RouteGenerationHeader, "301")
+		return s.Node.ServeEnvd(httptest.NewRecorder(), req, id, "/health")
+	}
+	if err := s.Node.MoveOut(ctx, id, 302, io.Discard); err != nil {
+		t.Fatalf("move out: %v", err)
+	}
+	if err := byRoute(); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("envd by its route while it leaves: %v, want ErrNotFound", err)
+	}
+	if err := s.Node.MoveAbort(ctx, id, 302); err != nil {
+		t.Fatalf("move abort: %v", err)
+	}
+	if err := byRoute(); err != nil {
+		t.Errorf("envd by its route once the move was undone: %v", err)
+	}
 }
 
 func ctxT(t *testing.T) context.Context {
