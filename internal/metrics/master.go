@@ -91,12 +91,40 @@ func (m *Master) Instrument(h http.Handler, route func(*http.Request) string) ht
 		return rt
 	})
 	counted := promhttp.InstrumentHandlerDuration(m.duration,
-		promhttp.InstrumentHandlerCounter(m.requests, h, routeOf), routeOf)
+		promhttp.InstrumentHandlerCounter(m.requests, abortCounted(h), routeOf), routeOf)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rt := route(r)
 		if rt == "" {
 			rt = "other"
 		}
-		counted.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
+		aborted := new(bool)
+		ctx := context.WithValue(context.WithValue(r.Context(), routeKey{}, rt), abortKey{}, aborted)
+		counted.ServeHTTP(w, r.WithContext(ctx))
+		if *aborted {
+			panic(http.ErrAbortHandler)
+		}
+	})
+}
+
+type abortKey struct{}
+
+// abortCounted lets promhttp count a request whose answer was cut short:
+// a client that left mid-answer makes ReverseProxy panic with
+// http.ErrAbortHandler (as net/http asks), which promhttp's counters,
+// counting after the handler returns, would skip. The panic is held
+// until they counted, then raised again (Instrument) so that net/http
+// still drops the connection. Any other panic passes as it came.
+func abortCounted(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if p := recover(); p != nil {
+				aborted, ok := r.Context().Value(abortKey{}).(*bool)
+				if p != http.ErrAbortHandler || !ok {
+					panic(p)
+				}
+				*aborted = true
+			}
+		}()
+		h.ServeHTTP(w, r)
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -247,5 +248,39 @@ func TestListenServesOnlyMetrics(t *testing.T) {
 	}
 	if _, _, err := Listen(addr.String(), reg, nil); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Errorf("a second listener on the same address: %v", err)
+	}
+}
+
+// TestInstrumentCountsCutAnswers: a request whose client left mid-answer
+// (ReverseProxy panics with http.ErrAbortHandler) is counted with the
+// status it was answered, and the panic still reaches net/http (which
+// drops the connection); any other panic passes unchanged.
+func TestInstrumentCountsCutAnswers(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMaster(reg)
+	var raise any = http.ErrAbortHandler
+	h := m.Instrument(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		panic(raise)
+	}), func(*http.Request) string { return "GET /e2b/traffic" })
+	serve := func() (p any) {
+		defer func() { p = recover() }()
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil))
+		return nil
+	}
+	if p := serve(); p != http.ErrAbortHandler {
+		t.Errorf("the panic that reached net/http: %v, want http.ErrAbortHandler", p)
+	}
+	want := `
+# HELP sandstorm_api_requests_total Requests to the master's API listener, by route (the pattern that serves it, method included, e.g. "GET /v1/sandboxes/{id}"; "other" when none does) and status code.
+# TYPE sandstorm_api_requests_total counter
+sandstorm_api_requests_total{code="200",route="GET /e2b/traffic"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sandstorm_api_requests_total"); err != nil {
+		t.Error(err)
+	}
+	raise = "a bug"
+	if p := serve(); p != "a bug" {
+		t.Errorf("another panic: %v, want it unchanged", p)
 	}
 }
