@@ -108,6 +108,9 @@ func unexpected(err error) error {
 // server's end (nil at a frame's edge) or at the first frame it cannot
 // read.
 func scrubWS(w io.Writer, r *bufio.Reader, sc []Binding, u *usage) error {
+	// One buffer for the connection's life: a chatty socket's small
+	// messages would otherwise cost 32 KiB each.
+	buf := make([]byte, 32<<10)
 	for {
 		f, err := readWSHead(r)
 		switch {
@@ -120,7 +123,7 @@ func scrubWS(w io.Writer, r *bufio.Reader, sc []Binding, u *usage) error {
 		case f.op == wsContinue:
 			err = errors.New("the server continued a message it had not begun")
 		default:
-			err = scrubMessage(w, r, f, sc, u)
+			err = scrubMessage(w, r, f, sc, u, buf)
 		}
 		if err != nil {
 			return err
@@ -143,11 +146,12 @@ func scrubControl(w io.Writer, r *bufio.Reader, f wsFrame, sc []Binding, u *usag
 }
 
 // scrubMessage passes one message, whose first frame's head is f, as
-// fragments of what the replacer gives, the last one final.
-func scrubMessage(w io.Writer, r *bufio.Reader, f wsFrame, sc []Binding, u *usage) error {
+// fragments of what the replacer gives (read through buf), the last one
+// final.
+func scrubMessage(w io.Writer, r *bufio.Reader, f wsFrame, sc []Binding, u *usage, buf []byte) error {
 	m := &wsMessage{r: r, w: w, sc: sc, u: u, left: f.n, fin: f.fin}
 	rep := &replacer{src: io.NopCloser(m), bound: sc, used: u}
-	op, buf := f.op, make([]byte, 32<<10)
+	op := f.op
 	for {
 		n, err := rep.Read(buf)
 		switch {
