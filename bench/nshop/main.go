@@ -30,7 +30,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -165,19 +164,15 @@ func relay(dir string) error {
 // run sets the namespaces up, starts the server and the relay in them,
 // and measures.
 func run(ctx context.Context, f bench.Flags, rounds int, pin bool) (string, error) {
-	res := bench.NewResults("bench/nshop", "A relay hop through network namespaces: 100 MiB straight and through ingress.Passthrough")
-	res.Machine = bench.CollectMachine(ctx)
-	abs, _ := filepath.Abs(f.Out)
-	res.Source = bench.CollectSource(ctx, f.Repo, abs)
-	res.Params = map[string]any{"rounds": rounds, "pin": pin, "protocol": "HTTPS, HTTP/1.1, one kept-alive connection per way"}
-	name := "nshop-" + res.DirName()
+	prefix := "nshop-"
 	if pin {
-		name += "-pin"
+		prefix = "nshop-pin-"
 	}
-	dir, err := bench.NewDir(f.Out, name)
+	res, dir, err := bench.Open(ctx, "bench/nshop", "A relay hop through network namespaces: 100 MiB straight and through ingress.Passthrough", f.Out, f.Repo, prefix)
 	if err != nil {
 		return "", err
 	}
+	res.Params = map[string]any{"rounds": rounds, "pin": pin, "protocol": "HTTPS, HTTP/1.1, one kept-alive connection per way"}
 	work, err := os.MkdirTemp("", "ss-nshop-")
 	if err != nil {
 		return "", err
@@ -243,20 +238,9 @@ func measure(ctx context.Context, res *bench.Results, ca *pki.CA, relayPID, roun
 		fmt.Fprintf(os.Stderr, "nshop: round %d of %d\n", r+1, rounds)
 	}
 	for _, s := range []string{"upload", "download"} {
-		a, b := p50(res, "nshop/"+s+"-100MiB/relayed"), p50(res, "nshop/"+s+"-100MiB/straight")
+		a, b := res.P50("nshop/"+s+"-100MiB/relayed"), res.P50("nshop/"+s+"-100MiB/straight")
 		res.Note("%s: relayed ÷ straight, p50: %.0f ÷ %.0f ms = %.2f ×", s, a, b, a/b)
 	}
-}
-
-func p50(res *bench.Results, name string) float64 {
-	for _, s := range res.Series {
-		if s.Name == name {
-			if d, err := bench.Distribute(s.SamplesMs); err == nil {
-				return d.P50
-			}
-		}
-	}
-	return 0
 }
 
 // timed sends body (POST) or reads the answer whole (GET) into s.

@@ -184,15 +184,11 @@ func (s *setup) get(c *tls.Conn, br *bufio.Reader, host string) error {
 }
 
 func run(ctx context.Context, f bench.Flags, pairs int) (string, error) {
-	res := bench.NewResults("bench/secrets", "A request through a secret-injecting boundary against a plain allowed one")
-	res.Machine = bench.CollectMachine(ctx)
-	abs, _ := filepath.Abs(f.Out)
-	res.Source = bench.CollectSource(ctx, f.Repo, abs)
-	res.Params = map[string]any{"pairs": pairs, "transport": "SOCKS5 on the boundary's Unix socket; servers on loopback"}
-	dir, err := bench.NewDir(f.Out, "secrets-"+res.DirName())
+	res, dir, err := bench.Open(ctx, "bench/secrets", "A request through a secret-injecting boundary against a plain allowed one", f.Out, f.Repo, "secrets-")
 	if err != nil {
 		return "", err
 	}
+	res.Params = map[string]any{"pairs": pairs, "transport": "SOCKS5 on the boundary's Unix socket; servers on loopback"}
 	work, err := os.MkdirTemp("", "ss-secrets-")
 	if err != nil {
 		return "", err

@@ -83,6 +83,19 @@ func (r *Results) AddSeries(name, description, seed string) *Series {
 	return s
 }
 
+// P50 is the median (nearest rank, as the tables give it) of the series
+// named name; 0 when there is none or it has no samples.
+func (r *Results) P50(name string) float64 {
+	for _, s := range r.Series {
+		if s.Name == name {
+			if d, err := Distribute(s.SamplesMs); err == nil {
+				return d.P50
+			}
+		}
+	}
+	return 0
+}
+
 // Note appends a run-wide note.
 func (r *Results) Note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
@@ -280,21 +293,31 @@ type Plan struct {
 	Demo, Sandstormd string
 }
 
+// Open is how every benchmark's results begin: tool's results titled
+// title, with the machine and the source tree at repo (out, where they
+// go, is not a change to it), and their directory in out, named prefix +
+// the date and commit. A run whose name needs more than that (a platform,
+// a variant) adds to prefix.
+func Open(ctx context.Context, tool, title, out, repo, prefix string) (*Results, *Dir, error) {
+	res := NewResults(tool, title)
+	res.Machine = CollectMachine(ctx)
+	absOut, _ := filepath.Abs(out)
+	res.Source = CollectSource(ctx, repo, absOut)
+	dir, err := NewDir(out, prefix+res.DirName())
+	return res, dir, err
+}
+
 // Begin starts a run of p.
 func Begin(ctx context.Context, p Plan) (*Run, error) {
-	res := NewResults(p.Tool, p.Title)
-	res.Machine = CollectMachine(ctx)
 	absRunsc, err := filepath.Abs(p.Runsc)
 	if err != nil {
 		return nil, err
 	}
-	res.Machine.UseRunsc(ctx, absRunsc)
-	absOut, _ := filepath.Abs(p.Out)
-	res.Source = CollectSource(ctx, p.Repo, absOut)
-	dir, err := NewDir(p.Out, p.Prefix+res.DirName())
+	res, dir, err := Open(ctx, p.Tool, p.Title, p.Out, p.Repo, p.Prefix)
 	if err != nil {
 		return nil, err
 	}
+	res.Machine.UseRunsc(ctx, absRunsc)
 	work, err := os.MkdirTemp("", "ss"+strings.TrimSuffix(p.Prefix, "-")+"-")
 	if err != nil {
 		return nil, err

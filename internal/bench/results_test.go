@@ -189,3 +189,18 @@ func TestRounds(t *testing.T) {
 		t.Errorf("RoundEnds %v", sr.RoundEnds)
 	}
 }
+
+func TestResultsP50(t *testing.T) {
+	r := NewResults("t", "t")
+	s := r.AddSeries("a", "", "")
+	for _, v := range []float64{5, 1, 3, 2} {
+		s.Add(v)
+	}
+	r.AddSeries("empty", "", "")
+	// Nearest rank over 4 samples: the 2nd smallest, as the tables.
+	for name, want := range map[string]float64{"a": 2, "empty": 0, "none": 0} {
+		if got := r.P50(name); got != want {
+			t.Errorf("P50(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
