@@ -238,6 +238,10 @@ type Egress struct {
 	DenyOut  []string `json:"deny_out,omitempty"`
 }
 
+// EgressRouteDNS is an egress log entry's route for a name the boundary's
+// DNS refused (NXDOMAIN): a program told "could not resolve" finds why.
+const EgressRouteDNS = "dns"
+
 // EgressFlow is one flow a sandbox's boundary allowed or refused: an entry
 // of its egress log (GET /v1/sandboxes/{id}/egress, sandbox egress).
 type EgressFlow struct {
@@ -251,8 +255,10 @@ type EgressFlow struct {
 	Port int    `json:"port"`
 	// Addr is the address the boundary connected to (external flows).
 	Addr string `json:"addr,omitempty"`
-	// Route is external, mesh, service or transparent_unknown; Outcome
-	// allowed, denied, unreachable, refused or error.
+	// Route is external, mesh, service or transparent_unknown, or
+	// EgressRouteDNS for a name the boundary's DNS refused (no flow
+	// followed; Port is 0); Outcome allowed, denied, unreachable, refused
+	// or error.
 	Route   string `json:"route"`
 	Outcome string `json:"outcome"`
 	// Rule is what decided it: "policy" (and the sandbox's own rule, if

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -104,6 +105,9 @@ func printSandbox(cmd *cobra.Command, sb api.Sandbox) error {
 	}
 	if sb.Boundary != "" {
 		fmt.Printf("   boundary (principal %s): %s\n", sb.Principal, sb.Boundary)
+	}
+	if e := sb.Egress; e != nil && (len(e.AllowOut) > 0 || len(e.DenyOut) > 0) {
+		fmt.Printf("   egress rules: deny out %s, except %s\n", cmp.Or(strings.Join(e.DenyOut, " "), "-"), cmp.Or(strings.Join(e.AllowOut, " "), "-"))
 	}
 	return nil
 }

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"errors"
+	"io"
 	"reflect"
+	"strings"
 	"testing"
+	"testing/iotest"
 
 	"sandstorm/api"
 )
@@ -24,5 +28,40 @@ func TestParseProbe(t *testing.T) {
 		if _, err := parseProbe(bad); err == nil {
 			t.Errorf("parseProbe(%q): no error", bad)
 		}
+	}
+}
+
+// The egress table: a header only once a page came (a refusal is all a
+// person sees of a sandbox not found), the secrets a flow used, and a
+// refused name with no port.
+func TestPrintEgress(t *testing.T) {
+	var out strings.Builder
+	err := printEgress(&out, io.MultiReader(strings.NewReader(`{"items":[{"seq":1,"name":"api.test","port":443,"addr":"192.0.2.1:443","outcome":"allowed","rule":"policy","secrets":["key"]},{"seq":2,"name":"nowhere.test","route":"dns","outcome":"denied","rule":"not granted"}],"next":2}`),
+		iotest.ErrReader(errors.New("not_found (HTTP 404)"))))
+	if err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("err %v", err)
+	}
+	for _, want := range []string{"SECRETS", "api.test:443", "key", "nowhere.test ", "not granted"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := printEgress(&out, iotest.ErrReader(errors.New("not_found (HTTP 404)"))); err == nil || out.Len() != 0 {
+		t.Errorf("a refusal printed %q, err %v", out.String(), err)
+	}
+}
+
+// --allow-out alone would change nothing (it only makes exceptions to
+// --deny-out), so it is a usage error; with --deny-out, or neither, not.
+func TestEgressFlags(t *testing.T) {
+	if _, err := egressFlags([]string{"a.test"}, nil); err == nil || !strings.Contains(err.Error(), "--deny-out 0.0.0.0/0") {
+		t.Errorf("--allow-out alone: %v", err)
+	}
+	if e, err := egressFlags([]string{"a.test"}, []string{"0.0.0.0/0"}); err != nil || e == nil {
+		t.Errorf("both: %v, %v", e, err)
+	}
+	if e, err := egressFlags(nil, nil); err != nil || e != nil {
+		t.Errorf("neither: %v, %v", e, err)
 	}
 }

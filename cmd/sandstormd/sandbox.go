@@ -307,7 +307,7 @@ flows until interrupted or the sandbox is deleted; --json prints the pages.`,
 			}
 			pr, pw := io.Pipe()
 			go func() { pw.CloseWithError(c.EgressLog(cmd.Context(), args[0], after, limit, follow, pw)) }()
-			return printEgress(pr)
+			return printEgress(os.Stdout, pr)
 		}),
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing flows as they come")
@@ -316,13 +316,13 @@ flows until interrupted or the sandbox is deleted; --json prints the pages.`,
 	return cmd
 }
 
-// printEgress prints the egress log's pages read from r as a table, a
-// line a flow, as they come.
-func printEgress(r io.Reader) error {
+// printEgress prints the egress log's pages read from r to w as a table,
+// a line a flow, as they come. The header waits for the first page, so
+// that a refusal (a sandbox not found) is all a person sees.
+func printEgress(w io.Writer, r io.Reader) error {
 	dec := json.NewDecoder(r)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEQ\tTIME\tOUTCOME\tDESTINATION\tADDRESS\tOUT\tIN\tRULE")
-	for {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for header := true; ; header = false {
 		var p api.EgressPage
 		if err := dec.Decode(&p); err == io.EOF {
 			return tw.Flush()
@@ -330,12 +330,20 @@ func printEgress(r io.Reader) error {
 			tw.Flush()
 			return err
 		}
+		if header {
+			fmt.Fprintln(tw, "SEQ\tTIME\tOUTCOME\tDESTINATION\tADDRESS\tOUT\tIN\tSECRETS\tRULE")
+		}
 		if p.Missed > 0 {
-			fmt.Fprintf(tw, "…\t\t%d older flows no longer kept\t\t\t\t\t\n", p.Missed)
+			fmt.Fprintf(tw, "…\t\t%d older flows no longer kept\t\t\t\t\t\t\n", p.Missed)
 		}
 		for _, f := range p.Items {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", f.Seq, f.Time.Local().Format("15:04:05.000"), f.Outcome,
-				net.JoinHostPort(f.Name, strconv.Itoa(f.Port)), cmp.Or(f.Addr, "-"), f.BytesOut, f.BytesIn, f.Rule)
+			// A name the boundary's DNS refused has no port: no flow followed.
+			dest := f.Name
+			if f.Port != 0 {
+				dest = net.JoinHostPort(f.Name, strconv.Itoa(f.Port))
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", f.Seq, f.Time.Local().Format("15:04:05.000"), f.Outcome,
+				dest, cmp.Or(f.Addr, "-"), f.BytesOut, f.BytesIn, cmp.Or(strings.Join(f.Secrets, ","), "-"), f.Rule)
 		}
 		tw.Flush()
 	}
@@ -521,6 +529,11 @@ func transitionCmds() []*cobra.Command {
 func egressFlags(allow, deny []string) (*api.Egress, error) {
 	if len(allow) == 0 && len(deny) == 0 {
 		return nil, nil
+	}
+	if len(deny) == 0 {
+		// As in E2B, allow_out only makes exceptions to deny_out: alone
+		// it would be accepted and change nothing.
+		return nil, errors.New("--allow-out makes exceptions to --deny-out and does nothing alone; add --deny-out 0.0.0.0/0 to let out only what --allow-out names")
 	}
 	if _, err := egress.Parse(allow, deny); err != nil {
 		return nil, err

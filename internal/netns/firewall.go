@@ -33,11 +33,14 @@ type Firewall struct {
 //     path filtering, RFC 3704 §2.2, done with fib) is dropped, and
 //     counted: a sandbox cannot speak with another's address, so its
 //     boundary's source check (internal/sam/boundary) means what it says;
-//   - TCP to a synthetic address is redirected to its boundary's
-//     transparent listener;
-//   - anything addressed elsewhere than its own host address (another
-//     sandbox's, the host's other addresses, 8.8.8.8 — DNS included) is
-//     dropped before routing, and counted;
+//   - TCP to any address the host would route on (a synthetic address,
+//     8.8.8.8, another sandbox's) is redirected to its boundary's
+//     transparent listener, which decides it as a flow to that name or
+//     address: nothing leaves a sandbox but through its boundary, and
+//     what it refuses is in the sandbox's egress log;
+//   - anything else addressed elsewhere than the host's own addresses
+//     (UDP, ICMP; DNS to any server but its boundary) is dropped before
+//     routing, and counted;
 //   - on its own host address it may reach only its boundary's ports;
 //   - nothing is forwarded to or from a sandbox, whatever ip_forward says;
 //   - no IPv6 at all.
@@ -64,11 +67,11 @@ table inet sandstorm {
 		iifname "%[1]s*" meta nfproto ipv6 drop
 		iifname "%[1]s*" fib saddr . iif oif missing counter name spoofed_source drop
 		iifname "%[1]s*" ip daddr != %[2]s udp dport 53 fib daddr . iif type != local counter name dns_elsewhere drop
-		iifname "%[1]s*" ip daddr != %[2]s fib daddr . iif type != local counter name not_own_address drop
+		iifname "%[1]s*" ip daddr != %[2]s meta l4proto != tcp fib daddr . iif type != local counter name not_own_address drop
 	}
 	chain intercept {
 		type nat hook prerouting priority dstnat; policy accept;
-		iifname "%[1]s*" ip daddr %[2]s meta l4proto tcp redirect to :%[5]d
+		iifname "%[1]s*" meta l4proto tcp fib daddr . iif type != local redirect to :%[5]d
 	}
 	chain input {
 		type filter hook input priority -10; policy accept;

@@ -706,7 +706,7 @@ func (l *Side) checkEgress(principal string, e *api.Egress) error {
 		}
 	}
 	if len(missing) > 0 && principal == "" {
-		return errdefs.New(errdefs.ErrForbidden, "egress: allow_out %s: a sandbox with no name and no principal is principal sb-<id>, which no policy grants anything; give it a name, or use a template with a principal", strings.Join(missing, ", "))
+		return errdefs.New(errdefs.ErrForbidden, "egress: allow_out %s: a sandbox with no name and no principal is principal sb-<id>, which no policy grants anything; create it from a template with a principal the policy grants these (sandstormd template create … --principal P; E2B's SDK names only a template), or name it on our API", strings.Join(missing, ", "))
 	}
 	if len(missing) > 0 {
 		return errdefs.New(errdefs.ErrForbidden, "egress: allow_out %s: not granted to principal %q by the policy; a sandbox's rules only narrow what its policy grants", strings.Join(missing, ", "), principal)

@@ -276,9 +276,18 @@ func probe(w http.ResponseWriter, r *http.Request) {
 	var err error
 	switch q.Get("kind") {
 	case "tcp":
+		// Reached: connected, and not reset at once. A connection to an
+		// address off the node is taken by the sandbox's own boundary
+		// (the node's firewall redirects it), which resets one it refuses
+		// right after the handshake; a server reached waits for its
+		// client, so the read times out.
 		var c net.Conn
 		c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", q.Get("addr"))
 		if err == nil {
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			if _, rerr := c.Read(make([]byte, 1)); !errors.Is(rerr, os.ErrDeadlineExceeded) && rerr != nil {
+				err = fmt.Errorf("connected, then %w", rerr)
+			}
 			c.Close()
 		}
 	case "dns":

@@ -413,7 +413,9 @@ bindings:
 
 	// Not through the boundary either: straight from the sandbox, another
 	// sandbox's boundary port and the listeners on the host's veth ends are
-	// dropped by nftables.
+	// dropped by nftables, and the outside server's address, dialled as
+	// itself, is taken by the sandbox's own boundary, which grants no
+	// address and resets it.
 	var wg sync.WaitGroup
 	for _, addr := range []string{
 		netip.AddrPortFrom(bHost, 1080).String(),
@@ -501,7 +503,7 @@ func TestSandboxEgressRules(t *testing.T) {
 	resolver, policyPath := twoOutsideNames(t, `
 roles:
   - name: agent
-    egress: ["mirror.test", "other.test"]
+    egress: ["mirror.test", "other.test", "198.51.100.10"]
 bindings:
   - {principal: narrow, roles: [agent]}
   - {principal: wide, roles: [agent]}
@@ -512,7 +514,10 @@ bindings:
 	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
 	probe := func(name string) string {
 		t.Helper()
-		r := cli(t, env, "sandbox", "exec", name, "--", "/usr/bin/python3", "-c", rulesProbe, "mirror.test", "other.test")
+		// The outside server by its address too (a program dialling an
+		// address, which the policy grants by itself), and a name the
+		// policy does not grant.
+		r := cli(t, env, "sandbox", "exec", name, "--", "/usr/bin/python3", "-c", rulesProbe, "mirror.test", "other.test", "198.51.100.10", "elsewhere.test")
 		r.ok(t, "the egress probe in "+name)
 		return r.Stdout
 	}
@@ -529,7 +534,7 @@ bindings:
 	check := func(why string) {
 		t.Helper()
 		got := probe("narrow")
-		if !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test refused") {
+		if !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test refused") || !strings.Contains(got, "198.51.100.10 refused") || !strings.Contains(got, "elsewhere.test refused") {
 			t.Errorf("%s: with allow-out mirror.test and deny-out all:\n%s", why, got)
 		}
 	}
@@ -557,8 +562,8 @@ bindings:
 	cancel()
 
 	wide := d.create(t, "web", "wide")
-	if got := probe(wide.Name); !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test says outside ok") {
-		t.Errorf("without rules, the policy alone:\n%s", got)
+	if got := probe(wide.Name); !strings.Contains(got, "mirror.test says outside ok") || !strings.Contains(got, "other.test says outside ok") || !strings.Contains(got, "198.51.100.10 says outside ok") {
+		t.Errorf("without rules, the policy alone (the address by itself too):\n%s", got)
 	}
 	// Rules set on the running sandbox apply to its next flows; a name
 	// its policy lacks is refused and leaves them as they were.
@@ -600,9 +605,13 @@ func checkEgressLog(t *testing.T, d *Daemon, env []string, id string) int64 {
 	if err := json.Unmarshal([]byte(b.String()), &p); err != nil {
 		t.Fatalf("the egress log %q: %v", b.String(), err)
 	}
-	var allowed, refused int
+	var allowed, refused, byAddress, byDNS int
 	for _, f := range p.Items {
 		switch {
+		case f.Name == "198.51.100.10" && f.Outcome == "denied" && strings.Contains(f.Rule, "0.0.0.0/0"):
+			byAddress++
+		case f.Name == "elsewhere.test" && f.Route == api.EgressRouteDNS && f.Outcome == "denied":
+			byDNS++
 		case f.Name == "mirror.test" && f.Outcome == "allowed" && f.Addr != "" && f.BytesOut > 0 && f.BytesIn > 0 && strings.Contains(f.Rule, "allow_out"):
 			allowed++
 		case f.Name == "other.test" && f.Outcome == "denied" && strings.Contains(f.Rule, "0.0.0.0/0"):
@@ -611,8 +620,8 @@ func checkEgressLog(t *testing.T, d *Daemon, env []string, id string) int64 {
 	}
 	// Two probes so far, one either side of a snapshot: the log outlives
 	// the boundary's restarts.
-	if allowed < 2 || refused < 2 {
-		t.Errorf("egress log: %d allowed flows to mirror.test and %d refused to other.test, want 2 each:\n%s", allowed, refused, b.String())
+	if allowed < 2 || refused < 2 || byAddress < 2 || byDNS < 1 {
+		t.Errorf("egress log: %d allowed flows to mirror.test, %d refused to other.test and %d to 198.51.100.10 by address, want 2 each; %d refusals of elsewhere.test by DNS, want some:\n%s", allowed, refused, byAddress, byDNS, b.String())
 	}
 	r := cli(t, env, "sandbox", "egress", id)
 	r.ok(t, "sandbox egress", "mirror.test:80", "other.test:80", "allowed", "denied")

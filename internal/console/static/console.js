@@ -253,7 +253,10 @@ function addFlow(f) {
   li.className = f.outcome;
   const where = f.addr ? ` (${f.addr})` : "";
   const bytes = f.outcome === "allowed" ? ` ↑${f.bytes_out} ↓${f.bytes_in} B` : "";
-  li.textContent = `${new Date(f.time).toLocaleTimeString()} ${f.outcome} ${f.name}:${f.port}${where}${bytes} — ${f.rule}${f.secret ? " · secret" : ""}`;
+  // A name the DNS refused has no port (route "dns"): no flow followed.
+  const dest = f.port ? `${f.name}:${f.port}` : `${f.name} (DNS)`;
+  const secrets = f.secrets && f.secrets.length ? ` · secrets: ${f.secrets.join(", ")}` : "";
+  li.textContent = `${new Date(f.time).toLocaleTimeString()} ${f.outcome} ${dest}${where}${bytes} — ${f.rule}${secrets}`;
   const list = $("egress-list");
   list.prepend(li);
   while (list.children.length > 200) list.lastChild.remove();

@@ -151,6 +151,9 @@ func (b *Boundary) answerDNS(req *dns.Msg) *dns.Msg {
 		m.Rcode = dns.RcodeNameError
 		b.countDNS(dnsNXDomain)
 		b.refused(api.RefusedDNS, strings.TrimSuffix(q.Name, "."), why)
+		if b.cfg.Flows != nil { // so "could not resolve" has its reason in the egress log
+			b.cfg.Flows(api.EgressFlow{Time: time.Now(), Name: strings.ToLower(strings.TrimSuffix(q.Name, ".")), Route: api.EgressRouteDNS, Outcome: outcomeNames[outDenied], Rule: why})
+		}
 		return m
 	}
 	if q.Qtype == dns.TypeA {

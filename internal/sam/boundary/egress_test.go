@@ -2,9 +2,13 @@ package boundary
 
 import (
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
+	"sandstorm/api"
 	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/testenv"
 )
@@ -59,5 +63,35 @@ func TestEgressRulesNarrow(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the allowed flows accepted", func() bool { return accepted.Load() >= 3 })
 	if got := accepted.Load(); got != 3 {
 		t.Errorf("the server accepted %d flows, want 3 (the allowed ones)", got)
+	}
+}
+
+// A name the DNS refuses is handed to the egress log, with the reason, for
+// each query (the log keeps one of a lookup's several: egresslog); a
+// granted name's answer is not a flow and is not listed.
+func TestEgressLogsRefusedNames(t *testing.T) {
+	var mu sync.Mutex
+	var flows []api.EgressFlow
+	newEnv(t, "agent-a", netip.MustParseAddr("127.77.0.9"), func(c *Config) {
+		c.Flows = func(f api.EgressFlow) { mu.Lock(); flows = append(flows, f); mu.Unlock() }
+	})
+	srv := "127.77.0.9:53"
+	for _, q := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeA} {
+		if r := dnsQuery(t, "udp", srv, "Nowhere.Test.", q); r.Rcode != dns.RcodeNameError {
+			t.Fatalf("nowhere.test: %v", r)
+		}
+	}
+	if r := dnsQuery(t, "udp", srv, "allowed.test.", dns.TypeA); r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("allowed.test: %v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(flows) != 3 {
+		t.Fatalf("egress log %+v, want an entry for each query of nowhere.test", flows)
+	}
+	for _, f := range flows {
+		if f.Name != "nowhere.test" || f.Route != api.EgressRouteDNS || f.Outcome != "denied" || f.Rule == "" || f.Port != 0 {
+			t.Errorf("entry %+v", f)
+		}
 	}
 }

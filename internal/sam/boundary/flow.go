@@ -517,8 +517,13 @@ func (b *Boundary) splice(f *flow, far net.Conn, prefix, first []byte) (out, in 
 	return out, in
 }
 
-// serveTransparent takes a connection the node redirected from a synthetic
-// address: the synthetic address names the destination.
+// serveTransparent takes a connection the node redirected: one to a
+// synthetic address, which names the destination, or one made to an
+// address itself (the node's firewall sends every TCP connection leaving
+// a sandbox here), decided on that address as a SOCKS5 CONNECT to it is:
+// an exact-IP grant of the policy, the sandbox's own rules, the address
+// guard. So an address a program dials is a flow in its egress log, not
+// a packet dropped unseen.
 func (b *Boundary) serveTransparent(c net.Conn) {
 	f := b.track(c, true)
 	if f == nil {
@@ -527,8 +532,14 @@ func (b *Boundary) serveTransparent(c net.Conn) {
 	defer b.untrack(f)
 	dst, err := tcpsock.OriginalDst(c)
 	name, ok := "", false
-	if err == nil {
+	switch {
+	case err != nil:
+	case b.synth.Contains(dst.Addr()):
 		name, ok = b.synth.Lookup(dst.Addr())
+	case dst.String() == c.LocalAddr().String():
+		// Not redirected: this port addressed itself, which names nothing.
+	default:
+		name, ok = dst.Addr().Unmap().String(), true
 	}
 	if !ok {
 		b.countFlow(routeTransparentUnknown, outRefused)

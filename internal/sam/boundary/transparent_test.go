@@ -11,13 +11,16 @@ import (
 	"net/netip"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
 
+	"sandstorm/api"
 	"sandstorm/internal/testenv"
 )
 
@@ -36,7 +39,7 @@ func run(t testing.TB, name string, args ...string) {
 	}
 }
 
-func newSandboxNet(t testing.TB, transparentPort int) *sandboxNet {
+func newSandboxNet(t testing.TB, transparentPort int, outside ...netip.Prefix) *sandboxNet {
 	t.Helper()
 	var rb [2]byte
 	rand.Read(rb[:])
@@ -62,13 +65,21 @@ func newSandboxNet(t testing.TB, transparentPort int) *sandboxNet {
 	run(t, "ip", "-n", n.ns, "link", "set", peerIf, "up")
 	run(t, "ip", "-n", n.ns, "link", "set", "lo", "up")
 	run(t, "ip", "-n", n.ns, "route", "add", DefaultSynthetic.String(), "via", n.host.String())
+	// Addresses outside, dialled as themselves: routed to the host and
+	// redirected to the boundary as the node's firewall does.
+	var redirect strings.Builder
+	for _, p := range append([]netip.Prefix{DefaultSynthetic}, outside...) {
+		if p != DefaultSynthetic {
+			run(t, "ip", "-n", n.ns, "route", "add", p.String(), "via", n.host.String())
+		}
+		fmt.Fprintf(&redirect, "\t\tiifname \"%s\" ip daddr %s tcp dport 1-65535 redirect to :%d\n", n.hostIf, p, transparentPort)
+	}
 	rules := fmt.Sprintf(`table ip %s {
 	chain pre {
 		type nat hook prerouting priority dstnat; policy accept;
-		iifname "%s" ip daddr %s tcp dport 1-65535 redirect to :%d
-	}
+%s	}
 }
-`, n.table, n.hostIf, DefaultSynthetic, transparentPort)
+`, n.table, redirect.String())
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -328,4 +339,64 @@ func TestTransparentAddressGuard(t *testing.T) {
 		t.Errorf("the host connecting to the boundary's proxy port: %v, want a reset", err)
 	}
 	testenv.WaitFor(t, 10*time.Second, "one foreign flow counted", func() bool { return e.b.Stats().Foreign == 1 })
+}
+
+// A program that dials an address itself, not a name: the node sends the
+// connection to its boundary as well, which decides it on the address as
+// a SOCKS5 CONNECT to it — an exact-IP grant goes out, an address the
+// policy does not name is reset without a dial — and both are in the
+// egress log.
+func TestTransparentLiteral(t *testing.T) {
+	const tport = 15001
+	sn := newSandboxNet(t, tport, netip.MustParsePrefix("198.51.100.0/24"))
+	var mu sync.Mutex
+	var flows []api.EgressFlow
+	newEnv(t, "agent-a", sn.host, func(c *Config) {
+		c.Peer = sn.peer
+		c.Flows = func(f api.EgressFlow) { mu.Lock(); flows = append(flows, f); mu.Unlock() }
+	})
+	ln, accepted := echoServer(t, "127.0.0.2:0") // 198.51.100.2 (outside)
+	port := fmt.Sprint(portOf(t, ln))
+	var echo string
+	var echoErr, refusedErr error
+	sn.inside(t, func() {
+		// 198.51.100.2 is granted by itself (testPolicy).
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort("198.51.100.2", port), 5*time.Second)
+		if err != nil {
+			echoErr = err
+		} else {
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(conn, "by address\n")
+			echo, echoErr = bufio.NewReader(conn).ReadString('\n')
+			conn.Close()
+		}
+		// 198.51.100.1 is where granted names lead, but no grant names
+		// the address itself.
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort("198.51.100.1", port), 5*time.Second)
+		if err != nil {
+			refusedErr = err
+			return
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		_, refusedErr = conn.Read(make([]byte, 1))
+	})
+	if echo != "ECHO by address\n" || echoErr != nil {
+		t.Errorf("a granted address dialled from the sandbox: %q, %v", echo, echoErr)
+	}
+	if !isReset(refusedErr) {
+		t.Errorf("an address no grant names: %v, want a reset", refusedErr)
+	}
+	if n := accepted.Load(); n != 1 {
+		t.Errorf("the server accepted %d connections, want 1", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var got []string
+	for _, f := range flows {
+		got = append(got, f.Name+" "+f.Outcome)
+	}
+	if !slices.Equal(got, []string{"198.51.100.2 allowed", "198.51.100.1 denied"}) {
+		t.Errorf("egress log %q", got)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"sandstorm/api"
 )
@@ -32,6 +33,31 @@ type log struct {
 	// dropped: the sandbox is gone (Drop); its followers stop.
 	dropped bool
 	waiting int // followers in Wait
+	// refused is when each name the DNS refused was last logged
+	// (repeated).
+	refused map[string]time.Time
+}
+
+// RepeatEvery is how often one name the boundary's DNS refused is
+// logged: a resolver asks for A and AAAA, retries, and tries each search
+// domain, so one lookup is several refusals, and one entry says it.
+const RepeatEvery = 10 * time.Second
+
+// repeated reports whether f is a DNS refusal of a name logged less than
+// RepeatEvery before it, and notes f's otherwise. The names it remembers
+// are bounded; forgetting one only logs it again.
+func (g *log) repeated(f api.EgressFlow) bool {
+	if f.Route != api.EgressRouteDNS {
+		return false
+	}
+	if last, ok := g.refused[f.Name]; ok && f.Time.Sub(last) >= 0 && f.Time.Sub(last) < RepeatEvery {
+		return true
+	}
+	if g.refused == nil || len(g.refused) >= 1024 {
+		g.refused = map[string]time.Time{}
+	}
+	g.refused[f.Name] = f.Time
+	return false
 }
 
 // ErrDropped is Wait's answer once the sandbox's log is dropped.
@@ -63,11 +89,15 @@ func (l *Logs) Recorder(id string) func(api.EgressFlow) {
 	return func(f api.EgressFlow) { l.Add(id, f) }
 }
 
-// Add appends f to sandbox id's log, numbering it, and wakes followers.
+// Add appends f to sandbox id's log, numbering it, and wakes followers;
+// a DNS refusal repeated within RepeatEvery is not added.
 func (l *Logs) Add(id string, f api.EgressFlow) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.get(id)
+	if g.repeated(f) {
+		return
+	}
 	g.last++
 	f.Seq = g.last
 	if len(g.ring) < l.bound {

@@ -3,6 +3,7 @@ package egresslog
 import (
 	"context"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -77,4 +78,33 @@ func TestWait(t *testing.T) {
 		t.Error("a nil Logs records")
 	}
 	nilLogs.Drop("a")
+}
+
+// A lookup's several DNS refusals of one name are one entry, and the name
+// is logged again after RepeatEvery; flows of that name, other names and
+// other sandboxes are not held back.
+func TestDNSRefusalsOnce(t *testing.T) {
+	l := New(10)
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	dns := func(id, name string, at time.Duration) {
+		l.Add(id, api.EgressFlow{Time: t0.Add(at), Name: name, Route: api.EgressRouteDNS, Outcome: "denied"})
+	}
+	dns("a", "nowhere.test", 0)
+	dns("a", "nowhere.test", time.Millisecond)                 // AAAA
+	dns("a", "nowhere.test", 2*time.Second)                    // a retry
+	l.Add("a", api.EgressFlow{Time: t0, Name: "nowhere.test"}) // a flow, by SOCKS5
+	dns("a", "elsewhere.test", 0)
+	dns("b", "nowhere.test", 0)
+	dns("a", "nowhere.test", RepeatEvery+time.Second)
+	var got []string
+	for _, f := range l.Page("a", 0, 0).Items {
+		got = append(got, f.Route+":"+f.Name)
+	}
+	want := []string{"dns:nowhere.test", ":nowhere.test", "dns:elsewhere.test", "dns:nowhere.test"}
+	if !slices.Equal(got, want) {
+		t.Errorf("log a %v, want %v", got, want)
+	}
+	if n := len(l.Page("b", 0, 0).Items); n != 1 {
+		t.Errorf("log b has %d entries, want 1", n)
+	}
 }

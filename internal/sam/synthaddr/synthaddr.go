@@ -15,6 +15,7 @@ import (
 // place in the pool, probing linearly past taken places, so the same name
 // gets the same address across restarts unless names collide.
 type Pool struct {
+	prefix  netip.Prefix
 	base    uint32
 	size    uint32 // usable places: the pool less its first and last address
 	exclude netip.Addr
@@ -29,6 +30,7 @@ type Pool struct {
 func New(p netip.Prefix, exclude netip.Addr) *Pool {
 	a := p.Addr().As4()
 	return &Pool{
+		prefix:  p.Masked(),
 		base:    binary.BigEndian.Uint32(a[:]),
 		size:    uint32(1)<<(32-p.Bits()) - 2,
 		exclude: exclude,
@@ -81,3 +83,7 @@ func (s *Pool) Lookup(a netip.Addr) (string, bool) {
 	name, ok := s.byAddr[a.Unmap()]
 	return name, ok
 }
+
+// Contains reports whether a is in the pool's prefix: an address that can
+// only stand for a name (assigned or not), never one to dial.
+func (s *Pool) Contains(a netip.Addr) bool { return s.prefix.Contains(a.Unmap()) }
