@@ -285,7 +285,7 @@ func probe(w http.ResponseWriter, r *http.Request) {
 		c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", q.Get("addr"))
 		if err == nil {
 			c.SetReadDeadline(time.Now().Add(time.Second))
-			if _, rerr := c.Read(make([]byte, 1)); !errors.Is(rerr, os.ErrDeadlineExceeded) && rerr != nil {
+			if _, rerr := c.Read(make([]byte, 1)); errors.Is(rerr, syscall.ECONNRESET) {
 				err = fmt.Errorf("connected, then %w", rerr)
 			}
 			c.Close()
