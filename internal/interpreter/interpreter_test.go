@@ -187,8 +187,8 @@ func TestContextsEnvAndInterrupt(t *testing.T) {
 	}
 	json.NewDecoder(res.Body).Decode(&listed)
 	res.Body.Close()
-	if len(listed) != 2 || listed[1].ID != c.ID || listed[0].Language != "python" {
-		t.Errorf("contexts %+v, want the default then %s, the newest last", listed, c.ID)
+	if len(listed) != 3 || listed[2].ID != c.ID || listed[0].Language != "python" || listed[1].Language != "javascript" {
+		t.Errorf("contexts %+v, want the defaults (Python, JavaScript) then %s, the newest last", listed, c.ID)
 	}
 	lines := run(t, ctx, ts.URL, map[string]any{"code": "import os\nprint(os.getcwd())\n'v' in globals()", "context_id": c.ID})
 	if got := mainText(t, lines); got != "False" {

@@ -310,8 +310,13 @@ func (k *kernel) interrupt() error {
 	return k.cmd.Process.Signal(syscall.SIGINT)
 }
 
-// close ends the kernel's process group and its sockets; again, nothing.
-func (k *kernel) close() { k.closeOnce.Do(k.doClose) }
+// close ends the kernel's process group and its sockets; again, or on a
+// kernel not started (nil), nothing.
+func (k *kernel) close() {
+	if k != nil {
+		k.closeOnce.Do(k.doClose)
+	}
+}
 
 func (k *kernel) doClose() {
 	if k.cmd != nil && k.cmd.Process != nil {

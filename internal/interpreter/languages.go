@@ -17,7 +17,9 @@ import (
 // Python, IRkernel for R (Debian's r-cran-irkernel), and for bash the
 // kernel in bashkernel.py (ipykernel's Kernel class over one bash
 // process), since Debian packages no bash kernel and E2B's, bash_kernel,
-// is on PyPI only.
+// is on PyPI only; for JavaScript and TypeScript the kernel in
+// jskernel.py (the same frame over one Node.js process, jsrunner.js),
+// since E2B's, a fork of ijavascript, installs from GitHub.
 type language struct {
 	// argv is the kernel's command for the connection file conn.
 	argv func(s *Server, conn string) []string
@@ -69,6 +71,20 @@ var languages = map[string]language{
 		install: "bash and python3-ipykernel",
 		env:     bashEnv,
 	},
+	"javascript": jsLanguage("javascript"),
+	"typescript": jsLanguage("typescript"),
+}
+
+// jsLanguage is the kernel of jskernel.py for JavaScript or TypeScript.
+func jsLanguage(name string) language {
+	return language{
+		argv: func(s *Server, conn string) []string {
+			return []string{s.cfg.Python, "-Xfrozen_modules=off", s.jsKernel, name, s.cfg.Node, "-f", conn}
+		},
+		program: func(s *Server) string { return s.cfg.Node },
+		install: "nodejs, node-typescript and python3-ipykernel",
+		env:     jsEnv,
+	}
 }
 
 // lookupLanguage is the language named l (E2B's spelling), or why it is
@@ -134,6 +150,22 @@ func bashEnv(set map[string]string, unset []string) string {
 	}
 	for _, k := range unset {
 		fmt.Fprintf(&b, "unset -v %s\n", shellQuote(k))
+	}
+	return b.String()
+}
+
+// jsEnv sets process.env. A JSON string is a JavaScript string literal
+// of the same string (since ES2019 even with U+2028 in it).
+func jsEnv(set map[string]string, unset []string) string {
+	if len(set) == 0 && len(unset) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		fmt.Fprintf(&b, "process.env[%s] = %s;\n", jsonString(k), jsonString(set[k]))
+	}
+	for _, k := range unset {
+		fmt.Fprintf(&b, "delete process.env[%s];\n", jsonString(k))
 	}
 	return b.String()
 }

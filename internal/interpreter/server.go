@@ -9,8 +9,9 @@
 // newline-delimited JSON (execute.go); POST /contexts makes a context,
 // GET /contexts lists them, DELETE /contexts/{id} removes one, POST
 // /contexts/{id}/restart starts its kernel afresh; GET /health answers
-// once the default context's kernel is running. Python, R and bash
-// kernels are served (languages.go): other languages are refused.
+// once the default Python context's kernel is running. Python,
+// JavaScript, TypeScript, R and bash kernels are served (languages.go):
+// other languages are refused.
 package interpreter
 
 import (
@@ -50,6 +51,15 @@ var formats string
 //go:embed bashkernel.py
 var bashKernelSource string
 
+// jsKernelSource and jsRunnerSource are the JavaScript and TypeScript
+// kernel (languages.go) and the Node.js evaluator it drives.
+//
+//go:embed jskernel.py
+var jsKernelSource string
+
+//go:embed jsrunner.js
+var jsRunnerSource string
+
 var bootstrap = charts + "\n" + formats
 
 // Config is how the server starts kernels.
@@ -61,6 +71,10 @@ type Config struct {
 	R string
 	// Bash is the shell the bash kernel runs (default "bash").
 	Bash string
+	// Node is the Node.js the JavaScript and TypeScript kernel runs
+	// (default "node"), with TypeScript's compiler where it finds its
+	// modules (Debian's node-typescript).
+	Node string
 	// Workdir is a context's working directory when its create names none
 	// (default: the current directory).
 	Workdir string
@@ -83,6 +97,7 @@ type Server struct {
 	cfg        Config
 	startup    string // bootstrap.py's path
 	bashKernel string // bashkernel.py's path
+	jsKernel   string // jskernel.py's path (jsrunner.js is beside it)
 	cred       *syscall.Credential
 	ready      chan struct{} // closed once the default context answers
 
@@ -145,6 +160,7 @@ func Prepare(cfg Config) (*Server, error) {
 	}
 	cfg.R = cmp.Or(cfg.R, "R")
 	cfg.Bash = cmp.Or(cfg.Bash, "bash")
+	cfg.Node = cmp.Or(cfg.Node, "node")
 	if cfg.KernelReady == 0 {
 		cfg.KernelReady = 2 * time.Minute
 	}
@@ -160,7 +176,8 @@ func Prepare(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("interpreter: %w", err)
 	}
 	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"),
-		bashKernel: filepath.Join(cfg.StateDir, "bashkernel.py"), ready: make(chan struct{}),
+		bashKernel: filepath.Join(cfg.StateDir, "bashkernel.py"), jsKernel: filepath.Join(cfg.StateDir, "jskernel.py"),
+		ready:    make(chan struct{}),
 		contexts: map[string]*codeContext{}, defaults: map[string]string{}}
 	if cfg.User != "" {
 		if err := s.setUser(cfg.User); err != nil {
@@ -170,7 +187,8 @@ func Prepare(cfg Config) (*Server, error) {
 	if err := s.setStateDirs(); err != nil {
 		return nil, err
 	}
-	for _, f := range []struct{ path, text string }{{s.startup, bootstrap}, {s.bashKernel, bashKernelSource}} {
+	for _, f := range []struct{ path, text string }{{s.startup, bootstrap}, {s.bashKernel, bashKernelSource},
+		{s.jsKernel, jsKernelSource}, {filepath.Join(cfg.StateDir, "jsrunner.js"), jsRunnerSource}} {
 		if err := os.WriteFile(f.path, []byte(f.text), 0o644); err != nil {
 			return nil, fmt.Errorf("interpreter: %w", err)
 		}
@@ -178,15 +196,24 @@ func Prepare(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Start starts the default Python context, and the server serves.
+// Start starts the default contexts, and the server serves. They are
+// E2B's (its server's main.py): Python, and JavaScript where Node.js is
+// installed. JavaScript's kernel starts at its first execution: a
+// sandbox that runs none (most: Python is the default) keeps no idle
+// kernel for it in memory, nor in its warm image or snapshots.
 func (s *Server) Start() error {
-	c, err := s.createContext("python", "")
-	if err != nil {
-		return err
+	for _, l := range []string{"python", "javascript"} {
+		if _, err := s.lookupLanguage(l); err != nil && l != "python" {
+			continue
+		}
+		c, err := s.newContext(l, "", l == "python")
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.defaults[l] = c.ID
+		s.mu.Unlock()
 	}
-	s.mu.Lock()
-	s.defaults["python"] = c.ID
-	s.mu.Unlock()
 	close(s.ready)
 	return nil
 }
@@ -270,6 +297,12 @@ func normalizeLanguage(l string) string {
 
 // createContext starts a kernel for language in cwd ("" the default).
 func (s *Server) createContext(language, cwd string) (*codeContext, error) {
+	return s.newContext(language, cwd, true)
+}
+
+// newContext is createContext, whose kernel starts now or, unless start,
+// at its first execution (live).
+func (s *Server) newContext(language, cwd string, start bool) (*codeContext, error) {
 	language = normalizeLanguage(language)
 	if _, err := s.lookupLanguage(language); err != nil {
 		return nil, err
@@ -280,9 +313,12 @@ func (s *Server) createContext(language, cwd string) (*codeContext, error) {
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
 		return nil, errdefs.New(errdefs.ErrBadInput, "working directory %q is not a directory in the sandbox", cwd)
 	}
-	k, err := s.startKernel(language, cwd)
-	if err != nil {
-		return nil, err
+	var k *kernel
+	if start {
+		var err error
+		if k, err = s.startKernel(language, cwd); err != nil {
+			return nil, err
+		}
 	}
 	c := &codeContext{ID: newID(), Language: language, Cwd: cwd, kernel: k}
 	s.mu.Lock()
@@ -402,17 +438,20 @@ func (s *Server) replaceKernel(c *codeContext) error {
 	return nil
 }
 
-// live is c's kernel, started again if it has exited (code that ended
+// live is c's kernel, started now if it has not been (a default context
+// Start made without one), or again if it has exited (code that ended
 // its process, or a crash), as Jupyter restarts a dead kernel: its
 // variables are gone, the context goes on. The caller holds c.run.
 func (s *Server) live(c *codeContext) (*kernel, error) {
 	k := c.current()
-	select {
-	case <-k.exited:
-	default:
-		return k, nil
+	if k != nil {
+		select {
+		case <-k.exited:
+		default:
+			return k, nil
+		}
+		k.close()
 	}
-	k.close()
 	if err := s.replaceKernel(c); err != nil {
 		return nil, err
 	}
@@ -436,7 +475,7 @@ func (s *Server) Reseed(ctx context.Context) error {
 	var errs []error
 	for _, c := range s.list() {
 		code := languages[c.Language].reseed
-		if code == "" {
+		if code == "" || c.current() == nil {
 			continue
 		}
 		c.run.Lock()

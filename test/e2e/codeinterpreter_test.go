@@ -51,8 +51,8 @@ func (d *Daemon) registerCodeInterpreter(t *testing.T) {
 // (testdata/e2b-code-interpreter, pinned) against a master and node:
 // a cell's output streamed, an error, a matplotlib chart (its PNG
 // decoded here), a DataFrame, contexts, a timeout that interrupts the
-// kernel, and a kernel variable that survives a pause and connect, an
-// idle freeze and an idle snapshot.
+// kernel, and a Python and a JavaScript kernel's variables that survive
+// a pause and connect, an idle freeze and an idle snapshot.
 func TestCodeInterpreter(t *testing.T) {
 	script, err := filepath.Abs("../../testdata/e2b-code-interpreter/flows.mjs")
 	if err != nil {

@@ -85,17 +85,23 @@ try {
     assert.equal((await sbx.runCode('x', { timeoutMs: 60_000 })).text, '42')
   })
 
+  // Python's variable, and JavaScript's (a kernel of the server's own).
+  const bothKept = async () => {
+    assert.equal((await sbx.runCode('kept')).text, 'before the pause')
+    assert.equal((await sbx.runCode('keptJs', { language: 'js' })).text, 'js before the pause')
+  }
   await step('set a variable, pause, connect: it is there', async () => {
     await sbx.runCode('kept = "before the pause"')
+    await sbx.runCode('const keptJs = "js before the pause"', { language: 'js' })
     await sbx.pause()
     sbx = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 })
-    assert.equal((await sbx.runCode('kept')).text, 'before the pause')
+    await bothKept()
   })
 
   for (const op of ['freeze', 'snapshot']) {
     await step(`after an idle ${op}: it is there`, async () => {
       await idle(sbx.sandboxId, op)
-      assert.equal((await sbx.runCode('kept')).text, 'before the pause')
+      await bothKept()
     })
   }
   await step('after an idle detach (a cold start): the first call waits for the server, on new kernels', async () => {

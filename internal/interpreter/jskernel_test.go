@@ -1,0 +1,159 @@
+package interpreter
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"sandstorm/api"
+	"sandstorm/internal/testenv"
+)
+
+// The JavaScript and TypeScript kernel (jskernel.py over jsrunner.js),
+// run for real: the host's Node.js with Debian's node-typescript.
+func TestJSKernel(t *testing.T) {
+	s, ts := newTestServer(t)
+	if err := exec.Command("node", "-e", `require("/usr/share/nodejs/typescript")`).Run(); err != nil {
+		testenv.Skip(t, "Node.js with TypeScript: apt-get install nodejs node-typescript")
+	}
+	ctx := context.Background()
+	js := func(lang string, body map[string]any, hdr ...string) []map[string]any {
+		body["language"] = lang
+		return run(t, ctx, ts.URL, body, hdr...)
+	}
+	text := func(lines []map[string]any) string {
+		r := ofType(lines, "result")
+		if len(r) != 1 {
+			t.Errorf("want one result in %v", lines)
+			return ""
+		}
+		s, _ := r[0]["text"].(string)
+		return s
+	}
+	stdout := func(lines []map[string]any) string {
+		var b strings.Builder
+		for _, l := range ofType(lines, "stdout") {
+			b.WriteString(l["text"].(string))
+		}
+		return b.String()
+	}
+
+	// E2B's default contexts: Python and JavaScript, whose kernel waits
+	// for its first execution.
+	var langs []string
+	for _, c := range s.list() {
+		langs = append(langs, c.Language)
+		if started := c.current() != nil; started != (c.Language == "python") {
+			t.Errorf("default %s context: kernel started %v", c.Language, started)
+		}
+	}
+	if strings.Join(langs, ",") != "python,javascript" {
+		t.Errorf("default contexts: %v", langs)
+	}
+
+	// The SDK's own cases (defaultKernels.test.ts): output, ESM imports,
+	// top-level await, a value's text without quotes, types stripped.
+	if got := stdout(js("js", map[string]any{"code": `console.log("Hello World!")`})); got != "Hello World!\n" {
+		t.Errorf("console.log: %q", got)
+	}
+	if got := stdout(js("js", map[string]any{"code": "import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)"})); got != "function\n" {
+		t.Errorf("an ESM import: %q", got)
+	}
+	if got := text(js("js", map[string]any{"code": "await Promise.resolve('Hello World!')"})); got != "Hello World!" {
+		t.Errorf("top-level await: %q", got)
+	}
+	if got := stdout(js("ts", map[string]any{"code": `const message: string = "Hello World!"; console.log(message)`})); got != "Hello World!\n" {
+		t.Errorf("TypeScript: %q", got)
+	}
+
+	// What a cell declares is there for the next, and may be declared
+	// again; so are imports and functions; a value is util.inspect's.
+	js("js", map[string]any{"code": "const q = 20; let [a, {b}] = [1, {b: 2}]; function twice(x) { return 2 * x }\nclass P { constructor() { this.n = 1 } }"})
+	if got := text(js("js", map[string]any{"code": "const q2 = twice(q) + a + b\nq2"})); got != "43" {
+		t.Errorf("declarations kept: %q", got)
+	}
+	js("js", map[string]any{"code": "const q = 1; import * as path from 'path'"})
+	if got := text(js("js", map[string]any{"code": "({q, base: path.basename('/x/y'), p: new P()})"})); got != "{ q: 1, base: 'y', p: P { n: 1 } }" {
+		t.Errorf("declared again, imported: %q", got)
+	}
+	// TypeScript's own declarations, and exports (a cell is no module).
+	js("ts", map[string]any{"code": "enum Color { Red = 1 }\nexport abstract class Shape { abstract area(): number }\nexport async function later(): Promise<number> { return 5 }"})
+	if got := text(js("ts", map[string]any{"code": "class Sq extends Shape { area() { return 4 } }\n[Color.Red, new Sq().area(), await later()] as number[]"})); got != "[ 1, 4, 5 ]" {
+		t.Errorf("enum, abstract class, async function: %q", got)
+	}
+	if lines := js("js", map[string]any{"code": "let nothing"}); len(ofType(lines, "result")) != 0 {
+		t.Errorf("a declaration has no value: %v", lines)
+	}
+
+	// Errors: thrown, a syntax error, a rejected promise; the kernel goes on.
+	errs := ofType(js("js", map[string]any{"code": "throw new TypeError('boom')"}), "error")
+	if len(errs) != 1 || errs[0]["name"] != "TypeError" || errs[0]["value"] != "boom" || !strings.Contains(errs[0]["traceback"].(string), "boom") {
+		t.Errorf("a throw: %v", errs)
+	}
+	if errs := ofType(js("js", map[string]any{"code": "let = = 1"}), "error"); len(errs) != 1 || errs[0]["name"] != "SyntaxError" {
+		t.Errorf("a syntax error: %v", errs)
+	}
+	if errs := ofType(js("js", map[string]any{"code": "await Promise.reject(new RangeError('later'))"}), "error"); len(errs) != 1 || errs[0]["name"] != "RangeError" {
+		t.Errorf("a rejection: %v", errs)
+	}
+	if got := text(js("js", map[string]any{"code": "q"})); got != "1" {
+		t.Errorf("after errors: %q", got)
+	}
+
+	// envs, per sandbox and per call (env_vars/js.test.ts), and cwd.
+	env := api.EncodeEnv(map[string]string{"TEST_ENV_VAR": "supertest"})
+	odd := "a'b\"c\u2028${x}`"
+	if got := stdout(js("js", map[string]any{"code": "console.log(process.env.TEST_ENV_VAR + '|' + process.env.ODD)",
+		"env_vars": map[string]string{"TEST_ENV_VAR": "overwrite", "ODD": odd}}, api.EnvdEnvHeader, env)); got != "overwrite|"+odd+"\n" {
+		t.Errorf("per-call variables: %q", got)
+	}
+	if got := text(js("js", map[string]any{"code": "process.env.TEST_ENV_VAR + '|' + (process.env.ODD || 'default')"}, api.EnvdEnvHeader, env)); got != "supertest|default" {
+		t.Errorf("after the call: %q", got)
+	}
+	if got := text(js("ts", map[string]any{"code": "process.cwd()"})); got != s.cfg.Workdir {
+		t.Errorf("cwd: %q, want %q", got, s.cfg.Workdir)
+	}
+
+	// A client that gives up interrupts the cell, a busy loop too; the
+	// kernel's variables are kept.
+	for _, code := range []string{"console.log('looping'); while (true) {}", "console.log('looping'); await new Promise(() => {})"} {
+		short, cancel := context.WithCancel(ctx)
+		started := make(chan struct{})
+		go func() {
+			b, _ := json.Marshal(map[string]any{"code": code, "language": "js"})
+			req, _ := http.NewRequestWithContext(short, "POST", ts.URL+"/execute", bytes.NewReader(b))
+			res, err := http.DefaultClient.Do(req)
+			if err == nil {
+				br := bufio.NewReader(res.Body)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil || strings.Contains(line, "looping") {
+						break
+					}
+				}
+				close(started)
+				<-short.Done()
+				res.Body.Close()
+			}
+		}()
+		testenv.Within(t, started, time.Minute, "the cell to start")
+		cancel()
+		if got := text(js("js", map[string]any{"code": "q"})); got != "1" {
+			t.Errorf("after interrupting %q: %q, want the variable kept", code, got)
+		}
+	}
+
+	// A cell that ends Node.js: an error, and a fresh one for the next.
+	if errs := ofType(js("js", map[string]any{"code": "process.exit(3)"}), "error"); len(errs) != 1 {
+		t.Errorf("exit: %v", errs)
+	}
+	if got := text(js("js", map[string]any{"code": "typeof q"})); got != "undefined" {
+		t.Errorf("after exit: %q", got)
+	}
+}
