@@ -536,7 +536,7 @@ func (b *Boundary) serveTransparent(c net.Conn) {
 	case err != nil:
 	case b.synth.Contains(dst.Addr()):
 		name, ok = b.synth.Lookup(dst.Addr())
-	case dst.String() == c.LocalAddr().String():
+	case !tcpsock.Redirected(c, dst):
 		// Not redirected: this port addressed itself, which names nothing.
 	default:
 		name, ok = dst.Addr().Unmap().String(), true

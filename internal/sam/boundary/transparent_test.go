@@ -358,7 +358,19 @@ func TestTransparentLiteral(t *testing.T) {
 	ln, accepted := echoServer(t, "127.0.0.2:0") // 198.51.100.2 (outside)
 	port := fmt.Sprint(portOf(t, ln))
 	var echo string
-	var echoErr, refusedErr error
+	var echoErr, refusedErr, selfErr error
+	// dialRead connects and reads: a refused flow is reset after the
+	// boundary completes the handshake.
+	dialRead := func(host, port string) error {
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(host, port), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		_, err = conn.Read(make([]byte, 1))
+		return err
+	}
 	sn.inside(t, func() {
 		// 198.51.100.2 is granted by itself (testPolicy).
 		conn, err := net.DialTimeout("tcp", net.JoinHostPort("198.51.100.2", port), 5*time.Second)
@@ -372,15 +384,14 @@ func TestTransparentLiteral(t *testing.T) {
 		}
 		// 198.51.100.1 is where granted names lead, but no grant names
 		// the address itself.
-		conn, err = net.DialTimeout("tcp", net.JoinHostPort("198.51.100.1", port), 5*time.Second)
-		if err != nil {
-			refusedErr = err
-			return
-		}
-		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
-		_, refusedErr = conn.Read(make([]byte, 1))
+		refusedErr = dialRead("198.51.100.1", port)
+		// The transparent port dialled as itself, not redirected: it
+		// names no destination.
+		selfErr = dialRead(sn.host.String(), fmt.Sprint(tport))
 	})
+	if !isReset(selfErr) {
+		t.Errorf("the transparent port dialled as itself: %v, want a reset", selfErr)
+	}
 	if echo != "ECHO by address\n" || echoErr != nil {
 		t.Errorf("a granted address dialled from the sandbox: %q, %v", echo, echoErr)
 	}
@@ -390,13 +401,19 @@ func TestTransparentLiteral(t *testing.T) {
 	if n := accepted.Load(); n != 1 {
 		t.Errorf("the server accepted %d connections, want 1", n)
 	}
+	testenv.WaitFor(t, 10*time.Second, "three flows logged", func() bool { mu.Lock(); defer mu.Unlock(); return len(flows) >= 3 })
 	mu.Lock()
 	defer mu.Unlock()
 	var got []string
 	for _, f := range flows {
 		got = append(got, f.Name+" "+f.Outcome)
 	}
-	if !slices.Equal(got, []string{"198.51.100.2 allowed", "198.51.100.1 denied"}) {
+	// An allowed flow is logged when it ends, a refused one at once: in
+	// either order.
+	want := []string{"198.51.100.2 allowed", "198.51.100.1 denied", sn.host.String() + " refused"}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
 		t.Errorf("egress log %q", got)
 	}
 }

@@ -78,3 +78,17 @@ func OriginalDst(c net.Conn) (netip.AddrPort, error) {
 	port := uint16(raw[2])<<8 | uint16(raw[3])
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{raw[4], raw[5], raw[6], raw[7]}), port), nil
 }
+
+// Redirected reports whether dst, c's original destination, differs from
+// the address c was accepted on: a connection made to the transparent
+// listener itself was not redirected, and names no destination. An IPv4
+// address and its IPv4-mapped IPv6 form are the same here (a dual-stack
+// listener's local address is the mapped form).
+func Redirected(c net.Conn, dst netip.AddrPort) bool {
+	l, ok := c.LocalAddr().(*net.TCPAddr)
+	if !ok {
+		return true
+	}
+	local := l.AddrPort()
+	return dst.Addr().Unmap() != local.Addr().Unmap() || dst.Port() != local.Port()
+}
