@@ -2,9 +2,9 @@
 // from the SDK's side (issue 33's benchmark): the published
 // @e2b/code-interpreter (testdata/e2b-code-interpreter, pinned) drives a
 // sandstormd this command starts, and every sample is the SDK's own call
-// as a program makes it: runCode('1+1') round trip (Python and
-// JavaScript), a matplotlib chart, pooled create → first runCode result
-// (goal ≤ 150 ms at p50), a JavaScript kernel's first cell, and a
+// as a program makes it: runCode('1+1') round trip (Python, JavaScript,
+// Java), a matplotlib chart, pooled create → first runCode result (goal
+// ≤ 150 ms at p50), a JavaScript and a Java kernel's first cell, and a
 // kernel's variable read after pause and connect. Results go to
 // bench/results/interpreter-<date>-<commit>.
 //
@@ -58,6 +58,8 @@ var descriptions = map[string]string{
 	"runCode-chart":                "runCode of a matplotlib line chart with plt.show(), until its PNG result is in",
 	"runCode-js-first":             "the first runCode('1+1', {language: 'js'}) of a pooled sandbox: its default JavaScript kernel starts then (ipykernel, Node.js, TypeScript's parser)",
 	"runCode-js-1+1":               "runCode('1+1', {language: 'js'}) round trip on a hot sandbox's default JavaScript context",
+	"runCode-java-first":           "the first runCode('1+1', {language: 'java'}) of a pooled sandbox: a Java context's kernel starts then (ipykernel, a JVM, JShell)",
+	"runCode-java-1+1":             "runCode('1+1', {language: 'java'}) round trip on a hot sandbox's Java context",
 	"pause":                        "pause() (the snapshot tier, the kernel's memory kept)",
 	"connect-paused":               "connect() of the paused sandbox (a restore)",
 	"connect-paused→variable-read": "connect() of the paused sandbox, then runCode reading a variable set before the pause",

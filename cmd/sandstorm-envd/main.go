@@ -139,15 +139,17 @@ func interpreterCommand() *cobra.Command {
 	var reseed bool
 	cmd := &cobra.Command{
 		Use:   "interpreter",
-		Short: "The E2B code interpreter API: runs code in Jupyter kernels (Python, JavaScript, TypeScript, R, bash)",
+		Short: "The E2B code interpreter API: runs code in Jupyter kernels (Python, JavaScript, TypeScript, R, Java, bash)",
 		Long: `sandstorm-envd interpreter serves the API @e2b/code-interpreter calls on
 port ` + strconv.Itoa(interpreter.Port) + ` in a sandbox: POST /execute, /contexts. It listens at once and starts the
-default kernels, Python's and (where Node.js is installed) JavaScript's;
-GET /health answers 200 once they answer (a warm template's probe), and
-other calls wait for them. A JavaScript or TypeScript context needs
+default Python kernel, and lists a default JavaScript context (where
+Node.js is installed) whose kernel starts at its first cell; GET /health
+answers 200 once the Python kernel answers (a warm template's probe), and
+other calls wait for it. A JavaScript or TypeScript context needs
 Node.js with TypeScript's compiler (Debian's nodejs and node-typescript)
 and ipykernel; an R context, R with IRkernel (Debian's r-cran-irkernel);
-a bash context, bash and ipykernel.`,
+a Java context, a JDK with JShell (Debian's openjdk-17-jdk-headless) and
+ipykernel; a bash context, bash and ipykernel.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -186,6 +188,7 @@ a bash context, bash and ipykernel.`,
 	f.StringVar(&cfg.R, "r", "R", "R with IRkernel installed, for R contexts")
 	f.StringVar(&cfg.Bash, "bash", "bash", "the shell of bash contexts")
 	f.StringVar(&cfg.Node, "node", "node", "the Node.js of JavaScript and TypeScript contexts")
+	f.StringVar(&cfg.Java, "java", "java", "the JDK's java launcher of Java contexts (JShell)")
 	f.StringVar(&cfg.Workdir, "workdir", "", "a context's working directory when it names none (default: the current directory)")
 	f.StringVar(&cfg.User, "user", "", "the account kernels run as (default: this process's)")
 	f.BoolVar(&reseed, "reseed", false, "serve nothing: ask the server on --addr to reseed its kernels' random generators (a warm template's reseed command)")

@@ -104,6 +104,12 @@ func mmdebstrapArgs(dir string, d debianSpec, cache string) []string {
 		"--setup-hook=mkdir -p \"$1\"/var/cache/apt/archives \"$1\"/var/lib/apt/lists",
 		"--setup-hook=sync-in " + archives + " /var/cache/apt/archives/",
 		"--setup-hook=sync-in " + lists + " /var/lib/apt/lists/",
+		// The slim filters leave no /usr/share/man/man1, where a JRE's
+		// postinst links its man pages' alternatives: without it,
+		// openjdk-17-jre-headless fails to configure, here and when
+		// installed in a sandbox later (as in debian:bookworm-slim,
+		// Debian bug #863199; its Dockerfiles make the directory too).
+		"--setup-hook=mkdir -p \"$1\"/usr/share/man/man1",
 	}
 	for _, o := range slimExcludes {
 		args = append(args, "--dpkgopt="+o)

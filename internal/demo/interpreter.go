@@ -28,11 +28,11 @@ const envdInSandbox = "/.sandstorm/sandstorm-envd"
 const interpreterLink = "/usr/local/bin/sandstorm-interpreter"
 
 // interpreterPackages are what the code interpreter runs on: Python's
-// kernel with the display formats' libraries, R's kernel, and Node.js
-// with TypeScript's compiler (the bash and JavaScript kernels are the
-// server's own, on ipykernel).
+// kernel with the display formats' libraries, R's kernel, Node.js with
+// TypeScript's compiler, and the JDK with JShell (the bash, JavaScript
+// and Java kernels are the server's own, on ipykernel).
 var interpreterPackages = []string{"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib",
-	"r-base-core", "r-cran-irkernel", "nodejs", "node-typescript"}
+	"r-base-core", "r-cran-irkernel", "nodejs", "node-typescript", "openjdk-17-jdk-headless"}
 
 // interpreterCustomize builds matplotlib's font cache (root's, whose
 // kernels draw) at build time: otherwise every sandbox's first chart

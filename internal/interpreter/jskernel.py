@@ -31,28 +31,31 @@ from ipykernel.kernelapp import IPKernelApp
 
 from bashkernel import BashKernel
 
-RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jsrunner.js")
-# The command line: jskernel.py LANGUAGE NODE -f CONNECTION_FILE, the
-# first two for this kernel, the rest for ipykernel's.
-LANGUAGE, NODE = "javascript", "node"
-if len(sys.argv) > 2 and not sys.argv[1].startswith("-"):
-    LANGUAGE, NODE = sys.argv[1], sys.argv[2]
-    del sys.argv[1:3]
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class JSKernel(BashKernel):
     implementation = "sandstorm-js"
     implementation_version = "1"
-    language = LANGUAGE
+    language = "javascript"
     language_version = "ES2022"
-    language_info = ({"name": "typescript", "mimetype": "text/typescript", "file_extension": ".ts"}
-                     if LANGUAGE == "typescript" else
-                     {"name": "javascript", "mimetype": "text/javascript", "file_extension": ".js"})
+    language_info = {"name": "javascript", "mimetype": "text/javascript", "file_extension": ".js"}
     banner = "Node.js"
+    # The program the child runs (main sets it from the command line).
+    program = "node"
 
     def start_bash(self):
         # Named for the frame's hook: starts nothing until the first cell.
         self.bash = None
+
+    def child_argv(self, cells, outcomes):
+        """The child's command: it reads cells from the fd cells and
+        writes their outcomes to the fd outcomes."""
+        return [self.program, os.path.join(HERE, "jsrunner.js"), self.mark.decode(), self.language,
+                str(cells), str(outcomes)]
+
+    def encode_cell(self, code):
+        return (json.dumps({"code": code}) + "\n").encode()
 
     def start_node(self):
         self.mark = ("\x1esandstorm-%s " % secrets.token_hex(8)).encode()
@@ -60,14 +63,13 @@ class JSKernel(BashKernel):
         out_r, out_w = os.pipe()
         self.bash = subprocess.Popen(
             # ipykernel ignores SIGINT outside its handlers: env gives
-            # Node the default back, so its own handlers take it.
-            ["env", "--default-signal=INT", NODE, RUNNER, self.mark.decode(), LANGUAGE,
-             str(cells_r), str(out_w)],
+            # the child the default back, so its own handlers take it.
+            ["env", "--default-signal=INT"] + self.child_argv(cells_r, out_w),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             bufsize=0, pass_fds=(cells_r, out_w))
         os.close(cells_r)
         os.close(out_w)
-        self.cells_pipe = os.fdopen(cells_w, "w", buffering=1)
+        self.cells_pipe = os.fdopen(cells_w, "wb", buffering=0)
         self.outcomes = os.fdopen(out_r, "r")
 
     def do_execute(self, code, silent, store_history=True, user_expressions=None,
@@ -82,14 +84,14 @@ class JSKernel(BashKernel):
         for r in readers:
             r.start()
         try:
-            self.cells_pipe.write(json.dumps({"code": code}) + "\n")
+            self.cells_pipe.write(self.encode_cell(code))
         except OSError:
             readers = []
         status = self.relay(readers, out, silent)
         if status is None:
             # Node is gone (the cell ended it) or would not stop.
             self.restart_bash()
-            return self.error(silent, "Error", "Node.js exited; a new one starts with the next cell")
+            return self.error(silent, "Error", "%s exited; a new one starts with the next cell" % self.banner)
         outcome = json.loads(self.outcomes.readline() or "{}")
         if status == "interrupted":
             return self.error(silent, "KeyboardInterrupt", "interrupted")
@@ -118,5 +120,19 @@ class JSKernel(BashKernel):
         return content
 
 
+def main(kernel_class, infos):
+    """Launches kernel_class. The command line is: LANGUAGE PROGRAM -f
+    CONNECTION_FILE, the first two for this kernel (a language of infos,
+    and the program its child runs), the rest for ipykernel's."""
+    if len(sys.argv) > 2 and not sys.argv[1].startswith("-"):
+        kernel_class.language, kernel_class.program = sys.argv[1], sys.argv[2]
+        kernel_class.language_info = infos[kernel_class.language]
+        del sys.argv[1:3]
+    IPKernelApp.launch_instance(kernel_class=kernel_class)
+
+
 if __name__ == "__main__":
-    IPKernelApp.launch_instance(kernel_class=JSKernel)
+    main(JSKernel, {
+        "javascript": {"name": "javascript", "mimetype": "text/javascript", "file_extension": ".js"},
+        "typescript": {"name": "typescript", "mimetype": "text/typescript", "file_extension": ".ts"},
+    })

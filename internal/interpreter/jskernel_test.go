@@ -123,27 +123,7 @@ func TestJSKernel(t *testing.T) {
 	// A client that gives up interrupts the cell, a busy loop too; the
 	// kernel's variables are kept.
 	for _, code := range []string{"console.log('looping'); while (true) {}", "console.log('looping'); await new Promise(() => {})"} {
-		short, cancel := context.WithCancel(ctx)
-		started := make(chan struct{})
-		go func() {
-			b, _ := json.Marshal(map[string]any{"code": code, "language": "js"})
-			req, _ := http.NewRequestWithContext(short, "POST", ts.URL+"/execute", bytes.NewReader(b))
-			res, err := http.DefaultClient.Do(req)
-			if err == nil {
-				br := bufio.NewReader(res.Body)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil || strings.Contains(line, "looping") {
-						break
-					}
-				}
-				close(started)
-				<-short.Done()
-				res.Body.Close()
-			}
-		}()
-		testenv.Within(t, started, time.Minute, "the cell to start")
-		cancel()
+		interruptCell(t, ts.URL, "js", code)
 		if got := text(js("js", map[string]any{"code": "q"})); got != "1" {
 			t.Errorf("after interrupting %q: %q, want the variable kept", code, got)
 		}
@@ -156,4 +136,86 @@ func TestJSKernel(t *testing.T) {
 	if got := text(js("js", map[string]any{"code": "typeof q"})); got != "undefined" {
 		t.Errorf("after exit: %q", got)
 	}
+}
+
+// The Java kernel (javakernel.py over JavaRunner.java): JShell in the
+// host's JDK, run for real. The SDK's own Java cases (env_vars/java.test.ts,
+// cwd.test.ts) read envs as system properties, as E2B's kernel keeps them.
+func TestJavaKernel(t *testing.T) {
+	s, ts := newTestServer(t)
+	if err := exec.Command("java", "--add-modules", "jdk.jshell", "-version").Run(); err != nil {
+		testenv.Skip(t, "a JDK with JShell: apt-get install openjdk-17-jdk-headless")
+	}
+	ctx := context.Background()
+	java := func(body map[string]any, hdr ...string) []map[string]any {
+		body["language"] = "java"
+		return run(t, ctx, ts.URL, body, hdr...)
+	}
+	env := api.EncodeEnv(map[string]string{"TEST_ENV_VAR": "supertest"})
+	if got := firstText(t, java(map[string]any{"code": `System.getProperty("TEST_ENV_VAR")`}, api.EnvdEnvHeader, env)); got != "supertest" {
+		t.Errorf("the sandbox's variable: %q", got)
+	}
+	odd := "a\"b\\user\u2028<&>"
+	lines := java(map[string]any{"code": `System.out.println(System.getProperty("TEST_ENV_VAR") + "|" + System.getProperty("ODD"))`,
+		"env_vars": map[string]string{"TEST_ENV_VAR": "overwrite", "ODD": odd}}, api.EnvdEnvHeader, env)
+	if so := ofType(lines, "stdout"); len(so) != 1 || so[0]["text"] != "overwrite|"+odd+"\n" {
+		t.Errorf("per-call variables: %v", lines)
+	}
+	if got := firstText(t, java(map[string]any{"code": `System.getProperty("TEST_ENV_VAR") + "|" + System.getProperty("ODD", "default")`},
+		api.EnvdEnvHeader, env)); got != "supertest|default" {
+		t.Errorf("after the call: %q", got)
+	}
+	if got := firstText(t, java(map[string]any{"code": `System.getProperty("user.dir")`})); got != s.cfg.Workdir {
+		t.Errorf("user.dir: %q, want %q", got, s.cfg.Workdir)
+	}
+	// Declarations last; several snippets in a cell; the last one's value.
+	java(map[string]any{"code": "int x = 41;\nint twice(int v) { return 2 * v; }"})
+	if got := firstText(t, java(map[string]any{"code": "int y = x + 1;\ntwice(y)"})); got != "84" {
+		t.Errorf("twice(y): %q", got)
+	}
+	if lines := java(map[string]any{"code": "int z = 1;"}); len(ofType(lines, "result")) != 0 {
+		t.Errorf("a declaration has no value: %v", lines)
+	}
+	errs := ofType(java(map[string]any{"code": `throw new IllegalStateException("boom")`}), "error")
+	if len(errs) != 1 || errs[0]["name"] != "IllegalStateException" || errs[0]["value"] != "boom" {
+		t.Errorf("a throw: %v", errs)
+	}
+	if errs := ofType(java(map[string]any{"code": "int q = \"text\";"}), "error"); len(errs) != 1 || errs[0]["name"] != "CompilationException" {
+		t.Errorf("a compile error: %v", errs)
+	}
+	if got := firstText(t, java(map[string]any{"code": "x"})); got != "41" {
+		t.Errorf("after errors: %q", got)
+	}
+	interruptCell(t, ts.URL, "java", `System.out.println("looping"); while (true) {}`)
+	if got := firstText(t, java(map[string]any{"code": "x"})); got != "41" {
+		t.Errorf("after an interrupt: %q, want the variable kept", got)
+	}
+}
+
+// interruptCell runs code, which prints "looping" and then never ends,
+// and gives up on it once it has printed: the server interrupts the
+// kernel, and the call returns once the cell has ended.
+func interruptCell(t *testing.T, url, lang, code string) {
+	t.Helper()
+	short, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	go func() {
+		b, _ := json.Marshal(map[string]any{"code": code, "language": lang})
+		req, _ := http.NewRequestWithContext(short, "POST", url+"/execute", bytes.NewReader(b))
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			br := bufio.NewReader(res.Body)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil || strings.Contains(line, "looping") {
+					break
+				}
+			}
+			close(started)
+			<-short.Done()
+			res.Body.Close()
+		}
+	}()
+	testenv.Within(t, started, time.Minute, "the cell to start")
+	cancel()
 }

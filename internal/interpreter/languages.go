@@ -73,6 +73,14 @@ var languages = map[string]language{
 	},
 	"javascript": jsLanguage("javascript"),
 	"typescript": jsLanguage("typescript"),
+	"java": {
+		argv: func(s *Server, conn string) []string {
+			return []string{s.cfg.Python, "-Xfrozen_modules=off", s.javaKernel, "java", s.cfg.Java, "-f", conn}
+		},
+		program: func(s *Server) string { return s.cfg.Java },
+		install: "openjdk-17-jdk-headless and python3-ipykernel",
+		env:     javaEnv,
+	},
 }
 
 // jsLanguage is the kernel of jskernel.py for JavaScript or TypeScript.
@@ -166,6 +174,24 @@ func jsEnv(set map[string]string, unset []string) string {
 	}
 	for _, k := range unset {
 		fmt.Fprintf(&b, "delete process.env[%s];\n", jsonString(k))
+	}
+	return b.String()
+}
+
+// javaEnv sets Java's system properties, where E2B's Java kernel keeps
+// envs (a JVM's environment cannot change). A JSON string from Go's
+// encoder is a Java string literal of the same string: it writes no
+// \u000a or \u000d, which Java would read as line ends before lexing.
+func javaEnv(set map[string]string, unset []string) string {
+	if len(set) == 0 && len(unset) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		fmt.Fprintf(&b, "System.setProperty(%s, %s);\n", jsonString(k), jsonString(set[k]))
+	}
+	for _, k := range unset {
+		fmt.Fprintf(&b, "System.clearProperty(%s);\n", jsonString(k))
 	}
 	return b.String()
 }

@@ -10,7 +10,7 @@
 // GET /contexts lists them, DELETE /contexts/{id} removes one, POST
 // /contexts/{id}/restart starts its kernel afresh; GET /health answers
 // once the default Python context's kernel is running. Python,
-// JavaScript, TypeScript, R and bash kernels are served (languages.go):
+// JavaScript, TypeScript, R, Java and bash kernels are served (languages.go):
 // other languages are refused.
 package interpreter
 
@@ -60,6 +60,15 @@ var jsKernelSource string
 //go:embed jsrunner.js
 var jsRunnerSource string
 
+// javaKernelSource and javaRunnerSource are the Java kernel (languages.go)
+// and the JShell evaluator it drives.
+//
+//go:embed javakernel.py
+var javaKernelSource string
+
+//go:embed JavaRunner.java
+var javaRunnerSource string
+
 var bootstrap = charts + "\n" + formats
 
 // Config is how the server starts kernels.
@@ -75,6 +84,9 @@ type Config struct {
 	// (default "node"), with TypeScript's compiler where it finds its
 	// modules (Debian's node-typescript).
 	Node string
+	// Java is the JDK's java launcher the Java kernel runs JShell with
+	// (default "java"; Debian's openjdk-17-jdk-headless).
+	Java string
 	// Workdir is a context's working directory when its create names none
 	// (default: the current directory).
 	Workdir string
@@ -98,6 +110,7 @@ type Server struct {
 	startup    string // bootstrap.py's path
 	bashKernel string // bashkernel.py's path
 	jsKernel   string // jskernel.py's path (jsrunner.js is beside it)
+	javaKernel string // javakernel.py's path (JavaRunner.java is beside it)
 	cred       *syscall.Credential
 	ready      chan struct{} // closed once the default context answers
 
@@ -161,6 +174,7 @@ func Prepare(cfg Config) (*Server, error) {
 	cfg.R = cmp.Or(cfg.R, "R")
 	cfg.Bash = cmp.Or(cfg.Bash, "bash")
 	cfg.Node = cmp.Or(cfg.Node, "node")
+	cfg.Java = cmp.Or(cfg.Java, "java")
 	if cfg.KernelReady == 0 {
 		cfg.KernelReady = 2 * time.Minute
 	}
@@ -177,8 +191,9 @@ func Prepare(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, startup: filepath.Join(cfg.StateDir, "bootstrap.py"),
 		bashKernel: filepath.Join(cfg.StateDir, "bashkernel.py"), jsKernel: filepath.Join(cfg.StateDir, "jskernel.py"),
-		ready:    make(chan struct{}),
-		contexts: map[string]*codeContext{}, defaults: map[string]string{}}
+		javaKernel: filepath.Join(cfg.StateDir, "javakernel.py"),
+		ready:      make(chan struct{}),
+		contexts:   map[string]*codeContext{}, defaults: map[string]string{}}
 	if cfg.User != "" {
 		if err := s.setUser(cfg.User); err != nil {
 			return nil, err
@@ -188,7 +203,8 @@ func Prepare(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	for _, f := range []struct{ path, text string }{{s.startup, bootstrap}, {s.bashKernel, bashKernelSource},
-		{s.jsKernel, jsKernelSource}, {filepath.Join(cfg.StateDir, "jsrunner.js"), jsRunnerSource}} {
+		{s.jsKernel, jsKernelSource}, {filepath.Join(cfg.StateDir, "jsrunner.js"), jsRunnerSource},
+		{s.javaKernel, javaKernelSource}, {filepath.Join(cfg.StateDir, "JavaRunner.java"), javaRunnerSource}} {
 		if err := os.WriteFile(f.path, []byte(f.text), 0o644); err != nil {
 			return nil, fmt.Errorf("interpreter: %w", err)
 		}
