@@ -210,29 +210,7 @@ func TestContextsEnvAndInterrupt(t *testing.T) {
 
 	// A client that gives up: the kernel is interrupted, and the next
 	// call runs at once, not after the sleep.
-	short, cancel := context.WithCancel(ctx)
-	started := make(chan struct{})
-	go func() {
-		b, _ := json.Marshal(map[string]any{"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(3600)"})
-		req, _ := http.NewRequestWithContext(short, "POST", ts.URL+"/execute", bytes.NewReader(b))
-		res, err := http.DefaultClient.Do(req)
-		if err == nil {
-			// Its "sleeping" line: the sleep began (a keepalive may
-			// come first when the kernel is slow to take the cell up).
-			br := bufio.NewReader(res.Body)
-			for {
-				l, err := br.ReadString('\n')
-				if err != nil || strings.Contains(l, "sleeping") {
-					break
-				}
-			}
-			close(started)
-			<-short.Done()
-			res.Body.Close()
-		}
-	}()
-	testenv.Within(t, started, time.Minute, "the sleep to start")
-	cancel()
+	interruptCell(t, ts.URL, "", "import time\nprint('looping', flush=True)\ntime.sleep(3600)")
 	if got := mainText(t, run(t, ctx, ts.URL, map[string]any{"code": "1 + 1"})); got != "2" {
 		t.Errorf("after an interrupted call: %q", got)
 	}

@@ -192,8 +192,8 @@ func TestJavaKernel(t *testing.T) {
 	}
 }
 
-// interruptCell runs code, which prints "looping" and then never ends,
-// and gives up on it once it has printed: the server interrupts the
+// interruptCell runs code in lang ("" the default), which prints
+// "looping" and then never ends, and gives up on it once it has printed: the server interrupts the
 // kernel, and the call returns once the cell has ended.
 func interruptCell(t *testing.T, url, lang, code string) {
 	t.Helper()
@@ -204,6 +204,8 @@ func interruptCell(t *testing.T, url, lang, code string) {
 		req, _ := http.NewRequestWithContext(short, "POST", url+"/execute", bytes.NewReader(b))
 		res, err := http.DefaultClient.Do(req)
 		if err == nil {
+			// Its "looping" line: the cell began (a keepalive may come
+			// first when the kernel is slow to take the cell up).
 			br := bufio.NewReader(res.Body)
 			for {
 				line, err := br.ReadString('\n')

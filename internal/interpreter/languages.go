@@ -110,72 +110,62 @@ func (s *Server) lookupLanguage(name string) (language, error) {
 	return l, nil
 }
 
-// pythonEnv sets os.environ. Values are quoted as JSON strings, which
-// Python reads as the same strings.
-func pythonEnv(set map[string]string, unset []string) string {
+// envCode is code setting set and removing unset, one line each, made by
+// setLine and unsetLine in a kernel's language; "" when there is neither.
+func envCode(set map[string]string, unset []string, setLine func(k, v string) string, unsetLine func(k string) string) string {
 	if len(set) == 0 && len(unset) == 0 {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString("import os as __sandstorm_os\n")
 	for _, k := range slices.Sorted(maps.Keys(set)) {
-		fmt.Fprintf(&b, "__sandstorm_os.environ[%s] = %s\n", jsonString(k), jsonString(set[k]))
+		b.WriteString(setLine(k, set[k]) + "\n")
 	}
 	for _, k := range unset {
-		fmt.Fprintf(&b, "__sandstorm_os.environ.pop(%s, None)\n", jsonString(k))
+		b.WriteString(unsetLine(k) + "\n")
 	}
-	b.WriteString("del __sandstorm_os\n")
 	return b.String()
+}
+
+// pythonEnv sets os.environ. Values are quoted as JSON strings, which
+// Python reads as the same strings.
+func pythonEnv(set map[string]string, unset []string) string {
+	code := envCode(set, unset,
+		func(k, v string) string {
+			return fmt.Sprintf("__sandstorm_os.environ[%s] = %s", jsonString(k), jsonString(v))
+		},
+		func(k string) string { return fmt.Sprintf("__sandstorm_os.environ.pop(%s, None)", jsonString(k)) })
+	if code == "" {
+		return ""
+	}
+	return "import os as __sandstorm_os\n" + code + "del __sandstorm_os\n"
 }
 
 // rEnv sets R's environment (Sys.setenv, Sys.unsetenv). R reads a JSON
 // string as the same string but for "\/", which Go's encoder does not
 // write; a quoted argument name is R's way to name any variable.
 func rEnv(set map[string]string, unset []string) string {
-	if len(set) == 0 && len(unset) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(set)) {
-		fmt.Fprintf(&b, "invisible(Sys.setenv(%s = %s))\n", jsonString(k), jsonString(set[k]))
-	}
-	for _, k := range unset {
-		fmt.Fprintf(&b, "invisible(Sys.unsetenv(%s))\n", jsonString(k))
-	}
-	return b.String()
+	return envCode(set, unset,
+		func(k, v string) string {
+			return fmt.Sprintf("invisible(Sys.setenv(%s = %s))", jsonString(k), jsonString(v))
+		},
+		func(k string) string { return fmt.Sprintf("invisible(Sys.unsetenv(%s))", jsonString(k)) })
 }
 
 // bashEnv exports and unsets in the kernel's bash. Each assignment is one
 // single-quoted word, so neither a name nor a value is read as code: a
 // name bash does not take is an error of export's, nothing more.
 func bashEnv(set map[string]string, unset []string) string {
-	if len(set) == 0 && len(unset) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(set)) {
-		fmt.Fprintf(&b, "export %s\n", shellQuote(k+"="+set[k]))
-	}
-	for _, k := range unset {
-		fmt.Fprintf(&b, "unset -v %s\n", shellQuote(k))
-	}
-	return b.String()
+	return envCode(set, unset,
+		func(k, v string) string { return "export " + shellQuote(k+"="+v) },
+		func(k string) string { return "unset -v " + shellQuote(k) })
 }
 
 // jsEnv sets process.env. A JSON string is a JavaScript string literal
 // of the same string (since ES2019 even with U+2028 in it).
 func jsEnv(set map[string]string, unset []string) string {
-	if len(set) == 0 && len(unset) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(set)) {
-		fmt.Fprintf(&b, "process.env[%s] = %s;\n", jsonString(k), jsonString(set[k]))
-	}
-	for _, k := range unset {
-		fmt.Fprintf(&b, "delete process.env[%s];\n", jsonString(k))
-	}
-	return b.String()
+	return envCode(set, unset,
+		func(k, v string) string { return fmt.Sprintf("process.env[%s] = %s;", jsonString(k), jsonString(v)) },
+		func(k string) string { return fmt.Sprintf("delete process.env[%s];", jsonString(k)) })
 }
 
 // javaEnv sets Java's system properties, where E2B's Java kernel keeps
@@ -183,17 +173,11 @@ func jsEnv(set map[string]string, unset []string) string {
 // encoder is a Java string literal of the same string: it writes no
 // \u000a or \u000d, which Java would read as line ends before lexing.
 func javaEnv(set map[string]string, unset []string) string {
-	if len(set) == 0 && len(unset) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(set)) {
-		fmt.Fprintf(&b, "System.setProperty(%s, %s);\n", jsonString(k), jsonString(set[k]))
-	}
-	for _, k := range unset {
-		fmt.Fprintf(&b, "System.clearProperty(%s);\n", jsonString(k))
-	}
-	return b.String()
+	return envCode(set, unset,
+		func(k, v string) string {
+			return fmt.Sprintf("System.setProperty(%s, %s);", jsonString(k), jsonString(v))
+		},
+		func(k string) string { return fmt.Sprintf("System.clearProperty(%s);", jsonString(k)) })
 }
 
 func jsonString(s string) string {

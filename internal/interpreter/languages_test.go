@@ -1,15 +1,10 @@
 package interpreter
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
-	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"sandstorm/api"
 	"sandstorm/internal/testenv"
@@ -117,27 +112,7 @@ func TestBashKernel(t *testing.T) {
 	}
 
 	// A client that gives up interrupts the command; bash goes on.
-	short, cancel := context.WithCancel(ctx)
-	started := make(chan struct{})
-	go func() {
-		b, _ := json.Marshal(map[string]any{"code": "echo sleeping; sleep 3600", "language": "bash"})
-		req, _ := http.NewRequestWithContext(short, "POST", ts.URL+"/execute", bytes.NewReader(b))
-		res, err := http.DefaultClient.Do(req)
-		if err == nil {
-			br := bufio.NewReader(res.Body)
-			for {
-				line, err := br.ReadString('\n')
-				if err != nil || strings.Contains(line, "sleeping") {
-					break
-				}
-			}
-			close(started)
-			<-short.Done()
-			res.Body.Close()
-		}
-	}()
-	testenv.Within(t, started, time.Minute, "the sleep to start")
-	cancel()
+	interruptCell(t, ts.URL, "bash", "echo looping; sleep 3600")
 	if got := stdout(sh(map[string]any{"code": "echo $v"})); got != "kept\n" {
 		t.Errorf("after an interrupted sleep: %q, want bash's variable kept", got)
 	}
