@@ -165,8 +165,17 @@ func TestWebRootfs(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "usr/share/doc/python3.11/copyright")); err != nil {
 		t.Errorf("python3.11's copyright: %v", err)
 	}
-	if m, _ := filepath.Glob(filepath.Join(dir, "usr/share/man/*/*")); len(m) > 0 {
-		t.Errorf("man pages were installed: %v", m[:min(3, len(m))])
+	// Pages, that is: update-alternatives links in man1 (sh.1.gz, which
+	// the directory made for a JRE's postinst lets it make) dangle.
+	var pages []string
+	m, _ := filepath.Glob(filepath.Join(dir, "usr/share/man/*/*"))
+	for _, p := range m {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+			pages = append(pages, p)
+		}
+	}
+	if len(pages) > 0 {
+		t.Errorf("man pages were installed: %v", pages[:min(3, len(pages))])
 	}
 	// glibc dlopens it to unwind exiting threads (addUnwinder); without
 	// it the server aborted now and then on SIGTERM, when a handler thread
