@@ -77,6 +77,8 @@ class JSKernel(BashKernel):
         if not code.strip():
             return self.ok()
         if self.bash is None or self.bash.poll() is not None:
+            # Not started, or ended between cells: its pipes go with it.
+            self.restart_bash()
             self.start_node()
         out = queue.Queue()
         readers = [threading.Thread(target=self.read, args=(getattr(self.bash, name), name, out), daemon=True)

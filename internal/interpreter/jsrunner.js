@@ -234,8 +234,16 @@ async function run(code) {
   }
 }
 
+// reply ends a cell: its outcome, then the markers. An outcome JSON
+// cannot hold (a _toMime with a cycle) is an error instead.
 function reply(obj) {
-  fs.writeSync(outcomesFd, JSON.stringify(obj) + '\n');
+  let line;
+  try {
+    line = JSON.stringify(obj);
+  } catch (e) {
+    line = JSON.stringify({ error: errorOf(e) });
+  }
+  fs.writeSync(outcomesFd, line + '\n');
   fs.writeSync(1, `${mark}0\n`);
   fs.writeSync(2, `${mark}0\n`);
 }
@@ -253,11 +261,6 @@ lines.on('line', async (line) => {
     const { code } = JSON.parse(line);
     const mime = mimeOf(await run(code));
     out = mime ? { mime } : {};
-  } catch (e) {
-    out = { error: errorOf(e) };
-  }
-  try {
-    out.mime && JSON.stringify(out);
   } catch (e) {
     out = { error: errorOf(e) };
   }
