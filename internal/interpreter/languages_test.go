@@ -111,10 +111,18 @@ func TestBashKernel(t *testing.T) {
 		t.Errorf("read from stdin: %q", got)
 	}
 
-	// A client that gives up interrupts the command; bash goes on.
-	interruptCell(t, ts.URL, "bash", "echo looping; sleep 3600")
-	if got := stdout(sh(map[string]any{"code": "echo $v"})); got != "kept\n" {
-		t.Errorf("after an interrupted sleep: %q, want bash's variable kept", got)
+	// A client that gives up interrupts the cell: the rest of it does not
+	// run, and bash goes on with its variables, after a command or a loop
+	// of bash's builtins alike.
+	for _, cell := range []string{
+		"echo looping; sleep 3600; v=ran-on",
+		"echo looping; while :; do :; done; v=ran-on",
+		"f() { sleep 3600; }; echo looping; f; sleep 3600; v=ran-on",
+	} {
+		interruptCell(t, ts.URL, "bash", cell)
+		if got := stdout(sh(map[string]any{"code": "echo $v"})); got != "kept\n" {
+			t.Errorf("after interrupting %q: %q, want bash's variable kept and the rest of the cell not run", cell, got)
+		}
 	}
 
 	// A cell that ends bash: an error, and a new bash for the next.
