@@ -29,18 +29,53 @@ var (
 // as "base", building its rootfs once per run.
 func (d *Daemon) registerBase(t *testing.T) {
 	t.Helper()
+	d.registerBaseFrom(t, builtBase(t), "")
+}
+
+// builtBase is the base demo's rootfs, built once per run.
+func builtBase(t *testing.T) string {
+	t.Helper()
 	baseOnce.Do(func() {
 		baseRootfs, baseDemo, baseErr = buildDemo("base")
 	})
 	if baseErr != nil {
 		t.Fatalf("build the base demo: %v", baseErr)
 	}
+	return baseRootfs
+}
+
+// registerBaseFrom registers rootfs, the base demo's or a copy of it, as
+// "base", whose sandboxes are principal to their boundaries ("": each
+// its own name).
+func (d *Daemon) registerBaseFrom(t *testing.T, rootfs, principal string) {
+	t.Helper()
 	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{
-		Name: "base", RootfsDir: baseRootfs,
+		Name: "base", RootfsDir: rootfs, Principal: principal,
 		Process: api.Process{Args: baseDemo.Args, Env: baseDemo.Env, Envd: baseDemo.Envd}, Ports: baseDemo.Ports, Warm: baseDemo.Warm,
 	}); err != nil {
 		t.Fatalf("register base: %v", err)
 	}
+}
+
+// baseTrusting is a copy of the base demo's rootfs whose trust store
+// (Debian's bundle, which curl and pip read) also holds caPEM. Made before
+// the daemon that runs it starts, so that it is removed after that daemon
+// stops (cleanups run last first).
+func baseTrusting(t *testing.T, caPEM []byte) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "rootfs")
+	if out, err := exec.Command("cp", "-a", builtBase(t), dst).CombinedOutput(); err != nil {
+		t.Fatalf("copy the base rootfs: %v: %s", err, out)
+	}
+	f, err := os.OpenFile(filepath.Join(dst, "etc/ssl/certs/ca-certificates.crt"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(caPEM); err != nil {
+		t.Fatal(err)
+	}
+	return dst
 }
 
 // TestE2BSDK drives a master and node with the real E2B SDK from npm
@@ -203,10 +238,7 @@ bindings:
 `), 0o600)
 	sn := startSAMNode(t, llm, policyPath)
 	d := startDaemon(t, "--policy", policyPath, "--sam-node", "unix://"+sn.Sock)
-	baseOnce.Do(func() { baseRootfs, baseDemo, baseErr = buildDemo("base") })
-	if baseErr != nil {
-		t.Fatalf("build the base demo: %v", baseErr)
-	}
+	builtBase(t)
 	// E2B's SDK creates from "mcp-gateway" when a create has mcp: here a
 	// base sandbox whose principal the policy grants the tools.
 	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{

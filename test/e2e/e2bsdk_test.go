@@ -3,8 +3,12 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +22,7 @@ import (
 
 	"sandstorm/internal/client"
 	"sandstorm/internal/ociimage/ocitest"
+	"sandstorm/internal/pki"
 	"sandstorm/internal/testenv"
 )
 
@@ -28,6 +33,58 @@ import (
 // API: every test must pass, except those listed in
 // testdata/e2bsdk-exceptions.txt, each with its reason — those the
 // machine cannot run, and those whose feature is not built yet.
+
+// internetDouble stands in for the internet the SDK's network tests
+// reach (https://1.1.1.1, https://8.8.8.8 and
+// https://connectivitycheck.gstatic.com/generate_204), which CI's
+// machine has not and a test may not address: those addresses, routed
+// from this machine into a namespace of the test's own (the name by the
+// resolver it answers, which the daemon's boundaries use), answer as the
+// real servers do (301, 302, 204), with a certificate from a CA of the
+// test's own (caPEM), which the suite's base template trusts. Whether a
+// sandbox reaches them is then up to its boundary's rules alone, as on
+// E2B's cloud.
+func internetDouble(t *testing.T) (resolver *testDNS, caPEM []byte) {
+	t.Helper()
+	cloudflare, google := netip.MustParseAddr("1.1.1.1"), netip.MustParseAddr("8.8.8.8")
+	check := netip.MustParseAddr("198.51.100.20") // RFC 5737 documentation space
+	o := outsideNamespace(t, cloudflare, google, check)
+	caPEM, keyPEM, err := pki.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := pki.ParseCA(caPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ca.ServerConfig([]string{cloudflare.String(), google.String(), "connectivitycheck.gstatic.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		ap, _ := netip.ParseAddrPort(fmt.Sprint(local))
+		switch ap.Addr().Unmap() {
+		case cloudflare:
+			http.Redirect(w, r, "https://one.one.one.one/", http.StatusMovedPermanently)
+		case google:
+			http.Redirect(w, r, "https://dns.google/", http.StatusFound)
+		case check:
+			if r.URL.Path != "/generate_204" {
+				http.NotFound(w, r)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			http.Error(w, "no such server here", http.StatusMisdirectedRequest)
+		}
+	})}
+	go srv.Serve(tls.NewListener(listenIn(t, o.ns, "0.0.0.0:443"), cfg))
+	t.Cleanup(func() { srv.Close() })
+	resolver = startTestDNS(t)
+	resolver.set("connectivitycheck.gstatic.com", check)
+	return resolver, caPEM
+}
 
 // sdkExceptions reads the exception list: "<file> > <full test name>",
 // then " | " and why; "#" starts a comment.
@@ -84,8 +141,22 @@ func TestE2BSDKSuite(t *testing.T) {
 		t.Fatalf("the SDK's test dependencies are not installed (%v): run npm ci --prefix third_party/e2b-js-sdk", err)
 	}
 	skip := sdkExceptions(t)
-	d := startDaemon(t, "--registry-mirror", "docker.io="+sdkImages(t))
-	d.registerBase(t)
+	resolver, caPEM := internetDouble(t)
+	base := baseTrusting(t, caPEM)
+	// The operator's policy is what a sandbox may reach at most (its
+	// network options only narrow it): here the stand-in internet, for
+	// base's sandboxes, as E2B's cloud lets them reach the internet.
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(`
+roles:
+  - {name: internet, egress: ["1.1.1.1", "8.8.8.8", "connectivitycheck.gstatic.com"]}
+bindings:
+  - {principal: sdk-base, roles: [internet]}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, "--registry-mirror", "docker.io="+sdkImages(t), "--resolver", resolver.addr, "--policy", policy)
+	d.registerBaseFrom(t, base, "sdk-base")
 	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
 	key := strings.TrimSpace(cli(t, env, "api-key", "create", "sdk-tests").Stdout)
 
@@ -191,12 +262,7 @@ var sdkImagesNamed = []string{"library/ubuntu:22.04", "e2bdev/base:latest"}
 // sdkImages starts the registry of sdkImagesNamed and answers its host.
 func sdkImages(t *testing.T) string {
 	t.Helper()
-	baseOnce.Do(func() {
-		baseRootfs, baseDemo, baseErr = buildDemo("base")
-	})
-	if baseErr != nil {
-		t.Fatalf("build the base demo: %v", baseErr)
-	}
+	builtBase(t)
 	reg := ocitest.NewRegistry(t, ocitest.Options{})
 	img := ocitest.ImageOf(t, v1.Config{Cmd: []string{"/bin/bash"}, Env: baseDemo.Env}, ocitest.LayerFromTar(t, ocitest.TarDir(t, baseRootfs)))
 	for _, n := range sdkImagesNamed {
