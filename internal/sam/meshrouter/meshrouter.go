@@ -217,15 +217,18 @@ func (g *Gate) Serve(h host.Host, own func() string) {
 		s.SetDeadline(time.Now().Add(10 * time.Second))
 		line, err := bufio.NewReader(io.LimitReader(s, 8<<10)).ReadString('\n')
 		p := s.Conn().RemotePeer()
+		// A refusal is told (the console's list) before the peer hears
+		// it, so whoever sees the peer refused finds it listed
+		// (TestSamOne read the list the moment the peer's Present failed).
 		if err != nil {
-			fmt.Fprintf(s, "no credential: %v\n", err)
 			g.refuse(p, fmt.Sprintf("no credential: %v", err))
+			fmt.Fprintf(s, "no credential: %v\n", err)
 			return
 		}
 		cred := strings.TrimSpace(line)
 		if _, err := g.check(p, cred); err != nil {
-			fmt.Fprintf(s, "refused: %v\n", err)
 			g.refuse(p, fmt.Sprintf("credential refused: %v", err))
+			fmt.Fprintf(s, "refused: %v\n", err)
 			return
 		}
 		g.mu.Lock()
