@@ -351,6 +351,11 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 		// sees, and the node's log says it too, with the same reason.
 		n.log.Warn("create refused", "name", name, "template", t.Name, "why", err.Error())
 		n.cfg.Events.Publish(events.Event{Kind: events.Refusal, Name: name, Template: t.Name, Node: n.cfg.Name, Reason: "create: " + err.Error()})
+	} else if !errors.Is(err, errdefs.ErrBadInput) && !errors.Is(err, errdefs.ErrExists) {
+		// Said here too: the caller that hears the error may be gone (a
+		// master killed mid-create), and the node's log is then the only
+		// place it is read. A caller's own mistake is only the caller's.
+		n.log.Warn("create failed", "name", name, "template", t.Name, "start", how, "err", err)
 	}
 	return sb, err
 }

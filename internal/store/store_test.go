@@ -577,3 +577,43 @@ func testTemplateLayersRoundTrip(t *testing.T, where string) {
 		t.Errorf("layers back from a list: %+v %v", ts, err)
 	}
 }
+
+// TestCanceledWriteTellsWhatHappened: on SQLite, a write whose context
+// ends while it runs answers what happened: an error only when the row is
+// not there, nil only when it is. modernc.org/sqlite answers ctx.Err()
+// for a statement that finished while its context ended, and a node told
+// "canceled" for a sandbox it had recorded left it detached/hot for good
+// (Store.writeCtx). The cancels land at spread moments around the insert.
+func TestCanceledWriteTellsWhatHappened(t *testing.T) {
+	s := openAt(t, filepath.Join(t.TempDir(), "state.db"))
+	bg := context.Background()
+	if err := s.PutTemplate(bg, Template{Name: "t", Rootfs: "/", Process: api.Process{Args: []string{"/x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	// How long one insert takes here, to spread the cancels across it.
+	began := time.Now()
+	if err := s.CreateSandbox(bg, Sandbox{ID: "probe", Name: "probe", Template: "t", Slot: 0, HostPorts: map[int]int{}}); err != nil {
+		t.Fatal(err)
+	}
+	span := 2 * time.Since(began)
+	refused := 0
+	for i := range 400 {
+		id := fmt.Sprintf("s%d", i)
+		ctx, cancel := context.WithCancel(bg)
+		delay := span * time.Duration(i%40) / 40
+		timer := time.AfterFunc(delay, cancel)
+		err := s.CreateSandbox(ctx, Sandbox{ID: id, Name: id, Template: "t", Slot: i + 1, HostPorts: map[int]int{}})
+		timer.Stop()
+		cancel()
+		_, gerr := s.GetSandbox(bg, id)
+		switch {
+		case err != nil && gerr == nil:
+			t.Fatalf("insert %d (cancel after %v) answered %v, yet its row is there", i, delay, err)
+		case err == nil && gerr != nil:
+			t.Fatalf("insert %d answered nil, yet its row is not there: %v", i, gerr)
+		case err != nil:
+			refused++
+		}
+	}
+	t.Logf("%d of 400 refused before they wrote (the template's read saw the cancel)", refused)
+}
