@@ -51,7 +51,11 @@ class JSKernel(BashKernel):
     def child_argv(self, cells, outcomes):
         """The child's command: it reads cells from the fd cells and
         writes their outcomes to the fd outcomes."""
-        return [self.program, os.path.join(HERE, "jsrunner.js"), self.mark.decode(), self.language,
+        # vm code has import() only with --experimental-vm-modules, and
+        # import.meta.resolve takes a parent only with the other flag
+        # (Node 18); jsrunner.js says why it needs both.
+        return [self.program, "--experimental-vm-modules", "--experimental-import-meta-resolve",
+                os.path.join(HERE, "jsrunner.js"), self.mark.decode(), self.language,
                 str(cells), str(outcomes)]
 
     def encode_cell(self, code):

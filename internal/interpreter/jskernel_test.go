@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -120,6 +122,8 @@ func TestJSKernel(t *testing.T) {
 		t.Errorf("cwd: %q, want %q", got, s.cfg.Workdir)
 	}
 
+	jsModules(t, s.cfg.Workdir, js, text)
+
 	// A client that gives up interrupts the cell, a busy loop too; the
 	// kernel's variables are kept.
 	for _, code := range []string{"console.log('looping'); while (true) {}", "console.log('looping'); await new Promise(() => {})"} {
@@ -135,6 +139,48 @@ func TestJSKernel(t *testing.T) {
 	}
 	if got := text(js("js", map[string]any{"code": "typeof q"})); got != "undefined" {
 		t.Errorf("after exit: %q", got)
+	}
+}
+
+// jsModules: a package published as ESM only (its exports have only an
+// "import" condition, which require() cannot load) is imported by a
+// declaration and by import(), from the working directory's
+// node_modules; import() of a relative path and of a built-in; in
+// TypeScript too; a module that is not there is an error, and the
+// kernel goes on.
+func jsModules(t *testing.T, dir string, js func(string, map[string]any, ...string) []map[string]any, text func([]map[string]any) string) {
+	t.Helper()
+	pkg := filepath.Join(dir, "node_modules", "esm-only")
+	if err := os.MkdirAll(pkg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		filepath.Join(pkg, "package.json"): `{"name": "esm-only", "type": "module", "exports": {".": {"import": "./index.js"}}}`,
+		filepath.Join(pkg, "index.js"):     "export default 'hello'; export const shout = (s) => s.toUpperCase() + '!';",
+		filepath.Join(dir, "local.mjs"):    "export const where = 'cwd';",
+	} {
+		if err := os.WriteFile(name, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct{ lang, code, want string }{
+		{"js", "import greeting, { shout } from 'esm-only'\nshout(greeting)", "HELLO!"},
+		{"js", "import * as esm from 'esm-only'\nesm.default + ' ' + typeof esm.shout", "hello function"},
+		{"js", "const m = await import('esm-only'); m.shout('dynamic')", "DYNAMIC!"},
+		{"js", "(await import('./local.mjs')).where + ' ' + (await import('node:path')).basename('/a/b')", "cwd b"},
+		{"ts", "const n: string = (await import('esm-only')).default; n.length", "5"},
+		{"js", "greeting", "hello"},
+	} {
+		if got := text(js(c.lang, map[string]any{"code": c.code})); got != c.want {
+			t.Errorf("%s %q: %q, want %q", c.lang, c.code, got, c.want)
+		}
+	}
+	errs := ofType(js("js", map[string]any{"code": "await import('not-installed')"}), "error")
+	if len(errs) != 1 || !strings.Contains(errs[0]["value"].(string), "not-installed") {
+		t.Errorf("import() of a missing package: %v", errs)
+	}
+	if got := text(js("js", map[string]any{"code": "shout('still')"})); got != "STILL!" {
+		t.Errorf("after the error: %q", got)
 	}
 }
 

@@ -17,7 +17,12 @@
 // (var, let, const, class, function, import), so they outlive the cell
 // and may be declared again; its last expression statement is its value.
 // Imports become require() of the same module from the working directory
-// (as E2B's kernel turns ESM into CommonJS). TypeScript's types are
+// (as E2B's kernel turns ESM into CommonJS), and the module's namespace
+// by import() where require() cannot load it (a package published as ESM
+// only); a cell's import() resolves from the working directory too (the
+// kernel runs Node.js with --experimental-vm-modules, without which vm
+// code has no import(), and --experimental-import-meta-resolve, for
+// import.meta.resolve's parent argument: Node 18). TypeScript's types are
 // stripped, not checked (TypeScript's transpileModule, as Babel's preset
 // does for E2B's kernel). The parser is TypeScript's (Debian's
 // node-typescript), loaded at the first cell: a context that runs no
@@ -28,7 +33,8 @@ const fs = require('fs');
 const path = require('path');
 const util = require('util');
 const vm = require('vm');
-const { createRequire } = require('module');
+const { createRequire, isBuiltin } = require('module');
+const { pathToFileURL } = require('url');
 
 const mark = process.argv[2];
 const typescriptLanguage = process.argv[3] === 'typescript';
@@ -120,8 +126,11 @@ function rewrite(code) {
   // only (lineOffset puts them back).
   let script = `${names.size > 0 ? `var ${[...names].join(', ')}; ` : ''}(async () => { ${hoisted.join(' ')}\n${body}\n})()`;
   if (typescriptLanguage) {
+    // ESNext leaves import() as it is (the cell's declarations are
+    // rewritten above, so there is nothing else of modules left); with
+    // None TypeScript made it require(), which loads no ES module.
     script = t.transpileModule(script, {
-      compilerOptions: { target: t.ScriptTarget.ES2022, module: t.ModuleKind.None, removeComments: false },
+      compilerOptions: { target: t.ScriptTarget.ES2022, module: t.ModuleKind.ESNext, removeComments: false },
     }).outputText;
   }
   // Sloppy mode, as a notebook's cell is: `x = 1` makes a global.
@@ -145,11 +154,12 @@ function bindingNames(t, name, names) {
   }
 }
 
-// importText is an import declaration as assignments from require():
-// `import d, {a as b} from "m"` sets d (the module's default, or the
-// module itself when it is CommonJS) and b. Type-only imports go.
+// importText is an import declaration as assignments from its module
+// (__sandstorm.load): `import d, {a as b} from "m"` sets d (the module's
+// default, or the module itself when it is CommonJS) and b. Type-only
+// imports go.
 function importText(t, s, names) {
-  const from = `require(${JSON.stringify(s.moduleSpecifier.text)})`;
+  const from = `(await __sandstorm.load(${JSON.stringify(s.moduleSpecifier.text)}))`;
   const c = s.importClause;
   if (!c) {
     return `${from};`;
@@ -215,6 +225,24 @@ function errorOf(e) {
   return { ename: 'Error', evalue: util.inspect(e), traceback: [] };
 }
 
+// importFromCwd is import(spec) as a module in the working directory
+// would make it: a bare name from its node_modules, a relative path from
+// it. The resolver is import.meta.resolve with that module as parent,
+// which only an ES module has (a data: one: this file is CommonJS).
+let metaResolve;
+async function importFromCwd(spec) {
+  if (!isBuiltin(spec)) {
+    if (!metaResolve) {
+      metaResolve = (await import('data:text/javascript,export default (s, p) => import.meta.resolve(s, p);')).default;
+    }
+    spec = await metaResolve(spec, pathToFileURL(path.join(process.cwd(), '[cell]')).href);
+  }
+  return import(spec);
+}
+
+// What require() throws for a module only import() loads.
+const esmOnly = new Set(['ERR_REQUIRE_ESM', 'ERR_PACKAGE_PATH_NOT_EXPORTED', 'ERR_REQUIRE_ASYNC_MODULE']);
+
 // interrupted settles when a SIGINT comes while a cell awaits.
 let interrupt = () => {};
 process.on('SIGINT', () => interrupt());
@@ -227,7 +255,9 @@ async function run(code) {
     interrupt = () => reject(Object.assign(new Error('Script execution interrupted.'), { name: 'KeyboardInterrupt' }));
   });
   try {
-    const value = vm.runInThisContext(script, { filename: 'cell', lineOffset: -1, breakOnSigint: true });
+    const value = vm.runInThisContext(script, {
+      filename: 'cell', lineOffset: -1, breakOnSigint: true, importModuleDynamically: importFromCwd,
+    });
     return await Promise.race([value, stopped]);
   } finally {
     interrupt = () => {};
@@ -249,7 +279,19 @@ function reply(obj) {
 }
 
 globalThis.__sandstorm = {
-  interopDefault: (m) => (m && m.__esModule ? m.default : m),
+  // load is an import declaration's module: require()'s, as E2B's kernel
+  // gives it, else (ESM only) its namespace by import().
+  load: async (spec) => {
+    try {
+      return globalThis.require(spec);
+    } catch (e) {
+      if (!esmOnly.has(e.code)) {
+        throw e;
+      }
+    }
+    return importFromCwd(spec);
+  },
+  interopDefault: (m) => (m && (m.__esModule || util.types.isModuleNamespaceObject(m)) ? m.default : m),
 };
 
 // Cells come one at a time: the kernel sends the next after this one's

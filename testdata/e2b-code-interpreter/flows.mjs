@@ -80,6 +80,17 @@ try {
     await sbx.removeCodeContext(ctx)
   })
 
+  await step('JavaScript: a package published as ESM only, by import and by import(), from the working directory', async () => {
+    const cwd = (await sbx.runCode('process.cwd()', { language: 'js' })).text
+    const pkg = `${cwd}/node_modules/esm-only`
+    await sbx.files.write(`${pkg}/package.json`, JSON.stringify({ name: 'esm-only', type: 'module', exports: { '.': { import: './index.js' } } }))
+    await sbx.files.write(`${pkg}/index.js`, "export default 'hello'; export const shout = (s) => s.toUpperCase() + '!'")
+    const declared = await sbx.runCode("import greeting, { shout } from 'esm-only'\nshout(greeting)", { language: 'js' })
+    assert.equal(declared.text, 'HELLO!', JSON.stringify(declared.error))
+    const dynamic = await sbx.runCode("(await import('esm-only')).shout('dynamic')", { language: 'ts' })
+    assert.equal(dynamic.text, 'DYNAMIC!', JSON.stringify(dynamic.error))
+  })
+
   await step('a timeout interrupts the kernel', async () => {
     await assert.rejects(sbx.runCode('import time; time.sleep(3600)', { timeoutMs: 2_000 }))
     assert.equal((await sbx.runCode('x', { timeoutMs: 60_000 })).text, '42')
