@@ -347,15 +347,11 @@ func (n *Node) Create(ctx context.Context, t store.Template, name, principal str
 		n.cfg.Events.Publish(events.Event{Kind: events.Create, ID: sb.ID, Name: sb.Name, Template: t.Name, To: string(api.TierHot), Ms: sb.LastWakeMs, Node: n.cfg.Name, Reason: how})
 	} else if errors.Is(err, errdefs.ErrNoRoom) {
 		// Turned away for want of room (memory, disk, descriptors, address
-		// slots or ports, a start slot): the answer is a 503 the client
-		// sees, and the node's log says it too, with the same reason.
+		// slots, ports, a start slot): a 503 for the client, logged too.
 		n.log.Warn("create refused", "name", name, "template", t.Name, "why", err.Error())
 		n.cfg.Events.Publish(events.Event{Kind: events.Refusal, Name: name, Template: t.Name, Node: n.cfg.Name, Reason: "create: " + err.Error()})
 	} else if !errors.Is(err, errdefs.ErrBadInput) && !errors.Is(err, errdefs.ErrExists) {
-		// Said here too: the caller that hears the error may be gone (a
-		// master killed mid-create), and the node's log is then the only
-		// place it is read. A caller's own mistake is only the caller's.
-		n.log.Warn("create failed", "name", name, "template", t.Name, "start", how, "err", err)
+		n.log.Warn("create failed", "name", name, "template", t.Name, "start", how, "err", err) // its caller may be gone
 	}
 	return sb, err
 }

@@ -40,7 +40,7 @@ func (v TeamRows) PutE2BTemplate(ctx context.Context, t E2BTemplate) error {
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = time.Now()
 	}
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO e2b_templates(id, team, alias, created_at) VALUES(?,?,?,?)`), t.ID, t.Team, t.Alias, ms(t.CreatedAt))
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO e2b_templates(id, team, alias, created_at) VALUES(?,?,?,?)`), t.ID, t.Team, t.Alias, ms(t.CreatedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Alias, errdefs.ErrExists)
 	}

@@ -31,7 +31,7 @@ type APIKey struct {
 // PutAPIKey stores k.
 func (v TeamRows) PutAPIKey(ctx context.Context, k APIKey) error {
 	s := v.s
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO api_keys(id, team, hash, last4, created_at) VALUES(?,?,?,?,?)`), k.ID, k.Team, k.Hash, k.Last4, ms(k.CreatedAt))
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO api_keys(id, team, hash, last4, created_at) VALUES(?,?,?,?,?)`), k.ID, k.Team, k.Hash, k.Last4, ms(k.CreatedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrExists)
 	}
@@ -58,7 +58,7 @@ func (v TeamRows) APIKeys(ctx context.Context) ([]APIKey, error) {
 // DeleteAPIKey revokes key id: errdefs.ErrNotFound if there is none.
 func (v TeamRows) DeleteAPIKey(ctx context.Context, id string) error {
 	s := v.s
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM api_keys WHERE id=?`), id)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM api_keys WHERE id=?`), id)
 	if err != nil {
 		return err
 	}
@@ -132,7 +132,7 @@ func (v TeamRows) PutSandboxMeta(ctx context.Context, m SandboxMeta) error {
 	}
 	// One statement: two puts at once (a pause and a connect) each
 	// replace the row, never meet on its key (issue 31, item 7).
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO sandbox_meta(`+metaCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO sandbox_meta(`+metaCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET team=excluded.team, metadata=excluded.metadata, env=excluded.env, started_at=excluded.started_at,
 		end_at=excluded.end_at, auto_pause=excluded.auto_pause, paused=excluded.paused, private_traffic=excluded.private_traffic, mask_host=excluded.mask_host, auto_resume=excluded.auto_resume,
 		snapshot_of=excluded.snapshot_of, snapshot_name=excluded.snapshot_name, pause_drops_memory=excluded.pause_drops_memory`),
@@ -174,7 +174,7 @@ func (v TeamRows) DueSandboxMetas(ctx context.Context, now time.Time) ([]Sandbox
 // DeleteSandboxMeta forgets sandbox id.
 func (v TeamRows) DeleteSandboxMeta(ctx context.Context, id string) error {
 	s := v.s
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM sandbox_meta WHERE id=?`), id)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM sandbox_meta WHERE id=?`), id)
 	return err
 }
 

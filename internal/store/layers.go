@@ -17,7 +17,7 @@ func setTemplateLayers(ctx context.Context, s *Store, name string, layers []stri
 	if len(layers) == 0 {
 		return nil
 	}
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`UPDATE templates SET layers=? WHERE name=?`), mustJSON(layers), name)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`UPDATE templates SET layers=? WHERE name=?`), mustJSON(layers), name)
 	return err
 }
 

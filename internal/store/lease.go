@@ -58,7 +58,7 @@ func (s *Store) AcquireLease(ctx context.Context, holder string, waiting func(Le
 	if s.d != pgDialect {
 		return nil, ErrNoLease
 	}
-	if _, err := s.db.ExecContext(s.writeCtx(ctx), `CREATE TABLE IF NOT EXISTS leader (id INTEGER PRIMARY KEY, holder TEXT NOT NULL, since BIGINT NOT NULL)`); err != nil {
+	if _, err := s.db.ExecContext(s.d.writeCtx(ctx), `CREATE TABLE IF NOT EXISTS leader (id INTEGER PRIMARY KEY, holder TEXT NOT NULL, since BIGINT NOT NULL)`); err != nil {
 		return nil, err
 	}
 	told := false
@@ -173,14 +173,14 @@ func (s *Store) SharedSecret(ctx context.Context, name string, gen func() (strin
 	if s.d != pgDialect {
 		return "", ErrNoLease
 	}
-	if _, err := s.db.ExecContext(s.writeCtx(ctx), `CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL)`); err != nil {
+	if _, err := s.db.ExecContext(s.d.writeCtx(ctx), `CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL)`); err != nil {
 		return "", err
 	}
 	v, err := gen()
 	if err != nil {
 		return "", err
 	}
-	if _, err := s.db.ExecContext(s.writeCtx(ctx), `INSERT INTO secrets(name, value) VALUES($1, $2) ON CONFLICT (name) DO NOTHING`, name, v); err != nil {
+	if _, err := s.db.ExecContext(s.d.writeCtx(ctx), `INSERT INTO secrets(name, value) VALUES($1, $2) ON CONFLICT (name) DO NOTHING`, name, v); err != nil {
 		return "", err
 	}
 	err = s.db.QueryRowContext(ctx, `SELECT value FROM secrets WHERE name=$1`, name).Scan(&v)

@@ -29,7 +29,7 @@ func (v MeshRows) PutMeshToken(ctx context.Context, hash string, maxUses int, ex
 	if maxUses < 1 {
 		return fmt.Errorf("%w: a bootstrap token needs at least one use", errdefs.ErrBadInput)
 	}
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO mesh_tokens(hash, max_uses, uses, expires_at, created_at) VALUES(?,?,0,?,?)`), hash, maxUses, ms(expires), ms(now))
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO mesh_tokens(hash, max_uses, uses, expires_at, created_at) VALUES(?,?,0,?,?)`), hash, maxUses, ms(expires), ms(now))
 	if isConstraint(err) {
 		return fmt.Errorf("bootstrap token: %w", errdefs.ErrExists)
 	}
@@ -43,7 +43,7 @@ func (v MeshRows) PutMeshToken(ctx context.Context, hash string, maxUses int, ex
 // answer for all three: a guess learns nothing).
 func (v MeshRows) SpendMeshToken(ctx context.Context, hash string, now time.Time) error {
 	s := v.s
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`UPDATE mesh_tokens SET uses=uses+1 WHERE hash=? AND uses<max_uses AND expires_at>?`), hash, ms(now))
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`UPDATE mesh_tokens SET uses=uses+1 WHERE hash=? AND uses<max_uses AND expires_at>?`), hash, ms(now))
 	if err != nil {
 		return err
 	}
@@ -66,7 +66,7 @@ type MeshMember struct {
 // another member's.
 func (v MeshRows) PutMeshMember(ctx context.Context, m MeshMember) error {
 	s := v.s
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO mesh_members(name, public_key, enrolled_at, revoked_at) VALUES(?,?,?,0)`), m.Name, m.PublicKey, ms(m.EnrolledAt))
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO mesh_members(name, public_key, enrolled_at, revoked_at) VALUES(?,?,?,0)`), m.Name, m.PublicKey, ms(m.EnrolledAt))
 	if isConstraint(err) {
 		return fmt.Errorf("member %q (or its key): %w", m.Name, errdefs.ErrExists)
 	}
@@ -106,7 +106,7 @@ func (v MeshRows) ListMeshMembers(ctx context.Context) ([]MeshMember, error) {
 // the first time); errdefs.ErrNotFound if there is none of that name.
 func (v MeshRows) RevokeMeshMember(ctx context.Context, name string, now time.Time) error {
 	s := v.s
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`UPDATE mesh_members SET revoked_at=? WHERE name=? AND revoked_at=0`), ms(now), name)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`UPDATE mesh_members SET revoked_at=? WHERE name=? AND revoked_at=0`), ms(now), name)
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func (v MeshRows) PutMeshPolicy(ctx context.Context, doc string, now time.Time) 
 	s := v.s
 	for range 32 {
 		var v int64
-		err := s.db.QueryRowContext(s.writeCtx(ctx), s.q(`INSERT INTO mesh_policy(version, document, set_at) SELECT COALESCE(MAX(version), 0) + 1, ?, ? FROM mesh_policy RETURNING version`), doc, ms(now)).Scan(&v)
+		err := s.db.QueryRowContext(s.d.writeCtx(ctx), s.q(`INSERT INTO mesh_policy(version, document, set_at) SELECT COALESCE(MAX(version), 0) + 1, ?, ? FROM mesh_policy RETURNING version`), doc, ms(now)).Scan(&v)
 		if isConstraint(err) {
 			continue
 		}
@@ -183,10 +183,10 @@ func (v MeshRows) GetMeshPolicy(ctx context.Context) (MeshPolicy, error) {
 // and expired rows are dropped on the way.
 func (v MeshRows) SpendMeshIDToken(ctx context.Context, hash string, expires, now time.Time) error {
 	s := v.s
-	if _, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM mesh_id_tokens WHERE expires_at<?`), ms(now)); err != nil {
+	if _, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM mesh_id_tokens WHERE expires_at<?`), ms(now)); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO mesh_id_tokens(hash, expires_at) VALUES(?,?)`), hash, ms(expires))
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO mesh_id_tokens(hash, expires_at) VALUES(?,?)`), hash, ms(expires))
 	if isConstraint(err) {
 		return fmt.Errorf("ID token: %w", errdefs.ErrExists)
 	}

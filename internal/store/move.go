@@ -55,7 +55,7 @@ func (s *Store) AbortMove(ctx context.Context, id string, gen int64) error {
 // FinishMove ends the committed move of id whose new generation is gen:
 // the copy it left is gone. Not an error if it is already finished.
 func (s *Store) FinishMove(ctx context.Context, id string, gen int64) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`UPDATE placements SET state='', move_node='', move_gen=0 WHERE id=? AND state=? AND generation=?`), id, PlacementMoved, gen)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`UPDATE placements SET state='', move_node='', move_gen=0 WHERE id=? AND state=? AND generation=?`), id, PlacementMoved, gen)
 	return err
 }
 
@@ -72,7 +72,7 @@ func (s *Store) RevertMove(ctx context.Context, id string, gen int64) error {
 // casPlacement runs a conditional update of one placement; no row
 // changed is errdefs.ErrConflict, saying why not.
 func (s *Store) casPlacement(ctx context.Context, id, why string, q string, args ...any) error {
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(q), args...)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(q), args...)
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func (s *Store) ListMovesTo(ctx context.Context, node string) ([]Placement, erro
 // SetDraining marks node name as draining (it takes no new sandboxes) or
 // not; errdefs.ErrNotFound if there is no such node.
 func (s *Store) SetDraining(ctx context.Context, name string, draining bool) error {
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`UPDATE nodes SET draining=? WHERE name=?`), boolInt(draining), name)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`UPDATE nodes SET draining=? WHERE name=?`), boolInt(draining), name)
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ func (v SecretRows) Put(ctx context.Context, sec Secret) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO team_secrets(team, name, sealed, hosts, body, created_at) VALUES(?,?,?,?,?,?)
+	_, err = s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO team_secrets(team, name, sealed, hosts, body, created_at) VALUES(?,?,?,?,?,?)
 		ON CONFLICT (team, name) DO UPDATE SET sealed=excluded.sealed, hosts=excluded.hosts, body=excluded.body, created_at=excluded.created_at`),
 		sec.Team, sec.Name, base64.StdEncoding.EncodeToString(sec.Sealed), string(hosts), boolInt(sec.Body), ms(sec.CreatedAt))
 	return err
@@ -62,7 +62,7 @@ func (v SecretRows) List(ctx context.Context, team string) ([]Secret, error) {
 // Delete removes team's secret name, or says errdefs.ErrNotFound.
 func (v SecretRows) Delete(ctx context.Context, team, name string) error {
 	s := v.s
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM team_secrets WHERE team=? AND name=?`), team, name)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM team_secrets WHERE team=? AND name=?`), team, name)
 	if err != nil {
 		return err
 	}

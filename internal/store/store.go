@@ -57,8 +57,8 @@ func (s *Store) q(query string) string { return s.d.rebind(query) }
 // finish, and its answer is what happened. PostgreSQL keeps the cancel:
 // it is across a network, and its writes that matter run in
 // transactions, which a cancel rolls back whole.
-func (s *Store) writeCtx(ctx context.Context) context.Context {
-	if s.d == pgDialect {
+func (d *dialect) writeCtx(ctx context.Context) context.Context {
+	if d == pgDialect {
 		return ctx
 	}
 	return context.WithoutCancel(ctx)
@@ -462,7 +462,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	if len(t.Serves) > 0 {
 		serves = mustJSON(t.Serves)
 	}
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image, team) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`),
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO templates(name, rootfs, owned, process, ports, memory_mib, created_at, principal, warm, digest, serves, image, team) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`),
 		t.Name, t.Rootfs, boolInt(t.Owned), mustJSON(t.Process), mustJSON(t.Ports), t.MemoryMiB, ms(t.CreatedAt), t.Principal, warm, t.Digest, serves, t.Image, t.Team)
 	if isConstraint(err) {
 		return fmt.Errorf("template %q: %w", t.Name, errdefs.ErrExists)
@@ -491,7 +491,7 @@ func (s *Store) GetTemplate(ctx context.Context, name string) (Template, error) 
 // SetTemplateDigest records the digest of template name's rootfs (for a
 // template registered before templates had digests).
 func (s *Store) SetTemplateDigest(ctx context.Context, name, digest string) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`UPDATE templates SET digest=? WHERE name=?`), digest, name)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`UPDATE templates SET digest=? WHERE name=?`), digest, name)
 	return err
 }
 
@@ -529,7 +529,7 @@ func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
 	if n > 0 {
 		return errdefs.New(errdefs.ErrConflict, "template %q is in use by %d sandbox(es); delete them first (sandboxes: sandstormd sandbox ls)", name, n)
 	}
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM templates WHERE name=?`), name)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM templates WHERE name=?`), name)
 	if err != nil {
 		return err
 	}
@@ -578,7 +578,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if _, err := s.GetTemplate(ctx, sb.Template); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`), sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", sb.Name, errdefs.ErrExists)
 	}
@@ -664,7 +664,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) 
 
 // DeleteSandbox removes the row; errdefs.ErrNotFound if absent.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM sandboxes WHERE id=?`), id)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM sandboxes WHERE id=?`), id)
 	if err != nil {
 		return err
 	}
@@ -753,7 +753,7 @@ type Node struct {
 // PutNode records a paired node; errdefs.ErrExists if its name or address is
 // taken.
 func (s *Store) PutNode(ctx context.Context, n Node) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO nodes(name, address, paired_at) VALUES(?,?,?)`), n.Name, n.Address, ms(n.PairedAt))
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO nodes(name, address, paired_at) VALUES(?,?,?)`), n.Name, n.Address, ms(n.PairedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("node %q at %s: %w", n.Name, n.Address, errdefs.ErrExists)
 	}
@@ -783,11 +783,11 @@ func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 
 // DeleteNode forgets node name; errdefs.ErrNotFound if absent.
 func (s *Store) DeleteNode(ctx context.Context, name string) error {
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM nodes WHERE name=?`), name)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM nodes WHERE name=?`), name)
 	if err != nil {
 		return err
 	}
-	if _, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM reported WHERE node=?`), name); err != nil {
+	if _, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM reported WHERE node=?`), name); err != nil {
 		return err
 	}
 	if k, _ := res.RowsAffected(); k == 0 {
@@ -835,7 +835,7 @@ const placementCols = `id, name, node, template, principal, memory_mib, generati
 // PutPlacement records where a sandbox went (or an attempt to put it
 // there); errdefs.ErrExists if its name is taken.
 func (s *Store) PutPlacement(ctx context.Context, p Placement) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?,?,?)`), p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, p.State, p.MoveNode, p.MoveGen)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO placements(`+placementCols+`) VALUES(?,?,?,?,?,?,?,?,?,?)`), p.ID, p.Name, p.Node, p.Template, p.Principal, p.MemoryMiB, p.Generation, p.State, p.MoveNode, p.MoveGen)
 	if isConstraint(err) {
 		return fmt.Errorf("sandbox %q: %w", p.Name, errdefs.ErrExists)
 	}
@@ -856,7 +856,7 @@ func (s *Store) GetPlacement(ctx context.Context, ref string) (Placement, error)
 
 // DeletePlacement forgets sandbox id's placement.
 func (s *Store) DeletePlacement(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM placements WHERE id=?`), id)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM placements WHERE id=?`), id)
 	return err
 }
 
@@ -872,7 +872,7 @@ func (s *Store) SetPlacementState(ctx context.Context, id, state string) error {
 }
 
 func (s *Store) setPlacement(ctx context.Context, q string, args ...any) error {
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(q), args...)
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(q), args...)
 	if err != nil {
 		return err
 	}
@@ -963,13 +963,13 @@ func (s *Store) Counter(ctx context.Context, name string) (int64, error) {
 
 // RaiseCounter sets counter name to v if v is above it; it never goes down.
 func (s *Store) RaiseCounter(ctx context.Context, name string, v int64) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO counters(name, value) VALUES(?,?) ON CONFLICT(name) DO UPDATE SET value=excluded.value WHERE counters.value < excluded.value`), name, v)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO counters(name, value) VALUES(?,?) ON CONFLICT(name) DO UPDATE SET value=excluded.value WHERE counters.value < excluded.value`), name, v)
 	return err
 }
 
 func (s *Store) bump(ctx context.Context, name string, by int64) (int64, error) {
 	var v int64
-	err := s.db.QueryRowContext(s.writeCtx(ctx), s.q(`INSERT INTO counters(name, value) VALUES(?,?) ON CONFLICT(name) DO UPDATE SET value=counters.value+excluded.value RETURNING value`), name, by).Scan(&v)
+	err := s.db.QueryRowContext(s.d.writeCtx(ctx), s.q(`INSERT INTO counters(name, value) VALUES(?,?) ON CONFLICT(name) DO UPDATE SET value=counters.value+excluded.value RETURNING value`), name, by).Scan(&v)
 	return v, err
 }
 
@@ -1007,7 +1007,7 @@ func (s *Store) ReplaceReported(ctx context.Context, node string, sbs []api.Sand
 // after it) is dropped; an equal one replaces it, for what the row does
 // not count (its last activity).
 func (s *Store) PutReported(ctx context.Context, node string, sb api.Sandbox) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO reported(id, node, name, body, rev) VALUES(?,?,?,?,?)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO reported(id, node, name, body, rev) VALUES(?,?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET name=excluded.name, body=excluded.body, rev=excluded.rev
 		WHERE reported.node=excluded.node AND excluded.rev >= reported.rev`), sb.ID, node, sb.Name, mustJSON(sb), sb.Revision)
 	return err
@@ -1017,14 +1017,14 @@ func (s *Store) PutReported(ctx context.Context, node string, sb api.Sandbox) er
 // committed (fleet/move.go): the report of the copy it left, another
 // node's, gives way; one node already made stays (it is as new, or newer).
 func (s *Store) MoveReported(ctx context.Context, node string, sb api.Sandbox) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO reported(id, node, name, body, rev) VALUES(?,?,?,?,?)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO reported(id, node, name, body, rev) VALUES(?,?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET node=excluded.node, name=excluded.name, body=excluded.body, rev=excluded.rev WHERE reported.node<>excluded.node`), sb.ID, node, sb.Name, mustJSON(sb), sb.Revision)
 	return err
 }
 
 // DeleteReported forgets sandbox id's report, if node reported it.
 func (s *Store) DeleteReported(ctx context.Context, node, id string) error {
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM reported WHERE id=? AND node=?`), id, node)
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM reported WHERE id=? AND node=?`), id, node)
 	return err
 }
 
@@ -1085,7 +1085,7 @@ func (s *Store) ListAllPlacements(ctx context.Context) ([]Placement, error) {
 // revoked (it was forgotten then; fleet.Fleet checks).
 func (v EnrolRows) Revoke(ctx context.Context, node string, at time.Time) error {
 	s := v.s
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO revocations(node, at) VALUES(?,?) ON CONFLICT(node) DO UPDATE SET at=excluded.at`), node, ms(at))
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO revocations(node, at) VALUES(?,?) ON CONFLICT(node) DO UPDATE SET at=excluded.at`), node, ms(at))
 	return err
 }
 
@@ -1112,7 +1112,7 @@ func (v EnrolRows) Revocations(ctx context.Context) (map[string]time.Time, error
 // PutJoinToken records a join token (by its hash) until expires.
 func (v EnrolRows) PutJoinToken(ctx context.Context, hash string, expires time.Time) error {
 	s := v.s
-	_, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`INSERT INTO join_tokens(hash, expires_at) VALUES(?,?)`), hash, ms(expires))
+	_, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`INSERT INTO join_tokens(hash, expires_at) VALUES(?,?)`), hash, ms(expires))
 	return err
 }
 
@@ -1120,11 +1120,11 @@ func (v EnrolRows) PutJoinToken(ctx context.Context, hash string, expires time.T
 // and not expired. A token is good once.
 func (v EnrolRows) UseJoinToken(ctx context.Context, hash string, now time.Time) (bool, error) {
 	s := v.s
-	res, err := s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM join_tokens WHERE hash=? AND expires_at>?`), hash, ms(now))
+	res, err := s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM join_tokens WHERE hash=? AND expires_at>?`), hash, ms(now))
 	if err != nil {
 		return false, err
 	}
 	k, _ := res.RowsAffected()
-	s.db.ExecContext(s.writeCtx(ctx), s.q(`DELETE FROM join_tokens WHERE expires_at<=?`), ms(now))
+	s.db.ExecContext(s.d.writeCtx(ctx), s.q(`DELETE FROM join_tokens WHERE expires_at<=?`), ms(now))
 	return k == 1, nil
 }
