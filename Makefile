@@ -17,8 +17,11 @@ all: build
 # sam-control-plane, sam-router, sam-one, and
 # sandstorm-envd, which runs inside sandboxes and so is static (no cgo:
 # a template's rootfs need not have a libc).
+# Each binary's --version is the commit it was built from (git describe;
+# "unknown" outside a git checkout).
+COMMIT = $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "-X sandstorm/internal/cli.commit=$(COMMIT)" -o bin/ ./cmd/...
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/sandstorm-envd ./cmd/sandstorm-envd
 
 # Builds the pinned runsc (tools/runsc: gVisor's, returning its idle

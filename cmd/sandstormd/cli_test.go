@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"io"
 	"reflect"
@@ -9,6 +10,7 @@ import (
 	"testing/iotest"
 
 	"sandstorm/api"
+	"sandstorm/internal/cli"
 )
 
 func TestParseProbe(t *testing.T) {
@@ -63,5 +65,36 @@ func TestEgressFlags(t *testing.T) {
 	}
 	if e, err := egressFlags(nil, nil); err != nil || e != nil {
 		t.Errorf("neither: %v, %v", e, err)
+	}
+}
+
+// TestFlagsTheMasterChecks: what the master would refuse of create's and
+// ls's flags is a usage error here (exit 2, before any daemon is asked:
+// none runs at this data dir), by the master's own checks.
+func TestFlagsTheMasterChecks(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sandbox", "create", "web", "--lifetime", "abc"}, `lifetime "abc"`},
+		{[]string{"sandbox", "create", "web", "--lifetime", "1h", "--on-timeout", "foo"}, `on_timeout "foo"`},
+		{[]string{"sandbox", "create", "web", "--on-timeout", "snapshot"}, "give --lifetime too"},
+		{[]string{"sandbox", "create", "web", "--freeze-after", "xyz"}, "freeze_after"},
+		{[]string{"sandbox", "create", "web", "--memory", "-5"}, "--memory -5"},
+		{[]string{"sandbox", "create", "web", "--name", "Bad_Name!"}, `--name "Bad_Name!"`},
+		{[]string{"sandbox", "ls", "--label", "foo"}, `--label "foo"`},
+	} {
+		var stderr strings.Builder
+		root := rootCmd()
+		root.SetArgs(append(c.args, "--data-dir", dir))
+		if code := cli.Main(context.Background(), "sandstormd", root, &stderr); code != 2 || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", c.args, code, stderr.String(), c.want)
+		}
+	}
+	for _, ok := range [][]any{{"web-1", 0, "", "", api.IdleTimers{}}, {"", 512, "2h", "snapshot", api.IdleTimers{FreezeAfter: "0", DetachAfter: "1h"}}} {
+		if err := createFlags(ok[0].(string), ok[1].(int), ok[2].(string), ok[3].(string), ok[4].(api.IdleTimers)); err != nil {
+			t.Errorf("%v refused: %v", ok, err)
+		}
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sandboxes"
+	"sandstorm/internal/tier"
 )
 
 func sandboxCmd() *cobra.Command {
@@ -58,6 +60,9 @@ func sandboxCreateCmd() *cobra.Command {
 			}
 			secs, err := keyValues("--secret", secretFlags)
 			if err != nil {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
+			if err := createFlags(name, memory, lifetime, onTimeout, idle); err != nil {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
 			}
 			c, err := apiClient(cmd)
@@ -123,6 +128,25 @@ The rules only narrow what the policy grants the sandbox's principal.`,
 	return cmd
 }
 
+// createFlags checks here what the master would refuse of create's
+// flags, by the master's own checks, so that a mistake in them is a usage
+// error (exit 2) like any other flag's, before anything is sent.
+func createFlags(name string, memory int, lifetime, onTimeout string, idle api.IdleTimers) error {
+	if name != "" && !api.ValidName(name) {
+		return fmt.Errorf("--name %q: 1-63 of a-z, 0-9 and '-', not starting with '-'", name)
+	}
+	if memory < 0 {
+		return fmt.Errorf("--memory %d: a limit in MiB, or 0 for the default", memory)
+	}
+	if _, _, err := sandboxes.CheckLifetime(lifetime, onTimeout); err != nil {
+		return err
+	}
+	if _, err := (tier.Timers{}).With(idleOf(idle)); err != nil {
+		return err
+	}
+	return nil
+}
+
 func idleOf(t api.IdleTimers) *api.IdleTimers {
 	if t == (api.IdleTimers{}) {
 		return nil
@@ -151,6 +175,12 @@ func sandboxLsCmd() *cobra.Command {
 	var labels []string
 	ls := &cobra.Command{
 		Use: "ls", Short: "List sandboxes with their tier and endpoints", Args: cobra.NoArgs,
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := keyValues("--label", labels); err != nil {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
+			return nil
+		},
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, _ []string) error {
 			sbs, err := c.Sandboxes(cmd.Context(), labels...)
 			if err != nil {

@@ -116,7 +116,7 @@ for requests in flight).`,
 	f.StringVar(&o.Listen, "listen", envOr("SANDSTORM_LISTEN", "127.0.0.1:8080"), "API address host:port (env SANDSTORM_LISTEN)")
 	f.StringVar(&o.Backend, "backend", "gvisor", "sandbox backend: gvisor (runsc) or process (plain namespaces + cgroup v2; no snapshot tier here)")
 	f.StringVar(&o.Runsc, "runsc", "", "runsc binary of the gvisor backend (default: the pinned one next to sandstormd, built by make runsc)")
-	f.StringVar(&o.Platform, "platform", gvisor.DefaultPlatform, "runsc platform: systrap or ptrace (systrap starts, wakes and serves faster here; see README \"Platform\")")
+	f.StringVar(&o.Platform, "platform", gvisor.DefaultPlatform, "runsc platform: systrap or ptrace (systrap starts, wakes and serves faster here; see docs/OPERATING.md, \"Platform\")")
 	f.StringVar(&o.Compression, "snapshot-compression", "none", "compression of snapshot images: none (restores at the disk's speed; a Python server's image is ~9 MiB) or flate-best-speed (~4x smaller, slower to restore)")
 	f.StringVar(&o.Subnet, "subnet", "10.213.0.0/16", "private IPv4 subnet for sandbox veths, split into one /30 per sandbox")
 	f.StringVar(&o.GatewayBind, "gateway-listen", "127.0.0.1", "address the gateway's per-sandbox-port listeners bind")

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -42,7 +43,11 @@ func Strict(c *cobra.Command) {
 			}
 			cmd.SetOut(cmd.ErrOrStderr())
 			cmd.Help()
-			return UsageError{cmd.CommandPath(), fmt.Errorf("%s needs a command: one of those above", cmd.CommandPath())}
+			what := cmd.CommandPath() + " needs"
+			if !cmd.HasParent() {
+				what = "give" // "sandstormd: give a command", not "sandstormd: sandstormd needs"
+			}
+			return UsageError{cmd.CommandPath(), fmt.Errorf("%s a command: one of those above", what)}
 		}
 	} else if orig := c.Args; orig != nil {
 		c.Args = func(cmd *cobra.Command, args []string) error {
@@ -59,9 +64,42 @@ func Strict(c *cobra.Command) {
 	}
 }
 
+// commit is what `make build` stamps (-X): git describe's name of the
+// commit it was built from, "-dirty" when its tree had changes.
+var commit string
+
+// Version is this binary's build: the commit it was built from, as make
+// stamped it or else as the Go toolchain did (-buildvcs), and the Go
+// that built it.
+func Version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	if commit != "" {
+		return "commit " + commit + ", " + bi.GoVersion
+	}
+	v := map[string]string{}
+	for _, s := range bi.Settings {
+		v[s.Key] = s.Value
+	}
+	rev := v["vcs.revision"]
+	if rev == "" {
+		return bi.Main.Version + ", " + bi.GoVersion
+	}
+	if v["vcs.modified"] == "true" {
+		rev += "+changes"
+	}
+	return fmt.Sprintf("commit %s (%s), %s", rev, v["vcs.time"], bi.GoVersion)
+}
+
 // Main runs root with ctx and returns the exit status, printing an error
-// as "<name>: <error>" on stderr.
+// as "<name>: <error>" on stderr. root answers --version (Version) unless
+// it has a version of its own.
 func Main(ctx context.Context, name string, root *cobra.Command, stderr io.Writer) int {
+	if root.Version == "" {
+		root.Version = Version()
+	}
 	Strict(root)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)

@@ -37,6 +37,7 @@ func TestMain(t *testing.T) {
 		{[]string{"one"}, 2, "Run 'tool one --help'"},
 		{[]string{"one", "a", "--y"}, 2, "unknown flag: --y"},
 		{[]string{"group", "ok", "extra"}, 2, "Run 'tool group ok --help'"},
+		{[]string{"--version"}, 0, ""},
 	} {
 		var out, errb bytes.Buffer
 		root := tree()

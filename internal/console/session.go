@@ -86,9 +86,13 @@ func (s *Sessions) Logout(w http.ResponseWriter, r *http.Request) {
 // Reads reports whether r may read with its session: a GET (or HEAD)
 // carrying a live session cookie.
 func (s *Sessions) Reads(r *http.Request) bool {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		return false
-	}
+	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && s.Live(r)
+}
+
+// Live reports whether r carries a live session, whatever its method:
+// the API tells such a caller that a session only reads, rather than
+// that it sent no token.
+func (s *Sessions) Live(r *http.Request) bool {
 	c, err := r.Cookie(s.cookie)
 	if err != nil {
 		return false

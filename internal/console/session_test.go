@@ -38,14 +38,14 @@ func TestSessions(t *testing.T) {
 		t.Error("a live session cannot GET")
 	}
 	for _, m := range []string{"POST", "DELETE", "PUT"} {
-		if s.Reads(req(m)) {
-			t.Errorf("a session may %s", m)
+		if s.Reads(req(m)) || !s.Live(req(m)) {
+			t.Errorf("a session may %s, or its %s is not known as one", m, m)
 		}
 	}
 	forged := httptest.NewRequest("GET", "/", nil)
 	forged.AddCookie(&http.Cookie{Name: CookieName, Value: "00"})
-	if s.Reads(forged) {
-		t.Error("a made-up session reads")
+	if s.Reads(forged) || s.Live(forged) {
+		t.Error("a made-up session reads, or is live")
 	}
 	now = now.Add(SessionTTL + time.Second)
 	if s.Reads(req("GET")) {

@@ -551,7 +551,7 @@ func serveMaster(ctx context.Context, o Options, st *store.Store, log *slog.Logg
 			return err
 		}
 	}
-	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
+	log.Info("sandstormd serving", "pid", os.Getpid(), "api", "https://"+ln.Addr().String(), "console", "https://"+ln.Addr().String()+"/ (its token: the token_file)", "ca", filepath.Join(o.DataDir, "pki", pki.CAFile), "ca_fingerprint", ca.Fingerprint(), "node", o.Node,
 		"data_dir", o.DataDir, "token_file", filepath.Join(o.DataDir, "pki", "api-token"), "store", st.Dialect())
 	srv, errc := standbySrv, standbyErr
 	if apiSw != nil {

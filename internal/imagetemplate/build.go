@@ -120,7 +120,13 @@ func (f base) From(ctx context.Context, name string) (dockerbuild.Image, error) 
 // tree digest), or a template's rootfs.
 type layerStore struct{ b *Builder }
 
+// TempDir is a new directory in the store, made first if need be: a
+// build from a registered template pulls nothing, and only a pull made
+// the store before (a fresh data dir's first RUN failed on it).
 func (s *layerStore) TempDir() (string, error) {
+	if err := os.MkdirAll(s.b.Puller.Layers.Dir, 0o700); err != nil {
+		return "", fmt.Errorf("layer store: %w", err)
+	}
 	return os.MkdirTemp(s.b.Puller.Layers.Dir, ".build-")
 }
 

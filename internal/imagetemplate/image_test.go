@@ -93,3 +93,21 @@ func TestLayerStoreDir(t *testing.T) {
 		}
 	}
 }
+
+// TestLayerStoreMadeByABuild: a build's first step on a data dir where
+// nothing was pulled yet makes the layer store (a RUN from a registered
+// template failed with "stat …/layers: no such file or directory").
+func TestLayerStoreMadeByABuild(t *testing.T) {
+	store := filepath.Join(t.TempDir(), "layers")
+	s := &layerStore{b: &Builder{Puller: &Puller{Layers: &ociimage.Store{Dir: store}}}}
+	d, err := s.TempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(d) != store {
+		t.Errorf("a build's directory %q is not in the store %q", d, store)
+	}
+	if fi, err := os.Stat(store); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the store: %v %v, want a directory of mode 0700", fi, err)
+	}
+}

@@ -250,6 +250,10 @@ func (s *server) auth(next http.Handler, open *http.ServeMux) http.Handler {
 			next.ServeHTTP(w, r.WithContext(apikey.With(r.Context(), apikey.Caller{Operator: true, Session: true})))
 			return
 		}
+		if s.cfg.Console != nil && len(got) == 0 && s.cfg.Console.Sessions.Live(r) {
+			errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrForbidden, "%s %s: a console session only reads; send the API token (Authorization: Bearer <token>; it is in <data-dir>/pki/api-token) to change anything", r.Method, r.URL.Path))
+			return
+		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandstorm"`)
 		errdefs.WriteHTTP(w, errdefs.New(errdefs.ErrUnauthorized, "missing or wrong API token: send Authorization: Bearer <token> (the token is in <data-dir>/pki/api-token), or a team's API key (Bearer or X-API-KEY)"))
 	})

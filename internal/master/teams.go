@@ -71,21 +71,13 @@ func settings(req api.SandboxRequest) (store.SandboxMeta, error) {
 	if _, err := (tier.Timers{}).With(req.Idle); err != nil {
 		return m, badRequest("%v", err)
 	}
-	switch req.OnTimeout {
-	case "", "delete":
-	case "snapshot":
-		m.AutoPause = true
-	default:
-		return m, badRequest("on_timeout %q: want delete or snapshot", req.OnTimeout)
+	d, autoPause, err := sandboxes.CheckLifetime(req.Lifetime, req.OnTimeout)
+	if err != nil {
+		return m, err
 	}
+	m.AutoPause = autoPause
 	if req.Lifetime != "" {
-		d, err := time.ParseDuration(req.Lifetime)
-		if err != nil || d < 0 || d > 30*24*time.Hour {
-			return m, badRequest("lifetime %q: want a duration from 0s to 720h (e.g. 90s, 2h)", req.Lifetime)
-		}
 		m.EndAt = time.Now().Add(d)
-	} else if req.OnTimeout != "" {
-		return m, badRequest("on_timeout without a lifetime: give --lifetime too")
 	}
 	return m, nil
 }

@@ -104,6 +104,30 @@ func CheckSettings(env, labels map[string]string) error {
 	return nil
 }
 
+// CheckLifetime checks a create's lifetime and what its end does (both
+// APIs, and the CLI before it sends them): d is the lifetime (0 with
+// none), autoPause an end that snapshots instead of deleting.
+func CheckLifetime(lifetime, onTimeout string) (d time.Duration, autoPause bool, err error) {
+	switch onTimeout {
+	case "", "delete":
+	case "snapshot":
+		autoPause = true
+	default:
+		return 0, false, errdefs.New(errdefs.ErrBadInput, "on_timeout %q: want delete or snapshot", onTimeout)
+	}
+	if lifetime == "" {
+		if onTimeout != "" {
+			return 0, false, errdefs.New(errdefs.ErrBadInput, "on_timeout without a lifetime: give --lifetime too")
+		}
+		return 0, false, nil
+	}
+	d, err = time.ParseDuration(lifetime)
+	if err != nil || d < 0 || d > 30*24*time.Hour {
+		return 0, false, errdefs.New(errdefs.ErrBadInput, "lifetime %q: want a duration from 0s to 720h (e.g. 90s, 2h)", lifetime)
+	}
+	return d, autoPause, nil
+}
+
 // Create makes the sandbox and records it as the caller's team's. A
 // sandbox that cannot be recorded would be nobody's, lost to its team:
 // it is deleted again and the create fails.

@@ -85,7 +85,9 @@ func TestExecAndFiles(t *testing.T) {
 	if l := d.get(t, "lab"); l.Tier != api.TierHot {
 		t.Errorf("lab, on the node's timers (none), is %s", l.Tier)
 	}
-	cli(t, env, "sandbox", "create", "web", "--name", "bad", "--freeze-after", "soon").fails(t, "a bad idle timer", "freeze_after")
+	if r := cli(t, env, "sandbox", "create", "web", "--name", "bad", "--freeze-after", "soon"); r.Code != 2 || !strings.Contains(r.Stderr, "freeze_after") {
+		t.Errorf("a bad idle timer: exit %d, stderr %q; want a usage error (exit 2) naming freeze_after", r.Code, r.Stderr)
+	}
 	cli(t, env, "sandbox", "create", "web", "--name", "brief", "--lifetime", "1s").ok(t, "create with a 1 s lifetime")
 	d.track(d.get(t, "brief").ID)
 	testenv.WaitFor(t, 15*time.Second, "brief deleted at its lifetime's end", func() bool {
