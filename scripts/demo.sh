@@ -26,9 +26,13 @@ fi
 # The API is HTTPS with a certificate from the daemon's own CA.
 api_up() { [ -f "$SANDSTORM_DATA_DIR/pki/ca.pem" ] && curl -s -o /dev/null -m 1 --cacert "$SANDSTORM_DATA_DIR/pki/ca.pem" "$SANDSTORM_API/v1/node"; }
 
+started=
 if api_up; then
 	say "sandstormd already answers at $SANDSTORM_API"
+	# Not ours: its log is wherever its starter sent it, its timers its own.
+	LOG="wherever its starter sent it"
 else
+	started=1
 	say "starting sandstormd (data in $SANDSTORM_DATA_DIR, log in $LOG)"
 	mkdir -p "$SANDSTORM_DATA_DIR"
 	# Long idle timers so that only this script moves the sandbox.
@@ -39,8 +43,12 @@ else
 fi
 PID=$(cat "$SANDSTORM_DATA_DIR/sandstormd.pid" 2>/dev/null || echo "?")
 say "sandstormd is PID $PID"
-echo "  (a daemon this script starts has long idle timers, freeze after 10m, so that only the script moves its sandbox;"
-echo "   serve's defaults are --freeze-after 30s --snapshot-after 5m --detach-after 1h)"
+if [ -n "$started" ]; then
+	echo "  (started here with long idle timers, freeze after 10m, so that only this script moves its sandbox;"
+	echo "   serve's defaults are --freeze-after 30s --snapshot-after 5m --detach-after 1h)"
+else
+	echo "  (not started here: its own idle timers may move the sandbox between this script's steps)"
+fi
 # doctor exits 1 on a ✗; the demo goes on and shows what fails after it.
 "$BIN" doctor | sed 's/^/  /' || echo "  (doctor found something to fix above; the demo goes on)"
 

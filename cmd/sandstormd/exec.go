@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
@@ -50,6 +51,9 @@ init (process.envd; the base demo does).`,
 			var err error
 			if o.Env, err = keyValues("--env", env); err != nil {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
+			if o.TTY && !term.IsTerminal(int(os.Stdin.Fd())) {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("-t needs a terminal on stdin: leave -t out when stdin is a pipe or a file")}
 			}
 			// A sandbox that is not there is the API's 404, said plainly
 			// (envd's streams would see only a status).

@@ -103,7 +103,7 @@ func fleetDownCmd() *cobra.Command {
 	}
 	df := down.Flags()
 	df.StringVar(&root, "root", "/var/lib/sandstorm-fleet", "the fleet's root (as given to fleet up)")
-	df.BoolVar(&purge, "purge", false, "also remove the data dirs (on the hosts too)")
+	df.BoolVar(&purge, "purge", false, "also remove the data dirs and logs (on the hosts too)")
 	df.StringArrayVar(&ssh.Options, "ssh-option", nil, "ssh options for the hosts (repeatable), instead of those fleet up was given")
 	df.StringVar(&ssh.Identity, "ssh-identity", "", "private key for the hosts, instead of the one fleet up was given")
 	return down

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -268,7 +269,10 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 				}
 			}
 			start := time.Now()
+			fmt.Fprintf(os.Stderr, "building the %s demo's rootfs in %s (Debian 12 by mmdebstrap: a minute or more, longer while its packages first download)…\n", args[0], dir)
+			stop := stillGoing(os.Stderr, "still building", 15*time.Second)
 			d, err := demo.Build(args[0], dir)
+			stop()
 			if err != nil {
 				return err
 			}
@@ -295,6 +299,26 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 	demoC.Flags().StringVar(&as, "name", "", "register it under this name (default the demo's)")
 	demoC.Flags().BoolVar(&cold, "cold", false, "register a warm demo (base) without its warm image: each sandbox starts cold (needed where the backend cannot checkpoint)")
 	return demoC
+}
+
+// stillGoing says what is under way on w every period, with how long it
+// has taken, until the function it returns is called: long work shows it
+// is not stuck.
+func stillGoing(w io.Writer, what string, period time.Duration) (stop func()) {
+	start, done := time.Now(), make(chan struct{})
+	go func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(w, "  %s (%.0fs)…\n", what, time.Since(start).Seconds())
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // templateLsCmd is "template ls".

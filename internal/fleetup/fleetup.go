@@ -516,23 +516,28 @@ func DownWith(root string, purge bool, ssh SSH, out io.Writer) error {
 	}
 	os.Remove(filepath.Join(root, stateFile))
 	if purge {
-		for _, d := range append(append([]string{st.Master.DataDir}, dirs(st)...), meshDirs(st.Mesh)...) {
-			os.RemoveAll(d)
+		// Their logs too, as a host's purge removes its own (stopScript).
+		for _, p := range localProcs(st) {
+			os.RemoveAll(p.DataDir)
+			if p.Log != "" {
+				os.Remove(p.Log)
+			}
 		}
 	}
 	fmt.Fprintln(out, "fleet is down")
 	return nil
 }
 
-// dirs are the data dirs of the nodes on this machine.
-func dirs(st State) []string {
-	var out []string
+// localProcs are the fleet's processes on this machine: its master, its
+// nodes and its mesh's here.
+func localProcs(st State) []Proc {
+	out := []Proc{st.Master}
 	for _, n := range st.Nodes {
 		if n.Host == "" {
-			out = append(out, n.DataDir)
+			out = append(out, n.Proc)
 		}
 	}
-	return out
+	return append(out, meshProcs(st.Mesh)...)
 }
 
 // down stops the master, the mesh and every node by PID: here directly,

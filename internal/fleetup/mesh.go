@@ -405,15 +405,6 @@ func meshProcs(m *MeshState) []Proc {
 	return append(out, m.ControlPlane)
 }
 
-// meshDirs are the mesh's data dirs on this machine (for --purge).
-func meshDirs(m *MeshState) []string {
-	var out []string
-	for _, p := range meshProcs(m) {
-		out = append(out, p.DataDir)
-	}
-	return out
-}
-
 // waitFor polls ok every 100 ms until it holds, ctx ends or d passes.
 func waitFor(ctx context.Context, d time.Duration, ok func() bool) error {
 	deadline := time.Now().Add(d)

@@ -33,3 +33,25 @@ func TestMemberOf(t *testing.T) {
 		t.Errorf("a member of another control plane: %v", err)
 	}
 }
+
+// TestLocalProcs: what fleet down --purge removes here (data dirs and
+// logs) is every process of the fleet on this machine — master, nodes,
+// the mesh's — and nothing of a node or sam-node on another host, whose
+// own purge removes its files there.
+func TestLocalProcs(t *testing.T) {
+	p := func(name string) Proc { return Proc{DataDir: "/f/" + name, Log: "/f/" + name + ".log"} }
+	st := State{
+		Master: p("master"),
+		Nodes:  []NodeState{{Proc: p("node-1"), Name: "node-1"}, {Proc: p("far"), Name: "far", Host: "root@far"}},
+		Mesh: &MeshState{ControlPlane: p("control-plane"), Routers: []MeshRouter{{Proc: p("router-1")}},
+			Nodes: []MeshNode{{Proc: p("node-1-mesh")}, {Proc: p("far-mesh"), Host: "root@far"}}},
+	}
+	var got []string
+	for _, pr := range localProcs(st) {
+		got = append(got, pr.DataDir+","+pr.Log)
+	}
+	want := "/f/master,/f/master.log /f/node-1,/f/node-1.log /f/node-1-mesh,/f/node-1-mesh.log /f/router-1,/f/router-1.log /f/control-plane,/f/control-plane.log"
+	if strings.Join(got, " ") != want {
+		t.Errorf("local procs:\n got %v\nwant %s", got, want)
+	}
+}
