@@ -15,6 +15,7 @@
 //
 //	go run ./bench/nshop               # 12 rounds
 //	go run ./bench/nshop --pin
+//	go run ./bench/nshop --mtu 65520   # the veths' MTU near loopback's
 package main
 
 import (
@@ -57,10 +58,12 @@ func main() {
 	var f bench.Flags
 	var rounds int
 	var pin bool
+	var mtu int
 	var role, dir string
 	fs := flag.NewFlagSet("nshop", flag.ContinueOnError)
 	fs.IntVar(&rounds, "rounds", 12, "rounds, each 2 uploads and 2 downloads of 100 MiB straight and through the relay")
 	fs.BoolVar(&pin, "pin", false, "run the relay on CPU 1 and the client and server on CPU 0")
+	fs.IntVar(&mtu, "mtu", 1500, "the veths' MTU (1500 as a machine's Ethernet; loopback's is 65536)")
 	fs.StringVar(&role, "role", "", "(internal) server or relay, in its namespace")
 	fs.StringVar(&dir, "dir", "", "(internal) the run's work directory (its CA)")
 	f.Register(fs)
@@ -78,7 +81,7 @@ func main() {
 		err = relay(dir)
 	default:
 		var path string
-		path, err = run(context.Background(), f, rounds, pin)
+		path, err = run(context.Background(), f, rounds, pin, mtu)
 		if path != "" {
 			fmt.Fprintln(os.Stderr, "results:", path)
 		}
@@ -163,16 +166,19 @@ func relay(dir string) error {
 
 // run sets the namespaces up, starts the server and the relay in them,
 // and measures.
-func run(ctx context.Context, f bench.Flags, rounds int, pin bool) (string, error) {
+func run(ctx context.Context, f bench.Flags, rounds int, pin bool, mtu int) (string, error) {
 	prefix := "nshop-"
 	if pin {
 		prefix = "nshop-pin-"
+	}
+	if mtu != 1500 {
+		prefix += fmt.Sprintf("mtu%d-", mtu)
 	}
 	res, dir, err := bench.Open(ctx, "bench/nshop", "A relay hop through network namespaces: 100 MiB straight and through ingress.Passthrough", f.Out, f.Repo, prefix)
 	if err != nil {
 		return "", err
 	}
-	res.Params = map[string]any{"rounds": rounds, "pin": pin, "protocol": "HTTPS, HTTP/1.1, one kept-alive connection per way"}
+	res.Params = map[string]any{"rounds": rounds, "pin": pin, "mtu": mtu, "protocol": "HTTPS, HTTP/1.1, one kept-alive connection per way"}
 	work, err := os.MkdirTemp("", "ss-nshop-")
 	if err != nil {
 		return "", err
@@ -182,7 +188,7 @@ func run(ctx context.Context, f bench.Flags, rounds int, pin bool) (string, erro
 	if err != nil {
 		return "", err
 	}
-	undo, err := namespaces()
+	undo, err := namespaces(mtu)
 	defer undo()
 	if err != nil {
 		return "", err
@@ -275,7 +281,7 @@ func timed(ctx context.Context, hc *http.Client, method, u string, body []byte, 
 // namespaces makes the server's and the relay's namespaces, each joined
 // to this one by a veth, with forwarding on; undo removes them and puts
 // forwarding back.
-func namespaces() (undo func(), err error) {
+func namespaces(mtu int) (undo func(), err error) {
 	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 	undo = func() {
 		for _, ns := range []string{relayNS, serverNS} {
@@ -294,6 +300,8 @@ func namespaces() (undo func(), err error) {
 		for _, args := range [][]string{
 			{"netns", "add", ns},
 			{"link", "add", host, "type", "veth", "peer", "name", in},
+			{"link", "set", host, "mtu", strconv.Itoa(mtu)},
+			{"link", "set", in, "mtu", strconv.Itoa(mtu)},
 			{"link", "set", in, "netns", ns},
 			{"addr", "add", fmt.Sprintf("10.203.%d.1/24", k), "dev", host},
 			{"link", "set", host, "up"},
