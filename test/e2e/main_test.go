@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,7 +121,44 @@ func run(m *testing.M) int {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "e2e: built sandstormd and the demo rootfs in %s (%.1fs)\n", workDir, time.Since(start).Seconds())
-	return m.Run()
+	hadTable := exec.Command("nft", "list", "table", "inet", "sandstorm").Run() == nil
+	code := m.Run()
+	leaveAsFound(hadTable)
+	return code
+}
+
+// leaveAsFound deletes the nftables table the suite's daemons made on
+// this machine's own network, if there was none before the suite: a
+// stopped sandstormd keeps it by design, so sandboxes still running stay
+// confined (internal/netns). Only when no sandstormd and no runsc runs
+// any more, whoever started them: then nothing is left for it to
+// confine, and a developer's machine is left as it was found.
+func leaveAsFound(hadTable bool) {
+	if hadTable || anyRunning("sandstormd", "runsc") {
+		return
+	}
+	if out, err := exec.Command("nft", "delete", "table", "inet", "sandstorm").CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
+		fmt.Fprintf(os.Stderr, "e2e: delete table inet sandstorm: %v: %s\n", err, out)
+	}
+}
+
+// anyRunning says whether a process of any of these names (its executable's
+// base name, even deleted) runs on this machine.
+func anyRunning(names ...string) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/exe")
+	for _, p := range procs {
+		exe, err := os.Readlink(p)
+		if err != nil {
+			continue
+		}
+		base := strings.TrimSuffix(filepath.Base(exe), " (deleted)")
+		for _, n := range names {
+			if base == n {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // buildDemo is demo name's rootfs, shared read-only with every other test
