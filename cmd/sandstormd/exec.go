@@ -27,7 +27,8 @@ func sandboxExecCmd() *cobra.Command {
 		Long: `Run a command inside a sandbox, confined as its template's process is: the
 same gVisor sandbox, its boundary its only way out. The sandbox is woken
 from whatever tier it is in first. Output is streamed; the command's exit
-status is sandstormd's. With -i, sandstormd's stdin is the command's (EOF
+status is sandstormd's (127 for a command not found, 126 for one that
+cannot run, as a shell says). With -i, sandstormd's stdin is the command's (EOF
 closes it); with -t (as -it) the command gets a terminal: a pty in the
 sandbox, the size of this one and resized with it. Without --user the command runs as the sandbox's default user
 (root for a template that names none).
@@ -68,6 +69,11 @@ init (process.envd; the base demo does).`,
 				o.Term = os.Stdin
 			}
 			code, err := execcli.Run(cmd.Context(), c.Envd(args[0], o.User), o, os.Stdout, os.Stderr)
+			if code, ok := execcli.StartStatus(err); ok {
+				// As a shell says it, then its status (127, 126).
+				fmt.Fprintf(os.Stderr, "%s: %v\n", cmd.Root().Name(), execError(err))
+				return cli.ExitStatus(code)
+			}
 			if err != nil {
 				return execError(err)
 			}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"golang.org/x/term"
@@ -150,4 +151,26 @@ func resizes(ctx context.Context, e *client.Envd, pid uint32, t *os.File) {
 			e.Process.Update(ctx, connect.NewRequest(&pb.UpdateRequest{Process: sel, Pty: &pb.PTY{Size: size(t)}}))
 		}
 	}
+}
+
+// StartStatus is the exit status a shell gives a command that could not
+// start, for envd's refusal of the start (err), as `docker run` gives it
+// too: 127 for a command not found, 126 for one found but not runnable
+// (POSIX, "Command Search and Execution"). ok is false for any other
+// error: those are sandstormd's, not the command's, and exit 1.
+func StartStatus(err error) (code int, ok bool) {
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeInvalidArgument {
+		return 0, false
+	}
+	msg := ce.Message()
+	switch {
+	case strings.Contains(msg, "chdir "):
+		return 0, false // the working directory, not the command
+	case strings.Contains(msg, "not found on PATH"), strings.Contains(msg, "executable file not found"), strings.Contains(msg, "no such file or directory"):
+		return 127, true
+	case strings.Contains(msg, "permission denied"), strings.Contains(msg, "exec format error"):
+		return 126, true
+	}
+	return 0, false
 }

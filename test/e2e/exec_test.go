@@ -61,8 +61,13 @@ func TestExecAndFiles(t *testing.T) {
 	}
 	cli(t, env, "sandbox", "exec", "nosuch", "--", py).fails(t, "exec in no sandbox", "not found")
 	r = cli(t, env, "sandbox", "exec", "ex", "--", "/no/such/binary")
-	if r.Code != 1 || !strings.Contains(r.Stderr, "/no/such/binary") {
-		t.Errorf("exec of a missing binary: exit %d stderr %q", r.Code, r.Stderr)
+	if r.Code != 127 || !strings.Contains(r.Stderr, "/no/such/binary") {
+		t.Errorf("exec of a missing binary: exit %d stderr %q; want 127, as a shell gives", r.Code, r.Stderr)
+	}
+	for cmd, want := range map[string]int{"nosuchcmd": 127, "/etc/passwd": 126} {
+		if r := cli(t, env, "sandbox", "exec", "ex", "--", cmd); r.Code != want || !strings.Contains(r.Stderr, cmd) {
+			t.Errorf("exec %s: exit %d stderr %q; want %d, as a shell gives", cmd, r.Code, r.Stderr, want)
+		}
 	}
 
 	// Settings at create: env for its commands, labels to list by, a
