@@ -90,11 +90,15 @@ type Pool struct {
 
 	mu    sync.Mutex
 	pools map[string][]Pooled
+	// drains counts each template's drains: a sandbox made while its
+	// template's pool was drained (the template removed or registered
+	// again during the restore) is discarded, not pooled.
+	drains map[string]int
 }
 
 // NewPool is an empty pool of the node core.
 func NewPool(core Core, log *slog.Logger) *Pool {
-	return &Pool{core: core, log: log, kick: make(chan struct{}, 1), pools: map[string][]Pooled{}}
+	return &Pool{core: core, log: log, kick: make(chan struct{}, 1), pools: map[string][]Pooled{}, drains: map[string]int{}}
 }
 
 // Kick asks the loop to look at the pools now.
@@ -134,14 +138,25 @@ func (p *Pool) Fill(stop <-chan struct{}) {
 				p.log.Debug("warm pool not refilled", "template", t.Name, "why", why)
 				break
 			}
+			p.mu.Lock()
+			drains := p.drains[t.Name] + p.drains[""]
+			p.mu.Unlock()
 			s, err := p.core.Make(t)
 			if err != nil {
 				p.log.Warn("warm pool: could not restore a sandbox ahead of demand", "template", t.Name, "err", err)
 				break
 			}
 			p.mu.Lock()
-			p.pools[t.Name] = append(p.pools[t.Name], s)
+			stale := p.drains[t.Name]+p.drains[""] != drains
+			if !stale {
+				p.pools[t.Name] = append(p.pools[t.Name], s)
+			}
 			p.mu.Unlock()
+			if stale {
+				p.log.Debug("warm pool: a sandbox made while its pool was drained is discarded", "template", t.Name, "id", s.ID)
+				p.core.Discard(s)
+				break
+			}
 			p.log.Debug("warm pool: sandbox ready", "template", t.Name, "id", s.ID)
 		}
 	}
@@ -203,6 +218,7 @@ func (p *Pool) Drain(name string) int {
 			delete(p.pools, t)
 		}
 	}
+	p.drains[name]++ // "" counts for every template
 	p.mu.Unlock()
 	for _, s := range out {
 		p.core.Discard(s)

@@ -160,3 +160,43 @@ func TestLoopStops(t *testing.T) {
 	close(stop)
 	<-done
 }
+
+// drainingCore drains the pool while a sandbox is being made, as a
+// template's removal does when it lands during a restore.
+type drainingCore struct {
+	*fakeCore
+	pool  *Pool
+	drain string
+}
+
+func (c *drainingCore) Make(t store.Template) (Pooled, error) {
+	s, err := c.fakeCore.Make(t)
+	if c.drain != "-" {
+		c.pool.Drain(c.drain)
+		c.drain = "-" // once
+	}
+	return s, err
+}
+
+// TestMadeWhileDrainedIsDiscarded: a sandbox whose restore was under way
+// when its template's pool was drained (the template removed, or
+// registered again) is discarded, not pooled for a template that is gone;
+// a drain of all pools counts for every template, and a drain of another
+// template's pool changes nothing.
+func TestMadeWhileDrainedIsDiscarded(t *testing.T) {
+	for _, c := range []struct {
+		drain string
+		want  int
+	}{{"web", 0}, {"", 0}, {"other", 2}} {
+		core := &drainingCore{fakeCore: &fakeCore{templates: []store.Template{warmTemplate("web", 2)}, ready: map[string]bool{"web": true}}, drain: c.drain}
+		p := NewPool(core, slog.New(slog.DiscardHandler))
+		core.pool = p
+		p.Fill(nil)
+		if got := p.Len("web"); got != c.want {
+			t.Errorf("drain %q during a make: web's pool holds %d, want %d", c.drain, got, c.want)
+		}
+		if c.want == 0 && !slices.Equal(core.discarded, []string{"web-1"}) {
+			t.Errorf("drain %q during a make: discarded %v, want [web-1]", c.drain, core.discarded)
+		}
+	}
+}
