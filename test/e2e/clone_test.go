@@ -63,6 +63,19 @@ func TestClone(t *testing.T) {
 		seen["random"][m[1]] = true
 		seen["urandom"][m[2]] = true
 	}
+	// A child starts with none of the parent's connections: the kept one
+	// (kc), idle between requests, is not inherited to be reset under
+	// the child's server, which would log it (Python: a
+	// ConnectionResetError traceback).
+	for _, c := range res.Children {
+		var logs strings.Builder
+		if err := d.C.Logs(ctxT(t), c.ID, false, false, &logs); err != nil {
+			t.Errorf("logs of %s: %v", c.Name, err)
+		}
+		if strings.Contains(logs.String(), "Traceback") || strings.Contains(logs.String(), "Error") {
+			t.Errorf("child %s's server logged an error:\n%s", c.Name, logs.String())
+		}
+	}
 	seen["address"][parent.Address] = true
 	if len(seen["address"]) != 6 {
 		t.Errorf("parent and children share addresses: %v", seen["address"])

@@ -331,6 +331,22 @@ func MarkedDialer(mark int) *net.Dialer {
 	return d
 }
 
+// leave ends a connect-only probe's connection as a client that asked
+// nothing: a FIN, then the server's own close awaited (briefly), so that
+// the server reads an end, not a reset, which some log as an error
+// (Python's http.server: a ConnectionResetError traceback in every
+// clone's log, when a clone's readiness was this probe), and no socket
+// of it is left in the sandbox for a checkpoint to keep. A server that
+// does not close in time is reset, as before.
+func leave(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok || tc.CloseWrite() != nil {
+		return
+	}
+	tc.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
+	io.Copy(io.Discard, io.LimitReader(tc, 64<<10))
+}
+
 // ProbeOnce is one poll of Probe.
 func ProbeOnce(ctx context.Context, d *net.Dialer, target netip.AddrPort, path string) error {
 	c, err := d.DialContext(ctx, "tcp", target.String())
@@ -344,6 +360,7 @@ func ProbeOnce(ctx context.Context, d *net.Dialer, target netip.AddrPort, path s
 		c.Close()
 	}()
 	if path == "" {
+		leave(c)
 		return nil
 	}
 	c.SetDeadline(time.Now().Add(2 * time.Second))
