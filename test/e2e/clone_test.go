@@ -63,10 +63,10 @@ func TestClone(t *testing.T) {
 		seen["random"][m[1]] = true
 		seen["urandom"][m[2]] = true
 	}
-	// A child starts with none of the parent's connections: the kept one
-	// (kc), idle between requests, is not inherited to be reset under
-	// the child's server, which would log it (Python: a
-	// ConnectionResetError traceback).
+	// A child's server logs nothing alarming: the clone's readiness
+	// probe of a child (a connection, no request) once ended with a
+	// reset, which Python's http.server logs as a ConnectionResetError
+	// traceback (warm.ProbeOnce).
 	for _, c := range res.Children {
 		var logs strings.Builder
 		if err := d.C.Logs(ctxT(t), c.ID, false, false, &logs); err != nil {

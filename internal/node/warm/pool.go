@@ -138,9 +138,7 @@ func (p *Pool) Fill(stop <-chan struct{}) {
 				p.log.Debug("warm pool not refilled", "template", t.Name, "why", why)
 				break
 			}
-			p.mu.Lock()
-			drains := p.drains[t.Name] + p.drains[""]
-			p.mu.Unlock()
+			drains := p.drainsOf(t.Name)
 			s, err := p.core.Make(t)
 			if err != nil {
 				p.log.Warn("warm pool: could not restore a sandbox ahead of demand", "template", t.Name, "err", err)
@@ -160,6 +158,14 @@ func (p *Pool) Fill(stop <-chan struct{}) {
 			p.log.Debug("warm pool: sandbox ready", "template", t.Name, "id", s.ID)
 		}
 	}
+}
+
+// drainsOf is how many drains template's pool has had (its own and of
+// all pools): a change across a restore means the restore is stale.
+func (p *Pool) drainsOf(template string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.drains[template] + p.drains[""]
 }
 
 // Len is how many sandboxes template's pool holds.
