@@ -974,6 +974,9 @@ func samConfig(o Options, pool netns.Pool, log *slog.Logger) (node.SAM, func(), 
 		return sam, stop, err
 	}
 	sam.Secrets, sam.SecretRoots = box, roots
+	if sam.Ingress, err = ingressRoute(o, roots); err != nil {
+		return sam, stop, err
+	}
 	return sam, stop, nil
 }
 

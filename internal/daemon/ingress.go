@@ -3,10 +3,13 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"sandstorm/internal/enrol"
@@ -14,6 +17,8 @@ import (
 	"sandstorm/internal/metrics"
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/nodeside"
+	"sandstorm/internal/pki"
+	"sandstorm/internal/sam/ingressroute"
 )
 
 // startIngress serves, on --ingress-listen, E2B's traffic to every sandbox
@@ -67,4 +72,38 @@ func startIngress(o Options, local *nodeside.Side, ep *enrol.Endpoint, streams *
 	go func() { errc <- serveDrainable(srv, ln) }()
 	log.Info("sandstormd node serving the fleet's sandbox traffic", "ingress", scheme+"://"+raw.Addr().String(), "names", "<port>-<id>."+o.HostDomain, "passthrough", !o.IngressRequests)
 	return srv, nil
+}
+
+// ingressRoute is where this node's boundaries carry a sandbox's flow to
+// another sandbox's public URL (https://<port>-<id>.<gateway-domain>):
+// the listener here that serves those names over TLS, on its own port or
+// 443 (a proxy in front). A single daemon serves them on its API
+// listener, under the certificate of its CA (pki/ca.pem in the data dir,
+// made before the node starts); a fleet's node on --ingress-listen with
+// --ingress-cert, verified as secrets' servers are (roots: the system's
+// and --secrets-ca's). None for a node without a TLS listener for them:
+// the names then go where DNS says, as any other name.
+func ingressRoute(o Options, roots *x509.CertPool) (*ingressroute.Route, error) {
+	listen := ""
+	switch {
+	case o.Master && o.Node:
+		listen = o.Listen
+		b, err := os.ReadFile(filepath.Join(o.DataDir, "pki", pki.CAFile))
+		if err != nil {
+			return nil, fmt.Errorf("the route to this daemon's own sandbox names: %w", err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("the route to this daemon's own sandbox names: no certificate in %s", pki.CAFile)
+		}
+	case o.IngressListen != "" && o.IngressCert != "":
+		listen = o.IngressListen
+	default:
+		return nil, nil
+	}
+	ap, err := ingressroute.Local(listen)
+	if err != nil {
+		return nil, fmt.Errorf("the route to this node's own sandbox names (%s): %w", listen, err)
+	}
+	return &ingressroute.Route{Domain: o.HostDomain, Ports: []uint16{443, ap.Port()}, Addr: ap, Roots: roots}, nil
 }

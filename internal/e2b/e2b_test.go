@@ -778,9 +778,18 @@ func TestNetworkRules(t *testing.T) {
 	if m, err := e.st.Teams().GetSandboxMeta(context.Background(), sb.SandboxID); err != nil || m.Env["NODE_EXTRA_CA_CERTS"] != api.SecretCAPath {
 		t.Errorf("env %v, %v; want NODE_EXTRA_CA_CERTS", m.Env, err)
 	}
+	// A key with a port (getHost under a domain with one) is its name's.
+	sb = e.create(t, "red", `{"network": {"rules": {"8080-abc.example.test:8443": [{"transform": {"headers": {"X-Test-Token": "t"}}}]}}}`)
+	want = []inject.Binding{{Name: "rule:8080-abc.example.test", Hosts: []string{"8080-abc.example.test"}, Headers: map[string]string{"X-Test-Token": "t"}}}
+	if got := e.node.Secrets[sb.SandboxID]; !reflect.DeepEqual(got, want) {
+		t.Errorf("bound %+v, want %+v", got, want)
+	}
 	made := len(e.node.Secrets)
 	for _, bad := range []string{
 		`{"rules": {"1.1.1.1": [{"transform": {"headers": {"X": "y"}}}]}}`,
+		`{"rules": {"1.1.1.1:443": [{"transform": {"headers": {"X": "y"}}}]}}`,
+		`{"rules": {"[::1]:443": [{"transform": {"headers": {"X": "y"}}}]}}`,
+		`{"rules": {"api.example.com:https": [{"transform": {"headers": {"X": "y"}}}]}}`,
 		`{"rules": {"10.0.0.0/8": [{"transform": {"headers": {"X": "y"}}}]}}`,
 		`{"rules": {"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer ${e2b.identity.tokens.aws}"}}}]}}`,
 		`{"rules": {"api.example.com": [{"transform": {"headers": {"Host": "evil.example"}}}]}}`,

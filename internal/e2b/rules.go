@@ -3,6 +3,7 @@ package e2b
 import (
 	"encoding/json"
 	"maps"
+	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -43,10 +44,11 @@ func parseRules(raw json.RawMessage) ([]inject.Binding, error) {
 	}
 	var out []inject.Binding
 	for _, domain := range slices.Sorted(maps.Keys(rules)) {
-		if _, err := netip.ParsePrefix(domain); err == nil || isAddr(domain) {
+		name := ruleName(domain)
+		if _, err := netip.ParsePrefix(name); err == nil || isAddr(name) {
 			return nil, errdefs.New(errdefs.ErrNotSupported, "network.rules[%q]: an address; rules here are for names (the boundary ends TLS for a name)", domain)
 		}
-		hosts, err := secrets.CheckHosts([]string{domain})
+		hosts, err := secrets.CheckHosts([]string{name})
 		if err != nil {
 			return nil, errdefs.New(errdefs.ErrBadInput, "network.rules[%q]: %v", domain, err)
 		}
@@ -67,6 +69,18 @@ func parseRules(raw json.RawMessage) ([]inject.Binding, error) {
 		}
 	}
 	return out, nil
+}
+
+// ruleName is the name a rule's key is for: the SDK's getHost(port) is
+// host:port when its domain has a port (E2B_DOMAIN=example.test:8443, a
+// server of one's own), and a rule is for the name, on every port of it
+// (the boundary ends TLS for a name; the SNI has no port).
+func ruleName(key string) string {
+	host, port, err := net.SplitHostPort(key)
+	if err != nil || port == "" || strings.Trim(port, "0123456789") != "" || strings.Contains(host, ":") {
+		return key
+	}
+	return host
 }
 
 // maxRuleDomains bounds a sandbox's rules: each domain is a name its CA

@@ -130,7 +130,7 @@ func TestCodeInterpreterSDKSuite(t *testing.T) {
 	}
 	const list = "testdata/codeinterpreter-exceptions.txt"
 	skip := readExceptions(t, list)
-	d := startDaemon(t)
+	d := startDaemon(t, "--gateway-domain", sdkDomain) // vitestEnv's
 	d.registerCodeInterpreter(t)
 	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
 	key := strings.TrimSpace(cli(t, env, "api-key", "create", "interpreter-sdk-tests").Stdout)

@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"sandstorm/api"
 	"sandstorm/internal/client"
 	"sandstorm/internal/ociimage/ocitest"
 	"sandstorm/internal/pki"
@@ -143,20 +144,24 @@ func TestE2BSDKSuite(t *testing.T) {
 	skip := sdkExceptions(t)
 	resolver, caPEM := internetDouble(t)
 	base := baseTrusting(t, caPEM)
+	withHTTPBin(t, base)
 	// The operator's policy is what a sandbox may reach at most (its
 	// network options only narrow it): here the stand-in internet, for
-	// base's sandboxes, as E2B's cloud lets them reach the internet.
+	// base's sandboxes, as E2B's cloud lets them reach the internet, and
+	// the other sandboxes' public URLs (<port>-<id>.<domain>), which a
+	// sandbox reaches through its node's own listener for them.
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte(`
 roles:
-  - {name: internet, egress: ["1.1.1.1", "8.8.8.8", "connectivitycheck.gstatic.com"]}
+  - {name: internet, egress: ["1.1.1.1", "8.8.8.8", "connectivitycheck.gstatic.com", "*.`+sdkDomain+`"]}
 bindings:
   - {principal: sdk-base, roles: [internet]}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, "--registry-mirror", "docker.io="+sdkImages(t), "--resolver", resolver.addr, "--policy", policy)
+	d := startDaemon(t, "--registry-mirror", "docker.io="+sdkImages(t), "--resolver", resolver.addr, "--policy", policy, "--gateway-domain", sdkDomain)
 	d.registerBaseFrom(t, base, "sdk-base")
+	d.registerHTTPBin(t, base)
 	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
 	key := strings.TrimSpace(cli(t, env, "api-key", "create", "sdk-tests").Stdout)
 
@@ -252,6 +257,35 @@ func judgeVitest(t *testing.T, dir, report string, skip map[string]string, list 
 	return b
 }
 
+// withHTTPBin puts go-httpbin (github.com/mccutchen/go-httpbin, a tool
+// of this module, pinned in go.mod) in rootfs, for registerHTTPBin.
+func withHTTPBin(t *testing.T, rootfs string) {
+	t.Helper()
+	build := exec.Command("go", "build", "-o", filepath.Join(rootfs, "usr/local/bin/go-httpbin"), "github.com/mccutchen/go-httpbin/v2/cmd/go-httpbin")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build go-httpbin: %v: %s", err, out)
+	}
+}
+
+// registerHTTPBin registers the template E2B's firewall test calls
+// httpbin (tests/template.ts: the sidecar whose /headers reflects a
+// request's headers; E2B's is go-httpbin on port 8080), warm: its
+// sandboxes are restored with the server listening, as E2B's ready
+// command has passed by the time create resolves.
+func (d *Daemon) registerHTTPBin(t *testing.T, rootfs string) {
+	t.Helper()
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{
+		Name: "httpbin", RootfsDir: rootfs,
+		Process: api.Process{Args: []string{"/usr/local/bin/go-httpbin", "-port", "8080"}, Env: baseDemo.Env, Envd: baseDemo.Envd},
+		// A Go server: its randomness is getrandom(2)'s, new in each
+		// restored sandbox (its own sentry), so the reseed does nothing.
+		Ports: []int{8080}, Warm: &api.Warm{Probe: api.Probe{Port: 8080, Path: "/get"}, Reseed: api.Reseed{Command: []string{"/bin/true"}}},
+	}); err != nil {
+		t.Fatalf("register httpbin: %v", err)
+	}
+}
+
 // sdkImagesNamed are the Docker Hub images the SDK's template tests
 // build from (fromImage('ubuntu:22.04'); fromBaseImage() is e2bdev/base),
 // each served by the test's own registry as the base demo's rootfs (a
@@ -325,12 +359,20 @@ func builtTemplateIsUsedAndWarm(t *testing.T, d *Daemon, key string) {
 	}
 }
 
+// sdkDomain is the sandboxes' domain of the daemons the SDK suites run
+// against (serve --gateway-domain; the master's certificate covers
+// *.<it>). Not under .localhost: curl inside a sandbox resolves those
+// names to its own loopback, and E2B's firewall test has a sandbox reach
+// another's URL by its name. The suites' Node resolves it to loopback
+// (testdata/sdk-domain.cjs), a sandbox through its boundary, which
+// carries those names to its node's own listener for them.
+const sdkDomain = "sandbox.sandstorm.test"
+
 // vitestEnv is the environment E2B's SDK suites run in against d with
-// key. E2B's own layout: the API at https://api.<domain>, each sandbox's
-// port at https://<port>-<id>.<domain>, the domain this master's (its
-// certificate covers *.sandbox.localhost), with the API's port;
-// *.localhost is loopback (libnss-myhostname, RFC 6761). The SDK's own
-// mocks (msw) expect the API exactly there. No other E2B_ variable: the
+// key, d started with --gateway-domain sdkDomain. E2B's own layout: the
+// API at https://api.<domain>, each sandbox's port at
+// https://<port>-<id>.<domain>, with the API's port. The SDK's own mocks
+// (msw) expect the API exactly there. No other E2B_ variable: the
 // tests read some by their presence alone (E2B_DEBUG, set even empty,
 // skips tests and keeps sandboxes). Nor CI: to these tests it means
 // E2B's own CI, which builds the SDK's bundle (dist/) first;
@@ -339,14 +381,19 @@ func builtTemplateIsUsedAndWarm(t *testing.T, d *Daemon, key string) {
 // checks is E2B's build, not this API).
 func vitestEnv(d *Daemon, key string) []string {
 	port := d.API[strings.LastIndex(d.API, ":")+1:]
+	preload, err := filepath.Abs("testdata/sdk-domain.cjs")
+	if err != nil {
+		panic(err)
+	}
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "E2B_") && !strings.HasPrefix(kv, "CI=") {
+		if !strings.HasPrefix(kv, "E2B_") && !strings.HasPrefix(kv, "CI=") && !strings.HasPrefix(kv, "NODE_OPTIONS=") {
 			env = append(env, kv)
 		}
 	}
 	return append(env,
-		"E2B_API_KEY="+key, "E2B_DOMAIN=sandbox.localhost:"+port,
+		"E2B_API_KEY="+key, "E2B_DOMAIN="+sdkDomain+":"+port,
+		"SANDSTORM_SDK_DOMAIN="+sdkDomain, "NODE_OPTIONS="+strings.TrimSpace(os.Getenv("NODE_OPTIONS")+" --require "+preload),
 		"NODE_EXTRA_CA_CERTS="+filepath.Join(d.DataDir, "pki", "ca.pem"),
 		"NO_COLOR=1",
 	)

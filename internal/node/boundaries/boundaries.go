@@ -22,6 +22,7 @@ import (
 	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sam/egresslog"
+	"sandstorm/internal/sam/ingressroute"
 	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
@@ -56,6 +57,10 @@ type SAM struct {
 	// those secrets go to (nil: the system's roots).
 	Secrets     *secrets.Box
 	SecretRoots *x509.CertPool
+	// Ingress carries a sandbox's flows to another sandbox's public URL
+	// to this node's own listener for those names; nil: they go where
+	// their names resolve (internal/sam/ingressroute).
+	Ingress *ingressroute.Route
 }
 
 // Config is what every boundary of a node shares.
@@ -135,6 +140,7 @@ func (s *Set) Up(sb Sandbox) error {
 		Flows:           sam.Flows.Recorder(sb.ID),
 		Egress:          sb.Egress,
 		Secrets:         sb.Secrets,
+		Ingress:         sam.Ingress,
 		Resolve:         sam.Resolve,
 		Guard:           guard,
 		Log:             s.cfg.Log.With("sandbox", sb.ID), // its lines name the principal themselves

@@ -61,6 +61,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/ingressroute"
 	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/refusals"
@@ -140,6 +141,10 @@ type Config struct {
 	// real server, each request's markers replaced. nil: every flow is
 	// spliced untouched.
 	Secrets *inject.Set
+	// Ingress, if set, carries flows to the names of its node's sandboxes
+	// (<port>-<id>.<domain>) to the node's own ingress, neither resolved
+	// nor guarded: that address is the node's (internal/sam/ingressroute).
+	Ingress *ingressroute.Route
 	// Dial opens allowed external destinations ("tcp", "ip:port") at an
 	// address Guard allowed; default a net.Dialer whose Control hook asks
 	// Guard again on the socket about to connect. It is never called for a

@@ -13,6 +13,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/sam/dialguard"
 	"sandstorm/internal/sam/egress"
+	"sandstorm/internal/sam/handshake"
 	"sandstorm/internal/sam/inject"
 	"sandstorm/internal/sam/policy"
 	"sandstorm/internal/sam/tcpsock"
@@ -29,8 +30,8 @@ func (b *Boundary) serveProxy(c net.Conn) {
 	}
 	defer b.untrack(f)
 	c.SetDeadline(time.Now().Add(b.cfg.HandshakeTimeout))
-	hs := &handshakeConn{c: c}
-	first, err := hs.peek()
+	hs := handshake.New(c)
+	first, err := hs.Peek()
 	if err != nil {
 		if err != io.EOF { // connected and left without a byte: a probe
 			b.handshakeError(c, err)
@@ -43,91 +44,6 @@ func (b *Boundary) serveProxy(c net.Conn) {
 	} else {
 		b.serveHTTP(f, hs)
 	}
-}
-
-// handshakeConn is the sandbox's side during a handshake: reads are
-// buffered (a SOCKS5 greeting and request arrive in one read when the
-// client sends them together, instead of a read(2) per field), and writes
-// are held until the handshake must wait for the client, or Flush, so a
-// method selection and the reply that follows it leave in one write(2)
-// when the client did not wait for the first (strace of sam-box: six reads
-// and two writes per refused flow before). What is buffered past the
-// handshake is the flow's first bytes (rest), passed on, never dropped.
-type handshakeConn struct {
-	c       net.Conn
-	buf     [512]byte
-	r, w    int
-	pending []byte
-	werr    error
-}
-
-func (h *handshakeConn) peek() (byte, error) {
-	if h.r == h.w {
-		if err := h.fill(); err != nil {
-			return 0, err
-		}
-	}
-	return h.buf[h.r], nil
-}
-
-// fill waits for more from the client, sending what it has been written
-// first: the client may be waiting for it.
-func (h *handshakeConn) fill() error {
-	if err := h.Flush(); err != nil {
-		return err
-	}
-	if h.r == h.w {
-		h.r, h.w = 0, 0
-	}
-	n, err := h.c.Read(h.buf[h.w:])
-	h.w += n
-	if n > 0 {
-		return nil
-	}
-	if err == nil {
-		err = io.ErrNoProgress
-	}
-	return err
-}
-
-func (h *handshakeConn) Read(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	if h.r == h.w {
-		if err := h.fill(); err != nil {
-			return 0, err
-		}
-	}
-	n := copy(p, h.buf[h.r:h.w])
-	h.r += n
-	return n, nil
-}
-
-func (h *handshakeConn) Write(p []byte) (int, error) {
-	if h.werr != nil {
-		return 0, h.werr
-	}
-	h.pending = append(h.pending, p...)
-	return len(p), nil
-}
-
-// Flush sends what was written.
-func (h *handshakeConn) Flush() error {
-	if h.werr != nil || len(h.pending) == 0 {
-		return h.werr
-	}
-	_, h.werr = h.c.Write(h.pending)
-	h.pending = h.pending[:0]
-	return h.werr
-}
-
-// rest is what the client sent past the handshake, already read.
-func (h *handshakeConn) rest() []byte {
-	if h.r == h.w {
-		return nil
-	}
-	return append([]byte(nil), h.buf[h.r:h.w]...)
 }
 
 // admission is the verdict on a flow and, when allowed, its open upstream.
@@ -146,6 +62,8 @@ type admission struct {
 	// whether its allowOut names the flow's destination.
 	egress *egress.Rules
 	byName bool
+	// ingress: carried to its node's own ingress (Config.Ingress).
+	ingress bool
 	// What the egress log says of it: when it was decided, and the
 	// destination as the sandbox named it.
 	start time.Time
@@ -170,9 +88,12 @@ func (b *Boundary) admit(f *flow, host string, port uint16) admission {
 	a.start, a.host, a.port = start, host, port
 	if a.out == outAllowed {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
-		if a.dest.Kind == policy.KindExternal {
+		switch {
+		case a.dest.Kind == policy.KindExternal && !a.dest.IsIP && b.cfg.Ingress.Match(a.dest.Host, port):
+			b.dialIngress(ctx, &a)
+		case a.dest.Kind == policy.KindExternal:
 			b.dialExternal(ctx, &a, port)
-		} else {
+		default:
 			b.dialMesh(ctx, &a)
 		}
 		cancel()
@@ -404,6 +325,25 @@ func (b *Boundary) dialExternal(ctx context.Context, a *admission, port uint16) 
 	}
 }
 
+// dialIngress opens an allowed flow to another sandbox's public URL on
+// its node's own ingress. The sandbox's own rules still apply, to that
+// address as to any (allowInternetAccess: false refuses it, unless its
+// allowOut names the name).
+func (b *Boundary) dialIngress(ctx context.Context, a *admission) {
+	a.ingress = true
+	if err := a.egress.Check(b.cfg.Ingress.Addr.Addr(), a.byName); err != nil {
+		a.out, a.err = outDenied, err
+		return
+	}
+	c, err := b.cfg.Ingress.Dial(ctx)
+	if err != nil {
+		a.out, a.err = outUnreachable, fmt.Errorf("this node's ingress: %w", err)
+		a.timeout = errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
+		return
+	}
+	a.far = c
+}
+
 // addressRefused counts and logs an address the guard would not dial. It
 // is logged at warning level: an allowed name that resolves into the node
 // is DNS rebinding or a policy mistake, and someone should look.
@@ -463,7 +403,11 @@ func (b *Boundary) inject(f *flow, a *admission, prefix []byte) (bool, []byte, [
 	if !op.TLS {
 		return false, op.Sandbox, op.Server
 	}
-	r := b.cfg.Secrets.Serve(sc, op.Sandbox, a.far, a.dest.Host, b.cfg.HandshakeTimeout, b.touch)
+	set := b.cfg.Secrets
+	if a.ingress {
+		set = set.WithRoots(b.cfg.Ingress.Roots) // the ingress's certificate is the fleet's
+	}
+	r := set.Serve(sc, op.Sandbox, a.far, a.dest.Host, b.cfg.HandshakeTimeout, b.touch)
 	if r.Err != nil {
 		// Never the request: it may hold a secret.
 		b.log.Info("boundary: a flow to a secret's host ended early", "principal", b.cfg.Principal, "host", a.dest.Host, "err", r.Err)

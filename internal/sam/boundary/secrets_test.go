@@ -27,24 +27,7 @@ import (
 // secret; a flow to example.com, which the secret may not go to, is
 // spliced untouched (the server's own certificate, the marker as it is).
 func TestSecretFlows(t *testing.T) {
-	serverCA, serverKey, _ := inject.NewCA("servers", []string{"allowed.test", "example.com"})
-	iss, _ := inject.NewIssuer(serverCA, serverKey)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return iss.Leaf(h.ServerName) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	seen := map[string]string{}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen[r.Host] = r.Header.Get("Authorization")
-		mu.Unlock()
-		io.WriteString(w, "ok")
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	port := uint16(ln.Addr().(*net.TCPAddr).Port)
-
+	serverCA, port, seen := headerServer(t, "Authorization", "allowed.test", "example.com")
 	serverRoots, sandboxRoots := x509.NewCertPool(), x509.NewCertPool()
 	serverRoots.AppendCertsFromPEM(serverCA)
 	caPEM, caKey, _ := inject.NewCA("sb", []string{"allowed.test"})
@@ -76,9 +59,7 @@ func TestSecretFlows(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		return seen[host]
+		return seen(host)
 	}
 	if got := get("allowed.test", sandboxRoots); got != "Bearer the-secret" {
 		t.Errorf("allowed.test was sent %q; want the secret", got)
@@ -142,5 +123,33 @@ func TestSecretHostServerFirst(t *testing.T) {
 	io.WriteString(c, "EHLO sandbox\r\n")
 	if reply, err := br.ReadString('\n'); reply != "250 EHLO sandbox\r\n" {
 		t.Fatalf("reply %q, %v", reply, err)
+	}
+}
+
+// headerServer is an HTTPS server on loopback with a certificate for
+// each name from a CA of its own (caPEM), recording the value of header
+// in the last request for each Host it was sent (seen).
+func headerServer(t *testing.T, header string, names ...string) (caPEM []byte, port uint16, seen func(host string) string) {
+	t.Helper()
+	caPEM, key, _ := inject.NewCA("servers", names)
+	iss, _ := inject.NewIssuer(caPEM, key)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return iss.Leaf(h.ServerName) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	got := map[string]string{}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got[r.Host] = r.Header.Get(header)
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return caPEM, uint16(ln.Addr().(*net.TCPAddr).Port), func(host string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return got[host]
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+
+	"sandstorm/internal/sam/handshake"
 )
 
 // SOCKS5 (RFC 1928) and its username/password authentication (RFC 1929).
@@ -206,7 +208,7 @@ func socksCode(a *admission) byte {
 }
 
 // serveSOCKS runs a SOCKS5 flow whose first byte (0x05) hs will yield.
-func (b *Boundary) serveSOCKS(f *flow, hs *handshakeConn) {
+func (b *Boundary) serveSOCKS(f *flow, hs *handshake.Conn) {
 	req, rep, err := socksHandshake(hs, hs, b.cfg.Users)
 	if err != nil {
 		b.handshakeError(f.c, err)
@@ -232,5 +234,5 @@ func (b *Boundary) serveSOCKS(f *flow, hs *handshakeConn) {
 		return
 	}
 	f.c.SetDeadline(noDeadline)
-	b.run(f, &a, hs.rest())
+	b.run(f, &a, hs.Rest())
 }

@@ -65,6 +65,15 @@ func NewSet(bindings []Binding, caCert, caKey []byte, roots *x509.CertPool) (*Se
 	return &Set{bindings: bindings, iss: iss, roots: roots, sessions: tls.NewLRUClientSessionCache(64)}, nil
 }
 
+// WithRoots is s verifying the servers with roots instead (nil: the
+// system's): a flow to a node's own ingress, whose certificate the
+// fleet's CA signed.
+func (s *Set) WithRoots(roots *x509.CertPool) *Set {
+	c := *s
+	c.roots = roots
+	return &c
+}
+
 // For is the bindings that may be sent to host.
 func (s *Set) For(host string) []Binding {
 	if s == nil {
