@@ -2,6 +2,7 @@ package warm
 
 import (
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -127,6 +128,13 @@ func (p *Pool) Loop(stop <-chan struct{}) {
 // Fill tops up the pool of every warm template with an image this
 // runtime can restore, one sandbox at a time, while there is room for it.
 func (p *Pool) Fill(stop <-chan struct{}) {
+	// The drain counts from before the templates are listed: a drain that
+	// lands after the listing (a template removed then, its image not yet
+	// gone) makes stale what this pass restores of it, even a restore
+	// begun after the drain.
+	p.mu.Lock()
+	seen := maps.Clone(p.drains)
+	p.mu.Unlock()
 	for _, t := range p.core.Templates() {
 		for t.Warm != nil && p.Len(t.Name) < t.Warm.Pool && p.core.Ready(t.Name) {
 			select {
@@ -138,7 +146,7 @@ func (p *Pool) Fill(stop <-chan struct{}) {
 				p.log.Debug("warm pool not refilled", "template", t.Name, "why", why)
 				break
 			}
-			drains := p.drainsOf(t.Name)
+			drains := seen[t.Name] + seen[""]
 			s, err := p.core.Make(t)
 			if err != nil {
 				p.log.Warn("warm pool: could not restore a sandbox ahead of demand", "template", t.Name, "err", err)
@@ -158,14 +166,6 @@ func (p *Pool) Fill(stop <-chan struct{}) {
 			p.log.Debug("warm pool: sandbox ready", "template", t.Name, "id", s.ID)
 		}
 	}
-}
-
-// drainsOf is how many drains template's pool has had (its own and of
-// all pools): a change across a restore means the restore is stale.
-func (p *Pool) drainsOf(template string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.drains[template] + p.drains[""]
 }
 
 // Len is how many sandboxes template's pool holds.

@@ -178,6 +178,33 @@ func (c *drainingCore) Make(t store.Template) (Pooled, error) {
 	return s, err
 }
 
+// listedCore drains the pool right after listing the templates, as a
+// template's removal does when it lands between a refill's listing and
+// its first restore.
+type listedCore struct {
+	*fakeCore
+	pool *Pool
+}
+
+func (c *listedCore) Templates() []store.Template {
+	ts := c.fakeCore.Templates()
+	c.pool.Drain("web")
+	return ts
+}
+
+// TestDrainedAfterListingIsDiscarded: a restore begun after its
+// template's pool was drained, but within the refill pass that listed
+// the template before the drain, is discarded too.
+func TestDrainedAfterListingIsDiscarded(t *testing.T) {
+	core := &listedCore{fakeCore: &fakeCore{templates: []store.Template{warmTemplate("web", 2)}, ready: map[string]bool{"web": true}}}
+	p := NewPool(core, slog.New(slog.DiscardHandler))
+	core.pool = p
+	p.Fill(nil)
+	if got := p.Len("web"); got != 0 || !slices.Equal(core.discarded, []string{"web-1"}) {
+		t.Errorf("web's pool holds %d, discarded %v; want 0 and [web-1]", got, core.discarded)
+	}
+}
+
 // TestMadeWhileDrainedIsDiscarded: a sandbox whose restore was under way
 // when its template's pool was drained (the template removed, or
 // registered again) is discarded, not pooled for a template that is gone;
