@@ -71,20 +71,29 @@ func Missing(servers, tools []string) []string {
 
 // ListTools is the names of the tools endpoint lists, every page.
 func ListTools(ctx context.Context, endpoint string, hc *http.Client) ([]string, error) {
+	hc, ends := recording(hc)
 	c := mcp.NewClient(&mcp.Implementation{Name: "sandstorm-mcp-gateway", Version: "1"}, nil)
 	s, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc, DisableStandaloneSSE: true, MaxRetries: -1}, nil)
 	if err != nil {
-		return nil, fmt.Errorf("the mesh's MCP endpoint (%s, through this sandbox's boundary): %w", endpoint, err)
+		return nil, fmt.Errorf("the mesh's MCP endpoint (%s, through this sandbox's boundary): %w%s", endpoint, err, why(ends))
 	}
 	defer s.Close()
 	var names []string
 	for t, err := range s.Tools(ctx, nil) {
 		if err != nil {
-			return nil, fmt.Errorf("list the mesh's tools: %w", err)
+			return nil, fmt.Errorf("list the mesh's tools: %w%s", err, why(ends))
 		}
 		names = append(names, t.Name)
 	}
 	return names, nil
+}
+
+// why is how the last answer's body ended, for an error ("" if none).
+func why(e *endRecorder) string {
+	if w := e.lastEnd(); w != "" {
+		return " (" + w + ")"
+	}
+	return ""
 }
 
 // Check fails unless every server config names has tools in the mesh

@@ -1,7 +1,9 @@
 package mcpgateway
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -134,4 +136,49 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// An answer's event stream that ends before the answer fails the listing
+// (the SDK: "request terminated without response"), and the error says
+// whether the server ended the stream or it was cut under it.
+func TestListToolsSaysHowTheStreamEnded(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cut  bool
+		want string
+	}{
+		{"ended", false, "the server ended the answer's stream"},
+		{"cut", true, "the answer's stream was cut: unexpected EOF"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mesh := meshMCP(t, "everything__echo")
+			mu, _ := url.Parse(mesh.URL)
+			fwd := httputil.NewSingleHostReverseProxy(mu)
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				if !strings.Contains(string(body), `"tools/list"`) {
+					r.Body = io.NopCloser(bytes.NewReader(body))
+					fwd.ServeHTTP(w, r)
+					return
+				}
+				// The answer's header, then its stream ends: closed by
+				// the handler's return (the last chunk sent), or cut.
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.WriteHeader(http.StatusOK)
+				io.WriteString(w, ": no answer follows\n\n")
+				w.(http.Flusher).Flush()
+				if c.cut {
+					conn, _, err := http.NewResponseController(w).Hijack()
+					if err == nil {
+						conn.Close()
+					}
+				}
+			}))
+			defer front.Close()
+			_, err := ListTools(context.Background(), front.URL, front.Client())
+			if err == nil || !strings.Contains(err.Error(), "terminated without response") || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("ListTools: %v; want the SDK's error and %q", err, c.want)
+			}
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -177,7 +178,11 @@ func (b *Boundary) newMeshProxy(pool *MeshPool) *httputil.ReverseProxy {
 		// and two wake-ups of the agent per response (strace of sam-box).
 		FlushInterval: 0,
 		ErrorHandler:  b.proxyError,
-		ErrorLog:      discardLog,
+		// What it logs itself is an answer cut while it was being passed
+		// (the node's side read failing; the sandbox's side going away
+		// cancels the read, which it does not log): the one trace of a
+		// stream that ended before its end.
+		ErrorLog: slog.NewLogLogger(b.log.With("principal", b.cfg.Principal, "mesh_answer", "cut").Handler(), slog.LevelWarn),
 	}
 }
 

@@ -2,11 +2,15 @@ package boundary
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,4 +140,48 @@ func TestSOCKSPipelinedDenied(t *testing.T) {
 	if resolved, dialled := e.rec.touched(); len(resolved)+len(dialled) != 0 || e.mesh.dials.Load() != 0 {
 		t.Errorf("touched: %v %v %d", resolved, dialled, e.mesh.dials.Load())
 	}
+}
+
+// An answer the node's side cuts mid-stream reaches the agent cut (its
+// chunked body unterminated, not a clean end it would take for the
+// whole answer), and the boundary logs it: the one trace of such a cut.
+func TestMeshAnswerCutIsLogged(t *testing.T) {
+	var logged syncBuffer
+	e := newEnv(t, "agent-a", netip.Addr{}, func(c *Config) {
+		c.Log = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	resp, err := e.httpClient(t).Post("http://mesh.sam.alt/v1/chat/completions?stream=1", "application/json", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "data: {\"n\":0}\n" {
+		t.Fatalf("first event: %q, %v", line, err)
+	}
+	e.mesh.srv.Close() // every connection to the node, the answer's too
+	if rest, err := io.ReadAll(br); err == nil {
+		t.Fatalf("the cut answer ended cleanly after %q", rest)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the boundary logs the cut", func() bool {
+		return strings.Contains(logged.String(), "mesh_answer=cut") && strings.Contains(logged.String(), "principal=agent-a")
+	})
+}
+
+// syncBuffer is a bytes.Buffer for a logger on other goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
