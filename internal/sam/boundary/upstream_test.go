@@ -2,7 +2,6 @@ package boundary
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -146,7 +144,7 @@ func TestSOCKSPipelinedDenied(t *testing.T) {
 // chunked body unterminated, not a clean end it would take for the
 // whole answer), and the boundary logs it: the one trace of such a cut.
 func TestMeshAnswerCutIsLogged(t *testing.T) {
-	var logged syncBuffer
+	var logged testenv.SyncBuffer
 	e := newEnv(t, "agent-a", netip.Addr{}, func(c *Config) {
 		c.Log = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
@@ -166,22 +164,4 @@ func TestMeshAnswerCutIsLogged(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "the boundary logs the cut", func() bool {
 		return strings.Contains(logged.String(), "mesh_answer=cut") && strings.Contains(logged.String(), "principal=agent-a")
 	})
-}
-
-// syncBuffer is a bytes.Buffer for a logger on other goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
