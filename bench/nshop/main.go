@@ -8,7 +8,12 @@
 // the client in this one; the namespaces reach each other through this
 // one by forwarding, as bench/fleet's nodes do. In alternating rounds,
 // 100 MiB up and 100 MiB down, twice each, straight to the server and
-// through the relay, with the relay's CPU time per round. With --pin the
+// through the relay, with the relay's CPU time per round. The relay
+// reaches the server two ways, each a relay of its own: routed through
+// this namespace, as bench/fleet's nodes reach each other, and on a veth
+// of their own, as two machines on one switch do (the switch's work is
+// then no machine's), so the hop's cost and the one-machine network's
+// forwarding are apart. With --pin the
 // relay runs on CPU 1 and the client and server on CPU 0: the relay as if
 // on a machine of its own, as far as one machine allows (its veths'
 // kernel work still lands where the packets are sent).
@@ -51,7 +56,14 @@ const (
 	serverNS, relayNS = "ss-nshop-s", "ss-nshop-r"
 	serverAddr        = "10.203.2.2:" + port
 	relayAddr         = "10.203.1.2:" + port
-	size              = 100 << 20
+	// The relay on the direct link: it listens on directPort beside the
+	// routed one and reaches the server on their own veth
+	// (10.203.3.0/24).
+	directPort       = "9444"
+	directRelayAddr  = "10.203.1.2:" + directPort
+	directServerAddr = "10.203.3.2:" + port
+	directRelayHost  = "10.203.3.1"
+	size             = 100 << 20
 )
 
 func main() {
@@ -59,12 +71,13 @@ func main() {
 	var rounds int
 	var pin bool
 	var mtu int
-	var role, dir string
+	var role, dir, link string
 	fs := flag.NewFlagSet("nshop", flag.ContinueOnError)
 	fs.IntVar(&rounds, "rounds", 12, "rounds, each 2 uploads and 2 downloads of 100 MiB straight and through the relay")
 	fs.BoolVar(&pin, "pin", false, "run the relay on CPU 1 and the client and server on CPU 0")
 	fs.IntVar(&mtu, "mtu", 1500, "the veths' MTU (1500 as a machine's Ethernet; loopback's is 65536)")
 	fs.StringVar(&role, "role", "", "(internal) server or relay, in its namespace")
+	fs.StringVar(&link, "link", "routed", "(internal) the relay's way to the server: routed or direct")
 	fs.StringVar(&dir, "dir", "", "(internal) the run's work directory (its CA)")
 	f.Register(fs)
 	bench.ParseFlags(fs, func() error {
@@ -78,7 +91,7 @@ func main() {
 	case "server":
 		err = serve(dir)
 	case "relay":
-		err = relay(dir)
+		err = relay(dir, link)
 	default:
 		var path string
 		path, err = run(context.Background(), f, rounds, pin, mtu)
@@ -122,7 +135,7 @@ func serve(dir string) error {
 	// The relay's connections carry the header; the client's, straight,
 	// none.
 	relayHost, _, _ := net.SplitHostPort(relayAddr)
-	ln := &proxyproto.Listener{Listener: raw, ConnPolicy: proxyproto.MustPolicyFromRanges([]string{relayHost + "/32"}, proxyproto.REQUIRE, proxyproto.SKIP)}
+	ln := &proxyproto.Listener{Listener: raw, ConnPolicy: proxyproto.MustPolicyFromRanges([]string{relayHost + "/32", directRelayHost + "/32"}, proxyproto.REQUIRE, proxyproto.SKIP)}
 	return http.Serve(tls.NewListener(ln, cfg), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			io.Copy(io.Discard, r.Body)
@@ -134,11 +147,15 @@ func serve(dir string) error {
 }
 
 // relay is the ingress's relay, its table naming the server's namespace
-// as the sandbox's holder.
-func relay(dir string) error {
+// as the sandbox's holder, reached by link.
+func relay(dir, link string) error {
 	cfg, err := certificate(dir)
 	if err != nil {
 		return err
+	}
+	serverAddr, listen := serverAddr, port
+	if link == "direct" {
+		serverAddr, listen = directServerAddr, directPort
 	}
 	t := ingress.NewTable()
 	if err := t.Apply(nodeapi.Routes{Full: true, Version: 1, Set: []nodeapi.Route{{ID: id, Node: "server", Address: serverAddr, Generation: 1, AccessToken: "unused"}}}); err != nil {
@@ -148,7 +165,7 @@ func relay(dir string) error {
 		IngressOf: func(context.Context, string, string) (nodeapi.IngressInfo, error) {
 			return nodeapi.IngressInfo{Address: serverAddr, TLS: true}, nil
 		}}
-	raw, err := net.Listen("tcp", ":"+port)
+	raw, err := net.Listen("tcp", ":"+listen)
 	if err != nil {
 		return err
 	}
@@ -193,7 +210,7 @@ func run(ctx context.Context, f bench.Flags, rounds int, pin bool, mtu int) (str
 	if err != nil {
 		return "", err
 	}
-	relayPID, stop, err := children(work, pin)
+	relayPIDs, stop, err := children(work, pin)
 	defer stop()
 	if err != nil {
 		return "", err
@@ -203,49 +220,61 @@ func run(ctx context.Context, f bench.Flags, rounds int, pin bool, mtu int) (str
 			return "", err
 		}
 	}
-	measure(ctx, res, ca, relayPID, rounds)
+	measure(ctx, res, ca, relayPIDs, rounds)
 	return dir.Done(res)
 }
 
-// way is one way to the server, with its series.
+// way is one way to the server, with its series (and, through a relay,
+// the relay's PID and CPU series).
 type way struct {
 	name     string
 	hc       *http.Client
 	up, down *bench.Series
+	relay    int
+	cpu      *bench.Series
 }
 
-func measure(ctx context.Context, res *bench.Results, ca *pki.CA, relayPID, rounds int) {
+func measure(ctx context.Context, res *bench.Results, ca *pki.CA, relayPIDs [2]int, rounds int) {
 	client := func(addr string) *http.Client {
 		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()},
 			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 				return (&net.Dialer{}).DialContext(ctx, network, addr)
 			}}}
 	}
-	ways := []*way{{name: "straight", hc: client(serverAddr)}, {name: "relayed", hc: client(relayAddr)}}
+	ways := []*way{{name: "straight", hc: client(serverAddr)},
+		{name: "relayed", hc: client(relayAddr), relay: relayPIDs[0]},
+		{name: "relayed-direct", hc: client(directRelayAddr), relay: relayPIDs[1]}}
 	for _, w := range ways {
 		w.up = res.AddSeries("nshop/upload-100MiB/"+w.name, "POST of 100 MiB, "+w.name, "")
 		w.down = res.AddSeries("nshop/download-100MiB/"+w.name, "GET of 100 MiB, "+w.name, "")
 	}
-	relayCPU := res.AddSeries("nshop/relay-cpu", "the relay's CPU time (user+system, ms) over one relayed round: 200 MiB each way", "ms")
+	ways[1].cpu = res.AddSeries("nshop/relay-cpu", "the relay's CPU time (user+system, ms) over one relayed round: 200 MiB each way", "ms")
+	ways[2].cpu = res.AddSeries("nshop/relay-direct-cpu", "the same, the relay on the direct link", "ms")
 	data := make([]byte, size)
 	rand.Read(data)
 	u := fmt.Sprintf("https://%d-%s.%s:%s/f", 49983, id, domain, port)
 	for r := 0; r < rounds; r++ {
-		for _, w := range ways {
-			cpu0, _ := bench.ProcessCPU(relayPID)
+		// Each round starts with another way, so none is always first
+		// after the others' work.
+		for k := range ways {
+			w := ways[(r+k)%len(ways)]
+			cpu0, _ := bench.ProcessCPU(w.relay)
 			for i := 0; i < 2; i++ {
 				timed(ctx, w.hc, http.MethodPost, u, data, w.up)
 				timed(ctx, w.hc, http.MethodGet, u, nil, w.down)
 			}
-			if cpu1, err := bench.ProcessCPU(relayPID); err == nil && w.name == "relayed" {
-				relayCPU.AddDuration(cpu1 - cpu0)
+			if cpu1, err := bench.ProcessCPU(w.relay); err == nil && w.cpu != nil {
+				w.cpu.AddDuration(cpu1 - cpu0)
 			}
 		}
 		fmt.Fprintf(os.Stderr, "nshop: round %d of %d\n", r+1, rounds)
 	}
 	for _, s := range []string{"upload", "download"} {
-		a, b := res.P50("nshop/"+s+"-100MiB/relayed"), res.P50("nshop/"+s+"-100MiB/straight")
-		res.Note("%s: relayed ÷ straight, p50: %.0f ÷ %.0f ms = %.2f ×", s, a, b, a/b)
+		b := res.P50("nshop/" + s + "-100MiB/straight")
+		for _, w := range ways[1:] {
+			a := res.P50("nshop/" + s + "-100MiB/" + w.name)
+			res.Note("%s: %s ÷ straight, p50: %.0f ÷ %.0f ms = %.2f ×", s, w.name, a, b, a/b)
+		}
 	}
 }
 
@@ -279,8 +308,9 @@ func timed(ctx context.Context, hc *http.Client, method, u string, body []byte, 
 }
 
 // namespaces makes the server's and the relay's namespaces, each joined
-// to this one by a veth, with forwarding on; undo removes them and puts
-// forwarding back.
+// to this one by a veth, with forwarding on, and the two joined by a
+// veth of their own (directLink); undo removes them and puts forwarding
+// back.
 func namespaces(mtu int) (undo func(), err error) {
 	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 	undo = func() {
@@ -315,15 +345,34 @@ func namespaces(mtu int) (undo func(), err error) {
 			}
 		}
 	}
-	return undo, nil
+	return undo, directLink(mtu)
+}
+
+// directLink joins the relay's namespace to the server's by a veth of
+// their own, 10.203.3.1 on the relay's side, .2 on the server's.
+func directLink(mtu int) error {
+	for _, args := range [][]string{
+		{"link", "add", "ssnd3", "netns", relayNS, "type", "veth", "peer", "name", "ssnd4", "netns", serverNS},
+		{"-n", relayNS, "link", "set", "ssnd3", "mtu", strconv.Itoa(mtu)},
+		{"-n", serverNS, "link", "set", "ssnd4", "mtu", strconv.Itoa(mtu)},
+		{"-n", relayNS, "addr", "add", directRelayHost + "/24", "dev", "ssnd3"},
+		{"-n", serverNS, "addr", "add", "10.203.3.2/24", "dev", "ssnd4"},
+		{"-n", relayNS, "link", "set", "ssnd3", "up"},
+		{"-n", serverNS, "link", "set", "ssnd4", "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	return nil
 }
 
 // children starts the server and the relay in their namespaces (pinned
 // to CPU 0 and 1 with pin) and waits until both listen.
-func children(work string, pin bool) (relayPID int, stop func(), err error) {
+func children(work string, pin bool) (relayPIDs [2]int, stop func(), err error) {
 	self, err := os.Executable()
 	if err != nil {
-		return 0, func() {}, err
+		return relayPIDs, func() {}, err
 	}
 	var cmds []*exec.Cmd
 	stop = func() {
@@ -332,26 +381,30 @@ func children(work string, pin bool) (relayPID int, stop func(), err error) {
 			c.Wait()
 		}
 	}
-	for i, role := range []string{"server", "relay"} {
-		args := []string{"ip", "netns", "exec", map[string]string{"server": serverNS, "relay": relayNS}[role], self, "--role", role, "--dir", work}
+	// The server on CPU 0 with pin, the relays on CPU 1.
+	for i, role := range []struct{ name, ns, link string }{{"server", serverNS, ""}, {"relay", relayNS, "routed"}, {"relay", relayNS, "direct"}} {
+		args := []string{"ip", "netns", "exec", role.ns, self, "--role", role.name, "--dir", work}
+		if role.link != "" {
+			args = append(args, "--link", role.link)
+		}
 		if pin {
-			args = append([]string{"taskset", "-c", strconv.Itoa(i)}, args...)
+			args = append([]string{"taskset", "-c", strconv.Itoa(min(i, 1))}, args...)
 		}
 		c := exec.Command(args[0], args[1:]...)
 		c.Stderr = os.Stderr
 		if err := c.Start(); err != nil {
-			return 0, stop, err
+			return relayPIDs, stop, err
 		}
 		cmds = append(cmds, c)
 	}
-	for _, addr := range []string{serverAddr, relayAddr} {
+	for _, addr := range []string{serverAddr, relayAddr, directRelayAddr} {
 		if err := listening(addr, 10*time.Second); err != nil {
-			return 0, stop, err
+			return relayPIDs, stop, err
 		}
 	}
-	// ip netns exec and taskset exec what they run: the PID is the
-	// relay's own.
-	return cmds[1].Process.Pid, stop, nil
+	// ip netns exec and taskset exec what they run: the PIDs are the
+	// relays' own.
+	return [2]int{cmds[1].Process.Pid, cmds[2].Process.Pid}, stop, nil
 }
 
 // listening waits until addr takes a connection.
