@@ -3,6 +3,8 @@ package boundary
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -93,6 +95,29 @@ type nodeConn struct {
 	p      *MeshPool
 	at     time.Time
 	closed atomic.Bool
+	// writeErr is why a write on it failed, if one did: Go's transport
+	// closes a connection whose request it failed to send even while the
+	// answer is read (net/http, writeLoop), cutting it with only "use of
+	// closed network connection" (TestE2BMCP, now and then).
+	writeErr atomic.Pointer[error]
+}
+
+func (c *nodeConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err != nil {
+		c.writeErr.CompareAndSwap(nil, &err)
+	}
+	return n, err
+}
+
+func (c *nodeConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil && errors.Is(err, net.ErrClosed) {
+		if w := c.writeErr.Load(); w != nil {
+			err = fmt.Errorf("%w (closed after a write to the node failed: %v)", err, *w)
+		}
+	}
+	return n, err
 }
 
 func (c *nodeConn) Close() error {
@@ -414,12 +439,35 @@ func (b *Boundary) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Host = policy.MeshHost
 	stripIdentity(pr.Out.Header) // again: the proxy's own additions, if any
 	pr.Out.Trailer = nil         // nor may identity arrive as a trailer
+	if pr.Out.Body != nil {
+		pr.Out.Body = &sentBody{ReadCloser: pr.Out.Body, b: b}
+	}
 	pr.Out.Header.Set(HeaderPrincipal, b.cfg.Principal)
 	if mr.dest.Kind == policy.KindService {
 		// <svc>.inference.sam.alt or <svc>.mcp.sam.alt: the node sees only
 		// that service.
 		pr.Out.Header.Set(HeaderService, mr.dest.Type+"://"+mr.dest.Service)
 	}
+}
+
+// sentBody is a request's body from the sandbox as the transport sends it
+// on. A read of it that fails makes the transport close the connection
+// to the node, and with it an answer already streaming back (nodeConn),
+// so the failure is logged: the other half of that cut's cause.
+type sentBody struct {
+	io.ReadCloser
+	b    *Boundary
+	once sync.Once
+}
+
+func (s *sentBody) Read(p []byte) (int, error) {
+	n, err := s.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		s.once.Do(func() {
+			s.b.log.Warn("boundary: a request's body from the sandbox failed while it was sent on to the node", "principal", s.b.cfg.Principal, "err", err)
+		})
+	}
+	return n, err
 }
 
 func (b *Boundary) proxyError(w http.ResponseWriter, r *http.Request, err error) {

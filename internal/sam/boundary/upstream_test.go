@@ -3,9 +3,11 @@ package boundary
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -164,4 +166,56 @@ func TestMeshAnswerCutIsLogged(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "the boundary logs the cut", func() bool {
 		return strings.Contains(logged.String(), "mesh_answer=cut") && strings.Contains(logged.String(), "principal=agent-a")
 	})
+}
+
+// A request's body that fails while the boundary sends it on (here: the
+// sandbox promises 100 bytes, sends 10 and half-closes) is logged: Go's
+// transport then closes the connection to the node, and an answer that
+// was already streaming back would be cut with nothing else to say why.
+func TestMeshRequestBodyFailureIsLogged(t *testing.T) {
+	var logged testenv.SyncBuffer
+	e := newEnv(t, "agent-a", netip.Addr{}, func(c *Config) {
+		c.Log = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	c := dialSock(t, e.sock)
+	defer c.Close()
+	msg := append(socksConnect("mesh.sam.alt", 80), "POST /mcp HTTP/1.1\r\nHost: mesh.sam.alt\r\nContent-Length: 100\r\n\r\n0123456789"...)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	io.Copy(io.Discard, c)
+	testenv.WaitFor(t, 5*time.Second, "the boundary logs the body's failure", func() bool {
+		return strings.Contains(logged.String(), "failed while it was sent on") && strings.Contains(logged.String(), "unexpected EOF")
+	})
+}
+
+// A read of a connection to the node that was closed after a write on it
+// failed names that failure (the transport's close cuts an answer).
+func TestNodeConnReadNamesWriteFailure(t *testing.T) {
+	ln, err := net.Listen("unix", t.TempDir()+"/n.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if s, err := ln.Accept(); err == nil {
+			defer s.Close()
+			io.Copy(io.Discard, s)
+		}
+	}()
+	raw, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &nodeConn{Conn: raw, p: &MeshPool{}}
+	raw.(*net.UnixConn).CloseWrite() // a write now fails (EPIPE)
+	if _, err := c.Write([]byte("x")); err == nil {
+		t.Fatal("a write after CloseWrite succeeded")
+	}
+	c.Close()
+	_, err = c.Read(make([]byte, 1))
+	if !errors.Is(err, net.ErrClosed) || !strings.Contains(err.Error(), "closed after a write to the node failed") {
+		t.Fatalf("read after the close: %v", err)
+	}
 }
