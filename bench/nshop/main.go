@@ -21,6 +21,7 @@
 //	go run ./bench/nshop               # 12 rounds
 //	go run ./bench/nshop --pin
 //	go run ./bench/nshop --mtu 65520   # the veths' MTU near loopback's
+//	go run ./bench/nshop --fresh       # a new connection for every transfer
 package main
 
 import (
@@ -68,20 +69,19 @@ const (
 
 func main() {
 	var f bench.Flags
-	var rounds int
-	var pin bool
-	var mtu int
+	var o opts
 	var role, dir, link string
 	fs := flag.NewFlagSet("nshop", flag.ContinueOnError)
-	fs.IntVar(&rounds, "rounds", 12, "rounds, each 2 uploads and 2 downloads of 100 MiB straight and through the relay")
-	fs.BoolVar(&pin, "pin", false, "run the relay on CPU 1 and the client and server on CPU 0")
-	fs.IntVar(&mtu, "mtu", 1500, "the veths' MTU (1500 as a machine's Ethernet; loopback's is 65536)")
+	fs.IntVar(&o.rounds, "rounds", 12, "rounds, each 2 uploads and 2 downloads of 100 MiB straight and through the relay")
+	fs.BoolVar(&o.pin, "pin", false, "run the relay on CPU 1 and the client and server on CPU 0")
+	fs.BoolVar(&o.fresh, "fresh", false, "a new connection for every transfer (default: one kept alive per way)")
+	fs.IntVar(&o.mtu, "mtu", 1500, "the veths' MTU (1500 as a machine's Ethernet; loopback's is 65536)")
 	fs.StringVar(&role, "role", "", "(internal) server or relay, in its namespace")
 	fs.StringVar(&link, "link", "routed", "(internal) the relay's way to the server: routed or direct")
 	fs.StringVar(&dir, "dir", "", "(internal) the run's work directory (its CA)")
 	f.Register(fs)
 	bench.ParseFlags(fs, func() error {
-		if rounds < 1 || role != "" && dir == "" {
+		if o.rounds < 1 || role != "" && dir == "" {
 			return bench.ErrBadArguments
 		}
 		return nil
@@ -94,7 +94,7 @@ func main() {
 		err = relay(dir, link)
 	default:
 		var path string
-		path, err = run(context.Background(), f, rounds, pin, mtu)
+		path, err = run(context.Background(), f, o)
 		if path != "" {
 			fmt.Fprintln(os.Stderr, "results:", path)
 		}
@@ -183,19 +183,33 @@ func relay(dir, link string) error {
 
 // run sets the namespaces up, starts the server and the relay in them,
 // and measures.
-func run(ctx context.Context, f bench.Flags, rounds int, pin bool, mtu int) (string, error) {
+// opts are a run's flags.
+type opts struct {
+	rounds     int
+	pin, fresh bool
+	mtu        int
+}
+
+func run(ctx context.Context, f bench.Flags, o opts) (string, error) {
 	prefix := "nshop-"
-	if pin {
+	if o.pin {
 		prefix = "nshop-pin-"
 	}
-	if mtu != 1500 {
-		prefix += fmt.Sprintf("mtu%d-", mtu)
+	if o.fresh {
+		prefix += "fresh-"
+	}
+	if o.mtu != 1500 {
+		prefix += fmt.Sprintf("mtu%d-", o.mtu)
 	}
 	res, dir, err := bench.Open(ctx, "bench/nshop", "A relay hop through network namespaces: 100 MiB straight and through ingress.Passthrough", f.Out, f.Repo, prefix)
 	if err != nil {
 		return "", err
 	}
-	res.Params = map[string]any{"rounds": rounds, "pin": pin, "mtu": mtu, "protocol": "HTTPS, HTTP/1.1, one kept-alive connection per way"}
+	conns := "one kept-alive connection per way"
+	if o.fresh {
+		conns = "a new connection for every transfer"
+	}
+	res.Params = map[string]any{"rounds": o.rounds, "pin": o.pin, "mtu": o.mtu, "protocol": "HTTPS, HTTP/1.1, " + conns}
 	work, err := os.MkdirTemp("", "ss-nshop-")
 	if err != nil {
 		return "", err
@@ -205,22 +219,22 @@ func run(ctx context.Context, f bench.Flags, rounds int, pin bool, mtu int) (str
 	if err != nil {
 		return "", err
 	}
-	undo, err := namespaces(mtu)
+	undo, err := namespaces(o.mtu)
 	defer undo()
 	if err != nil {
 		return "", err
 	}
-	relayPIDs, stop, err := children(work, pin)
+	relayPIDs, stop, err := children(work, o.pin)
 	defer stop()
 	if err != nil {
 		return "", err
 	}
-	if pin {
+	if o.pin {
 		if err := pinSelf(0); err != nil {
 			return "", err
 		}
 	}
-	measure(ctx, res, ca, relayPIDs, rounds)
+	measure(ctx, res, ca, relayPIDs, o)
 	return dir.Done(res)
 }
 
@@ -234,9 +248,9 @@ type way struct {
 	cpu      *bench.Series
 }
 
-func measure(ctx context.Context, res *bench.Results, ca *pki.CA, relayPIDs [2]int, rounds int) {
+func measure(ctx context.Context, res *bench.Results, ca *pki.CA, relayPIDs [2]int, o opts) {
 	client := func(addr string) *http.Client {
-		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()},
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}, DisableKeepAlives: o.fresh,
 			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 				return (&net.Dialer{}).DialContext(ctx, network, addr)
 			}}}
@@ -253,7 +267,7 @@ func measure(ctx context.Context, res *bench.Results, ca *pki.CA, relayPIDs [2]i
 	data := make([]byte, size)
 	rand.Read(data)
 	u := fmt.Sprintf("https://%d-%s.%s:%s/f", 49983, id, domain, port)
-	for r := 0; r < rounds; r++ {
+	for r := 0; r < o.rounds; r++ {
 		// Each round starts with another way, so none is always first
 		// after the others' work.
 		for k := range ways {
@@ -267,7 +281,7 @@ func measure(ctx context.Context, res *bench.Results, ca *pki.CA, relayPIDs [2]i
 				w.cpu.AddDuration(cpu1 - cpu0)
 			}
 		}
-		fmt.Fprintf(os.Stderr, "nshop: round %d of %d\n", r+1, rounds)
+		fmt.Fprintf(os.Stderr, "nshop: round %d of %d\n", r+1, o.rounds)
 	}
 	for _, s := range []string{"upload", "download"} {
 		b := res.P50("nshop/" + s + "-100MiB/straight")
