@@ -24,6 +24,8 @@ import (
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"sandstorm/internal/fullduplex"
 )
 
 const (
@@ -124,6 +126,12 @@ func Handler(token string, upstream *url.URL) http.Handler {
 			r.Out.Header.Del("Authorization")
 		},
 		FlushInterval: -1, // MCP answers may be event streams
+		ModifyResponse: func(resp *http.Response) error {
+			if body, ok := resp.Request.Context().Value(bodyKey{}).(*fullduplex.Body); ok {
+				return body.Respond(resp)
+			}
+			return nil
+		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/mcp" {
@@ -136,6 +144,16 @@ func Handler(token string, upstream *url.URL) http.Handler {
 			http.Error(w, "the MCP gateway's token is needed: Authorization: Bearer <sbx.getMcpToken()>", http.StatusUnauthorized)
 			return
 		}
-		rp.ServeHTTP(w, r)
+		// An event stream's first flush may come before the request's
+		// body is read to its end: without full duplex the server would
+		// close the body then, and the transport, failing its last read
+		// of it, would cut the answer (the boundary's mesh proxy and
+		// internal/node/envdlink guard theirs alike).
+		http.NewResponseController(w).EnableFullDuplex()
+		body := fullduplex.Guard(w, r)
+		defer body.Stop()
+		rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), bodyKey{}, body)))
 	})
 }
+
+type bodyKey struct{}

@@ -1,9 +1,11 @@
 package mcpgateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -12,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -180,5 +183,41 @@ func TestListToolsSaysHowTheStreamEnded(t *testing.T) {
 				t.Fatalf("ListTools: %v; want the SDK's error and %q", err, c.want)
 			}
 		})
+	}
+}
+
+// An answer that starts before the request's body is read to its end
+// passes through while the rest of the body still comes (the client
+// sends half, waits for the answer's header, then the rest).
+func TestHandlerAnswerBeforeBody(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		body, _ := io.ReadAll(r.Body)
+		io.WriteString(w, "data: "+string(body)+"\n\n")
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL + "/mcp")
+	gw := httptest.NewServer(Handler("s3cret", u))
+	defer gw.Close()
+	c, err := net.Dial("tcp", gw.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "POST /mcp HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer s3cret\r\nContent-Length: 10\r\n\r\n01234"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the answer's header before the body's end: %v", err)
+	}
+	io.WriteString(c, "56789")
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "data: 0123456789\n" {
+		t.Fatalf("the answer: %q, %v; want the whole body echoed", line, err)
 	}
 }

@@ -3,8 +3,6 @@ package boundary
 import (
 	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -19,6 +17,7 @@ import (
 	"time"
 
 	"sandstorm/api"
+	"sandstorm/internal/fullduplex"
 	"sandstorm/internal/sam/policy"
 )
 
@@ -95,29 +94,6 @@ type nodeConn struct {
 	p      *MeshPool
 	at     time.Time
 	closed atomic.Bool
-	// writeErr is why a write on it failed, if one did: Go's transport
-	// closes a connection whose request it failed to send even while the
-	// answer is read (net/http, writeLoop), cutting it with only "use of
-	// closed network connection" (TestE2BMCP, now and then).
-	writeErr atomic.Pointer[error]
-}
-
-func (c *nodeConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	if err != nil {
-		c.writeErr.CompareAndSwap(nil, &err)
-	}
-	return n, err
-}
-
-func (c *nodeConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if err != nil && errors.Is(err, net.ErrClosed) {
-		if w := c.writeErr.Load(); w != nil {
-			err = fmt.Errorf("%w (closed after a write to the node failed: %v)", err, *w)
-		}
-	}
-	return n, err
 }
 
 func (c *nodeConn) Close() error {
@@ -203,6 +179,12 @@ func (b *Boundary) newMeshProxy(pool *MeshPool) *httputil.ReverseProxy {
 		// and two wake-ups of the agent per response (strace of sam-box).
 		FlushInterval: 0,
 		ErrorHandler:  b.proxyError,
+		ModifyResponse: func(resp *http.Response) error {
+			if mr, ok := resp.Request.Context().Value(meshReqKey{}).(meshReq); ok {
+				return mr.body.Respond(resp)
+			}
+			return nil
+		},
 		// What it logs itself is an answer cut while it was being passed
 		// (the node's side read failing; the sandbox's side going away
 		// cancels the read, which it does not log): the one trace of a
@@ -312,6 +294,7 @@ type meshReqKey struct{}
 type meshReq struct {
 	target string
 	dest   policy.Dest
+	body   *fullduplex.Body
 }
 
 // identityHeaders are removed from every request an agent sends to the
@@ -422,7 +405,16 @@ func (h *meshHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !subscription(r) {
 		defer b.busy()()
 	}
-	b.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), meshReqKey{}, meshReq{target: target, dest: dest})))
+	// An answer may start before the request's body is read to its end
+	// (an MCP server's event stream opens at once): at that first flush
+	// an HTTP/1 server closes a body that is not full duplex, the
+	// transport's last read of it (for its EOF) fails, and the transport
+	// closes its connection to the node, cutting the answer (TestE2BMCP,
+	// 1 run in ~40; internal/node/envdlink guards its proxy alike).
+	http.NewResponseController(w).EnableFullDuplex()
+	body := fullduplex.Guard(w, r)
+	defer body.Stop()
+	b.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), meshReqKey{}, meshReq{target: target, dest: dest, body: body})))
 }
 
 func hostOnly(hostport string) string {

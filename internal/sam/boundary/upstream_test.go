@@ -2,8 +2,8 @@ package boundary
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -190,32 +190,52 @@ func TestMeshRequestBodyFailureIsLogged(t *testing.T) {
 	})
 }
 
-// A read of a connection to the node that was closed after a write on it
-// failed names that failure (the transport's close cuts an answer).
-func TestNodeConnReadNamesWriteFailure(t *testing.T) {
-	ln, err := net.Listen("unix", t.TempDir()+"/n.sock")
+// An answer that starts before the request's body is read to its end (an
+// MCP server's event stream opens at once) is passed on while the rest of
+// the body still comes: the sandbox sends half its body, waits for the
+// answer's header, then sends the rest, which the node must get whole.
+// Without full duplex the boundary's server would close or drain the
+// body at the answer's first flush (TestE2BMCP cut an answer so).
+func TestMeshAnswerBeforeBody(t *testing.T) {
+	sock := t.TempDir() + "/node.sock"
+	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		if s, err := ln.Accept(); err == nil {
-			defer s.Close()
-			io.Copy(io.Discard, s)
-		}
-	}()
-	raw, err := net.Dial("unix", ln.Addr().String())
-	if err != nil {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "data: %s\n\n", body)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	e := newEnv(t, "agent-a", netip.Addr{}, func(c *Config) {
+		c.Mesh = func(ctx context.Context) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "unix", sock) }
+	})
+	c := dialSock(t, e.sock)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := append(socksConnect("mesh.sam.alt", 80), "POST /mcp HTTP/1.1\r\nHost: mesh.sam.alt\r\nContent-Length: 10\r\n\r\n01234"...)
+	if _, err := c.Write(msg); err != nil {
 		t.Fatal(err)
 	}
-	c := &nodeConn{Conn: raw, p: &MeshPool{}}
-	raw.(*net.UnixConn).CloseWrite() // a write now fails (EPIPE)
-	if _, err := c.Write([]byte("x")); err == nil {
-		t.Fatal("a write after CloseWrite succeeded")
+	var rep [12]byte
+	if _, err := io.ReadFull(c, rep[:]); err != nil || rep[3] != socksSucceeded {
+		t.Fatalf("replies % x, %v", rep, err)
 	}
-	c.Close()
-	_, err = c.Read(make([]byte, 1))
-	if !errors.Is(err, net.ErrClosed) || !strings.Contains(err.Error(), "closed after a write to the node failed") {
-		t.Fatalf("read after the close: %v", err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the answer's header before the body's end: %v", err)
+	}
+	if _, err := io.WriteString(c, "56789"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "data: 0123456789\n" {
+		t.Fatalf("the answer: %q, %v; want the whole body echoed", line, err)
 	}
 }
