@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"log"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -188,8 +187,9 @@ func (b *Boundary) newMeshProxy(pool *MeshPool) *httputil.ReverseProxy {
 		// What it logs itself is an answer cut while it was being passed
 		// (the node's side read failing; the sandbox's side going away
 		// cancels the read, which it does not log): the one trace of a
-		// stream that ended before its end.
-		ErrorLog: slog.NewLogLogger(b.log.With("principal", b.cfg.Principal, "mesh_answer", "cut").Handler(), slog.LevelWarn),
+		// stream that ended before its end. Rate-limited like refusals:
+		// a sandbox that resets mid-request can make the transport cut.
+		ErrorLog: log.New(cutLog{b}, "", 0),
 	}
 }
 
@@ -431,9 +431,6 @@ func (b *Boundary) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Host = policy.MeshHost
 	stripIdentity(pr.Out.Header) // again: the proxy's own additions, if any
 	pr.Out.Trailer = nil         // nor may identity arrive as a trailer
-	if pr.Out.Body != nil {
-		pr.Out.Body = &sentBody{ReadCloser: pr.Out.Body, b: b}
-	}
 	pr.Out.Header.Set(HeaderPrincipal, b.cfg.Principal)
 	if mr.dest.Kind == policy.KindService {
 		// <svc>.inference.sam.alt or <svc>.mcp.sam.alt: the node sees only
@@ -442,24 +439,15 @@ func (b *Boundary) rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-// sentBody is a request's body from the sandbox as the transport sends it
-// on. A read of it that fails makes the transport close the connection
-// to the node, and with it an answer already streaming back (nodeConn),
-// so the failure is logged: the other half of that cut's cause.
-type sentBody struct {
-	io.ReadCloser
-	b    *Boundary
-	once sync.Once
-}
+// cutLog writes the proxy's own lines as the boundary's warnings, at
+// most as often as its refusal lines.
+type cutLog struct{ b *Boundary }
 
-func (s *sentBody) Read(p []byte) (int, error) {
-	n, err := s.ReadCloser.Read(p)
-	if err != nil && err != io.EOF {
-		s.once.Do(func() {
-			s.b.log.Warn("boundary: a request's body from the sandbox failed while it was sent on to the node", "principal", s.b.cfg.Principal, "err", err)
-		})
-	}
-	return n, err
+func (c cutLog) Write(p []byte) (int, error) {
+	c.b.logRefusal.Do(func() {
+		c.b.log.Warn(strings.TrimSpace(string(p)), "principal", c.b.cfg.Principal, "mesh_answer", "cut")
+	})
+	return len(p), nil
 }
 
 func (b *Boundary) proxyError(w http.ResponseWriter, r *http.Request, err error) {
