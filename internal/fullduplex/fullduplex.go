@@ -6,7 +6,12 @@
 // connection for the next request once the handler returns: two reads at
 // once panic ("invalid concurrent Body.Read call") in the transport's
 // goroutine, where nothing recovers it, and the whole daemon died of one
-// client's chunked body (fullduplex_test.go).
+// client's chunked body (fullduplex_test.go). And a full-duplex handler
+// that returns before its body was read to the end (the upstream failed
+// first) makes the server read the rest after it, which starts a read in
+// the background, and then read the next request over that one: the
+// same panic, recovered by net/http this time (golang/go#68560). Such an
+// answer closes its connection.
 package fullduplex
 
 import (
@@ -28,11 +33,15 @@ type Body struct {
 	left    int64 // of a Content-Length body, the bytes not read yet (-1: unknown)
 	reading int
 	wg      sync.WaitGroup
+	closing bool // Guard set "Connection: close" on the answer
 }
 
-// Guard replaces r's body with one that Stop ends. Give Respond to the
-// proxy as its ModifyResponse (or call it from there), and defer Stop.
+// Guard makes w full duplex and replaces r's body with one that Stop
+// ends. Give Respond to the proxy as its ModifyResponse (or call it from
+// there), and defer Stop.
 func Guard(w http.ResponseWriter, r *http.Request) *Body {
+	// HTTP/2 is full duplex already: the error is ignored.
+	http.NewResponseController(w).EnableFullDuplex()
 	// HTTP/2 reads each stream's body apart from the connection: only
 	// HTTP/1 has the hazard. A body of length 0 is never read (the proxy
 	// sends none), and may be a wrapper of http.NoBody: taken for unread,
@@ -42,20 +51,35 @@ func Guard(w http.ResponseWriter, r *http.Request) *Body {
 	b := &Body{w: w, r: r, rc: r.Body, eof: r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || r.ProtoMajor != 1, left: r.ContentLength}
 	if !b.eof {
 		r.Body = b
+		// Until the body is known read whole, any answer, an error the
+		// caller writes included, closes the connection; Respond and
+		// Stop take it back once it is.
+		w.Header().Set("Connection", "close")
+		b.closing = true
 	}
 	return b
 }
 
-// Respond, on an answer that comes before the body was read to its end,
-// closes the connection after it: the server then reads no further
-// request from it while the transport may still be reading this body.
-func (b *Body) Respond(resp *http.Response) error {
+// Respond keeps the connection for the next request when the body was
+// read to its end by the time the answer starts. An answer that comes
+// before keeps Guard's "Connection: close": the server then reads no
+// further request from it while the transport may still be reading this
+// body.
+func (b *Body) Respond(*http.Response) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.eof {
-		resp.Header.Set("Connection", "close")
-	}
+	b.keepAliveIfRead()
 	return nil
+}
+
+// keepAliveIfRead takes back Guard's "Connection: close" once the body
+// was read whole: the connection is then safe to serve the next request.
+// The caller holds b.mu.
+func (b *Body) keepAliveIfRead() {
+	if b.eof && b.closing {
+		b.w.Header().Del("Connection")
+		b.closing = false
+	}
 }
 
 // Stop refuses further reads, cuts one under way (a read deadline in
@@ -71,6 +95,9 @@ func (b *Body) Stop() {
 		http.NewResponseController(b.w).SetReadDeadline(time.Unix(1, 0))
 	}
 	b.wg.Wait()
+	b.mu.Lock()
+	b.keepAliveIfRead()
+	b.mu.Unlock()
 	if b.r.Body == b {
 		b.r.Body = b.rc
 	}

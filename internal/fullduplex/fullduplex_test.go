@@ -1,6 +1,7 @@
 package fullduplex
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"log"
@@ -34,7 +35,6 @@ func TestEarlyAnswer(t *testing.T) {
 	u, _ := url.Parse(up.URL)
 	var logs syncBuf
 	px := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.NewResponseController(w).EnableFullDuplex()
 		body := Guard(w, r)
 		defer body.Stop()
 		p := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, Transport: &http.Transport{DisableKeepAlives: true}, FlushInterval: -1,
@@ -83,7 +83,6 @@ func TestKeptAlive(t *testing.T) {
 	u, _ := url.Parse(up.URL)
 	px := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = io.NopCloser(r.Body) // as a wrapper in front would
-		http.NewResponseController(w).EnableFullDuplex()
 		body := Guard(w, r)
 		defer body.Stop()
 		p := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, FlushInterval: -1, ModifyResponse: body.Respond}
@@ -111,5 +110,64 @@ func TestKeptAlive(t *testing.T) {
 	}
 	if conns != 1 {
 		t.Errorf("4 requests took %d connections, want 1", conns)
+	}
+}
+
+// TestUnreadBodyThenNextRequest: the proxy fails before the transport
+// reads the body (the upstream is gone) and the caller answers with an
+// error; the client then sends its next request on the same connection.
+// A full-duplex handler that returns with its body unread makes net/http
+// read that body to its end after the handler (which starts a background
+// read) and then read the next request over it: "invalid concurrent
+// Body.Read call" (golang/go#68560), seen in a daemon's log when a
+// sandbox was deleted under an envd call. The answer must close the
+// connection instead, and the server log stay clean.
+func TestUnreadBodyThenNextRequest(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	u, _ := url.Parse(dead.URL)
+	dead.Close()
+	var logs syncBuf
+	px := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := Guard(w, r)
+		var failed error
+		p := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, FlushInterval: -1,
+			ModifyResponse: body.Respond, ErrorHandler: func(_ http.ResponseWriter, _ *http.Request, err error) { failed = err }}
+		p.ServeHTTP(w, r)
+		body.Stop()
+		if failed != nil {
+			http.Error(w, failed.Error(), http.StatusBadGateway) // as a caller's error mapping does, after Stop
+		}
+	}))
+	px.Config.ErrorLog = log.New(&logs, "", 0)
+	px.Start()
+	defer px.Close()
+	for _, te := range []string{"", "chunked"} {
+		c, err := net.Dial("tcp", px.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(c)
+		req := "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+		if te != "" {
+			req = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+		}
+		io.WriteString(c, req)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s body: %v", te, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusBadGateway || !resp.Close {
+			t.Errorf("%s body: %s, close %v; want 502 and the connection closed", te, resp.Status, resp.Close)
+		}
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if _, err := http.ReadResponse(br, nil); err == nil {
+			t.Errorf("%s body: a second request was answered on a connection said closed", te)
+		}
+		c.Close()
+	}
+	px.Close()
+	if strings.Contains(logs.String(), "panic") {
+		t.Fatalf("server log: %s", logs.String())
 	}
 }

@@ -149,7 +149,6 @@ func Handler(token string, upstream *url.URL) http.Handler {
 		// close the body then, and the transport, failing its last read
 		// of it, would cut the answer (the boundary's mesh proxy and
 		// internal/node/envdlink guard theirs alike).
-		http.NewResponseController(w).EnableFullDuplex()
 		body := fullduplex.Guard(w, r)
 		defer body.Stop()
 		rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), bodyKey{}, body)))

@@ -113,8 +113,7 @@ func (l *Link) Serve(cfg Config, w http.ResponseWriter, r *http.Request, path st
 	// (a stream's first event): an HTTP/1 server would otherwise make the
 	// body unreadable at the first flush ("the request body may be
 	// unavailable", net/http ResponseWriter), and the call would die
-	// half-way. (HTTP/2 is full duplex already: the error is ignored.)
-	http.NewResponseController(w).EnableFullDuplex()
+	// half-way. Guard makes the answer full duplex.
 	body := fullduplex.Guard(w, r)
 	defer body.Stop()
 	var failed error
@@ -202,7 +201,6 @@ func proxied(ctx context.Context, p *httputil.ReverseProxy, w http.ResponseWrite
 func (l *Link) ServePort(cfg Config, w http.ResponseWriter, r *http.Request, target netip.AddrPort) error {
 	ctx, done := l.cuttable(r.Context())
 	defer done()
-	http.NewResponseController(w).EnableFullDuplex()
 	body := fullduplex.Guard(w, r)
 	defer body.Stop()
 	d := dialer(cfg.Mark, 5*time.Second)

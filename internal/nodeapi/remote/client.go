@@ -310,9 +310,8 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request, path string) er
 	if err != nil {
 		return err
 	}
-	// Full duplex, as the node's own forwarding (internal/node/envdlink):
+	// Full duplex (Guard), as the node's own forwarding (internal/node/envdlink):
 	// the body may still be on its way when the answer starts.
-	http.NewResponseController(w).EnableFullDuplex()
 	body := fullduplex.Guard(w, r)
 	defer body.Stop()
 	var failed error

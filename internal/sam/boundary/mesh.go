@@ -411,7 +411,6 @@ func (h *meshHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// transport's last read of it (for its EOF) fails, and the transport
 	// closes its connection to the node, cutting the answer (TestE2BMCP,
 	// 1 run in ~40; internal/node/envdlink guards its proxy alike).
-	http.NewResponseController(w).EnableFullDuplex()
 	body := fullduplex.Guard(w, r)
 	defer body.Stop()
 	b.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), meshReqKey{}, meshReq{target: target, dest: dest, body: body})))
