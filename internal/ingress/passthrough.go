@@ -214,44 +214,6 @@ func (p *Passthrough) pass(c net.Conn, read []byte, to string) bool {
 	return true
 }
 
-// relay copies a to b and b to a until both directions have ended, each
-// end's close passed on as a half close, then closes both.
-//
-// Through a 64 KiB buffer, not the splice(2) io.Copy would use between
-// two TCP connections: on this machine (Linux 6.18 guest), 100 MiB
-// through a relay on loopback took 115–121 ms by splice and 63–83 ms
-// by copy, against 60–73 ms straight (p50 of 21, three runs).
-func relay(a, b net.Conn) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		copyConn(b, a)
-		closeWrite(b)
-	}()
-	copyConn(a, b)
-	closeWrite(a)
-	wg.Wait()
-	a.Close()
-	b.Close()
-}
-
-// copyConn copies src to dst through a buffer of relayBuffer bytes: the
-// wrappers hide ReadFrom and WriteTo, which would splice.
-func copyConn(dst, src net.Conn) {
-	io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, relayBuffer))
-}
-
-const relayBuffer = 64 << 10
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-		return
-	}
-	c.Close()
-}
-
 // ingressCache remembers where peers' ingresses listen: asked once and
 // then every ingressFresh (a peer is asked again only when a connection
 // needs it, and meanwhile served by what was known), an answer that it
