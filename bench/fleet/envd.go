@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/miekg/dns"
 
 	"sandstorm/api"
 	"sandstorm/internal/bench"
@@ -55,7 +56,10 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 		return err
 	}
 	defer os.RemoveAll(filepath.Dir(certFile))
-	cl, st, down, err := up(ctx, c, bin, append(timersOff(c), "--ingress-listen", ":8443", "--ingress-cert", certFile, "--ingress-key", keyFile))
+	cl, st, down, err := up(ctx, c, bin, append(timersOff(c), "--ingress-listen", ":8443", "--ingress-cert", certFile, "--ingress-key", keyFile,
+		// Each node answers the fleet's DNS, and says clients reach it at
+		// its own address (the other-node-dns way).
+		"--ingress-public", "{addr}", "--ingress-dns", "{addr}:5353"))
 	defer down()
 	if err != nil {
 		return err
@@ -100,6 +104,7 @@ func envdHop(ctx context.Context, c config, bin string, res *bench.Results) erro
 		{name: "via-master", base: st.API + "/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &bearer{next: cl.HTTP.Transport, token: cl.Token}}},
 		{name: "node-direct", base: "https://" + nodeAddr + "/node/v1/sandboxes/" + url.PathEscape(sb.ID) + "/envd", hc: &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true}}},
 	}, ingressWays(c, ingressCA.Pool(), sb.ID, conn.EnvdAccessToken, holderIngress, otherIngress)...)
+	ways = append(ways, dnsWay(c, ingressCA.Pool(), sb.ID, conn.EnvdAccessToken, otherIngress))
 	if _, err := run1(ctx, processconnect.NewProcessClient(ways[0].hc, ways[0].base)); err != nil {
 		return fmt.Errorf("the first call (starts envd): %w", err)
 	}
@@ -147,6 +152,38 @@ func ingressWays(c config, roots *x509.CertPool, id, token, holder, other string
 		way("holder-ingress-headers", holder, false),
 		way("other-node-ingress-headers", other, false),
 	}
+}
+
+// dnsWay is the way of a client that resolves the sandbox's name at the
+// other node's DNS (serve --ingress-dns, on port 5353 of its address)
+// for every connection it dials, and connects where that says: the
+// holder's ingress, not the other node's.
+func dnsWay(c config, roots *x509.CertPool, id, token, other string) hopWay {
+	host, port, _ := net.SplitHostPort(other)
+	dnsAt := net.JoinHostPort(host, "5353")
+	w := hopWay{name: "other-node-dns", base: fmt.Sprintf("https://%d-%s.%s:%s", api.EnvdPort, id, hopDomain, port), dials: new(atomic.Int64)}
+	next := &http.Transport{ForceAttemptHTTP2: c.hopH2, TLSClientConfig: &tls.Config{RootCAs: roots},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			w.dials.Add(1)
+			name, port, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			q := new(dns.Msg)
+			q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+			r, _, err := (&dns.Client{Net: "udp", Timeout: 5 * time.Second}).ExchangeContext(ctx, q, dnsAt)
+			if err != nil {
+				return nil, fmt.Errorf("DNS at %s: %w", dnsAt, err)
+			}
+			for _, rr := range r.Answer {
+				if a, ok := rr.(*dns.A); ok {
+					return (&net.Dialer{}).DialContext(ctx, network, net.JoinHostPort(a.A.String(), port))
+				}
+			}
+			return nil, fmt.Errorf("DNS at %s: no address for %s (%s)", dnsAt, name, dns.RcodeToString[r.Rcode])
+		}}
+	w.hc = &http.Client{Transport: &e2bAddressed{token: token, next: next}}
+	return w
 }
 
 // addSeries adds w's series to res.

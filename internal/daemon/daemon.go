@@ -129,6 +129,12 @@ type Options struct {
 	// never passing a connection to its holder's ingress unread
 	// (ingress.Passthrough).
 	IngressRequests bool
+	// IngressPublic is the address clients reach this node's ingress at
+	// (--ingress-public), which it gives its peers for the fleet's DNS;
+	// IngressDNS where it answers that DNS (--ingress-dns, UDP and TCP),
+	// and IngressDNSRecords its fixed names (NAME=IP). ingressdns.go.
+	IngressPublic, IngressDNS string
+	IngressDNSRecords         []string
 	// Join is the master a node behind NAT dials (https://host:port),
 	// CAFingerprint the SHA-256 of the master's CA it checks, and
 	// JoinToken what admits it the first time.
@@ -373,7 +379,8 @@ func Check(o Options) error {
 			return err
 		}
 	}
-	return nil
+	_, err := ingressDNSPlan(o)
+	return err
 }
 
 func isHex64(s string) bool {

@@ -28,8 +28,11 @@ func TestCheck(t *testing.T) {
 		{"gateway ports backwards", Options{Master: true, Node: true, GatewayPorts: "30000-20000"}, "a range like 20000-29999"},
 		{"gateway ports not a range", Options{Master: true, Node: true, GatewayPorts: "20000"}, "a range like"},
 		{"gateway ports out of range", Options{Master: true, Node: true, GatewayPorts: "1-70000"}, "a range like"},
+		{"the fleet's DNS with no public address", Options{Node: true, NodeListen: ":7443", IngressListen: ":8443", IngressDNS: ":53", GatewayPorts: ports}, "give --ingress-public"},
+		{"the fleet's DNS on a bad join after it", Options{Node: true, Join: "http://m:8080", IngressPublic: "203.0.113.5", GatewayPorts: ports}, "https://HOST:PORT"},
 
 		{"master and node", Options{Master: true, Node: true, GatewayPorts: ports}, ""},
+		{"a node answering the fleet's DNS", Options{Node: true, NodeListen: ":7443", IngressListen: "10.0.0.5:8443", IngressDNS: ":53", IngressDNSRecords: []string{"api=10.0.0.1"}, GatewayPorts: ports}, ""},
 		{"a master alone", Options{Master: true}, ""},
 		{"a paired node", Options{Node: true, NodeListen: ":7443", GatewayPorts: ports}, ""},
 		{"a first join", Options{Node: true, Join: "https://m:8080", CAFingerprint: fp, JoinToken: "t", GatewayPorts: ports}, ""},

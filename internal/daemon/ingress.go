@@ -60,8 +60,16 @@ func startIngress(o Options, local *nodeside.Side, ep *enrol.Endpoint, streams *
 				return n.Ingress(ctx)
 			}}
 		ln = pt.Listen(raw)
+		plan, err := ingressDNSPlan(o)
+		if err == nil {
+			err = startIngressDNS(o, plan, pt, local.Routes, log)
+		}
+		if err != nil {
+			raw.Close()
+			return nil, err
+		}
 		// Only an ingress that takes passed connections says where it is.
-		local.SetIngress(nodeapi.IngressInfo{Address: raw.Addr().String(), TLS: tlsCfg != nil})
+		local.SetIngress(nodeapi.IngressInfo{Address: raw.Addr().String(), TLS: tlsCfg != nil, Public: plan.public})
 	case tlsCfg != nil:
 		ln = tls.NewListener(raw, tlsCfg)
 	default:

@@ -39,7 +39,8 @@ type Config struct {
 	Bin    string // the sandstormd binary
 	// Template is the demo template seeded (web or app64); "" seeds none.
 	Template string
-	// NodeArgs are added to every node's serve flags.
+	// NodeArgs are added to every node's serve flags, "{addr}" in each
+	// replaced by that node's address (nodeArgs).
 	NodeArgs []string
 	Out      io.Writer // progress
 
@@ -331,7 +332,7 @@ func startNode(cfg Config, k int) (NodeState, error) {
 	}
 	args := append([]string{"--net=/var/run/netns/" + n.Netns, cfg.Bin, "serve", "--node", "--node-name", n.Name,
 		"--node-listen", n.Address, "--data-dir", n.DataDir, "--subnet", fmt.Sprintf("10.%d.0.0/16", 160+k),
-		"--gateway-listen", addr}, cfg.NodeArgs...)
+		"--gateway-listen", addr}, nodeArgs(cfg.NodeArgs, addr)...)
 	if !cfg.NoMesh {
 		// Its boundaries reach the mesh through its sam-node, and take
 		// the mesh's policy from it (mesh.go), which starts after it.
@@ -637,4 +638,15 @@ func stop(p Proc, out io.Writer) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	fmt.Fprintf(out, "PID %d did not stop within 30 s\n", p.PID)
+}
+
+// nodeArgs are args with "{addr}" replaced by addr, a node's own address
+// (its --gateway-listen host), for a flag that differs per node
+// (--ingress-public {addr}).
+func nodeArgs(args []string, addr string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = strings.ReplaceAll(a, "{addr}", addr)
+	}
+	return out
 }

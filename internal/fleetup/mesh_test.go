@@ -3,6 +3,7 @@ package fleetup
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -53,5 +54,14 @@ func TestLocalProcs(t *testing.T) {
 	want := "/f/master,/f/master.log /f/node-1,/f/node-1.log /f/node-1-mesh,/f/node-1-mesh.log /f/router-1,/f/router-1.log /f/control-plane,/f/control-plane.log"
 	if strings.Join(got, " ") != want {
 		t.Errorf("local procs:\n got %v\nwant %s", got, want)
+	}
+}
+
+// TestNodeArgs: "{addr}" in --node-arg is each node's own address.
+func TestNodeArgs(t *testing.T) {
+	got := nodeArgs([]string{"--ingress-public", "{addr}", "--ingress-dns={addr}:5353", "--freeze-after=2s"}, "10.1.2.3")
+	want := []string{"--ingress-public", "10.1.2.3", "--ingress-dns=10.1.2.3:5353", "--freeze-after=2s"}
+	if !slices.Equal(got, want) {
+		t.Errorf("nodeArgs: %q, want %q", got, want)
 	}
 }

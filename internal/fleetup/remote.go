@@ -377,7 +377,7 @@ func (p *hostPlan) start(ctx context.Context, cfg Config, n *remoteNode, mesh bo
 	if p.ssh.RemoteRunsc != "" {
 		args = append(args, "--runsc", p.ssh.RemoteRunsc)
 	}
-	args = append(args, cfg.NodeArgs...)
+	args = append(args, nodeArgs(cfg.NodeArgs, n.addr)...)
 	if mesh {
 		// After --node-arg, as for a fleet here: the mesh's policy is
 		// the fleet's one policy.

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -59,6 +60,7 @@ type Passthrough struct {
 	Metrics   *metrics.Ingress
 
 	cache ingressCache
+	port  string // the listener's (Listen)
 }
 
 const (
@@ -80,6 +82,9 @@ const (
 // if p.TLS is set). Closing that listener closes ln; connections already
 // passed run on until either end closes them.
 func (p *Passthrough) Listen(ln net.Listener) net.Listener {
+	if _, port, err := net.SplitHostPort(ln.Addr().String()); err == nil {
+		p.port = port
+	}
 	l := &handoff{ln: ln, conns: make(chan net.Conn), done: make(chan struct{})}
 	go p.accept(l)
 	return l
@@ -174,11 +179,40 @@ var errPeeked = errors.New("ingress: client hello read")
 // ours. A sandbox here, unknown, paused (its resume is asked from here),
 // or on a node no peer reaches is served here.
 func (p *Passthrough) holder(id string) (string, bool) {
+	at, ok := p.peer(id)
+	return at.to, ok
+}
+
+// peer is what is known of the ingress of the node holding sandbox id,
+// if that is another node that serves one like ours.
+func (p *Passthrough) peer(id string) (peerAt, bool) {
 	rt, ok := p.Table.Get(id)
 	if !ok || rt.Node == p.Self || rt.Address == "" || rt.Paused {
-		return "", false
+		return peerAt{}, false
 	}
 	return p.cache.get(rt.Node, rt.Address, p.TLS != nil, p.ask)
+}
+
+// Steer is the address the fleet's DNS gives for sandbox id's names
+// (DNS.Steer) when another node holds it: that node's public address, if
+// it gives one and its ingress listens on the port ours does (a client
+// reaches every node on one port). False: this node's own, which passes
+// the connection on or serves it, as for a name whose route has not come
+// yet.
+func (p *Passthrough) Steer(id string) (netip.Addr, bool) {
+	at, ok := p.peer(id)
+	if !ok || at.public == "" {
+		return netip.Addr{}, false
+	}
+	_, port, err := net.SplitHostPort(at.to)
+	if err != nil || port != p.port {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(at.public)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	return a.Unmap(), true
 }
 
 // ask is where node name's ingress listens, asked over the seam.
@@ -224,9 +258,15 @@ type ingressCache struct {
 }
 
 type peerIngress struct {
-	to     string // "" none (or not like ours)
+	peerAt
 	at     time.Time
 	asking bool
+}
+
+// peerAt is what is known of a peer's ingress.
+type peerAt struct {
+	to     string // where a peer dials it; "" none (or not like ours)
+	public string // its IngressInfo.Public, on the port of to ("": none)
 }
 
 const (
@@ -234,10 +274,10 @@ const (
 	ingressRetry = 5 * time.Second
 )
 
-// get is where to dial node name's ingress (its seam at address), if it
-// serves one with TLS as wantTLS says; asked with ask when not known,
+// get is what is known of node name's ingress (its seam at address), if
+// it serves one with TLS as wantTLS says; asked with ask when not known,
 // refreshed in the background when old.
-func (c *ingressCache) get(name, address string, wantTLS bool, ask func(name, address string) (nodeapi.IngressInfo, error)) (string, bool) {
+func (c *ingressCache) get(name, address string, wantTLS bool, ask func(name, address string) (nodeapi.IngressInfo, error)) (peerAt, bool) {
 	key := name + "@" + address
 	c.mu.Lock()
 	if c.m == nil {
@@ -250,22 +290,22 @@ func (c *ingressCache) get(name, address string, wantTLS bool, ask func(name, ad
 			e.asking = true
 			go c.refresh(key, name, address, wantTLS, ask)
 		}
-		to := e.to
+		at := e.peerAt
 		c.mu.Unlock()
-		return to, to != ""
+		return at, at.to != ""
 	}
 	c.mu.Unlock()
-	to := resolve(name, address, wantTLS, ask)
+	at := resolve(name, address, wantTLS, ask)
 	c.mu.Lock()
-	c.m[key] = &peerIngress{to: to, at: time.Now()}
+	c.m[key] = &peerIngress{peerAt: at, at: time.Now()}
 	c.mu.Unlock()
-	return to, to != ""
+	return at, at.to != ""
 }
 
 func (c *ingressCache) refresh(key, name, address string, wantTLS bool, ask func(name, address string) (nodeapi.IngressInfo, error)) {
-	to := resolve(name, address, wantTLS, ask)
+	at := resolve(name, address, wantTLS, ask)
 	c.mu.Lock()
-	c.m[key] = &peerIngress{to: to, at: time.Now()}
+	c.m[key] = &peerIngress{peerAt: at, at: time.Now()}
 	c.mu.Unlock()
 }
 
@@ -276,23 +316,23 @@ func (c *ingressCache) forget(to string) {
 	defer c.mu.Unlock()
 	for _, e := range c.m {
 		if e.to == to {
-			e.to, e.at = "", time.Now()
+			e.peerAt, e.at = peerAt{}, time.Now()
 		}
 	}
 }
 
-// resolve asks node name where its ingress is: "" if it has none, one
-// not like ours, or did not say.
-func resolve(name, address string, wantTLS bool, ask func(name, address string) (nodeapi.IngressInfo, error)) string {
+// resolve asks node name where its ingress is: nothing if it has none,
+// one not like ours, or did not say.
+func resolve(name, address string, wantTLS bool, ask func(name, address string) (nodeapi.IngressInfo, error)) peerAt {
 	in, err := ask(name, address)
 	if err != nil || in.TLS != wantTLS {
-		return ""
+		return peerAt{}
 	}
 	to, err := IngressAddress(address, in)
 	if err != nil {
-		return ""
+		return peerAt{}
 	}
-	return to
+	return peerAt{to: to, public: in.Public}
 }
 
 // IngressAddress is where a peer dials the ingress in, of the node whose

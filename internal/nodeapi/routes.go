@@ -71,6 +71,12 @@ type IngressInfo struct {
 	Address string `json:"address"`
 	// TLS: it ends TLS itself (--ingress-cert); else it serves plain HTTP.
 	TLS bool `json:"tls"`
+	// Public is the address clients reach this ingress at, on its
+	// listener's port (--ingress-public): the fleet's DNS
+	// (--ingress-dns) gives it for this node's sandboxes. Empty: none
+	// given, and its sandboxes' names are answered with the asking
+	// node's own.
+	Public string `json:"public,omitempty"`
 }
 
 // RouteGenerationHeader carries, on a request an ingress forwards, the

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/miekg/dns"
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
@@ -39,6 +40,25 @@ func ingressEnvd(ingress, id, token string) processconnect.ProcessClient {
 	hc := &http.Client{Transport: headers{next: http.DefaultTransport, set: map[string]string{
 		"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": strconv.Itoa(api.EnvdPort), "X-Access-Token": token}}}
 	return processconnect.NewProcessClient(hc, "http://"+ingress)
+}
+
+// dnsA asks the DNS server at server (UDP) for name's address: the
+// answer's first A record, "" if none.
+func dnsA(t *testing.T, server, name string) string {
+	t.Helper()
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	r, _, err := (&dns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(q, server)
+	if err != nil {
+		t.Errorf("DNS %s at %s: %v", name, server, err)
+		return ""
+	}
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			return a.A.String()
+		}
+	}
+	return ""
 }
 
 // ingressEnvdTLS is one through an ingress serving HTTPS, by the
@@ -179,6 +199,13 @@ func TestIngress(t *testing.T) {
 		if k != 8 {
 			args = append(args, "--metrics-addr", fmt.Sprintf("10.188.%d.2:9600", k))
 		}
+		// A answers the fleet's DNS; C says where clients reach it.
+		switch k {
+		case 7:
+			args = append(args, "--ingress-dns", "10.188.7.2:5353", "--ingress-dns-record", "api=10.188.7.1")
+		case 9:
+			args = append(args, "--ingress-public", "10.188.9.2")
+		}
 		nodes = append(nodes, fleetMachine(t, k, args...))
 	}
 	a, b, c := nodes[0], nodes[1], nodes[2]
@@ -241,6 +268,24 @@ func TestIngress(t *testing.T) {
 	t.Logf("%s passed a connection to %s at try %d", a.name, c.name, tries)
 	if _, err := shell(ctx, ingressEnvdTLS(a.addr+":8443", sb.SandboxID, strings.Repeat("0", len(sb.EnvdAccessToken)), roots), "true"); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Errorf("a wrong access token at the ingress: %v, want unauthenticated", err)
+	}
+	// The fleet's DNS on A steers a client to C straight: A's answer
+	// for the sandbox's name is C's address, where the client's
+	// connection is served without A (nothing more passed).
+	envdName := fmt.Sprintf("%d-%s.sandbox.localhost", api.EnvdPort, sb.SandboxID)
+	if ip := dnsA(t, a.addr+":5353", envdName); ip != c.addr {
+		t.Errorf("%s's DNS for %s: %q, want %s's address %s", a.name, envdName, ip, c.name, c.addr)
+	} else {
+		before := passed()
+		if out, err := shell(ctx, ingressEnvdTLS(ip+":8443", sb.SandboxID, sb.EnvdAccessToken, roots), "cat /tmp/mark"); err != nil || out != "here\n" {
+			t.Errorf("at the address %s's DNS gave: %q %v", a.name, out, err)
+		}
+		if passed() != before {
+			t.Errorf("a client that resolved through %s's DNS still went through %s", a.name, a.name)
+		}
+	}
+	if ip := dnsA(t, a.addr+":5353", "api.sandbox.localhost"); ip != "10.188.7.1" {
+		t.Errorf("%s's DNS for api: %q, want its --ingress-dns-record", a.name, ip)
 	}
 	// Which node served it is in C's log, not A's: A passed it on.
 	if got := m.get(t, sb.SandboxID); got.Node != c.name {
@@ -316,6 +361,11 @@ func TestIngress(t *testing.T) {
 	if got := <-moved; got.Node != b.name {
 		t.Fatalf("after the move the sandbox is on %q, want %s", got.Node, b.name)
 	}
+	// B serves plain HTTP, unlike A: A's DNS answers with A itself, which
+	// forwards to B, once the master's push of the move reaches it.
+	testenv.WaitFor(t, 30*time.Second, a.name+"'s DNS follows the move to "+b.name, func() bool {
+		return dnsA(t, a.addr+":5353", envdName) == a.addr
+	})
 	if out, err := shell(ctx, viaA, "cat /tmp/mark"); err != nil || out != "here\n" {
 		t.Errorf("through %s after the move to %s: %q %v", a.name, b.name, out, err)
 	}

@@ -1,0 +1,121 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+
+	"sandstorm/internal/ingress"
+)
+
+// dnsPlan is what --ingress-public, --ingress-dns and
+// --ingress-dns-record ask of a node's ingress.
+type dnsPlan struct {
+	public  string // the address its peers give for its sandboxes ("": none)
+	self    netip.Addr
+	records map[string][]netip.Addr
+}
+
+// ingressDNSPlan checks the ingress's DNS flags. The node's public
+// address is --ingress-public, else, for --ingress-dns, --ingress-listen's
+// host when that is one address: what the DNS answers for the names this
+// node serves, and what its peers' DNS answer for its sandboxes.
+func ingressDNSPlan(o Options) (dnsPlan, error) {
+	var p dnsPlan
+	if o.IngressDNS == "" && o.IngressPublic == "" && len(o.IngressDNSRecords) == 0 {
+		return p, nil
+	}
+	switch {
+	case o.IngressListen == "":
+		return p, errors.New("--ingress-dns, --ingress-public and --ingress-dns-record are a node's ingress's: give --ingress-listen too")
+	case o.IngressRequests:
+		return p, errors.New("--ingress-dns and --ingress-public steer clients to the holder's own ingress, which --ingress-requests-only turns off")
+	case o.IngressDNS == "" && len(o.IngressDNSRecords) > 0:
+		return p, errors.New("--ingress-dns-record needs --ingress-dns ADDR (where the DNS answers)")
+	}
+	if o.IngressPublic != "" {
+		a, err := netip.ParseAddr(o.IngressPublic)
+		if err != nil || a.IsUnspecified() {
+			return p, fmt.Errorf("--ingress-public %q: give the IP address clients reach this node's ingress at", o.IngressPublic)
+		}
+		p.self = a.Unmap()
+	} else if host, _, err := net.SplitHostPort(o.IngressListen); err == nil {
+		if a, err := netip.ParseAddr(host); err == nil && !a.IsUnspecified() {
+			p.self = a.Unmap()
+		}
+	}
+	if o.IngressDNS != "" && !p.self.IsValid() {
+		return p, fmt.Errorf("--ingress-dns answers with this node's public address, and --ingress-listen %s is every address: give --ingress-public IP", o.IngressListen)
+	}
+	if p.self.IsValid() {
+		p.public = p.self.String()
+	}
+	if o.IngressDNS != "" {
+		if _, _, err := net.SplitHostPort(o.IngressDNS); err != nil {
+			return p, fmt.Errorf("--ingress-dns %q: want HOST:PORT (UDP and TCP), e.g. :53", o.IngressDNS)
+		}
+	}
+	recs, err := parseDNSRecords(o.IngressDNSRecords, o.HostDomain)
+	p.records = recs
+	return p, err
+}
+
+// parseDNSRecords reads --ingress-dns-record NAME=IP: NAME a label under
+// the domain ("api", which E2B's SDK calls; "@" the domain itself), one
+// flag per address.
+func parseDNSRecords(flags []string, domain string) (map[string][]netip.Addr, error) {
+	recs := map[string][]netip.Addr{}
+	for _, f := range flags {
+		name, ip, ok := strings.Cut(f, "=")
+		a, err := netip.ParseAddr(ip)
+		if !ok || err != nil || a.IsUnspecified() {
+			return nil, fmt.Errorf("--ingress-dns-record %q: want NAME=IP, e.g. api=203.0.113.10", f)
+		}
+		name = strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(name, "."), "."+domain))
+		if name == "@" {
+			name = ""
+		}
+		if name != "" && !validLabels(name) {
+			return nil, fmt.Errorf("--ingress-dns-record %q: NAME is a name under %s (\"api\"; \"@\" for %s itself)", f, domain, domain)
+		}
+		recs[name] = append(recs[name], a.Unmap())
+	}
+	return recs, nil
+}
+
+// validLabels: name is dot-separated labels of letters, digits and '-'.
+func validLabels(name string) bool {
+	for _, l := range strings.Split(name, ".") {
+		if l == "" || len(l) > 63 || strings.Trim(l, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// startIngressDNS answers the fleet's zone on --ingress-dns (UDP and
+// TCP on one port), if set (ingress.DNS), for as long as the process
+// runs; a reload hands both sockets on.
+func startIngressDNS(o Options, plan dnsPlan, pt *ingress.Passthrough, table *ingress.Table, log *slog.Logger) error {
+	if o.IngressDNS == "" {
+		return nil
+	}
+	pc, err := o.reg.ListenPacket("udp", o.IngressDNS, nil)
+	if err != nil {
+		return fmt.Errorf("--ingress-dns: %w", err)
+	}
+	// The same port over TCP (a truncated answer's retry, RFC 7766).
+	ln, err := o.reg.Listen("tcp", pc.LocalAddr().String(), nil)
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("--ingress-dns (TCP): %w", err)
+	}
+	d := &ingress.DNS{Zone: o.HostDomain, Self: plan.self, Records: plan.records, Steer: pt.Steer, Log: log,
+		Serial: func() uint32 { v, _ := table.Stat(); return uint32(v) }}
+	d.Serve(pc, ln)
+	log.Info("sandstormd node answering the fleet's DNS", "dns", pc.LocalAddr().String(), "zone", o.HostDomain, "self", plan.self)
+	return nil
+}
