@@ -12,8 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -225,81 +223,4 @@ func TestIngressAddress(t *testing.T) {
 	if _, err := ingress.IngressAddress("10.0.0.3:7443", nodeapi.IngressInfo{Address: "nonsense"}); err == nil {
 		t.Error("IngressAddress of a malformed address: no error")
 	}
-}
-
-// TestSteerThroughDNS: the fleet's DNS on a node answers a sandbox that
-// another node holds with that node's public address (its IngressInfo's,
-// asked over the seam as the passthrough does), so a client goes there
-// straight; and with this node's own when it cannot steer: a sandbox
-// here, paused (its resume is asked from here), on a node that gives no
-// public address, listens on another port, or speaks the other of TLS
-// and plain HTTP, or not known yet.
-func TestSteerThroughDNS(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	other := fmt.Sprint(mustAtoi(t, port) + 1)
-	ingressOf := map[string]nodeapi.IngressInfo{
-		"b": {Address: "127.0.0.2:" + port, Public: "198.51.100.2"},
-		"c": {Address: ":" + port, Public: "198.51.100.3"}, // every address: the seam's host
-		"d": {Address: "127.0.0.4:" + port},
-		"e": {Address: "127.0.0.5:" + other, Public: "198.51.100.5"},
-		"f": {Address: "127.0.0.6:" + port, Public: "198.51.100.6", TLS: true},
-	}
-	table := ingress.NewTable()
-	pt := &ingress.Passthrough{Self: "a", Domain: "sb.test", Table: table, Log: slog.New(slog.DiscardHandler),
-		IngressOf: func(_ context.Context, peer, _ string) (nodeapi.IngressInfo, error) {
-			if in, ok := ingressOf[peer]; ok {
-				return in, nil
-			}
-			return nodeapi.IngressInfo{}, errdefs.New(errdefs.ErrNotFound, "no ingress")
-		}}
-	srv := &http.Server{Handler: http.NotFoundHandler()}
-	go srv.Serve(pt.Listen(ln))
-	defer srv.Close()
-	var set []nodeapi.Route
-	for _, r := range []struct {
-		id, node string
-		paused   bool
-	}{{"sbb", "b", false}, {"sbc", "c", false}, {"sba", "a", false}, {"sbp", "b", true}, {"sbd", "d", false}, {"sbe", "e", false}, {"sbf", "f", false}} {
-		set = append(set, nodeapi.Route{ID: r.id, Node: r.node, Address: "127.0.0.9:7443", Generation: 1, AccessToken: "t", Paused: r.paused})
-	}
-	if err := table.Apply(nodeapi.Routes{Full: true, Version: 1, Set: set}); err != nil {
-		t.Fatal(err)
-	}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	tl, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Skipf("the UDP port's TCP twin is taken: %v", err)
-	}
-	defer tl.Close()
-	(&ingress.DNS{Zone: "sb.test", Self: netip.MustParseAddr("198.51.100.1"), Steer: pt.Steer}).Serve(pc, tl)
-	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, pc.LocalAddr().String())
-	}}
-	for id, want := range map[string]string{"sbb": "198.51.100.2", "sbc": "198.51.100.3", "sba": "198.51.100.1", "sbp": "198.51.100.1",
-		"sbd": "198.51.100.1", "sbe": "198.51.100.1", "sbf": "198.51.100.1", "sbnew": "198.51.100.1"} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		addrs, err := r.LookupHost(ctx, "49983-"+id+".sb.test")
-		cancel()
-		if err != nil || len(addrs) != 1 || addrs[0] != want {
-			t.Errorf("%s: %v %v, want %s", id, addrs, err, want)
-		}
-	}
-}
-
-func mustAtoi(t *testing.T, s string) int {
-	t.Helper()
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
