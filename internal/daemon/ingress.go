@@ -62,7 +62,7 @@ func startIngress(o Options, local *nodeside.Side, ep *enrol.Endpoint, streams *
 		ln = pt.Listen(raw)
 		plan, err := ingressDNSPlan(o)
 		if err == nil {
-			err = startIngressDNS(o, plan, pt, local.Routes, log)
+			err = startIngressDNS(o, plan, pt, local.Routes, m, log)
 		}
 		if err != nil {
 			raw.Close()

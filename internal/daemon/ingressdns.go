@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"strings"
 
 	"sandstorm/internal/ingress"
+	"sandstorm/internal/metrics"
 )
 
 // dnsPlan is what --ingress-public, --ingress-dns and
@@ -35,6 +37,8 @@ func ingressDNSPlan(o Options) (dnsPlan, error) {
 		return p, errors.New("--ingress-dns and --ingress-public steer clients to the holder's own ingress, which --ingress-requests-only turns off")
 	case o.IngressDNS == "" && len(o.IngressDNSRecords) > 0:
 		return p, errors.New("--ingress-dns-record needs --ingress-dns ADDR (where the DNS answers)")
+	case o.IngressDNSRate < 0 || math.IsNaN(o.IngressDNSRate) || math.IsInf(o.IngressDNSRate, 0):
+		return p, fmt.Errorf("--ingress-dns-rate %v: give answers a second, 0 for no limit", o.IngressDNSRate)
 	}
 	if o.IngressPublic != "" {
 		a, err := netip.ParseAddr(o.IngressPublic)
@@ -99,7 +103,7 @@ func validLabels(name string) bool {
 // startIngressDNS answers the fleet's zone on --ingress-dns (UDP and
 // TCP on one port), if set (ingress.DNS), for as long as the process
 // runs; a reload hands both sockets on.
-func startIngressDNS(o Options, plan dnsPlan, pt *ingress.Passthrough, table *ingress.Table, log *slog.Logger) error {
+func startIngressDNS(o Options, plan dnsPlan, pt *ingress.Passthrough, table *ingress.Table, m *metrics.Ingress, log *slog.Logger) error {
 	if o.IngressDNS == "" {
 		return nil
 	}
@@ -114,8 +118,20 @@ func startIngressDNS(o Options, plan dnsPlan, pt *ingress.Passthrough, table *in
 		return fmt.Errorf("--ingress-dns (TCP): %w", err)
 	}
 	d := &ingress.DNS{Zone: o.HostDomain, Self: plan.self, Records: plan.records, Steer: pt.Steer, Log: log,
-		Serial: func() uint32 { v, _ := table.Stat(); return uint32(v) }}
+		Serial:  func() uint32 { v, _ := table.Stat(); return uint32(v) },
+		Counted: m.DNSAnswer, Limit: dnsLimit(o.IngressDNSRate)}
 	d.Serve(pc, ln)
-	log.Info("sandstormd node answering the fleet's DNS", "dns", pc.LocalAddr().String(), "zone", o.HostDomain, "self", plan.self)
+	log.Info("sandstormd node answering the fleet's DNS", "dns", pc.LocalAddr().String(), "zone", o.HostDomain, "self", plan.self, "rate_limit", o.IngressDNSRate)
 	return nil
+}
+
+// dnsLimit is --ingress-dns-rate's limit: a burst of two seconds' worth
+// (at least one), every second answer over it slipped (BIND's default
+// slip), and at most 1<<16 allowances (about 10 MB), past which new
+// clients share one.
+func dnsLimit(rate float64) *ingress.DNSLimit {
+	if rate <= 0 {
+		return nil
+	}
+	return &ingress.DNSLimit{Rate: rate, Burst: max(2*rate, 1), Slip: 2, Max: 1 << 16}
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -31,6 +32,9 @@ func TestIngressDNSPlan(t *testing.T) {
 		{"dns not host:port", func(o *Options) { o.IngressDNS = "53" }, "", "want HOST:PORT"},
 		{"record not name=ip", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRecords = []string{"api"} }, "", "want NAME=IP"},
 		{"record of a bad name", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRecords = []string{"a b=192.0.2.9"} }, "", "NAME is a name under"},
+		{"rate negative", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRate = -1 }, "", "--ingress-dns-rate -1"},
+		{"rate not a number", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRate = math.NaN() }, "", "--ingress-dns-rate NaN"},
+		{"rate off", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRate = 0 }, "10.0.0.5", ""},
 	} {
 		o := base
 		c.mod(&o)

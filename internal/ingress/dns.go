@@ -39,7 +39,12 @@ type DNS struct {
 	Steer func(id string) (netip.Addr, bool)
 	// Serial is the zone's SOA serial (the routes' version).
 	Serial func() uint32
-	Log    *slog.Logger
+	// Limit rate-limits answers over UDP (nil: none).
+	Limit *DNSLimit
+	// Counted, if set, is told what became of each answer: "sent",
+	// "slipped" (sent empty and truncated by Limit) or "dropped".
+	Counted func(outcome string)
+	Log     *slog.Logger
 }
 
 const (
@@ -71,12 +76,51 @@ func (d *DNS) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		size = max(size, int(opt.UDPSize()))
 		m.SetEdns0(ednsSize, false) // RFC 6891: an EDNS question gets an EDNS answer
 	}
+	outcome := "sent"
 	if w.RemoteAddr().Network() == "udp" {
+		switch d.limited(w.RemoteAddr(), req, m) {
+		case limitDrop:
+			d.count("dropped")
+			return
+		case limitSlip:
+			outcome = "slipped"
+			m.Answer, m.Ns, m.Extra = nil, nil, nil
+			m.Truncated = true // RFC 1035: ask again over TCP
+		}
 		m.Truncate(min(size, ednsSize)) // many fixed addresses: the client retries over TCP
 	}
 	if err := w.WriteMsg(m); err != nil && d.Log != nil {
 		d.Log.Debug("ingress dns: answer not sent", "to", w.RemoteAddr(), "err", err)
 	}
+	d.count(outcome)
+}
+
+func (d *DNS) count(outcome string) {
+	if d.Counted != nil {
+		d.Counted(outcome)
+	}
+}
+
+// limited is Limit's verdict on answer m to req from client: its kind is
+// the name and type for an answer with records, the name for one without
+// (NODATA), and one kind for every error, as BIND's RRL counts them.
+func (d *DNS) limited(client net.Addr, req, m *dns.Msg) limitVerdict {
+	if d.Limit == nil {
+		return limitSend
+	}
+	ap, err := netip.ParseAddrPort(client.String())
+	if err != nil {
+		return limitSend
+	}
+	kind := "error"
+	if m.Rcode == dns.RcodeSuccess && len(req.Question) == 1 {
+		q := req.Question[0]
+		kind = "nodata " + strings.ToLower(q.Name)
+		if len(m.Answer) > 0 {
+			kind = dns.TypeToString[q.Qtype] + " " + strings.ToLower(q.Name)
+		}
+	}
+	return d.Limit.decide(ap.Addr(), kind, time.Now())
 }
 
 // answer decides the answer to req, without I/O but Steer's.

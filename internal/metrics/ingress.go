@@ -3,9 +3,10 @@ package metrics
 import "github.com/prometheus/client_golang/prometheus"
 
 // Ingress is a node's ingress's metrics (internal/ingress): what became
-// of each request, and the routes it serves from.
+// of each request and each DNS answer, and the routes it serves from.
 type Ingress struct {
 	requests *prometheus.CounterVec
+	dns      *prometheus.CounterVec
 }
 
 var (
@@ -19,9 +20,19 @@ func NewIngress(reg prometheus.Registerer, stat func() (version int64, routes in
 	m := &Ingress{requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandstorm_ingress_requests_total",
 		Help: "Requests to this node's ingress, by outcome: passed (a connection handed unread to the ingress of the node holding its sandbox, counted once per connection; its requests are counted there), local (served by this node), forwarded (to the node holding the sandbox), retried (a stale route, followed to the sandbox's new node), gone (no such sandbox), refused (a token missing or wrong, paused), failed (its node did not answer).",
+	}, []string{"outcome"}), dns: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandstorm_ingress_dns_answers_total",
+		Help: "Answers of this node's DNS for the fleet (--ingress-dns), by outcome: sent, slipped (over --ingress-dns-rate: sent empty and truncated, so a real client asks again over TCP), dropped (over the rate: not sent).",
 	}, []string{"outcome"})}
-	reg.MustRegister(m.requests, tableCollector(stat))
+	reg.MustRegister(m.requests, m.dns, tableCollector(stat))
 	return m
+}
+
+// DNSAnswer counts what became of a DNS answer (m nil: not counted).
+func (m *Ingress) DNSAnswer(outcome string) {
+	if m != nil {
+		m.dns.WithLabelValues(outcome).Inc()
+	}
 }
 
 // Request counts a request's outcome (m nil: not counted).

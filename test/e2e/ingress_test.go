@@ -42,13 +42,13 @@ func ingressEnvd(ingress, id, token string) processconnect.ProcessClient {
 	return processconnect.NewProcessClient(hc, "http://"+ingress)
 }
 
-// dnsA asks the DNS server at server (UDP) for name's address: the
-// answer's first A record, "" if none.
-func dnsA(t *testing.T, server, name string) string {
+// dnsA asks the DNS server at server over network (udp, tcp) for
+// name's address: the answer's first A record, "" if none.
+func dnsA(t *testing.T, network, server, name string) string {
 	t.Helper()
 	q := new(dns.Msg)
 	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
-	r, _, err := (&dns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(q, server)
+	r, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).Exchange(q, server)
 	if err != nil {
 		t.Errorf("DNS %s at %s: %v", name, server, err)
 		return ""
@@ -59,6 +59,51 @@ func dnsA(t *testing.T, server, name string) string {
 		}
 	}
 	return ""
+}
+
+// floodDNS sends n's DNS (on port 5353) 100 questions at once over UDP
+// (within a socket's default receive buffer), as a forger would to turn
+// its answers on a victim, for a name it does not know (so other names
+// keep their allowance): past the default --ingress-dns-rate (20 a
+// second for one client network and kind, a burst of 40) some are sent
+// empty and truncated and the rest dropped, as n's metrics count them.
+func floodDNS(t *testing.T, n *machine) {
+	t.Helper()
+	outcomes := func() (sent, slipped, dropped float64) {
+		s := scrapeMetrics(t, n.addr+":9600")
+		sent, _ = s.get("sandstorm_ingress_dns_answers_total", "outcome", "sent")
+		slipped, _ = s.get("sandstorm_ingress_dns_answers_total", "outcome", "slipped")
+		dropped, _ = s.get("sandstorm_ingress_dns_answers_total", "outcome", "dropped")
+		return
+	}
+	sent0, slipped0, dropped0 := outcomes()
+	if sent0 == 0 {
+		t.Errorf("%s's metrics count no DNS answer sent, after several", n.name)
+	}
+	c, err := net.Dial("udp", n.addr+":5353")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const flood = 100
+	for i := range flood {
+		q := new(dns.Msg)
+		q.SetQuestion("flood.sandbox.localhost.", dns.TypeA)
+		q.Id = uint16(i)
+		b, _ := q.Pack()
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var sent, slipped, dropped float64
+	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("%s's DNS decided %d questions", n.name, flood), func() bool {
+		sent, slipped, dropped = outcomes()
+		return sent+slipped+dropped-sent0-slipped0-dropped0 >= flood
+	})
+	t.Logf("%d questions at once to %s's DNS over UDP: %v answered, %v slipped, %v dropped", flood, n.name, sent-sent0, slipped-slipped0, dropped-dropped0)
+	if sent-sent0 > 60 || slipped == slipped0 || dropped == dropped0 {
+		t.Errorf("%d questions at once: %v answered (burst 40), %v slipped, %v dropped: not rate-limited", flood, sent-sent0, slipped-slipped0, dropped-dropped0)
+	}
 }
 
 // ingressEnvdTLS is one through an ingress serving HTTPS, by the
@@ -273,7 +318,7 @@ func TestIngress(t *testing.T) {
 	// for the sandbox's name is C's address, where the client's
 	// connection is served without A (nothing more passed).
 	envdName := fmt.Sprintf("%d-%s.sandbox.localhost", api.EnvdPort, sb.SandboxID)
-	if ip := dnsA(t, a.addr+":5353", envdName); ip != c.addr {
+	if ip := dnsA(t, "udp", a.addr+":5353", envdName); ip != c.addr {
 		t.Errorf("%s's DNS for %s: %q, want %s's address %s", a.name, envdName, ip, c.name, c.addr)
 	} else {
 		before := passed()
@@ -284,9 +329,10 @@ func TestIngress(t *testing.T) {
 			t.Errorf("a client that resolved through %s's DNS still went through %s", a.name, a.name)
 		}
 	}
-	if ip := dnsA(t, a.addr+":5353", "api.sandbox.localhost"); ip != "10.188.7.1" {
+	if ip := dnsA(t, "udp", a.addr+":5353", "api.sandbox.localhost"); ip != "10.188.7.1" {
 		t.Errorf("%s's DNS for api: %q, want its --ingress-dns-record", a.name, ip)
 	}
+	floodDNS(t, a)
 	// Which node served it is in C's log, not A's: A passed it on.
 	if got := m.get(t, sb.SandboxID); got.Node != c.name {
 		t.Fatalf("the sandbox is on %s, want %s", got.Node, c.name)
@@ -363,8 +409,10 @@ func TestIngress(t *testing.T) {
 	}
 	// B serves plain HTTP, unlike A: A's DNS answers with A itself, which
 	// forwards to B, once the master's push of the move reaches it.
+	// Asked over TCP: polled over UDP, past --ingress-dns-rate, answers
+	// would be dropped.
 	testenv.WaitFor(t, 30*time.Second, a.name+"'s DNS follows the move to "+b.name, func() bool {
-		return dnsA(t, a.addr+":5353", envdName) == a.addr
+		return dnsA(t, "tcp", a.addr+":5353", envdName) == a.addr
 	})
 	if out, err := shell(ctx, viaA, "cat /tmp/mark"); err != nil || out != "here\n" {
 		t.Errorf("through %s after the move to %s: %q %v", a.name, b.name, out, err)
