@@ -132,12 +132,12 @@ type Options struct {
 	// IngressPublic is the address clients reach this node's ingress at
 	// (--ingress-public), which it gives its peers for the fleet's DNS;
 	// IngressDNS where it answers that DNS (--ingress-dns, UDP and TCP),
-	// IngressDNSRecords its fixed names (NAME=IP), and IngressDNSRate
-	// the answers a second over UDP per client network and name (0: no
-	// limit). ingressdns.go.
-	IngressPublic, IngressDNS string
-	IngressDNSRecords         []string
-	IngressDNSRate            float64
+	// IngressDNSRecords its fixed names (NAME=IP), IngressDNSNS the
+	// zone's name servers, and IngressDNSRate the answers a second over
+	// UDP per client network and name (0: no limit). ingressdns.go.
+	IngressPublic, IngressDNS       string
+	IngressDNSRecords, IngressDNSNS []string
+	IngressDNSRate                  float64
 	// Join is the master a node behind NAT dials (https://host:port),
 	// CAFingerprint the SHA-256 of the master's CA it checks, and
 	// JoinToken what admits it the first time.

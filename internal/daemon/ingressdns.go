@@ -19,6 +19,7 @@ type dnsPlan struct {
 	public  string // the address its peers give for its sandboxes ("": none)
 	self    netip.Addr
 	records map[string][]netip.Addr
+	ns      []string // --ingress-dns-ns, full names
 }
 
 // ingressDNSPlan checks the ingress's DNS flags. The node's public
@@ -27,7 +28,7 @@ type dnsPlan struct {
 // node serves, and what its peers' DNS answer for its sandboxes.
 func ingressDNSPlan(o Options) (dnsPlan, error) {
 	var p dnsPlan
-	if o.IngressDNS == "" && o.IngressPublic == "" && len(o.IngressDNSRecords) == 0 {
+	if o.IngressDNS == "" && o.IngressPublic == "" && len(o.IngressDNSRecords)+len(o.IngressDNSNS) == 0 {
 		return p, nil
 	}
 	switch {
@@ -35,8 +36,8 @@ func ingressDNSPlan(o Options) (dnsPlan, error) {
 		return p, errors.New("--ingress-dns, --ingress-public and --ingress-dns-record are a node's ingress's: give --ingress-listen too")
 	case o.IngressRequests:
 		return p, errors.New("--ingress-dns and --ingress-public steer clients to the holder's own ingress, which --ingress-requests-only turns off")
-	case o.IngressDNS == "" && len(o.IngressDNSRecords) > 0:
-		return p, errors.New("--ingress-dns-record needs --ingress-dns ADDR (where the DNS answers)")
+	case o.IngressDNS == "" && len(o.IngressDNSRecords)+len(o.IngressDNSNS) > 0:
+		return p, errors.New("--ingress-dns-record and --ingress-dns-ns need --ingress-dns ADDR (where the DNS answers)")
 	case o.IngressDNSRate < 0 || math.IsNaN(o.IngressDNSRate) || math.IsInf(o.IngressDNSRate, 0):
 		return p, fmt.Errorf("--ingress-dns-rate %v: give answers a second, 0 for no limit", o.IngressDNSRate)
 	}
@@ -63,8 +64,43 @@ func ingressDNSPlan(o Options) (dnsPlan, error) {
 		}
 	}
 	recs, err := parseDNSRecords(o.IngressDNSRecords, o.HostDomain)
+	if err != nil {
+		return p, err
+	}
 	p.records = recs
+	p.ns, err = parseDNSNS(o.IngressDNSNS, o.HostDomain, recs)
 	return p, err
+}
+
+// parseDNSNS reads --ingress-dns-ns NAME: a host name, or a label under
+// the domain ("ns1"). One under the domain must have its address in
+// recs (--ingress-dns-record ns1=IP): a resolver that is told to ask
+// ns1.<domain> for <domain> can only learn where it is from the glue and
+// from it.
+func parseDNSNS(flags []string, domain string, recs map[string][]netip.Addr) ([]string, error) {
+	var out []string
+	for _, f := range flags {
+		name := strings.ToLower(strings.TrimSuffix(f, "."))
+		if !strings.Contains(name, ".") {
+			name += "." + domain
+		}
+		if !validLabels(name) {
+			return nil, fmt.Errorf("--ingress-dns-ns %q: want a host name, e.g. ns1.%s or ns1 for it", f, domain)
+		}
+		label, under := strings.CutSuffix(name, "."+domain)
+		if name == domain {
+			label, under = "", true
+		}
+		if under && len(recs[label]) == 0 {
+			flag := label
+			if flag == "" {
+				flag = "@"
+			}
+			return nil, fmt.Errorf("--ingress-dns-ns %s is in %s: give its address too, --ingress-dns-record %s=IP (the parent's glue)", name, domain, flag)
+		}
+		out = append(out, name)
+	}
+	return out, nil
 }
 
 // parseDNSRecords reads --ingress-dns-record NAME=IP: NAME a label under
@@ -117,7 +153,7 @@ func startIngressDNS(o Options, plan dnsPlan, pt *ingress.Passthrough, table *in
 		pc.Close()
 		return fmt.Errorf("--ingress-dns (TCP): %w", err)
 	}
-	d := &ingress.DNS{Zone: o.HostDomain, Self: plan.self, Records: plan.records, Steer: pt.Steer, Log: log,
+	d := &ingress.DNS{Zone: o.HostDomain, Self: plan.self, Records: plan.records, NS: plan.ns, Steer: pt.Steer, Log: log,
 		Serial:  func() uint32 { v, _ := table.Stat(); return uint32(v) },
 		Counted: m.DNSAnswer, Limit: dnsLimit(o.IngressDNSRate)}
 	d.Serve(pc, ln)

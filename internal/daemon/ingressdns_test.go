@@ -28,13 +28,24 @@ func TestIngressDNSPlan(t *testing.T) {
 		{"public unspecified", func(o *Options) { o.IngressPublic = "0.0.0.0" }, "", "give the IP address"},
 		{"no ingress", func(o *Options) { o.IngressListen = ""; o.IngressDNS = ":53" }, "", "give --ingress-listen"},
 		{"requests only", func(o *Options) { o.IngressDNS = ":53"; o.IngressRequests = true }, "", "--ingress-requests-only"},
-		{"records without dns", func(o *Options) { o.IngressDNSRecords = []string{"api=192.0.2.9"} }, "", "needs --ingress-dns"},
+		{"records without dns", func(o *Options) { o.IngressDNSRecords = []string{"api=192.0.2.9"} }, "", "need --ingress-dns"},
 		{"dns not host:port", func(o *Options) { o.IngressDNS = "53" }, "", "want HOST:PORT"},
 		{"record not name=ip", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRecords = []string{"api"} }, "", "want NAME=IP"},
 		{"record of a bad name", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRecords = []string{"a b=192.0.2.9"} }, "", "NAME is a name under"},
 		{"rate negative", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRate = -1 }, "", "--ingress-dns-rate -1"},
 		{"rate not a number", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRate = math.NaN() }, "", "--ingress-dns-rate NaN"},
 		{"rate off", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSRate = 0 }, "10.0.0.5", ""},
+		{"ns without dns", func(o *Options) { o.IngressDNSNS = []string{"ns.other.example"} }, "", "need --ingress-dns"},
+		{"ns elsewhere", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSNS = []string{"ns.other.example."} }, "10.0.0.5", ""},
+		{"ns inside with its address", func(o *Options) {
+			o.IngressDNS, o.IngressDNSNS, o.IngressDNSRecords = ":53", []string{"ns1", "NS2.sb.example"}, []string{"ns1=192.0.2.53", "ns2=192.0.2.54"}
+		}, "10.0.0.5", ""},
+		{"ns inside without", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSNS = []string{"ns1"} }, "", "--ingress-dns-record ns1=IP"},
+		{"ns the apex without", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSNS = []string{"sb.example"} }, "", "--ingress-dns-record @=IP"},
+		{"ns the apex with", func(o *Options) {
+			o.IngressDNS, o.IngressDNSNS, o.IngressDNSRecords = ":53", []string{"sb.example."}, []string{"@=192.0.2.1"}
+		}, "10.0.0.5", ""},
+		{"ns not a name", func(o *Options) { o.IngressDNS = ":53"; o.IngressDNSNS = []string{"ns 1.example"} }, "", "want a host name"},
 	} {
 		o := base
 		c.mod(&o)
@@ -45,6 +56,9 @@ func TestIngressDNSPlan(t *testing.T) {
 		}
 		if err == nil && p.public != c.public {
 			t.Errorf("%s: public %q, want %q", c.name, p.public, c.public)
+		}
+		if c.name == "ns inside with its address" && !slices.Equal(p.ns, []string{"ns1.sb.example", "ns2.sb.example"}) {
+			t.Errorf("%s: %v", c.name, p.ns)
 		}
 	}
 	recs, err := parseDNSRecords([]string{"API=192.0.2.9", "api.sb.example.=2001:db8::9", "@=192.0.2.1", "x.y=192.0.2.2"}, "sb.example")

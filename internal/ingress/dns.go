@@ -35,6 +35,12 @@ type DNS struct {
 	// Records are fixed names in the zone (--ingress-dns-record), by
 	// their label under it ("api"; "" the zone itself).
 	Records map[string][]netip.Addr
+	// NS are the zone's name servers as its parent delegates it
+	// (--ingress-dns-ns; host names, no trailing dot): answered for NS at
+	// the apex, the first as the SOA's primary. One under the zone has
+	// its address among Records, given with the answer (RFC 1034 4.3.2's
+	// additional section). None: NS is answered with no records.
+	NS []string
 	// Steer is where another node's sandbox is reached (Passthrough.Steer).
 	Steer func(id string) (netip.Addr, bool)
 	// Serial is the zone's SOA serial (the routes' version).
@@ -168,6 +174,9 @@ func (d *DNS) answer(req *dns.Msg) *dns.Msg {
 	if label == "" && q.Qtype == dns.TypeSOA {
 		m.Answer = append(m.Answer, d.soa(zone))
 	}
+	if label == "" && q.Qtype == dns.TypeNS {
+		m.Answer, m.Extra = d.nameServers(q.Name, zone)
+	}
 	if len(m.Answer) == 0 {
 		m.Ns = []dns.RR{d.soa(zone)} // the name is, with no record of that type
 	}
@@ -195,6 +204,29 @@ func (d *DNS) lookup(name, label, zone string) (addrs []netip.Addr, ttl uint32, 
 	return []netip.Addr{d.Self}, sandboxTTL, true
 }
 
+// nameServers are the apex's NS records (named as asked) and the
+// addresses of those under the zone.
+func (d *DNS) nameServers(asked, zone string) (ns, extra []dns.RR) {
+	for _, n := range d.NS {
+		ns = append(ns, &dns.NS{Hdr: dns.RR_Header{Name: asked, Rrtype: dns.TypeNS, Class: dns.ClassINET, Ttl: recordTTL}, Ns: dns.Fqdn(n)})
+		label, ok := strings.CutSuffix(strings.ToLower(n), "."+zone)
+		if !ok {
+			continue
+		}
+		for _, a := range d.Records[label] {
+			hdr := dns.RR_Header{Name: dns.Fqdn(n), Class: dns.ClassINET, Ttl: recordTTL}
+			if a.Is4() {
+				hdr.Rrtype = dns.TypeA
+				extra = append(extra, &dns.A{Hdr: hdr, A: a.AsSlice()})
+			} else {
+				hdr.Rrtype = dns.TypeAAAA
+				extra = append(extra, &dns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
+			}
+		}
+	}
+	return ns, extra
+}
+
 // soa is the zone's start of authority, whose minimum is how long a
 // resolver keeps a negative answer.
 func (d *DNS) soa(zone string) dns.RR {
@@ -202,9 +234,13 @@ func (d *DNS) soa(zone string) dns.RR {
 	if d.Serial != nil {
 		serial = d.Serial()
 	}
+	primary := zone
+	if len(d.NS) > 0 {
+		primary = d.NS[0]
+	}
 	return &dns.SOA{
 		Hdr:     dns.RR_Header{Name: dns.Fqdn(zone), Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: negativeTTL},
-		Ns:      dns.Fqdn(zone),
+		Ns:      dns.Fqdn(primary),
 		Mbox:    dns.Fqdn("hostmaster." + zone),
 		Serial:  serial,
 		Refresh: 3600, Retry: 600, Expire: 86400, Minttl: negativeTTL,

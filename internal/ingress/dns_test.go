@@ -107,6 +107,55 @@ func TestDNSAnswer(t *testing.T) {
 	}
 }
 
+// TestDNSNameServers: the apex's NS records are the delegation's names,
+// with the addresses of those under the zone beside them; the first is the
+// SOA's primary; with none given NS has no records (NODATA) and the SOA
+// names the zone.
+func TestDNSNameServers(t *testing.T) {
+	d := testDNS()
+	ask := func(name string, qtype uint16) *dns.Msg {
+		req := new(dns.Msg)
+		req.SetQuestion(name, qtype)
+		return d.answer(req)
+	}
+	if m := ask("sandbox.example.", dns.TypeNS); m.Rcode != dns.RcodeSuccess || len(m.Answer) != 0 || len(m.Ns) != 1 {
+		t.Errorf("NS with none given: %v", m)
+	}
+	if soa := ask("sandbox.example.", dns.TypeSOA).Answer[0].(*dns.SOA); soa.Ns != "sandbox.example." {
+		t.Errorf("the SOA's primary with no NS: %s", soa.Ns)
+	}
+	d.NS = []string{"ns1.sandbox.example", "ns.other.example"}
+	d.Records["ns1"] = []netip.Addr{netip.MustParseAddr("192.0.2.53"), netip.MustParseAddr("2001:db8::53")}
+	m := ask("SANDBOX.example.", dns.TypeNS)
+	var ns, extra []string
+	for _, rr := range m.Answer {
+		if n, ok := rr.(*dns.NS); ok && rr.Header().Name == "SANDBOX.example." {
+			ns = append(ns, n.Ns)
+		}
+	}
+	for _, rr := range m.Extra {
+		switch rr := rr.(type) {
+		case *dns.A:
+			extra = append(extra, rr.Hdr.Name+" "+rr.A.String())
+		case *dns.AAAA:
+			extra = append(extra, rr.Hdr.Name+" "+rr.AAAA.String())
+		}
+	}
+	if !m.Authoritative || !slices.Equal(ns, []string{"ns1.sandbox.example.", "ns.other.example."}) ||
+		!slices.Equal(extra, []string{"ns1.sandbox.example. 192.0.2.53", "ns1.sandbox.example. 2001:db8::53"}) {
+		t.Errorf("NS: %v, additional %v (AA %v)", ns, extra, m.Authoritative)
+	}
+	if soa := ask("sandbox.example.", dns.TypeSOA).Answer[0].(*dns.SOA); soa.Ns != "ns1.sandbox.example." {
+		t.Errorf("the SOA's primary: %s, want the first NS", soa.Ns)
+	}
+	if m := ask("ns1.sandbox.example.", dns.TypeA); len(m.Answer) != 1 {
+		t.Errorf("ns1's own A: %v", m.Answer)
+	}
+	if m := ask("api.sandbox.example.", dns.TypeNS); len(m.Answer) != 0 || m.Rcode != dns.RcodeSuccess {
+		t.Errorf("NS below the apex: %v (no delegation there)", m)
+	}
+}
+
 // TestDNSServes: Go's own stub resolver, over UDP and TCP, resolves a
 // sandbox's name through the server, and is told a name outside the zone
 // is not found there.

@@ -247,7 +247,8 @@ func TestIngress(t *testing.T) {
 		// A answers the fleet's DNS; C says where clients reach it.
 		switch k {
 		case 7:
-			args = append(args, "--ingress-dns", "10.188.7.2:5353", "--ingress-dns-record", "api=10.188.7.1")
+			args = append(args, "--ingress-dns", "10.188.7.2:5353", "--ingress-dns-record", "api=10.188.7.1",
+				"--ingress-dns-ns", "ns1", "--ingress-dns-record", "ns1=10.188.7.2")
 		case 9:
 			args = append(args, "--ingress-public", "10.188.9.2")
 		}
@@ -331,6 +332,14 @@ func TestIngress(t *testing.T) {
 	}
 	if ip := dnsA(t, "udp", a.addr+":5353", "api.sandbox.localhost"); ip != "10.188.7.1" {
 		t.Errorf("%s's DNS for api: %q, want its --ingress-dns-record", a.name, ip)
+	}
+	// The zone's name server, with its address beside it.
+	q := new(dns.Msg)
+	q.SetQuestion("sandbox.localhost.", dns.TypeNS)
+	r, _, err := (&dns.Client{Net: "tcp", Timeout: 5 * time.Second}).Exchange(q, a.addr+":5353")
+	if err != nil || len(r.Answer) != 1 || len(r.Extra) != 1 ||
+		r.Answer[0].String() != "sandbox.localhost.\t60\tIN\tNS\tns1.sandbox.localhost." || r.Extra[0].String() != "ns1.sandbox.localhost.\t60\tIN\tA\t10.188.7.2" {
+		t.Errorf("%s's DNS for the zone's NS: %v %v, want ns1.sandbox.localhost at 10.188.7.2", a.name, r, err)
 	}
 	floodDNS(t, a)
 	// Which node served it is in C's log, not A's: A passed it on.
