@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-bin/sandstormd}
 export SANDSTORM_DATA_DIR=${SANDSTORM_DATA_DIR:-/var/lib/sandstorm}
 export SANDSTORM_API=${SANDSTORM_API:-https://127.0.0.1:8080}
+# Where a daemon started here listens: SANDSTORM_API's host:port unless
+# SANDSTORM_LISTEN says otherwise (e.g. 0.0.0.0:8080).
+LISTEN=${SANDSTORM_LISTEN:-${SANDSTORM_API#https://}}
+LISTEN=${LISTEN%%/*}
 LOG=${SANDSTORM_LOG:-$SANDSTORM_DATA_DIR/sandstormd.log}
 TEMPLATE=${TEMPLATE:-web}
 
@@ -36,10 +40,19 @@ else
 	say "starting sandstormd (data in $SANDSTORM_DATA_DIR, log in $LOG)"
 	mkdir -p "$SANDSTORM_DATA_DIR"
 	# Long idle timers so that only this script moves the sandbox.
-	nohup "$BIN" serve --master --node --data-dir "$SANDSTORM_DATA_DIR" \
-		--freeze-after 10m --snapshot-after 30m --detach-after 2h >>"$LOG" 2>&1 &
-	for _ in $(seq 100); do api_up && break; sleep 0.1; done
-	api_up || { echo "sandstormd did not start; see $LOG" >&2; tail -20 "$LOG" >&2; exit 1; }
+	# SANDSTORM_SERVE_ARGS adds serve's flags (--gateway-ports, --subnet…).
+	# shellcheck disable=SC2086
+	nohup "$BIN" serve --master --node --data-dir "$SANDSTORM_DATA_DIR" --listen "$LISTEN" \
+		--freeze-after 10m --snapshot-after 30m --detach-after 2h ${SANDSTORM_SERVE_ARGS:-} >>"$LOG" 2>&1 &
+	spid=$!
+	for _ in $(seq 100); do api_up && break; kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
+	if ! api_up; then
+		echo "sandstormd did not start at $SANDSTORM_API; see $LOG" >&2
+		tail -20 "$LOG" >&2
+		# Not left running behind a failure (its sandboxes, if any, stay).
+		kill "$spid" 2>/dev/null && echo "(stopped the sandstormd started here, PID $spid)" >&2
+		exit 1
+	fi
 fi
 PID=$(cat "$SANDSTORM_DATA_DIR/sandstormd.pid" 2>/dev/null || echo "?")
 say "sandstormd is PID $PID"
@@ -83,12 +96,19 @@ for op in freeze snapshot detach; do
 	call
 done
 
+# The CLI finds a daemon elsewhere than the defaults by the same variables.
+ENVHINT=
+if [ "$SANDSTORM_DATA_DIR" != /var/lib/sandstorm ] || [ "$SANDSTORM_API" != https://127.0.0.1:8080 ]; then
+	ENVHINT="
+  export SANDSTORM_DATA_DIR=$SANDSTORM_DATA_DIR SANDSTORM_API=$SANDSTORM_API"
+fi
+
 cat <<MSG
 
 The counter kept its value through freeze and snapshot (memory state kept)
 and started again at 1 after detach (a cold start from the template).
 
-sandstormd is still running (log: $LOG). Try:
+sandstormd is still running (log: $LOG). Try:${ENVHINT}
   $BIN sandbox ls
   curl $URL/
   $BIN sandbox rm demo

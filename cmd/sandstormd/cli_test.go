@@ -84,6 +84,13 @@ func TestFlagsTheMasterChecks(t *testing.T) {
 		{[]string{"sandbox", "create", "web", "--memory", "-5"}, "--memory -5"},
 		{[]string{"sandbox", "create", "web", "--name", "Bad_Name!"}, `--name "Bad_Name!"`},
 		{[]string{"sandbox", "ls", "--label", "foo"}, `--label "foo"`},
+		// serve's flags, by daemon.Check, before anything starts.
+		{[]string{"serve"}, "say what to run"},
+		{[]string{"serve", "--node"}, "needs --node-listen"},
+		{[]string{"serve", "--master", "--node", "--gateway-ports", "5-1"}, `gateway ports "5-1"`},
+		{[]string{"serve", "--master", "--log-level", "loud"}, `--log-level "loud"`},
+		{[]string{"serve", "--node", "--node-listen", "127.0.0.1:1", "--ingress-listen", "127.0.0.1:2", "--ingress-dns-rate", "5"}, "give that too"},
+		{[]string{"serve", "--node", "--node-listen", "127.0.0.1:1", "--ingress-listen", "127.0.0.1:2", "--ingress-dns", "127.0.0.1:3", "--ingress-dns-rate", "-1"}, "--ingress-dns-rate -1"},
 	} {
 		var stderr strings.Builder
 		root := rootCmd()

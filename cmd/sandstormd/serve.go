@@ -78,29 +78,9 @@ by the new binary instead of being refused (--reload-drain bounds the wait
 for requests in flight).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !o.Master && !o.Node {
-				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("say what to run: --master, --node, or both (one process)")}
-			}
 			o.DataDir, _ = cmd.Flags().GetString("data-dir")
 			o.MemReserve = reserve
-			log, err := logFlags.New(os.Stderr)
-			if err != nil {
-				return err
-			}
-			o.Log = log
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			// SIGHUP is a reload (without this it would end the process).
-			hup := make(chan os.Signal, 1)
-			signal.Notify(hup, syscall.SIGHUP)
-			reload := make(chan struct{})
-			go func() {
-				for range hup {
-					reload <- struct{}{}
-				}
-			}()
-			o.Reload = reload
-			return daemon.Serve(ctx, o)
+			return runServe(cmd, o, logFlags)
 		},
 	}
 	f := cmd.Flags()
@@ -146,6 +126,38 @@ for requests in flight).`,
 	f.StringToStringVar(&o.RegistryMirrors, "registry-mirror", nil, "REGISTRY=HOST[:PORT]: pull the images of E2B's template builds that name REGISTRY (docker.io for Docker Hub's, e.g. ubuntu:22.04) from HOST instead, e.g. docker.io=mirror.internal:5000; repeat or comma-separate for more")
 	f.DurationVar(&o.ReloadDrain, "reload-drain", daemon.DefaultReloadDrain, "how long a reload (SIGHUP) waits for requests in flight to be answered before it cuts them; new connections wait in the listeners' backlogs meanwhile")
 	return cmd
+}
+
+// runServe checks serve's flags, then runs the daemon until SIGINT or
+// SIGTERM, SIGHUP asking it to reload.
+func runServe(cmd *cobra.Command, o daemon.Options, logFlags logging.Flags) error {
+	// The flags' own checks are usage errors (exit 2), before anything
+	// starts; Serve checks again for its other callers.
+	usage := func(err error) error { return cli.UsageError{Cmd: cmd.CommandPath(), Err: err} }
+	if err := daemon.Check(o); err != nil {
+		return usage(err)
+	}
+	if cmd.Flags().Changed("ingress-dns-rate") && o.IngressDNS == "" {
+		return usage(errors.New("--ingress-dns-rate limits the DNS of --ingress-dns HOST:PORT: give that too, or leave the rate out"))
+	}
+	log, err := logFlags.New(os.Stderr)
+	if err != nil {
+		return usage(err)
+	}
+	o.Log = log
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	// SIGHUP is a reload (without this it would end the process).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	reload := make(chan struct{})
+	go func() {
+		for range hup {
+			reload <- struct{}{}
+		}
+	}()
+	o.Reload = reload
+	return daemon.Serve(ctx, o)
 }
 
 // ingressFlags are a node's ingress's (serve --ingress-listen).

@@ -272,7 +272,9 @@ func takeLock(dataDir string) (*os.File, error) {
 	f.Close()
 	who := "another sandstormd"
 	if pid > 1 {
-		who = fmt.Sprintf("another sandstormd (PID %d; stop it with: kill %d)", pid, pid)
+		// A stop takes a moment (requests drained, the gateway handed
+		// back): one just asked for is still under way.
+		who = fmt.Sprintf("another sandstormd (PID %d; stop it with: kill %d, and wait until it has exited: tail --pid=%d -f /dev/null)", pid, pid, pid)
 	}
 	return nil, fmt.Errorf("%s is using %s (lock held); or start this one with another --data-dir", who, dataDir)
 }
