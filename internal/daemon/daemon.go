@@ -272,8 +272,8 @@ func takeLock(dataDir string) (*os.File, error) {
 	f.Close()
 	who := "another sandstormd"
 	if pid > 1 {
-		// A stop takes a moment (requests drained, the gateway handed
-		// back): one just asked for is still under way.
+		// A stop takes a moment (requests in flight answered, the
+		// gateway handed back): one just asked for may be under way.
 		who = fmt.Sprintf("another sandstormd (PID %d; stop it with: kill %d, and wait until it has exited: tail --pid=%d -f /dev/null)", pid, pid, pid)
 	}
 	return nil, fmt.Errorf("%s is using %s (lock held); or start this one with another --data-dir", who, dataDir)
