@@ -61,7 +61,7 @@ func dnsA(t *testing.T, network, server, name string) string {
 	return ""
 }
 
-// floodDNS sends n's DNS (on port 5353) 100 questions at once over UDP
+// floodDNS sends n's DNS (on port 5353) 80 questions at once over UDP
 // (within a socket's default receive buffer), as a forger would to turn
 // its answers on a victim, for a name it does not know (so other names
 // keep their allowance): past the default --ingress-dns-rate (20 a
@@ -85,7 +85,7 @@ func floodDNS(t *testing.T, n *machine) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	const flood = 100
+	const flood = 80
 	for i := range flood {
 		q := new(dns.Msg)
 		q.SetQuestion("flood.sandbox.localhost.", dns.TypeA)
@@ -101,7 +101,8 @@ func floodDNS(t *testing.T, n *machine) {
 		return sent+slipped+dropped-sent0-slipped0-dropped0 >= flood
 	})
 	t.Logf("%d questions at once to %s's DNS over UDP: %v answered, %v slipped, %v dropped", flood, n.name, sent-sent0, slipped-slipped0, dropped-dropped0)
-	if sent-sent0 > 60 || slipped == slipped0 || dropped == dropped0 {
+	// 40 at once, and 20 more a second: 70 leaves the flood 1.5 s.
+	if sent-sent0 > 70 || slipped == slipped0 || dropped == dropped0 {
 		t.Errorf("%d questions at once: %v answered (burst 40), %v slipped, %v dropped: not rate-limited", flood, sent-sent0, slipped-slipped0, dropped-dropped0)
 	}
 }
