@@ -111,11 +111,8 @@ func (d *DNS) count(outcome string) {
 // the name and type for an answer with records, the name for one without
 // (NODATA), and one kind for every error, as BIND's RRL counts them.
 func (d *DNS) limited(client net.Addr, req, m *dns.Msg) limitVerdict {
-	if d.Limit == nil {
-		return limitSend
-	}
-	ap, err := netip.ParseAddrPort(client.String())
-	if err != nil {
+	ua, ok := client.(*net.UDPAddr)
+	if d.Limit == nil || !ok {
 		return limitSend
 	}
 	kind := "error"
@@ -126,7 +123,7 @@ func (d *DNS) limited(client net.Addr, req, m *dns.Msg) limitVerdict {
 			kind = dns.TypeToString[q.Qtype] + " " + strings.ToLower(q.Name)
 		}
 	}
-	return d.Limit.decide(ap.Addr(), kind, time.Now())
+	return d.Limit.decide(ua.AddrPort().Addr(), kind, time.Now())
 }
 
 // answer decides the answer to req, without I/O but Steer's.
