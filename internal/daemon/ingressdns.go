@@ -163,8 +163,8 @@ func startIngressDNS(o Options, plan dnsPlan, pt *ingress.Passthrough, table *in
 
 // dnsLimit is --ingress-dns-rate's limit: a burst of two seconds' worth
 // (at least one), every second answer over it slipped (BIND's default
-// slip), and at most 1<<16 allowances (about 10 MB), past which new
-// clients share one.
+// slip), and at most 1<<16 allowances (a name is at most 255 bytes: 25
+// MB at worst), past which new clients share one.
 func dnsLimit(rate float64) *ingress.DNSLimit {
 	if rate <= 0 {
 		return nil
