@@ -2,15 +2,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/base64"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -54,10 +47,8 @@ func TestConsoleInChromium(t *testing.T) {
 	d.track(labelled.ID)
 	sbs = append(sbs, labelled)
 
-	br := openBrowser(t, chromium, spkiOf(t, client.CAFile(d.DataDir), strings.TrimPrefix(d.API, "https://")), 1400, 1000)
+	br := openBrowser(t, chromium, spkiOf(t, client.CAFile(d.DataDir), strings.TrimPrefix(d.API, "https://")), 1400, 1000, d.API+"/", "token")
 	defer br.close()
-
-	br.run("open the console", chromedp.Navigate(d.API+"/"), chromedp.WaitVisible(chromedp.ID("token")))
 	if !strings.Contains(br.text(`document.getElementById("login").innerText`), "pki/api-token") {
 		t.Errorf("the login does not say where the token is")
 	}
@@ -218,143 +209,4 @@ print(s.recv(200).decode().split("\r\n")[0])`).ok(t, "a CONNECT to a name not gr
 	if status := br.status(`fetch("/v1/sandboxes").then(r => r.status)`); status != 401 {
 		t.Errorf("after logout the API answered the page %d, want 401", status)
 	}
-}
-
-// needChromium is the path of Debian's chromium; the test fails without it.
-func needChromium(t *testing.T) string {
-	t.Helper()
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("no chromium: apt-get install -y chromium (deps/debian-packages.txt has it)")
-	}
-	return chromium
-}
-
-// browser is a headless chromium driven by chromedp, for the consoles'
-// tests, with a page that fails the test when it cannot do what it is
-// told.
-type browser struct {
-	t     *testing.T
-	ctx   context.Context
-	close func()
-}
-
-// openBrowser starts chromium with a window of width × height. The
-// consoles' certificates are from CAs of their own, which the browser
-// does not have: it accepts exactly the key spki (from spkiOf, which
-// checks it against the CA first), nothing else. It gives up after 2
-// minutes; close ends it.
-func openBrowser(t *testing.T, chromium, spki string, width, height int) *browser {
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		chromedp.Flag("ignore-certificate-errors-spki-list", spki),
-		chromedp.NoSandbox, // the tests run as root
-		// A profile the test owns, removed with it (chromedp's own default
-		// is left in the temp directory when the browser is killed).
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(width, height),
-		// Nothing may leave the machine: every request that is not to
-		// loopback goes to a proxy that is not there, and no name but
-		// loopback's resolves.
-		chromedp.ProxyServer("http://127.0.0.1:9"),
-		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-features", "OptimizationHints,MediaRouter,Translate"),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelBrowser := chromedp.NewContext(actx)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
-	return &browser{t: t, ctx: ctx, close: func() {
-		cancelTimeout()
-		cancelBrowser()
-		cancelAlloc()
-	}}
-}
-
-// run does steps on the page.
-func (br *browser) run(what string, steps ...chromedp.Action[chromedp.Void]) {
-	br.t.Helper()
-	if err := chromedp.Do(br.ctx, steps...); err != nil {
-		br.t.Fatalf("%s: %v", what, err)
-	}
-}
-
-// until polls a JavaScript condition on the page (chromedp.Poll, every
-// 50 ms) until it holds, failing after 20 s.
-func (br *browser) until(what, js string) {
-	br.t.Helper()
-	if _, err := chromedp.Run(br.ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
-		page, _ := chromedp.Run(br.ctx, chromedp.Evaluate[string](`document.body.innerText`))
-		br.t.Fatalf("waiting until %s: %v\npage:\n%s", what, err, page)
-	}
-}
-
-// text is the string a JavaScript expression on the page evaluates to.
-func (br *browser) text(js string) string {
-	br.t.Helper()
-	s, err := chromedp.Run(br.ctx, chromedp.Evaluate[string](js))
-	if err != nil {
-		br.t.Fatalf("read %s: %v", js, err)
-	}
-	return s
-}
-
-// status is the number a JavaScript promise on the page resolves to: the
-// status of a fetch made with the page's session.
-func (br *browser) status(js string) int {
-	br.t.Helper()
-	n, err := chromedp.Run(br.ctx, chromedp.Evaluate[int](js, chromedp.EvalAwaitPromise))
-	if err != nil {
-		br.t.Fatalf("%s: %v", js, err)
-	}
-	return n
-}
-
-// screenshot takes what the page looks like, into $SANDSTORM_ARTIFACTS
-// when set (kept, to look at), else into the test's own temporary
-// directory (removed with it), and returns the file's path.
-func (br *browser) screenshot() string {
-	t := br.t
-	t.Helper()
-	dir := os.Getenv("SANDSTORM_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	png, err := chromedp.Run(br.ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatalf("screenshot: %v", err)
-	}
-	// One file per test (TestConsoleInChromium's is the README's
-	// docs/console.png; TestSamOneConsole's is sam-one's console).
-	name := "console.png"
-	if t.Name() != "TestConsoleInChromium" {
-		name = strings.ToLower(strings.TrimPrefix(t.Name(), "Test")) + ".png"
-	}
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, png, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// spkiOf is the base64 SHA-256 of the public key addr serves, after
-// checking that its certificate chains to the CA in caFile.
-func spkiOf(t *testing.T, caFile, addr string) string {
-	t.Helper()
-	b, err := os.ReadFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(b)
-	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool})
-	if err != nil {
-		t.Fatalf("%s's certificate does not check against its CA: %v", addr, err)
-	}
-	defer c.Close()
-	sum := sha256.Sum256(c.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)
-	return base64.StdEncoding.EncodeToString(sum[:])
 }

@@ -120,10 +120,8 @@ bindings:
 		t.Errorf("a report through a boundary: %s, want 403", resp.Status)
 	}
 
-	br := openBrowser(t, chromium, spkiOf(t, caFile, strings.TrimPrefix(apiURL, "https://")), 1300, 900)
+	br := openBrowser(t, chromium, spkiOf(t, caFile, strings.TrimPrefix(apiURL, "https://")), 1300, 900, apiURL+"/", "token")
 	defer br.close()
-
-	br.run("open the console", chromedp.Navigate(apiURL+"/"), chromedp.WaitVisible(chromedp.ID("token")))
 	if n := br.status(`fetch("/v1/console").then(r => r.status)`); n != 401 {
 		t.Errorf("GET /v1/console without a session: %d, want 401", n)
 	}
