@@ -276,12 +276,20 @@ type EgressFlow struct {
 // EgressPage is a page of a sandbox's egress log: its flows after the
 // asked seq, oldest first, and Next, the seq to ask after for the next
 // page. Missed counts flows after the asked seq that the log's bound
-// already dropped.
+// already dropped. End is set on the last page of a followed log that
+// ended because its sandbox left the node that kept it (EgressEndGone);
+// a followed log that stops without it was cut (its daemon stopped or
+// reloaded), and its reader may go on after Next.
 type EgressPage struct {
 	Items  []EgressFlow `json:"items"`
 	Next   int64        `json:"next"`
 	Missed int64        `json:"missed,omitempty"`
+	End    string       `json:"end,omitempty"`
 }
+
+// EgressEndGone is EgressPage.End when the sandbox was deleted, or moved
+// (a moved sandbox's log starts again on its new node).
+const EgressEndGone = "gone"
 
 // IdleTimers are how long a sandbox may stay idle before it drops a tier
 // (Go durations, "30s"; "0" never): hot → frozen, frozen → snapshot,

@@ -38,7 +38,7 @@ func TestParseProbe(t *testing.T) {
 // refused name with no port.
 func TestPrintEgress(t *testing.T) {
 	var out strings.Builder
-	err := printEgress(&out, io.MultiReader(strings.NewReader(`{"items":[{"seq":1,"name":"api.test","port":443,"addr":"192.0.2.1:443","outcome":"allowed","rule":"policy","secrets":["key"]},{"seq":2,"name":"nowhere.test","route":"dns","outcome":"denied","rule":"not granted"}],"next":2}`),
+	_, err := printEgress(&out, io.MultiReader(strings.NewReader(`{"items":[{"seq":1,"name":"api.test","port":443,"addr":"192.0.2.1:443","outcome":"allowed","rule":"policy","secrets":["key"]},{"seq":2,"name":"nowhere.test","route":"dns","outcome":"denied","rule":"not granted"}],"next":2}`),
 		iotest.ErrReader(errors.New("not_found (HTTP 404)"))))
 	if err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("err %v", err)
@@ -49,8 +49,40 @@ func TestPrintEgress(t *testing.T) {
 		}
 	}
 	out.Reset()
-	if err := printEgress(&out, iotest.ErrReader(errors.New("not_found (HTTP 404)"))); err == nil || out.Len() != 0 {
+	if _, err := printEgress(&out, iotest.ErrReader(errors.New("not_found (HTTP 404)"))); err == nil || out.Len() != 0 {
 		t.Errorf("a refusal printed %q, err %v", out.String(), err)
+	}
+
+	// Followed: a page a flow, each line under the header's columns (a
+	// later, longer cell widens the columns from then on), and the last
+	// page read back, which says whether the sandbox left or the stream
+	// was cut.
+	out.Reset()
+	last, err := printEgress(&out, strings.NewReader(`{"items":[{"seq":1,"name":"a.test","port":443,"addr":"192.0.2.1:443","outcome":"allowed","rule":"policy"}],"next":1}
+{"items":[{"seq":2,"name":"b.test","port":80,"addr":"192.0.2.2:80","outcome":"denied","rule":"deny_out 0.0.0.0/0"}],"next":2}
+{"items":[],"next":2,"end":"gone"}
+`))
+	if err != nil || last.End != "gone" || last.Next != 2 {
+		t.Fatalf("last page %+v, err %v", last, err)
+	}
+	var said strings.Builder
+	if err := followEnded(&said, "web-1", last); err != nil || !strings.Contains(said.String(), "gone") {
+		t.Errorf("a follow ended by the sandbox leaving: %v, said %q", err, said.String())
+	}
+	if err := followEnded(&said, "web-1", api.EgressPage{Next: 7}); err == nil || !strings.Contains(err.Error(), "sandbox egress web-1 -f --after 7") {
+		t.Errorf("a follow cut: %v, want an error giving the command to go on", err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d lines:\n%s", len(lines), out.String())
+	}
+	for _, col := range []string{"OUTCOME", "DESTINATION", "RULE"} {
+		at := strings.Index(lines[0], col)
+		for _, l := range lines[1:] {
+			if len(l) <= at || l[at-1] != ' ' || l[at] == ' ' {
+				t.Errorf("column %s (at %d) not lined up in\n%s", col, at, out.String())
+			}
+		}
 	}
 }
 

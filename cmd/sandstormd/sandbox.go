@@ -14,6 +14,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -332,12 +333,19 @@ flows until interrupted or the sandbox is deleted; --json prints the pages.`,
 		Example: "  sandstormd sandbox egress web-1\n  sandstormd sandbox egress web-1 -f --after 120",
 		Args:    cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, c *client.Client, args []string) error {
+			if after < 0 || limit < 0 {
+				return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--after %d, --limit %d: neither may be negative", after, limit)}
+			}
 			if j, _ := cmd.Flags().GetBool("json"); j {
 				return c.EgressLog(cmd.Context(), args[0], after, limit, follow, os.Stdout)
 			}
 			pr, pw := io.Pipe()
 			go func() { pw.CloseWithError(c.EgressLog(cmd.Context(), args[0], after, limit, follow, pw)) }()
-			return printEgress(os.Stdout, pr)
+			last, err := printEgress(os.Stdout, pr)
+			if err != nil || !follow || cmd.Context().Err() != nil {
+				return err
+			}
+			return followEnded(os.Stderr, args[0], last)
 		}),
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing flows as they come")
@@ -346,25 +354,41 @@ flows until interrupted or the sandbox is deleted; --json prints the pages.`,
 	return cmd
 }
 
+// followEnded is how a followed egress log that stopped ends, from its
+// last page: a sandbox that left its node ends it (said on w, exit 0); a
+// stream that stopped without saying so was cut, an error that gives the
+// command to go on where it was.
+func followEnded(w io.Writer, ref string, last api.EgressPage) error {
+	if last.End == api.EgressEndGone {
+		fmt.Fprintln(w, "(the sandbox is gone from its node: deleted, or moved, whose log starts again on its new node)")
+		return nil
+	}
+	return fmt.Errorf("the egress log's stream was cut (sandstormd stopped or reloaded?); go on with: sandstormd sandbox egress %s -f --after %d", ref, last.Next)
+}
+
 // printEgress prints the egress log's pages read from r to w as a table,
 // a line a flow, as they come. The header waits for the first page, so
-// that a refusal (a sandbox not found) is all a person sees.
-func printEgress(w io.Writer, r io.Reader) error {
+// that a refusal (a sandbox not found) is all a person sees. Columns are
+// as wide as the widest cell so far, so that a followed log's lines, a
+// page each, stay under their header. It returns the last page read.
+func printEgress(w io.Writer, r io.Reader) (api.EgressPage, error) {
 	dec := json.NewDecoder(r)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	var t egressTable
+	var last api.EgressPage
 	for header := true; ; header = false {
 		var p api.EgressPage
 		if err := dec.Decode(&p); err == io.EOF {
-			return tw.Flush()
+			return last, nil
 		} else if err != nil {
-			tw.Flush()
-			return err
+			return last, err
 		}
+		last = p
+		var rows [][]string
 		if header {
-			fmt.Fprintln(tw, "SEQ\tTIME\tOUTCOME\tDESTINATION\tADDRESS\tOUT\tIN\tSECRETS\tRULE")
+			rows = append(rows, []string{"SEQ", "TIME", "OUTCOME", "DESTINATION", "ADDRESS", "OUT", "IN", "SECRETS", "RULE"})
 		}
 		if p.Missed > 0 {
-			fmt.Fprintf(tw, "…\t\t%d older flows no longer kept\t\t\t\t\t\t\n", p.Missed)
+			rows = append(rows, []string{"…", "", fmt.Sprintf("%d older flows no longer kept", p.Missed)})
 		}
 		for _, f := range p.Items {
 			// A name the boundary's DNS refused has no port: no flow followed.
@@ -372,10 +396,41 @@ func printEgress(w io.Writer, r io.Reader) error {
 			if f.Port != 0 {
 				dest = net.JoinHostPort(f.Name, strconv.Itoa(f.Port))
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", f.Seq, f.Time.Local().Format("15:04:05.000"), f.Outcome,
-				dest, cmp.Or(f.Addr, "-"), f.BytesOut, f.BytesIn, cmp.Or(strings.Join(f.Secrets, ","), "-"), f.Rule)
+			rows = append(rows, []string{strconv.FormatInt(f.Seq, 10), f.Time.Local().Format("15:04:05.000"), f.Outcome,
+				dest, cmp.Or(f.Addr, "-"), strconv.FormatInt(f.BytesOut, 10), strconv.FormatInt(f.BytesIn, 10),
+				cmp.Or(strings.Join(f.Secrets, ","), "-"), f.Rule})
 		}
-		tw.Flush()
+		t.print(w, rows)
+	}
+}
+
+// egressTable prints rows in columns that only grow: each as wide as the
+// widest cell it has had (the "…" row's long cell spans the rest).
+type egressTable struct{ widths []int }
+
+func (t *egressTable) print(w io.Writer, rows [][]string) {
+	for _, row := range rows {
+		if row[0] == "…" {
+			continue
+		}
+		for i, c := range row {
+			if i == len(t.widths) {
+				t.widths = append(t.widths, 0)
+			}
+			t.widths[i] = max(t.widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	for _, row := range rows {
+		var b strings.Builder
+		for i, c := range row {
+			if i == len(row)-1 || row[0] == "…" && i == 2 {
+				b.WriteString(c)
+				break
+			}
+			b.WriteString(c)
+			b.WriteString(strings.Repeat(" ", t.widths[i]-utf8.RuneCountInString(c)+2))
+		}
+		fmt.Fprintln(w, b.String())
 	}
 }
 
@@ -554,6 +609,8 @@ func transitionCmds() []*cobra.Command {
 	return cmds
 }
 
+var flagNames = strings.NewReplacer("allow_out", "--allow-out", "deny_out", "--deny-out")
+
 // egressFlags are --allow-out and --deny-out as the API's rules (nil with
 // neither), checked here first so that a typo exits 2 before the API.
 func egressFlags(allow, deny []string) (*api.Egress, error) {
@@ -566,7 +623,8 @@ func egressFlags(allow, deny []string) (*api.Egress, error) {
 		return nil, errors.New("--allow-out makes exceptions to --deny-out and does nothing alone; add --deny-out 0.0.0.0/0 to let out only what --allow-out names")
 	}
 	if _, err := egress.Parse(allow, deny); err != nil {
-		return nil, err
+		// Parse names the API's fields; here they are flags.
+		return nil, errors.New(flagNames.Replace(err.Error()))
 	}
 	return &api.Egress{AllowOut: allow, DenyOut: deny}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +16,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/cli"
 	"sandstorm/internal/client"
+	"sandstorm/internal/sam/inject"
 )
 
 // secretCmd is "secret": stored secrets that sandboxes use and never hold
@@ -48,9 +50,19 @@ its team's secrets.`,
 			if len(hosts) == 0 {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: errors.New("--host is required: the names the secret may be sent to (api.example.com, *.example.com)")}
 			}
+			for _, h := range hosts {
+				if _, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil {
+					return cli.UsageError{Cmd: cmd.CommandPath(), Err: fmt.Errorf("--host %s: an address; a secret goes to names only (the real server's certificate is checked for the name)", h)}
+				}
+			}
 			value, err := readSecret(cmd.InOrStdin(), fromFile)
 			if err != nil {
 				return cli.UsageError{Cmd: cmd.CommandPath(), Err: err}
+			}
+			if len(value) < inject.MinScrub {
+				// Stored all the same (a short PIN is a secret too); said,
+				// as a host that echoes it would hand it to the sandbox.
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: a value of %d bytes is not scrubbed from its hosts' answers (only %d bytes or more are: shorter would match bytes that are not it); a host that echoes it shows it to the sandbox\n", len(value), inject.MinScrub)
 			}
 			c, err := apiClient(cmd)
 			if err != nil {

@@ -434,9 +434,17 @@ func parseNetwork(raw json.RawMessage) (ingress, error) {
 			} else {
 				in.egress.DenyOut = list
 			}
-		default:
+		case "egressProxy":
+			// E2B's, refused rather than ignored: a sandbox's way out is
+			// its boundary.
 			if set(v) {
 				return in, errdefs.New(errdefs.ErrNotSupported, "network.%s: not supported here; what a sandbox may reach is its boundary's policy (sandstormd serve --policy)", k)
+			}
+		default:
+			// Not E2B's (SandboxNetworkConfig in its OpenAPI): a typo, said
+			// so, not "not supported".
+			if set(v) {
+				return in, errdefs.New(errdefs.ErrBadInput, "network.%s: not a field of E2B's network settings (%s)%s", k, networkFields, spelledSnake(k))
 			}
 		}
 	}
@@ -444,6 +452,19 @@ func parseNetwork(raw json.RawMessage) (ingress, error) {
 		return in, errdefs.New(errdefs.ErrBadInput, "network.maskRequestHost %q: want a host[:port], ${PORT} for the port", in.maskHost)
 	}
 	return in, nil
+}
+
+// networkFields are E2B's network settings (SandboxNetworkConfig).
+const networkFields = "allowOut, denyOut, allowPublicTraffic, maskRequestHost, rules, egressProxy"
+
+// spelledSnake points a camelCase allowInternetAccess, which E2B's SDK
+// takes but its API spells allow_internet_access (beside network at a
+// create, in the body of an update), to that spelling.
+func spelledSnake(k string) string {
+	if k == "allowInternetAccess" {
+		return "; E2B's API spells it allow_internet_access (a create's goes beside network)"
+	}
+	return ""
 }
 
 // domainFor is the sandboxes' domain as the client of r is told it: the

@@ -225,6 +225,14 @@ func TestUpdateNetwork(t *testing.T) {
 			t.Errorf("update %s: %d %s, want a 4xx", bad, a.status, a.body)
 		}
 	}
+	// A field E2B's API does not have is a 400 that says so, not a 409
+	// "not supported"; the SDK's camelCase spelling of
+	// allow_internet_access is pointed to the API's.
+	if a := e.expect(t, http.StatusBadRequest, "a camelCase allowInternetAccess", "red", "PUT", path, `{"allowInternetAccess": false}`); !strings.Contains(string(a.body), "allow_internet_access") {
+		t.Errorf("a camelCase allowInternetAccess: %s, want the API's spelling named", a.body)
+	}
+	e.expect(t, http.StatusBadRequest, "a typo", "red", "PUT", path, `{"denyOuts": ["0.0.0.0/0"]}`)
+	e.expect(t, http.StatusConflict, "an egress proxy", "red", "PUT", path, `{"egressProxy": {"address": "proxy.example.com:1080"}}`)
 	if r := rules(); r == nil || !slices.Equal(r.AllowOut, []string{"*.example.com"}) {
 		t.Errorf("refused updates changed the rules: %+v", r)
 	}

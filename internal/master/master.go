@@ -31,6 +31,7 @@ import (
 	"sandstorm/internal/nodeapi"
 	"sandstorm/internal/pki"
 	"sandstorm/internal/rootfs"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 	"sandstorm/internal/templates"
@@ -531,6 +532,10 @@ func (s *server) setNetwork(w http.ResponseWriter, r *http.Request) {
 	var e api.Egress
 	if err := decode(w, r, &e); err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if err := egress.AllowAlone(e.AllowOut, e.DenyOut); err != nil {
+		s.fail(w, r, badRequest("%v", err))
 		return
 	}
 	n, sb, err := s.sandbox(r)

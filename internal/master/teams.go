@@ -10,6 +10,7 @@ import (
 	"sandstorm/api"
 	"sandstorm/internal/apikey"
 	"sandstorm/internal/errdefs"
+	"sandstorm/internal/sam/egress"
 	"sandstorm/internal/sandboxes"
 	"sandstorm/internal/store"
 	"sandstorm/internal/tier"
@@ -70,6 +71,11 @@ func settings(req api.SandboxRequest) (store.SandboxMeta, error) {
 	}
 	if _, err := (tier.Timers{}).With(req.Idle); err != nil {
 		return m, badRequest("%v", err)
+	}
+	if e := req.Egress; e != nil {
+		if err := egress.AllowAlone(e.AllowOut, e.DenyOut); err != nil {
+			return m, badRequest("egress: %v", err)
+		}
 	}
 	d, autoPause, err := sandboxes.CheckLifetime(req.Lifetime, req.OnTimeout)
 	if err != nil {

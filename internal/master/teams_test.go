@@ -152,13 +152,20 @@ func TestCreateSettings(t *testing.T) {
 		`{"template": "web", "labels": {"": "c"}}`,
 		`{"template": "web", "idle": {"freeze_after": "soon"}}`,
 		`{"template": "web", "idle": {"detach_after": "-5m"}}`,
+		// allow_out alone makes exceptions to nothing (the CLI refuses it too).
+		`{"template": "web", "egress": {"allow_out": ["api.example.com"]}}`,
+		`{"template": "web", "egress": {"allow_out": ["http://api.example.com"], "deny_out": ["0.0.0.0/0"]}}`,
+		`{"template": "web", "egress": {"deny_out": ["10.0.0.0/33"]}}`,
 	} {
-		if r := do(t, srv, "POST", "/v1/sandboxes", bad); r.status != http.StatusBadRequest {
-			t.Errorf("create %s: %d, want 400", bad, r.status)
+		if r := do(t, srv, "POST", "/v1/sandboxes", bad); r.status != http.StatusBadRequest || strings.Contains(r.body, "netip") || strings.Contains(r.body, "denyOut") {
+			t.Errorf("create %s: %d %s, want 400 in the API's terms", bad, r.status, r.body)
 		}
 	}
+	if r := do(t, srv, "PUT", "/v1/sandboxes/a/network", `{"allow_out": ["api.example.com"]}`); r.status != http.StatusBadRequest || !strings.Contains(r.body, "does nothing alone") {
+		t.Errorf("PUT network with allow_out alone: %d %s, want 400 saying why", r.status, r.body)
+	}
 	if len(n.Calls) != before {
-		t.Errorf("a refused create reached the node: %v", n.Calls[before:])
+		t.Errorf("a refused create or update reached the node: %v", n.Calls[before:])
 	}
 }
 

@@ -673,11 +673,12 @@ func (l *Side) EgressLog(ctx context.Context, id string, opt nodeapi.EgressLogOp
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := l.Flows.Wait(wctx, sb.ID, after)
 		cancel()
-		if errors.Is(err, egresslog.ErrDropped) || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return nil
 		}
-		if _, err := l.N.Get(ctx, sb.ID); errors.Is(err, errdefs.ErrNotFound) {
-			return nil
+		if _, gerr := l.N.Get(ctx, sb.ID); errors.Is(err, egresslog.ErrDropped) || errors.Is(gerr, errdefs.ErrNotFound) {
+			// Said, so that its reader knows the log is over, not cut.
+			return enc.Encode(api.EgressPage{Items: []api.EgressFlow{}, Next: after, End: api.EgressEndGone})
 		}
 	}
 }

@@ -172,6 +172,15 @@ func TestCLI(t *testing.T) {
 			t.Errorf("sandstormd %v: exit %d, stderr %q; want exit 2 and a pointer to --help", args, r.Code, r.Stderr)
 		}
 	}
+	// Mistakes the CLI can see before asking the daemon, said as such.
+	for _, args := range [][]string{
+		{"sandbox", "egress", "cli1", "--limit", "-1"},
+		{"secret", "create", "ip", "--host", "192.0.2.1", "--from-file", "/etc/hostname"},
+	} {
+		if r := cli(t, env, args...); r.Code != 2 || !strings.Contains(r.Stderr, "--help") || strings.Contains(r.Stderr, "HTTP") {
+			t.Errorf("sandstormd %v: exit %d, stderr %q; want exit 2 before the daemon is asked", args, r.Code, r.Stderr)
+		}
+	}
 
 	cli(t, env, "sandbox", "rm", "cli1").ok(t, "sandbox rm", `(?m)^removed cli1$`)
 	d.assertGone(t, id)

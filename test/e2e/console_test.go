@@ -85,6 +85,16 @@ s = socket.create_connection((ns, 1080), 5)
 s.sendall(b"CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\n")
 print(s.recv(200).decode().split("\r\n")[0])`).ok(t, "a CONNECT to a name not granted", " 403 ")
 	br.until("the refused flow shows", `/denied denied\.test:80 — /.test(document.getElementById("egress-list").innerText)`)
+	// A sandbox that leaves its node ends its log there, and the view
+	// says so (a stream merely cut, by a reload, is asked again).
+	gone := d.create(t, "web", "console-gone")
+	br.until("console-gone is listed", `[...state.boxes.values()].some(b => b.name === "console-gone")`)
+	br.run("follow a sandbox's egress", chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`showEgress(%q)`, gone.ID)))
+	br.until("its egress view shows", `document.getElementById("egress-name").textContent === "console-gone"`)
+	if err := d.C.DeleteSandbox(ctxT(t), gone.ID); err != nil {
+		t.Fatal(err)
+	}
+	br.until("the view says the sandbox left", `document.getElementById("egress-list").innerText.includes("has left its node")`)
 
 	// Live: a freeze made elsewhere shows without a reload; a request to
 	// the sandbox wakes it, and the wake is listed with its latency.

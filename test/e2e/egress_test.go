@@ -601,8 +601,47 @@ bindings:
 	if _, err := d.C.Sandbox(ctxT(t), "greedy"); err == nil {
 		t.Error("a refused create left its sandbox")
 	}
-	if r := cli(t, env, "sandbox", "create", "web", "--name", "typo", "--deny-out", "mirror.test"); r.Code != 2 || !strings.Contains(r.Stderr, "denyOut") {
+	if r := cli(t, env, "sandbox", "create", "web", "--name", "typo", "--deny-out", "mirror.test"); r.Code != 2 || !strings.Contains(r.Stderr, "takes addresses and CIDRs only (a name is matched by --allow-out)") {
 		t.Errorf("a name in --deny-out: exit %d, stderr %q; want exit 2 saying why", r.Code, r.Stderr)
+	}
+	followUntilGone(t, env, wide.Name)
+}
+
+// followUntilGone follows sandbox name's egress log with the CLI, removes
+// the sandbox, and checks the follow ends saying the sandbox is gone, exit
+// 0 (a stream cut by a stop or a reload exits 1 instead, giving the
+// command to go on: cmd/sandstormd's TestPrintEgress).
+func followUntilGone(t *testing.T, env []string, name string) {
+	t.Helper()
+	dir := t.TempDir()
+	stdout, stderr := filepath.Join(dir, "out"), filepath.Join(dir, "err")
+	fo, _ := os.Create(stdout)
+	fe, _ := os.Create(stderr)
+	defer fo.Close()
+	defer fe.Close()
+	follow := exec.Command(sandstormdBin, "sandbox", "egress", name, "-f")
+	follow.Env = append(os.Environ(), env...)
+	follow.Stdout, follow.Stderr = fo, fe
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- follow.Wait() }()
+	testenv.WaitFor(t, 30*time.Second, "the followed log's first page (its header)", func() bool {
+		b, _ := os.ReadFile(stdout)
+		return strings.HasPrefix(string(b), "SEQ ")
+	})
+	cli(t, env, "sandbox", "rm", name).ok(t, "sandbox rm")
+	select {
+	case err := <-done:
+		b, _ := os.ReadFile(stderr)
+		if err != nil || !strings.Contains(string(b), "the sandbox is gone") {
+			t.Errorf("a follow of a removed sandbox: %v, stderr %q; want exit 0 saying it is gone", err, b)
+		}
+	case <-time.After(time.Minute):
+		follow.Process.Kill()
+		<-done
+		t.Errorf("a follow of a removed sandbox still runs a minute after the removal")
 	}
 }
 

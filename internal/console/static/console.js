@@ -218,7 +218,9 @@ function follow() {
 // --- egress --------------------------------------------------------------
 // A sandbox's egress log, followed (GET /v1/sandboxes/{id}/egress?follow=1:
 // JSON lines, each a page of flows), newest first, until closed or another
-// sandbox is picked.
+// sandbox is picked. A last page with "end": "gone" says the sandbox left
+// its node; a stream that stops without it was cut (a reload), and is
+// asked again after the last page's next, a second later.
 async function showEgress(id) {
   if (state.egress) state.egress.abort();
   const ctl = new AbortController();
@@ -227,24 +229,43 @@ async function showEgress(id) {
   $("egress-name").textContent = s ? s.name : id;
   $("egress-list").replaceChildren();
   $("egress").hidden = false;
+  const note = (text) => $("egress-list").prepend(Object.assign(document.createElement("li"), { className: "refused", textContent: text }));
+  let after = 0;
   try {
-    const r = await fetch(`/v1/sandboxes/${encodeURIComponent(id)}/egress?follow=1`, { signal: ctl.signal });
-    if (!r.ok) throw new Error("HTTP " + r.status);
-    const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buf = "";
     for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return;
-      buf += value;
-      let nl;
-      while ((nl = buf.indexOf("\n")) >= 0) {
-        const page = JSON.parse(buf.slice(0, nl));
-        buf = buf.slice(nl + 1);
-        page.items.forEach(addFlow);
+      const end = await followEgress(id, after, ctl.signal, (next) => { after = next; });
+      if (end === "gone") {
+        note("the sandbox has left its node (deleted, or moved: its log starts again there)");
+        return;
       }
+      await new Promise((r) => setTimeout(r, 1000));
+      if (ctl.signal.aborted) return;
     }
   } catch (e) {
-    if (e.name !== "AbortError") $("egress-list").prepend(Object.assign(document.createElement("li"), { className: "refused", textContent: "egress log: " + e.message }));
+    if (e.name !== "AbortError") note("egress log: " + e.message);
+  }
+}
+
+// followEgress reads one followed stream of id's egress log after seq
+// after, each page's flows shown and its next given to seen; it returns
+// the last page's end ("" when the stream was cut).
+async function followEgress(id, after, signal, seen) {
+  const r = await fetch(`/v1/sandboxes/${encodeURIComponent(id)}/egress?follow=1&after=${after}`, { signal });
+  if (!r.ok) throw new Error("HTTP " + r.status);
+  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return "";
+    buf += value;
+    let nl;
+    while ((nl = buf.indexOf("\n")) >= 0) {
+      const page = JSON.parse(buf.slice(0, nl));
+      buf = buf.slice(nl + 1);
+      page.items.forEach(addFlow);
+      seen(page.next);
+      if (page.end) return page.end;
+    }
   }
 }
 

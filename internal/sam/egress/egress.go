@@ -39,33 +39,44 @@ type Rules struct {
 // naming it.
 func Parse(allowOut, denyOut []string) (*Rules, error) {
 	if len(allowOut) > MaxEntries || len(denyOut) > MaxEntries {
-		return nil, fmt.Errorf("at most %d entries in allowOut and in denyOut", MaxEntries)
+		return nil, fmt.Errorf("at most %d entries in allow_out and in deny_out", MaxEntries)
 	}
 	r := &Rules{}
 	for _, e := range allowOut {
 		if p, ok, err := prefix(e); err != nil {
-			return nil, fmt.Errorf("allowOut %q: %w", e, err)
+			return nil, fmt.Errorf("allow_out %q: %w", e, err)
 		} else if ok {
 			r.allow = append(r.allow, p...)
 			continue
 		}
 		n, err := name(e)
 		if err != nil {
-			return nil, fmt.Errorf("allowOut %q: %w", e, err)
+			return nil, fmt.Errorf("allow_out %q: %w", e, err)
 		}
 		r.names = append(r.names, n)
 	}
 	for _, e := range denyOut {
 		p, ok, err := prefix(e)
 		if err == nil && !ok {
-			err = fmt.Errorf("denyOut takes addresses and CIDRs only (a name is matched by allowOut)")
+			err = fmt.Errorf("takes addresses and CIDRs only (a name is matched by allow_out)")
 		}
 		if err != nil {
-			return nil, fmt.Errorf("denyOut %q: %w", e, err)
+			return nil, fmt.Errorf("deny_out %q: %w", e, err)
 		}
 		r.deny = append(r.deny, p...)
 	}
 	return r, nil
+}
+
+// AllowAlone is the refusal of allow_out without deny_out, which makes
+// exceptions to nothing. E2B accepts it and changes nothing (its API is
+// served as it is); this product's own API and CLI refuse it, so that a
+// user who meant "only these" learns so at once.
+func AllowAlone(allowOut, denyOut []string) error {
+	if len(allowOut) > 0 && len(denyOut) == 0 {
+		return fmt.Errorf(`allow_out makes exceptions to deny_out and does nothing alone; add deny_out ["0.0.0.0/0"] to let out only what allow_out names`)
+	}
+	return nil
 }
 
 // prefix reads an address or CIDR; ok is false for what is neither (a
@@ -75,10 +86,14 @@ func prefix(e string) (p []netip.Prefix, ok bool, err error) {
 	if e == AllTraffic || e == "::/0" {
 		return []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}, true, nil
 	}
+	if strings.Contains(e, "://") {
+		return nil, false, fmt.Errorf("a URL: give the host name alone (no scheme, path or port)")
+	}
 	if strings.Contains(e, "/") {
 		pp, err := netip.ParsePrefix(e)
 		if err != nil {
-			return nil, false, err
+			// netip's own message names its function: say what is wanted.
+			return nil, false, fmt.Errorf("not a CIDR (an address, a slash and its prefix length: 10.0.0.0/8, fd00::/8)")
 		}
 		return []netip.Prefix{pp.Masked()}, true, nil
 	}
@@ -160,7 +175,7 @@ type Refusal struct {
 }
 
 func (e *Refusal) Error() string {
-	return fmt.Sprintf("address %s: denied by this sandbox's egress rule denyOut %s", e.Addr, e.Rule)
+	return fmt.Sprintf("address %s: denied by this sandbox's egress rule deny_out %s", e.Addr, e.Rule)
 }
 
 // Check decides one address about to be dialled for a flow whose name

@@ -25,16 +25,16 @@ import (
 // transforms) is not a secret and is not scrubbed: E2B's own test reads
 // it back.
 
-// minScrub is the shortest value scrubbed: a shorter one would match
+// MinScrub is the shortest value scrubbed: a shorter one would match
 // bytes that are not it (a secret is a key, far longer).
-const minScrub = 8
+const MinScrub = 8
 
 // scrubs is bound's secrets turned around, value → marker, for
 // replace and replacer; nil if there is none to scrub.
 func scrubs(bound []Binding) []Binding {
 	var out []Binding
 	for _, b := range bound {
-		if b.Marker != "" && len(b.Value) >= minScrub {
+		if b.Marker != "" && len(b.Value) >= MinScrub {
 			out = append(out, Binding{Name: b.Name, Marker: b.Value, Value: b.Marker, Body: true})
 		}
 	}
