@@ -211,9 +211,10 @@ func registryAuth(ref, file string) (*api.RegistryAuth, error) {
 // templateDemoCmd is "template demo".
 func templateDemoCmd() *cobra.Command {
 	var (
-		demoDir string
-		cold    bool
-		as      string
+		demoDir   string
+		cold      bool
+		as        string
+		principal string
 	)
 	demoC := &cobra.Command{
 		Use:   "demo NAME",
@@ -244,6 +245,9 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 		Args: cobra.MatchAll(cobra.ExactArgs(1), func(_ *cobra.Command, args []string) error {
 			if !slices.Contains(demo.Names(), args[0]) {
 				return fmt.Errorf("no demo %q: one of %s", args[0], strings.Join(demo.Names(), ", "))
+			}
+			if principal != "" && !api.ValidPrincipal(principal) {
+				return fmt.Errorf("--principal %q: use 1-128 of a-z, A-Z, 0-9 and '._-'", principal)
 			}
 			return nil
 		}),
@@ -280,7 +284,7 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "built %s rootfs in %s (%.1fs)\n", name, dir, time.Since(start).Seconds())
-			req := api.TemplateRequest{Name: name, RootfsDir: dir, Process: api.Process{Args: d.Args, Env: d.Env, Envd: d.Envd}, Ports: d.Ports}
+			req := api.TemplateRequest{Name: name, RootfsDir: dir, Process: api.Process{Args: d.Args, Env: d.Env, Envd: d.Envd}, Ports: d.Ports, Principal: principal}
 			if !cold {
 				req.Warm = d.Warm
 			}
@@ -300,6 +304,7 @@ packages: apt-get install -y ` + strings.Join(demoPackages(), " "),
 	}
 	demoC.Flags().StringVar(&demoDir, "dir", "", "where to build the rootfs (default <data-dir>/demo/NAME)")
 	demoC.Flags().StringVar(&as, "name", "", "register it under this name (default the demo's)")
+	demoC.Flags().StringVar(&principal, "principal", "", "principal of its sandboxes, which the mesh's policy grants to (default: each sandbox's name; an E2B SDK sandbox, which has none, is sb-<id>): e.g. base --name mcp-gateway --principal agent for E2B's MCP")
 	demoC.Flags().BoolVar(&cold, "cold", false, "register a warm demo (base) without its warm image: each sandbox starts cold (needed where the backend cannot checkpoint)")
 	return demoC
 }

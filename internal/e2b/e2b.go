@@ -108,9 +108,14 @@ func New(cfg Config) *Service {
 // ClientID is what E2B's required, deprecated clientID says.
 const ClientID = "sandstorm"
 
-// DefaultTimeout is a sandbox's lifetime when a create gives none, E2B's
-// default (openapi.yml, NewSandbox.timeout: 15 s).
-const DefaultTimeout = 15 * time.Second
+// DefaultTimeout is a sandbox's lifetime when a create, a connect or a
+// fork gives none: 5 minutes, what E2B's SDKs have always given
+// (DEFAULT_SANDBOX_TIMEOUT_MS, 300_000, in js-sdk's connectionConfig.ts,
+// which e2b 2.45 sends with every create and connect). e2b 2.51 sends
+// none and leaves it to the server; E2B's spec still says 15 s for a
+// create without one, which would end an SDK user's sandbox 15 s in (a
+// newcomer's trial, 12-07), so the SDKs' figure is the one kept.
+const DefaultTimeout = 5 * time.Minute
 
 // MaxTimeout bounds a lifetime (E2B's own cap on its paid plan is 24 h).
 const MaxTimeout = 24 * time.Hour
@@ -612,7 +617,8 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	// The SDK's connect sends no timeout unless asked: E2B's default.
+	// e2b 2.51's connect sends no timeout unless asked (2.45's sent
+	// DefaultTimeout's 300 s); a running sandbox's is only lengthened.
 	d := DefaultTimeout
 	if body.Timeout != nil {
 		var err error
@@ -639,8 +645,9 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, s.wireOf(sb, m, s.domainFor(r)))
 }
 
-// forkTimeout is a fork's lifetime when it names none (E2B's default).
-const forkTimeout = 15 * time.Second
+// forkTimeout is a fork's lifetime when it names none (e2b 2.51 sends
+// none unless told): as a create's.
+const forkTimeout = DefaultTimeout
 
 // fork is POST /sandboxes/{id}/fork {count, timeout}: count children of
 // the sandbox, each from one checkpoint of it, with its memory, running

@@ -84,6 +84,7 @@ type Fleet struct {
 	runCtx  context.Context // set by Run: watchers live under it
 
 	fly       inflight               // place.go
+	deleting  deletes                // place.go
 	resolving map[string]*sync.Mutex // place.go, under mu
 	draining  draining               // move.go
 }

@@ -48,6 +48,9 @@ type node struct {
 	// onCreate, if set, runs in Create before (made false) or after
 	// (made true) the sandbox is made; an error from it is the answer.
 	onCreate func(made bool) error
+	// onDelete, if set, runs in Delete before the sandbox goes.
+	onDelete func()
+	deletes  int // Delete calls
 	fences   []nodeapi.FenceRequest
 	// layers, if set, keeps the image layers it is sent (layers_test.go)
 	// and makes trees of them.
@@ -152,6 +155,24 @@ func (n *node) Create(_ context.Context, req nodeapi.CreateRequest) (api.Sandbox
 	}
 	return sb, nil
 }
+
+// Delete removes the sandbox of that ID from what n made.
+func (n *node) Delete(_ context.Context, id string) error {
+	if n.onDelete != nil {
+		n.onDelete()
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.deletes++
+	for i, name := range n.made {
+		if n.name+"-"+name == id {
+			n.made = slices.Delete(n.made, i, i+1)
+			return nil
+		}
+	}
+	return errdefs.New(errdefs.ErrNotFound, "sandbox %s: not found", id)
+}
+
 func (n *node) PrepareTemplate(_ context.Context, t api.Template) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -93,6 +93,38 @@ func (fl *inflight) locked() map[int64]bool {
 	return out
 }
 
+// deletes are the sandboxes this master's Delete calls are deleting now:
+// a settle that meets one marked deleting leaves it to that call, rather
+// than deleting it a second time and calling the delete lost (seen: a
+// node's report arriving while a plain delete was under way).
+type deletes struct {
+	mu  sync.Mutex
+	ids map[string]int
+}
+
+// begin marks id under way until the returned func is called.
+func (d *deletes) begin(id string) func() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ids == nil {
+		d.ids = map[string]int{}
+	}
+	d.ids[id]++
+	return func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.ids[id]--; d.ids[id] <= 0 {
+			delete(d.ids, id)
+		}
+	}
+}
+
+func (d *deletes) underWay(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ids[id] > 0
+}
+
 // Create places req on the node with the most headroom that takes it
 // (above for what happens when one does not answer).
 func (f *Fleet) Create(ctx context.Context, req nodeapi.CreateRequest) (api.Sandbox, error) {
@@ -280,6 +312,7 @@ func (f *Fleet) Delete(ctx context.Context, n nodeapi.Node, sb api.Sandbox) erro
 	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && (p.State == store.PlacementMoving || p.State == store.PlacementMoved) {
 		return errdefs.Mark(errdefs.ErrConflict, fmt.Errorf("sandbox %s is being moved between nodes %s and %s; delete it once the move is settled", p.Name, p.Node, p.MoveNode))
 	}
+	defer f.deleting.begin(sb.ID)()
 	placed := false
 	if p, err := f.cfg.Store.GetPlacement(ctx, sb.ID); err == nil && p.ID == sb.ID {
 		placed = true
@@ -408,6 +441,8 @@ func (f *Fleet) settle(ctx context.Context, node string) error {
 				return err
 			}
 			f.cfg.Log.Info("placement: a create its caller did not hear the end of was made; it is the sandbox of its name", "node", node, "generation", p.Generation, "name", made[0].Name, "id", made[0].ID)
+		case p.State == store.PlacementDeleting && f.deleting.underWay(p.ID):
+			req.Keep = append(req.Keep, p.ID) // its Delete call finishes it
 		case p.State == store.PlacementDeleting:
 			if !reported[p.ID] {
 				st.DeletePlacement(ctx, p.ID)

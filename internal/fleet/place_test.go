@@ -147,6 +147,43 @@ func TestInFlightCreatesAreKept(t *testing.T) {
 	}
 }
 
+// TestDeleteUnderWayIsNotRedone: a settle with a node (its report came)
+// while a delete of one of its sandboxes is under way leaves that
+// sandbox to the delete: it is deleted once, and its placement goes with
+// the delete's answer.
+func TestDeleteUnderWayIsNotRedone(t *testing.T) {
+	ctx := context.Background()
+	_, remote, f := roomyRemote(t)
+	sb, err := f.Create(ctx, nodeapi.CreateRequest{Name: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "far reports d", func() bool {
+		_, got, err := f.Find(ctx, "d")
+		return err == nil && got.ID == sb.ID
+	})
+	n, _, _ := f.Find(ctx, "d")
+	remote.onDelete = func() {
+		remote.onDelete = nil
+		f.resolve(ctx, "far") // as a report arriving now would
+		if fence, _ := remote.lastFence(); !slices.Contains(fence.Keep, sb.ID) {
+			t.Errorf("a fence during the delete does not keep %s: %+v", sb.ID, fence)
+		}
+	}
+	if err := f.Delete(ctx, n, sb); err != nil {
+		t.Fatal(err)
+	}
+	remote.mu.Lock()
+	deletes := remote.deletes
+	remote.mu.Unlock()
+	if deletes != 1 {
+		t.Errorf("the node was asked to delete %d times, want once", deletes)
+	}
+	if _, err := f.cfg.Store.GetPlacement(ctx, "d"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("its placement after the delete: %v", err)
+	}
+}
+
 // TestUndecidedCreateDeleted: an undecided create its caller deletes
 // while its node is lost is dropped at once (its name is free), and what
 // its node made of it is not kept by the next fence: the node retires it.

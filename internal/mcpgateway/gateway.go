@@ -16,7 +16,9 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -77,7 +79,7 @@ func ListTools(ctx context.Context, endpoint string, hc *http.Client) ([]string,
 	c := mcp.NewClient(&mcp.Implementation{Name: "sandstorm-mcp-gateway", Version: "1"}, nil)
 	s, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc, DisableStandaloneSSE: true, MaxRetries: -1}, nil)
 	if err != nil {
-		return nil, fmt.Errorf("the mesh's MCP endpoint (%s, through this sandbox's boundary): %w%s", endpoint, err, why(ends))
+		return nil, fmt.Errorf("the mesh's MCP endpoint (%s, through this sandbox's boundary): %w%s%s", endpoint, err, why(ends), unresolved(err))
 	}
 	defer s.Close()
 	var names []string
@@ -88,6 +90,18 @@ func ListTools(ctx context.Context, endpoint string, hc *http.Client) ([]string,
 		names = append(names, t.Name)
 	}
 	return names, nil
+}
+
+// unresolved explains a lookup of the mesh's name that failed: a
+// boundary answers mesh.sam.alt only to a sandbox whose principal the
+// policy binds (internal/sam/boundary), so a DNS error here is that, not
+// the network (a newcomer's trial, 12-07, met it as "no such host").
+func unresolved(err error) string {
+	var dnsErr *net.DNSError
+	if !errors.As(err, &dnsErr) {
+		return ""
+	}
+	return "; this sandbox's boundary does not resolve the mesh's name: its principal has no binding in the mesh's policy (an E2B sandbox is sb-<id> unless its template has a principal: sandstormd template create … --principal P, and bind P), or its node serves no mesh (serve --policy sam-node)"
 }
 
 // why is how the last answer's body ended, for an error ("" if none).
@@ -140,8 +154,15 @@ func Handler(token string, upstream *url.URL) http.Handler {
 		}
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			// RFC 6750 §3.1: a token given but wrong is invalid_token,
+			// one not given is only asked for.
+			msg := "the MCP gateway's token is needed: Authorization: Bearer <sbx.getMcpToken()>"
 			w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-gateway"`)
-			http.Error(w, "the MCP gateway's token is needed: Authorization: Bearer <sbx.getMcpToken()>", http.StatusUnauthorized)
+			if ok {
+				msg = "the MCP gateway's token is wrong: it is sbx.getMcpToken() of this sandbox (Authorization: Bearer <token>)"
+				w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-gateway", error="invalid_token"`)
+			}
+			http.Error(w, msg, http.StatusUnauthorized)
 			return
 		}
 		// An event stream's first flush may come before the request's

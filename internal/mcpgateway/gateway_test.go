@@ -87,11 +87,12 @@ func TestHandler(t *testing.T) {
 	for _, c := range []struct {
 		path, auth string
 		want       int
+		says       string // in the body: a wrong token is told apart from none
 	}{
-		{"/mcp", "", http.StatusUnauthorized},
-		{"/mcp", "Bearer wrong", http.StatusUnauthorized},
-		{"/mcp", "s3cret", http.StatusUnauthorized},
-		{"/other", "Bearer s3cret", http.StatusNotFound},
+		{"/mcp", "", http.StatusUnauthorized, "token is needed"},
+		{"/mcp", "Bearer wrong", http.StatusUnauthorized, "token is wrong"},
+		{"/mcp", "s3cret", http.StatusUnauthorized, "token is needed"},
+		{"/other", "Bearer s3cret", http.StatusNotFound, ""},
 	} {
 		req, _ := http.NewRequest("POST", gw.URL+c.path, strings.NewReader(`{}`))
 		if c.auth != "" {
@@ -101,9 +102,10 @@ func TestHandler(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != c.want {
-			t.Errorf("%s with %q: %d, want %d", c.path, c.auth, resp.StatusCode, c.want)
+		if resp.StatusCode != c.want || !strings.Contains(string(body), c.says) {
+			t.Errorf("%s with %q: %d %q, want %d saying %q", c.path, c.auth, resp.StatusCode, body, c.want, c.says)
 		}
 	}
 	if len(sawAuth) != 0 {
@@ -219,5 +221,18 @@ func TestHandlerAnswerBeforeBody(t *testing.T) {
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
 	if err != nil || line != "data: 0123456789\n" {
 		t.Fatalf("the answer: %q, %v; want the whole body echoed", line, err)
+	}
+}
+
+// TestUnresolvedMesh: a boundary answers the mesh's name only for a
+// principal the policy binds, so a lookup that fails says that, not
+// only "no such host".
+func TestUnresolvedMesh(t *testing.T) {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: &net.DNSError{Err: "no such host", Name: "mesh.sam.alt", IsNotFound: true}}
+	}}}
+	_, err := ListTools(context.Background(), MeshURL, hc)
+	if err == nil || !strings.Contains(err.Error(), "no such host") || !strings.Contains(err.Error(), "no binding in the mesh's policy") {
+		t.Fatalf("a mesh name the boundary does not resolve: %v", err)
 	}
 }

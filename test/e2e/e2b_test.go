@@ -247,6 +247,14 @@ bindings:
 	}); err != nil {
 		t.Fatalf("register mcp-gateway: %v", err)
 	}
+	// The same with no principal (cold, no warm image needed): its
+	// sandboxes are sb-<id>, which the policy binds to nothing.
+	if _, err := d.C.CreateTemplate(ctxT(t), api.TemplateRequest{
+		Name: "mcp-unbound", RootfsDir: baseRootfs,
+		Process: api.Process{Args: baseDemo.Args, Env: baseDemo.Env, Envd: baseDemo.Envd}, Ports: baseDemo.Ports,
+	}); err != nil {
+		t.Fatalf("register mcp-unbound: %v", err)
+	}
 	env := []string{"SANDSTORM_API=" + d.API, "SANDSTORM_DATA_DIR=" + d.DataDir, "SANDSTORM_TOKEN="}
 	key := strings.TrimSpace(cli(t, env, "api-key", "create", "team-mcp").Stdout)
 	script, err := filepath.Abs("../../testdata/e2b/mcp.mjs")

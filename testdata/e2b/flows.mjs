@@ -279,6 +279,22 @@ try {
     await assert.rejects(Sandbox.getInfo(sbx.sandboxId, opts))
   })
 
+  await step('no timeoutMs: the SDKs\' 5 minutes', async () => {
+    // e2b 2.45 sends 300 s unless told; 2.51 sends none and leaves it to
+    // the server, which must not end the sandbox 15 s in (E2B's spec's
+    // figure for a bare API call).
+    const s = await Sandbox.create('base')
+    const info = await s.getInfo()
+    const lifetime = (new Date(info.endAt) - new Date(info.startedAt)) / 1000
+    assert.ok(lifetime >= 299 && lifetime <= 301, `a create without timeoutMs lives ${lifetime} s, want 300`)
+    // A connect without one leaves it as long (it only lengthens).
+    await Sandbox.connect(s.sandboxId)
+    const after = await s.getInfo()
+    assert.ok(new Date(after.endAt) >= new Date(info.endAt), `a connect shortened it: ${after.endAt} < ${info.endAt}`)
+    await s.kill()
+    return { lifetimeS: lifetime }
+  })
+
   await step('timeout kills', async () => {
     const s = await Sandbox.create('base', { timeoutMs: 2000 })
     const t0 = Date.now()

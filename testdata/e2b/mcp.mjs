@@ -57,6 +57,7 @@ try {
     assert.equal(r.status, 401)
     const w = await fetch(sbx.getMcpUrl(), { method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: 'Bearer not-it' }, body: '{}' })
     assert.equal(w.status, 401)
+    assert.match(await w.text(), /token is wrong/)
   })
   await step('a connect reads the token back from the sandbox', async () => {
     const again = await Sandbox.connect(sbx.sandboxId)
@@ -65,6 +66,11 @@ try {
   await step('a server the mesh does not grant: the gateway fails to start, the sandbox is killed', async () => {
     await assert.rejects(Sandbox.create({ mcp: { present: {} }, metadata: { ...meta, refused: '1' } }), /Failed to start MCP gateway.*present/s)
     const left = await Sandbox.list({ query: { metadata: { ...meta, refused: '1' } } }).nextItems()
+    assert.deepEqual(left, [])
+  })
+  await step('a principal the policy binds to nothing: the gateway fails to start, saying so', async () => {
+    await assert.rejects(Sandbox.create('mcp-unbound', { mcp: { everything: {} }, metadata: { ...meta, refused: '2' } }), /Failed to start MCP gateway.*no binding in the mesh's policy/s)
+    const left = await Sandbox.list({ query: { metadata: { ...meta, refused: '2' } } }).nextItems()
     assert.deepEqual(left, [])
   })
   report.ok = true
