@@ -137,3 +137,22 @@ func TestFlagsTheMasterChecks(t *testing.T) {
 		}
 	}
 }
+
+// The warm pools' line: a removed template's pool, which its node is
+// stopping, is said apart from the ready ones; with no template list
+// every pool counts as ready.
+func TestPrintPooled(t *testing.T) {
+	nodes := []api.NodeStatus{{Name: "a", WarmPool: map[string]int{"base": 1, "gone": 2, "empty": 0}}, {Name: "b", WarmPool: map[string]int{"base": 1}}}
+	var out strings.Builder
+	printPooled(&out, nodes, map[string]bool{"base": true, "empty": true})
+	want := "plus 2 pooled (paused, ready for a create without --name; not listed): 1 of base on a, 1 of base on b\n" +
+		"plus 2 pooled of removed templates, being stopped: 2 of gone on a\n"
+	if out.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
+	}
+	out.Reset()
+	printPooled(&out, nodes, nil)
+	if !strings.HasPrefix(out.String(), "plus 4 pooled (paused, ready") || strings.Contains(out.String(), "removed") {
+		t.Errorf("without the templates: %q", out.String())
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -208,20 +209,7 @@ func sandboxLsCmd() *cobra.Command {
 			// so that what runs adds up.
 			var nodes api.List[api.NodeStatus]
 			if c.Do(cmd.Context(), http.MethodGet, "/v1/nodes", nil, &nodes) == nil {
-				var parts []string
-				total := 0
-				for _, n := range nodes.Items {
-					for tmpl, k := range n.WarmPool {
-						if k > 0 {
-							parts = append(parts, fmt.Sprintf("%d of %s on %s", k, tmpl, n.Name))
-							total += k
-						}
-					}
-				}
-				if total > 0 {
-					slices.Sort(parts)
-					fmt.Printf("plus %d pooled (paused, ready for a create without --name; not listed): %s\n", total, strings.Join(parts, ", "))
-				}
+				printPooled(os.Stdout, nodes.Items, templateNames(cmd.Context(), c))
 			}
 			return nil
 		}),
@@ -315,6 +303,49 @@ starts every line with the time it was written.`,
 	logs.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the sandbox writes")
 	logs.Flags().BoolVarP(&stamps, "timestamps", "t", false, "start every line with the time it was written (\"-\" for lines written while sandstormd was not running)")
 	return logs
+}
+
+// templateNames is the names of the templates registered now (nil if
+// they cannot be read: then every pool is taken for a registered one's).
+func templateNames(ctx context.Context, c *client.Client) map[string]bool {
+	ts, err := c.Templates(ctx)
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]bool, len(ts))
+	for _, t := range ts {
+		out[t.Name] = true
+	}
+	return out
+}
+
+// printPooled prints the warm pools' sandboxes the nodes report: a pool's
+// of a registered template are ready for a create; one's whose template
+// was removed are being stopped (its node drains the pool within a
+// couple of seconds), said apart so that a removed template does not
+// look as if it were still served.
+func printPooled(w io.Writer, nodes []api.NodeStatus, registered map[string]bool) {
+	var ready, stopping []string
+	nReady, nStopping := 0, 0
+	for _, n := range nodes {
+		for tmpl, k := range n.WarmPool {
+			switch part := fmt.Sprintf("%d of %s on %s", k, tmpl, n.Name); {
+			case k <= 0:
+			case registered != nil && !registered[tmpl]:
+				stopping, nStopping = append(stopping, part), nStopping+k
+			default:
+				ready, nReady = append(ready, part), nReady+k
+			}
+		}
+	}
+	slices.Sort(ready)
+	slices.Sort(stopping)
+	if nReady > 0 {
+		fmt.Fprintf(w, "plus %d pooled (paused, ready for a create without --name; not listed): %s\n", nReady, strings.Join(ready, ", "))
+	}
+	if nStopping > 0 {
+		fmt.Fprintf(w, "plus %d pooled of removed templates, being stopped: %s\n", nStopping, strings.Join(stopping, ", "))
+	}
 }
 
 // sandboxEgressCmd is "sandbox egress".
