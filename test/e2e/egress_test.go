@@ -647,9 +647,10 @@ func followUntilGone(t *testing.T, env []string, name string) {
 
 // checkEgressLog: the egress log of a sandbox with allow-out mirror.test
 // and deny-out all lists its flows to mirror.test as allowed, with the
-// address reached and bytes both ways, and those to other.test as
-// refused by its deny_out rule; the CLI prints both. It answers the
-// newest seq.
+// address reached and bytes both ways, other.test as refused by name at
+// its DNS (deny_out all and no address in allow_out: no lookup is made
+// for it), and 198.51.100.10 dialled by address refused by deny_out; the
+// CLI prints them. It answers the newest seq.
 func checkEgressLog(t *testing.T, d *Daemon, env []string, id string) int64 {
 	t.Helper()
 	var b strings.Builder
@@ -669,17 +670,18 @@ func checkEgressLog(t *testing.T, d *Daemon, env []string, id string) int64 {
 			byDNS++
 		case f.Name == "mirror.test" && f.Outcome == "allowed" && f.Addr != "" && f.BytesOut > 0 && f.BytesIn > 0 && strings.Contains(f.Rule, "allow_out"):
 			allowed++
-		case f.Name == "other.test" && f.Outcome == "denied" && strings.Contains(f.Rule, "0.0.0.0/0"):
+		case f.Name == "other.test" && f.Route == api.EgressRouteDNS && f.Outcome == "denied" && strings.Contains(f.Rule, "deny_out denies every address"):
+			// Refused by name, before any lookup (egress.DeniesName).
 			refused++
 		}
 	}
 	// Two probes so far, one either side of a snapshot: the log outlives
 	// the boundary's restarts.
-	if allowed < 2 || refused < 2 || byAddress < 2 || byDNS < 1 {
-		t.Errorf("egress log: %d allowed flows to mirror.test, %d refused to other.test and %d to 198.51.100.10 by address, want 2 each; %d refusals of elsewhere.test by DNS, want some:\n%s", allowed, refused, byAddress, byDNS, b.String())
+	if allowed < 2 || refused < 1 || byAddress < 2 || byDNS < 1 {
+		t.Errorf("egress log: %d allowed flows to mirror.test and %d to 198.51.100.10 refused by address, want 2 each; %d refusals of other.test by name and %d of elsewhere.test by DNS, want some:\n%s", allowed, byAddress, refused, byDNS, b.String())
 	}
 	r := cli(t, env, "sandbox", "egress", id)
-	r.ok(t, "sandbox egress", "mirror.test:80", "other.test:80", "allowed", "denied")
+	r.ok(t, "sandbox egress", "mirror.test:80", "other.test", "allowed", "denied")
 	t.Logf("sandbox egress %s:\n%s", id, r.Stdout)
 	return p.Next
 }

@@ -186,5 +186,12 @@ func (b *Boundary) granted(qname string) (name, why string) {
 	if ok, reason := b.policy().Decide(b.cfg.Principal, d); !ok {
 		return "", cmp.Or(reason, "not granted")
 	}
+	if routeOf(d.Kind) == routeExternal {
+		// The sandbox's own rules may refuse the name outright: then it
+		// does not exist for the sandbox either (its rules only narrow).
+		if err := b.egress.Load().DeniesName(d.Host); err != nil {
+			return "", err.Error()
+		}
+	}
 	return d.Host, ""
 }

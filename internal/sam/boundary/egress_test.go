@@ -2,6 +2,8 @@ package boundary
 
 import (
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,6 +47,13 @@ func TestEgressRulesNarrow(t *testing.T) {
 			t.Errorf("%s with denyOut all, allowOut allowed.test: reply %#x, want %#x", c.host, rep, c.want)
 		}
 	}
+	// Refused by name alone: never looked up (egress.DeniesName).
+	e.rec.mu.Lock()
+	resolved := slices.Clone(e.rec.resolved)
+	e.rec.mu.Unlock()
+	if slices.Contains(resolved, "example.com") {
+		t.Errorf("example.com, which only allow_out's names could reach, was looked up: %v", resolved)
+	}
 	// An address in allowOut: that address, by any name the policy allows.
 	e.b.SetEgress(rules([]string{"198.51.100.1/32"}, []string{egress.AllTraffic}))
 	if rep := e.rawSOCKS(t, "example.com", port); rep != 0 {
@@ -63,6 +72,45 @@ func TestEgressRulesNarrow(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the allowed flows accepted", func() bool { return accepted.Load() >= 3 })
 	if got := accepted.Load(); got != 3 {
 		t.Errorf("the server accepted %d flows, want 3 (the allowed ones)", got)
+	}
+}
+
+// With deny_out all and only names in allow_out, the boundary's DNS
+// answers a name the policy grants but allow_out lacks NXDOMAIN, as one
+// the policy lacks (the rules only narrow), logged with the rule, and
+// makes no lookup of it.
+func TestEgressRulesRefuseNamesAtDNS(t *testing.T) {
+	var mu sync.Mutex
+	var flows []api.EgressFlow
+	rules, err := egress.Parse([]string{"allowed.test"}, []string{egress.AllTraffic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, "agent-a", netip.MustParseAddr("127.77.0.10"), func(c *Config) {
+		c.Egress = rules
+		c.Flows = func(f api.EgressFlow) { mu.Lock(); flows = append(flows, f); mu.Unlock() }
+	})
+	srv := "127.77.0.10:53"
+	if r := dnsQuery(t, "udp", srv, "example.com.", dns.TypeA); r.Rcode != dns.RcodeNameError {
+		t.Errorf("example.com (granted, not in allow_out): %v, want NXDOMAIN", r)
+	}
+	if r := dnsQuery(t, "udp", srv, "allowed.test.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Errorf("allowed.test: %v", r)
+	}
+	// Rules lifted: the policy alone answers again.
+	e.b.SetEgress(nil)
+	if r := dnsQuery(t, "udp", srv, "example.com.", dns.TypeA); r.Rcode != dns.RcodeSuccess {
+		t.Errorf("example.com with no rules: %v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(flows) != 1 || flows[0].Name != "example.com" || flows[0].Route != api.EgressRouteDNS || !strings.Contains(flows[0].Rule, "allow_out") {
+		t.Errorf("egress log %+v, want example.com's refusal by the rules", flows)
+	}
+	e.rec.mu.Lock()
+	defer e.rec.mu.Unlock()
+	if len(e.rec.resolved) != 0 {
+		t.Errorf("the DNS looked names up: %v", e.rec.resolved)
 	}
 }
 

@@ -187,6 +187,12 @@ func (b *Boundary) decide(host string) admission {
 	a.private = p.For(b.cfg.Principal).PrivateNets()
 	if r := b.egress.Load(); !r.Empty() && a.route == routeExternal {
 		a.egress, a.byName = r, !d.IsIP && r.AllowsName(d.Host)
+		if !d.IsIP {
+			// Refused here, not after a lookup (egress.DeniesName).
+			if err := r.DeniesName(d.Host); err != nil {
+				a.out, a.err = outDenied, err
+			}
+		}
 	}
 	return a
 }

@@ -168,6 +168,38 @@ func (r *Rules) AllowsName(host string) bool {
 	return false
 }
 
+// DeniesName is the refusal of host by name alone, before it is looked
+// up: when deny_out covers every address of both families and allow_out
+// lists no address or CIDR, only allow_out's names can go out, so a name
+// it does not list cannot, whatever it resolves to. Decided here, no
+// query for it leaves the boundary: a sandbox so confined cannot use the
+// lookups of names it may not reach as a channel out (their zones'
+// servers would see them). nil when the name may yet go out.
+func (r *Rules) DeniesName(host string) error {
+	if r.Empty() || len(r.allow) > 0 || !r.deniesAll() || r.AllowsName(host) {
+		return nil
+	}
+	return &NameRefusal{Host: host}
+}
+
+// deniesAll reports whether deny_out covers every IPv4 and IPv6 address.
+func (r *Rules) deniesAll() bool {
+	v4, v6 := false, false
+	for _, p := range r.deny {
+		if p.Bits() == 0 {
+			v4, v6 = v4 || p.Addr().Is4(), v6 || p.Addr().Is6()
+		}
+	}
+	return v4 && v6
+}
+
+// NameRefusal is a name the rules refused before any lookup (DeniesName).
+type NameRefusal struct{ Host string }
+
+func (e *NameRefusal) Error() string {
+	return fmt.Sprintf("%s: not in this sandbox's allow_out, and its deny_out denies every address", e.Host)
+}
+
 // Refusal is a dial the rules refused.
 type Refusal struct {
 	Addr netip.Addr

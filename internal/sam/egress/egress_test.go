@@ -69,3 +69,35 @@ func TestCheck(t *testing.T) {
 		t.Error("nil rules")
 	}
 }
+
+// DeniesName refuses a name before any lookup only when nothing but
+// allow_out's names can go out: deny_out covering both families and no
+// address or CIDR in allow_out.
+func TestDeniesName(t *testing.T) {
+	for _, c := range []struct {
+		allow, deny []string
+		host        string
+		refused     bool
+	}{
+		{[]string{"api.test"}, []string{AllTraffic}, "other.test", true},
+		{[]string{"api.test"}, []string{AllTraffic}, "API.test.", false},                  // listed, any case, trailing dot
+		{[]string{"*.api.test"}, []string{AllTraffic}, "x.api.test", false},               // below a wildcard
+		{[]string{"api.test", "192.0.2.0/24"}, []string{AllTraffic}, "other.test", false}, // it may resolve into the allowed range
+		{[]string{"api.test"}, []string{"0.0.0.0/0"}, "other.test", true},                 // 0.0.0.0/0 is both families (E2B's ALL_TRAFFIC)
+		{[]string{"api.test"}, []string{"0.0.0.0/1", "128.0.0.0/1"}, "other.test", false}, // IPv6 not denied
+		{[]string{"api.test"}, []string{"10.0.0.0/8"}, "other.test", false},
+		{nil, nil, "other.test", false},
+	} {
+		r, err := Parse(c.allow, c.deny)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.DeniesName(c.host) != nil; got != c.refused {
+			t.Errorf("allow %v deny %v: %s refused %v, want %v", c.allow, c.deny, c.host, got, c.refused)
+		}
+	}
+	var none *Rules
+	if none.DeniesName("x.test") != nil {
+		t.Error("no rules refused a name")
+	}
+}
