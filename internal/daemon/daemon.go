@@ -590,7 +590,7 @@ func masterAPI(ctx context.Context, o Options, st *store.Store, ca *pki.CA, toke
 	)
 	pub := routes.NewPublisher(routes.FromStore(st, func(id string) (string, string) { return svc.AccessToken(id), svc.TrafficToken(id) }),
 		func() []nodeapi.Node { return fl.Nodes() }, log)
-	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub, Layer: layers.Layer, Changed: pub.Changed,
+	fl, err := fleet.New(ctx, fleet.Config{Store: st, CA: ca, Local: local, Log: log, Events: hub, Layer: layers.Layer, Changed: pub.Changed, Reconnected: pub.Forget,
 		Resume: func(node, id string) { svc.ResumeAsked(node, id) }})
 	if err != nil {
 		return nil, err

@@ -58,6 +58,10 @@ type Config struct {
 	// create, a delete, a move confirmed): the routes every node's
 	// ingress follows are pushed anew (internal/routes).
 	Changed func()
+	// Reconnected, if set, is told when a node's report stream comes up
+	// (again): the node may have restarted and lost what it was pushed
+	// (routes.Publisher.Forget).
+	Reconnected func(node string)
 	// Resume, if set, is told of a node's ask to resume a sandbox its
 	// ingress had traffic for (nodeapi.Report.Resume): E2B's autoResume,
 	// which only the master records (internal/e2b).

@@ -202,6 +202,9 @@ func (f *Fleet) apply(ctx context.Context, name string, l *link, r nodeapi.Repor
 	}
 	f.mu.Unlock()
 	if !was {
+		if f.cfg.Reconnected != nil {
+			f.cfg.Reconnected(name)
+		}
 		f.cfg.Log.Info("node reporting", "node", name, "sandboxes", len(r.Sandboxes))
 	}
 	return nil

@@ -25,6 +25,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
 
 	"sandstorm/api"
 	"sandstorm/internal/client"
@@ -124,6 +125,11 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 	}
 	if _, err := os.Stat(filepath.Join(cfg.Root, stateFile)); err == nil {
 		return st, fmt.Errorf("a fleet is already up under %s (see its %s); take it down first: sandstormd fleet down --root %s", cfg.Root, stateFile, cfg.Root)
+	}
+	if len(cfg.Hosts) == 0 {
+		if err := checkFree(cfg.Nodes); err != nil {
+			return st, err
+		}
 	}
 	// Progress comes from the hosts' goroutines too: a line at a time.
 	var outMu sync.Mutex
@@ -312,22 +318,52 @@ func kept(ctx context.Context, c *client.Client, n NodeState) (bool, error) {
 	}
 }
 
+// nodeNetns and nodeHostIf are node k's network namespace and the host
+// end of its veth.
+func nodeNetns(k int) string  { return fmt.Sprintf("sf-%d", k) }
+func nodeHostIf(k int) string { return fmt.Sprintf("sfh%d", k) }
+
+// checkFree refuses a fleet whose nodes' namespaces or links are there
+// already: another fleet's, under another root. Making them would fail
+// half-way, and taking down what was made must never touch them.
+func checkFree(nodes int) error {
+	for k := 1; k <= nodes; k++ {
+		_, nsErr := os.Stat(filepath.Join("/run/netns", nodeNetns(k)))
+		_, ifErr := net.InterfaceByName(nodeHostIf(k))
+		if nsErr == nil || ifErr == nil {
+			return fmt.Errorf("network namespace %s or link %s is there already: another fleet is up on this machine (under another --root: take it down with sandstormd fleet down --root DIR), or one was left behind (ip netns del %s; ip link del %s)",
+				nodeNetns(k), nodeHostIf(k), nodeNetns(k), nodeHostIf(k))
+		}
+	}
+	return nil
+}
+
 func startNode(cfg Config, k int) (NodeState, error) {
 	host, addr := linkNet(k)
-	n := NodeState{Name: fmt.Sprintf("node-%d", k), Netns: fmt.Sprintf("sf-%d", k), HostIf: fmt.Sprintf("sfh%d", k), Address: addr + ":7443",
+	n := NodeState{Name: fmt.Sprintf("node-%d", k), Address: addr + ":7443",
 		Proc: Proc{DataDir: filepath.Join(cfg.Root, fmt.Sprintf("node-%d", k)), Log: filepath.Join(cfg.Root, fmt.Sprintf("node-%d.log", k))}}
-	for _, c := range [][]string{
-		{"netns", "add", n.Netns},
-		{"link", "add", n.HostIf, "type", "veth", "peer", "name", "eth0", "netns", n.Netns},
-		{"addr", "add", host + "/24", "dev", n.HostIf},
-		{"link", "set", n.HostIf, "up"},
-		{"-n", n.Netns, "addr", "add", addr + "/24", "dev", "eth0"},
-		{"-n", n.Netns, "link", "set", "eth0", "up"},
-		{"-n", n.Netns, "link", "set", "lo", "up"},
-		{"-n", n.Netns, "route", "add", "default", "via", host},
+	netns, hostIf := nodeNetns(k), nodeHostIf(k)
+	for i, c := range [][]string{
+		{"netns", "add", netns},
+		{"link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", netns},
+		{"addr", "add", host + "/24", "dev", hostIf},
+		{"link", "set", hostIf, "up"},
+		{"-n", netns, "addr", "add", addr + "/24", "dev", "eth0"},
+		{"-n", netns, "link", "set", "eth0", "up"},
+		{"-n", netns, "link", "set", "lo", "up"},
+		{"-n", netns, "route", "add", "default", "via", host},
 	} {
 		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
 			return n, fmt.Errorf("ip %s: %v: %s", strings.Join(c, " "), err, strings.TrimSpace(string(out)))
+		}
+		// Recorded once made, so that a teardown after a failure
+		// removes only what this fleet up made (a namespace of the
+		// same name another fleet has is not ours to delete).
+		switch i {
+		case 0:
+			n.Netns = netns
+		case 1:
+			n.HostIf = hostIf
 		}
 	}
 	args := append([]string{"--net=/var/run/netns/" + n.Netns, cfg.Bin, "serve", "--node", "--node-name", n.Name,
@@ -357,6 +393,10 @@ func spawn(name, logPath string, env []string, args ...string) (int, error) {
 		return 0, err
 	}
 	defer logf.Close()
+	// The command line first: how to start this process again by hand
+	// (a node stopped alone, docs/OPERATING.md). No secret is an argument
+	// here: tokens go by file or by a join run apart.
+	fmt.Fprintf(logf, "=== fleet up %s: %s\n", time.Now().UTC().Format(time.RFC3339), commandLine(name, args))
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), env...)
@@ -366,6 +406,20 @@ func spawn(name, logPath string, env []string, args ...string) (int, error) {
 	}
 	go cmd.Wait()
 	return cmd.Process.Pid, nil
+}
+
+// commandLine is name and args as a shell would take them back.
+func commandLine(name string, args []string) string {
+	out := make([]string, 0, 1+len(args))
+	for _, a := range append([]string{name}, args...) {
+		if a == "" || strings.ContainsFunc(a, func(r rune) bool {
+			return !(r == '/' || r == '-' || r == '.' || r == ':' || r == '=' || r == '_' || r == ',' || r == '@' || r == '+' || unicode.IsLetter(r) || unicode.IsDigit(r))
+		}) {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
 }
 
 func save(root string, st State) {
@@ -498,18 +552,7 @@ func DownWith(root string, purge bool, ssh SSH, out io.Writer) error {
 			st.SSH.Identity = ssh.Identity
 		}
 	}
-	if c, err := client.ForDataDir(st.API, st.Master.DataDir); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		if sbs, err := c.Sandboxes(ctx); err == nil {
-			for _, sb := range sbs {
-				if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
-					fmt.Fprintf(out, "delete sandbox %s: %v\n", sb.Name, err)
-				}
-			}
-			fmt.Fprintf(out, "deleted %d sandbox(es)\n", len(sbs))
-		}
-		cancel()
-	}
+	left := deleteSandboxes(st, out)
 	if err := down(st, purge, out); err != nil {
 		// fleet.json stays: it is how a second fleet down finds what is
 		// still up once the host answers.
@@ -525,8 +568,38 @@ func DownWith(root string, purge bool, ssh SSH, out io.Writer) error {
 			}
 		}
 	}
+	if len(left) > 0 {
+		// Their nodes did not answer: what runs of them is not the
+		// master's to stop, and its processes are gone now.
+		return fmt.Errorf("the fleet's processes are stopped, but %d sandbox(es) could not be deleted, their nodes not answering: %s; their runsc sandboxes may still run (runsc --root <node data dir>/runsc list; runsc … delete --force ID), with their mounts under the node's data dir and their namespaces (ip netns list: ss-<id>)",
+			len(left), strings.Join(left, ", "))
+	}
 	fmt.Fprintln(out, "fleet is down")
 	return nil
+}
+
+// deleteSandboxes deletes every sandbox of the fleet through its master,
+// saying how many went, and returns those that did not ("name (node)").
+func deleteSandboxes(st State, out io.Writer) (left []string) {
+	c, err := client.ForDataDir(st.API, st.Master.DataDir)
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sbs, err := c.Sandboxes(ctx)
+	if err != nil {
+		fmt.Fprintf(out, "the master does not list its sandboxes (%v): none deleted through it\n", err)
+		return nil
+	}
+	for _, sb := range sbs {
+		if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+			fmt.Fprintf(out, "delete sandbox %s: %v\n", sb.Name, err)
+			left = append(left, fmt.Sprintf("%s (%s)", sb.Name, sb.Node))
+		}
+	}
+	fmt.Fprintf(out, "deleted %d of %d sandbox(es)\n", len(sbs)-len(left), len(sbs))
+	return left
 }
 
 // localProcs are the fleet's processes on this machine: its master, its

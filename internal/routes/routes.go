@@ -144,6 +144,20 @@ func (p *Publisher) Changed() {
 	}
 }
 
+// Forget drops what was pushed to node name, so that its next push is
+// the table whole, and asks for it now: the fleet calls it when a node's
+// report stream comes up again, which is how a node that restarted (its
+// table empty) is told apart from one that has its routes. Without it a
+// node that came back while nothing changed waited for the next change
+// (a newcomer's trial, 12-07: 45 s of 502s from a restarted node's
+// ingress, and its peers refused).
+func (p *Publisher) Forget(name string) {
+	p.mu.Lock()
+	delete(p.sent, name)
+	p.mu.Unlock()
+	p.Changed()
+}
+
 // Run publishes at each change and every interval, until ctx ends.
 func (p *Publisher) Run(ctx context.Context, every time.Duration) {
 	tick := time.NewTicker(every)

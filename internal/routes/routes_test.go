@@ -78,6 +78,18 @@ func TestPublisher(t *testing.T) {
 	if _, n2 := n.Routes.Stat(); n2 != 3 || count() != 5 {
 		t.Errorf("after the node's restart: %d routes, %d pushes (want the change refused, then the table whole)", n2, count())
 	}
+	// A restart while nothing changes: no push would reach it, until the
+	// fleet says its node came back (Forget).
+	n.Routes = ingress.NewTable()
+	p.Publish(ctx)
+	if _, n2 := n.Routes.Stat(); n2 != 0 || count() != 5 {
+		t.Fatalf("with nothing changed: %d routes, %d pushes (the test's premise)", n2, count())
+	}
+	p.Forget(n.Name())
+	p.Publish(ctx)
+	if _, n2 := n.Routes.Stat(); n2 != 3 || count() != 6 {
+		t.Errorf("after Forget: %d routes, %d pushes; want the table whole at once", n2, count())
+	}
 }
 
 // stuck is a node whose pushes wait until released.

@@ -516,8 +516,22 @@ func TestFleetUpDown(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "already up") {
 		t.Errorf("a second fleet up over the same root: %v %s", err, out)
 	}
+	// Under another root it would need this fleet's namespaces: refused
+	// before anything is made, and this fleet keeps them (a newcomer's
+	// trial, 12-07, saw one that failed half-way delete sf-1 as its own).
+	other := t.TempDir()
+	out, err = exec.Command(sandstormdBin, "fleet", "up", "--nodes", "1", "--root", other, "--listen", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another fleet is up") {
+		t.Errorf("a second fleet up under another root: %v %s", err, out)
+	}
+	if !exists("/var/run/netns/sf-1") || !linkExists("sfh1") {
+		t.Fatal("a refused fleet up took this fleet's sf-1 or sfh1")
+	}
+	if _, err := c.Sandbox(ctxT(t), "agent-a"); err != nil {
+		t.Errorf("after a refused fleet up elsewhere: %v", err)
+	}
 	out, err = exec.Command(sandstormdBin, "fleet", "down", "--root", root).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "deleted 4 sandbox(es)") || !strings.Contains(string(out), "fleet is down") {
+	if err != nil || !strings.Contains(string(out), "deleted 4 of 4 sandbox(es)") || !strings.Contains(string(out), "fleet is down") {
 		t.Fatalf("fleet down: %v\n%s", err, out)
 	}
 	for _, k := range []string{"1", "2", "3"} {

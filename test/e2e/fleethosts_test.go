@@ -556,7 +556,7 @@ func TestFleetUpHosts(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("fleet down: exit %d\n%s", code, out)
 	}
-	if !strings.Contains(out, fmt.Sprintf("deleted %d sandbox(es)", len(sbs))) {
+	if !strings.Contains(out, fmt.Sprintf("deleted %d of %d sandbox(es)", len(sbs), len(sbs))) {
 		t.Errorf("fleet down did not delete the %d sandboxes:\n%s", len(sbs), out)
 	}
 	meshGone(t, st)
@@ -598,7 +598,7 @@ func TestFleetUpHosts(t *testing.T) {
 		t.Fatalf("fleet down: exit %d\n%s", code, out)
 	}
 	t.Logf("fleet down --purge:\n%s", out)
-	for _, want := range []string{fmt.Sprintf("deleted %d sandbox(es)", len(sbs)),
+	for _, want := range []string{fmt.Sprintf("deleted %d of %d sandbox(es)", len(sbs), len(sbs)),
 		fmt.Sprintf("node 10-191-1-2 on root@10.191.1.2: stopped PID %d", st.Nodes[0].PID),
 		fmt.Sprintf("node 10-191-2-2 on root@10.191.2.2: stopped PID %d", st.Nodes[1].PID),
 		fmt.Sprintf("sam-node of 10-191-1-2 on root@10.191.1.2: stopped PID %d", st.Mesh.Nodes[0].PID),

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -496,6 +497,18 @@ func TestIngress(t *testing.T) {
 
 	ingressAutoResume(t, ctx, &team, viaIngress(a.addr+":8443", roots), a.name)
 
+	// A restarted while nothing changes (after its metrics are read: they start again): its ingress's table is empty
+	// until the master, hearing it report again, pushes it whole (a
+	// newcomer's trial, 12-07, saw 502s from a restarted node for as
+	// long as no sandbox changed).
+	a.stop(syscall.SIGKILL)
+	a.start()
+	waitNode(t, m, a.name, 30*time.Second, a.name+" back and reconciled", nodeReconciled)
+	var out string
+	testenv.WaitFor(t, 30*time.Second, "the restarted "+a.name+"'s ingress serves the sandbox on "+b.name, func() bool {
+		out, err = shell(ctx, viaA, "cat /tmp/mark")
+		return err == nil && out == "here\n"
+	})
 	// Deleted, it has no route: every ingress answers E2B's "not found".
 	if err := m.C.DeleteSandbox(ctx, sb.SandboxID); err != nil {
 		t.Fatal(err)
