@@ -72,6 +72,7 @@ func fleetUpCmd() *cobra.Command {
 	uf.StringVar(&cfg.Root, "root", "/var/lib/sandstorm-fleet", "where the fleet's master data dir, logs and fleet.json go (and the nodes' here, with --nodes)")
 	uf.StringVar(&cfg.Listen, "listen", "127.0.0.1:8079", "the master's API address")
 	uf.StringVar(&cfg.Template, "template", "web", "demo template to seed and verify with (web or app64; empty: none)")
+	uf.StringArrayVar(&cfg.MasterArgs, "master-arg", nil, "a flag for the master's serve (repeatable), e.g. --master-arg=--metrics-addr=127.0.0.1:9700")
 	uf.StringArrayVar(&cfg.NodeArgs, "node-arg", nil, "a flag for every node's serve (repeatable), e.g. --node-arg=--freeze-after=2s; {addr} in it is that node's own address (--node-arg=--ingress-public={addr})")
 	uf.StringSliceVar(&cfg.Hosts, "hosts", nil, "machines to run one node each on, over ssh: [user@]host[:port],… ([IPv6]:port); each node is named after its host (10.0.0.5 → 10-0-0-5, web1.example.com → web1)")
 	uf.StringArrayVar(&cfg.SSH.Options, "ssh-option", nil, "with --hosts: an ssh option for ssh and scp, as for -o (repeatable), e.g. --ssh-option StrictHostKeyChecking=accept-new")

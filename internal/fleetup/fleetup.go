@@ -43,7 +43,10 @@ type Config struct {
 	// NodeArgs are added to every node's serve flags, "{addr}" in each
 	// replaced by that node's address (nodeArgs).
 	NodeArgs []string
-	Out      io.Writer // progress
+	// MasterArgs are added to the master's serve flags (its
+	// --metrics-addr, say).
+	MasterArgs []string
+	Out        io.Writer // progress
 
 	// Hosts, when set, are the machines to run one node each on, over
 	// ssh ([user@]host[:port]), instead of Nodes namespaces here.
@@ -173,7 +176,7 @@ func Up(ctx context.Context, cfg Config) (st State, err error) {
 	}()
 	st.API = "https://" + cfg.Listen
 	master := Proc{DataDir: filepath.Join(cfg.Root, "master"), Log: filepath.Join(cfg.Root, "master.log")}
-	if master.PID, err = spawn(cfg.Bin, master.Log, nil, "serve", "--master", "--data-dir", master.DataDir, "--listen", cfg.Listen); err != nil {
+	if master.PID, err = spawn(cfg.Bin, master.Log, nil, append([]string{"serve", "--master", "--data-dir", master.DataDir, "--listen", cfg.Listen}, cfg.MasterArgs...)...); err != nil {
 		return st, err
 	}
 	st.Master = master

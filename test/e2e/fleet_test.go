@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -426,10 +427,21 @@ func TestFleetUpDown(t *testing.T) {
 	everything, _ := filepath.Abs("../../testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 	meshConfig := writeTemp(t, "sam-node.yaml", fmt.Sprintf("mcp_servers:\n  - {name: everything, command: [node, %q, stdio]}\n", everything))
 	meshPolicy := writeTemp(t, "policy.yaml", "roles:\n  - {name: a, services: [\"mcp://everything/echo\"]}\nbindings:\n  - {principal: agent-a, roles: [a]}\n")
+	masterMetrics := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	out, err := exec.Command(sandstormdBin, "fleet", "up", "--nodes", "3", "--routers", "2", "--root", root, "--listen", listen,
-		"--mesh-policy", meshPolicy, "--mesh-config", meshConfig).CombinedOutput()
+		"--mesh-policy", meshPolicy, "--mesh-config", meshConfig, "--master-arg=--metrics-addr="+masterMetrics).CombinedOutput()
 	if err != nil {
 		t.Fatalf("fleet up: %v\n%s", err, out)
+	}
+	// --master-arg reaches the master's serve: its metrics answer.
+	if resp, err := http.Get("http://" + masterMetrics + "/metrics"); err != nil {
+		t.Errorf("the master's --metrics-addr from --master-arg: %v", err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "sandstorm_") {
+			t.Errorf("the master's metrics: %s %.200s", resp.Status, b)
+		}
 	}
 	for _, want := range []string{"paired node-1", "paired node-2", "paired node-3", "verify-0 on node-", "verify-1 on node-", "verify-2 on node-", "fleet is up: 3 node(s)", "fleet down --root " + root,
 		"control plane: PID", "router: PID", "router-2: PID", "sam-node on node-1: PID", "sam-node on node-2: PID", "sam-node on node-3: PID", "policy set FILE"} {
